@@ -1,0 +1,96 @@
+"""prefixreg: a content-addressed registry of LLM prompt prefixes.
+
+The public API (DESIGN §6). Heavy parts (the HTTP client, evidence parsing) load on first
+use, so `import prefixreg` and the CLI start quickly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefixreg.errors import (
+    AmbiguousRefError,
+    CorruptRecordError,
+    EngineBusyError,
+    EvidenceUnverifiedError,
+    IntegrityError,
+    InvalidContentError,
+    InvalidDigestError,
+    InvalidNameError,
+    LockTimeoutError,
+    MalformedResponseError,
+    MirrorError,
+    PrefixregError,
+    RefNotFoundError,
+    RegistryLocationError,
+    UsageError,
+    WorkerError,
+    WorkerHTTPError,
+    WorkerTimeoutError,
+    WorkerUnreachableError,
+)
+from prefixreg.prefix import Prefix, fresh_tail
+from prefixreg.records import CacheCounters, CallEvidence, Measurement, Meta, NameMove, ServerBuild
+from prefixreg.store import Registry
+
+if TYPE_CHECKING:
+    from prefixreg.evidence import evidence_from_response
+    from prefixreg.worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AmbiguousRefError",
+    "CacheCounters",
+    "CallEvidence",
+    "CorruptRecordError",
+    "EngineBusyError",
+    "EvidenceUnverifiedError",
+    "IntegrityError",
+    "InvalidContentError",
+    "InvalidDigestError",
+    "InvalidNameError",
+    "LockTimeoutError",
+    "MalformedResponseError",
+    "Measurement",
+    "Meta",
+    "MirrorError",
+    "NameMove",
+    "Prefix",
+    "PrefixregError",
+    "RefNotFoundError",
+    "Registry",
+    "RegistryLocationError",
+    "ServerBuild",
+    "UsageError",
+    "Worker",
+    "WorkerError",
+    "WorkerHTTPError",
+    "WorkerTimeoutError",
+    "WorkerUnreachableError",
+    "__version__",
+    "evidence_from_response",
+    "fresh_tail",
+    "open_registry",
+]
+
+
+def open_registry(path: Path | str | None = None) -> Registry:
+    """Open the registry at `path`, else `$PREFIXREG_HOME`, else the XDG state directory."""
+    from prefixreg.location import resolve_registry_path
+
+    return Registry(resolve_registry_path(path))
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: load the HTTP client and the evidence parser only when asked for.
+    if name == "Worker":
+        from prefixreg.worker import Worker
+
+        return Worker
+    if name == "evidence_from_response":
+        from prefixreg.evidence import evidence_from_response
+
+        return evidence_from_response
+    raise AttributeError(f"module 'prefixreg' has no attribute {name!r}")

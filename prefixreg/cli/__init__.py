@@ -1,0 +1,1 @@
+"""Command-line surface: Typer apps only. Library code never imports this package."""

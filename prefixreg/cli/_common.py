@@ -1,0 +1,153 @@
+"""What every command shares: the error-to-exit-code table, stderr messages, `--json` output.
+
+This is the one place that maps errors to exit codes (DESIGN §5). Commands run their body
+inside `cli_errors(debug)`: a `PrefixregError` becomes `error: <message>` (and a hint line)
+on stderr and the mapped exit code; no traceback unless `--debug`. Data goes to stdout,
+messages to stderr. Only `prefixreg.cli` imports typer.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import IntEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+from prefixreg import errors
+
+if TYPE_CHECKING:
+    from prefixreg.store import Registry
+
+__all__ = [
+    "EXIT_CODES",
+    "DebugOpt",
+    "ExitCode",
+    "JsonOpt",
+    "RegistryOpt",
+    "WorkerOpt",
+    "cli_errors",
+    "emit_json",
+    "fail",
+    "info",
+    "open_registry_from",
+]
+
+
+class ExitCode(IntEnum):
+    """The exit-code table of DESIGN §5."""
+
+    OK = 0
+    NO = 1
+    USAGE = 2
+    INTEGRITY = 3
+    UNVERIFIED = 4
+    WORKER = 5
+    MIRROR = 6
+    LOCK_TIMEOUT = 7
+
+
+# Most specific first: IntegrityError must win over any broader class it may share.
+EXIT_CODES: tuple[tuple[type[errors.PrefixregError], ExitCode], ...] = (
+    (errors.IntegrityError, ExitCode.INTEGRITY),
+    (errors.UsageError, ExitCode.USAGE),
+    (errors.EvidenceUnverifiedError, ExitCode.UNVERIFIED),
+    (errors.WorkerError, ExitCode.WORKER),
+    (errors.MirrorError, ExitCode.MIRROR),
+    (errors.LockTimeoutError, ExitCode.LOCK_TIMEOUT),
+)
+
+RegistryOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--registry",
+        help="Registry directory (default: $PREFIXREG_HOME, else the XDG state directory).",
+        show_default=False,
+    ),
+]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+WorkerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--worker",
+        help="Worker base URL (default: $PREFIXREG_WORKER).",
+        show_default=False,
+    ),
+]
+
+
+def exit_code_for(exc: BaseException) -> ExitCode:
+    """Map an exception to its exit code; anything unknown is a generic failure (1)."""
+    for cls, code in EXIT_CODES:
+        if isinstance(exc, cls):
+            return code
+    return ExitCode.NO
+
+
+def info(message: str) -> None:
+    """A message for the person at the shell: stderr, never stdout."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def fail(message: str, code: ExitCode, *, hint: str | None = None) -> NoReturn:
+    """Print a one-line error (and an optional hint) and exit with `code`."""
+    info(f"error: {message}")
+    if hint:
+        info(f"hint: {hint}")
+    raise typer.Exit(int(code))
+
+
+@contextmanager
+def cli_errors(debug: bool) -> Iterator[None]:
+    """Turn prefixreg errors into one clear line and the mapped exit code."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except errors.PrefixregError as exc:
+        if debug:
+            traceback.print_exc()
+        fail(str(exc), exit_code_for(exc), hint=exc.hint)
+    except KeyboardInterrupt:
+        info("interrupted")
+        raise typer.Exit(130) from None
+    except BrokenPipeError:
+        # stdout closed early (`prefixreg cat x | head`): not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise typer.Exit(int(ExitCode.OK)) from None
+    except OSError as exc:
+        if debug:
+            traceback.print_exc()
+        fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), ExitCode.NO)
+
+
+def emit_json(value: Any) -> None:
+    """Write `value` as indented JSON on stdout."""
+    from prefixreg.jsonio import dumps_pretty
+
+    sys.stdout.buffer.write(dumps_pretty(value))
+    sys.stdout.flush()
+
+
+def open_registry_from(flag: Path | None) -> Registry:
+    """Open the registry named by `--registry`, `$PREFIXREG_HOME` or the XDG default."""
+    from prefixreg.location import resolve_registry_path
+    from prefixreg.store import Registry
+
+    return Registry(resolve_registry_path(flag))
+
+
+def worker_url(flag: str | None) -> str:
+    """The worker URL from `--worker` or `$PREFIXREG_WORKER`, or a usage error."""
+    url = flag or os.environ.get("PREFIXREG_WORKER")
+    if not url:
+        raise errors.UsageError("no worker given", hint="pass --worker URL or set PREFIXREG_WORKER")
+    return url

@@ -1,0 +1,243 @@
+"""Registry commands: add, cat, show, ls, name, names, verify.
+
+Each command parses its options, calls one `Registry` method and renders the result.
+The library is imported inside the functions so `--help` stays cheap.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from prefixreg.cli._common import (
+    DebugOpt,
+    ExitCode,
+    JsonOpt,
+    RegistryOpt,
+    cli_errors,
+    emit_json,
+    info,
+    open_registry_from,
+)
+
+if TYPE_CHECKING:
+    from prefixreg.records import Measurement
+    from prefixreg.store import Registry
+
+__all__ = ["add_command", "register"]
+
+
+def add_command(
+    file: Annotated[str, typer.Argument(help="File to add, or - for standard input.")],
+    name: Annotated[
+        str | None, typer.Option("--name", "-n", help="Point this name at the prefix.")
+    ] = None,
+    note: Annotated[
+        str | None, typer.Option("--note", help="A note kept in the meta record.")
+    ] = None,
+    registry: RegistryOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Add a prefix (exact bytes, valid UTF-8) and print its sha256. Idempotent."""
+    with cli_errors(debug):
+        if file == "-":
+            data, source = sys.stdin.buffer.read(), "stdin"
+        else:
+            path = Path(file)
+            if path.is_dir():
+                from prefixreg.errors import UsageError
+
+                raise UsageError(f"{file}: is a directory")
+            data, source = path.read_bytes(), path.name
+        reg = open_registry_from(registry)
+        sha = reg.add(data, name=name, note=note, source=source)
+        sys.stdout.write(sha + "\n")
+
+
+def cat_command(
+    ref: Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")],
+    registry: RegistryOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Write the verified bytes of a prefix to stdout, byte for byte."""
+    with cli_errors(debug):
+        data = open_registry_from(registry).get_bytes(ref)
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+
+def _measurement_line(m: Measurement, current_build: str | None) -> str:
+    body = m.body
+    verdict = body.get("verdict", "?")
+    cached, prompt = body.get("cached_tokens"), body.get("prompt_tokens")
+    mark = "" if current_build is None or m.build.build_id == current_build else " (older build)"
+    return (
+        f"  {m.at}  {m.kind:<8} {verdict!s:<10} cached {cached}/{prompt}"
+        f"  build {m.build.build_id}{mark}"
+    )
+
+
+def show_command(
+    ref: Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")],
+    registry: RegistryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Show a prefix's metadata, names and measurements (after verifying its bytes)."""
+    with cli_errors(debug):
+        reg = open_registry_from(registry)
+        prefix = reg.get(ref)
+        meta = reg.meta(prefix.sha256)
+        names = sorted(n for n, s in reg.names().items() if s == prefix.sha256)
+        measurements = reg.measurements(prefix.sha256)
+        latest_build = measurements[-1].build.build_id if measurements else None
+        if json_out:
+            emit_json(
+                {
+                    "sha256": prefix.sha256,
+                    "path": str(reg.object_path(prefix.sha256)),
+                    "meta": meta.to_dict(),
+                    "names": names,
+                    "measurements": [m.to_dict() for m in measurements],
+                }
+            )
+            return
+        out = [
+            f"sha256   {prefix.sha256}",
+            f"bytes    {meta.bytes}",
+            f"created  {meta.created}",
+            f"source   {meta.source}",
+            f"names    {', '.join(names) if names else '-'}",
+            f"path     {reg.object_path(prefix.sha256)}",
+        ]
+        if meta.note:
+            out.append(f"note     {meta.note}")
+        if measurements:
+            out.append(f"measurements ({len(measurements)}; newest build {latest_build}):")
+            out.extend(_measurement_line(m, latest_build) for m in measurements[-10:])
+        sys.stdout.write("\n".join(out) + "\n")
+
+
+def ls_command(
+    registry: RegistryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """List prefixes: sha, size, creation time, names, note."""
+    with cli_errors(debug):
+        reg = open_registry_from(registry)
+        objects = reg.list_objects()
+        if json_out:
+            emit_json(
+                [
+                    {
+                        "sha256": o.sha256,
+                        "bytes": o.bytes,
+                        "created": o.created,
+                        "names": list(o.names),
+                        "note": o.note,
+                    }
+                    for o in objects
+                ]
+            )
+            return
+        for o in objects:
+            size = "?" if o.bytes is None else str(o.bytes)
+            names = ",".join(o.names) or "-"
+            note = f"  {o.note}" if o.note else ""
+            sys.stdout.write(
+                f"{o.sha256[:12]}  {size:>9}  {(o.created or '?')[:19]}  {names}{note}\n"
+            )
+
+
+def name_command(
+    name: Annotated[str, typer.Argument(help="The name to set or move.")],
+    ref: Annotated[str, typer.Argument(help="The prefix it should point to.")],
+    expect: Annotated[
+        str | None,
+        typer.Option(
+            "--expect",
+            help="Only move if the name now points to this sha (or 'none'): compare-and-swap.",
+        ),
+    ] = None,
+    registry: RegistryOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Point NAME at a prefix (journalled in names.log)."""
+    with cli_errors(debug):
+        reg = open_registry_from(registry)
+        kwargs: dict[str, Any] = {}
+        if expect is not None:
+            kwargs["expect"] = None if expect.lower() == "none" else reg.resolve(expect)
+        move = reg.move_name(name, ref, **kwargs)
+        if move is None:
+            info(f"{name} already points to {reg.resolve(ref)}")
+        else:
+            info(f"{name}: {move.from_sha or '(new)'} -> {move.to_sha}")
+
+
+def names_command(
+    log: Annotated[bool, typer.Option("--log", help="Show the journal of name moves.")] = False,
+    registry: RegistryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """List names and the sha each points to (or the move journal with --log)."""
+    with cli_errors(debug):
+        reg = open_registry_from(registry)
+        if log:
+            moves = reg.name_log()
+            if json_out:
+                emit_json([m.to_dict() for m in moves])
+                return
+            for m in moves:
+                sys.stdout.write(f"{m.at}  {m.name}  {m.from_sha or '-'} -> {m.to_sha}\n")
+            return
+        names = reg.names()
+        if json_out:
+            emit_json(names)
+            return
+        for n, sha in names.items():
+            sys.stdout.write(f"{sha}  {n}\n")
+
+
+def verify_command(
+    registry: RegistryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Check every object, meta record, name, measurement and stray temp file.
+
+    Exits 1 when a problem is found; stray temp files and objects without meta (left by
+    interrupted writes) are reported as warnings.
+    """
+    with cli_errors(debug):
+        reg: Registry = open_registry_from(registry)
+        report = reg.verify()
+        if json_out:
+            emit_json(report.to_dict())
+        else:
+            for f in report.findings:
+                sys.stdout.write(f"{f.severity:<8} {f.kind:<12} {f.path}: {f.message}\n")
+            info(
+                f"{'ok' if report.ok else 'PROBLEMS FOUND'}: {report.objects} objects, "
+                f"{report.meta} meta, {report.names} names, {report.measurements} measurements"
+                f"; {sum(f.severity == 'problem' for f in report.findings)} problems, "
+                f"{sum(f.severity == 'warning' for f in report.findings)} warnings"
+            )
+        if not report.ok:
+            raise typer.Exit(int(ExitCode.NO))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the registry commands to `app`."""
+    app.command("add")(add_command)
+    app.command("cat")(cat_command)
+    app.command("show")(show_command)
+    app.command("ls")(ls_command)
+    app.command("name")(name_command)
+    app.command("names")(names_command)
+    app.command("verify")(verify_command)

@@ -1,0 +1,86 @@
+"""Digests: sha256 object ids, abbreviations, and blake3 build ids. Pure: no I/O.
+
+Invariants:
+- An object id is exactly 64 lowercase hex digits; anything else is refused *before* a
+  path is built from it, so no id can escape `objects/`.
+- An abbreviation is 8 to 63 hex digits (case folded to lower).
+- A build id is the first 16 hex digits of blake3 over canonical JSON of the identity.
+  blake3 is imported on first use so commands that never compute one do not pay for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from prefixreg.errors import InvalidDigestError
+from prefixreg.jsonio import JSONValue, dumps_canonical
+
+__all__ = [
+    "MIN_ABBREV",
+    "build_id",
+    "is_full_sha",
+    "looks_like_sha",
+    "output_digest",
+    "parse_abbrev",
+    "parse_sha",
+    "sha256_hex",
+]
+
+MIN_ABBREV = 8
+_FULL = re.compile(r"[0-9a-f]{64}")
+_ABBREV = re.compile(r"[0-9a-fA-F]{8,64}")
+_HEXISH = re.compile(r"[0-9a-fA-F]+")
+
+
+def sha256_hex(data: bytes) -> str:
+    """Return the lowercase hex sha256 of `data`."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def is_full_sha(text: str) -> bool:
+    """True when `text` is exactly 64 lowercase hex digits."""
+    return _FULL.fullmatch(text) is not None
+
+
+def looks_like_sha(text: str) -> bool:
+    """True when `text` is all hex digits (any case, any length): a sha, not a name."""
+    return _HEXISH.fullmatch(text) is not None
+
+
+def parse_sha(text: str) -> str:
+    """Validate a full sha256 id and return it.
+
+    Raises:
+        InvalidDigestError: not exactly 64 lowercase hex digits.
+    """
+    if not is_full_sha(text):
+        raise InvalidDigestError(f"not a sha256 id (64 lowercase hex digits): {text!r}")
+    return text
+
+
+def parse_abbrev(text: str) -> str:
+    """Validate a sha or an abbreviation of at least 8 hex digits; return it in lower case.
+
+    Raises:
+        InvalidDigestError: fewer than 8 digits, more than 64, or a non-hex character.
+    """
+    if _ABBREV.fullmatch(text) is None:
+        raise InvalidDigestError(
+            f"not a sha256 or an abbreviation of {MIN_ABBREV}+ hex digits: {text!r}"
+        )
+    return text.lower()
+
+
+def output_digest(content: bytes, reasoning: bytes) -> str:
+    """sha256(sha256(content) || sha256(reasoning)): independent of chunk boundaries."""
+    return hashlib.sha256(
+        hashlib.sha256(content).digest() + hashlib.sha256(reasoning).digest()
+    ).hexdigest()
+
+
+def build_id(identity: JSONValue) -> str:
+    """First 16 hex digits of blake3 over the canonical JSON of a server build identity."""
+    import blake3  # heavy native import, only where a build id is needed
+
+    return blake3.blake3(dumps_canonical(identity)).hexdigest()[:16]

@@ -1,0 +1,41 @@
+"""`Prefix`: the verified text of one registered prefix, ready to send. Pure.
+
+A `Prefix` is only ever built from bytes that were just hashed and matched their sha
+(`Registry.get`), and it keeps the decoded text of exactly those bytes, so the bytes checked
+are the bytes sent: nothing re-reads the file between the check and the request.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+__all__ = ["Prefix", "fresh_tail"]
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """A verified prefix: its sha256, its exact text, and the name it was reached by."""
+
+    sha256: str
+    text: str
+    name: str | None = None
+
+    @property
+    def size(self) -> int:
+        """Length in bytes of the UTF-8 content."""
+        return len(self.text.encode("utf-8"))
+
+    def messages(self, tail: str, *, role: str = "system") -> list[dict[str, str]]:
+        """The chat messages for one call: this prefix as `messages[0]`, then the user tail."""
+        return [{"role": role, "content": self.text}, {"role": "user", "content": tail}]
+
+
+def fresh_tail(nonce: str | None = None) -> str:
+    """A short user tail that the server has never seen (a new random nonce each call).
+
+    Its shape is fixed, so on a deterministic tokenizer it always has the same token count;
+    only the nonce (16 hex digits) changes.
+    """
+    token = nonce if nonce is not None else secrets.token_hex(8)
+    return f"prefixreg resume check {token}. Reply with one word."

@@ -1,0 +1,340 @@
+"""Frozen record types and their strict (de)serialisation. Pure: no I/O.
+
+Every `from_dict` validates types exactly and raises `CorruptRecordError` on anything
+unexpected, so a record read from disk is either well-formed or refused. `to_dict` is
+the on-disk form (canonical JSON is applied by `jsonio`). Records never hold credentials,
+tail text or output text: only counts, hashes and labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, cast
+
+from prefixreg.digest import build_id as compute_build_id
+from prefixreg.digest import is_full_sha
+from prefixreg.errors import CorruptRecordError
+from prefixreg.jsonio import JSONObject, JSONValue
+
+__all__ = [
+    "CACHE_COUNTER_FIELDS",
+    "CacheCounters",
+    "CacheState",
+    "CallEvidence",
+    "Measurement",
+    "Meta",
+    "NameMove",
+    "ServerBuild",
+    "strict_count",
+]
+
+CacheState = Literal["cold", "reused", "unverified"]
+_CACHE_STATES: tuple[CacheState, ...] = ("cold", "reused", "unverified")
+
+
+def strict_count(value: object) -> int | None:
+    """A count is valid only if its type is exactly int and it is >= 0 (bool is refused)."""
+    if type(value) is int and value >= 0:
+        return value
+    return None
+
+
+def _req_str(data: Mapping[str, object], key: str, what: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise CorruptRecordError(f"{what}: field {key!r} must be a string")
+    return value
+
+
+def _opt_str(data: Mapping[str, object], key: str, what: str) -> str | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise CorruptRecordError(f"{what}: field {key!r} must be a string or null")
+    return value
+
+
+def _req_sha(data: Mapping[str, object], key: str, what: str) -> str:
+    value = _req_str(data, key, what)
+    if not is_full_sha(value):
+        raise CorruptRecordError(f"{what}: field {key!r} is not a sha256")
+    return value
+
+
+def _opt_int(data: Mapping[str, object], key: str, what: str) -> int | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    count = strict_count(value)
+    if count is None:
+        raise CorruptRecordError(f"{what}: field {key!r} must be a non-negative integer")
+    return count
+
+
+def _opt_float(data: Mapping[str, object], key: str, what: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if type(value) not in (int, float):
+        raise CorruptRecordError(f"{what}: field {key!r} must be a number")
+    return float(cast(float, value))
+
+
+def _obj(value: object, what: str) -> JSONObject:
+    if not isinstance(value, dict):
+        raise CorruptRecordError(f"{what}: expected a JSON object")
+    return cast(JSONObject, value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Meta:
+    """`meta/<sha256>.json`: what an object is, never what it contains."""
+
+    sha256: str
+    bytes: int
+    created: str
+    source: str
+    note: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: object) -> Meta:
+        d = _obj(data, "meta record")
+        size = _opt_int(d, "bytes", "meta record")
+        if size is None:
+            raise CorruptRecordError("meta record: field 'bytes' is missing")
+        return cls(
+            sha256=_req_sha(d, "sha256", "meta record"),
+            bytes=size,
+            created=_req_str(d, "created", "meta record"),
+            source=_req_str(d, "source", "meta record"),
+            note=_opt_str(d, "note", "meta record"),
+        )
+
+    def to_dict(self) -> JSONObject:
+        return {
+            "sha256": self.sha256,
+            "bytes": self.bytes,
+            "created": self.created,
+            "source": self.source,
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NameMove:
+    """One line of `names.log`: a name moved from one sha (or nothing) to another."""
+
+    at: str
+    name: str
+    from_sha: str | None
+    to_sha: str
+
+    @classmethod
+    def from_dict(cls, data: object) -> NameMove:
+        d = _obj(data, "names.log line")
+        from_sha = _opt_str(d, "from", "names.log line")
+        if from_sha is not None and not is_full_sha(from_sha):
+            raise CorruptRecordError("names.log line: field 'from' is not a sha256")
+        return cls(
+            at=_req_str(d, "at", "names.log line"),
+            name=_req_str(d, "name", "names.log line"),
+            from_sha=from_sha,
+            to_sha=_req_sha(d, "to", "names.log line"),
+        )
+
+    def to_dict(self) -> JSONObject:
+        return {"at": self.at, "name": self.name, "from": self.from_sha, "to": self.to_sha}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerBuild:
+    """The identity of the server a measurement was taken on.
+
+    `identity` holds the fields the profile defines (DESIGN §4); `build_id` is derived from
+    profile + identity and re-checked when a record is loaded.
+    """
+
+    profile: str
+    identity: JSONObject
+    build_id: str = field(default="")
+
+    def __post_init__(self) -> None:
+        expected = compute_build_id({"profile": self.profile, "identity": self.identity})
+        if not self.build_id:
+            object.__setattr__(self, "build_id", expected)
+        elif self.build_id != expected:
+            raise CorruptRecordError(
+                f"server build: build_id {self.build_id} does not match its identity ({expected})"
+            )
+
+    @classmethod
+    def from_dict(cls, data: object) -> ServerBuild:
+        d = _obj(data, "server build")
+        return cls(
+            profile=_req_str(d, "profile", "server build"),
+            identity=_obj(d.get("identity"), "server build identity"),
+            build_id=_req_str(d, "build_id", "server build"),
+        )
+
+    def to_dict(self) -> JSONObject:
+        return {"profile": self.profile, "identity": self.identity, "build_id": self.build_id}
+
+
+CACHE_COUNTER_FIELDS: tuple[str, ...] = (
+    "entries",
+    "max_entries",
+    "bytes",
+    "last_entry_bytes",
+    "hits",
+    "misses",
+    "stores",
+    "evicted",
+    "refused",
+    "superseded",
+    "prompt_tokens_saved",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheCounters:
+    """A snapshot of a Halogen `/cache` reply: only strictly valid counts survive.
+
+    A field the server did not send, or sent as a non-integer, is None: never zero.
+    """
+
+    entries: int | None = None
+    max_entries: int | None = None
+    bytes: int | None = None
+    last_entry_bytes: int | None = None
+    hits: int | None = None
+    misses: int | None = None
+    stores: int | None = None
+    evicted: int | None = None
+    refused: int | None = None
+    superseded: int | None = None
+    prompt_tokens_saved: int | None = None
+
+    @classmethod
+    def from_server(cls, data: Mapping[str, object]) -> CacheCounters:
+        """Build from a server reply, dropping (to None) anything not a strict count."""
+        return cls(**{name: strict_count(data.get(name)) for name in CACHE_COUNTER_FIELDS})
+
+    @classmethod
+    def from_dict(cls, data: object) -> CacheCounters:
+        d = _obj(data, "cache counters")
+        return cls(**{name: _opt_int(d, name, "cache counters") for name in CACHE_COUNTER_FIELDS})
+
+    def to_dict(self) -> JSONObject:
+        return {name: getattr(self, name) for name in CACHE_COUNTER_FIELDS}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallEvidence:
+    """What the server reported about one call (DESIGN §4), and what that proves.
+
+    `error` is a short reason code of ours (for example "incomplete_stream"), never the
+    server's message text; `reason` says in words why a call is unverified.
+    """
+
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    completion_tokens: int | None
+    cached_source: str | None
+    cache_state: CacheState
+    complete: bool
+    output_sha256: str | None = None
+    token_sha: str | None = None
+    ttft_s: float | None = None
+    wall_s: float | None = None
+    prompt_ms: float | None = None
+    predicted_ms: float | None = None
+    error: str | None = None
+    reason: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: object) -> CallEvidence:
+        d = _obj(data, "call evidence")
+        state = d.get("cache_state")
+        if state not in _CACHE_STATES:
+            raise CorruptRecordError("call evidence: bad 'cache_state'")
+        complete = d.get("complete")
+        if not isinstance(complete, bool):
+            raise CorruptRecordError("call evidence: 'complete' must be a boolean")
+        w = "call evidence"
+        return cls(
+            prompt_tokens=_opt_int(d, "prompt_tokens", w),
+            cached_tokens=_opt_int(d, "cached_tokens", w),
+            completion_tokens=_opt_int(d, "completion_tokens", w),
+            cached_source=_opt_str(d, "cached_source", w),
+            cache_state=state,
+            complete=complete,
+            output_sha256=_opt_str(d, "output_sha256", w),
+            token_sha=_opt_str(d, "token_sha", w),
+            ttft_s=_opt_float(d, "ttft_s", w),
+            wall_s=_opt_float(d, "wall_s", w),
+            prompt_ms=_opt_float(d, "prompt_ms", w),
+            predicted_ms=_opt_float(d, "predicted_ms", w),
+            error=_opt_str(d, "error", w),
+            reason=_opt_str(d, "reason", w),
+        )
+
+    def to_dict(self) -> JSONObject:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_source": self.cached_source,
+            "cache_state": self.cache_state,
+            "complete": self.complete,
+            "output_sha256": self.output_sha256,
+            "token_sha": self.token_sha,
+            "ttft_s": self.ttft_s,
+            "wall_s": self.wall_s,
+            "prompt_ms": self.prompt_ms,
+            "predicted_ms": self.predicted_ms,
+            "error": self.error,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measurement:
+    """`measurements/<sha256>-<ts>.json`: one warm or probe leg, bound to a server build.
+
+    `body` holds the use case's own fields (calls, counter snapshots, verdict); the store
+    checks only the envelope. `worker` and `model` are dropped from public receipts.
+    """
+
+    sha256: str
+    at: str
+    kind: str
+    build: ServerBuild
+    body: JSONObject
+    worker: str | None = None
+    model: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: object) -> Measurement:
+        d = _obj(data, "measurement")
+        return cls(
+            sha256=_req_sha(d, "sha256", "measurement"),
+            at=_req_str(d, "at", "measurement"),
+            kind=_req_str(d, "kind", "measurement"),
+            build=ServerBuild.from_dict(d.get("build")),
+            body=_obj(d.get("body"), "measurement body"),
+            worker=_opt_str(d, "worker", "measurement"),
+            model=_opt_str(d, "model", "measurement"),
+        )
+
+    def to_dict(self, *, public: bool = False) -> JSONObject:
+        out: dict[str, JSONValue] = {
+            "sha256": self.sha256,
+            "at": self.at,
+            "kind": self.kind,
+            "build": self.build.to_dict(),
+            "body": self.body,
+        }
+        if not public:
+            out["worker"] = self.worker
+            out["model"] = self.model
+        return out

@@ -1,0 +1,743 @@
+"""The registry on disk: objects, meta records, names, measurements; verify-at-use.
+
+Layout (format version 1, DESIGN §3)::
+
+    REGISTRY.json  README.md  objects/<aa>/<sha256>.txt  meta/<sha256>.json
+    names/<name>  names.log  measurements/<sha256>-<ts>.json  probes/  mirror.log  .locks/
+
+Invariants:
+- Every read of an object re-hashes the bytes it returns; a mismatch raises
+  `IntegrityError` and nothing is returned. There is no flag that skips this.
+- Objects are published with no-overwrite links and are never rewritten; adding existing
+  content re-verifies the object and refreshes its mtime.
+- Write order is object, then meta, then name: a crash can leave an object without meta
+  (reported by `verify` as incomplete, repaired by adding again) or a temp file (a stray),
+  never a meta record or a name whose object is missing.
+- Name moves are compare-and-swap under the registry lock and journalled to `names.log`,
+  one line per move.
+- A directory is only written into if it is empty or carries `REGISTRY.json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final, Literal
+
+from prefixreg import fsutil
+from prefixreg.digest import is_full_sha, looks_like_sha, parse_abbrev, sha256_hex
+from prefixreg.errors import (
+    AmbiguousRefError,
+    CorruptRecordError,
+    IntegrityError,
+    InvalidContentError,
+    InvalidDigestError,
+    InvalidNameError,
+    LockTimeoutError,
+    PrefixregError,
+    RefNotFoundError,
+    RegistryLocationError,
+    UsageError,
+)
+from prefixreg.jsonio import dumps_canonical, loads_object
+from prefixreg.prefix import Prefix
+from prefixreg.records import Measurement, Meta, NameMove
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "Finding",
+    "NameConflictError",
+    "ObjectInfo",
+    "Registry",
+    "VerifyReport",
+    "utc_now",
+    "validate_name",
+]
+
+FORMAT: Final = "prefix-registry"
+FORMAT_VERSION: Final = 1
+MARKER: Final = "REGISTRY.json"
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_UNSET: Final = object()
+_README = """\
+# prefix registry
+
+This directory is a prefixreg registry (format {version}): a content-addressed store of
+LLM prompt prefixes. `objects/<aa>/<sha256>.txt` holds the exact bytes of each prefix and
+`sha256sum` of each file prints its own name. Do not edit files here by hand: use
+`prefixreg` (`prefixreg verify` checks everything).
+"""
+
+
+class NameConflictError(UsageError):
+    """A compare-and-swap name move found the name pointing somewhere else."""
+
+
+def utc_now() -> datetime:
+    """The current time in UTC (one place, so records agree on the clock)."""
+    return datetime.now(UTC)
+
+
+def _iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+def validate_name(name: str) -> str:
+    """Check a name against the rules (DESIGN §3) and return it.
+
+    Raises:
+        InvalidNameError: bad characters, leading dot/dash, too long, or 64 hex digits.
+    """
+    if _NAME_RE.fullmatch(name) is None:
+        raise InvalidNameError(
+            f"invalid name {name!r}: use 1-128 of [A-Za-z0-9._-], starting with a letter or digit"
+        )
+    if is_full_sha(name.lower()):
+        raise InvalidNameError(f"invalid name {name!r}: 64 hex digits would read as a sha256")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One object as `ls` shows it: from its meta record and the names pointing at it."""
+
+    sha256: str
+    bytes: int | None
+    created: str | None
+    note: str | None
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing `verify` found.
+
+    `kind` is one of: corrupt, symlink, unexpected, dangling, orphan_meta, bad_record,
+    bad_mode (problems) or stray, incomplete (warnings: debris of an interrupted or
+    in-flight write that never hides or corrupts data).
+    """
+
+    kind: str
+    path: str
+    message: str
+    severity: Literal["problem", "warning"] = "problem"
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "message": self.message,
+            "severity": self.severity,
+        }
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """What `Registry.verify` checked and found."""
+
+    root: str
+    objects: int = 0
+    meta: int = 0
+    names: int = 0
+    measurements: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is wrong (warnings such as stray temp files do not count)."""
+        return not any(f.severity == "problem" for f in self.findings)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "root": self.root,
+            "ok": self.ok,
+            "checked": {
+                "objects": self.objects,
+                "meta": self.meta,
+                "names": self.names,
+                "measurements": self.measurements,
+            },
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+class Registry:
+    """A registry rooted at `root`. Nothing is created until the first write.
+
+    Args:
+        root: the registry directory.
+        lock_timeout: seconds to wait for the registry lock before `LockTimeoutError`.
+
+    Raises:
+        RegistryLocationError: `root` is a file, a non-empty directory without
+            `REGISTRY.json`, or a registry of a newer format.
+    """
+
+    def __init__(self, root: Path | str, *, lock_timeout: float = 30.0) -> None:
+        self.root = Path(root)
+        self.lock_timeout = lock_timeout
+        self._marker: dict[str, object] | None = None
+        self._check_location()
+
+    def __repr__(self) -> str:
+        return f"Registry({str(self.root)!r})"
+
+    # -- location and marker -------------------------------------------------------------
+
+    def _check_location(self) -> bool:
+        """Refuse a root that is not (or cannot become) a registry; True if it is one."""
+        root = self.root
+        try:
+            st = root.lstat()
+        except FileNotFoundError:
+            return False
+        if stat.S_ISLNK(st.st_mode):
+            # A symlinked root is a user's choice (e.g. a moved home); follow it once.
+            try:
+                st = root.stat()
+            except FileNotFoundError:
+                raise RegistryLocationError(f"{root}: dangling symlink") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise RegistryLocationError(f"{root}: is a file, not a registry directory")
+        if (root / MARKER).exists() or (root / MARKER).is_symlink():
+            self._load_marker()
+            return True
+        others = [p.name for p in root.iterdir() if not p.name.startswith(f".{MARKER}.")]
+        if others:
+            raise RegistryLocationError(
+                f"{root}: holds files but no {MARKER}; refusing to use it as a registry",
+                hint="point --registry or PREFIXREG_HOME at an empty or new directory",
+            )
+        return False
+
+    def _load_marker(self) -> dict[str, object]:
+        path = self.root / MARKER
+        data = loads_object(fsutil.read_nofollow(path), path=path)
+        if data.get("format") != FORMAT:
+            raise RegistryLocationError(f"{path}: not a prefix registry marker")
+        version = data.get("version")
+        if type(version) is not int:
+            raise CorruptRecordError(f"{path}: 'version' must be an integer", path=path)
+        if version > FORMAT_VERSION:
+            raise RegistryLocationError(
+                f"{self.root}: registry format {version} is newer than this prefixreg "
+                f"understands ({FORMAT_VERSION})",
+                hint="upgrade prefixreg",
+            )
+        if data.get("role") not in ("origin", "mirror"):
+            raise CorruptRecordError(f"{path}: 'role' must be origin or mirror", path=path)
+        self._marker = dict(data)
+        return self._marker
+
+    @property
+    def exists(self) -> bool:
+        """True once the registry has been initialised (its marker exists)."""
+        return self._marker is not None or (self.root / MARKER).exists()
+
+    @property
+    def role(self) -> str | None:
+        """`origin` or `mirror`, or None before initialisation."""
+        if self._marker is None and (self.root / MARKER).exists():
+            self._load_marker()
+        return None if self._marker is None else str(self._marker["role"])
+
+    def init(self, *, role: Literal["origin", "mirror"] = "origin") -> None:
+        """Create the registry if it does not exist yet (idempotent, safe to race)."""
+        if self._marker is not None or self._check_location():
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        marker = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "role": role,
+            "created": _iso(utc_now()),
+        }
+        # The marker goes first, so a concurrent opener never sees files without it.
+        fsutil.publish_new(self.root / MARKER, dumps_canonical(marker) + b"\n", mode=0o644)
+        self._load_marker()
+        for sub in ("objects", "meta", "names", "measurements", ".locks"):
+            (self.root / sub).mkdir(exist_ok=True)
+        fsutil.publish_new(
+            self.root / "README.md", _README.format(version=FORMAT_VERSION).encode(), mode=0o644
+        )
+
+    @contextlib.contextmanager
+    def lock(self, name: str = "registry") -> Iterator[None]:
+        """Hold the registry's exclusive lock (`.locks/<name>.lock`)."""
+        import filelock  # only writers need it
+
+        self.init()
+        lock = filelock.FileLock(str(self.root / ".locks" / f"{name}.lock"))
+        try:
+            lock.acquire(timeout=self.lock_timeout)
+        except filelock.Timeout as exc:
+            raise LockTimeoutError(
+                f"could not take the {name} lock within {self.lock_timeout:g}s",
+                path=self.root / ".locks" / f"{name}.lock",
+            ) from exc
+        try:
+            yield
+        finally:
+            lock.release()
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def object_path(self, sha: str) -> Path:
+        """Where the object with this (validated) sha lives."""
+        if not is_full_sha(sha):
+            raise UsageError(f"not a sha256: {sha!r}")
+        return self.root / "objects" / sha[:2] / f"{sha}.txt"
+
+    def meta_path(self, sha: str) -> Path:
+        if not is_full_sha(sha):
+            raise UsageError(f"not a sha256: {sha!r}")
+        return self.root / "meta" / f"{sha}.json"
+
+    def name_path(self, name: str) -> Path:
+        return self.root / "names" / validate_name(name)
+
+    # -- objects -------------------------------------------------------------------------
+
+    def add(
+        self,
+        content: bytes | str,
+        *,
+        name: str | None = None,
+        note: str | None = None,
+        source: str = "api",
+    ) -> str:
+        """Store `content` under its sha256 and return the sha (idempotent).
+
+        Args:
+            content: the exact prefix; bytes must be valid UTF-8.
+            name: optionally point this name at the object (a journalled move).
+            note: a free-text note kept in the meta record.
+            source: a label saying where the content came from (a file name, "stdin").
+
+        Raises:
+            InvalidContentError: empty or not UTF-8. InvalidNameError: bad name.
+            IntegrityError: an existing object with this sha no longer verifies.
+        """
+        data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+        if not data:
+            raise InvalidContentError("refusing to add an empty prefix")
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidContentError(
+                f"content is not valid UTF-8 (byte {exc.start}): a prefix travels as a JSON string"
+            ) from None
+        if name is not None:
+            validate_name(name)
+        sha = sha256_hex(data)
+        self.init()
+        path = self.object_path(sha)
+        path.parent.mkdir(exist_ok=True)
+        if not fsutil.publish_new(path, data, mode=0o444):
+            # Existing object: re-verify (never trust what is already there), then
+            # refresh its mtime so age-based gc sees it as recently used.
+            self._read_verified(sha)
+            os.utime(path, follow_symlinks=False)
+        self._write_meta(sha, len(data), note=note, source=source)
+        if name is not None:
+            self.move_name(name, sha)
+        return sha
+
+    def _write_meta(self, sha: str, size: int, *, note: str | None, source: str) -> None:
+        path = self.meta_path(sha)
+        meta = Meta(sha256=sha, bytes=size, created=_iso(utc_now()), source=source, note=note)
+        if fsutil.publish_new(path, dumps_canonical(meta.to_dict()) + b"\n", mode=0o444):
+            return
+        old = self.meta(sha)
+        if note is not None and old.note != note:
+            updated = Meta(
+                sha256=sha, bytes=old.bytes, created=old.created, source=old.source, note=note
+            )
+            fsutil.replace_atomic(path, dumps_canonical(updated.to_dict()) + b"\n", mode=0o444)
+
+    def _read_verified(self, sha: str) -> bytes:
+        path = self.object_path(sha)
+        try:
+            data = fsutil.read_nofollow(path)
+        except FileNotFoundError:
+            raise RefNotFoundError(f"no object {sha}") from None
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != sha:
+            raise IntegrityError(
+                f"{path}: content hashes to {actual}, expected {sha}; refusing to use it",
+                path=path,
+                expected=sha,
+                actual=actual,
+            )
+        return data
+
+    def get_bytes(self, ref: str) -> bytes:
+        """The exact, verified bytes of the prefix `ref` names.
+
+        Raises:
+            RefNotFoundError, AmbiguousRefError, InvalidDigestError: bad reference.
+            IntegrityError: the stored bytes do not hash to their sha.
+        """
+        return self._read_verified(self.resolve(ref))
+
+    def get(self, ref: str) -> Prefix:
+        """The verified prefix `ref` names (a name, a sha, or an 8+ digit abbreviation)."""
+        sha, name = self._resolve(ref)
+        data = self._read_verified(sha)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptRecordError(
+                f"{self.object_path(sha)}: not UTF-8", path=self.object_path(sha)
+            ) from None
+        return Prefix(sha256=sha, text=text, name=name)
+
+    def meta(self, sha: str) -> Meta:
+        """The meta record of `sha` (parsed strictly).
+
+        Raises:
+            RefNotFoundError: no meta record. CorruptRecordError: unreadable or wrong.
+        """
+        path = self.meta_path(sha)
+        try:
+            raw = fsutil.read_nofollow(path)
+        except FileNotFoundError:
+            raise RefNotFoundError(f"no meta record for {sha}") from None
+        try:
+            meta = Meta.from_dict(loads_object(raw, path=path))
+        except CorruptRecordError as exc:
+            raise CorruptRecordError(f"{path}: {exc}", path=path) from None
+        if meta.sha256 != sha:
+            raise CorruptRecordError(f"{path}: records sha {meta.sha256}", path=path)
+        return meta
+
+    def iter_shas(self) -> Iterator[str]:
+        """Every object sha present (by file name; not verified), sorted."""
+        objects = self.root / "objects"
+        if not objects.is_dir():
+            return
+        for fan in sorted(objects.iterdir()):
+            if not fan.is_dir() or fan.is_symlink():
+                continue
+            for entry in sorted(fan.iterdir()):
+                sha = entry.name.removesuffix(".txt")
+                if entry.name.endswith(".txt") and is_full_sha(sha) and sha[:2] == fan.name:
+                    yield sha
+
+    def list_objects(self) -> list[ObjectInfo]:
+        """Every object with its meta and names, oldest first (meta is parsed, bytes not read)."""
+        by_sha: dict[str, list[str]] = {}
+        for name, sha in self.names().items():
+            by_sha.setdefault(sha, []).append(name)
+        out = []
+        for sha in self.iter_shas():
+            try:
+                meta: Meta | None = self.meta(sha)
+            except RefNotFoundError:
+                meta = None
+            out.append(
+                ObjectInfo(
+                    sha256=sha,
+                    bytes=meta.bytes if meta else None,
+                    created=meta.created if meta else None,
+                    note=meta.note if meta else None,
+                    names=tuple(sorted(by_sha.get(sha, ()))),
+                )
+            )
+        out.sort(key=lambda o: (o.created or "", o.sha256))
+        return out
+
+    # -- references ----------------------------------------------------------------------
+
+    def resolve(self, ref: str) -> str:
+        """Resolve a name, a full sha or a unique abbreviation (8+ hex) to a full sha.
+
+        A name wins over an abbreviation that happens to be spelt the same.
+
+        Raises:
+            RefNotFoundError: nothing matches. AmbiguousRefError: several objects match.
+            InvalidDigestError / InvalidNameError: the reference is neither form.
+        """
+        return self._resolve(ref)[0]
+
+    def _resolve(self, ref: str) -> tuple[str, str | None]:
+        """(sha, the name it was reached by or None)."""
+        if is_full_sha(ref):
+            if not self.object_path(ref).exists() and not self.object_path(ref).is_symlink():
+                raise RefNotFoundError(f"no prefix {ref}")
+            return ref, None
+        if _NAME_RE.fullmatch(ref) is not None and not is_full_sha(ref.lower()):
+            sha = self._read_name(ref)
+            if sha is not None:
+                return sha, ref
+            if not looks_like_sha(ref):
+                raise RefNotFoundError(f"no prefix named {ref!r}")
+        if not looks_like_sha(ref):
+            raise InvalidDigestError(
+                f"invalid reference {ref!r}: not a name, a sha256, or 8+ hex digits of one"
+            )
+        if len(ref) < 8:
+            raise RefNotFoundError(
+                f"no prefix named {ref!r}", hint="an abbreviated sha needs at least 8 hex digits"
+            )
+        abbrev = parse_abbrev(ref)
+        if len(abbrev) == 64:
+            return self._resolve(abbrev)
+        fan = self.root / "objects" / abbrev[:2]
+        matches = (
+            sorted(
+                p.name.removesuffix(".txt")
+                for p in fan.iterdir()
+                if p.name.startswith(abbrev) and p.name.endswith(".txt")
+            )
+            if fan.is_dir()
+            else []
+        )
+        if not matches:
+            raise RefNotFoundError(f"no prefix matches {ref!r}")
+        if len(matches) > 1:
+            raise AmbiguousRefError(
+                f"{ref!r} matches {len(matches)} prefixes: "
+                + ", ".join(m[:12] for m in matches[:5]),
+                candidates=matches,
+            )
+        return matches[0], None
+
+    # -- names ---------------------------------------------------------------------------
+
+    def _read_name(self, name: str) -> str | None:
+        path = self.root / "names" / name
+        try:
+            raw = fsutil.read_nofollow(path)
+        except FileNotFoundError:
+            return None
+        text = raw.decode("ascii", errors="replace")
+        if not (len(raw) == 65 and raw.endswith(b"\n") and is_full_sha(text[:64])):
+            raise CorruptRecordError(f"{path}: not a sha256 line", path=path)
+        return text[:64]
+
+    def names(self) -> dict[str, str]:
+        """Every name and the sha it points to, sorted by name."""
+        directory = self.root / "names"
+        if not directory.is_dir():
+            return {}
+        out: dict[str, str] = {}
+        for entry in sorted(directory.iterdir()):
+            if fsutil.is_temp_name(entry.name) or _NAME_RE.fullmatch(entry.name) is None:
+                continue
+            sha = self._read_name(entry.name)
+            if sha is not None:
+                out[entry.name] = sha
+        return out
+
+    def move_name(self, name: str, ref: str, *, expect: object = _UNSET) -> NameMove | None:
+        """Point `name` at the prefix `ref` resolves to; journal the move.
+
+        Args:
+            expect: compare-and-swap: the sha (or None for "unset") the name must point to
+                now, else `NameConflictError`. Omit to move unconditionally (still atomic).
+
+        Returns:
+            The journalled move, or None if the name already pointed there.
+        """
+        validate_name(name)
+        sha = self.resolve(ref)
+        self._read_verified(sha)  # never point a name at bytes that fail verification
+        with self.lock():
+            current = self._read_name(name)
+            if expect is not _UNSET and current != expect:
+                raise NameConflictError(
+                    f"name {name!r} points to {current or 'nothing'}, not {expect or 'nothing'}"
+                )
+            if current == sha:
+                return None
+            fsutil.replace_atomic(self.root / "names" / name, f"{sha}\n".encode(), mode=0o644)
+            move = NameMove(at=_iso(utc_now()), name=name, from_sha=current, to_sha=sha)
+            fsutil.append_line(self.root / "names.log", dumps_canonical(move.to_dict()))
+        return move
+
+    def name_log(self) -> list[NameMove]:
+        """Every journalled name move, oldest first."""
+        path = self.root / "names.log"
+        try:
+            raw = fsutil.read_nofollow(path)
+        except FileNotFoundError:
+            return []
+        moves = []
+        for lineno, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                moves.append(NameMove.from_dict(loads_object(line)))
+            except CorruptRecordError as exc:
+                raise CorruptRecordError(f"{path}:{lineno}: {exc}", path=path) from None
+        return moves
+
+    # -- measurements --------------------------------------------------------------------
+
+    def write_measurement(self, measurement: Measurement) -> Path:
+        """Write one measurement record; never overwrites an existing one."""
+        sha = measurement.sha256
+        self.init()
+        directory = self.root / "measurements"
+        data = dumps_canonical(measurement.to_dict()) + b"\n"
+        for _ in range(100):
+            path = directory / f"{sha}-{_stamp(utc_now())}.json"
+            if fsutil.publish_new(path, data, mode=0o444):
+                return path
+        raise PrefixregError(f"could not find a free measurement file name for {sha}")
+
+    def measurements(self, sha: str | None = None) -> list[Measurement]:
+        """Measurement records (of one prefix, or all), oldest first.
+
+        Raises:
+            CorruptRecordError: a record that does not parse (fail closed).
+        """
+        directory = self.root / "measurements"
+        if not directory.is_dir():
+            return []
+        pattern = f"{sha}-*.json" if sha is not None else "*.json"
+        out = []
+        for path in sorted(directory.glob(pattern)):
+            if fsutil.is_temp_name(path.name):
+                continue
+            out.append(self._load_measurement(path))
+        out.sort(key=lambda m: m.at)
+        return out
+
+    def _load_measurement(self, path: Path) -> Measurement:
+        try:
+            record = Measurement.from_dict(loads_object(fsutil.read_nofollow(path), path=path))
+        except CorruptRecordError as exc:
+            raise CorruptRecordError(f"{path}: {exc}", path=path) from None
+        if not path.name.startswith(record.sha256 + "-"):
+            raise CorruptRecordError(f"{path}: records sha {record.sha256}", path=path)
+        return record
+
+    # -- verify --------------------------------------------------------------------------
+
+    def verify(self) -> VerifyReport:
+        """Check every object, meta record, name, measurement and journal line.
+
+        Problems: an object whose bytes do not hash to its name, a symlink, an unexpected
+        file, a meta record that does not parse or disagrees with its object, a name that
+        points nowhere, a corrupt journal line or measurement. Warnings: stray temp files
+        and objects without meta (both left by interrupted or in-flight writes).
+        """
+        report = VerifyReport(root=str(self.root))
+        if not self.exists:
+            return report
+        self._verify_objects(report)
+        self._verify_meta(report)
+        self._verify_names(report)
+        self._verify_measurements(report)
+        return report
+
+    def _scan(self, directory: Path, report: VerifyReport) -> Iterator[Path]:
+        """Entries of `directory`, reporting strays and symlinks on the way."""
+        if not directory.is_dir():
+            return
+        for entry in sorted(directory.iterdir()):
+            rel = str(entry.relative_to(self.root))
+            if fsutil.is_temp_name(entry.name):
+                report.findings.append(
+                    Finding("stray", rel, "temp file left by an interrupted write", "warning")
+                )
+            elif entry.is_symlink():
+                report.findings.append(Finding("symlink", rel, "symlink in the registry; refused"))
+            else:
+                yield entry
+
+    def _verify_objects(self, report: VerifyReport) -> None:
+        for fan in self._scan(self.root / "objects", report):
+            if not fan.is_dir() or re.fullmatch(r"[0-9a-f]{2}", fan.name) is None:
+                report.findings.append(
+                    Finding("unexpected", str(fan.relative_to(self.root)), "not an object fan-out")
+                )
+                continue
+            for entry in self._scan(fan, report):
+                rel = str(entry.relative_to(self.root))
+                sha = entry.name.removesuffix(".txt")
+                if not (entry.name.endswith(".txt") and is_full_sha(sha) and sha[:2] == fan.name):
+                    report.findings.append(Finding("unexpected", rel, "not an object file"))
+                    continue
+                report.objects += 1
+                try:
+                    self._read_verified(sha)
+                except IntegrityError as exc:
+                    report.findings.append(Finding("corrupt", rel, str(exc)))
+                    continue
+                if entry.stat().st_mode & 0o222:
+                    report.findings.append(
+                        Finding("bad_mode", rel, "object is writable; objects must be read-only")
+                    )
+                if not self.meta_path(sha).exists():
+                    report.findings.append(
+                        Finding(
+                            "incomplete",
+                            rel,
+                            "object has no meta record (interrupted add?); add it again",
+                            "warning",
+                        )
+                    )
+
+    def _verify_meta(self, report: VerifyReport) -> None:
+        for entry in self._scan(self.root / "meta", report):
+            rel = str(entry.relative_to(self.root))
+            sha = entry.name.removesuffix(".json")
+            if not (entry.name.endswith(".json") and is_full_sha(sha)):
+                report.findings.append(Finding("unexpected", rel, "not a meta record"))
+                continue
+            report.meta += 1
+            try:
+                meta = self.meta(sha)
+            except IntegrityError as exc:
+                report.findings.append(Finding("bad_record", rel, str(exc)))
+                continue
+            obj = self.object_path(sha)
+            if not obj.exists():
+                report.findings.append(Finding("orphan_meta", rel, "meta record without object"))
+            elif not obj.is_symlink() and obj.stat().st_size != meta.bytes:
+                report.findings.append(
+                    Finding("bad_record", rel, f"records {meta.bytes} bytes, object differs")
+                )
+
+    def _verify_names(self, report: VerifyReport) -> None:
+        for entry in self._scan(self.root / "names", report):
+            rel = str(entry.relative_to(self.root))
+            if _NAME_RE.fullmatch(entry.name) is None or is_full_sha(entry.name.lower()):
+                report.findings.append(Finding("unexpected", rel, "not a valid name"))
+                continue
+            report.names += 1
+            try:
+                sha = self._read_name(entry.name)
+            except IntegrityError as exc:
+                report.findings.append(Finding("bad_record", rel, str(exc)))
+                continue
+            if sha is not None and not self.object_path(sha).exists():
+                report.findings.append(Finding("dangling", rel, f"points to missing {sha}"))
+        try:
+            self.name_log()
+        except IntegrityError as exc:
+            report.findings.append(Finding("bad_record", "names.log", str(exc)))
+
+    def _verify_measurements(self, report: VerifyReport) -> None:
+        for entry in self._scan(self.root / "measurements", report):
+            rel = str(entry.relative_to(self.root))
+            report.measurements += 1
+            try:
+                self._load_measurement(entry)
+            except IntegrityError as exc:
+                report.findings.append(Finding("bad_record", rel, str(exc)))

@@ -1,0 +1,48 @@
+"""Shared fixtures: a scrubbed environment, a registry on tmp_path, a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from prefixreg.store import Registry
+
+_SCRUB = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy")
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No test sees the user's registry, worker, key or proxies."""
+    for key in list(os.environ):
+        if key.startswith("PREFIXREG_") or key in _SCRUB:
+            monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    yield
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Registry:
+    return Registry(tmp_path / "reg")
+
+
+def run_cli(
+    *args: str, input_bytes: bytes | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """Run `python -m prefixreg ARGS` as a real process (exit codes, stdout bytes, stderr)."""
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "prefixreg", *args],
+        input=input_bytes,
+        capture_output=True,
+        env=full_env,
+        timeout=60,
+        check=False,
+    )

@@ -1,0 +1,144 @@
+"""The registry commands as a user runs them: real processes, exit codes, stdout bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.conftest import run_cli
+from tests.test_store import TRICKY, flip_byte, tree
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def reg(tmp_path: Path) -> Path:
+    return tmp_path / "reg"
+
+
+def test_add_then_cat_is_byte_identical_and_sha256sum_matches(tmp_path: Path, reg: Path) -> None:
+    src = tmp_path / "prefix.txt"
+    src.write_bytes(TRICKY)
+    added = run_cli("add", str(src), "--name", "tricky", "--registry", str(reg))
+    assert added.returncode == 0, added.stderr
+    sha = added.stdout.decode().strip()
+    assert sha == hashlib.sha256(TRICKY).hexdigest()
+    cat = run_cli("cat", "tricky", "--registry", str(reg))
+    assert cat.returncode == 0
+    assert cat.stdout == TRICKY
+    obj = reg / "objects" / sha[:2] / f"{sha}.txt"
+    out = subprocess.run(["sha256sum", str(obj)], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[0] == sha
+
+
+def test_add_from_stdin_and_env_registry(tmp_path: Path, reg: Path) -> None:
+    added = run_cli("add", "-", input_bytes=b"from stdin", env={"PREFIXREG_HOME": str(reg)})
+    assert added.returncode == 0
+    assert (reg / "REGISTRY.json").exists()
+    assert run_cli("cat", added.stdout.decode().strip()[:10], "--registry", str(reg)).stdout == (
+        b"from stdin"
+    )
+
+
+def test_flipped_byte_makes_cat_and_show_exit_3_with_empty_stdout(
+    tmp_path: Path, reg: Path
+) -> None:
+    src = tmp_path / "p.txt"
+    src.write_bytes(b"exact bytes")
+    sha = run_cli("add", str(src), "--name", "p", "--registry", str(reg)).stdout.decode().strip()
+    flip_byte(reg / "objects" / sha[:2] / f"{sha}.txt")
+    for cmd in ("cat", "show"):
+        res = run_cli(cmd, "p", "--registry", str(reg))
+        assert res.returncode == 3
+        assert res.stdout == b""
+        assert b"Traceback" not in res.stderr
+        assert sha.encode() in res.stderr
+        assert len(res.stderr.decode().strip().splitlines()) == 1
+    ver = run_cli("verify", "--registry", str(reg), "--json")
+    assert ver.returncode == 1
+    report = orjson.loads(ver.stdout)
+    assert report["ok"] is False
+    assert [f["kind"] for f in report["findings"]] == ["corrupt"]
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "needle"),
+    [
+        (["add", "-"], b"", b"empty"),
+        (["add", "-"], b"\xff\xfe", b"UTF-8"),
+        (["add", "-", "--name", "a" * 64], b"x", b"invalid name"),
+        (["add", "-", "--name", "a/b"], b"x", b"invalid name"),
+        (["add", "-", "--name", ".dot"], b"x", b"invalid name"),
+        (["cat", "../../etc/passwd"], None, b"invalid reference"),
+        (["cat", "unknown-name"], None, b"no prefix named"),
+        (["cat", "deadbeef00"], None, b"no prefix matches"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(
+    reg: Path, args: list[str], stdin: bytes | None, needle: bytes
+) -> None:
+    res = run_cli(*args, "--registry", str(reg), input_bytes=stdin)
+    assert res.returncode == 2, res.stderr
+    assert needle in res.stderr
+    assert b"Traceback" not in res.stderr
+    assert res.stderr.startswith(b"error: ")
+    assert tree(reg) == {}
+
+
+def test_registry_path_problems_exit_2(tmp_path: Path) -> None:
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert run_cli("add", "-", "--registry", str(f), input_bytes=b"x").returncode == 2
+    d = tmp_path / "stuff"
+    d.mkdir()
+    (d / "keep").write_text("x")
+    res = run_cli("add", "-", "--registry", str(d), input_bytes=b"x")
+    assert res.returncode == 2
+    assert tree(d) == {"keep": b"x"}
+
+
+def test_debug_shows_traceback(reg: Path) -> None:
+    res = run_cli("cat", "missing-name", "--registry", str(reg), "--debug")
+    assert res.returncode == 2
+    assert b"Traceback" in res.stderr
+
+
+def test_ls_show_names_json(tmp_path: Path, reg: Path) -> None:
+    run_cli("add", "-", "--name", "a", "--note", "first", "--registry", str(reg), input_bytes=b"A")
+    sha_b = run_cli("add", "-", "--registry", str(reg), input_bytes=b"B").stdout.decode().strip()
+    assert run_cli("name", "a", sha_b[:8], "--registry", str(reg)).returncode == 0
+    listing = orjson.loads(run_cli("ls", "--json", "--registry", str(reg)).stdout)
+    assert {o["sha256"]: o["names"] for o in listing}[sha_b] == ["a"]
+    assert orjson.loads(run_cli("names", "--json", "--registry", str(reg)).stdout) == {"a": sha_b}
+    log = orjson.loads(run_cli("names", "--log", "--json", "--registry", str(reg)).stdout)
+    assert [entry["to"] for entry in log][-1] == sha_b
+    assert len(log) == 2
+    shown = orjson.loads(run_cli("show", "a", "--json", "--registry", str(reg)).stdout)
+    assert shown["sha256"] == sha_b and shown["names"] == ["a"]
+    cas = run_cli("name", "a", "A", "--expect", "none", "--registry", str(reg))
+    assert cas.returncode == 2
+
+
+def test_prefix_add_console_script_and_bin_wrapper(tmp_path: Path, reg: Path) -> None:
+    src = tmp_path / "p.txt"
+    src.write_bytes(b"via prefix-add")
+    script = shutil.which("prefix-add", path=str(Path(sys.executable).parent)) or shutil.which(
+        "prefix-add"
+    )
+    assert script is not None, "the prefix-add console script is not installed"
+    for argv in ([script], [sys.executable, str(ROOT / "bin" / "prefix-add")]):
+        res = subprocess.run(
+            [*argv, str(src), "--registry", str(reg)],
+            capture_output=True,
+            check=False,
+            env=dict(os.environ),
+        )
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.decode().strip() == hashlib.sha256(b"via prefix-add").hexdigest()

@@ -1,0 +1,32 @@
+"""A registry writer process for crash and concurrency tests.
+
+Usage: python -m tests.writer ROOT SEED COUNT
+Adds COUNT prefixes (half shared between seeds) and moves a few shared names, printing one
+line per journalled move ("moved") so the parent can count them.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+from prefixreg.store import Registry
+
+
+def main() -> None:
+    root, seed, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    rng = random.Random(seed)
+    reg = Registry(root)
+    for i in range(count):
+        shared = rng.random() < 0.5
+        text = (
+            f"shared prefix {i % 7}\n" * 50 if shared else f"own {seed}-{i}\n" * rng.randint(1, 400)
+        )
+        sha = reg.add(text, note=f"seed {seed}")
+        if reg.move_name(f"n{i % 3}", sha) is not None:
+            sys.stdout.write("moved\n")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
