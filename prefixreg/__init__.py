@@ -30,13 +30,36 @@ from prefixreg.errors import (
     WorkerTimeoutError,
     WorkerUnreachableError,
 )
-from prefixreg.prefix import Prefix, fresh_tail
-from prefixreg.records import CacheCounters, CallEvidence, Measurement, Meta, NameMove, ServerBuild
-from prefixreg.store import Registry
 
 if TYPE_CHECKING:
     from prefixreg.evidence import evidence_from_response
+    from prefixreg.prefix import Prefix, fresh_tail
+    from prefixreg.records import (
+        CacheCounters,
+        CallEvidence,
+        Measurement,
+        Meta,
+        NameMove,
+        ServerBuild,
+    )
+    from prefixreg.store import Registry
     from prefixreg.worker import Worker
+
+# name -> module, loaded on first access (PEP 562) so `import prefixreg` and the CLI's
+# start-up do not pay for the store, the records or the HTTP client until they are used.
+_LAZY = {
+    "Prefix": "prefixreg.prefix",
+    "fresh_tail": "prefixreg.prefix",
+    "CacheCounters": "prefixreg.records",
+    "CallEvidence": "prefixreg.records",
+    "Measurement": "prefixreg.records",
+    "Meta": "prefixreg.records",
+    "NameMove": "prefixreg.records",
+    "ServerBuild": "prefixreg.records",
+    "Registry": "prefixreg.store",
+    "Worker": "prefixreg.worker",
+    "evidence_from_response": "prefixreg.evidence",
+}
 
 __version__ = "0.1.0"
 
@@ -79,18 +102,17 @@ __all__ = [
 def open_registry(path: Path | str | None = None) -> Registry:
     """Open the registry at `path`, else `$PREFIXREG_HOME`, else the XDG state directory."""
     from prefixreg.location import resolve_registry_path
+    from prefixreg.store import Registry
 
     return Registry(resolve_registry_path(path))
 
 
 def __getattr__(name: str) -> Any:
-    # PEP 562: load the HTTP client and the evidence parser only when asked for.
-    if name == "Worker":
-        from prefixreg.worker import Worker
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'prefixreg' has no attribute {name!r}")
+    import importlib
 
-        return Worker
-    if name == "evidence_from_response":
-        from prefixreg.evidence import evidence_from_response
-
-        return evidence_from_response
-    raise AttributeError(f"module 'prefixreg' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -109,7 +109,7 @@ def publish_new(path: Path, data: bytes, *, mode: int = 0o444) -> bool:
     return created
 
 
-def read_nofollow(path: Path) -> bytes:
+def read_nofollow(path: Path | str) -> bytes:
     """Read a regular file without following a symlink.
 
     Raises:
@@ -120,12 +120,17 @@ def read_nofollow(path: Path) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise IntegrityError(f"{path}: is a symlink; refused", path=path) from exc
+            raise IntegrityError(f"{path}: is a symlink; refused", path=Path(path)) from exc
         raise
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise IntegrityError(f"{path}: not a regular file; refused", path=path)
-        chunks = []
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IntegrityError(f"{path}: not a regular file; refused", path=Path(path))
+        # One read of the known size (+1 to see growth); loop only if the file grew.
+        data = os.read(fd, st.st_size + 1)
+        if len(data) <= st.st_size:
+            return data
+        chunks = [data]
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
         return b"".join(chunks)

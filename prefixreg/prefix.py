@@ -10,21 +10,40 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
+from prefixreg.errors import CorruptRecordError
+
 __all__ = ["Prefix", "fresh_tail"]
 
 
 @dataclass(frozen=True, slots=True)
 class Prefix:
-    """A verified prefix: its sha256, its exact text, and the name it was reached by."""
+    """A verified prefix: its sha256, its exact bytes, and the name it was reached by.
+
+    `text` decodes the bytes on each access; holding bytes keeps `Registry.get` as cheap as
+    the read and the hash it must do anyway.
+    """
 
     sha256: str
-    text: str
+    data: bytes
     name: str | None = None
+
+    @classmethod
+    def from_text(cls, sha256: str, text: str, name: str | None = None) -> Prefix:
+        """Build from text (for callers that hold the text of a sha they verified)."""
+        return cls(sha256=sha256, data=text.encode("utf-8"), name=name)
+
+    @property
+    def text(self) -> str:
+        """The prefix as a string (the registry only stores valid UTF-8)."""
+        try:
+            return self.data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptRecordError(f"prefix {self.sha256} is not valid UTF-8") from None
 
     @property
     def size(self) -> int:
         """Length in bytes of the UTF-8 content."""
-        return len(self.text.encode("utf-8"))
+        return len(self.data)
 
     def messages(self, tail: str, *, role: str = "system") -> list[dict[str, str]]:
         """The chat messages for one call: this prefix as `messages[0]`, then the user tail."""

@@ -25,11 +25,10 @@ import hashlib
 import os
 import re
 import stat
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
 from prefixreg import fsutil
 from prefixreg.digest import is_full_sha, looks_like_sha, parse_abbrev, sha256_hex
@@ -47,17 +46,20 @@ from prefixreg.errors import (
     UsageError,
 )
 from prefixreg.jsonio import dumps_canonical, loads_object
-from prefixreg.prefix import Prefix
-from prefixreg.records import Measurement, Meta, NameMove
+
+if TYPE_CHECKING:
+    from prefixreg.prefix import Prefix
+    from prefixreg.records import Measurement, Meta, NameMove
+    from prefixreg.verify import VerifyReport
 
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
-    "Finding",
     "NameConflictError",
     "ObjectInfo",
     "Registry",
-    "VerifyReport",
+    "iso_utc",
+    "stamp_utc",
     "utc_now",
     "validate_name",
 ]
@@ -65,7 +67,7 @@ __all__ = [
 FORMAT: Final = "prefix-registry"
 FORMAT_VERSION: Final = 1
 MARKER: Final = "REGISTRY.json"
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _UNSET: Final = object()
 _README = """\
 # prefix registry
@@ -81,17 +83,23 @@ class NameConflictError(UsageError):
     """A compare-and-swap name move found the name pointing somewhere else."""
 
 
-def utc_now() -> datetime:
-    """The current time in UTC (one place, so records agree on the clock)."""
-    return datetime.now(UTC)
+def utc_now() -> float:
+    """The current time as a Unix timestamp (one place, so records agree on the clock)."""
+    return time.time()
 
 
-def _iso(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def iso_utc(moment: float) -> str:
+    """ISO 8601 UTC with microseconds: `2026-11-29T12:48:17.123456Z`."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(moment)) + f".{_micros(moment)}Z"
 
 
-def _stamp(moment: datetime) -> str:
-    return moment.strftime("%Y%m%dT%H%M%S.%fZ")
+def stamp_utc(moment: float) -> str:
+    """The file-name timestamp of DESIGN §3: UTC `%Y%m%dT%H%M%S.%fZ`."""
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(moment)) + f".{_micros(moment)}Z"
+
+
+def _micros(moment: float) -> str:
+    return f"{int(round(moment % 1, 6) * 1_000_000) % 1_000_000:06d}"
 
 
 def validate_name(name: str) -> str:
@@ -100,7 +108,7 @@ def validate_name(name: str) -> str:
     Raises:
         InvalidNameError: bad characters, leading dot/dash, too long, or 64 hex digits.
     """
-    if _NAME_RE.fullmatch(name) is None:
+    if NAME_RE.fullmatch(name) is None:
         raise InvalidNameError(
             f"invalid name {name!r}: use 1-128 of [A-Za-z0-9._-], starting with a letter or digit"
         )
@@ -109,8 +117,7 @@ def validate_name(name: str) -> str:
     return name
 
 
-@dataclass(frozen=True, slots=True)
-class ObjectInfo:
+class ObjectInfo(NamedTuple):
     """One object as `ls` shows it: from its meta record and the names pointing at it."""
 
     sha256: str
@@ -118,59 +125,6 @@ class ObjectInfo:
     created: str | None
     note: str | None
     names: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One thing `verify` found.
-
-    `kind` is one of: corrupt, symlink, unexpected, dangling, orphan_meta, bad_record,
-    bad_mode (problems) or stray, incomplete (warnings: debris of an interrupted or
-    in-flight write that never hides or corrupts data).
-    """
-
-    kind: str
-    path: str
-    message: str
-    severity: Literal["problem", "warning"] = "problem"
-
-    def to_dict(self) -> dict[str, str]:
-        return {
-            "kind": self.kind,
-            "path": self.path,
-            "message": self.message,
-            "severity": self.severity,
-        }
-
-
-@dataclass(slots=True)
-class VerifyReport:
-    """What `Registry.verify` checked and found."""
-
-    root: str
-    objects: int = 0
-    meta: int = 0
-    names: int = 0
-    measurements: int = 0
-    findings: list[Finding] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        """True when nothing is wrong (warnings such as stray temp files do not count)."""
-        return not any(f.severity == "problem" for f in self.findings)
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "root": self.root,
-            "ok": self.ok,
-            "checked": {
-                "objects": self.objects,
-                "meta": self.meta,
-                "names": self.names,
-                "measurements": self.measurements,
-            },
-            "findings": [f.to_dict() for f in self.findings],
-        }
 
 
 class Registry:
@@ -187,6 +141,7 @@ class Registry:
 
     def __init__(self, root: Path | str, *, lock_timeout: float = 30.0) -> None:
         self.root = Path(root)
+        self._objects = str(self.root / "objects")
         self.lock_timeout = lock_timeout
         self._marker: dict[str, object] | None = None
         self._check_location()
@@ -262,7 +217,7 @@ class Registry:
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "role": role,
-            "created": _iso(utc_now()),
+            "created": iso_utc(utc_now()),
         }
         # The marker goes first, so a concurrent opener never sees files without it.
         fsutil.publish_new(self.root / MARKER, dumps_canonical(marker) + b"\n", mode=0o644)
@@ -345,7 +300,9 @@ class Registry:
         self.init()
         path = self.object_path(sha)
         path.parent.mkdir(exist_ok=True)
-        if not fsutil.publish_new(path, data, mode=0o444):
+        # Look before writing: re-adding known content (the common case in a loop) then
+        # costs a read and a hash, not a durable write; publish_new still settles races.
+        if path.exists() or not fsutil.publish_new(path, data, mode=0o444):
             # Existing object: re-verify (never trust what is already there), then
             # refresh its mtime so age-based gc sees it as recently used.
             self._read_verified(sha)
@@ -357,27 +314,32 @@ class Registry:
 
     def _write_meta(self, sha: str, size: int, *, note: str | None, source: str) -> None:
         path = self.meta_path(sha)
-        meta = Meta(sha256=sha, bytes=size, created=_iso(utc_now()), source=source, note=note)
-        if fsutil.publish_new(path, dumps_canonical(meta.to_dict()) + b"\n", mode=0o444):
+        if note is None and path.exists():
+            return
+        # The on-disk form of `records.Meta`, built directly: the record classes are only
+        # needed to read (and strictly validate) what is already there.
+        record = {"sha256": sha, "bytes": size, "created": iso_utc(utc_now())}
+        record |= {"source": source, "note": note}
+        if fsutil.publish_new(path, dumps_canonical(record) + b"\n", mode=0o444) or note is None:
             return
         old = self.meta(sha)
-        if note is not None and old.note != note:
-            updated = Meta(
-                sha256=sha, bytes=old.bytes, created=old.created, source=old.source, note=note
-            )
-            fsutil.replace_atomic(path, dumps_canonical(updated.to_dict()) + b"\n", mode=0o444)
+        if old.note != note:
+            updated = old.to_dict() | {"note": note}
+            fsutil.replace_atomic(path, dumps_canonical(updated) + b"\n", mode=0o444)
 
     def _read_verified(self, sha: str) -> bytes:
-        path = self.object_path(sha)
+        """The object's bytes, re-hashed and compared; `sha` must be validated already."""
+        # A string path on the hot path: get() of a small prefix is dominated by overhead.
+        path = f"{self._objects}/{sha[:2]}/{sha}.txt"
         try:
             data = fsutil.read_nofollow(path)
         except FileNotFoundError:
-            raise RefNotFoundError(f"no object {sha}") from None
+            raise RefNotFoundError(f"no prefix {sha}") from None
         actual = hashlib.sha256(data).hexdigest()
         if actual != sha:
             raise IntegrityError(
                 f"{path}: content hashes to {actual}, expected {sha}; refusing to use it",
-                path=path,
+                path=Path(path),
                 expected=sha,
                 actual=actual,
             )
@@ -390,19 +352,15 @@ class Registry:
             RefNotFoundError, AmbiguousRefError, InvalidDigestError: bad reference.
             IntegrityError: the stored bytes do not hash to their sha.
         """
-        return self._read_verified(self.resolve(ref))
+        return self._read_verified(ref if is_full_sha(ref) else self.resolve(ref))
 
     def get(self, ref: str) -> Prefix:
         """The verified prefix `ref` names (a name, a sha, or an 8+ digit abbreviation)."""
-        sha, name = self._resolve(ref)
-        data = self._read_verified(sha)
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise CorruptRecordError(
-                f"{self.object_path(sha)}: not UTF-8", path=self.object_path(sha)
-            ) from None
-        return Prefix(sha256=sha, text=text, name=name)
+        # A full sha needs no lookup: the verified read itself says whether it exists.
+        sha, name = (ref, None) if is_full_sha(ref) else self._resolve(ref)
+        from prefixreg.prefix import Prefix
+
+        return Prefix(sha256=sha, data=self._read_verified(sha), name=name)
 
     def meta(self, sha: str) -> Meta:
         """The meta record of `sha` (parsed strictly).
@@ -415,6 +373,8 @@ class Registry:
             raw = fsutil.read_nofollow(path)
         except FileNotFoundError:
             raise RefNotFoundError(f"no meta record for {sha}") from None
+        from prefixreg.records import Meta
+
         try:
             meta = Meta.from_dict(loads_object(raw, path=path))
         except CorruptRecordError as exc:
@@ -478,7 +438,7 @@ class Registry:
             if not self.object_path(ref).exists() and not self.object_path(ref).is_symlink():
                 raise RefNotFoundError(f"no prefix {ref}")
             return ref, None
-        if _NAME_RE.fullmatch(ref) is not None and not is_full_sha(ref.lower()):
+        if NAME_RE.fullmatch(ref) is not None and not is_full_sha(ref.lower()):
             sha = self._read_name(ref)
             if sha is not None:
                 return sha, ref
@@ -535,7 +495,7 @@ class Registry:
             return {}
         out: dict[str, str] = {}
         for entry in sorted(directory.iterdir()):
-            if fsutil.is_temp_name(entry.name) or _NAME_RE.fullmatch(entry.name) is None:
+            if fsutil.is_temp_name(entry.name) or NAME_RE.fullmatch(entry.name) is None:
                 continue
             sha = self._read_name(entry.name)
             if sha is not None:
@@ -564,7 +524,9 @@ class Registry:
             if current == sha:
                 return None
             fsutil.replace_atomic(self.root / "names" / name, f"{sha}\n".encode(), mode=0o644)
-            move = NameMove(at=_iso(utc_now()), name=name, from_sha=current, to_sha=sha)
+            from prefixreg.records import NameMove
+
+            move = NameMove(at=iso_utc(utc_now()), name=name, from_sha=current, to_sha=sha)
             fsutil.append_line(self.root / "names.log", dumps_canonical(move.to_dict()))
         return move
 
@@ -575,6 +537,8 @@ class Registry:
             raw = fsutil.read_nofollow(path)
         except FileNotFoundError:
             return []
+        from prefixreg.records import NameMove
+
         moves = []
         for lineno, line in enumerate(raw.splitlines(), 1):
             if not line.strip():
@@ -594,7 +558,7 @@ class Registry:
         directory = self.root / "measurements"
         data = dumps_canonical(measurement.to_dict()) + b"\n"
         for _ in range(100):
-            path = directory / f"{sha}-{_stamp(utc_now())}.json"
+            path = directory / f"{sha}-{stamp_utc(utc_now())}.json"
             if fsutil.publish_new(path, data, mode=0o444):
                 return path
         raise PrefixregError(f"could not find a free measurement file name for {sha}")
@@ -618,6 +582,8 @@ class Registry:
         return out
 
     def _load_measurement(self, path: Path) -> Measurement:
+        from prefixreg.records import Measurement
+
         try:
             record = Measurement.from_dict(loads_object(fsutil.read_nofollow(path), path=path))
         except CorruptRecordError as exc:
@@ -629,115 +595,7 @@ class Registry:
     # -- verify --------------------------------------------------------------------------
 
     def verify(self) -> VerifyReport:
-        """Check every object, meta record, name, measurement and journal line.
+        """Check everything in the registry (see `prefixreg.verify`)."""
+        from prefixreg.verify import verify_registry
 
-        Problems: an object whose bytes do not hash to its name, a symlink, an unexpected
-        file, a meta record that does not parse or disagrees with its object, a name that
-        points nowhere, a corrupt journal line or measurement. Warnings: stray temp files
-        and objects without meta (both left by interrupted or in-flight writes).
-        """
-        report = VerifyReport(root=str(self.root))
-        if not self.exists:
-            return report
-        self._verify_objects(report)
-        self._verify_meta(report)
-        self._verify_names(report)
-        self._verify_measurements(report)
-        return report
-
-    def _scan(self, directory: Path, report: VerifyReport) -> Iterator[Path]:
-        """Entries of `directory`, reporting strays and symlinks on the way."""
-        if not directory.is_dir():
-            return
-        for entry in sorted(directory.iterdir()):
-            rel = str(entry.relative_to(self.root))
-            if fsutil.is_temp_name(entry.name):
-                report.findings.append(
-                    Finding("stray", rel, "temp file left by an interrupted write", "warning")
-                )
-            elif entry.is_symlink():
-                report.findings.append(Finding("symlink", rel, "symlink in the registry; refused"))
-            else:
-                yield entry
-
-    def _verify_objects(self, report: VerifyReport) -> None:
-        for fan in self._scan(self.root / "objects", report):
-            if not fan.is_dir() or re.fullmatch(r"[0-9a-f]{2}", fan.name) is None:
-                report.findings.append(
-                    Finding("unexpected", str(fan.relative_to(self.root)), "not an object fan-out")
-                )
-                continue
-            for entry in self._scan(fan, report):
-                rel = str(entry.relative_to(self.root))
-                sha = entry.name.removesuffix(".txt")
-                if not (entry.name.endswith(".txt") and is_full_sha(sha) and sha[:2] == fan.name):
-                    report.findings.append(Finding("unexpected", rel, "not an object file"))
-                    continue
-                report.objects += 1
-                try:
-                    self._read_verified(sha)
-                except IntegrityError as exc:
-                    report.findings.append(Finding("corrupt", rel, str(exc)))
-                    continue
-                if entry.stat().st_mode & 0o222:
-                    report.findings.append(
-                        Finding("bad_mode", rel, "object is writable; objects must be read-only")
-                    )
-                if not self.meta_path(sha).exists():
-                    report.findings.append(
-                        Finding(
-                            "incomplete",
-                            rel,
-                            "object has no meta record (interrupted add?); add it again",
-                            "warning",
-                        )
-                    )
-
-    def _verify_meta(self, report: VerifyReport) -> None:
-        for entry in self._scan(self.root / "meta", report):
-            rel = str(entry.relative_to(self.root))
-            sha = entry.name.removesuffix(".json")
-            if not (entry.name.endswith(".json") and is_full_sha(sha)):
-                report.findings.append(Finding("unexpected", rel, "not a meta record"))
-                continue
-            report.meta += 1
-            try:
-                meta = self.meta(sha)
-            except IntegrityError as exc:
-                report.findings.append(Finding("bad_record", rel, str(exc)))
-                continue
-            obj = self.object_path(sha)
-            if not obj.exists():
-                report.findings.append(Finding("orphan_meta", rel, "meta record without object"))
-            elif not obj.is_symlink() and obj.stat().st_size != meta.bytes:
-                report.findings.append(
-                    Finding("bad_record", rel, f"records {meta.bytes} bytes, object differs")
-                )
-
-    def _verify_names(self, report: VerifyReport) -> None:
-        for entry in self._scan(self.root / "names", report):
-            rel = str(entry.relative_to(self.root))
-            if _NAME_RE.fullmatch(entry.name) is None or is_full_sha(entry.name.lower()):
-                report.findings.append(Finding("unexpected", rel, "not a valid name"))
-                continue
-            report.names += 1
-            try:
-                sha = self._read_name(entry.name)
-            except IntegrityError as exc:
-                report.findings.append(Finding("bad_record", rel, str(exc)))
-                continue
-            if sha is not None and not self.object_path(sha).exists():
-                report.findings.append(Finding("dangling", rel, f"points to missing {sha}"))
-        try:
-            self.name_log()
-        except IntegrityError as exc:
-            report.findings.append(Finding("bad_record", "names.log", str(exc)))
-
-    def _verify_measurements(self, report: VerifyReport) -> None:
-        for entry in self._scan(self.root / "measurements", report):
-            rel = str(entry.relative_to(self.root))
-            report.measurements += 1
-            try:
-                self._load_measurement(entry)
-            except IntegrityError as exc:
-                report.findings.append(Finding("bad_record", rel, str(exc)))
+        return verify_registry(self)

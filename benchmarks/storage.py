@@ -1,0 +1,160 @@
+"""Storage benchmarks: verified get, durable add, CLI start-up, each against a floor.
+
+Every figure is a ratio against a floor measured in the same run on the same files, so
+the numbers hold on a noisy machine. Run: `python benchmarks/storage.py [--quick]`.
+
+- get: `Registry.get(sha)` (resolve, no-follow open, read, sha256, compare, decode) of a
+  3 KB and a 256 KB prefix vs open + read + hashlib.sha256 of the same file.
+  Targets <= 1.3x and <= 1.1x.
+- add: durable `Registry.add()` of new 3 KB objects vs the durable writes the format needs,
+  done by hand (temp write + fsync + rename + directory fsync, for the object and its meta).
+  Target <= 1.2x.
+- start-up: `prefixreg --help` and `prefix-add FILE` vs `python3 -c "import typer"`.
+  Target <= 1.3x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import hashlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from prefixreg.store import Registry
+
+
+def best_of(fn: Callable[[], object], *, number: int, repeat: int) -> float:
+    """Seconds per call: the minimum over `repeat` runs of `number` calls (least noise)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - start) / number)
+    return min(times)
+
+
+def bench_get(reg: Registry, size: int, number: int) -> tuple[float, float]:
+    text = ("x" * 63 + "\n") * (size // 64)
+    sha = reg.add(text)
+    path = reg.object_path(sha)
+
+    def floor() -> None:
+        with open(path, "rb") as fh:
+            hashlib.sha256(fh.read()).hexdigest()
+
+    def ours() -> None:
+        reg.get(sha)
+
+    floor_s = best_of(floor, number=number, repeat=7)
+    ours_s = best_of(ours, number=number, repeat=7)
+    return ours_s, floor_s
+
+
+def _durable_write(directory: Path, name: str, data: bytes) -> None:
+    tmp = directory / f".{name}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, directory / name)
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def bench_add(root: Path, count: int) -> tuple[float, float]:
+    payloads = [os.urandom(1536).hex() for _ in range(count * 2)]
+    reg = Registry(root / "reg")
+    reg.init()
+    floor_dir = root / "floor"
+    (floor_dir / "objects").mkdir(parents=True)
+    (floor_dir / "meta").mkdir()
+    ours, floor = [], []
+    for i in range(count):
+        # Interleave the two so drift in disk speed hits both equally.
+        data = payloads[i].encode()
+        start = time.perf_counter()
+        sha = hashlib.sha256(data).hexdigest()
+        fan = floor_dir / "objects" / sha[:2]
+        fan.mkdir(exist_ok=True)
+        _durable_write(fan, f"{sha}.txt", data)
+        _durable_write(floor_dir / "meta", f"{sha}.json", b'{"sha256":"%s"}' % sha.encode())
+        floor.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        reg.add(payloads[count + i])
+        ours.append(time.perf_counter() - start)
+    return statistics.median(ours), statistics.median(floor)
+
+
+def bench_startup(tmp: Path, runs: int) -> dict[str, tuple[float, float]]:
+    # An installed package has byte-code compiled at install time (typer's has, for the
+    # floor); an editable checkout may not (PYTHONDONTWRITEBYTECODE), so compile it first.
+    import prefixreg
+
+    compileall.compile_dir(Path(prefixreg.__file__).parent, quiet=1)
+    small = tmp / "small.txt"
+    small.write_text("a small prefix\n")
+    env = dict(os.environ, PREFIXREG_HOME=str(tmp / "cli-reg"))
+    main_cmd = shutil.which("prefixreg") or "prefixreg"
+    add_cmd = shutil.which("prefix-add") or "prefix-add"
+    commands: dict[str, list[str]] = {
+        "floor": [sys.executable, "-c", "import typer"],
+        "prefixreg --help": [main_cmd, "--help"],
+        "prefix-add FILE": [add_cmd, str(small)],
+    }
+    samples: dict[str, list[float]] = {k: [] for k in commands}
+    for _ in range(runs):
+        for key, argv in commands.items():
+            start = time.perf_counter()
+            subprocess.run(argv, env=env, capture_output=True, check=True)
+            samples[key].append(time.perf_counter() - start)
+    floor = statistics.median(samples["floor"])
+    return {k: (statistics.median(v), floor) for k, v in samples.items() if k != "floor"}
+
+
+def report(label: str, ours: float, floor: float, target: float) -> bool:
+    ratio = ours / floor
+    ok = ratio <= target
+    print(
+        f"{label:<28} {ours * 1e6:>10.1f} us  floor {floor * 1e6:>10.1f} us  "
+        f"ratio {ratio:5.2f}x  target <= {target}x  {'ok' if ok else 'MISSED'}"
+    )
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    args = parser.parse_args()
+    scale = 1 if args.quick else 5
+    results = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        reg = Registry(tmp / "get-reg")
+        ours, floor = bench_get(reg, 3 * 1024, 400 * scale)
+        results.append(report("get 3 KB", ours, floor, 1.3))
+        ours, floor = bench_get(reg, 256 * 1024, 40 * scale)
+        results.append(report("get 256 KB", ours, floor, 1.1))
+        ours, floor = bench_add(tmp, 40 * scale)
+        results.append(report("durable add 3 KB", ours, floor, 1.2))
+        for label, (ours, floor) in bench_startup(tmp, 4 * scale).items():
+            results.append(report(f"start-up: {label}", ours, floor, 1.3))
+    print("all targets met" if all(results) else "some targets missed")
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""`prefixreg verify`: an fsck of the registry. Reads everything, changes nothing.
+
+Problems (verify exits 1): an object whose bytes do not hash to its name, a symlink, an
+unexpected file, a meta record or name that does not parse or disagrees with its object, a
+name that points nowhere, a corrupt journal line or measurement, a writable object.
+Warnings: stray temp files and objects without meta: the debris of interrupted or in-flight
+writes, which never hides or corrupts data (`add` again repairs an object without meta).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from prefixreg import fsutil
+from prefixreg.digest import is_full_sha
+from prefixreg.errors import IntegrityError
+from prefixreg.store import NAME_RE, Registry
+
+__all__ = ["Finding", "VerifyReport", "verify_registry"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing `verify` found.
+
+    `kind` is one of: corrupt, symlink, unexpected, dangling, orphan_meta, bad_record,
+    bad_mode (problems) or stray, incomplete (warnings: debris of an interrupted or
+    in-flight write that never hides or corrupts data).
+    """
+
+    kind: str
+    path: str
+    message: str
+    severity: Literal["problem", "warning"] = "problem"
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "message": self.message,
+            "severity": self.severity,
+        }
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """What `Registry.verify` checked and found."""
+
+    root: str
+    objects: int = 0
+    meta: int = 0
+    names: int = 0
+    measurements: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is wrong (warnings such as stray temp files do not count)."""
+        return not any(f.severity == "problem" for f in self.findings)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "root": self.root,
+            "ok": self.ok,
+            "checked": {
+                "objects": self.objects,
+                "meta": self.meta,
+                "names": self.names,
+                "measurements": self.measurements,
+            },
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def verify_registry(reg: Registry) -> VerifyReport:
+    """Check every object, meta record, name, measurement and journal line.
+
+    Problems: an object whose bytes do not hash to its name, a symlink, an unexpected
+    file, a meta record that does not parse or disagrees with its object, a name that
+    points nowhere, a corrupt journal line or measurement. Warnings: stray temp files
+    and objects without meta (both left by interrupted or in-flight writes).
+    """
+    report = VerifyReport(root=str(reg.root))
+    if not reg.exists:
+        return report
+    _verify_objects(reg, report)
+    _verify_meta(reg, report)
+    _verify_names(reg, report)
+    _verify_measurements(reg, report)
+    return report
+
+
+def _scan(reg: Registry, directory: Path, report: VerifyReport) -> Iterator[Path]:
+    """Entries of `directory`, reporting strays and symlinks on the way."""
+    if not directory.is_dir():
+        return
+    for entry in sorted(directory.iterdir()):
+        rel = str(entry.relative_to(reg.root))
+        if fsutil.is_temp_name(entry.name):
+            report.findings.append(
+                Finding("stray", rel, "temp file left by an interrupted write", "warning")
+            )
+        elif entry.is_symlink():
+            report.findings.append(Finding("symlink", rel, "symlink in the registry; refused"))
+        else:
+            yield entry
+
+
+def _verify_objects(reg: Registry, report: VerifyReport) -> None:
+    for fan in _scan(reg, reg.root / "objects", report):
+        if not fan.is_dir() or re.fullmatch(r"[0-9a-f]{2}", fan.name) is None:
+            report.findings.append(
+                Finding("unexpected", str(fan.relative_to(reg.root)), "not an object fan-out")
+            )
+            continue
+        for entry in _scan(reg, fan, report):
+            rel = str(entry.relative_to(reg.root))
+            sha = entry.name.removesuffix(".txt")
+            if not (entry.name.endswith(".txt") and is_full_sha(sha) and sha[:2] == fan.name):
+                report.findings.append(Finding("unexpected", rel, "not an object file"))
+                continue
+            report.objects += 1
+            try:
+                reg._read_verified(sha)
+            except IntegrityError as exc:
+                report.findings.append(Finding("corrupt", rel, str(exc)))
+                continue
+            if entry.stat().st_mode & 0o222:
+                report.findings.append(
+                    Finding("bad_mode", rel, "object is writable; objects must be read-only")
+                )
+            if not reg.meta_path(sha).exists():
+                report.findings.append(
+                    Finding(
+                        "incomplete",
+                        rel,
+                        "object has no meta record (interrupted add?); add it again",
+                        "warning",
+                    )
+                )
+
+
+def _verify_meta(reg: Registry, report: VerifyReport) -> None:
+    for entry in _scan(reg, reg.root / "meta", report):
+        rel = str(entry.relative_to(reg.root))
+        sha = entry.name.removesuffix(".json")
+        if not (entry.name.endswith(".json") and is_full_sha(sha)):
+            report.findings.append(Finding("unexpected", rel, "not a meta record"))
+            continue
+        report.meta += 1
+        try:
+            meta = reg.meta(sha)
+        except IntegrityError as exc:
+            report.findings.append(Finding("bad_record", rel, str(exc)))
+            continue
+        obj = reg.object_path(sha)
+        if not obj.exists():
+            report.findings.append(Finding("orphan_meta", rel, "meta record without object"))
+        elif not obj.is_symlink() and obj.stat().st_size != meta.bytes:
+            report.findings.append(
+                Finding("bad_record", rel, f"records {meta.bytes} bytes, object differs")
+            )
+
+
+def _verify_names(reg: Registry, report: VerifyReport) -> None:
+    for entry in _scan(reg, reg.root / "names", report):
+        rel = str(entry.relative_to(reg.root))
+        if NAME_RE.fullmatch(entry.name) is None or is_full_sha(entry.name.lower()):
+            report.findings.append(Finding("unexpected", rel, "not a valid name"))
+            continue
+        report.names += 1
+        try:
+            sha = reg._read_name(entry.name)
+        except IntegrityError as exc:
+            report.findings.append(Finding("bad_record", rel, str(exc)))
+            continue
+        if sha is not None and not reg.object_path(sha).exists():
+            report.findings.append(Finding("dangling", rel, f"points to missing {sha}"))
+    try:
+        reg.name_log()
+    except IntegrityError as exc:
+        report.findings.append(Finding("bad_record", "names.log", str(exc)))
+
+
+def _verify_measurements(reg: Registry, report: VerifyReport) -> None:
+    for entry in _scan(reg, reg.root / "measurements", report):
+        rel = str(entry.relative_to(reg.root))
+        report.measurements += 1
+        try:
+            reg._load_measurement(entry)
+        except IntegrityError as exc:
+            report.findings.append(Finding("bad_record", rel, str(exc)))
