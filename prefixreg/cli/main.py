@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from prefixreg.cli import store_cmds
+from prefixreg.cli import sim, store_cmds
 
 __all__ = ["app", "run", "run_add"]
 
@@ -27,10 +27,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for _module in (store_cmds,):
+for _module in (store_cmds, sim):
     _module.register(app)
 
 
@@ -44,6 +45,7 @@ def _single(command: Callable[..., Any], prog_name: str) -> None:
     single = typer.Typer(
         add_completion=False,
         pretty_exceptions_enable=False,
+        rich_markup_mode=None,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
     single.command()(command)

@@ -1,0 +1,132 @@
+"""The pure cache model: LRU survival, stores/evictions, counter lag, dense alignment."""
+
+from __future__ import annotations
+
+from prefixreg.prefix import fresh_tail
+from prefixreg.sim.cache import CacheModel, PromptCache, snapshot_places
+from prefixreg.sim.tokenizer import RenderedPrompt, render_chat
+
+
+def flash(**kw: int) -> PromptCache:
+    params = {"max_entries": 8, "entries_per_request": 2, "align": 0, "counter_lag": 1}
+    params.update(kw)
+    return PromptCache(CacheModel(partial_resume=False, entry_bytes=116389652, **params))
+
+
+def dense(**kw: int) -> PromptCache:
+    params = {"max_entries": 3, "entries_per_request": 1, "align": 2048, "counter_lag": 0}
+    params.update(kw)
+    return PromptCache(CacheModel(partial_resume=True, entry_bytes=1, **params))
+
+
+def prompt(system: str) -> RenderedPrompt:
+    return render_chat([("system", system), ("user", fresh_tail())])
+
+
+def words(seed: str, n: int) -> str:
+    return " ".join(f"{seed}{i}" for i in range(n))
+
+
+def test_prefix_survives_three_foreign_prompts_and_not_four() -> None:
+    for foreign, survives in ((3, True), (4, False)):
+        cache = flash()
+        cache.admit(prompt("the prefix"))
+        for i in range(foreign):
+            cache.admit(prompt(f"foreign {i}"))
+        assert (cache.admit(prompt("the prefix")).cached > 0) is survives
+
+
+def test_a_hit_refreshes_recency() -> None:
+    cache = flash()
+    cache.admit(prompt("the prefix"))
+    for i in range(3):
+        cache.admit(prompt(f"foreign {i}"))
+        assert cache.admit(prompt("the prefix")).cached > 0  # each check refreshes it
+    assert cache.counters().entries == 8
+
+
+def test_once_full_every_store_evicts_and_entries_stay_at_capacity() -> None:
+    cache = flash()
+    for i in range(20):
+        before = cache.counters()
+        out = cache.admit(prompt(f"p{i % 5}"))
+        after = cache.counters()
+        assert out.stored == after.stores - before.stores == 2
+        if before.entries == 8:
+            assert after.evicted - before.evicted == after.stores - before.stores
+        assert after.entries == min(2 * (i + 1), 8)
+        assert after.stores - after.evicted == after.entries
+        assert after.refused == 0
+        assert after.last_entry_bytes == 116389652
+        assert after.bytes == after.entries * 116389652
+
+
+def test_counter_lag_delays_hits_misses_and_saved_by_one_request() -> None:
+    cache = flash(counter_lag=1)
+    p = prompt("lagged")
+    cache.admit(p)
+    assert (cache.counters().hits, cache.counters().misses) == (0, 0)
+    assert cache.counters().stores == 2  # stores are not lagged
+    saved = cache.admit(p).cached
+    c = cache.counters()
+    assert (c.hits, c.misses, c.prompt_tokens_saved) == (0, 1, 0)
+    cache.admit(prompt("other"))
+    c = cache.counters()
+    assert (c.hits, c.misses, c.prompt_tokens_saved) == (1, 1, saved)
+
+
+def test_counter_lag_zero_is_immediate() -> None:
+    cache = flash(counter_lag=0)
+    p = prompt("now")
+    cache.admit(p)
+    saved = cache.admit(p).cached
+    c = cache.counters()
+    assert (c.hits, c.misses, c.prompt_tokens_saved) == (1, 1, saved)
+    assert c.hit_rate == 0.5
+
+
+def test_flash_entries_per_request_adds_full_entry() -> None:
+    cache = flash(entries_per_request=4)
+    p = prompt("full entry")
+    cache.admit(p)
+    assert cache.admit(p).cached == p.n  # the "full" place serves an exact repeat whole
+
+
+def test_flash_snapshot_align_rounds_places_down() -> None:
+    cache = flash(align=64)
+    p = prompt(words("w", 300))
+    assert all(place % 64 == 0 for place in snapshot_places(p, cache.model))
+    cache.admit(p)
+    cached = cache.admit(p).cached
+    assert cached % 64 == 0
+    assert p.n - 7 - 63 <= cached <= p.n - 7
+
+
+def test_dense_counts_are_multiples_of_2048_and_below_the_prompt() -> None:
+    cache = dense()
+    p = prompt(words("d", 5000))
+    assert cache.admit(p).cached == 0
+    cached = cache.admit(p).cached
+    assert cached > 0
+    assert cached % 2048 == 0
+    assert cached < p.n
+    # Partial resume: a new tail after the same system text still resumes aligned rows.
+    # The common prefix is the system message plus 5 tokens of the new user message.
+    assert cache.admit(prompt(words("d", 5000))).cached == (p.n - 19 + 5) // 2048 * 2048
+
+
+def test_dense_prompt_under_2048_never_hits() -> None:
+    cache = dense()
+    p = prompt(words("s", 1000))
+    assert p.n < 2048
+    for _ in range(3):
+        assert cache.admit(p).cached == 0
+    assert cache.counters().stores == 0
+
+
+def test_zero_entries_disables_the_cache() -> None:
+    cache = flash(max_entries=0)
+    p = prompt("off")
+    cache.admit(p)
+    assert cache.admit(p).cached == 0
+    assert cache.counters().stores == 0
