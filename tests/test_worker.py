@@ -1,0 +1,432 @@
+"""Behaviour of `prefixreg.worker.Worker` against a real loopback server (`tests.fakeserver`)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from prefixreg.digest import output_digest
+from prefixreg.errors import (
+    EngineBusyError,
+    MalformedResponseError,
+    UsageError,
+    WorkerError,
+    WorkerHTTPError,
+    WorkerTimeoutError,
+    WorkerUnreachableError,
+)
+from prefixreg.evidence import SOURCE_TIMINGS, SOURCE_USAGE
+from prefixreg.prefix import Prefix
+from prefixreg.records import CacheCounters
+from prefixreg.worker import Worker
+from tests.fakeserver import FakeServer, Reply, Request, sse_frames
+
+KEY = "sk-test-0123456789abcdef"
+CHAT = "/v1/chat/completions"
+
+HALOGEN_HEALTH: dict[str, Any] = {
+    "status": "ok",
+    "model": "flash",
+    "cache_counters": "/cache",
+    "context": 262144,
+    "version": {"api": "0.17.3", "engine": "0.17.3", "match": True},
+    "checkpoint_format": "hgn",
+    "chat_template": {"path": "t.jinja", "sha256": "c" * 64, "probe": "ok"},
+    "busy": False,
+    "slots": 4,
+    "slot_ctx": 262144,
+    "in_flight": 0,
+    "queued": 0,
+    "prompt_cache": {
+        "enabled": True,
+        "cap_mb": 110,
+        "mode": 2,
+        "snapshot_align": 64,
+        "bitwise_identical_to_cold": False,
+    },
+}
+HALOGEN_CACHE = {
+    "entries": 3,
+    "max_entries": 8,
+    "hits": 5,
+    "misses": 2,
+    "stores": 7,
+    "hit_rate": 0.7,
+}
+LLAMA_PROPS: dict[str, Any] = {
+    "default_generation_settings": {"params": {}, "n_ctx": 8192},
+    "total_slots": 4,
+    "model_alias": "peer",
+    "model_path": "/models/gemma-3-270m.gguf",
+    "chat_template": "{{ messages }}",
+    "build_info": "b6000-abcdef",
+}
+PREFIX = Prefix.from_text("d" * 64, "You are a careful assistant. " * 20, name="loop")
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeServer]:
+    monkeypatch.delenv("PREFIXREG_API_KEY", raising=False)
+    with FakeServer() as srv:
+        yield srv
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def stream_reply(cached: int | None = 7, *, pieces: tuple[str, ...] = ("Hel", "lo")) -> list[Any]:
+    use: dict[str, Any] = {"prompt_tokens": 8, "completion_tokens": 2, "total_tokens": 10}
+    if cached is not None:
+        use["prompt_tokens_details"] = {"cached_tokens": cached}
+    frames: list[Any] = [
+        {"choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}], "usage": None}
+        for p in pieces
+    ]
+    frames.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": None})
+    frames.append({"choices": [], "usage": use, "timings": {"cache_n": cached or 0}})
+    return frames
+
+
+def assert_clean(exc: BaseException, *, key: str = KEY) -> None:
+    """One line, and no API key anywhere in what the exception carries."""
+    text = str(exc)
+    assert "\n" not in text
+    for part in (text, repr(exc), repr(exc.args), getattr(exc, "hint", None) or ""):
+        assert key not in part
+
+
+# ------------------------------------------------------------------ profiles
+
+
+def test_detects_halogen_from_health(server: FakeServer) -> None:
+    server.route("GET", "/health", Reply(json=HALOGEN_HEALTH))
+    with Worker(server.url) as w:
+        assert w.detect_profile() == "halogen"
+    assert "/props" not in server.paths()
+
+
+def test_detects_dense_halogen_from_prompt_cache_alone(server: FakeServer) -> None:
+    dense = {"status": "ok", "model": "m", "prompt_cache": {"enabled": True, "cap_mb": 0}}
+    server.route("GET", "/health", Reply(json=dense))
+    with Worker(server.url) as w:
+        assert w.detect_profile() == "halogen"
+
+
+def test_detects_llamacpp_from_props(server: FakeServer) -> None:
+    server.route("GET", "/health", Reply(json={"status": "ok"}))
+    server.route("GET", "/props", Reply(json=LLAMA_PROPS))
+    with Worker(server.url) as w:
+        assert w.detect_profile() == "llamacpp"
+        build = w.server_build()
+    assert build.profile == "llamacpp"
+    assert build.identity == {
+        "build_info": "b6000-abcdef",
+        "model_path": "/models/gemma-3-270m.gguf",
+        "n_ctx": 8192,
+        "total_slots": 4,
+        "chat_template_sha256": hashlib.sha256(b"{{ messages }}").hexdigest(),
+    }
+
+
+def test_detects_generic_when_nothing_else_answers(server: FakeServer) -> None:
+    server.route("GET", "/v1/models", Reply(json={"data": [{"id": "b"}, {"id": "a"}, {"x": 1}]}))
+    with Worker(server.url) as w:  # /health and /props are 404 here
+        assert w.detect_profile() == "generic"
+        build = w.server_build()
+    assert build.identity == {"model_ids": ["a", "b"]}
+
+
+def test_forced_profile_wins(server: FakeServer) -> None:
+    server.route("GET", "/health", Reply(json=HALOGEN_HEALTH))
+    with Worker(server.url, profile="generic") as w:
+        assert w.detect_profile() == "generic"
+    with pytest.raises(UsageError):
+        Worker(server.url, profile="vllm")
+
+
+def test_sick_health_raises_instead_of_guessing(server: FakeServer) -> None:
+    err = {"error": {"message": "engine did not answer", "code": "engine_unresponsive"}}
+    server.route("GET", "/health", Reply(status=503, json=err))
+    with Worker(server.url) as w, pytest.raises(WorkerHTTPError) as info:
+        w.server_build()
+    assert info.value.status_code == 503 and info.value.code == "engine_unresponsive"
+
+
+def test_build_id_follows_identity_not_load(server: FakeServer) -> None:
+    health = copy.deepcopy(HALOGEN_HEALTH)
+    server.route("GET", "/health", lambda _req: Reply(json=copy.deepcopy(health)))
+    with Worker(server.url) as w:
+        first = w.server_build()
+        health.update(in_flight=1, busy=True, queued=3, busy_for_s=12.5)
+        assert w.server_build().build_id == first.build_id
+        health["prompt_cache"]["cap_mb"] = 220
+        changed = w.server_build()
+        assert changed.build_id != first.build_id
+        health["version"]["engine"] = "0.17.4"
+        assert w.server_build().build_id not in (first.build_id, changed.build_id)
+    assert first.identity["chat_template_sha256"] == "c" * 64
+    assert first.identity["prompt_cache"] == HALOGEN_HEALTH["prompt_cache"]
+    assert "in_flight" not in first.identity
+    assert server.paths().count("/health") == 4  # read fresh every time
+
+
+# ------------------------------------------------------------------ small routes
+
+
+def test_cache_counters_and_missing_cache(server: FakeServer) -> None:
+    server.route("GET", "/cache", Reply(json=HALOGEN_CACHE), Reply(status=501, json={}))
+    with Worker(server.url) as w:
+        assert w.cache() == CacheCounters(entries=3, max_entries=8, hits=5, misses=2, stores=7)
+        assert w.cache() is None  # 501: this engine reports no prompt cache
+    with FakeServer() as bare, Worker(bare.url) as w:
+        assert w.cache() is None  # 404
+        assert w.props() is None
+
+
+def test_models_and_health_return_json(server: FakeServer) -> None:
+    server.route("GET", "/health", Reply(json={"status": "ok"}))
+    server.route("GET", "/v1/models", Reply(json={"object": "list", "data": []}))
+    with Worker(server.url + "/v1/") as w:  # a /v1 base URL is accepted
+        assert w.health() == {"status": "ok"}
+        assert w.models()["object"] == "list"
+
+
+# ------------------------------------------------------------------ chat
+
+
+def test_streamed_chat(server: FakeServer) -> None:
+    frames = [": keepalive\n\n", *stream_reply(cached=7)]
+    server.route("POST", CHAT, Reply(sse=sse_frames(frames), piece_delay=0.02))
+    with Worker(server.url, model="flash") as w:
+        reply, ev = w.chat(PREFIX, "tail one", max_tokens=8, temperature=0)
+    sent = server.requests[-1].json
+    assert sent["messages"] == PREFIX.messages("tail one")
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    assert (sent["model"], sent["max_tokens"], sent["temperature"]) == ("flash", 8, 0)
+    assert reply["content"] == "Hello" and reply["finish_reason"] == "stop"
+    assert (ev.cache_state, ev.cached_tokens, ev.cached_source) == ("reused", 7, SOURCE_USAGE)
+    assert ev.output_sha256 == output_digest(b"Hello", b"")
+    assert ev.ttft_s is not None and ev.wall_s is not None and 0 < ev.ttft_s < ev.wall_s
+
+
+def test_streamed_halogen_cold_reply(server: FakeServer) -> None:
+    server.route("POST", CHAT, Reply(sse=sse_frames(stream_reply(cached=None))))
+    with Worker(server.url) as w:
+        _, ev = w.chat("plain prefix", "tail")
+    assert server.requests[-1].json["messages"][0] == {"role": "system", "content": "plain prefix"}
+    assert (ev.cache_state, ev.cached_source) == ("cold", SOURCE_TIMINGS)
+
+
+def test_non_streamed_chat(server: FakeServer) -> None:
+    body = {
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "Hi"}}],
+        "usage": {
+            "prompt_tokens": 9,
+            "completion_tokens": 1,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        },
+    }
+    server.route("POST", CHAT, Reply(json=body))
+    with Worker(server.url) as w:
+        reply, ev = w.chat(PREFIX, "t", stream=False)
+    sent = server.requests[-1].json
+    assert sent["stream"] is False and "stream_options" not in sent
+    assert reply["content"] == "Hi"
+    assert (ev.cache_state, ev.complete, ev.ttft_s) == ("cold", True, None)
+
+
+def test_stream_error_frame_is_evidence_not_exception(server: FakeServer) -> None:
+    frames = [*stream_reply()[:1], {"error": {"message": "engine refused: private detail"}}]
+    server.route("POST", CHAT, Reply(sse=sse_frames(frames)))
+    with Worker(server.url) as w:
+        _, ev = w.chat(PREFIX, "t")
+    assert (ev.cache_state, ev.error, ev.complete) == ("unverified", "server_stream_error", False)
+    assert "private detail" not in str(ev.to_dict())
+
+
+def test_truncated_stream_is_incomplete(server: FakeServer) -> None:
+    server.route("POST", CHAT, Reply(sse=sse_frames(stream_reply(), done=False)))
+    with Worker(server.url) as w:
+        _, ev = w.chat(PREFIX, "t")
+    assert (ev.cache_state, ev.error, ev.output_sha256) == ("unverified", "incomplete_stream", None)
+
+
+def test_reserved_chat_params_are_refused(server: FakeServer) -> None:
+    with Worker(server.url) as w, pytest.raises(UsageError):
+        w.chat(PREFIX, "t", messages=[])
+    assert server.requests == []
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_engine_busy(server: FakeServer) -> None:
+    err = {
+        "error": {
+            "message": "timed out waiting for the engine — halogen serves one request at a time",
+            "type": "server_error",
+            "param": None,
+            "code": "engine_busy",
+        }
+    }
+    server.route("POST", CHAT, Reply(status=503, json=err))
+    with Worker(server.url, api_key=KEY) as w, pytest.raises(EngineBusyError) as info:
+        w.chat(PREFIX, "t")
+    exc = info.value
+    assert (exc.status_code, exc.code) == (503, "engine_busy")
+    assert str(exc).startswith(f"POST {CHAT} on {server.url}: HTTP 503: timed out waiting")
+    assert_clean(exc)
+
+
+def test_bad_request_carries_the_server_message_on_one_line(server: FakeServer) -> None:
+    message = (
+        "max_tokens 99999 exceeds this server's cap of 65536.\nThe cap is policy. " + "x" * 400
+    )
+    server.route(
+        "POST", CHAT, Reply(status=400, json={"error": {"message": message, "code": None}})
+    )
+    with Worker(server.url, api_key=KEY) as w, pytest.raises(WorkerHTTPError) as info:
+        w.chat(PREFIX, "t", max_tokens=99999)
+    exc = info.value
+    assert type(exc) is WorkerHTTPError and exc.status_code == 400
+    assert "max_tokens 99999 exceeds this server's cap of 65536. The cap is policy." in str(exc)
+    assert len(str(exc)) < 300
+    assert_clean(exc)
+
+
+def test_server_echoing_the_key_is_scrubbed(server: FakeServer) -> None:
+    echo = {"error": {"message": f"bad token Bearer {KEY}", "code": "auth"}}
+    server.route("GET", "/health", Reply(status=401, json=echo))
+    with Worker(server.url, api_key=KEY) as w, pytest.raises(WorkerHTTPError) as info:
+        w.health()
+    assert "***" in str(info.value)
+    assert_clean(info.value)
+
+
+def test_connection_refused() -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    with Worker(url, api_key=KEY) as w:
+        for call in (w.health, lambda: w.chat(PREFIX, "t")):
+            with pytest.raises(WorkerUnreachableError) as info:
+                call()
+            assert isinstance(info.value, ConnectionError)
+            assert info.value.url == url
+            assert url in str(info.value)
+            assert_clean(info.value)
+
+
+def test_hangup_before_reply(server: FakeServer) -> None:
+    server.route("GET", "/health", Reply(hangup=True))
+    with Worker(server.url, api_key=KEY) as w, pytest.raises(WorkerUnreachableError) as info:
+        w.health()
+    assert_clean(info.value)
+
+
+def test_body_cut_short_is_unreachable(server: FakeServer) -> None:
+    server.route("GET", "/health", Reply(json=HALOGEN_HEALTH, truncate_at=20))
+    with Worker(server.url) as w, pytest.raises(WorkerUnreachableError):
+        w.health()
+
+
+def test_read_timeouts(server: FakeServer) -> None:
+    server.route("GET", "/health", Reply(json={"status": "ok"}, delay=2))
+    server.route("POST", CHAT, Reply(sse=sse_frames(stream_reply()), delay=2))
+    with Worker(server.url, api_key=KEY, timeout=0.2, read_timeout=0.3) as w:
+        with pytest.raises(WorkerTimeoutError) as info:
+            w.health()
+        assert isinstance(info.value, TimeoutError)
+        assert "/health" in str(info.value)
+        assert_clean(info.value)
+        with pytest.raises(WorkerTimeoutError):
+            w.chat(PREFIX, "t")
+
+
+def test_chat_read_timeout_is_separate_from_the_short_one(server: FakeServer) -> None:
+    server.route("POST", CHAT, Reply(sse=sse_frames(stream_reply()), delay=0.4))
+    with Worker(server.url, timeout=0.2, read_timeout=5) as w:
+        _, ev = w.chat(PREFIX, "t")
+    assert ev.cache_state == "reused"
+
+
+@pytest.mark.parametrize("path", ["/health", "/cache"])
+def test_non_json_body_is_malformed(server: FakeServer, path: str) -> None:
+    server.route("GET", path, Reply(body=b"<html>oops</html>", content_type="text/html"))
+    with Worker(server.url, api_key=KEY) as w, pytest.raises(MalformedResponseError) as info:
+        w.health() if path == "/health" else w.cache()
+    assert path in str(info.value) and "text/html" in str(info.value)
+    assert_clean(info.value)
+
+
+def test_json_that_is_not_an_object_is_malformed(server: FakeServer) -> None:
+    server.route("GET", "/health", Reply(json=["ok"]))
+    with Worker(server.url) as w, pytest.raises(MalformedResponseError):
+        w.health()
+
+
+def test_non_json_chat_reply_is_malformed(server: FakeServer) -> None:
+    server.route("POST", CHAT, Reply(body=b"not json", content_type="application/json"))
+    with Worker(server.url) as w, pytest.raises(MalformedResponseError):
+        w.chat(PREFIX, "t", stream=False)
+
+
+# ------------------------------------------------------------------ the API key
+
+
+def test_env_key_is_sent_and_never_shown(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PREFIXREG_API_KEY", KEY)
+    server.route("GET", "/health", Reply(json={"status": "ok"}))
+    server.route("POST", CHAT, Reply(sse=sse_frames(stream_reply())))
+    with Worker(server.url) as w:
+        assert KEY not in repr(w) and "api_key=set" in repr(w)
+        w.health()
+        w.chat(PREFIX, "t")
+        errors: list[WorkerError] = []
+        for call in (w.cache, w.models):  # both 404 on this server: /models raises
+            try:
+                call()
+            except WorkerError as exc:
+                errors.append(exc)
+    assert len(errors) == 1
+    for error in errors:
+        assert_clean(error)
+    assert {r.headers.get("authorization") for r in server.requests} == {f"Bearer {KEY}"}
+
+
+def test_no_key_no_header(server: FakeServer) -> None:
+    server.route("GET", "/health", Reply(json={"status": "ok"}))
+    with Worker(server.url) as w:
+        w.health()
+        assert "api_key=none" in repr(w)
+    assert "authorization" not in server.requests[-1].headers
+
+
+def test_key_with_control_characters_is_refused_without_echo(server: FakeServer) -> None:
+    with pytest.raises(UsageError) as info:
+        Worker(server.url, api_key="sk-bad\nkey")
+    assert "sk-bad" not in str(info.value)
+
+
+def test_bad_worker_url_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        Worker("127.0.0.1:8080")
+
+
+def test_request_records_are_usable(server: FakeServer) -> None:
+    def echo(req: Request) -> Reply:
+        return Reply(json={"seen": req.path})
+
+    server.route("GET", "/health", echo)
+    with Worker(server.url) as w:
+        assert w.health() == {"seen": "/health"}
+    assert server.requests[0].method == "GET" and server.requests[0].json is None
