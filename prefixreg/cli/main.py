@@ -12,9 +12,9 @@ from typing import Any
 
 import typer
 
-from prefixreg.cli import sim, store_cmds
+from prefixreg.cli import sim, store_cmds, worker_cmds
 
-__all__ = ["app", "run", "run_add"]
+__all__ = ["app", "run", "run_add", "run_warm"]
 
 app = typer.Typer(
     name="prefixreg",
@@ -31,7 +31,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for _module in (store_cmds, sim):
+for _module in (store_cmds, worker_cmds, sim):
     _module.register(app)
 
 
@@ -55,3 +55,8 @@ def _single(command: Callable[..., Any], prog_name: str) -> None:
 def run_add() -> None:
     """Entry point of `prefix-add`."""
     _single(store_cmds.add_command, "prefix-add")
+
+
+def run_warm() -> None:
+    """Entry point of `prefix-warm`."""
+    _single(worker_cmds.warm_command, "prefix-warm")

@@ -1,0 +1,181 @@
+"""Worker commands: `warm` (and `prefix-warm`) and `doctor`.
+
+Exit codes of `warm`: 0 resumed (server evidence), 1 cold or partial, 4 unverified,
+5 worker error, 3 integrity failure (nothing was sent).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from prefixreg.cli._common import (
+    DebugOpt,
+    ExitCode,
+    JsonOpt,
+    RegistryOpt,
+    WorkerOpt,
+    cli_errors,
+    emit_json,
+    info,
+    open_registry_from,
+    worker_url,
+)
+
+if TYPE_CHECKING:
+    from prefixreg.warm import WarmResult
+    from prefixreg.worker import Worker
+
+__all__ = ["register", "warm_command"]
+
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="Model id to send (default: the server's; generic servers: "
+        "the first id of /v1/models).",
+    ),
+]
+TimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout",
+        help="Seconds to wait for a reply to a chat call (a cold prefill "
+        "of a large prefix takes minutes).",
+        min=0.1,
+    ),
+]
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--profile",
+        help="Force the server profile: halogen, llamacpp or generic "
+        "(default: detected from what the server answers).",
+    ),
+]
+
+EXIT_BY_VERDICT = {
+    "resumed": ExitCode.OK,
+    "warmed": ExitCode.OK,
+    "partial": ExitCode.NO,
+    "cold": ExitCode.NO,
+    "unverified": ExitCode.UNVERIFIED,
+}
+
+
+def open_worker(
+    url: str | None, *, model: str | None, timeout: float, profile: str | None
+) -> Worker:
+    """A `Worker` for `--worker`/`$PREFIXREG_WORKER` (key from `$PREFIXREG_API_KEY`)."""
+    from prefixreg.worker import Worker
+
+    return Worker(worker_url(url), model=model, read_timeout=timeout, profile=profile)
+
+
+def _fmt(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def _summary(result: WarmResult) -> str:
+    p = result.prefix
+    ident = result.build.identity
+    version = ident.get("version")
+    api = version.get("api") if isinstance(version, dict) else None
+    lines = [
+        f"prefix   {p.name + ' ' if p.name else ''}{p.sha256[:16]} ({p.size:,} bytes)",
+        f"worker   {result.worker_url}  {result.build.profile} build {result.build.build_id}"
+        + (f" (api {api})" if api else ""),
+    ]
+    for call in result.calls:
+        ev = call.evidence
+        wall = "-" if ev.wall_s is None else f"{ev.wall_s:.3f} s"
+        src = f" from {ev.cached_source}" if ev.cached_source else ""
+        lines.append(
+            f"{call.phase:<8} prompt {_fmt(ev.prompt_tokens)}, cached {_fmt(ev.cached_tokens)}"
+            f"{src} ({ev.cache_state}), {wall}"
+        )
+    span = "" if result.span_tokens is None else f"; prefix span ~{result.span_tokens:,} tokens"
+    cov = "" if result.coverage is None else f", coverage {result.coverage:.1%}"
+    lines.append(f"verdict  {result.verdict.upper()}: {result.reason}{span}{cov}")
+    lines.append(f"record   {result.record_path}")
+    return "\n".join(lines) + "\n"
+
+
+def warm_command(
+    ref: Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")],
+    worker: WorkerOpt = None,
+    no_check: Annotated[
+        bool, typer.Option("--no-check", help="Send the warm call only; skip the resume check.")
+    ] = False,
+    check_only: Annotated[
+        bool,
+        typer.Option(
+            "--check-only", help="Send the resume check only: is the prefix still resumable?"
+        ),
+    ] = False,
+    model: ModelOpt = None,
+    timeout: TimeoutOpt = 1800.0,
+    profile: ProfileOpt = None,
+    public: Annotated[
+        bool, typer.Option("--public", help="With --json: drop the worker address and model.")
+    ] = False,
+    registry: RegistryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Warm a prefix on a worker, then prove with a fresh tail that the worker resumes it.
+
+    The prefix's bytes are verified first; on a mismatch nothing is sent (exit 3). One
+    measurement record is written, bound to the server build read from /health. Exit 0
+    resumed, 1 cold or partial, 4 unverified evidence, 5 worker error.
+    """
+    from prefixreg.warm import warm_prefix
+
+    with cli_errors(debug):
+        if no_check and check_only:
+            raise typer.BadParameter("--no-check and --check-only exclude each other")
+        reg = open_registry_from(registry)
+        reg.get(ref)  # verify before even opening a connection
+        progress = info if sys.stderr.isatty() and not json_out else None
+        with open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
+            result = warm_prefix(
+                reg, ref, w, check=not no_check, warm=not check_only, progress=progress
+            )
+        if json_out:
+            emit_json(result.receipt(public=public))
+        else:
+            sys.stdout.write(_summary(result))
+        raise typer.Exit(int(EXIT_BY_VERDICT[result.verdict]))
+
+
+def doctor_command(
+    worker: WorkerOpt = None,
+    profile: ProfileOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Say what a worker's /health and /cache tell about its prompt cache, and what to change.
+
+    Exit 0 when nothing needs changing, 1 when a finding says what to change, 5 worker error.
+    """
+    from prefixreg.doctor import doctor
+
+    with cli_errors(debug):
+        with open_worker(worker, model=None, timeout=30.0, profile=profile) as w:
+            diagnosis = doctor(w)
+            url = w.url
+        if json_out:
+            emit_json({"worker": url, **diagnosis.to_dict()})
+        else:
+            sys.stdout.write(f"worker {url} ({diagnosis.profile})\n")
+            for f in diagnosis.findings:
+                sys.stdout.write(f"  [{f.level}] {f.text}\n")
+        raise typer.Exit(int(ExitCode.OK if diagnosis.healthy else ExitCode.NO))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the worker commands to `app`."""
+    app.command("warm")(warm_command)
+    app.command("doctor")(doctor_command)
