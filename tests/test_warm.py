@@ -10,7 +10,6 @@ from typing import Any
 import orjson
 import pytest
 
-from prefixreg.prefix import Prefix
 from prefixreg.records import CallEvidence
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.store import Registry
@@ -272,5 +271,5 @@ def test_library_warm_binds_the_measurement_to_the_build(sim: SimServer, reg_pat
         assert result.build.build_id == w.server_build().build_id
     (stored,) = reg.measurements(result.prefix.sha256)
     assert stored.build == result.build
-    assert isinstance(result.prefix, Prefix) and result.prefix.name == "loop"
+    assert result.prefix.name == "loop"
     assert Path(result.record_path).name.startswith(result.prefix.sha256 + "-")
