@@ -33,6 +33,8 @@ from prefixreg.errors import (
 
 if TYPE_CHECKING:
     from prefixreg.evidence import evidence_from_response
+    from prefixreg.keepalive import KeepAlive
+    from prefixreg.loopstats import LoopStats
     from prefixreg.prefix import Prefix, fresh_tail
     from prefixreg.records import (
         CacheCounters,
@@ -57,6 +59,8 @@ _LAZY = {
     "NameMove": "prefixreg.records",
     "ServerBuild": "prefixreg.records",
     "Registry": "prefixreg.store",
+    "KeepAlive": "prefixreg.keepalive",
+    "LoopStats": "prefixreg.loopstats",
     "Worker": "prefixreg.worker",
     "evidence_from_response": "prefixreg.evidence",
 }
@@ -74,7 +78,9 @@ __all__ = [
     "InvalidContentError",
     "InvalidDigestError",
     "InvalidNameError",
+    "KeepAlive",
     "LockTimeoutError",
+    "LoopStats",
     "MalformedResponseError",
     "Measurement",
     "Meta",

@@ -133,6 +133,16 @@ class ProbeReport:
         return max(valid) if valid else None
 
     @property
+    def stores_per_prompt(self) -> int | None:
+        """Entries one foreign prompt stores, read from the counters (median; None: no /cache)."""
+        deltas = sorted(
+            d
+            for c in self.legs("foreign")
+            if not c.record.interleaved and (d := c.window().delta("stores")) is not None
+        )
+        return deltas[len(deltas) // 2] if deltas else None
+
+    @property
     def unverified(self) -> list[ProbeCall]:
         return [
             c
@@ -232,6 +242,7 @@ class ProbeReport:
             "cmax": self.cmax,
             "alignment": self.alignment,
             "survival": self.survival,
+            "stores_per_prompt": self.stores_per_prompt,
             "survival_trials": [{"foreign": n, "survived": ok} for n, ok in self.survival_trials],
             "checks": [c.to_dict() for c in self.checks],
             "follows": list(self.follows()),

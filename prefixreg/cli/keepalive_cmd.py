@@ -1,0 +1,132 @@
+"""`prefixreg keepalive REF...`: keep prefixes resumable on a worker until stopped.
+
+Ctrl-C (or `--duration`) stops it and prints the summary: re-warms, resumed vs cold, tokens
+spent and kept warm. Exit 0 when stopped normally, 5 when repeated worker errors stopped it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from prefixreg.cli._common import (
+    DebugOpt,
+    ExitCode,
+    JsonOpt,
+    RegistryOpt,
+    WorkerOpt,
+    cli_errors,
+    emit_json,
+    info,
+    open_registry_from,
+    worker_url,
+)
+from prefixreg.errors import UsageError
+
+if TYPE_CHECKING:
+    from prefixreg.keepalive import Rewarm
+
+__all__ = ["keepalive_command", "parse_duration", "register"]
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `30s`, `10m`, `2h`, `1d` -> seconds."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None:
+        raise UsageError(f"bad duration {text!r}: use seconds or a number with s, m, h or d")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _say(rewarm: Rewarm) -> None:
+    ev = rewarm.record.evidence
+    since = "first warm" if rewarm.since is None else f"after {rewarm.since} stores"
+    info(
+        f"re-warmed {rewarm.sha256[:12]} ({since}): {rewarm.verdict}, "
+        f"cached {ev.cached_tokens}/{ev.prompt_tokens}"
+    )
+
+
+def keepalive_command(
+    refs: Annotated[list[str], typer.Argument(help="Prefixes to keep warm (names or shas).")],
+    worker: WorkerOpt = None,
+    interval: Annotated[
+        float | None,
+        typer.Option(
+            "--interval",
+            help="Seconds between re-warms on servers without /cache (default 60).",
+            min=0.01,
+        ),
+    ] = None,
+    budget: Annotated[
+        int | None,
+        typer.Option(
+            "--budget",
+            help="Stores a just-used prefix survives (default: the latest probe --survival "
+            "for this build, else max_entries less the entries per request).",
+            min=1,
+        ),
+    ] = None,
+    duration: Annotated[
+        str | None,
+        typer.Option("--duration", help="Stop after this long (30s, 10m, 2h); default: Ctrl-C."),
+    ] = None,
+    poll: Annotated[
+        float, typer.Option("--poll", help="Seconds between /cache polls.", min=0.01)
+    ] = 0.5,
+    registry: RegistryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Keep prefixes resumable under foreign traffic, using the server's own counters.
+
+    It polls /cache, counts stores since each prefix was last used, and re-warms a prefix
+    before one more foreign prompt could evict it. A re-warm that comes back cold tightens
+    the budget. Every re-warm is recorded as a measurement.
+    """
+    from prefixreg.keepalive import KeepAlive
+    from prefixreg.worker import Worker
+
+    with cli_errors(debug):
+        seconds = None if duration is None else parse_duration(duration)
+        reg = open_registry_from(registry)
+        prefixes = [reg.get(ref) for ref in refs]  # verified before anything is sent
+        with Worker(worker_url(worker), timeout=5.0) as w:
+            keeper = KeepAlive(
+                w,
+                prefixes,
+                registry=reg,
+                budget=budget,
+                interval_s=interval,
+                poll_s=poll,
+                on_rewarm=None if json_out else _say,
+            )
+            if not json_out:
+                b = keeper.budget
+                limit = f"{b.stores} stores" if b.stores is not None else f"{b.interval_s:g} s"
+                info(
+                    f"keeping {len(prefixes)} prefixes warm on {w.url}; budget {limit} ({b.source})"
+                )
+            try:
+                summary = keeper.run(seconds)
+            except KeyboardInterrupt:
+                summary = keeper.summary
+        if json_out:
+            emit_json({"budget": keeper.budget.to_dict(), **summary.to_dict()})
+        else:
+            sys.stdout.write(f"{summary}\n")
+            for change in summary.budget_changes:
+                sys.stdout.write(f"  {change}\n")
+        if summary.stopped_because:
+            info(f"stopped: {summary.stopped_because}")
+            raise typer.Exit(int(ExitCode.WORKER))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `keepalive` to `app`."""
+    app.command("keepalive")(keepalive_command)

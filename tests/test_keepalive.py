@@ -1,0 +1,292 @@
+"""keepalive and the loop API against the simulator, with a foreign-traffic generator."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from prefixreg.keepalive import KeepAlive
+from prefixreg.loopstats import LoopStats
+from prefixreg.prefix import fresh_tail
+from prefixreg.probe import ProbeOptions, run_probe
+from prefixreg.sim import SimConfig, SimServer
+from prefixreg.store import Registry
+from prefixreg.worker import Worker
+from tests.conftest import run_cli
+from tests.fakeserver import FakeServer, Reply
+
+SYSTEM = "You are the coding loop's agent. Read, change, test, report.\n" * 60
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Foreign:
+    """A test helper that sends distinct foreign prompts (another tenant of the worker)."""
+
+    def __init__(self, url: str) -> None:
+        self.worker = Worker(url)
+        self.sent = 0
+
+    def send(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.sent += 1
+            self.worker.chat(f"Tenant {self.sent} has its own system prompt. " * 25, "hi")
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+@pytest.fixture
+def sim() -> Iterator[SimServer]:
+    with SimServer(SimConfig(speed=5000)) as server:
+        yield server
+
+
+@pytest.fixture
+def reg(tmp_path: Path) -> Registry:
+    registry = Registry(tmp_path / "reg")
+    registry.add(SYSTEM, name="loop")
+    return registry
+
+
+def run_loop(
+    url: str, reg: Registry, keeper: KeepAlive | None, *, calls: int, every: int
+) -> LoopStats:
+    """The loop calls once every `every` foreign prompts; the keeper steps after each."""
+    prefix = reg.get("loop")
+    stats = LoopStats()
+    foreign = Foreign(url)
+    try:
+        with Worker(url) as loop:
+            for _ in range(calls):
+                for _ in range(every):
+                    foreign.send()
+                    if keeper is not None:
+                        keeper.step()
+                _, ev = loop.chat(prefix, fresh_tail(), max_tokens=4)
+                stats.add(ev)
+                if keeper is not None:
+                    keeper.touch(prefix.sha256)
+                    keeper.step()
+    finally:
+        foreign.close()
+    return stats
+
+
+def test_loop_resumes_with_keepalive_and_not_without(sim: SimServer, reg: Registry) -> None:
+    without = run_loop(sim.url, reg, None, calls=10, every=5)
+    assert without.resumed <= 1, str(without)
+    with Worker(sim.url, timeout=2.0) as kw:
+        keeper = KeepAlive(kw, [reg.get("loop")], registry=reg)
+        keeper.step()  # the first warm
+        with_ka = run_loop(sim.url, reg, keeper, calls=10, every=5)
+    assert with_ka.resumed >= 9, str(with_ka)
+    frac = with_ka.resumed_fraction
+    assert frac is not None and frac > 0.85
+    s = keeper.summary
+    assert s.rewarms >= 10 and s.resumed >= s.rewarms - 1
+    assert s.tokens_spent < s.tokens_saved * 0.05
+    assert keeper.budget.source.startswith("max_entries")
+    kinds = {m.kind for m in reg.measurements()}
+    assert kinds == {"keepalive"}
+
+
+def test_a_cold_rewarm_tightens_a_budget_that_is_too_large(sim: SimServer, reg: Registry) -> None:
+    with Worker(sim.url, timeout=2.0) as kw:
+        keeper = KeepAlive(kw, [reg.get("loop")], budget=20)
+        keeper.step()
+        assert keeper.budget.stores == 20
+        stats = run_loop(sim.url, reg, keeper, calls=6, every=10)
+    assert keeper.summary.cold >= 1
+    assert keeper.budget.stores is not None
+    assert keeper.budget.stores < 20
+    assert keeper.summary.budget_changes
+    assert keeper.budget.source == "tightened after a cold re-warm"
+    # After tightening, the later calls of the loop resume.
+    assert stats.resumed >= 4, str(stats)
+    assert keeper.history[-1].verdict == "resumed"
+
+
+def test_budget_comes_from_the_latest_probe_survival(sim: SimServer, reg: Registry) -> None:
+    with Worker(sim.url) as w:
+        run_probe(reg, w, ProbeOptions(sizes=(4000,), foreign=9, survival=True))
+        keeper = KeepAlive(w, [reg.get("loop")], registry=reg)
+    assert keeper.budget.source.startswith("probe ")
+    assert keeper.budget.stores == 3 * 2  # survival 3 prompts x 2 stores per prompt
+
+
+def test_threaded_keeper_against_a_concurrent_foreign_generator(reg: Registry) -> None:
+    stop = threading.Event()
+    with SimServer(SimConfig(speed=2000)) as sim:
+
+        def tenant() -> None:
+            foreign = Foreign(sim.url)
+            try:
+                while not stop.is_set():
+                    foreign.send()
+                    time.sleep(0.01)
+            finally:
+                foreign.close()
+
+        prefix = reg.get("loop")
+        stats = LoopStats()
+        with Worker(sim.url, timeout=2.0) as kw, KeepAlive(kw, [prefix], poll_s=0.002) as keeper:
+            thread = threading.Thread(target=tenant, daemon=True)
+            thread.start()
+            try:
+                with Worker(sim.url) as loop:
+                    for _ in range(12):
+                        time.sleep(0.08)  # several foreign prompts between the loop's calls
+                        _, ev = loop.chat(prefix, fresh_tail(), max_tokens=4)
+                        stats.add(ev)
+                        keeper.touch(prefix.sha256)
+            finally:
+                stop.set()
+                thread.join(timeout=10)
+    assert stats.resumed >= 10, str(stats)
+    assert keeper.summary.rewarms > 0
+
+
+def test_time_based_keepalive_without_cache_counters(reg: Registry) -> None:
+    usage = {
+        "prompt_tokens": 500,
+        "completion_tokens": 1,
+        "total_tokens": 501,
+        "prompt_tokens_details": {"cached_tokens": 480},
+    }
+    body = {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+        "usage": usage,
+    }
+    with FakeServer() as srv:
+        srv.route("GET", "/v1/models", Reply(json={"data": [{"id": "m"}]}))
+        srv.route("POST", "/v1/chat/completions", Reply(json=body))
+        with Worker(srv.url) as w:
+            keeper = KeepAlive(w, [reg.get("loop")], interval_s=0.05)
+            assert keeper.budget.stores is None
+            assert keeper.budget.source.startswith("time interval")
+            keeper.step()
+            keeper.step()  # not due yet: interval not elapsed
+            time.sleep(0.06)
+            keeper.step()
+        posts = [r for r in srv.requests if r.method == "POST"]
+    assert len(posts) == 2
+    assert keeper.summary.resumed == 2
+
+
+def test_engine_busy_backs_off_and_repeated_errors_stop(reg: Registry) -> None:
+    busy = {
+        "error": {"message": "queue", "type": "server_error", "param": None, "code": "engine_busy"}
+    }
+    with FakeServer() as srv:
+        srv.route("GET", "/v1/models", Reply(json={"data": [{"id": "m"}]}))
+        srv.route("POST", "/v1/chat/completions", Reply(status=503, json=busy))
+        with Worker(srv.url) as w:
+            keeper = KeepAlive(w, [reg.get("loop")], interval_s=0.001, poll_s=0.001)
+            keeper.step()
+            keeper.step()  # inside the back-off window: no request
+            assert len([r for r in srv.requests if r.method == "POST"]) == 1
+            summary = keeper.run(duration_s=5)
+    assert summary.errors == 5
+    assert summary.stopped_because is not None and "errors" in summary.stopped_because
+
+
+def test_cli_keepalive_duration_json_and_ctrl_c(sim: SimServer, reg: Registry) -> None:
+    res = run_cli(
+        *("keepalive", "loop", "--worker", sim.url, "--registry", str(reg.root)),
+        *("--duration", "0.3", "--poll", "0.05", "--json"),
+    )
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert out["rewarms"] >= 1 and out["budget"]["stores"] == 6
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefixreg",
+            "keepalive",
+            "loop",
+            "--worker",
+            sim.url,
+            "--registry",
+            str(reg.root),
+            "--poll",
+            "0.05",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    out_b, err_b = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err_b
+    assert b"re-warms" in out_b
+    assert b"Traceback" not in err_b
+    bad = run_cli(
+        "keepalive", "loop", "--worker", sim.url, "--registry", str(reg.root), "--duration", "soon"
+    )
+    assert bad.returncode == 2
+
+
+def test_loopstats_counts_only_verified_tokens() -> None:
+    from prefixreg.records import CallEvidence
+
+    stats = LoopStats()
+    stats.add(
+        CallEvidence(
+            prompt_tokens=100,
+            cached_tokens=90,
+            completion_tokens=5,
+            cached_source="x",
+            cache_state="reused",
+            complete=True,
+            wall_s=0.1,
+        )
+    )
+    stats.add(
+        CallEvidence(
+            prompt_tokens=100,
+            cached_tokens=0,
+            completion_tokens=5,
+            cached_source="x",
+            cache_state="cold",
+            complete=True,
+        )
+    )
+    stats.add(
+        CallEvidence(
+            prompt_tokens=None,
+            cached_tokens=None,
+            completion_tokens=None,
+            cached_source=None,
+            cache_state="unverified",
+            complete=False,
+        )
+    )
+    assert (stats.calls, stats.resumed, stats.cold, stats.unverified) == (3, 1, 1, 1)
+    assert stats.resumed_fraction == 0.45
+    assert orjson.loads(orjson.dumps(stats.to_dict()))["prompt_tokens"] == 200
+    assert "3 calls" in str(stats)
+
+
+def test_example_agent_loop_resumes_its_prefix() -> None:
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "agent_loop.py")],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.decode().splitlines()
+    calls = [line for line in lines if line.startswith("call ")]
+    assert len(calls) == 8
+    assert sum("reused" in line for line in calls) >= 7
+    assert any(line.startswith("keepalive:") for line in lines)
