@@ -273,3 +273,17 @@ def test_library_warm_binds_the_measurement_to_the_build(sim: SimServer, reg_pat
     assert stored.build == result.build
     assert result.prefix.name == "loop"
     assert Path(result.record_path).name.startswith(result.prefix.sha256 + "-")
+
+
+def test_show_marks_measurements_from_other_builds(sim: SimServer, reg_path: Path) -> None:
+    assert warm_cli(reg_path, sim.url).returncode == 0
+    with SimServer(SimConfig(speed=2000, slots=2)) as other:  # slots are part of the build
+        shown = run_cli("show", "loop", "--registry", str(reg_path), "--worker", other.url)
+        assert shown.returncode == 0, shown.stderr
+        assert b"no measurement on the current build" in shown.stdout
+        assert b"(older build)" in shown.stdout
+        assert warm_cli(reg_path, other.url).returncode == 0
+        shown = run_cli("show", "loop", "--registry", str(reg_path), "--worker", other.url)
+    text = shown.stdout.decode()
+    assert "latest on the current build:" in text
+    assert text.count("(older build)") == 1

@@ -82,6 +82,14 @@ def _measurement_line(m: Measurement, current_build: str | None) -> str:
 
 def show_command(
     ref: Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")],
+    worker: Annotated[
+        str | None,
+        typer.Option(
+            "--worker",
+            help="Read the worker's current build from /health and mark measurements taken "
+            "on other builds (default: the newest measured build counts as current).",
+        ),
+    ] = None,
     registry: RegistryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -94,6 +102,11 @@ def show_command(
         names = sorted(n for n, s in reg.names().items() if s == prefix.sha256)
         measurements = reg.measurements(prefix.sha256)
         latest_build = measurements[-1].build.build_id if measurements else None
+        if worker is not None:
+            from prefixreg.worker import Worker
+
+            with Worker(worker) as w:
+                latest_build = w.server_build().build_id
         if json_out:
             emit_json(
                 {
@@ -116,7 +129,15 @@ def show_command(
         if meta.note:
             out.append(f"note     {meta.note}")
         if measurements:
-            out.append(f"measurements ({len(measurements)}; newest build {latest_build}):")
+            current = [m for m in measurements if m.build.build_id == latest_build]
+            source = "from the worker" if worker is not None else "newest measured"
+            out.append(f"current build {latest_build} ({source})")
+            if current:
+                out.append("latest on the current build:")
+                out.append(_measurement_line(current[-1], latest_build))
+            else:
+                out.append("no measurement on the current build; older builds' figures:")
+            out.append(f"measurements ({len(measurements)}, newest last):")
             out.extend(_measurement_line(m, latest_build) for m in measurements[-10:])
         sys.stdout.write("\n".join(out) + "\n")
 
