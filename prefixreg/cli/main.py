@@ -12,7 +12,15 @@ from typing import Any
 
 import typer
 
-from prefixreg.cli import demo_cmd, keepalive_cmd, probe_cmd, sim, store_cmds, worker_cmds
+from prefixreg.cli import (
+    audit_cmd,
+    demo_cmd,
+    keepalive_cmd,
+    probe_cmd,
+    sim,
+    store_cmds,
+    worker_cmds,
+)
 
 __all__ = ["app", "run", "run_add", "run_warm"]
 
@@ -31,7 +39,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for _module in (store_cmds, worker_cmds, probe_cmd, keepalive_cmd, sim, demo_cmd):
+for _module in (store_cmds, worker_cmds, probe_cmd, keepalive_cmd, audit_cmd, sim, demo_cmd):
     _module.register(app)
 
 
