@@ -162,11 +162,17 @@ def diagnose(
     d.numbers["prompt_cache"] = dict(block) if block else None
     if profile != "halogen":
         can = {
-            "llamacpp": "per-call cached_tokens (usage and timings.cache_n), build identity from "
-            "/props; no cache-entry counters, so capacity, survival and eviction cannot be read, "
-            "only measured with calls (`prefixreg probe`)",
+            "llamacpp": "per-call cached_tokens (usage.prompt_tokens_details, with an explicit "
+            "0 when cold, and timings.cache_n), build identity from /props; it cannot prove "
+            "capacity, survival or eviction: llama.cpp has no cache-entry counters, so those "
+            "are only measured with calls (`prefixreg probe`)",
+            "vllm": "per-call cached_tokens only when the server runs with "
+            "--enable-prompt-tokens-details (without it every call is unverified, never cold), "
+            "build identity from /version and /v1/models (ids, max_model_len); it cannot prove "
+            "cache-entry counts, survival or eviction: no counters",
             "generic": "per-call cached_tokens only if the server sends "
-            "usage.prompt_tokens_details (vLLM: --enable-prompt-tokens-details); no counters",
+            "usage.prompt_tokens_details or timings.cache_n; build identity is only the model "
+            "ids of /v1/models; no counters",
         }.get(profile, "nothing beyond per-call usage")
         d.add("info", "profile", f"server profile {profile}: it can prove {can}.")
         return d

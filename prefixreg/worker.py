@@ -1,12 +1,15 @@
 """The HTTP client for one worker: /health, /cache, /props, /v1/models, chat. Over one httpx.Client.
 
-Server profiles, and what each can prove:
+Server profiles, and what each can prove (detected in this order; `profile=` forces one):
 
     profile   detected by                           per-call evidence            /cache
     halogen   /health has prompt_cache or           usage (cached only when > 0)  yes
               cache_counters                        + timings.cache_n (Flash)
     llamacpp  /props answers with build_info        usage (explicit 0)            no
                                                     + timings.cache_n
+    vllm      /version answers {"version": str}     usage.prompt_tokens_details,  no
+                                                    only with the server's
+                                                    --enable-prompt-tokens-details
     generic   anything else                         usage, if the server sends    no
 
     build identity (`server_build`), per profile:
@@ -14,10 +17,13 @@ Server profiles, and what each can prove:
               slot_ctx, the whole prompt_cache block
     llamacpp  /props build_info, model_path, default_generation_settings.n_ctx,
               total_slots, sha256 of chat_template
+    vllm      /version's version, and each /v1/models id with its max_model_len
     generic   the sorted model ids of /v1/models (None when the route is missing)
 
 Only halogen can prove counter-level facts (hits, misses, evictions); every profile can
-prove per-call cold/reused when its usage carries the counts (DESIGN §4).
+prove per-call cold/reused when its usage carries the counts (DESIGN §4). A count the
+server did not send is never read as zero: a vLLM started without prompt-token details
+gives `unverified` evidence, not `cold`.
 
 Invariants:
 
@@ -42,7 +48,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Final
@@ -72,7 +78,7 @@ from prefixreg.records import CacheCounters, CallEvidence, ServerBuild
 __all__ = ["API_KEY_ENV", "PROFILES", "Worker"]
 
 API_KEY_ENV: Final = "PREFIXREG_API_KEY"
-PROFILES: Final = ("halogen", "llamacpp", "generic")
+PROFILES: Final = ("halogen", "llamacpp", "vllm", "generic")
 
 _NO_ROUTE = frozenset({404, 405, 501})
 _HALOGEN_IDENTITY = ("model", "checkpoint_format", "context", "slots", "slot_ctx")
@@ -124,6 +130,9 @@ class Worker:
         self.url = _display_url(base)
         self.profile = profile
         self.model = model
+        # vLLM refuses (or guesses) a chat without `model`: the first served id, as read
+        # by the last `server_build()`, is sent when neither the caller nor `model=` says.
+        self._served_model: str | None = None
         self.timeout = timeout
         self.read_timeout = read_timeout
         key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
@@ -288,6 +297,10 @@ class Worker:
         """GET /props (llama.cpp); None when the server has no such route."""
         return self._get("/props", missing_ok=True)
 
+    def version(self) -> JSONObject | None:
+        """GET /version (vLLM); None when the server has no such route."""
+        return self._get("/version", missing_ok=True)
+
     # ---------------------------------------------------------------- profile + build
 
     def _health_or_none(self) -> JSONObject | None:
@@ -305,35 +318,51 @@ class Worker:
     def _is_halogen(health: Mapping[str, object] | None) -> bool:
         return health is not None and ("prompt_cache" in health or "cache_counters" in health)
 
+    def _probe(self, read: Callable[[], JSONObject | None]) -> JSONObject | None:
+        """A detection read: a route that errors or is not JSON simply does not match."""
+        try:
+            return read()
+        except (WorkerHTTPError, MalformedResponseError):
+            return None
+
     def _detect(self) -> tuple[str, JSONObject | None, JSONObject | None]:
-        """(profile, /health body, /props body): each read at most once."""
+        """(profile, /health body, /props or /version body): each read at most once."""
         health = self._health_or_none()
         if self.profile is not None:
             return self.profile, health, None
         if self._is_halogen(health):
             return "halogen", health, None
-        try:
-            props = self.props()
-        except (WorkerHTTPError, MalformedResponseError):
-            props = None
+        props = self._probe(self.props)
         if props is not None and "build_info" in props:
             return "llamacpp", health, props
-        return "generic", health, props
+        version = self._probe(self.version)
+        if version is not None and isinstance(version.get("version"), str):
+            return "vllm", health, version
+        return "generic", health, None
 
     def detect_profile(self) -> str:
-        """ "halogen", "llamacpp" or "generic" (the forced `profile=` if one was given)."""
+        """One of `PROFILES` (the forced `profile=` if one was given)."""
         return self._detect()[0]
 
     def server_build(self) -> ServerBuild:
         """The identity of the server right now (DESIGN §4), read fresh on every call."""
-        profile, health, props = self._detect()
+        profile, health, body = self._detect()
         if profile == "halogen":
             return ServerBuild(profile=profile, identity=_halogen_identity(health or self.health()))
         if profile == "llamacpp":
-            if props is None:
-                props = self.props()
-            return ServerBuild(profile=profile, identity=_llamacpp_identity(props or {}))
+            if body is None:
+                body = self.props()
+            return ServerBuild(profile=profile, identity=_llamacpp_identity(body or {}))
         models = self._get("/v1/models", missing_ok=True)
+        if profile == "vllm":
+            if body is None:
+                body = self._probe(self.version)
+            identity = _vllm_identity(body, models)
+            served = identity.get("models")
+            first = served[0] if isinstance(served, list) and served else None
+            name = first.get("id") if isinstance(first, dict) else None
+            self._served_model = name if isinstance(name, str) else None
+            return ServerBuild(profile=profile, identity=identity)
         return ServerBuild(profile=profile, identity=_generic_identity(models))
 
     # ---------------------------------------------------------------- chat
@@ -359,6 +388,8 @@ class Worker:
         body: dict[str, Any] = {}
         if self.model is not None:
             body["model"] = self.model
+        elif self._served_model is not None:
+            body["model"] = self._served_model
         body.update(params)
         body["messages"] = messages
         body["stream"] = stream
@@ -470,3 +501,24 @@ def _generic_identity(models: Mapping[str, JSONValue] | None) -> JSONObject:
         names = {m.get("id") for m in data if isinstance(m, dict)}
         ids.extend(sorted(n for n in names if isinstance(n, str)))
     return {"model_ids": ids}
+
+
+def _vllm_identity(
+    version: Mapping[str, JSONValue] | None, models: Mapping[str, JSONValue] | None
+) -> JSONObject:
+    """vLLM: its version, and each served model id with its `max_model_len`, by id."""
+    raw = version.get("version") if version is not None else None
+    served: dict[str, JSONValue] = {}
+    data = models.get("data") if models is not None else None
+    if isinstance(data, list):
+        for model in data:
+            if isinstance(model, dict) and isinstance(model.get("id"), str):
+                length = model.get("max_model_len")
+                served[str(model["id"])] = length if type(length) is int else None
+    listed: list[JSONValue] = [
+        {"id": name, "max_model_len": served[name]} for name in sorted(served)
+    ]
+    return {
+        "version": raw if isinstance(raw, str) else None,
+        "models": None if models is None else listed,
+    }

@@ -6,11 +6,14 @@ import copy
 import hashlib
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from prefixreg.digest import output_digest
+from prefixreg.doctor import diagnose
 from prefixreg.errors import (
     EngineBusyError,
     MalformedResponseError,
@@ -23,7 +26,9 @@ from prefixreg.errors import (
 from prefixreg.evidence import SOURCE_TIMINGS, SOURCE_USAGE
 from prefixreg.prefix import Prefix
 from prefixreg.records import CacheCounters
+from prefixreg.store import Registry
 from prefixreg.worker import Worker
+from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, Request, sse_frames
 
 KEY = "sk-test-0123456789abcdef"
@@ -150,7 +155,7 @@ def test_forced_profile_wins(server: FakeServer) -> None:
     with Worker(server.url, profile="generic") as w:
         assert w.detect_profile() == "generic"
     with pytest.raises(UsageError):
-        Worker(server.url, profile="vllm")
+        Worker(server.url, profile="sglang")
 
 
 def test_sick_health_raises_instead_of_guessing(server: FakeServer) -> None:
@@ -430,3 +435,156 @@ def test_request_records_are_usable(server: FakeServer) -> None:
     with Worker(server.url) as w:
         assert w.health() == {"seen": "/health"}
     assert server.requests[0].method == "GET" and server.requests[0].json is None
+
+
+# ------------------------------------------------------------------ vLLM and llama.cpp shapes
+
+VLLM_MODELS: dict[str, Any] = {
+    "object": "list",
+    "data": [
+        {"id": "qwen-b", "object": "model", "owned_by": "vllm", "max_model_len": 32768},
+        {"id": "qwen-a", "object": "model", "owned_by": "vllm", "max_model_len": 8192},
+    ],
+}
+
+
+def vllm_server(server: FakeServer, *, details: bool) -> None:
+    """A vLLM-shaped loopback server: /health 200 with an empty body, /version, no /props."""
+    server.route("GET", "/health", Reply(body=b""))
+    server.route("GET", "/version", Reply(json={"version": "0.11.0"}))
+    server.route("GET", "/v1/models", Reply(json=VLLM_MODELS))
+    frames = stream_reply(cached=0 if details else None)
+    frames[-1].pop("timings")  # vLLM sends no llama.cpp timings
+    if not details:
+        frames[-1]["usage"].pop("prompt_tokens_details", None)
+    server.route("POST", CHAT, Reply(sse=sse_frames(frames)))
+
+
+def test_detects_vllm_from_version_and_binds_models(server: FakeServer) -> None:
+    vllm_server(server, details=True)
+    with Worker(server.url) as w:
+        assert w.detect_profile() == "vllm"
+        build = w.server_build()
+        _, ev = w.chat(PREFIX, "t")
+    assert build.profile == "vllm"
+    assert build.identity == {
+        "version": "0.11.0",
+        "models": [
+            {"id": "qwen-a", "max_model_len": 8192},
+            {"id": "qwen-b", "max_model_len": 32768},
+        ],
+    }
+    # vLLM needs `model`: the first served id is sent when nobody chose one.
+    assert server.requests[-1].json["model"] == "qwen-a"
+    assert (ev.cache_state, ev.cached_source) == ("cold", SOURCE_USAGE)
+
+
+def test_vllm_build_id_follows_version_and_max_model_len(server: FakeServer) -> None:
+    vllm_server(server, details=True)
+    with Worker(server.url) as w:
+        first = w.server_build().build_id
+        longer = copy.deepcopy(VLLM_MODELS)
+        longer["data"][1]["max_model_len"] = 16384
+        server.route("GET", "/v1/models", Reply(json=longer))
+        assert w.server_build().build_id != first
+        server.route("GET", "/v1/models", Reply(json=VLLM_MODELS))
+        assert w.server_build().build_id == first
+        server.route("GET", "/version", Reply(json={"version": "0.11.1"}))
+        assert w.server_build().build_id != first
+
+
+def test_vllm_without_prompt_token_details_is_unverified_never_zero(server: FakeServer) -> None:
+    vllm_server(server, details=False)
+    with Worker(server.url, model="mine") as w:
+        assert w.server_build().profile == "vllm"
+        _, ev = w.chat(PREFIX, "t")
+    assert server.requests[-1].json["model"] == "mine"  # the caller's model wins
+    assert ev.cache_state == "unverified" and ev.cached_tokens is None
+    assert ev.reason is not None and "cached_tokens missing" in ev.reason
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        Reply(json={"version": 3}),
+        Reply(json={"name": "x"}),
+        Reply(body=b"0.11.0"),
+        Reply(status=500),
+    ],
+)
+def test_version_that_is_not_vllm_shaped_is_generic(server: FakeServer, version: Reply) -> None:
+    server.route("GET", "/version", version)
+    server.route("GET", "/v1/models", Reply(json=VLLM_MODELS))
+    with Worker(server.url) as w:
+        assert w.detect_profile() == "generic"
+
+
+def test_llamacpp_is_detected_before_version_is_asked(server: FakeServer) -> None:
+    server.route("GET", "/health", Reply(json={"status": "ok"}))
+    server.route("GET", "/props", Reply(json=LLAMA_PROPS))
+    server.route("GET", "/version", Reply(json={"version": "0.11.0"}))
+    with Worker(server.url) as w:
+        assert w.detect_profile() == "llamacpp"
+    assert "/version" not in server.paths()
+
+
+def test_forced_vllm_profile_without_version_route(server: FakeServer) -> None:
+    server.route("GET", "/v1/models", Reply(json=VLLM_MODELS))
+    with Worker(server.url, profile="vllm") as w:
+        build = w.server_build()
+    assert build.profile == "vllm" and build.identity["version"] is None
+
+
+def test_llamacpp_stream_with_its_initial_role_delta(server: FakeServer) -> None:
+    """llama.cpp opens a stream with `{"role": "assistant", "content": null}` (reference §5)."""
+    meta = {"id": "chatcmpl-1", "model": "peer", "system_fingerprint": "b0-unknown"}
+    use = {
+        "completion_tokens": 2,
+        "prompt_tokens": 556,
+        "total_tokens": 558,
+        "prompt_tokens_details": {"cached_tokens": 529},
+    }
+    frames: list[Any] = [
+        {
+            "choices": [
+                {"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}
+            ],
+            **meta,
+        },
+        {"choices": [{"finish_reason": None, "index": 0, "delta": {"content": "Ques"}}], **meta},
+        {"choices": [{"finish_reason": None, "index": 0, "delta": {"content": "tion"}}], **meta},
+        {"choices": [{"finish_reason": "length", "index": 0, "delta": {}}], **meta},
+        {"choices": [], **meta, "usage": use, "timings": {"cache_n": 529, "prompt_n": 27}},
+    ]
+    server.route("POST", CHAT, Reply(sse=sse_frames(frames)))
+    with Worker(server.url) as w:
+        reply, ev = w.chat(PREFIX, "t", max_tokens=2)
+    assert reply["content"] == "Question" and reply["finish_reason"] == "length"
+    assert (ev.cache_state, ev.cached_tokens, ev.prompt_tokens) == ("reused", 529, 556)
+    assert ev.cached_source == SOURCE_USAGE and ev.complete
+    assert ev.output_sha256 == output_digest(b"Question", b"")
+
+
+def test_doctor_says_what_each_profile_can_and_cannot_prove() -> None:
+    texts = {p: diagnose(p, {}, None).findings[0].text for p in ("llamacpp", "vllm", "generic")}
+    assert "no cache-entry counters" in texts["llamacpp"]
+    assert "--enable-prompt-tokens-details" in texts["vllm"]
+    assert "never cold" in texts["vllm"]
+    assert "no counters" in texts["generic"]
+
+
+def test_warm_accepts_profile_vllm(server: FakeServer, tmp_path: Path) -> None:
+    vllm_server(server, details=False)
+    reg = tmp_path / "reg"
+    Registry(reg).add("You are a careful assistant. " * 20, name="loop")
+    args = ("warm", "loop", "--worker", server.url, "--registry", str(reg), "--json")
+    res = run_cli(*args, "--profile", "vllm")
+    # Without prompt-token details the claim cannot be made: unverified (4), never cold.
+    assert res.returncode == 4, res.stderr
+    receipt = orjson.loads(res.stdout)
+    assert receipt["build"]["profile"] == "vllm"
+    assert receipt["body"]["verdict"] == "unverified"
+    posts = [r for r in server.requests if r.method == "POST"]
+    assert posts and all(r.json["model"] == "qwen-a" for r in posts)
+    bad = run_cli(*args, "--profile", "sglang")
+    assert bad.returncode == 2 and b"vllm" in bad.stderr

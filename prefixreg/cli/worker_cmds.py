@@ -51,8 +51,8 @@ ProfileOpt = Annotated[
     str | None,
     typer.Option(
         "--profile",
-        help="Force the server profile: halogen, llamacpp or generic "
-        "(default: detected from what the server answers).",
+        help="Force the server profile: halogen, llamacpp, vllm or generic "
+        "(default: detected from what the server answers: /health, /props, /version).",
     ),
 ]
 

@@ -1,0 +1,1 @@
+"""Real engines as test peers: llama.cpp's llama-server (`llama_peer`) and its fixtures."""
