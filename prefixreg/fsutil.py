@@ -6,8 +6,13 @@ Invariants:
   directory is fsynced. A crash leaves at most a temp file named `.<name>.<random>.tmp`,
   which `verify` reports as a stray and `gc` removes.
 - Reads never follow a symlink (`O_NOFOLLOW`): a symlink where a registry file should be
-  is refused, never read through.
-- Modes honour the umask: the requested mode is masked by it (objects end up 0444).
+  is refused, never read through. Given the registry root, every component below it is
+  opened with `O_NOFOLLOW` relative to its parent's descriptor, so a symlinked directory
+  (`objects/ab`, `names`) is refused too, without a check-then-open race. Writes check the
+  directories they write into the same way (`check_no_symlinks`) before creating anything.
+- Modes honour the umask: the requested mode is masked by it (objects end up 0444 & ~umask).
+  The umask is read from /proc where possible: setting it to read it would briefly change
+  it for every thread of the process.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from prefixreg.errors import IntegrityError
 __all__ = [
     "TMP_SUFFIX",
     "append_line",
+    "check_no_symlinks",
+    "copy_durable",
     "fsync_dir",
     "is_temp_name",
     "publish_new",
@@ -36,7 +43,15 @@ TMP_SUFFIX = ".tmp"
 
 
 def _current_umask() -> int:
-    # os.umask can only be read by setting it; set it straight back.
+    # Linux reports the umask in /proc; reading it there leaves the process umask alone
+    # (os.umask can only be read by setting it, which races with other threads' writes).
+    try:
+        with Path("/proc/self/status").open("rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -109,19 +124,105 @@ def publish_new(path: Path, data: bytes, *, mode: int = 0o444) -> bool:
     return created
 
 
-def read_nofollow(path: Path | str) -> bytes:
-    """Read a regular file without following a symlink.
+_REAL_ROOTS: dict[str, str] = {}
 
-    Raises:
-        FileNotFoundError: nothing at `path`.
-        IntegrityError: `path` is a symlink or not a regular file.
+
+def _open_nofollow(path: Path | str, root: Path | str | None, flags: int) -> int:
+    """Open `path` without following a symlink at it or (given `root`) at any directory
+    between `root` and it. `root` itself may be a symlink: that is the user's choice.
+
+    The last component is opened with `O_NOFOLLOW`; the directories above it are checked by
+    asking the kernel where the descriptor really points (`/proc/self/fd`): one readlink
+    instead of one open per component, on the hot path of every verified read. A path with
+    `..` or a symlinked directory never matches the canonical answer and goes to the
+    component-by-component walk, which refuses it by name. Without /proc, the walk is used.
     """
+    flags |= os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise IntegrityError(f"{path}: is a symlink; refused", path=Path(path)) from exc
+        if exc.errno == errno.ENOTDIR and root is not None:
+            return _open_walk(path, root, flags)  # names the offending component
         raise
+    if root is None:
+        return fd
+    root_s, path_s = os.fspath(root), os.fspath(path)
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")  # noqa: PTH115 -- a descriptor, not a path
+    except OSError:
+        real = None
+    rel = path_s[len(root_s) :] if path_s.startswith(root_s) else ""
+    if real is not None and rel.startswith("/"):
+        for fresh in (False, True):  # the cached real root may be stale: look once more
+            base = _REAL_ROOTS.get(root_s) if not fresh else None
+            if base is None:
+                base = _REAL_ROOTS[root_s] = os.path.realpath(root_s)
+            if real == base + rel:
+                return fd
+    os.close(fd)
+    return _open_walk(path, root, flags)  # raises, naming the symlinked directory
+
+
+def _open_walk(path: Path | str, root: Path | str, flags: int) -> int:
+    """Open `path` one component at a time below `root`, each relative to its parent's
+    descriptor with `O_NOFOLLOW`: no check-then-open race, and the error names the
+    symlinked component."""
+    root_s, path_s = os.fspath(root).rstrip("/"), os.fspath(path)
+    if not path_s.startswith(root_s + "/"):
+        raise IntegrityError(f"{path}: not a path inside {root}", path=Path(path))
+    parts = [p for p in path_s[len(root_s) + 1 :].split("/") if p and p != "."]
+    if not parts or ".." in parts:
+        raise IntegrityError(f"{path}: not a path inside {root}", path=Path(path))
+    dir_fd = -1  # the first component is opened by path: the root's own path is followed
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            want = flags if last else os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                if dir_fd < 0:
+                    fd = os.open(f"{root_s}/{part}", want)
+                else:
+                    fd = os.open(part, want, dir_fd=dir_fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    where = Path(root, *parts[: i + 1])
+                    try:
+                        st = os.lstat(part, dir_fd=dir_fd) if dir_fd >= 0 else where.lstat()
+                        is_link = stat.S_ISLNK(st.st_mode)
+                    except OSError:
+                        is_link = False
+                    if is_link:
+                        raise IntegrityError(f"{where}: is a symlink; refused", path=where) from exc
+                    if exc.errno == errno.ENOTDIR:
+                        raise IntegrityError(
+                            f"{where}: not a directory; refused", path=where
+                        ) from exc
+                raise
+            if dir_fd >= 0:
+                os.close(dir_fd)
+            dir_fd = fd
+        fd, dir_fd = dir_fd, -1
+        return fd
+    finally:
+        if dir_fd >= 0:
+            os.close(dir_fd)
+
+
+def read_nofollow(path: Path | str, *, root: Path | str | None = None) -> bytes:
+    """Read a regular file without following a symlink.
+
+    Args:
+        root: the registry root `path` lies under; when given, no directory between the
+            two may be a symlink either.
+
+    Raises:
+        FileNotFoundError: nothing at `path`.
+        IntegrityError: `path` (or a directory below `root`) is a symlink, or `path` is
+            not a regular file.
+    """
+    fd = _open_nofollow(path, root, os.O_RDONLY)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -136,6 +237,61 @@ def read_nofollow(path: Path | str) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def check_no_symlinks(root: Path, directory: Path) -> None:
+    """Refuse to write into `directory` if it, or any directory between `root` and it, is a
+    symlink (a write would land outside the registry). Missing directories are fine.
+
+    Raises:
+        IntegrityError: a symlink (or a non-directory) on the way.
+    """
+    current = root
+    for part in directory.relative_to(root).parts:
+        current = current / part
+        try:
+            st = current.lstat()
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise IntegrityError(f"{current}: is a symlink; refused", path=current)
+        if not stat.S_ISDIR(st.st_mode):
+            raise IntegrityError(f"{current}: not a directory; refused", path=current)
+
+
+def copy_durable(src: Path, dst: Path, *, root: Path | None = None) -> bytes:
+    """Copy a regular file to `dst` (which must not exist) durably, keeping mode and mtime.
+
+    The bytes are read once without following symlinks (below `root`, if given), written to
+    a temp file next to `dst`, fsynced, given the source's mode and mtime, then linked into
+    place (no overwrite) and the directory fsynced. Returns the bytes copied so the caller
+    can compare the target against exactly what was read.
+
+    Raises:
+        FileExistsError: `dst` exists. IntegrityError: `src` is a symlink or not a file.
+    """
+    fd = _open_nofollow(src, root, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IntegrityError(f"{src}: not a regular file; refused", path=src)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    tmp = _write_temp(dst.parent, dst.name, data, 0o600)
+    try:
+        # The source's mode already had its creator's umask applied: keep it as it is.
+        os.chmod(tmp, stat.S_IMODE(st.st_mode))
+        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.link(tmp, dst)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    fsync_dir(dst.parent)
+    return data
 
 
 def append_line(path: Path, line: bytes, *, mode: int = 0o644) -> None:

@@ -2,6 +2,10 @@
 
 Resolution only computes a path; it never creates or inspects anything, so it is safe to
 call from any command. The default on Linux is `~/.local/state/prefix-registry`.
+
+The old layout kept the registry at `~/prefix-registry` (`legacy_registry_path`).
+`migration_hint` looks (read-only: two stats) whether the default location is still empty
+while the old one exists, so commands can tell the user to run `prefixreg migrate`.
 """
 
 from __future__ import annotations
@@ -9,7 +13,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["ENV_HOME", "LEGACY_DIRNAME", "default_registry_path", "resolve_registry_path"]
+__all__ = [
+    "ENV_HOME",
+    "LEGACY_DIRNAME",
+    "default_registry_path",
+    "display_path",
+    "legacy_registry_path",
+    "migration_hint",
+    "resolve_registry_path",
+]
 
 ENV_HOME = "PREFIXREG_HOME"
 LEGACY_DIRNAME = "prefix-registry"
@@ -30,3 +42,32 @@ def resolve_registry_path(flag: Path | str | None = None) -> Path:
     if env:
         return Path(env).expanduser()
     return default_registry_path()
+
+
+def legacy_registry_path() -> Path:
+    """Where the old layout kept the registry: `~/prefix-registry`."""
+    return Path.home() / LEGACY_DIRNAME
+
+
+def display_path(path: Path) -> str:
+    """`path` with the home directory shown as `~` (for messages people copy and paste)."""
+    try:
+        return "~/" + str(path.relative_to(Path.home()))
+    except ValueError:
+        return str(path)
+
+
+def migration_hint(path: Path) -> str | None:
+    """A one-line hint when `path` is the default location, holds no registry yet, and the
+    old location `~/prefix-registry` does; otherwise None. Never creates anything."""
+    legacy = legacy_registry_path()
+    # Cheapest test first: without an old registry there is nothing to hint (and no need
+    # to import platformdirs on a command that was given --registry).
+    if legacy == path or not legacy.is_dir():
+        return None
+    if path != default_registry_path():
+        return None  # the user named a registry on purpose (flag or $PREFIXREG_HOME)
+    if (path / "REGISTRY.json").exists() or (path.is_dir() and any(path.iterdir())):
+        return None
+    shown = display_path(legacy)
+    return f"found a registry at {shown}; run prefixreg migrate {shown}"

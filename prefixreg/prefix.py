@@ -8,19 +8,19 @@ are the bytes sent: nothing re-reads the file between the check and the request.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from prefixreg.errors import CorruptRecordError
 
 __all__ = ["Prefix", "fresh_tail"]
 
 
-@dataclass(frozen=True, slots=True)
-class Prefix:
+class Prefix(NamedTuple):
     """A verified prefix: its sha256, its exact bytes, and the name it was reached by.
 
-    `text` decodes the bytes on each access; holding bytes keeps `Registry.get` as cheap as
-    the read and the hash it must do anyway.
+    Immutable. `text` decodes the bytes on each access; holding bytes (in a tuple, the
+    cheapest immutable record to build) keeps `Registry.get` as cheap as the read and the
+    hash it must do anyway.
     """
 
     sha256: str

@@ -16,6 +16,9 @@ Invariants:
 - Name moves are compare-and-swap under the registry lock and journalled to `names.log`,
   one line per move.
 - A directory is only written into if it is empty or carries `REGISTRY.json`.
+- No symlink inside the registry is followed: reads open every component below the root
+  with `O_NOFOLLOW`, writes check the directories they write into first. The root itself
+  may be a symlink (a user's choice, e.g. a moved home).
 """
 
 from __future__ import annotations
@@ -46,9 +49,9 @@ from prefixreg.errors import (
     UsageError,
 )
 from prefixreg.jsonio import dumps_canonical, loads_object
+from prefixreg.prefix import Prefix
 
 if TYPE_CHECKING:
-    from prefixreg.prefix import Prefix
     from prefixreg.records import Measurement, Meta, NameMove
     from prefixreg.verify import VerifyReport
 
@@ -141,7 +144,9 @@ class Registry:
 
     def __init__(self, root: Path | str, *, lock_timeout: float = 30.0) -> None:
         self.root = Path(root)
-        self._objects = str(self.root / "objects")
+        # Plain strings for the hot read path (no Path arithmetic per verified read).
+        self._root_s = str(self.root)
+        self._objects = f"{self._root_s}/objects"
         self.lock_timeout = lock_timeout
         self._marker: dict[str, object] | None = None
         self._check_location()
@@ -299,14 +304,26 @@ class Registry:
         sha = sha256_hex(data)
         self.init()
         path = self.object_path(sha)
+        # Never create or write through a symlinked directory (it would land outside).
+        fsutil.check_no_symlinks(self.root, path.parent.parent)
         path.parent.mkdir(exist_ok=True)
+        fsutil.check_no_symlinks(self.root, path.parent)
         # Look before writing: re-adding known content (the common case in a loop) then
         # costs a read and a hash, not a durable write; publish_new still settles races.
-        if path.exists() or not fsutil.publish_new(path, data, mode=0o444):
+        for attempt in range(3):
+            if not path.exists() and fsutil.publish_new(path, data, mode=0o444):
+                break
             # Existing object: re-verify (never trust what is already there), then
             # refresh its mtime so age-based gc sees it as recently used.
-            self._read_verified(sha)
-            os.utime(path, follow_symlinks=False)
+            try:
+                self._read_verified(sha)
+                os.utime(path, follow_symlinks=False)
+                break
+            except (RefNotFoundError, FileNotFoundError):
+                # A concurrent `gc --prune-unnamed` removed it between our look and the
+                # refresh: publish it again rather than fail or return a missing sha.
+                if attempt == 2:
+                    raise
         self._write_meta(sha, len(data), note=note, source=source)
         if name is not None:
             self.move_name(name, sha)
@@ -314,6 +331,7 @@ class Registry:
 
     def _write_meta(self, sha: str, size: int, *, note: str | None, source: str) -> None:
         path = self.meta_path(sha)
+        fsutil.check_no_symlinks(self.root, path.parent)
         if note is None and path.exists():
             return
         # The on-disk form of `records.Meta`, built directly: the record classes are only
@@ -332,7 +350,7 @@ class Registry:
         # A string path on the hot path: get() of a small prefix is dominated by overhead.
         path = f"{self._objects}/{sha[:2]}/{sha}.txt"
         try:
-            data = fsutil.read_nofollow(path)
+            data = fsutil.read_nofollow(path, root=self._root_s)
         except FileNotFoundError:
             raise RefNotFoundError(f"no prefix {sha}") from None
         actual = hashlib.sha256(data).hexdigest()
@@ -358,9 +376,7 @@ class Registry:
         """The verified prefix `ref` names (a name, a sha, or an 8+ digit abbreviation)."""
         # A full sha needs no lookup: the verified read itself says whether it exists.
         sha, name = (ref, None) if is_full_sha(ref) else self._resolve(ref)
-        from prefixreg.prefix import Prefix
-
-        return Prefix(sha256=sha, data=self._read_verified(sha), name=name)
+        return Prefix(sha, self._read_verified(sha), name)
 
     def meta(self, sha: str) -> Meta:
         """The meta record of `sha` (parsed strictly).
@@ -370,7 +386,7 @@ class Registry:
         """
         path = self.meta_path(sha)
         try:
-            raw = fsutil.read_nofollow(path)
+            raw = fsutil.read_nofollow(path, root=self._root_s)
         except FileNotFoundError:
             raise RefNotFoundError(f"no meta record for {sha}") from None
         from prefixreg.records import Meta
@@ -480,7 +496,7 @@ class Registry:
     def _read_name(self, name: str) -> str | None:
         path = self.root / "names" / name
         try:
-            raw = fsutil.read_nofollow(path)
+            raw = fsutil.read_nofollow(path, root=self._root_s)
         except FileNotFoundError:
             return None
         text = raw.decode("ascii", errors="replace")
@@ -523,6 +539,11 @@ class Registry:
                 )
             if current == sha:
                 return None
+            # gc removes objects only under this lock: re-check that the object is still
+            # there now that we hold it, or a name could end up pointing nowhere.
+            if not self.object_path(sha).is_file():
+                raise RefNotFoundError(f"no prefix {sha} (removed by gc meanwhile?)")
+            fsutil.check_no_symlinks(self.root, self.root / "names")
             fsutil.replace_atomic(self.root / "names" / name, f"{sha}\n".encode(), mode=0o644)
             from prefixreg.records import NameMove
 
@@ -534,7 +555,7 @@ class Registry:
         """Every journalled name move, oldest first."""
         path = self.root / "names.log"
         try:
-            raw = fsutil.read_nofollow(path)
+            raw = fsutil.read_nofollow(path, root=self._root_s)
         except FileNotFoundError:
             return []
         from prefixreg.records import NameMove
@@ -556,6 +577,7 @@ class Registry:
         sha = measurement.sha256
         self.init()
         directory = self.root / "measurements"
+        fsutil.check_no_symlinks(self.root, directory)
         data = dumps_canonical(measurement.to_dict()) + b"\n"
         for _ in range(100):
             path = directory / f"{sha}-{stamp_utc(utc_now())}.json"
@@ -585,7 +607,8 @@ class Registry:
         from prefixreg.records import Measurement
 
         try:
-            record = Measurement.from_dict(loads_object(fsutil.read_nofollow(path), path=path))
+            raw = fsutil.read_nofollow(path, root=self._root_s)
+            record = Measurement.from_dict(loads_object(raw, path=path))
         except CorruptRecordError as exc:
             raise CorruptRecordError(f"{path}: {exc}", path=path) from None
         if not path.name.startswith(record.sha256 + "-"):

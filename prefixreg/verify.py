@@ -2,14 +2,20 @@
 
 Problems (verify exits 1): an object whose bytes do not hash to its name, a symlink, an
 unexpected file, a meta record or name that does not parse or disagrees with its object, a
-name that points nowhere, a corrupt journal line or measurement, a writable object.
+name that points nowhere, a corrupt journal line or measurement, a writable object, a
+symlink anywhere in the registry's own directories, and a registry directory that other
+users can write to (`insecure_mode`: they could swap names or plant files).
 Warnings: stray temp files and objects without meta: the debris of interrupted or in-flight
 writes, which never hides or corrupts data (`add` again repairs an object without meta).
 """
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +34,7 @@ class Finding:
     """One thing `verify` found.
 
     `kind` is one of: corrupt, symlink, unexpected, dangling, orphan_meta, bad_record,
-    bad_mode (problems) or stray, incomplete (warnings: debris of an interrupted or
+    bad_mode, insecure_mode (problems) or stray, incomplete (warnings: debris of an interrupted or
     in-flight write that never hides or corrupts data).
     """
 
@@ -87,6 +93,7 @@ def verify_registry(reg: Registry) -> VerifyReport:
     report = VerifyReport(root=str(reg.root))
     if not reg.exists:
         return report
+    _verify_directories(reg, report)
     _verify_objects(reg, report)
     _verify_meta(reg, report)
     _verify_names(reg, report)
@@ -94,10 +101,61 @@ def verify_registry(reg: Registry) -> VerifyReport:
     return report
 
 
+# The registry's own directories: a symlink in their place would redirect reads and writes.
+_SUBDIRS = ("objects", "meta", "names", "measurements", "probes", ".locks")
+
+
+def _group_is_private(st: os.stat_result) -> bool:
+    """True when the directory's group is its owner's private group (a user-private-group
+    system with umask 002): group write then grants nobody else anything."""
+    try:
+        group = grp.getgrgid(st.st_gid)
+        owner = pwd.getpwuid(st.st_uid)
+    except KeyError:
+        return False
+    return group.gr_name == owner.pw_name and owner.pw_gid == st.st_gid and not group.gr_mem
+
+
+def _insecure(st: os.stat_result) -> str | None:
+    """Why a directory with this mode lets other users write into it, or None."""
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & stat.S_IWOTH:
+        return "writable by every user"
+    if mode & stat.S_IWGRP and not _group_is_private(st):
+        return f"writable by group {st.st_gid}"
+    return None
+
+
+def _verify_directories(reg: Registry, report: VerifyReport) -> None:
+    """Top-level symlinks, and directories other users may write to."""
+    for sub in _SUBDIRS:
+        path = reg.root / sub
+        if path.is_symlink():
+            report.findings.append(Finding("symlink", sub, "symlinked directory; refused"))
+    for directory, dirnames, _files in os.walk(reg.root):  # never follows symlinks
+        try:
+            # The root may be a symlink (a user's choice): judge the directory it names.
+            st = Path(directory).stat() if directory == str(reg.root) else os.lstat(directory)
+        except OSError:
+            continue
+        why = _insecure(st)
+        if why is not None:
+            rel = os.path.relpath(directory, reg.root)
+            report.findings.append(
+                Finding(
+                    "insecure_mode",
+                    rel,
+                    f"registry directory is {why} (mode {stat.S_IMODE(st.st_mode):04o}); "
+                    "other users could replace names or plant files: chmod go-w",
+                )
+            )
+        dirnames[:] = [d for d in dirnames if not fsutil.is_temp_name(d)]
+
+
 def _scan(reg: Registry, directory: Path, report: VerifyReport) -> Iterator[Path]:
     """Entries of `directory`, reporting strays and symlinks on the way."""
-    if not directory.is_dir():
-        return
+    if directory.is_symlink() or not directory.is_dir():
+        return  # a symlinked directory is reported once, by _verify_directories
     for entry in sorted(directory.iterdir()):
         rel = str(entry.relative_to(reg.root))
         if fsutil.is_temp_name(entry.name):

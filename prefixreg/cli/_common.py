@@ -139,10 +139,14 @@ def emit_json(value: Any) -> None:
 
 def open_registry_from(flag: Path | None) -> Registry:
     """Open the registry named by `--registry`, `$PREFIXREG_HOME` or the XDG default."""
-    from prefixreg.location import resolve_registry_path
+    from prefixreg.location import migration_hint, resolve_registry_path
     from prefixreg.store import Registry
 
-    return Registry(resolve_registry_path(flag))
+    path = resolve_registry_path(flag)
+    hint = migration_hint(path)  # an empty default location while ~/prefix-registry exists
+    if hint is not None:
+        info(f"hint: {hint}")
+    return Registry(path)
 
 
 def worker_url(flag: str | None) -> str:

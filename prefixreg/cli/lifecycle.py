@@ -1,0 +1,144 @@
+"""Lifecycle commands: `migrate` (move a registry, verified) and `gc` (remove debris).
+
+Data goes to stdout (`--json` for machines): stale references as `file:line: text` for
+migrate, one line per removed file for gc. The summary goes to stderr. Exit codes follow
+DESIGN §5: a refused target is a usage error (2), a registry that does not verify is an
+integrity failure (3), a held lock is 7.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from prefixreg.cli._common import (
+    DebugOpt,
+    JsonOpt,
+    RegistryOpt,
+    cli_errors,
+    emit_json,
+    info,
+    open_registry_from,
+)
+
+__all__ = ["gc_command", "migrate_command", "register"]
+
+
+def migrate_command(
+    old: Annotated[Path, typer.Argument(help="The registry to move, e.g. ~/prefix-registry.")],
+    to: Annotated[
+        Path | None,
+        typer.Option(
+            "--to",
+            help="Where to move it (default: the standard location, the XDG state directory).",
+            show_default=False,
+        ),
+    ] = None,
+    scan: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--scan",
+            help="List every file:line under this directory that still names OLD (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would happen; change nothing.")
+    ] = False,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Move a registry to a new path (default: the standard location), verified.
+
+    Refuses a target that holds a different registry. Every object is verified at the
+    target before the old tree is removed; measurements and logs arrive byte-identical;
+    the move is journalled in migrations.log at the new root.
+    """
+    with cli_errors(debug):
+        from prefixreg.location import display_path
+        from prefixreg.migrate import migrate_registry
+
+        report = migrate_registry(old, to, scan=scan or (), dry_run=dry_run)
+        if json_out:
+            emit_json(report.to_dict())
+        else:
+            for ref in report.stale:
+                sys.stdout.write(f"{ref.path}:{ref.line}: {ref.text}\n")
+        for warning in report.warnings:
+            info(f"warning: {warning}")
+        source, target = display_path(Path(report.source)), display_path(Path(report.target))
+        if report.method == "none":
+            pass
+        elif dry_run:
+            info(
+                f"would move {source} -> {target} by {report.method}: "
+                f"{report.objects} objects, {report.files} files"
+            )
+        else:
+            info(
+                f"moved {source} -> {target} by {report.method}: {report.objects} objects "
+                f"verified, {report.files} files"
+            )
+        if scan:
+            info(
+                f"{len(report.stale)} references to {source} left under "
+                f"{', '.join(str(s) for s in scan)}"
+                + ("; repoint them to the new location" if report.stale else "")
+            )
+
+
+def gc_command(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List what would be removed; remove nothing.")
+    ] = False,
+    grace: Annotated[
+        str,
+        typer.Option("--grace", help="Only touch files older than this: 14d, 12h, 30m, 45s, 0."),
+    ] = "14d",
+    prune_unnamed: Annotated[
+        bool,
+        typer.Option(
+            "--prune-unnamed",
+            help="Also remove objects no name points to (and no recent measurement uses).",
+        ),
+    ] = False,
+    registry: RegistryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Remove stray temp files older than the grace period; unnamed objects only if asked.
+
+    Takes the registry's exclusive lock. Never removes a named object, a measurement, a
+    journal or anything younger than the grace period.
+    """
+    with cli_errors(debug):
+        from prefixreg.gc import collect_garbage, parse_grace
+
+        grace_s = parse_grace(grace)
+        reg = open_registry_from(registry)
+        report = collect_garbage(reg, grace_s=grace_s, prune_unnamed=prune_unnamed, dry_run=dry_run)
+        if json_out:
+            emit_json(report.to_dict())
+        else:
+            verb = "would remove" if dry_run else "removed"
+            for item in report.removed:
+                sys.stdout.write(f"{verb} {item.kind:<6} {item.path}\n")
+        counts = {
+            kind: sum(1 for i in report.removed if i.kind == kind)
+            for kind in ("stray", "object", "meta")
+        }
+        info(
+            f"{'dry run: would remove' if dry_run else 'removed'} {counts['stray']} stray temp "
+            f"files, {counts['object']} unnamed objects, {counts['meta']} meta records "
+            f"(grace {grace})"
+            + ("" if prune_unnamed else "; unnamed objects are kept without --prune-unnamed")
+        )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the lifecycle commands to `app`."""
+    app.command("migrate")(migrate_command)
+    app.command("gc")(gc_command)

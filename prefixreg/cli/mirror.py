@@ -1,0 +1,150 @@
+"""`prefixreg mirror` / `prefix-mirror`: one-way verified rsync to the workers.
+
+Destinations come from `--to` (repeatable) or, when none is given, `$PREFIXREG_MIRROR_TO`
+(space-separated); ssh options from `--ssh-option` and `$PREFIXREG_SSH_OPTS` (flags first:
+ssh keeps the first value it sees). Each destination gets one summary line on stderr as it
+finishes; `--json` prints the whole report on stdout. Exit codes: 0 every destination ok,
+6 any destination failed or the mirror was refused (the failed ones are named), 3 a source
+object failed verification (nothing sent), 2 no destination, 7 another mirror holds the
+lock. `prefixreg.mirror` is imported inside the command so `--help` stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from prefixreg.cli._common import (
+    DebugOpt,
+    ExitCode,
+    JsonOpt,
+    RegistryOpt,
+    cli_errors,
+    emit_json,
+    info,
+    open_registry_from,
+)
+
+if TYPE_CHECKING:
+    from prefixreg.mirror import DestinationResult
+
+__all__ = ["mirror_command", "register"]
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"  # pragma: no cover
+
+
+def _summary(r: DestinationResult) -> str:
+    """The one stderr line per destination."""
+    if r.result == "dry-run":
+        return f"dry-run {r.destination}: {len(r.changes)} changes" + (
+            " (new mirror)" if r.new else ""
+        )
+    if not r.ok:
+        # One line per failed destination, naming it (the reason usually does already).
+        reason = r.error or r.result
+        return (
+            f"error: {reason}" if r.destination in reason else f"error: {r.destination}: {reason}"
+        )
+    rounds = f", {r.rounds} rounds" if r.rounds > 1 else ""
+    check = "checksum-verified" if r.checksum else "verified"
+    return (
+        f"ok      {r.destination}: sent {r.sent} files ({_size(r.bytes)}), deleted "
+        f"{r.deleted}, {check}{rounds}, {r.seconds:.2f}s"
+    )
+
+
+def mirror_command(
+    to: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--to",
+            help="Destination PATH or [user@]HOST:PATH (repeatable; default: "
+            "$PREFIXREG_MIRROR_TO, space-separated).",
+            show_default=False,
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would change (itemized); change nothing.")
+    ] = False,
+    full_verify: Annotated[
+        bool,
+        typer.Option(
+            "--full-verify",
+            help="Re-hash every source object, and compare with rsync --checksum.",
+        ),
+    ] = False,
+    ssh_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ssh-option",
+            help="An ssh option as Key=Value (repeatable; also $PREFIXREG_SSH_OPTS).",
+            show_default=False,
+        ),
+    ] = None,
+    bwlimit: Annotated[
+        int | None,
+        typer.Option("--bwlimit", min=1, help="Limit each transfer to this many KiB/s."),
+    ] = None,
+    registry: RegistryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Mirror the origin registry to workers: rsync -a --delete, one way, verified.
+
+    Objects travel before the names and meta records that point to them, deletions come
+    last, and each destination is confirmed equal to the source afterwards. Refuses a
+    source that is not an origin registry with objects, and a destination that is neither
+    empty nor a mirror. One line per run and destination goes to the registry's mirror.log.
+    """
+    with cli_errors(debug):
+        from prefixreg.mirror import (
+            ENV_SSH_OPTS,
+            ENV_TO,
+            destinations_from_env,
+            mirror,
+            ssh_options_from_env,
+        )
+
+        destinations = list(to or destinations_from_env(os.environ.get(ENV_TO)))
+        options = [*(ssh_option or []), *ssh_options_from_env(os.environ.get(ENV_SSH_OPTS))]
+        from prefixreg.errors import MirrorError, RegistryLocationError
+
+        try:
+            reg = open_registry_from(registry)
+        except RegistryLocationError as exc:
+            # An unmarked source is a refused mirror (exit 6), not a usage slip.
+            raise MirrorError(f"source is not a registry: {exc}", hint=exc.hint) from None
+        report = mirror(
+            reg,
+            destinations,
+            dry_run=dry_run,
+            full_verify=full_verify,
+            ssh_options=options,
+            bwlimit=bwlimit,
+            on_result=lambda r: info(_summary(r)),
+        )
+        if json_out:
+            emit_json(report.to_dict())
+        elif dry_run:
+            for r in report.results:
+                if r.ok:
+                    sys.stdout.write(f"# {r.destination}\n")
+                    sys.stdout.writelines(f"{c}\n" for c in r.changes)
+            sys.stdout.flush()
+        if not report.ok:
+            # Each failure already has its line on stderr (and is listed in --json).
+            raise typer.Exit(int(ExitCode.MIRROR))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `mirror` command to `app`."""
+    app.command("mirror")(mirror_command)

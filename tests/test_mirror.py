@@ -1,0 +1,646 @@
+"""`prefixreg mirror` with the real rsync, locally and over a real sshd on 127.0.0.1.
+
+What is proven here: byte-identical trees; a no-change run sends nothing and still
+verifies; changes at the origin arrive and worker-side additions disappear; every guard
+refuses with one line, the right exit code, and the destination tree unchanged; the
+ordering promise (no name or meta record before its object, deletions last) both from the
+passes' own itemized output and from a reader polling the worker during a slow transfer
+while the origin is being written to; an interrupted transfer is repaired by the next run
+and recorded in mirror.log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from prefixreg.errors import IntegrityError, MirrorError, UsageError
+from prefixreg.mirror import (
+    EXCLUDES,
+    Change,
+    PassRecord,
+    build_rsync_argv,
+    build_ssh_command,
+    mirror,
+    parse_destination,
+    parse_itemized,
+    parse_ssh_options,
+)
+from prefixreg.store import Registry
+from tests.sshd import SshServer, require_tools
+from tests.test_store import flip_byte, tree
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "bin" / "prefix-mirror"
+NOT_MIRRORED = ("REGISTRY.json", "mirror.log")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tools() -> None:
+    require_tools()
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    server = SshServer.start(tmp_path_factory.mktemp("sshd"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def run_mirror_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 90
+) -> subprocess.CompletedProcess[bytes]:
+    """`bin/prefix-mirror ARGS` as a real process (the same command as `prefixreg mirror`)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, str(BIN), *args],
+        capture_output=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def make_origin(root: Path, count: int = 5, size: int = 200) -> Registry:
+    reg = Registry(root)
+    for i in range(count):
+        reg.add(f"prefix {i}\n" + "x" * size, name=f"p{i}", note=f"note {i}")
+    return reg
+
+
+def content(root: Path) -> dict[str, bytes]:
+    """The mirrored part of a registry tree (what must be byte-identical)."""
+    return {
+        k: v for k, v in tree(root).items() if k not in NOT_MIRRORED and not k.startswith(".locks")
+    }
+
+
+def outside_reg(files: dict[str, bytes]) -> dict[str, bytes]:
+    """A tmp_path tree without the source registry (whose log and lock files may change)."""
+    return {k: v for k, v in files.items() if not k.startswith("reg/")}
+
+
+def log_lines(reg: Registry) -> list[dict[str, object]]:
+    path = reg.root / "mirror.log"
+    return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def role_of(root: Path) -> object:
+    return orjson.loads((root / "REGISTRY.json").read_bytes())["role"]
+
+
+def one_error_line(res: subprocess.CompletedProcess[bytes]) -> str:
+    lines = [ln for ln in res.stderr.decode().splitlines() if not ln.startswith("hint:")]
+    assert b"Traceback" not in res.stderr
+    assert len(lines) == 1, res.stderr.decode()
+    return lines[0]
+
+
+# -- pure parts ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "path"),
+    [
+        ("/srv/mirror", None, "/srv/mirror"),
+        ("w1:/srv/mirror", "w1", "/srv/mirror"),
+        ("root@worker-2.lan:reg", "root@worker-2.lan", "reg"),
+        ("[::1]:/srv/m", "[::1]", "/srv/m"),
+    ],
+)
+def test_parse_destination_accepts_paths_and_host_paths(
+    text: str, host: str | None, path: str
+) -> None:
+    dest = parse_destination(text)
+    assert (dest.host, dest.path) == (host, path)
+
+
+def test_parse_destination_relative_local_path_becomes_absolute(tmp_path: Path) -> None:
+    os.chdir(tmp_path)
+    assert parse_destination("./a:b").path == str(tmp_path / "a:b")
+    assert parse_destination("./a:b").host is None
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("", "empty"),
+        ("-rf", "starts with '-'"),
+        ("--delete", "starts with '-'"),
+        ("host:", "no path"),
+        ("host:-x", "starts with '-'"),
+        ("rsync://h/m", "daemon"),
+        ("host::module", "daemon"),
+        ("bad host:/x", "not a host"),
+        ("-oProxyCommand=x:/p", "starts with '-'"),
+        ("h:/a b", "remote paths"),
+        ("h:/a;rm -rf /", "remote paths"),
+        ("/tmp/a\nb", "control"),
+    ],
+)
+def test_parse_destination_refuses_bad_input(text: str, needle: str) -> None:
+    with pytest.raises(MirrorError, match=needle):
+        parse_destination(text)
+
+
+def test_build_rsync_argv_compare_is_an_itemized_delete_dry_run_with_excludes() -> None:
+    argv = build_rsync_argv("compare", "/reg/", "w:/m/", rsh=["ssh", "-o", "BatchMode=yes"])
+    assert argv[:3] == ["rsync", "-e", "ssh -o BatchMode=yes"]
+    assert {"-a", "--delete", "--dry-run", "-O"} <= set(argv)
+    assert [f"--exclude={e}" for e in EXCLUDES] == [a for a in argv if a.startswith("--exclude")]
+    assert argv[-3:] == ["--", "/reg/", "w:/m/"]
+    assert "--checksum" not in argv
+    assert "--checksum" in build_rsync_argv("compare", "/r/", "/m/", checksum=True)
+
+
+def test_build_rsync_argv_send_and_delete_use_a_files_from_list() -> None:
+    send = build_rsync_argv("send", "/r/", "/m/", files_from="/tmp/l", bwlimit=100)
+    assert {"--files-from=/tmp/l", "--from0", "--bwlimit=100"} <= set(send)
+    assert "--delete" not in send and "--delete-missing-args" not in send
+    delete = build_rsync_argv("delete", "/r/", "/m/", files_from="/tmp/l")
+    assert "--delete-missing-args" in delete
+    with pytest.raises(ValueError, match="files_from"):
+        build_rsync_argv("send", "/r/", "/m/")
+
+
+def test_ssh_command_puts_batchmode_first_and_quotes_spaces_for_rsync() -> None:
+    cmd = build_ssh_command(
+        parse_ssh_options(["Port=2222", "ProxyCommand=nc -x p %h %p"]), control_path=None
+    )
+    assert cmd[:3] == ["ssh", "-o", "BatchMode=yes"]
+    argv = build_rsync_argv("list", "w:/m/", "", rsh=cmd)
+    assert "'ProxyCommand=nc -x p %h %p'" in argv[2]
+    for bad in ("Port", "-F/etc/x=1", "A='x'"):
+        with pytest.raises(MirrorError):
+            parse_ssh_options([bad])
+
+
+def test_parse_itemized_restores_escaped_names() -> None:
+    out = (
+        b"created directory /x\n"
+        b"*deleting  |0|we ird\\#012nl\n"
+        b">f+++++++++|45|objects/ab/x.txt\n"
+        b"cd+++++++++|0|./\n"
+        b"cd+++++++++|0|meta/\n"
+        b"*deleting  |0|back\\#134#041slash\n"
+    )
+    assert parse_itemized(out) == [
+        Change("*deleting  ", 0, "we ird\nnl"),
+        Change(">f+++++++++", 45, "objects/ab/x.txt"),
+        Change("cd+++++++++", 0, "."),
+        Change("cd+++++++++", 0, "meta"),
+        Change("*deleting  ", 0, "back\\#041slash"),
+    ]
+
+
+# -- local mirrors ------------------------------------------------------------------------
+
+
+def test_local_mirror_is_byte_identical_and_a_second_run_sends_nothing(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg")
+    (reg.root / "objects" / ".stray.txt.abc.tmp").write_bytes(b"temp")
+    dest = tmp_path / "worker" / "mirror"
+    (tmp_path / "worker").mkdir()
+    first = run_mirror_cli("--registry", str(reg.root), "--to", str(dest))
+    assert first.returncode == 0, first.stderr
+    assert content(dest) == {k: v for k, v in content(reg.root).items() if not k.endswith(".tmp")}
+    assert role_of(dest) == "mirror" and role_of(reg.root) == "origin"
+    assert not (dest / ".locks").exists() and not (dest / "mirror.log").exists()
+    assert Registry(dest).get_bytes("p3").startswith(b"prefix 3")
+    assert b"ok" in first.stderr and b"verified" in first.stderr
+
+    before = tree(dest)
+    second = run_mirror_cli("--registry", str(reg.root), "--to", str(dest), "--json")
+    assert second.returncode == 0, second.stderr
+    report = orjson.loads(second.stdout)
+    (d,) = report["destinations"]
+    assert (d["sent"], d["deleted"], d["bytes"], d["verified"], d["result"]) == (
+        0,
+        0,
+        0,
+        True,
+        "ok",
+    )
+    assert tree(dest) == before
+    lines = log_lines(reg)
+    assert [x["result"] for x in lines] == ["ok", "ok"]
+    assert lines[0]["sent"] == len(content(dest)) and lines[0]["objects_verified"] == 5
+    assert set(lines[0]) >= {"destination", "sent", "deleted", "bytes", "seconds", "verified"}
+
+
+def test_changes_at_the_origin_arrive_and_worker_side_files_disappear(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg")
+    dest = tmp_path / "m"
+    assert mirror(reg, [str(dest)]).ok
+    new_sha = reg.add("a new prefix", name="fresh")
+    reg.move_name("p0", new_sha)
+    (dest / "names" / "worker-junk").write_text("x")
+    (dest / "junkdir").mkdir()
+    (dest / "junkdir" / "file").write_text("x")
+    report = mirror(reg, [str(dest)])
+    (r,) = report.results
+    assert r.ok and r.verified and r.deleted == 3
+    assert content(dest) == content(reg.root)
+    assert Registry(dest).resolve("p0") == new_sha
+    assert report.objects_verified == 1  # only what was sent is re-hashed
+
+
+def test_full_verify_repairs_a_worker_object_changed_behind_rsyncs_quick_check(
+    tmp_path: Path,
+) -> None:
+    reg = make_origin(tmp_path / "reg")
+    dest = tmp_path / "m"
+    assert mirror(reg, [str(dest)]).ok
+    sha = reg.resolve("p1")
+    obj = dest / "objects" / sha[:2] / f"{sha}.txt"
+    st = obj.stat()
+    flip_byte(obj)
+    os.utime(obj, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime
+    assert mirror(reg, [str(dest)]).results[0].sent == 0  # quick check cannot see it
+    report = mirror(reg, [str(dest)], full_verify=True)
+    assert report.ok and report.results[0].sent == 1 and report.results[0].checksum
+    assert report.objects_verified == 5
+    assert content(dest) == content(reg.root)
+
+
+def test_dry_run_prints_itemized_changes_and_changes_nothing(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg")
+    dest = tmp_path / "m"
+    assert mirror(reg, [str(dest)]).ok
+    reg.add("another", name="another")
+    (dest / "junk").write_text("x")
+    before, log_before = tree(dest), log_lines(reg)
+    res = run_mirror_cli("--registry", str(reg.root), "--to", str(dest), "--dry-run")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout.decode()
+    assert "*deleting   junk" in out and ">f+++++++++ names/another" in out
+    assert tree(dest) == before and log_lines(reg) == log_before
+    new = tmp_path / "new"
+    res = run_mirror_cli("--registry", str(reg.root), "--to", str(new), "--dry-run")
+    assert res.returncode == 0 and not new.exists()
+
+
+# -- guards -----------------------------------------------------------------------------
+
+
+def test_unmarked_empty_and_missing_sources_are_refused_with_exit_6(tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    dest.mkdir()
+    (dest / "keep").write_text("worker file")
+    unmarked = tmp_path / "unmarked"
+    unmarked.mkdir()
+    (unmarked / "objects").mkdir()
+    (unmarked / "file").write_text("x")
+    empty_reg = tmp_path / "empty-reg"
+    Registry(empty_reg).init()
+    for source in (unmarked, empty_reg, tmp_path / "missing", tmp_path / "emptydir"):
+        before = tree(dest)
+        res = run_mirror_cli("--registry", str(source), "--to", str(dest))
+        assert res.returncode == 6, (source, res.stderr)
+        one_error_line(res)
+        assert tree(dest) == before
+    assert not (tmp_path / "missing").exists()
+
+
+def test_reversed_direction_is_refused_both_ways(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg")
+    dest = tmp_path / "m"
+    assert mirror(reg, [str(dest)]).ok
+    origin_before, mirror_before = tree(reg.root), tree(dest)
+    res = run_mirror_cli("--registry", str(dest), "--to", str(reg.root))
+    assert res.returncode == 6
+    assert "not an origin" in one_error_line(res)
+    other = make_origin(tmp_path / "other", count=1)
+    res = run_mirror_cli("--registry", str(other.root), "--to", str(reg.root))
+    assert res.returncode == 6
+    assert "origin registry" in one_error_line(res)
+    assert tree(reg.root) == origin_before and tree(dest) == mirror_before
+
+
+def test_destination_holding_other_files_is_refused_and_nothing_deleted(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg")
+    dest = tmp_path / "home"
+    dest.mkdir()
+    (dest / "precious.txt").write_text("do not delete")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "REGISTRY.json").symlink_to(tmp_path / "m-elsewhere.json")
+    (tmp_path / "m-elsewhere.json").write_bytes(b'{"format":"prefix-registry","role":"mirror"}')
+    (linked / "data").write_text("keep")
+    fake = tmp_path / "fake"
+    (fake / "REGISTRY.json").mkdir(parents=True)
+    (fake / "REGISTRY.json" / "x").write_text("keep")
+    origin = content(reg.root)
+    for target in (dest, afile, reg.root / "sub", tmp_path, linked, fake):
+        before = tree(tmp_path)
+        res = run_mirror_cli("--registry", str(reg.root), "--to", str(target))
+        assert res.returncode == 6, (target, res.stderr)
+        one_error_line(res)
+        assert outside_reg(tree(tmp_path)) == outside_reg(before)
+        assert content(reg.root) == origin
+
+
+@pytest.mark.parametrize("dest", ["-rf", "--delete", "host:", "host:-x", "h:/a b", "rsync://h/m"])
+def test_bad_destination_is_one_line_exit_6_and_nothing_touched(tmp_path: Path, dest: str) -> None:
+    reg = make_origin(tmp_path / "reg")
+    before = tree(tmp_path)
+    res = run_mirror_cli("--registry", str(reg.root), "--to", dest)
+    assert res.returncode == 6
+    one_error_line(res)
+    assert tree(tmp_path) == before
+
+
+def test_no_destination_is_a_usage_error_and_env_destinations_are_used(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg")
+    res = run_mirror_cli("--registry", str(reg.root))
+    assert res.returncode == 2
+    assert "no mirror destination" in one_error_line(res)
+    with pytest.raises(UsageError):
+        mirror(reg, [])
+    res = run_mirror_cli(
+        "--registry", str(reg.root), env={"PREFIXREG_MIRROR_TO": f"{tmp_path}/a {tmp_path}/b"}
+    )
+    assert res.returncode == 0, res.stderr
+    assert content(tmp_path / "a") == content(tmp_path / "b") == content(reg.root)
+
+
+def test_tampered_source_object_refuses_everything_with_exit_3(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg")
+    dest = tmp_path / "m"
+    assert mirror(reg, [str(dest)]).ok
+    reg.add("new and fine", name="fine")
+    sha = reg.resolve("p2")
+    flip_byte(reg.object_path(sha))
+    new_dest = tmp_path / "new"
+    before = tree(tmp_path / "m")
+    res = run_mirror_cli("--registry", str(reg.root), "--to", str(dest), "--to", str(new_dest))
+    assert res.returncode == 3, res.stderr
+    assert sha in one_error_line(res)
+    assert tree(dest) == before and not new_dest.exists()
+    assert [x["result"] for x in log_lines(reg)[-2:]] == ["refused", "refused"]
+    with pytest.raises(IntegrityError):
+        mirror(reg, [str(dest)], full_verify=True)
+
+
+def test_rsync_missing_is_one_line_exit_6(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(sys.executable)
+    res = run_mirror_cli(
+        "--registry", str(reg.root), "--to", str(tmp_path / "m"), env={"PATH": str(bindir)}
+    )
+    assert res.returncode == 6
+    assert "rsync" in one_error_line(res)
+    assert not (tmp_path / "m").exists()
+
+
+# -- the ordering promise -------------------------------------------------------------------
+
+
+def _assert_pass_order(reg: Registry, passes: list[PassRecord], arrived: set[str]) -> None:
+    """Every name/meta sent finds its object already sent; deletions come after all sends."""
+    kinds = [p.kind for p in passes if p.changes]
+    seen_delete = False
+    for p in passes:
+        if p.kind == "confirm":
+            seen_delete = False
+            continue
+        if p.kind.startswith("delete"):
+            seen_delete = True
+        elif p.changes:
+            assert not seen_delete, f"a send after a deletion: {kinds}"
+        for c in p.changes:
+            if c.is_delete:
+                continue
+            if c.is_object and c.is_file:
+                arrived.add(c.path.split("/")[-1].removesuffix(".txt"))
+            elif c.path.startswith("meta/") and c.is_file:
+                assert c.path[5:-5] in arrived, f"meta before object: {c.path} in {kinds}"
+            elif c.path.startswith("names/") and c.is_file:
+                target = (reg.root / c.path).read_text().strip()
+                assert target in arrived, f"name before object: {c.path} in {kinds}"
+    deletes = [p.kind for p in passes if p.kind.startswith("delete") and p.changes]
+    assert deletes == sorted(deletes), "objects must be deleted after names and meta"
+
+
+def test_passes_send_objects_before_names_and_meta_and_delete_last(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg", count=4)
+    dest = tmp_path / "m"
+    first = mirror(reg, [str(dest)]).results[0]
+    _assert_pass_order(reg, first.passes, set())
+    arrived = set(reg.iter_shas())
+    # Retire p3's object at the origin (as gc would, after its name moved away),
+    # add objects, move names: the next run must delete last, objects after names/meta.
+    old = reg.resolve("p3")
+    new = reg.add("replacement", name="p3")
+    reg.add("brand new", name="brand-new")
+    os.chmod(reg.object_path(old), 0o644)
+    reg.object_path(old).unlink()
+    reg.meta_path(old).unlink()
+    (reg.root / "names" / "p2").unlink()
+    res = mirror(reg, [str(dest)]).results[0]
+    assert res.ok and res.deleted == 3
+    _assert_pass_order(reg, res.passes, arrived)
+    kinds = [p.kind for p in res.passes if p.changes]
+    assert kinds == ["objects", "rest", "delete", "delete-objects"]
+    assert new in {c.path.split("/")[-1][:64] for c in res.passes[0].changes}
+    assert content(dest) == content(reg.root)
+
+
+def _reader(dest: Path, stop: threading.Event, violations: list[str], reads: list[int]) -> None:
+    """Poll the worker like a reader would: every visible name and meta needs its object."""
+    while not stop.is_set():
+        n = 0
+        for sub in ("names", "meta"):
+            directory = dest / sub
+            if not directory.is_dir():
+                continue
+            for entry in os.scandir(directory):
+                if entry.name.startswith("."):
+                    continue  # rsync's in-flight temp files are not names
+                try:
+                    sha = (
+                        Path(entry.path).read_text().strip()
+                        if sub == "names"
+                        else entry.name.removesuffix(".json")
+                    )
+                except FileNotFoundError:
+                    continue  # deleted (last) by the mirror between listing and reading
+                obj = dest / "objects" / sha[:2] / f"{sha}.txt"
+                try:
+                    data = obj.read_bytes()
+                except FileNotFoundError:
+                    violations.append(f"{sub}/{entry.name} visible before objects/{sha}")
+                    continue
+                if hashlib.sha256(data).hexdigest() != sha:
+                    violations.append(f"{sub}/{entry.name}: object {sha} incomplete")
+                n += 1
+        reads.append(n)
+
+
+def test_a_reader_on_the_worker_never_sees_a_name_or_meta_before_its_object(
+    tmp_path: Path,
+) -> None:
+    """A slow transfer (bwlimit) while the origin keeps adding and moving names."""
+    reg = make_origin(tmp_path / "reg", count=30, size=40_000)
+    dest = tmp_path / "m"
+    violations: list[str] = []
+    reads: list[int] = []
+    stop = threading.Event()
+    reader = threading.Thread(target=_reader, args=(dest, stop, violations, reads))
+    reader.start()
+
+    def writer() -> None:
+        for i in range(15):
+            sha = reg.add(f"written during the mirror {i}\n" + "y" * 30_000, name=f"live{i % 4}")
+            reg.move_name(f"p{i}", sha)
+            time.sleep(0.05)
+
+    try:
+        first = threading.Thread(target=writer)
+        first.start()
+        report = mirror(reg, [str(dest)], bwlimit=800, max_rounds=10)
+        first.join()
+        assert report.ok, report.results[0].error
+        second = threading.Thread(target=writer)
+        second.start()
+        mirror(reg, [str(dest)], bwlimit=800, max_rounds=10)
+        second.join()
+        final = mirror(reg, [str(dest)])
+        assert final.ok
+    finally:
+        stop.set()
+        reader.join()
+    assert violations == []
+    assert sum(1 for n in reads if n) > 5  # the reader really watched the transfer
+    assert content(dest) == content(reg.root)
+
+
+# -- over ssh -------------------------------------------------------------------------
+
+
+def ssh_args(server: SshServer) -> list[str]:
+    out = []
+    for opt in server.ssh_options:
+        out += ["--ssh-option", opt]
+    return out
+
+
+def test_ssh_mirror_is_byte_identical_and_a_second_run_sends_nothing(
+    tmp_path: Path, sshd: SshServer
+) -> None:
+    reg = make_origin(tmp_path / "reg")
+    dest = tmp_path / "remote"
+    res = run_mirror_cli("--registry", str(reg.root), "--to", sshd.dest(dest), *ssh_args(sshd))
+    assert res.returncode == 0, res.stderr
+    assert content(dest) == content(reg.root) and role_of(dest) == "mirror"
+    reg.add("more", name="more")
+    (dest / "junk").write_text("worker side")
+    res = run_mirror_cli(
+        "--registry",
+        str(reg.root),
+        "--to",
+        sshd.dest(dest),
+        "--json",
+        "--full-verify",
+        env={"PREFIXREG_SSH_OPTS": " ".join(sshd.ssh_options)},
+    )
+    assert res.returncode == 0, res.stderr
+    (d,) = orjson.loads(res.stdout)["destinations"]
+    assert d["deleted"] == 1 and d["verified"] and d["checksum"]
+    assert content(dest) == content(reg.root)
+    before = tree(dest)
+    res = run_mirror_cli("--registry", str(reg.root), "--to", sshd.dest(dest), *ssh_args(sshd))
+    assert res.returncode == 0
+    assert log_lines(reg)[-1]["sent"] == 0 and log_lines(reg)[-1]["verified"] is True
+    assert tree(dest) == before
+
+
+def test_ssh_that_cannot_authenticate_fails_one_line_and_others_still_run(
+    tmp_path: Path, sshd: SshServer
+) -> None:
+    reg = make_origin(tmp_path / "reg")
+    remote = tmp_path / "remote"
+    assert mirror(reg, [sshd.dest(remote)], ssh_options=sshd.ssh_options).ok
+    reg.add("later", name="later")
+    before = tree(remote)
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    opts = [
+        o if not o.startswith("IdentityFile=") else f"IdentityFile={stranger}"
+        for o in sshd.ssh_options
+    ]
+    local = tmp_path / "local"
+    args = ["--registry", str(reg.root), "--to", sshd.dest(remote), "--to", str(local)]
+    res = run_mirror_cli(*args, *[a for o in opts for a in ("--ssh-option", o)], "--json")
+    assert res.returncode == 6
+    report = orjson.loads(res.stdout)
+    assert report["failed"] == [sshd.dest(remote)]
+    err = res.stderr.decode()
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and sshd.dest(remote) in errors[0]
+    assert "Permission denied" in err and sshd.dest(remote) in err
+    assert tree(remote) == before  # nothing deleted or sent there
+    assert content(local) == content(reg.root)  # the other destination went ahead
+    assert [x["result"] for x in log_lines(reg)[-2:]] == ["failed", "ok"] or [
+        x["result"] for x in log_lines(reg)[-2:]
+    ] == ["ok", "failed"]
+
+
+def test_interrupted_ssh_transfer_is_logged_and_repaired_by_the_next_run(
+    tmp_path: Path, sshd: SshServer
+) -> None:
+    reg = make_origin(tmp_path / "reg", count=40, size=60_000)
+    dest = tmp_path / "remote"
+    wrapper_dir = tmp_path / "wrap"
+    wrapper_dir.mkdir()
+    pids = tmp_path / "ssh.pids"
+    real_ssh = subprocess.run(["which", "ssh"], capture_output=True, text=True).stdout.strip()
+    (wrapper_dir / "ssh").write_text(f'#!/bin/sh\necho $$ >> {pids}\nexec {real_ssh} "$@"\n')
+    (wrapper_dir / "ssh").chmod(0o755)
+    env = dict(os.environ, PATH=f"{wrapper_dir}:{os.environ['PATH']}")
+    args = ["--registry", str(reg.root), "--to", sshd.dest(dest), "--bwlimit", "500"]
+    proc = subprocess.Popen(
+        [sys.executable, str(BIN), *args, *ssh_args(sshd)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        objects = list((dest / "objects").glob("*/*.txt")) if dest.exists() else []
+        if objects:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the transfer finished before it could be interrupted"
+    for pid in {int(x) for x in pids.read_text().split()}:
+        try:
+            os.kill(pid, signal.SIGKILL)  # only the ssh processes this test's run started
+        except ProcessLookupError:
+            pass
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 6, err
+    assert f"error: {sshd.dest(dest)}" in err.decode()
+    last = log_lines(reg)[-1]
+    assert last["result"] == "failed" and last["verified"] is False and "error" in last
+    assert content(dest) != content(reg.root)
+    res = run_mirror_cli("--registry", str(reg.root), "--to", sshd.dest(dest), *ssh_args(sshd))
+    assert res.returncode == 0, res.stderr
+    assert content(dest) == content(reg.root)
+    assert log_lines(reg)[-1]["result"] == "ok"
