@@ -169,10 +169,7 @@ def _looks_like_measurement(obj: Mapping[str, object]) -> bool:
 def _alignment_of(record: Measurement) -> int:
     """The server's snapshot alignment, from the record's body or its build identity."""
     value = strict_count(record.body.get("alignment"))
-    if value is None:
-        block = record.build.identity.get("prompt_cache")
-        value = strict_count(block.get("snapshot_align")) if isinstance(block, dict) else None
-    return value or 0
+    return record.build.snapshot_align if value is None else value
 
 
 class _Reader:

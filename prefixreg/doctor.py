@@ -24,6 +24,7 @@ DENSE_BYTES_PER_POSITION: Final = 64 * 1024
 # Entries one request stores on the measured Flash lane (system end, history end).
 DEFAULT_ENTRIES_PER_REQUEST: Final = 2
 THRASH_RATIO: Final = 0.9
+THRASH_HIT_RATE: Final = 0.5
 
 Level = Literal["ok", "info", "warn"]
 
@@ -98,18 +99,7 @@ def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONV
         d.add(
             "info", "entry_size", f"last_entry_bytes {c.last_entry_bytes:,} = {size:.1f} MiB{note}."
         )
-    if c.stores is not None and c.evicted is not None:
-        d.numbers["evicted_per_store"] = None if c.stores == 0 else round(c.evicted / c.stores, 4)
-        if c.stores >= 10 and c.evicted >= THRASH_RATIO * c.stores:
-            d.add(
-                "warn",
-                "thrashing",
-                f"stores {c.stores:,} against evicted {c.evicted:,}: nearly every store evicts "
-                "an entry, so prefixes rarely live long enough to be resumed. Raise "
-                "HALOGEN_CACHE_ENTRIES (or HALOGEN_CACHE_MB on dense) or cut foreign traffic.",
-            )
-        else:
-            d.add("ok", "thrashing", f"stores {c.stores:,}, evicted {c.evicted:,}.")
+    rate = None
     if c.hits is not None and c.misses is not None:
         total = c.hits + c.misses
         rate = None if total == 0 else c.hits / total
@@ -118,6 +108,30 @@ def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONV
             d.add("info", "hit_rate", "no lookups yet (hits 0, misses 0).")
         else:
             d.add("info", "hit_rate", f"hits {c.hits:,}, misses {c.misses:,}: hit rate {rate:.1%}.")
+    if c.stores is not None and c.evicted is not None:
+        d.numbers["evicted_per_store"] = None if c.stores == 0 else round(c.evicted / c.stores, 4)
+        # Once an LRU is full every store evicts, so the ratio alone only says "full". It is
+        # thrashing when entries are evicted that fast *and* lookups rarely find anything.
+        churn = c.stores >= 10 and c.evicted >= THRASH_RATIO * c.stores
+        if churn and rate is not None and rate < THRASH_HIT_RATE:
+            d.add(
+                "warn",
+                "thrashing",
+                f"stores {c.stores:,} against evicted {c.evicted:,} with a hit rate of "
+                f"{rate:.1%}: nearly every store evicts an entry before it is reused, so "
+                "prefixes rarely live long enough to be resumed. Raise HALOGEN_CACHE_ENTRIES "
+                "(or HALOGEN_CACHE_MB on dense), cut foreign traffic, or run "
+                "`prefixreg keepalive`.",
+            )
+        elif churn:
+            d.add(
+                "info",
+                "thrashing",
+                f"stores {c.stores:,}, evicted {c.evicted:,}: the cache is full and turns over, "
+                "but lookups still hit.",
+            )
+        else:
+            d.add("ok", "thrashing", f"stores {c.stores:,}, evicted {c.evicted:,}.")
     if c.refused:
         d.add(
             "warn",

@@ -222,7 +222,9 @@ def read_nofollow(path: Path | str, *, root: Path | str | None = None) -> bytes:
         IntegrityError: `path` (or a directory below `root`) is a symlink, or `path` is
             not a regular file.
     """
-    fd = _open_nofollow(path, root, os.O_RDONLY)
+    # O_NONBLOCK: a FIFO planted at a record's path must not hang the read before the
+    # regular-file check refuses it (it has no effect on regular files).
+    fd = _open_nofollow(path, root, os.O_RDONLY | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -270,7 +272,7 @@ def copy_durable(src: Path, dst: Path, *, root: Path | None = None) -> bytes:
     Raises:
         FileExistsError: `dst` exists. IntegrityError: `src` is a symlink or not a file.
     """
-    fd = _open_nofollow(src, root, os.O_RDONLY)
+    fd = _open_nofollow(src, root, os.O_RDONLY | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

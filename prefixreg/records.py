@@ -176,6 +176,13 @@ class ServerBuild:
             build_id=_req_str(d, "build_id", "server build"),
         )
 
+    @property
+    def snapshot_align(self) -> int:
+        """Halogen's `prompt_cache.snapshot_align` (cached counts round down to it), else 0."""
+        block = self.identity.get("prompt_cache")
+        value = strict_count(block.get("snapshot_align")) if isinstance(block, dict) else None
+        return value or 0
+
     def to_dict(self) -> JSONObject:
         return {"profile": self.profile, "identity": self.identity, "build_id": self.build_id}
 

@@ -91,18 +91,23 @@ def utc_now() -> float:
     return time.time()
 
 
+def _split(moment: float) -> tuple[time.struct_time, int]:
+    # Round once to whole microseconds, then split: rounding the fraction alone could give
+    # 1,000,000 and wrap to 0 without carrying into the seconds.
+    seconds, micros = divmod(round(moment * 1_000_000), 1_000_000)
+    return time.gmtime(seconds), micros
+
+
 def iso_utc(moment: float) -> str:
     """ISO 8601 UTC with microseconds: `2026-11-29T12:48:17.123456Z`."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(moment)) + f".{_micros(moment)}Z"
+    when, micros = _split(moment)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", when) + f".{micros:06d}Z"
 
 
 def stamp_utc(moment: float) -> str:
     """The file-name timestamp of DESIGN §3: UTC `%Y%m%dT%H%M%S.%fZ`."""
-    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(moment)) + f".{_micros(moment)}Z"
-
-
-def _micros(moment: float) -> str:
-    return f"{int(round(moment % 1, 6) * 1_000_000) % 1_000_000:06d}"
+    when, micros = _split(moment)
+    return time.strftime("%Y%m%dT%H%M%S", when) + f".{micros:06d}Z"
 
 
 def validate_name(name: str) -> str:

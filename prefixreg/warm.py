@@ -148,12 +148,6 @@ def _model_param(worker: Worker, build: ServerBuild) -> dict[str, Any]:
     return {"model": ids[0]} if isinstance(ids, list) and ids and isinstance(ids[0], str) else {}
 
 
-def _alignment(build: ServerBuild) -> int:
-    block = build.identity.get("prompt_cache")
-    align = block.get("snapshot_align") if isinstance(block, dict) else None
-    return align if type(align) is int and align > 0 else 0
-
-
 def judge_resume(
     evidence: CallEvidence, *, prefix_bytes: int, tail_bytes: int, alignment: int
 ) -> tuple[Verdict, str, int | None, float | None]:
@@ -201,13 +195,13 @@ def warm_prefix(
         IntegrityError: the prefix's bytes do not verify (nothing was sent).
         WorkerError: the worker could not be reached or answered an HTTP error.
     """
+    if not (warm or check):
+        raise UsageError("nothing to do: neither the warm call nor the resume check")
     say = progress or (lambda _msg: None)
     prefix = registry.get(ref)  # verified: an IntegrityError leaves before any request
     build = worker.server_build()
     with_cache = build.profile == "halogen"
     say(f"warming {prefix.sha256[:12]} on {worker.url} ({build.profile}, build {build.build_id})")
-    if not (warm or check):
-        raise UsageError("nothing to do: neither the warm call nor the resume check")
     params = _model_param(worker, build)
     calls: list[CallRecord] = []
     if warm:
@@ -216,7 +210,7 @@ def warm_prefix(
                 worker, prefix, phase="warm", tail=fresh_tail(), with_cache=with_cache, **params
             )
         )
-    alignment = _alignment(build)
+    alignment = build.snapshot_align
     span: int | None = None
     coverage: float | None = None
     if check:

@@ -108,6 +108,8 @@ def test_a_foreign_client_during_a_probe_marks_windows_interleaved(registry: Reg
             stop.set()
             thread.join(timeout=10)
     assert report.interleaved, "foreign traffic must show up as interleaved windows"
+    # Interleaved windows are left out, so foreign traffic does not fail the checks.
+    assert not [c for c in report.checks if c.failed], report.checks
     assert any("interleaved" in line for line in report.follows())
     receipt = report.to_dict()
     calls = receipt["calls"]

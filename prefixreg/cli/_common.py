@@ -36,6 +36,7 @@ __all__ = [
     "fail",
     "info",
     "open_registry_from",
+    "read_user_file",
 ]
 
 
@@ -127,6 +128,18 @@ def cli_errors(debug: bool) -> Iterator[None]:
         if debug:
             traceback.print_exc()
         fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), ExitCode.NO)
+
+
+def read_user_file(path: Path) -> bytes:
+    """The bytes of a file the user named; a missing or unreadable one is a usage error."""
+    try:
+        return path.read_bytes()
+    except IsADirectoryError:
+        raise errors.UsageError(f"{path}: is a directory") from None
+    except FileNotFoundError:
+        raise errors.UsageError(f"{path}: no such file") from None
+    except PermissionError:
+        raise errors.UsageError(f"{path}: permission denied") from None
 
 
 def emit_json(value: Any) -> None:

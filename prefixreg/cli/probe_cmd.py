@@ -22,6 +22,7 @@ from prefixreg.cli._common import (
     cli_errors,
     emit_json,
     open_registry_from,
+    read_user_file,
 )
 from prefixreg.cli.worker_cmds import ModelOpt, ProfileOpt, TimeoutOpt, open_worker
 from prefixreg.errors import UsageError
@@ -110,7 +111,7 @@ def probe_command(
         text = None
         if corpus is not None:
             try:
-                text = corpus.read_bytes().decode("utf-8")
+                text = read_user_file(corpus).decode("utf-8")
             except UnicodeDecodeError:
                 raise UsageError(f"{corpus}: the corpus is not UTF-8 text") from None
         options = ProbeOptions(

@@ -21,6 +21,7 @@ from prefixreg.cli._common import (
     emit_json,
     info,
     open_registry_from,
+    read_user_file,
 )
 
 if TYPE_CHECKING:
@@ -46,12 +47,7 @@ def add_command(
         if file == "-":
             data, source = sys.stdin.buffer.read(), "stdin"
         else:
-            path = Path(file)
-            if path.is_dir():
-                from prefixreg.errors import UsageError
-
-                raise UsageError(f"{file}: is a directory")
-            data, source = path.read_bytes(), path.name
+            data, source = read_user_file(Path(file)), Path(file).name
         reg = open_registry_from(registry)
         sha = reg.add(data, name=name, note=note, source=source)
         sys.stdout.write(sha + "\n")
@@ -114,6 +110,7 @@ def show_command(
                     "path": str(reg.object_path(prefix.sha256)),
                     "meta": meta.to_dict(),
                     "names": names,
+                    "current_build": latest_build,
                     "measurements": [m.to_dict() for m in measurements],
                 }
             )
