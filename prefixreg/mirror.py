@@ -377,10 +377,8 @@ class DestinationResult:
     def ok(self) -> bool:
         return self.result in ("ok", "dry-run")
 
-    def log_record(self, objects_verified: int) -> dict[str, object]:
-        """The `mirror.log` line for this destination."""
-        record: dict[str, object] = {
-            "at": iso_utc(utc_now()),
+    def _fields(self) -> dict[str, object]:
+        return {
             "destination": self.destination,
             "result": self.result,
             "sent": self.sent,
@@ -390,8 +388,11 @@ class DestinationResult:
             "verified": self.verified,
             "checksum": self.checksum,
             "rounds": self.rounds,
-            "objects_verified": objects_verified,
         }
+
+    def log_record(self, objects_verified: int) -> dict[str, object]:
+        """The `mirror.log` line for this destination."""
+        record = {"at": iso_utc(utc_now()), **self._fields(), "objects_verified": objects_verified}
         if self.error is not None:
             record["error"] = self.error
         return record
@@ -399,17 +400,9 @@ class DestinationResult:
     def to_dict(self) -> dict[str, object]:
         """The `--json` form: the log fields plus whether it was new and what changed."""
         return {
-            "destination": self.destination,
+            **self._fields(),
             "ok": self.ok,
-            "result": self.result,
             "new": self.new,
-            "sent": self.sent,
-            "deleted": self.deleted,
-            "bytes": self.bytes,
-            "seconds": round(self.seconds, 3),
-            "verified": self.verified,
-            "checksum": self.checksum,
-            "rounds": self.rounds,
             "error": self.error,
             "changes": [str(c) for c in self.changes],
         }
