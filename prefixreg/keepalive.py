@@ -4,7 +4,29 @@ On a server with `/cache` (Halogen) it counts `stores` since each prefix was las
 re-warms the prefix before one more foreign prompt could evict it. The budget (stores a
 just-used prefix survives) comes, in order, from `--budget`, from the latest
 `probe --survival` receipt for the same server build, or from `/cache` `max_entries` less
-the entries one request stores. Servers without `/cache` are kept warm on a time interval.
+the entries one request stores.
+
+On llama.cpp (no `/cache`) it counts *prompts* since each prefix was last used, from the
+activity counters the server offers:
+
+- `/slots` (on by default): each slot's `id_task` changes exactly when the slot starts a
+  completion. Every slot whose `id_task` moved between two polls is one prompt, counted
+  once the slot is idle again (LRU goes by when a slot was last used). The raw
+  `id_task` values are no count: one chat consumes three task ids and every `/slots` or
+  `/metrics` read consumes more (measured), so `max(id_task)` deltas mostly count polls.
+- `/metrics` (with `--metrics`), when `/slots` is off: a poll window in which
+  `prompt_tokens_total + prompt_tokens_cached_total` moved is one prompt.
+
+Both are lower bounds (two prompts on one slot, or two concurrent prompts under
+`/metrics`, between polls count as one), exact when polls come faster than prompts finish,
+which `poll_s` (0.5 s; a prompt takes at least ~0.1 s there) makes the usual case. The
+budget is in prompts: `--budget`, else the latest `probe --survival` for the same build
+(survival is counted in prompts), else 1, that is a re-warm after every foreign prompt.
+Why 1 and not `total_slots - 1` (what plain LRU over the slots would give): slot choice
+also follows prompt similarity, a unified KV buffer (`-kvu`) lets a long prompt crowd
+others out, and a re-warm costs only the fresh tail (~25 tokens, ~0.2 s) while a miss costs
+the whole prefill; the probe measures the real number. Servers with neither counter (and
+other profiles without `/cache`) are kept warm on a time interval.
 
 Invariants:
 - One request at a time: polls and re-warms run in one thread (`step`); the loop's `touch`
@@ -35,6 +57,7 @@ from prefixreg.worker import Worker
 __all__ = ["Budget", "KeepAlive", "KeepAliveSummary", "Rewarm", "budget_for"]
 
 DEFAULT_PER_REQUEST: Final = 2
+DEFAULT_PROMPTS: Final = 1
 DEFAULT_INTERVAL_S: Final = 60.0
 MAX_ERRORS: Final = 5
 MAX_BACKOFF_S: Final = 30.0
@@ -42,22 +65,49 @@ MAX_BACKOFF_S: Final = 30.0
 
 @dataclass(slots=True)
 class Budget:
-    """How long a just-used prefix survives: `stores` on the server's counter, or seconds."""
+    """How long a just-used prefix survives: `stores` on `/cache`, `prompts` (llama.cpp's
+    activity counters), or seconds. `counter` names what `since` is read from."""
 
     stores: int | None
     per_request: int
     interval_s: float | None
     source: str
+    prompts: int | None = None
+    counter: str | None = None
+
+    @property
+    def unit(self) -> str:
+        """What `since` counts: "stores", "prompts" or "seconds"."""
+        if self.prompts is not None:
+            return "prompts"
+        return "stores" if self.stores is not None else "seconds"
 
     def due(self, since: int) -> bool:
-        """Re-warm now: one more foreign prompt could take the prefix past the budget."""
+        """Re-warm now: one more foreign prompt could take the prefix past the budget.
+
+        In prompts: the prefix survives `prompts` foreign prompts, so once it has seen that
+        many the next one may evict it.
+        """
+        if self.prompts is not None:
+            return since >= self.prompts
         return self.stores is not None and since + self.per_request >= self.stores
+
+    def describe(self) -> str:
+        """`6 stores`, `1 prompts (/slots)` or `60 s`, for a person."""
+        if self.prompts is not None:
+            return f"{self.prompts} prompts ({self.counter})"
+        if self.stores is not None:
+            return f"{self.stores} stores"
+        return f"{self.interval_s or DEFAULT_INTERVAL_S:g} s"
 
     def to_dict(self) -> JSONObject:
         return {
             "stores": self.stores,
+            "prompts": self.prompts,
             "per_request": self.per_request,
             "interval_s": self.interval_s,
+            "unit": self.unit,
+            "counter": self.counter,
             "source": self.source,
         }
 
@@ -88,9 +138,16 @@ def budget_for(
     registry: Registry | None = None,
     budget: int | None = None,
     interval_s: float | None = None,
+    prompt_counter: str | None = None,
 ) -> Budget:
-    """Choose the budget: explicit, else a probe's survival, else `max_entries`, else time."""
+    """Choose the budget: explicit, else a probe's survival, else `max_entries`, else time.
+
+    Without `/cache` but with a `prompt_counter` (llama.cpp's `/slots` or `/metrics`) the
+    budget is in prompts: explicit, else a probe's survival, else `DEFAULT_PROMPTS`.
+    """
     per = DEFAULT_PER_REQUEST
+    if counters is None and prompt_counter is not None:
+        return _prompt_budget(build, registry, budget, interval_s, prompt_counter)
     if counters is None:
         return Budget(None, per, interval_s or DEFAULT_INTERVAL_S, "time interval (no /cache)")
     if budget is not None:
@@ -110,22 +167,50 @@ def budget_for(
     return Budget(None, per, interval_s or DEFAULT_INTERVAL_S, "time interval (no max_entries)")
 
 
+def _prompt_budget(
+    build: ServerBuild,
+    registry: Registry | None,
+    budget: int | None,
+    interval_s: float | None,
+    counter: str,
+) -> Budget:
+    def made(prompts: int, source: str) -> Budget:
+        return Budget(None, 1, interval_s, source, prompts=prompts, counter=counter)
+
+    if budget is not None:
+        return made(budget, "--budget")
+    found = _latest_survival(registry, build) if registry is not None else None
+    if found is not None:
+        survival, _, run = found
+        source = f"probe {run} (survival {survival})"
+        if survival == 0:
+            # Nothing to wait for: re-warm after every prompt, and the re-warms will show
+            # (cold) that this server keeps no prefix through a foreign prompt.
+            source += ": the prefix survives no foreign prompt"
+        return made(max(1, survival), source)
+    return made(
+        DEFAULT_PROMPTS, "default: a re-warm after every foreign prompt (no probe --survival)"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Rewarm:
-    """One re-warm: which prefix, how many stores since its last use, what the server said."""
+    """One re-warm: which prefix, how many stores (or prompts) since its last use, what the
+    server said."""
 
     sha256: str
     since: int | None
     verdict: Verdict
     record: CallRecord
     budget: int | None
+    unit: str = "stores"
 
     def to_dict(self) -> JSONObject:
         return {
             "sha256": self.sha256,
-            "since_stores": self.since,
+            f"since_{self.unit}": self.since,
             "verdict": self.verdict,
-            "budget_stores": self.budget,
+            f"budget_{self.unit}": self.budget,
             **self.record.to_dict(),
         }
 
@@ -170,11 +255,99 @@ class KeepAliveSummary:
         )
 
 
+class _PromptCounter:
+    """Prompts the server has started, counted from llama.cpp's `/slots` or `/metrics`.
+
+    `read()` returns the running count since the keeper started (None when the poll could
+    not be made), and whether the server restarted since the last read (a slot's `id_task`
+    or the cumulative prompt tokens went backwards: every prefix is gone).
+    """
+
+    def __init__(self, worker: Worker, source: str) -> None:
+        self.worker = worker
+        self.source = source
+        self.total = 0
+        self.busy: set[int] = set()  # slots processing at the last read
+        self.changed: set[int] = set()  # slots counted at the last read
+        self._slots: dict[int, int] | None = None
+        self._tokens: int | None = None
+
+    @classmethod
+    def detect(cls, worker: Worker) -> _PromptCounter | None:
+        """The best counter this server offers (`/slots`, else `/metrics`), or None."""
+        for source in ("/slots", "/metrics"):
+            counter = cls(worker, source)
+            try:
+                if counter.read() is not None:
+                    return counter
+            except WorkerError:
+                continue  # a route that errors is a route we cannot count with
+        return None
+
+    def read(self) -> tuple[int, bool] | None:
+        if self.source == "/slots":
+            return self._read_slots()
+        return self._read_metrics()
+
+    def _read_slots(self) -> tuple[int, bool] | None:
+        raw = self.worker.slots()
+        if raw is None or not raw:
+            return None
+        last = self._slots
+        now: dict[int, int] = {}
+        self.busy = {
+            sid
+            for slot in raw
+            if (sid := strict_count(slot.get("id"))) is not None
+            if slot.get("is_processing") is True
+        }
+        for slot in raw:
+            sid, task = strict_count(slot.get("id")), strict_count(slot.get("id_task"))
+            if sid is None or task is None:
+                continue
+            if slot.get("is_processing") is True and last is not None and sid in last:
+                # Count a prompt once its slot is done with it: llama.cpp picks the least
+                # recently used slot by when it was last used, so a re-warm that finishes
+                # before a foreign prompt does still leaves the prefix's slot the older
+                # one. This also keeps the loop's own call in flight from counting before
+                # its `touch` arrives.
+                now[sid] = last[sid]
+                continue
+            now[sid] = task
+        self._slots = now
+        if last is None:
+            return self.total, False
+        if any(task < last[sid] for sid, task in now.items() if sid in last):
+            return self.total, True
+        # A slot that shows a task it did not show before served at least one prompt.
+        self.changed = {sid for sid, task in now.items() if last.get(sid) != task}
+        self.total += len(self.changed)
+        return self.total, False
+
+    def _read_metrics(self) -> tuple[int, bool] | None:
+        samples = self.worker.metrics()
+        if samples is None:
+            return None
+        done = samples.get("llamacpp:prompt_tokens_total")
+        cached = samples.get("llamacpp:prompt_tokens_cached_total")
+        if done is None or cached is None:
+            return None
+        tokens = int(done + cached)
+        last, self._tokens = self._tokens, tokens
+        if last is None:
+            return self.total, False
+        if tokens < last:
+            return self.total, True
+        self.total += 1 if tokens > last else 0
+        return self.total, False
+
+
 @dataclass(slots=True)
 class _Kept:
     prefix: Prefix
     baseline: int | None = None
     last_used: float = 0.0
+    slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
 
 
 class KeepAlive:
@@ -215,8 +388,19 @@ class KeepAlive:
         self.has_cache = self.build.profile == "halogen"
         counters = worker.cache() if self.has_cache else None
         self.has_cache = counters is not None
+        # llama.cpp has no /cache but counts its tasks: keep time only as the last resort.
+        self._prompts = (
+            _PromptCounter.detect(worker)
+            if not self.has_cache and self.build.profile == "llamacpp"
+            else None
+        )
         self.budget = budget_for(
-            self.build, counters, registry=registry, budget=budget, interval_s=interval_s
+            self.build,
+            counters,
+            registry=registry,
+            budget=budget,
+            interval_s=interval_s,
+            prompt_counter=None if self._prompts is None else self._prompts.source,
         )
 
     # -- the loop's side -----------------------------------------------------------------
@@ -242,6 +426,41 @@ class KeepAlive:
             self.summary.skipped_polls += 1
             return None
         return counters
+
+    def _poll_prompts(self, counter: _PromptCounter) -> int | None:
+        """The prompt count now (None: skip this round), resetting baselines on a restart."""
+        self.summary.polls += 1
+        try:
+            got = counter.read()
+        except (WorkerTimeoutError, EngineBusyError):
+            got = None  # too busy to answer (a long prefill holds the task queue): next round
+        if got is None:
+            self.summary.skipped_polls += 1
+            return None
+        total, restarted = got
+        if restarted:
+            for kept in self._kept.values():  # the server restarted: nothing is cached
+                kept.baseline = None
+        return total
+
+    def _due_prompts(self, total: int) -> list[tuple[_Kept, int | None]]:
+        with self._lock:
+            touched, self._touched = self._touched, set()
+        due: list[tuple[_Kept, int | None]] = []
+        busy = self._prompts.busy if self._prompts is not None else set()
+        for sha, kept in self._kept.items():
+            if sha in touched:
+                kept.baseline = total
+            if kept.slot is not None and kept.slot in busy:
+                # Its slot is serving a prompt right now, most likely the loop's own call
+                # on this prefix: a re-warm now would find the slot taken and prefill the
+                # whole prefix cold in another one. Decide on the next poll.
+                continue
+            if kept.baseline is None:
+                due.append((kept, None))
+            elif self.budget.due(total - kept.baseline):
+                due.append((kept, total - kept.baseline))
+        return due
 
     def _due(self, counters: CacheCounters | None, now: float) -> list[tuple[_Kept, int | None]]:
         with self._lock:
@@ -272,8 +491,16 @@ class KeepAlive:
         counters = self._poll() if self.has_cache else None
         if self.has_cache and counters is None:
             return []
+        total = None
+        if self._prompts is not None:
+            total = self._poll_prompts(self._prompts)
+            if total is None:
+                return []
+            due = self._due_prompts(total)
+        else:
+            due = self._due(counters, now)
         done = []
-        for kept, since in self._due(counters, now):
+        for kept, since in due:
             try:
                 rewarm = self._rewarm(kept, since, counters)
             except EngineBusyError:
@@ -298,6 +525,7 @@ class KeepAlive:
             self._stop.set()
 
     def _rewarm(self, kept: _Kept, since: int | None, before: CacheCounters | None) -> Rewarm:
+        prompts_before = None if self._prompts is None else self._prompts.total
         tail = fresh_tail()
         record = measured_call(
             self.worker,
@@ -316,8 +544,29 @@ class KeepAlive:
         kept.last_used = time.monotonic()
         after = record.after
         kept.baseline = after.stores if after is not None else None
+        if self._prompts is not None and prompts_before is not None:
+            # Our own prompt is the one change we expect; any other prompt that landed
+            # during the re-warm is counted against the prefix (which of the two slots is
+            # the least recently used is then unknown: assume the worse).
+            kept.baseline = prompts_before + 1
+            try:
+                got = self._prompts.read()
+            except (WorkerTimeoutError, EngineBusyError):
+                got = None  # the next poll sees our prompt and lands on since 0
+            if got is not None:
+                kept.baseline = min(got[0], prompts_before + 1)
+                landed = self._prompts.changed
+                kept.slot = next(iter(landed)) if len(landed) == 1 else None
+            # A re-warm resumes its own slot, so it takes no other prefix's place: it is
+            # not a foreign prompt for the other kept prefixes either (without this, two
+            # kept prefixes on a budget of 1 would re-warm each other forever).
+            for other in self._kept.values():
+                if other is not kept and other.baseline is not None:
+                    other.baseline += 1
         self._learn(record, verdict, since)
-        rewarm = Rewarm(kept.prefix.sha256, since, verdict, record, self.budget.stores)
+        limit = self.budget.prompts if self._prompts is not None else self.budget.stores
+        unit = "prompts" if self._prompts is not None else "stores"
+        rewarm = Rewarm(kept.prefix.sha256, since, verdict, record, limit, unit)
         self._count(rewarm)
         self._record(rewarm)
         if self.on_rewarm is not None:
@@ -333,7 +582,21 @@ class KeepAlive:
             stored = None if a is None or b is None else a - b
         if stored is not None and stored > 0:
             self.budget.per_request = stored
-        if since is None or verdict not in ("cold", "partial") or self.budget.stores is None:
+        if since is None or verdict not in ("cold", "partial"):
+            return
+        if self.budget.prompts is not None:
+            # Evicted after `since` prompts (a lower bound on the prompts there were): it
+            # survives fewer. Halve, as for stores; 1 is the floor (re-warm after each).
+            fewer = max(1, since // 2)
+            if fewer < self.budget.prompts:
+                self.summary.budget_changes.append(
+                    f"budget {self.budget.prompts} -> {fewer} prompts: a re-warm after "
+                    f"{since} prompts came back {verdict}"
+                )
+                self.budget.prompts = fewer
+                self.budget.source = "tightened after a cold re-warm"
+            return
+        if self.budget.stores is None:
             return
         # Evicted after `since` stores: the prefix survives fewer than that, by an unknown
         # amount. Halve (a few misses converge from any overestimate; a resumed re-warm is
@@ -368,7 +631,7 @@ class KeepAlive:
         ev = rewarm.record.evidence
         body: JSONObject = {
             "verdict": rewarm.verdict,
-            "since_stores": rewarm.since,
+            f"since_{rewarm.unit}": rewarm.since,
             "budget": self.budget.to_dict(),
             "prompt_tokens": ev.prompt_tokens,
             "cached_tokens": ev.cached_tokens,

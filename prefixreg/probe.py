@@ -11,6 +11,14 @@ prefix, with a per-run header so no leg can resume an earlier run's snapshot):
 binary search between a count known to survive and one known to evict, reusing C's answer
 as the first bound so the search makes as few calls as it can.
 
+On llama.cpp (no `/cache`) the same legs run on per-call evidence alone; the six counter
+checks are `n/a` and the receipt says so. llama.cpp reuses any common prefix, even the
+chat template's first tokens, so a "cold" A1 may report a few cached tokens: it is judged
+by how much of the prefix those tokens cover, like every other leg (DESIGN §4). Its slot
+choice also follows prompt similarity, so each foreign prompt starts with its own nonce:
+sharing a header with the previous foreign prompt would steer it into that prompt's slot
+and make the prefix look longer-lived than under real foreign traffic.
+
 Every call is bracketed by `/cache` snapshots (on servers that have `/cache`); each leg is
 written as a measurement bound to the server build, and the whole run as
 `probes/<ts>.json` (every call's evidence and snapshots) and `probes/<ts>.md` (a verdict a
@@ -89,6 +97,7 @@ class ProbeCall:
     record: CallRecord
     verdict: Verdict | None = None
     span_tokens: int | None = None
+    coverage: float | None = None
 
     def window(self) -> Window:
         r = self.record
@@ -101,6 +110,7 @@ class ProbeCall:
             "sha256": self.sha256,
             "verdict": self.verdict,
             "span_tokens": self.span_tokens,
+            "coverage": self.coverage,
             **self.record.to_dict(),
         }
 
@@ -187,6 +197,25 @@ class ProbeReport:
                 "Every size resumed whole from a fresh tail; "
                 f"Cmax is at least {self.cmax:,} tokens."
             )
+        shared = [
+            c
+            for c in self.legs("A1")
+            if c.record.evidence.cache_state == "reused" and (c.coverage or 0.0) < 0.5
+        ]
+        if shared:
+            most = max(c.record.evidence.cached_tokens or 0 for c in shared)
+            out.append(
+                f"{len(shared)} cold baselines reused up to {most:,} leading tokens shared with "
+                "earlier prompts (the chat template, the probe's header), not the prefix: "
+                "judged by coverage, they are cold."
+            )
+        warm_a1 = [c for c in self.legs("A1") if (c.coverage or 0.0) >= 0.5]
+        if warm_a1:
+            sizes = ", ".join(f"{c.size:,}" for c in warm_a1)
+            out.append(
+                f"The cold baseline at {sizes} characters was served mostly from cache: it is "
+                "no cold baseline, and A1 vs B timings there mean nothing."
+            )
         unproven = [c for c in self.legs("A1") if c.record.evidence.cache_state == "unverified"]
         if unproven:
             out.append(
@@ -215,6 +244,15 @@ class ProbeReport:
                 "The /cache counters land "
                 + " or ".join("one call" if lag == 1 else f"{lag} calls" for lag in lagged)
                 + " late: compare deltas over windows, not per call."
+            )
+        if (
+            self.checks
+            and all(c.per_call == "n/a" for c in self.checks)
+            and not any(c.record.before is not None for c in self.calls)
+        ):
+            out.append(
+                f"This server ({self.build.profile}) has no /cache counters: the six counter "
+                "checks are not available; every verdict rests on each call's own cached_tokens."
             )
         fixed = [c for c in self.checks if c.number == 5 and "fixed entry size" in c.detail]
         if fixed:
@@ -245,6 +283,7 @@ class ProbeReport:
             "stores_per_prompt": self.stores_per_prompt,
             "survival_trials": [{"foreign": n, "survived": ok} for n, ok in self.survival_trials],
             "checks": [c.to_dict() for c in self.checks],
+            "checks_not_available": [c.number for c in self.checks if c.per_call == "n/a"],
             "follows": list(self.follows()),
             "exit_code": self.exit_code,
             "calls": [c.to_dict() for c in self.calls],
@@ -279,9 +318,12 @@ class ProbeReport:
             if c.leg not in answers:
                 continue
             ev = c.record.evidence
+            result: str = c.verdict or "-"
+            if c.leg == "A1" and ev.cache_state == "reused" and c.coverage is not None:
+                result = f"{'cold' if c.coverage < 0.5 else 'not cold'} ({c.coverage:.0%} covered)"
             lines.append(
                 f"| {c.size:,} | {c.leg} | {answers[c.leg]} | {_n(ev.prompt_tokens)} | "
-                f"{_n(ev.cached_tokens)} | {ev.cache_state} | {c.verdict or '-'} |"
+                f"{_n(ev.cached_tokens)} | {ev.cache_state} | {result} |"
             )
         lines += ["", "## Capacity and survival", ""]
         lines.append(f"- Cmax (largest B): {_n(self.cmax)} tokens")
@@ -331,15 +373,18 @@ class _Prober:
             before=self.last,
         )
         self.last = record.after
-        verdict = span = None
-        if leg in ("B", "C", "S-check"):
-            verdict, _, span, _ = judge_resume(
+        verdict = span = coverage = None
+        if leg in ("A1", "B", "C", "S-check"):
+            judged, _, span, coverage = judge_resume(
                 record.evidence,
                 prefix_bytes=prefix.size,
                 tail_bytes=len(tail.encode("utf-8")),
                 alignment=self.report.alignment,
             )
-        call = ProbeCall(leg, size, prefix.sha256, record, verdict, span)
+            # A1 answers "how long is a cold call", not "did it resume": it keeps no verdict,
+            # only its coverage (a few shared template tokens are not a warm baseline).
+            verdict = None if leg == "A1" else judged
+        call = ProbeCall(leg, size, prefix.sha256, record, verdict, span, coverage)
         self.report.calls.append(call)
         return call
 
@@ -361,7 +406,15 @@ class _Prober:
         chars = self.foreign_chars()
         for _ in range(n):
             self.foreign_count += 1
-            header = f"prefixreg probe {self.report.run_id} foreign prompt {self.foreign_count}"
+            # The nonce comes first: no two foreign prompts share more than the chat
+            # template's first tokens, so llama.cpp's similarity-based slot choice cannot
+            # herd them into one slot (real foreign tenants do not share a header).
+            seed = f"{self.report.run_id}/{self.foreign_count}".encode()
+            nonce = hashlib.sha256(seed).hexdigest()[:12]
+            header = (
+                f"{nonce} foreign prompt {self.foreign_count} of prefixreg probe "
+                f"{self.report.run_id}"
+            )
             offset = (self.foreign_count * 7919) % len(self.corpus)
             text = probe_slice(self.corpus, chars, header=header, offset=offset)
             sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -443,11 +496,15 @@ def _alignment(build: ServerBuild) -> int:
 
 
 def _refuse_if_busy(worker: Worker, build: ServerBuild) -> None:
-    if build.profile != "halogen":
+    if build.profile == "llamacpp":
+        slots = worker.slots() or []  # llama.cpp's /slots may be off: nothing to go on
+        in_flight, queued = sum(1 for s in slots if s.get("is_processing") is True), 0
+    elif build.profile == "halogen":
+        health = worker.health()
+        in_flight = strict_count(health.get("in_flight")) or 0
+        queued = strict_count(health.get("queued")) or 0
+    else:
         return
-    health = worker.health()
-    in_flight = strict_count(health.get("in_flight")) or 0
-    queued = strict_count(health.get("queued")) or 0
     if in_flight or queued:
         raise UsageError(
             f"the worker reports {in_flight} requests in flight and {queued} queued: "

@@ -1,4 +1,4 @@
-"""The HTTP client for one worker: /health, /cache, /props, /v1/models, chat. Over one httpx.Client.
+"""The HTTP client for one worker: /health, /cache, /props, /slots, /metrics, /v1/models, chat.
 
 Server profiles, and what each can prove (detected in this order; `profile=` forces one):
 
@@ -300,6 +300,58 @@ class Worker:
     def version(self) -> JSONObject | None:
         """GET /version (vLLM); None when the server has no such route."""
         return self._get("/version", missing_ok=True)
+
+    def _get_body(self, path: str) -> bytes | None:
+        """GET `path` as raw bytes; None when the route is missing (404, 405, 501)."""
+        with self._mapped("GET", path):
+            resp = self._client.get(path)
+        if resp.status_code in _NO_ROUTE:
+            return None
+        self._raise_for_status("GET", path, resp)
+        return resp.content
+
+    def slots(self) -> list[JSONObject] | None:
+        """GET /slots (llama.cpp): one object per slot; None when the route is off.
+
+        llama.cpp answers 501 when started with `--no-slots`. A slot that has served a task
+        carries `id_task`, which changes with every completion the slot serves (and only
+        then: `/slots`, `/metrics`, `/props` and `/tokenize` do not touch it).
+        """
+        raw = self._get_body("/slots")
+        if raw is None:
+            return None
+        try:
+            body: JSONValue = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        if not isinstance(body, list):
+            raise MalformedResponseError(
+                f"{self._where('GET', '/slots')}: the reply is not a JSON list", url=self.url
+            )
+        return [s for s in body if isinstance(s, dict)]
+
+    def metrics(self) -> dict[str, float] | None:
+        """GET /metrics (Prometheus text): samples by name; None when the route is off.
+
+        llama.cpp serves it only with `--metrics` (501 otherwise). A sample's labels stay
+        part of its name; comment lines and unparsable values are skipped.
+        """
+        raw = self._get_body("/metrics")
+        if raw is None:
+            return None
+        samples: dict[str, float] = {}
+        for line in raw.decode("utf-8", errors="replace").splitlines():
+            if not line or line.startswith("#"):
+                continue
+            # `name{labels} value [timestamp]`; llama.cpp sends neither labels nor timestamps.
+            parts = line.split()
+            if len(parts) < 2:
+                continue
+            try:
+                samples[parts[0]] = float(parts[1])
+            except ValueError:
+                continue
+        return samples
 
     # ---------------------------------------------------------------- profile + build
 

@@ -290,3 +290,77 @@ def test_example_agent_loop_resumes_its_prefix() -> None:
     assert len(calls) == 8
     assert sum("reused" in line for line in calls) >= 7
     assert any(line.startswith("keepalive:") for line in lines)
+
+
+def _llamacpp_fake(srv: FakeServer, *, metrics: bool) -> list[int]:
+    """A llama.cpp-shaped fake: /props with build_info, /slots off (501), /metrics on or
+    off. Returns the cumulative prompt-token counter a chat (or the test) moves."""
+    tokens = [0]
+    props = {
+        "build_info": "b0-unknown",
+        "model_path": "/m.gguf",
+        "total_slots": 2,
+        "default_generation_settings": {"n_ctx": 8192},
+        "chat_template": "{{ messages }}",
+    }
+    srv.route("GET", "/health", Reply(json={"status": "ok"}))
+    srv.route("GET", "/props", Reply(json=props))
+    srv.route("GET", "/slots", Reply(status=501, json={"error": {"message": "no slots"}}))
+
+    def metrics_reply(_req: object) -> Reply:
+        if not metrics:
+            return Reply(status=501, json={"error": {"message": "no metrics"}})
+        text = (
+            "# TYPE llamacpp:prompt_tokens_total counter\n"
+            f"llamacpp:prompt_tokens_total {tokens[0]}\n"
+            "llamacpp:prompt_tokens_cached_total 0\n"
+        )
+        return Reply(body=text.encode(), content_type="text/plain")
+
+    def chat_reply(_req: object) -> Reply:
+        tokens[0] += 500
+        usage = {
+            "prompt_tokens": 500,
+            "completion_tokens": 1,
+            "total_tokens": 501,
+            "prompt_tokens_details": {"cached_tokens": 480},
+        }
+        msg = {"index": 0, "message": {"role": "assistant", "content": "ok"}}
+        return Reply(json={"choices": [msg], "usage": usage})
+
+    srv.route("GET", "/metrics", metrics_reply)
+    srv.route("POST", "/v1/chat/completions", chat_reply)
+    return tokens
+
+
+def test_llamacpp_without_slots_counts_prompts_from_metrics(reg: Registry) -> None:
+    with FakeServer() as srv:
+        tokens = _llamacpp_fake(srv, metrics=True)
+        with Worker(srv.url) as w:
+            keeper = KeepAlive(w, [reg.get("loop")], registry=reg)
+            b = keeper.budget
+            assert (b.unit, b.counter, b.prompts) == ("prompts", "/metrics", 1)
+            assert b.source.startswith("default")
+            keeper.step()  # the first warm; our own prompt is not counted against it
+            keeper.step()  # nothing moved: not due
+            assert len([r for r in srv.requests if r.method == "POST"]) == 1
+            tokens[0] += 130  # a foreign prompt
+            keeper.step()
+        posts = [r for r in srv.requests if r.method == "POST"]
+    assert len(posts) == 2
+    assert [r.since for r in keeper.history] == [None, 1]
+    assert keeper.history[-1].to_dict()["since_prompts"] == 1
+    (m, _) = sorted(reg.measurements(), key=lambda m: m.at)
+    budget = m.body["budget"]
+    assert m.body["since_prompts"] is None
+    assert isinstance(budget, dict) and budget["unit"] == "prompts"
+
+
+def test_llamacpp_without_slots_or_metrics_falls_back_to_time(reg: Registry) -> None:
+    with FakeServer() as srv:
+        _llamacpp_fake(srv, metrics=False)
+        with Worker(srv.url) as w:
+            keeper = KeepAlive(w, [reg.get("loop")], interval_s=30)
+    assert keeper.build.profile == "llamacpp"
+    assert keeper.budget.unit == "seconds" and keeper.budget.counter is None
+    assert keeper.budget.source.startswith("time interval")

@@ -45,7 +45,7 @@ def parse_duration(text: str) -> float:
 
 def _say(rewarm: Rewarm) -> None:
     ev = rewarm.record.evidence
-    since = "first warm" if rewarm.since is None else f"after {rewarm.since} stores"
+    since = "first warm" if rewarm.since is None else f"after {rewarm.since} {rewarm.unit}"
     info(
         f"re-warmed {rewarm.sha256[:12]} ({since}): {rewarm.verdict}, "
         f"cached {ev.cached_tokens}/{ev.prompt_tokens}"
@@ -67,8 +67,9 @@ def keepalive_command(
         int | None,
         typer.Option(
             "--budget",
-            help="Stores a just-used prefix survives (default: the latest probe --survival "
-            "for this build, else max_entries less the entries per request).",
+            help="Stores (on llama.cpp: prompts) a just-used prefix survives (default: the "
+            "latest probe --survival for this build, else max_entries less the entries per "
+            "request; on llama.cpp 1, a re-warm after every foreign prompt).",
             min=1,
         ),
     ] = None,
@@ -85,9 +86,10 @@ def keepalive_command(
 ) -> None:
     """Keep prefixes resumable under foreign traffic, using the server's own counters.
 
-    It polls /cache, counts stores since each prefix was last used, and re-warms a prefix
-    before one more foreign prompt could evict it. A re-warm that comes back cold tightens
-    the budget. Every re-warm is recorded as a measurement.
+    It polls /cache (llama.cpp: /slots, else /metrics), counts stores (prompts) since each
+    prefix was last used, and re-warms a prefix before one more foreign prompt could evict
+    it; servers with neither are re-warmed on a time interval. A re-warm that comes back
+    cold tightens the budget. Every re-warm is recorded as a measurement.
     """
     from prefixreg.keepalive import KeepAlive
     from prefixreg.worker import Worker
@@ -108,9 +110,9 @@ def keepalive_command(
             )
             if not json_out:
                 b = keeper.budget
-                limit = f"{b.stores} stores" if b.stores is not None else f"{b.interval_s:g} s"
                 info(
-                    f"keeping {len(prefixes)} prefixes warm on {w.url}; budget {limit} ({b.source})"
+                    f"keeping {len(prefixes)} prefixes warm on {w.url}; "
+                    f"budget {b.describe()} ({b.source})"
                 )
             try:
                 summary = keeper.run(seconds)
