@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from prefixreg.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
 from prefixreg.jsonio import JSONObject, JSONValue
 from prefixreg.records import CacheCounters, strict_count
 from prefixreg.worker import Worker
@@ -21,8 +22,6 @@ __all__ = ["Diagnosis", "Finding", "diagnose", "doctor"]
 MIB: Final = 1 << 20
 # Halogen dense keeps ~64 KiB of KV per position (`slots x slot_ctx x 64 KiB` pool).
 DENSE_BYTES_PER_POSITION: Final = 64 * 1024
-# Entries one request stores on the measured Flash lane (system end, history end).
-DEFAULT_ENTRIES_PER_REQUEST: Final = 2
 THRASH_RATIO: Final = 0.9
 THRASH_HIT_RATE: Final = 0.5
 
@@ -65,16 +64,11 @@ class Diagnosis:
         }
 
 
-def _survival(max_entries: int, per_request: int) -> int:
-    """Foreign prompts a just-used prefix survives in an LRU of `max_entries`."""
-    return max(0, (max_entries - per_request) // per_request)
-
-
 def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONValue]) -> None:
     if c.entries is not None and c.max_entries is not None:
         d.add("info", "entries", f"{c.entries} of max_entries {c.max_entries} entries in use.")
-        per = DEFAULT_ENTRIES_PER_REQUEST
-        left = _survival(c.max_entries, per)
+        per = MEASURED_ENTRIES_PER_REQUEST
+        left = lru_survival_stores(c.max_entries, per) // per
         d.numbers["survival_estimate"] = left
         text = (
             f"With max_entries {c.max_entries} and {per} entries stored per prompt (system end "

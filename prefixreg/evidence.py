@@ -47,6 +47,7 @@ from prefixreg.records import (
 )
 
 __all__ = [
+    "MEASURED_ENTRIES_PER_REQUEST",
     "SOURCE_TIMINGS",
     "SOURCE_USAGE",
     "SSEParser",
@@ -57,6 +58,7 @@ __all__ = [
     "evidence_from_response",
     "evidence_from_sse",
     "is_interleaved",
+    "lru_survival_stores",
     "parse_sse",
     "to_plain",
     "token_equal",
@@ -530,6 +532,16 @@ def counter_deltas(before: CacheCounters, after: CacheCounters) -> dict[str, int
         b, a = getattr(before, name), getattr(after, name)
         out[name] = None if a is None or b is None else a - b
     return out
+
+
+# Entries one prompt stores on the measured Halogen Flash lane (system end, history end).
+MEASURED_ENTRIES_PER_REQUEST = 2
+
+
+def lru_survival_stores(max_entries: int, per_request: int) -> int:
+    """Stores a just-used prefix survives in an LRU of `max_entries`: its own `per_request`
+    entries are the newest, so every older entry goes first."""
+    return max(0, max_entries - per_request)
 
 
 def is_interleaved(before: CacheCounters, after: CacheCounters, calls: int) -> bool:

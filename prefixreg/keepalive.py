@@ -47,16 +47,17 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from prefixreg.errors import EngineBusyError, PrefixregError, WorkerError, WorkerTimeoutError
+from prefixreg.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
 from prefixreg.jsonio import JSONObject, loads_object
 from prefixreg.prefix import Prefix, fresh_tail
-from prefixreg.records import CacheCounters, Measurement, ServerBuild, strict_count
-from prefixreg.store import Registry, iso_utc, utc_now
-from prefixreg.warm import CallRecord, Verdict, judge_resume, measured_call
+from prefixreg.records import CacheCounters, ServerBuild, strict_count
+from prefixreg.store import Registry
+from prefixreg.warm import CallRecord, Verdict, judge_resume, measured_call, record_measurement
 from prefixreg.worker import Worker
 
 __all__ = ["Budget", "KeepAlive", "KeepAliveSummary", "Rewarm", "budget_for"]
 
-DEFAULT_PER_REQUEST: Final = 2
+DEFAULT_PER_REQUEST: Final = MEASURED_ENTRIES_PER_REQUEST
 DEFAULT_PROMPTS: Final = 1
 DEFAULT_INTERVAL_S: Final = 60.0
 MAX_ERRORS: Final = 5
@@ -83,10 +84,11 @@ class Budget:
         return "stores" if self.stores is not None else "seconds"
 
     def due(self, since: int) -> bool:
-        """Re-warm now: one more foreign prompt could take the prefix past the budget.
+        """Re-warm now.
 
         In prompts: the prefix survives `prompts` foreign prompts, so once it has seen that
-        many the next one may evict it.
+        many the next one may evict it. In stores: re-warm one prompt *before* the budget is
+        reached, a margin for the traffic that lands between a poll and the re-warm.
         """
         if self.prompts is not None:
             return since >= self.prompts
@@ -159,7 +161,7 @@ def budget_for(
         return Budget(survival * per, per, interval_s, f"probe {run} (survival {survival})")
     if counters.max_entries is not None:
         return Budget(
-            max(per, counters.max_entries - per),
+            max(per, lru_survival_stores(counters.max_entries, per)),
             per,
             interval_s,
             f"max_entries {counters.max_entries} less {per} entries per request",
@@ -422,6 +424,10 @@ class KeepAlive:
         except (WorkerTimeoutError, EngineBusyError):
             self.summary.skipped_polls += 1  # too busy to answer: try again next round
             return None
+        except WorkerError:
+            self.summary.skipped_polls += 1
+            self._error(backoff=True)  # unreachable or a bad reply: count it, back off
+            return None
         if counters is None or counters.stores is None:
             self.summary.skipped_polls += 1
             return None
@@ -434,6 +440,9 @@ class KeepAlive:
             got = counter.read()
         except (WorkerTimeoutError, EngineBusyError):
             got = None  # too busy to answer (a long prefill holds the task queue): next round
+        except WorkerError:
+            got = None
+            self._error(backoff=True)
         if got is None:
             self.summary.skipped_polls += 1
             return None
@@ -539,7 +548,7 @@ class KeepAlive:
             record.evidence,
             prefix_bytes=kept.prefix.size,
             tail_bytes=len(tail.encode("utf-8")),
-            alignment=0,
+            alignment=self.build.snapshot_align,
         )
         kept.last_used = time.monotonic()
         after = record.after
@@ -621,9 +630,10 @@ class KeepAlive:
             s.tokens_saved += ev.cached_tokens or 0
         else:
             s.cold += 1
-        if ev.prompt_tokens is not None:
+        if ev.cache_state != "unverified" and ev.prompt_tokens is not None:
+            # Verified counts only: a missing cached count is never taken as zero.
             s.tokens_spent += ev.prompt_tokens - (ev.cached_tokens or 0)
-        s.tokens_spent += ev.completion_tokens or 0
+            s.tokens_spent += ev.completion_tokens or 0
 
     def _record(self, rewarm: Rewarm) -> None:
         if self.registry is None:
@@ -637,17 +647,7 @@ class KeepAlive:
             "cached_tokens": ev.cached_tokens,
             "calls": [rewarm.record.to_dict()],
         }
-        self.registry.write_measurement(
-            Measurement(
-                sha256=rewarm.sha256,
-                at=iso_utc(utc_now()),
-                kind="keepalive",
-                build=self.build,
-                body=body,
-                worker=self.worker.url,
-                model=self.worker.model,
-            )
-        )
+        record_measurement(self.registry, self.worker, self.build, rewarm.sha256, "keepalive", body)
 
     # -- running -------------------------------------------------------------------------
 
@@ -655,7 +655,14 @@ class KeepAlive:
         """Step every `poll_s` until `stop()`, `duration_s`, or too many errors."""
         end = None if duration_s is None else time.monotonic() + duration_s
         while not self._stop.is_set():
-            self.step()
+            try:
+                self.step()
+            except PrefixregError as exc:
+                # Not the worker's doing (a measurement that cannot be written, say): stop
+                # and say why rather than let a thread die with a traceback.
+                self.summary.stopped_because = str(exc)
+                self._stop.set()
+                break
             if end is not None and time.monotonic() >= end:
                 break
             wait = (

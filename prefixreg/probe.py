@@ -33,21 +33,22 @@ import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 from prefixreg import fsutil
 from prefixreg.corpus import builtin_corpus, probe_slice
-from prefixreg.errors import UsageError
+from prefixreg.errors import PrefixregError, UsageError
 from prefixreg.jsonio import JSONObject, JSONValue, dumps_pretty
 from prefixreg.prefix import Prefix, fresh_tail
 from prefixreg.probe_checks import CheckResult, Window, run_checks
-from prefixreg.records import Measurement, ServerBuild, strict_count
+from prefixreg.records import ServerBuild, strict_count
 from prefixreg.store import Registry, iso_utc, stamp_utc, utc_now
-from prefixreg.warm import CallRecord, Verdict, judge_resume, measured_call
+from prefixreg.warm import CallRecord, Verdict, judge_resume, measured_call, record_measurement
 from prefixreg.worker import Worker
 
 __all__ = [
     "DEFAULT_SIZES",
+    "Outcome",
     "ProbeCall",
     "ProbeOptions",
     "ProbeReport",
@@ -58,6 +59,7 @@ __all__ = [
 DEFAULT_SIZES: Final = (4000, 16000, 32000, 64000)
 SURVIVAL_CAP: Final = 64
 Progress = Callable[[str, int], None]
+Outcome = Literal["ok", "check_failed", "unverified"]
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -165,11 +167,12 @@ class ProbeReport:
         return [c for c in self.calls if c.record.interleaved]
 
     @property
-    def exit_code(self) -> int:
-        """0 all verified and no check failed beyond the lag; 1 a check failed; 4 unverified."""
-        if self.unverified:
-            return 4
-        return 1 if any(c.failed for c in self.checks) else 0
+    def outcome(self) -> Outcome:
+        """`unverified` when a leg that answers a question (A2, B, C, survival) lacks the
+        server's counts; `check_failed` when a check failed beyond the lag explanation."""
+        if any(c.leg != "A1" for c in self.unverified):
+            return "unverified"
+        return "check_failed" if any(c.failed for c in self.checks) else "ok"
 
     def follows(self) -> list[str]:
         """What the numbers mean for prefix caching on this server, in plain words."""
@@ -185,7 +188,10 @@ class ProbeReport:
             )
         if missing:
             sizes = ", ".join(f"{c.size:,} ({c.verdict})" for c in missing)
-            below = all((c.record.evidence.prompt_tokens or 0) < self.alignment for c in missing)
+            below = all(
+                (p := c.record.evidence.prompt_tokens) is not None and p < self.alignment
+                for c in missing
+            )
             why = (
                 f"each prompt is shorter than the {self.alignment}-token alignment"
                 if below and self.alignment > 1
@@ -285,7 +291,7 @@ class ProbeReport:
             "checks": [c.to_dict() for c in self.checks],
             "checks_not_available": [c.number for c in self.checks if c.per_call == "n/a"],
             "follows": list(self.follows()),
-            "exit_code": self.exit_code,
+            "outcome": self.outcome,
             "calls": [c.to_dict() for c in self.calls],
             "json_path": None if public else self.json_path,
             "md_path": None if public else self.md_path,
@@ -337,7 +343,7 @@ class ProbeReport:
             lines.append(f"| {ch.number} | {ch.title} | {ch.per_call} | {windowed} | {ch.detail} |")
         lines += ["", "## What follows", ""]
         lines += [f"- {line}" for line in self.follows()] or ["- nothing unusual"]
-        lines += ["", f"Exit code: {self.exit_code}.", ""]
+        lines += ["", f"Outcome: {self.outcome}.", ""]
         return "\n".join(lines)
 
 
@@ -432,16 +438,8 @@ class _Prober:
             "span_tokens": call.span_tokens,
             "calls": [call.record.to_dict()],
         }
-        self.registry.write_measurement(
-            Measurement(
-                sha256=call.sha256,
-                at=iso_utc(utc_now()),
-                kind=f"probe-{call.leg}",
-                build=self.report.build,
-                body=body,
-                worker=self.worker.url,
-                model=self.worker.model,
-            )
+        record_measurement(
+            self.registry, self.worker, self.report.build, call.sha256, f"probe-{call.leg}", body
         )
 
     def legs(self, size: int) -> Prefix:
@@ -568,8 +566,15 @@ def run_probe(
 def _write_receipt(registry: Registry, report: ProbeReport, stamp: str) -> None:
     directory = registry.root / "probes"
     directory.mkdir(exist_ok=True)
-    json_path, md_path = directory / f"{stamp}.json", directory / f"{stamp}.md"
-    report.json_path, report.md_path = str(json_path), str(md_path)
-    # Markdown first: the JSON receipt names it, so the JSON appearing means both are there.
-    fsutil.publish_new(md_path, report.to_markdown().encode("utf-8"), mode=0o444)
-    fsutil.publish_new(json_path, dumps_pretty(report.to_dict()), mode=0o444)
+    for attempt in range(100):
+        name = stamp if attempt == 0 else stamp_utc(utc_now())
+        json_path, md_path = directory / f"{name}.json", directory / f"{name}.md"
+        report.json_path, report.md_path = str(json_path), str(md_path)
+        # Markdown first: the JSON receipt names it, so the JSON appearing means both are
+        # there. Receipts are never overwritten: a taken name means try a fresh stamp.
+        if not fsutil.publish_new(md_path, report.to_markdown().encode("utf-8"), mode=0o444):
+            continue
+        if fsutil.publish_new(json_path, dumps_pretty(report.to_dict()), mode=0o444):
+            return
+        md_path.unlink()
+    raise PrefixregError("could not find a free probe receipt name")

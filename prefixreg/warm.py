@@ -25,6 +25,7 @@ import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, Literal
 
 from prefixreg.errors import UsageError
@@ -42,6 +43,7 @@ __all__ = [
     "WarmResult",
     "judge_resume",
     "measured_call",
+    "record_measurement",
     "warm_prefix",
 ]
 
@@ -148,6 +150,22 @@ def _model_param(worker: Worker, build: ServerBuild) -> dict[str, Any]:
     return {"model": ids[0]} if isinstance(ids, list) and ids and isinstance(ids[0], str) else {}
 
 
+def record_measurement(
+    registry: Registry, worker: Worker, build: ServerBuild, sha256: str, kind: str, body: JSONObject
+) -> tuple[Measurement, Path]:
+    """Write one measurement of `kind` for `sha256`, bound to `build`; returns it and its path."""
+    measurement = Measurement(
+        sha256=sha256,
+        at=iso_utc(utc_now()),
+        kind=kind,
+        build=build,
+        body=body,
+        worker=worker.url,
+        model=worker.model,
+    )
+    return measurement, registry.write_measurement(measurement)
+
+
 def judge_resume(
     evidence: CallEvidence, *, prefix_bytes: int, tail_bytes: int, alignment: int
 ) -> tuple[Verdict, str, int | None, float | None]:
@@ -252,16 +270,7 @@ def warm_prefix(
         "alignment": alignment,
         "calls": [c.to_dict() for c in calls],
     }
-    measurement = Measurement(
-        sha256=prefix.sha256,
-        at=iso_utc(utc_now()),
-        kind="warm",
-        build=build,
-        body=body,
-        worker=worker.url,
-        model=worker.model,
-    )
-    path = registry.write_measurement(measurement)
+    measurement, path = record_measurement(registry, worker, build, prefix.sha256, "warm", body)
     return WarmResult(
         prefix=prefix,
         worker_url=worker.url,

@@ -122,9 +122,15 @@ class Worker:
         base = url.strip().rstrip("/")
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
-        parts = urlsplit(base)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"not a worker URL (http://host:port): {_display_url(base)!r}")
+        try:
+            parts = urlsplit(base)
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+            valid = valid and (parts.port is None or parts.port > 0)  # .port raises if bad
+            shown = _display_url(base)
+        except ValueError:
+            valid, shown = False, base.split("@")[-1]  # never echo user info (a password)
+        if not valid:
+            raise UsageError(f"not a worker URL (http://host:port): {shown!r}")
         if profile is not None and profile not in PROFILES:
             raise UsageError(f"unknown server profile {profile!r}; one of {', '.join(PROFILES)}")
         self.url = _display_url(base)

@@ -143,7 +143,7 @@ def test_survival_on_the_small_cache_is_one_and_keepalive_takes_it_as_budget(
     with Worker(llama_server_small_cache.url) as w:
         options = ProbeOptions(sizes=(1000,), foreign=1, foreign_chars=500, survival=True)
         report = run_probe(loop_reg, w, options)
-        assert report.exit_code == 0
+        assert report.outcome == "ok"
         assert report.survival == 1, report.survival_trials
         keeper = KeepAlive(w, [loop_reg.get("loop")], registry=loop_reg)
     assert keeper.budget.unit == "prompts" and keeper.budget.counter == "/slots"

@@ -55,7 +55,7 @@ def test_measured_defaults_reproduce_the_flash_lane(flash: SimServer, registry: 
     assert got[1] == ("fail", "pass", 1) and got[2] == ("fail", "pass", 1)
     assert got[5][0] == "info"
     assert "fixed entry size" in report.checks[4].detail
-    assert report.exit_code == 0
+    assert report.outcome == "ok"
     follows = " ".join(report.follows())
     assert "one call late" in follows and "keepalive" in follows
 
@@ -181,7 +181,7 @@ def test_cli_probe_json_and_exit_code(flash: SimServer, tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     receipt = orjson.loads(res.stdout)
-    assert receipt["exit_code"] == 0
+    assert receipt["outcome"] == "ok"
     assert "worker" not in receipt and flash.url.encode() not in res.stdout
     assert [c["number"] for c in receipt["checks"]] == [1, 2, 3, 4, 5, 6]
     bad = run_cli("probe", "--worker", flash.url, "--sizes", "4q", "--registry", str(tmp_path))

@@ -130,3 +130,22 @@ def test_zero_entries_disables_the_cache() -> None:
     cache.admit(p)
     assert cache.admit(p).cached == 0
     assert cache.counters().stores == 0
+
+
+def test_a_dense_hit_moves_the_matched_snapshot_to_most_recent() -> None:
+    # Dense resumes from any snapshot sharing a prefix, so a hit on A's snapshot from a
+    # different prompt B stores B's own place but must also make A the most recent of the
+    # older entries; otherwise the next eviction takes A instead of C.
+    base = words("a", 3000)
+    cache = dense()
+    a = prompt(base + " " + words("x", 1500))
+    first = cache.admit(a)
+    assert first.cached == 0
+    own = cache.admit(a).cached  # A's own snapshot: everything aligned below its length
+    assert own > 2048
+    cache.admit(prompt(words("c", 3000)))  # C: stored after A
+    hit = cache.admit(prompt(base + " " + words("y", 1500)))  # B shares A's first ~3000
+    assert hit.cached >= 2048
+    cache.admit(prompt(words("f", 3000)))  # one eviction: the least recently used goes
+    # Only A's own snapshot resumes `own`; B's would resume just the shared 2048.
+    assert cache.admit(a).cached == own, "A was refreshed by B's hit, so C went first"

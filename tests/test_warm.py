@@ -287,3 +287,13 @@ def test_show_marks_measurements_from_other_builds(sim: SimServer, reg_path: Pat
     text = shown.stdout.decode()
     assert "latest on the current build:" in text
     assert text.count("(older build)") == 1
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:99999", "http://127.0.0.1:abc", "http://u:pw@[::1", "ftp://x"]
+)
+def test_bad_worker_urls_are_usage_errors(reg_path: Path, url: str) -> None:
+    res = warm_cli(reg_path, url)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(b"error: not a worker URL")
+    assert b"pw" not in res.stderr and b"Traceback" not in res.stderr

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from prefixreg.store import Registry
 
 __all__ = [
+    "EXIT_BY_OUTCOME",
     "EXIT_CODES",
     "DebugOpt",
     "ExitCode",
@@ -81,6 +82,20 @@ WorkerOpt = Annotated[
         show_default=False,
     ),
 ]
+
+
+# Outcomes the library reports, mapped to exit codes here, with the errors' (DESIGN §5).
+EXIT_BY_OUTCOME: dict[str, ExitCode] = {
+    # warm verdicts
+    "resumed": ExitCode.OK,
+    "warmed": ExitCode.OK,
+    "partial": ExitCode.NO,
+    "cold": ExitCode.NO,
+    "unverified": ExitCode.UNVERIFIED,
+    # probe outcomes
+    "ok": ExitCode.OK,
+    "check_failed": ExitCode.NO,
+}
 
 
 def exit_code_for(exc: BaseException) -> ExitCode:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from prefixreg.cli._common import DebugOpt, JsonOpt, cli_errors, emit_json, info
+from prefixreg.cli._common import EXIT_BY_OUTCOME, DebugOpt, JsonOpt, cli_errors, emit_json, info
 
 if TYPE_CHECKING:
     from prefixreg.demo import DemoResult
@@ -88,13 +88,8 @@ def demo_command(
             )
         else:
             sys.stdout.write(_report(result))
-        code = max(
-            {"resumed": 0, "partial": 1, "cold": 1, "unverified": 4, "warmed": 0}[
-                result.warm.verdict
-            ],
-            result.probe.exit_code,
-        )
-        raise typer.Exit(code)
+        code = max(EXIT_BY_OUTCOME[result.warm.verdict], EXIT_BY_OUTCOME[result.probe.outcome])
+        raise typer.Exit(int(code))
 
 
 def register(app: typer.Typer) -> None:

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from prefixreg.cli._common import (
+    EXIT_BY_OUTCOME,
     DebugOpt,
     JsonOpt,
     RegistryOpt,
@@ -133,7 +134,7 @@ def probe_command(
         else:
             sys.stdout.write(report.to_markdown())
             sys.stdout.write(f"\nreceipt: {report.json_path}\nverdict: {report.md_path}\n")
-        raise typer.Exit(report.exit_code)
+        raise typer.Exit(int(EXIT_BY_OUTCOME[report.outcome]))
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from prefixreg.cli._common import (
+    EXIT_BY_OUTCOME,
     DebugOpt,
     ExitCode,
     JsonOpt,
@@ -55,14 +56,6 @@ ProfileOpt = Annotated[
         "(default: detected from what the server answers: /health, /props, /version).",
     ),
 ]
-
-EXIT_BY_VERDICT = {
-    "resumed": ExitCode.OK,
-    "warmed": ExitCode.OK,
-    "partial": ExitCode.NO,
-    "cold": ExitCode.NO,
-    "unverified": ExitCode.UNVERIFIED,
-}
 
 
 def open_worker(
@@ -147,7 +140,7 @@ def warm_command(
             emit_json(result.receipt(public=public))
         else:
             sys.stdout.write(_summary(result))
-        raise typer.Exit(int(EXIT_BY_VERDICT[result.verdict]))
+        raise typer.Exit(int(EXIT_BY_OUTCOME[result.verdict]))
 
 
 def doctor_command(
