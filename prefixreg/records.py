@@ -159,7 +159,12 @@ class ServerBuild:
     build_id: str = field(default="")
 
     def __post_init__(self) -> None:
-        expected = compute_build_id({"profile": self.profile, "identity": self.identity})
+        try:
+            expected = compute_build_id({"profile": self.profile, "identity": self.identity})
+        except (TypeError, ValueError) as exc:  # NaN, ints beyond 64 bits: not canonical JSON
+            raise CorruptRecordError(
+                f"server build: identity is not canonical JSON ({exc})"
+            ) from None
         if not self.build_id:
             object.__setattr__(self, "build_id", expected)
         elif self.build_id != expected:

@@ -318,15 +318,6 @@ def test_corrupted_records_on_disk_raise_only_our_errors_and_change_nothing(
         path.chmod(0o444 if which in ("meta", "measurement") else 0o644)
 
 
-@pytest.mark.xfail(
-    raises=(TypeError, ValueError),
-    strict=True,
-    reason=(
-        "records.ServerBuild.from_dict lets jsonio/orjson's TypeError/ValueError escape for an "
-        "identity canonical JSON cannot encode (ints beyond 64 bits, NaN). Not reachable from "
-        "disk (orjson.loads never yields them), only from a caller's dict."
-    ),
-)
 @pytest.mark.parametrize("bad", [2**70, float("nan")])
 def test_server_build_from_dict_with_unencodable_identity(bad: object) -> None:
     with only_our_errors():
