@@ -10,9 +10,8 @@ Invariants:
   opened with `O_NOFOLLOW` relative to its parent's descriptor, so a symlinked directory
   (`objects/ab`, `names`) is refused too, without a check-then-open race. Writes check the
   directories they write into the same way (`check_no_symlinks`) before creating anything.
-- Modes honour the umask: the requested mode is masked by it (objects end up 0444 & ~umask).
-  The umask is read from /proc where possible: setting it to read it would briefly change
-  it for every thread of the process.
+- Modes honour the umask: files are created with their final mode and the kernel masks it
+  (objects end up 0444 & ~umask); nothing reads or sets the process umask.
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
-import tempfile
 from pathlib import Path
 
 from prefixreg.errors import IntegrityError
@@ -36,30 +35,9 @@ __all__ = [
     "publish_new",
     "read_nofollow",
     "replace_atomic",
-    "umask_mode",
 ]
 
 TMP_SUFFIX = ".tmp"
-
-
-def _current_umask() -> int:
-    # Linux reports the umask in /proc; reading it there leaves the process umask alone
-    # (os.umask can only be read by setting it, which races with other threads' writes).
-    try:
-        with Path("/proc/self/status").open("rb") as fh:
-            for line in fh:
-                if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def umask_mode(mode: int) -> int:
-    """`mode` with the process umask applied, as `open(..., mode)` would do."""
-    return mode & ~_current_umask()
 
 
 def is_temp_name(name: str) -> bool:
@@ -77,14 +55,26 @@ def fsync_dir(path: Path) -> None:
 
 
 def _write_temp(directory: Path, target_name: str, data: bytes, mode: int) -> Path:
-    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{target_name}.", suffix=TMP_SUFFIX)
-    tmp = Path(tmp_name)
+    # Created with its final mode: the kernel applies the umask, so there is no chmod to
+    # journal and no umask to read; the creating descriptor can write a read-only file.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = directory / f".{target_name}.{secrets.token_hex(6)}{TMP_SUFFIX}"
+        try:
+            fd = os.open(tmp, flags, mode)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temp file name in {directory}")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, umask_mode(mode))
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
