@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from pathlib import Path
 
@@ -59,7 +58,7 @@ def _write_temp(directory: Path, target_name: str, data: bytes, mode: int) -> Pa
     # journal and no umask to read; the creating descriptor can write a read-only file.
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(100):
-        tmp = directory / f".{target_name}.{secrets.token_hex(6)}{TMP_SUFFIX}"
+        tmp = directory / f".{target_name}.{os.urandom(6).hex()}{TMP_SUFFIX}"
         try:
             fd = os.open(tmp, flags, mode)
             break

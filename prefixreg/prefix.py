@@ -7,7 +7,7 @@ are the bytes sent: nothing re-reads the file between the check and the request.
 
 from __future__ import annotations
 
-import secrets
+import os
 from typing import NamedTuple
 
 from prefixreg.errors import CorruptRecordError
@@ -56,5 +56,5 @@ def fresh_tail(nonce: str | None = None) -> str:
     Its shape is fixed, so on a deterministic tokenizer it always has the same token count;
     only the nonce (16 hex digits) changes.
     """
-    token = nonce if nonce is not None else secrets.token_hex(8)
+    token = nonce if nonce is not None else os.urandom(8).hex()
     return f"prefixreg resume check {token}. Reply with one word."
