@@ -37,9 +37,8 @@ def main() -> None:
         prefix = reg.get("coding-loop")  # verified once; the same bytes go out on every call
         loop = stack.enter_context(prefixreg.Worker(url))
         tenant = stack.enter_context(prefixreg.Worker(url))
-        keeper = stack.enter_context(
-            KeepAlive(prefixreg.Worker(url, timeout=2.0), [prefix], registry=reg, poll_s=0.01)
-        )
+        poller = stack.enter_context(prefixreg.Worker(url, timeout=2.0))  # short poll timeout
+        keeper = stack.enter_context(KeepAlive(poller, [prefix], registry=reg, poll_s=0.01))
         stats = LoopStats()
         for i in range(CALLS):
             for j in range(FOREIGN_BETWEEN_CALLS):

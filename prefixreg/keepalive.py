@@ -34,8 +34,14 @@ Invariants:
 - Every re-warm is a measured call; with a registry it is written as a `keepalive`
   measurement. A re-warm that comes back cold or partial proves the budget too large, and
   the budget tightens to what was observed.
-- A poll the server is too busy to answer is skipped; a 503 on a re-warm backs off
-  exponentially; repeated errors stop the keeper (`error` says why).
+- A poll the server is too busy to answer is skipped, and the next one waits longer; a 503
+  on a re-warm backs off exponentially; five worker errors with no answered poll between
+  them stop the keeper, and so does anything else that goes wrong in its thread
+  (`summary.stopped_because` says why, `alive` turns false).
+- Only foreign activity counts: a prefix is never due before a foreign prompt has stored
+  (or run), and the stores of the keeper's own re-warms are taken off the other kept
+  prefixes' counts; instead, each one's stores budget is reduced by the entries the other
+  kept prefixes hold in the same LRU.
 """
 
 from __future__ import annotations
@@ -44,9 +50,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
-from prefixreg.errors import EngineBusyError, PrefixregError, WorkerError, WorkerTimeoutError
+from prefixreg.errors import (
+    EngineBusyError,
+    PrefixregError,
+    UsageError,
+    WorkerError,
+    WorkerTimeoutError,
+)
 from prefixreg.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
 from prefixreg.jsonio import JSONObject, loads_object
 from prefixreg.prefix import Prefix, fresh_tail
@@ -64,51 +76,59 @@ MAX_ERRORS: Final = 5
 MAX_BACKOFF_S: Final = 30.0
 
 
+Unit = Literal["stores", "prompts", "seconds"]
+
+
 @dataclass(slots=True)
 class Budget:
-    """How long a just-used prefix survives: `stores` on `/cache`, `prompts` (llama.cpp's
-    activity counters), or seconds. `counter` names what `since` is read from."""
+    """How long a just-used prefix survives, in the unit its counter counts.
 
-    stores: int | None
+    `limit` is in `unit`: stores on Halogen's `/cache`, prompts on llama.cpp's `/slots` or
+    `/metrics`, else seconds. `per_request` is what one request adds to the counter (the
+    entries a prompt stores; 1 prompt). `counter` names the source of the count.
+    """
+
+    limit: float
+    unit: Unit
     per_request: int
-    interval_s: float | None
     source: str
-    prompts: int | None = None
     counter: str | None = None
 
     @property
-    def unit(self) -> str:
-        """What `since` counts: "stores", "prompts" or "seconds"."""
-        if self.prompts is not None:
-            return "prompts"
-        return "stores" if self.stores is not None else "seconds"
+    def stores(self) -> int | None:
+        return int(self.limit) if self.unit == "stores" else None
 
-    def due(self, since: int) -> bool:
+    @property
+    def prompts(self) -> int | None:
+        return int(self.limit) if self.unit == "prompts" else None
+
+    @property
+    def interval_s(self) -> float | None:
+        return self.limit if self.unit == "seconds" else None
+
+    def due(self, since: float) -> bool:
         """Re-warm now.
 
-        In prompts: the prefix survives `prompts` foreign prompts, so once it has seen that
-        many the next one may evict it. In stores: re-warm one prompt *before* the budget is
-        reached, a margin for the traffic that lands between a poll and the re-warm.
+        Seconds and prompts: once the prefix has seen `limit`, the next moment or prompt may
+        evict it. Stores: once at least one foreign prompt has stored (nothing else can
+        evict), re-warm one prompt *before* the budget is reached, a margin for the traffic
+        that lands between a poll and the re-warm.
         """
-        if self.prompts is not None:
-            return since >= self.prompts
-        return self.stores is not None and since + self.per_request >= self.stores
+        if self.unit != "stores":
+            return since >= self.limit
+        return since >= self.per_request and since + self.per_request >= self.limit
 
     def describe(self) -> str:
-        """`6 stores`, `1 prompts (/slots)` or `60 s`, for a person."""
-        if self.prompts is not None:
-            return f"{self.prompts} prompts ({self.counter})"
-        if self.stores is not None:
-            return f"{self.stores} stores"
-        return f"{self.interval_s or DEFAULT_INTERVAL_S:g} s"
+        """`6 stores (/cache)`, `1 prompts (/slots)` or `60 s`, for a person."""
+        if self.unit == "seconds":
+            return f"{self.limit:g} s"
+        return f"{int(self.limit)} {self.unit} ({self.counter})"
 
     def to_dict(self) -> JSONObject:
         return {
-            "stores": self.stores,
-            "prompts": self.prompts,
-            "per_request": self.per_request,
-            "interval_s": self.interval_s,
+            "limit": self.limit,
             "unit": self.unit,
+            "per_request": self.per_request,
             "counter": self.counter,
             "source": self.source,
         }
@@ -141,43 +161,45 @@ def budget_for(
     budget: int | None = None,
     interval_s: float | None = None,
     prompt_counter: str | None = None,
+    kept: int = 1,
 ) -> Budget:
-    """Choose the budget: explicit, else a probe's survival, else `max_entries`, else time.
+    """Choose the budget for `kept` prefixes kept at once.
 
-    Without `/cache` but with a `prompt_counter` (llama.cpp's `/slots` or `/metrics`) the
-    budget is in prompts: explicit, else a probe's survival, else `DEFAULT_PROMPTS`.
+    With `/cache`: stores, from `--budget`, else a probe's survival for this build, else
+    `max_entries`; with a prompt counter (llama.cpp's `/slots` or `/metrics`): prompts,
+    from `--budget`, else a probe's survival, else `DEFAULT_PROMPTS`; otherwise seconds.
+    The other kept prefixes hold entries of the same LRU (and are kept young), so a stores
+    budget shrinks by their entries.
     """
-    per = DEFAULT_PER_REQUEST
     if counters is None and prompt_counter is not None:
-        return _prompt_budget(build, registry, budget, interval_s, prompt_counter)
+        return _prompt_budget(build, registry, budget, prompt_counter)
+    seconds = interval_s or DEFAULT_INTERVAL_S
     if counters is None:
-        return Budget(None, per, interval_s or DEFAULT_INTERVAL_S, "time interval (no /cache)")
-    if budget is not None:
-        return Budget(budget, per, interval_s, "--budget")
+        return Budget(seconds, "seconds", 0, "time interval (no /cache)")
+    per = DEFAULT_PER_REQUEST
     found = _latest_survival(registry, build) if registry is not None else None
-    if found is not None:
+    if budget is not None:
+        limit, source = budget, "--budget"
+    elif found is not None:
         survival, stores_per_prompt, run = found
         per = stores_per_prompt or per
-        return Budget(survival * per, per, interval_s, f"probe {run} (survival {survival})")
-    if counters.max_entries is not None:
-        return Budget(
-            max(per, lru_survival_stores(counters.max_entries, per)),
-            per,
-            interval_s,
-            f"max_entries {counters.max_entries} less {per} entries per request",
-        )
-    return Budget(None, per, interval_s or DEFAULT_INTERVAL_S, "time interval (no max_entries)")
+        limit, source = survival * per, f"probe {run} (survival {survival})"
+    elif counters.max_entries is not None:
+        limit = lru_survival_stores(counters.max_entries, per)
+        source = f"max_entries {counters.max_entries} less {per} entries per request"
+    else:
+        return Budget(seconds, "seconds", 0, "time interval (no max_entries)")
+    if kept > 1:
+        limit -= (kept - 1) * per
+        source += f", less {kept - 1} other kept prefixes"
+    return Budget(max(per, limit), "stores", per, source, "/cache")
 
 
 def _prompt_budget(
-    build: ServerBuild,
-    registry: Registry | None,
-    budget: int | None,
-    interval_s: float | None,
-    counter: str,
+    build: ServerBuild, registry: Registry | None, budget: int | None, counter: str
 ) -> Budget:
     def made(prompts: int, source: str) -> Budget:
-        return Budget(None, 1, interval_s, source, prompts=prompts, counter=counter)
+        return Budget(prompts, "prompts", 1, source, counter)
 
     if budget is not None:
         return made(budget, "--budget")
@@ -197,15 +219,15 @@ def _prompt_budget(
 
 @dataclass(frozen=True, slots=True)
 class Rewarm:
-    """One re-warm: which prefix, how many stores (or prompts) since its last use, what the
-    server said."""
+    """One re-warm: which prefix, how much foreign activity since its last use (in the
+    budget's unit; None for a first warm), and what the server said."""
 
     sha256: str
-    since: int | None
+    since: float | None
     verdict: Verdict
     record: CallRecord
-    budget: int | None
-    unit: str = "stores"
+    budget: float
+    unit: Unit
 
     def to_dict(self) -> JSONObject:
         return {
@@ -223,6 +245,7 @@ class KeepAliveSummary:
 
     rewarms: int = 0
     resumed: int = 0
+    partial: int = 0
     cold: int = 0
     unverified: int = 0
     tokens_spent: int = 0
@@ -232,11 +255,13 @@ class KeepAliveSummary:
     errors: int = 0
     budget_changes: list[str] = field(default_factory=list)
     stopped_because: str | None = None
+    stopped_by_worker: bool = False
 
     def to_dict(self) -> JSONObject:
         return {
             "rewarms": self.rewarms,
             "resumed": self.resumed,
+            "partial": self.partial,
             "cold": self.cold,
             "unverified": self.unverified,
             "tokens_spent": self.tokens_spent,
@@ -246,15 +271,43 @@ class KeepAliveSummary:
             "errors": self.errors,
             "budget_changes": list(self.budget_changes),
             "stopped_because": self.stopped_because,
+            "stopped_by_worker": self.stopped_by_worker,
         }
 
     def __str__(self) -> str:
         return (
-            f"{self.rewarms} re-warms ({self.resumed} resumed, {self.cold} cold, "
+            f"{self.rewarms} re-warms ({self.resumed} resumed, {self.partial} partial, "
+            f"{self.cold} cold, "
             f"{self.unverified} unverified); {self.tokens_spent:,} tokens spent, "
             f"{self.tokens_saved:,} prefix tokens kept warm; {self.polls} polls "
             f"({self.skipped_polls} skipped), {self.errors} errors"
         )
+
+
+class _StoresCounter:
+    """Halogen's `/cache` `stores`: entries written since the server started."""
+
+    source = "/cache"
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.total = 0
+        self.busy: set[int] = set()
+        self.last: CacheCounters | None = None
+
+    def read(self) -> tuple[int, bool] | None:
+        counters = self.worker.cache()
+        if counters is None or counters.stores is None:
+            return None
+        return self.saw(counters)
+
+    def saw(self, counters: CacheCounters) -> tuple[int, bool]:
+        """Take a snapshot read elsewhere (a re-warm's closing one) as the latest."""
+        stores = counters.stores
+        restarted = stores is not None and self.last is not None and stores < self.total
+        self.last = counters
+        self.total = stores if stores is not None else self.total
+        return self.total, restarted
 
 
 class _PromptCounter:
@@ -347,9 +400,12 @@ class _PromptCounter:
 @dataclass(slots=True)
 class _Kept:
     prefix: Prefix
-    baseline: int | None = None
+    baseline: float | None = None  # the counter when last used; None: never warmed
     last_used: float = 0.0
     slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
+
+
+Counter = _StoresCounter | _PromptCounter
 
 
 class KeepAlive:
@@ -357,7 +413,8 @@ class KeepAlive:
 
     The worker should have a short `timeout` (polls must not hang); `touch(sha)` after the
     loop's own call resets that prefix's count. `registry` (optional) receives one
-    measurement per re-warm and supplies a probe's survival as the budget.
+    measurement per re-warm and supplies a probe's survival as the budget. `alive` says
+    whether the thread still runs; `summary.stopped_because` says why it stopped.
     """
 
     def __init__(
@@ -385,25 +442,26 @@ class KeepAlive:
         self._thread: threading.Thread | None = None
         self._errors_in_row = 0
         self._backoff_until = 0.0
-        self._last_stores: int | None = None
         self.build = worker.server_build()
-        self.has_cache = self.build.profile == "halogen"
-        counters = worker.cache() if self.has_cache else None
-        self.has_cache = counters is not None
-        # llama.cpp has no /cache but counts its tasks: keep time only as the last resort.
-        self._prompts = (
-            _PromptCounter.detect(worker)
-            if not self.has_cache and self.build.profile == "llamacpp"
-            else None
-        )
+        counters = worker.cache() if self.build.profile == "halogen" else None
+        self._counter: Counter | None = None
+        if counters is not None and counters.stores is not None:
+            self._counter = _StoresCounter(worker)
+            self._counter.saw(counters)
+        elif self.build.profile == "llamacpp":
+            # llama.cpp has no /cache but counts its tasks: time is only the last resort.
+            self._counter = _PromptCounter.detect(worker)
         self.budget = budget_for(
             self.build,
             counters,
             registry=registry,
             budget=budget,
             interval_s=interval_s,
-            prompt_counter=None if self._prompts is None else self._prompts.source,
+            prompt_counter=None if self._counter is None else self._counter.source,
+            kept=len(self._kept),
         )
+        if self.budget.unit == "seconds":
+            self._counter = None  # /cache without max_entries (dense): keep time instead
 
     # -- the loop's side -----------------------------------------------------------------
 
@@ -417,79 +475,52 @@ class KeepAlive:
 
     # -- one round -----------------------------------------------------------------------
 
-    def _poll(self) -> CacheCounters | None:
-        self.summary.polls += 1
-        try:
-            counters = self.worker.cache()
-        except (WorkerTimeoutError, EngineBusyError):
-            self.summary.skipped_polls += 1  # too busy to answer: try again next round
-            return None
-        except WorkerError:
-            self.summary.skipped_polls += 1
-            self._error(backoff=True)  # unreachable or a bad reply: count it, back off
-            return None
-        if counters is None or counters.stores is None:
-            self.summary.skipped_polls += 1
-            return None
-        return counters
-
-    def _poll_prompts(self, counter: _PromptCounter) -> int | None:
-        """The prompt count now (None: skip this round), resetting baselines on a restart."""
+    def _read(self, counter: Counter) -> float | None:
+        """The counter now (None: skip this round); a restart forgets every baseline."""
         self.summary.polls += 1
         try:
             got = counter.read()
         except (WorkerTimeoutError, EngineBusyError):
-            got = None  # too busy to answer (a long prefill holds the task queue): next round
+            # Too busy to answer (a long prefill holds the queue): wait longer each time, so
+            # abandoned polls cannot pile up behind it.
+            self.summary.skipped_polls += 1
+            self._backoff(self.summary.skipped_polls)
+            return None
         except WorkerError:
-            got = None
+            self.summary.skipped_polls += 1
             self._error(backoff=True)
+            return None
         if got is None:
             self.summary.skipped_polls += 1
             return None
+        self._errors_in_row = 0  # an answered poll ends a streak of errors
         total, restarted = got
         if restarted:
             for kept in self._kept.values():  # the server restarted: nothing is cached
                 kept.baseline = None
         return total
 
-    def _due_prompts(self, total: int) -> list[tuple[_Kept, int | None]]:
+    def _since(self, kept: _Kept, now: float) -> float | None:
+        if self._counter is None:
+            return now - kept.last_used
+        return None if kept.baseline is None else self._counter.total - kept.baseline
+
+    def _due(self, now: float) -> list[_Kept]:
         with self._lock:
             touched, self._touched = self._touched, set()
-        due: list[tuple[_Kept, int | None]] = []
-        busy = self._prompts.busy if self._prompts is not None else set()
+        due = []
+        busy = self._counter.busy if self._counter is not None else set()
         for sha, kept in self._kept.items():
-            if sha in touched:
-                kept.baseline = total
+            if sha in touched and self._counter is not None:
+                kept.baseline = self._counter.total
             if kept.slot is not None and kept.slot in busy:
                 # Its slot is serving a prompt right now, most likely the loop's own call
                 # on this prefix: a re-warm now would find the slot taken and prefill the
                 # whole prefix cold in another one. Decide on the next poll.
                 continue
-            if kept.baseline is None:
-                due.append((kept, None))
-            elif self.budget.due(total - kept.baseline):
-                due.append((kept, total - kept.baseline))
-        return due
-
-    def _due(self, counters: CacheCounters | None, now: float) -> list[tuple[_Kept, int | None]]:
-        with self._lock:
-            touched, self._touched = self._touched, set()
-        if counters is None or counters.stores is None:
-            interval = self.budget.interval_s or DEFAULT_INTERVAL_S
-            return [(k, None) for k in self._kept.values() if now - k.last_used >= interval]
-        stores = counters.stores
-        if self._last_stores is not None and stores < self._last_stores:
-            for kept in self._kept.values():  # the server restarted: nothing is cached
-                kept.baseline = None
-        self._last_stores = stores
-        due: list[tuple[_Kept, int | None]] = []
-        for sha, kept in self._kept.items():
-            if sha in touched:
-                kept.baseline = stores
-            if kept.baseline is None:
-                due.append((kept, None))
-            elif self.budget.due(stores - kept.baseline):
-                due.append((kept, stores - kept.baseline))
+            since = self._since(kept, now)
+            if since is None or self.budget.due(since):
+                due.append(kept)
         return due
 
     def step(self) -> list[Rewarm]:
@@ -497,21 +528,12 @@ class KeepAlive:
         now = time.monotonic()
         if now < self._backoff_until:
             return []
-        counters = self._poll() if self.has_cache else None
-        if self.has_cache and counters is None:
+        if self._counter is not None and self._read(self._counter) is None:
             return []
-        total = None
-        if self._prompts is not None:
-            total = self._poll_prompts(self._prompts)
-            if total is None:
-                return []
-            due = self._due_prompts(total)
-        else:
-            due = self._due(counters, now)
         done = []
-        for kept, since in due:
+        for kept in self._due(now):
             try:
-                rewarm = self._rewarm(kept, since, counters)
+                rewarm = self._rewarm(kept, self._since(kept, time.monotonic()))
             except EngineBusyError:
                 self._error(backoff=True)
                 break
@@ -520,29 +542,33 @@ class KeepAlive:
                 break
             self._errors_in_row = 0
             done.append(rewarm)
-            counters = rewarm.record.after if self.has_cache else None
         return done
+
+    def _backoff(self, n: int) -> None:
+        delay = min(MAX_BACKOFF_S, self.poll_s * 2**n)
+        self._backoff_until = time.monotonic() + delay
 
     def _error(self, *, backoff: bool) -> None:
         self.summary.errors += 1
         self._errors_in_row += 1
         if backoff:
-            delay = min(MAX_BACKOFF_S, self.poll_s * 2**self._errors_in_row)
-            self._backoff_until = time.monotonic() + delay
+            self._backoff(self._errors_in_row)
         if self._errors_in_row >= MAX_ERRORS:
             self.summary.stopped_because = f"{self._errors_in_row} worker errors in a row"
+            self.summary.stopped_by_worker = True
             self._stop.set()
 
-    def _rewarm(self, kept: _Kept, since: int | None, before: CacheCounters | None) -> Rewarm:
-        prompts_before = None if self._prompts is None else self._prompts.total
+    def _rewarm(self, kept: _Kept, since: float | None) -> Rewarm:
+        counter = self._counter
+        stores = counter if isinstance(counter, _StoresCounter) else None
         tail = fresh_tail()
         record = measured_call(
             self.worker,
             kept.prefix,
             phase="keepalive",
             tail=tail,
-            with_cache=self.has_cache,
-            before=before,
+            with_cache=stores is not None,
+            before=None if stores is None else stores.last,
         )
         verdict, _, _, _ = judge_resume(
             record.evidence,
@@ -551,73 +577,78 @@ class KeepAlive:
             alignment=self.build.snapshot_align,
         )
         kept.last_used = time.monotonic()
-        after = record.after
-        kept.baseline = after.stores if after is not None else None
-        if self._prompts is not None and prompts_before is not None:
-            # Our own prompt is the one change we expect; any other prompt that landed
-            # during the re-warm is counted against the prefix (which of the two slots is
-            # the least recently used is then unknown: assume the worse).
-            kept.baseline = prompts_before + 1
-            try:
-                got = self._prompts.read()
-            except (WorkerTimeoutError, EngineBusyError):
-                got = None  # the next poll sees our prompt and lands on since 0
-            if got is not None:
-                kept.baseline = min(got[0], prompts_before + 1)
-                landed = self._prompts.changed
-                kept.slot = next(iter(landed)) if len(landed) == 1 else None
-            # A re-warm resumes its own slot, so it takes no other prefix's place: it is
-            # not a foreign prompt for the other kept prefixes either (without this, two
-            # kept prefixes on a budget of 1 would re-warm each other forever).
-            for other in self._kept.values():
-                if other is not kept and other.baseline is not None:
-                    other.baseline += 1
+        if counter is not None:
+            self._rebase(kept, counter, record)
         self._learn(record, verdict, since)
-        limit = self.budget.prompts if self._prompts is not None else self.budget.stores
-        unit = "prompts" if self._prompts is not None else "stores"
-        rewarm = Rewarm(kept.prefix.sha256, since, verdict, record, limit, unit)
+        rewarm = Rewarm(
+            kept.prefix.sha256, since, verdict, record, self.budget.limit, self.budget.unit
+        )
         self._count(rewarm)
+        self.history.append(rewarm)
         self._record(rewarm)
         if self.on_rewarm is not None:
             self.on_rewarm(rewarm)
-        self.history.append(rewarm)
         return rewarm
 
-    def _learn(self, record: CallRecord, verdict: Verdict, since: int | None) -> None:
+    def _rebase(self, kept: _Kept, counter: Counter, record: CallRecord) -> None:
+        """After a re-warm: this prefix counts from now, and the counter units our own
+        request added are not foreign activity for the other kept prefixes (their entries
+        were already allowed for in the budget; counting them too would make the keeper
+        re-warm its prefixes in turn forever)."""
+        before = counter.total
+        if isinstance(counter, _StoresCounter):
+            own = float(self.budget.per_request)
+            after = record.after
+            if after is not None and after.stores is not None:
+                b = record.before
+                if b is not None and b.stores is not None and not record.interleaved:
+                    own = float(after.stores - b.stores)
+                counter.saw(after)
+                kept.baseline = counter.total
+            else:
+                # No closing snapshot: count from what was there plus our own stores, so
+                # the next poll sees only what others stored since.
+                kept.baseline = before + own
+        else:
+            own = 1.0
+            # Our own prompt is the one change we expect; any other prompt that landed
+            # during the re-warm is counted against the prefix (which of the two slots is
+            # the least recently used is then unknown: assume the worse).
+            kept.baseline = before + 1
+            try:
+                got = counter.read()
+            except WorkerError:
+                got = None  # the next poll sees our prompt and lands on since 0
+            if got is not None:
+                kept.baseline = min(got[0], before + 1)
+                landed = counter.changed
+                kept.slot = next(iter(landed)) if len(landed) == 1 else None
+        for other in self._kept.values():
+            if other is not kept and other.baseline is not None:
+                other.baseline += own
+
+    def _learn(self, record: CallRecord, verdict: Verdict, since: float | None) -> None:
         """Update stores-per-request from our own window; tighten the budget after a miss."""
-        stored = None
-        if record.before is not None and record.after is not None and not record.interleaved:
-            b, a = record.before.stores, record.after.stores
-            stored = None if a is None or b is None else a - b
-        if stored is not None and stored > 0:
-            self.budget.per_request = stored
+        b = self.budget
+        before = None if record.before is None else record.before.stores
+        after = None if record.after is None else record.after.stores
+        clean = b.unit == "stores" and not record.interleaved
+        if clean and before is not None and after is not None and after > before:
+            b.per_request = after - before
         if since is None or verdict not in ("cold", "partial"):
             return
-        if self.budget.prompts is not None:
-            # Evicted after `since` prompts (a lower bound on the prompts there were): it
-            # survives fewer. Halve, as for stores; 1 is the floor (re-warm after each).
-            fewer = max(1, since // 2)
-            if fewer < self.budget.prompts:
-                self.summary.budget_changes.append(
-                    f"budget {self.budget.prompts} -> {fewer} prompts: a re-warm after "
-                    f"{since} prompts came back {verdict}"
-                )
-                self.budget.prompts = fewer
-                self.budget.source = "tightened after a cold re-warm"
-            return
-        if self.budget.stores is None:
-            return
-        # Evicted after `since` stores: the prefix survives fewer than that, by an unknown
-        # amount. Halve (a few misses converge from any overestimate; a resumed re-warm is
-        # cheap, a cold one costs a full prefill).
-        tighter = max(self.budget.per_request, since // 2)
-        if tighter < self.budget.stores:
+        # Gone after `since` (a lower bound in prompts, exact in stores and seconds): it
+        # survives less, by an unknown amount. Halve: a few misses converge from any
+        # overestimate, and a resumed re-warm is cheap while a cold one is a full prefill.
+        floor = b.per_request if b.unit == "stores" else (1 if b.unit == "prompts" else 0.0)
+        tighter = max(floor, since // 2 if b.unit != "seconds" else since / 2)
+        if tighter < b.limit:
+            b.source = "tightened after a cold re-warm"
             self.summary.budget_changes.append(
-                f"budget {self.budget.stores} -> {tighter} stores: a re-warm after {since} "
-                "stores came back cold"
+                f"budget {b.limit:g} -> {tighter:g} {b.unit}: a re-warm after {since:g} "
+                f"{b.unit} came back {verdict}"
             )
-            self.budget.stores = tighter
-            self.budget.source = "tightened after a cold re-warm"
+            b.limit = tighter
 
     def _count(self, rewarm: Rewarm) -> None:
         s = self.summary
@@ -628,6 +659,8 @@ class KeepAlive:
         elif rewarm.verdict == "resumed":
             s.resumed += 1
             s.tokens_saved += ev.cached_tokens or 0
+        elif rewarm.verdict == "partial":
+            s.partial += 1
         else:
             s.cold += 1
         if ev.cache_state != "unverified" and ev.prompt_tokens is not None:
@@ -651,16 +684,21 @@ class KeepAlive:
 
     # -- running -------------------------------------------------------------------------
 
+    @property
+    def alive(self) -> bool:
+        """Whether the keeper's thread is running."""
+        return self._thread is not None and self._thread.is_alive()
+
     def run(self, duration_s: float | None = None) -> KeepAliveSummary:
         """Step every `poll_s` until `stop()`, `duration_s`, or too many errors."""
         end = None if duration_s is None else time.monotonic() + duration_s
         while not self._stop.is_set():
             try:
                 self.step()
-            except PrefixregError as exc:
-                # Not the worker's doing (a measurement that cannot be written, say): stop
-                # and say why rather than let a thread die with a traceback.
-                self.summary.stopped_because = str(exc)
+            except Exception as exc:  # noqa: BLE001 -- a keeper thread must never die mute
+                # Not the worker's doing (a measurement that cannot be written, a failing
+                # callback): stop and say why rather than let the thread die with a traceback.
+                self.summary.stopped_because = f"{type(exc).__name__}: {exc}"
                 self._stop.set()
                 break
             if end is not None and time.monotonic() >= end:
@@ -674,16 +712,18 @@ class KeepAlive:
 
     def start(self) -> KeepAlive:
         """Run in a daemon thread (the loop keeps its own thread)."""
+        if self._thread is not None:
+            raise UsageError("this keeper is already running: one thread, one request at a time")
         self._thread = threading.Thread(target=self.run, name="prefixreg-keepalive", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> KeepAliveSummary:
-        """Stop the thread (if any) and return the summary."""
+        """Stop the thread (if any), waiting for a re-warm in flight, and return the summary."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=self.worker.read_timeout + self.worker.timeout)
         return self.summary
 
     def __enter__(self) -> KeepAlive:

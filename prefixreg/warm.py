@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from prefixreg.errors import UsageError
+from prefixreg.errors import UsageError, WorkerError
 from prefixreg.evidence import counter_deltas, is_interleaved
 from prefixreg.jsonio import JSONObject, JSONValue
 from prefixreg.prefix import Prefix, fresh_tail
@@ -127,12 +127,18 @@ def measured_call(
     """Send one chat call bracketed by `/cache` snapshots (when the server has `/cache`).
 
     `before` reuses the previous call's closing snapshot, so back-to-back calls cost one
-    `/cache` read each.
+    `/cache` read each. A closing snapshot the server fails to give is recorded as missing
+    (its window then counts for nothing): the call was made and its evidence must not be lost.
     """
     if with_cache and before is None:
         before = worker.cache()
     _, evidence = worker.chat(prefix, tail, **{**WARM_PARAMS, **params})
-    after = worker.cache() if with_cache else None
+    after = None
+    if with_cache:
+        try:
+            after = worker.cache()
+        except WorkerError:
+            after = None
     return CallRecord(
         phase=phase,
         tail_sha256=hashlib.sha256(tail.encode("utf-8")).hexdigest(),
@@ -140,14 +146,6 @@ def measured_call(
         before=before,
         after=after,
     )
-
-
-def _model_param(worker: Worker, build: ServerBuild) -> dict[str, Any]:
-    """A generic OpenAI-compatible server (vLLM, SGLang) needs `model`: take its first id."""
-    if worker.model is not None or build.profile != "generic":
-        return {}
-    ids = build.identity.get("model_ids")
-    return {"model": ids[0]} if isinstance(ids, list) and ids and isinstance(ids[0], str) else {}
 
 
 def record_measurement(
@@ -220,13 +218,10 @@ def warm_prefix(
     build = worker.server_build()
     with_cache = build.profile == "halogen"
     say(f"warming {prefix.sha256[:12]} on {worker.url} ({build.profile}, build {build.build_id})")
-    params = _model_param(worker, build)
     calls: list[CallRecord] = []
     if warm:
         calls.append(
-            measured_call(
-                worker, prefix, phase="warm", tail=fresh_tail(), with_cache=with_cache, **params
-            )
+            measured_call(worker, prefix, phase="warm", tail=fresh_tail(), with_cache=with_cache)
         )
     alignment = build.snapshot_align
     span: int | None = None
@@ -242,7 +237,6 @@ def warm_prefix(
                 tail=check_tail,
                 with_cache=with_cache,
                 before=calls[-1].after if calls else None,
-                **params,
             )
         )
         verdict, reason, span, coverage = judge_resume(

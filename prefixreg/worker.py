@@ -241,7 +241,8 @@ class Worker:
                 message = body["detail"]
         elif resp.content:
             message = resp.text
-        text = _one_line(self._scrub(message)) or resp.reason_phrase or "no message"
+        # The reason phrase is the server's text too: scrub it like the body.
+        text = _one_line(self._scrub(message or resp.reason_phrase or "")) or "no message"
         full = f"{self._where(method, path)}: HTTP {resp.status_code}: {text}"
         if resp.status_code == 503 and code == "engine_busy":
             raise EngineBusyError(
@@ -421,7 +422,13 @@ class Worker:
             name = first.get("id") if isinstance(first, dict) else None
             self._served_model = name if isinstance(name, str) else None
             return ServerBuild(profile=profile, identity=identity)
-        return ServerBuild(profile=profile, identity=_generic_identity(models))
+        identity = _generic_identity(models)
+        ids = identity.get("model_ids")
+        # Generic OpenAI-compatible servers (SGLang, ...) need `model`: send the first id.
+        self._served_model = (
+            ids[0] if isinstance(ids, list) and ids and isinstance(ids[0], str) else None
+        )
+        return ServerBuild(profile=profile, identity=identity)
 
     # ---------------------------------------------------------------- chat
 

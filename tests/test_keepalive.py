@@ -102,7 +102,7 @@ def test_a_cold_rewarm_tightens_a_budget_that_is_too_large(sim: SimServer, reg: 
     with Worker(sim.url, timeout=2.0) as kw:
         keeper = KeepAlive(kw, [reg.get("loop")], budget=20)
         keeper.step()
-        assert keeper.budget.stores == 20
+        assert keeper.budget.limit == 20
         stats = run_loop(sim.url, reg, keeper, calls=6, every=10)
     assert keeper.summary.cold >= 1
     assert keeper.budget.stores is not None
@@ -205,7 +205,8 @@ def test_cli_keepalive_duration_json_and_ctrl_c(sim: SimServer, reg: Registry) -
     )
     assert res.returncode == 0, res.stderr
     out = orjson.loads(res.stdout)
-    assert out["rewarms"] >= 1 and out["budget"]["stores"] == 6
+    assert out["rewarms"] >= 1
+    assert (out["budget"]["limit"], out["budget"]["unit"]) == (6, "stores")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -364,3 +365,110 @@ def test_llamacpp_without_slots_or_metrics_falls_back_to_time(reg: Registry) -> 
     assert keeper.build.profile == "llamacpp"
     assert keeper.budget.unit == "seconds" and keeper.budget.counter is None
     assert keeper.budget.source.startswith("time interval")
+
+
+def test_an_idle_keeper_does_not_rewarm_without_foreign_traffic(reg: Registry) -> None:
+    # A budget no larger than one prompt's stores used to make every poll due.
+    with SimServer(SimConfig(speed=5000, max_entries=4)) as sim, Worker(sim.url) as w:
+        keeper = KeepAlive(w, [reg.get("loop")])
+        for _ in range(10):
+            keeper.step()
+        assert keeper.summary.rewarms == 1  # the first warm only
+        Foreign(sim.url).send(1)
+        keeper.step()
+        assert keeper.summary.rewarms == 2
+
+
+def test_several_kept_prefixes_neither_churn_nor_get_evicted(reg: Registry) -> None:
+    shas = [reg.add(f"Kept prefix number {i}. " * 200) for i in range(2)]
+    prefixes = [reg.get(s) for s in shas]
+    with SimServer(SimConfig(speed=5000)) as sim, Worker(sim.url) as w:
+        keeper = KeepAlive(w, prefixes)
+        assert keeper.budget.limit == 4  # 8 entries less 2 for itself, 2 for the other
+        for _ in range(20):
+            keeper.step()
+        assert keeper.summary.rewarms == 2  # idle: the first warms only, no mutual churn
+        foreign = Foreign(sim.url)
+        for _ in range(8):
+            foreign.send()
+            keeper.step()
+        foreign.close()
+        s = keeper.summary
+        assert s.cold == 2 and s.resumed == s.rewarms - 2 and s.rewarms > 2
+        with Worker(sim.url) as loop:
+            for p in prefixes:
+                _, ev = loop.chat(p, fresh_tail())
+                assert ev.cache_state == "reused"
+
+
+def test_a_rewarm_is_kept_when_the_snapshot_after_it_fails(reg: Registry) -> None:
+    from tests.test_warm import _halogen_fake, _usage
+    from tests.test_worker import HALOGEN_CACHE, HALOGEN_HEALTH
+
+    with FakeServer() as srv:
+        _halogen_fake(srv, _usage(990))
+        cache = {**HALOGEN_CACHE, "stores": 7}
+        # init, first poll, then the re-warm's closing snapshot fails, then fine again.
+        srv.route(
+            "GET",
+            "/cache",
+            Reply(json=cache),
+            Reply(json=cache),
+            Reply(status=500),
+            Reply(json=cache),
+        )
+        srv.route("GET", "/health", Reply(json=HALOGEN_HEALTH))
+        with Worker(srv.url) as w:
+            keeper = KeepAlive(w, [reg.get("loop")], registry=reg)
+            keeper.step()
+            assert keeper.summary.rewarms == 1
+            assert keeper.history[0].record.after is None
+            keeper.step()  # the next poll: no foreign stores, nothing due
+            assert keeper.summary.rewarms == 1
+    assert [m.kind for m in reg.measurements()] == ["keepalive"]
+
+
+def test_error_streaks_are_broken_by_answered_polls(reg: Registry) -> None:
+    from tests.test_worker import HALOGEN_CACHE, HALOGEN_HEALTH
+
+    with FakeServer() as srv:
+        srv.route("GET", "/health", Reply(json=HALOGEN_HEALTH))
+        good = Reply(json={**HALOGEN_CACHE, "stores": 7})
+        srv.route("GET", "/cache", good, *([Reply(status=500), good] * 10))
+        with Worker(srv.url) as w:
+            keeper = KeepAlive(w, [reg.get("loop")], poll_s=0.0001)
+            keeper._kept[reg.resolve("loop")].baseline = 7  # warmed: nothing due
+            for _ in range(20):
+                keeper._backoff_until = 0.0
+                keeper.step()
+    assert keeper.summary.errors == 10
+    assert keeper.summary.stopped_because is None
+
+
+def test_dense_without_max_entries_keeps_time(reg: Registry) -> None:
+    with SimServer(SimConfig.for_profile("dense", speed=5000)) as sim, Worker(sim.url) as w:
+        keeper = KeepAlive(w, [reg.get("loop")], interval_s=0.05)
+        assert keeper.budget.unit == "seconds"
+        keeper.step()
+        time.sleep(0.06)
+        rewarms = keeper.step()
+    assert keeper.summary.rewarms == 2
+    assert rewarms[0].unit == "seconds" and rewarms[0].since is not None
+    assert rewarms[0].since >= 0.05
+
+
+def test_a_failing_callback_stops_the_thread_with_a_reason(sim: SimServer, reg: Registry) -> None:
+    def boom(_rewarm: object) -> None:
+        raise RuntimeError("callback broke")
+
+    with Worker(sim.url) as w:
+        keeper = KeepAlive(w, [reg.get("loop")], on_rewarm=boom, poll_s=0.01).start()
+        with pytest.raises(Exception, match="already running"):
+            keeper.start()
+        deadline = time.monotonic() + 10
+        while keeper.alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        summary = keeper.stop()
+    assert not keeper.alive
+    assert summary.stopped_because == "RuntimeError: callback broke"
+    assert not summary.stopped_by_worker

@@ -1,7 +1,8 @@
 """`prefixreg keepalive REF...`: keep prefixes resumable on a worker until stopped.
 
 Ctrl-C (or `--duration`) stops it and prints the summary: re-warms, resumed vs cold, tokens
-spent and kept warm. Exit 0 when stopped normally, 5 when repeated worker errors stopped it.
+spent and kept warm. Exit 0 when stopped normally, 5 when repeated worker errors stopped it,
+1 when something else did (a measurement that could not be written).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def parse_duration(text: str) -> float:
 
 def _say(rewarm: Rewarm) -> None:
     ev = rewarm.record.evidence
-    since = "first warm" if rewarm.since is None else f"after {rewarm.since} {rewarm.unit}"
+    since = "first warm" if rewarm.since is None else f"after {rewarm.since:g} {rewarm.unit}"
     info(
         f"re-warmed {rewarm.sha256[:12]} ({since}): {rewarm.verdict}, "
         f"cached {ev.cached_tokens}/{ev.prompt_tokens}"
@@ -126,7 +127,7 @@ def keepalive_command(
                 sys.stdout.write(f"  {change}\n")
         if summary.stopped_because:
             info(f"stopped: {summary.stopped_because}")
-            raise typer.Exit(int(ExitCode.WORKER))
+            raise typer.Exit(int(ExitCode.WORKER if summary.stopped_by_worker else ExitCode.NO))
 
 
 def register(app: typer.Typer) -> None:
