@@ -94,17 +94,25 @@ class SSEParser:
 
     Blank lines, comment lines (`: keepalive`) and other SSE fields (`event:`, `id:`) are
     ignored. Each `data:` line is one JSON document; `data: [DONE]` ends the stream and
-    anything after it is ignored.
+    anything after it is ignored. Lines end with LF (a CR before it is stripped). An event
+    split over several `data:` lines, which OpenAI-compatible servers do not send, reads as
+    malformed: unverified, never a guess.
     """
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._pending: list[bytes] = []  # pieces of the line not yet ended
         self.stream = SSEStream()
 
     def feed(self, data: bytes) -> list[object]:
         """Take the next bytes of the body; return the frames completed by them."""
-        self._buffer += data
-        *lines, self._buffer = self._buffer.split(b"\n")
+        if b"\n" not in data:
+            # Keep pieces and join once the line ends: re-scanning a growing buffer on every
+            # small piece would make one long line quadratic.
+            self._pending.append(data)
+            return []
+        *lines, rest = data.split(b"\n")
+        lines[0] = b"".join([*self._pending, lines[0]])
+        self._pending = [rest] if rest else []
         out: list[object] = []
         for line in lines:
             frame = self.feed_line(line)
@@ -141,8 +149,8 @@ class SSEParser:
 
     def finish(self) -> SSEStream:
         """End of body: read a last unterminated line, and return the stream."""
-        if self._buffer:
-            rest, self._buffer = self._buffer, b""
+        if self._pending:
+            rest, self._pending = b"".join(self._pending), []
             self.feed_line(rest)
         return self.stream
 

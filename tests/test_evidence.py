@@ -494,3 +494,32 @@ def test_interleaving() -> None:
     assert is_interleaved(before, CacheCounters(hits=5, misses=2), calls=2)
     assert is_interleaved(before, CacheCounters(hits=0, misses=0), calls=2)  # restarted
     assert is_interleaved(before, CacheCounters(hits=4), calls=2)  # cannot vouch
+
+
+def test_sse_split_at_every_byte_even_inside_a_utf8_character() -> None:
+    frames = [
+        {"choices": [{"index": 0, "delta": {"content": "café 🚀"}, "finish_reason": None}]},
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 8,
+                "completion_tokens": 2,
+                "prompt_tokens_details": {"cached_tokens": 7},
+            },
+        },
+    ]
+    body = (
+        b"".join(
+            b"data: " + json.dumps(f, ensure_ascii=False).encode() + b"\r\n\r\n" for f in frames
+        )
+        + b"data: [DONE]\r\n\r\n"
+    )
+    assert max(body) > 127  # really non-ASCII on the wire
+    whole = evidence_from_sse(body)
+    parser = SSEParser()
+    for i in range(len(body)):
+        parser.feed(body[i : i + 1])
+    split = evidence_from_sse(parser.finish())
+    assert whole.cache_state == split.cache_state == "reused"
+    assert whole.output_sha256 == split.output_sha256 is not None
+    assert whole.output_sha256 == output_digest("café 🚀".encode(), b"")
