@@ -428,6 +428,8 @@ class KeepAlive:
         poll_s: float = 0.5,
         on_rewarm: Callable[[Rewarm], None] | None = None,
     ) -> None:
+        if registry is not None:
+            registry.refuse_on_mirror("record keepalive measurements")
         self.worker = worker
         self.registry = registry
         self.poll_s = poll_s

@@ -24,6 +24,16 @@ Invariants:
   the target is removed (a staging directory, or the files a merge added).
 - Historical records (measurements, probes, names.log, mirror.log) arrive byte-identical
   with their mtimes. `migrations.log` (JSON lines, at the new root) gains one line per move.
+- Nothing written to the source during a copy or merge is lost. `add` and measurement
+  writes do not take the lock, so before the source goes, it is listed again (under the
+  lock) against a stat snapshot taken before the copy; whatever appeared or changed is
+  copied across in write order and verified, until a listing finds nothing new. Then the
+  source is renamed aside (a writer that still names the old path now fails instead of
+  writing into a tree about to be removed), listed a last time, and only then removed. A
+  file changed at both ends, or a source that keeps changing, stops the move with the
+  source kept and nothing deleted.
+- A symlinked source root is resolved first: the directory moves, not the link (which
+  is left dangling, so a writer still configured with it fails instead of writing there).
 - The old tree is removed only after the target verified, names first, then meta, then the
   rest, so even an interrupted removal never leaves a name pointing nowhere.
 - `scan_references` only reads: it lists every file:line under the given directories that
@@ -226,16 +236,18 @@ def migrate_registry(
         IntegrityError: the source (or the result) does not verify, or holds a symlink.
         LockTimeoutError: another process holds the source's (or target's) lock.
     """
-    source = Path(old).expanduser().absolute()
+    given = Path(old).expanduser().absolute()
+    # A symlinked root: move the directory it names (a rename would move only the link).
+    source = given.resolve() if given.is_symlink() else given
     target = (Path(new).expanduser() if new is not None else default_registry_path()).absolute()
-    report = MigrationReport(source=str(source), target=str(target), method="none", dry_run=dry_run)
+    report = MigrationReport(source=str(given), target=str(target), method="none", dry_run=dry_run)
     if not (source / MARKER).exists() and not (source / MARKER).is_symlink():
-        if not source.exists() and _migrated_from(target, source):
+        if not source.exists() and _migrated_from(target, given):
             # Already moved: the user came back for --scan (or re-ran the command).
-            report.warnings.append(f"nothing to move: {source} is gone; {target} is a registry")
-            report.stale = scan_references(source, scan, skip=(target,))
+            report.warnings.append(f"nothing to move: {given} is gone; {target} is a registry")
+            report.stale = scan_references(given, scan, skip=(target,))
             return report
-        raise RegistryLocationError(f"no registry at {source} (no {MARKER})")
+        raise RegistryLocationError(f"no registry at {given} (no {MARKER})")
     src_real, dst_real = source.resolve(), target.resolve()
     if src_real == dst_real:
         raise UsageError(f"{source} and {target} are the same directory")
@@ -254,6 +266,7 @@ def migrate_registry(
     else:
         with src.lock():
             dirs, files = _list_tree(source)
+            before = _stats(source, files)  # what later writes are told apart from
             report.method = _plan(source, target, files)
             if report.method == "rename" and not _move_by_rename(source, target):
                 report.method = "copy"  # EXDEV after all (a bind mount, an overlay)
@@ -270,14 +283,29 @@ def migrate_registry(
                         target.rename(source)  # put it back exactly where it was
                     raise
             report.warnings.extend(warnings)
-            _journal(source, target, report, files)
+            retired: Path | None = None
+            late: list[str] = []
             if report.method != "rename":
-                _remove_tree(source)
+                # rename(2) moved everything at once; a copy or merge took time, during
+                # which `add` (no lock) may have written to the source.
+                late, retired = _retire_source(source, target, before)
+                known = set(files)
+                files = [*files, *(rel for rel in late if rel not in known)]
+            _journal(given, target, report, files)
+            if retired is not None:
+                _remove_tree(retired)
     report.files = len(files)
     report.objects = sum(1 for f in files if f.startswith("objects/"))
     if report.method == "copy":
         report.copied = len(files)
-    report.stale = scan_references(source, scan, skip=(target,))
+    elif report.method == "merge":
+        report.copied += len(late)
+    if source != given:
+        report.warnings.append(
+            f"{given} is a symlink to {source}: moved {source}; the link now dangles "
+            "(remove it once nothing uses it)"
+        )
+    report.stale = scan_references(given, scan, skip=(target,))
     return report
 
 
@@ -456,6 +484,125 @@ def _merge_migrations_log(source: Path, target: Path) -> None:
     for line in ours.splitlines():
         if line.strip() and line not in have:
             fsutil.append_line(dst_log, line)
+
+
+# ----------------------------------------------------------------- writes during a move
+
+Stat = tuple[int, int, int]  # size, mtime_ns, inode: any write changes at least one
+_CATCH_UP_ROUNDS: Final = 10
+
+
+def _stats(root: Path, files: Iterable[str]) -> dict[str, Stat]:
+    out: dict[str, Stat] = {}
+    for rel in files:
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(root / rel)
+            out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def _retire_source(source: Path, target: Path, before: dict[str, Stat]) -> tuple[list[str], Path]:
+    """Copy what was written to the source during the move, then rename the source aside.
+
+    Runs under the source's lock, after the target verified. Each round lists the source
+    again and copies what appeared or changed since `before` (a stat snapshot taken before
+    the copy); rounds repeat until one finds nothing. The source is then renamed to a
+    hidden sibling (atomic; a writer that still uses the old path fails from then on
+    instead of writing into a tree about to go) and caught up a last time from there. A
+    source that cannot be renamed (a mount point) is removed in place after the quiet round.
+
+    Returns:
+        The relative paths copied across, and where the source now is (to be removed).
+
+    Raises:
+        PrefixregError / IntegrityError: a file changed at both ends, or the source kept
+            changing; the source is kept where it was and nothing is deleted.
+    """
+    target_state = _stats(target, _list_tree(target)[1])
+    late: list[str] = []
+    for _ in range(_CATCH_UP_ROUNDS):
+        copied = _catch_up(source, target, before, target_state)
+        late += copied
+        if not copied:
+            break
+    else:
+        raise PrefixregError(
+            f"{source} kept changing during the move; kept it (the copy at {target} is "
+            "complete up to now)",
+            hint="stop whatever writes to it, then run migrate again (it finishes the move)",
+        )
+    retired = source.with_name(f".{source.name}.migrated-{secrets.token_hex(4)}")
+    try:
+        source.rename(retired)
+    except OSError:
+        # A mount point cannot be renamed (EBUSY, EXDEV): remove it in place; the last
+        # round found nothing new, under the lock.
+        return late, source
+    fsutil.fsync_dir(source.parent)
+    try:
+        late += _catch_up(retired, target, before, target_state)
+    except BaseException:
+        retired.rename(source)  # put it back: nothing is deleted
+        fsutil.fsync_dir(source.parent)
+        raise
+    return late, retired
+
+
+def _catch_up(
+    source: Path, target: Path, before: dict[str, Stat], target_state: dict[str, Stat]
+) -> list[str]:
+    """One round: copy files new or changed at `source` since `before` to `target`.
+
+    `before` and `target_state` are updated, so the next round sees only newer writes.
+    Files new at the source are copied (no overwrite); changed ones replace the target's
+    copy only where that is a known kind of write: a journal the target holds a prefix of
+    (append-only), a meta record the target left alone since the move (a new note).
+    Anything else that differs is a conflict. Objects are immutable: a changed object
+    stat with the same bytes is a re-add (its mtime is carried over); different bytes are
+    an integrity failure.
+    """
+    dirs, files = _list_tree(source)
+    now = _stats(source, files)
+    changed = [rel for rel in files if rel not in _OWN and now.get(rel) != before.get(rel)]
+    for rel in dirs:
+        if not (target / rel).exists():
+            (target / rel).mkdir()
+            os.chmod(target / rel, stat.S_IMODE(os.lstat(source / rel).st_mode))
+    digests: dict[str, str] = {}
+    for rel in changed:
+        dst = target / rel
+        if not dst.exists():
+            data = fsutil.copy_durable(source / rel, dst, root=source)
+            digests[rel] = hashlib.sha256(data).hexdigest()
+            continue
+        ours, theirs = _read(source / rel, source), _read(dst, target)
+        src_st = (source / rel).lstat()
+        if ours == theirs:
+            if src_st.st_mtime_ns > dst.lstat().st_mtime_ns:
+                os.utime(dst, ns=(src_st.st_atime_ns, src_st.st_mtime_ns), follow_symlinks=False)
+        elif rel.startswith("objects/"):
+            raise IntegrityError(
+                f"{source / rel}: an object's bytes changed during the move; kept {source}",
+                path=source / rel,
+            )
+        elif (rel in _JOURNALS and ours.startswith(theirs)) or (
+            rel.startswith("meta/") and target_state.get(rel) == _stats(target, [rel]).get(rel)
+        ):
+            # A journal the source appended to, or a meta record whose note changed
+            # (replaced at the source, untouched at the target since the move).
+            _replace_keeping(dst, ours, src_st)
+            digests[rel] = hashlib.sha256(ours).hexdigest()
+        else:
+            raise PrefixregError(
+                f"{rel} changed both at {source} and at {target} during the move; kept {source}",
+                hint="compare the two, then run migrate again",
+            )
+    if digests:
+        _check_copies(target, digests)
+        _check_verifies(Registry(target), "the migrated registry (after late writes)")
+    before.update(now)
+    target_state.update(_stats(target, changed))
+    return sorted(digests, key=_order)
 
 
 def _journal(source: Path, target: Path, report: MigrationReport, files: Sequence[str]) -> None:

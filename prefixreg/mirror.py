@@ -6,7 +6,10 @@ wrong source or destination catastrophic, so the guards are the feature:
 - The source must be an origin registry (`REGISTRY.json` role `origin`) holding objects.
 - A destination must be a local path or `[user@]host:path`, never start with `-`, and be
   missing, empty, or a mirror (its own `REGISTRY.json` says role `mirror`). An origin
-  registry or a directory holding anything else is refused before anything is written.
+  registry or a directory holding anything else is refused before anything is written;
+  the destination counts as empty only when rsync's listing positively says so.
+- Destinations are de-duplicated (local paths resolved first); nested destinations, and a
+  local one that is, holds or lies inside the source (`/` included), are refused.
 - Every object about to be sent is re-hashed first (all of them with `full_verify`); one
   failure refuses the whole run and no destination is touched (`IntegrityError`, exit 3).
 
@@ -17,13 +20,22 @@ How a run goes, per destination (destinations run in parallel; one failing stops
    the source and that dry run *is* the confirmation, so a no-change run costs one pass.
 2. apply the plan in an order that keeps the reader promise of DESIGN §3, each step a
    `--files-from` rsync of just the listed paths (cost grows with the change, not the tree):
-   objects; then, under the registry lock (names only move under it), the objects every
-   name and meta record about to be sent points to (usually none: they went in step 1),
-   then meta, names and the other files; then deletions of non-objects; objects last.
-   A reader on the worker therefore never sees a name or meta record whose object has
-   not arrived, and nothing is deleted before everything new is in place.
+   objects; meta records once their objects are confirmed at the destination; then, under
+   the registry lock (names only move under it) and only for as long as that takes, the
+   objects every name about to be sent points to and the names; then the other files
+   (measurements, probes, journals) outside the lock; then deletions of non-objects;
+   objects last. Deletion passes only delete paths still missing at the source and never
+   send anything. A reader on the worker therefore never sees a name or meta record whose
+   object has not arrived, and nothing is deleted before everything new is in place.
 3. confirm: the compare dry run again; it must list nothing. If the origin changed during
    the run it lists those changes and another round applies them (at most `max_rounds`).
+
+"Verified" means that confirming dry run found no difference: by size and mtime (rsync's
+quick check) by default, by content (`--checksum`) with `full_verify`. Objects are always
+re-hashed at the source before they travel.
+
+A source file that vanishes during a run (a concurrent `gc`) is skipped and left to the
+confirm pass; an unreadable one fails the destination (exit 6, with a `mirror.log` line).
 
 `REGISTRY.json` never travels (the destination keeps its own, role `mirror`, written
 before anything else), nor do `.locks/`, temp files or `mirror.log`; excluded paths are
@@ -37,16 +49,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
 import re
 import shutil
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Final, Literal, NamedTuple
 
 from prefixreg import fsutil
@@ -55,6 +68,7 @@ from prefixreg.errors import (
     IntegrityError,
     MirrorError,
     PrefixregError,
+    RefNotFoundError,
     RegistryLocationError,
     UsageError,
 )
@@ -85,16 +99,20 @@ LOG_NAME: Final = "mirror.log"
 EXCLUDES: Final = (f"/{MARKER}", f"/{LOG_NAME}", "/.locks/", ".*.tmp")
 # One line per change: 11-char itemize code, bytes actually sent, path (last: may hold '|').
 OUT_FORMAT: Final = "%i|%b|%n"
-# Exit 24 = "some files vanished": a file removed at the origin between plan and send (the
-# confirm pass catches what it means), and how --delete-missing-args reports its deletions.
+# Exit 24 = "some files vanished": a file removed at the origin (a gc) while rsync walked
+# it; the confirm pass catches what it means, so it is no failure of the compare or a pass.
 _VANISHED: Final = 24
 _RSYNC_ESCAPE = re.compile(rb"\\#([0-7]{3})")
 _HOST_RE = re.compile(
     r"(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])"
 )
+# `[v6]:path` or `user@[v6]:path`: the colons inside the brackets are the address's.
+_BRACKET_HOST_RE = re.compile(r"((?:[^@/\[\]:]+@)?\[[^\]/]*\]):")
 # Remote paths go through the remote shell on old rsyncs: keep them to characters that
 # need no quoting anywhere.
 _REMOTE_PATH_RE = re.compile(r"[A-Za-z0-9._/~+@%,=:-]+")
+# One `--list-only` line in the C locale: mode, size (grouped with , or .), date, time, name.
+_LIST_LINE_RE = re.compile(r"(\S{10})\s+[\d,.]+ \S+ \S+ (.+)")
 _SSH_OPT_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*=\S.*")
 _DEFAULT_SSH_OPTS: Final = ("ConnectTimeout=20", "ServerAliveInterval=15", "ServerAliveCountMax=4")
 
@@ -131,9 +149,14 @@ class Destination:
 def parse_destination(text: str) -> Destination:
     """Parse `PATH` or `[user@]host:PATH` the way rsync reads an operand.
 
+    A local path is made absolute and resolved (so `/m`, `/m/` and `/x/../m` are one
+    destination). An IPv6 host is written in brackets, with or without a user
+    (`[::1]:/p`, `user@[::1]:/p`).
+
     Raises:
-        MirrorError: empty, starts with `-`, an rsync daemon or URL form, a bad host, an
-            empty remote path (that would be the remote home directory), control characters.
+        MirrorError: empty, starts with `-`, an rsync daemon or URL form, a bad host, a
+            remote path that names the remote home directory (empty, `.`, `~`, `./`, `~user`)
+            or the remote root, control characters.
     """
     if not text:
         raise MirrorError("empty mirror destination")
@@ -143,10 +166,11 @@ def parse_destination(text: str) -> Destination:
         raise MirrorError(f"mirror destination {text!r} contains control characters")
     if text.startswith("rsync://"):
         raise MirrorError(f"{text!r}: rsync daemon destinations are not supported; use host:path")
-    head, colon, rest = text.partition(":")
-    if text.startswith("[") and "]:" in text:  # [v6addr]:path
-        head, _, rest = text.partition("]:")
-        head, colon = head + "]", ":"
+    bracketed = _BRACKET_HOST_RE.match(text)
+    if bracketed is not None:  # [v6addr]:path or user@[v6addr]:path
+        head, colon, rest = bracketed.group(1), ":", text[bracketed.end() :]
+    else:
+        head, colon, rest = text.partition(":")
     if colon and "/" not in head:
         if rest.startswith(":"):
             raise MirrorError(f"{text!r}: rsync daemon destinations are not supported")
@@ -164,8 +188,28 @@ def parse_destination(text: str) -> Destination:
                 f"mirror destination {text!r}: remote paths may only use letters, digits and "
                 "._/~+@%,=:-"
             )
+        _check_remote_path(text, rest)
         return Destination(raw=text, host=head, path=rest)
     return Destination(raw=text, host=None, path=str(Path(text).resolve()))
+
+
+def _check_remote_path(text: str, rest: str) -> None:
+    """Refuse a remote path that is the remote home (or its parent, or `/`).
+
+    rsync resolves a relative remote path against the login's home directory, so `.`,
+    `./`, `~`, `~/`, `~user` and `a/..` all name a home directory, which `--delete`
+    would empty. Only the spelling is judged here: the destination inspection still
+    refuses any directory that holds files and is not a mirror.
+    """
+    norm = posixpath.normpath(rest)
+    first = norm.split("/", 1)[0]
+    tilde_only = first.startswith("~") and norm == first
+    if tilde_only or norm in (".", "/", "//") or all(p == ".." for p in norm.split("/")):
+        raise MirrorError(
+            f"mirror destination {text!r} names a remote home directory (or its parent, "
+            "or /); refusing",
+            hint="give a directory of its own, e.g. host:prefix-mirror or host:/srv/prefix-mirror",
+        )
 
 
 def parse_ssh_options(values: Sequence[str]) -> list[str]:
@@ -221,8 +265,11 @@ def build_rsync_argv(
 
     Modes:
         compare: itemized `-a --delete` dry run of the whole tree (the plan and the check).
-        send: `-a` of the NUL-separated paths in `files_from` (no recursion, no deletion).
-        delete: delete the `files_from` paths that no longer exist at the source.
+        send: `-a` of the NUL-separated paths in `files_from` (no recursion, no deletion);
+            paths missing at the source are skipped; every path sent *or already equal* is
+            itemized (`-ii`), so the output confirms what is at the destination.
+        delete: delete the `files_from` paths that no longer exist at the source; never
+            sends anything (a path that came back at the source is left alone).
         list: `--list-only` of the top level of `source` (the destination, for inspection).
         fetch: copy one regular file (the destination's marker) to a local path.
         marker: copy the staged marker directory to a new destination.
@@ -259,7 +306,16 @@ def build_rsync_argv(
         # --force: a directory where the source has a file is replaced, not an error.
         argv += [f"--files-from={files_from}", "--from0", "--force"]
         if mode == "delete":
-            argv.append("--delete-missing-args")
+            # --delete-missing-args alone would *send* a path that came back at the source
+            # since the plan (a name could then arrive before its object). With --existing
+            # (create nothing new) and --ignore-existing (update nothing there) rsync only
+            # deletes what is still missing at the source, and never sends anything.
+            argv += ["--delete-missing-args", "--existing", "--ignore-existing"]
+        else:
+            # A listed path removed at the source since the plan (gc) is skipped, not an
+            # error; -ii itemizes unchanged files too, so the output names every listed
+            # path that is now at the destination (what the ordering steps rely on).
+            argv += ["--ignore-missing-args", "-ii"]
     return [*argv, "--", source, dest]
 
 
@@ -270,9 +326,14 @@ class RsyncRun(NamedTuple):
 
 
 def run_rsync(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> RsyncRun:
-    """Run rsync (argv list, never a shell); a return code not in `ok_codes` is `MirrorError`."""
+    """Run rsync (argv list, never a shell); a return code not in `ok_codes` is `MirrorError`.
+
+    rsync runs in the C locale: its error messages and `--list-only` format are matched
+    below, and names with non-ASCII bytes come back `\\#ooo`-escaped (restored exactly).
+    """
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
     try:
-        proc = subprocess.run(list(argv), capture_output=True, check=False)
+        proc = subprocess.run(list(argv), capture_output=True, check=False, env=env)
     except FileNotFoundError:
         raise MirrorError(
             "rsync is not installed (not found on PATH)", hint="install the rsync package"
@@ -313,6 +374,15 @@ class Change(NamedTuple):
     @property
     def is_file(self) -> bool:
         return self.code[1] == "f"
+
+    @property
+    def is_dir(self) -> bool:
+        return self.code[1] == "d"
+
+    @property
+    def is_unchanged(self) -> bool:
+        """An `-ii` line for a path that was already equal (nothing sent or changed)."""
+        return self.code[0] == "." and self.code[2:].strip(" .") == ""
 
     @property
     def is_object(self) -> bool:
@@ -460,12 +530,37 @@ def check_source(reg: Registry) -> None:
 
 
 def _check_overlap(source: Path, dest: Destination) -> None:
+    """Refuse a local destination that is, contains, or lies inside the source (`/` too)."""
     if dest.is_remote:
         return
-    src = os.path.realpath(source)
-    dst = os.path.realpath(dest.path)
-    if src == dst or dst.startswith(src + os.sep) or src.startswith(dst + os.sep):
+    src, dst = source.resolve(), Path(dest.path).resolve()
+    if src.is_relative_to(dst) or dst.is_relative_to(src):
         raise MirrorError(f"destination {dest.raw} overlaps the source {source}; refusing")
+
+
+def _dedupe(parsed: Sequence[Destination]) -> list[Destination]:
+    """Drop repeated destinations (by host and normalised path); refuse nested ones.
+
+    Two spellings of one directory would run two rsyncs into it at once; a destination
+    inside another would be deleted by the outer one's `--delete` and recreated by its own.
+    Local paths are already resolved; remote ones are compared as written, normalised.
+    """
+    out: list[Destination] = []
+    keys: list[tuple[str | None, PurePosixPath]] = []
+    for dest in parsed:
+        path = PurePosixPath(posixpath.normpath(dest.path))
+        key = (dest.host, path)
+        if key in keys:
+            continue
+        for (host, other), seen in zip(keys, out, strict=True):
+            if host == dest.host and (path.is_relative_to(other) or other.is_relative_to(path)):
+                raise MirrorError(
+                    f"mirror destinations {seen.raw} and {dest.raw} are nested; refusing",
+                    hint="give each worker its own directory",
+                )
+        keys.append(key)
+        out.append(dest)
+    return out
 
 
 def _object_sha(path: str) -> str | None:
@@ -481,34 +576,95 @@ def _object_rel(sha: str) -> str:
     return f"objects/{sha[:2]}/{sha}.txt"
 
 
-def _verify_objects(reg: Registry, paths: Iterator[str] | Sequence[str]) -> int:
-    """Re-hash every object file in `paths`; anything in objects/ that is not one is refused."""
-    count = 0
-    for rel in paths:
-        sha = _object_sha(rel)
-        if sha is None:
-            raise IntegrityError(
-                f"{reg.root / rel}: not an object file; refusing to mirror it", path=reg.root / rel
-            )
-        reg._read_verified(sha)
-        count += 1
-    return count
+def _meta_sha(path: str) -> str | None:
+    """The sha of `meta/<sha>.json`, or None for anything else."""
+    parts = path.split("/")
+    if len(parts) != 2 or parts[0] != "meta" or not parts[1].endswith(".json"):
+        return None
+    sha = parts[1].removesuffix(".json")
+    return sha if is_full_sha(sha) else None
+
+
+class _Verifier:
+    """Re-hashes source objects before they travel; shared by all destinations of a run.
+
+    Objects are immutable and content-addressed, so a path verified once in this run is
+    not hashed again. An object removed at the source since the plan (a concurrent gc)
+    is skipped: it is not returned, so it is not sent (the confirm pass sees the rest).
+    """
+
+    def __init__(self, reg: Registry) -> None:
+        self.reg = reg
+        self.count = 0
+        self._done: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, paths: Iterable[str]) -> list[str]:
+        """The paths in `paths` that verified (vanished ones left out).
+
+        Raises:
+            IntegrityError: a path in objects/ that is not an object file (a symlink, a
+                stray name), or an object whose bytes do not hash to its name.
+        """
+        ok = []
+        for rel in paths:
+            with self._lock:
+                if rel in self._done:
+                    ok.append(rel)
+                    continue
+            sha = _object_sha(rel)
+            if sha is None:
+                raise IntegrityError(
+                    f"{self.reg.root / rel}: not an object file; refusing to mirror it",
+                    path=self.reg.root / rel,
+                )
+            try:
+                self.reg._read_verified(sha)
+            except RefNotFoundError:
+                continue  # removed at the source since the plan: it will not be sent
+            with self._lock:
+                if rel not in self._done:
+                    self._done.add(rel)
+                    self.count += 1
+            ok.append(rel)
+        return ok
+
+
+def _top(path: str) -> str:
+    return path.split("/", 1)[0]
+
+
+def _objects_to_verify(changes: Iterable[Change]) -> list[str]:
+    """Every object-path entry about to be sent that is not a directory.
+
+    Not only regular files: a symlink (`cL`) or a device in objects/ must reach the
+    verifier, which refuses it, instead of travelling unchecked.
+    """
+    return sorted({c.path for c in changes if c.is_object and not c.is_delete and not c.is_dir})
 
 
 def _referenced_objects(reg: Registry, changes: Sequence[Change]) -> set[str]:
     """Objects the meta records and names in `changes` point to, read from the source now.
 
+    A record removed at the source since the plan is skipped (it will not be sent), and
+    so is a meta record whose object and record were both pruned meanwhile (gc removes the
+    record first, so a record without its object is only ever seen mid-removal).
+
     Raises:
-        IntegrityError: a name that does not parse, or a name or meta record whose object
-            is missing at the source (it could never arrive at the worker).
+        IntegrityError: a name or meta path that is not a regular file (a symlink), a name
+            that does not parse, or a name or meta record whose object is missing at the
+            source (it could never arrive at the worker).
     """
     shas: set[str] = set()
     for c in changes:
-        if c.is_delete or not c.is_file:
+        if c.is_delete or c.is_dir:
             continue
         parts = c.path.split("/")
-        if len(parts) != 2:
+        if parts[0] not in ("meta", "names") or len(parts) != 2:
             continue
+        path = reg.root / c.path
+        if not c.is_file:
+            raise IntegrityError(f"{path}: not a regular file; refusing to mirror it", path=path)
         sha: str | None = None
         if parts[0] == "meta" and parts[1].endswith(".json"):
             sha = parts[1].removesuffix(".json")
@@ -516,22 +672,35 @@ def _referenced_objects(reg: Registry, changes: Sequence[Change]) -> set[str]:
                 continue
         elif parts[0] == "names" and not fsutil.is_temp_name(parts[1]):
             try:
-                raw = fsutil.read_nofollow(reg.root / c.path)
+                raw = fsutil.read_nofollow(path, root=reg.root)
             except FileNotFoundError:
                 continue  # removed since the plan: it will not be sent
             text = raw.decode("ascii", "replace")
             if not (len(raw) == 65 and raw.endswith(b"\n") and is_full_sha(text[:64])):
-                raise IntegrityError(f"{reg.root / c.path}: not a sha256 line; refusing")
+                raise IntegrityError(f"{path}: not a sha256 line; refusing", path=path)
             sha = text[:64]
         if sha is None:
             continue
-        if not (reg.root / _object_rel(sha)).exists():
+        obj = reg.root / _object_rel(sha)
+        # Object missing: look at the record again. Gone (gc pruned both) or changed (a
+        # name moved): it is not what will be sent, so it needs nothing. Still there and
+        # the object still missing: the source itself is broken.
+        if not obj.exists() and _unchanged(path, reg.root, sha) and not obj.exists():
             raise IntegrityError(
-                f"{reg.root / c.path} points to {sha}, which is not in the registry; refusing",
-                path=reg.root / c.path,
+                f"{path} points to {sha}, which is not in the registry; refusing", path=path
             )
-        shas.add(sha)
+        if obj.exists():
+            shas.add(sha)
     return shas
+
+
+def _unchanged(path: Path, root: Path, sha: str) -> bool:
+    """True when the record at `path` still exists (and, for a name, still says `sha`)."""
+    try:
+        raw = fsutil.read_nofollow(path, root=root)
+    except FileNotFoundError:
+        return False
+    return path.parent.name == "meta" or raw[:64].decode("ascii", "replace") == sha
 
 
 # -- one destination ----------------------------------------------------------------------
@@ -640,11 +809,25 @@ class _Session:
             if exc.returncode == 23 and "Not a directory" in stderr:
                 raise MirrorError(f"destination {self.dest.raw} is not a directory") from None
             raise
+        # Fail closed: the directory counts as empty only on a positive answer, i.e. the
+        # listing parsed line by line shows the directory itself and nothing else.
         entries: dict[str, str] = {}
         for line in listing.stdout.decode("utf-8", "replace").splitlines():
-            m = re.match(r"(\S{10})\s+[\d,]+ \S+ \S+ (.*)$", line)
-            if m is not None and m.group(2) != ".":
-                entries[m.group(2)] = m.group(1)
+            if not line.strip():
+                continue
+            m = _LIST_LINE_RE.fullmatch(line)
+            if m is None:
+                raise MirrorError(
+                    f"destination {self.dest.raw}: cannot read rsync's listing ({line[:80]!r}); "
+                    "refusing, nothing deleted"
+                )
+            entries[m.group(2)] = m.group(1)
+        if not entries.get(".", "").startswith("d"):
+            raise MirrorError(
+                f"destination {self.dest.raw}: rsync's listing does not show the directory "
+                "itself; refusing, nothing deleted"
+            )
+        del entries["."]
         if not entries:
             self.result.new = True
             return
@@ -693,11 +876,18 @@ class _Session:
         argv = build_rsync_argv(
             "compare", self.source, self.dest.target(), rsh=self.rsh, checksum=self.full_verify
         )
-        return parse_itemized(run_rsync(argv).stdout)
+        # Exit 24: a file vanished at the source while rsync walked it (a concurrent gc).
+        return parse_itemized(run_rsync(argv, ok_codes=(0, _VANISHED)).stdout)
 
-    def _pass(self, kind: str, paths: Sequence[str]) -> list[Change]:
+    def _pass(self, kind: str, paths: Sequence[str]) -> set[str]:
+        """One `--files-from` step; returns the paths rsync itemized.
+
+        For a send that is every listed path now at the destination (sent or already
+        equal, thanks to `-ii`); for a delete, every path it deleted. Only real changes
+        are recorded in `passes` and counted.
+        """
         if not paths:
-            return []
+            return set()
         listing = self.workdir / f"{kind}.list"
         listing.write_bytes(b"".join(os.fsencode(p) + b"\0" for p in paths))
         mode: Mode = "delete" if kind.startswith("delete") else "send"
@@ -710,7 +900,8 @@ class _Session:
             bwlimit=self.bwlimit,
             checksum=self.full_verify,
         )
-        changes = parse_itemized(run_rsync(argv, ok_codes=(0, _VANISHED)).stdout)
+        itemized = parse_itemized(run_rsync(argv, ok_codes=(0, _VANISHED)).stdout)
+        changes = [c for c in itemized if not c.is_unchanged]
         self.result.passes.append(PassRecord(kind, changes))
         for c in changes:
             if c.is_delete:
@@ -718,28 +909,81 @@ class _Session:
             elif c.is_file:
                 self.result.sent += 1
                 self.result.bytes += c.bytes
-        return changes
+        return {c.path for c in itemized}
 
-    def apply(self, plan: Sequence[Change], verify: Callable[[Sequence[str]], int]) -> None:
-        """One round: objects, referenced objects + the rest (under lock), deletions."""
-        objects = [c.path for c in plan if not c.is_delete and c.is_object]
-        rest = [c for c in plan if not c.is_delete and not c.is_object]
-        self._pass("objects", objects)
-        if rest:
-            # Names move only under the registry lock: holding it, the names read here are
-            # the names sent, so every object they point to is sent first.
+    def apply(self, plan: Sequence[Change], verify: Callable[[Iterable[str]], list[str]]) -> None:
+        """One round, in the order that keeps DESIGN §3's reader promise.
+
+        1. objects (verified first; an object gc removed since the plan is left out);
+        2. meta records, each only once its object is confirmed at the destination (sent
+           now, already equal, or sent by a step for the objects the records point to);
+        3. under the registry lock (names only move under it, and gc only removes under
+           it): the objects the names point to *now*, then the names: the names read
+           are the names sent, so every object they point to is there first;
+        4. everything else (measurements, probes, journals), outside the lock so a slow
+           link never holds up an agent loop's `add(name=...)`;
+        5. deletions of non-objects, then of objects, each only of paths still missing at
+           the source. Object deletions wait for the next round when a planned name or
+           meta change did not happen as planned (a name came back, a record vanished),
+           and never remove an object a record sent in this round points to.
+        """
+        sends = [c for c in plan if not c.is_delete]
+        objects = [c.path for c in sends if c.is_object and c.is_dir]
+        objects += verify(_objects_to_verify(sends))
+        here = self._pass("objects", objects)
+
+        meta = [c for c in sends if _top(c.path) == "meta"]
+        names = [c for c in sends if _top(c.path) == "names"]
+        rest = [c.path for c in sends if _top(c.path) not in ("objects", "meta", "names")]
+        referenced: set[str] = set()
+        done: set[str] = set()
+        if meta:
+            shas = _referenced_objects(self.reg, meta)
+            referenced |= {_object_rel(sha) for sha in shas}
+            here |= self._pass("meta-objects", verify(sorted(referenced - here)))
+            ready = [
+                c.path
+                for c in meta
+                if (sha := _meta_sha(c.path)) is None or _object_rel(sha) in here
+            ]
+            done |= self._pass("meta", ready)
+        if names:
             with self.reg.lock("registry"):
-                sent = set(objects)
-                needed = sorted(
-                    rel
-                    for rel in map(_object_rel, _referenced_objects(self.reg, rest))
-                    if rel not in sent
-                )
-                verify(needed)
-                self._pass("referenced-objects", needed)
-                self._pass("rest", [c.path for c in rest])
-        self._pass("delete", [c.path for c in plan if c.is_delete and not c.is_object])
-        self._pass("delete-objects", [c.path for c in plan if c.is_delete and c.is_object])
+                shas = _referenced_objects(self.reg, names)
+                needed = sorted({_object_rel(sha) for sha in shas} - here)
+                here |= self._pass("referenced-objects", verify(needed))
+                missing = [rel for rel in needed if rel not in here]
+                if missing:
+                    raise MirrorError(
+                        f"{self.dest.raw}: {missing[0]} did not arrive; names not sent"
+                    )
+                referenced |= {_object_rel(sha) for sha in shas}
+                done |= self._pass("names", [c.path for c in names])
+        self._pass("rest", rest)
+
+        deletions = [c.path for c in plan if c.is_delete and not c.is_object]
+        done |= self._pass("delete", deletions)
+        records = {
+            c.path for c in plan if _top(c.path) in ("meta", "names") and c.path != _top(c.path)
+        }
+        if not records <= done:
+            # Some name or meta record at the destination is not what the plan expected;
+            # it may still point to an object planned for deletion. The next round's
+            # compare plans it afresh.
+            self.result.passes.append(PassRecord("delete-objects-postponed", []))
+            return
+        kept_dirs = {posixpath.dirname(rel) for rel in referenced}
+        self._pass(
+            "delete-objects",
+            [
+                c.path
+                for c in plan
+                if c.is_delete
+                and c.is_object
+                and c.path not in referenced
+                and c.path not in kept_dirs
+            ],
+        )
 
     def finish(self, result: str, error: str | None = None) -> DestinationResult:
         self.result.result = result
@@ -765,9 +1009,12 @@ def mirror(
     """Mirror the origin registry `reg` to every destination (in parallel).
 
     Args:
-        destinations: `PATH` or `[user@]host:PATH` strings (duplicates are dropped).
+        destinations: `PATH` or `[user@]host:PATH` strings (duplicates, after resolving
+            local paths, are dropped; nested destinations are refused).
         dry_run: compare only; the report's `changes` say what would change.
         full_verify: re-hash every source object first, and compare with `--checksum`.
+            Without it a destination is "verified" when an itemized dry run finds no
+            size or mtime difference (the objects sent are still re-hashed first).
         ssh_options: `Key=Value` ssh options for remote destinations.
         bwlimit: rsync `--bwlimit` (KiB/s) for the transfer passes.
         max_rounds: how many apply + confirm rounds a changing origin may take.
@@ -781,11 +1028,7 @@ def mirror(
         destination or option (nothing touched). IntegrityError: a source object about to
         be sent fails verification (nothing sent). LockTimeoutError: another mirror runs.
     """
-    parsed: list[Destination] = []
-    for text in destinations:
-        dest = parse_destination(text)
-        if dest not in parsed:
-            parsed.append(dest)
+    parsed = _dedupe([parse_destination(text) for text in destinations])
     if not parsed:
         raise UsageError(
             "no mirror destination", hint=f"pass --to HOST:PATH or PATH, or set {ENV_TO}"
@@ -798,11 +1041,12 @@ def mirror(
         _check_overlap(reg.root, dest)
     report = MirrorReport(source=str(reg.root), dry_run=dry_run, full_verify=full_verify)
     log_lock = threading.Lock()
+    verifier = _Verifier(reg)
 
     def log(result: DestinationResult, *, announce: bool = True) -> None:
         if not dry_run:
             with log_lock:
-                line = dumps_canonical(result.log_record(report.objects_verified))
+                line = dumps_canonical(result.log_record(verifier.count))
                 fsutil.append_line(reg.root / LOG_NAME, line)
         if announce and on_result is not None:
             on_result(result)
@@ -837,29 +1081,29 @@ def mirror(
         live = [s for s, failed in zip(sessions, planned, strict=True) if failed is None]
 
         # 2. Verify what is about to travel, for all destinations, before touching any.
+        failed = [r for r in planned if r is not None]
         try:
             if full_verify:
-                report.objects_verified = _verify_objects(reg, map(_object_rel, reg.iter_shas()))
+                verifier(map(_object_rel, reg.iter_shas()))
             else:
-                to_send = {
-                    c.path
-                    for s in live
-                    for c in s.plan
-                    if c.is_object and c.is_file and not c.is_delete
-                }
-                report.objects_verified = _verify_objects(reg, sorted(to_send))
+                verifier(_objects_to_verify(c for s in live for c in s.plan))
             for s in live:
                 _referenced_objects(reg, s.plan)
         except IntegrityError as exc:
+            report.objects_verified = verifier.count
             for s in live:
                 s.finish("refused", str(exc))
             for s in sessions:
                 # Recorded, not announced: the raised error is the one line the user sees.
                 log(s.result, announce=False)
             raise
-        for failed_result in planned:
-            if failed_result is not None:
-                log(failed_result)
+        except OSError as exc:
+            # An unreadable source file fails every destination (exit 6), with a log line.
+            failed += [s.finish("failed", f"cannot read the source: {exc}") for s in live]
+            live = []
+        report.objects_verified = verifier.count
+        for failed_result in failed:
+            log(failed_result)
 
         if dry_run:
             for s in live:
@@ -867,17 +1111,10 @@ def mirror(
                 s.result.verified = not s.plan
                 log(s.finish("dry-run"))
         else:
-            verified_lock = threading.Lock()
-
-            def verify(paths: Sequence[str]) -> int:
-                count = _verify_objects(reg, paths)
-                with verified_lock:
-                    report.objects_verified += count
-                return count
 
             def transfer(session: _Session) -> None:
                 try:
-                    _transfer(session, verify, max_rounds)
+                    _transfer(session, verifier, max_rounds)
                 except (PrefixregError, OSError) as exc:
                     # One destination failing never stops the others; the log says why.
                     log(session.finish("failed", str(exc)))
@@ -885,11 +1122,12 @@ def mirror(
                 log(session.finish("ok"))
 
             list(pool.map(transfer, live))
+            report.objects_verified = verifier.count
         report.results = [s.result for s in sessions]
     return report
 
 
-def _transfer(session: _Session, verify: Callable[[Sequence[str]], int], max_rounds: int) -> None:
+def _transfer(session: _Session, verify: _Verifier, max_rounds: int) -> None:
     """Apply the plan and confirm, round after round, until the destination equals the source."""
     plan = session.plan
     if plan and session.result.new:
@@ -901,8 +1139,6 @@ def _transfer(session: _Session, verify: Callable[[Sequence[str]], int], max_rou
                 f"({len(plan)} changes, e.g. {plan[0]}); is the origin being written to?"
             )
         session.result.rounds += 1
-        if session.result.rounds > 1:
-            verify([c.path for c in plan if c.is_object and c.is_file and not c.is_delete])
         session.apply(plan, verify)
         plan = session.compare()
         session.result.passes.append(PassRecord("confirm", plan))

@@ -532,6 +532,7 @@ def run_probe(
             f"the corpus has {len(options.corpus):,} characters; the largest size needs "
             f"{max(options.sizes):,}"
         )
+    registry.refuse_on_mirror("register probe prefixes")
     say = progress or (lambda _label, _n: None)
     with registry.lock("probe"):
         build = worker.server_build()

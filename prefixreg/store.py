@@ -16,6 +16,9 @@ Invariants:
 - Name moves are compare-and-swap under the registry lock and journalled to `names.log`,
   one line per move.
 - A directory is only written into if it is empty or carries `REGISTRY.json`.
+- A mirror (role `mirror`) is written only by `prefixreg mirror` (rsync): `add`,
+  `move_name` and `write_measurement` refuse it with a `UsageError`, since the next mirror
+  run would silently delete whatever they wrote.
 - No symlink inside the registry is followed: reads open every component below the root
   with `O_NOFOLLOW`, writes check the directories they write into first. The root itself
   may be a symlink (a user's choice, e.g. a moved home).
@@ -238,6 +241,15 @@ class Registry:
             self.root / "README.md", _README.format(version=FORMAT_VERSION).encode(), mode=0o644
         )
 
+    def refuse_on_mirror(self, what: str) -> None:
+        """Refuse a write API call on a mirror: the next mirror run would delete it."""
+        if self.role == "mirror":
+            raise UsageError(
+                f"{self.root} is a mirror; refusing to {what} here (the next mirror run "
+                "would delete it)",
+                hint="write on the origin registry (the coordinator), then run prefixreg mirror",
+            )
+
     @contextlib.contextmanager
     def lock(self, name: str = "registry") -> Iterator[None]:
         """Hold the registry's exclusive lock (`.locks/<name>.lock`)."""
@@ -294,6 +306,7 @@ class Registry:
         Raises:
             InvalidContentError: empty or not UTF-8. InvalidNameError: bad name.
             IntegrityError: an existing object with this sha no longer verifies.
+            UsageError: the registry is a mirror (write on the origin).
         """
         data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
         if not data:
@@ -308,6 +321,7 @@ class Registry:
             validate_name(name)
         sha = sha256_hex(data)
         self.init()
+        self.refuse_on_mirror("add a prefix")
         path = self.object_path(sha)
         # Never create or write through a symlinked directory (it would land outside).
         fsutil.check_no_symlinks(self.root, path.parent.parent)
@@ -532,8 +546,12 @@ class Registry:
 
         Returns:
             The journalled move, or None if the name already pointed there.
+
+        Raises:
+            UsageError: the registry is a mirror (move names on the origin).
         """
         validate_name(name)
+        self.refuse_on_mirror("move a name")
         sha = self.resolve(ref)
         self._read_verified(sha)  # never point a name at bytes that fail verification
         with self.lock():
@@ -578,9 +596,14 @@ class Registry:
     # -- measurements --------------------------------------------------------------------
 
     def write_measurement(self, measurement: Measurement) -> Path:
-        """Write one measurement record; never overwrites an existing one."""
+        """Write one measurement record; never overwrites an existing one.
+
+        Raises:
+            UsageError: the registry is a mirror (measure against the origin).
+        """
         sha = measurement.sha256
         self.init()
+        self.refuse_on_mirror("write a measurement")
         directory = self.root / "measurements"
         fsutil.check_no_symlinks(self.root, directory)
         data = dumps_canonical(measurement.to_dict()) + b"\n"

@@ -1,12 +1,14 @@
 """`prefixreg verify`: an fsck of the registry. Reads everything, changes nothing.
 
-Problems (verify exits 1): an object whose bytes do not hash to its name, a symlink, an
-unexpected file, a meta record or name that does not parse or disagrees with its object, a
-name that points nowhere, a corrupt journal line or measurement, a writable object, a
-symlink anywhere in the registry's own directories, and a registry directory that other
-users can write to (`insecure_mode`: they could swap names or plant files).
-Warnings: stray temp files and objects without meta: the debris of interrupted or in-flight
-writes, which never hides or corrupts data (`add` again repairs an object without meta).
+Problems (verify exits 1): an object whose bytes do not hash to its name, a symlink
+(anywhere: probes/ and the root included), an unexpected file (at the root: anything but
+the files and directories of DESIGN §3 and `migrations.log`), a meta record or name that
+does not parse or disagrees with its object, a name that points nowhere, a corrupt journal
+line or measurement, a writable object, and a registry directory that other users can
+write to (`insecure_mode`: they could swap names or plant files).
+Warnings: stray temp files (in every registry directory and at the root) and objects
+without meta: the debris of interrupted or in-flight writes, which never hides or corrupts
+data (`add` again repairs an object without meta).
 """
 
 from __future__ import annotations
@@ -98,11 +100,15 @@ def verify_registry(reg: Registry) -> VerifyReport:
     _verify_meta(reg, report)
     _verify_names(reg, report)
     _verify_measurements(reg, report)
+    _verify_probes(reg, report)
+    _verify_root(reg, report)
     return report
 
 
 # The registry's own directories: a symlink in their place would redirect reads and writes.
 _SUBDIRS = ("objects", "meta", "names", "measurements", "probes", ".locks")
+# The only files a registry root holds (DESIGN §3, plus `migrate`'s journal).
+_ROOT_FILES = frozenset({"REGISTRY.json", "README.md", "names.log", "mirror.log", "migrations.log"})
 
 
 def _group_is_private(st: os.stat_result) -> bool:
@@ -152,10 +158,20 @@ def _verify_directories(reg: Registry, report: VerifyReport) -> None:
         dirnames[:] = [d for d in dirnames if not fsutil.is_temp_name(d)]
 
 
-def _scan(reg: Registry, directory: Path, report: VerifyReport) -> Iterator[Path]:
-    """Entries of `directory`, reporting strays and symlinks on the way."""
-    if directory.is_symlink() or not directory.is_dir():
-        return  # a symlinked directory is reported once, by _verify_directories
+def _scan(
+    reg: Registry,
+    directory: Path,
+    report: VerifyReport,
+    *,
+    skip_symlinks: frozenset[str] = frozenset(),
+) -> Iterator[Path]:
+    """Entries of `directory`, reporting strays and symlinks on the way.
+
+    The root may itself be a symlink (a user's choice); any other symlinked directory is
+    reported once, by `_verify_directories`, and not scanned.
+    """
+    if (directory != reg.root and directory.is_symlink()) or not directory.is_dir():
+        return
     for entry in sorted(directory.iterdir()):
         rel = str(entry.relative_to(reg.root))
         if fsutil.is_temp_name(entry.name):
@@ -163,7 +179,8 @@ def _scan(reg: Registry, directory: Path, report: VerifyReport) -> Iterator[Path
                 Finding("stray", rel, "temp file left by an interrupted write", "warning")
             )
         elif entry.is_symlink():
-            report.findings.append(Finding("symlink", rel, "symlink in the registry; refused"))
+            if entry.name not in skip_symlinks:
+                report.findings.append(Finding("symlink", rel, "symlink in the registry; refused"))
         else:
             yield entry
 
@@ -242,6 +259,30 @@ def _verify_names(reg: Registry, report: VerifyReport) -> None:
         reg.name_log()
     except IntegrityError as exc:
         report.findings.append(Finding("bad_record", "names.log", str(exc)))
+
+
+def _verify_probes(reg: Registry, report: VerifyReport) -> None:
+    """Probe receipts: strays and symlinks (via `_scan`), and anything not a regular file."""
+    for entry in _scan(reg, reg.root / "probes", report):
+        if not entry.is_file():
+            rel = str(entry.relative_to(reg.root))
+            report.findings.append(Finding("unexpected", rel, "not a probe receipt file"))
+
+
+def _verify_root(reg: Registry, report: VerifyReport) -> None:
+    """The root itself: strays, symlinks and anything that is not part of the format."""
+    for entry in _scan_root(reg, report):
+        name = entry.name
+        ok = entry.is_dir() if name in _SUBDIRS else name in _ROOT_FILES and entry.is_file()
+        if not ok:
+            report.findings.append(
+                Finding("unexpected", name, "not part of a registry (DESIGN §3 layout)")
+            )
+
+
+def _scan_root(reg: Registry, report: VerifyReport) -> Iterator[Path]:
+    # A symlinked subdirectory is already reported by _verify_directories; report it once.
+    yield from _scan(reg, reg.root, report, skip_symlinks=frozenset(_SUBDIRS))
 
 
 def _verify_measurements(reg: Registry, report: VerifyReport) -> None:

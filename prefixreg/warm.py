@@ -213,6 +213,7 @@ def warm_prefix(
     """
     if not (warm or check):
         raise UsageError("nothing to do: neither the warm call nor the resume check")
+    registry.refuse_on_mirror("record measurements")  # before anything is sent
     say = progress or (lambda _msg: None)
     prefix = registry.get(ref)  # verified: an IntegrityError leaves before any request
     build = worker.server_build()

@@ -195,6 +195,20 @@ def test_prune_is_refused_on_a_mirror(tmp_path: Path) -> None:
     collect_garbage(reg, grace_s=0)  # strays may still go
 
 
+def test_strays_on_a_mirror_still_go_despite_the_mirror_write_guard(tmp_path: Path) -> None:
+    """The store refuses add/name/measurement writes on a mirror; gc's removals are not
+    such writes and keep working there."""
+    reg = Registry(tmp_path / "mirror")
+    reg.init(role="mirror")
+    stray = reg.root / "names" / ".n.abc123.tmp"
+    (reg.root / "names").mkdir(exist_ok=True)
+    stray.write_bytes(b"half")
+    _age(stray, 2 * DAY)
+    report = collect_garbage(reg, grace_s=DAY)
+    assert [item.path for item in report.removed] == ["names/.n.abc123.tmp"]
+    assert not stray.exists()
+
+
 def test_gc_does_not_walk_into_a_symlinked_directory(registry: Registry, tmp_path: Path) -> None:
     registry.init()
     outside = tmp_path / "outside"

@@ -12,7 +12,7 @@ import pytest
 
 from prefixreg import fsutil
 from prefixreg import migrate as migrate_mod
-from prefixreg.errors import IntegrityError, RegistryLocationError, UsageError
+from prefixreg.errors import IntegrityError, PrefixregError, RegistryLocationError, UsageError
 from prefixreg.location import default_registry_path, legacy_registry_path
 from prefixreg.migrate import MIGRATIONS_LOG, migrate_registry, scan_references
 from prefixreg.records import Measurement, ServerBuild
@@ -411,3 +411,128 @@ def test_no_hint_without_an_old_registry(tmp_path: Path) -> None:
     proc = run("ls")
     assert proc.returncode == 0
     assert proc.stderr == b""
+
+
+# -- writes during a move, symlinked roots ------------------------------------------------
+
+
+def test_a_symlinked_source_root_moves_the_directory_not_the_link(tmp_path: Path) -> None:
+    real, link, new = tmp_path / "disk" / "reg", tmp_path / "home-reg", tmp_path / "state" / "reg"
+    _populate(real)
+    link.symlink_to(real)
+    before = _snapshot(real)
+    report = migrate_registry(link, new)
+    assert report.method == "rename"
+    assert not new.is_symlink() and new.is_dir()
+    _check_moved(before, new, method="rename")
+    assert not real.exists() and link.is_symlink() and not link.exists()  # dangles
+    assert any("symlink" in w for w in report.warnings)
+    entry = json.loads((new / MIGRATIONS_LOG).read_bytes().splitlines()[-1])
+    assert entry["from"] == str(link)
+    again = migrate_registry(link, new)  # a re-run (for --scan) finds the move done
+    assert again.method == "none" and "nothing to move" in again.warnings[0]
+
+
+def test_a_symlinked_source_root_is_copied_across_filesystems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(migrate_mod, "_same_filesystem", lambda _a, _b: False)
+    real, link, new = tmp_path / "disk" / "reg", tmp_path / "home-reg", tmp_path / "new"
+    _populate(real)
+    link.symlink_to(real)
+    before = _snapshot(real)
+    assert migrate_registry(link, new).method == "copy"
+    _check_moved(before, new, method="copy")
+    assert not real.exists()
+
+
+def _late_writes(old: Path) -> dict[str, object]:
+    """What an agent loop (no lock needed) and a mirror run write while a move copies."""
+    reg = Registry(old)
+    late = reg.add("added by the agent loop during the migration\n")
+    noted = reg.resolve("beta")
+    reg.add("beta prefix\n" * 30, note="a note added meanwhile")  # meta replaced
+    build = ServerBuild(profile="halogen", identity={"model": "m"})
+    measured = reg.write_measurement(
+        Measurement(sha256=late, at="2026-01-02T00:00:00Z", kind="warm", build=build, body={})
+    )
+    fsutil.append_line(old / "mirror.log", b'{"at":"y","ok":true}')
+    return {"late": late, "noted": noted, "measured": measured.name}
+
+
+@pytest.mark.parametrize("method", ["copy", "merge"])
+def test_writes_during_a_copy_or_merge_are_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    monkeypatch.setattr(migrate_mod, "_same_filesystem", lambda _a, _b: False)
+    old, new = tmp_path / "old", tmp_path / "new"
+    _populate(old)
+    if method == "merge":
+        _copy_tree(old, new)
+        (new / "mirror.log").unlink()
+    name = "_move_by_copy" if method == "copy" else "_move_by_merge"
+    real_move = getattr(migrate_mod, name)
+    written: dict[str, object] = {}
+
+    def move_then_write(*args: object, **kwargs: object) -> object:
+        out = real_move(*args, **kwargs)
+        written.update(_late_writes(old))
+        return out
+
+    monkeypatch.setattr(migrate_mod, name, move_then_write)
+    report = migrate_registry(old, new)
+    assert report.method == method and written
+    assert not old.exists()
+    assert not list(tmp_path.glob(".old.migrated-*"))
+    reg = Registry(new)
+    assert reg.verify().ok, reg.verify().findings
+    assert str(written["late"]) in set(reg.iter_shas())
+    assert reg.meta(str(written["late"])) is not None
+    assert reg.meta(str(written["noted"])).note == "a note added meanwhile"
+    assert (new / "measurements" / str(written["measured"])).is_file()
+    assert (new / "mirror.log").read_bytes().endswith(b'{"at":"y","ok":true}\n')
+    assert report.files == len(_content(_snapshot(new)))
+
+
+def test_a_write_landing_after_the_source_was_renamed_aside_is_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(migrate_mod, "_same_filesystem", lambda _a, _b: False)
+    old, new = tmp_path / "old", tmp_path / "new"
+    _populate(old)
+    real_catch_up = migrate_mod._catch_up
+    landed: list[str] = []
+
+    def catch_up(source: Path, *args: object) -> list[str]:
+        if source.name.startswith(".old.migrated-") and not landed:
+            # An in-flight append that completes just after the rename.
+            fsutil.append_line(source / "mirror.log", b'{"at":"z","ok":true}')
+            landed.append(source.name)
+        return real_catch_up(source, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(migrate_mod, "_catch_up", catch_up)
+    migrate_registry(old, new)
+    assert landed and not old.exists()
+    assert (new / "mirror.log").read_bytes().endswith(b'{"at":"z","ok":true}\n')
+
+
+def test_a_file_changed_at_both_ends_keeps_the_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(migrate_mod, "_same_filesystem", lambda _a, _b: False)
+    old, new = tmp_path / "old", tmp_path / "new"
+    _populate(old)
+    real_move = migrate_mod._move_by_copy
+
+    def move_then_diverge(*args: object, **kwargs: object) -> list[str]:
+        out = real_move(*args, **kwargs)  # type: ignore[arg-type]
+        fsutil.append_line(old / "mirror.log", b'{"at":"origin side"}')
+        fsutil.append_line(new / "mirror.log", b'{"at":"target side"}')
+        return out
+
+    monkeypatch.setattr(migrate_mod, "_move_by_copy", move_then_diverge)
+    with pytest.raises(PrefixregError, match="changed both"):
+        migrate_registry(old, new)
+    assert (old / "REGISTRY.json").is_file() and Registry(old).verify().ok
+    assert (old / "mirror.log").read_bytes().endswith(b'{"at":"origin side"}\n')
+    assert not list(tmp_path.glob(".old.migrated-*"))

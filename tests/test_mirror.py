@@ -18,12 +18,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import orjson
 import pytest
 
+from prefixreg import mirror as mirror_mod
 from prefixreg.errors import IntegrityError, MirrorError, UsageError
 from prefixreg.mirror import (
     EXCLUDES,
@@ -119,6 +120,10 @@ def one_error_line(res: subprocess.CompletedProcess[bytes]) -> str:
         ("w1:/srv/mirror", "w1", "/srv/mirror"),
         ("root@worker-2.lan:reg", "root@worker-2.lan", "reg"),
         ("[::1]:/srv/m", "[::1]", "/srv/m"),
+        ("user@[::1]:/p", "user@[::1]", "/p"),
+        ("u@[fe80::1]:mirror", "u@[fe80::1]", "mirror"),
+        ("host:~/mirror", "host", "~/mirror"),
+        ("host:./mirror", "host", "./mirror"),
     ],
 )
 def test_parse_destination_accepts_paths_and_host_paths(
@@ -128,8 +133,10 @@ def test_parse_destination_accepts_paths_and_host_paths(
     assert (dest.host, dest.path) == (host, path)
 
 
-def test_parse_destination_relative_local_path_becomes_absolute(tmp_path: Path) -> None:
-    os.chdir(tmp_path)
+def test_parse_destination_relative_local_path_becomes_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
     assert parse_destination("./a:b").path == str(tmp_path / "a:b")
     assert parse_destination("./a:b").host is None
 
@@ -149,11 +156,27 @@ def test_parse_destination_relative_local_path_becomes_absolute(tmp_path: Path) 
         ("h:/a b", "remote paths"),
         ("h:/a;rm -rf /", "remote paths"),
         ("/tmp/a\nb", "control"),
+        ("host:.", "home directory"),
+        ("host:./", "home directory"),
+        ("host:~", "home directory"),
+        ("host:~/", "home directory"),
+        ("host:~/.", "home directory"),
+        ("host:~other", "home directory"),
+        ("host:a/..", "home directory"),
+        ("host:..", "home directory"),
+        ("host:/", "home directory"),
+        ("user@[::1]:", "no path"),
+        ("user@[::1]:.", "home directory"),
     ],
 )
 def test_parse_destination_refuses_bad_input(text: str, needle: str) -> None:
     with pytest.raises(MirrorError, match=needle):
         parse_destination(text)
+
+
+def test_ipv6_host_with_a_user_keeps_user_and_unbracketed_address_for_ssh() -> None:
+    dest = parse_destination("user@[::1]:/p")
+    assert dest.ssh_host == "user@::1" and dest.target("x") == "user@[::1]:/p/x"
 
 
 def test_build_rsync_argv_compare_is_an_itemized_delete_dry_run_with_excludes() -> None:
@@ -170,8 +193,10 @@ def test_build_rsync_argv_send_and_delete_use_a_files_from_list() -> None:
     send = build_rsync_argv("send", "/r/", "/m/", files_from="/tmp/l", bwlimit=100)
     assert {"--files-from=/tmp/l", "--from0", "--bwlimit=100"} <= set(send)
     assert "--delete" not in send and "--delete-missing-args" not in send
+    assert {"--ignore-missing-args", "-ii"} <= set(send)
     delete = build_rsync_argv("delete", "/r/", "/m/", files_from="/tmp/l")
-    assert "--delete-missing-args" in delete
+    # Deleting only: a path back at the source must be neither created nor updated.
+    assert {"--delete-missing-args", "--existing", "--ignore-existing"} <= set(delete)
     with pytest.raises(ValueError, match="files_from"):
         build_rsync_argv("send", "/r/", "/m/")
 
@@ -413,8 +438,38 @@ def test_rsync_missing_is_one_line_exit_6(tmp_path: Path) -> None:
 # -- the ordering promise -------------------------------------------------------------------
 
 
-def _assert_pass_order(reg: Registry, passes: list[PassRecord], arrived: set[str]) -> None:
-    """Every name/meta sent finds its object already sent; deletions come after all sends."""
+SentNames = dict[int, dict[str, str]]
+
+
+@pytest.fixture
+def sent_names(monkeypatch: pytest.MonkeyPatch) -> SentNames:
+    """For each recorded pass (by id): what every name it sent said *at the worker*.
+
+    Read from the local destination right after the pass, so the ordering checks judge
+    what was sent, not the origin's state by the time the test looks.
+    """
+    recorded: SentNames = {}
+    real_pass = mirror_mod._Session._pass
+
+    def recording_pass(self: mirror_mod._Session, kind: str, paths: Sequence[str]) -> set[str]:
+        count = len(self.result.passes)
+        out = real_pass(self, kind, paths)
+        if len(self.result.passes) > count:
+            record = self.result.passes[-1]
+            recorded[id(record)] = {
+                c.path: (Path(self.dest.path) / c.path).read_text().strip()
+                for c in record.changes
+                if c.path.startswith("names/") and c.is_file and not c.is_delete
+            }
+        return out
+
+    monkeypatch.setattr(mirror_mod._Session, "_pass", recording_pass)
+    return recorded
+
+
+def _assert_pass_order(passes: list[PassRecord], arrived: set[str], sent: SentNames) -> None:
+    """From the itemized output: every name/meta sent finds its object already sent (or
+    there before the run); deletions come after all sends; objects are deleted last."""
     kinds = [p.kind for p in passes if p.changes]
     seen_delete = False
     for p in passes:
@@ -427,23 +482,27 @@ def _assert_pass_order(reg: Registry, passes: list[PassRecord], arrived: set[str
             assert not seen_delete, f"a send after a deletion: {kinds}"
         for c in p.changes:
             if c.is_delete:
+                if c.is_object and c.is_file:
+                    arrived.discard(c.path.split("/")[-1].removesuffix(".txt"))
                 continue
             if c.is_object and c.is_file:
                 arrived.add(c.path.split("/")[-1].removesuffix(".txt"))
             elif c.path.startswith("meta/") and c.is_file:
                 assert c.path[5:-5] in arrived, f"meta before object: {c.path} in {kinds}"
             elif c.path.startswith("names/") and c.is_file:
-                target = (reg.root / c.path).read_text().strip()
+                target = sent[id(p)][c.path]
                 assert target in arrived, f"name before object: {c.path} in {kinds}"
     deletes = [p.kind for p in passes if p.kind.startswith("delete") and p.changes]
     assert deletes == sorted(deletes), "objects must be deleted after names and meta"
 
 
-def test_passes_send_objects_before_names_and_meta_and_delete_last(tmp_path: Path) -> None:
+def test_passes_send_objects_before_names_and_meta_and_delete_last(
+    tmp_path: Path, sent_names: SentNames
+) -> None:
     reg = make_origin(tmp_path / "reg", count=4)
     dest = tmp_path / "m"
     first = mirror(reg, [str(dest)]).results[0]
-    _assert_pass_order(reg, first.passes, set())
+    _assert_pass_order(first.passes, set(), sent_names)
     arrived = set(reg.iter_shas())
     # Retire p3's object at the origin (as gc would, after its name moved away),
     # add objects, move names: the next run must delete last, objects after names/meta.
@@ -456,11 +515,59 @@ def test_passes_send_objects_before_names_and_meta_and_delete_last(tmp_path: Pat
     (reg.root / "names" / "p2").unlink()
     res = mirror(reg, [str(dest)]).results[0]
     assert res.ok and res.deleted == 3
-    _assert_pass_order(reg, res.passes, arrived)
+    _assert_pass_order(res.passes, arrived, sent_names)
     kinds = [p.kind for p in res.passes if p.changes]
-    assert kinds == ["objects", "rest", "delete", "delete-objects"]
+    assert kinds == ["objects", "meta", "names", "rest", "delete", "delete-objects"]
     assert new in {c.path.split("/")[-1][:64] for c in res.passes[0].changes}
     assert content(dest) == content(reg.root)
+
+
+def _dest_consistent(dest: Path) -> list[str]:
+    """Every name and meta record at the worker whose object is not there."""
+    bad = []
+    for sub in ("names", "meta"):
+        directory = dest / sub
+        for entry in sorted(directory.iterdir()) if directory.is_dir() else []:
+            sha = entry.read_text().strip() if sub == "names" else entry.name[:64]
+            if not (dest / "objects" / sha[:2] / f"{sha}.txt").is_file():
+                bad.append(f"{sub}/{entry.name} -> {sha[:12]}")
+    return bad
+
+
+def test_a_name_deleted_then_recreated_during_the_run_never_arrives_before_its_object(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delete pass only deletes: a planned deletion whose path came back at the
+    origin (a new object behind it) is not sent early, and the object the worker's copy
+    still points to is not deleted under it; the next round sends both in order."""
+    reg = make_origin(tmp_path / "reg", count=2)
+    old = reg.add("the old content of foo", name="foo")
+    dest = tmp_path / "m"
+    assert mirror(reg, [str(dest)]).ok
+    # At the origin: foo is removed and its (now unnamed) object pruned, as gc would.
+    (reg.root / "names" / "foo").unlink()
+    os.chmod(reg.object_path(old), 0o644)
+    reg.object_path(old).unlink()
+    reg.meta_path(old).unlink()
+    checks: list[tuple[str, list[str]]] = []
+    real_pass = mirror_mod._Session._pass
+    injected: list[str] = []
+
+    def hooked(self: mirror_mod._Session, kind: str, paths: Sequence[str]) -> set[str]:
+        if kind == "delete" and not injected:
+            # Between plan and delete pass: an agent loop re-creates foo -> a new object.
+            injected.append(reg.add("foo, re-created meanwhile", name="foo"))
+        out = real_pass(self, kind, paths)
+        checks.append((kind, _dest_consistent(dest)))
+        return out
+
+    monkeypatch.setattr(mirror_mod._Session, "_pass", hooked)
+    (r,) = mirror(reg, [str(dest)], max_rounds=5).results
+    assert injected, "the delete pass never ran"
+    assert r.ok, r.error
+    assert [bad for _kind, bad in checks if bad] == [], checks
+    assert content(dest) == content(reg.root)
+    assert Registry(dest).resolve("foo") == injected[0]
 
 
 def _reader(dest: Path, stop: threading.Event, violations: list[str], reads: list[int]) -> None:
@@ -644,3 +751,188 @@ def test_interrupted_ssh_transfer_is_logged_and_repaired_by_the_next_run(
     assert res.returncode == 0, res.stderr
     assert content(dest) == content(reg.root)
     assert log_lines(reg)[-1]["result"] == "ok"
+
+
+# -- review fixes: locking, concurrent gc, odd sources and destinations ------------------
+
+
+def test_the_registry_lock_is_not_held_while_the_other_files_travel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probes, measurements and journals go outside the lock: an agent loop's name move
+    during that (slow) pass does not wait for it."""
+    reg = make_origin(tmp_path / "reg", count=2)
+    (reg.root / "probes").mkdir()
+    (reg.root / "probes" / "20260101T000000.000000Z.md").write_bytes(b"probe\n" * 1000)
+    loop = Registry(reg.root, lock_timeout=0.5)
+    moved: list[object] = []
+    real_pass = mirror_mod._Session._pass
+
+    def hooked(self: mirror_mod._Session, kind: str, paths: Sequence[str]) -> set[str]:
+        if kind == "rest":
+            moved.append(loop.move_name("p0", loop.resolve("p1")))  # LockTimeoutError if held
+        return real_pass(self, kind, paths)
+
+    monkeypatch.setattr(mirror_mod._Session, "_pass", hooked)
+    report = mirror(reg, [str(tmp_path / "m")], max_rounds=5)
+    assert moved and moved[0] is not None
+    assert report.ok, report.results[0].error
+    assert content(tmp_path / "m") == content(reg.root)
+
+
+def test_a_gc_between_plan_and_send_is_no_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unnamed object (and its meta) pruned right after the plan: skipped in the
+    verification and the reference check, not sent, and the run is ok and logged."""
+    from prefixreg.gc import collect_garbage
+
+    reg = make_origin(tmp_path / "reg", count=2)
+    dest = tmp_path / "m"
+    assert mirror(reg, [str(dest)]).ok
+    reg.add("unnamed, soon pruned")
+    real_compare = mirror_mod._Session.compare
+    pruned: list[int] = []
+
+    def compare(self: mirror_mod._Session) -> list[Change]:
+        plan = real_compare(self)
+        if not pruned:
+            report = collect_garbage(reg, grace_s=0, prune_unnamed=True, min_age_s=0)
+            pruned.append(len(report.removed))
+        return plan
+
+    monkeypatch.setattr(mirror_mod._Session, "compare", compare)
+    report = mirror(reg, [str(dest)])
+    assert pruned == [2]
+    assert report.ok, report.results[0].error
+    assert content(dest) == content(reg.root)
+    assert log_lines(reg)[-1]["result"] == "ok"
+
+
+def test_vanished_files_in_the_compare_dry_run_are_no_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rsync exit 24 (a file vanished while it walked the source) from the compare."""
+    reg = make_origin(tmp_path / "reg", count=2)
+    real_run = mirror_mod.run_rsync
+    faked: list[bool] = []
+
+    def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> mirror_mod.RsyncRun:
+        out = real_run(argv, ok_codes=ok_codes)
+        if "--dry-run" in argv and not faked:
+            faked.append(True)
+            if 24 not in ok_codes:
+                raise MirrorError("rsync failed (exit 24): file has vanished", returncode=24)
+            return mirror_mod.RsyncRun(24, out.stdout, 'file has vanished: "x"')
+        return out
+
+    monkeypatch.setattr(mirror_mod, "run_rsync", run)
+    report = mirror(reg, [str(tmp_path / "m")])
+    assert faked and report.ok, report.results[0].error
+
+
+def test_an_unreadable_source_fails_the_destination_with_a_log_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reg = make_origin(tmp_path / "reg", count=2)
+
+    def unreadable(self: Registry, sha: str) -> bytes:
+        raise PermissionError(13, "Permission denied", str(self.object_path(sha)))
+
+    monkeypatch.setattr(Registry, "_read_verified", unreadable)
+    report = mirror(reg, [str(tmp_path / "m")])
+    (r,) = report.results
+    assert not report.ok and r.result == "failed" and "Permission denied" in (r.error or "")
+    assert log_lines(reg)[-1]["result"] == "failed"
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_symlinked_object_is_refused_and_nothing_sent(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg", count=2)
+    sha = reg.add("victim", name="victim")
+    obj = reg.object_path(sha)
+    os.chmod(obj, 0o644)
+    obj.unlink()
+    (tmp_path / "evil.txt").write_text("not the victim bytes")
+    obj.symlink_to(tmp_path / "evil.txt")
+    dest = tmp_path / "m"
+    with pytest.raises(IntegrityError, match="symlink"):
+        mirror(reg, [str(dest)])
+    assert not dest.exists()
+    assert log_lines(reg)[-1]["result"] == "refused"
+
+
+def test_duplicate_spellings_of_one_destination_run_once(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg", count=2)
+    dest = tmp_path / "m"
+    report = mirror(reg, [str(dest), f"{dest}/", f"{tmp_path}/./m", f"{tmp_path}/x/../m"])
+    assert [r.destination for r in report.results] == [str(dest)]
+    assert report.ok and len(log_lines(reg)) == 1
+
+
+@pytest.mark.parametrize(
+    "pair", [("m", "m/inner"), ("m/inner", "m"), ("h:/srv/m", "h:/srv/m/w"), ("h:a", "h:a/b")]
+)
+def test_nested_destinations_are_refused(tmp_path: Path, pair: tuple[str, str]) -> None:
+    reg = make_origin(tmp_path / "reg", count=1)
+    dests = [p if ":" in p else str(tmp_path / p) for p in pair]
+    with pytest.raises(MirrorError, match="nested"):
+        mirror(reg, dests)
+    assert not (tmp_path / "m").exists() and not log_lines(reg)
+
+
+def test_root_and_a_symlink_to_the_source_are_refused_as_overlapping(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg", count=1)
+    link = tmp_path / "link-to-reg"
+    link.symlink_to(reg.root)
+    before = tree(reg.root)
+    for dest in ("/", str(link), f"{link}/", str(tmp_path)):
+        with pytest.raises(MirrorError, match="overlaps the source"):
+            mirror(reg, [dest])
+    res = run_mirror_cli("--registry", str(reg.root), "--to", "/")
+    assert res.returncode == 6 and "overlaps" in one_error_line(res)
+    assert tree(reg.root) == before
+
+
+@pytest.mark.parametrize(
+    "listing",
+    [
+        b"",  # nothing at all: no positive answer that the directory is empty
+        b"drwxr-xr-x          4,096 2026/11/29 13:52:11 .\nsomething rsync printed\n",
+        b"-rw-r--r--              0 2026/11/29 13:52:11 precious\n",  # no "." line
+    ],
+)
+def test_destination_inspection_fails_closed_on_an_unreadable_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listing: bytes
+) -> None:
+    reg = make_origin(tmp_path / "reg", count=1)
+    dest = tmp_path / "m"
+    dest.mkdir()
+    (dest / "precious").write_text("keep")
+    real_run = mirror_mod.run_rsync
+
+    def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> mirror_mod.RsyncRun:
+        if "--list-only" in argv:
+            return mirror_mod.RsyncRun(0, listing, "")
+        return real_run(argv, ok_codes=ok_codes)
+
+    monkeypatch.setattr(mirror_mod, "run_rsync", run)
+    before = tree(dest)
+    (r,) = mirror(reg, [str(dest)]).results
+    assert r.result == "failed" and "refusing" in (r.error or "")
+    assert tree(dest) == before
+
+
+def test_rsync_runs_in_the_c_locale(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict[str, str]] = []
+
+    def fake_run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[bytes]:
+        env = kwargs.get("env")
+        assert isinstance(env, dict)
+        seen.append(env)
+        return subprocess.CompletedProcess(argv, 0, b"", b"")
+
+    monkeypatch.setenv("LC_ALL", "de_DE.UTF-8")
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    mirror_mod.run_rsync(["rsync", "--version"])
+    assert seen[0]["LC_ALL"] == "C" and seen[0]["LANG"] == "C"

@@ -18,6 +18,7 @@ from prefixreg.errors import (
     InvalidNameError,
     RefNotFoundError,
     RegistryLocationError,
+    UsageError,
 )
 from prefixreg.records import Measurement, ServerBuild
 from prefixreg.store import NameConflictError, Registry
@@ -251,6 +252,62 @@ def test_verify_reports_dangling_names(registry: Registry) -> None:
     report = registry.verify()
     assert not report.ok
     assert [f.kind for f in report.findings] == ["dangling"]
+
+
+def test_verify_scans_the_root_and_probes(registry: Registry, tmp_path: Path) -> None:
+    registry.add("x", name="x")
+    root = registry.root
+    (root / ".README.md.ab12.tmp").write_bytes(b"half")
+    (root / "probes").mkdir()
+    (root / "probes" / "20260101T000000.000000Z.md").write_bytes(b"a receipt\n")
+    (root / "probes" / ".p.json.cd34.tmp").write_bytes(b"half")
+    (root / "junk-at-root").write_bytes(b"?")
+    (root / "mirror.log").write_bytes(b"")
+    (root / "migrations.log").write_bytes(b"")
+    (root / "probes" / "evil.json").symlink_to(tmp_path / "elsewhere")
+    (root / "names.log.bak").symlink_to(root / "names.log")
+    found = {(f.kind, f.path, f.severity) for f in registry.verify().findings}
+    assert found == {
+        ("stray", ".README.md.ab12.tmp", "warning"),
+        ("stray", "probes/.p.json.cd34.tmp", "warning"),
+        ("unexpected", "junk-at-root", "problem"),
+        ("symlink", "probes/evil.json", "problem"),
+        ("symlink", "names.log.bak", "problem"),
+    }
+
+
+def test_verify_reports_a_symlinked_directory_once(registry: Registry, tmp_path: Path) -> None:
+    registry.add("x", name="x")
+    (tmp_path / "elsewhere").mkdir()
+    (registry.root / "probes").symlink_to(tmp_path / "elsewhere")
+    assert [(f.kind, f.path) for f in registry.verify().findings] == [("symlink", "probes")]
+
+
+def test_writes_on_a_mirror_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    """A mirror is written by `prefixreg mirror` only: anything else would be deleted by
+    the next mirror run without a word."""
+    origin = Registry(tmp_path / "origin")
+    sha = origin.add("on the origin", name="n")
+    mirror = Registry(tmp_path / "mirror")
+    mirror.init(role="mirror")  # what a mirror destination is made with
+    for sub in ("objects", "meta", "names"):
+        (mirror.root / sub).mkdir(exist_ok=True)
+    before = tree(mirror.root)
+    build = ServerBuild(profile="halogen", identity={"model": "m"})
+    measurement = Measurement(
+        sha256=sha, at="2026-01-01T00:00:00Z", kind="warm", build=build, body={"n": 1}
+    )
+    for write in (
+        lambda: mirror.add("worker-local prefix"),
+        lambda: mirror.add("worker-local prefix", name="local"),
+        lambda: mirror.move_name("local", sha),
+        lambda: mirror.write_measurement(measurement),
+    ):
+        with pytest.raises(UsageError, match="is a mirror") as info:
+            write()
+        assert info.value.hint is not None and "origin" in info.value.hint
+    assert tree(mirror.root) == before
+    assert Registry(tmp_path / "mirror").verify().ok  # reads still work
 
 
 def test_public_api_matches_design(tmp_path: Path) -> None:

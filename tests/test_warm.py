@@ -297,3 +297,14 @@ def test_bad_worker_urls_are_usage_errors(reg_path: Path, url: str) -> None:
     assert res.returncode == 2, res.stderr
     assert res.stderr.startswith(b"error: not a worker URL")
     assert b"pw" not in res.stderr and b"Traceback" not in res.stderr
+
+
+def test_warm_on_a_mirror_is_refused_before_anything_is_sent(
+    sim: SimServer, reg_path: Path
+) -> None:
+    marker = reg_path / "REGISTRY.json"
+    marker.write_text(marker.read_text().replace('"origin"', '"mirror"'))
+    res = warm_cli(reg_path, sim.url)
+    assert res.returncode == 2
+    assert b"is a mirror" in res.stderr
+    assert sim.requests() == []

@@ -79,7 +79,9 @@ def mirror_command(
         bool,
         typer.Option(
             "--full-verify",
-            help="Re-hash every source object, and compare with rsync --checksum.",
+            help="Re-hash every source object, and compare with rsync --checksum. Without "
+            "it, 'verified' means an itemized rsync dry run found no size/mtime difference "
+            "(objects sent are still re-hashed).",
         ),
     ] = False,
     ssh_option: Annotated[
@@ -101,9 +103,11 @@ def mirror_command(
     """Mirror the origin registry to workers: rsync -a --delete, one way, verified.
 
     Objects travel before the names and meta records that point to them, deletions come
-    last, and each destination is confirmed equal to the source afterwards. Refuses a
-    source that is not an origin registry with objects, and a destination that is neither
-    empty nor a mirror. One line per run and destination goes to the registry's mirror.log.
+    last, and each destination is confirmed equal to the source afterwards: without
+    --full-verify, "verified" means an itemized rsync dry run found no size/mtime
+    difference; with it, no content difference. Refuses a source that is not an origin
+    registry with objects, and a destination that is neither empty nor a mirror. One line
+    per run and destination goes to the registry's mirror.log.
     """
     with cli_errors(debug):
         from prefixreg.mirror import (
