@@ -40,7 +40,7 @@ confirm pass; an unreadable one fails the destination (exit 6, with a `mirror.lo
 `REGISTRY.json` never travels (the destination keeps its own, role `mirror`, written
 before anything else), nor do `.locks/`, temp files or `mirror.log`; excluded paths are
 also protected from deletion. Each destination's run appends one JSON line to the source's
-`mirror.log`. rsync runs from an argv list (`build_rsync_argv`, pure) through one thin
+`mirror.log`. rsync runs from an argv list (`prefixreg.rsync`: a pure argv builder) through one thin
 runner; never a shell. Remote destinations share one ssh connection per run (an explicit
 `ControlMaster`, which is also where an authentication failure is reported).
 """
@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-import re
 import shutil
 import subprocess
 import tempfile
@@ -60,7 +59,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Final, Literal, NamedTuple
+from typing import Final
 
 from prefixreg import fsutil
 from prefixreg.digest import is_full_sha
@@ -73,348 +72,32 @@ from prefixreg.errors import (
     UsageError,
 )
 from prefixreg.jsonio import dumps_canonical, loads_object
+from prefixreg.rsync import (
+    LIST_LINE_RE,
+    LOG_NAME,
+    VANISHED,
+    Change,
+    Destination,
+    Mode,
+    build_rsync_argv,
+    build_ssh_command,
+    first_error,
+    parse_destination,
+    parse_itemized,
+    parse_ssh_options,
+    run_rsync,
+)
 from prefixreg.store import FORMAT, FORMAT_VERSION, MARKER, Registry, iso_utc, utc_now
 
 __all__ = [
-    "EXCLUDES",
-    "Change",
-    "Destination",
     "DestinationResult",
     "MirrorReport",
     "PassRecord",
-    "build_rsync_argv",
-    "build_ssh_command",
     "mirror",
-    "parse_destination",
-    "parse_itemized",
-    "parse_ssh_options",
-    "run_rsync",
 ]
 
 ENV_TO: Final = "PREFIXREG_MIRROR_TO"
 ENV_SSH_OPTS: Final = "PREFIXREG_SSH_OPTS"
-LOG_NAME: Final = "mirror.log"
-# Anchored (leading /) where only the top level is meant. Excluded paths are also protected
-# from --delete on the receiver, so the destination's own marker survives every pass.
-EXCLUDES: Final = (f"/{MARKER}", f"/{LOG_NAME}", "/.locks/", ".*.tmp")
-# One line per change: 11-char itemize code, bytes actually sent, path (last: may hold '|').
-OUT_FORMAT: Final = "%i|%b|%n"
-# Exit 24 = "some files vanished": a file removed at the origin (a gc) while rsync walked
-# it; the confirm pass catches what it means, so it is no failure of the compare or a pass.
-_VANISHED: Final = 24
-_RSYNC_ESCAPE = re.compile(rb"\\#([0-7]{3})")
-_HOST_RE = re.compile(
-    r"(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])"
-)
-# `[v6]:path` or `user@[v6]:path`: the colons inside the brackets are the address's.
-_BRACKET_HOST_RE = re.compile(r"((?:[^@/\[\]:]+@)?\[[^\]/]*\]):")
-# Remote paths go through the remote shell on old rsyncs: keep them to characters that
-# need no quoting anywhere.
-_REMOTE_PATH_RE = re.compile(r"[A-Za-z0-9._/~+@%,=:-]+")
-# One `--list-only` line in the C locale: mode, size (grouped with , or .), date, time, name.
-_LIST_LINE_RE = re.compile(r"(\S{10})\s+[\d,.]+ \S+ \S+ (.+)")
-_SSH_OPT_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*=\S.*")
-_DEFAULT_SSH_OPTS: Final = ("ConnectTimeout=20", "ServerAliveInterval=15", "ServerAliveCountMax=4")
-
-
-# -- destinations and options ------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Destination:
-    """A parsed destination: `host` is None for a local path (then `path` is absolute)."""
-
-    raw: str
-    host: str | None
-    path: str
-
-    @property
-    def is_remote(self) -> bool:
-        return self.host is not None
-
-    @property
-    def ssh_host(self) -> str:
-        """The host as ssh wants it (IPv6 brackets are rsync's syntax, not ssh's)."""
-        user, _, name = (self.host or "").rpartition("@")
-        name = name.removeprefix("[").removesuffix("]")
-        return f"{user}@{name}" if user else name
-
-    def target(self, sub: str = "") -> str:
-        """The rsync operand for the destination directory (with `/`) or a path in it."""
-        base = self.path.rstrip("/") or "/"
-        joined = f"{base}/{sub}" if base != "/" else f"/{sub}"
-        return f"{self.host}:{joined}" if self.host is not None else joined
-
-
-def parse_destination(text: str) -> Destination:
-    """Parse `PATH` or `[user@]host:PATH` the way rsync reads an operand.
-
-    A local path is made absolute and resolved (so `/m`, `/m/` and `/x/../m` are one
-    destination). An IPv6 host is written in brackets, with or without a user
-    (`[::1]:/p`, `user@[::1]:/p`).
-
-    Raises:
-        MirrorError: empty, starts with `-`, an rsync daemon or URL form, a bad host, a
-            remote path that names the remote home directory (empty, `.`, `~`, `./`, `~user`)
-            or the remote root, control characters.
-    """
-    if not text:
-        raise MirrorError("empty mirror destination")
-    if text.startswith("-"):
-        raise MirrorError(f"mirror destination {text!r} starts with '-'; refusing")
-    if any(ord(c) < 32 or ord(c) == 127 for c in text):
-        raise MirrorError(f"mirror destination {text!r} contains control characters")
-    if text.startswith("rsync://"):
-        raise MirrorError(f"{text!r}: rsync daemon destinations are not supported; use host:path")
-    bracketed = _BRACKET_HOST_RE.match(text)
-    if bracketed is not None:  # [v6addr]:path or user@[v6addr]:path
-        head, colon, rest = bracketed.group(1), ":", text[bracketed.end() :]
-    else:
-        head, colon, rest = text.partition(":")
-    if colon and "/" not in head:
-        if rest.startswith(":"):
-            raise MirrorError(f"{text!r}: rsync daemon destinations are not supported")
-        if not head or _HOST_RE.fullmatch(head) is None or head.startswith("-"):
-            raise MirrorError(f"mirror destination {text!r}: {head!r} is not a host name")
-        if not rest:
-            raise MirrorError(
-                f"mirror destination {text!r} has no path after ':'; refusing to mirror "
-                "into a remote home directory"
-            )
-        if rest.startswith("-"):
-            raise MirrorError(f"mirror destination {text!r}: path starts with '-'; refusing")
-        if _REMOTE_PATH_RE.fullmatch(rest) is None:
-            raise MirrorError(
-                f"mirror destination {text!r}: remote paths may only use letters, digits and "
-                "._/~+@%,=:-"
-            )
-        _check_remote_path(text, rest)
-        return Destination(raw=text, host=head, path=rest)
-    return Destination(raw=text, host=None, path=str(Path(text).resolve()))
-
-
-def _check_remote_path(text: str, rest: str) -> None:
-    """Refuse a remote path that is the remote home (or its parent, or `/`).
-
-    rsync resolves a relative remote path against the login's home directory, so `.`,
-    `./`, `~`, `~/`, `~user` and `a/..` all name a home directory, which `--delete`
-    would empty. Only the spelling is judged here: the destination inspection still
-    refuses any directory that holds files and is not a mirror.
-    """
-    norm = posixpath.normpath(rest)
-    first = norm.split("/", 1)[0]
-    tilde_only = first.startswith("~") and norm == first
-    if tilde_only or norm in (".", "/", "//") or all(p == ".." for p in norm.split("/")):
-        raise MirrorError(
-            f"mirror destination {text!r} names a remote home directory (or its parent, "
-            "or /); refusing",
-            hint="give a directory of its own, e.g. host:prefix-mirror or host:/srv/prefix-mirror",
-        )
-
-
-def parse_ssh_options(values: Sequence[str]) -> list[str]:
-    """Validate `Key=Value` ssh options (each becomes `-o Key=Value`).
-
-    Raises:
-        MirrorError: not `Key=Value`, or a quote character (the `-e` string is split by rsync).
-    """
-    out = []
-    for value in values:
-        if _SSH_OPT_RE.fullmatch(value) is None:
-            raise MirrorError(f"ssh option {value!r} is not Key=Value (e.g. Port=2222)")
-        if any(c in value for c in "'\"\\\n"):
-            raise MirrorError(f"ssh option {value!r}: quotes and backslashes are not supported")
-        out.append(value)
-    return out
-
-
-def build_ssh_command(options: Sequence[str], *, control_path: str | None) -> list[str]:
-    """The ssh argv (without host) rsync and the control master use.
-
-    BatchMode comes first because ssh keeps the first value it sees: nothing may turn a
-    nightly job into a password prompt. User options come next so they override our
-    defaults (timeouts, keep-alives); the control socket options come last.
-    """
-    argv = ["ssh", "-o", "BatchMode=yes"]
-    for opt in [*options, *_DEFAULT_SSH_OPTS]:
-        argv += ["-o", opt]
-    if control_path is not None:
-        argv += ["-o", f"ControlPath={control_path}"]
-    return argv
-
-
-def _rsh_string(argv: Sequence[str]) -> str:
-    """Join an ssh argv into the `-e` string rsync splits itself (whitespace, 'quotes')."""
-    return " ".join(f"'{a}'" if any(c.isspace() for c in a) or not a else a for a in argv)
-
-
-Mode = Literal["compare", "send", "delete", "list", "fetch", "marker"]
-
-
-def build_rsync_argv(
-    mode: Mode,
-    source: str,
-    dest: str,
-    *,
-    rsh: Sequence[str] | None = None,
-    checksum: bool = False,
-    files_from: str | None = None,
-    bwlimit: int | None = None,
-) -> list[str]:
-    """The rsync argv for one step of a mirror run (pure: no I/O).
-
-    Modes:
-        compare: itemized `-a --delete` dry run of the whole tree (the plan and the check).
-        send: `-a` of the NUL-separated paths in `files_from` (no recursion, no deletion);
-            paths missing at the source are skipped; every path sent *or already equal* is
-            itemized (`-ii`), so the output confirms what is at the destination.
-        delete: delete the `files_from` paths that no longer exist at the source; never
-            sends anything (a path that came back at the source is left alone).
-        list: `--list-only` of the top level of `source` (the destination, for inspection).
-        fetch: copy one regular file (the destination's marker) to a local path.
-        marker: copy the staged marker directory to a new destination.
-
-    `-O` (omit directory times) everywhere: directory mtimes mean nothing in a registry
-    and would otherwise show up as differences after every targeted pass.
-    """
-    argv = ["rsync"]
-    if rsh is not None:
-        argv += ["-e", _rsh_string(rsh)]
-    if mode == "list":
-        return [*argv, "--list-only", "--dirs", "--", source]
-    if mode == "fetch":
-        # No -l/-L: a symlinked marker is skipped, never followed.
-        return [*argv, "--", source, dest]
-    if mode == "marker":
-        return [*argv, "-a", "-O", "--", source, dest]
-    # --modify-window=-1: compare mtimes to the nanosecond. The default compares whole
-    # seconds, and a name is always 65 bytes: a name moved within the second of the last
-    # mirror would look unchanged to the quick check and never travel.
-    argv += ["-a", "-O", "--modify-window=-1", f"--out-format={OUT_FORMAT}"]
-    argv += [f"--exclude={pattern}" for pattern in EXCLUDES]
-    if bwlimit is not None:
-        argv.append(f"--bwlimit={int(bwlimit)}")
-    if checksum:
-        # The compare found a difference the quick check (size + mtime) cannot see; the
-        # send must look at content too, or it would skip the very file it was told about.
-        argv.append("--checksum")
-    if mode == "compare":
-        argv += ["--delete", "--dry-run"]
-    else:
-        if files_from is None:
-            raise ValueError(f"mode {mode} needs files_from")
-        # --force: a directory where the source has a file is replaced, not an error.
-        argv += [f"--files-from={files_from}", "--from0", "--force"]
-        if mode == "delete":
-            # --delete-missing-args alone would *send* a path that came back at the source
-            # since the plan (a name could then arrive before its object). With --existing
-            # (create nothing new) and --ignore-existing (update nothing there) rsync only
-            # deletes what is still missing at the source, and never sends anything.
-            argv += ["--delete-missing-args", "--existing", "--ignore-existing"]
-        else:
-            # A listed path removed at the source since the plan (gc) is skipped, not an
-            # error; -ii itemizes unchanged files too, so the output names every listed
-            # path that is now at the destination (what the ordering steps rely on).
-            argv += ["--ignore-missing-args", "-ii"]
-    return [*argv, "--", source, dest]
-
-
-class RsyncRun(NamedTuple):
-    returncode: int
-    stdout: bytes
-    stderr: str
-
-
-def run_rsync(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> RsyncRun:
-    """Run rsync (argv list, never a shell); a return code not in `ok_codes` is `MirrorError`.
-
-    rsync runs in the C locale: its error messages and `--list-only` format are matched
-    below, and names with non-ASCII bytes come back `\\#ooo`-escaped (restored exactly).
-    """
-    env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
-    try:
-        proc = subprocess.run(list(argv), capture_output=True, check=False, env=env)
-    except FileNotFoundError:
-        raise MirrorError(
-            "rsync is not installed (not found on PATH)", hint="install the rsync package"
-        ) from None
-    stderr = proc.stderr.decode("utf-8", "replace")
-    if proc.returncode not in ok_codes:
-        raise MirrorError(
-            f"rsync failed (exit {proc.returncode}): {_first_error(stderr)}",
-            returncode=proc.returncode,
-            stderr=stderr,
-        )
-    return RsyncRun(proc.returncode, proc.stdout, stderr)
-
-
-def _first_error(stderr: str) -> str:
-    """The most telling line of rsync/ssh stderr, for a one-line error."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    for ln in lines:
-        if not ln.startswith("rsync error:") and "write error: Broken pipe" not in ln:
-            return ln
-    return lines[0] if lines else "no message"
-
-
-# -- itemized output -------------------------------------------------------------------
-
-
-class Change(NamedTuple):
-    """One itemized line: rsync's 11-character code, bytes sent, the relative path."""
-
-    code: str
-    bytes: int
-    path: str
-
-    @property
-    def is_delete(self) -> bool:
-        return self.code.startswith("*deleting")
-
-    @property
-    def is_file(self) -> bool:
-        return self.code[1] == "f"
-
-    @property
-    def is_dir(self) -> bool:
-        return self.code[1] == "d"
-
-    @property
-    def is_unchanged(self) -> bool:
-        """An `-ii` line for a path that was already equal (nothing sent or changed)."""
-        return self.code[0] == "." and self.code[2:].strip(" .") == ""
-
-    @property
-    def is_object(self) -> bool:
-        return self.path == "objects" or self.path.startswith("objects/")
-
-    def __str__(self) -> str:
-        return f"{self.code} {self.path}"
-
-
-def parse_itemized(stdout: bytes) -> list[Change]:
-    """Parse `--out-format=%i|%b|%n` output; other lines ("created directory") are skipped.
-
-    rsync escapes unprintable bytes in names as `\\#ooo`; they are restored, so a path can
-    be handed back to rsync (in a NUL-separated `--files-from`) exactly.
-    """
-    out = []
-    for line in stdout.split(b"\n"):
-        if len(line) < 13 or line[11:12] != b"|":
-            continue
-        code = line[:11].decode("ascii", "replace")
-        size, sep, raw = line[12:].partition(b"|")
-        if not sep or not size.isdigit():
-            continue
-        raw = _RSYNC_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), raw)
-        path = os.fsdecode(raw).rstrip("/") or "."
-        if path.startswith("./") and path != "./":
-            path = path[2:]
-        out.append(Change(code=code, bytes=int(size), path=path))
-    return out
-
-
-# -- results ------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -760,7 +443,7 @@ class _Session:
             except subprocess.TimeoutExpired:
                 raise MirrorError(f"ssh to {self.dest.ssh_host} timed out") from None
         if proc.returncode != 0:
-            message = _first_error(err_path.read_text("utf-8", "replace"))
+            message = first_error(err_path.read_text("utf-8", "replace"))
             raise MirrorError(f"ssh to {self.dest.ssh_host} failed: {message}")
         self.control = control
         client = build_ssh_command(self.ssh_options, control_path=control)
@@ -815,7 +498,7 @@ class _Session:
         for line in listing.stdout.decode("utf-8", "replace").splitlines():
             if not line.strip():
                 continue
-            m = _LIST_LINE_RE.fullmatch(line)
+            m = LIST_LINE_RE.fullmatch(line)
             if m is None:
                 raise MirrorError(
                     f"destination {self.dest.raw}: cannot read rsync's listing ({line[:80]!r}); "
@@ -877,7 +560,7 @@ class _Session:
             "compare", self.source, self.dest.target(), rsh=self.rsh, checksum=self.full_verify
         )
         # Exit 24: a file vanished at the source while rsync walked it (a concurrent gc).
-        return parse_itemized(run_rsync(argv, ok_codes=(0, _VANISHED)).stdout)
+        return parse_itemized(run_rsync(argv, ok_codes=(0, VANISHED)).stdout)
 
     def _pass(self, kind: str, paths: Sequence[str]) -> set[str]:
         """One `--files-from` step; returns the paths rsync itemized.
@@ -900,7 +583,7 @@ class _Session:
             bwlimit=self.bwlimit,
             checksum=self.full_verify,
         )
-        itemized = parse_itemized(run_rsync(argv, ok_codes=(0, _VANISHED)).stdout)
+        itemized = parse_itemized(run_rsync(argv, ok_codes=(0, VANISHED)).stdout)
         changes = [c for c in itemized if not c.is_unchanged]
         self.result.passes.append(PassRecord(kind, changes))
         for c in changes:

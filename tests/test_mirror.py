@@ -25,14 +25,14 @@ import orjson
 import pytest
 
 from prefixreg import mirror as mirror_mod
+from prefixreg import rsync
 from prefixreg.errors import IntegrityError, MirrorError, UsageError
-from prefixreg.mirror import (
+from prefixreg.mirror import PassRecord, mirror
+from prefixreg.rsync import (
     EXCLUDES,
     Change,
-    PassRecord,
     build_rsync_argv,
     build_ssh_command,
-    mirror,
     parse_destination,
     parse_itemized,
     parse_ssh_options,
@@ -814,16 +814,16 @@ def test_vanished_files_in_the_compare_dry_run_are_no_failure(
 ) -> None:
     """rsync exit 24 (a file vanished while it walked the source) from the compare."""
     reg = make_origin(tmp_path / "reg", count=2)
-    real_run = mirror_mod.run_rsync
+    real_run = rsync.run_rsync
     faked: list[bool] = []
 
-    def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> mirror_mod.RsyncRun:
+    def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> rsync.RsyncRun:
         out = real_run(argv, ok_codes=ok_codes)
         if "--dry-run" in argv and not faked:
             faked.append(True)
             if 24 not in ok_codes:
                 raise MirrorError("rsync failed (exit 24): file has vanished", returncode=24)
-            return mirror_mod.RsyncRun(24, out.stdout, 'file has vanished: "x"')
+            return rsync.RsyncRun(24, out.stdout, 'file has vanished: "x"')
         return out
 
     monkeypatch.setattr(mirror_mod, "run_rsync", run)
@@ -909,11 +909,11 @@ def test_destination_inspection_fails_closed_on_an_unreadable_listing(
     dest = tmp_path / "m"
     dest.mkdir()
     (dest / "precious").write_text("keep")
-    real_run = mirror_mod.run_rsync
+    real_run = rsync.run_rsync
 
-    def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> mirror_mod.RsyncRun:
+    def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> rsync.RsyncRun:
         if "--list-only" in argv:
-            return mirror_mod.RsyncRun(0, listing, "")
+            return rsync.RsyncRun(0, listing, "")
         return real_run(argv, ok_codes=ok_codes)
 
     monkeypatch.setattr(mirror_mod, "run_rsync", run)
@@ -934,5 +934,5 @@ def test_rsync_runs_in_the_c_locale(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("LC_ALL", "de_DE.UTF-8")
     monkeypatch.setattr(subprocess, "run", fake_run)
-    mirror_mod.run_rsync(["rsync", "--version"])
+    rsync.run_rsync(["rsync", "--version"])
     assert seen[0]["LC_ALL"] == "C" and seen[0]["LANG"] == "C"
