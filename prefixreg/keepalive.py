@@ -7,20 +7,8 @@ just-used prefix survives) comes, in order, from `--budget`, from the latest
 the entries one request stores.
 
 On llama.cpp (no `/cache`) it counts *prompts* since each prefix was last used, from the
-activity counters the server offers:
-
-- `/slots` (on by default): each slot's `id_task` changes exactly when the slot starts a
-  completion. Every slot whose `id_task` moved between two polls is one prompt, counted
-  once the slot is idle again (LRU goes by when a slot was last used). The raw
-  `id_task` values are no count: one chat consumes three task ids and every `/slots` or
-  `/metrics` read consumes more (measured), so `max(id_task)` deltas mostly count polls.
-- `/metrics` (with `--metrics`), when `/slots` is off: a poll window in which
-  `prompt_tokens_total + prompt_tokens_cached_total` moved is one prompt.
-
-Both are lower bounds (two prompts on one slot, or two concurrent prompts under
-`/metrics`, between polls count as one), exact when polls come faster than prompts finish,
-which `poll_s` (0.5 s; a prompt takes at least ~0.1 s there) makes the usual case. The
-budget is in prompts: `--budget`, else the latest `probe --survival` for the same build
+activity counters the server offers (`/slots`, else `/metrics`; see `prefixreg.activity`).
+That budget is in prompts: `--budget`, else the latest `probe --survival` for the same build
 (survival is counted in prompts), else 1, that is a re-warm after every foreign prompt.
 Why 1 and not `total_slots - 1` (what plain LRU over the slots would give): slot choice
 also follows prompt similarity, a unified KV buffer (`-kvu`) lets a long prompt crowd
@@ -52,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from prefixreg.activity import Counter, PromptCounter, StoresCounter
 from prefixreg.errors import (
     EngineBusyError,
     PrefixregError,
@@ -284,128 +273,12 @@ class KeepAliveSummary:
         )
 
 
-class _StoresCounter:
-    """Halogen's `/cache` `stores`: entries written since the server started."""
-
-    source = "/cache"
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.total = 0
-        self.busy: set[int] = set()
-        self.last: CacheCounters | None = None
-
-    def read(self) -> tuple[int, bool] | None:
-        counters = self.worker.cache()
-        if counters is None or counters.stores is None:
-            return None
-        return self.saw(counters)
-
-    def saw(self, counters: CacheCounters) -> tuple[int, bool]:
-        """Take a snapshot read elsewhere (a re-warm's closing one) as the latest."""
-        stores = counters.stores
-        restarted = stores is not None and self.last is not None and stores < self.total
-        self.last = counters
-        self.total = stores if stores is not None else self.total
-        return self.total, restarted
-
-
-class _PromptCounter:
-    """Prompts the server has started, counted from llama.cpp's `/slots` or `/metrics`.
-
-    `read()` returns the running count since the keeper started (None when the poll could
-    not be made), and whether the server restarted since the last read (a slot's `id_task`
-    or the cumulative prompt tokens went backwards: every prefix is gone).
-    """
-
-    def __init__(self, worker: Worker, source: str) -> None:
-        self.worker = worker
-        self.source = source
-        self.total = 0
-        self.busy: set[int] = set()  # slots processing at the last read
-        self.changed: set[int] = set()  # slots counted at the last read
-        self._slots: dict[int, int] | None = None
-        self._tokens: int | None = None
-
-    @classmethod
-    def detect(cls, worker: Worker) -> _PromptCounter | None:
-        """The best counter this server offers (`/slots`, else `/metrics`), or None."""
-        for source in ("/slots", "/metrics"):
-            counter = cls(worker, source)
-            try:
-                if counter.read() is not None:
-                    return counter
-            except WorkerError:
-                continue  # a route that errors is a route we cannot count with
-        return None
-
-    def read(self) -> tuple[int, bool] | None:
-        if self.source == "/slots":
-            return self._read_slots()
-        return self._read_metrics()
-
-    def _read_slots(self) -> tuple[int, bool] | None:
-        raw = self.worker.slots()
-        if raw is None or not raw:
-            return None
-        last = self._slots
-        now: dict[int, int] = {}
-        self.busy = {
-            sid
-            for slot in raw
-            if (sid := strict_count(slot.get("id"))) is not None
-            if slot.get("is_processing") is True
-        }
-        for slot in raw:
-            sid, task = strict_count(slot.get("id")), strict_count(slot.get("id_task"))
-            if sid is None or task is None:
-                continue
-            if slot.get("is_processing") is True and last is not None and sid in last:
-                # Count a prompt once its slot is done with it: llama.cpp picks the least
-                # recently used slot by when it was last used, so a re-warm that finishes
-                # before a foreign prompt does still leaves the prefix's slot the older
-                # one. This also keeps the loop's own call in flight from counting before
-                # its `touch` arrives.
-                now[sid] = last[sid]
-                continue
-            now[sid] = task
-        self._slots = now
-        if last is None:
-            return self.total, False
-        if any(task < last[sid] for sid, task in now.items() if sid in last):
-            return self.total, True
-        # A slot that shows a task it did not show before served at least one prompt.
-        self.changed = {sid for sid, task in now.items() if last.get(sid) != task}
-        self.total += len(self.changed)
-        return self.total, False
-
-    def _read_metrics(self) -> tuple[int, bool] | None:
-        samples = self.worker.metrics()
-        if samples is None:
-            return None
-        done = samples.get("llamacpp:prompt_tokens_total")
-        cached = samples.get("llamacpp:prompt_tokens_cached_total")
-        if done is None or cached is None:
-            return None
-        tokens = int(done + cached)
-        last, self._tokens = self._tokens, tokens
-        if last is None:
-            return self.total, False
-        if tokens < last:
-            return self.total, True
-        self.total += 1 if tokens > last else 0
-        return self.total, False
-
-
 @dataclass(slots=True)
 class _Kept:
     prefix: Prefix
     baseline: float | None = None  # the counter when last used; None: never warmed
     last_used: float = 0.0
     slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
-
-
-Counter = _StoresCounter | _PromptCounter
 
 
 class KeepAlive:
@@ -448,11 +321,11 @@ class KeepAlive:
         counters = worker.cache() if self.build.profile == "halogen" else None
         self._counter: Counter | None = None
         if counters is not None and counters.stores is not None:
-            self._counter = _StoresCounter(worker)
+            self._counter = StoresCounter(worker)
             self._counter.saw(counters)
         elif self.build.profile == "llamacpp":
             # llama.cpp has no /cache but counts its tasks: time is only the last resort.
-            self._counter = _PromptCounter.detect(worker)
+            self._counter = PromptCounter.detect(worker)
         self.budget = budget_for(
             self.build,
             counters,
@@ -562,7 +435,7 @@ class KeepAlive:
 
     def _rewarm(self, kept: _Kept, since: float | None) -> Rewarm:
         counter = self._counter
-        stores = counter if isinstance(counter, _StoresCounter) else None
+        stores = counter if isinstance(counter, StoresCounter) else None
         tail = fresh_tail()
         record = measured_call(
             self.worker,
@@ -598,7 +471,7 @@ class KeepAlive:
         were already allowed for in the budget; counting them too would make the keeper
         re-warm its prefixes in turn forever)."""
         before = counter.total
-        if isinstance(counter, _StoresCounter):
+        if isinstance(counter, StoresCounter):
             own = float(self.budget.per_request)
             after = record.after
             if after is not None and after.stores is not None:

@@ -1,0 +1,139 @@
+"""Server activity counters that tell keepalive how much foreign traffic a prefix has seen.
+
+- `StoresCounter`: Halogen's `/cache` `stores`, the entries written since the server started
+  (exact, and what an LRU of entries evicts by).
+- `PromptCounter`: llama.cpp has no `/cache`; it counts prompts from `/slots` (each slot's
+  `id_task` changes when the slot starts a completion; a slot counts once it is idle
+  again, since llama.cpp's LRU goes by when a slot was last used) or, with `/slots` off,
+  from `/metrics` (a poll window in which the prompt-token counters moved is one prompt).
+  Both are lower bounds, exact when polls come faster than prompts finish. The raw
+  `id_task` values are no count: one chat consumes three task ids and every `/slots` or
+  `/metrics` read consumes more (measured), so `max(id_task)` deltas mostly count polls.
+
+`read()` returns the running count and whether the server restarted since the last read
+(a counter went backwards: every prefix is gone), or None when the poll gave nothing usable.
+"""
+
+from __future__ import annotations
+
+from prefixreg.errors import WorkerError
+from prefixreg.records import CacheCounters, strict_count
+from prefixreg.worker import Worker
+
+__all__ = ["Counter", "PromptCounter", "StoresCounter"]
+
+
+class StoresCounter:
+    """Halogen's `/cache` `stores`: entries written since the server started."""
+
+    source = "/cache"
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.total = 0
+        self.busy: set[int] = set()
+        self.last: CacheCounters | None = None
+
+    def read(self) -> tuple[int, bool] | None:
+        counters = self.worker.cache()
+        if counters is None or counters.stores is None:
+            return None
+        return self.saw(counters)
+
+    def saw(self, counters: CacheCounters) -> tuple[int, bool]:
+        """Take a snapshot read elsewhere (a re-warm's closing one) as the latest."""
+        stores = counters.stores
+        restarted = stores is not None and self.last is not None and stores < self.total
+        self.last = counters
+        self.total = stores if stores is not None else self.total
+        return self.total, restarted
+
+
+class PromptCounter:
+    """Prompts the server has started, counted from llama.cpp's `/slots` or `/metrics`.
+
+    `read()` returns the running count since the keeper started (None when the poll could
+    not be made), and whether the server restarted since the last read (a slot's `id_task`
+    or the cumulative prompt tokens went backwards: every prefix is gone).
+    """
+
+    def __init__(self, worker: Worker, source: str) -> None:
+        self.worker = worker
+        self.source = source
+        self.total = 0
+        self.busy: set[int] = set()  # slots processing at the last read
+        self.changed: set[int] = set()  # slots counted at the last read
+        self._slots: dict[int, int] | None = None
+        self._tokens: int | None = None
+
+    @classmethod
+    def detect(cls, worker: Worker) -> PromptCounter | None:
+        """The best counter this server offers (`/slots`, else `/metrics`), or None."""
+        for source in ("/slots", "/metrics"):
+            counter = cls(worker, source)
+            try:
+                if counter.read() is not None:
+                    return counter
+            except WorkerError:
+                continue  # a route that errors is a route we cannot count with
+        return None
+
+    def read(self) -> tuple[int, bool] | None:
+        if self.source == "/slots":
+            return self._read_slots()
+        return self._read_metrics()
+
+    def _read_slots(self) -> tuple[int, bool] | None:
+        raw = self.worker.slots()
+        if raw is None or not raw:
+            return None
+        last = self._slots
+        now: dict[int, int] = {}
+        self.busy = {
+            sid
+            for slot in raw
+            if (sid := strict_count(slot.get("id"))) is not None
+            if slot.get("is_processing") is True
+        }
+        for slot in raw:
+            sid, task = strict_count(slot.get("id")), strict_count(slot.get("id_task"))
+            if sid is None or task is None:
+                continue
+            if slot.get("is_processing") is True and last is not None and sid in last:
+                # Count a prompt once its slot is done with it: llama.cpp picks the least
+                # recently used slot by when it was last used, so a re-warm that finishes
+                # before a foreign prompt does still leaves the prefix's slot the older
+                # one. This also keeps the loop's own call in flight from counting before
+                # its `touch` arrives.
+                now[sid] = last[sid]
+                continue
+            now[sid] = task
+        self._slots = now
+        if last is None:
+            return self.total, False
+        if any(task < last[sid] for sid, task in now.items() if sid in last):
+            return self.total, True
+        # A slot that shows a task it did not show before served at least one prompt.
+        self.changed = {sid for sid, task in now.items() if last.get(sid) != task}
+        self.total += len(self.changed)
+        return self.total, False
+
+    def _read_metrics(self) -> tuple[int, bool] | None:
+        samples = self.worker.metrics()
+        if samples is None:
+            return None
+        done = samples.get("llamacpp:prompt_tokens_total")
+        cached = samples.get("llamacpp:prompt_tokens_cached_total")
+        if done is None or cached is None:
+            return None
+        tokens = int(done + cached)
+        last, self._tokens = self._tokens, tokens
+        if last is None:
+            return self.total, False
+        if tokens < last:
+            return self.total, True
+        self.total += 1 if tokens > last else 0
+        return self.total, False
+
+
+Counter = StoresCounter | PromptCounter
