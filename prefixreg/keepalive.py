@@ -316,6 +316,7 @@ class KeepAlive:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._errors_in_row = 0
+        self._poll_misses = 0  # polls in a row the server was too busy to answer
         self._backoff_until = 0.0
         self.build = worker.server_build()
         counters = worker.cache() if self.build.profile == "halogen" else None
@@ -359,7 +360,8 @@ class KeepAlive:
             # Too busy to answer (a long prefill holds the queue): wait longer each time, so
             # abandoned polls cannot pile up behind it.
             self.summary.skipped_polls += 1
-            self._backoff(self.summary.skipped_polls)
+            self._poll_misses += 1
+            self._backoff(self._poll_misses)
             return None
         except WorkerError:
             self.summary.skipped_polls += 1
@@ -368,7 +370,7 @@ class KeepAlive:
         if got is None:
             self.summary.skipped_polls += 1
             return None
-        self._errors_in_row = 0  # an answered poll ends a streak of errors
+        self._errors_in_row = self._poll_misses = 0  # an answered poll ends both streaks
         total, restarted = got
         if restarted:
             for kept in self._kept.values():  # the server restarted: nothing is cached
