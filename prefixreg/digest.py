@@ -21,6 +21,7 @@ __all__ = [
     "build_id",
     "is_full_sha",
     "looks_like_sha",
+    "object_sha",
     "output_digest",
     "parse_abbrev",
     "parse_sha",
@@ -41,6 +42,15 @@ def sha256_hex(data: bytes) -> str:
 def is_full_sha(text: str) -> bool:
     """True when `text` is exactly 64 lowercase hex digits."""
     return _FULL.fullmatch(text) is not None
+
+
+def object_sha(fan: str, filename: str) -> str | None:
+    """The sha an object file `objects/<fan>/<filename>` stands for, or None if the name is
+    not one: 64 lowercase hex digits plus `.txt`, filed under its first two digits."""
+    sha = filename.removesuffix(".txt")
+    if filename.endswith(".txt") and is_full_sha(sha) and sha[:2] == fan:
+        return sha
+    return None
 
 
 def looks_like_sha(text: str) -> bool:

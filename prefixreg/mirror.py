@@ -62,7 +62,7 @@ from pathlib import Path, PurePosixPath
 from typing import Final
 
 from prefixreg import fsutil
-from prefixreg.digest import is_full_sha
+from prefixreg.digest import is_full_sha, object_sha
 from prefixreg.errors import (
     IntegrityError,
     MirrorError,
@@ -249,10 +249,9 @@ def _dedupe(parsed: Sequence[Destination]) -> list[Destination]:
 def _object_sha(path: str) -> str | None:
     """The sha of `objects/<aa>/<sha>.txt`, or None for anything else."""
     parts = path.split("/")
-    if len(parts) != 3 or parts[0] != "objects" or not parts[2].endswith(".txt"):
+    if len(parts) != 3 or parts[0] != "objects":
         return None
-    sha = parts[2].removesuffix(".txt")
-    return sha if is_full_sha(sha) and sha[:2] == parts[1] else None
+    return object_sha(parts[1], parts[2])
 
 
 def _object_rel(sha: str) -> str:

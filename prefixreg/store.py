@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
 from prefixreg import fsutil
-from prefixreg.digest import is_full_sha, looks_like_sha, parse_abbrev, sha256_hex
+from prefixreg.digest import is_full_sha, looks_like_sha, object_sha, parse_abbrev, sha256_hex
 from prefixreg.errors import (
     AmbiguousRefError,
     CorruptRecordError,
@@ -427,8 +427,8 @@ class Registry:
             if not fan.is_dir() or fan.is_symlink():
                 continue
             for entry in sorted(fan.iterdir()):
-                sha = entry.name.removesuffix(".txt")
-                if entry.name.endswith(".txt") and is_full_sha(sha) and sha[:2] == fan.name:
+                sha = object_sha(fan.name, entry.name)
+                if sha is not None:
                     yield sha
 
     def list_objects(self) -> list[ObjectInfo]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from prefixreg import fsutil
-from prefixreg.digest import is_full_sha
+from prefixreg.digest import is_full_sha, object_sha
 from prefixreg.errors import IntegrityError
 from prefixreg.store import NAME_RE, Registry
 
@@ -194,8 +194,8 @@ def _verify_objects(reg: Registry, report: VerifyReport) -> None:
             continue
         for entry in _scan(reg, fan, report):
             rel = str(entry.relative_to(reg.root))
-            sha = entry.name.removesuffix(".txt")
-            if not (entry.name.endswith(".txt") and is_full_sha(sha) and sha[:2] == fan.name):
+            sha = object_sha(fan.name, entry.name)
+            if sha is None:
                 report.findings.append(Finding("unexpected", rel, "not an object file"))
                 continue
             report.objects += 1

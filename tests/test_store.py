@@ -329,3 +329,18 @@ def test_open_registry_honours_env_then_xdg(
     monkeypatch.setenv("PREFIXREG_HOME", str(tmp_path / "env"))
     assert prefixreg.open_registry().root == tmp_path / "env"
     assert prefixreg.open_registry(tmp_path / "flag").root == tmp_path / "flag"
+
+
+def test_object_file_names_are_recognised_by_one_rule() -> None:
+    from prefixreg.digest import object_sha
+
+    sha = "ab" + "0" * 62
+    assert object_sha("ab", f"{sha}.txt") == sha
+    for fan, name in [
+        ("cd", f"{sha}.txt"),
+        ("ab", sha),
+        ("ab", f"{sha.upper()}.txt"),
+        ("ab", f".{sha}.txt.x.tmp"),
+        ("ab", "ab12.txt"),
+    ]:
+        assert object_sha(fan, name) is None
