@@ -35,13 +35,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefixreg.corpus import builtin_corpus
-from prefixreg.keepalive import KeepAlive
-from prefixreg.loopstats import LoopStats
-from prefixreg.prefix import fresh_tail
+from prefixreg.core.prefix import fresh_tail
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.store import Registry
-from prefixreg.worker import Worker
+from prefixreg.verbs.corpus import builtin_corpus
+from prefixreg.verbs.keepalive import KeepAlive
+from prefixreg.verbs.loopstats import LoopStats
 
 
 @dataclass

@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from prefixreg.mirror import mirror  # noqa: E402
-from prefixreg.store import Registry  # noqa: E402
+from prefixreg.registry.store import Registry  # noqa: E402
+from prefixreg.verbs.mirror import mirror  # noqa: E402
 
 
 def best_of(fn: Callable[[], object], repeat: int) -> float:

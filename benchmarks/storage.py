@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from prefixreg.store import Registry
+from prefixreg.registry.store import Registry
 
 
 def best_of(fn: Callable[[], object], *, number: int, repeat: int) -> float:

@@ -23,12 +23,12 @@ from pathlib import Path
 import httpx
 import orjson
 
-from prefixreg.demo import sample_prompt
-from prefixreg.prefix import fresh_tail
+from prefixreg.cli.demo import sample_prompt
+from prefixreg.core.prefix import fresh_tail
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.store import Registry
-from prefixreg.warm import WARM_PARAMS, warm_prefix
-from prefixreg.worker import Worker
+from prefixreg.verbs.warm import WARM_PARAMS, warm_prefix
 
 
 def median_of(fn: Callable[[], object], n: int) -> float:

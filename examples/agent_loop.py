@@ -18,10 +18,10 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import prefixreg
-from prefixreg.demo import sample_prompt
-from prefixreg.keepalive import KeepAlive
-from prefixreg.loopstats import LoopStats
+from prefixreg.cli.demo import sample_prompt
 from prefixreg.sim import SimConfig, SimServer
+from prefixreg.verbs.keepalive import KeepAlive
+from prefixreg.verbs.loopstats import LoopStats
 
 CALLS = 8
 FOREIGN_BETWEEN_CALLS = 5

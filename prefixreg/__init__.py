@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefixreg.errors import (
+from prefixreg.core.errors import (
     AmbiguousRefError,
     CorruptRecordError,
     EngineBusyError,
@@ -32,11 +32,9 @@ from prefixreg.errors import (
 )
 
 if TYPE_CHECKING:
-    from prefixreg.evidence import evidence_from_response
-    from prefixreg.keepalive import KeepAlive
-    from prefixreg.loopstats import LoopStats
-    from prefixreg.prefix import Prefix, fresh_tail
-    from prefixreg.records import (
+    __version__: str
+    from prefixreg.core.prefix import Prefix, fresh_tail
+    from prefixreg.core.records import (
         CacheCounters,
         CallEvidence,
         Measurement,
@@ -44,28 +42,29 @@ if TYPE_CHECKING:
         NameMove,
         ServerBuild,
     )
-    from prefixreg.store import Registry
-    from prefixreg.worker import Worker
+    from prefixreg.registry.store import Registry
+    from prefixreg.server.evidence import evidence_from_response
+    from prefixreg.server.worker import Worker
+    from prefixreg.verbs.keepalive import KeepAlive
+    from prefixreg.verbs.loopstats import LoopStats
 
 # name -> module, loaded on first access (PEP 562) so `import prefixreg` and the CLI's
 # start-up do not pay for the store, the records or the HTTP client until they are used.
 _LAZY = {
-    "Prefix": "prefixreg.prefix",
-    "fresh_tail": "prefixreg.prefix",
-    "CacheCounters": "prefixreg.records",
-    "CallEvidence": "prefixreg.records",
-    "Measurement": "prefixreg.records",
-    "Meta": "prefixreg.records",
-    "NameMove": "prefixreg.records",
-    "ServerBuild": "prefixreg.records",
-    "Registry": "prefixreg.store",
-    "KeepAlive": "prefixreg.keepalive",
-    "LoopStats": "prefixreg.loopstats",
-    "Worker": "prefixreg.worker",
-    "evidence_from_response": "prefixreg.evidence",
+    "Prefix": "prefixreg.core.prefix",
+    "fresh_tail": "prefixreg.core.prefix",
+    "CacheCounters": "prefixreg.core.records",
+    "CallEvidence": "prefixreg.core.records",
+    "Measurement": "prefixreg.core.records",
+    "Meta": "prefixreg.core.records",
+    "NameMove": "prefixreg.core.records",
+    "ServerBuild": "prefixreg.core.records",
+    "Registry": "prefixreg.registry.store",
+    "KeepAlive": "prefixreg.verbs.keepalive",
+    "LoopStats": "prefixreg.verbs.loopstats",
+    "Worker": "prefixreg.server.worker",
+    "evidence_from_response": "prefixreg.server.evidence",
 }
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AmbiguousRefError",
@@ -107,13 +106,17 @@ __all__ = [
 
 def open_registry(path: Path | str | None = None) -> Registry:
     """Open the registry at `path`, else `$PREFIXREG_HOME`, else the XDG state directory."""
-    from prefixreg.location import resolve_registry_path
-    from prefixreg.store import Registry
+    from prefixreg.registry.location import resolve_registry_path
+    from prefixreg.registry.store import Registry
 
     return Registry(resolve_registry_path(path))
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from prefixreg.core.version import package_version
+
+        return package_version()
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'prefixreg' has no attribute {name!r}")

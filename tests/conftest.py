@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from prefixreg.store import Registry
+from prefixreg.registry.store import Registry
 
 _SCRUB = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy")
 

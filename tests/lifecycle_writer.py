@@ -12,11 +12,11 @@ from __future__ import annotations
 import random
 import sys
 
-from prefixreg.errors import RefNotFoundError
-from prefixreg.gc import collect_garbage
-from prefixreg.jsonio import JSONObject
-from prefixreg.records import Measurement, ServerBuild
-from prefixreg.store import Registry
+from prefixreg.core.errors import RefNotFoundError
+from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.records import Measurement, ServerBuild
+from prefixreg.registry.gc import collect_garbage
+from prefixreg.registry.store import Registry
 
 _BUILD = ServerBuild(profile="halogen", identity={"model": "m"})
 

@@ -19,7 +19,11 @@ from typing import Any
 import orjson
 import pytest
 
-from prefixreg.audit import (
+from prefixreg.core.records import CallEvidence
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
+from prefixreg.sim import SimConfig, SimServer
+from prefixreg.verbs.audit import (
     DEFAULT_DECODE_TPS,
     DEFAULT_PREFILL_TPS,
     AuditCall,
@@ -29,11 +33,7 @@ from prefixreg.audit import (
     read_outputs,
     run_audit,
 )
-from prefixreg.records import CallEvidence
-from prefixreg.sim import SimConfig, SimServer
-from prefixreg.store import Registry
-from prefixreg.warm import WarmResult, warm_prefix
-from prefixreg.worker import Worker
+from prefixreg.verbs.warm import WarmResult, warm_prefix
 from tests.conftest import run_cli
 
 SYSTEM = "You are a careful coding agent. Follow the repository's conventions.\n" * 60

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from prefixreg.store import Registry
+from prefixreg.registry.store import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
 

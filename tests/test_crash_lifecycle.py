@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from prefixreg.gc import collect_garbage
-from prefixreg.store import Registry
+from prefixreg.registry.gc import collect_garbage
+from prefixreg.registry.store import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 14  # two writers per round: 28 kills at most

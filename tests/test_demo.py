@@ -6,8 +6,8 @@ from pathlib import Path
 
 import orjson
 
-from prefixreg.demo import sample_prompt
-from prefixreg.store import Registry
+from prefixreg.cli.demo import sample_prompt
+from prefixreg.registry.store import Registry
 from tests.conftest import run_cli
 
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import orjson
 
-from prefixreg.doctor import diagnose
+from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.worker import Worker
+from prefixreg.verbs.doctor import diagnose
 from tests.conftest import run_cli
 
 FLASH_BLOCK: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Behaviour of `prefixreg.evidence`: the DESIGN §4 rules, one case at a time."""
+"""Behaviour of `prefixreg.server.evidence`: the DESIGN §4 rules, one case at a time."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from prefixreg.digest import output_digest
-from prefixreg.evidence import (
+from prefixreg.core.digest import output_digest
+from prefixreg.core.records import CacheCounters, CallEvidence
+from prefixreg.server.evidence import (
     SOURCE_TIMINGS,
     SOURCE_USAGE,
     SSEParser,
@@ -22,7 +23,6 @@ from prefixreg.evidence import (
     parse_sse,
     token_equal,
 )
-from prefixreg.records import CacheCounters, CallEvidence
 
 SHA_A = "a" * 12
 SHA_B = "b" * 64

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefixreg import digest, evidence, jsonio
-from prefixreg.errors import PrefixregError
-from prefixreg.records import (
+from prefixreg.core import digest, jsonio
+from prefixreg.core.errors import PrefixregError
+from prefixreg.core.records import (
     CacheCounters,
     CallEvidence,
     Measurement,
@@ -27,7 +27,8 @@ from prefixreg.records import (
     NameMove,
     ServerBuild,
 )
-from prefixreg.store import Registry, validate_name
+from prefixreg.registry.store import Registry, validate_name
+from prefixreg.server import evidence
 from tests.hypothesis_profile import bounded
 
 JSON = st.recursive(

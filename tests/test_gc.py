@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from prefixreg import gc as gc_mod
-from prefixreg.errors import LockTimeoutError, UsageError
-from prefixreg.gc import collect_garbage, parse_grace
-from prefixreg.records import Measurement, ServerBuild
-from prefixreg.store import Registry
+from prefixreg.core.errors import LockTimeoutError, UsageError
+from prefixreg.core.records import Measurement, ServerBuild
+from prefixreg.registry import gc as gc_mod
+from prefixreg.registry.gc import collect_garbage, parse_grace
+from prefixreg.registry.store import Registry
 from tests.conftest import run_cli as run
 
 DAY = 86400.0
@@ -127,7 +127,7 @@ def test_old_measurement_does_not_protect_and_is_never_removed(
 ) -> None:
     sha = registry.add("measured long ago\n")
     _age(registry.object_path(sha), 30 * DAY)
-    monkeypatch.setattr("prefixreg.store.utc_now", lambda: time.time() - 30 * DAY)
+    monkeypatch.setattr("prefixreg.registry.store.utc_now", lambda: time.time() - 30 * DAY)
     path = _measure(registry, sha)
     monkeypatch.undo()
     _age(path, 30 * DAY)
@@ -278,7 +278,7 @@ def test_add_republishes_an_object_gc_removed_under_it(
 def test_a_name_never_moves_to_an_object_gc_removed_meanwhile(
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefixreg.errors import RefNotFoundError
+    from prefixreg.core.errors import RefNotFoundError
 
     sha = registry.add("short-lived\n")
     real = Registry._read_verified

@@ -13,13 +13,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from prefixreg.keepalive import KeepAlive
-from prefixreg.loopstats import LoopStats
-from prefixreg.prefix import fresh_tail
-from prefixreg.probe import ProbeOptions, run_probe
+from prefixreg.core.prefix import fresh_tail
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.store import Registry
-from prefixreg.worker import Worker
+from prefixreg.verbs.keepalive import KeepAlive
+from prefixreg.verbs.loopstats import LoopStats
+from prefixreg.verbs.probe import ProbeOptions, run_probe
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply
 
@@ -238,7 +238,7 @@ def test_cli_keepalive_duration_json_and_ctrl_c(sim: SimServer, reg: Registry) -
 
 
 def test_loopstats_counts_only_verified_tokens() -> None:
-    from prefixreg.records import CallEvidence
+    from prefixreg.core.records import CallEvidence
 
     stats = LoopStats()
     stats.add(

@@ -22,13 +22,13 @@ from typing import Any
 import orjson
 import pytest
 
-from prefixreg.keepalive import KeepAlive
-from prefixreg.loopstats import LoopStats
-from prefixreg.prefix import Prefix, fresh_tail
-from prefixreg.probe import ProbeOptions, run_probe
-from prefixreg.records import CallEvidence
-from prefixreg.store import Registry
-from prefixreg.worker import Worker
+from prefixreg.core.prefix import Prefix, fresh_tail
+from prefixreg.core.records import CallEvidence
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
+from prefixreg.verbs.keepalive import KeepAlive
+from prefixreg.verbs.loopstats import LoopStats
+from prefixreg.verbs.probe import ProbeOptions, run_probe
 from tests.conftest import run_cli
 from tests.peer.llama_peer import PeerServer
 

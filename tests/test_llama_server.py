@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 import pytest
 
-from prefixreg.store import Registry
-from prefixreg.worker import Worker
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
 from tests.conftest import run_cli
 from tests.peer.llama_peer import PeerServer, stop_pid
 from tests.test_store import flip_byte

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from prefixreg import fsutil
-from prefixreg import migrate as migrate_mod
-from prefixreg.errors import IntegrityError, PrefixregError, RegistryLocationError, UsageError
-from prefixreg.location import default_registry_path, legacy_registry_path
-from prefixreg.migrate import MIGRATIONS_LOG, migrate_registry, scan_references
-from prefixreg.records import Measurement, ServerBuild
-from prefixreg.store import Registry
+from prefixreg.core.errors import IntegrityError, PrefixregError, RegistryLocationError, UsageError
+from prefixreg.core.records import Measurement, ServerBuild
+from prefixreg.registry import fsutil
+from prefixreg.registry import migrate as migrate_mod
+from prefixreg.registry.location import default_registry_path, legacy_registry_path
+from prefixreg.registry.migrate import MIGRATIONS_LOG, migrate_registry, scan_references
+from prefixreg.registry.store import Registry
 from tests.conftest import run_cli as run
 
 Snapshot = dict[str, tuple[bytes, int, int]]

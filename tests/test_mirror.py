@@ -24,11 +24,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from prefixreg import mirror as mirror_mod
-from prefixreg import rsync
-from prefixreg.errors import IntegrityError, MirrorError, UsageError
-from prefixreg.mirror import PassRecord, mirror
-from prefixreg.rsync import (
+from prefixreg.core.errors import IntegrityError, MirrorError, UsageError
+from prefixreg.registry.store import Registry
+from prefixreg.verbs import mirror as mirror_mod
+from prefixreg.verbs import rsync
+from prefixreg.verbs.mirror import PassRecord, mirror
+from prefixreg.verbs.rsync import (
     EXCLUDES,
     Change,
     build_rsync_argv,
@@ -37,7 +38,6 @@ from prefixreg.rsync import (
     parse_itemized,
     parse_ssh_options,
 )
-from prefixreg.store import Registry
 from tests.sshd import SshServer, require_tools
 from tests.test_store import flip_byte, tree
 
@@ -785,7 +785,7 @@ def test_a_gc_between_plan_and_send_is_no_failure(
 ) -> None:
     """An unnamed object (and its meta) pruned right after the plan: skipped in the
     verification and the reference check, not sent, and the run is ok and logged."""
-    from prefixreg.gc import collect_garbage
+    from prefixreg.registry.gc import collect_garbage
 
     reg = make_origin(tmp_path / "reg", count=2)
     dest = tmp_path / "m"

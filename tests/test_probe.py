@@ -12,11 +12,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from prefixreg.errors import LockTimeoutError, UsageError
-from prefixreg.probe import ProbeOptions, ProbeReport, parse_sizes, run_probe
+from prefixreg.core.errors import LockTimeoutError, UsageError
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.store import Registry
-from prefixreg.worker import Worker
+from prefixreg.verbs.probe import ProbeOptions, ProbeReport, parse_sizes, run_probe
 from tests.conftest import run_cli
 
 

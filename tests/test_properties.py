@@ -22,11 +22,11 @@ from hypothesis.stateful import (
     rule,
 )
 
-from prefixreg.digest import sha256_hex
-from prefixreg.errors import InvalidContentError, RefNotFoundError
-from prefixreg.gc import collect_garbage
-from prefixreg.records import Measurement, ServerBuild
-from prefixreg.store import NameConflictError, Registry
+from prefixreg.core.digest import sha256_hex
+from prefixreg.core.errors import InvalidContentError, RefNotFoundError
+from prefixreg.core.records import Measurement, ServerBuild
+from prefixreg.registry.gc import collect_garbage
+from prefixreg.registry.store import NameConflictError, Registry
 from tests.hypothesis_profile import bounded
 
 NAMES = st.sampled_from(["main", "coding-loop", "a.b_c-1", "X9"])

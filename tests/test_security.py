@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from prefixreg.errors import IntegrityError, PrefixregError, WorkerError
-from prefixreg.gc import collect_garbage
-from prefixreg.records import Measurement, ServerBuild
-from prefixreg.store import Registry
-from prefixreg.worker import Worker
+from prefixreg.core.errors import IntegrityError, PrefixregError, WorkerError
+from prefixreg.core.records import Measurement, ServerBuild
+from prefixreg.registry.gc import collect_garbage
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
 from tests.conftest import run_cli as run
 from tests.fakeserver import FakeServer, Reply
 
@@ -134,7 +134,7 @@ def test_api_key_never_in_cli_output_debug_output_or_registry_files(tmp_path: Pa
             args = [command, "main"] if command in ("warm", "keepalive") else [command]
             runs.append(run(*args, "--worker", dead, "--debug", env=env))
     code = (
-        "from prefixreg.worker import Worker\n"
+        "from prefixreg.server.worker import Worker\n"
         f"Worker({dead!r}).health()\n"  # an uncaught WorkerError: a full traceback
     )
     runs.append(
@@ -330,7 +330,7 @@ def test_modes_honour_the_umask_and_objects_are_read_only(tmp_path: Path, mask: 
 
 
 def test_migrate_keeps_modes(tmp_path: Path) -> None:
-    from prefixreg import migrate
+    from prefixreg.registry import migrate
 
     with umask(0o077):
         Registry(tmp_path / "old").add("content\n", name="main")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefixreg.prefix import fresh_tail
+from prefixreg.core.prefix import fresh_tail
 from prefixreg.sim.cache import CacheModel, PromptCache, snapshot_places
 from prefixreg.sim.tokenizer import RenderedPrompt, render_chat
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixreg.prefix import fresh_tail
+from prefixreg.core.prefix import fresh_tail
 from prefixreg.sim import SimConfig, SimServer
 
 FAST = 100_000.0  # time compression: a 40k-token cold prefill takes under a millisecond

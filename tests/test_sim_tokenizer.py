@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixreg.prefix import fresh_tail
+from prefixreg.core.prefix import fresh_tail
 from prefixreg.sim.cache import CacheModel, PromptCache
 from prefixreg.sim.tokenizer import (
     HISTORY_TAIL,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import prefixreg
-from prefixreg.errors import (
+from prefixreg.core.errors import (
     AmbiguousRefError,
     CorruptRecordError,
     IntegrityError,
@@ -20,8 +20,8 @@ from prefixreg.errors import (
     RegistryLocationError,
     UsageError,
 )
-from prefixreg.records import Measurement, ServerBuild
-from prefixreg.store import NameConflictError, Registry
+from prefixreg.core.records import Measurement, ServerBuild
+from prefixreg.registry.store import NameConflictError, Registry
 
 TRICKY = "line one\r\nline two with trailing spaces   \r\n\tcafé 🚀 𝔘𝔫𝔦 no final newline".encode()
 
@@ -332,7 +332,7 @@ def test_open_registry_honours_env_then_xdg(
 
 
 def test_object_file_names_are_recognised_by_one_rule() -> None:
-    from prefixreg.digest import object_sha
+    from prefixreg.core.digest import object_sha
 
     sha = "ab" + "0" * 62
     assert object_sha("ab", f"{sha}.txt") == sha

@@ -10,11 +10,11 @@ from typing import Any
 import orjson
 import pytest
 
-from prefixreg.records import CallEvidence
+from prefixreg.core.records import CallEvidence
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.store import Registry
-from prefixreg.warm import judge_resume, warm_prefix
-from prefixreg.worker import Worker
+from prefixreg.verbs.warm import judge_resume, warm_prefix
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, sse_frames
 from tests.test_store import flip_byte

@@ -1,4 +1,4 @@
-"""Behaviour of `prefixreg.worker.Worker` against a real loopback server (`tests.fakeserver`)."""
+"""Behaviour of `server.worker.Worker` against a real loopback server (`tests.fakeserver`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from prefixreg.digest import output_digest
-from prefixreg.doctor import diagnose
-from prefixreg.errors import (
+from prefixreg.core.digest import output_digest
+from prefixreg.core.errors import (
     EngineBusyError,
     MalformedResponseError,
     UsageError,
@@ -23,11 +22,12 @@ from prefixreg.errors import (
     WorkerTimeoutError,
     WorkerUnreachableError,
 )
-from prefixreg.evidence import SOURCE_TIMINGS, SOURCE_USAGE
-from prefixreg.prefix import Prefix
-from prefixreg.records import CacheCounters
-from prefixreg.store import Registry
-from prefixreg.worker import Worker
+from prefixreg.core.prefix import Prefix
+from prefixreg.core.records import CacheCounters
+from prefixreg.registry.store import Registry
+from prefixreg.server.evidence import SOURCE_TIMINGS, SOURCE_USAGE
+from prefixreg.server.worker import Worker
+from prefixreg.verbs.doctor import diagnose
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, Request, sse_frames
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import sys
 
-from prefixreg.store import Registry
+from prefixreg.registry.store import Registry
 
 
 def main() -> None:

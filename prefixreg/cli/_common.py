@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from prefixreg import errors
+from prefixreg.core import errors
 
 if TYPE_CHECKING:
-    from prefixreg.store import Registry
+    from prefixreg.registry.store import Registry
 
 __all__ = [
     "EXIT_BY_OUTCOME",
@@ -159,7 +159,7 @@ def read_user_file(path: Path) -> bytes:
 
 def emit_json(value: Any) -> None:
     """Write `value` as indented JSON on stdout."""
-    from prefixreg.jsonio import dumps_pretty
+    from prefixreg.core.jsonio import dumps_pretty
 
     sys.stdout.buffer.write(dumps_pretty(value))
     sys.stdout.flush()
@@ -167,8 +167,8 @@ def emit_json(value: Any) -> None:
 
 def open_registry_from(flag: Path | None) -> Registry:
     """Open the registry named by `--registry`, `$PREFIXREG_HOME` or the XDG default."""
-    from prefixreg.location import migration_hint, resolve_registry_path
-    from prefixreg.store import Registry
+    from prefixreg.registry.location import migration_hint, resolve_registry_path
+    from prefixreg.registry.store import Registry
 
     path = resolve_registry_path(flag)
     hint = migration_hint(path)  # an empty default location while ~/prefix-registry exists

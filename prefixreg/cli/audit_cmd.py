@@ -24,7 +24,7 @@ from prefixreg.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from prefixreg.store import Registry
+    from prefixreg.registry.store import Registry
 
 __all__ = ["audit_command", "register"]
 
@@ -64,8 +64,8 @@ def audit_command(
     prefill and decode time, and say which dominates and which registered prefix it shares.
     """
     with cli_errors(debug):
-        from prefixreg.audit import run_audit
-        from prefixreg.errors import RegistryLocationError, UsageError
+        from prefixreg.core.errors import RegistryLocationError, UsageError
+        from prefixreg.verbs.audit import run_audit
 
         reg: Registry | None
         if registry is not None:

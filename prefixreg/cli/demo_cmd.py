@@ -11,7 +11,7 @@ import typer
 from prefixreg.cli._common import EXIT_BY_OUTCOME, DebugOpt, JsonOpt, cli_errors, emit_json, info
 
 if TYPE_CHECKING:
-    from prefixreg.demo import DemoResult
+    from prefixreg.cli.demo import DemoResult
 
 __all__ = ["demo_command", "register"]
 
@@ -74,7 +74,7 @@ def demo_command(
 ) -> None:
     """Show the main job in a minute: start a simulated Halogen worker in-process, add the
     sample system prompt, warm it, prove it resumes, run a short probe, and stop."""
-    from prefixreg.demo import run_demo
+    from prefixreg.cli.demo import run_demo
 
     with cli_errors(debug):
         result = run_demo(registry, speed=speed, say=info if not json_out else lambda _m: None)

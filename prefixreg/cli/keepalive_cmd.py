@@ -25,10 +25,10 @@ from prefixreg.cli._common import (
     open_registry_from,
     worker_url,
 )
-from prefixreg.errors import UsageError
+from prefixreg.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from prefixreg.keepalive import Rewarm
+    from prefixreg.verbs.keepalive import Rewarm
 
 __all__ = ["keepalive_command", "parse_duration", "register"]
 
@@ -92,8 +92,8 @@ def keepalive_command(
     it; servers with neither are re-warmed on a time interval. A re-warm that comes back
     cold tightens the budget. Every re-warm is recorded as a measurement.
     """
-    from prefixreg.keepalive import KeepAlive
-    from prefixreg.worker import Worker
+    from prefixreg.server.worker import Worker
+    from prefixreg.verbs.keepalive import KeepAlive
 
     with cli_errors(debug):
         seconds = None if duration is None else parse_duration(duration)

@@ -58,8 +58,8 @@ def migrate_command(
     the move is journalled in migrations.log at the new root.
     """
     with cli_errors(debug):
-        from prefixreg.location import display_path
-        from prefixreg.migrate import migrate_registry
+        from prefixreg.registry.location import display_path
+        from prefixreg.registry.migrate import migrate_registry
 
         report = migrate_registry(old, to, scan=scan or (), dry_run=dry_run)
         if json_out:
@@ -115,7 +115,7 @@ def gc_command(
     journal or anything younger than the grace period.
     """
     with cli_errors(debug):
-        from prefixreg.gc import collect_garbage, parse_grace
+        from prefixreg.registry.gc import collect_garbage, parse_grace
 
         grace_s = parse_grace(grace)
         reg = open_registry_from(registry)

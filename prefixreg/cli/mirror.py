@@ -6,7 +6,7 @@ ssh keeps the first value it sees). Each destination gets one summary line on st
 finishes; `--json` prints the whole report on stdout. Exit codes: 0 every destination ok,
 6 any destination failed or the mirror was refused (the failed ones are named), 3 a source
 object failed verification (nothing sent), 2 no destination, 7 another mirror holds the
-lock. `prefixreg.mirror` is imported inside the command so `--help` stays cheap.
+lock. `prefixreg.verbs.mirror` is imported inside the command so `--help` stays cheap.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from prefixreg.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from prefixreg.mirror import DestinationResult
+    from prefixreg.verbs.mirror import DestinationResult
 
 __all__ = ["mirror_command", "register"]
 
@@ -110,7 +110,7 @@ def mirror_command(
     per run and destination goes to the registry's mirror.log.
     """
     with cli_errors(debug):
-        from prefixreg.mirror import (
+        from prefixreg.verbs.mirror import (
             ENV_SSH_OPTS,
             ENV_TO,
             destinations_from_env,
@@ -120,7 +120,7 @@ def mirror_command(
 
         destinations = list(to or destinations_from_env(os.environ.get(ENV_TO)))
         options = [*(ssh_option or []), *ssh_options_from_env(os.environ.get(ENV_SSH_OPTS))]
-        from prefixreg.errors import MirrorError, RegistryLocationError
+        from prefixreg.core.errors import MirrorError, RegistryLocationError
 
         try:
             reg = open_registry_from(registry)

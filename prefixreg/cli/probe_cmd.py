@@ -26,7 +26,7 @@ from prefixreg.cli._common import (
     read_user_file,
 )
 from prefixreg.cli.worker_cmds import ModelOpt, ProfileOpt, TimeoutOpt, open_worker
-from prefixreg.errors import UsageError
+from prefixreg.core.errors import UsageError
 
 __all__ = ["probe_command", "register"]
 
@@ -106,7 +106,7 @@ def probe_command(
     --foreign foreign prompts. Every leg is a registered prefix and a measurement bound to
     the server build; the run is written to probes/<ts>.json and probes/<ts>.md.
     """
-    from prefixreg.probe import ProbeOptions, parse_sizes, run_probe
+    from prefixreg.verbs.probe import ProbeOptions, parse_sizes, run_probe
 
     with cli_errors(debug):
         text = None

@@ -25,8 +25,8 @@ from prefixreg.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from prefixreg.records import Measurement
-    from prefixreg.store import Registry
+    from prefixreg.core.records import Measurement
+    from prefixreg.registry.store import Registry
 
 __all__ = ["add_command", "register"]
 
@@ -99,7 +99,7 @@ def show_command(
         measurements = reg.measurements(prefix.sha256)
         latest_build = measurements[-1].build.build_id if measurements else None
         if worker is not None:
-            from prefixreg.worker import Worker
+            from prefixreg.server.worker import Worker
 
             with Worker(worker) as w:
                 latest_build = w.server_build().build_id

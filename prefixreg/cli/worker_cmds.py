@@ -26,8 +26,8 @@ from prefixreg.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from prefixreg.warm import WarmResult
-    from prefixreg.worker import Worker
+    from prefixreg.server.worker import Worker
+    from prefixreg.verbs.warm import WarmResult
 
 __all__ = ["register", "warm_command"]
 
@@ -62,7 +62,7 @@ def open_worker(
     url: str | None, *, model: str | None, timeout: float, profile: str | None
 ) -> Worker:
     """A `Worker` for `--worker`/`$PREFIXREG_WORKER` (key from `$PREFIXREG_API_KEY`)."""
-    from prefixreg.worker import Worker
+    from prefixreg.server.worker import Worker
 
     return Worker(worker_url(url), model=model, read_timeout=timeout, profile=profile)
 
@@ -124,7 +124,7 @@ def warm_command(
     measurement record is written, bound to the server build read from /health. Exit 0
     resumed, 1 cold or partial, 4 unverified evidence, 5 worker error.
     """
-    from prefixreg.warm import warm_prefix
+    from prefixreg.verbs.warm import warm_prefix
 
     with cli_errors(debug):
         if no_check and check_only:
@@ -153,7 +153,7 @@ def doctor_command(
 
     Exit 0 when nothing needs changing, 1 when a finding says what to change, 5 worker error.
     """
-    from prefixreg.doctor import doctor
+    from prefixreg.verbs.doctor import doctor
 
     with cli_errors(debug):
         with open_worker(worker, model=None, timeout=30.0, profile=profile) as w:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
-from prefixreg.errors import UsageError
+from prefixreg.core.errors import UsageError
 
 __all__ = ["PROFILES", "PROFILE_DEFAULTS", "Profile", "SimConfig"]
 

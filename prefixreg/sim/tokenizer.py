@@ -23,7 +23,7 @@ Snapshot places this module reports (the cache module decides which are stored):
 
 That is what produces the measured Flash shapes from the template alone: an identical repeat
 resumes at ``history_end`` (all but 7 tokens); the same system bytes with a new
-``prefixreg.prefix.fresh_tail()`` user message (whose content is always 10 tokens:
+``prefixreg.core.prefix.fresh_tail()`` user message (whose content is always 10 tokens:
 ``prefixreg`` `` resume`` `` check`` `` <hex>`` ``.`` `` Reply`` `` with`` `` one`` `` word`` ``.``)
 resume at ``system_end``: 2 + 10 + 1 + 6 = 19 tokens before the end.
 

@@ -1,7 +1,7 @@
 """`prefixreg migrate`: move a registry to a new path (by default the standard location).
 
 The old layout kept the registry at `~/prefix-registry`; the standard location is the XDG
-state directory (`prefixreg.location`). A move is one of:
+state directory (`prefixreg.registry.location`). A move is one of:
 
 - `rename`: source and target on one filesystem and no registry at the target yet; one
   atomic `rename(2)`, then the target is verified (and renamed back if it does not).
@@ -55,11 +55,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
-from prefixreg import fsutil
-from prefixreg.errors import IntegrityError, PrefixregError, RegistryLocationError, UsageError
-from prefixreg.jsonio import JSONObject, dumps_canonical, loads_object
-from prefixreg.location import default_registry_path
-from prefixreg.store import MARKER, Registry, iso_utc, utc_now
+from prefixreg.core.errors import IntegrityError, PrefixregError, RegistryLocationError, UsageError
+from prefixreg.core.jsonio import JSONObject, dumps_canonical, loads_object
+from prefixreg.registry import fsutil
+from prefixreg.registry.location import default_registry_path
+from prefixreg.registry.store import MARKER, Registry, iso_utc, utc_now
 
 __all__ = [
     "MIGRATIONS_LOG",
@@ -606,7 +606,7 @@ def _catch_up(
 
 
 def _journal(source: Path, target: Path, report: MigrationReport, files: Sequence[str]) -> None:
-    from prefixreg import __version__
+    from prefixreg.core.version import package_version
 
     line = {
         "at": iso_utc(utc_now()),
@@ -615,7 +615,7 @@ def _journal(source: Path, target: Path, report: MigrationReport, files: Sequenc
         "method": report.method,
         "objects": sum(1 for f in files if f.startswith("objects/")),
         "files": len(files),
-        "prefixreg": __version__,
+        "prefixreg": package_version(),
     }
     fsutil.append_line(target / MIGRATIONS_LOG, dumps_canonical(line))
 

@@ -35,16 +35,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from prefixreg import fsutil
-from prefixreg.corpus import builtin_corpus, probe_slice
-from prefixreg.errors import PrefixregError, UsageError
-from prefixreg.jsonio import JSONObject, JSONValue, dumps_pretty
-from prefixreg.prefix import Prefix, fresh_tail
-from prefixreg.probe_checks import CheckResult, Window, run_checks
-from prefixreg.records import ServerBuild, strict_count
-from prefixreg.store import Registry, iso_utc, stamp_utc, utc_now
-from prefixreg.warm import CallRecord, Verdict, judge_resume, measured_call, record_measurement
-from prefixreg.worker import Worker
+from prefixreg.core.errors import PrefixregError, UsageError
+from prefixreg.core.jsonio import JSONObject, JSONValue, dumps_pretty
+from prefixreg.core.prefix import Prefix, fresh_tail
+from prefixreg.core.records import ServerBuild, strict_count
+from prefixreg.registry import fsutil
+from prefixreg.registry.store import Registry, iso_utc, stamp_utc, utc_now
+from prefixreg.server.worker import Worker
+from prefixreg.verbs.corpus import builtin_corpus, probe_slice
+from prefixreg.verbs.probe_checks import CheckResult, Window, run_checks
+from prefixreg.verbs.warm import (
+    CallRecord,
+    Verdict,
+    judge_resume,
+    measured_call,
+    record_measurement,
+)
 
 __all__ = [
     "DEFAULT_SIZES",

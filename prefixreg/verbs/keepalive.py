@@ -7,7 +7,7 @@ just-used prefix survives) comes, in order, from `--budget`, from the latest
 the entries one request stores.
 
 On llama.cpp (no `/cache`) it counts *prompts* since each prefix was last used, from the
-activity counters the server offers (`/slots`, else `/metrics`; see `prefixreg.activity`).
+activity counters the server offers (`/slots`, else `/metrics`; see `prefixreg.server.activity`).
 That budget is in prompts: `--budget`, else the latest `probe --survival` for the same build
 (survival is counted in prompts), else 1, that is a re-warm after every foreign prompt.
 Why 1 and not `total_slots - 1` (what plain LRU over the slots would give): slot choice
@@ -40,21 +40,27 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from prefixreg.activity import Counter, PromptCounter, StoresCounter
-from prefixreg.errors import (
+from prefixreg.core.errors import (
     EngineBusyError,
     PrefixregError,
     UsageError,
     WorkerError,
     WorkerTimeoutError,
 )
-from prefixreg.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
-from prefixreg.jsonio import JSONObject, loads_object
-from prefixreg.prefix import Prefix, fresh_tail
-from prefixreg.records import CacheCounters, ServerBuild, strict_count
-from prefixreg.store import Registry
-from prefixreg.warm import CallRecord, Verdict, judge_resume, measured_call, record_measurement
-from prefixreg.worker import Worker
+from prefixreg.core.jsonio import JSONObject, loads_object
+from prefixreg.core.prefix import Prefix, fresh_tail
+from prefixreg.core.records import CacheCounters, ServerBuild, strict_count
+from prefixreg.registry.store import Registry
+from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
+from prefixreg.server.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
+from prefixreg.server.worker import Worker
+from prefixreg.verbs.warm import (
+    CallRecord,
+    Verdict,
+    judge_resume,
+    measured_call,
+    record_measurement,
+)
 
 __all__ = ["Budget", "KeepAlive", "KeepAliveSummary", "Rewarm", "budget_for"]
 

@@ -22,7 +22,7 @@ import os
 import stat
 from pathlib import Path
 
-from prefixreg.errors import IntegrityError
+from prefixreg.core.errors import IntegrityError
 
 __all__ = [
     "TMP_SUFFIX",

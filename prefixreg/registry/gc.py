@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
-from prefixreg import fsutil
-from prefixreg.errors import UsageError
-from prefixreg.jsonio import JSONObject
-from prefixreg.store import Registry
+from prefixreg.core.errors import UsageError
+from prefixreg.core.jsonio import JSONObject
+from prefixreg.registry import fsutil
+from prefixreg.registry.store import Registry
 
 __all__ = ["DEFAULT_GRACE", "MIN_AGE_S", "GcItem", "GcReport", "collect_garbage", "parse_grace"]
 

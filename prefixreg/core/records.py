@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
-from prefixreg.digest import build_id as compute_build_id
-from prefixreg.digest import is_full_sha
-from prefixreg.errors import CorruptRecordError
-from prefixreg.jsonio import JSONObject, JSONValue
+from prefixreg.core.digest import build_id as compute_build_id
+from prefixreg.core.digest import is_full_sha
+from prefixreg.core.errors import CorruptRecordError
+from prefixreg.core.jsonio import JSONObject, JSONValue
 
 __all__ = [
     "CACHE_COUNTER_FIELDS",

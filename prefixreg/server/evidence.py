@@ -36,9 +36,9 @@ from typing import cast
 
 import orjson
 
-from prefixreg.digest import output_digest
-from prefixreg.jsonio import JSONObject, JSONValue
-from prefixreg.records import (
+from prefixreg.core.digest import output_digest
+from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.records import (
     CACHE_COUNTER_FIELDS,
     CacheCounters,
     CacheState,

@@ -36,9 +36,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
-from prefixreg import fsutil
-from prefixreg.digest import is_full_sha, looks_like_sha, object_sha, parse_abbrev, sha256_hex
-from prefixreg.errors import (
+from prefixreg.core.digest import is_full_sha, looks_like_sha, object_sha, parse_abbrev, sha256_hex
+from prefixreg.core.errors import (
     AmbiguousRefError,
     CorruptRecordError,
     IntegrityError,
@@ -51,12 +50,13 @@ from prefixreg.errors import (
     RegistryLocationError,
     UsageError,
 )
-from prefixreg.jsonio import dumps_canonical, loads_object
-from prefixreg.prefix import Prefix
+from prefixreg.core.jsonio import dumps_canonical, loads_object
+from prefixreg.core.prefix import Prefix
+from prefixreg.registry import fsutil
 
 if TYPE_CHECKING:
-    from prefixreg.records import Measurement, Meta, NameMove
-    from prefixreg.verify import VerifyReport
+    from prefixreg.core.records import Measurement, Meta, NameMove
+    from prefixreg.registry.verify import VerifyReport
 
 __all__ = [
     "FORMAT",
@@ -408,7 +408,7 @@ class Registry:
             raw = fsutil.read_nofollow(path, root=self._root_s)
         except FileNotFoundError:
             raise RefNotFoundError(f"no meta record for {sha}") from None
-        from prefixreg.records import Meta
+        from prefixreg.core.records import Meta
 
         try:
             meta = Meta.from_dict(loads_object(raw, path=path))
@@ -568,7 +568,7 @@ class Registry:
                 raise RefNotFoundError(f"no prefix {sha} (removed by gc meanwhile?)")
             fsutil.check_no_symlinks(self.root, self.root / "names")
             fsutil.replace_atomic(self.root / "names" / name, f"{sha}\n".encode(), mode=0o644)
-            from prefixreg.records import NameMove
+            from prefixreg.core.records import NameMove
 
             move = NameMove(at=iso_utc(utc_now()), name=name, from_sha=current, to_sha=sha)
             fsutil.append_line(self.root / "names.log", dumps_canonical(move.to_dict()))
@@ -581,7 +581,7 @@ class Registry:
             raw = fsutil.read_nofollow(path, root=self._root_s)
         except FileNotFoundError:
             return []
-        from prefixreg.records import NameMove
+        from prefixreg.core.records import NameMove
 
         moves = []
         for lineno, line in enumerate(raw.splitlines(), 1):
@@ -632,7 +632,7 @@ class Registry:
         return out
 
     def _load_measurement(self, path: Path) -> Measurement:
-        from prefixreg.records import Measurement
+        from prefixreg.core.records import Measurement
 
         try:
             raw = fsutil.read_nofollow(path, root=self._root_s)
@@ -646,7 +646,7 @@ class Registry:
     # -- verify --------------------------------------------------------------------------
 
     def verify(self) -> VerifyReport:
-        """Check everything in the registry (see `prefixreg.verify`)."""
-        from prefixreg.verify import verify_registry
+        """Check everything in the registry (see `prefixreg.registry.verify`)."""
+        from prefixreg.registry.verify import verify_registry
 
         return verify_registry(self)

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from prefixreg.probe import ProbeOptions, ProbeReport, run_probe
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.store import Registry
-from prefixreg.warm import WarmResult, warm_prefix
-from prefixreg.worker import Worker
+from prefixreg.verbs.probe import ProbeOptions, ProbeReport, run_probe
+from prefixreg.verbs.warm import WarmResult, warm_prefix
 
 __all__ = ["DemoResult", "run_demo", "sample_prompt"]
 
@@ -28,7 +28,7 @@ SAMPLE_NAME = "coding-agent"
 def sample_prompt() -> bytes:
     """The sample system prompt: `examples/system-prompt.txt` in a checkout, or its packaged
     copy in an installed wheel."""
-    checkout = Path(__file__).resolve().parent.parent / "examples" / "system-prompt.txt"
+    checkout = Path(__file__).resolve().parents[2] / "examples" / "system-prompt.txt"
     if checkout.is_file():
         return checkout.read_bytes()
     return (resources.files("prefixreg") / "_examples" / "system-prompt.txt").read_bytes()

@@ -16,9 +16,9 @@
 
 from __future__ import annotations
 
-from prefixreg.errors import WorkerError
-from prefixreg.records import CacheCounters, strict_count
-from prefixreg.worker import Worker
+from prefixreg.core.errors import WorkerError
+from prefixreg.core.records import CacheCounters, strict_count
+from prefixreg.server.worker import Worker
 
 __all__ = ["Counter", "PromptCounter", "StoresCounter"]
 

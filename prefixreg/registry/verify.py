@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from prefixreg import fsutil
-from prefixreg.digest import is_full_sha, object_sha
-from prefixreg.errors import IntegrityError
-from prefixreg.store import NAME_RE, Registry
+from prefixreg.core.digest import is_full_sha, object_sha
+from prefixreg.core.errors import IntegrityError
+from prefixreg.registry import fsutil
+from prefixreg.registry.store import NAME_RE, Registry
 
 __all__ = ["Finding", "VerifyReport", "verify_registry"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from prefixreg.errors import CorruptRecordError
+from prefixreg.core.errors import CorruptRecordError
 
 __all__ = ["Prefix", "fresh_tail"]
 

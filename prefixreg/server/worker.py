@@ -31,7 +31,7 @@ Invariants:
   identity fields go into it, never load (`in_flight`, `busy`, `queued`, ...).
 - The API key (`api_key=`, else env `PREFIXREG_API_KEY`) is sent as `Authorization: Bearer`
   and nowhere else: not in `repr`, not in an exception message, not in a log line.
-- Errors are the `prefixreg.errors` tree, each a one-line message naming the method and path:
+- Errors are the `prefixreg.core.errors` tree, each a one-line message naming the method and path:
   connection refused -> `WorkerUnreachableError`; a timeout -> `WorkerTimeoutError`;
   503 `engine_busy` -> `EngineBusyError`; other 4xx/5xx -> `WorkerHTTPError` carrying the
   server's own message (first line, <= 200 characters); a body that is not the JSON promised
@@ -57,7 +57,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import orjson
 
-from prefixreg.errors import (
+from prefixreg.core.errors import (
     EngineBusyError,
     MalformedResponseError,
     UsageError,
@@ -65,15 +65,15 @@ from prefixreg.errors import (
     WorkerTimeoutError,
     WorkerUnreachableError,
 )
-from prefixreg.evidence import (
+from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.prefix import Prefix
+from prefixreg.core.records import CacheCounters, CallEvidence, ServerBuild
+from prefixreg.server.evidence import (
     SSEParser,
     assemble_reply,
     evidence_from_response,
     evidence_from_sse,
 )
-from prefixreg.jsonio import JSONObject, JSONValue
-from prefixreg.prefix import Prefix
-from prefixreg.records import CacheCounters, CallEvidence, ServerBuild
 
 __all__ = ["API_KEY_ENV", "PROFILES", "Worker"]
 

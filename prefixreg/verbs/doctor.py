@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from prefixreg.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
-from prefixreg.jsonio import JSONObject, JSONValue
-from prefixreg.records import CacheCounters, strict_count
-from prefixreg.worker import Worker
+from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.records import CacheCounters, strict_count
+from prefixreg.server.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
+from prefixreg.server.worker import Worker
 
 __all__ = ["Diagnosis", "Finding", "diagnose", "doctor"]
 

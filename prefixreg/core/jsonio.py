@@ -15,7 +15,7 @@ from typing import Any, TypeAlias
 
 import orjson
 
-from prefixreg.errors import CorruptRecordError
+from prefixreg.core.errors import CorruptRecordError
 
 __all__ = ["JSONObject", "JSONValue", "dumps_canonical", "dumps_pretty", "loads", "loads_object"]
 

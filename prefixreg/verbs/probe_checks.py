@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from prefixreg.evidence import counter_deltas, is_interleaved
-from prefixreg.jsonio import JSONObject
-from prefixreg.records import CacheCounters, CallEvidence
+from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.records import CacheCounters, CallEvidence
+from prefixreg.server.evidence import counter_deltas, is_interleaved
 
 __all__ = ["LAGS", "CheckResult", "Status", "Window", "run_checks"]
 

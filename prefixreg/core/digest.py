@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from prefixreg.errors import InvalidDigestError
-from prefixreg.jsonio import JSONValue, dumps_canonical
+from prefixreg.core.errors import InvalidDigestError
+from prefixreg.core.jsonio import JSONValue, dumps_canonical
 
 __all__ = [
     "MIN_ABBREV",

@@ -48,13 +48,13 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import orjson
 
-from prefixreg.errors import CorruptRecordError, UsageError
-from prefixreg.evidence import evidence_from_response
-from prefixreg.jsonio import JSONObject, JSONValue
-from prefixreg.records import CallEvidence, Measurement, strict_count
+from prefixreg.core.errors import CorruptRecordError, UsageError
+from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.records import CallEvidence, Measurement, strict_count
+from prefixreg.server.evidence import evidence_from_response
 
 if TYPE_CHECKING:
-    from prefixreg.store import Registry
+    from prefixreg.registry.store import Registry
 
 __all__ = [
     "DEFAULT_DECODE_TPS",

@@ -3,7 +3,7 @@
 Pure where it can be: `parse_destination`, `parse_ssh_options`, `build_ssh_command`,
 `build_rsync_argv` and `parse_itemized` do no I/O and are tested on their own; `run_rsync`
 is the one thin runner (an argv list, never a shell, the C locale so messages and listing
-formats are stable). `prefixreg.mirror` decides what to send and in which order.
+formats are stable). `prefixreg.verbs.mirror` decides what to send and in which order.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, NamedTuple
 
-from prefixreg.errors import MirrorError
-from prefixreg.store import MARKER
+from prefixreg.core.errors import MirrorError
+from prefixreg.registry.store import MARKER
 
 __all__ = [
     "EXCLUDES",

@@ -40,7 +40,7 @@ confirm pass; an unreadable one fails the destination (exit 6, with a `mirror.lo
 `REGISTRY.json` never travels (the destination keeps its own, role `mirror`, written
 before anything else), nor do `.locks/`, temp files or `mirror.log`; excluded paths are
 also protected from deletion. Each destination's run appends one JSON line to the source's
-`mirror.log`. rsync runs from an argv list (`prefixreg.rsync`: a pure argv builder) through one thin
+`mirror.log`. rsync runs from an argv list (`verbs.rsync`: a pure argv builder) through one thin
 runner; never a shell. Remote destinations share one ssh connection per run (an explicit
 `ControlMaster`, which is also where an authentication failure is reported).
 """
@@ -61,9 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from prefixreg import fsutil
-from prefixreg.digest import is_full_sha, object_sha
-from prefixreg.errors import (
+from prefixreg.core.digest import is_full_sha, object_sha
+from prefixreg.core.errors import (
     IntegrityError,
     MirrorError,
     PrefixregError,
@@ -71,8 +70,10 @@ from prefixreg.errors import (
     RegistryLocationError,
     UsageError,
 )
-from prefixreg.jsonio import dumps_canonical, loads_object
-from prefixreg.rsync import (
+from prefixreg.core.jsonio import dumps_canonical, loads_object
+from prefixreg.registry import fsutil
+from prefixreg.registry.store import FORMAT, FORMAT_VERSION, MARKER, Registry, iso_utc, utc_now
+from prefixreg.verbs.rsync import (
     LIST_LINE_RE,
     LOG_NAME,
     VANISHED,
@@ -87,7 +88,6 @@ from prefixreg.rsync import (
     parse_ssh_options,
     run_rsync,
 )
-from prefixreg.store import FORMAT, FORMAT_VERSION, MARKER, Registry, iso_utc, utc_now
 
 __all__ = [
     "DestinationResult",

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefixreg.jsonio import JSONObject
-from prefixreg.records import CallEvidence
+from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.records import CallEvidence
 
 __all__ = ["LoopStats"]
 

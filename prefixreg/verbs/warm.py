@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from prefixreg.errors import UsageError, WorkerError
-from prefixreg.evidence import counter_deltas, is_interleaved
-from prefixreg.jsonio import JSONObject, JSONValue
-from prefixreg.prefix import Prefix, fresh_tail
-from prefixreg.records import CacheCounters, CallEvidence, Measurement, ServerBuild
-from prefixreg.store import Registry, iso_utc, utc_now
-from prefixreg.worker import Worker
+from prefixreg.core.errors import UsageError, WorkerError
+from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.prefix import Prefix, fresh_tail
+from prefixreg.core.records import CacheCounters, CallEvidence, Measurement, ServerBuild
+from prefixreg.registry.store import Registry, iso_utc, utc_now
+from prefixreg.server.evidence import counter_deltas, is_interleaved
+from prefixreg.server.worker import Worker
 
 __all__ = [
     "SPAN_ALLOWANCE",
