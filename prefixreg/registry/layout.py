@@ -127,7 +127,7 @@ def meta_sha(relpath: str) -> str | None:
 # -- names ----------------------------------------------------------------------------------
 
 
-def validate_name(name: str) -> str:
+def validate_name(name: object) -> str:
     """Check a name for a new move (DESIGN §3) and return it.
 
     Raises:
@@ -151,7 +151,7 @@ def is_sha_like_name(name: str) -> bool:
     return _SHA_LIKE.fullmatch(name) is not None
 
 
-def name_relpath(name: str) -> str:
+def name_relpath(name: object) -> str:
     """`names/<name>`, for any name the name rule accepts (old sha-like names included)."""
     if not isinstance(name, str) or NAME_RE.fullmatch(name) is None:
         raise InvalidNameError(f"invalid name {name!r}")
