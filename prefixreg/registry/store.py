@@ -32,7 +32,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
@@ -382,6 +382,18 @@ class Registry:
             )
         return data
 
+    def read_verified(self, sha: str) -> bytes:
+        """The bytes of object `sha` (a full sha), re-hashed and compared.
+
+        Raises:
+            UsageError: not a full sha. RefNotFoundError: no such object.
+            IntegrityError: the stored bytes do not hash to their sha (or are not a regular
+                file reached without a symlink).
+        """
+        if not is_full_sha(sha):
+            raise UsageError(f"not a sha256: {sha!r}")
+        return self._read_verified(sha)
+
     def get_bytes(self, ref: str) -> bytes:
         """The exact, verified bytes of the prefix `ref` names.
 
@@ -523,6 +535,17 @@ class Registry:
             raise CorruptRecordError(f"{path}: not a sha256 line", path=path)
         return text[:64]
 
+    def read_name(self, name: str) -> str | None:
+        """The sha the name file `names/<name>` holds, or None when there is no such name.
+
+        Raises:
+            InvalidNameError: not a valid name. CorruptRecordError: not a sha line.
+        """
+        from prefixreg.registry.layout import name_relpath
+
+        name_relpath(name)
+        return self._read_name(name)
+
     def names(self) -> dict[str, str]:
         """Every name and the sha it points to, sorted by name."""
         directory = self.root / "names"
@@ -642,6 +665,59 @@ class Registry:
         if not path.name.startswith(record.sha256 + "-"):
             raise CorruptRecordError(f"{path}: records sha {record.sha256}", path=path)
         return record
+
+    # -- receipts and journals ------------------------------------------------------------
+
+    def write_probe_receipt(
+        self, stamp: str, render: Callable[[Path, Path], tuple[bytes, bytes]]
+    ) -> tuple[Path, Path]:
+        """Publish a probe's receipt (`probes/<ts>.json`) and verdict (`probes/<ts>.md`), never
+        overwriting: a taken stamp is retried with a fresh one. `render(json_path, md_path)`
+        gives (receipt bytes, verdict bytes) for the paths chosen, since a receipt names its
+        own files. The verdict lands first, so the receipt appearing means both are there.
+        Returns (json path, md path).
+        """
+        from prefixreg.registry.layout import PROBES, probe_filenames
+
+        self.init()
+        directory = self.root / PROBES
+        directory.mkdir(exist_ok=True)
+        fsutil.check_no_symlinks(self.root, directory)
+        for attempt in range(100):
+            name = stamp if attempt == 0 else stamp_utc(utc_now())
+            json_name, md_name = probe_filenames(name)
+            json_path, md_path = directory / json_name, directory / md_name
+            receipt, verdict = render(json_path, md_path)
+            if not fsutil.publish_new(md_path, verdict, mode=0o444):
+                continue
+            if fsutil.publish_new(json_path, receipt, mode=0o444):
+                return json_path, md_path
+            md_path.unlink()  # the receipt's name was taken: its verdict goes with it
+        raise PrefixregError(f"could not find a free probe receipt name for {stamp}")
+
+    def probe_receipts(self) -> list[tuple[Path, bytes]]:
+        """Every probe receipt (`probes/<ts>.json`), newest first, as (path, raw bytes).
+        Unreadable receipts are skipped (a receipt is history, not a budget)."""
+        from prefixreg.registry.layout import PROBES
+
+        directory = self.root / PROBES
+        if not directory.is_dir():
+            return []
+        out = []
+        for path in sorted(directory.glob("*.json"), reverse=True):
+            if fsutil.is_temp_name(path.name):
+                continue
+            try:
+                out.append((path, fsutil.read_nofollow(path, root=self._root_s)))
+            except (OSError, PrefixregError):
+                continue
+        return out
+
+    def append_mirror_log(self, line: bytes) -> None:
+        """Append one JSON line to `mirror.log` (durably)."""
+        from prefixreg.registry.layout import MIRROR_LOG
+
+        fsutil.append_line(self.root / MIRROR_LOG, line)
 
     # -- verify --------------------------------------------------------------------------
 

@@ -200,7 +200,7 @@ def _verify_objects(reg: Registry, report: VerifyReport) -> None:
                 continue
             report.objects += 1
             try:
-                reg._read_verified(sha)
+                reg.read_verified(sha)
             except IntegrityError as exc:
                 report.findings.append(Finding("corrupt", rel, str(exc)))
                 continue
@@ -249,7 +249,7 @@ def _verify_names(reg: Registry, report: VerifyReport) -> None:
             continue
         report.names += 1
         try:
-            sha = reg._read_name(entry.name)
+            sha = reg.read_name(entry.name)
         except IntegrityError as exc:
             report.findings.append(Finding("bad_record", rel, str(exc)))
             continue

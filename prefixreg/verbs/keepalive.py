@@ -131,13 +131,10 @@ class Budget:
 
 def _latest_survival(registry: Registry, build: ServerBuild) -> tuple[int, int | None, str] | None:
     """(survival, stores per prompt, probe run id) from the newest matching probe receipt."""
-    directory = registry.root / "probes"
-    if not directory.is_dir():
-        return None
-    for path in sorted(directory.glob("*.json"), reverse=True):
+    for path, raw in registry.probe_receipts():
         try:
-            receipt = loads_object(path.read_bytes(), path=path)
-        except (OSError, PrefixregError):
+            receipt = loads_object(raw, path=path)
+        except PrefixregError:
             continue  # an unreadable receipt is not a budget; the next one may be
         rb = receipt.get("build")
         survival = strict_count(receipt.get("survival"))

@@ -75,7 +75,6 @@ from prefixreg.registry import fsutil
 from prefixreg.registry.store import FORMAT, FORMAT_VERSION, MARKER, Registry, iso_utc, utc_now
 from prefixreg.verbs.rsync import (
     LIST_LINE_RE,
-    LOG_NAME,
     VANISHED,
     Change,
     Destination,
@@ -301,7 +300,7 @@ class _Verifier:
                     path=self.reg.root / rel,
                 )
             try:
-                self.reg._read_verified(sha)
+                self.reg.read_verified(sha)
             except RefNotFoundError:
                 continue  # removed at the source since the plan: it will not be sent
             with self._lock:
@@ -729,7 +728,7 @@ def mirror(
         if not dry_run:
             with log_lock:
                 line = dumps_canonical(result.log_record(verifier.count))
-                fsutil.append_line(reg.root / LOG_NAME, line)
+                reg.append_mirror_log(line)
         if announce and on_result is not None:
             on_result(result)
 

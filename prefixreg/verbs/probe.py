@@ -33,13 +33,13 @@ import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Final, Literal
 
-from prefixreg.core.errors import PrefixregError, UsageError
+from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject, JSONValue, dumps_pretty
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.core.records import ServerBuild, strict_count
-from prefixreg.registry import fsutil
 from prefixreg.registry.store import Registry, iso_utc, stamp_utc, utc_now
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.corpus import builtin_corpus, probe_slice
@@ -571,17 +571,8 @@ def run_probe(
 
 
 def _write_receipt(registry: Registry, report: ProbeReport, stamp: str) -> None:
-    directory = registry.root / "probes"
-    directory.mkdir(exist_ok=True)
-    for attempt in range(100):
-        name = stamp if attempt == 0 else stamp_utc(utc_now())
-        json_path, md_path = directory / f"{name}.json", directory / f"{name}.md"
+    def render(json_path: Path, md_path: Path) -> tuple[bytes, bytes]:
         report.json_path, report.md_path = str(json_path), str(md_path)
-        # Markdown first: the JSON receipt names it, so the JSON appearing means both are
-        # there. Receipts are never overwritten: a taken name means try a fresh stamp.
-        if not fsutil.publish_new(md_path, report.to_markdown().encode("utf-8"), mode=0o444):
-            continue
-        if fsutil.publish_new(json_path, dumps_pretty(report.to_dict()), mode=0o444):
-            return
-        md_path.unlink()
-    raise PrefixregError("could not find a free probe receipt name")
+        return dumps_pretty(report.to_dict()), report.to_markdown().encode("utf-8")
+
+    registry.write_probe_receipt(stamp, render)
