@@ -70,6 +70,8 @@ def _measurement_line(m: Measurement, current_build: str | None) -> str:
     verdict = body.get("verdict", "?")
     cached, prompt = body.get("cached_tokens"), body.get("prompt_tokens")
     mark = "" if current_build is None or m.build.build_id == current_build else " (older build)"
+    if body.get("interleaved") is True:
+        mark += " (interleaved: not a clean measurement)"
     return (
         f"  {m.at}  {m.kind:<8} {verdict!s:<10} cached {cached}/{prompt}"
         f"  build {m.build.build_id}{mark}"
@@ -129,8 +131,13 @@ def show_command(
             current = [m for m in measurements if m.build.build_id == latest_build]
             source = "from the worker" if worker is not None else "newest measured"
             out.append(f"current build {latest_build} ({source})")
-            if current:
+            # A measurement foreign calls interleaved with proves little: prefer a clean one.
+            clean = [m for m in current if m.body.get("interleaved") is not True]
+            if clean:
                 out.append("latest on the current build:")
+                out.append(_measurement_line(clean[-1], latest_build))
+            elif current:
+                out.append("latest on the current build (no clean measurement):")
                 out.append(_measurement_line(current[-1], latest_build))
             else:
                 out.append("no measurement on the current build; older builds' figures:")

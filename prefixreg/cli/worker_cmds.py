@@ -91,7 +91,7 @@ def _summary(result: WarmResult) -> str:
         )
     span = "" if result.span_tokens is None else f"; prefix span ~{result.span_tokens:,} tokens"
     cov = "" if result.coverage is None else f", coverage {result.coverage:.1%}"
-    lines.append(f"verdict  {result.verdict.upper()}: {result.reason}{span}{cov}")
+    lines.append(f"verdict  {result.headline}: {result.reason}{span}{cov}")
     lines.append(f"record   {result.record_path}")
     return "\n".join(lines) + "\n"
 

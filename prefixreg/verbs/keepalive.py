@@ -1,20 +1,15 @@
 """`keepalive`: keep prefixes resumable on a worker whose small LRU foreign traffic churns.
 
 On a server with `/cache` (Halogen) it counts `stores` since each prefix was last used and
-re-warms the prefix before one more foreign prompt could evict it. The budget (stores a
-just-used prefix survives) comes, in order, from `--budget`, from the latest
-`probe --survival` receipt for the same server build, or from `/cache` `max_entries` less
-the entries one request stores.
+re-warms the prefix before one more foreign prompt could evict it. The budget policy (how
+much a just-used prefix survives, and from where that number comes) is in
+`prefixreg.verbs.budget`; the records of the work (`Rewarm`, `KeepAliveSummary`) in
+`prefixreg.verbs.rewarm`.
 
 On llama.cpp (no `/cache`) it counts *prompts* since each prefix was last used, from the
 activity counters the server offers (`/slots`, else `/metrics`; see `prefixreg.server.activity`).
-That budget is in prompts: `--budget`, else the latest `probe --survival` for the same build
-(survival is counted in prompts), else 1, that is a re-warm after every foreign prompt.
-Why 1 and not `total_slots - 1` (what plain LRU over the slots would give): slot choice
-also follows prompt similarity, a unified KV buffer (`-kvu`) lets a long prompt crowd
-others out, and a re-warm costs only the fresh tail (~25 tokens, ~0.2 s) while a miss costs
-the whole prefill; the probe measures the real number. Servers with neither counter (and
-other profiles without `/cache`) are kept warm on a time interval.
+Servers with neither counter (and other profiles without `/cache`) are kept warm on a time
+interval.
 
 Invariants:
 - One request at a time: polls and re-warms run in one thread (`step`); the loop's `touch`
@@ -37,243 +32,34 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Final, Literal
+from dataclasses import dataclass
+from typing import Final
 
 from prefixreg.core.errors import (
     EngineBusyError,
-    PrefixregError,
     UsageError,
     WorkerError,
     WorkerTimeoutError,
 )
-from prefixreg.core.jsonio import JSONObject, loads_object
+from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.prefix import Prefix, fresh_tail
-from prefixreg.core.records import CacheCounters, ServerBuild, strict_count
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
-from prefixreg.server.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.warm import (
+from prefixreg.verbs.budget import Budget, budget_for
+from prefixreg.verbs.measure import (
     CallRecord,
     Verdict,
     judge_resume,
     measured_call,
     record_measurement,
 )
+from prefixreg.verbs.rewarm import KeepAliveSummary, Rewarm
 
 __all__ = ["Budget", "KeepAlive", "KeepAliveSummary", "Rewarm", "budget_for"]
 
-DEFAULT_PER_REQUEST: Final = MEASURED_ENTRIES_PER_REQUEST
-DEFAULT_PROMPTS: Final = 1
-DEFAULT_INTERVAL_S: Final = 60.0
 MAX_ERRORS: Final = 5
 MAX_BACKOFF_S: Final = 30.0
-
-
-Unit = Literal["stores", "prompts", "seconds"]
-
-
-@dataclass(slots=True)
-class Budget:
-    """How long a just-used prefix survives, in the unit its counter counts.
-
-    `limit` is in `unit`: stores on Halogen's `/cache`, prompts on llama.cpp's `/slots` or
-    `/metrics`, else seconds. `per_request` is what one request adds to the counter (the
-    entries a prompt stores; 1 prompt). `counter` names the source of the count.
-    """
-
-    limit: float
-    unit: Unit
-    per_request: int
-    source: str
-    counter: str | None = None
-
-    @property
-    def stores(self) -> int | None:
-        return int(self.limit) if self.unit == "stores" else None
-
-    @property
-    def prompts(self) -> int | None:
-        return int(self.limit) if self.unit == "prompts" else None
-
-    @property
-    def interval_s(self) -> float | None:
-        return self.limit if self.unit == "seconds" else None
-
-    def due(self, since: float) -> bool:
-        """Re-warm now.
-
-        Seconds and prompts: once the prefix has seen `limit`, the next moment or prompt may
-        evict it. Stores: once at least one foreign prompt has stored (nothing else can
-        evict), re-warm one prompt *before* the budget is reached, a margin for the traffic
-        that lands between a poll and the re-warm.
-        """
-        if self.unit != "stores":
-            return since >= self.limit
-        return since >= self.per_request and since + self.per_request >= self.limit
-
-    def describe(self) -> str:
-        """`6 stores (/cache)`, `1 prompts (/slots)` or `60 s`, for a person."""
-        if self.unit == "seconds":
-            return f"{self.limit:g} s"
-        return f"{int(self.limit)} {self.unit} ({self.counter})"
-
-    def to_dict(self) -> JSONObject:
-        return {
-            "limit": self.limit,
-            "unit": self.unit,
-            "per_request": self.per_request,
-            "counter": self.counter,
-            "source": self.source,
-        }
-
-
-def _latest_survival(registry: Registry, build: ServerBuild) -> tuple[int, int | None, str] | None:
-    """(survival, stores per prompt, probe run id) from the newest matching probe receipt."""
-    for path, raw in registry.probe_receipts():
-        try:
-            receipt = loads_object(raw, path=path)
-        except PrefixregError:
-            continue  # an unreadable receipt is not a budget; the next one may be
-        rb = receipt.get("build")
-        survival = strict_count(receipt.get("survival"))
-        if not isinstance(rb, dict) or rb.get("build_id") != build.build_id or survival is None:
-            continue
-        run = receipt.get("run_id")
-        return survival, strict_count(receipt.get("stores_per_prompt")), str(run)
-    return None
-
-
-def budget_for(
-    build: ServerBuild,
-    counters: CacheCounters | None,
-    *,
-    registry: Registry | None = None,
-    budget: int | None = None,
-    interval_s: float | None = None,
-    prompt_counter: str | None = None,
-    kept: int = 1,
-) -> Budget:
-    """Choose the budget for `kept` prefixes kept at once.
-
-    With `/cache`: stores, from `--budget`, else a probe's survival for this build, else
-    `max_entries`; with a prompt counter (llama.cpp's `/slots` or `/metrics`): prompts,
-    from `--budget`, else a probe's survival, else `DEFAULT_PROMPTS`; otherwise seconds.
-    The other kept prefixes hold entries of the same LRU (and are kept young), so a stores
-    budget shrinks by their entries.
-    """
-    if counters is None and prompt_counter is not None:
-        return _prompt_budget(build, registry, budget, prompt_counter)
-    seconds = interval_s or DEFAULT_INTERVAL_S
-    if counters is None:
-        return Budget(seconds, "seconds", 0, "time interval (no /cache)")
-    per = DEFAULT_PER_REQUEST
-    found = _latest_survival(registry, build) if registry is not None else None
-    if budget is not None:
-        limit, source = budget, "--budget"
-    elif found is not None:
-        survival, stores_per_prompt, run = found
-        per = stores_per_prompt or per
-        limit, source = survival * per, f"probe {run} (survival {survival})"
-    elif counters.max_entries is not None:
-        limit = lru_survival_stores(counters.max_entries, per)
-        source = f"max_entries {counters.max_entries} less {per} entries per request"
-    else:
-        return Budget(seconds, "seconds", 0, "time interval (no max_entries)")
-    if kept > 1:
-        limit -= (kept - 1) * per
-        source += f", less {kept - 1} other kept prefixes"
-    return Budget(max(per, limit), "stores", per, source, "/cache")
-
-
-def _prompt_budget(
-    build: ServerBuild, registry: Registry | None, budget: int | None, counter: str
-) -> Budget:
-    def made(prompts: int, source: str) -> Budget:
-        return Budget(prompts, "prompts", 1, source, counter)
-
-    if budget is not None:
-        return made(budget, "--budget")
-    found = _latest_survival(registry, build) if registry is not None else None
-    if found is not None:
-        survival, _, run = found
-        source = f"probe {run} (survival {survival})"
-        if survival == 0:
-            # Nothing to wait for: re-warm after every prompt, and the re-warms will show
-            # (cold) that this server keeps no prefix through a foreign prompt.
-            source += ": the prefix survives no foreign prompt"
-        return made(max(1, survival), source)
-    return made(
-        DEFAULT_PROMPTS, "default: a re-warm after every foreign prompt (no probe --survival)"
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Rewarm:
-    """One re-warm: which prefix, how much foreign activity since its last use (in the
-    budget's unit; None for a first warm), and what the server said."""
-
-    sha256: str
-    since: float | None
-    verdict: Verdict
-    record: CallRecord
-    budget: float
-    unit: Unit
-
-    def to_dict(self) -> JSONObject:
-        return {
-            "sha256": self.sha256,
-            f"since_{self.unit}": self.since,
-            "verdict": self.verdict,
-            f"budget_{self.unit}": self.budget,
-            **self.record.to_dict(),
-        }
-
-
-@dataclass(slots=True)
-class KeepAliveSummary:
-    """What a keeper did: re-warms by outcome, tokens spent and kept warm, polls, errors."""
-
-    rewarms: int = 0
-    resumed: int = 0
-    partial: int = 0
-    cold: int = 0
-    unverified: int = 0
-    tokens_spent: int = 0
-    tokens_saved: int = 0
-    polls: int = 0
-    skipped_polls: int = 0
-    errors: int = 0
-    budget_changes: list[str] = field(default_factory=list)
-    stopped_because: str | None = None
-    stopped_by_worker: bool = False
-
-    def to_dict(self) -> JSONObject:
-        return {
-            "rewarms": self.rewarms,
-            "resumed": self.resumed,
-            "partial": self.partial,
-            "cold": self.cold,
-            "unverified": self.unverified,
-            "tokens_spent": self.tokens_spent,
-            "tokens_saved": self.tokens_saved,
-            "polls": self.polls,
-            "skipped_polls": self.skipped_polls,
-            "errors": self.errors,
-            "budget_changes": list(self.budget_changes),
-            "stopped_because": self.stopped_because,
-            "stopped_by_worker": self.stopped_by_worker,
-        }
-
-    def __str__(self) -> str:
-        return (
-            f"{self.rewarms} re-warms ({self.resumed} resumed, {self.partial} partial, "
-            f"{self.cold} cold, "
-            f"{self.unverified} unverified); {self.tokens_spent:,} tokens spent, "
-            f"{self.tokens_saved:,} prefix tokens kept warm; {self.polls} polls "
-            f"({self.skipped_polls} skipped), {self.errors} errors"
-        )
 
 
 @dataclass(slots=True)

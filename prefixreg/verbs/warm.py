@@ -16,28 +16,39 @@ Verdict of the resume check, from the server's own counts only:
 - `cold`: a verified count of zero; `unverified`: the server did not report what the claim
   needs (or the build changed in the middle).
 
+A measurement during which `/cache` saw foreign calls (a window whose hits + misses moved by
+more than our one call) keeps its verdict but is marked `interleaved` and not `clean`, and
+its headline says so ("COLD — foreign calls interleaved; not a clean measurement"): `show`
+prefers clean measurements. The call helpers live in `prefixreg.verbs.measure`.
+
 Records hold counts and hashes only: never the key, the tail text or the output text.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Final, Literal
 
-from prefixreg.core.errors import UsageError, WorkerError
-from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.errors import UsageError
+from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.prefix import Prefix, fresh_tail
-from prefixreg.core.records import CacheCounters, CallEvidence, Measurement, ServerBuild
-from prefixreg.registry.store import Registry, iso_utc, utc_now
-from prefixreg.server.evidence import counter_deltas, is_interleaved
+from prefixreg.core.records import Measurement, ServerBuild
+from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
+from prefixreg.verbs.measure import (
+    SPAN_ALLOWANCE,
+    WARM_PARAMS,
+    CallRecord,
+    Verdict,
+    judge_resume,
+    measured_call,
+    record_measurement,
+)
 
 __all__ = [
+    "INTERLEAVED_NOTE",
     "SPAN_ALLOWANCE",
+    "WARM_PARAMS",
     "CallRecord",
     "Verdict",
     "WarmResult",
@@ -47,44 +58,7 @@ __all__ = [
     "warm_prefix",
 ]
 
-Verdict = Literal["resumed", "partial", "cold", "unverified", "warmed"]
-
-# Tokens the byte-share estimate of the prefix span may be off by: the chat template's
-# fixed tokens around the system message, which the estimate cannot see.
-SPAN_ALLOWANCE: Final = 32
-WARM_PARAMS: Final[dict[str, Any]] = {"max_tokens": 1, "temperature": 0}
-
-
-@dataclass(frozen=True, slots=True)
-class CallRecord:
-    """One call of a measurement: its evidence and the `/cache` snapshots around it."""
-
-    phase: str
-    tail_sha256: str
-    evidence: CallEvidence
-    before: CacheCounters | None
-    after: CacheCounters | None
-
-    @property
-    def interleaved(self) -> bool | None:
-        """Whether foreign traffic moved the counters in this call's window (None: no /cache)."""
-        if self.before is None or self.after is None:
-            return None
-        return is_interleaved(self.before, self.after, 1)
-
-    def to_dict(self) -> JSONObject:
-        deltas: JSONValue = None
-        if self.before is not None and self.after is not None:
-            deltas = dict(counter_deltas(self.before, self.after))
-        return {
-            "phase": self.phase,
-            "tail_sha256": self.tail_sha256,
-            "evidence": self.evidence.to_dict(),
-            "cache_before": None if self.before is None else self.before.to_dict(),
-            "cache_after": None if self.after is None else self.after.to_dict(),
-            "cache_deltas": deltas,
-            "interleaved": self.interleaved,
-        }
+INTERLEAVED_NOTE = "foreign calls interleaved; not a clean measurement"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +76,18 @@ class WarmResult:
     alignment: int
     measurement: Measurement
     record_path: str
+    interleaved: bool | None = None
+
+    @property
+    def clean(self) -> bool:
+        """No foreign traffic was seen in any window of this measurement (or no /cache)."""
+        return self.interleaved is not True
+
+    @property
+    def headline(self) -> str:
+        """`COLD`, or `COLD — foreign calls interleaved; not a clean measurement`."""
+        head = self.verdict.upper()
+        return head if self.clean else f"{head} — {INTERLEAVED_NOTE}"
 
     @property
     def check(self) -> CallRecord | None:
@@ -112,86 +98,6 @@ class WarmResult:
         out = self.measurement.to_dict(public=public)
         out["record"] = None if public else self.record_path
         return out
-
-
-def measured_call(
-    worker: Worker,
-    prefix: Prefix,
-    *,
-    phase: str,
-    tail: str,
-    with_cache: bool,
-    before: CacheCounters | None = None,
-    **params: Any,
-) -> CallRecord:
-    """Send one chat call bracketed by `/cache` snapshots (when the server has `/cache`).
-
-    `before` reuses the previous call's closing snapshot, so back-to-back calls cost one
-    `/cache` read each. A closing snapshot the server fails to give is recorded as missing
-    (its window then counts for nothing): the call was made and its evidence must not be lost.
-    """
-    if with_cache and before is None:
-        before = worker.cache()
-    _, evidence = worker.chat(prefix, tail, **{**WARM_PARAMS, **params})
-    after = None
-    if with_cache:
-        try:
-            after = worker.cache()
-        except WorkerError:
-            after = None
-    return CallRecord(
-        phase=phase,
-        tail_sha256=hashlib.sha256(tail.encode("utf-8")).hexdigest(),
-        evidence=evidence,
-        before=before,
-        after=after,
-    )
-
-
-def record_measurement(
-    registry: Registry, worker: Worker, build: ServerBuild, sha256: str, kind: str, body: JSONObject
-) -> tuple[Measurement, Path]:
-    """Write one measurement of `kind` for `sha256`, bound to `build`; returns it and its path."""
-    measurement = Measurement(
-        sha256=sha256,
-        at=iso_utc(utc_now()),
-        kind=kind,
-        build=build,
-        body=body,
-        worker=worker.url,
-        model=worker.model,
-    )
-    return measurement, registry.write_measurement(measurement)
-
-
-def judge_resume(
-    evidence: CallEvidence, *, prefix_bytes: int, tail_bytes: int, alignment: int
-) -> tuple[Verdict, str, int | None, float | None]:
-    """Classify a resume check: (verdict, reason, estimated prefix span, coverage).
-
-    The span is the prefix's share of the check's prompt tokens, by bytes of content; the
-    check resumed the prefix when its cached count reaches the span less the server's
-    alignment and `SPAN_ALLOWANCE`.
-    """
-    if evidence.cache_state == "unverified":
-        return (
-            "unverified",
-            evidence.reason or "the server did not report cached tokens",
-            None,
-            None,
-        )
-    prompt, cached = evidence.prompt_tokens, evidence.cached_tokens
-    if prompt is None or cached is None:  # cold/reused evidence always carries both
-        return "unverified", "the server did not report prompt and cached counts", None, None
-    span = math.floor(prompt * prefix_bytes / (prefix_bytes + tail_bytes))
-    coverage = min(1.0, cached / span) if span > 0 else None
-    if evidence.cache_state == "cold":
-        return "cold", "the resume check was served cold (0 cached tokens)", span, 0.0
-    if cached >= span - alignment - SPAN_ALLOWANCE:
-        reason = f"{cached:,} of {prompt:,} prompt tokens came from the cache"
-        return "resumed", reason, span, coverage
-    reason = f"only {cached:,} cached tokens against a prefix span of about {span:,}"
-    return "partial", reason, span, coverage
 
 
 def warm_prefix(
@@ -254,9 +160,15 @@ def warm_prefix(
     if after_build.build_id != build.build_id:
         verdict, reason = "unverified", "the server build changed during the measurement"
     last = calls[-1].evidence
+    # Foreign traffic in any window: the counts are still the server's, but what they say
+    # about *this* prefix may be someone else's doing (an eviction, a shared snapshot).
+    windows = [c.interleaved for c in calls]
+    interleaved = True if any(windows) else (None if None in windows else False)
     body: JSONObject = {
         "verdict": verdict,
         "reason": reason,
+        "interleaved": interleaved,
+        "clean": interleaved is not True,
         "prefix_bytes": prefix.size,
         "prompt_tokens": last.prompt_tokens,
         "cached_tokens": last.cached_tokens,
@@ -278,4 +190,5 @@ def warm_prefix(
         alignment=alignment,
         measurement=measurement,
         record_path=str(path),
+        interleaved=interleaved,
     )
