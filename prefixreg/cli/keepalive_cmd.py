@@ -1,8 +1,11 @@
 """`prefixreg keepalive REF...`: keep prefixes resumable on a worker until stopped.
 
 Ctrl-C (or `--duration`) stops it and prints the summary: re-warms, resumed vs cold, tokens
-spent and kept warm. Exit 0 when stopped normally, 5 when repeated worker errors stopped it,
-1 when something else did (a measurement that could not be written).
+spent and kept warm. Exit 0 when stopped normally after at least one re-warm succeeded
+(completed with verified counts); 5 when repeated worker errors stopped it, or no re-warm
+succeeded in the run and worker errors were why; 4 when no re-warm succeeded and the server
+never reported the counts; 1 when something else stopped it (a measurement that could not be
+written).
 """
 
 from __future__ import annotations
@@ -128,6 +131,12 @@ def keepalive_command(
         if summary.stopped_because:
             info(f"stopped: {summary.stopped_because}")
             raise typer.Exit(int(ExitCode.WORKER if summary.stopped_by_worker else ExitCode.NO))
+        if summary.succeeded == 0:
+            # The keeper's whole claim is "these prefixes were kept warm": a run in which not
+            # one re-warm completed with the server's counts proved nothing of the kind.
+            why = f"{summary.errors} worker errors" if summary.errors else "no verified counts"
+            info(f"no re-warm succeeded in this run ({why})")
+            raise typer.Exit(int(ExitCode.WORKER if summary.errors else ExitCode.UNVERIFIED))
 
 
 def register(app: typer.Typer) -> None:

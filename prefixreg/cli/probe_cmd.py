@@ -1,7 +1,9 @@
 """`prefixreg probe`: legs A1/A2/B/C per size, the six counter checks, Cmax, survival.
 
 Exit codes: 0 every leg verified and no check failed beyond the lag explanation; 1 a check
-failed; 4 evidence unverified; 5 worker error; 7 another probe holds the lock.
+failed; 2 bad options (sizes over the worker's context included); 4 evidence unverified (a
+leg, a survival trial, or counter checks that could compare nothing); 5 worker error; 7
+another probe holds the lock.
 """
 
 from __future__ import annotations
@@ -90,6 +92,14 @@ def probe_command(
     force: Annotated[
         bool, typer.Option("--force", help="Probe even while the worker reports work in flight.")
     ] = False,
+    legs: Annotated[
+        str,
+        typer.Option(
+            "--legs",
+            help="all: leg C at every size; report: leg C at the size nearest 16k only "
+            "(the report's shape: 22 calls at the four default sizes).",
+        ),
+    ] = "all",
     model: ModelOpt = None,
     timeout: TimeoutOpt = 1800.0,
     profile: ProfileOpt = None,
@@ -103,7 +113,9 @@ def probe_command(
     """Measure a worker's prompt cache: Cmax, LRU survival, and whether /cache can be trusted.
 
     Per size: A1 cold baseline, A2 identical repeat, B same prefix with a fresh tail, C after
-    --foreign foreign prompts. Every leg is a registered prefix and a measurement bound to
+    --foreign foreign prompts (every size, or with --legs report at 16k only). The verdict
+    gives each leg's seconds. Sizes over the worker's context are refused (exit 2).
+    Every leg is a registered prefix and a measurement bound to
     the server build; the run is written to probes/<ts>.json and probes/<ts>.md.
     """
     from prefixreg.verbs.probe import ProbeOptions, parse_sizes, run_probe
@@ -122,7 +134,10 @@ def probe_command(
             corpus=text,
             survival=survival,
             force=force,
+            legs="report" if legs == "report" else "all",
         )
+        if legs not in ("all", "report"):
+            raise UsageError(f"--legs {legs!r}: use all or report")
         reg = open_registry_from(registry)
         with (
             open_worker(worker, model=model, timeout=timeout, profile=profile) as w,

@@ -58,27 +58,85 @@ __all__ = [
     "ProbeCall",
     "ProbeOptions",
     "ProbeReport",
+    "c_sizes",
+    "check_sizes",
+    "context_tokens",
     "parse_sizes",
     "run_probe",
 ]
 
 SURVIVAL_CAP: Final = 64
+# The largest size parse_sizes takes (characters); far beyond any context, small enough
+# that nothing big is ever allocated for a typo.
+MAX_SIZE_CHARS: Final = 100_000_000
+# Characters one token may hold at most, for the context check (the measured lane has about
+# 1.5, English BPE text about 4; 8 leaves room for any tokenizer on ordinary text).
+MAX_CHARS_PER_TOKEN: Final = 8
+# The report's probe runs leg C at 16k characters only (22 calls at its four sizes).
+REPORT_C_SIZE: Final = 16_000
 Progress = Callable[[str, int], None]
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
-    """`4k,16k,32k` -> (4000, 16000, 32000): characters of prefix text, k = 1000."""
+    """`4k,16k,32k` -> (4000, 16000, 32000): characters of prefix text, k = 1000.
+
+    A size over `MAX_SIZE_CHARS` is a usage error here, before any text is made; sizes the
+    worker's context cannot hold are refused once its build is known (`check_sizes`).
+    """
     sizes = []
     for part in text.split(","):
         item = part.strip().lower()
         mult = 1000 if item.endswith("k") else 1
         digits = item.removesuffix("k")
-        if not digits.isdigit() or int(digits) * mult < 1:
+        # ASCII digits only, and few of them: int() of a huge or non-ASCII digit string
+        # raises (or takes long) instead of giving a clear one-line error.
+        ok = digits.isascii() and digits.isdigit() and len(digits) <= 12
+        if not ok or int(digits) * mult < 1:
             raise UsageError(f"bad size {part.strip()!r}: use characters like 4000 or 4k")
+        if int(digits) * mult > MAX_SIZE_CHARS:
+            raise UsageError(
+                f"size {part.strip()!r} is over {MAX_SIZE_CHARS:,} characters: "
+                "no worker's context holds that"
+            )
         sizes.append(int(digits) * mult)
     if not sizes:
         raise UsageError("no sizes given")
     return tuple(sorted(set(sizes)))
+
+
+def context_tokens(build: ServerBuild) -> int | None:
+    """The tokens one request may hold on this worker (a slot's context), if it says."""
+    values = [strict_count(build.identity.get(k)) for k in ("slot_ctx", "context", "n_ctx")]
+    valid = [v for v in values if v]
+    return min(valid) if valid else None
+
+
+def check_sizes(options: ProbeOptions, build: ServerBuild) -> None:
+    """Refuse sizes (and a foreign prompt size) the worker's context cannot hold.
+
+    Sizes are characters and the context is tokens: a text of N characters has at least
+    N / `MAX_CHARS_PER_TOKEN` tokens, so a size over context x that is surely too long.
+    (Shorter ones may still be: the server then answers with its own error.)
+    """
+    context = context_tokens(build)
+    if context is None:
+        return
+    limit = context * MAX_CHARS_PER_TOKEN
+    for label, chars in [("size", s) for s in options.sizes] + [
+        ("--foreign-chars", options.foreign_chars)
+    ]:
+        if chars > limit:
+            raise UsageError(
+                f"{label} {chars:,} characters is larger than the worker's context "
+                f"({context:,} tokens, at most about {limit:,} characters)"
+            )
+
+
+def c_sizes(options: ProbeOptions) -> tuple[int, ...]:
+    """The sizes leg C runs at: every size, or (`legs="report"`) the one nearest 16k."""
+    if options.legs == "all":
+        return options.sizes
+    return (min(options.sizes, key=lambda s: (abs(s - REPORT_C_SIZE), s)),)
 
 
 class _Prober:
@@ -180,19 +238,25 @@ class _Prober:
         tail = fresh_tail()
         for leg, leg_tail in (("A1", tail), ("A2", tail), ("B", fresh_tail())):
             self.record_leg(self.call(leg, size, prefix, leg_tail))
-        self.foreign(self.report.options.foreign)
-        self.record_leg(self.call("C", size, prefix, fresh_tail()))
+        if size in c_sizes(self.report.options):
+            self.foreign(self.report.options.foreign)
+            self.record_leg(self.call("C", size, prefix, fresh_tail()))
         return prefix
 
-    def trial(self, prefix: Prefix, n: int) -> bool:
+    def trial(self, prefix: Prefix, n: int) -> bool | None:
+        """Did the prefix survive `n` foreign prompts? None: the server did not prove either
+        (a missing count is never zero, so an unverified check is no eviction)."""
         self.foreign(n)
         check = self.call("S-check", None, prefix, fresh_tail())
-        survived = check.verdict == "resumed"
+        survived = None if check.verdict in (None, "unverified") else check.verdict == "resumed"
         self.report.survival_trials.append((n, survived))
         return survived
 
-    def survival(self, prefix: Prefix, c_survived: bool | None) -> int:
-        """Largest n such that the prefix survives n foreign prompts (binary search)."""
+    def survival(self, prefix: Prefix, c_survived: bool | None) -> int | None:
+        """Largest n such that the prefix survives n foreign prompts (binary search).
+
+        None when a trial's answer was unverified: the search cannot place it, and a
+        number built on it would be a guess."""
         foreign = self.report.options.foreign
         self.call("S-warm", None, prefix, fresh_tail())  # make it the most recent entry
         lo, hi = 0, None
@@ -204,13 +268,19 @@ class _Prober:
             n = max(1, lo * 2)
             if n > SURVIVAL_CAP:
                 return lo
-            if self.trial(prefix, n):
+            got = self.trial(prefix, n)
+            if got is None:
+                return None
+            if got:
                 lo = n
             else:
                 hi = n
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self.trial(prefix, mid):
+            got = self.trial(prefix, mid)
+            if got is None:
+                return None
+            if got:
                 lo = mid
             else:
                 hi = mid
@@ -262,10 +332,13 @@ def run_probe(
             f"the corpus has {len(options.corpus):,} characters; the largest size needs "
             f"{max(options.sizes):,}"
         )
+    if options.legs not in ("all", "report"):
+        raise UsageError(f"--legs {options.legs!r}: use all or report")
     registry.refuse_on_mirror("register probe prefixes")
     say = progress or (lambda _label, _n: None)
     with registry.lock("probe"):
         build = worker.server_build()
+        check_sizes(options, build)  # before the corpus (sized by them) is made
         if not options.force:
             _refuse_if_busy(worker, build)
         now = utc_now()
@@ -284,11 +357,14 @@ def run_probe(
         resumable = [c for c in report.legs("B") if c.verdict == "resumed" and c.size]
         if options.survival and resumable:
             size = min(c.size for c in resumable if c.size)
-            c_leg = next(c for c in report.legs("C") if c.size == size)
+            c_leg = next((c for c in report.legs("C") if c.size == size), None)
             c_survived = (
-                None if c_leg.verdict in (None, "unverified") else c_leg.verdict == "resumed"
+                None
+                if c_leg is None or c_leg.verdict in (None, "unverified")
+                else c_leg.verdict == "resumed"
             )
             report.survival = prober.survival(prefixes[size], c_survived)
+            report.survival_searched = True
         report.checks = run_checks([c.window() for c in report.calls], options.sizes)
         _write_receipt(registry, report, stamp_utc(now))
     return report

@@ -32,6 +32,8 @@ __all__ = [
 
 DEFAULT_SIZES: Final = (4000, 16000, 32000, 64000)
 Outcome = Literal["ok", "check_failed", "unverified"]
+Legs = Literal["all", "report"]
+LEG_ORDER: Final = ("A1", "A2", "B", "C")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,7 @@ class ProbeOptions:
     corpus: str | None = None
     survival: bool = False
     force: bool = False
+    legs: Legs = "all"  # report: leg C at the size nearest 16k only (the report's 22 calls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +89,8 @@ class ProbeReport:
     calls: list[ProbeCall] = field(default_factory=list)
     checks: list[CheckResult] = field(default_factory=list)
     survival: int | None = None
-    survival_trials: list[tuple[int, bool]] = field(default_factory=list)
+    survival_searched: bool = False
+    survival_trials: list[tuple[int, bool | None]] = field(default_factory=list)
     alignment: int = 0
     json_path: str | None = None
     md_path: str | None = None
@@ -124,10 +128,35 @@ class ProbeReport:
         return [c for c in self.calls if c.record.interleaved]
 
     @property
+    def survival_unverified(self) -> bool:
+        """The survival search ran but a trial's answer was unverified: no number."""
+        return self.survival_searched and self.survival is None
+
+    @property
+    def checks_unverified(self) -> bool:
+        """Every counter check is n/a on a server that has `/cache`: nothing was compared."""
+        has_cache = self.build.profile == "halogen" or any(
+            c.record.before is not None for c in self.calls
+        )
+        return has_cache and bool(self.checks) and all(c.per_call == "n/a" for c in self.checks)
+
+    def leg_seconds(self) -> dict[str, dict[int, float | None]]:
+        """Wall seconds of each answering leg, by size: the report's per-leg timings."""
+        out: dict[str, dict[int, float | None]] = {}
+        for leg in LEG_ORDER:
+            for c in self.legs(leg):
+                if c.size is not None:
+                    out.setdefault(leg, {})[c.size] = c.record.evidence.wall_s
+        return out
+
+    @property
     def outcome(self) -> Outcome:
         """`unverified` when a leg that answers a question (A2, B, C, survival) lacks the
-        server's counts; `check_failed` when a check failed beyond the lag explanation."""
+        server's counts, or the counter checks compared nothing on a server with `/cache`;
+        `check_failed` when a check failed beyond the lag explanation."""
         if any(c.leg != "A1" for c in self.unverified):
+            return "unverified"
+        if self.survival_unverified or self.checks_unverified:
             return "unverified"
         return "check_failed" if any(c.failed for c in self.checks) else "ok"
 
@@ -191,6 +220,13 @@ class ProbeReport:
                 f"Cached counts are multiples of {self.alignment}: prompts under "
                 f"{self.alignment} tokens never resume."
             )
+        if self.survival_unverified:
+            open_trials = [n for n, ok in self.survival_trials if ok is None]
+            after = f" after {open_trials[0]} foreign prompts" if open_trials else ""
+            out.append(
+                f"Survival is unverified: the server did not report a count for the check{after} "
+                "(a missing count is never zero), so no survival number is given."
+            )
         if self.survival is not None:
             if self.survival <= 3:
                 out.append(
@@ -220,6 +256,11 @@ class ProbeReport:
         fixed = [c for c in self.checks if c.number == 5 and "fixed entry size" in c.detail]
         if fixed:
             out.append("Entries have a fixed size: only cached_tokens can answer capacity.")
+        if self.checks_unverified:
+            out.append(
+                "Every counter check is n/a although the server has /cache: no window could be "
+                "compared, so the counters are unverified."
+            )
         if self.interleaved:
             out.append(
                 f"{len(self.interleaved)} windows were interleaved with foreign traffic and not "
@@ -239,12 +280,23 @@ class ProbeReport:
                 "foreign_chars": opts.foreign_chars,
                 "corpus": "builtin" if opts.corpus is None else "file",
                 "survival": opts.survival,
+                "legs": opts.legs,
             },
             "cmax": self.cmax,
             "alignment": self.alignment,
             "survival": self.survival,
+            "survival_state": (
+                None
+                if not self.survival_searched
+                else ("unverified" if self.survival is None else "verified")
+            ),
+            "leg_seconds": {
+                leg: {str(size): secs for size, secs in by_size.items()}
+                for leg, by_size in self.leg_seconds().items()
+            },
             "stores_per_prompt": self.stores_per_prompt,
             "survival_trials": [{"foreign": n, "survived": ok} for n, ok in self.survival_trials],
+            "calls_made": len(self.calls),
             "checks": [c.to_dict() for c in self.checks],
             "checks_not_available": [c.number for c in self.checks if c.per_call == "n/a"],
             "follows": list(self.follows()),
@@ -264,12 +316,14 @@ class ProbeReport:
             f"- when: {self.at}",
             f"- worker: {self.worker} ({self.build.profile}, build `{self.build.build_id}`)",
             f"- sizes: {', '.join(f'{s:,}' for s in self.options.sizes)} characters; "
-            f"leg C after {self.options.foreign} foreign prompts",
+            f"leg C after {self.options.foreign} foreign prompts"
+            + ("" if self.options.legs == "all" else f" at {_sizes(self.legs('C'))} only")
+            + f"; {len(self.calls)} calls",
             "",
             "## Legs",
             "",
-            "| size | leg | answers | prompt | cached | state | result |",
-            "|---:|---|---|---:|---:|---|---|",
+            "| size | leg | answers | prompt | cached | state | result | seconds |",
+            "|---:|---|---|---:|---:|---|---|---:|",
         ]
         answers = {
             "A1": "cold baseline",
@@ -286,13 +340,23 @@ class ProbeReport:
                 result = f"{'cold' if c.coverage < 0.5 else 'not cold'} ({c.coverage:.0%} covered)"
             lines.append(
                 f"| {c.size:,} | {c.leg} | {answers[c.leg]} | {_n(ev.prompt_tokens)} | "
-                f"{_n(ev.cached_tokens)} | {ev.cache_state} | {result} |"
+                f"{_n(ev.cached_tokens)} | {ev.cache_state} | {result} | {_s(ev.wall_s)} |"
             )
+        seconds = self.leg_seconds()
+        sizes = sorted({s for by_size in seconds.values() for s in by_size})
+        lines += ["", "## Seconds per leg", "", "| leg | " + " | ".join(f"{s:,}" for s in sizes)]
+        lines[-1] += " |"
+        lines.append("|---|" + "---:|" * len(sizes))
+        for leg, by_size in seconds.items():
+            cells = " | ".join(_s(by_size[s]) if s in by_size else "" for s in sizes)
+            lines.append(f"| {leg} | {cells} |")
         lines += ["", "## Capacity and survival", ""]
         lines.append(f"- Cmax (largest B): {_n(self.cmax)} tokens")
-        if self.survival is not None:
-            trials = ", ".join(f"{n}{'✓' if ok else '✗'}" for n, ok in self.survival_trials)
-            lines.append(f"- survival: {self.survival} foreign prompts (trials: {trials})")
+        if self.survival_searched:
+            marks = {True: "✓", False: "✗", None: "?"}
+            trials = ", ".join(f"{n}{marks[ok]}" for n, ok in self.survival_trials)
+            found = "unverified" if self.survival is None else f"{self.survival} foreign prompts"
+            lines.append(f"- survival: {found} (trials: {trials or 'none'})")
         lines += ["", "## Counter checks", "", "| # | check | per call | windowed | detail |"]
         lines.append("|---:|---|---|---|---|")
         for ch in self.checks:
@@ -306,3 +370,11 @@ class ProbeReport:
 
 def _n(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _sizes(calls: list[ProbeCall]) -> str:
+    return ", ".join(f"{c.size:,}" for c in calls if c.size is not None) or "no size"
