@@ -198,3 +198,47 @@ def test_parse_sizes() -> None:
     assert parse_sizes("16k, 4k,4000") == (4000, 16000)
     with pytest.raises(UsageError):
         parse_sizes("0")
+
+
+def test_report_shaped_probe_is_22_calls_with_seconds_per_leg(
+    flash: SimServer, tmp_path: Path
+) -> None:
+    res = run_cli(
+        *("probe", "--worker", flash.url, "--legs", "report", "--foreign", "9"),
+        *("--registry", str(tmp_path / "reg"), "--json"),
+    )
+    assert res.returncode == 0, res.stderr
+    receipt = orjson.loads(res.stdout)
+    assert receipt["options"]["legs"] == "report"
+    # The report's shape: A1/A2/B at each of the four sizes, C (after 9 foreign) at 16k only.
+    assert receipt["calls_made"] == len(receipt["calls"]) == 22
+    legs = [(c["leg"], c["size"]) for c in receipt["calls"] if c["leg"] != "foreign"]
+    assert [s for leg, s in legs if leg == "C"] == [16000]
+    for leg in ("A1", "A2", "B"):
+        assert sorted(s for name, s in legs if name == leg) == [4000, 16000, 32000, 64000]
+    seconds = receipt["leg_seconds"]
+    assert set(seconds) == {"A1", "A2", "B", "C"}
+    assert set(seconds["A1"]) == {"4000", "16000", "32000", "64000"} and set(seconds["C"]) == {
+        "16000"
+    }
+    by_call = {(c["leg"], str(c["size"])): c["evidence"]["wall_s"] for c in receipt["calls"]}
+    for leg, by_size in seconds.items():
+        for size, secs in by_size.items():
+            assert secs is not None and secs > 0 and secs == by_call[(leg, size)]
+    md = Path(receipt["md_path"]).read_text()
+    assert "## Seconds per leg" in md and "at 16,000 only; 22 calls" in md
+    assert "| C |" in md and "| seconds |" in md
+    bad = run_cli(
+        "probe", "--worker", flash.url, "--legs", "some", "--registry", str(tmp_path / "reg")
+    )
+    assert bad.returncode == 2 and b"--legs" in bad.stderr
+
+
+def test_report_legs_pick_the_size_nearest_16k_and_survival_still_searches(
+    flash: SimServer, registry: Registry
+) -> None:
+    report = probe(flash, registry, sizes=(4000, 20000), foreign=3, legs="report", survival=True)
+    assert [c.size for c in report.legs("C")] == [20000]
+    # Survival runs on the smallest resumable size, which had no C leg: it searches anyway.
+    assert report.survival_searched and report.survival is not None
+    assert report.outcome == "ok"

@@ -5,11 +5,18 @@ prefix, with a per-run header so no leg can resume an earlier run's snapshot):
 
 - A1 cold baseline; A2 identical repeat (the positions one entry holds);
 - B same system bytes, fresh tail (what a fresh call resumes; Cmax is the largest B);
-- C after `foreign` distinct foreign prompts, B again (does the prefix survive the LRU?).
+- C after `foreign` distinct foreign prompts, B again (does the prefix survive the LRU?);
+  at every size, or with `legs="report"` at the size nearest 16k only (the report's shape:
+  22 calls at the four default sizes).
 
 `survival=True` then finds the largest number of foreign prompts a prefix survives, by a
 binary search between a count known to survive and one known to evict, reusing C's answer
-as the first bound so the search makes as few calls as it can.
+as the first bound so the search makes as few calls as it can. A trial whose check the
+server did not verify stops the search: survival is then unverified, never a number.
+
+Sizes are bounded twice before any text is made: at parse (`MAX_SIZE_CHARS`) and against
+the worker's context once its build is read (`check_sizes`); both are usage errors. The
+report (`ProbeReport`, in `probe_report`) reads the calls; this module makes them.
 
 On llama.cpp (no `/cache`) the same legs run on per-call evidence alone; the six counter
 checks are `n/a` and the receipt says so. llama.cpp reuses any common prefix, even the
