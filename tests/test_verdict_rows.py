@@ -15,10 +15,13 @@ import httpx
 import orjson
 import pytest
 
+from prefixreg.core.errors import UsageError
 from prefixreg.core.records import CallEvidence
 from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.measure import SPAN_ALLOWANCE, judge_resume, span_allowance
+from prefixreg.verbs.probe import ProbeOptions, run_probe
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, Request, sse_frames
 from tests.test_worker import HALOGEN_CACHE, HALOGEN_HEALTH
@@ -299,3 +302,22 @@ def test_sizes_over_the_worker_context_are_usage_errors(reg: Registry) -> None:
     assert b"64,000" in res.stderr
     assert posts == []
     assert {o.sha256 for o in reg.list_objects()} == before  # no probe slice registered
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"sizes": (10**12,)},
+        {"sizes": ()},
+        {"sizes": (4000,), "foreign_chars": 10**12},
+        {"sizes": (True,)},
+        {"sizes": (4000,), "legs": "most"},
+    ],
+)
+def test_probe_api_refuses_absurd_options_before_any_request(
+    reg: Registry, options: dict[str, Any]
+) -> None:
+    with SimServer(SimConfig(speed=5000)) as sim, Worker(sim.url) as w:
+        with pytest.raises(UsageError):
+            run_probe(reg, w, ProbeOptions(**options))
+        assert [r for r in sim.requests() if r.method == "POST"] == []

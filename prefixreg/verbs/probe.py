@@ -334,6 +334,14 @@ def run_probe(
     """
     if options.foreign < 1:
         raise UsageError("--foreign must be at least 1")
+    # The API boundary: options built without parse_sizes get the same bounds.
+    if not options.sizes or any(
+        type(n) is not int or not 1 <= n <= MAX_SIZE_CHARS
+        for n in (*options.sizes, options.foreign_chars)
+    ):
+        raise UsageError(
+            f"sizes and --foreign-chars must be whole numbers from 1 to {MAX_SIZE_CHARS:,}"
+        )
     if options.corpus is not None and len(options.corpus) < max(options.sizes):
         raise UsageError(
             f"the corpus has {len(options.corpus):,} characters; the largest size needs "
