@@ -9,8 +9,9 @@ one measurement record.
 Verdict of the resume check, from the server's own counts only:
 
 - `resumed`: its cached count covers the prefix's span: the share the prefix takes of the
-  check's prompt (by bytes of message content), less the server's snapshot alignment and a
-  small allowance for the template tokens that estimate cannot see;
+  check's prompt (by bytes of message content), less an allowance for the server's snapshot
+  alignment and the template tokens that estimate cannot see, which scales with the span
+  and never exceeds half of it (`measure.span_allowance`);
 - `partial`: reused, but short of that span (a foreign prompt sharing a few leading tokens,
   an aligned engine rounding a short prefix down to nothing useful);
 - `cold`: a verified count of zero; `unverified`: the server did not report what the claim
