@@ -351,7 +351,7 @@ def test_nothing_readable_exits_2(tmp_path: Path) -> None:
     res = audit_cli(str(tmp_path / "missing"))
     assert res.returncode == 2
     assert b"no such file or directory" in res.stderr
-    assert b"no call outputs read" in res.stderr
+    assert b"no call outputs or requests read" in res.stderr
     (tmp_path / "bad.json").write_bytes(b"nope")
     assert audit_cli(str(tmp_path / "bad.json")).returncode == 2
     empty = tmp_path / "empty"
