@@ -229,8 +229,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Batch]:
 
 
 # --------------------------------------------------------------------------------------
-# The CLI: real processes. Until `audit` is wired into prefixreg.cli.main, a throwaway app
-# that adds it runs the same command function.
+# The CLI: real processes (`python -m prefixreg audit ...`).
 
 
 def audit_cli(*args: str) -> subprocess.CompletedProcess[bytes]:

@@ -8,6 +8,7 @@ wall time; which registered prefix the batch shares, and which calls drifted fro
 
 One role per module:
 
+- `prompt`: a request's system prefix as a sha and a length;
 - `read`: the inputs (responses, request bodies, request+response pairs, measurement
   records; files, JSON lines, directories walked without following anything);
 - `timemodel`: prefill/decode seconds per call;
@@ -28,6 +29,7 @@ from prefixreg.verbs.audit.match import (
     prefix_spans,
     span_tolerance,
 )
+from prefixreg.verbs.audit.prompt import PromptSeen, SystemPrompt, system_prompt
 from prefixreg.verbs.audit.read import (
     JSON_SUFFIXES,
     JSONL_SUFFIXES,
@@ -35,10 +37,7 @@ from prefixreg.verbs.audit.read import (
     AuditCall,
     AuditInput,
     Malformed,
-    PromptSeen,
-    SystemPrompt,
     read_outputs,
-    system_prompt,
 )
 from prefixreg.verbs.audit.report import AuditReport, TokenStat
 from prefixreg.verbs.audit.run import audit_calls, registry_lookup, run_audit

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from prefixreg.core.jsonio import JSONObject, JSONValue
-from prefixreg.verbs.audit.read import PromptSeen
+from prefixreg.verbs.audit.prompt import PromptSeen
 
 __all__ = ["IdentityReport", "Lookup", "PromptIdentity", "check_identity"]
 
