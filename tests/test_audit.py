@@ -229,8 +229,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Batch]:
 
 
 # --------------------------------------------------------------------------------------
-# The CLI: real processes. Until `audit` is wired into prefixreg.cli.main, a throwaway app
-# that adds it runs the same command function.
+# The CLI: real processes (`python -m prefixreg audit ...`).
 
 
 def audit_cli(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -351,7 +350,7 @@ def test_nothing_readable_exits_2(tmp_path: Path) -> None:
     res = audit_cli(str(tmp_path / "missing"))
     assert res.returncode == 2
     assert b"no such file or directory" in res.stderr
-    assert b"no call outputs read" in res.stderr
+    assert b"no call outputs or requests read" in res.stderr
     (tmp_path / "bad.json").write_bytes(b"nope")
     assert audit_cli(str(tmp_path / "bad.json")).returncode == 2
     empty = tmp_path / "empty"

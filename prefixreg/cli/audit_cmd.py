@@ -1,8 +1,10 @@
-"""`prefixreg audit PATH...`: token and time accounting over call outputs.
+"""`prefixreg audit PATH...`: token and time accounting over call outputs, and the byte
+identity of each request's system prefix against the registry.
 
-Exit codes: 0 at least one call was read (malformed files and unverified calls are listed,
-not fatal); 2 nothing readable (no path exists, or no call among them) or bad rates;
-3 a registry measurement record is corrupt (the store fails closed).
+Exit codes: 0 at least one call or request was read (malformed files, skipped non-regular
+files and unverified calls are listed, not fatal); 2 nothing readable (no path exists, or no
+call or request among them) or bad rates; 3 a registry measurement record or object is
+corrupt (the store fails closed).
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ def audit_command(
     paths: Annotated[
         list[Path],
         typer.Argument(
-            help="Response JSON files, JSON-lines files, directories (recursive), "
-            "or measurement records.",
+            help="Files (.json: one document or a list; .jsonl/.ndjson: one per line) or "
+            "directories of them (recursive; symlinks and non-regular files skipped).",
             metavar="PATH...",
             show_default=False,
         ),
@@ -62,6 +64,15 @@ def audit_command(
 ) -> None:
     """Count prompt, cached and completion tokens over a batch of call outputs, model its
     prefill and decode time, and say which dominates and which registered prefix it shares.
+
+    Documents read: a chat response (bare, or under `response`/`body` as in OpenAI batch
+    output; a `wall_s` beside it is its wall time); a chat request body (`{"messages": [...]}`,
+    bare or as OpenAI batch input under `body`); a request+response pair
+    (`{"request": {...}, "response": {...}, "wall_s": 1.2}`); a prefixreg measurement record.
+
+    For every request, `messages[0].content` is hashed (sha256 of its UTF-8 bytes) and looked
+    up in the registry: the report names the registered prefix the batch's requests are
+    byte-identical to (name and sha), and lists the calls whose system prefix drifted.
     """
     with cli_errors(debug):
         from prefixreg.core.errors import RegistryLocationError, UsageError
@@ -85,12 +96,13 @@ def audit_command(
             prefill_tps=prefill_tps,
             decode_tps=decode_tps,
         )
-        if not report.calls:
-            for m in report.malformed[:10]:
+        if not report.calls and report.identity is None:
+            for m in (*report.malformed, *report.skipped)[:10]:
                 info(f"{m.source}: {m.reason}")
             raise UsageError(
-                "no call outputs read",
-                hint="give response JSON, JSON lines, a directory of them, or measurement records",
+                "no call outputs or requests read",
+                hint="give response or request JSON, JSON lines, a directory of them, "
+                "or measurement records",
             )
         if json_out:
             emit_json(report.to_dict())
