@@ -304,7 +304,7 @@ class Transport:
 
     def _timeout(self, where: str, seconds: float) -> WorkerTimeoutError:
         return WorkerTimeoutError(
-            f"{where}: no complete reply within {seconds:g} s",
+            f"{where}: timed out (no complete reply within {seconds:g} s)",
             url=self.url,
             hint="raise the timeout, or check that the worker is not stuck",
         )
