@@ -383,7 +383,10 @@ def test_json_that_is_not_an_object_is_malformed(server: FakeServer) -> None:
         (b"not json", "malformed_response"),
         (b'["a", "list"]', "malformed_response"),
         (b'{"id": "x", "usage": {"prompt_tokens": 8}}', "malformed_response"),
-        (b'{"choices": [{"index": 0, "message": {"content": "x"}}]}', "incomplete_response"),
+        (
+            b'{"choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": null}]}',
+            "incomplete_response",
+        ),
     ],
 )
 def test_malformed_non_streamed_chat_body_is_unverified_evidence(

@@ -9,9 +9,10 @@ Invariants:
 
 - Complete means the server proved the reply is whole. A stream: `[DONE]` arrived, every
   event was JSON, no frame carried an `error`, every text piece was a string. A non-streamed
-  response: a JSON object without `error` whose first choice has a `message` (never a stream
-  `delta`) and a string `finish_reason`, and whose `object` is not a `*.chunk`. One mid-stream
-  chunk handed over as if it were a response is therefore never complete.
+  response: a JSON object without `error`, whose `object` is not a `*.chunk`, no choice of
+  which carries a stream `delta`, and whose first choice has a `message` (or completions
+  `text`) and a `finish_reason` that is a string or absent (an explicit null says the reply
+  is not finished). One mid-stream chunk handed over as a response is never complete.
 - Only the first choice (index 0) is read for text: n > 1 is not how calls are made.
 - The server's own error text is never kept; `error` is a short code of ours.
 """
@@ -56,6 +57,16 @@ def _utf8(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+def _first_choice(choices: object) -> dict[str, object] | None:
+    """The choice with index 0 (an absent index reads as 0), if the list has one."""
+    if not isinstance(choices, list):
+        return None
+    for choice in choices:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            return choice
+    return None
+
+
 class ReplyReader:
     """One reply, read into its parts (see the module docstring)."""
 
@@ -64,7 +75,6 @@ class ReplyReader:
         "content",
         "error",
         "finish_reason",
-        "finished",
         "id",
         "model",
         "reason",
@@ -78,7 +88,6 @@ class ReplyReader:
         self.content = bytearray()
         self.reasoning = bytearray()
         self.finish_reason: str | None = None
-        self.finished = False  # the first choice carried a string finish_reason
         self.usage: object = None
         self.timings: object = None
         self.runtime: object = None
@@ -135,8 +144,13 @@ class ReplyReader:
         elif any(isinstance(c, dict) and "delta" in c for c in choices):
             self.fail("incomplete_response", "a stream chunk, not a final response")
         self._take_choices(resp, key="message")
-        if not self.finished:
-            self.fail("incomplete_response", "no finish_reason: not a final response")
+        first = _first_choice(choices)
+        if first is None:
+            self.fail("incomplete_response", "no first choice: not a final response")
+        elif "finish_reason" in first and not isinstance(first["finish_reason"], str):
+            self.fail("incomplete_response", "finish_reason is not set: not a final response")
+        elif not isinstance(first.get("message"), dict) and "text" not in first:
+            self.fail("malformed_response", "the first choice has no message")
 
     # ------------------------------------------------------------------ parts
 
@@ -181,7 +195,6 @@ class ReplyReader:
             finish = choice.get("finish_reason")
             if isinstance(finish, str):
                 self.finish_reason = finish
-                self.finished = True
             body = choice.get(key)
             if body is not None and not isinstance(body, dict):
                 self.fail("malformed_response", f"{key} is not an object")
