@@ -13,14 +13,17 @@ repeats; a callable `(Request) -> Reply` may be given instead. An unscripted rou
 with an OpenAI-style error envelope. `Reply` can send JSON, raw bytes, or SSE pieces (flushed one
 by one, `piece_delay` apart), wait `delay` seconds first, announce more bytes than it sends
 (`truncate_at`: the client sees the connection drop mid-body) or hang up without answering
-(`hangup`). Handler errors (a client that went away) are swallowed, never raised in a thread.
+(`hangup`). A hostile server is scripted too: `generate` yields a body lazily (a 1 GB reply
+without holding 1 GB), `length` announces a Content-Length of its own, `trickle` sends the body
+one byte every `trickle` seconds, and `trickle_head` does the same to the status line and
+headers. Handler errors (a client that went away) are swallowed, never raised in a thread.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -54,6 +57,10 @@ class Reply:
     piece_delay: float = 0.0
     truncate_at: int | None = None
     hangup: bool = False
+    generate: Callable[[], Iterable[bytes]] | None = None
+    length: int | None = None
+    trickle: float = 0.0
+    trickle_head: bool = False
 
 
 Script = Callable[[Request], Reply]
@@ -144,6 +151,9 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.hangup:
             self.close_connection = True
             return
+        if reply.generate is not None or reply.trickle or reply.trickle_head:
+            self._send_hostile(reply)
+            return
         self.send_response(reply.status)
         for name, value in reply.headers.items():
             self.send_header(name, value)
@@ -171,6 +181,44 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         self.wfile.write(data)
         self.wfile.flush()
+
+    def _send_hostile(self, reply: Reply) -> None:
+        """Write the reply by hand: lazily generated, and/or a byte at a time."""
+        stop = self.server.fake.stopping
+        self.close_connection = True
+        if reply.generate is not None:
+            pieces: Iterable[bytes] = reply.generate()
+            ctype = reply.content_type or "application/octet-stream"
+        elif reply.sse is not None:
+            pieces = [p if isinstance(p, bytes) else p.encode("utf-8") for p in reply.sse]
+            ctype = reply.content_type or "text/event-stream"
+        else:
+            data = reply.body if reply.body is not None else json.dumps(reply.json).encode()
+            pieces = [data]
+            ctype = reply.content_type or "application/json"
+        head = [f"HTTP/1.0 {reply.status} OK", f"Content-Type: {ctype}"]
+        head += [f"{k}: {v}" for k, v in reply.headers.items()]
+        if reply.length is not None:
+            head.append(f"Content-Length: {reply.length}")
+        raw_head = ("\r\n".join(head) + "\r\n\r\n").encode()
+
+        def write(data: bytes, slow: bool) -> bool:
+            if not slow:
+                self.wfile.write(data)
+                self.wfile.flush()
+                return True
+            for i in range(len(data)):
+                self.wfile.write(data[i : i + 1])
+                self.wfile.flush()
+                if stop.wait(reply.trickle or 0.2):
+                    return False
+            return True
+
+        if not write(raw_head, reply.trickle_head):
+            return
+        for piece in pieces:
+            if not write(piece, bool(reply.trickle)) or stop.is_set():
+                return
 
 
 class FakeServer:

@@ -377,10 +377,27 @@ def test_json_that_is_not_an_object_is_malformed(server: FakeServer) -> None:
         w.health()
 
 
-def test_non_json_chat_reply_is_malformed(server: FakeServer) -> None:
-    server.route("POST", CHAT, Reply(body=b"not json", content_type="application/json"))
-    with Worker(server.url) as w, pytest.raises(MalformedResponseError):
-        w.chat(PREFIX, "t", stream=False)
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (b"not json", "malformed_response"),
+        (b'["a", "list"]', "malformed_response"),
+        (b'{"id": "x", "usage": {"prompt_tokens": 8}}', "malformed_response"),
+        (
+            b'{"choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": null}]}',
+            "incomplete_response",
+        ),
+    ],
+)
+def test_malformed_non_streamed_chat_body_is_unverified_evidence(
+    server: FakeServer, body: bytes, error: str
+) -> None:
+    """The same state as the same fault in a stream: evidence to record, never an exception."""
+    server.route("POST", CHAT, Reply(body=body, content_type="application/json"))
+    with Worker(server.url) as w:
+        reply, ev = w.chat(PREFIX, "t", stream=False)
+    assert (ev.cache_state, ev.complete, ev.error) == ("unverified", False, error)
+    assert ev.output_sha256 is None and reply["content"] in ("", "x")
 
 
 # ------------------------------------------------------------------ the API key

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Final, Literal, cast
 
 from prefixreg.core.digest import build_id as compute_build_id
 from prefixreg.core.digest import is_full_sha
@@ -19,6 +19,7 @@ from prefixreg.core.jsonio import JSONObject, JSONValue
 
 __all__ = [
     "CACHE_COUNTER_FIELDS",
+    "PUBLIC_IDENTITY_FIELDS",
     "CacheCounters",
     "CacheState",
     "CallEvidence",
@@ -26,6 +27,7 @@ __all__ = [
     "Meta",
     "NameMove",
     "ServerBuild",
+    "public_identity",
     "strict_count",
 ]
 
@@ -188,8 +190,66 @@ class ServerBuild:
         value = strict_count(block.get("snapshot_align")) if isinstance(block, dict) else None
         return value or 0
 
-    def to_dict(self) -> JSONObject:
+    def to_dict(self, *, public: bool = False) -> JSONObject:
+        """The record form; `public` gives the receipt form (see `public_identity`)."""
+        if public:
+            return {
+                "profile": self.profile,
+                "identity": public_identity(self.identity),
+                "build_id": self.build_id,
+                "public": True,
+            }
         return {"profile": self.profile, "identity": self.identity, "build_id": self.build_id}
+
+
+# Identity fields a public receipt keeps: release strings, hashes, sizes and the cache's
+# settings. Everything else (the model id or alias, a model file path, the served model ids,
+# any field a server may add) is dropped: an allowlist, so a new field is private by default.
+PUBLIC_IDENTITY_FIELDS: Final = frozenset(
+    {
+        "version",  # halogen: {api, engine, match}; vllm: a release string
+        "chat_template_sha256",
+        "checkpoint_format",
+        "context",
+        "slots",
+        "slot_ctx",
+        "prompt_cache",
+        "build_info",  # llama.cpp: build number and commit
+        "n_ctx",
+        "total_slots",
+    }
+)
+_PUBLIC_NESTED: Final = {
+    "version": frozenset({"api", "engine", "match"}),
+    "prompt_cache": frozenset(
+        {"enabled", "cap_mb", "mode", "snapshot_align", "bitwise_identical_to_cold"}
+    ),
+}
+_PUBLIC_SCALARS = (str, int, float, bool, type(None))
+
+
+def public_identity(identity: Mapping[str, JSONValue]) -> JSONObject:
+    """`identity` without the model id and every host-identifying field.
+
+    Keeps only `PUBLIC_IDENTITY_FIELDS` with scalar values, and inside `version` and
+    `prompt_cache` only their documented keys. The `build_id` of a public build is the one
+    computed over the full identity: it still links receipts of one build, but a reader
+    cannot recompute it, so public receipts are marked `"public": true` and are never loaded
+    back as records.
+    """
+    out: JSONObject = {}
+    for key in sorted(PUBLIC_IDENTITY_FIELDS & identity.keys()):
+        value = identity[key]
+        nested = _PUBLIC_NESTED.get(key)
+        if isinstance(value, dict) and nested is not None:
+            out[key] = {
+                k: v
+                for k, v in sorted(value.items())
+                if k in nested and isinstance(v, _PUBLIC_SCALARS)
+            }
+        elif isinstance(value, _PUBLIC_SCALARS):
+            out[key] = value
+    return out
 
 
 CACHE_COUNTER_FIELDS: tuple[str, ...] = (
@@ -246,6 +306,8 @@ class CallEvidence:
 
     `error` is a short reason code of ours (for example "incomplete_stream"), never the
     server's message text; `reason` says in words why a call is unverified.
+    `disk_restore_tokens`/`disk_restore_ms` are what the server said it restored from its
+    disk tier (`timings.disk_restore_*`); records written before they existed read as None.
     """
 
     prompt_tokens: int | None
@@ -260,6 +322,8 @@ class CallEvidence:
     wall_s: float | None = None
     prompt_ms: float | None = None
     predicted_ms: float | None = None
+    disk_restore_tokens: int | None = None
+    disk_restore_ms: float | None = None
     error: str | None = None
     reason: str | None = None
 
@@ -286,6 +350,8 @@ class CallEvidence:
             wall_s=_opt_float(d, "wall_s", w),
             prompt_ms=_opt_float(d, "prompt_ms", w),
             predicted_ms=_opt_float(d, "predicted_ms", w),
+            disk_restore_tokens=_opt_int(d, "disk_restore_tokens", w),
+            disk_restore_ms=_opt_float(d, "disk_restore_ms", w),
             error=_opt_str(d, "error", w),
             reason=_opt_str(d, "reason", w),
         )
@@ -304,6 +370,8 @@ class CallEvidence:
             "wall_s": self.wall_s,
             "prompt_ms": self.prompt_ms,
             "predicted_ms": self.predicted_ms,
+            "disk_restore_tokens": self.disk_restore_tokens,
+            "disk_restore_ms": self.disk_restore_ms,
             "error": self.error,
             "reason": self.reason,
         }
@@ -314,7 +382,8 @@ class Measurement:
     """`measurements/<sha256>-<ts>.json`: one warm or probe leg, bound to a server build.
 
     `body` holds the use case's own fields (calls, counter snapshots, verdict); the store
-    checks only the envelope. `worker` and `model` are dropped from public receipts.
+    checks only the envelope. Public receipts drop `worker` and `model` and show the build
+    without its host-identifying fields (`ServerBuild.to_dict(public=True)`).
     """
 
     sha256: str
@@ -343,7 +412,7 @@ class Measurement:
             "sha256": self.sha256,
             "at": self.at,
             "kind": self.kind,
-            "build": self.build.to_dict(),
+            "build": self.build.to_dict(public=public),
             "body": self.body,
         }
         if not public:

@@ -1,7 +1,14 @@
-"""Talking to workers and judging what they say: the HTTP client with its server profiles,
-activity counters, and pure evidence parsing.
+"""Talking to workers and judging what they say.
 
-Invariant: imports `core` only, never the registry; `server.evidence` does no I/O.
+- `worker`: the `Worker` API (routes, profile detection, chat);
+- `transport`: HTTP with a whole-call deadline and a reply size cap on every call;
+- `identity`: build identity per server profile;
+- `sse`: event-stream decoding by the spec; `replies`: folding a reply into its parts;
+- `evidence`: what a reply proves (`evidence_from_response`, ...); `counters`: `/cache` math;
+- `activity`: counters of foreign traffic for keepalive.
+
+Invariant: imports `core` only, never the registry; only `worker`, `transport` and
+`activity` do I/O (sse, replies, evidence, counters and identity are pure).
 """
 
 from __future__ import annotations

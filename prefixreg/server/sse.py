@@ -1,0 +1,191 @@
+"""Server-sent events, read by the WHATWG event-stream rules. Pure: no I/O.
+
+An OpenAI-compatible stream is a sequence of events whose `data` is one JSON document each,
+ended by the event `data: [DONE]`. How a body becomes events (the spec, as code):
+
+- Lines end with CRLF, LF or CR, including a CRLF cut between two pieces; a leading BOM is
+  dropped. Bytes are split into lines before decoding (CR and LF never occur inside a UTF-8
+  sequence), so a character cut between pieces is whole again when its line is decoded.
+- `field: value` (one space after the colon is dropped); a line without a colon is a field
+  with an empty value. `data` lines of one event are joined with "\\n"; a blank line ends the
+  event. Comments (`: keepalive`) are skipped; `id` and `retry` only steer reconnection,
+  which never happens here (a call is never resumed), so they are read and ignored; other
+  field names are ignored, as the spec says.
+- `event: error` marks the call failed whatever its data (the data text is not kept). Other
+  event names are judged by their data like unnamed ones.
+- An event still open when the body ends is discarded (spec): a stream whose last bytes are
+  `data: [DONE]` without the blank line that dispatches it did not end properly.
+
+Invariants: each byte is scanned a bounded number of times (pieces of an unfinished line are
+kept in a list and joined once, so a long line fed byte by byte stays linear); a line that is
+not UTF-8 or an event whose data is not JSON marks the stream `malformed` (never a guess);
+after `[DONE]` nothing more is read.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+import orjson
+
+__all__ = ["ERROR_EVENT_FRAME", "SSEParser", "SSEStream", "parse_sse"]
+
+_LINE_END: Final = re.compile(rb"\r\n|\r|\n")
+_BOM: Final = b"\xef\xbb\xbf"
+
+# What an `event: error` event reads as: an error frame, with no server text in it.
+ERROR_EVENT_FRAME: Final = {"error": {"event": "error"}}
+
+
+@dataclass(slots=True)
+class SSEStream:
+    """The decoded events of one stream.
+
+    `chunks` holds each event's JSON value in order (a non-object value is kept and judged
+    later; empty when the parser was told not to keep them). `done` is True once
+    `data: [DONE]` arrived. `malformed` is the first reason the stream could not be read.
+    """
+
+    chunks: list[object] = field(default_factory=list)
+    done: bool = False
+    malformed: str | None = None
+
+
+class SSEParser:
+    """Incremental event-stream reader: feed bytes (or whole lines) as they arrive.
+
+    `feed` returns the JSON values of the events its bytes completed. With `keep=False` the
+    values are only returned, not also kept in `stream.chunks`: a caller that folds each
+    frame as it comes (the worker) then holds no per-frame memory.
+    """
+
+    def __init__(self, *, keep: bool = True) -> None:
+        self._keep = keep
+        self._pending: list[bytes] = []  # pieces of the line not yet ended
+        self._skip_lf = False  # the last piece ended with CR: a leading LF ends nothing
+        self._started = False  # the BOM check is done
+        self._data: list[str] = []
+        self._event = ""
+        self.stream = SSEStream()
+
+    def feed(self, data: bytes) -> list[object]:
+        """Take the next bytes of the body; return the frames completed by them."""
+        if self._skip_lf and data:
+            self._skip_lf = False
+            if data[:1] == b"\n":
+                data = data[1:]
+        if not data or self.stream.done:
+            return []
+        if b"\n" not in data and b"\r" not in data:
+            # Keep pieces and join once the line ends: re-scanning a growing buffer on every
+            # small piece would make one long line quadratic.
+            self._pending.append(data)
+            return []
+        lines = _LINE_END.split(data)
+        rest = lines.pop()
+        if rest == b"" and data[-1:] == b"\r":
+            self._skip_lf = True
+        if self._pending:
+            lines[0] = b"".join([*self._pending, lines[0]])
+        self._pending = [rest] if rest else []
+        out: list[object] = []
+        for line in lines:
+            frame = self.feed_line(line)
+            if frame is not None:
+                out.append(frame)
+        return out  # lines after [DONE] were skipped by feed_line
+
+    def feed_line(self, line: bytes | str) -> object | None:
+        """Take one line (without its line ending); return the frame it completed, if any."""
+        if self.stream.done:
+            return None
+        if isinstance(line, bytes):
+            if not self._started and line.startswith(_BOM):
+                line = line[len(_BOM) :]
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                self._started = True
+                self._malformed("the stream is not UTF-8")
+                return None
+        else:
+            text = line.removeprefix("\ufeff") if not self._started else line
+        self._started = True
+        if not text:
+            return self._dispatch()
+        if text[0] == ":":
+            return None  # a comment: `: keepalive`
+        name, colon, value = text.partition(":")
+        if colon and value[:1] == " ":
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        # `id`, `retry` and unknown fields: read and ignored (see the module docstring).
+        return None
+
+    def finish(self) -> SSEStream:
+        """End of body: an unended line is read, an undispatched event is discarded."""
+        if self._pending and not self.stream.done:
+            rest, self._pending = b"".join(self._pending), []
+            self.feed_line(rest)
+        self._pending = []
+        self._data, self._event = [], ""
+        return self.stream
+
+    def _dispatch(self) -> object | None:
+        data, event = self._data, self._event
+        self._data, self._event = [], ""
+        if not data:
+            return None  # the spec dispatches nothing for an event without data
+        if event == "error":
+            return self._emit(dict(ERROR_EVENT_FRAME))
+        payload = "\n".join(data)
+        if payload.strip() == "[DONE]":
+            self.stream.done = True
+            return None
+        if not payload.strip():
+            return None  # `data:` with nothing in it: no claim either way
+        try:
+            frame: object = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            self._malformed("a data: line is not JSON")
+            return None
+        return self._emit(frame)
+
+    def _emit(self, frame: object) -> object:
+        if self._keep:
+            self.stream.chunks.append(frame)
+        return frame
+
+    def _malformed(self, reason: str) -> None:
+        if self.stream.malformed is None:
+            self.stream.malformed = reason
+
+
+def parse_sse(data: bytes | str | Iterable[bytes | str]) -> SSEStream:
+    """Decode a whole SSE body.
+
+    `data` is the body as bytes or text, or an iterable of `bytes` pieces (cut anywhere, as
+    they came off the socket) or of `str` lines (as from `iter_lines()` or `readlines()`: one
+    trailing line ending is part of the line; a piece holding several lines is split).
+    """
+    parser = SSEParser()
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    if isinstance(data, bytes):
+        parser.feed(data)
+        return parser.finish()
+    for piece in data:
+        if isinstance(piece, bytes):
+            parser.feed(piece)
+        else:
+            # One line ending at the end belongs to the line (as from `readlines()`).
+            piece = piece.removesuffix("\n").removesuffix("\r")
+            for line in piece.split("\n"):
+                parser.feed_line(line.removesuffix("\r"))
+    return parser.finish()
