@@ -189,7 +189,13 @@ def test_cli_probe_json_and_exit_code(flash: SimServer, tmp_path: Path) -> None:
     receipt = orjson.loads(res.stdout)
     assert receipt["outcome"] == "ok"
     assert "worker" not in receipt and flash.url.encode() not in res.stdout
+    assert receipt["build"]["public"] is True and "model" not in receipt["build"]["identity"]
     assert [c["number"] for c in receipt["checks"]] == [1, 2, 3, 4, 5, 6]
+    no_json = run_cli(
+        *("probe", "--worker", flash.url, "--sizes", "4k", "--public"),
+        *("--registry", str(tmp_path / "reg")),
+    )
+    assert no_json.returncode == 2 and b"--public" in no_json.stderr and no_json.stdout == b""
     bad = run_cli("probe", "--worker", flash.url, "--sizes", "4q", "--registry", str(tmp_path))
     assert bad.returncode == 2 and b"bad size" in bad.stderr
 

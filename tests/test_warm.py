@@ -111,6 +111,10 @@ def test_record_holds_no_key_tail_or_output_and_public_drops_address(
     public = orjson.loads(res.stdout)
     assert "worker" not in public and "model" not in public and public["record"] is None
     assert sim.url.encode() not in res.stdout and b"alias-x" not in res.stdout
+    refused = run_cli(
+        *("warm", "loop", "--worker", sim.url, "--registry", str(reg_path), "--public"),
+    )
+    assert refused.returncode == 2 and b"add --json" in refused.stderr
     (record,) = (reg_path / "measurements").iterdir()
     data = record.read_bytes()
     assert secret.encode() not in data

@@ -104,7 +104,12 @@ def probe_command(
     timeout: TimeoutOpt = 1800.0,
     profile: ProfileOpt = None,
     public: Annotated[
-        bool, typer.Option("--public", help="With --json: drop the worker address and paths.")
+        bool,
+        typer.Option(
+            "--public",
+            help="With --json: drop the worker address, paths, model id and host-identifying"
+            " build fields (refused without --json).",
+        ),
     ] = False,
     registry: RegistryOpt = None,
     json_out: JsonOpt = False,
@@ -121,6 +126,8 @@ def probe_command(
     from prefixreg.verbs.probe import ProbeOptions, parse_sizes, run_probe
 
     with cli_errors(debug):
+        if public and not json_out:
+            raise UsageError("--public shapes the --json receipt; add --json")
         text = None
         if corpus is not None:
             try:

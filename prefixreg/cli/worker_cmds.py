@@ -24,6 +24,7 @@ from prefixreg.cli._common import (
     open_registry_from,
     worker_url,
 )
+from prefixreg.core.errors import UsageError
 
 if TYPE_CHECKING:
     from prefixreg.server.worker import Worker
@@ -112,7 +113,12 @@ def warm_command(
     timeout: TimeoutOpt = 1800.0,
     profile: ProfileOpt = None,
     public: Annotated[
-        bool, typer.Option("--public", help="With --json: drop the worker address and model.")
+        bool,
+        typer.Option(
+            "--public",
+            help="With --json: drop the worker address, model id and host-identifying build"
+            " fields (refused without --json).",
+        ),
     ] = False,
     registry: RegistryOpt = None,
     json_out: JsonOpt = False,
@@ -127,6 +133,8 @@ def warm_command(
     from prefixreg.verbs.warm import warm_prefix
 
     with cli_errors(debug):
+        if public and not json_out:
+            raise UsageError("--public shapes the --json receipt; add --json")
         if no_check and check_only:
             raise typer.BadParameter("--no-check and --check-only exclude each other")
         reg = open_registry_from(registry)

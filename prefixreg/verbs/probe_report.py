@@ -273,7 +273,7 @@ class ProbeReport:
         out: dict[str, JSONValue] = {
             "run_id": self.run_id,
             "at": self.at,
-            "build": self.build.to_dict(),
+            "build": self.build.to_dict(public=public),
             "options": {
                 "sizes": list(opts.sizes),
                 "foreign": opts.foreign,
