@@ -26,9 +26,10 @@ import pytest
 
 from prefixreg.core.errors import IntegrityError, MirrorError, UsageError
 from prefixreg.registry.store import Registry
-from prefixreg.verbs import mirror as mirror_mod
 from prefixreg.verbs import rsync
 from prefixreg.verbs.mirror import PassRecord, mirror
+from prefixreg.verbs.mirror import session as session_mod
+from prefixreg.verbs.mirror.session import Session
 from prefixreg.verbs.rsync import (
     EXCLUDES,
     Change,
@@ -449,9 +450,9 @@ def sent_names(monkeypatch: pytest.MonkeyPatch) -> SentNames:
     what was sent, not the origin's state by the time the test looks.
     """
     recorded: SentNames = {}
-    real_pass = mirror_mod._Session._pass
+    real_pass = Session._pass
 
-    def recording_pass(self: mirror_mod._Session, kind: str, paths: Sequence[str]) -> set[str]:
+    def recording_pass(self: Session, kind: str, paths: Sequence[str]) -> set[str]:
         count = len(self.result.passes)
         out = real_pass(self, kind, paths)
         if len(self.result.passes) > count:
@@ -463,7 +464,7 @@ def sent_names(monkeypatch: pytest.MonkeyPatch) -> SentNames:
             }
         return out
 
-    monkeypatch.setattr(mirror_mod._Session, "_pass", recording_pass)
+    monkeypatch.setattr(Session, "_pass", recording_pass)
     return recorded
 
 
@@ -516,9 +517,10 @@ def test_passes_send_objects_before_names_and_meta_and_delete_last(
     res = mirror(reg, [str(dest)]).results[0]
     assert res.ok and res.deleted == 3
     _assert_pass_order(res.passes, arrived, sent_names)
-    kinds = [p.kind for p in res.passes if p.changes]
+    kinds = [p.kind for p in res.passes if p.changes and p.kind != "dirs"]
     assert kinds == ["objects", "meta", "names", "rest", "delete", "delete-objects"]
-    assert new in {c.path.split("/")[-1][:64] for c in res.passes[0].changes}
+    (objects,) = [p for p in res.passes if p.kind == "objects"]
+    assert new in {c.path.split("/")[-1][:64] for c in objects.changes}
     assert content(dest) == content(reg.root)
 
 
@@ -550,10 +552,10 @@ def test_a_name_deleted_then_recreated_during_the_run_never_arrives_before_its_o
     reg.object_path(old).unlink()
     reg.meta_path(old).unlink()
     checks: list[tuple[str, list[str]]] = []
-    real_pass = mirror_mod._Session._pass
+    real_pass = Session._pass
     injected: list[str] = []
 
-    def hooked(self: mirror_mod._Session, kind: str, paths: Sequence[str]) -> set[str]:
+    def hooked(self: Session, kind: str, paths: Sequence[str]) -> set[str]:
         if kind == "delete" and not injected:
             # Between plan and delete pass: an agent loop re-creates foo -> a new object.
             injected.append(reg.add("foo, re-created meanwhile", name="foo"))
@@ -561,7 +563,7 @@ def test_a_name_deleted_then_recreated_during_the_run_never_arrives_before_its_o
         checks.append((kind, _dest_consistent(dest)))
         return out
 
-    monkeypatch.setattr(mirror_mod._Session, "_pass", hooked)
+    monkeypatch.setattr(Session, "_pass", hooked)
     (r,) = mirror(reg, [str(dest)], max_rounds=5).results
     assert injected, "the delete pass never ran"
     assert r.ok, r.error
@@ -766,14 +768,14 @@ def test_the_registry_lock_is_not_held_while_the_other_files_travel(
     (reg.root / "probes" / "20260101T000000.000000Z.md").write_bytes(b"probe\n" * 1000)
     loop = Registry(reg.root, lock_timeout=0.5)
     moved: list[object] = []
-    real_pass = mirror_mod._Session._pass
+    real_pass = Session._pass
 
-    def hooked(self: mirror_mod._Session, kind: str, paths: Sequence[str]) -> set[str]:
+    def hooked(self: Session, kind: str, paths: Sequence[str]) -> set[str]:
         if kind == "rest":
             moved.append(loop.move_name("p0", loop.resolve("p1")))  # LockTimeoutError if held
         return real_pass(self, kind, paths)
 
-    monkeypatch.setattr(mirror_mod._Session, "_pass", hooked)
+    monkeypatch.setattr(Session, "_pass", hooked)
     report = mirror(reg, [str(tmp_path / "m")], max_rounds=5)
     assert moved and moved[0] is not None
     assert report.ok, report.results[0].error
@@ -791,17 +793,17 @@ def test_a_gc_between_plan_and_send_is_no_failure(
     dest = tmp_path / "m"
     assert mirror(reg, [str(dest)]).ok
     reg.add("unnamed, soon pruned")
-    real_compare = mirror_mod._Session.compare
+    real_compare = Session.compare
     pruned: list[int] = []
 
-    def compare(self: mirror_mod._Session) -> list[Change]:
+    def compare(self: Session) -> list[Change]:
         plan = real_compare(self)
         if not pruned:
             report = collect_garbage(reg, grace_s=0, prune_unnamed=True, min_age_s=0)
             pruned.append(len(report.removed))
         return plan
 
-    monkeypatch.setattr(mirror_mod._Session, "compare", compare)
+    monkeypatch.setattr(Session, "compare", compare)
     report = mirror(reg, [str(dest)])
     assert pruned == [2]
     assert report.ok, report.results[0].error
@@ -826,7 +828,7 @@ def test_vanished_files_in_the_compare_dry_run_are_no_failure(
             return rsync.RsyncRun(24, out.stdout, 'file has vanished: "x"')
         return out
 
-    monkeypatch.setattr(mirror_mod, "run_rsync", run)
+    monkeypatch.setattr(session_mod, "run_rsync", run)
     report = mirror(reg, [str(tmp_path / "m")])
     assert faked and report.ok, report.results[0].error
 
@@ -839,7 +841,7 @@ def test_an_unreadable_source_fails_the_destination_with_a_log_line(
     def unreadable(self: Registry, sha: str) -> bytes:
         raise PermissionError(13, "Permission denied", str(self.object_path(sha)))
 
-    monkeypatch.setattr(Registry, "_read_verified", unreadable)
+    monkeypatch.setattr(Registry, "read_verified", unreadable)
     report = mirror(reg, [str(tmp_path / "m")])
     (r,) = report.results
     assert not report.ok and r.result == "failed" and "Permission denied" in (r.error or "")
@@ -916,7 +918,7 @@ def test_destination_inspection_fails_closed_on_an_unreadable_listing(
             return rsync.RsyncRun(0, listing, "")
         return real_run(argv, ok_codes=ok_codes)
 
-    monkeypatch.setattr(mirror_mod, "run_rsync", run)
+    monkeypatch.setattr(session_mod, "run_rsync", run)
     before = tree(dest)
     (r,) = mirror(reg, [str(dest)]).results
     assert r.result == "failed" and "refusing" in (r.error or "")
