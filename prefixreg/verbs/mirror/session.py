@@ -35,6 +35,7 @@ from prefixreg.registry.layout import (
     OBJECTS,
     meta_sha,
     object_relpath,
+    object_sha,
 )
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.verbs.mirror.plan import (
@@ -248,7 +249,8 @@ class Session:
                 c.path
                 for record in self.result.passes[first:]
                 for c in record.changes
-                if c.is_object and c.is_file and not c.is_delete
+                # Any kind: a directory arriving at an object's path fails the read-back.
+                if not c.is_delete and object_sha(c.path) is not None
             }
         )
         self.read_back(sent)
