@@ -6,8 +6,8 @@ Every figure is measured against a floor in the same run on the same trees:
   vs bare `rsync -a --delete` of the same source to an up-to-date copy. Target <= 2x.
   Also the whole command as a process (`bin/prefix-mirror`), start-up included.
 - +10: the time of a mirror after adding 10 objects, next to the no-change time: the
-  extra should be the second (confirming) rsync pass plus work for the 10, not work that
-  grows with the 10,000.
+  extra should be the second (confirming) rsync pass, the read-back of the 10 objects sent
+  and the other work for the 10, not work that grows with the 10,000.
 
 Run: `python benchmarks/mirror.py [--objects N] [--ssh]` (`--ssh` also measures both over a
 throwaway sshd on 127.0.0.1, using `tests/sshd.py`).

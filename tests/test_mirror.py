@@ -26,9 +26,10 @@ import pytest
 
 from prefixreg.core.errors import IntegrityError, MirrorError, UsageError
 from prefixreg.registry.store import Registry
-from prefixreg.verbs import mirror as mirror_mod
 from prefixreg.verbs import rsync
 from prefixreg.verbs.mirror import PassRecord, mirror
+from prefixreg.verbs.mirror import session as session_mod
+from prefixreg.verbs.mirror.session import Session
 from prefixreg.verbs.rsync import (
     EXCLUDES,
     Change,
@@ -38,6 +39,7 @@ from prefixreg.verbs.rsync import (
     parse_itemized,
     parse_ssh_options,
 )
+from tests.conftest import run_cli
 from tests.sshd import SshServer, require_tools
 from tests.test_store import flip_byte, tree
 
@@ -449,9 +451,9 @@ def sent_names(monkeypatch: pytest.MonkeyPatch) -> SentNames:
     what was sent, not the origin's state by the time the test looks.
     """
     recorded: SentNames = {}
-    real_pass = mirror_mod._Session._pass
+    real_pass = Session._pass
 
-    def recording_pass(self: mirror_mod._Session, kind: str, paths: Sequence[str]) -> set[str]:
+    def recording_pass(self: Session, kind: str, paths: Sequence[str]) -> set[str]:
         count = len(self.result.passes)
         out = real_pass(self, kind, paths)
         if len(self.result.passes) > count:
@@ -463,7 +465,7 @@ def sent_names(monkeypatch: pytest.MonkeyPatch) -> SentNames:
             }
         return out
 
-    monkeypatch.setattr(mirror_mod._Session, "_pass", recording_pass)
+    monkeypatch.setattr(Session, "_pass", recording_pass)
     return recorded
 
 
@@ -516,9 +518,10 @@ def test_passes_send_objects_before_names_and_meta_and_delete_last(
     res = mirror(reg, [str(dest)]).results[0]
     assert res.ok and res.deleted == 3
     _assert_pass_order(res.passes, arrived, sent_names)
-    kinds = [p.kind for p in res.passes if p.changes]
+    kinds = [p.kind for p in res.passes if p.changes and p.kind != "dirs"]
     assert kinds == ["objects", "meta", "names", "rest", "delete", "delete-objects"]
-    assert new in {c.path.split("/")[-1][:64] for c in res.passes[0].changes}
+    (objects,) = [p for p in res.passes if p.kind == "objects"]
+    assert new in {c.path.split("/")[-1][:64] for c in objects.changes}
     assert content(dest) == content(reg.root)
 
 
@@ -550,10 +553,10 @@ def test_a_name_deleted_then_recreated_during_the_run_never_arrives_before_its_o
     reg.object_path(old).unlink()
     reg.meta_path(old).unlink()
     checks: list[tuple[str, list[str]]] = []
-    real_pass = mirror_mod._Session._pass
+    real_pass = Session._pass
     injected: list[str] = []
 
-    def hooked(self: mirror_mod._Session, kind: str, paths: Sequence[str]) -> set[str]:
+    def hooked(self: Session, kind: str, paths: Sequence[str]) -> set[str]:
         if kind == "delete" and not injected:
             # Between plan and delete pass: an agent loop re-creates foo -> a new object.
             injected.append(reg.add("foo, re-created meanwhile", name="foo"))
@@ -561,7 +564,7 @@ def test_a_name_deleted_then_recreated_during_the_run_never_arrives_before_its_o
         checks.append((kind, _dest_consistent(dest)))
         return out
 
-    monkeypatch.setattr(mirror_mod._Session, "_pass", hooked)
+    monkeypatch.setattr(Session, "_pass", hooked)
     (r,) = mirror(reg, [str(dest)], max_rounds=5).results
     assert injected, "the delete pass never ran"
     assert r.ok, r.error
@@ -766,14 +769,14 @@ def test_the_registry_lock_is_not_held_while_the_other_files_travel(
     (reg.root / "probes" / "20260101T000000.000000Z.md").write_bytes(b"probe\n" * 1000)
     loop = Registry(reg.root, lock_timeout=0.5)
     moved: list[object] = []
-    real_pass = mirror_mod._Session._pass
+    real_pass = Session._pass
 
-    def hooked(self: mirror_mod._Session, kind: str, paths: Sequence[str]) -> set[str]:
+    def hooked(self: Session, kind: str, paths: Sequence[str]) -> set[str]:
         if kind == "rest":
             moved.append(loop.move_name("p0", loop.resolve("p1")))  # LockTimeoutError if held
         return real_pass(self, kind, paths)
 
-    monkeypatch.setattr(mirror_mod._Session, "_pass", hooked)
+    monkeypatch.setattr(Session, "_pass", hooked)
     report = mirror(reg, [str(tmp_path / "m")], max_rounds=5)
     assert moved and moved[0] is not None
     assert report.ok, report.results[0].error
@@ -791,17 +794,17 @@ def test_a_gc_between_plan_and_send_is_no_failure(
     dest = tmp_path / "m"
     assert mirror(reg, [str(dest)]).ok
     reg.add("unnamed, soon pruned")
-    real_compare = mirror_mod._Session.compare
+    real_compare = Session.compare
     pruned: list[int] = []
 
-    def compare(self: mirror_mod._Session) -> list[Change]:
+    def compare(self: Session) -> list[Change]:
         plan = real_compare(self)
         if not pruned:
             report = collect_garbage(reg, grace_s=0, prune_unnamed=True, min_age_s=0)
             pruned.append(len(report.removed))
         return plan
 
-    monkeypatch.setattr(mirror_mod._Session, "compare", compare)
+    monkeypatch.setattr(Session, "compare", compare)
     report = mirror(reg, [str(dest)])
     assert pruned == [2]
     assert report.ok, report.results[0].error
@@ -826,7 +829,7 @@ def test_vanished_files_in_the_compare_dry_run_are_no_failure(
             return rsync.RsyncRun(24, out.stdout, 'file has vanished: "x"')
         return out
 
-    monkeypatch.setattr(mirror_mod, "run_rsync", run)
+    monkeypatch.setattr(session_mod, "run_rsync", run)
     report = mirror(reg, [str(tmp_path / "m")])
     assert faked and report.ok, report.results[0].error
 
@@ -839,7 +842,7 @@ def test_an_unreadable_source_fails_the_destination_with_a_log_line(
     def unreadable(self: Registry, sha: str) -> bytes:
         raise PermissionError(13, "Permission denied", str(self.object_path(sha)))
 
-    monkeypatch.setattr(Registry, "_read_verified", unreadable)
+    monkeypatch.setattr(Registry, "read_verified", unreadable)
     report = mirror(reg, [str(tmp_path / "m")])
     (r,) = report.results
     assert not report.ok and r.result == "failed" and "Permission denied" in (r.error or "")
@@ -916,7 +919,7 @@ def test_destination_inspection_fails_closed_on_an_unreadable_listing(
             return rsync.RsyncRun(0, listing, "")
         return real_run(argv, ok_codes=ok_codes)
 
-    monkeypatch.setattr(mirror_mod, "run_rsync", run)
+    monkeypatch.setattr(session_mod, "run_rsync", run)
     before = tree(dest)
     (r,) = mirror(reg, [str(dest)]).results
     assert r.result == "failed" and "refusing" in (r.error or "")
@@ -936,3 +939,161 @@ def test_rsync_runs_in_the_c_locale(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(subprocess, "run", fake_run)
     rsync.run_rsync(["rsync", "--version"])
     assert seen[0]["LC_ALL"] == "C" and seen[0]["LANG"] == "C"
+
+
+# -- what travels is checked by type and hash (#12) ------------------------------------------
+
+
+def _replace_object(reg: Registry, sha: str, kind: str, outside: Path) -> None:
+    """Put something that is not the object at the object's path in the source."""
+    obj = reg.object_path(sha)
+    os.chmod(obj.parent, 0o755)  # noqa: S103 (a test making room for the swap)
+    os.chmod(obj, 0o644)
+    obj.unlink()
+    if kind == "empty-dir":
+        obj.mkdir()
+    elif kind == "dir-with-file":
+        obj.mkdir()
+        (obj / "inner").write_text("not the object")
+    elif kind == "fifo":
+        os.mkfifo(obj)
+    elif kind == "symlink":
+        outside.write_text("outside bytes")
+        obj.symlink_to(outside)
+    else:
+        raise AssertionError(kind)
+
+
+def _assert_good_object(dest: Path, sha: str, expected: bytes) -> None:
+    obj = dest / "objects" / sha[:2] / f"{sha}.txt"
+    assert obj.is_file() and not obj.is_symlink()
+    data = obj.read_bytes()
+    assert data == expected and hashlib.sha256(data).hexdigest() == sha
+    res = run_cli("cat", "--registry", str(dest), sha)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == expected
+
+
+@pytest.mark.parametrize("kind", ["empty-dir", "dir-with-file", "fifo", "symlink"])
+def test_a_source_object_replaced_by_a_non_file_is_refused_and_the_worker_keeps_its_object(
+    tmp_path: Path, kind: str
+) -> None:
+    """The issue's row: after a good mirror, a source object becomes a directory (or a
+    FIFO, or a symlink); the next run exits non-zero and the worker's object stays."""
+    reg = make_origin(tmp_path / "reg", count=3)
+    dest = tmp_path / "m"
+    assert run_mirror_cli("--registry", str(reg.root), "--to", str(dest)).returncode == 0
+    sha = reg.resolve("p1")
+    expected = reg.read_verified(sha)
+    _replace_object(reg, sha, kind, tmp_path / "outside.txt")
+    before = tree(dest)
+    res = run_mirror_cli("--registry", str(reg.root), "--to", str(dest))
+    assert res.returncode == 3, res.stderr
+    assert "refusing" in one_error_line(res)
+    assert tree(dest) == before
+    _assert_good_object(dest, sha, expected)
+    assert log_lines(reg)[-1]["result"] == "refused"
+
+
+def test_a_source_object_replaced_by_a_directory_is_refused_over_ssh(
+    tmp_path: Path, sshd: SshServer
+) -> None:
+    reg = make_origin(tmp_path / "reg", count=3)
+    dest = tmp_path / "remote"
+    args = ["--registry", str(reg.root), "--to", sshd.dest(dest), *ssh_args(sshd)]
+    assert run_mirror_cli(*args).returncode == 0
+    assert log_lines(reg)[-1]["read_back"] == 3  # every object sent was read back over ssh
+    sha = reg.resolve("p0")
+    expected = reg.read_verified(sha)
+    _replace_object(reg, sha, "empty-dir", tmp_path / "unused")
+    before = tree(dest)
+    res = run_mirror_cli(*args)
+    assert res.returncode == 3, res.stderr
+    assert tree(dest) == before
+    _assert_good_object(dest, sha, expected)
+
+
+@pytest.mark.parametrize("sub", ["meta", "names", "objects"])
+def test_a_symlinked_registry_directory_is_refused_and_nothing_sent(
+    tmp_path: Path, sub: str
+) -> None:
+    reg = make_origin(tmp_path / "reg", count=2)
+    dest = tmp_path / "m"
+    assert mirror(reg, [str(dest)]).ok
+    outside = tmp_path / "outside"
+    (reg.root / sub).rename(outside)
+    (reg.root / sub).symlink_to(outside)
+    before = tree(dest)
+    res = run_mirror_cli("--registry", str(reg.root), "--to", str(dest))
+    assert res.returncode == 3, res.stderr
+    assert "symlink" in one_error_line(res)
+    assert tree(dest) == before
+
+
+def test_an_object_that_turns_into_a_directory_after_the_check_never_travels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race after the check: the send passes carry regular files only, so the
+    worker's good object is not replaced, and the next round refuses the run."""
+    reg = make_origin(tmp_path / "reg", count=3)
+    dest = tmp_path / "m"
+    assert mirror(reg, [str(dest)]).ok
+    sha = reg.resolve("p2")
+    expected = reg.read_verified(sha)
+    os.utime(reg.object_path(sha), (1_000_000, 1_000_000))  # in the next plan
+    fresh = reg.add("fresh object", name="fresh")
+    real_pass = Session._pass
+    swapped: list[str] = []
+
+    def hooked(self: Session, kind: str, paths: Sequence[str]) -> set[str]:
+        if kind == "objects" and not swapped:
+            for victim in (sha, fresh):
+                _replace_object(reg, victim, "empty-dir", tmp_path / "unused")
+                swapped.append(victim)
+        return real_pass(self, kind, paths)
+
+    monkeypatch.setattr(Session, "_pass", hooked)
+    (r,) = mirror(reg, [str(dest)]).results
+    assert swapped and r.result == "failed", r
+    _assert_good_object(dest, sha, expected)
+    assert not (dest / "objects" / fresh[:2] / f"{fresh}.txt").exists()
+    assert not (dest / "names" / "fresh").exists()  # its name never points to nothing
+
+
+def test_an_object_that_arrives_wrong_is_caught_by_the_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the objects pass, each object sent is fetched back and hashed: a worker copy
+    that does not hash to its name fails the destination before its name is sent."""
+    reg = make_origin(tmp_path / "reg", count=2)
+    dest = tmp_path / "m"
+    assert mirror(reg, [str(dest)]).ok
+    fresh = reg.add("arrives damaged", name="fresh")
+    real_pass = Session._pass
+
+    def hooked(self: Session, kind: str, paths: Sequence[str]) -> set[str]:
+        out = real_pass(self, kind, paths)
+        if kind == "objects":
+            flip_byte(dest / "objects" / fresh[:2] / f"{fresh}.txt")
+        return out
+
+    monkeypatch.setattr(Session, "_pass", hooked)
+    report = mirror(reg, [str(dest)])
+    (r,) = report.results
+    assert r.result == "failed" and not r.verified
+    assert "hashes to" in (r.error or "") and fresh in (r.error or "")
+    assert not (dest / "names" / "fresh").exists()
+    assert log_lines(reg)[-1]["result"] == "failed"
+    monkeypatch.undo()
+    assert mirror(reg, [str(dest)], full_verify=True).ok  # the next run repairs it
+    assert content(dest) == content(reg.root)
+
+
+def test_send_argv_never_carries_symlinks_devices_or_fifos() -> None:
+    send = build_rsync_argv("send", "/r/", "/m/", files_from="/l")
+    assert {"--no-links", "--no-devices", "--no-specials"} <= set(send)
+    assert "--no-dirs" not in send
+    assert "--no-dirs" in build_rsync_argv("send", "/r/", "/m/", files_from="/l", regular_only=True)
+    back = build_rsync_argv("readback", "w:/m/", "/tmp/x/", files_from="/l")
+    assert not {"-a", "-l", "-r", "-D", "--delete"} & set(back)
+    assert back[-3:] == ["--", "w:/m/", "/tmp/x/"]

@@ -4,9 +4,12 @@ Destinations come from `--to` (repeatable) or, when none is given, `$PREFIXREG_M
 (space-separated); ssh options from `--ssh-option` and `$PREFIXREG_SSH_OPTS` (flags first:
 ssh keeps the first value it sees). Each destination gets one summary line on stderr as it
 finishes; `--json` prints the whole report on stdout. Exit codes: 0 every destination ok,
-6 any destination failed or the mirror was refused (the failed ones are named), 3 a source
-object failed verification (nothing sent), 2 no destination, 7 another mirror holds the
-lock. `prefixreg.verbs.mirror` is imported inside the command so `--help` stays cheap.
+6 any destination failed or the mirror was refused (the failed ones are named; this
+includes an object that, read back from a destination after sending, is not a regular file
+with the right hash), 3 a source entry about to travel is not what the layout says (an
+object that does not hash to its name, a symlink, FIFO or device, a directory where an
+object or record file belongs: nothing sent anywhere), 2 no destination, 7 another mirror
+holds the lock. `prefixreg.verbs.mirror` is imported inside the command so `--help` stays cheap.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def mirror_command(
             "--full-verify",
             help="Re-hash every source object, and compare with rsync --checksum. Without "
             "it, 'verified' means an itemized rsync dry run found no size/mtime difference "
-            "(objects sent are still re-hashed).",
+            "(objects sent are still re-hashed before, and read back and hashed after).",
         ),
     ] = False,
     ssh_option: Annotated[
@@ -102,12 +105,14 @@ def mirror_command(
 ) -> None:
     """Mirror the origin registry to workers: rsync -a --delete, one way, verified.
 
-    Objects travel before the names and meta records that point to them, deletions come
-    last, and each destination is confirmed equal to the source afterwards: without
-    --full-verify, "verified" means an itemized rsync dry run found no size/mtime
-    difference; with it, no content difference. Refuses a source that is not an origin
-    registry with objects, and a destination that is neither empty nor a mirror. One line
-    per run and destination goes to the registry's mirror.log.
+    Objects travel before the names and meta records that point to them (each object sent
+    is read back from the destination and hashed first), deletions come last, and each
+    destination is confirmed equal to the source afterwards: without --full-verify,
+    "verified" means an itemized rsync dry run found no size/mtime difference; with it, no
+    content difference. Refuses a source that is not an origin registry with objects, a
+    source entry that is not a regular file or directory where the layout wants one (exit
+    3), and a destination that is neither empty nor a mirror. One line per run and
+    destination goes to the registry's mirror.log.
     """
     with cli_errors(debug):
         from prefixreg.verbs.mirror import (

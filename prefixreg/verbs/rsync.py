@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Final, Literal, NamedTuple
 
 from prefixreg.core.errors import MirrorError
-from prefixreg.registry.store import MARKER
+from prefixreg.registry.layout import LOCKS, MARKER, MIRROR_LOG, OBJECTS, TMP_SUFFIX
 
 __all__ = [
     "EXCLUDES",
     "LIST_LINE_RE",
-    "LOG_NAME",
     "OUT_FORMAT",
     "VANISHED",
     "Change",
@@ -39,10 +38,9 @@ __all__ = [
     "run_rsync",
 ]
 
-LOG_NAME: Final = "mirror.log"
 # Anchored (leading /) where only the top level is meant. Excluded paths are also protected
 # from --delete on the receiver, so the destination's own marker survives every pass.
-EXCLUDES: Final = (f"/{MARKER}", f"/{LOG_NAME}", "/.locks/", ".*.tmp")
+EXCLUDES: Final = (f"/{MARKER}", f"/{MIRROR_LOG}", f"/{LOCKS}/", f".*{TMP_SUFFIX}")
 # One line per change: 11-char itemize code, bytes actually sent, path (last: may hold '|').
 OUT_FORMAT: Final = "%i|%b|%n"
 # Exit 24 = "some files vanished": a file removed at the origin (a gc) while rsync walked
@@ -194,7 +192,7 @@ def _rsh_string(argv: Sequence[str]) -> str:
     return " ".join(f"'{a}'" if any(c.isspace() for c in a) or not a else a for a in argv)
 
 
-Mode = Literal["compare", "send", "delete", "list", "fetch", "marker"]
+Mode = Literal["compare", "send", "delete", "list", "fetch", "marker", "readback"]
 
 
 def build_rsync_argv(
@@ -206,6 +204,7 @@ def build_rsync_argv(
     checksum: bool = False,
     files_from: str | None = None,
     bwlimit: int | None = None,
+    regular_only: bool = False,
 ) -> list[str]:
     """The rsync argv for one step of a mirror run (pure: no I/O).
 
@@ -219,6 +218,13 @@ def build_rsync_argv(
         list: `--list-only` of the top level of `source` (the destination, for inspection).
         fetch: copy one regular file (the destination's marker) to a local path.
         marker: copy the staged marker directory to a new destination.
+        readback: copy the `files_from` paths from `source` (a destination) to a local
+            directory, regular files only (no -l, -D or -r: a symlink, device or FIFO is
+            skipped, a directory arrives empty), so what arrived can be hashed here.
+
+    A send never sends a symlink, device or FIFO (they are skipped); with `regular_only` it
+    sends only the regular files listed, skipping a listed path that is a directory at the
+    source (the parent directories of the files sent are still created).
 
     `-O` (omit directory times) everywhere: directory mtimes mean nothing in a registry
     and would otherwise show up as differences after every targeted pass.
@@ -233,6 +239,18 @@ def build_rsync_argv(
         return [*argv, "--", source, dest]
     if mode == "marker":
         return [*argv, "-a", "-O", "--", source, dest]
+    if mode == "readback":
+        if files_from is None:
+            raise ValueError("mode readback needs files_from")
+        return [
+            *argv,
+            f"--files-from={files_from}",
+            "--from0",
+            "--ignore-missing-args",
+            "--",
+            source,
+            dest,
+        ]
     # --modify-window=-1: compare mtimes to the nanosecond. The default compares whole
     # seconds, and a name is always 65 bytes: a name moved within the second of the last
     # mirror would look unchanged to the quick check and never travel.
@@ -262,6 +280,13 @@ def build_rsync_argv(
             # error; -ii itemizes unchanged files too, so the output names every listed
             # path that is now at the destination (what the ordering steps rely on).
             argv += ["--ignore-missing-args", "-ii"]
+            # A registry holds regular files and directories only; whatever else turned up
+            # at the source since the plan was checked is skipped, never sent (-a brings
+            # -l and -D).
+            argv += ["--no-links", "--no-devices", "--no-specials"]
+            if regular_only:
+                # --files-from implies --dirs: switch it off too (parents still arrive).
+                argv.append("--no-dirs")
     return [*argv, "--", source, dest]
 
 
@@ -306,6 +331,9 @@ def first_error(stderr: str) -> str:
 # -- itemized output -------------------------------------------------------------------
 
 
+_KINDS: Final = {"f": "file", "d": "dir", "L": "symlink", "D": "device", "S": "special"}
+
+
 class Change(NamedTuple):
     """One itemized line: rsync's 11-character code, bytes sent, the relative path."""
 
@@ -326,13 +354,18 @@ class Change(NamedTuple):
         return self.code[1] == "d"
 
     @property
+    def kind(self) -> str:
+        """What the entry is at its sender: file, dir, symlink, device or special."""
+        return _KINDS.get(self.code[1], "unknown")
+
+    @property
     def is_unchanged(self) -> bool:
         """An `-ii` line for a path that was already equal (nothing sent or changed)."""
         return self.code[0] == "." and self.code[2:].strip(" .") == ""
 
     @property
     def is_object(self) -> bool:
-        return self.path == "objects" or self.path.startswith("objects/")
+        return self.path == OBJECTS or self.path.startswith(f"{OBJECTS}/")
 
     def __str__(self) -> str:
         return f"{self.code} {self.path}"
@@ -358,6 +391,3 @@ def parse_itemized(stdout: bytes) -> list[Change]:
             path = path[2:]
         out.append(Change(code=code, bytes=int(size), path=path))
     return out
-
-
-# -- results ------------------------------------------------------------------------------
