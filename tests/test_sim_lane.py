@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from prefixreg.core.prefix import fresh_tail
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.corpus import builtin_corpus, probe_slice
+from prefixreg.verbs.probe import DEFAULT_SIZES, ProbeOptions, run_probe
 
 MEASURED_PROMPT = {4000: 2593, 16000: 11374}
 MEASURED_A1 = {4000: (3.38, 3.38), 16000: (9.81, 9.81)}
@@ -129,3 +133,17 @@ def test_four_identical_cold_requests_are_all_prefilled_before_any_snapshot() ->
     assert counters["stores"] == 8  # two snapshots each, all stored after their prefills
     assert cached(after) == after["usage"]["prompt_tokens"] - 7  # then it resumes
     assert after_s < min(w for w, _ in replies) / 3
+
+
+def test_a_probe_at_the_reports_four_sizes_gives_its_cmax(tmp_path: Path) -> None:
+    registry = Registry(tmp_path / "reg")
+    with SimServer(SimConfig(speed=5000)) as sim, Worker(sim.url) as worker:
+        report = run_probe(registry, worker, ProbeOptions(sizes=DEFAULT_SIZES, foreign=9))
+    assert DEFAULT_SIZES == (4000, 16000, 32000, 64000)
+    assert report.cmax is not None
+    assert abs(report.cmax / 43_519 - 1) < 0.02, report.cmax
+    measured = (2593, 11374, 21337, 43538)
+    for b, lane in zip(report.legs("B"), measured, strict=True):
+        prompt = b.record.evidence.prompt_tokens
+        assert prompt is not None and abs(prompt / lane - 1) < 0.02
+        assert b.record.evidence.cached_tokens == prompt - 19
