@@ -206,3 +206,17 @@ def test_dense_has_no_counter_lag_no_duplicates_and_the_documented_budget() -> N
     assert (counters["hits"], counters["misses"]) == (2, 1)  # no lag: visible at once
     assert counters["prompt_tokens_saved"] == 2 * cached(reply)
     assert (counters["stores"], counters["entries"]) == (1, 1)  # the same snapshot, once
+
+
+def test_a_dense_budget_below_one_entry_is_enabled_and_never_hits() -> None:
+    # 8,192 MiB cannot hold one ~18.4 GB full-context entry: every store is refused.
+    config = SimConfig.for_profile("dense", speed=FAST, cap_mb=8192)
+    system, tail = system_of(5000), fresh_tail()
+    with SimServer(config) as sim, client(sim) as c:
+        assert c.get("/health").json()["prompt_cache"]["enabled"] is True
+        for _ in range(2):
+            reply = c.post("/v1/chat/completions", json=chat(system, tail)).json()
+        counters = c.get("/cache").json()
+    assert "prompt_tokens_details" not in reply["usage"]
+    assert (counters["stores"], counters["refused"], counters["hits"]) == (0, 2, 0)
+    assert counters["cap_bytes"] == 8192 << 20

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixreg.sim import protocol
+from prefixreg.sim import fields, protocol
 from prefixreg.sim.cache import Counters
 from prefixreg.sim.config import MIB, SimConfig
 from prefixreg.sim.engine import Engine
@@ -50,7 +50,7 @@ def health_body(config: SimConfig, engine: Engine) -> dict[str, Any]:
         "simulator": {"name": "prefixreg.sim", "profile": config.profile, "speed": config.speed},
     }
     drafters = {
-        "drafters_available": list(protocol.DRAFTERS[config.profile]),
+        "drafters_available": list(fields.DRAFTERS[config.profile]),
         "drafter_default": "serial",
     }
     if config.profile == "dense":
@@ -93,7 +93,7 @@ def health_body(config: SimConfig, engine: Engine) -> dict[str, Any]:
         "decode": "greedy",
         **drafters,
         "prompt_cache": prompt_cache,
-        "chat_template_kwargs": sorted(protocol.CHAT_TEMPLATE_KWARGS),
+        "chat_template_kwargs": sorted(fields.CHAT_TEMPLATE_KWARGS),
         **common_tail,
     }
 

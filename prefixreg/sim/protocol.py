@@ -13,13 +13,8 @@ Field names follow halogen-api.md §1 exactly:
   ``timings``), then with ``stream_options.include_usage`` a ``choices: []`` frame carrying
   ``usage`` (every earlier frame then has ``"usage": null``), then ``data: [DONE]``.
 
-Validation happens here, before a request is queued, as on the real server. Besides shapes and
-ranges, the documented 400s (halogen-api.md §1.5): ``top_logprobs`` at all; ``logprobs`` with
-``stream``; ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` or ``logprobs`` unless
-``temperature`` > 0 (absent means 0: decoding is greedy); a ``drafter`` the profile does not
-have (never a silent fallback); on Flash, a ``chat_template_kwargs`` key other than
-``CHAT_TEMPLATE_KWARGS`` or one that contradicts the same top-level field (dense 0.1.x ignores
-the object).
+Validation happens here, before a request is queued, as on the real server; the documented
+400s for particular fields (logprobs, penalties, drafters, template kwargs) are in `fields`.
 """
 
 from __future__ import annotations
@@ -29,12 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from prefixreg.sim import fields
 from prefixreg.sim.config import SimConfig
+from prefixreg.sim.errors import ApiError
 from prefixreg.sim.tokenizer import RenderedPrompt, render_chat, render_completion
 
 __all__ = [
-    "CHAT_TEMPLATE_KWARGS",
-    "DRAFTERS",
     "TOKEN_BUDGET_ALIASES",
     "ApiError",
     "Call",
@@ -58,21 +53,6 @@ _ERROR_TYPES = {
     429: "rate_limit_error",
 }
 _RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0)}
-DRAFTERS = {"flash": ("serial", "mtp"), "dense": ("serial", "mtp", "dflash2", "ngram")}
-# The template switches Flash accepts in `chat_template_kwargs` (0.5.7: three keys) [inferred
-# names: the template's own switches among the documented request fields].
-CHAT_TEMPLATE_KWARGS = frozenset({"enable_thinking", "preserve_thinking", "reasoning_effort"})
-_SAMPLED_ONLY = ("presence_penalty", "frequency_penalty", "logit_bias")
-
-
-class ApiError(Exception):
-    """An HTTP error the simulator answers with the OpenAI envelope."""
-
-    def __init__(self, status: int, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
 
 
 def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
@@ -196,53 +176,6 @@ def _sampling(body: Mapping[str, Any]) -> None:
         raise _invalid("body.top_k", "must be an integer >= 0")
 
 
-def _sampled_only(body: Mapping[str, Any], stream: bool) -> None:
-    if body.get("top_logprobs") is not None:
-        raise _invalid("body.top_logprobs", "is not supported")
-    logprobs = bool(body.get("logprobs"))
-    if logprobs and stream:
-        raise _invalid("body.logprobs", "cannot be combined with stream")
-    temperature = body.get("temperature")
-    sampled = isinstance(temperature, (int, float)) and temperature > 0
-    if not sampled:
-        for name in (*_SAMPLED_ONLY, *(("logprobs",) if logprobs else ())):
-            if body.get(name) is not None:
-                raise _invalid(
-                    f"body.{name}",
-                    "needs temperature > 0 (decoding at temperature 0 is greedy)",
-                )
-
-
-def _drafter(body: Mapping[str, Any], profile: str) -> None:
-    drafter = body.get("drafter")
-    if drafter is None:
-        return
-    available = DRAFTERS[profile]
-    if not isinstance(drafter, str) or drafter not in available:
-        raise _invalid(
-            "body.drafter",
-            f"unknown or unavailable drafter {drafter!r}; available: {', '.join(available)}",
-        )
-
-
-def _template_kwargs(body: Mapping[str, Any], profile: str) -> None:
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is None or profile != "flash":
-        return
-    if not isinstance(kwargs, dict):
-        raise _invalid("body.chat_template_kwargs", "must be an object")
-    for key, value in kwargs.items():
-        if key not in CHAT_TEMPLATE_KWARGS:
-            known = ", ".join(sorted(CHAT_TEMPLATE_KWARGS))
-            raise _invalid(f"body.chat_template_kwargs.{key}", f"unknown key; known: {known}")
-        top = body.get(key)
-        if top is not None and top != value:
-            raise _invalid(
-                f"body.chat_template_kwargs.{key}",
-                f"conflicts with the top-level {key} ({top!r} != {value!r})",
-            )
-
-
 def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
     stream = body.get("stream", False)
     if stream is None:
@@ -279,9 +212,9 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
     max_tokens = _token_budget(body, kind, config)
     _sampling(body)
     stream, include_usage = _stream_flags(body)
-    _sampled_only(body, stream)
-    _drafter(body, config.profile)
-    _template_kwargs(body, config.profile)
+    fields.check_sampled_only(body, stream)
+    fields.check_drafter(body, config.profile)
+    fields.check_template_kwargs(body, config.profile)
     if prompt.n >= config.slot_ctx:
         raise ApiError(
             400,
