@@ -11,8 +11,14 @@ served from a snapshot before their own prefill finished.
 
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +70,33 @@ def inside(value: float, bounds: tuple[float, float], speed: float) -> bool:
     return low * (1 - SLACK) / speed <= value <= high * (1 + SLACK) / speed
 
 
+@contextmanager
+def sim_process(speed: float) -> Iterator[str]:
+    """`prefixreg sim` in its own process (as a worker is): its URL until the block ends.
+
+    In one process the client's and the server's threads share the interpreter, which can
+    add tens of milliseconds to a call and would blur the modelled times."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefixreg", "sim", "--port", "0", "--quiet", "--speed", str(speed)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", proc.stderr.readline())
+        assert match, "the simulator did not print its URL"
+        yield match.group(1)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=10)
+
+
 def replay(size: int, speed: float) -> None:
     system = slice_text(size)
     with (
-        SimServer(SimConfig(speed=speed)) as sim,
-        httpx.Client(base_url=sim.url, trust_env=False, timeout=120) as http,
+        sim_process(speed) as url,
+        httpx.Client(base_url=url, trust_env=False, timeout=120) as http,
     ):
         http.get("/health")  # the connection is open before the timed calls
         tail = fresh_tail()
