@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefixreg.core.errors import UsageError
 from prefixreg.sim import timing
 from prefixreg.sim.cache import CacheModel, Counters, PromptCache
 from prefixreg.sim.config import SimConfig
@@ -64,12 +65,17 @@ class Engine:
         self.disk: DiskTier | None = None
         if config.cache_dir is not None:
             build = build_subtree(TEMPLATE_SHA256, config.model_id, config.slot_ctx)
-            self.disk = DiskTier(
-                Path(config.cache_dir),
-                build,
-                budget_bytes=int(config.disk_gib * GIB),
-                token_bytes=config.disk_token_bytes,
-            )
+            try:
+                self.disk = DiskTier(
+                    Path(config.cache_dir),
+                    build,
+                    budget_bytes=int(config.disk_gib * GIB),
+                    token_bytes=config.disk_token_bytes,
+                )
+            except OSError as exc:
+                raise UsageError(
+                    f"simulator: cannot use cache_dir {config.cache_dir}: {exc.strerror or exc}"
+                ) from None
         self.slots = threading.BoundedSemaphore(config.slots)
         self.lock = threading.Lock()
         self.stopping = threading.Event()
