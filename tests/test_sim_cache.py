@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefixreg.core.prefix import fresh_tail
 from prefixreg.sim.cache import CacheModel, PromptCache, snapshot_places
 from prefixreg.sim.tokenizer import RenderedPrompt, render_chat
 
 
-def flash(**kw: int) -> PromptCache:
-    params = {"max_entries": 8, "entries_per_request": 2, "align": 0, "counter_lag": 1}
+def flash(**kw: Any) -> PromptCache:
+    params: dict[str, Any] = {
+        "max_entries": 8,
+        "entries_per_request": 2,
+        "align": 0,
+        "counter_lag": 1,
+        "entry_bytes": 116389652,
+    }
     params.update(kw)
-    return PromptCache(CacheModel(partial_resume=False, entry_bytes=116389652, **params))
+    return PromptCache(CacheModel(partial_resume=False, **params))
 
 
-def dense(**kw: int) -> PromptCache:
-    params = {"max_entries": 3, "entries_per_request": 1, "align": 2048, "counter_lag": 0}
+def dense(**kw: Any) -> PromptCache:
+    params: dict[str, Any] = {
+        "max_entries": 3,
+        "entries_per_request": 1,
+        "align": 2048,
+        "counter_lag": 0,
+    }
     params.update(kw)
     return PromptCache(CacheModel(partial_resume=True, entry_bytes=1, **params))
 
@@ -117,7 +130,7 @@ def test_dense_counts_are_multiples_of_2048_and_below_the_prompt() -> None:
 
 def test_dense_prompt_under_2048_never_hits() -> None:
     cache = dense()
-    p = prompt(words("s", 1000))
+    p = prompt(words("s", 300))
     assert p.n < 2048
     for _ in range(3):
         assert cache.admit(p).cached == 0
@@ -149,3 +162,51 @@ def test_a_dense_hit_moves_the_matched_snapshot_to_most_recent() -> None:
     cache.admit(prompt(words("f", 3000)))  # one eviction: the least recently used goes
     # Only A's own snapshot resumes `own`; B's would resume just the shared 2048.
     assert cache.admit(a).cached == own, "A was refreshed by B's hit, so C went first"
+
+
+def test_no_snapshot_exists_before_its_store() -> None:
+    # A lookup before the first request's store finds nothing: stores follow the prefill.
+    cache = flash(counter_lag=0)
+    p = prompt("concurrent")
+    assert [cache.lookup(p) for _ in range(4)] == [0, 0, 0, 0]
+    for _ in range(4):
+        cache.count(0)
+    cache.store(p)
+    assert cache.lookup(p) == p.n - 7
+
+
+def test_a_snapshot_the_slab_cannot_take_is_refused() -> None:
+    p = prompt(words("w", 200))
+    places = snapshot_places(p, flash().model)  # system end and history end
+    # Room for the system end snapshot only: the history end one is refused.
+    cache = flash(token_bytes=10, entry_bytes=10 * places[0])
+    out = cache.admit(p)
+    assert (out.stored, out.refused) == (1, 1)
+    c = cache.counters()
+    assert (c.stores, c.refused, c.entries) == (1, 1, 1)
+    assert cache.admit(prompt(words("w", 200))).cached == places[0]
+    # A slab too small for either: everything refused, nothing resumes.
+    tiny = flash(token_bytes=10, entry_bytes=10)
+    tiny.admit(p)
+    assert tiny.admit(p).cached == 0
+    assert (tiny.counters().stores, tiny.counters().refused) == (0, 4)
+
+
+def test_a_budget_without_room_for_one_entry_refuses_every_store() -> None:
+    cache = dense(max_entries=0)  # what a too-small dense budget gives
+    p = prompt(words("d", 3000))
+    cache.admit(p)
+    assert cache.admit(p).cached == 0
+    assert (cache.counters().stores, cache.counters().refused) == (0, 2)
+
+
+def test_dense_keeps_no_duplicate_snapshots_and_flash_does() -> None:
+    p = prompt(words("d", 3000))
+    deduped = dense(dedupe=True)
+    for _ in range(3):
+        deduped.admit(p)
+    assert (deduped.counters().entries, deduped.counters().stores) == (1, 1)
+    plain = flash()
+    for _ in range(3):
+        plain.admit(p)
+    assert (plain.counters().entries, plain.counters().stores) == (6, 6)  # measured on 0.7.0

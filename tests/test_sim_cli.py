@@ -72,6 +72,9 @@ def test_help_lists_every_option() -> None:
             assert option in result.output
     assert "127.0.0.1" in result.output
     assert "8731" in result.output
+    flat = " ".join(result.output.split())
+    for needle in ("Time model", "prefill-setup-s", "2,593/11,374/21,337/43,538", "refused"):
+        assert needle in flat
 
 
 def test_bad_option_is_a_usage_error() -> None:
@@ -118,3 +121,13 @@ def test_foreground_run_serves_until_interrupted() -> None:
     assert out == ""  # messages go to stderr
     assert "env-secret-123" not in err
     assert "sim: chat 24 tok" in err  # one log line per call
+
+
+def test_an_unusable_cache_dir_is_a_usage_error(tmp_path: Any) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = CliRunner().invoke(
+        make_app(), ["sim", "--port", "0", "--cache-dir", str(blocker / "sub")]
+    )
+    assert result.exit_code == 2
+    assert "cannot use cache_dir" in result.output

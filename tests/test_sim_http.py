@@ -290,13 +290,16 @@ def test_completions_stream_frames_carry_text(flash: SimServer) -> None:
 
 
 def test_keepalive_comments_during_a_long_prefill() -> None:
-    # 600 tokens at 2000 tok/s = 0.3 s of prefill; a keepalive every 0.05 s of silence.
-    config = SimConfig(prefill_tps=2000, decode_tps=100_000, keepalive=0.05)
-    req = chat_body(" ".join(["word"] * 587), "t", stream=True)
+    # A prompt of P tokens at 2000 tok/s, no setup: P / 2000 s of prefill (~0.3 s); a
+    # keepalive every 0.05 s of silence.
+    config = SimConfig(prefill_tps=2000, prefill_setup_s=0, decode_tps=100_000, keepalive=0.05)
+    req = chat_body(" ".join(["word"] * 200), "t", stream=True)
     with SimServer(config) as sim, client(sim) as c:
         frames, comments, done = sse_frames(c.post("/v1/chat/completions", json=req).text)
     assert done
-    assert frames[-1]["timings"]["prompt_n"] == 600
+    prompt_n = frames[-1]["timings"]["prompt_n"]
+    assert frames[-1]["timings"]["prompt_ms"] == pytest.approx(prompt_n / 2000 * 1000, rel=1e-3)
+    assert 0.25 <= prompt_n / 2000 <= 0.35
     assert comments and set(comments) == {": keepalive"}
     assert 4 <= len(comments) <= 6
     with SimServer(config.with_(keepalive=0)) as sim, client(sim) as c:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -9,11 +10,13 @@ from prefixreg.core.prefix import fresh_tail
 from prefixreg.sim.cache import CacheModel, PromptCache
 from prefixreg.sim.tokenizer import (
     HISTORY_TAIL,
+    PLAIN_CHARS,
     answer_tokens,
     render_chat,
     render_completion,
     tokenize,
 )
+from prefixreg.verbs.corpus import builtin_corpus, probe_slice
 
 FLASH = CacheModel(
     max_entries=8,
@@ -63,17 +66,52 @@ def test_repeat_resumes_all_but_7_and_fresh_tail_all_but_19(system: str, n1: str
     assert cache.admit(fresh).cached == expected
 
 
-def test_measured_prompt_sizes_reproduce_the_measured_counts() -> None:
-    # 2,586 of 2,593 and 2,574; 43,531 of 43,538 and 43,519 (Flash lane measurements).
-    for prompt_tokens in (2593, 43538):
-        system = "alpha" + " beta" * (prompt_tokens - 22 - 1)
+# The lane's prompt tokens for the probe corpus slices (4k/16k/32k/64k characters).
+MEASURED = {4000: 2593, 16000: 11374, 32000: 21337, 64000: 43538}
+
+
+def probe_prompt(size: int, run_id: str = "0f1e2d3c") -> str:
+    corpus = builtin_corpus(64000)
+    return probe_slice(corpus, size, header=f"prefixreg probe {run_id} prefix of {size} characters")
+
+
+@pytest.mark.parametrize("size", sorted(MEASURED))
+def test_probe_slices_give_the_lanes_prompt_tokens_within_2_percent(size: int) -> None:
+    for run_id in ("0f1e2d3c", "ffffffff"):
+        prompt = render_chat([("system", probe_prompt(size, run_id)), ("user", fresh_tail())])
+        assert abs(prompt.n / MEASURED[size] - 1) < 0.02, (size, prompt.n)
+
+
+def test_measured_shapes_at_the_measured_sizes() -> None:
+    # A2 = prompt - 7 and B = prompt - 19 at every size; Cmax (B at 64k) is 43,519 within 2%.
+    for size in (4000, 64000):
+        system = probe_prompt(size)
         cache = PromptCache(FLASH)
         warm = render_chat([("system", system), ("user", fresh_tail())])
-        assert warm.n == prompt_tokens
         cache.admit(warm)
-        assert cache.admit(warm).cached == prompt_tokens - 7
+        assert cache.admit(warm).cached == warm.n - 7
         check = render_chat([("system", system), ("user", fresh_tail())])
-        assert cache.admit(check).cached == prompt_tokens - 19
+        b = cache.admit(check).cached
+        assert b == check.n - 19
+        if size == 64000:
+            assert abs(b / 43519 - 1) < 0.02
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(alphabet="ab c.\n", min_size=0, max_size=600), cut=st.integers(0, 600))
+def test_prefix_tokens_are_the_texts_tokens_up_to_the_cut_word(text: str, cut: int) -> None:
+    whole, part = tokenize(text), tokenize(text[:cut])
+    # Every token of the prefix but the last one (a word the cut may shorten) is a token of
+    # the whole text, in the same place.
+    assert part[:-1] == whole[: max(len(part) - 1, 0)]
+
+
+def test_words_are_split_only_after_the_plain_start() -> None:
+    text = "x" * PLAIN_CHARS + " repository" * 40
+    tokens = tokenize(text)
+    assert tokens[0] == "x" * PLAIN_CHARS
+    assert len(tokens) > 41  # the calibrated region splits words into pieces
+    assert all(len(t.strip()) >= 1 for t in tokens)
 
 
 def test_answer_is_deterministic_and_retokenizes_to_its_length() -> None:
@@ -81,7 +119,10 @@ def test_answer_is_deterministic_and_retokenizes_to_its_length() -> None:
     b = render_chat([("user", "y")])
     assert answer_tokens(a, 24) == answer_tokens(a, 24)
     assert answer_tokens(a, 24) != answer_tokens(b, 24)
-    assert len(tokenize("".join(answer_tokens(a, 24)))) == 24
+    # A short answer (inside the plain start of a message) re-tokenizes to its own pieces.
+    short = answer_tokens(a, 6)
+    assert len("".join(short)) <= PLAIN_CHARS
+    assert tokenize("".join(short)) == short
     assert answer_tokens(a, 24)[-1] == "."
 
 

@@ -20,9 +20,19 @@ __all__ = ["register", "sim_command"]
 _ENV_KEY = "PREFIXREG_SIM_API_KEY"
 _HELP = (
     "Run a Halogen-compatible worker simulator in the foreground until Ctrl-C.\n\n"
-    "It serves /health, /cache, /v1/models, /v1/chat/completions and /v1/completions on "
-    "127.0.0.1 and models the prompt cache measured on the Halogen Flash lane (API 0.7.0). "
-    "A peer for demos and tests, not a measurement of Halogen."
+    "It serves /health, /cache, /metrics, /v1/models, /v1/chat/completions and "
+    "/v1/completions on 127.0.0.1 and models the prompt cache measured on the Halogen Flash "
+    "lane (API 0.7.0). A peer for demos and tests, not a measurement of Halogen.\n\n"
+    "Tokens: calibrated so the probe corpus's 4k/16k/32k/64k-character slices give the "
+    "lane's 2,593/11,374/21,337/43,538 prompt tokens (about 1.5 characters a token).\n\n"
+    "Time model (fitted to the lane's probe; every duration divided by --speed): the u "
+    "uncached tokens of an n-token prompt prefill in min(u x step(n), prefill-setup-s + "
+    "u / prefill-tps) seconds, step(n) = step-ms + n/1000 x step-ms-per-kctx milliseconds; "
+    "decode takes tokens / decode-tps. Defaults give cold 3.38/9.79/17.06/33.26 s at the four "
+    "sizes, an identical repeat 0.16-0.19 s and a fresh tail 0.41-0.47 s (measured: "
+    "3.38/9.81/17.16/33.26, 0.12-0.19, 0.4-0.69).\n\n"
+    "Wall: a snapshot of t tokens needs t x token-bytes of its slab (cap-mb MiB when set, "
+    "else entry-bytes); one the slab cannot take is refused (/cache refused)."
 )
 
 
@@ -99,8 +109,28 @@ def sim_command(
         int | None,
         typer.Option(
             "--entry-bytes",
-            help="Size of one snapshot in bytes. Default: 116389652 (measured; dense: "
-            "17179869184).",
+            help="Size of one entry (slab) in bytes. Default: 116389652 (measured; dense: "
+            "18400000000).",
+            show_default=False,
+        ),
+    ] = None,
+    cap_mb: Annotated[
+        int | None,
+        typer.Option(
+            "--cap-mb",
+            help="The cache-size option (cacheMb -> HALOGEN_CACHE_MB), in MiB. Flash: the size "
+            "of one entry's slab (0 = --entry-bytes); dense: the whole budget, cut into whole "
+            "entries. Default: 0 (dense: 61440).",
+            show_default=False,
+        ),
+    ] = None,
+    token_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--token-bytes",
+            help="Bytes of its slab a snapshot needs per token; a snapshot over the slab is "
+            "refused. 0 = no per-token wall. Default: 2048 (not measured: the lane stored "
+            "43,531 tokens in a 111 MiB slab; dense: 0).",
             show_default=False,
         ),
     ] = None,
@@ -109,7 +139,16 @@ def sim_command(
         typer.Option(
             "--counter-lag",
             help="Requests before a call's hits/misses/prompt_tokens_saved show in /cache; "
-            "0 = immediate. Default: 1 (measured).",
+            "0 = immediate. Default: 1 (measured on Flash; dense: 0).",
+            show_default=False,
+        ),
+    ] = None,
+    dedupe_snapshots: Annotated[
+        bool | None,
+        typer.Option(
+            "--dedupe-snapshots/--no-dedupe-snapshots",
+            help="Refresh an identical snapshot instead of storing it again. Default: False "
+            "(measured on Flash 0.7.0: snapshot every request; dense: True).",
             show_default=False,
         ),
     ] = None,
@@ -117,7 +156,33 @@ def sim_command(
         float | None,
         typer.Option(
             "--prefill-tps",
-            help="Cold prefill speed, tokens/s. Default: 1180 (measured).",
+            help="Batched prefill throughput, tokens/s. Default: 1370 (fitted).",
+            show_default=False,
+        ),
+    ] = None,
+    prefill_setup_s: Annotated[
+        float | None,
+        typer.Option(
+            "--prefill-setup-s",
+            help="Fixed seconds of a batched prefill pass. Default: 1.4706 (fitted).",
+            show_default=False,
+        ),
+    ] = None,
+    step_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--step-ms",
+            help="Milliseconds to process one token on its own (short passes). "
+            "Default: 20.28 (fitted).",
+            show_default=False,
+        ),
+    ] = None,
+    step_ms_per_kctx: Annotated[
+        float | None,
+        typer.Option(
+            "--step-ms-per-kctx",
+            help="Extra milliseconds per stepped token per 1,000 tokens of context. "
+            "Default: 0.0855 (fitted).",
             show_default=False,
         ),
     ] = None,
@@ -181,6 +246,40 @@ def sim_command(
             show_default=False,
         ),
     ] = None,
+    cache_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--cache-dir",
+            help="Flash disk tier (HALOGEN_CACHE_DIR): snapshots persist here across restarts "
+            "and are restored from it (/cache disk, timings.disk_restore_n/ms). "
+            "Default: None (no disk tier).",
+            show_default=False,
+        ),
+    ] = None,
+    disk_gib: Annotated[
+        float | None,
+        typer.Option(
+            "--disk-gib",
+            help="Disk tier budget in GiB (HALOGEN_CACHE_DISK_GIB). Default: 64.",
+            show_default=False,
+        ),
+    ] = None,
+    disk_token_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--disk-token-bytes",
+            help="Modelled bytes of a disk record per token. Default: 27648 (~27 KiB).",
+            show_default=False,
+        ),
+    ] = None,
+    disk_read_mbps: Annotated[
+        float | None,
+        typer.Option(
+            "--disk-read-mbps",
+            help="Modelled disk read speed for restores, MB/s. Default: 2000.",
+            show_default=False,
+        ),
+    ] = None,
     speed: Annotated[
         float | None,
         typer.Option(
@@ -208,8 +307,14 @@ def sim_command(
             entries_per_request=entries_per_request,
             snapshot_align=snapshot_align,
             entry_bytes=entry_bytes,
+            cap_mb=cap_mb,
+            token_bytes=token_bytes,
             counter_lag=counter_lag,
+            dedupe_snapshots=dedupe_snapshots,
             prefill_tps=prefill_tps,
+            prefill_setup_s=prefill_setup_s,
+            step_ms=step_ms,
+            step_ms_per_kctx=step_ms_per_kctx,
             decode_tps=decode_tps,
             slots=slots,
             slot_ctx=slot_ctx,
@@ -217,6 +322,10 @@ def sim_command(
             queue_timeout=queue_timeout,
             keepalive=keepalive,
             answer_tokens=answer_tokens,
+            cache_dir=cache_dir,
+            disk_gib=disk_gib,
+            disk_token_bytes=disk_token_bytes,
+            disk_read_mbps=disk_read_mbps,
             speed=speed,
         )
         server = SimServer(config, log=None if quiet else info).bind()

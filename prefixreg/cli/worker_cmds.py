@@ -154,18 +154,23 @@ def warm_command(
 def doctor_command(
     worker: WorkerOpt = None,
     profile: ProfileOpt = None,
+    registry: RegistryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Say what a worker's /health and /cache tell about its prompt cache, and what to change.
 
-    Exit 0 when nothing needs changing, 1 when a finding says what to change, 5 worker error.
+    With the registry (--registry, else the default one) it also compares Cmax from the latest
+    probe of this build with the registered prefixes' token spans; Cmax under 4,000 tokens is
+    urgent. Exit 0 when nothing needs changing, 1 when a finding says what to change, 5 worker
+    error.
     """
     from prefixreg.verbs.doctor import doctor
 
     with cli_errors(debug):
+        reg = open_registry_from(registry)
         with open_worker(worker, model=None, timeout=30.0, profile=profile) as w:
-            diagnosis = doctor(w)
+            diagnosis = doctor(w, reg)
             url = w.url
         if json_out:
             emit_json({"worker": url, **diagnosis.to_dict()})

@@ -10,14 +10,16 @@ on the real Flash lane. It is a peer to develop and test against, not a way to m
     with SimServer(SimConfig(speed=1000)) as sim:      # 127.0.0.1, ephemeral port
         ...  # talk to sim.url; sim.requests() lists (method, path) received
 
-Modules: `tokenizer` (tokenizer, chat template, answers), `cache` (the LRU and counters),
-`config` (options and measured defaults), `protocol` (validation, response shapes),
-`server` (HTTP, slots, timing).
+Modules: `tokenizer` (calibrated tokenizer, chat template, answers), `cache` (the LRU, its
+wall and counters), `disk` (the disk tier), `timing` (the fitted time model), `config`
+(options and measured defaults), `protocol` (validation, response shapes), `engine` (slots,
+caches, totals), `bodies` (/health, /cache, /metrics), `server` (HTTP).
 """
 
 from __future__ import annotations
 
+from prefixreg.sim.bodies import API_VERSION
 from prefixreg.sim.config import PROFILES, SimConfig
-from prefixreg.sim.server import API_VERSION, LoggedRequest, SimServer
+from prefixreg.sim.server import LoggedRequest, SimServer
 
 __all__ = ["API_VERSION", "PROFILES", "LoggedRequest", "SimConfig", "SimServer"]

@@ -1,13 +1,13 @@
 """The simulated prompt cache: an LRU of snapshots and its `/cache` counters. Pure (no I/O).
 
-A snapshot is the token prefix ``tokens[:place]`` of one request. On every request that reaches
-the engine, `PromptCache.admit` does, in order:
+A snapshot is the token prefix ``tokens[:place]`` of one request. A request goes through the
+cache in two steps, as on the real engine:
 
-1. **Publish lagged counters.** The hit/miss/saved deltas of earlier requests become visible
-   once ``counter_lag`` later requests have started (measured on Flash: lag 1, a call's
-   ``prompt_tokens_saved`` and hit/miss deltas land in the next call's window). ``stores``,
-   ``evicted``, ``entries`` and ``bytes`` are never lagged.
-2. **Look up** the longest usable snapshot.
+1. **Look up** (`lookup`, when the request starts). First the hit/miss/saved deltas of earlier
+   requests become visible once ``counter_lag`` later requests have started (measured on Flash:
+   lag 1, a call's ``prompt_tokens_saved`` and hit/miss deltas land in the next call's window;
+   dense has no lag). ``stores``, ``evicted``, ``refused``, ``entries`` and ``bytes`` are never
+   lagged. Then the longest usable snapshot is found:
 
    - ``flash`` (exact places): a snapshot is usable only if it is an exact prefix of the prompt,
      and it resumes exactly its length: an O(1) recurrent state cannot resume mid-way.
@@ -15,13 +15,19 @@ the engine, `PromptCache.admit` does, in order:
      rounded down to ``align`` and kept strictly below the prompt length; so cached counts are
      multiples of ``align`` and a prompt shorter than ``align`` never hits.
 
-   A hit refreshes the snapshot's recency; one hit or one miss is counted per request.
-3. **Store** this request's places (`places`), each as a new most-recent entry, evicting the
-   least-recently-used entry when over ``max_entries``. Like the measured 0.7.0 engine, a store
-   does not look for an equal snapshot already held ("snapshot every request"), so once the
-   cache is full every store evicts one entry: ``stores`` and ``evicted`` move together and
-   ``entries`` stays at ``max_entries``. Entries have a fixed size (``entry_bytes``), and
-   ``refused`` stays 0 (the simulator never runs short of memory).
+   A hit refreshes the snapshot's recency. `count` then records one hit or one miss (the
+   caller may have found a longer prefix on the disk tier first).
+2. **Store** (`store`, only once the request's prefill has finished: a snapshot never exists
+   before the state it holds). Each of this request's places (`snapshot_places`) becomes a new
+   most-recent entry, evicting the least-recently-used entry when over capacity. Like the
+   measured 0.7.0 Flash engine, a store does not look for an equal snapshot already held
+   ("snapshot every request"), so once the cache is full every store evicts one entry; dense
+   (``dedupe``) refreshes an equal snapshot instead of storing it twice.
+
+The wall: entries have a fixed size (``entry_bytes``, a slab); a snapshot of ``t`` tokens needs
+``t * token_bytes`` of its slab (0: no per-token wall), and a place the slab cannot take, or
+any place when the budget holds no entry at all (``max_entries`` 0 while ``enabled``), is
+refused and counted in ``refused``.
 
 Invariants: ``0 <= entries <= max_entries``; ``stores - evicted == entries``; cached <= prompt
 length (and < prompt length for dense); counters only grow.
@@ -34,7 +40,14 @@ from dataclasses import dataclass, field
 
 from prefixreg.sim.tokenizer import RenderedPrompt
 
-__all__ = ["CacheModel", "CacheOutcome", "Counters", "PromptCache", "snapshot_places"]
+__all__ = [
+    "CacheModel",
+    "CacheOutcome",
+    "Counters",
+    "PromptCache",
+    "StoreOutcome",
+    "snapshot_places",
+]
 
 # Modelled copy costs per snapshot, from the one full Flash /cache sample
 # (store_ms_total 3666.5 over 135 stores, restore_ms_total 344.9 over 62 hits).
@@ -52,15 +65,29 @@ class CacheModel:
     partial_resume: bool
     counter_lag: int
     entry_bytes: int
+    token_bytes: int = 0
+    dedupe: bool = False
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOutcome:
+    """What one request's stores did to the cache."""
+
+    stored: int
+    evicted: int
+    refused: int
+    places: tuple[int, ...] = ()  # places now held (stored, or refreshed when deduplicated)
 
 
 @dataclass(frozen=True, slots=True)
 class CacheOutcome:
-    """What one request did to the cache."""
+    """What one request did to the cache (lookup and store together)."""
 
     cached: int
     stored: int
     evicted: int
+    refused: int = 0
 
 
 @dataclass(slots=True)
@@ -137,16 +164,32 @@ class PromptCache:
     _pending: deque[_Lagged] = field(default_factory=deque)
 
     def admit(self, prompt: RenderedPrompt) -> CacheOutcome:
-        """Run one request through the cache (publish lagged counters, look up, store)."""
+        """Look up, count and store at once (a request whose prefill takes no time)."""
+        cached = self.lookup(prompt)
+        self.count(cached)
+        out = self.store(prompt)
+        return CacheOutcome(cached, out.stored, out.evicted, out.refused)
+
+    def lookup(self, prompt: RenderedPrompt) -> int:
+        """Publish lagged counters and find the longest usable snapshot (refreshing it)."""
         self._publish(keep=max(self.model.counter_lag - 1, 0))
-        cached = self._lookup(prompt.tokens)
+        return self._lookup(prompt.tokens)
+
+    def count(self, cached: int) -> None:
+        """Record this request's lookup outcome (`cached` tokens resumed), lagged or not."""
         lagged = _Lagged(hit=cached > 0, saved=cached)
         if self.model.counter_lag > 0:
             self._pending.append(lagged)
         else:
             self._apply(lagged)
-        stored, evicted = self._store(prompt)
-        return CacheOutcome(cached=cached, stored=stored, evicted=evicted)
+
+    def store(self, prompt: RenderedPrompt) -> StoreOutcome:
+        """Store this request's places (call once its prefill has finished)."""
+        return self._store(prompt)
+
+    def snapshots(self) -> list[tuple[str, ...]]:
+        """The held snapshots, least recent first (a copy)."""
+        return list(self._entries)
 
     def counters(self) -> Counters:
         """A copy of the visible counters."""
@@ -182,6 +225,8 @@ class PromptCache:
             c.misses += 1
 
     def _lookup(self, tokens: tuple[str, ...]) -> int:
+        if not self.model.enabled:
+            return 0
         n = len(tokens)
         best, best_index = 0, -1
         for index, entry in enumerate(self._entries):
@@ -198,21 +243,35 @@ class PromptCache:
             self._entries.append(entry)
         return best
 
-    def _store(self, prompt: RenderedPrompt) -> tuple[int, int]:
-        if self.model.max_entries <= 0:
-            return 0, 0
-        stored = evicted = 0
-        for place in snapshot_places(prompt, self.model):
-            self._entries.append(prompt.tokens[:place])
+    def _store(self, prompt: RenderedPrompt) -> StoreOutcome:
+        model = self.model
+        if not model.enabled:
+            return StoreOutcome(0, 0, 0)
+        stored = evicted = refused = 0
+        held: list[int] = []
+        for place in snapshot_places(prompt, model):
+            fits = model.token_bytes == 0 or place * model.token_bytes <= model.entry_bytes
+            if model.max_entries <= 0 or not fits:
+                refused += 1
+                continue
+            snapshot = prompt.tokens[:place]
+            if model.dedupe and snapshot in self._entries:
+                self._entries.remove(snapshot)  # held already: refresh it, store nothing
+                self._entries.append(snapshot)
+                held.append(place)
+                continue
+            self._entries.append(snapshot)
+            held.append(place)
             stored += 1
-            if len(self._entries) > self.model.max_entries:
+            if len(self._entries) > model.max_entries:
                 self._entries.popleft()
                 evicted += 1
         c = self._counters
         c.stores += stored
         c.evicted += evicted
+        c.refused += refused
         if stored:
-            c.last_entry_bytes = self.model.entry_bytes
+            c.last_entry_bytes = model.entry_bytes
             c.store_ms_total += STORE_MS * stored
             c.last_store_ms = STORE_MS
-        return stored, evicted
+        return StoreOutcome(stored, evicted, refused, tuple(held))

@@ -13,7 +13,8 @@ Field names follow halogen-api.md §1 exactly:
   ``timings``), then with ``stream_options.include_usage`` a ``choices: []`` frame carrying
   ``usage`` (every earlier frame then has ``"usage": null``), then ``data: [DONE]``.
 
-Validation happens here, before a request is queued, as on the real server.
+Validation happens here, before a request is queued, as on the real server; the documented
+400s for particular fields (logprobs, penalties, drafters, template kwargs) are in `fields`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from prefixreg.sim import fields
 from prefixreg.sim.config import SimConfig
+from prefixreg.sim.errors import ApiError
 from prefixreg.sim.tokenizer import RenderedPrompt, render_chat, render_completion
 
 __all__ = [
@@ -50,16 +53,6 @@ _ERROR_TYPES = {
     429: "rate_limit_error",
 }
 _RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0)}
-
-
-class ApiError(Exception):
-    """An HTTP error the simulator answers with the OpenAI envelope."""
-
-    def __init__(self, status: int, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
 
 
 def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
@@ -100,6 +93,9 @@ class Result:
     cached: int
     prompt_s: float
     decode_s: float
+    disk_tier: bool = False  # report `disk_restore_n` / `disk_restore_ms` in timings
+    disk_n: int = 0
+    disk_s: float = 0.0
 
 
 def _invalid(loc: str, msg: str) -> ApiError:
@@ -216,6 +212,9 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
     max_tokens = _token_budget(body, kind, config)
     _sampling(body)
     stream, include_usage = _stream_flags(body)
+    fields.check_sampled_only(body, stream)
+    fields.check_drafter(body, config.profile)
+    fields.check_template_kwargs(body, config.profile)
     if prompt.n >= config.slot_ctx:
         raise ApiError(
             400,
@@ -244,7 +243,7 @@ def timings(result: Result) -> dict[str, Any]:
     """Flash `timings`: llama.cpp-style, `prompt_n` is what was actually prefilled."""
     prompt_n = result.call.prompt.n - result.cached
     predicted_n = len(result.pieces)
-    return {
+    body: dict[str, Any] = {
         "prompt_n": prompt_n,
         "prompt_ms": round(result.prompt_s * 1000, 3),
         "prompt_per_second": round(prompt_n / result.prompt_s, 3) if result.prompt_s else 0.0,
@@ -257,6 +256,10 @@ def timings(result: Result) -> dict[str, Any]:
         "draft_n": 0,
         "draft_n_accepted": 0,
     }
+    if result.disk_tier:
+        body["disk_restore_n"] = result.disk_n
+        body["disk_restore_ms"] = round(result.disk_s * 1000, 3)
+    return body
 
 
 def _object(kind: Kind, *, chunk: bool) -> str:

@@ -1,47 +1,54 @@
 """The simulator's HTTP server: Halogen's routes on a stdlib `ThreadingHTTPServer`.
 
-Routes: ``GET /health``, ``GET /cache``, ``GET /v1/models``, ``POST /v1/chat/completions``,
-``POST /v1/completions``. One thread per connection; a semaphore of ``slots`` is the engine.
+Routes: ``GET /health``, ``GET /cache``, ``GET /metrics`` (Flash), ``GET /v1/models``,
+``POST /v1/chat/completions``, ``POST /v1/completions``. One thread per connection, a listen
+backlog of ``LISTEN_BACKLOG`` (so a burst of connects never waits for SYN retransmits); the
+`prefixreg.sim.engine.Engine` holds the slots and the caches.
 
 Order of work for a completion, as on the real server: authenticate, validate (400s happen
-before queueing), wait for a slot (503 ``engine_busy`` after ``queue_timeout``), run the prompt
-through the cache (lookup, lagged counters, stores), sleep the modelled prefill
-(``uncached / prefill_tps``) and decode (``completion / decode_tps``), both divided by
-``speed``. Streams send their headers once a slot is held, then ``: keepalive`` comment lines
-while the prefill is longer than the keepalive interval, then the frames.
+before queueing), wait for a slot (503 ``engine_busy`` after ``queue_timeout``), look the
+prompt up (memory, then the disk tier; lagged counters), sleep the modelled prefill
+(`prefixreg.sim.timing`), store the snapshots (only now: the state exists once the prefill
+ran), then sleep the decode; every duration divided by ``speed``. Streams send their headers
+once a slot is held, then ``: keepalive`` comment lines while the prefill is longer than the
+keepalive interval, then the frames.
 
-``/health`` and ``/cache`` never wait for a slot. ``SimServer`` keeps a thread-safe log of every
-request line received (method, path), so a test can assert that no chat request arrived.
+``/health``, ``/cache`` and ``/metrics`` never wait for a slot. ``SimServer`` keeps a
+thread-safe log of every request line received (method, path), so a test can assert that no
+chat request arrived.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, NamedTuple
 
-from prefixreg.sim import protocol
-from prefixreg.sim.cache import CacheModel, Counters, PromptCache
+from prefixreg.sim import protocol, timing
+from prefixreg.sim.bodies import API_VERSION, cache_body, health_body, metrics_text
 from prefixreg.sim.config import SimConfig
+from prefixreg.sim.engine import Engine
 from prefixreg.sim.protocol import ApiError, Call, Result
-from prefixreg.sim.tokenizer import TEMPLATE_SHA256, answer_tokens
+from prefixreg.sim.tokenizer import answer_tokens
 
 __all__ = ["API_VERSION", "LoggedRequest", "SimServer"]
 
-API_VERSION = "0.7.0"  # the Flash release the defaults were measured on
+LISTEN_BACKLOG = 128
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 MAX_BODY = 64 * 1024 * 1024
 _POST_ROUTES: dict[str, protocol.Kind] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
 }
-_GET_ROUTES = ("/health", "/cache", "/v1/models")
+_GET_ROUTES = ("/health", "/cache", "/metrics", "/v1/models")
 
 
 class LoggedRequest(NamedTuple):
@@ -51,177 +58,11 @@ class LoggedRequest(NamedTuple):
     path: str
 
 
-@dataclass
-class _Engine:
-    """Slots, queue and the cache, shared by the handler threads."""
-
-    config: SimConfig
-    cache: PromptCache
-    slots: threading.BoundedSemaphore
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    holds: dict[int, float] = field(default_factory=dict)  # request serial -> monotonic start
-    queued: int = 0
-    serial: int = 0
-    stopping: threading.Event = field(default_factory=threading.Event)
-
-    def acquire(self) -> int:
-        """Wait for a slot; `ApiError` 503 `engine_busy` after the (scaled) queue timeout."""
-        with self.lock:
-            self.queued += 1
-        try:
-            got = self.slots.acquire(timeout=self.config.scaled(self.config.queue_timeout))
-        finally:
-            with self.lock:
-                self.queued -= 1
-        if not got:
-            raise ApiError(
-                503,
-                "timed out waiting for the engine — halogen serves "
-                f"{self.config.slots} request(s) at a time and the queue did not clear",
-                code="engine_busy",
-            )
-        with self.lock:
-            self.serial += 1
-            self.holds[self.serial] = time.monotonic()
-            return self.serial
-
-    def release(self, serial: int) -> None:
-        with self.lock:
-            self.holds.pop(serial, None)
-        self.slots.release()
-
-    def admit(self, call: Call) -> int:
-        with self.lock:
-            return self.cache.admit(call.prompt).cached
-
-    def counters(self) -> Counters:
-        with self.lock:
-            return self.cache.counters()
-
-    def load(self) -> dict[str, Any]:
-        with self.lock:
-            in_flight = len(self.holds)
-            oldest = min(self.holds.values(), default=None)
-            queued = self.queued
-        return {
-            "busy": in_flight >= self.config.slots,
-            "slots": self.config.slots,
-            "slot_ctx": self.config.slot_ctx,
-            "in_flight": in_flight,
-            "busy_for_s": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
-            "queued": queued,
-        }
-
-    def sleep(self, seconds: float) -> bool:
-        """Sleep unless the server is stopping; False means stop now."""
-        return not self.stopping.wait(seconds) if seconds > 0 else not self.stopping.is_set()
-
-
-def _health(config: SimConfig, engine: _Engine) -> dict[str, Any]:
-    enabled = config.max_entries > 0
-    endpoints = sorted(["/v1/chat/completions", "/v1/completions", "/v1/models"])
-    common_tail: dict[str, Any] = {
-        "supported": [
-            "model",
-            "messages",
-            "prompt",
-            *protocol.TOKEN_BUDGET_ALIASES,
-            "stream",
-            "stream_options",
-            "stop",
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "seed",
-        ],
-        "token_budget_aliases": list(protocol.TOKEN_BUDGET_ALIASES),
-        "max_tokens_default": protocol.MAX_TOKENS_DEFAULT["chat"],
-        "error_format": "openai",
-        "accepted_but_ignored": ["n"],
-        "max_tokens_cap": config.max_tokens_cap,
-        "max_tokens_over_cap": "400",
-        "simulator": {"name": "prefixreg.sim", "profile": config.profile, "speed": config.speed},
-    }
-    if config.profile == "dense":
-        prompt_cache: dict[str, Any] = {
-            "enabled": enabled,
-            "cap_mb": config.max_entries * config.entry_bytes // 2**20,
-            "snapshot_align": config.snapshot_align,
-            "bitwise_identical_to_cold": config.snapshot_align == 2048,
-        }
-        return {
-            "status": "ok",
-            "model": config.model_id,
-            "endpoints": endpoints,
-            "context": config.slot_ctx,
-            **engine.load(),
-            "decode": "greedy",
-            "prompt_cache": prompt_cache,
-            **common_tail,
-        }
-    prompt_cache = {
-        "enabled": enabled,
-        # Flash's cap_mb is one entry's size in MiB (116389652 B -> 110), not a budget.
-        "cap_mb": config.entry_bytes // 2**20,
-        "mode": 2 if enabled else 0,
-        "snapshot_align": config.snapshot_align,
-        "bitwise_identical_to_cold": False,
-    }
-    return {
-        "status": "ok",
-        "model": config.model_id,
-        "endpoints": endpoints,
-        "cache_counters": "/cache",
-        "context": config.slot_ctx,
-        "version": {"api": API_VERSION, "engine": API_VERSION, "match": True},
-        "chat_template": {"path": None, "sha256": TEMPLATE_SHA256},
-        **engine.load(),
-        "decode": "greedy",
-        "prompt_cache": prompt_cache,
-        **common_tail,
-    }
-
-
-def _cache_body(config: SimConfig, c: Counters) -> dict[str, Any]:
-    timing = {
-        "store_ms_total": c.store_ms_total,
-        "restore_ms_total": c.restore_ms_total,
-        "last_store_ms": c.last_store_ms,
-        "last_restore_ms": c.last_restore_ms,
-    }
-    if config.profile == "dense":
-        cap = config.max_entries * config.entry_bytes
-        return {
-            "entries": c.entries,
-            "bytes": c.bytes,
-            "reserved_bytes": c.bytes,
-            "cap_bytes": cap,
-            "hits": c.hits,
-            "misses": c.misses,
-            "stores": c.stores,
-            "evicted": c.evicted,
-            "prompt_tokens_saved": c.prompt_tokens_saved,
-            **timing,
-            "refused": c.refused,
-            "hit_rate": c.hit_rate,
-        }
-    return {
-        "entries": c.entries,
-        "max_entries": config.max_entries,
-        "bytes": c.bytes,
-        "last_entry_bytes": c.last_entry_bytes,
-        "hits": c.hits,
-        "misses": c.misses,
-        "stores": c.stores,
-        "evicted": c.evicted,
-        "refused": c.refused,
-        "prompt_tokens_saved": c.prompt_tokens_saved,
-        **timing,
-        "rows_copied": 0,
-        "rows_copied_ms": 0.0,
-        "hit_rate": c.hit_rate,
-    }
+class _HTTPServer(ThreadingHTTPServer):
+    # socketserver's default backlog is 5: a burst of connects beyond it waits ~1 s for a SYN
+    # retransmit, which would swamp the modelled times of concurrent calls.
+    request_queue_size = LISTEN_BACKLOG
+    daemon_threads = True
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -245,6 +86,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_text(self, status: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def _send_error(self, err: ApiError) -> None:
         self._send_json(err.status, protocol.error_body(err.status, err.message, err.code))
 
@@ -258,6 +107,12 @@ class _Handler(BaseHTTPRequestHandler):
         return scheme.lower() == "bearer" and ok
 
     def _read_body(self) -> bytes:
+        # A client that writes headers and body separately (httpx does) holds the body back
+        # (Nagle) until the headers are acknowledged, and a delayed ACK holds that for ~40 ms
+        # or more: acknowledge now, so the wait never adds to the modelled times.
+        if _QUICKACK is not None:
+            with contextlib.suppress(OSError):
+                self.connection.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
         length_header = self.headers.get("Content-Length")
         if length_header is None:
             raise ApiError(411, "a Content-Length header is required")
@@ -278,14 +133,19 @@ class _Handler(BaseHTTPRequestHandler):
         path = self._route()
         self.sim._log_request("GET", self.path)
         try:
+            config, engine = self.sim.config, self.sim._engine
             if path == "/health":
                 # Liveness stays open without a key, and never waits for a slot.
-                self._send_json(200, _health(self.sim.config, self.sim._engine))
+                self._send_json(200, health_body(config, engine))
                 return
+            if path == "/metrics" and config.profile != "flash":
+                raise ApiError(404, f"no route {path}")  # dense exports no metrics
             if path in _GET_ROUTES and not self._authorized():
                 raise ApiError(401, "invalid or missing API key")
             if path == "/cache":
-                self._send_json(200, _cache_body(self.sim.config, self.sim._engine.counters()))
+                self._send_json(200, cache_body(config, engine.counters(), engine.disk_body()))
+            elif path == "/metrics":
+                self._send_text(200, metrics_text(config, engine))
             elif path == "/v1/models":
                 model = {
                     "id": self.sim.config.model_id,
@@ -312,11 +172,14 @@ class _Handler(BaseHTTPRequestHandler):
             if not self._authorized():
                 self._read_body_quietly()
                 raise ApiError(401, "invalid or missing API key")
-            call = protocol.parse_request(self._read_body(), kind, self.sim.config)
+            raw = self._read_body()
+            t0 = time.monotonic()
+            call = protocol.parse_request(raw, kind, self.sim.config)
+            work = time.monotonic() - t0
         except ApiError as err:
             self._send_error(err)
             return
-        self._complete(call)
+        self._complete(call, work)
 
     def _read_body_quietly(self) -> None:
         # Drain the body so a keep-alive connection stays in sync for the next request.
@@ -327,18 +190,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- the engine -----------------------------------------------------------------------
 
-    def _complete(self, call: Call) -> None:
+    def _complete(self, call: Call, work: float) -> None:
+        """Serve a validated call. `work`: seconds already spent on it (tokenizing), which,
+        with the lookup's, count against the modelled prefill instead of adding to it."""
         engine, config = self.sim._engine, self.sim.config
         try:
-            serial = engine.acquire()
+            serial = engine.acquire(call)
         except ApiError as err:
             self._send_error(err)
             return
         started = time.monotonic()
         try:
-            cached = engine.admit(call)
+            found = engine.lookup(call)
             answer = answer_tokens(call.prompt, config.answer_tokens)
             pieces = tuple(answer[: call.max_tokens])
+            prefill = timing.prefill_s(config, prompt=call.prompt.n, cached=found.cached)
             result = Result(
                 call=call,
                 id=("chatcmpl-" if call.kind == "chat" else "cmpl-") + secrets.token_hex(12),
@@ -346,14 +212,24 @@ class _Handler(BaseHTTPRequestHandler):
                 model=config.model_id,
                 pieces=pieces,
                 finish_reason="stop" if len(pieces) == len(answer) else "length",
-                cached=cached,
-                prompt_s=config.scaled((call.prompt.n - cached) / config.prefill_tps),
-                decode_s=config.scaled(len(pieces) / config.decode_tps),
+                cached=found.cached,
+                prompt_s=config.scaled(prefill + found.disk_s),
+                decode_s=config.scaled(timing.decode_s(config, len(pieces))),
+                disk_tier=engine.disk is not None,
+                disk_n=found.disk_n,
+                disk_s=config.scaled(found.disk_s),
             )
+            prefill_left = result.prompt_s - work - (time.monotonic() - started)
             if call.stream:
-                self._stream(result)
+                if not self._stream(result, prefill_left):
+                    return
             else:
-                if not engine.sleep(result.prompt_s + result.decode_s):
+                # The snapshots exist only once the prefill has run (never before).
+                if not engine.sleep(prefill_left):
+                    self.close_connection = True
+                    return
+                engine.store(call)
+                if not engine.sleep(result.decode_s):
                     self.close_connection = True
                     return
                 self._send_json(200, protocol.response_body(result, with_timings=config.timings))
@@ -363,7 +239,9 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             engine.release(serial)
 
-    def _stream(self, result: Result) -> None:
+    def _stream(self, result: Result, prefill_left: float) -> bool:
+        """Stream `result` (`prefill_left` seconds of prefill still to sleep); False if the
+        server stopped before the end."""
         engine, config = self.sim._engine, self.sim.config
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -374,27 +252,29 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         # Prefill, with a keepalive comment after each interval of silence.
         interval = config.scaled(config.keepalive)
-        remaining = result.prompt_s
+        remaining = prefill_left
         while remaining > 0:
             step = min(remaining, interval) if interval > 0 else remaining
             if not engine.sleep(step):
-                return
+                return False
             remaining -= step
             if remaining > 0:
                 self.wfile.write(protocol.KEEPALIVE)
                 self.wfile.flush()
+        engine.store(result.call)
         # Decode: pace pieces against a deadline so sleeps do not drift.
         t0 = time.monotonic()
         per_piece = result.decode_s / len(result.pieces) if result.pieces else 0.0
         for i, piece in enumerate(result.pieces):
             if not engine.sleep(t0 + (i + 1) * per_piece - time.monotonic()):
-                return
+                return False
             self.wfile.write(protocol.sse(protocol.content_frame(result, piece)))
             self.wfile.flush()
         for frame in protocol.final_frames(result, with_timings=config.timings):
             self.wfile.write(protocol.sse(frame))
         self.wfile.write(protocol.sse("[DONE]"))
         self.wfile.flush()
+        return True
 
 
 class SimServer:
@@ -413,19 +293,7 @@ class SimServer:
     ) -> None:
         self.config = config if config is not None else SimConfig()
         self._log = log
-        cache_model = CacheModel(
-            max_entries=self.config.max_entries,
-            entries_per_request=self.config.entries_per_request,
-            align=self.config.snapshot_align,
-            partial_resume=self.config.profile == "dense",
-            counter_lag=self.config.counter_lag,
-            entry_bytes=self.config.entry_bytes,
-        )
-        self._engine = _Engine(
-            config=self.config,
-            cache=PromptCache(cache_model),
-            slots=threading.BoundedSemaphore(self.config.slots),
-        )
+        self._engine = Engine(self.config)
         self._requests: list[LoggedRequest] = []
         self._requests_lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
@@ -438,9 +306,7 @@ class SimServer:
         """Bind the listening socket (idempotent); `url` is valid afterwards."""
         if self._httpd is None:
             handler = type("SimHandler", (_Handler,), {"sim": self})
-            httpd = ThreadingHTTPServer((self.config.host, self.config.port), handler)
-            httpd.daemon_threads = True
-            self._httpd = httpd
+            self._httpd = _HTTPServer((self.config.host, self.config.port), handler)
         return self
 
     def start(self) -> SimServer:

@@ -1,9 +1,19 @@
-"""`doctor`: what a worker's own `/health` and `/cache` say about its prompt cache.
+"""`doctor`: what a worker's own `/health` and `/cache` say about its prompt cache, and how far
+its cache reaches against the registered prefixes.
 
-`diagnose` is pure: it takes the two replies and returns findings in plain words, each
-quoting the worker's fields and numbers, plus what to change (`HALOGEN_CACHE_ENTRIES`,
-`HALOGEN_CACHE_MB`). `doctor` reads the replies. Nothing here guesses a number the server
-did not send: a missing field is said to be missing.
+`diagnose` is pure: it takes the two replies and returns findings in plain words, each quoting
+the worker's fields and numbers, plus what to change. When the entries are fixed-size slabs
+(Flash: ``last_entry_bytes`` is ``prompt_cache.cap_mb`` MiB whatever the prompt) a bigger or
+longer-lived cache comes from the cache-size option, ``cacheMb`` (env ``HALOGEN_CACHE_MB``),
+not from more entries (``HALOGEN_CACHE_ENTRIES``), and every piece of advice says so.
+
+`diagnose_reach` is pure too: it compares Cmax, the largest cached count a fresh-tail call was
+served in the latest probe receipt of this build, with the registered prefixes' token spans
+(from their latest measurement on this build): does each one fit in what one entry resumes?
+Below ``URGENT_CMAX`` tokens the design does not reach past the system prompt: that is urgent.
+
+`doctor` reads the replies and, given a registry, its receipts and measurements. Nothing here
+guesses a number the server did not send: a missing field is said to be missing.
 """
 
 from __future__ import annotations
@@ -14,12 +24,27 @@ from typing import Final, Literal
 
 from prefixreg.core.jsonio import JSONObject, JSONValue
 from prefixreg.core.records import CacheCounters, strict_count
+from prefixreg.registry.store import Registry
 from prefixreg.server.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
 from prefixreg.server.worker import Worker
+from prefixreg.verbs.doctor_reach import PrefixSpan, ProbeReach, Reach, read_reach
 
-__all__ = ["Diagnosis", "Finding", "diagnose", "doctor"]
+__all__ = [
+    "CACHE_SIZE_SETTING",
+    "URGENT_CMAX",
+    "Diagnosis",
+    "Finding",
+    "PrefixSpan",
+    "ProbeReach",
+    "diagnose",
+    "diagnose_reach",
+    "doctor",
+]
 
 MIB: Final = 1 << 20
+URGENT_CMAX: Final = 4000
+CACHE_SIZE_SETTING: Final = "the cache-size option `cacheMb` (env HALOGEN_CACHE_MB)"
+ENTRIES_SETTING: Final = "HALOGEN_CACHE_ENTRIES"
 # Halogen dense keeps ~64 KiB of KV per position (`slots x slot_ctx x 64 KiB` pool).
 DENSE_BYTES_PER_POSITION: Final = 64 * 1024
 THRASH_RATIO: Final = 0.9
@@ -64,7 +89,22 @@ class Diagnosis:
         }
 
 
+def slab_entries(c: CacheCounters, block: Mapping[str, JSONValue]) -> bool:
+    """Are entries fixed slabs of `prompt_cache.cap_mb` MiB (Flash's measured shape)?"""
+    cap = strict_count(block.get("cap_mb"))
+    size = c.last_entry_bytes
+    return cap is not None and cap > 0 and size is not None and size // MIB == cap
+
+
+def _raise_setting(slab: bool) -> str:
+    if slab:
+        return f"raise {CACHE_SIZE_SETTING}, not {ENTRIES_SETTING} (entries are fixed slabs)"
+    return f"raise {ENTRIES_SETTING}"
+
+
 def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONValue]) -> None:
+    slab = slab_entries(c, block)
+    d.numbers["slab_entries"] = slab
     if c.entries is not None and c.max_entries is not None:
         d.add("info", "entries", f"{c.entries} of max_entries {c.max_entries} entries in use.")
         per = MEASURED_ENTRIES_PER_REQUEST
@@ -79,7 +119,7 @@ def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONV
             d.add(
                 "warn",
                 "survival",
-                text + " That is few for a loop that pauses: raise HALOGEN_CACHE_ENTRIES, "
+                text + f" That is few for a loop that pauses: {_raise_setting(slab)}, "
                 "or run `prefixreg keepalive`.",
             )
         else:
@@ -92,6 +132,15 @@ def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONV
         note = f" (/health prompt_cache.cap_mb is {cap})" if cap is not None else ""
         d.add(
             "info", "entry_size", f"last_entry_bytes {c.last_entry_bytes:,} = {size:.1f} MiB{note}."
+        )
+    if slab:
+        d.add(
+            "info",
+            "slab",
+            f"Entries are fixed slabs of {c.last_entry_bytes or 0:,} bytes (/health "
+            f"prompt_cache.cap_mb {block.get('cap_mb')}), whatever the prompt size: more "
+            f"entries ({ENTRIES_SETTING}) are more slabs of the same size. What one entry "
+            f"holds, and the room for more, comes from {CACHE_SIZE_SETTING}.",
         )
     rate = None
     if c.hits is not None and c.misses is not None:
@@ -113,9 +162,13 @@ def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONV
                 "thrashing",
                 f"stores {c.stores:,} against evicted {c.evicted:,} with a hit rate of "
                 f"{rate:.1%}: nearly every store evicts an entry before it is reused, so "
-                "prefixes rarely live long enough to be resumed. Raise HALOGEN_CACHE_ENTRIES "
-                "(or HALOGEN_CACHE_MB on dense), cut foreign traffic, or run "
-                "`prefixreg keepalive`.",
+                "prefixes rarely live long enough to be resumed. "
+                + (
+                    "R" + _raise_setting(slab)[1:]
+                    if slab
+                    else f"Raise {ENTRIES_SETTING} (or HALOGEN_CACHE_MB on dense)"
+                )
+                + ", cut foreign traffic, or run `prefixreg keepalive`.",
             )
         elif churn:
             d.add(
@@ -130,7 +183,7 @@ def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONV
         d.add(
             "warn",
             "refused",
-            f"refused {c.refused:,}: stores the budget could not take. Raise HALOGEN_CACHE_MB.",
+            f"refused {c.refused:,}: stores the budget could not take. Raise {CACHE_SIZE_SETTING}.",
         )
 
 
@@ -209,9 +262,81 @@ def diagnose(
     return d
 
 
-def doctor(worker: Worker) -> Diagnosis:
-    """Read `/health` (and `/cache` on Halogen) and diagnose."""
+def diagnose_reach(d: Diagnosis, reach: Reach, build_id: str) -> None:
+    """Cmax of the latest probe of this build against the registered prefixes (pure)."""
+    probe = reach.probe
+    if probe is None or probe.cmax is None:
+        d.add(
+            "info",
+            "cmax",
+            f"no probe receipt with a Cmax for this build ({build_id}): `prefixreg probe` "
+            "measures how many tokens one entry resumes.",
+        )
+        d.numbers["cmax"] = None
+    else:
+        d.numbers["cmax"] = probe.cmax
+        bound = "at least " if probe.whole else ""
+        sizes = ", ".join(f"{s:,}" for s in probe.sizes) or "?"
+        where = f"probe of {probe.at}, sizes {sizes} characters"
+        if probe.cmax < URGENT_CMAX:
+            d.add(
+                "warn",
+                "cmax",
+                f"urgent: Cmax is {probe.cmax:,} tokens ({where}), below {URGENT_CMAX:,}: the "
+                "cache does not reach past the system prompt, so a loop re-reads everything "
+                f"after it on every call. Raise {CACHE_SIZE_SETTING}.",
+            )
+        else:
+            d.add("info", "cmax", f"Cmax is {bound}{probe.cmax:,} tokens ({where}).")
+    for p in reach.prefixes:
+        _prefix_fit(d, p, probe)
+
+
+def _prefix_fit(d: Diagnosis, p: PrefixSpan, probe: ProbeReach | None) -> None:
+    label = f"{p.name} ({p.sha256[:12]})"
+    if p.tokens is None:
+        d.add(
+            "info",
+            "fit",
+            f"{label}: no measurement on this build: `prefixreg warm {p.name}` measures its "
+            "token span.",
+        )
+        return
+    if probe is None or probe.cmax is None:
+        d.add("info", "fit", f"{label}: about {p.tokens:,} tokens; no Cmax to compare it with.")
+        return
+    if p.tokens <= probe.cmax:
+        d.add(
+            "ok",
+            "fit",
+            f"{label}: about {p.tokens:,} tokens fits in what one entry resumes "
+            f"(Cmax {probe.cmax:,}).",
+        )
+    elif probe.whole:
+        d.add(
+            "info",
+            "fit",
+            f"{label}: about {p.tokens:,} tokens, more than the largest size the probe "
+            f"resumed (Cmax at least {probe.cmax:,}): not proven; probe a larger size.",
+        )
+    else:
+        d.add(
+            "warn",
+            "fit",
+            f"{label}: about {p.tokens:,} tokens does not fit in one entry: a fresh call "
+            f"resumes at most {probe.cmax:,} tokens of it. Raise {CACHE_SIZE_SETTING}.",
+        )
+
+
+def doctor(worker: Worker, registry: Registry | None = None) -> Diagnosis:
+    """Read `/health` (and `/cache` on Halogen) and diagnose; with a registry, also compare
+    the latest probe's Cmax on this build with the registered prefixes."""
     profile = worker.detect_profile()
     health = worker.health() if profile == "halogen" else {}
     raw = worker.cache_raw() if profile == "halogen" else None
-    return diagnose(profile, health, raw)
+    diagnosis = diagnose(profile, health, raw)
+    if registry is not None:
+        build_id = worker.server_build().build_id
+        diagnosis.numbers["build_id"] = build_id
+        diagnose_reach(diagnosis, read_reach(registry, build_id), build_id)
+    return diagnosis
