@@ -45,10 +45,10 @@ class DemoResult:
 def run_demo(
     registry_path: Path | None = None,
     *,
-    speed: float = 20.0,
+    speed: float = 100.0,
     say: Callable[[str], None] = lambda _msg: None,
 ) -> DemoResult:
-    """Run the demo; `speed` compresses the simulator's modelled time (20 = 20x faster)."""
+    """Run the demo; `speed` compresses the simulator's modelled time (100 = 100x faster)."""
     root = registry_path or Path(tempfile.mkdtemp(prefix="prefixreg-demo-")) / "registry"
     reg = Registry(root)
     sha = reg.add(sample_prompt(), name=SAMPLE_NAME, source="examples/system-prompt.txt")

@@ -68,7 +68,7 @@ def demo_command(
         typer.Option(
             "--speed", help="Simulator time compression (1 = the measured lane).", min=0.01
         ),
-    ] = 20.0,
+    ] = 100.0,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
