@@ -233,3 +233,31 @@ def test_pool_cli_warm_doctor_status_and_exit_codes(sims: list[SimServer], tmp_p
     assert res.returncode == 0 and len(orjson.loads(res.stdout)["placement"]) == 2
     res = run_cli("pool", "doctor", "--registry", str(reg))
     assert res.returncode == 2 and b"no pool" in res.stderr
+
+
+def test_pool_doctor_flags_workers_whose_builds_differ(tmp_path: Path) -> None:
+    reg = tmp_path / "reg"
+    Registry(reg).init()
+    with (
+        SimServer(SimConfig(speed=4000, max_entries=8)) as one,
+        SimServer(SimConfig(speed=4000, max_entries=16, model="another-model")) as two,
+    ):
+        res = run_cli(
+            "pool", "doctor", "--worker", one.url, "--worker", two.url, "--registry", str(reg)
+        )
+        assert res.returncode == 1, res.stderr
+        assert b"FLAG: the workers run different builds" in res.stdout
+        res = run_cli(
+            "pool",
+            "status",
+            "--worker",
+            one.url,
+            "--worker",
+            two.url,
+            "--registry",
+            str(reg),
+            "--json",
+        )
+        out = orjson.loads(res.stdout)
+        assert res.returncode == 0 and out["builds_differ"] is True
+        assert [w["capacity"] for w in out["workers"]] == [4, 8]

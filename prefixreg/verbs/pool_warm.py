@@ -29,7 +29,7 @@ from prefixreg.core.errors import PrefixregError, WorkerError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.prefix import fresh_tail
 from prefixreg.verbs.measure import WARM_PARAMS
-from prefixreg.verbs.pool import Assignment, place, routing_key
+from prefixreg.verbs.pool import ROUTING_KEY_HEADER, Assignment, place, routing_key
 from prefixreg.verbs.pool_live import Pool, WorkerState, served_by
 from prefixreg.verbs.warm import warm_prefix
 
@@ -167,7 +167,7 @@ def _route_first_call(
     for attempt in range(start, start + MAX_REKEY):
         key = routing_key(sha, attempt)
         before = pool.served_marks()
-        pool.router.chat(prefix, fresh_tail(), headers={"x-smg-routing-key": key}, **WARM_PARAMS)
+        pool.router.chat(prefix, fresh_tail(), headers={ROUTING_KEY_HEADER: key}, **WARM_PARAMS)
         where = served_by(before, pool.served_marks())
         if where is None:
             report.notes.append(
@@ -235,7 +235,14 @@ def doctor_pool(pool: Pool, *, prove: bool = True) -> PoolReport:
         ids = sorted({w.build_id for w in report.workers if w.build_id})
         report.notes.append(f"workers run different builds ({', '.join(ids)})")
     for state in report.workers:
-        held = sum(1 for a in pool.placement.values() if a.worker == state.url)
+        mine = [a for a in pool.placement.values() if a.worker == state.url]
+        stale = [a.sha256[:12] for a in mine if a.build_id not in (None, state.build_id)]
+        if stale and state.build_id is not None:
+            report.notes.append(
+                f"{state.url} now runs build {state.build_id}; proven on another build: "
+                + ", ".join(stale)
+            )
+        held = len(mine)
         if held > state.capacity:
             report.notes.append(
                 f"{state.url} holds {held} prefixes but keeps {state.capacity}: overloaded"
