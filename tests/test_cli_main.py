@@ -37,9 +37,10 @@ def test_command_table_matches_what_the_modules_register() -> None:
     for module in dict.fromkeys(main.COMMAND_MODULES.values()):
         scratch = typer.Typer()
         main._module(module).register(scratch)
-        for info in scratch.registered_commands:
-            assert info.name is not None
-            seen[info.name] = module
+        groups = [g.name for g in scratch.registered_groups]
+        for name in [*(i.name for i in scratch.registered_commands), *groups]:
+            assert name is not None
+            seen[name] = module
     assert seen == main.COMMAND_MODULES, "update COMMAND_MODULES in prefixreg/cli/main.py"
     assert list(seen) == list(main.COMMAND_MODULES)
 

@@ -59,6 +59,7 @@ COMMAND_MODULES: Final[dict[str, str]] = {
     "probe": "probe_cmd",
     "keepalive": "keepalive_cmd",
     "audit": "audit_cmd",
+    "pool": "pool_cmd",
     "mirror": "mirror",
     "migrate": "lifecycle",
     "gc": "lifecycle",
@@ -127,10 +128,17 @@ def app_for(argv: Sequence[str]) -> typer.Typer:
         scratch = typer.Typer()
         _module(COMMAND_MODULES[name]).register(scratch)
         lean.registered_commands = [i for i in scratch.registered_commands if i.name == name]
+        lean.registered_groups = [g for g in scratch.registered_groups if g.name == name]
         return lean
-    for info in full_app().registered_commands:
+    full = full_app()
+    for info in full.registered_commands:
         doc = info.help or (info.callback.__doc__ if info.callback is not None else None)
         lean.command(info.name)(_stand_in(doc))
+    for group in full.registered_groups:  # `pool`: a command with subcommands
+        sub = group.typer_instance
+        lean.command(group.name)(_stand_in(None if sub is None else str(sub.info.help)))
+    order = list(COMMAND_MODULES)
+    lean.registered_commands.sort(key=lambda i: order.index(i.name) if i.name in order else 0)
     return lean
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -306,12 +306,19 @@ class Worker:
     # ---------------------------------------------------------------- chat
 
     def chat(
-        self, prefix: Prefix | str, tail: str, *, stream: bool = True, **params: Any
+        self,
+        prefix: Prefix | str,
+        tail: str,
+        *,
+        stream: bool = True,
+        headers: Mapping[str, str] | None = None,
+        **params: Any,
     ) -> tuple[JSONObject, CallEvidence]:
         """One chat call: `messages = prefix.messages(tail)` plus `params` (max_tokens, ...).
 
         Returns the reply (`content`, `reasoning`, `finish_reason`, `usage`, `timings`,
-        `model`, `id`; see `evidence.assemble_reply`) and the call's evidence. Streams ask
+        `model`, `id`; see `evidence.assemble_reply`) and the call's evidence. `headers` are
+        sent with this call only (a router's routing key, `x-smg-routing-key`). Streams ask
         for `stream_options.include_usage`. HTTP errors, the deadline and the reply cap
         raise; what a 200 body says does not (see the module invariants). A plain `str`
         prefix is sent as the system message as is: nothing verifies it.
@@ -335,12 +342,17 @@ class Worker:
             options = params.get("stream_options")
             body["stream_options"] = {**(options if isinstance(options, dict) else {})}
             body["stream_options"]["include_usage"] = True
-        return self._post_chat("/v1/chat/completions", body, stream=stream)
+        return self._post_chat("/v1/chat/completions", body, stream=stream, extra=headers)
 
     def _post_chat(
-        self, path: str, body: dict[str, Any], *, stream: bool
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        stream: bool,
+        extra: Mapping[str, str] | None = None,
     ) -> tuple[JSONObject, CallEvidence]:
-        headers = {"Content-Type": "application/json"}
+        headers = {**(extra or {}), "Content-Type": "application/json"}
         if stream:
             headers["Accept"] = "text/event-stream"
         reply = ReplyReader()
