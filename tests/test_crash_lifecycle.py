@@ -14,6 +14,7 @@ from pathlib import Path
 
 from prefixreg.registry.gc import collect_garbage
 from prefixreg.registry.store import Registry
+from prefixreg.registry.verify import verify_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 14  # two writers per round: 28 kills at most
@@ -29,7 +30,7 @@ def _writer(root: Path, seed: int, count: int) -> subprocess.Popen[bytes]:
 
 
 def _assert_consistent(reg: Registry) -> None:
-    report = reg.verify()
+    report = verify_registry(reg)
     problems = [f for f in report.findings if f.severity == "problem"]
     assert problems == [], problems
     assert {f.kind for f in report.findings} <= {"stray", "incomplete"}
@@ -67,4 +68,4 @@ def test_sigkill_during_add_move_measure_and_gc(tmp_path: Path) -> None:
     # The debris is gc's to collect: afterwards only warnings gc cannot fix remain.
     collect_garbage(reg, grace_s=0, now=time.time() + 120)  # past the in-flight floor
     _assert_consistent(reg)
-    assert "stray" not in {f.kind for f in reg.verify().findings}
+    assert "stray" not in {f.kind for f in verify_registry(reg).findings}
