@@ -165,3 +165,16 @@ def test_verify_reports_a_name_changed_behind_the_journal(registry: Registry) ->
     assert [f.kind for f in report.findings] == ["journal"]
     repaired = repair_registry(registry)
     assert repaired.ok and registry.name_log()[-1].to_sha == b
+
+
+def test_gc_keeps_the_object_of_an_interrupted_move(registry: Registry) -> None:
+    from prefixreg.registry.gc import collect_garbage
+
+    a = registry.add("a\n", name="main")
+    b = registry.add("b\n")  # unnamed, and old by gc's clock below
+    with (registry.root / "names.log").open("ab") as log:
+        log.write(_journal_line("main", a, b))
+    collect_garbage(registry, grace_s=0, prune_unnamed=True, now=time.time() + 3600)
+    assert registry.read_verified(b) == b"b\n"  # so --repair can still complete the move
+    repair_registry(registry)
+    assert registry.read_name("main") == b

@@ -203,7 +203,10 @@ def _timegm(parts: time.struct_time) -> float:
 
 def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float) -> None:
     # Names only move under the lock we hold, so this snapshot stays true for the run.
-    named = set(reg.names().values()) | {move.to_sha for move in reg.name_log()}
+    # The last journalled `to` of each name counts as named too: an interrupted move that
+    # `verify --repair` will complete must still find its object.
+    last_to = {move.name: move.to_sha for move in reg.name_log()}
+    named = set(reg.names().values()) | set(last_to.values())
     recent = _recent_measurements(reg, cutoff)
     for sha in list(reg.iter_shas()):
         if sha in named:
