@@ -49,6 +49,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Write every byte (os.write may write fewer), then fsync."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
+
+
 def _write_temp(directory: Path, target_name: str, data: bytes, mode: int) -> Path:
     # Created with its final mode: the kernel applies the umask, so there is no chmod to
     # journal and no umask to read; the creating descriptor can write a read-only file.
@@ -64,10 +72,7 @@ def _write_temp(directory: Path, target_name: str, data: bytes, mode: int) -> Pa
         raise FileExistsError(f"no free temp file name in {directory}")
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            _write_all(fd, data)
         finally:
             os.close(fd)
     except BaseException:
@@ -306,10 +311,7 @@ def append_line(path: Path, line: bytes, *, mode: int = 0o644, root: Path | None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise IntegrityError(f"{path}: not a regular file; refused", path=path)
-        view = memoryview(line)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        _write_all(fd, line)
     finally:
         os.close(fd)
 

@@ -107,16 +107,9 @@ def _content_bytes(content: object) -> bytes:
 
 
 class Registry(NamedStore):
-    """A registry rooted at `root`. Nothing is created until the first write.
-
-    Args:
-        root: the registry directory.
-        lock_timeout: seconds to wait for the registry lock before `LockTimeoutError`.
-
-    Raises:
-        RegistryLocationError: `root` is a file, a non-empty directory without
-            `REGISTRY.json`, or a registry of a newer format.
-    """
+    """A registry rooted at `root` (`Registry(root, lock_timeout=30.0)`; see
+    `RegistryDisk` for the arguments and the location checks). Nothing is created until
+    the first write."""
 
     # -- adding ---------------------------------------------------------------------------
 
