@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Final
 
 from prefixreg.core.errors import IntegrityError, PrefixregError
-from prefixreg.registry import fsutil
+from prefixreg.registry import fsutil, layout
 from prefixreg.registry.store import Registry
 from prefixreg.registry.treecopy import (
     JOURNALS,
@@ -128,13 +128,14 @@ def catch_up(
         if ours == theirs:
             if src_st.st_mtime_ns > dst.lstat().st_mtime_ns:
                 os.utime(dst, ns=(src_st.st_atime_ns, src_st.st_mtime_ns), follow_symlinks=False)
-        elif rel.startswith("objects/"):
+        elif layout.object_sha(rel) is not None:
             raise IntegrityError(
                 f"{source / rel}: an object's bytes changed during the move; kept {source}",
                 path=source / rel,
             )
         elif (rel in JOURNALS and ours.startswith(theirs)) or (
-            rel.startswith("meta/") and target_state.get(rel) == stats(target, [rel]).get(rel)
+            layout.meta_sha(rel) is not None
+            and target_state.get(rel) == stats(target, [rel]).get(rel)
         ):
             # A journal the source appended to, or a meta record whose note changed
             # (replaced at the source, untouched at the target since the move).

@@ -54,7 +54,7 @@ from typing import Literal
 
 from prefixreg.core.errors import PrefixregError, RegistryLocationError, UsageError
 from prefixreg.core.jsonio import JSONObject, dumps_canonical, loads_object
-from prefixreg.registry import fsutil
+from prefixreg.registry import fsutil, layout
 from prefixreg.registry.catchup import retire_source, stats
 from prefixreg.registry.clock import iso_utc, utc_now
 from prefixreg.registry.layout import MARKER, MIGRATIONS_LOG
@@ -229,7 +229,7 @@ def migrate_registry(
             if retired is not None:
                 remove_tree(retired)
     report.files = len(files)
-    report.objects = sum(1 for f in files if f.startswith("objects/"))
+    report.objects = sum(1 for f in files if layout.object_sha(f) is not None)
     if report.method == "copy":
         report.copied = len(files)
     elif report.method == "merge":
@@ -306,7 +306,7 @@ def _move_by_copy(
     staging = target.parent / f".{target.name}.migrating-{secrets.token_hex(4)}"
     staging.mkdir()
     try:
-        (staging / ".locks").mkdir(exist_ok=True)
+        (staging / layout.LOCKS).mkdir(exist_ok=True)
         digests = copy_files(source, staging, dirs, files, lambda _p: None)
         copy_dir_modes(source, staging, dirs)
         check_copies(staging, digests)
@@ -380,7 +380,7 @@ def _journal(source: Path, target: Path, report: MigrationReport, files: Sequenc
         "from": str(source),
         "to": str(target),
         "method": report.method,
-        "objects": sum(1 for f in files if f.startswith("objects/")),
+        "objects": sum(1 for f in files if layout.object_sha(f) is not None),
         "files": len(files),
         "prefixreg": package_version(),
     }

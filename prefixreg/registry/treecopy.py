@@ -50,7 +50,14 @@ JOURNALS: Final = frozenset({layout.NAMES_LOG, layout.MIRROR_LOG})
 def write_order(rel: str) -> tuple[int, str]:
     """Write order for a merge: objects before what refers to them, journals last."""
     top = rel.split("/", 1)[0]
-    rank = {"objects": 1, "meta": 2, "measurements": 3, "probes": 3, "names": 5}
+    rank = {
+        layout.OBJECTS: 1,
+        layout.META: 2,
+        layout.MEASUREMENTS: 3,
+        layout.PROBES: 3,
+        layout.SNAPSHOTS: 3,
+        layout.NAMES: 5,
+    }
     if top in JOURNALS:
         return 6, rel
     return rank.get(top, 4 if "/" in rel else 0), rel
@@ -163,7 +170,7 @@ def remove_tree(root: Path, *, ordered: bool = True) -> None:
         func(path)
 
     if ordered:
-        for sub in ("names", "meta"):
+        for sub in (layout.NAMES, layout.META):
             path = root / sub
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, onerror=writable_and_retry)
