@@ -150,7 +150,7 @@ def collect_garbage(
         cutoff = moment - max(grace_s, min_age_s)
         reg.refuse_links()
         if prune_unnamed:
-            list(reg.iter_shas())  # refuses an object that is not a regular file, up front
+            list(reg.iter_shas(regular_only=True))  # a non-file object: refuse up front
         _collect_strays(reg, report, cutoff=cutoff, now=moment)
         if prune_unnamed:
             _prune_unnamed(reg, report, cutoff=cutoff, now=moment)

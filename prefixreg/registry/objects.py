@@ -99,12 +99,17 @@ class ObjectStore(RegistryDisk):
             raise CorruptRecordError(f"{path}: records sha {meta.sha256}", path=path)
         return meta
 
-    def iter_shas(self) -> Iterator[str]:
+    def iter_shas(self, *, regular_only: bool = False) -> Iterator[str]:
         """Every object sha present (by file name; not verified), sorted.
 
+        Args:
+            regular_only: raise on an object entry that is not a regular file (a symlink,
+                a directory, a FIFO) instead of yielding its sha for a verified read to
+                refuse later.
+
         Raises:
-            IntegrityError: `objects/` or a fan-out directory is a symlink, or an object
-                entry is not a regular file.
+            IntegrityError: `objects/` or a fan-out directory is a symlink (never listed
+                through), or (`regular_only`) an object entry is not a regular file.
         """
         for fan, kind in self.entries(layout.OBJECTS):
             if kind == "link":
@@ -115,7 +120,7 @@ class ObjectStore(RegistryDisk):
                 sha = layout.object_sha(f"{layout.OBJECTS}/{fan}/{entry}")
                 if sha is None:
                     continue
-                if entry_kind != "file":
+                if regular_only and entry_kind != "file":
                     where = self.root / layout.object_relpath(sha)
                     raise IntegrityError(f"{where}: not a regular file; refused", path=where)
                 yield sha

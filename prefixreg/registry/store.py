@@ -163,7 +163,7 @@ class Registry(NamedStore):
         for name, sha in self.names().items():
             by_sha.setdefault(sha, []).append(name)
         out = []
-        for sha in self.iter_shas():
+        for sha in self.iter_shas(regular_only=True):
             try:
                 meta: Meta | None = self.meta(sha)
             except RefNotFoundError:
