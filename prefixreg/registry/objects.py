@@ -48,9 +48,10 @@ class ObjectStore(RegistryDisk):
 
     def _read_verified(self, sha: str) -> bytes:
         """The object's bytes, re-hashed and compared; `sha` must be validated already."""
-        rel = layout.object_relpath(sha)
+        # The hot path of every get: one string path, no re-validation, no Path arithmetic.
+        rel = layout.object_relpath_valid(sha)
         try:
-            data = self.read_file(rel)
+            data = fsutil.read_nofollow(f"{self._root_s}/{rel}", root=self._root_s)
         except FileNotFoundError:
             raise RefNotFoundError(f"no prefix {sha}") from None
         actual = hashlib.sha256(data).hexdigest()
