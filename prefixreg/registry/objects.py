@@ -150,7 +150,8 @@ class ObjectStore(RegistryDisk):
         # Look before writing: re-adding known content (the common case in a loop) then
         # costs a read and a hash, not a durable write; publish_new still settles races.
         for attempt in range(3):
-            if self.lstat(rel) is None and fsutil.publish_new(path, data, mode=0o444):
+            # The directory was just checked (no symlink on the way): a plain lexists.
+            if not os.path.lexists(path) and fsutil.publish_new(path, data, mode=0o444):
                 return
             # Existing object: re-verify (never trust what is already there), then
             # refresh its mtime so age-based gc sees it as recently used.
@@ -168,7 +169,7 @@ class ObjectStore(RegistryDisk):
         rel = layout.meta_relpath(sha)
         self.writable_dir(layout.META)
         path = self.root / rel
-        if note is None and self.lstat(rel) is not None:
+        if note is None and os.path.lexists(path):  # meta/ was just checked
             return
         # The on-disk form of `records.Meta`, built directly: the record classes are only
         # needed to read (and strictly validate) what is already there.
