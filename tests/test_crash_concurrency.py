@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from prefixreg.registry.store import Registry
+from prefixreg.registry.verify import repair_registry, verify_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,7 +27,12 @@ def _writer(root: Path, seed: int, count: int, *, capture: bool = True) -> subpr
 
 
 def _assert_every_visible_record_verifies(reg: Registry) -> None:
-    report = reg.verify()
+    report = verify_registry(reg)
+    # A move killed between its journal line and its rename is reported (and repaired).
+    problems = [f for f in report.findings if f.severity == "problem" and f.kind != "journal"]
+    assert problems == [], problems
+    if not report.ok:
+        report = repair_registry(reg)
     problems = [f for f in report.findings if f.severity == "problem"]
     assert problems == [], problems
     assert {f.kind for f in report.findings} <= {"stray", "incomplete"}
@@ -55,9 +61,9 @@ def test_sigkill_at_random_moments_never_leaves_a_bad_visible_record(tmp_path: P
     # Strays are reported as strays: make one visible on purpose and check the distinction.
     stray = root / "meta" / ".deadbeef.json.x1.tmp"
     stray.write_bytes(b"{")
-    kinds = {(f.kind, f.severity) for f in reg.verify().findings}
+    kinds = {(f.kind, f.severity) for f in verify_registry(reg).findings}
     assert ("stray", "warning") in kinds
-    assert reg.verify().ok
+    assert verify_registry(reg).ok
 
 
 def test_concurrent_writers_lose_no_update(tmp_path: Path) -> None:
@@ -81,6 +87,6 @@ def test_concurrent_writers_lose_no_update(tmp_path: Path) -> None:
         chain = [m for m in log if m.name == name]
         assert chain[0].from_sha is None
         assert all(a.to_sha == b.from_sha for a, b in itertools.pairwise(chain))
-    report = reg.verify()
+    report = verify_registry(reg)
     assert report.findings == []
     assert report.objects == len(list(reg.iter_shas())) > 40

@@ -8,6 +8,7 @@ import orjson
 
 from prefixreg.cli.demo import sample_prompt
 from prefixreg.registry.store import Registry
+from prefixreg.registry.verify import verify_registry
 from tests.conftest import run_cli
 
 
@@ -23,7 +24,7 @@ def test_demo_adds_warms_probes_and_leaves_records(tmp_path: Path) -> None:
     assert reg.get_bytes("coding-agent") == sample_prompt()
     assert len(reg.measurements(reg.resolve("coding-agent"))) == 1
     assert list((reg_path / "probes").glob("*.md"))
-    assert reg.verify().ok
+    assert verify_registry(reg).ok
 
 
 def test_demo_text_report_names_the_numbers(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from prefixreg.core.records import (
     ServerBuild,
 )
 from prefixreg.registry.store import Registry, validate_name
+from prefixreg.registry.verify import verify_registry
 from prefixreg.server import evidence
 from tests.hypothesis_profile import bounded
 
@@ -301,7 +302,7 @@ def test_corrupted_records_on_disk_raise_only_our_errors_and_change_nothing(
         before = _tree(fx.reg.root)
         with only_our_errors():
             reg = Registry(fx.reg.root)  # the marker is read here
-            report = reg.verify()
+            report = verify_registry(reg)
             json.dumps(report.to_dict())
             for fn in (
                 lambda: reg.get(ref),

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from prefixreg.core.errors import LockTimeoutError, UsageError
+from prefixreg.core.errors import IntegrityError, LockTimeoutError, UsageError
 from prefixreg.core.records import Measurement, ServerBuild
 from prefixreg.registry import gc as gc_mod
 from prefixreg.registry.gc import collect_garbage, parse_grace
 from prefixreg.registry.store import Registry
+from prefixreg.registry.verify import verify_registry
 from tests.conftest import run_cli as run
 
 DAY = 86400.0
@@ -89,7 +90,7 @@ def test_unnamed_objects_only_go_with_prune_unnamed(registry: Registry) -> None:
     ]
     assert set(registry.iter_shas()) == {named}
     assert not registry.meta_path(unnamed).exists()
-    assert registry.verify().findings == []
+    assert verify_registry(registry).findings == []
 
 
 def test_young_unnamed_objects_are_kept(registry: Registry) -> None:
@@ -156,7 +157,7 @@ def test_a_concurrent_re_add_during_the_claim_keeps_the_object(
     assert report.kept[sha] == "re-added while gc ran"
     assert registry.get(sha).data == b"racing\n"
     assert registry.meta(sha).sha256 == sha
-    assert registry.verify().findings == []
+    assert verify_registry(registry).findings == []
 
 
 def test_gc_takes_the_registry_lock(tmp_path: Path) -> None:
@@ -217,7 +218,8 @@ def test_gc_does_not_walk_into_a_symlinked_directory(registry: Registry, tmp_pat
     victim.write_bytes(b"not ours")
     _age(victim, 30 * DAY)
     (registry.root / "probes").symlink_to(outside)
-    collect_garbage(registry, grace_s=0, prune_unnamed=True)
+    with pytest.raises(IntegrityError, match="symlink"):
+        collect_garbage(registry, grace_s=0, prune_unnamed=True)
     assert victim.read_bytes() == b"not ours"
 
 

@@ -12,11 +12,13 @@ import pytest
 
 from prefixreg.core.errors import IntegrityError, PrefixregError, RegistryLocationError, UsageError
 from prefixreg.core.records import Measurement, ServerBuild
-from prefixreg.registry import fsutil
+from prefixreg.registry import catchup as catchup_mod
+from prefixreg.registry import fsutil, treecopy
 from prefixreg.registry import migrate as migrate_mod
 from prefixreg.registry.location import default_registry_path, legacy_registry_path
 from prefixreg.registry.migrate import MIGRATIONS_LOG, migrate_registry, scan_references
 from prefixreg.registry.store import Registry
+from prefixreg.registry.verify import verify_registry
 from tests.conftest import run_cli as run
 
 Snapshot = dict[str, tuple[bytes, int, int]]
@@ -66,7 +68,7 @@ def _check_moved(before: Snapshot, target: Path, *, method: str) -> None:
     assert entry["method"] == method
     assert entry["objects"] == 3
     reg = Registry(target)
-    assert reg.verify().findings == []
+    assert verify_registry(reg).findings == []
     assert reg.get("alpha").data == b"alpha prefix\n" * 20
 
 
@@ -175,7 +177,7 @@ def test_a_rename_that_does_not_verify_is_put_back(
     old, new = tmp_path / "old", tmp_path / "new"
     _populate(old)
     before = _snapshot(old)
-    real_check, calls = migrate_mod._check_verifies, [0]
+    real_check, calls = treecopy.check_verifies, [0]
 
     def second_fails(reg: Registry, what: str) -> list[str]:
         calls[0] += 1
@@ -183,7 +185,7 @@ def test_a_rename_that_does_not_verify_is_put_back(
             raise IntegrityError("simulated: the moved registry does not verify")
         return real_check(reg, what)
 
-    monkeypatch.setattr(migrate_mod, "_check_verifies", second_fails)
+    monkeypatch.setattr(migrate_mod, "check_verifies", second_fails)
     with pytest.raises(IntegrityError, match="simulated"):
         migrate_registry(old, new)
     assert _snapshot(old) == before
@@ -485,7 +487,7 @@ def test_writes_during_a_copy_or_merge_are_not_lost(
     assert not old.exists()
     assert not list(tmp_path.glob(".old.migrated-*"))
     reg = Registry(new)
-    assert reg.verify().ok, reg.verify().findings
+    assert verify_registry(reg).ok, verify_registry(reg).findings
     assert str(written["late"]) in set(reg.iter_shas())
     assert reg.meta(str(written["late"])) is not None
     assert reg.meta(str(written["noted"])).note == "a note added meanwhile"
@@ -500,7 +502,7 @@ def test_a_write_landing_after_the_source_was_renamed_aside_is_copied(
     monkeypatch.setattr(migrate_mod, "_same_filesystem", lambda _a, _b: False)
     old, new = tmp_path / "old", tmp_path / "new"
     _populate(old)
-    real_catch_up = migrate_mod._catch_up
+    real_catch_up = catchup_mod.catch_up
     landed: list[str] = []
 
     def catch_up(source: Path, *args: object) -> list[str]:
@@ -510,7 +512,7 @@ def test_a_write_landing_after_the_source_was_renamed_aside_is_copied(
             landed.append(source.name)
         return real_catch_up(source, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(migrate_mod, "_catch_up", catch_up)
+    monkeypatch.setattr(catchup_mod, "catch_up", catch_up)
     migrate_registry(old, new)
     assert landed and not old.exists()
     assert (new / "mirror.log").read_bytes().endswith(b'{"at":"z","ok":true}\n')
@@ -533,6 +535,6 @@ def test_a_file_changed_at_both_ends_keeps_the_source(
     monkeypatch.setattr(migrate_mod, "_move_by_copy", move_then_diverge)
     with pytest.raises(PrefixregError, match="changed both"):
         migrate_registry(old, new)
-    assert (old / "REGISTRY.json").is_file() and Registry(old).verify().ok
+    assert (old / "REGISTRY.json").is_file() and verify_registry(Registry(old)).ok
     assert (old / "mirror.log").read_bytes().endswith(b'{"at":"origin side"}\n')
     assert not list(tmp_path.glob(".old.migrated-*"))

@@ -14,6 +14,7 @@ import pytest
 
 from prefixreg.core.errors import LockTimeoutError, UsageError
 from prefixreg.registry.store import Registry
+from prefixreg.registry.verify import verify_registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.probe import ProbeOptions, ProbeReport, parse_sizes, run_probe
@@ -85,7 +86,7 @@ def test_every_leg_is_registered_measured_and_receipted(
     assert len(receipt["calls"]) == len(report.calls)
     assert all(c["cache_before"] is not None for c in receipt["calls"])
     assert "## Counter checks" in Path(report.md_path).read_text()
-    assert registry.verify().ok
+    assert verify_registry(registry).ok
 
 
 def test_a_foreign_client_during_a_probe_marks_windows_interleaved(registry: Registry) -> None:

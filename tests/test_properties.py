@@ -27,6 +27,7 @@ from prefixreg.core.errors import InvalidContentError, RefNotFoundError
 from prefixreg.core.records import Measurement, ServerBuild
 from prefixreg.registry.gc import collect_garbage
 from prefixreg.registry.store import NameConflictError, Registry
+from prefixreg.registry.verify import verify_registry
 from tests.hypothesis_profile import bounded
 
 NAMES = st.sampled_from(["main", "coding-loop", "a.b_c-1", "X9"])
@@ -158,7 +159,7 @@ class RegistryMachine(RuleBasedStateMachine):
 
     @invariant()
     def verify_is_clean(self) -> None:
-        report = self.reg.verify()
+        report = verify_registry(self.reg)
         assert report.findings == [], report.findings
         assert report.objects == len(self.objects)
 

@@ -1,8 +1,9 @@
 """A registry writer process for crash and concurrency tests.
 
-Usage: python -m tests.writer ROOT SEED COUNT
+Usage: python -m tests.writer ROOT SEED COUNT [moves]
 Adds COUNT prefixes (half shared between seeds) and moves a few shared names, printing one
-line per journalled move ("moved") so the parent can count them.
+line per journalled move ("moved") so the parent can count them. With `moves`, it adds a
+handful of prefixes and then mostly moves names among them (so a kill lands mid-move).
 """
 
 from __future__ import annotations
@@ -15,14 +16,22 @@ from prefixreg.registry.store import Registry
 
 def main() -> None:
     root, seed, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    moves_mode = len(sys.argv) > 4 and sys.argv[4] == "moves"
     rng = random.Random(seed)
     reg = Registry(root)
+    shas: list[str] = []
     for i in range(count):
-        shared = rng.random() < 0.5
-        text = (
-            f"shared prefix {i % 7}\n" * 50 if shared else f"own {seed}-{i}\n" * rng.randint(1, 400)
-        )
-        sha = reg.add(text, note=f"seed {seed}")
+        if moves_mode and len(shas) >= 4:
+            sha = rng.choice(shas)
+        else:
+            shared = rng.random() < 0.5
+            text = (
+                f"shared prefix {i % 7}\n" * 50
+                if shared
+                else f"own {seed}-{i}\n" * rng.randint(1, 400)
+            )
+            sha = reg.add(text, note=f"seed {seed}")
+            shas.append(sha)
         if reg.move_name(f"n{i % 3}", sha) is not None:
             sys.stdout.write("moved\n")
             sys.stdout.flush()

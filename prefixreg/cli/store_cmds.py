@@ -6,6 +6,7 @@ The library is imported inside the functions so `--help` stays cheap.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -44,13 +45,33 @@ def add_command(
 ) -> None:
     """Add a prefix (exact bytes, valid UTF-8) and print its sha256. Idempotent."""
     with cli_errors(debug):
+        from prefixreg.registry.store import check_text
+
+        if note is not None:
+            check_text(note, "--note")  # before reading anything: nothing is written
         if file == "-":
             data, source = sys.stdin.buffer.read(), "stdin"
         else:
-            data, source = read_user_file(Path(file)), Path(file).name
+            data, source = read_user_file(Path(file)), _label(Path(file).name)
         reg = open_registry_from(registry)
         sha = reg.add(data, name=name, note=note, source=source)
         sys.stdout.write(sha + "\n")
+
+
+def _label(filename: str) -> str:
+    """A file name as a source label that is always valid text: bytes that are not UTF-8
+    (kept by the OS as surrogate escapes) are shown as \\xNN escapes."""
+    return os.fsencode(filename).decode("utf-8", errors="backslashreplace")
+
+
+def _safe(text: str) -> str:
+    """`text` with control characters (ANSI escapes, newlines, ...) shown as escapes, so
+    a note, source or name can never move the cursor, recolour or forge a line."""
+    if text.isprintable():
+        return text
+    return "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text
+    )
 
 
 def cat_command(
@@ -121,12 +142,12 @@ def show_command(
             f"sha256   {prefix.sha256}",
             f"bytes    {meta.bytes}",
             f"created  {meta.created}",
-            f"source   {meta.source}",
-            f"names    {', '.join(names) if names else '-'}",
+            f"source   {_safe(meta.source)}",
+            f"names    {_safe(', '.join(names)) if names else '-'}",
             f"path     {reg.object_path(prefix.sha256)}",
         ]
         if meta.note:
-            out.append(f"note     {meta.note}")
+            out.append(f"note     {_safe(meta.note)}")
         if measurements:
             current = [m for m in measurements if m.build.build_id == latest_build]
             source = "from the worker" if worker is not None else "newest measured"
@@ -171,8 +192,8 @@ def ls_command(
             return
         for o in objects:
             size = "?" if o.bytes is None else str(o.bytes)
-            names = ",".join(o.names) or "-"
-            note = f"  {o.note}" if o.note else ""
+            names = _safe(",".join(o.names)) or "-"
+            note = f"  {_safe(o.note)}" if o.note else ""
             sys.stdout.write(
                 f"{o.sha256[:12]}  {size:>9}  {(o.created or '?')[:19]}  {names}{note}\n"
             )
@@ -219,17 +240,25 @@ def names_command(
                 emit_json([m.to_dict() for m in moves])
                 return
             for m in moves:
-                sys.stdout.write(f"{m.at}  {m.name}  {m.from_sha or '-'} -> {m.to_sha}\n")
+                sys.stdout.write(f"{m.at}  {_safe(m.name)}  {m.from_sha or '-'} -> {m.to_sha}\n")
             return
         names = reg.names()
         if json_out:
             emit_json(names)
             return
         for n, sha in names.items():
-            sys.stdout.write(f"{sha}  {n}\n")
+            sys.stdout.write(f"{sha}  {_safe(n)}\n")
 
 
 def verify_command(
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="First make every name agree with names.log: complete an interrupted move "
+            "(its object verifies) or journal the name's current value.",
+        ),
+    ] = False,
     registry: RegistryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -240,13 +269,18 @@ def verify_command(
     interrupted writes) are reported as warnings.
     """
     with cli_errors(debug):
+        from prefixreg.registry.verify import repair_registry, verify_registry
+
         reg: Registry = open_registry_from(registry)
-        report = reg.verify()
+        report = repair_registry(reg) if repair else verify_registry(reg)
         if json_out:
             emit_json(report.to_dict())
         else:
+            for done in report.repaired:
+                sys.stdout.write(f"repaired {_safe(done)}\n")
             for f in report.findings:
-                sys.stdout.write(f"{f.severity:<8} {f.kind:<12} {f.path}: {f.message}\n")
+                line = f"{f.severity:<8} {f.kind:<12} {f.path}: {f.message}"
+                sys.stdout.write(_safe(line) + "\n")
             info(
                 f"{'ok' if report.ok else 'PROBLEMS FOUND'}: {report.objects} objects, "
                 f"{report.meta} meta, {report.names} names, {report.measurements} measurements"

@@ -23,25 +23,21 @@ import stat
 from pathlib import Path
 
 from prefixreg.core.errors import IntegrityError
+from prefixreg.registry.layout import TMP_SUFFIX, is_temp_name
 
 __all__ = [
     "TMP_SUFFIX",
     "append_line",
     "check_no_symlinks",
     "copy_durable",
+    "ensure_dir",
     "fsync_dir",
     "is_temp_name",
+    "list_dir",
     "publish_new",
     "read_nofollow",
     "replace_atomic",
 ]
-
-TMP_SUFFIX = ".tmp"
-
-
-def is_temp_name(name: str) -> bool:
-    """True for the temp files this module creates (`.<target>.<random>.tmp`)."""
-    return name.startswith(".") and name.endswith(TMP_SUFFIX)
 
 
 def fsync_dir(path: Path) -> None:
@@ -51,6 +47,14 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write every byte (os.write may write fewer), then fsync."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
 
 
 def _write_temp(directory: Path, target_name: str, data: bytes, mode: int) -> Path:
@@ -68,10 +72,7 @@ def _write_temp(directory: Path, target_name: str, data: bytes, mode: int) -> Pa
         raise FileExistsError(f"no free temp file name in {directory}")
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            _write_all(fd, data)
         finally:
             os.close(fd)
     except BaseException:
@@ -285,17 +286,95 @@ def copy_durable(src: Path, dst: Path, *, root: Path | None = None) -> bytes:
     return data
 
 
-def append_line(path: Path, line: bytes, *, mode: int = 0o644) -> None:
+def append_line(path: Path, line: bytes, *, mode: int = 0o644, root: Path | None = None) -> None:
     """Append one line to a journal with a single write, then fsync it.
 
     O_APPEND makes each write land whole at the end even with concurrent appenders; callers
-    that need ordering hold a lock around the append.
+    that need ordering hold a lock around the append. Given `root`, no directory between it
+    and the journal may be a symlink; the journal itself never is (`O_NOFOLLOW`).
+
+    Raises:
+        IntegrityError: the journal (or a directory below `root`) is a symlink.
+        OSError: the journal cannot be written (the caller reports what was not done).
     """
     if not line.endswith(b"\n"):
         line += b"\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    if root is not None:
+        check_no_symlinks(root, path.parent)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        os.write(fd, line)
-        os.fsync(fd)
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise IntegrityError(f"{path}: is a symlink; refused", path=path) from exc
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IntegrityError(f"{path}: not a regular file; refused", path=path)
+        _write_all(fd, line)
     finally:
         os.close(fd)
+
+
+Kind = str  # "file", "dir", "link" or "other" (FIFO, socket, device)
+
+
+def list_dir(path: Path | str, *, root: Path | str) -> list[tuple[str, Kind]]:
+    """The entries of a registry directory as sorted (name, kind) pairs, never following a
+    symlink: the directory is opened with `O_NOFOLLOW` below `root` and each entry's kind
+    comes from `lstat` semantics. A missing directory lists as empty.
+
+    Raises:
+        IntegrityError: `path` (or a directory between `root` and it) is a symlink or not a
+            directory.
+    """
+    try:
+        if os.fspath(path).rstrip("/") == os.fspath(root).rstrip("/"):
+            # The root itself may be a symlink (a user's choice): list what it names.
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        else:
+            fd = _open_nofollow(path, root, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return []
+    try:
+        out: list[tuple[str, Kind]] = []
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    kind = "link"
+                elif entry.is_dir(follow_symlinks=False):
+                    kind = "dir"
+                elif entry.is_file(follow_symlinks=False):
+                    kind = "file"
+                else:
+                    kind = "other"
+                out.append((entry.name, kind))
+    finally:
+        os.close(fd)
+    out.sort()
+    return out
+
+
+def ensure_dir(root: Path, directory: Path, *, mode: int = 0o755) -> None:
+    """Create `directory` (and any missing directory between `root` and it), refusing to
+    pass through a symlink or a non-directory: nothing is ever created outside the root.
+
+    Raises:
+        IntegrityError: a symlink or a non-directory on the way.
+    """
+    current = root
+    for part in directory.relative_to(root).parts:
+        current = current / part
+        for _ in range(2):
+            try:
+                st = current.lstat()
+                break
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):
+                    current.mkdir(mode=mode)
+        else:
+            st = current.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            raise IntegrityError(f"{current}: is a symlink; refused", path=current)
+        if not stat.S_ISDIR(st.st_mode):
+            raise IntegrityError(f"{current}: not a directory; refused", path=current)

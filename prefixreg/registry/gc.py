@@ -13,7 +13,12 @@ a younger temp file may be a write in flight, a younger object one an `add` is s
 completing (its meta record not yet written).
 
 Invariants:
-- Nothing a name points to is ever removed; names, journals, measurements and probe
+- Nothing is followed: the registry is listed with the store's no-follow walk, and a
+  symlink anywhere below the root (a symlinked `objects/` or `meta/` included) or an object
+  that is not a regular file makes gc refuse to run (`IntegrityError`, exit 3) before
+  anything is removed, so no file outside the registry is ever touched.
+- Nothing a name points to, nor the `to` of any name's last journal line (an interrupted
+  move `verify --repair` may complete), is ever removed ; names, journals, measurements and probe
   receipts are never removed at all (history stays).
 - Removal order is the reverse of the write order (meta, then object), so an interrupted
   gc leaves at worst an object without meta or a stray temp file (both `verify` warnings),
@@ -40,7 +45,7 @@ from typing import Final, Literal
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.registry import fsutil
+from prefixreg.registry import fsutil, layout
 from prefixreg.registry.store import Registry
 
 __all__ = ["DEFAULT_GRACE", "MIN_AGE_S", "GcItem", "GcReport", "collect_garbage", "parse_grace"]
@@ -124,6 +129,8 @@ def collect_garbage(
 
     Raises:
         UsageError: a negative grace, or pruning a mirror (prune at the origin instead).
+        IntegrityError: a symlink below the root or an object that is not a regular file
+            (nothing is removed).
         LockTimeoutError: another process holds the registry lock.
     """
     if grace_s < 0:
@@ -141,6 +148,9 @@ def collect_garbage(
     with reg.lock():
         moment = time.time() if now is None else now
         cutoff = moment - max(grace_s, min_age_s)
+        reg.refuse_links()
+        if prune_unnamed:
+            list(reg.iter_shas(regular_only=True))  # a non-file object: refuse up front
         _collect_strays(reg, report, cutoff=cutoff, now=moment)
         if prune_unnamed:
             _prune_unnamed(reg, report, cutoff=cutoff, now=moment)
@@ -148,48 +158,40 @@ def collect_garbage(
 
 
 def _collect_strays(reg: Registry, report: GcReport, *, cutoff: float, now: float) -> None:
-    root = reg.root
-    for directory, dirnames, filenames in os.walk(root):  # never follows symlinks
-        if Path(directory) == root:
-            dirnames[:] = [d for d in dirnames if d != ".locks"]
-        for name in sorted(filenames):
-            if not fsutil.is_temp_name(name):
-                continue
-            path = Path(directory, name)
+    for rel, kind in reg.walk():
+        if kind != "file" or rel.startswith(f"{layout.LOCKS}/"):
+            continue
+        if not layout.is_temp_name(rel.rsplit("/", 1)[-1]):
+            continue
+        st = reg.lstat(rel)
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
+            continue  # gone (its writer finished), or young: may be a write in flight
+        if not report.dry_run:
             try:
-                st = path.lstat()
+                reg.path(rel).unlink()
             except FileNotFoundError:
-                continue  # its writer finished (or another gc was faster)
-            if not stat.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
-                continue  # young: may be a write in flight
-            if not report.dry_run:
-                try:
-                    path.unlink()
-                except FileNotFoundError:
-                    continue
-            report.removed.append(GcItem("stray", str(path.relative_to(root)), now - st.st_mtime))
+                continue
+        report.removed.append(GcItem("stray", rel, now - st.st_mtime))
 
 
 def _recent_measurements(reg: Registry, cutoff: float) -> set[str]:
     """Shas referred to by a measurement newer than `cutoff` (by file name time or mtime)."""
-    directory = reg.root / "measurements"
     recent: set[str] = set()
-    if directory.is_symlink() or not directory.is_dir():
-        return recent
-    for entry in directory.iterdir():
-        name = entry.name
-        if fsutil.is_temp_name(name) or len(name) < 65 or name[64] != "-":
+    for name, _kind in reg.entries(layout.MEASUREMENTS):
+        sha = layout.measurement_sha(name)
+        if sha is None or layout.is_temp_name(name):
             continue
         newest = 0.0
         with contextlib.suppress(OSError):
-            newest = entry.lstat().st_mtime
+            st = reg.lstat(f"{layout.MEASUREMENTS}/{name}")
+            newest = st.st_mtime if st is not None else 0.0
         match = _STAMP_RE.search(name)
         if match is not None:
             with contextlib.suppress(ValueError, OverflowError):
                 stamp = time.strptime(match.group(1), "%Y%m%dT%H%M%S")
                 newest = max(newest, _timegm(stamp) + int(match.group(2)) / 1e6)
         if newest > cutoff:
-            recent.add(name[:64])
+            recent.add(sha)
     return recent
 
 
@@ -201,7 +203,10 @@ def _timegm(parts: time.struct_time) -> float:
 
 def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float) -> None:
     # Names only move under the lock we hold, so this snapshot stays true for the run.
-    named = set(reg.names().values())
+    # The last journalled `to` of each name counts as named too: an interrupted move that
+    # `verify --repair` will complete must still find its object.
+    last_to = {move.name: move.to_sha for move in reg.name_log()}
+    named = set(reg.names().values()) | set(last_to.values())
     recent = _recent_measurements(reg, cutoff)
     for sha in list(reg.iter_shas()):
         if sha in named:
@@ -210,9 +215,8 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
             report.kept[sha] = "a measurement newer than the grace period refers to it"
             continue
         obj = reg.object_path(sha)
-        try:
-            st = obj.lstat()
-        except FileNotFoundError:
+        st = reg.lstat(layout.object_relpath(sha))
+        if st is None:
             continue
         if not stat.S_ISREG(st.st_mode):
             report.kept[sha] = "not a regular file (verify reports it); left alone"
@@ -222,7 +226,8 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
             continue
         rel_obj = str(obj.relative_to(reg.root))
         meta = reg.meta_path(sha)
-        has_meta = meta.exists() and not meta.is_symlink()
+        meta_st = reg.lstat(layout.meta_relpath(sha))
+        has_meta = meta_st is not None and stat.S_ISREG(meta_st.st_mode)
         if report.dry_run:
             report.removed.append(GcItem("object", rel_obj, now - st.st_mtime))
             if has_meta:
@@ -259,7 +264,9 @@ def _remove_object(
     obj, meta = reg.object_path(sha), reg.meta_path(sha)
     # Meta first (reverse write order): a crash from here on leaves an object without meta
     # (a warning that `add` repairs), never a meta record without its object.
-    meta_claim = _claim(meta) if meta.exists() and not meta.is_symlink() else None
+    meta_st = reg.lstat(layout.meta_relpath(sha))
+    has_meta = meta_st is not None and stat.S_ISREG(meta_st.st_mode)
+    meta_claim = _claim(meta) if has_meta else None
     obj_claim = _claim(obj)
     if obj_claim is None:
         if meta_claim is not None:

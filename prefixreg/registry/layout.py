@@ -44,6 +44,7 @@ __all__ = [
     "meta_sha",
     "name_relpath",
     "object_relpath",
+    "object_relpath_valid",
     "object_sha",
     "parse_name_file",
     "probe_filenames",
@@ -97,7 +98,12 @@ def _need_sha(sha: str) -> str:
 
 def object_relpath(sha: str) -> str:
     """`objects/<aa>/<sha>.txt`, where <aa> is the sha's first two hex digits."""
-    _need_sha(sha)
+    return object_relpath_valid(_need_sha(sha))
+
+
+def object_relpath_valid(sha: str) -> str:
+    """`object_relpath` for a sha the caller has already validated (the verified-read hot
+    path checks it once, not twice)."""
     return f"{OBJECTS}/{sha[:2]}/{sha}.txt"
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from prefixreg.registry.layout import MARKER
+
 __all__ = [
     "ENV_HOME",
     "LEGACY_DIRNAME",
@@ -67,7 +69,7 @@ def migration_hint(path: Path) -> str | None:
         return None
     if path != default_registry_path():
         return None  # the user named a registry on purpose (flag or $PREFIXREG_HOME)
-    if (path / "REGISTRY.json").exists() or (path.is_dir() and any(path.iterdir())):
+    if (path / MARKER).exists() or (path.is_dir() and any(path.iterdir())):
         return None
     shown = display_path(legacy)
     return f"found a registry at {shown}; run prefixreg migrate {shown}"

@@ -1,14 +1,18 @@
-"""`prefixreg verify`: an fsck of the registry. Reads everything, changes nothing.
+"""`prefixreg verify`: an fsck of the registry, built on the store's public API only.
 
-Problems (verify exits 1): an object whose bytes do not hash to its name, a symlink
-(anywhere: probes/ and the root included), an unexpected file (at the root: anything but
-the files and directories of DESIGN §3 and `migrations.log`), a meta record or name that
-does not parse or disagrees with its object, a name that points nowhere, a corrupt journal
-line or measurement, a writable object, and a registry directory that other users can
-write to (`insecure_mode`: they could swap names or plant files).
-Warnings: stray temp files (in every registry directory and at the root) and objects
-without meta: the debris of interrupted or in-flight writes, which never hides or corrupts
-data (`add` again repairs an object without meta).
+Reads everything and changes nothing (except `repair_registry`, which only moves names
+through the store's journalled repair). Nothing is followed: every directory is listed with
+`Registry.entries` (no-follow) and every file read with the store's no-follow reads.
+
+Problems (verify exits 1): an object whose bytes do not hash to its name or that is not a
+regular file; a symlink anywhere below the root; an unexpected entry (at the root: anything
+but the entries of `layout.EXPECTED_DIRS` and `layout.ROOT_FILES`); a meta record or name
+that does not parse or disagrees with its object; a name that points nowhere; a corrupt
+journal line or measurement; a name whose value is not the `to` of its last `names.log`
+line (`journal`); a writable object (`bad_mode`); any registry file or directory that
+other users can write to (`insecure_mode`: they could swap names or plant files).
+Warnings: stray temp files, objects without meta (the debris of interrupted or in-flight
+writes, which never hides or corrupts data) and names that read as a sha reference.
 """
 
 from __future__ import annotations
@@ -16,19 +20,15 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-import re
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
-from prefixreg.core.digest import is_full_sha, object_sha
 from prefixreg.core.errors import IntegrityError
-from prefixreg.registry import fsutil
-from prefixreg.registry.store import NAME_RE, Registry
+from prefixreg.registry import layout
+from prefixreg.registry.store import Registry
 
-__all__ = ["Finding", "VerifyReport", "verify_registry"]
+__all__ = ["Finding", "VerifyReport", "repair_registry", "verify_registry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +36,9 @@ class Finding:
     """One thing `verify` found.
 
     `kind` is one of: corrupt, symlink, unexpected, dangling, orphan_meta, bad_record,
-    bad_mode, insecure_mode (problems) or stray, incomplete (warnings: debris of an interrupted or
-    in-flight write that never hides or corrupts data).
+    journal, bad_mode, insecure_mode (problems) or stray, incomplete, sha_like_name
+    (warnings: debris of an interrupted or in-flight write, or an old name that reads as a
+    sha reference; they never hide or corrupt data).
     """
 
     kind: str
@@ -56,7 +57,7 @@ class Finding:
 
 @dataclass(slots=True)
 class VerifyReport:
-    """What `Registry.verify` checked and found."""
+    """What `verify_registry` checked and found (and what `repair_registry` repaired)."""
 
     root: str
     objects: int = 0
@@ -64,11 +65,21 @@ class VerifyReport:
     names: int = 0
     measurements: int = 0
     findings: list[Finding] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """True when nothing is wrong (warnings such as stray temp files do not count)."""
         return not any(f.severity == "problem" for f in self.findings)
+
+    def add(
+        self,
+        kind: str,
+        path: str,
+        message: str,
+        severity: Literal["problem", "warning"] = "problem",
+    ) -> None:
+        self.findings.append(Finding(kind, path, message, severity))
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -81,38 +92,45 @@ class VerifyReport:
                 "measurements": self.measurements,
             },
             "findings": [f.to_dict() for f in self.findings],
+            "repaired": list(self.repaired),
         }
 
 
 def verify_registry(reg: Registry) -> VerifyReport:
-    """Check every object, meta record, name, measurement and journal line.
-
-    Problems: an object whose bytes do not hash to its name, a symlink, an unexpected
-    file, a meta record that does not parse or disagrees with its object, a name that
-    points nowhere, a corrupt journal line or measurement. Warnings: stray temp files
-    and objects without meta (both left by interrupted or in-flight writes).
-    """
+    """Check every object, meta record, name, journal line, measurement and mode."""
     report = VerifyReport(root=str(reg.root))
     if not reg.exists:
         return report
-    _verify_directories(reg, report)
-    _verify_objects(reg, report)
-    _verify_meta(reg, report)
-    _verify_names(reg, report)
-    _verify_measurements(reg, report)
-    _verify_probes(reg, report)
-    _verify_root(reg, report)
+    tree = _walk(reg, report)
+    _verify_objects(reg, report, tree)
+    _verify_meta(reg, report, tree)
+    _verify_names(reg, report, tree)
+    _verify_measurements(reg, report, tree)
+    _verify_probes(report, tree)
     return report
 
 
-# The registry's own directories: a symlink in their place would redirect reads and writes.
-_SUBDIRS = ("objects", "meta", "names", "measurements", "probes", ".locks")
-# The only files a registry root holds (DESIGN §3, plus `migrate`'s journal).
-_ROOT_FILES = frozenset({"REGISTRY.json", "README.md", "names.log", "mirror.log", "migrations.log"})
+def repair_registry(reg: Registry) -> VerifyReport:
+    """Repair what can be repaired safely, then verify again.
+
+    Today that is the name journal: an interrupted move (its `names.log` line written, the
+    name file not yet replaced) is completed when its object verifies, else rolled back by
+    journalling the name's current value; any other disagreement journals the name's
+    current value (see `NamedStore.repair_names`). Everything else is only reported.
+    """
+    repaired = reg.repair_names()
+    report = verify_registry(reg)
+    report.repaired = repaired
+    return report
+
+
+# -- the walk: symlinks, strays, modes and unexpected root entries, in one no-follow pass ---
+
+Tree = dict[str, list[tuple[str, str]]]  # directory (relative, "" = root) -> its entries
 
 
 def _group_is_private(st: os.stat_result) -> bool:
-    """True when the directory's group is its owner's private group (a user-private-group
+    """True when the entry's group is its owner's private group (a user-private-group
     system with umask 002): group write then grants nobody else anything."""
     try:
         group = grp.getgrgid(st.st_gid)
@@ -123,7 +141,7 @@ def _group_is_private(st: os.stat_result) -> bool:
 
 
 def _insecure(st: os.stat_result) -> str | None:
-    """Why a directory with this mode lets other users write into it, or None."""
+    """Why a file or directory with this mode lets other users write it, or None."""
     mode = stat.S_IMODE(st.st_mode)
     if mode & stat.S_IWOTH:
         return "writable by every user"
@@ -132,164 +150,174 @@ def _insecure(st: os.stat_result) -> str | None:
     return None
 
 
-def _verify_directories(reg: Registry, report: VerifyReport) -> None:
-    """Top-level symlinks, and directories other users may write to."""
-    for sub in _SUBDIRS:
-        path = reg.root / sub
-        if path.is_symlink():
-            report.findings.append(Finding("symlink", sub, "symlinked directory; refused"))
-    for directory, dirnames, _files in os.walk(reg.root):  # never follows symlinks
-        try:
-            # The root may be a symlink (a user's choice): judge the directory it names.
-            st = Path(directory).stat() if directory == str(reg.root) else os.lstat(directory)
-        except OSError:
-            continue
-        why = _insecure(st)
-        if why is not None:
-            rel = os.path.relpath(directory, reg.root)
-            report.findings.append(
-                Finding(
-                    "insecure_mode",
-                    rel,
-                    f"registry directory is {why} (mode {stat.S_IMODE(st.st_mode):04o}); "
-                    "other users could replace names or plant files: chmod go-w",
-                )
-            )
-        dirnames[:] = [d for d in dirnames if not fsutil.is_temp_name(d)]
-
-
-def _scan(
-    reg: Registry,
-    directory: Path,
-    report: VerifyReport,
-    *,
-    skip_symlinks: frozenset[str] = frozenset(),
-) -> Iterator[Path]:
-    """Entries of `directory`, reporting strays and symlinks on the way.
-
-    The root may itself be a symlink (a user's choice); any other symlinked directory is
-    reported once, by `_verify_directories`, and not scanned.
-    """
-    if (directory != reg.root and directory.is_symlink()) or not directory.is_dir():
+def _check_mode(reg: Registry, report: VerifyReport, rel: str, kind: str) -> None:
+    try:
+        st = reg.root.stat() if not rel else reg.lstat(rel)
+    except (OSError, IntegrityError):
         return
-    for entry in sorted(directory.iterdir()):
-        rel = str(entry.relative_to(reg.root))
-        if fsutil.is_temp_name(entry.name):
-            report.findings.append(
-                Finding("stray", rel, "temp file left by an interrupted write", "warning")
-            )
-        elif entry.is_symlink():
-            if entry.name not in skip_symlinks:
-                report.findings.append(Finding("symlink", rel, "symlink in the registry; refused"))
-        else:
-            yield entry
+    if st is None:
+        return
+    why = _insecure(st)
+    if why is not None:
+        what = "directory" if kind == "dir" else "file"
+        report.add(
+            "insecure_mode",
+            rel or ".",
+            f"registry {what} is {why} (mode {stat.S_IMODE(st.st_mode):04o}); other users "
+            "could replace names or plant files: chmod go-w",
+        )
 
 
-def _verify_objects(reg: Registry, report: VerifyReport) -> None:
-    for fan in _scan(reg, reg.root / "objects", report):
-        if not fan.is_dir() or re.fullmatch(r"[0-9a-f]{2}", fan.name) is None:
-            report.findings.append(
-                Finding("unexpected", str(fan.relative_to(reg.root)), "not an object fan-out")
-            )
+def _walk(reg: Registry, report: VerifyReport) -> Tree:
+    """List the whole registry without following anything; report symlinks, strays, modes
+    and root entries that are not part of the format."""
+    tree: Tree = {}
+    _check_mode(reg, report, "", "dir")
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            entries = reg.entries(rel_dir)
+        except IntegrityError as exc:
+            report.add("symlink", rel_dir, str(exc))
             continue
-        for entry in _scan(reg, fan, report):
-            rel = str(entry.relative_to(reg.root))
-            sha = object_sha(fan.name, entry.name)
+        kept = []
+        for name, kind in entries:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if layout.is_temp_name(name):
+                report.add("stray", rel, "temp file left by an interrupted write", "warning")
+                continue
+            if kind == "link":
+                report.add("symlink", rel, "symlink in the registry; refused")
+                continue
+            _check_mode(reg, report, rel, kind)
+            if not rel_dir and not _root_entry_ok(name, kind):
+                report.add("unexpected", rel, "not part of a registry (DESIGN §3 layout)")
+                continue
+            kept.append((name, kind))
+            if kind == "dir":
+                pending.append(rel)
+        tree[rel_dir] = kept
+    return tree
+
+
+def _root_entry_ok(name: str, kind: str) -> bool:
+    if name in layout.EXPECTED_DIRS:
+        return kind == "dir"
+    return name in layout.ROOT_FILES and kind == "file"
+
+
+# -- per-directory checks ---------------------------------------------------------------------
+
+# Behind a symlinked directory: reported by the walk, neither present nor missing here.
+_UNREACHABLE: Final = os.stat_result((0,) * 10)
+
+
+def _lstat(reg: Registry, rel: str) -> os.stat_result | None:
+    try:
+        return reg.lstat(rel)
+    except IntegrityError:
+        return _UNREACHABLE
+
+
+def _verify_objects(reg: Registry, report: VerifyReport, tree: Tree) -> None:
+    for fan, fan_kind in tree.get(layout.OBJECTS, []):
+        fan_rel = f"{layout.OBJECTS}/{fan}"
+        if fan_kind != "dir" or len(fan) != 2 or fan_rel not in tree:
+            report.add("unexpected", fan_rel, "not an object fan-out")
+            continue
+        for entry, kind in tree[fan_rel]:
+            rel = f"{fan_rel}/{entry}"
+            sha = layout.object_sha(rel)
             if sha is None:
-                report.findings.append(Finding("unexpected", rel, "not an object file"))
+                report.add("unexpected", rel, "not an object file")
                 continue
             report.objects += 1
+            if kind != "file":
+                report.add("corrupt", rel, f"object is a {kind}, not a regular file; refused")
+                continue
             try:
                 reg.read_verified(sha)
             except IntegrityError as exc:
-                report.findings.append(Finding("corrupt", rel, str(exc)))
+                report.add("corrupt", rel, str(exc))
                 continue
-            if entry.stat().st_mode & 0o222:
-                report.findings.append(
-                    Finding("bad_mode", rel, "object is writable; objects must be read-only")
-                )
-            if not reg.meta_path(sha).exists():
-                report.findings.append(
-                    Finding(
-                        "incomplete",
-                        rel,
-                        "object has no meta record (interrupted add?); add it again",
-                        "warning",
-                    )
+            st = _lstat(reg, rel)
+            if st is not None and st is not _UNREACHABLE and st.st_mode & 0o222:
+                report.add("bad_mode", rel, "object is writable; objects must be read-only")
+            if _lstat(reg, layout.meta_relpath(sha)) is None:
+                report.add(
+                    "incomplete",
+                    rel,
+                    "object has no meta record (interrupted add?); add it again",
+                    "warning",
                 )
 
 
-def _verify_meta(reg: Registry, report: VerifyReport) -> None:
-    for entry in _scan(reg, reg.root / "meta", report):
-        rel = str(entry.relative_to(reg.root))
-        sha = entry.name.removesuffix(".json")
-        if not (entry.name.endswith(".json") and is_full_sha(sha)):
-            report.findings.append(Finding("unexpected", rel, "not a meta record"))
+def _verify_meta(reg: Registry, report: VerifyReport, tree: Tree) -> None:
+    for entry, _kind in tree.get(layout.META, []):
+        rel = f"{layout.META}/{entry}"
+        sha = layout.meta_sha(rel)
+        if sha is None:
+            report.add("unexpected", rel, "not a meta record")
             continue
         report.meta += 1
         try:
             meta = reg.meta(sha)
         except IntegrityError as exc:
-            report.findings.append(Finding("bad_record", rel, str(exc)))
+            report.add("bad_record", rel, str(exc))
             continue
-        obj = reg.object_path(sha)
-        if not obj.exists():
-            report.findings.append(Finding("orphan_meta", rel, "meta record without object"))
-        elif not obj.is_symlink() and obj.stat().st_size != meta.bytes:
-            report.findings.append(
-                Finding("bad_record", rel, f"records {meta.bytes} bytes, object differs")
-            )
+        st = _lstat(reg, layout.object_relpath(sha))
+        if st is None:
+            report.add("orphan_meta", rel, "meta record without object")
+        elif st is not _UNREACHABLE and stat.S_ISREG(st.st_mode) and st.st_size != meta.bytes:
+            report.add("bad_record", rel, f"records {meta.bytes} bytes, object differs")
 
 
-def _verify_names(reg: Registry, report: VerifyReport) -> None:
-    for entry in _scan(reg, reg.root / "names", report):
-        rel = str(entry.relative_to(reg.root))
-        if NAME_RE.fullmatch(entry.name) is None or is_full_sha(entry.name.lower()):
-            report.findings.append(Finding("unexpected", rel, "not a valid name"))
+def _verify_names(reg: Registry, report: VerifyReport, tree: Tree) -> None:
+    for entry, _kind in tree.get(layout.NAMES, []):
+        rel = f"{layout.NAMES}/{entry}"
+        if layout.NAME_RE.fullmatch(entry) is None or (
+            len(entry) == 64 and layout.is_sha_like_name(entry)
+        ):
+            report.add("unexpected", rel, "not a valid name")
             continue
         report.names += 1
-        try:
-            sha = reg.read_name(entry.name)
-        except IntegrityError as exc:
-            report.findings.append(Finding("bad_record", rel, str(exc)))
-            continue
-        if sha is not None and not reg.object_path(sha).exists():
-            report.findings.append(Finding("dangling", rel, f"points to missing {sha}"))
-    try:
-        reg.name_log()
-    except IntegrityError as exc:
-        report.findings.append(Finding("bad_record", "names.log", str(exc)))
-
-
-def _verify_probes(reg: Registry, report: VerifyReport) -> None:
-    """Probe receipts: strays and symlinks (via `_scan`), and anything not a regular file."""
-    for entry in _scan(reg, reg.root / "probes", report):
-        if not entry.is_file():
-            rel = str(entry.relative_to(reg.root))
-            report.findings.append(Finding("unexpected", rel, "not a probe receipt file"))
-
-
-def _verify_root(reg: Registry, report: VerifyReport) -> None:
-    """The root itself: strays, symlinks and anything that is not part of the format."""
-    for entry in _scan_root(reg, report):
-        name = entry.name
-        ok = entry.is_dir() if name in _SUBDIRS else name in _ROOT_FILES and entry.is_file()
-        if not ok:
-            report.findings.append(
-                Finding("unexpected", name, "not part of a registry (DESIGN §3 layout)")
+        if layout.is_sha_like_name(entry):
+            report.add(
+                "sha_like_name",
+                rel,
+                "name reads as a sha reference (8-64 hex digits) and shadows any object it "
+                "abbreviates; new names like it are refused: move what uses it to another name",
+                "warning",
             )
+        try:
+            sha = reg.read_name(entry)
+        except IntegrityError as exc:
+            report.add("bad_record", rel, str(exc))
+            continue
+        if sha is not None and _lstat(reg, layout.object_relpath(sha)) is None:
+            report.add("dangling", rel, f"points to missing {sha}")
+    try:
+        disagreements = reg.journal_disagreements()
+    except IntegrityError as exc:
+        # A corrupt journal line, or a name that cannot be read (reported above as well).
+        report.add("bad_record", layout.NAMES_LOG, f"cannot check names against it: {exc}")
+        return
+    for d in disagreements:
+        report.add("journal", f"{layout.NAMES}/{d.name}", d.describe())
 
 
-def _scan_root(reg: Registry, report: VerifyReport) -> Iterator[Path]:
-    # A symlinked subdirectory is already reported by _verify_directories; report it once.
-    yield from _scan(reg, reg.root, report, skip_symlinks=frozenset(_SUBDIRS))
-
-
-def _verify_measurements(reg: Registry, report: VerifyReport) -> None:
-    for entry in _scan(reg, reg.root / "measurements", report):
-        rel = str(entry.relative_to(reg.root))
+def _verify_measurements(reg: Registry, report: VerifyReport, tree: Tree) -> None:
+    for entry, _kind in tree.get(layout.MEASUREMENTS, []):
+        rel = f"{layout.MEASUREMENTS}/{entry}"
         report.measurements += 1
         try:
-            reg._load_measurement(entry)
+            reg.load_measurement(entry)
         except IntegrityError as exc:
-            report.findings.append(Finding("bad_record", rel, str(exc)))
+            report.add("bad_record", rel, str(exc))
+
+
+def _verify_probes(report: VerifyReport, tree: Tree) -> None:
+    for entry, kind in tree.get(layout.PROBES, []):
+        if kind != "file":
+            report.add("unexpected", f"{layout.PROBES}/{entry}", "not a probe receipt file")
