@@ -41,6 +41,7 @@ from typing import Final, Literal
 from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.registry import fsutil
+from prefixreg.registry.frames import frame_parts
 from prefixreg.registry.store import Registry
 
 __all__ = ["DEFAULT_GRACE", "MIN_AGE_S", "GcItem", "GcReport", "collect_garbage", "parse_grace"]
@@ -201,7 +202,7 @@ def _timegm(parts: time.struct_time) -> float:
 
 def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float) -> None:
     # Names only move under the lock we hold, so this snapshot stays true for the run.
-    named = set(reg.names().values())
+    named = set(reg.names().values()) | frame_parts(reg)  # a frame keeps its parts
     recent = _recent_measurements(reg, cutoff)
     for sha in list(reg.iter_shas()):
         if sha in named:

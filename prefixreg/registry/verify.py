@@ -26,6 +26,7 @@ from typing import Literal
 from prefixreg.core.digest import is_full_sha, object_sha
 from prefixreg.core.errors import IntegrityError
 from prefixreg.registry import fsutil
+from prefixreg.registry.frames import is_frame, verify_frames
 from prefixreg.registry.store import NAME_RE, Registry
 
 __all__ = ["Finding", "VerifyReport", "verify_registry"]
@@ -102,11 +103,12 @@ def verify_registry(reg: Registry) -> VerifyReport:
     _verify_measurements(reg, report)
     _verify_probes(reg, report)
     _verify_root(reg, report)
+    report.findings += [Finding("bad_record", rel, msg) for rel, msg in verify_frames(reg)]
     return report
 
 
 # The registry's own directories: a symlink in their place would redirect reads and writes.
-_SUBDIRS = ("objects", "meta", "names", "measurements", "probes", ".locks")
+_SUBDIRS = ("objects", "meta", "names", "measurements", "probes", "frames", ".locks")
 # The only files a registry root holds (DESIGN §3, plus `migrate`'s journal).
 _ROOT_FILES = frozenset({"REGISTRY.json", "README.md", "names.log", "mirror.log", "migrations.log"})
 
@@ -253,7 +255,7 @@ def _verify_names(reg: Registry, report: VerifyReport) -> None:
         except IntegrityError as exc:
             report.findings.append(Finding("bad_record", rel, str(exc)))
             continue
-        if sha is not None and not reg.object_path(sha).exists():
+        if sha is not None and not reg.object_path(sha).exists() and not is_frame(reg, sha):
             report.findings.append(Finding("dangling", rel, f"points to missing {sha}"))
     try:
         reg.name_log()
