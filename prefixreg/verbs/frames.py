@@ -193,8 +193,8 @@ def drift_report(
 def diagnose(registry: Registry, result: WarmResult) -> str:
     """After `warm --check-only` of a frame: who lost it, the frame or the server."""
     frame = result.frame
-    if frame is None:
-        return ""
+    if frame is None or any(c.phase == "warm" for c in result.calls):
+        return ""  # only a check alone needs telling apart
     build = result.build.build_id
     warms = [
         m
