@@ -78,7 +78,7 @@ def run_loop(
     """`TURNS` calls with a growing history; from `flip_at` on tool_choice is "none"."""
     frame = judge.frame
     history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
-    out = []
+    out: list[tuple[dict[str, Any], str, str]] = []
     for i in range(TURNS):
         if flip_at is not None and i >= flip_at:
             body = frame.body(history) | {"tool_choice": "none"}
