@@ -288,9 +288,8 @@ def test_example_agent_loop_resumes_its_prefix() -> None:
     assert res.returncode == 0, res.stderr
     lines = res.stdout.decode().splitlines()
     calls = [line for line in lines if line.startswith("call ")]
-    assert len(calls) == 8
-    assert sum("reused" in line for line in calls) >= 7
-    assert any(line.startswith("keepalive:") for line in lines)
+    assert len(calls) == 6  # a frame with tools and a growing history (tests/test_frames.py)
+    assert all(line.split()[2] == "resumed" for line in calls), calls
 
 
 def _llamacpp_fake(srv: FakeServer, *, metrics: bool) -> list[int]:

@@ -54,6 +54,7 @@ COMMAND_MODULES: Final[dict[str, str]] = {
     "name": "store_cmds",
     "names": "store_cmds",
     "verify": "store_cmds",
+    "frame": "frame_cmd",
     "warm": "worker_cmds",
     "doctor": "worker_cmds",
     "probe": "probe_cmd",

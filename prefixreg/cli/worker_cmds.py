@@ -27,10 +27,11 @@ from prefixreg.cli._common import (
 from prefixreg.core.errors import UsageError
 
 if TYPE_CHECKING:
+    from prefixreg.registry.store import Registry
     from prefixreg.server.worker import Worker
     from prefixreg.verbs.warm import WarmResult
 
-__all__ = ["register", "warm_command"]
+__all__ = ["register", "summary_text", "warm_command"]
 
 ModelOpt = Annotated[
     str | None,
@@ -70,6 +71,15 @@ def open_worker(
 
 def _fmt(n: int | None) -> str:
     return "-" if n is None else f"{n:,}"
+
+
+def _frame_ref(reg: Registry, ref: str) -> bool:
+    from prefixreg.registry.frames import get_frame, resolve_frame
+
+    if resolve_frame(reg, ref) is None:
+        return False
+    get_frame(reg, ref)  # verify record and parts before opening a connection
+    return True
 
 
 def _summary(result: WarmResult) -> str:
@@ -138,6 +148,19 @@ def warm_command(
         if no_check and check_only:
             raise typer.BadParameter("--no-check and --check-only exclude each other")
         reg = open_registry_from(registry)
+        if _frame_ref(reg, ref):  # a frame: its whole head, verified (cli/frame_cmd.py)
+            from prefixreg.cli.frame_cmd import warm_frame_cli
+
+            with open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
+                warm_frame_cli(
+                    reg,
+                    ref,
+                    w,
+                    no_check=no_check,
+                    check_only=check_only,
+                    json_out=json_out,
+                    public=public,
+                )
         reg.get(ref)  # verify before even opening a connection
         progress = info if sys.stderr.isatty() and not json_out else None
         with open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
@@ -185,3 +208,6 @@ def register(app: typer.Typer) -> None:
     """Add the worker commands to `app`."""
     app.command("warm")(warm_command)
     app.command("doctor")(doctor_command)
+
+
+summary_text = _summary

@@ -46,6 +46,7 @@ from typing import Final, Literal
 from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.registry import fsutil, layout
+from prefixreg.registry.frames import frame_parts
 from prefixreg.registry.store import Registry
 
 __all__ = ["DEFAULT_GRACE", "MIN_AGE_S", "GcItem", "GcReport", "collect_garbage", "parse_grace"]
@@ -206,7 +207,9 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
     # The last journalled `to` of each name counts as named too: an interrupted move that
     # `verify --repair` will complete must still find its object.
     last_to = {move.name: move.to_sha for move in reg.name_log()}
-    named = set(reg.names().values()) | set(last_to.values())
+    named = (
+        set(reg.names().values()) | set(last_to.values()) | frame_parts(reg)
+    )  # a frame keeps its parts
     recent = _recent_measurements(reg, cutoff)
     for sha in list(reg.iter_shas()):
         if sha in named:

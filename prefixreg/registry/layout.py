@@ -21,6 +21,7 @@ __all__ = [
     "EXPECTED_DIRS",
     "FORMAT",
     "FORMAT_VERSION",
+    "FRAMES",
     "LOCKS",
     "MARKER",
     "MEASUREMENTS",
@@ -37,6 +38,8 @@ __all__ = [
     "SNAPSHOTS",
     "TMP_SUFFIX",
     "encode_name_file",
+    "frame_relpath",
+    "frame_sha",
     "is_temp_name",
     "measurement_filename",
     "measurement_sha",
@@ -67,11 +70,12 @@ NAMES: Final = "names"
 MEASUREMENTS: Final = "measurements"
 PROBES: Final = "probes"
 SNAPSHOTS: Final = "snapshots"
+FRAMES: Final = "frames"
 LOCKS: Final = ".locks"
 
 # What `verify` expects at the root: these directories and files, nothing else (temp files
 # aside). Every directory is created by the store on first write.
-EXPECTED_DIRS: Final = (OBJECTS, META, NAMES, MEASUREMENTS, PROBES, SNAPSHOTS, LOCKS)
+EXPECTED_DIRS: Final = (OBJECTS, META, NAMES, MEASUREMENTS, PROBES, SNAPSHOTS, FRAMES, LOCKS)
 ROOT_FILES: Final = frozenset({MARKER, README, NAMES_LOG, MIRROR_LOG, MIGRATIONS_LOG})
 
 # Temp files of the durable writers: `.<target>.<random>.tmp`, in the target's directory.
@@ -205,3 +209,17 @@ def snapshot_filename(sha: str, build_id: str) -> str:
     if re.fullmatch(r"[0-9a-f]{16}", build_id) is None:
         raise UsageError(f"not a build id: {build_id!r}")
     return f"{_need_sha(sha)}-{build_id}.json"
+
+
+def frame_relpath(sha: str) -> str:
+    """`frames/<sha>.json`: a frame record (`prefixreg.core.frame`), named by its own sha."""
+    return f"{FRAMES}/{_need_sha(sha)}.json"
+
+
+def frame_sha(relpath: str) -> str | None:
+    """The sha of `frames/<sha>.json`, or None for any other path."""
+    parts = relpath.split("/")
+    if len(parts) != 2 or parts[0] != FRAMES or not parts[1].endswith(".json"):
+        return None
+    sha = parts[1].removesuffix(".json")
+    return sha if is_full_sha(sha) else None

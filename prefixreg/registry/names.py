@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -234,6 +235,21 @@ class NamedStore(ObjectStore):
             # gc removes objects only under this lock: re-check that the object is still
             # there now that we hold it, or a name could end up pointing nowhere.
             self._read_verified(sha)
+            return self._journalled_move(name, current, sha)
+
+    def point_name(self, name: str, sha: str, *, check: Callable[[], object]) -> NameMove | None:
+        """Point `name` at `sha` (a record that is not an object, such as a frame), journal
+        first, under the lock; `check()` verifies the target before and again under the lock
+        (it raises to refuse). Returns the move, or None if the name already pointed there.
+        """
+        layout.validate_name(name)
+        self.refuse_on_mirror("move a name")
+        check()
+        with self.lock():
+            current = self._read_name(name)
+            if current == sha:
+                return None
+            check()
             return self._journalled_move(name, current, sha)
 
     def _journalled_move(self, name: str, current: str | None, sha: str) -> NameMove:

@@ -26,6 +26,7 @@ from typing import Final, Literal
 
 from prefixreg.core.errors import IntegrityError
 from prefixreg.registry import layout
+from prefixreg.registry.frames import is_frame, verify_frames
 from prefixreg.registry.store import Registry
 
 __all__ = ["Finding", "VerifyReport", "repair_registry", "verify_registry"]
@@ -107,6 +108,8 @@ def verify_registry(reg: Registry) -> VerifyReport:
     _verify_names(reg, report, tree)
     _verify_measurements(reg, report, tree)
     _verify_probes(report, tree)
+    for rel, message in verify_frames(reg):
+        report.add("bad_record", rel, message)
     return report
 
 
@@ -295,7 +298,8 @@ def _verify_names(reg: Registry, report: VerifyReport, tree: Tree) -> None:
         except IntegrityError as exc:
             report.add("bad_record", rel, str(exc))
             continue
-        if sha is not None and _lstat(reg, layout.object_relpath(sha)) is None:
+        missing = sha is not None and _lstat(reg, layout.object_relpath(sha)) is None
+        if missing and sha is not None and not is_frame(reg, sha):
             report.add("dangling", rel, f"points to missing {sha}")
     try:
         disagreements = reg.journal_disagreements()

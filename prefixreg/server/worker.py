@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -46,6 +46,7 @@ import httpx
 import orjson
 
 from prefixreg.core.errors import MalformedResponseError, UsageError, WorkerHTTPError
+from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject, JSONValue
 from prefixreg.core.prefix import Prefix
 from prefixreg.core.records import CacheCounters, CallEvidence, ServerBuild
@@ -307,29 +308,42 @@ class Worker:
 
     def chat(
         self,
-        prefix: Prefix | str,
-        tail: str,
+        prefix: Prefix | Frame | str,
+        tail: str | None = None,
         *,
+        history: Sequence[Mapping[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None,
         stream: bool = True,
         headers: Mapping[str, str] | None = None,
         **params: Any,
     ) -> tuple[JSONObject, CallEvidence]:
         """One chat call: `messages = prefix.messages(tail)` plus `params` (max_tokens, ...).
 
-        Returns the reply (`content`, `reasoning`, `finish_reason`, `usage`, `timings`,
-        `model`, `id`; see `evidence.assemble_reply`) and the call's evidence. `headers` are
-        sent with this call only (a router's routing key, `x-smg-routing-key`). Streams ask
-        for `stream_options.include_usage`. HTTP errors, the deadline and the reply cap
+        `history` (a list of OpenAI-shaped messages: turns, tool calls, tool results) replaces
+        the one-line `tail`; `tools` adds tool definitions. A `Frame` sends its verified
+        system bytes, tools and settings (`Frame.body`). Returns the reply (`content`,
+        `reasoning`, `finish_reason`, `usage`, `timings`, `model`, `id`; see
+        `evidence.assemble_reply`) and the call's evidence. Streams ask for
+        `stream_options.include_usage`; `headers` are sent with this call only (a router's
+        routing key, `x-smg-routing-key`). HTTP errors, the deadline and the reply cap
         raise; what a 200 body says does not (see the module invariants). A plain `str`
         prefix is sent as the system message as is: nothing verifies it.
         """
         for reserved in ("messages", "stream"):
             if reserved in params:
                 raise UsageError(f"chat() sets {reserved!r} itself; do not pass it")
-        if isinstance(prefix, Prefix):
-            messages = prefix.messages(tail)
+        turns = _turns(tail, history)
+        if isinstance(prefix, Frame):
+            if tools is not None:
+                params["tools"] = tools  # Frame.body refuses tools other than the frame's
+            frame_body = prefix.body(turns, **params)
+            messages = frame_body.pop("messages")
+            params = frame_body
         else:
-            messages = [{"role": "system", "content": prefix}, {"role": "user", "content": tail}]
+            text = prefix.text if isinstance(prefix, Prefix) else prefix
+            messages = [{"role": "system", "content": text}, *turns]
+            if tools is not None:
+                params["tools"] = tools
         body: dict[str, Any] = {}
         if self.model is not None:
             body["model"] = self.model
@@ -384,3 +398,15 @@ class Worker:
         wall = time.perf_counter() - started
         ttft = None if first is None else first - started
         return assemble_reply(reply), evidence_from_reader(reply, wall_s=wall, ttft_s=ttft)
+
+
+def _turns(tail: str | None, history: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """The messages after the system one: the one-line `tail`, or a copy of `history`."""
+    if (tail is None) == (history is None):
+        raise UsageError("chat() takes a tail or a history, exactly one of them")
+    if history is None:
+        return [{"role": "user", "content": tail}]
+    given: object = history  # callers outside the type checker pass anything
+    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+        raise UsageError("history must be a list of message objects")
+    return [dict(m) for m in history]

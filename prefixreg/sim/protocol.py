@@ -27,6 +27,7 @@ from typing import Any, Literal
 from prefixreg.sim import fields
 from prefixreg.sim.config import SimConfig
 from prefixreg.sim.errors import ApiError
+from prefixreg.sim.render import ToolsError, with_tools
 from prefixreg.sim.tokenizer import RenderedPrompt, render_chat, render_completion
 
 __all__ = [
@@ -203,7 +204,10 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
     if not isinstance(body, dict):
         raise _invalid("body", "must be a JSON object")
     if kind == "chat":
-        prompt = render_chat(_messages(body))
+        try:  # tools render into the system turn (sim/render.py)
+            prompt = render_chat(with_tools(body, _messages(body)))
+        except ToolsError as exc:
+            raise _invalid(exc.loc, exc.msg) from None
     else:
         text = body.get("prompt")
         if not isinstance(text, str):

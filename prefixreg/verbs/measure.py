@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from prefixreg.core.errors import WorkerError
+from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject, JSONValue
 from prefixreg.core.prefix import Prefix
 from prefixreg.core.records import CacheCounters, CallEvidence, Measurement, ServerBuild
@@ -89,7 +90,7 @@ class CallRecord:
 
 def measured_call(
     worker: Worker,
-    prefix: Prefix,
+    prefix: Prefix | Frame,
     *,
     phase: str,
     tail: str,

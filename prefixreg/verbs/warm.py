@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from prefixreg.core.errors import UsageError
+from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.core.records import Measurement, ServerBuild
@@ -78,6 +79,7 @@ class WarmResult:
     measurement: Measurement
     record_path: str
     interleaved: bool | None = None
+    frame: Frame | None = None
 
     @property
     def clean(self) -> bool:
@@ -109,10 +111,13 @@ def warm_prefix(
     check: bool = True,
     warm: bool = True,
     progress: Callable[[str], None] | None = None,
+    frame: Frame | None = None,
 ) -> WarmResult:
     """Warm `ref` on `worker`, then (unless `check` is False) prove a fresh call resumes it.
 
     `warm=False` sends the resume check alone: is the prefix still resumable right now?
+    `frame` (already verified, its system prefix `ref`) sends the frame's whole head, tools
+    and settings included, and the measurement records the frame's sha.
 
     Raises:
         IntegrityError: the prefix's bytes do not verify (nothing was sent).
@@ -123,13 +128,14 @@ def warm_prefix(
     registry.refuse_on_mirror("record measurements")  # before anything is sent
     say = progress or (lambda _msg: None)
     prefix = registry.get(ref)  # verified: an IntegrityError leaves before any request
+    head: Prefix | Frame = prefix if frame is None else frame
     build = worker.server_build()
     with_cache = build.profile == "halogen"
     say(f"warming {prefix.sha256[:12]} on {worker.url} ({build.profile}, build {build.build_id})")
     calls: list[CallRecord] = []
     if warm:
         calls.append(
-            measured_call(worker, prefix, phase="warm", tail=fresh_tail(), with_cache=with_cache)
+            measured_call(worker, head, phase="warm", tail=fresh_tail(), with_cache=with_cache)
         )
     alignment = build.snapshot_align
     span: int | None = None
@@ -140,7 +146,7 @@ def warm_prefix(
         calls.append(
             measured_call(
                 worker,
-                prefix,
+                head,
                 phase="check",
                 tail=check_tail,
                 with_cache=with_cache,
@@ -149,7 +155,7 @@ def warm_prefix(
         )
         verdict, reason, span, coverage = judge_resume(
             calls[-1].evidence,
-            prefix_bytes=prefix.size,
+            prefix_bytes=prefix.size if frame is None else frame.head_bytes,
             tail_bytes=len(check_tail.encode("utf-8")),
             alignment=alignment,
         )
@@ -178,6 +184,8 @@ def warm_prefix(
         "alignment": alignment,
         "calls": [c.to_dict() for c in calls],
     }
+    if frame is not None:
+        body["frame"] = frame.sha256
     measurement, path = record_measurement(registry, worker, build, prefix.sha256, "warm", body)
     return WarmResult(
         prefix=prefix,
@@ -192,4 +200,5 @@ def warm_prefix(
         measurement=measurement,
         record_path=str(path),
         interleaved=interleaved,
+        frame=frame,
     )

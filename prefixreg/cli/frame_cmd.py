@@ -1,0 +1,122 @@
+"""`prefixreg frame`: register a frame (system prefix + tools + prompt settings); and the frame
+branch of `warm`.
+
+Exit codes: 0 ok; 2 usage (bad tools JSON, unknown setting, bad name or reference);
+3 integrity (a part fails verification: nothing written, nothing sent).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from prefixreg.cli._common import (
+    EXIT_BY_OUTCOME,
+    DebugOpt,
+    JsonOpt,
+    RegistryOpt,
+    cli_errors,
+    emit_json,
+    info,
+    open_registry_from,
+    read_user_file,
+)
+from prefixreg.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from prefixreg.registry.store import Registry
+    from prefixreg.server.worker import Worker
+
+__all__ = ["frame_command", "register", "warm_frame_cli"]
+
+
+def _settings(pairs: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set {pair!r}: use KEY=JSON (e.g. tool_choice='\"auto\"')")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value  # a bare word is a string: tool_choice=auto
+    return out
+
+
+def frame_command(
+    system: Annotated[str, typer.Argument(help="The system prefix: a name or sha.")],
+    tools: Annotated[
+        Path | None,
+        typer.Option("--tools", help="A JSON file with the tools list, stored as exact bytes."),
+    ] = None,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="A prompt setting KEY=JSON (tool_choice, enable_thinking, reasoning_effort, "
+            "chat_template_kwargs, parallel_tool_calls, preserve_thinking); repeatable.",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Point this name at the frame.")
+    ] = None,
+    registry: RegistryOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Register a frame: the head a loop sends (system prefix, tools, prompt settings).
+
+    Prints the frame's sha256 (of its record, `frames/<sha>.json`).
+    """
+    from prefixreg.registry.frames import write_frame
+
+    with cli_errors(debug):
+        reg = open_registry_from(registry)
+        data = None
+        if tools is not None:
+            data = sys.stdin.buffer.read() if str(tools) == "-" else read_user_file(tools)
+        sha = write_frame(reg, system, tools=data, settings=_settings(settings or []), name=name)
+        if json_out:
+            emit_json({"frame": sha, "name": name})
+        else:
+            sys.stdout.write(f"{sha}\n")
+
+
+def warm_frame_cli(
+    reg: Registry,
+    ref: str,
+    worker: Worker,
+    *,
+    no_check: bool,
+    check_only: bool,
+    json_out: bool,
+    public: bool,
+) -> None:
+    """`warm` of a frame reference: warm its head; with --check-only, say who lost it."""
+    from prefixreg.cli.worker_cmds import summary_text
+    from prefixreg.verbs.frames import diagnose, warm_frame
+
+    progress = info if sys.stderr.isatty() and not json_out else None
+    result = warm_frame(
+        reg, ref, worker, check=not no_check, warm=not check_only, progress=progress
+    )
+    why = diagnose(reg, result) if check_only else ""
+    if json_out:
+        emit_json(result.receipt(public=public) | ({"diagnosis": why} if why else {}))
+    else:
+        frame = result.frame
+        head = f"frame    {frame.name + ' ' if frame and frame.name else ''}"
+        sys.stdout.write(f"{head}{frame.sha256[:16] if frame else '-'}\n")
+        sys.stdout.write(summary_text(result))
+        if why:
+            sys.stdout.write(f"why      {why}\n")
+    raise typer.Exit(int(EXIT_BY_OUTCOME[result.verdict]))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `frame` to `app`."""
+    app.command("frame")(frame_command)

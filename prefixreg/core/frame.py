@@ -1,0 +1,305 @@
+"""`Frame`: the verified head of the request a loop sends, and the drift of a call from it. Pure.
+
+A prompt cache keys on the *rendered* token prefix, and the server renders more than
+`messages[0]` into it: the tool definitions, and the settings its chat template reads
+(`tool_choice: "none"` removes the tools; `enable_thinking`, `reasoning_effort`,
+`chat_template_kwargs` change the template's output). A frame names all of them together:
+
+    {"format": "prefix-frame", "version": 1, "system": <sha>, "tools": <sha> | null,
+     "settings": {<prompt setting>: <JSON value>, ...}}
+
+stored as its canonical JSON (sorted keys, no spaces) plus a newline; the frame's sha is the
+sha256 of exactly those bytes, so `sha256sum frames/<sha>.json` prints its own name.
+
+Invariants:
+- A `Frame` is only built from a record and parts that were just verified (the registry's
+  `frames.read_frame`); it keeps the exact system and tools bytes it checked, so the bytes
+  checked are the bytes sent.
+- `body()` never lets a caller's keyword silently override a frame part: a conflicting
+  `tools`, `tool_choice`, ... is a `UsageError` (send it through another frame instead).
+- `drift()` compares only what changes the rendered prefix: `messages[0]`, the tools (in
+  order: a reordered list renders differently) and `PROMPT_SETTINGS`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from prefixreg.core.digest import is_full_sha, sha256_hex
+from prefixreg.core.errors import CorruptRecordError, IntegrityError, UsageError
+from prefixreg.core.jsonio import dumps_canonical
+from prefixreg.core.prefix import Prefix
+
+__all__ = [
+    "FRAME_FORMAT",
+    "FRAME_VERSION",
+    "OPENAI_NAMED",
+    "PROMPT_SETTINGS",
+    "Drift",
+    "Frame",
+    "encode_frame_record",
+    "parse_frame_record",
+    "parse_tools",
+]
+
+FRAME_FORMAT: Final = "prefix-frame"
+FRAME_VERSION: Final = 1
+# Request fields a chat template reads (Halogen dense/flash, llama.cpp --jinja): changing one
+# changes the rendered prompt, hence the cache key. Sampling fields never do.
+PROMPT_SETTINGS: Final = (
+    "chat_template_kwargs",
+    "enable_thinking",
+    "parallel_tool_calls",
+    "preserve_thinking",
+    "reasoning_effort",
+    "tool_choice",
+)
+# Fields the OpenAI SDK's `chat.completions.create` takes by name; the rest go in `extra_body`.
+OPENAI_NAMED: Final = frozenset({"parallel_tool_calls", "reasoning_effort", "tool_choice", "tools"})
+_RECORD_KEYS: Final = frozenset({"format", "version", "system", "tools", "settings"})
+
+
+def _ordered(value: object) -> str:
+    """JSON text that keeps key order: tools render in the order they are written."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
+    """The tools list that `data` (UTF-8 JSON text) holds; `UsageError` if it is not one.
+
+    A list of objects, each naming its `type` (OpenAI shape: `{"type": "function",
+    "function": {...}}`). Key order is kept.
+    """
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"{where}: not JSON text ({exc})") from None
+    if not isinstance(value, list) or not value:
+        raise UsageError(f"{where}: must be a non-empty JSON list of tool objects")
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+            raise UsageError(f"{where}[{i}]: must be an object with a string 'type'")
+    return value
+
+
+def _check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
+    unknown = sorted(set(settings) - set(PROMPT_SETTINGS))
+    if unknown:
+        raise UsageError(
+            f"not a prompt setting: {', '.join(unknown)}",
+            hint=f"a frame holds what the template renders: {', '.join(PROMPT_SETTINGS)}",
+        )
+    out = dict(settings)
+    kwargs = out.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise UsageError("chat_template_kwargs must be a JSON object")
+    # The JSON round trip refuses what cannot travel (NaN, bytes, objects).
+    try:
+        dumps_canonical(out)
+    except TypeError as exc:
+        raise UsageError(f"settings are not JSON: {exc}") from None
+    return out
+
+
+def encode_frame_record(system: str, tools: str | None, settings: Mapping[str, object]) -> bytes:
+    """The exact bytes of a frame record (canonical JSON and a newline); its sha names it.
+
+    Raises:
+        UsageError: a part is not a sha, or a setting is not one of `PROMPT_SETTINGS`.
+    """
+    for part in (system, tools):
+        if part is not None and not is_full_sha(part):
+            raise UsageError(f"not a sha256: {part!r}")
+    record = {
+        "format": FRAME_FORMAT,
+        "version": FRAME_VERSION,
+        "system": system,
+        "tools": tools,
+        "settings": _check_settings(settings),
+    }
+    return dumps_canonical(record) + b"\n"
+
+
+def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str, Any]]:
+    """(system sha, tools sha or None, settings) of a frame record, after checking its sha.
+
+    Raises:
+        IntegrityError: the bytes do not hash to `sha`.
+        CorruptRecordError: they do, but are not the canonical record of a frame.
+    """
+    actual = sha256_hex(raw)
+    if actual != sha:
+        raise IntegrityError(
+            f"frame {sha}: record hashes to {actual}; refusing to use it",
+            expected=sha,
+            actual=actual,
+        )
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise CorruptRecordError(f"frame {sha}: record is not JSON") from None
+    if not isinstance(record, dict) or set(record) != _RECORD_KEYS:
+        raise CorruptRecordError(f"frame {sha}: not a frame record")
+    if record["format"] != FRAME_FORMAT or record["version"] != FRAME_VERSION:
+        raise CorruptRecordError(f"frame {sha}: unknown frame format or version")
+    system, tools, settings = record["system"], record["tools"], record["settings"]
+    if not (isinstance(system, str) and is_full_sha(system)):
+        raise CorruptRecordError(f"frame {sha}: 'system' is not a sha256")
+    if tools is not None and not (isinstance(tools, str) and is_full_sha(tools)):
+        raise CorruptRecordError(f"frame {sha}: 'tools' is not a sha256 or null")
+    if not isinstance(settings, dict):
+        raise CorruptRecordError(f"frame {sha}: 'settings' is not an object")
+    try:
+        canonical = encode_frame_record(system, tools, settings)
+    except UsageError as exc:
+        raise CorruptRecordError(f"frame {sha}: {exc}") from None
+    if canonical != raw:
+        raise CorruptRecordError(f"frame {sha}: record is not in canonical form")
+    return system, tools, settings
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """One part of a call that differs from its frame: `system`, `tools` or a setting name."""
+
+    part: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.part}: {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A verified frame: its sha, the system prefix, the tools bytes, the prompt settings.
+
+    `settings_json` is the canonical JSON of the settings, so the frame stays immutable;
+    `settings` and `tools` hand out fresh copies on each access.
+    """
+
+    sha256: str
+    system: Prefix
+    tools_sha256: str | None
+    tools_data: bytes | None
+    settings_json: bytes
+    name: str | None = None
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The prompt settings the frame sends (a fresh copy)."""
+        value: dict[str, Any] = json.loads(self.settings_json)
+        return value
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        """The tools list (parsed from the verified bytes; a fresh copy), or None."""
+        if self.tools_data is None:
+            return None
+        return parse_tools(self.tools_data, where=f"tools {self.tools_sha256}")
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the tools reach the prompt (`tool_choice: "none"` removes them)."""
+        return self.tools_data is not None and self.settings.get("tool_choice") != "none"
+
+    @property
+    def head_bytes(self) -> int:
+        """Bytes of the rendered head the frame owns: system content and the tools JSON."""
+        tools = len(self.tools_data) if self.tools_data is not None and self.renders_tools else 0
+        return self.system.size + tools
+
+    def head(self) -> dict[str, Any]:
+        """The request fields the frame fixes, `messages` aside: tools and settings."""
+        out: dict[str, Any] = self.settings
+        tools = self.tools
+        if tools is not None:
+            out["tools"] = tools
+        return out
+
+    def messages(self, history: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The verified system message, then the loop's own history (copied, unchanged)."""
+        given: object = history  # callers outside the type checker pass anything
+        if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+            raise UsageError("history must be a list of message objects")
+        out: list[dict[str, Any]] = [{"role": "system", "content": self.system.text}]
+        items: Sequence[object] = given
+        for i, message in enumerate(items):
+            if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+                raise UsageError(f"history[{i}]: must be a message object with a 'role'")
+            out.append(dict(message))
+        return out
+
+    def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
+        """The full chat body the loop sends: `params` (model, max_tokens, ...), the frame's
+        tools and settings, and `messages` = system + history.
+
+        Raises:
+            UsageError: `params` sets `messages`, or sets a frame part to another value.
+        """
+        if "messages" in params:
+            raise UsageError("body() builds 'messages' itself; pass the history instead")
+        head = self.head()
+        for key in ("tools", *PROMPT_SETTINGS):
+            if key in params and (key not in head or _ordered(params[key]) != _ordered(head[key])):
+                raise UsageError(
+                    f"{key!r} is part of frame {self.sha256[:12]}; a different value would "
+                    "miss the warmed prefix",
+                    hint="register another frame for that head",
+                )
+        return {**params, **head, "messages": self.messages(history)}
+
+    def openai_kwargs(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
+        """Keyword arguments for `openai.OpenAI().chat.completions.create`: the same body,
+        with the fields the SDK does not name (`enable_thinking`, `chat_template_kwargs`,
+        ...) in `extra_body`, which the SDK merges into the JSON it sends."""
+        body = self.body(history, **params)
+        named = {"messages", "model", "stream", *OPENAI_NAMED}
+        extra = {k: body.pop(k) for k in list(body) if k in PROMPT_SETTINGS and k not in named}
+        if extra:
+            body["extra_body"] = {**body.get("extra_body", {}), **extra}
+        return body
+
+    def drift(self, body: Mapping[str, Any]) -> list[Drift]:
+        """Which parts of a request `body` differ from this frame (empty: none drifted)."""
+        out: list[Drift] = []
+        messages = body.get("messages")
+        first = messages[0] if isinstance(messages, list) and messages else None
+        if not isinstance(first, Mapping) or first.get("role") not in ("system", "developer"):
+            out.append(Drift("system", "messages[0] is not a system message"))
+        else:
+            content = first.get("content")
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+            data = content.encode("utf-8") if isinstance(content, str) else b""
+            if data != self.system.data:
+                out.append(
+                    Drift(
+                        "system",
+                        f"messages[0] is {sha256_hex(data)[:12]}, "
+                        f"frame has {self.system.sha256[:12]}",
+                    )
+                )
+        sent_tools = body.get("tools")
+        mine = self.tools
+        if sent_tools is None and mine is not None:
+            out.append(Drift("tools", f"dropped (frame has {len(mine)} tools)"))
+        elif sent_tools is not None and mine is None:
+            out.append(Drift("tools", "added (the frame has none)"))
+        elif sent_tools is not None and _ordered(sent_tools) != _ordered(mine):
+            sha = sha256_hex(_ordered(sent_tools).encode("utf-8"))[:12]
+            mine_sha = (self.tools_sha256 or "")[:12]
+            out.append(Drift("tools", f"changed (call's tools {sha}, frame's {mine_sha})"))
+        settings = self.settings
+        for key in PROMPT_SETTINGS:
+            have, sent = key in settings, key in body and body[key] is not None
+            if have and not sent:
+                out.append(Drift(key, f"dropped (frame: {_ordered(settings[key])})"))
+            elif sent and not have:
+                out.append(Drift(key, f"added ({_ordered(body[key])}; the frame has none)"))
+            elif have and _ordered(body[key]) != _ordered(settings[key]):
+                note = ", which removes the tools from the prompt" if body[key] == "none" else ""
+                out.append(Drift(key, f"{_ordered(settings[key])} -> {_ordered(body[key])}{note}"))
+        return out

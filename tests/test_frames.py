@@ -1,0 +1,263 @@
+"""Frames: the loop's real request head (system, tools, prompt settings), end to end on the sim."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prefixreg.core.errors import IntegrityError, UsageError
+from prefixreg.registry.frames import get_frame, write_frame
+from prefixreg.registry.store import Registry
+from prefixreg.registry.verify import verify_registry
+from prefixreg.server.evidence import evidence_from_response
+from prefixreg.server.worker import Worker
+from prefixreg.sim import SimConfig, SimServer
+from prefixreg.verbs.frames import LoopJudge, diagnose, drift_report, warm_frame
+from prefixreg.verbs.warm import warm_prefix
+from tests.conftest import run_cli
+from tests.test_store import flip_byte
+
+SYSTEM = "You are a careful coding agent. Follow the repository's conventions.\n" * 40
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name} in the working tree. " * 6,
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+    for name in ("read_file", "write_file", "run_tests", "grep")
+]
+SETTINGS = {"tool_choice": "auto", "chat_template_kwargs": {"enable_thinking": False}}
+TURNS = 6
+
+
+@pytest.fixture
+def sim() -> Iterator[SimServer]:
+    with SimServer(SimConfig(speed=2000)) as server:
+        yield server
+
+
+@pytest.fixture
+def reg(tmp_path: Path) -> Registry:
+    reg = Registry(tmp_path / "reg")
+    reg.add(SYSTEM, name="system")
+    write_frame(reg, "system", tools=json.dumps(TOOLS, indent=1), settings=SETTINGS, name="loop")
+    return reg
+
+
+def turn(history: list[dict[str, Any]], i: int) -> None:
+    """One turn of a coding loop: the assistant calls a tool, the tool answers, the user goes on."""
+    call_id = f"call_{i}"
+    history.append(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "run_tests", "arguments": json.dumps({"path": f"t{i}"})},
+                }
+            ],
+        }
+    )
+    history.append({"role": "tool", "tool_call_id": call_id, "content": f"{i} failed. " * 5})
+    history.append({"role": "user", "content": f"Step {i}: fix the first failure."})
+
+
+def run_loop(
+    worker: Worker, judge: LoopJudge, *, flip_at: int | None = None
+) -> list[tuple[dict[str, Any], str, str]]:
+    """`TURNS` calls with a growing history; from `flip_at` on tool_choice is "none"."""
+    frame = judge.frame
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
+    out: list[tuple[dict[str, Any], str, str]] = []
+    for i in range(TURNS):
+        if flip_at is not None and i >= flip_at:
+            body = frame.body(history) | {"tool_choice": "none"}
+            _, ev = worker.chat(
+                frame.system,
+                history=history,
+                tools=body["tools"],
+                tool_choice="none",
+                chat_template_kwargs=body["chat_template_kwargs"],
+                max_tokens=4,
+            )
+        else:
+            body = frame.body(history)
+            _, ev = worker.chat(frame, history=history, max_tokens=4)
+        verdict, _ = judge.observe(ev, body)
+        out.append((body, ev.cache_state, verdict))
+        turn(history, i)
+    return out
+
+
+def test_frame_record_is_canonical_and_named_by_its_own_bytes(reg: Registry) -> None:
+    frame = get_frame(reg, "loop")
+    raw = (reg.root / "frames" / f"{frame.sha256}.json").read_bytes()
+    assert hashlib.sha256(raw).hexdigest() == frame.sha256
+    record = json.loads(raw)
+    assert record == {
+        "format": "prefix-frame",
+        "version": 1,
+        "system": reg.resolve("system"),
+        "tools": frame.tools_sha256,
+        "settings": SETTINGS,
+    }
+    assert reg.read_verified(frame.tools_sha256 or "") == json.dumps(TOOLS, indent=1).encode()
+    assert frame.tools == TOOLS and frame.settings == SETTINGS
+    # Idempotent, named like a prefix, and `verify` knows the frames directory.
+    again = write_frame(reg, "system", tools=json.dumps(TOOLS, indent=1), settings=SETTINGS)
+    assert again == frame.sha256 and reg.read_name("loop") == frame.sha256
+    assert verify_registry(reg).ok
+    with pytest.raises(UsageError, match="not a prompt setting"):
+        write_frame(reg, "system", settings={"temperature": 0})
+
+
+def test_body_puts_verified_head_before_history_and_refuses_a_conflicting_part(
+    reg: Registry,
+) -> None:
+    frame = get_frame(reg, "loop")
+    history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    turn(history, 0)
+    body = frame.body(history, model="m", max_tokens=8)
+    assert body["messages"][0] == {"role": "system", "content": SYSTEM}
+    assert body["messages"][1:] == history
+    assert body["tools"] == TOOLS and body["tool_choice"] == "auto"
+    assert frame.drift(body) == []
+    with pytest.raises(UsageError, match="tool_choice"):
+        frame.body(history, tool_choice="none")
+    kwargs = frame.openai_kwargs(history, model="m")
+    assert kwargs["extra_body"] == {"chat_template_kwargs": {"enable_thinking": False}}
+    assert kwargs["tools"] == TOOLS and kwargs["tool_choice"] == "auto"
+
+
+def test_loop_with_tools_resumes_the_frame_span_on_every_call(
+    sim: SimServer, reg: Registry
+) -> None:
+    with Worker(sim.url) as w:
+        result = warm_frame(reg, "loop", w)
+        assert result.verdict == "resumed"
+        assert result.measurement.body["frame"] == reg.read_name("loop")
+        judge = LoopJudge.for_worker(reg, get_frame(reg, "loop"), w)
+        span = judge.span
+        assert span is not None and span > 0
+        calls = run_loop(w, judge)
+    assert [v for _, _, v in calls] == ["resumed"] * TURNS
+    # The tools are in the warmed span: without them the head would be far shorter.
+    assert span > len(SYSTEM) // 4
+
+
+def test_bare_system_warm_is_a_frame_mismatch_never_resumed(sim: SimServer, reg: Registry) -> None:
+    with Worker(sim.url) as w:
+        assert warm_prefix(reg, "system", w).verdict == "resumed"
+        judge = LoopJudge.for_worker(reg, get_frame(reg, "loop"), w)
+        calls = run_loop(w, judge)
+    assert [v for _, _, v in calls] == ["frame-mismatch"] * TURNS
+    assert calls[0][1] == "cold"  # the tools changed the prefix: the warm bought nothing
+    assert "bare system prompt" in judge.calls[0][1]
+
+
+def test_tool_choice_flip_mid_loop_is_named_as_drift_with_the_cold_calls(
+    sim: SimServer, reg: Registry
+) -> None:
+    with Worker(sim.url) as w:
+        warm_frame(reg, "loop", w)
+        judge = LoopJudge.for_worker(reg, get_frame(reg, "loop"), w)
+        calls = run_loop(w, judge, flip_at=3)
+    assert [v for _, _, v in calls] == ["resumed"] * 3 + ["drift"] * 3
+    assert "tool_choice" in judge.calls[3][1] and "removes the tools" in judge.calls[3][1]
+    events = drift_report(get_frame(reg, "loop"), [(b, s) for b, s, _ in calls])
+    assert len(events) == 1
+    event = events[0]
+    assert event.index == 3 and [d.part for d in event.drift] == ["tool_choice"]
+    assert calls[3][1] == "cold" and event.cold_after >= 1 and event.calls == 3
+    assert "tool_choice" in str(event)
+
+
+def test_tampered_tools_object_fails_closed_and_sends_nothing(
+    sim: SimServer, reg: Registry
+) -> None:
+    frame = get_frame(reg, "loop")
+    flip_byte(reg.object_path(frame.tools_sha256 or ""))
+    with pytest.raises(IntegrityError):
+        get_frame(reg, "loop")
+    res = run_cli("warm", "loop", "--worker", sim.url, "--registry", str(reg.root))
+    assert res.returncode == 3, res.stderr
+    assert res.stdout == b""
+    assert sim.requests() == []  # not even /health
+    assert not verify_registry(reg).ok
+
+
+def test_tampered_frame_record_fails_closed(sim: SimServer, reg: Registry) -> None:
+    sha = reg.read_name("loop") or ""
+    flip_byte(reg.root / "frames" / f"{sha}.json")
+    res = run_cli("warm", "loop", "--worker", sim.url, "--registry", str(reg.root))
+    assert res.returncode == 3 and sim.requests() == []
+
+
+def test_check_only_says_whether_the_frame_or_the_server_lost_it(
+    sim: SimServer, reg: Registry
+) -> None:
+    root = str(reg.root)
+    with Worker(sim.url) as w:
+        warm_prefix(reg, "system", w)  # the bare system prompt only
+    # (The check itself leaves the frame's head in the cache: one check per state here.)
+    cli = run_cli("warm", "loop", "--check-only", "--worker", sim.url, "--registry", root)
+    assert cli.returncode == 1 and b"the frame lost it" in cli.stdout
+    assert run_cli("warm", "loop", "--worker", sim.url, "--registry", root).returncode == 0
+    with Worker(sim.url) as w:
+        for i in range(9):  # more than the 8-entry LRU holds
+            w.chat(f"Foreign system prompt number {i}, unrelated. " * 30, "hello")
+    cli = run_cli("warm", "loop", "--check-only", "--worker", sim.url, "--registry", root)
+    assert cli.returncode == 1 and b"the server lost it" in cli.stdout, cli.stdout
+    with Worker(sim.url) as w:
+        res = warm_frame(reg, "loop", w)
+        assert diagnose(reg, res) == ""  # a warm (not --check-only) needs no diagnosis
+        res = warm_frame(reg, "loop", w, warm=False)
+    assert diagnose(reg, res).startswith("the server holds this frame")
+
+
+def test_openai_sdk_sends_the_api_body_unchanged(sim: SimServer, reg: Registry) -> None:
+    openai = pytest.importorskip("openai")
+    sent: list[bytes] = []
+
+    def capture(request: httpx.Request) -> None:
+        if request.url.path.endswith("/chat/completions"):
+            sent.append(request.read())
+
+    frame = get_frame(reg, "loop")
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
+    turn(history, 0)
+    with Worker(sim.url) as w:
+        warm_frame(reg, "loop", w)
+        judge = LoopJudge.for_worker(reg, frame, w)
+    with httpx.Client(event_hooks={"request": [capture]}) as http:
+        client = openai.OpenAI(base_url=f"{sim.url}/v1", api_key="unused", http_client=http)
+        resp = client.chat.completions.create(
+            **frame.openai_kwargs(history, model="sim", max_tokens=4)
+        )
+    assert len(sent) == 1
+    assert json.loads(sent[0]) == frame.body(history, model="sim", max_tokens=4)
+    ev = evidence_from_response(resp)
+    assert judge.observe(ev, json.loads(sent[0]))[0] == "resumed"
+
+
+def test_sim_renders_tools_into_the_system_part(sim: SimServer, reg: Registry) -> None:
+    frame = get_frame(reg, "loop")
+    with Worker(sim.url) as w:
+        _, bare = w.chat(frame.system, "hi", max_tokens=1)
+        _, tooled = w.chat(frame.system, "hi", tools=TOOLS, max_tokens=1)
+        _, none = w.chat(frame.system, "hi", tools=TOOLS, tool_choice="none", max_tokens=1)
+        with pytest.raises(UsageError, match="exactly one"):
+            w.chat(frame.system, "hi", history=[])
+    assert (tooled.prompt_tokens or 0) > (bare.prompt_tokens or 0) + 100
+    assert none.prompt_tokens == bare.prompt_tokens
