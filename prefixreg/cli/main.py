@@ -23,6 +23,7 @@ from prefixreg.cli import (
     mirror,
     probe_cmd,
     sim,
+    snapshot_cmd,
     store_cmds,
     worker_cmds,
 )
@@ -51,6 +52,7 @@ MODULES = (
     lifecycle,
     sim,
     demo_cmd,
+    snapshot_cmd,
 )
 
 
@@ -85,7 +87,10 @@ def app_for(argv: Sequence[str]) -> typer.Typer:
     name = next((a for a in argv if not a.startswith("-")), None)
     infos = [info for info in app.registered_commands if info.name == name]
     lean = _new_app()
-    if infos:
+    # Command groups (`snapshot`) are built only when named or listed by --help.
+    groups = [g for g in app.registered_groups if g.name == name]
+    lean.registered_groups = groups or list(app.registered_groups)
+    if infos or groups:
         lean.registered_commands = infos
         return lean
     for info in app.registered_commands:
