@@ -47,7 +47,9 @@ SlotDirOpt = Annotated[
 ]
 SlotOpt = Annotated[
     int | None,
-    typer.Option("--slot", help="Use this slot id if it is idle (default: the first idle one).", min=0),
+    typer.Option(
+        "--slot", help="Use this slot id if it is idle (default: the first idle one).", min=0
+    ),
 ]
 
 snapshot_app = typer.Typer(
