@@ -106,7 +106,7 @@ def verify_registry(reg: Registry) -> VerifyReport:
 
 
 # The registry's own directories: a symlink in their place would redirect reads and writes.
-_SUBDIRS = ("objects", "meta", "names", "measurements", "probes", ".locks")
+_SUBDIRS = ("objects", "meta", "names", "measurements", "probes", "snapshots", ".locks")
 # The only files a registry root holds (DESIGN §3, plus `migrate`'s journal).
 _ROOT_FILES = frozenset({"REGISTRY.json", "README.md", "names.log", "mirror.log", "migrations.log"})
 
