@@ -1,11 +1,12 @@
 """KV snapshots of registered prefixes: save one on a worker, and restore it with proof.
 
 `save_snapshot`: verify the prefix (an `IntegrityError` means nothing is sent), read the
-build (`/health` + `/props`), refuse a profile without a slot API (exit 2), pick an idle
-slot, warm the prefix pinned to that slot (`id_slot`) and prove with a fresh-tail check on
-the same slot that the slot holds it, save the slot under a file name derived from the sha
-and the build id, hash the file when the server's directory is readable here, re-read the
-build, and write the record (`snapshots/<sha>-<build>.json`) and a measurement.
+build (`/health` + `/props`), refuse a profile without a slot API (exit 2), warm the
+prefix (served by the slot already holding it, found from `/slots`; else pinned to an idle
+slot with `id_slot`), prove with a fresh-tail check pinned to that slot that it holds it,
+save the slot under a file name derived from the sha and the build id, hash the file when
+the server's directory is readable here, re-read the build, and write the record
+(`snapshots/<sha>-<build>.json`) and a measurement.
 
 `restore_and_prove`: verify the prefix, read the build, find the record for this prefix on
 the worker's *current* build (a record of another build is never used: the output says
@@ -46,8 +47,10 @@ from prefixreg.registry.snapshots import (
 )
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.server.slots import (
+    SlotInfo,
     SlotTransfer,
     idle_slot,
+    list_slots,
     require_slot_api,
     restore_slot,
     save_slot,
@@ -93,6 +96,29 @@ def _readable_dir(path: Path | None) -> bool:
 # -- save -----------------------------------------------------------------------------------
 
 
+def _warm_and_locate(
+    worker: Worker, prefix: Prefix, slot: int | None
+) -> tuple[CallRecord, SlotInfo]:
+    """The warm call and the slot that served it.
+
+    Without `slot`, llama.cpp picks the slot whose cached prompt shares the most with the
+    call, so a slot already holding the prefix serves it without a prefill; that slot is
+    the one whose `id_task` moved in `/slots`. When that is ambiguous (other traffic moved
+    more than one slot) or `slot` is given, the warm call is pinned to an idle slot.
+    """
+    if slot is None:
+        before = {s.id: s.id_task for s in list_slots(worker)}
+        warm = measured_call(worker, prefix, phase="warm", tail=fresh_tail(), with_cache=False)
+        moved = [s for s in list_slots(worker) if s.id_task != before.get(s.id)]
+        if len(moved) == 1 and not moved[0].is_processing:
+            return warm, moved[0]
+    chosen = idle_slot(worker, prefer=slot)
+    warm = measured_call(
+        worker, prefix, phase="warm", tail=fresh_tail(), with_cache=False, id_slot=chosen.id
+    )
+    return warm, chosen
+
+
 @dataclass(frozen=True, slots=True)
 class SaveResult:
     """What `save_snapshot` did: the record written, the save reply, and the proof calls."""
@@ -135,13 +161,8 @@ def save_snapshot(
     prefix = registry.get(ref)
     build = worker.server_build()
     require_slot_api(build)
-    chosen = idle_slot(worker, prefer=slot)
-    say(
-        f"warming {prefix.sha256[:12]} in slot {chosen.id} of {worker.url} (build {build.build_id})"
-    )
-    warm = measured_call(
-        worker, prefix, phase="warm", tail=fresh_tail(), with_cache=False, id_slot=chosen.id
-    )
+    say(f"warming {prefix.sha256[:12]} on {worker.url} (build {build.build_id})")
+    warm, chosen = _warm_and_locate(worker, prefix, slot)
     check, verdict, reason, _, _ = _pinned_check(worker, prefix, chosen.id)
     if verdict != "resumed":
         raise EvidenceUnverifiedError(
