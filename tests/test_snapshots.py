@@ -17,7 +17,12 @@ from typing import Any
 import orjson
 import pytest
 
-from prefixreg.core.errors import CorruptRecordError, IntegrityError, UsageError
+from prefixreg.core.errors import (
+    CorruptRecordError,
+    EvidenceUnverifiedError,
+    IntegrityError,
+    UsageError,
+)
 from prefixreg.core.records import ServerBuild
 from prefixreg.core.snapshots import SnapshotRecord, snapshot_file_name
 from prefixreg.registry.snapshots import (
@@ -30,7 +35,7 @@ from prefixreg.registry.snapshots import (
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.snapshot import restore_and_prove
+from prefixreg.verbs.snapshot import restore_and_prove, save_snapshot
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply
 
@@ -225,3 +230,13 @@ def test_snapshot_ls_lists_records(reg: Registry) -> None:
     assert listed["sha256"] == sha and listed["build"]["build_id"] == BUILD.build_id
     plain = run_cli("snapshot", "ls", "p1", "--registry", str(reg.root))
     assert plain.returncode == 0 and sha[:16].encode() in plain.stdout
+
+
+def test_save_refuses_a_slot_not_shown_to_hold_the_prefix(reg: Registry) -> None:
+    with FakeServer() as srv:
+        _llama(srv, restore=Reply(status=500), cached=0)  # every call is served cold
+        with Worker(srv.url) as w, pytest.raises(EvidenceUnverifiedError, match="nothing saved"):
+            save_snapshot(reg, "p1", w)
+        slot_posts = [r for r in srv.requests if r.method == "POST" and r.path.startswith("/slots")]
+    assert slot_posts == []  # no save request
+    assert list_snapshots(reg) == []
