@@ -97,7 +97,8 @@ def main() -> int:
                 for size in sizes:
                     res = warm_prefix(reg, refs[size], w)
                     ev = res.calls[0].evidence
-                    assert ev.cache_state == "cold" and ev.wall_s is not None, ev
+                    # A cold call may share the template's first tokens (DESIGN §4).
+                    assert (ev.cached_tokens or 0) < 50 and ev.wall_s is not None, ev
                     cold[size], tokens[size] = ev.wall_s, ev.prompt_tokens or 0
                     files[size] = save_snapshot(reg, refs[size], w, slot_dir=slots).record.file
                     print(f"{size}: cold {cold[size]:.2f} s ({tokens[size]} tokens), saved")
