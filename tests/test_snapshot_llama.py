@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import pytest
 
-from prefixreg.registry.snapshots import hash_snapshot_file, read_snapshot, write_snapshot
+from prefixreg.registry.snapshots import digest_snapshot_file, read_snapshot, write_snapshot
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.snapshot import save_snapshot
@@ -118,7 +118,7 @@ def test_restore_after_restart_is_proven_by_the_checks_cached_count(
         server.stop()
     assert res.returncode == 0, (res.stdout, res.stderr)
     assert out["verdict"] == "restored"
-    assert out["file_check"].startswith("sha256 matched")
+    assert out["file_check"].startswith("blake3 matched")
     check = out["check"]["evidence"]
     assert check["cached_source"] == "usage.prompt_tokens_details.cached_tokens"
     # The proof: a fresh tail on the restored slot resumed everything before the tail.
@@ -164,10 +164,17 @@ def test_another_prefixs_state_under_this_record_is_not_restored(
     assert p1 is not None and p2 is not None
     os.chmod(slots / p1.file, 0o644)
     shutil.copyfile(slots / p2.file, slots / p1.file)
-    sha, size = hash_snapshot_file(slots, p1.file)
-    # The integrity check passes: the record now names the file's real sha.
+    got = digest_snapshot_file(slots, p1.file)
+    # The integrity check passes: the record now names the file's real digests.
     write_snapshot(
-        reg, dataclasses.replace(p1, file_sha256=sha, file_bytes=size, slot_dir=str(slots))
+        reg,
+        dataclasses.replace(
+            p1,
+            file_sha256=got.sha256,
+            file_blake3=got.blake3,
+            file_bytes=got.size,
+            slot_dir=str(slots),
+        ),
     )
     server = start(flags_for(slots), paths=peer_paths(), log_dir=tmp_path)
     try:
@@ -176,7 +183,7 @@ def test_another_prefixs_state_under_this_record_is_not_restored(
         server.stop()
     assert res.returncode == 1, (res.stdout, res.stderr)
     assert out["verdict"] == "not_resumed"
-    assert out["file_check"].startswith("sha256 matched")
+    assert out["file_check"].startswith("blake3 matched")
     assert out["restore"]["n_tokens"] > 900  # the server called it a success
     assert "did not resume" in out["reason"]
     assert out["check"]["evidence"]["cached_tokens"] < 50
@@ -219,5 +226,5 @@ def test_snapshot_restores_on_a_second_server_process(saved: Saved, tmp_path: Pa
     finally:
         server.stop()
     assert res.returncode == 0, (res.stdout, res.stderr)
-    assert out["verdict"] == "restored" and out["file_check"].startswith("sha256 matched")
+    assert out["verdict"] == "restored" and out["file_check"].startswith("blake3 matched")
     assert out["fallback"] is None

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import blake3
 import orjson
 import pytest
 
@@ -26,6 +27,7 @@ from prefixreg.core.errors import (
 from prefixreg.core.records import ServerBuild
 from prefixreg.core.snapshots import SnapshotRecord, snapshot_file_name
 from prefixreg.registry.snapshots import (
+    digest_snapshot_file,
     hash_snapshot_file,
     list_snapshots,
     read_snapshot,
@@ -74,7 +76,9 @@ def reg(tmp_path: Path) -> Registry:
 
 
 def test_record_round_trips_and_parses_strictly() -> None:
-    rec = make_record("a" * 64, file_sha256="b" * 64, file_bytes=10, slot_dir="/x")
+    rec = make_record(
+        "a" * 64, file_sha256="b" * 64, file_blake3="c" * 64, file_bytes=10, slot_dir="/x"
+    )
     assert SnapshotRecord.from_dict(orjson.loads(orjson.dumps(rec.to_dict()))) == rec
     good = rec.to_dict()
     bad_cases: list[tuple[str, Any]] = [
@@ -88,6 +92,8 @@ def test_record_round_trips_and_parses_strictly() -> None:
     for key, value in bad_cases:
         with pytest.raises(CorruptRecordError):
             SnapshotRecord.from_dict({**good, key: value})
+    with pytest.raises(CorruptRecordError):
+        SnapshotRecord.from_dict({**good, "file": {**good["file"], "blake3": "C" * 64}})  # type: ignore[dict-item]
     for name in ("../x.bin", "a/b.bin", ".hidden", ""):
         with pytest.raises(CorruptRecordError):
             SnapshotRecord.from_dict({**good, "file": {**good["file"], "name": name}})  # type: ignore[dict-item]
@@ -142,6 +148,8 @@ def test_symlinks_are_refused(reg: Registry, tmp_path: Path) -> None:
         hashlib.sha256(b"kv" * 100).hexdigest(),
         200,
     )
+    got = digest_snapshot_file(tmp_path, "real.bin")
+    assert got.blake3 == blake3.blake3(b"kv" * 100).hexdigest() and got.size == 200
     with pytest.raises(UsageError):
         hash_snapshot_file(tmp_path, "../real.bin")
 

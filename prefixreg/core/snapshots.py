@@ -82,8 +82,10 @@ def _ms(d: Mapping[str, object], key: str) -> float | None:
 class SnapshotRecord:
     """One saved KV snapshot of a registered prefix on one server build.
 
-    `file_sha256`/`file_bytes` are None when the server's snapshot directory was not
-    readable from where the save ran; `n_written` is the server's own byte count.
+    `file_sha256`/`file_blake3`/`file_bytes` are None when the server's snapshot directory
+    was not readable from where the save ran (sha256 names the file for copies between
+    hosts; blake3, as strong and several times faster, is what a restore re-checks).
+    `n_written` is the server's own byte count.
     `slot_dir` is that directory as the saver saw it (a local path or None): where a later
     restore on this host re-hashes the file.
     """
@@ -98,6 +100,7 @@ class SnapshotRecord:
     slot_ctx: int | None
     created: str
     file_sha256: str | None = None
+    file_blake3: str | None = None
     file_bytes: int | None = None
     slot_dir: str | None = None
     worker: str | None = None
@@ -105,8 +108,10 @@ class SnapshotRecord:
     def __post_init__(self) -> None:
         if not is_full_sha(self.sha256):
             raise CorruptRecordError(f"{_WHAT}: 'sha256' is not a sha256")
-        if self.file_sha256 is not None and not is_full_sha(self.file_sha256):
-            raise CorruptRecordError(f"{_WHAT}: 'file_sha256' is not a sha256")
+        for key in ("file_sha256", "file_blake3"):
+            value = getattr(self, key)
+            if value is not None and not is_full_sha(value):  # both are 64 lowercase hex
+                raise CorruptRecordError(f"{_WHAT}: {key!r} is not 64 lowercase hex digits")
         try:
             validate_file_name(self.file)
         except UsageError as exc:
@@ -134,6 +139,7 @@ class SnapshotRecord:
             build=ServerBuild.from_dict(d.get("build")),
             file=cast(str, _str(file, "name")),
             file_sha256=_str(file, "sha256", optional=True),
+            file_blake3=_str(file, "blake3", optional=True),
             file_bytes=_count(file, "bytes", optional=True),
             n_written=_count(file, "n_written", optional=True),
             slot_dir=_str(file, "slot_dir", optional=True),
@@ -153,6 +159,7 @@ class SnapshotRecord:
             "file": {
                 "name": self.file,
                 "sha256": self.file_sha256,
+                "blake3": self.file_blake3,
                 "bytes": self.file_bytes,
                 "n_written": self.n_written,
                 "slot_dir": self.slot_dir,

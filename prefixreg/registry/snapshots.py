@@ -18,7 +18,7 @@ import hashlib
 import os
 import stat
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 from prefixreg.core.errors import CorruptRecordError, IntegrityError
 from prefixreg.core.jsonio import dumps_canonical, loads_object
@@ -28,6 +28,8 @@ from prefixreg.registry.layout import SNAPSHOTS, snapshot_filename
 from prefixreg.registry.store import Registry
 
 __all__ = [
+    "FileDigests",
+    "digest_snapshot_file",
     "hash_snapshot_file",
     "list_snapshots",
     "read_snapshot",
@@ -111,8 +113,18 @@ def list_snapshots(registry: Registry, sha256: str | None = None) -> list[Snapsh
     return out
 
 
-def hash_snapshot_file(directory: Path | str, name: str) -> tuple[str, int]:
-    """(sha256, size) of the snapshot file `name` in the server's directory `directory`.
+class FileDigests(NamedTuple):
+    """Digests of one snapshot file (None: not computed) and its size in bytes."""
+
+    sha256: str | None
+    blake3: str | None
+    size: int
+
+
+def digest_snapshot_file(
+    directory: Path | str, name: str, *, sha256: bool = True, blake3: bool = True
+) -> FileDigests:
+    """Hash the snapshot file `name` in the server's directory `directory`, in one pass.
 
     The file is opened with `O_NOFOLLOW` and must be a regular file: a symlink planted where
     a snapshot should be is refused, never hashed through.
@@ -120,22 +132,40 @@ def hash_snapshot_file(directory: Path | str, name: str) -> tuple[str, int]:
     Raises:
         FileNotFoundError: no such file. IntegrityError: a symlink or not a regular file.
     """
+    import blake3 as b3  # native, imported only where a snapshot file is hashed
+
     path = Path(directory) / validate_file_name(name)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
     except OSError as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
         raise IntegrityError(
-            f"{path}: cannot open without following links ({exc.strerror})"
+            f"{path}: cannot open without following links ({exc.strerror})", path=path
         ) from None
+    sha = hashlib.sha256() if sha256 else None
+    fast = b3.blake3() if blake3 else None
+    size = 0
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise IntegrityError(f"{path}: not a regular file; refused", path=path)
-        digest, size = hashlib.sha256(), 0
         while chunk := os.read(fd, _CHUNK):
-            digest.update(chunk)
             size += len(chunk)
+            if sha is not None:
+                sha.update(chunk)
+            if fast is not None:
+                fast.update(chunk)
     finally:
         os.close(fd)
-    return digest.hexdigest(), size
+    return FileDigests(
+        sha256=None if sha is None else sha.hexdigest(),
+        blake3=None if fast is None else fast.hexdigest(),
+        size=size,
+    )
+
+
+def hash_snapshot_file(directory: Path | str, name: str) -> tuple[str, int]:
+    """(sha256, size) of a snapshot file (see `digest_snapshot_file`)."""
+    got = digest_snapshot_file(directory, name, blake3=False)
+    assert got.sha256 is not None  # noqa: S101 -- asked for
+    return got.sha256, got.size
