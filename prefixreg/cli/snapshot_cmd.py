@@ -86,7 +86,8 @@ def save_command(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Warm a prefix in an idle slot, prove the slot holds it, save the slot, record it.
+    """Warm a prefix (in the slot already holding it, else an idle one), prove with a fresh
+    tail pinned to that slot that it holds the prefix, save the slot, and record it.
 
     The file name is derived from the prefix sha and the server build id. Exit 0 saved,
     3 integrity (nothing sent), 4 not proven (nothing recorded), 2 no slot API, 5 worker.
