@@ -61,6 +61,7 @@ COMMAND_MODULES: Final[dict[str, str]] = {
     "keepalive": "keepalive_cmd",
     "audit": "audit_cmd",
     "pool": "pool_cmd",
+    "snapshot": "snapshot_cmd",
     "mirror": "mirror",
     "migrate": "lifecycle",
     "gc": "lifecycle",

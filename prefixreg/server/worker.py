@@ -160,6 +160,21 @@ class Worker:
         missing = _NO_ROUTE if missing_ok else _NEVER
         return self._http.get_json(path, seconds=self._small, missing=missing)
 
+    def post_json(
+        self, path: str, body: JSONObject, *, seconds: float, missing: frozenset[int] = _NEVER
+    ) -> JSONObject | None:
+        """POST a JSON body to a small route (llama.cpp's slot actions) within `seconds` in
+        all; the reply as a JSON object, or None when its status is in `missing`."""
+        seconds = min(check_seconds("seconds", seconds), self.read_timeout)
+        headers = {"Content-Type": "application/json"}
+        with self._http.call(
+            "POST", path, seconds=seconds, content=orjson.dumps(body), headers=headers
+        ) as call:
+            if call.status in missing:
+                return None
+            self._http.raise_for_status("POST", path, call)
+            return self._http.json_object("POST", path, call.read(), call.content_type)
+
     def health(self) -> JSONObject:
         """GET /health, as the server sent it."""
         body = self._get("/health")
