@@ -31,7 +31,7 @@ from prefixreg.core.errors import (
     RegistryLocationError,
     UsageError,
 )
-from prefixreg.core.jsonio import dumps_canonical, loads_object
+from prefixreg.core.jsonio import loads_object
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.clock import iso_utc, utc_now
 
@@ -171,19 +171,13 @@ class RegistryDisk:
     def _load_marker(self) -> dict[str, object]:
         path = self.root / layout.MARKER
         data = loads_object(self.read_file(layout.MARKER), path=path)
-        if data.get("format") != layout.FORMAT:
-            raise RegistryLocationError(f"{path}: not a prefix registry marker")
-        version = data.get("version")
-        if type(version) is not int:
-            raise CorruptRecordError(f"{path}: 'version' must be an integer", path=path)
-        if version > layout.FORMAT_VERSION:
-            raise RegistryLocationError(
-                f"{self.root}: registry format {version} is newer than this prefixreg "
-                f"understands ({layout.FORMAT_VERSION})",
-                hint="upgrade prefixreg",
-            )
-        if data.get("role") not in ("origin", "mirror"):
-            raise CorruptRecordError(f"{path}: 'role' must be origin or mirror", path=path)
+        problem = layout.marker_problem(data)
+        if problem is not None:
+            kind, message = problem
+            if kind == "corrupt":
+                raise CorruptRecordError(f"{path}: {message}", path=path)
+            hint = "upgrade prefixreg" if kind == "newer" else None
+            raise RegistryLocationError(f"{path}: {message}", hint=hint)
         self._marker = dict(data)
         return self._marker
 
@@ -204,14 +198,9 @@ class RegistryDisk:
         if self._marker is not None or self._check_location():
             return
         self.root.mkdir(parents=True, exist_ok=True)
-        marker = {
-            "format": layout.FORMAT,
-            "version": layout.FORMAT_VERSION,
-            "role": role,
-            "created": iso_utc(utc_now()),
-        }
+        marker = layout.encode_marker(role, iso_utc(utc_now()))
         # The marker goes first, so a concurrent opener never sees files without it.
-        fsutil.publish_new(self.root / layout.MARKER, dumps_canonical(marker) + b"\n", mode=0o644)
+        fsutil.publish_new(self.root / layout.MARKER, marker, mode=0o644)
         self._load_marker()
         for sub in (layout.OBJECTS, layout.META, layout.NAMES, layout.MEASUREMENTS, layout.LOCKS):
             self.writable_dir(sub)

@@ -12,6 +12,7 @@ Invariants:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Final
 
 from prefixreg.core.digest import is_full_sha
@@ -37,10 +38,12 @@ __all__ = [
     "ROOT_FILES",
     "SNAPSHOTS",
     "TMP_SUFFIX",
+    "encode_marker",
     "encode_name_file",
     "frame_relpath",
     "frame_sha",
     "is_temp_name",
+    "marker_problem",
     "measurement_filename",
     "measurement_sha",
     "meta_relpath",
@@ -95,6 +98,39 @@ def _need_sha(sha: str) -> str:
     if not is_full_sha(sha):
         raise UsageError(f"not a sha256: {sha!r}")
     return sha
+
+
+# -- the marker ------------------------------------------------------------------------------
+
+
+def encode_marker(role: str, created: str) -> bytes:
+    """The bytes of `REGISTRY.json` for a new root of `role` (origin or mirror)."""
+    from prefixreg.core.jsonio import dumps_canonical
+
+    if role not in ("origin", "mirror"):
+        raise UsageError(f"a registry role is origin or mirror, not {role!r}")
+    marker = {"format": FORMAT, "version": FORMAT_VERSION, "role": role, "created": created}
+    return dumps_canonical(marker) + b"\n"
+
+
+def marker_problem(data: Mapping[str, object]) -> tuple[str, str] | None:
+    """What is wrong with a parsed `REGISTRY.json`, as (kind, message), or None.
+
+    kind: `foreign` (not a prefix registry marker), `newer` (a format this code does not
+    understand), `corrupt` (a bad version or role field).
+    """
+    if data.get("format") != FORMAT:
+        return "foreign", "not a prefix registry marker"
+    version = data.get("version")
+    if type(version) is not int:
+        return "corrupt", "'version' must be an integer"
+    if version > FORMAT_VERSION:
+        return "newer", (
+            f"registry format {version} is newer than this prefixreg understands ({FORMAT_VERSION})"
+        )
+    if data.get("role") not in ("origin", "mirror"):
+        return "corrupt", "'role' must be origin or mirror"
+    return None
 
 
 # -- objects and meta ------------------------------------------------------------------------

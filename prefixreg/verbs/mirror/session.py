@@ -24,11 +24,9 @@ from pathlib import Path
 from typing import Final
 
 from prefixreg.core.errors import IntegrityError, MirrorError
-from prefixreg.core.jsonio import dumps_canonical, loads_object
-from prefixreg.registry import fsutil
+from prefixreg.core.jsonio import loads_object
+from prefixreg.registry import fsutil, layout
 from prefixreg.registry.layout import (
-    FORMAT,
-    FORMAT_VERSION,
     MARKER,
     META,
     NAMES,
@@ -166,9 +164,9 @@ class Session:
             marker = loads_object(fsutil.read_nofollow(local), path=local)
         except IntegrityError as exc:
             raise MirrorError(f"destination {self.dest.raw}: unreadable {MARKER} ({exc})") from None
-        role, version = marker.get("role"), marker.get("version")
-        if marker.get("format") != FORMAT or type(version) is not int or version > FORMAT_VERSION:
+        if layout.marker_problem(marker) is not None:
             raise MirrorError(f"destination {self.dest.raw}: not a prefixreg {MARKER}; refusing")
+        role = marker.get("role")
         if role == "origin":
             raise MirrorError(
                 f"destination {self.dest.raw} is an origin registry; refusing to mirror onto it",
@@ -181,13 +179,7 @@ class Session:
         """Make a new destination a mirror before anything else arrives in it."""
         stage = self.workdir / "marker"
         stage.mkdir()
-        marker = {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            "role": "mirror",
-            "created": iso_utc(utc_now()),
-        }
-        (stage / MARKER).write_bytes(dumps_canonical(marker) + b"\n")
+        (stage / MARKER).write_bytes(layout.encode_marker("mirror", iso_utc(utc_now())))
         (stage / MARKER).chmod(0o644)
         # The new root takes the source root's mode, so the first compare finds it equal.
         stage.chmod(self.reg.root.stat().st_mode & 0o7777)
