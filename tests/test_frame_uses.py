@@ -1,8 +1,9 @@
-"""Frames through keepalive and audit: the whole head kept warm, drift named in a batch."""
+"""Frames through keepalive and audit: the whole head kept warm; drift named in a batch."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -124,3 +125,99 @@ def test_cli_keepalive_takes_a_frame_and_fails_closed_on_a_tampered_part(
     res = run_cli("keepalive", "loop", "--worker", sim.url, "--registry", root, "--duration", "1")
     assert res.returncode == 3, res.stderr
     assert len(sim.requests()) == seen  # nothing sent
+
+
+def loop_batch(url: str, reg: Registry, *, flip_at: int) -> list[dict[str, Any]]:  # noqa: F811
+    """A warmed loop's request+response pairs as logged; tool_choice "none" from `flip_at`."""
+    frame = get_frame(reg, "loop")
+    with Worker(url) as w:
+        warm_frame(reg, "loop", w)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
+    pairs: list[dict[str, Any]] = []
+    with httpx.Client(base_url=url) as http:
+        for i in range(TURNS):
+            body = frame.body(history, model="sim", max_tokens=4)
+            if i >= flip_at:
+                body["tool_choice"] = "none"
+            resp = http.post("/v1/chat/completions", json=body)
+            resp.raise_for_status()
+            pairs.append({"request": body, "response": resp.json(), "wall_s": 0.1})
+            turn(history, i)
+    return pairs
+
+
+def test_audit_names_a_tool_choice_flip_mid_loop_with_the_cold_calls(
+    sim: SimServer,  # noqa: F811
+    reg: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    frame = get_frame(reg, "loop")
+    batch = tmp_path / "batch.jsonl"
+    batch.write_bytes(
+        b"".join(orjson.dumps(p) + b"\n" for p in loop_batch(sim.url, reg, flip_at=3))
+    )
+    root = str(reg.root)
+    res = run_cli("audit", "--frame", "loop", str(batch), "--registry", root, "--json")
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)["frame"]
+    assert out["frame"] == frame.sha256 and out["name"] == "loop"
+    assert (out["requests"], out["in_line"], out["drifted"]) == (TURNS, 3, TURNS - 3)
+    assert [[d["part"] for d in c["drift"]] for c in out["calls"]] == [[]] * 3 + [
+        ["tool_choice"]
+    ] * (TURNS - 3)
+    assert [c["cache_state"] for c in out["calls"][:3]] == ["reused"] * 3
+    assert out["calls"][3]["cache_state"] == "cold"
+    assert "removes the tools" in out["calls"][3]["drift"][0]["detail"]
+    (event,) = out["events"]
+    assert (event["index"], event["calls"], event["answered"]) == (3, TURNS - 3, TURNS - 3)
+    assert event["cold_after"] >= 1
+    text = run_cli("audit", "--frame", "loop", str(batch), "--registry", root)
+    assert text.returncode == 0, text.stderr
+    assert b"3 of 6 requests in line with frame loop" in text.stdout
+    assert b'call 3: tool_choice: "auto" -> "none"' in text.stdout
+    assert f"{batch}:4: tool_choice [cold]".encode() in text.stdout
+
+
+def test_audit_names_changed_tools_and_a_dropped_setting_in_bare_request_bodies(
+    reg: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    frame = get_frame(reg, "loop")
+    history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    same = frame.body(history, model="m")
+    fewer = frame.body(history, model="m") | {"tools": (frame.tools or [])[:2]}
+    dropped = frame.body(history, model="m")
+    del dropped["chat_template_kwargs"]
+    batch = tmp_path / "requests.jsonl"
+    batch.write_bytes(b"".join(orjson.dumps(b) + b"\n" for b in (same, fewer, fewer, dropped)))
+    res = run_cli(
+        *("audit", "--frame", frame.sha256[:12], str(batch), "--registry", str(reg.root)),
+        "--json",
+    )
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)["frame"]
+    parts = [[d["part"] for d in c["drift"]] for c in out["calls"]]
+    assert parts == [[], ["tools"], ["tools"], ["chat_template_kwargs"]]
+    assert out["calls"][1]["drift"][0]["detail"].startswith("changed")
+    assert out["calls"][3]["drift"][0]["detail"].startswith("dropped")
+    assert [(e["index"], e["calls"], e["answered"]) for e in out["events"]] == [
+        (1, 2, 0),
+        (3, 1, 0),
+    ]
+    # No response beside the bodies: nothing is claimed about cold calls.
+    assert all(c["cache_state"] is None for c in out["calls"])
+
+
+def test_audit_frame_fails_closed_on_a_tampered_part(
+    reg: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    frame = get_frame(reg, "loop")
+    batch = tmp_path / "requests.jsonl"
+    batch.write_bytes(orjson.dumps(frame.body([{"role": "user", "content": "go"}])) + b"\n")
+    flip_byte(reg.object_path(frame.tools_sha256 or ""))
+    res = run_cli("audit", "--frame", "loop", str(batch), "--registry", str(reg.root))
+    assert res.returncode == 3, res.stderr
+    assert res.stdout == b""
+    missing = run_cli("audit", "--frame", "nope", str(batch), "--registry", str(reg.root))
+    assert missing.returncode == 2, missing.stderr
