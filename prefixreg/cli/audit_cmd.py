@@ -4,7 +4,7 @@ identity of each request's system prefix against the registry.
 Exit codes: 0 at least one call or request was read (malformed files, skipped non-regular
 files and unverified calls are listed, not fatal); 2 nothing readable (no path exists, or no
 call or request among them) or bad rates; 3 a registry measurement record or object is
-corrupt (the store fails closed).
+corrupt (the store fails closed), or the `--frame` or one of its parts fails verification.
 """
 
 from __future__ import annotations
@@ -58,6 +58,15 @@ def audit_command(
             show_default=False,
         ),
     ] = None,
+    frame: Annotated[
+        str | None,
+        typer.Option(
+            "--frame",
+            help="A frame (name or sha): name, per request, the part of its head that "
+            "drifted from the frame (tools, tool_choice, a setting), with the cold calls after.",
+            show_default=False,
+        ),
+    ] = None,
     registry: RegistryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -73,6 +82,8 @@ def audit_command(
     For every request, `messages[0].content` is hashed (sha256 of its UTF-8 bytes) and looked
     up in the registry: the report names the registered prefix the batch's requests are
     byte-identical to (name and sha), and lists the calls whose system prefix drifted.
+    With `--frame`, each request's head (system, tools, prompt settings) is compared with
+    the frame's, and each change is named with the cold calls that follow it.
     """
     with cli_errors(debug):
         from prefixreg.core.errors import RegistryLocationError, UsageError
@@ -90,11 +101,19 @@ def audit_command(
                 reg = open_registry_from(None)
             except RegistryLocationError:
                 reg = None
+        head = None
+        if frame is not None:
+            from prefixreg.registry.frames import get_frame
+
+            if reg is None or not reg.exists:
+                raise UsageError("--frame needs a registry that holds the frame")
+            head = get_frame(reg, frame)  # verified: a tampered part fails closed (exit 3)
         report = run_audit(
             paths,
             registry=reg if reg is not None and reg.exists else None,
             prefill_tps=prefill_tps,
             decode_tps=decode_tps,
+            frame=head,
         )
         if not report.calls and report.identity is None:
             for m in (*report.malformed, *report.skipped)[:10]:

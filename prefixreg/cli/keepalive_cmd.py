@@ -1,5 +1,8 @@
 """`prefixreg keepalive REF...`: keep prefixes resumable on a worker until stopped.
 
+A REF that names a frame keeps the frame's whole head warm (system bytes, tools, settings),
+byte for byte as the loop sends it; its re-warm measurements record the frame's sha.
+
 Ctrl-C (or `--duration`) stops it and prints the summary: re-warms, resumed vs cold, tokens
 spent and kept warm. Exit 0 when stopped normally after at least one re-warm succeeded
 (completed with verified counts); 5 when repeated worker errors stopped it, or no re-warm
@@ -50,14 +53,17 @@ def parse_duration(text: str) -> float:
 def _say(rewarm: Rewarm) -> None:
     ev = rewarm.record.evidence
     since = "first warm" if rewarm.since is None else f"after {rewarm.since:g} {rewarm.unit}"
+    what = rewarm.sha256[:12] if rewarm.frame is None else f"frame {rewarm.frame[:12]}"
     info(
-        f"re-warmed {rewarm.sha256[:12]} ({since}): {rewarm.verdict}, "
+        f"re-warmed {what} ({since}): {rewarm.verdict}, "
         f"cached {ev.cached_tokens}/{ev.prompt_tokens}"
     )
 
 
 def keepalive_command(
-    refs: Annotated[list[str], typer.Argument(help="Prefixes to keep warm (names or shas).")],
+    refs: Annotated[
+        list[str], typer.Argument(help="Prefixes or frames to keep warm (names or shas).")
+    ],
     worker: WorkerOpt = None,
     interval: Annotated[
         float | None,
@@ -95,13 +101,14 @@ def keepalive_command(
     it; servers with neither are re-warmed on a time interval. A re-warm that comes back
     cold tightens the budget. Every re-warm is recorded as a measurement.
     """
+    from prefixreg.registry.frames import get_head
     from prefixreg.server.worker import Worker
     from prefixreg.verbs.keepalive import KeepAlive
 
     with cli_errors(debug):
         seconds = None if duration is None else parse_duration(duration)
         reg = open_registry_from(registry)
-        prefixes = [reg.get(ref) for ref in refs]  # verified before anything is sent
+        prefixes = [get_head(reg, ref) for ref in refs]  # verified before anything is sent
         with Worker(worker_url(worker), timeout=5.0) as w:
             keeper = KeepAlive(
                 w,

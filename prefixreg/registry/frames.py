@@ -39,6 +39,7 @@ from prefixreg.registry.layout import (
 )
 
 if TYPE_CHECKING:
+    from prefixreg.core.prefix import Prefix
     from prefixreg.core.records import NameMove
     from prefixreg.registry.store import Registry
 
@@ -46,6 +47,7 @@ __all__ = [
     "frame_parts",
     "frame_shas",
     "get_frame",
+    "get_head",
     "is_frame",
     "name_frame",
     "read_frame",
@@ -186,6 +188,12 @@ def get_frame(reg: Registry, ref: str) -> Frame:
     if found is None:
         raise RefNotFoundError(f"no frame {ref!r}")
     return read_frame(reg, found[0], name=found[1])
+
+
+def get_head(reg: Registry, ref: str) -> Frame | Prefix:
+    """The verified frame `ref` names, else the verified prefix it names (what `warm` and
+    `keepalive` send as the head). Raises what `get_frame` or `Registry.get` raise."""
+    return get_frame(reg, ref) if resolve_frame(reg, ref) is not None else reg.get(ref)
 
 
 def name_frame(reg: Registry, name: str, sha: str) -> NameMove | None:

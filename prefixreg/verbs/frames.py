@@ -21,11 +21,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from prefixreg.core.frame import Drift, Frame
+from prefixreg.core.frame import Frame
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.frames import get_frame
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
+from prefixreg.verbs.audit.framedrift import DriftEvent, drift_events
 from prefixreg.verbs.measure import span_allowance
 from prefixreg.verbs.warm import WarmResult, warm_prefix
 
@@ -146,48 +147,16 @@ class LoopJudge:
         return "partial", f"{cached:,} cached, short of the frame's span of {span:,}"
 
 
-@dataclass(frozen=True, slots=True)
-class DriftEvent:
-    """Calls `index` onwards drifted from the frame in `parts`; `cold_after` of the calls
-    from there to the next change were served cold."""
-
-    index: int
-    drift: tuple[Drift, ...]
-    cold_after: int
-    calls: int
-
-    def __str__(self) -> str:
-        parts = "; ".join(str(d) for d in self.drift) or "back in line with the frame"
-        return (
-            f"call {self.index}: {parts} — {self.cold_after} of the {self.calls} calls "
-            "that follow were cold"
-        )
-
-
 def drift_report(
     frame: Frame, calls: Iterable[tuple[Mapping[str, Any], str | None]]
 ) -> list[DriftEvent]:
     """Each change of drift along a batch of (request body, cache state) pairs, in order.
 
     An event starts where a call's drift differs from the previous call's (the first
-    drifting call, a further change, or the return to the frame) and counts the cold calls
-    up to the next event.
+    drifting call, or a further change) and counts the cold calls up to the next change
+    (`prefixreg.verbs.audit.framedrift.drift_events`).
     """
-    rows: list[tuple[tuple[Drift, ...], str | None]] = [
-        (tuple(frame.drift(body)), state) for body, state in calls
-    ]
-    events: list[DriftEvent] = []
-    previous: tuple[Drift, ...] = ()
-    start: int | None = None
-    for i, (drift, _) in enumerate([*rows, ((), None)]):
-        if drift == previous and i < len(rows):
-            continue
-        if start is not None and previous:
-            segment = rows[start:i]
-            cold = sum(1 for _, state in segment if state == "cold")
-            events.append(DriftEvent(start, previous, cold, len(segment)))
-        start, previous = i, drift
-    return events
+    return drift_events([(tuple(frame.drift(body)), state) for body, state in calls])
 
 
 def diagnose(registry: Registry, result: WarmResult) -> str:

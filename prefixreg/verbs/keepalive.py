@@ -25,6 +25,8 @@ Invariants:
   (or run), and the stores of the keeper's own re-warms are taken off the other kept
   prefixes' counts; instead, each one's stores budget is reduced by the entries the other
   kept prefixes hold in the same LRU.
+- A kept frame is re-warmed with its whole head, byte for byte as the loop sends it (system
+  bytes, tools, settings); its measurement is filed under the system sha, with `frame` set.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from prefixreg.core.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
+from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.registry.store import Registry
@@ -64,14 +67,15 @@ MAX_BACKOFF_S: Final = 30.0
 
 @dataclass(slots=True)
 class _Kept:
-    prefix: Prefix
+    prefix: Prefix | Frame  # a frame: its whole head is re-warmed
     baseline: float | None = None  # the counter when last used; None: never warmed
     last_used: float = 0.0
     slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
 
 
 class KeepAlive:
-    """Keep `prefixes` resumable on `worker`. Run `step()` yourself, or `start()` a thread.
+    """Keep `prefixes` (prefixes or frames) resumable on `worker`. Run `step()` yourself,
+    or `start()` a thread.
 
     The worker should have a short `timeout` (polls must not hang); `touch(sha)` after the
     loop's own call resets that prefix's count. `registry` (optional) receives one
@@ -82,7 +86,7 @@ class KeepAlive:
     def __init__(
         self,
         worker: Worker,
-        prefixes: Sequence[Prefix],
+        prefixes: Sequence[Prefix | Frame],
         *,
         registry: Registry | None = None,
         budget: int | None = None,
@@ -227,10 +231,10 @@ class KeepAlive:
     def _rewarm(self, kept: _Kept, since: float | None) -> Rewarm:
         counter = self._counter
         stores = counter if isinstance(counter, StoresCounter) else None
-        tail = fresh_tail()
+        tail, head = fresh_tail(), kept.prefix
         record = measured_call(
             self.worker,
-            kept.prefix,
+            head,
             phase="keepalive",
             tail=tail,
             with_cache=stores is not None,
@@ -238,7 +242,7 @@ class KeepAlive:
         )
         verdict, _, _, _ = judge_resume(
             record.evidence,
-            prefix_bytes=kept.prefix.size,
+            prefix_bytes=head.head_bytes if isinstance(head, Frame) else head.size,
             tail_bytes=len(tail.encode("utf-8")),
             alignment=self.build.snapshot_align,
         )
@@ -246,9 +250,10 @@ class KeepAlive:
         if counter is not None:
             self._rebase(kept, counter, record)
         self._learn(record, verdict, since)
-        rewarm = Rewarm(
-            kept.prefix.sha256, since, verdict, record, self.budget.limit, self.budget.unit
-        )
+        system = head.system.sha256 if isinstance(head, Frame) else head.sha256
+        frame = head.sha256 if isinstance(head, Frame) else None
+        b = self.budget
+        rewarm = Rewarm(system, since, verdict, record, b.limit, b.unit, frame=frame)
         self._count(rewarm)
         self.history.append(rewarm)
         self._record(rewarm)
@@ -346,6 +351,8 @@ class KeepAlive:
             "cached_tokens": ev.cached_tokens,
             "calls": [rewarm.record.to_dict()],
         }
+        if rewarm.frame is not None:
+            body["frame"] = rewarm.frame
         record_measurement(self.registry, self.worker, self.build, rewarm.sha256, "keepalive", body)
 
     # -- running -------------------------------------------------------------------------

@@ -22,7 +22,8 @@ __all__ = ["KeepAliveSummary", "Rewarm"]
 @dataclass(frozen=True, slots=True)
 class Rewarm:
     """One re-warm: which prefix, how much foreign activity since its last use (in the
-    budget's unit; None for a first warm), and what the server said."""
+    budget's unit; None for a first warm), and what the server said. A kept frame's re-warm
+    names its system prefix in `sha256` and the frame in `frame`."""
 
     sha256: str
     since: float | None
@@ -30,10 +31,12 @@ class Rewarm:
     record: CallRecord
     budget: float
     unit: Unit
+    frame: str | None = None
 
     def to_dict(self) -> JSONObject:
         return {
             "sha256": self.sha256,
+            "frame": self.frame,
             f"since_{self.unit}": self.since,
             "verdict": self.verdict,
             f"budget_{self.unit}": self.budget,

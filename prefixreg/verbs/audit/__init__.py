@@ -14,6 +14,7 @@ One role per module:
 - `timemodel`: prefill/decode seconds per call;
 - `match`: naming the shared prefix by measured token span (a likeness);
 - `identity`: byte identity of `messages[0].content` against the registry (by sha256);
+- `framedrift`: with `--frame`, which part of each request's head drifted from the frame;
 - `report`: the JSON and text report;
 - `run`: the use case that ties them to the store.
 """

@@ -18,6 +18,8 @@ Invariants:
   calls through `CallEvidence.from_dict`.
 - Of a request, only the sha256 and byte length of `messages[0].content` are kept (never the
   text), so the identity check can name the registered prefix without holding prompts.
+- With a frame (`audit --frame`), a request also leaves the parts of its head that drift
+  from the frame (`Frame.drift`: part names, shas and setting values, never text).
 - Nothing read is fatal: what is not a call output is listed in `malformed` with a reason.
 - A directory is walked without following symlinks, and only regular files are opened: a
   FIFO, socket, device or symlink found in it is listed in `skipped` and never opened (a FIFO
@@ -38,6 +40,7 @@ from typing import Final
 import orjson
 
 from prefixreg.core.errors import CorruptRecordError
+from prefixreg.core.frame import Drift, Frame
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.server.evidence import evidence_from_response
@@ -100,6 +103,8 @@ class AuditInput:
     skipped: list[Malformed] = field(default_factory=list)
     measurements: list[Measurement] = field(default_factory=list)
     files: int = 0
+    # With a frame: (source, drift from the frame, paired with its response) per request.
+    heads: list[tuple[str, tuple[Drift, ...], bool]] = field(default_factory=list)
 
 
 def _wall(obj: Mapping[str, object]) -> float | None:
@@ -141,8 +146,13 @@ def _looks_like_measurement(obj: Mapping[str, object]) -> bool:
 class _Reader:
     """Accumulates calls, prompts and problems while walking the inputs."""
 
-    def __init__(self) -> None:
+    def __init__(self, frame: Frame | None = None) -> None:
         self.out = AuditInput()
+        self.frame = frame
+
+    def head(self, request: Mapping[str, object], source: str, paired: bool) -> None:
+        if self.frame is not None:
+            self.out.heads.append((source, tuple(self.frame.drift(request)), paired))
 
     def bad(self, source: str, reason: str) -> None:
         self.out.malformed.append(Malformed(source, reason))
@@ -182,11 +192,13 @@ class _Reader:
                 request = inner  # {"request": {"body": {...}}}: a logged HTTP request
             paired = isinstance(value.get("response"), dict)
             self.out.prompts.append(PromptSeen(source, system_prompt(request), paired))
+            self.head(request, source, paired)
             return not paired
         body = value.get("body")
         for candidate in (value, body):
             if isinstance(candidate, dict) and _looks_like_request(candidate):
                 self.out.prompts.append(PromptSeen(source, system_prompt(candidate), False))
+                self.head(candidate, source, False)
                 return True
         return False
 
@@ -343,12 +355,13 @@ def _parses(line: bytes) -> bool:
     return True
 
 
-def read_outputs(paths: Iterable[Path | str]) -> AuditInput:
+def read_outputs(paths: Iterable[Path | str], *, frame: Frame | None = None) -> AuditInput:
     """Read every call output and request under `paths` (files or directories). Never
     raises for bad input: missing paths, unreadable files and non-calls are listed in
     `malformed`, non-regular files and symlinks inside directories in `skipped`. A path
-    named directly may be a symlink to a regular file (the user chose it)."""
-    reader = _Reader()
+    named directly may be a symlink to a regular file (the user chose it). `frame`: each
+    request's drift from it is kept in `heads`."""
+    reader = _Reader(frame)
     for item in paths:
         path = Path(item)
         if path.is_dir():

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.verbs.audit.framedrift import FrameAudit
 from prefixreg.verbs.audit.identity import IdentityReport
 from prefixreg.verbs.audit.match import PrefixMatch
 from prefixreg.verbs.audit.read import AuditCall, Malformed
@@ -66,6 +67,7 @@ class AuditReport:
     prefix: PrefixMatch | None
     skipped: tuple[Malformed, ...] = ()
     identity: IdentityReport | None = None
+    frame: FrameAudit | None = None  # `audit --frame`: each request's drift from the frame
 
     # -- counts ---------------------------------------------------------------------------
 
@@ -206,6 +208,7 @@ class AuditReport:
             "summary": self.summary(),
             "shared_prefix": None if self.prefix is None else self.prefix.to_dict(),
             "system_prefix": None if self.identity is None else self.identity.to_dict(),
+            "frame": None if self.frame is None else self.frame.to_dict(),
             "unverified": [u.to_dict() for u in self.unverified()],
             "malformed": [m.to_dict() for m in self.malformed],
             "skipped": [m.to_dict() for m in self.skipped],
@@ -260,6 +263,8 @@ class AuditReport:
         lines.append(f"shared prefix  {self._prefix_text()}")
         if self.identity is not None:
             lines.extend(self.identity.text_lines(limit=limit))
+        if self.frame is not None:
+            lines.extend(self.frame.text_lines(limit=limit))
         lines.append(self.summary())
         for title, items in (
             ("unverified", self.unverified()),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prefixreg.core.errors import RefNotFoundError, UsageError
+from prefixreg.verbs.audit.framedrift import frame_audit
 from prefixreg.verbs.audit.identity import Lookup, check_identity
 from prefixreg.verbs.audit.match import PrefixSpan, match_prefix, merge_spans, prefix_spans
 from prefixreg.verbs.audit.read import AuditInput, read_outputs
@@ -24,6 +25,7 @@ from prefixreg.verbs.audit.report import AuditReport
 from prefixreg.verbs.audit.timemodel import DEFAULT_DECODE_TPS, DEFAULT_PREFILL_TPS, call_time
 
 if TYPE_CHECKING:
+    from prefixreg.core.frame import Frame
     from prefixreg.registry.store import Registry
 
 __all__ = ["audit_calls", "registry_lookup", "run_audit"]
@@ -38,12 +40,14 @@ def audit_calls(
     names: Mapping[str, Sequence[str]] | None = None,
     registered: set[str] | None = None,
     lookup: Lookup | None = None,
+    frame: Frame | None = None,
 ) -> AuditReport:
     """Account for the calls read. Pure. Rates default to the measured Flash lane.
 
     Spans from the records read are added to `spans`, so a directory that carries its
     warm records names its prefix without a registry. `lookup` (see `identity.Lookup`)
-    answers whether a request's prefix is registered; None: no registry to ask.
+    answers whether a request's prefix is registered; None: no registry to ask. `frame`
+    (with `data` read against it) adds each request's drift from the frame.
     """
     _check_rates(prefill_tps, decode_tps)
     p_tps = prefill_tps if prefill_tps is not None else DEFAULT_PREFILL_TPS
@@ -61,6 +65,7 @@ def audit_calls(
         prefix=match_prefix(data.calls, all_spans, names=names, registered=registered),
         skipped=tuple(data.skipped),
         identity=check_identity(data.prompts, lookup),
+        frame=None if frame is None else frame_audit(frame.sha256, frame.name, data),
     )
 
 
@@ -92,9 +97,11 @@ def run_audit(
     registry: Registry | None = None,
     prefill_tps: float | None = None,
     decode_tps: float | None = None,
+    frame: Frame | None = None,
 ) -> AuditReport:
     """Read `paths` and account for them; `registry` (when it exists) supplies measured
-    spans, names, which shas are registered, and the verified bytes for byte identity.
+    spans, names, which shas are registered, and the verified bytes for byte identity;
+    `frame` (verified) names each request's drift from it.
 
     Raises:
         UsageError: a rate is not a positive number.
@@ -102,7 +109,7 @@ def run_audit(
         IntegrityError: a registry object a request names does not hash to its sha.
     """
     _check_rates(prefill_tps, decode_tps)
-    data = read_outputs(paths)
+    data = read_outputs(paths, frame=frame)
     spans: list[PrefixSpan] = []
     names: dict[str, list[str]] = {}
     registered: set[str] | None = None
@@ -123,4 +130,5 @@ def run_audit(
         names=names,
         registered=registered,
         lookup=lookup,
+        frame=frame,
     )
