@@ -92,6 +92,7 @@ def test_pairs_name_the_registered_prefix_by_sha_and_list_drift(
         "bytes": len(SYSTEM.encode()),
         "names": ["coding-loop"],
         "registered": True,
+        "probe_slice": False,
     }
     assert ident["identical"] == 4
     drifted = [s for s, st in want.items() if st == "drifted"]

@@ -168,14 +168,29 @@ def show_command(
 
 
 def ls_command(
+    show_all: Annotated[
+        bool, typer.Option("--all", "-a", help="Also list probe slices (marked 'probe').")
+    ] = False,
+    probe: Annotated[bool, typer.Option("--probe", help="List only probe slices.")] = False,
     registry: RegistryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """List prefixes: sha, size, creation time, names, note."""
+    """List prefixes: sha, size, creation time, names, note.
+
+    The slices a probe registered are hidden (a named one is shown: its name makes it
+    yours); the count hidden goes to stderr. --all lists them too, --probe only them.
+    """
     with cli_errors(debug):
         reg = open_registry_from(registry)
-        objects = reg.list_objects()
+        everything = reg.list_objects()
+        if probe:
+            objects = [o for o in everything if o.probe_slice]
+        elif show_all:
+            objects = everything
+        else:
+            objects = [o for o in everything if not o.probe_slice or o.names]
+        hidden = len(everything) - len(objects)
         if json_out:
             emit_json(
                 [
@@ -185,18 +200,23 @@ def ls_command(
                         "created": o.created,
                         "names": list(o.names),
                         "note": o.note,
+                        "probe_slice": o.probe_slice,
                     }
                     for o in objects
                 ]
             )
-            return
-        for o in objects:
-            size = "?" if o.bytes is None else str(o.bytes)
-            names = _safe(",".join(o.names)) or "-"
-            note = f"  {_safe(o.note)}" if o.note else ""
-            sys.stdout.write(
-                f"{o.sha256[:12]}  {size:>9}  {(o.created or '?')[:19]}  {names}{note}\n"
-            )
+        else:
+            for o in objects:
+                size = "?" if o.bytes is None else str(o.bytes)
+                names = _safe(",".join(o.names)) or "-"
+                note = f"  {_safe(o.note)}" if o.note else ""
+                mark = "  [probe]" if o.probe_slice else ""
+                sys.stdout.write(
+                    f"{o.sha256[:12]}  {size:>9}  {(o.created or '?')[:19]}  {names}{mark}{note}\n"
+                )
+        if hidden and not probe:
+            what = "probe slice" if hidden == 1 else "probe slices"
+            info(f"{hidden} {what} hidden (ls --all lists them, ls --probe only them)")
 
 
 def name_command(

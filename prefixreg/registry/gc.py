@@ -20,6 +20,8 @@ Invariants:
 - Nothing a name points to, nor the `to` of any name's last journal line (an interrupted
   move `verify --repair` may complete), is ever removed ; names, journals, measurements and probe
   receipts are never removed at all (history stays).
+- A probe receipt keeps the objects its calls list, like a name (and, while a receipt does
+  not parse, every object marked a probe slice: `probeslices`).
 - Removal order is the reverse of the write order (meta, then object), so an interrupted
   gc leaves at worst an object without meta or a stray temp file (both `verify` warnings),
   never a meta record or name whose object is missing.
@@ -47,6 +49,7 @@ from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.frames import frame_parts
+from prefixreg.registry.probeslices import receipt_refs
 from prefixreg.registry.store import Registry
 
 __all__ = ["DEFAULT_GRACE", "MIN_AGE_S", "GcItem", "GcReport", "collect_garbage", "parse_grace"]
@@ -211,8 +214,13 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
         set(reg.names().values()) | set(last_to.values()) | frame_parts(reg)
     )  # a frame keeps its parts
     recent = _recent_measurements(reg, cutoff)
+    # A receipt keeps its slices like a name; one that does not parse keeps every slice.
+    by_receipt, receipt_unread = receipt_refs(raw for _path, raw in reg.probe_receipts())
     for sha in list(reg.iter_shas()):
         if sha in named:
+            continue
+        if sha in by_receipt or (receipt_unread and reg.is_probe_slice(sha)):
+            report.kept[sha] = "a probe receipt refers to it"
             continue
         if sha in recent:
             report.kept[sha] = "a measurement newer than the grace period refers to it"

@@ -8,7 +8,8 @@ Layout (format version 1, DESIGN §3; the rules live in `prefixreg.registry.layo
 `Registry` is assembled from one class per role: `disk.RegistryDisk` (root, marker, lock,
 no-follow access), `objects.ObjectStore` (objects and meta, verify at use),
 `names.NamedStore` (references and the write-ahead name journal), and this module (adding
-a prefix, listing, measurements, probe receipts, the mirror log).
+a prefix, listing, measurements, probe receipts, the mirror log). Probe slices are
+objects like any other, marked in their meta record (`probeslices` holds the convention).
 
 Invariants:
 - Arguments are checked before anything is written: content is bytes or str and valid
@@ -42,6 +43,7 @@ from prefixreg.registry import fsutil, layout
 from prefixreg.registry.clock import iso_utc, stamp_utc, utc_now
 from prefixreg.registry.layout import FORMAT, FORMAT_VERSION, MARKER, NAME_RE, validate_name
 from prefixreg.registry.names import NameConflictError, NamedStore
+from prefixreg.registry.probeslices import PROBE_SOURCE_PREFIX, is_probe_source, probe_source
 
 if TYPE_CHECKING:
     from prefixreg.core.records import Measurement, Meta
@@ -70,6 +72,7 @@ class ObjectInfo(NamedTuple):
     created: str | None
     note: str | None
     names: tuple[str, ...]
+    probe_slice: bool = False  # registered by a probe (`probeslices`), not the user's
 
 
 def check_text(value: object, what: str) -> str:
@@ -141,6 +144,8 @@ class Registry(NamedStore):
         if note is not None:
             check_text(note, "the note")
         check_text(source, "the source label")
+        if source.startswith(PROBE_SOURCE_PREFIX):
+            raise UsageError(f"the source label {source!r} is reserved for probe slices")
         if name is not None:
             validate_name(name)
         sha = sha256_hex(data)
@@ -151,6 +156,34 @@ class Registry(NamedStore):
         if name is not None:
             self.move_name(name, sha)
         return sha
+
+    def add_probe_slice(self, content: bytes | str, *, run_id: str) -> str:
+        """Store a slice probe run `run_id` sends, as `add` stores a prefix (same object and
+        meta checks), its meta marked as a probe slice (`probeslices`); return its sha.
+
+        Raises: as `add` (a `run_id` that is not UTF-8 text is a `UsageError`).
+        """
+        data = _content_bytes(content)
+        if not data:
+            raise InvalidContentError("refusing to add an empty prefix")
+        label = probe_source(check_text(run_id, "the probe run id"))
+        sha = sha256_hex(data)
+        self.init()
+        self.refuse_on_mirror("register probe slices")
+        self._put_object(sha, data)
+        self._write_meta(sha, len(data), note=f"probe {run_id}", source=label)
+        return sha
+
+    def is_probe_slice(self, sha: str) -> bool:
+        """Does the meta record of `sha` mark a probe slice? (No meta record: no.)
+
+        Raises: CorruptRecordError: the meta record does not parse.
+        """
+        try:
+            meta = self.meta(sha)
+        except RefNotFoundError:
+            return False
+        return is_probe_source(meta.source, meta.note)
 
     def list_objects(self) -> list[ObjectInfo]:
         """Every object with its meta and names, oldest first (meta is parsed, bytes not read).
@@ -175,6 +208,7 @@ class Registry(NamedStore):
                     created=meta.created if meta else None,
                     note=meta.note if meta else None,
                     names=tuple(sorted(by_sha.get(sha, ()))),
+                    probe_slice=meta is not None and is_probe_source(meta.source, meta.note),
                 )
             )
         out.sort(key=lambda o: (o.created or "", o.sha256))

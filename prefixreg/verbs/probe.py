@@ -1,7 +1,8 @@
 """`probe`: measure a worker's prompt cache with calls: Cmax, LRU survival, counter checks.
 
-For each size (characters of prefix text, sliced from a corpus and registered like any
-prefix, with a per-run header so no leg can resume an earlier run's snapshot):
+For each size (characters of prefix text, sliced from a corpus and registered as a probe
+slice (`Registry.add_probe_slice`: kept apart from the user's prefixes), with a per-run
+header so no leg can resume an earlier run's snapshot):
 
 - A1 cold baseline; A2 identical repeat (the positions one entry holds);
 - B same system bytes, fresh tail (what a fresh call resumes; Cmax is the largest B);
@@ -240,7 +241,7 @@ class _Prober:
     def legs(self, size: int) -> Prefix:
         header = f"prefixreg probe {self.report.run_id} prefix of {size} characters"
         text = probe_slice(self.corpus, size, header=header)
-        sha = self.registry.add(text, note=f"probe {self.report.run_id}", source="probe")
+        sha = self.registry.add_probe_slice(text, run_id=self.report.run_id)
         prefix = self.registry.get(sha)
         tail = fresh_tail()
         for leg, leg_tail in (("A1", tail), ("A2", tail), ("B", fresh_tail())):

@@ -3,7 +3,9 @@
 Per request read, `messages[0].content` is hashed (sha256 of its UTF-8 bytes, `read.py`)
 and looked up by that sha. The batch's prefix is the registered one most requests carry
 (ties: the first seen); when none is registered, the most common one, said to be
-unregistered. A request whose first message is another prefix has *drifted*.
+unregistered. A probe slice (`probe_slices`) is never preferred as the batch's prefix; a
+batch that carries only probe slices is said to be one, not one of the user's prefixes.
+A request whose first message is another prefix has *drifted*.
 
 Invariants:
 
@@ -19,7 +21,7 @@ Invariants:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -82,6 +84,7 @@ class IdentityReport:
     batch_size: int | None
     batch_names: tuple[str, ...]
     batch_registered: bool | None
+    batch_probe_slice: bool = False
 
     def of(self, status: Status) -> list[PromptIdentity]:
         return [p for p in self.prompts if p.status == status]
@@ -97,6 +100,7 @@ class IdentityReport:
                 "bytes": self.batch_size,
                 "names": list(self.batch_names),
                 "registered": self.batch_registered,
+                "probe_slice": self.batch_probe_slice,
             },
             "identical": len(self.of("identical")),
             "drifted": [p.source for p in self.of("drifted")],
@@ -111,7 +115,9 @@ class IdentityReport:
             lines = [f"system prefix  none of {n:,} requests has a text first message"]
         else:
             label = f"{', '.join(self.batch_names)} " if self.batch_names else ""
-            if self.batch_registered:
+            if self.batch_probe_slice:
+                state = "a probe slice, not one of the registry's prefixes"
+            elif self.batch_registered:
                 state = "registered, bytes verified"
             elif self.batch_registered is None:
                 state = "no registry consulted"
@@ -136,8 +142,11 @@ class IdentityReport:
         return lines
 
 
-def check_identity(prompts: Sequence[PromptSeen], lookup: Lookup | None) -> IdentityReport | None:
-    """Judge every request's first message; None when no request was read."""
+def check_identity(
+    prompts: Sequence[PromptSeen], lookup: Lookup | None, probe_slices: Collection[str] = ()
+) -> IdentityReport | None:
+    """Judge every request's first message; None when no request was read. `probe_slices`:
+    the shas the registry marks as probe slices (never preferred as the batch's prefix)."""
     if not prompts:
         return None
     sizes: dict[str, int] = {}
@@ -149,8 +158,9 @@ def check_identity(prompts: Sequence[PromptSeen], lookup: Lookup | None) -> Iden
         for sha, size in sizes.items():  # once per distinct prefix, in first-seen order
             found[sha] = lookup(sha, size)
     counts = Counter(p.system.sha256 for p in prompts if p.system.sha256 is not None)
-    registered = [sha for sha in sizes if found.get(sha) is not None]
-    pool = registered or list(sizes)
+    own = [sha for sha in sizes if sha not in probe_slices]
+    registered = [sha for sha in own if found.get(sha) is not None]
+    pool = registered or own or list(sizes)
     # max keeps the first of equals, and `pool` is in first-seen order.
     batch = max(pool, key=lambda sha: counts[sha]) if pool else None
 
@@ -178,4 +188,5 @@ def check_identity(prompts: Sequence[PromptSeen], lookup: Lookup | None) -> Iden
         batch_size=sizes.get(batch) if batch is not None else None,
         batch_names=batch_names,
         batch_registered=batch_reg,
+        batch_probe_slice=batch is not None and batch in probe_slices,
     )

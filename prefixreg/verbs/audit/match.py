@@ -8,6 +8,9 @@ Invariants:
   it carries no build (plain responses), every build is searched and the match says the
   build is not known to be the batch's.
 - When every call comes from measurement records of one prefix, that sha names it directly.
+- A probe slice is never the batch's prefix: spans of probe legs (kind `probe-*`) and of
+  objects the registry marks as probe slices are not candidates, and records of a probe
+  slice name none.
 - A token-count match is a likeness, not identity: `registered` says whether the sha is in
   the registry consulted (None: none was); byte identity is `identity.py`'s job. Pure.
 """
@@ -15,7 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -119,6 +122,7 @@ def match_prefix(
     *,
     names: Mapping[str, Sequence[str]] | None = None,
     registered: set[str] | None = None,
+    probe_slices: Collection[str] = (),
 ) -> PrefixMatch | None:
     """Which prefix the batch shares, or None.
 
@@ -126,9 +130,14 @@ def match_prefix(
     - otherwise the mean cached count of the reused calls against the spans measured on the
       builds the batch's records name (every build when none does), closest within
       `span_tolerance`. `names` maps sha -> names; `registered` is the registry's shas
-      (None: no registry to ask).
+      (None: no registry to ask); `probe_slices` the shas it marks as probe slices.
+
+    Neither way names a probe slice (see the module invariants): None instead.
     """
     names = names or {}
+
+    def is_probe(s: PrefixSpan) -> bool:
+        return s.kind.startswith("probe-") or s.sha256 in probe_slices
 
     def is_registered(sha: str) -> bool | None:
         return None if registered is None else sha in registered
@@ -143,6 +152,8 @@ def match_prefix(
     shas = {c.sha256 for c in calls}
     sha = next(iter(shas)) if len(shas) == 1 else None
     if sha is not None:
+        if sha in probe_slices or any(s.sha256 == sha and is_probe(s) for s in spans):
+            return None
         own = [s for s in spans if s.sha256 == sha and s.build_id in builds]
         span = max(own, key=lambda s: s.at) if own else None
         return PrefixMatch(
@@ -161,7 +172,7 @@ def match_prefix(
         return None
     # Newest first, so that `min` (which keeps the first of equals) prefers it on a tie.
     candidates = sorted(
-        (s for s in spans if not builds or s.build_id in builds),
+        (s for s in spans if (not builds or s.build_id in builds) and not is_probe(s)),
         key=lambda s: s.at,
         reverse=True,
     )

@@ -12,7 +12,7 @@ store fails closed) rather than being reported as "not registered".
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +41,7 @@ def audit_calls(
     registered: set[str] | None = None,
     lookup: Lookup | None = None,
     frame: Frame | None = None,
+    probe_slices: Collection[str] = (),
 ) -> AuditReport:
     """Account for the calls read. Pure. Rates default to the measured Flash lane.
 
@@ -48,6 +49,7 @@ def audit_calls(
     warm records names its prefix without a registry. `lookup` (see `identity.Lookup`)
     answers whether a request's prefix is registered; None: no registry to ask. `frame`
     (with `data` read against it) adds each request's drift from the frame.
+    `probe_slices` (shas the registry marks as probe slices) are never the batch's prefix.
     """
     _check_rates(prefill_tps, decode_tps)
     p_tps = prefill_tps if prefill_tps is not None else DEFAULT_PREFILL_TPS
@@ -62,9 +64,11 @@ def audit_calls(
         prefill_tps=p_tps,
         decode_tps=d_tps,
         rates_given=prefill_tps is not None or decode_tps is not None,
-        prefix=match_prefix(data.calls, all_spans, names=names, registered=registered),
+        prefix=match_prefix(
+            data.calls, all_spans, names=names, registered=registered, probe_slices=probe_slices
+        ),
         skipped=tuple(data.skipped),
-        identity=check_identity(data.prompts, lookup),
+        identity=check_identity(data.prompts, lookup, probe_slices),
         frame=None if frame is None else frame_audit(frame.sha256, frame.name, data),
     )
 
@@ -114,11 +118,14 @@ def run_audit(
     names: dict[str, list[str]] = {}
     registered: set[str] | None = None
     lookup: Lookup | None = None
+    probe_slices: set[str] = set()
     if registry is not None and registry.exists:
         spans = prefix_spans(registry.measurements())
         registered = set()
         for info in registry.list_objects():
             registered.add(info.sha256)
+            if info.probe_slice:
+                probe_slices.add(info.sha256)
             if info.names:
                 names[info.sha256] = list(info.names)
         lookup = registry_lookup(registry, names)
@@ -131,4 +138,5 @@ def run_audit(
         registered=registered,
         lookup=lookup,
         frame=frame,
+        probe_slices=probe_slices,
     )
