@@ -228,3 +228,32 @@ def test_snapshot_restores_on_a_second_server_process(saved: Saved, tmp_path: Pa
     assert res.returncode == 0, (res.stdout, res.stderr)
     assert out["verdict"] == "restored" and out["file_check"].startswith("blake3 matched")
     assert out["fallback"] is None
+
+
+def test_warm_restore_after_restart_exits_0_and_records_the_proof(
+    saved: Saved, tmp_path: Path
+) -> None:
+    reg, _ = copy_of(saved, tmp_path)
+    server = start(
+        flags_for(saved.slots, "-v"), paths=peer_paths(), log_dir=tmp_path, port=saved.port
+    )
+    try:
+        res = cli(
+            "warm", "p1", "--restore", "--worker", server.url, "--registry", str(reg), "--json"
+        )
+        log = server.log.read_text(errors="replace")
+    finally:
+        server.stop()
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    out = orjson.loads(res.stdout)
+    assert out["verdict"] == "restored" and out["resumed_by"] == "restore"
+    assert out["fallback"] is None and RESTORE_MARK in log
+    check = out["check"]["evidence"]
+    assert check["prompt_tokens"] - check["cached_tokens"] < 45  # resumed all but the tail
+    body = record_of(reg, out["sha256"])
+    assert body["verdict"] == "restored"
+    assert body["restore"]["server_ms"] is not None  # restore time, as the server measured it
+    assert body["restore"]["n_tokens"] > 900  # tokens restored
+    assert body["cached_tokens"] == check["cached_tokens"] > 900  # the check's evidence
+    assert body["calls"][0]["evidence"]["cache_state"] == "reused"
+    assert body["calls"][0]["evidence"]["wall_s"] > 0

@@ -105,21 +105,36 @@ def gc_command(
             help="Also remove objects no name points to (and no recent measurement uses).",
         ),
     ] = False,
+    prune_snapshots: Annotated[
+        bool,
+        typer.Option(
+            "--prune-snapshots",
+            help="Also remove snapshot records whose prefix object is gone (the snapshot"
+            " files, in the server's directory, are not touched).",
+        ),
+    ] = False,
     registry: RegistryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Remove stray temp files older than the grace period; unnamed objects only if asked.
 
-    Takes the registry's exclusive lock. Never removes a named object, a measurement, a
-    journal or anything younger than the grace period.
+    Takes the registry's exclusive lock. Never removes a named object, one a snapshot
+    record points to, a measurement, a journal or anything younger than the grace period;
+    snapshot records only with --prune-snapshots (and only when their prefix is gone).
     """
     with cli_errors(debug):
         from prefixreg.registry.gc import collect_garbage, parse_grace
 
         grace_s = parse_grace(grace)
         reg = open_registry_from(registry)
-        report = collect_garbage(reg, grace_s=grace_s, prune_unnamed=prune_unnamed, dry_run=dry_run)
+        report = collect_garbage(
+            reg,
+            grace_s=grace_s,
+            prune_unnamed=prune_unnamed,
+            prune_snapshots=prune_snapshots,
+            dry_run=dry_run,
+        )
         if json_out:
             emit_json(report.to_dict())
         else:
@@ -128,12 +143,13 @@ def gc_command(
                 sys.stdout.write(f"{verb} {item.kind:<6} {item.path}\n")
         counts = {
             kind: sum(1 for i in report.removed if i.kind == kind)
-            for kind in ("stray", "object", "meta")
+            for kind in ("stray", "object", "meta", "snapshot")
         }
         info(
             f"{'dry run: would remove' if dry_run else 'removed'} {counts['stray']} stray temp "
-            f"files, {counts['object']} unnamed objects, {counts['meta']} meta records "
-            f"(grace {grace})"
+            f"files, {counts['object']} unnamed objects, {counts['meta']} meta records"
+            + (f", {counts['snapshot']} snapshot records" if prune_snapshots else "")
+            + f" (grace {grace})"
             + ("" if prune_unnamed else "; unnamed objects are kept without --prune-unnamed")
         )
 

@@ -6,6 +6,8 @@ hold the prefix (nothing recorded), 2 a server profile without a slot API, 5 wor
 (`restored`); 1 when no snapshot fits the worker's build, the server refused the restore,
 or it "succeeded" without resuming (each followed by a normal warm unless --no-warm);
 3 the snapshot file changed on disk (no restore sent); 4 unverified evidence; 2, 5 as above.
+`warm --restore` runs the same restore through `warm_restore_cli`: 0 for `restored`, else the
+normal warm that follows decides the exit code as a plain `warm` would.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from prefixreg.cli._common import (
+    EXIT_BY_OUTCOME,
     DebugOpt,
     ExitCode,
     JsonOpt,
@@ -30,9 +33,11 @@ from prefixreg.cli._common import (
 from prefixreg.cli.worker_cmds import ModelOpt, ProfileOpt, TimeoutOpt, open_worker
 
 if TYPE_CHECKING:
+    from prefixreg.registry.store import Registry
+    from prefixreg.server.worker import Worker
     from prefixreg.verbs.snapshot import RestoreResult
 
-__all__ = ["register", "restore_exit_code", "snapshot_app"]
+__all__ = ["register", "restore_exit_code", "snapshot_app", "warm_restore_cli"]
 
 RefArg = Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")]
 SlotDirOpt = Annotated[
@@ -71,6 +76,55 @@ def restore_exit_code(result: RestoreResult) -> int:
     if result.verdict == "unverified":
         return int(ExitCode.UNVERIFIED)
     return int(ExitCode.NO)
+
+
+def warm_exit_code(result: RestoreResult) -> int:
+    """`warm --restore`: 0 for a proven `restored`; else the fallback warm decides, as a
+    plain `warm` would (without one: `restore_exit_code`)."""
+    if result.verdict == "restored" or result.fallback is None:
+        return restore_exit_code(result)
+    return int(EXIT_BY_OUTCOME[result.fallback.verdict])
+
+
+def _did_not_resume(result: RestoreResult) -> str:
+    if result.verdict == "no_snapshot":
+        return "no snapshot was restored"
+    if result.verdict == "restore_failed":
+        return "the restore was refused: it did not resume the prefix"
+    return "the restore did NOT resume the prefix"
+
+
+def warm_restore_cli(
+    reg: Registry, ref: str, worker: Worker, *, slot_dir: Path | None, json_out: bool
+) -> int:
+    """`prefixreg warm REF --restore`: restore and prove, else warm normally; the exit code.
+
+    The text output says plainly when the restore did not resume, and then shows the
+    normal warm's own summary; `--json` adds `outcome` (`restored`, or the warm's verdict)
+    and `resumed_by` (`restore`, `warm` or null) to the restore's receipt.
+    """
+    from prefixreg.cli.worker_cmds import summary_text
+    from prefixreg.verbs.snapshot import restore_and_prove
+
+    progress = info if sys.stderr.isatty() and not json_out else None
+    result = restore_and_prove(reg, ref, worker, slot_dir=slot_dir, progress=progress)
+    code = warm_exit_code(result)
+    fb = result.fallback
+    if json_out:
+        by = "restore" if result.verdict == "restored" else None
+        if by is None and fb is not None and code == int(ExitCode.OK):
+            by = "warm"
+        outcome = result.verdict if fb is None else fb.verdict
+        emit_json({**result.to_dict(), "outcome": outcome, "resumed_by": by})
+        return code
+    sys.stdout.write(_restore_summary(result, with_fallback=False))
+    if fb is not None:
+        sys.stdout.write(
+            f"restore  {_did_not_resume(result)}; a normal warm followed "
+            f"({fb.verdict}, exit {code}):\n"
+        )
+        sys.stdout.write(summary_text(fb))
+    return code
 
 
 @snapshot_app.command("save")
@@ -159,7 +213,7 @@ def restore_command(
         raise typer.Exit(restore_exit_code(result))
 
 
-def _restore_summary(result: RestoreResult) -> str:
+def _restore_summary(result: RestoreResult, *, with_fallback: bool = True) -> str:
     lines = [f"prefix   {result.prefix.sha256[:16]} on build {result.build.build_id}"]
     if result.snapshot is not None:
         lines.append(f"file     {result.snapshot.file} ({result.file_check})")
@@ -178,7 +232,7 @@ def _restore_summary(result: RestoreResult) -> str:
     lines.append(f"verdict  {result.verdict.upper()}: {result.reason}")
     if result.record_path:
         lines.append(f"record   {result.record_path}")
-    if result.fallback is not None:
+    if result.fallback is not None and with_fallback:
         fb = result.fallback
         lines.append(f"warm     {fb.verdict.upper()}: {fb.reason} ({fb.record_path})")
     return "\n".join(lines) + "\n"

@@ -1,12 +1,15 @@
 """Worker commands: `warm` (and `prefix-warm`) and `doctor`.
 
 Exit codes of `warm`: 0 resumed (server evidence), 1 cold or partial, 4 unverified,
-5 worker error, 3 integrity failure (nothing was sent).
+5 worker error, 3 integrity failure (nothing was sent). `warm --restore` (llama.cpp):
+0 for a proven `restored`; otherwise the normal warm that follows decides, as above;
+3 when the snapshot file changed (no restore sent); 2 a server without a slot API.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -122,6 +125,24 @@ def warm_command(
     model: ModelOpt = None,
     timeout: TimeoutOpt = 1800.0,
     profile: ProfileOpt = None,
+    restore: Annotated[
+        bool,
+        typer.Option(
+            "--restore",
+            help="llama.cpp: restore the prefix's KV snapshot for the worker's current build"
+            " and prove it with a fresh tail pinned to that slot; when there is none, or it"
+            " does not resume, a normal warm follows (see `prefixreg snapshot`).",
+        ),
+    ] = False,
+    slot_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--slot-dir",
+            help="With --restore: the server's --slot-save-path as seen from here, where the"
+            " snapshot file is re-hashed (default: the directory recorded at save).",
+            show_default=False,
+        ),
+    ] = None,
     public: Annotated[
         bool,
         typer.Option(
@@ -138,7 +159,9 @@ def warm_command(
 
     The prefix's bytes are verified first; on a mismatch nothing is sent (exit 3). One
     measurement record is written, bound to the server build read from /health. Exit 0
-    resumed, 1 cold or partial, 4 unverified evidence, 5 worker error.
+    resumed, 1 cold or partial, 4 unverified evidence, 5 worker error. With --restore: exit
+    0 when the snapshot is proven `restored`, else the normal warm that follows decides;
+    3 when the snapshot file changed (no restore sent); 2 a server without a slot API.
     """
     from prefixreg.verbs.warm import warm_prefix
 
@@ -147,7 +170,22 @@ def warm_command(
             raise UsageError("--public shapes the --json receipt; add --json")
         if no_check and check_only:
             raise typer.BadParameter("--no-check and --check-only exclude each other")
+        if slot_dir is not None and not restore:
+            raise UsageError("--slot-dir is for --restore; add --restore")
+        if restore and (no_check or check_only or public):
+            raise UsageError(
+                "--restore always proves with a check; drop --no-check/--check-only/--public"
+            )
         reg = open_registry_from(registry)
+        if restore:
+            if _frame_ref(reg, ref):
+                raise UsageError("--restore takes a prefix; a frame has no snapshot")
+            from prefixreg.cli.snapshot_cmd import warm_restore_cli
+
+            with open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
+                raise typer.Exit(
+                    warm_restore_cli(reg, ref, w, slot_dir=slot_dir, json_out=json_out)
+                )
         if _frame_ref(reg, ref):  # a frame: its whole head, verified (cli/frame_cmd.py)
             from prefixreg.cli.frame_cmd import warm_frame_cli
 

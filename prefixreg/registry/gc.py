@@ -6,7 +6,9 @@ What it removes, all under the registry's exclusive lock (the one name moves tak
   period;
 - with `prune_unnamed` only: objects that no name points to, whose mtime (refreshed by
   every re-add) is older than the grace period and that no measurement newer than the
-  grace period refers to, together with their meta records.
+  grace period refers to, together with their meta records;
+- with `prune_snapshots` only: snapshot records whose prefix object is gone, older than
+  the grace period (the snapshot files, in the server's directory, are never touched).
 
 Nothing younger than `MIN_AGE_S` (60 s) is touched whatever the grace, even `--grace 0`:
 a younger temp file may be a write in flight, a younger object one an `add` is still
@@ -17,9 +19,10 @@ Invariants:
   symlink anywhere below the root (a symlinked `objects/` or `meta/` included) or an object
   that is not a regular file makes gc refuse to run (`IntegrityError`, exit 3) before
   anything is removed, so no file outside the registry is ever touched.
-- Nothing a name points to, nor the `to` of any name's last journal line (an interrupted
-  move `verify --repair` may complete), is ever removed ; names, journals, measurements and probe
-  receipts are never removed at all (history stays).
+- Nothing a name or a snapshot record points to, nor the `to` of any name's last journal
+  line (an interrupted move `verify --repair` may complete), is ever removed; names,
+  journals, measurements and probe receipts are never removed at all (history stays), nor
+  a snapshot record unless `prune_snapshots` is asked for.
 - A probe receipt keeps the objects its calls list, like a name (and, while a receipt does
   not parse, every object marked a probe slice: `probeslices`).
 - Removal order is the reverse of the write order (meta, then object), so an interrupted
@@ -50,6 +53,7 @@ from prefixreg.core.jsonio import JSONObject
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.frames import frame_parts
 from prefixreg.registry.probeslices import receipt_refs
+from prefixreg.registry.snapshots import prune_snapshot_records, snapshot_prefix_shas
 from prefixreg.registry.store import Registry
 
 __all__ = ["DEFAULT_GRACE", "MIN_AGE_S", "GcItem", "GcReport", "collect_garbage", "parse_grace"]
@@ -82,7 +86,7 @@ def parse_grace(text: str) -> float:
 class GcItem:
     """One file gc removed (or, in a dry run, would remove)."""
 
-    kind: Literal["stray", "object", "meta"]
+    kind: Literal["stray", "object", "meta", "snapshot"]
     path: str  # relative to the registry root
     age_s: float
 
@@ -98,6 +102,7 @@ class GcReport:
     dry_run: bool
     grace_s: float
     prune_unnamed: bool
+    prune_snapshots: bool = False
     removed: list[GcItem] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)  # sha -> reason
 
@@ -107,6 +112,7 @@ class GcReport:
             "dry_run": self.dry_run,
             "grace_s": self.grace_s,
             "prune_unnamed": self.prune_unnamed,
+            "prune_snapshots": self.prune_snapshots,
             "removed": [item.to_dict() for item in self.removed],
             "kept": dict(self.kept),
         }
@@ -117,6 +123,7 @@ def collect_garbage(
     *,
     grace_s: float,
     prune_unnamed: bool = False,
+    prune_snapshots: bool = False,
     dry_run: bool = False,
     now: float | None = None,
     min_age_s: float = MIN_AGE_S,
@@ -125,7 +132,10 @@ def collect_garbage(
 
     Args:
         grace_s: only files older than this many seconds are touched.
-        prune_unnamed: also remove unnamed, unreferenced objects older than the grace.
+        prune_unnamed: also remove unnamed, unreferenced objects older than the grace
+            (an object a snapshot record points to is kept, as a named one is).
+        prune_snapshots: also remove snapshot records older than the grace whose prefix
+            object is gone.
         dry_run: decide, report, change nothing.
         now: the clock (tests); defaults to the current time.
         min_age_s: the age below which nothing is touched whatever the grace (tests lower
@@ -140,11 +150,15 @@ def collect_garbage(
     if grace_s < 0:
         raise UsageError("the grace period cannot be negative")
     report = GcReport(
-        root=str(reg.root), dry_run=dry_run, grace_s=grace_s, prune_unnamed=prune_unnamed
+        root=str(reg.root),
+        dry_run=dry_run,
+        grace_s=grace_s,
+        prune_unnamed=prune_unnamed,
+        prune_snapshots=prune_snapshots,
     )
     if not reg.exists:
         return report  # never create a registry just to collect nothing
-    if prune_unnamed and reg.role == "mirror":
+    if (prune_unnamed or prune_snapshots) and reg.role == "mirror":
         raise UsageError(
             "refusing to prune objects on a mirror: the next mirror run decides what it holds",
             hint="run gc --prune-unnamed on the origin",
@@ -158,6 +172,9 @@ def collect_garbage(
         _collect_strays(reg, report, cutoff=cutoff, now=moment)
         if prune_unnamed:
             _prune_unnamed(reg, report, cutoff=cutoff, now=moment)
+        if prune_snapshots:
+            for rel, mtime in prune_snapshot_records(reg, cutoff=cutoff, dry_run=dry_run):
+                report.removed.append(GcItem("snapshot", rel, moment - mtime))
     return report
 
 
@@ -216,8 +233,12 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
     recent = _recent_measurements(reg, cutoff)
     # A receipt keeps its slices like a name; one that does not parse keeps every slice.
     by_receipt, receipt_unread = receipt_refs(raw for _path, raw in reg.probe_receipts())
+    snapped = snapshot_prefix_shas(reg)
     for sha in list(reg.iter_shas()):
         if sha in named:
+            continue
+        if sha in snapped:
+            report.kept[sha] = "a snapshot record points to it"
             continue
         if sha in by_receipt or (receipt_unread and reg.is_probe_slice(sha)):
             report.kept[sha] = "a probe receipt refers to it"

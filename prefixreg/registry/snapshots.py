@@ -10,12 +10,19 @@ Invariants:
 - Nothing is followed through a symlink: reads open every component below the root with
   `O_NOFOLLOW`, writes refuse a symlinked `snapshots/`, and a snapshot file is hashed
   through a no-follow descriptor that must be a regular file.
+- For `verify` and `gc`: a record keeps its prefix object as a name does
+  (`snapshot_prefix_shas`, read from the record *file names*, so even a record that no
+  longer parses keeps its prefix); a record is removed only by `prune_snapshot_records`
+  (gc `--prune-snapshots`), and only when its prefix object is gone and the record is
+  older than the cutoff. Snapshot files live in the server's directory, outside the
+  registry, and are never touched here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Final, NamedTuple
@@ -24,20 +31,24 @@ from prefixreg.core.errors import CorruptRecordError, IntegrityError
 from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.core.snapshots import SnapshotRecord, validate_file_name
 from prefixreg.registry import fsutil
-from prefixreg.registry.layout import SNAPSHOTS, snapshot_filename
+from prefixreg.registry.layout import SNAPSHOTS, object_relpath, snapshot_filename
 from prefixreg.registry.store import Registry
 
 __all__ = [
     "FileDigests",
+    "check_snapshot_entry",
     "digest_snapshot_file",
     "hash_snapshot_file",
     "list_snapshots",
+    "prune_snapshot_records",
     "read_snapshot",
+    "snapshot_prefix_shas",
     "snapshot_record_path",
     "write_snapshot",
 ]
 
 _CHUNK: Final = 1 << 20
+_RECORD_NAME: Final = re.compile(r"([0-9a-f]{64})-[0-9a-f]{16}\.json")
 
 
 def snapshot_record_path(registry: Registry, sha256: str, build_id: str) -> Path:
@@ -111,6 +122,78 @@ def list_snapshots(registry: Registry, sha256: str | None = None) -> list[Snapsh
     ]
     out.sort(key=lambda r: (r.created, r.sha256, r.build_id))
     return out
+
+
+# -- verify and gc --------------------------------------------------------------------------
+
+
+def _record_entries(registry: Registry) -> list[tuple[str, str]]:
+    """(file name, prefix sha) of every entry of `snapshots/` named like a record."""
+    out = []
+    for name, kind in registry.entries(SNAPSHOTS):
+        match = _RECORD_NAME.fullmatch(name)
+        if kind == "file" and match is not None:
+            out.append((name, match.group(1)))
+    return out
+
+
+def snapshot_prefix_shas(registry: Registry) -> set[str]:
+    """The prefixes snapshot records point to (by file name: parsed or not, each keeps its
+    prefix from `gc --prune-unnamed`, as a name does).
+
+    Raises:
+        IntegrityError: `snapshots/` is a symlink or not a directory.
+    """
+    return {sha for _name, sha in _record_entries(registry)}
+
+
+def check_snapshot_entry(registry: Registry, name: str, kind: str) -> list[tuple[str, str]]:
+    """`verify`'s findings for the entry `name` of `snapshots/`, as (kind, message) pairs.
+
+    `unexpected`: not a record file or name; `bad_record`: does not parse strictly, or names
+    another prefix or build than its file name; `dangling`: its prefix object is missing.
+    """
+    match = _RECORD_NAME.fullmatch(name)
+    if kind != "file" or match is None:
+        return [("unexpected", "not a snapshot record (<sha256>-<build id>.json)")]
+    try:
+        record = _load(registry, registry.root / SNAPSHOTS / name)
+    except (CorruptRecordError, IntegrityError) as exc:
+        return [("bad_record", str(exc))]
+    try:
+        missing = registry.lstat(object_relpath(record.sha256)) is None
+    except IntegrityError:
+        return []  # behind a symlinked objects/: the walk reports it
+    if missing:
+        return [("dangling", f"snapshot record of missing prefix {record.sha256}")]
+    return []
+
+
+def prune_snapshot_records(
+    registry: Registry, *, cutoff: float, dry_run: bool
+) -> list[tuple[str, float]]:
+    """Remove the records whose prefix object is gone and whose mtime is before `cutoff`.
+
+    Returns (relative path, mtime) of each record removed (or, dry, that would be). The
+    caller holds the registry lock (gc); a record that parses or not is judged by its name.
+    """
+    removed = []
+    for name, sha in _record_entries(registry):
+        if registry.lstat(object_relpath(sha)) is not None:
+            continue
+        rel = f"{SNAPSHOTS}/{name}"
+        st = registry.lstat(rel)
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
+            continue
+        if not dry_run:
+            try:
+                registry.path(rel).unlink()
+            except FileNotFoundError:
+                continue
+        removed.append((rel, st.st_mtime))
+    if removed and not dry_run:
+        fsutil.fsync_dir(registry.path(SNAPSHOTS))
+    return removed
 
 
 class FileDigests(NamedTuple):

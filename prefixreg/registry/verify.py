@@ -8,7 +8,9 @@ Problems (verify exits 1): an object whose bytes do not hash to its name or that
 regular file; a symlink anywhere below the root; an unexpected entry (at the root: anything
 but the entries of `layout.EXPECTED_DIRS` and `layout.ROOT_FILES`); a meta record or name
 that does not parse or disagrees with its object; a name that points nowhere; a corrupt
-journal line or measurement; a name whose value is not the `to` of its last `names.log`
+journal line or measurement; a snapshot record that does not parse strictly or whose file
+name disagrees with its prefix sha and build id (`bad_record`) or whose prefix object is
+missing (`dangling`); a name whose value is not the `to` of its last `names.log`
 line (`journal`); a writable object (`bad_mode`); any registry file or directory that
 other users can write to (`insecure_mode`: they could swap names or plant files).
 Warnings: stray temp files, objects without meta (the debris of interrupted or in-flight
@@ -27,6 +29,7 @@ from typing import Final, Literal
 from prefixreg.core.errors import IntegrityError
 from prefixreg.registry import layout
 from prefixreg.registry.frames import is_frame, verify_frames
+from prefixreg.registry.snapshots import check_snapshot_entry
 from prefixreg.registry.store import Registry
 
 __all__ = ["Finding", "VerifyReport", "repair_registry", "verify_registry"]
@@ -110,6 +113,9 @@ def verify_registry(reg: Registry) -> VerifyReport:
     _verify_probes(report, tree)
     for rel, message in verify_frames(reg):
         report.add("bad_record", rel, message)
+    for entry, kind in tree.get(layout.SNAPSHOTS, []):
+        for what, message in check_snapshot_entry(reg, entry, kind):
+            report.add(what, f"{layout.SNAPSHOTS}/{entry}", message)
     return report
 
 

@@ -8,6 +8,9 @@ much a just-used prefix survives, and from where that number comes) is in
 
 On llama.cpp (no `/cache`) it counts *prompts* since each prefix was last used, from the
 activity counters the server offers (`/slots`, else `/metrics`; see `prefixreg.server.activity`).
+With a registry, a prefix lost to a server restart comes back from its proven KV snapshot
+instead of a re-prefill when one exists for the current build
+(`prefixreg.verbs.keepalive_restore`).
 Servers with neither counter (and other profiles without `/cache`) are kept warm on a time
 interval.
 
@@ -50,6 +53,7 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.budget import Budget, budget_for
+from prefixreg.verbs.keepalive_restore import SnapshotRewarm, restore_for_keepalive
 from prefixreg.verbs.measure import (
     CallRecord,
     Verdict,
@@ -71,6 +75,7 @@ class _Kept:
     baseline: float | None = None  # the counter when last used; None: never warmed
     last_used: float = 0.0
     slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
+    lost: bool = False  # the server restarted since this prefix was last warmed
 
 
 class KeepAlive:
@@ -112,6 +117,7 @@ class KeepAlive:
         self._poll_misses = 0  # polls in a row the server was too busy to answer
         self._backoff_until = 0.0
         self.build = worker.server_build()
+        self._restore = registry is not None and self.build.profile == "llamacpp"
         counters = worker.cache() if self.build.profile == "halogen" else None
         self._counter: Counter | None = None
         if counters is not None and counters.stores is not None:
@@ -167,7 +173,7 @@ class KeepAlive:
         total, restarted = got
         if restarted:
             for kept in self._kept.values():  # the server restarted: nothing is cached
-                kept.baseline = None
+                kept.baseline, kept.slot, kept.lost = None, None, True
         return total
 
     def _since(self, kept: _Kept, now: float) -> float | None:
@@ -228,24 +234,40 @@ class KeepAlive:
             self.summary.stopped_by_worker = True
             self._stop.set()
 
+    def _from_snapshot(self, kept: _Kept) -> SnapshotRewarm | None:
+        """A prefix lost to a restart, restored from its snapshot (None: not tried)."""
+        if not (kept.lost and self._restore and self.registry is not None):
+            return None
+        if isinstance(kept.prefix, Frame):
+            return None  # a snapshot holds a bare prefix's state, not a frame's whole head
+        taken = {k.slot for k in self._kept.values() if k.slot is not None and not k.lost}
+        return restore_for_keepalive(self.registry, self.worker, kept.prefix, taken=taken)
+
     def _rewarm(self, kept: _Kept, since: float | None) -> Rewarm:
         counter = self._counter
         stores = counter if isinstance(counter, StoresCounter) else None
-        tail, head = fresh_tail(), kept.prefix
-        record = measured_call(
-            self.worker,
-            head,
-            phase="keepalive",
-            tail=tail,
-            with_cache=stores is not None,
-            before=None if stores is None else stores.last,
-        )
-        verdict, _, _, _ = judge_resume(
-            record.evidence,
-            prefix_bytes=head.head_bytes if isinstance(head, Frame) else head.size,
-            tail_bytes=len(tail.encode("utf-8")),
-            alignment=self.build.snapshot_align,
-        )
+        head = kept.prefix
+        snap = self._from_snapshot(kept)
+        verdict: Verdict
+        if snap is not None and snap.check is not None:
+            record, verdict = snap.check, "resumed"  # proven by the check's cached count
+        else:
+            tail = fresh_tail()
+            record = measured_call(
+                self.worker,
+                head,
+                phase="keepalive",
+                tail=tail,
+                with_cache=stores is not None,
+                before=None if stores is None else stores.last,
+            )
+            verdict, _, _, _ = judge_resume(
+                record.evidence,
+                prefix_bytes=head.head_bytes if isinstance(head, Frame) else head.size,
+                tail_bytes=len(tail.encode("utf-8")),
+                alignment=self.build.snapshot_align,
+            )
+        kept.lost = False
         kept.last_used = time.monotonic()
         if counter is not None:
             self._rebase(kept, counter, record)
@@ -253,7 +275,20 @@ class KeepAlive:
         system = head.system.sha256 if isinstance(head, Frame) else head.sha256
         frame = head.sha256 if isinstance(head, Frame) else None
         b = self.budget
-        rewarm = Rewarm(system, since, verdict, record, b.limit, b.unit, frame=frame)
+        rewarm = Rewarm(
+            system,
+            since,
+            verdict,
+            record,
+            b.limit,
+            b.unit,
+            frame=frame,
+            snapshot=None if snap is None else snap.to_dict(),
+        )
+        if snap is not None:
+            self.summary.saw_restore(
+                snap.restored, snap.restore_s, snap.prefill_tokens, snap.prefill_s
+            )
         self._count(rewarm)
         self.history.append(rewarm)
         self._record(rewarm)
@@ -349,6 +384,7 @@ class KeepAlive:
             "budget": self.budget.to_dict(),
             "prompt_tokens": ev.prompt_tokens,
             "cached_tokens": ev.cached_tokens,
+            "snapshot": rewarm.snapshot,
             "calls": [rewarm.record.to_dict()],
         }
         if rewarm.frame is not None:

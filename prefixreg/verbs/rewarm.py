@@ -6,6 +6,9 @@ Invariants:
 - A re-warm *succeeded* when the call completed with verified counts (whatever its verdict:
   a first warm is cold by nature); a run in which none succeeded proved nothing, and the
   CLI exits non-zero for it.
+- A re-warm done by restoring a snapshot (llama.cpp, after a restart) carries its
+  `snapshot` report; the summary adds up each way's cost: the restores' seconds against
+  the prefix tokens they did not prefill and the measured cold seconds of those prefixes.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ class Rewarm:
     budget: float
     unit: Unit
     frame: str | None = None
+    snapshot: JSONObject | None = None  # the restore attempt, when one was made
 
     def to_dict(self) -> JSONObject:
-        return {
+        out: JSONObject = {
             "sha256": self.sha256,
             "frame": self.frame,
             f"since_{self.unit}": self.since,
@@ -42,6 +46,9 @@ class Rewarm:
             f"budget_{self.unit}": self.budget,
             **self.record.to_dict(),
         }
+        if self.snapshot is not None:
+            out["snapshot"] = self.snapshot
+        return out
 
 
 @dataclass(slots=True)
@@ -61,6 +68,27 @@ class KeepAliveSummary:
     budget_changes: list[str] = field(default_factory=list)
     stopped_because: str | None = None
     stopped_by_worker: bool = False
+    restored: int = 0  # re-warms done by a proven snapshot restore
+    restore_misses: int = 0  # restores tried that were not proven (then re-warmed)
+    restore_s: float = 0.0  # their server restore time plus check wall time
+    prefill_tokens_avoided: int = 0  # the prefix tokens those restores did not prefill
+    prefill_s_avoided: float = 0.0  # the measured cold seconds of those prefixes (if known)
+
+    def saw_restore(
+        self,
+        restored: bool,
+        restore_s: float | None,
+        prefill_tokens: int | None,
+        prefill_s: float | None,
+    ) -> None:
+        """Count one restore attempt (a miss is re-warmed normally, and counted as such)."""
+        if not restored:
+            self.restore_misses += 1
+            return
+        self.restored += 1
+        self.restore_s += restore_s or 0.0
+        self.prefill_tokens_avoided += prefill_tokens or 0
+        self.prefill_s_avoided += prefill_s or 0.0
 
     @property
     def succeeded(self) -> int:
@@ -83,6 +111,13 @@ class KeepAliveSummary:
             "budget_changes": list(self.budget_changes),
             "stopped_because": self.stopped_because,
             "stopped_by_worker": self.stopped_by_worker,
+            "snapshots": {
+                "restored": self.restored,
+                "misses": self.restore_misses,
+                "restore_s": round(self.restore_s, 6),
+                "prefill_tokens_avoided": self.prefill_tokens_avoided,
+                "prefill_s_avoided": round(self.prefill_s_avoided, 6),
+            },
         }
 
     def __str__(self) -> str:
@@ -92,4 +127,12 @@ class KeepAliveSummary:
             f"{self.unverified} unverified); {self.tokens_spent:,} tokens spent, "
             f"{self.tokens_saved:,} prefix tokens kept warm; {self.polls} polls "
             f"({self.skipped_polls} skipped), {self.errors} errors"
+            + (
+                f"; {self.restored} restored from snapshots in {self.restore_s:.3f} s "
+                f"instead of prefilling {self.prefill_tokens_avoided:,} tokens "
+                f"(measured cold: {self.prefill_s_avoided:.3f} s)"
+                if self.restored
+                else ""
+            )
+            + (f"; {self.restore_misses} restores not proven" if self.restore_misses else "")
         )
