@@ -47,7 +47,6 @@ from prefixreg.core.errors import (
     WorkerTimeoutError,
 )
 from prefixreg.core.frame import Frame
-from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
@@ -289,7 +288,7 @@ class KeepAlive:
             self.summary.saw_restore(
                 snap.restored, snap.restore_s, snap.prefill_tokens, snap.prefill_s
             )
-        self._count(rewarm)
+        self.summary.count(rewarm)
         self.history.append(rewarm)
         self._record(rewarm)
         if self.on_rewarm is not None:
@@ -356,40 +355,12 @@ class KeepAlive:
             )
             b.limit = tighter
 
-    def _count(self, rewarm: Rewarm) -> None:
-        s = self.summary
-        ev = rewarm.record.evidence
-        s.rewarms += 1
-        if ev.cache_state == "unverified":
-            s.unverified += 1
-        elif rewarm.verdict == "resumed":
-            s.resumed += 1
-            s.tokens_saved += ev.cached_tokens or 0
-        elif rewarm.verdict == "partial":
-            s.partial += 1
-        else:
-            s.cold += 1
-        if ev.cache_state != "unverified" and ev.prompt_tokens is not None:
-            # Verified counts only: a missing cached count is never taken as zero.
-            s.tokens_spent += ev.prompt_tokens - (ev.cached_tokens or 0)
-            s.tokens_spent += ev.completion_tokens or 0
-
     def _record(self, rewarm: Rewarm) -> None:
-        if self.registry is None:
-            return
-        ev = rewarm.record.evidence
-        body: JSONObject = {
-            "verdict": rewarm.verdict,
-            f"since_{rewarm.unit}": rewarm.since,
-            "budget": self.budget.to_dict(),
-            "prompt_tokens": ev.prompt_tokens,
-            "cached_tokens": ev.cached_tokens,
-            "snapshot": rewarm.snapshot,
-            "calls": [rewarm.record.to_dict()],
-        }
-        if rewarm.frame is not None:
-            body["frame"] = rewarm.frame
-        record_measurement(self.registry, self.worker, self.build, rewarm.sha256, "keepalive", body)
+        if self.registry is not None:
+            body = rewarm.measurement_body(self.budget.to_dict())
+            record_measurement(
+                self.registry, self.worker, self.build, rewarm.sha256, "keepalive", body
+            )
 
     # -- running -------------------------------------------------------------------------
 

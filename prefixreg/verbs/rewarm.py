@@ -50,6 +50,22 @@ class Rewarm:
             out["snapshot"] = self.snapshot
         return out
 
+    def measurement_body(self, budget: JSONObject) -> JSONObject:
+        """The body of this re-warm's `keepalive` measurement record."""
+        ev = self.record.evidence
+        body: JSONObject = {
+            "verdict": self.verdict,
+            f"since_{self.unit}": self.since,
+            "budget": budget,
+            "prompt_tokens": ev.prompt_tokens,
+            "cached_tokens": ev.cached_tokens,
+            "snapshot": self.snapshot,
+            "calls": [self.record.to_dict()],
+        }
+        if self.frame is not None:
+            body["frame"] = self.frame
+        return body
+
 
 @dataclass(slots=True)
 class KeepAliveSummary:
@@ -73,6 +89,24 @@ class KeepAliveSummary:
     restore_s: float = 0.0  # their server restore time plus check wall time
     prefill_tokens_avoided: int = 0  # the prefix tokens those restores did not prefill
     prefill_s_avoided: float = 0.0  # the measured cold seconds of those prefixes (if known)
+
+    def count(self, rewarm: Rewarm) -> None:
+        """Add one re-warm to the totals (verified counts only: a missing cached count is
+        never taken as zero)."""
+        ev = rewarm.record.evidence
+        self.rewarms += 1
+        if ev.cache_state == "unverified":
+            self.unverified += 1
+        elif rewarm.verdict == "resumed":
+            self.resumed += 1
+            self.tokens_saved += ev.cached_tokens or 0
+        elif rewarm.verdict == "partial":
+            self.partial += 1
+        else:
+            self.cold += 1
+        if ev.cache_state != "unverified" and ev.prompt_tokens is not None:
+            self.tokens_spent += ev.prompt_tokens - (ev.cached_tokens or 0)
+            self.tokens_spent += ev.completion_tokens or 0
 
     def saw_restore(
         self,
