@@ -10,11 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal, cast
+from typing import Final, Literal
 
 from prefixreg.core.digest import build_id as compute_build_id
 from prefixreg.core.digest import is_full_sha
 from prefixreg.core.errors import CorruptRecordError
+from prefixreg.core.fields import (
+    obj,
+    opt_float,
+    opt_int,
+    opt_str,
+    req_sha,
+    req_str,
+    strict_count,
+)
 from prefixreg.core.jsonio import JSONObject, JSONValue
 
 __all__ = [
@@ -35,59 +44,6 @@ CacheState = Literal["cold", "reused", "unverified"]
 _CACHE_STATES: tuple[CacheState, ...] = ("cold", "reused", "unverified")
 
 
-def strict_count(value: object) -> int | None:
-    """A count is valid only if its type is exactly int and it is >= 0 (bool is refused)."""
-    if type(value) is int and value >= 0:
-        return value
-    return None
-
-
-def _req_str(data: Mapping[str, object], key: str, what: str) -> str:
-    value = data.get(key)
-    if not isinstance(value, str):
-        raise CorruptRecordError(f"{what}: field {key!r} must be a string")
-    return value
-
-
-def _opt_str(data: Mapping[str, object], key: str, what: str) -> str | None:
-    value = data.get(key)
-    if value is not None and not isinstance(value, str):
-        raise CorruptRecordError(f"{what}: field {key!r} must be a string or null")
-    return value
-
-
-def _req_sha(data: Mapping[str, object], key: str, what: str) -> str:
-    value = _req_str(data, key, what)
-    if not is_full_sha(value):
-        raise CorruptRecordError(f"{what}: field {key!r} is not a sha256")
-    return value
-
-
-def _opt_int(data: Mapping[str, object], key: str, what: str) -> int | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    count = strict_count(value)
-    if count is None:
-        raise CorruptRecordError(f"{what}: field {key!r} must be a non-negative integer")
-    return count
-
-
-def _opt_float(data: Mapping[str, object], key: str, what: str) -> float | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if type(value) not in (int, float):
-        raise CorruptRecordError(f"{what}: field {key!r} must be a number")
-    return float(cast(float, value))
-
-
-def _obj(value: object, what: str) -> JSONObject:
-    if not isinstance(value, dict):
-        raise CorruptRecordError(f"{what}: expected a JSON object")
-    return cast(JSONObject, value)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Meta:
     """`meta/<sha256>.json`: what an object is, never what it contains."""
@@ -100,16 +56,16 @@ class Meta:
 
     @classmethod
     def from_dict(cls, data: object) -> Meta:
-        d = _obj(data, "meta record")
-        size = _opt_int(d, "bytes", "meta record")
+        d = obj(data, "meta record")
+        size = opt_int(d, "bytes", "meta record")
         if size is None:
             raise CorruptRecordError("meta record: field 'bytes' is missing")
         return cls(
-            sha256=_req_sha(d, "sha256", "meta record"),
+            sha256=req_sha(d, "sha256", "meta record"),
             bytes=size,
-            created=_req_str(d, "created", "meta record"),
-            source=_req_str(d, "source", "meta record"),
-            note=_opt_str(d, "note", "meta record"),
+            created=req_str(d, "created", "meta record"),
+            source=req_str(d, "source", "meta record"),
+            note=opt_str(d, "note", "meta record"),
         )
 
     def to_dict(self) -> JSONObject:
@@ -133,15 +89,15 @@ class NameMove:
 
     @classmethod
     def from_dict(cls, data: object) -> NameMove:
-        d = _obj(data, "names.log line")
-        from_sha = _opt_str(d, "from", "names.log line")
+        d = obj(data, "names.log line")
+        from_sha = opt_str(d, "from", "names.log line")
         if from_sha is not None and not is_full_sha(from_sha):
             raise CorruptRecordError("names.log line: field 'from' is not a sha256")
         return cls(
-            at=_req_str(d, "at", "names.log line"),
-            name=_req_str(d, "name", "names.log line"),
+            at=req_str(d, "at", "names.log line"),
+            name=req_str(d, "name", "names.log line"),
             from_sha=from_sha,
-            to_sha=_req_sha(d, "to", "names.log line"),
+            to_sha=req_sha(d, "to", "names.log line"),
         )
 
     def to_dict(self) -> JSONObject:
@@ -176,11 +132,11 @@ class ServerBuild:
 
     @classmethod
     def from_dict(cls, data: object) -> ServerBuild:
-        d = _obj(data, "server build")
+        d = obj(data, "server build")
         return cls(
-            profile=_req_str(d, "profile", "server build"),
-            identity=_obj(d.get("identity"), "server build identity"),
-            build_id=_req_str(d, "build_id", "server build"),
+            profile=req_str(d, "profile", "server build"),
+            identity=obj(d.get("identity"), "server build identity"),
+            build_id=req_str(d, "build_id", "server build"),
         )
 
     @property
@@ -293,8 +249,8 @@ class CacheCounters:
 
     @classmethod
     def from_dict(cls, data: object) -> CacheCounters:
-        d = _obj(data, "cache counters")
-        return cls(**{name: _opt_int(d, name, "cache counters") for name in CACHE_COUNTER_FIELDS})
+        d = obj(data, "cache counters")
+        return cls(**{name: opt_int(d, name, "cache counters") for name in CACHE_COUNTER_FIELDS})
 
     def to_dict(self) -> JSONObject:
         return {name: getattr(self, name) for name in CACHE_COUNTER_FIELDS}
@@ -329,7 +285,7 @@ class CallEvidence:
 
     @classmethod
     def from_dict(cls, data: object) -> CallEvidence:
-        d = _obj(data, "call evidence")
+        d = obj(data, "call evidence")
         state = d.get("cache_state")
         if state not in _CACHE_STATES:
             raise CorruptRecordError("call evidence: bad 'cache_state'")
@@ -338,22 +294,22 @@ class CallEvidence:
             raise CorruptRecordError("call evidence: 'complete' must be a boolean")
         w = "call evidence"
         return cls(
-            prompt_tokens=_opt_int(d, "prompt_tokens", w),
-            cached_tokens=_opt_int(d, "cached_tokens", w),
-            completion_tokens=_opt_int(d, "completion_tokens", w),
-            cached_source=_opt_str(d, "cached_source", w),
+            prompt_tokens=opt_int(d, "prompt_tokens", w),
+            cached_tokens=opt_int(d, "cached_tokens", w),
+            completion_tokens=opt_int(d, "completion_tokens", w),
+            cached_source=opt_str(d, "cached_source", w),
             cache_state=state,
             complete=complete,
-            output_sha256=_opt_str(d, "output_sha256", w),
-            token_sha=_opt_str(d, "token_sha", w),
-            ttft_s=_opt_float(d, "ttft_s", w),
-            wall_s=_opt_float(d, "wall_s", w),
-            prompt_ms=_opt_float(d, "prompt_ms", w),
-            predicted_ms=_opt_float(d, "predicted_ms", w),
-            disk_restore_tokens=_opt_int(d, "disk_restore_tokens", w),
-            disk_restore_ms=_opt_float(d, "disk_restore_ms", w),
-            error=_opt_str(d, "error", w),
-            reason=_opt_str(d, "reason", w),
+            output_sha256=opt_str(d, "output_sha256", w),
+            token_sha=opt_str(d, "token_sha", w),
+            ttft_s=opt_float(d, "ttft_s", w),
+            wall_s=opt_float(d, "wall_s", w),
+            prompt_ms=opt_float(d, "prompt_ms", w),
+            predicted_ms=opt_float(d, "predicted_ms", w),
+            disk_restore_tokens=opt_int(d, "disk_restore_tokens", w),
+            disk_restore_ms=opt_float(d, "disk_restore_ms", w),
+            error=opt_str(d, "error", w),
+            reason=opt_str(d, "reason", w),
         )
 
     def to_dict(self) -> JSONObject:
@@ -396,15 +352,15 @@ class Measurement:
 
     @classmethod
     def from_dict(cls, data: object) -> Measurement:
-        d = _obj(data, "measurement")
+        d = obj(data, "measurement")
         return cls(
-            sha256=_req_sha(d, "sha256", "measurement"),
-            at=_req_str(d, "at", "measurement"),
-            kind=_req_str(d, "kind", "measurement"),
+            sha256=req_sha(d, "sha256", "measurement"),
+            at=req_str(d, "at", "measurement"),
+            kind=req_str(d, "kind", "measurement"),
             build=ServerBuild.from_dict(d.get("build")),
-            body=_obj(d.get("body"), "measurement body"),
-            worker=_opt_str(d, "worker", "measurement"),
-            model=_opt_str(d, "model", "measurement"),
+            body=obj(d.get("body"), "measurement body"),
+            worker=opt_str(d, "worker", "measurement"),
+            model=opt_str(d, "model", "measurement"),
         )
 
     def to_dict(self, *, public: bool = False) -> JSONObject:

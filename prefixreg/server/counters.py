@@ -14,6 +14,7 @@ __all__ = [
     "counter_deltas",
     "is_interleaved",
     "lru_survival_stores",
+    "parse_prometheus",
 ]
 
 # Entries one prompt stores on the measured Halogen Flash lane (system end, history end).
@@ -49,3 +50,21 @@ def is_interleaved(before: CacheCounters, after: CacheCounters, calls: int) -> b
     if hits is None or misses is None or hits < 0 or misses < 0:
         return True
     return hits + misses > calls
+
+
+def parse_prometheus(raw: bytes) -> dict[str, float]:
+    """Prometheus text as samples by name (a sample's labels stay part of its name);
+    comment lines and unparsable values are skipped."""
+    samples: dict[str, float] = {}
+    for line in raw.decode("utf-8", errors="replace").splitlines():
+        if not line or line.startswith("#"):
+            continue
+        # `name{labels} value [timestamp]`; llama.cpp sends neither labels nor timestamps.
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        try:
+            samples[parts[0]] = float(parts[1])
+        except ValueError:
+            continue
+    return samples

@@ -50,6 +50,7 @@ from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject, JSONValue
 from prefixreg.core.prefix import Prefix
 from prefixreg.core.records import CacheCounters, CallEvidence, ServerBuild
+from prefixreg.server.counters import parse_prometheus
 from prefixreg.server.evidence import ReplyReader, assemble_reply, evidence_from_reader
 from prefixreg.server.identity import (
     generic_identity,
@@ -238,19 +239,7 @@ class Worker:
         raw = self._get_body("/metrics")
         if raw is None:
             return None
-        samples: dict[str, float] = {}
-        for line in raw.decode("utf-8", errors="replace").splitlines():
-            if not line or line.startswith("#"):
-                continue
-            # `name{labels} value [timestamp]`; llama.cpp sends neither labels nor timestamps.
-            parts = line.split()
-            if len(parts) < 2:
-                continue
-            try:
-                samples[parts[0]] = float(parts[1])
-            except ValueError:
-                continue
-        return samples
+        return parse_prometheus(raw)
 
     # ---------------------------------------------------------------- profile + build
 

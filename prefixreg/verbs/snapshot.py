@@ -23,8 +23,6 @@ Verdicts: restored | not_resumed | restore_failed | no_snapshot | unverified.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -36,7 +34,7 @@ from prefixreg.core.errors import (
     WorkerHTTPError,
 )
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.prefix import Prefix, fresh_tail
+from prefixreg.core.prefix import Prefix
 from prefixreg.core.records import Measurement, ServerBuild
 from prefixreg.core.snapshots import SnapshotRecord, snapshot_file_name
 from prefixreg.registry.snapshots import (
@@ -48,76 +46,26 @@ from prefixreg.registry.snapshots import (
 )
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.server.slots import (
-    SlotInfo,
     SlotTransfer,
     idle_slot,
-    list_slots,
     require_slot_api,
     restore_slot,
     save_slot,
 )
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.warm import (
-    CallRecord,
-    WarmResult,
-    judge_resume,
-    measured_call,
-    record_measurement,
-    warm_prefix,
+from prefixreg.verbs.measure import CallRecord, record_measurement
+from prefixreg.verbs.slot_calls import (
+    Progress,
+    pinned_check,
+    readable_dir,
+    say_to,
+    warm_and_locate,
 )
+from prefixreg.verbs.warm import WarmResult, warm_prefix
 
 __all__ = ["RestoreResult", "RestoreVerdict", "SaveResult", "restore_and_prove", "save_snapshot"]
 
 RestoreVerdict = Literal["restored", "not_resumed", "restore_failed", "no_snapshot", "unverified"]
-Progress = Callable[[str], None] | None
-
-
-def _say(progress: Progress) -> Callable[[str], None]:
-    return progress or (lambda _msg: None)
-
-
-def _pinned_check(
-    worker: Worker, prefix: Prefix, slot_id: int
-) -> tuple[CallRecord, str, str, int | None, float | None]:
-    """A fresh-tail resume check pinned to `slot_id`: (call, verdict, reason, span, coverage)."""
-    tail = fresh_tail()
-    call = measured_call(
-        worker, prefix, phase="check", tail=tail, with_cache=False, id_slot=slot_id
-    )
-    verdict, reason, span, coverage = judge_resume(
-        call.evidence, prefix_bytes=prefix.size, tail_bytes=len(tail.encode("utf-8")), alignment=0
-    )
-    return call, verdict, reason, span, coverage
-
-
-def _readable_dir(path: Path | None) -> bool:
-    return path is not None and path.is_dir() and os.access(path, os.R_OK | os.X_OK)
-
-
-# -- save -----------------------------------------------------------------------------------
-
-
-def _warm_and_locate(
-    worker: Worker, prefix: Prefix, slot: int | None
-) -> tuple[CallRecord, SlotInfo]:
-    """The warm call and the slot that served it.
-
-    Without `slot`, llama.cpp picks the slot whose cached prompt shares the most with the
-    call, so a slot already holding the prefix serves it without a prefill; that slot is
-    the one whose `id_task` moved in `/slots`. When that is ambiguous (other traffic moved
-    more than one slot) or `slot` is given, the warm call is pinned to an idle slot.
-    """
-    if slot is None:
-        before = {s.id: s.id_task for s in list_slots(worker)}
-        warm = measured_call(worker, prefix, phase="warm", tail=fresh_tail(), with_cache=False)
-        moved = [s for s in list_slots(worker) if s.id_task != before.get(s.id)]
-        if len(moved) == 1 and not moved[0].is_processing:
-            return warm, moved[0]
-    chosen = idle_slot(worker, prefer=slot)
-    warm = measured_call(
-        worker, prefix, phase="warm", tail=fresh_tail(), with_cache=False, id_slot=chosen.id
-    )
-    return warm, chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,14 +105,14 @@ def save_snapshot(
             saved no tokens, or the build changed (nothing recorded).
         WorkerError: the worker failed.
     """
-    say = _say(progress)
+    say = say_to(progress)
     registry.refuse_on_mirror("record a snapshot")
     prefix = registry.get(ref)
     build = worker.server_build()
     require_slot_api(build)
     say(f"warming {prefix.sha256[:12]} on {worker.url} (build {build.build_id})")
-    warm, chosen = _warm_and_locate(worker, prefix, slot)
-    check, verdict, reason, _, _ = _pinned_check(worker, prefix, chosen.id)
+    warm, chosen = warm_and_locate(worker, prefix, slot)
+    check, verdict, reason, _, _ = pinned_check(worker, prefix, chosen.id)
     if verdict != "resumed":
         raise EvidenceUnverifiedError(
             f"slot {chosen.id} does not provably hold the prefix ({verdict}: {reason}); "
@@ -180,7 +128,7 @@ def save_snapshot(
         )
     digests: FileDigests | None = None
     if slot_dir is not None:
-        if not _readable_dir(slot_dir):
+        if not readable_dir(slot_dir):
             raise UsageError(f"--slot-dir {slot_dir}: not a readable directory")
         try:
             digests = digest_snapshot_file(slot_dir, name)
@@ -296,7 +244,7 @@ def _check_file(record: SnapshotRecord, slot_dir: Path | None) -> str:
     faster on a 10-30 MB file: this sits on the restore's critical path), else its sha256.
     """
     where = slot_dir or (Path(record.slot_dir) if record.slot_dir else None)
-    if where is None or not _readable_dir(where):
+    if where is None or not readable_dir(where):
         return "not checked: the server's snapshot directory is not readable here"
     fast = record.file_blake3 is not None
     try:
@@ -338,7 +286,7 @@ def restore_and_prove(
         UsageError: a profile without a slot API; a mirror registry.
         WorkerError: the worker failed outside the restore request itself.
     """
-    say = _say(progress)
+    say = say_to(progress)
     registry.refuse_on_mirror("record a restore")
     prefix = registry.get(ref)
     build = worker.server_build()
@@ -377,7 +325,7 @@ def restore_and_prove(
         )
         return _with_fallback(result, registry, ref, worker, fallback_warm, progress)
     say(f"resume check pinned to slot {chosen.id}")
-    check, judged, why, span, coverage = _pinned_check(worker, prefix, chosen.id)
+    check, judged, why, span, coverage = pinned_check(worker, prefix, chosen.id)
     verdict: RestoreVerdict
     if judged == "resumed":
         verdict, reason = "restored", f"proven by the resume check: {why}"
@@ -436,5 +384,5 @@ def _with_fallback(
     """After a snapshot that was not used or not proven: a normal warm, when asked for."""
     if not fallback_warm:
         return result
-    _say(progress)("falling back to a normal warm")
+    say_to(progress)("falling back to a normal warm")
     return replace(result, fallback=warm_prefix(registry, ref, worker, progress=progress))
