@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,8 +162,8 @@ def test_history_through_the_api_resumes_the_frames_head(
     peer: PeerServer,
     tmp_path: Path,
     request: pytest.FixtureRequest,
-    record_property: Callable[[str, object], None],
 ) -> None:
+    facts: dict[str, object] = {}  # printed (pytest -rP shows them): what this peer did
     reg_path = tmp_path / "reg"
     reg = Registry(reg_path)
     reg.add(system_prompt(), name="system")
@@ -187,9 +187,9 @@ def test_history_through_the_api_resumes_the_frames_head(
     template = request.node.callspec.params["peer"]
     caps = orjson.loads(peer.get("/props")[1]).get("chat_template_caps", {})
     tools_rendered = with_tools != without_tools
-    record_property("tools_rendered", tools_rendered)
-    record_property("system_span", system_span)
-    record_property("head_span", head_span)
+    facts["tools_rendered"] = tools_rendered
+    facts["system_span"] = system_span
+    facts["head_span"] = head_span
     if tools_rendered:
         note = f"the template renders tools: the head is {head_span} tokens (system {system_span})"
         assert TOOLS[0]["function"]["name"] in head_text[system_end:], note
@@ -201,9 +201,7 @@ def test_history_through_the_api_resumes_the_frames_head(
             "with and without them): only the system prefix's span is checked; the tools "
             "leave the prompt unchanged"
         )
-        print(f"note: {note}")  # shown with -rP; also in the junit properties
         assert TOOLS[0]["function"]["name"] not in with_tools, note
-    record_property("note", note)
     # Each server's template is known: a change in what it renders fails here, by name.
     assert tools_rendered is (template == "tools-template"), (template, note)
     assert system_span >= 800, (system_span, note)  # the ~1k-token system prompt
@@ -214,7 +212,7 @@ def test_history_through_the_api_resumes_the_frames_head(
     receipt = orjson.loads(res.stdout)
     assert receipt["body"]["frame"] == frame.sha256
     assert receipt["body"]["verdict"] == "resumed", (receipt["body"]["reason"], note)
-    record_property("warm", f"{receipt['body']['span_tokens']} span, {receipt['body']['coverage']}")
+    facts["warm"] = f"{receipt['body']['span_tokens']} span, {receipt['body']['coverage']}"
 
     history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
     previous_prompt: int | None = None
@@ -234,7 +232,8 @@ def test_history_through_the_api_resumes_the_frames_head(
                 assert ev.cached_tokens >= previous_prompt - BOUNDARY_SLACK, where
             verdict, detail = judge.observe(ev, frame.body(history))
             assert verdict == "resumed", (verdict, detail, note)
-            record_property(f"call{i}", f"{ev.cached_tokens}/{ev.prompt_tokens} cached")
+            facts[f"call{i}"] = f"{ev.cached_tokens}/{ev.prompt_tokens} cached"
             previous_prompt = ev.prompt_tokens
             add_turn(history, i)
     assert len(judge.calls) == CALLS
+    print(f"note: {note}", *(f"{k}: {v}" for k, v in facts.items()), sep="\n")
