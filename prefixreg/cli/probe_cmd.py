@@ -1,9 +1,10 @@
 """`prefixreg probe`: legs A1/A2/B/C per size, the six counter checks, Cmax, survival.
 
 Exit codes: 0 every leg verified and no check failed beyond the lag explanation; 1 a check
-failed; 2 bad options (sizes over the worker's context included); 4 evidence unverified (a
-leg, a survival trial, or counter checks that could compare nothing); 5 worker error; 7
-another probe holds the lock.
+failed; 2 bad options (sizes over the worker's context included, a --frame's tools counted);
+3 a --frame that fails verification (nothing sent); 4 evidence unverified (a leg, a survival
+trial, or counter checks that could compare nothing); 5 worker error; 7 another probe holds
+the lock.
 """
 
 from __future__ import annotations
@@ -100,6 +101,14 @@ def probe_command(
             "(the report's shape: 22 calls at the four default sizes).",
         ),
     ] = "all",
+    frame: Annotated[
+        str | None,
+        typer.Option(
+            "--frame",
+            help="A frame (name or sha): send its tools and settings with each size's prefix "
+            "and judge legs against that whole head (verified first: exit 3, nothing sent).",
+        ),
+    ] = None,
     model: ModelOpt = None,
     timeout: TimeoutOpt = 1800.0,
     profile: ProfileOpt = None,
@@ -123,6 +132,7 @@ def probe_command(
     Every leg is a registered prefix and a measurement bound to
     the server build; the run is written to probes/<ts>.json and probes/<ts>.md.
     """
+    from prefixreg.registry.frames import get_frame
     from prefixreg.verbs.probe import ProbeOptions, parse_sizes, run_probe
 
     with cli_errors(debug):
@@ -134,18 +144,20 @@ def probe_command(
                 text = read_user_file(corpus).decode("utf-8")
             except UnicodeDecodeError:
                 raise UsageError(f"{corpus}: the corpus is not UTF-8 text") from None
+        parsed = parse_sizes(sizes)  # a usage error before the registry is opened
+        if legs not in ("all", "report"):
+            raise UsageError(f"--legs {legs!r}: use all or report")
+        reg = open_registry_from(registry)
         options = ProbeOptions(
-            sizes=parse_sizes(sizes),
+            sizes=parsed,
             foreign=foreign,
             foreign_chars=foreign_chars,
             corpus=text,
             survival=survival,
             force=force,
             legs="report" if legs == "report" else "all",
+            frame=None if frame is None else get_frame(reg, frame),  # verified before any call
         )
-        if legs not in ("all", "report"):
-            raise UsageError(f"--legs {legs!r}: use all or report")
-        reg = open_registry_from(registry)
         with (
             open_worker(worker, model=model, timeout=timeout, profile=profile) as w,
             _progress(sys.stderr.isatty()) as step,

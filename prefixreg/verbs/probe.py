@@ -19,6 +19,11 @@ Sizes are bounded twice before any text is made: at parse (`MAX_SIZE_CHARS`) and
 the worker's context once its build is read (`check_sizes`); both are usage errors. The
 report (`ProbeReport`, in `probe_report`) reads the calls; this module makes them.
 
+With a frame (`ProbeOptions.frame`), each size's prefix is sent with the frame's tools and
+settings, byte for byte as `warm` of the frame sends them; a leg is judged against that whole
+head (the slice plus the tools it renders), the tools count toward the context check, and
+every leg's measurement and the receipt record the frame's sha. Foreign prompts stay bare.
+
 On llama.cpp (no `/cache`) the same legs run on per-call evidence alone; the six counter
 checks are `n/a` and the receipt says so. llama.cpp reuses any common prefix, even the
 chat template's first tokens, so a "cold" A1 may report a few cached tokens: it is judged
@@ -130,14 +135,27 @@ def check_sizes(options: ProbeOptions, build: ServerBuild) -> None:
     if context is None:
         return
     limit = context * MAX_CHARS_PER_TOKEN
-    for label, chars in [("size", s) for s in options.sizes] + [
+    extra = _head_extra(options)
+    for label, chars in [("size", s + extra) for s in options.sizes] + [
         ("--foreign-chars", options.foreign_chars)
     ]:
         if chars > limit:
             raise UsageError(
-                f"{label} {chars:,} characters is larger than the worker's context "
+                f"{label} {chars:,} characters"
+                + (
+                    f" (with the frame's {extra:,} bytes of tools)"
+                    if extra and label == "size"
+                    else ""
+                )
+                + " is larger than the worker's context "
                 f"({context:,} tokens, at most about {limit:,} characters)"
             )
+
+
+def _head_extra(options: ProbeOptions) -> int:
+    """Bytes a frame adds to each size's rendered head: its tools JSON, when rendered."""
+    frame = options.frame
+    return len(frame.tools_data or b"") if frame is not None and frame.renders_tools else 0
 
 
 def c_sizes(options: ProbeOptions) -> tuple[int, ...]:
@@ -163,6 +181,10 @@ class _Prober:
         need = max(report.options.sizes) + report.options.foreign_chars
         self.corpus = corpus if corpus is not None else builtin_corpus(need)
         self.foreign_count = 0
+        frame = report.options.frame
+        # The frame's tools and settings, sent with every leg but the foreign prompts.
+        self.head = frame.head() if frame is not None else {}
+        self.head_extra = _head_extra(report.options)
 
     def call(self, leg: str, size: int | None, prefix: Prefix, tail: str) -> ProbeCall:
         self.progress(f"{leg} {size:,} chars" if size else leg, 1)
@@ -173,13 +195,14 @@ class _Prober:
             tail=tail,
             with_cache=self.with_cache,
             before=self.last,
+            **({} if leg == "foreign" else self.head),
         )
         self.last = record.after
         verdict = span = coverage = None
         if leg in ("A1", "B", "C", "S-check"):
             judged, _, span, coverage = judge_resume(
                 record.evidence,
-                prefix_bytes=prefix.size,
+                prefix_bytes=prefix.size + self.head_extra,
                 tail_bytes=len(tail.encode("utf-8")),
                 alignment=self.report.alignment,
             )
@@ -234,6 +257,8 @@ class _Prober:
             "span_tokens": call.span_tokens,
             "calls": [call.record.to_dict()],
         }
+        if self.report.options.frame is not None:
+            body["frame"] = self.report.options.frame.sha256
         record_measurement(
             self.registry, self.worker, self.report.build, call.sha256, f"probe-{call.leg}", body
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject, JSONValue
 from prefixreg.core.records import ServerBuild
 from prefixreg.verbs.measure import CallRecord, Verdict
@@ -47,6 +48,9 @@ class ProbeOptions:
     survival: bool = False
     force: bool = False
     legs: Legs = "all"  # report: leg C at the size nearest 16k only (the report's 22 calls)
+    # A verified frame: each size's prefix is sent with its tools and settings, and legs are
+    # judged against that whole head (the slice plus the tools it renders).
+    frame: Frame | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +285,7 @@ class ProbeReport:
                 "corpus": "builtin" if opts.corpus is None else "file",
                 "survival": opts.survival,
                 "legs": opts.legs,
+                "frame": None if opts.frame is None else opts.frame.sha256,
             },
             "cmax": self.cmax,
             "alignment": self.alignment,
@@ -319,6 +324,14 @@ class ProbeReport:
             f"leg C after {self.options.foreign} foreign prompts"
             + ("" if self.options.legs == "all" else f" at {_sizes(self.legs('C'))} only")
             + f"; {len(self.calls)} calls",
+            *(
+                []
+                if self.options.frame is None
+                else [
+                    f"- frame: `{self.options.frame.sha256[:16]}`: each prefix sent with its "
+                    "tools and settings, legs judged against the whole head"
+                ]
+            ),
             "",
             "## Legs",
             "",
