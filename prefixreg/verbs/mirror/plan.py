@@ -26,8 +26,10 @@ from prefixreg.core.errors import (
     InvalidNameError,
     RefNotFoundError,
 )
+from prefixreg.registry.frames import is_frame, read_frame
 from prefixreg.registry.layout import (
     EXPECTED_DIRS,
+    FRAMES,
     META,
     NAMES,
     OBJECTS,
@@ -73,7 +75,7 @@ def shape_problem(change: Change) -> str | None:
         if len(parts) == 3 and object_sha(change.path) is not None:
             return None if kind == "file" else "a directory where an object file belongs"
         return "not an object file"
-    if parts[0] in (META, NAMES):
+    if parts[0] in (META, NAMES, FRAMES):
         if len(parts) == 2:
             return None if kind == "file" else f"a directory where a {parts[0]} record belongs"
         return f"not a {parts[0]} record"
@@ -134,8 +136,29 @@ def _still_there(reg: Registry, path: str, sha: str) -> bool:
     return _record_sha(reg, path)[1] == sha
 
 
-def referenced_objects(reg: Registry, changes: Sequence[Change], verify: Verify) -> set[str]:
+def frame_parts_of(reg: Registry, sha: str) -> tuple[str, ...] | None:
+    """The objects frame `sha` names (its record and parts verified), or None when `sha` is
+    not a frame.
+
+    Raises:
+        IntegrityError: the frame record or one of its parts fails verification.
+    """
+    if not is_frame(reg, sha):
+        return None
+    frame = read_frame(reg, sha)
+    return tuple(s for s in (frame.system.sha256, frame.tools_sha256) if s is not None)
+
+
+def referenced_objects(
+    reg: Registry,
+    changes: Sequence[Change],
+    verify: Verify,
+    frames: set[str] | None = None,
+) -> set[str]:
     """Objects the meta records and names in `changes` point to, read from the source now.
+
+    A name that points to a frame stands for the frame's parts (system and tools objects);
+    the frame's sha is added to `frames`, so its record travels before the name.
 
     Each is verified (`verify`) before it counts. A record removed at the source since the
     plan is skipped (it will not be sent), and so is a meta record whose object and record
@@ -159,6 +182,12 @@ def referenced_objects(reg: Registry, changes: Sequence[Change], verify: Verify)
             raise IntegrityError(f"{where}: not a regular file; refusing to mirror it", path=where)
         if sha is None:
             continue  # removed since the plan: it will not be sent
+        parts = frame_parts_of(reg, sha) if top(c.path) == NAMES else None
+        if parts is not None:
+            if frames is not None:
+                frames.add(sha)
+            shas.update(p for p in parts if verify([object_relpath(p)]))
+            continue
         rel = object_relpath(sha)
         # Object missing: look at the record again. Gone (gc pruned both) or changed (a
         # name moved): it is not what will be sent, so it needs nothing. Still there and

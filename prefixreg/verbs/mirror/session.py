@@ -27,10 +27,13 @@ from prefixreg.core.errors import IntegrityError, MirrorError
 from prefixreg.core.jsonio import loads_object
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.layout import (
+    FRAMES,
     MARKER,
     META,
     NAMES,
     OBJECTS,
+    frame_relpath,
+    frame_sha,
     meta_sha,
     object_relpath,
     object_sha,
@@ -38,6 +41,7 @@ from prefixreg.registry.layout import (
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.verbs.mirror.plan import (
     Verify,
+    frame_parts_of,
     objects_to_verify,
     referenced_objects,
     top,
@@ -59,10 +63,10 @@ from prefixreg.verbs.rsync import (
 __all__ = ["OBJECT_PASSES", "REGULAR_PASSES", "Session"]
 
 # Passes that send object files: each object they send is read back afterwards.
-OBJECT_PASSES: Final = frozenset({"objects", "meta-objects", "referenced-objects"})
+OBJECT_PASSES: Final = frozenset({"objects", "meta-objects", "frame-objects", "referenced-objects"})
 # Passes that send regular files only (their directories travel first, in "dirs").
-REGULAR_PASSES: Final = OBJECT_PASSES | {"meta", "names"}
-_RECORD_TREES: Final = (OBJECTS, META, NAMES)
+REGULAR_PASSES: Final = OBJECT_PASSES | {"meta", "frames", "referenced-frames", "names"}
+_RECORD_TREES: Final = (OBJECTS, META, FRAMES, NAMES)
 
 
 class Session:
@@ -315,12 +319,27 @@ class Session:
                 if (sha := meta_sha(c.path)) is None or object_relpath(sha) in here
             ]
             done |= self._pass("meta", ready)
+        frame_records = [c for c in sends if top(c.path) == FRAMES and not c.is_dir]
+        if frame_records:
+            # A frame record travels only after its parts are confirmed at the destination.
+            parts: set[str] = set()
+            for c in frame_records:
+                sha = frame_sha(c.path)
+                found = None if sha is None else frame_parts_of(self.reg, sha)
+                parts |= {object_relpath(p) for p in found or ()}
+            here |= self._send_objects("frame-objects", verify(sorted(parts - here)))
+            referenced |= parts
+            if parts <= here:
+                here |= self._pass("frames", [c.path for c in frame_records])
         if names:
             with self.reg.lock("registry"):
-                shas = referenced_objects(self.reg, names, verify)
+                named_frames: set[str] = set()
+                shas = referenced_objects(self.reg, names, verify, named_frames)
                 needed = sorted({object_relpath(sha) for sha in shas} - here)
                 here |= self._send_objects("referenced-objects", verify(needed))
-                missing = [rel for rel in needed if rel not in here]
+                frame_files = sorted({frame_relpath(f) for f in named_frames} - here)
+                here |= self._pass("referenced-frames", frame_files)
+                missing = [rel for rel in [*needed, *frame_files] if rel not in here]
                 if missing:
                     raise MirrorError(
                         f"{self.dest.raw}: {missing[0]} did not arrive; names not sent"
