@@ -261,3 +261,22 @@ def test_pool_doctor_flags_workers_whose_builds_differ(tmp_path: Path) -> None:
         out = orjson.loads(res.stdout)
         assert res.returncode == 0 and out["builds_differ"] is True
         assert [w["capacity"] for w in out["workers"]] == [4, 8]
+
+
+def test_a_prefix_asked_for_but_never_proven_is_not_ok() -> None:
+    from prefixreg.verbs.pool_warm import PoolReport, Proof
+
+    sha_a, sha_b = "a" * 64, "b" * 64
+
+    def proof(sha: str, verdict: str) -> Proof:
+        return Proof(sha, "http://127.0.0.1:1", sha, verdict, 100, 90, "0" * 16)
+
+    # The router's placement of b could not be traced: no proof for it at all.
+    report = PoolReport(workers=[], router=None, asked=[sha_a, sha_b])
+    report.proofs.append(proof(sha_a, "resumed"))
+    oks = [report.ok]
+    report.proofs.append(proof(sha_b, "resumed"))
+    oks.append(report.ok)
+    report.proofs[1] = proof(sha_b, "unverified")
+    oks.append(report.ok)
+    assert oks == [False, True, False] and report.unverified

@@ -162,7 +162,7 @@ def pool_warm_command(
             emit_json(report.to_dict())
         else:
             _print_report(report, reg, title="pool warm")
-        raise typer.Exit(int(ExitCode.OK if report.ok else ExitCode.NO))
+        raise typer.Exit(int(_exit_code(report)))
 
 
 @pool_app.command("doctor")
@@ -230,3 +230,15 @@ def pool_status_command(
 def register(app: typer.Typer) -> None:
     """Add the `pool` command group to `app`."""
     app.add_typer(pool_app, name="pool")
+
+
+def _exit_code(report: PoolReport) -> ExitCode:
+    """0 ok; 5 when no worker answered; 4 when only unverified counts stand in the way;
+    else 1 (a prefix refused, unplaced or not resumed, a worker down)."""
+    if report.ok:
+        return ExitCode.OK
+    if report.workers and all(w.error is not None for w in report.workers):
+        return ExitCode.WORKER
+    if report.unverified and not report.refused:
+        return ExitCode.UNVERIFIED
+    return ExitCode.NO

@@ -72,6 +72,7 @@ class PoolReport:
     proofs: list[Proof] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    asked: list[str] = field(default_factory=list)  # shas `warm_pool` was asked to place
 
     @property
     def builds_differ(self) -> bool:
@@ -79,9 +80,22 @@ class PoolReport:
 
     @property
     def ok(self) -> bool:
-        """Every prefix asked for is placed and proven resumed, and every worker answered."""
+        """Every prefix asked for is placed and proven resumed, and every worker answered.
+
+        A prefix asked for with no proof at all (the router's placement could not be traced,
+        re-keying ran out, its check failed) is not proven: never ok by omission.
+        """
         proven = all(p.verdict == "resumed" for p in self.proofs)
-        return proven and not self.refused and all(w.error is None for w in self.workers)
+        resumed = {p.sha256 for p in self.proofs if p.verdict == "resumed"}
+        every_asked = all(sha in resumed for sha in self.asked)
+        answered = all(w.error is None for w in self.workers)
+        return proven and every_asked and not self.refused and answered
+
+    @property
+    def unverified(self) -> bool:
+        """Not ok only because a check's counts were unverified (exit 4, not 1)."""
+        bad = [p for p in self.proofs if p.verdict != "resumed"]
+        return bool(bad) and all(p.verdict == "unverified" for p in bad)
 
     def held_by(self, url: str) -> list[Proof]:
         return [p for p in self.proofs if p.worker == url]
@@ -114,7 +128,7 @@ def warm_pool(
     pool.registry.refuse_on_mirror("record measurements")
     asked = list(dict.fromkeys(pool.registry.get(r).sha256 for r in refs))  # verified bytes
     states = pool.survey()
-    report = PoolReport(workers=states, router=pool.spec.router)
+    report = PoolReport(workers=states, router=pool.spec.router, asked=asked)
     capacity = {w.url: w.capacity for w in states if w.error is None}
     kept = [sha for sha in pool.placement if sha not in asked]
     current = {sha: a.worker for sha, a in pool.placement.items()}
