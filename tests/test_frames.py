@@ -6,7 +6,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -227,7 +227,8 @@ def test_check_only_says_whether_the_frame_or_the_server_lost_it(
 
 
 def test_openai_sdk_sends_the_api_body_unchanged(sim: SimServer, reg: Registry) -> None:
-    openai = pytest.importorskip("openai")
+    import openai  # a dev dependency: a missing one fails here, never skips
+
     sent: list[bytes] = []
 
     def capture(request: httpx.Request) -> None:
@@ -241,7 +242,10 @@ def test_openai_sdk_sends_the_api_body_unchanged(sim: SimServer, reg: Registry) 
         warm_frame(reg, "loop", w)
         judge = LoopJudge.for_worker(reg, frame, w)
     with httpx.Client(event_hooks={"request": [capture]}) as http:
-        client = openai.OpenAI(base_url=f"{sim.url}/v1", api_key="unused", http_client=http)
+        # The SDK types its client against its own httpx fork; an httpx.Client works alike.
+        client = openai.OpenAI(
+            base_url=f"{sim.url}/v1", api_key="unused", http_client=cast(Any, http)
+        )
         resp = client.chat.completions.create(
             **frame.openai_kwargs(history, model="sim", max_tokens=4)
         )
@@ -261,3 +265,16 @@ def test_sim_renders_tools_into_the_system_part(sim: SimServer, reg: Registry) -
             w.chat(frame.system, "hi", history=[])
     assert (tooled.prompt_tokens or 0) > (bare.prompt_tokens or 0) + 100
     assert none.prompt_tokens == bare.prompt_tokens
+
+
+def test_tools_and_settings_that_cannot_travel_byte_for_byte_are_usage_errors(
+    reg: Registry, tmp_path: Path
+) -> None:
+    nan = tmp_path / "nan.json"
+    nan.write_text('[{"type": "function", "x": NaN}]')
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    for bad in (nan, deep):
+        res = run_cli("frame", "system", "--tools", str(bad), "--registry", str(reg.root))
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.startswith(b"error: tools:") and b"Traceback" not in res.stderr

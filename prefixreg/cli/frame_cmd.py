@@ -26,6 +26,7 @@ from prefixreg.cli._common import (
     read_user_file,
 )
 from prefixreg.core.errors import UsageError
+from prefixreg.core.frame import refuse_constant
 
 if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
@@ -41,9 +42,11 @@ def _settings(pairs: list[str]) -> dict[str, object]:
         if not sep or not key:
             raise UsageError(f"--set {pair!r}: use KEY=JSON (e.g. tool_choice='\"auto\"')")
         try:
-            out[key] = json.loads(value)
+            out[key] = json.loads(value, parse_constant=refuse_constant)
         except ValueError:
             out[key] = value  # a bare word is a string: tool_choice=auto
+        except RecursionError:
+            raise UsageError(f"--set {key}: nested too deeply") from None
     return out
 
 

@@ -67,6 +67,11 @@ def _ordered(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def refuse_constant(name: str) -> object:
+    """`json.loads` hook: NaN and Infinity are not JSON and cannot travel byte for byte."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
     """The tools list that `data` (UTF-8 JSON text) holds; `UsageError` if it is not one.
 
@@ -74,9 +79,11 @@ def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
     "function": {...}}`). Key order is kept.
     """
     try:
-        value = json.loads(data.decode("utf-8"))
+        value = json.loads(data.decode("utf-8"), parse_constant=refuse_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise UsageError(f"{where}: not JSON text ({exc})") from None
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply to be a tools list") from None
     if not isinstance(value, list) or not value:
         raise UsageError(f"{where}: must be a non-empty JSON list of tool objects")
     for i, tool in enumerate(value):
@@ -99,7 +106,7 @@ def _check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
     # The JSON round trip refuses what cannot travel (NaN, bytes, objects).
     try:
         dumps_canonical(out)
-    except TypeError as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise UsageError(f"settings are not JSON: {exc}") from None
     return out
 
