@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -278,3 +279,15 @@ def test_tools_and_settings_that_cannot_travel_byte_for_byte_are_usage_errors(
         res = run_cli("frame", "system", "--tools", str(bad), "--registry", str(reg.root))
         assert res.returncode == 2, res.stderr
         assert res.stderr.startswith(b"error: tools:") and b"Traceback" not in res.stderr
+
+
+def test_gc_refuses_to_guess_the_parts_of_a_frame_record_it_cannot_read(reg: Registry) -> None:
+    from prefixreg.registry.gc import collect_garbage
+
+    frame = get_frame(reg, "loop")
+    record = reg.root / "frames" / f"{frame.sha256}.json"
+    record.chmod(0o644)
+    record.write_bytes(b"{broken")
+    with pytest.raises(IntegrityError, match="cannot tell which objects"):
+        collect_garbage(reg, grace_s=0, prune_unnamed=True, now=time.time() + 90 * 86400)
+    assert reg.read_verified(frame.tools_sha256 or "")  # the unnamed tools object survives

@@ -206,15 +206,23 @@ def name_frame(reg: Registry, name: str, sha: str) -> NameMove | None:
 
 
 def frame_parts(reg: Registry) -> set[str]:
-    """The object shas some frame record names (system and tools), for gc. Records that do
-    not parse name nothing (verify reports them)."""
+    """The object shas the frame records name (system and tools), for gc.
+
+    Raises:
+        IntegrityError: a frame record that cannot be read or does not parse: gc must not
+            guess which objects it keeps (verify reports the record).
+    """
     out: set[str] = set()
     for sha in frame_shas(reg):
+        rel = frame_relpath(sha)
         try:
-            raw = reg.read_file(frame_relpath(sha))
-            system, tools, _ = parse_frame_record(sha, raw)
-        except (OSError, IntegrityError):
-            continue
+            system, tools, _ = parse_frame_record(sha, reg.read_file(rel))
+        except (OSError, IntegrityError) as exc:
+            path = reg.path(rel)
+            raise IntegrityError(
+                f"{path}: cannot tell which objects this frame keeps ({exc}); refused",
+                path=path,
+            ) from None
         out.add(system)
         if tools is not None:
             out.add(tools)

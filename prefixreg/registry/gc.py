@@ -232,7 +232,15 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
     )  # a frame keeps its parts
     recent = _recent_measurements(reg, cutoff)
     # A receipt keeps its slices like a name; one that does not parse keeps every slice.
-    by_receipt, receipt_unread = receipt_refs(raw for _path, raw in reg.probe_receipts())
+    receipts = reg.probe_receipts()
+    by_receipt, receipt_unread = receipt_refs(raw for _path, raw in receipts)
+    # A receipt that could not even be read (probe_receipts skips it) keeps every slice too.
+    listed = [
+        n
+        for n, kind in reg.entries(layout.PROBES)
+        if kind == "file" and n.endswith(".json") and not layout.is_temp_name(n)
+    ]
+    receipt_unread = receipt_unread or len(listed) > len(receipts)
     snapped = snapshot_prefix_shas(reg)
     for sha in list(reg.iter_shas()):
         if sha in named:
