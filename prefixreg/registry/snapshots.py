@@ -65,9 +65,7 @@ def write_snapshot(registry: Registry, record: SnapshotRecord) -> Path:
     """
     registry.init()
     registry.refuse_on_mirror("write a snapshot record")
-    directory = registry.root / SNAPSHOTS
-    fsutil.check_no_symlinks(registry.root, directory)
-    directory.mkdir(exist_ok=True)
+    directory = registry.writable_dir(SNAPSHOTS)  # created durably, never through a link
     path = directory / snapshot_filename(record.sha256, record.build_id)
     fsutil.replace_atomic(path, dumps_canonical(record.to_dict()) + b"\n", mode=0o644)
     return path

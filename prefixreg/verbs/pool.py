@@ -323,6 +323,11 @@ def save_placement(path: Path, spec: PoolSpec, entries: Iterable[Assignment]) ->
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)  # the rename survives a power loss too
+        finally:
+            os.close(dir_fd)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
