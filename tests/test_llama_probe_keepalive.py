@@ -34,7 +34,6 @@ from tests.peer.llama_peer import PeerServer
 
 # The first test may pay the install inside its session fixture (see test_llama_server).
 pytestmark = pytest.mark.timeout(900)
-pytest_plugins = ["tests.peer.fixtures"]
 
 _WORDS = (
     *("ledger", "harbor", "quartz", "violet", "meadow", "copper", "signal", "lantern"),

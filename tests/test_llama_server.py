@@ -28,7 +28,6 @@ from tests.test_store import flip_byte
 # wheel) inside its session fixture; `scripts/test` normally installs before pytest.
 pytestmark = pytest.mark.timeout(900)
 # The session fixtures `llama_server` and `llama_server_small_cache`.
-pytest_plugins = ["tests.peer.fixtures"]
 
 USAGE_SOURCE = "usage.prompt_tokens_details.cached_tokens"
 _WORDS = (
