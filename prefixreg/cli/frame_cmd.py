@@ -7,7 +7,6 @@ Exit codes: 0 ok; 2 usage (bad tools JSON, unknown setting, bad name or referenc
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -26,7 +25,6 @@ from prefixreg.cli._common import (
     read_user_file,
 )
 from prefixreg.core.errors import UsageError
-from prefixreg.core.frame import refuse_constant
 
 if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
@@ -36,6 +34,10 @@ __all__ = ["frame_command", "register", "warm_frame_cli"]
 
 
 def _settings(pairs: list[str]) -> dict[str, object]:
+    import json
+
+    from prefixreg.core.frame import refuse_constant  # lazily: `--help` lists every command
+
     out: dict[str, object] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
