@@ -111,6 +111,18 @@ def test_an_interrupted_move_is_reported_and_repair_completes_it(registry: Regis
     assert verify_registry(registry).findings == []
 
 
+def test_repair_completes_an_interrupted_move_to_a_frame(registry: Registry) -> None:
+    from prefixreg.registry.frames import write_frame
+
+    a = registry.add("system a\n", name="head")
+    frame = write_frame(registry, a, settings={"tool_choice": "none"})
+    with (registry.root / "names.log").open("ab") as log:
+        log.write(_journal_line("head", a, frame))
+    report = repair_registry(registry)
+    assert report.ok, report.findings
+    assert registry.read_name("head") == frame  # completed: the frame verifies
+
+
 def test_repair_rolls_back_a_move_whose_object_is_gone(registry: Registry) -> None:
     a = registry.add("a\n", name="main")
     missing = "e" * 64

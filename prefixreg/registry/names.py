@@ -296,14 +296,15 @@ class NamedStore(ObjectStore):
                 out.append(JournalDisagreement(name, value, final))
         return out
 
-    def repair_names(self) -> list[str]:
+    def repair_names(self, *, check: Callable[[str], object] | None = None) -> list[str]:
         """Make every name agree with its journal again, under the lock; what was done.
 
         An interrupted move (the name still holds its last line's `from`) is completed when
-        the line's `to` object verifies, else rolled back by journalling the name's current
-        value. Any other disagreement journals the name's current value (the name file is
-        what readers use); a journalled name whose file is gone is restored to the line's
-        `to` if that object verifies.
+        the line's `to` verifies (`check(sha)`, which raises to refuse; by default the
+        object is re-hashed, and a caller that knows frames checks those too), else rolled
+        back by journalling the name's current value. Any other disagreement journals the
+        name's current value (the name file is what readers use); a journalled name whose
+        file is gone is restored to the line's `to` if it verifies.
         """
         from prefixreg.core.records import NameMove
 
@@ -314,7 +315,7 @@ class NamedStore(ObjectStore):
                 target = d.last.to_sha if d.last is not None else None
                 if target is not None and (d.interrupted or d.current is None):
                     try:
-                        self._read_verified(target)
+                        (check or self._read_verified)(target)
                     except (IntegrityError, RefNotFoundError):
                         pass
                     else:

@@ -28,7 +28,7 @@ from typing import Final, Literal
 
 from prefixreg.core.errors import IntegrityError
 from prefixreg.registry import layout
-from prefixreg.registry.frames import is_frame, verify_frames
+from prefixreg.registry.frames import is_frame, read_frame, verify_frames
 from prefixreg.registry.snapshots import check_snapshot_entry
 from prefixreg.registry.store import Registry
 
@@ -127,7 +127,12 @@ def repair_registry(reg: Registry) -> VerifyReport:
     journalling the name's current value; any other disagreement journals the name's
     current value (see `NamedStore.repair_names`). Everything else is only reported.
     """
-    repaired = reg.repair_names()
+
+    def check(sha: str) -> object:
+        # A name may point to a frame: its record and parts verify, or the move rolls back.
+        return read_frame(reg, sha) if is_frame(reg, sha) else reg.read_verified(sha)
+
+    repaired = reg.repair_names(check=check)
     report = verify_registry(reg)
     report.repaired = repaired
     return report
