@@ -16,40 +16,23 @@ Run: `python benchmarks/hostile.py`.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from prefixreg.core.errors import WorkerTimeoutError
 from prefixreg.registry.store import Registry
 from prefixreg.server.transport import DEFAULT_MAX_BYTES
 from prefixreg.server.worker import Worker
-from tests.fakeserver import FakeServer, Reply, sse_frames
+from tests.fakeserver import FakeServer, Reply, lazy, sse_flood, sse_frames
 from tests.test_worker import HALOGEN_CACHE, HALOGEN_HEALTH, PREFIX, stream_reply
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 CHAT = "/v1/chat/completions"
 DEADLINE = 3.0
-
-
-def lazy(total: int, piece: bytes = b"x" * 65536) -> Callable[[], Iterable[bytes]]:
-    def generate() -> Iterator[bytes]:
-        sent = 0
-        while sent < total:
-            yield piece
-            sent += len(piece)
-
-    return generate
-
-
-def sse_flood(total: int) -> Callable[[], Iterable[bytes]]:
-    frame = {"choices": [{"index": 0, "delta": {"content": "y" * 900}, "finish_reason": None}]}
-    return lazy(total, (b"data: " + json.dumps(frame).encode() + b"\n\n") * 64)
 
 
 PROBE = (

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -270,3 +270,22 @@ class FakeServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
+
+
+def lazy(total: int, piece: bytes = b"x" * 65536) -> Callable[[], Iterable[bytes]]:
+    """A body of `total` bytes made on the fly: the server never holds it."""
+
+    def generate() -> Iterator[bytes]:
+        sent = 0
+        while sent < total:
+            yield piece
+            sent += len(piece)
+
+    return generate
+
+
+def sse_flood(total: int) -> Callable[[], Iterable[bytes]]:
+    """An endless-looking stream of valid content frames, `total` bytes in all."""
+    frame = {"choices": [{"index": 0, "delta": {"content": "y" * 900}, "finish_reason": None}]}
+    one = b"data: " + json.dumps(frame).encode() + b"\n\n"
+    return lazy(total, one * 64)

@@ -11,7 +11,7 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.transport import DEFAULT_MAX_BYTES, MAX_SECONDS
 from prefixreg.server.worker import ReplyTooLargeError, Worker
 from tests.conftest import run_cli
-from tests.fakeserver import FakeServer, Reply, sse_frames
+from tests.fakeserver import FakeServer, Reply, lazy, sse_flood, sse_frames
 from tests.test_worker import HALOGEN_CACHE, HALOGEN_HEALTH, PREFIX, stream_reply
 
 CHAT = "/v1/chat/completions"
@@ -43,25 +43,6 @@ def reg_path(tmp_path: Path) -> Path:
     path = tmp_path / "reg"
     Registry(path).add("You are a careful assistant. " * 20, name="loop")
     return path
-
-
-def lazy(total: int, piece: bytes = b"x" * 65536) -> Callable[[], Iterable[bytes]]:
-    """A body of `total` bytes made on the fly: the server never holds it."""
-
-    def generate() -> Iterator[bytes]:
-        sent = 0
-        while sent < total:
-            yield piece
-            sent += len(piece)
-
-    return generate
-
-
-def sse_flood(total: int) -> Callable[[], Iterable[bytes]]:
-    """An endless-looking stream of valid content frames, `total` bytes in all."""
-    frame = {"choices": [{"index": 0, "delta": {"content": "y" * 900}, "finish_reason": None}]}
-    one = b"data: " + json.dumps(frame).encode() + b"\n\n"
-    return lazy(total, one * 64)
 
 
 def timed(fn: Callable[[], object]) -> tuple[BaseException | None, float]:

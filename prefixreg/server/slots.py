@@ -153,32 +153,35 @@ def _ms(timings: JSONValue, key: str) -> float | None:
     return float(value)
 
 
-def save_slot(worker: Worker, slot_id: int, filename: str) -> SlotTransfer:
-    """Save slot `slot_id`'s KV state as `filename` in the server's slot directory."""
-    reply, wall = _post(worker, slot_id, "save", {"filename": filename})
+# action -> the reply's (tokens, bytes, server ms) fields.
+_TRANSFER_FIELDS: Final = {
+    "save": ("n_saved", "n_written", "save_ms"),
+    "restore": ("n_restored", "n_read", "restore_ms"),
+}
+
+
+def _transfer(worker: Worker, slot_id: int, action: str, filename: str) -> SlotTransfer:
+    reply, wall = _post(worker, slot_id, action, {"filename": filename})
+    tokens, size, ms = _TRANSFER_FIELDS[action]
     return SlotTransfer(
-        action="save",
+        action=action,
         slot_id=slot_id,
         filename=filename,
-        n_tokens=strict_count(reply.get("n_saved")),
-        n_bytes=strict_count(reply.get("n_written")),
-        server_ms=_ms(reply.get("timings"), "save_ms"),
+        n_tokens=strict_count(reply.get(tokens)),
+        n_bytes=strict_count(reply.get(size)),
+        server_ms=_ms(reply.get("timings"), ms),
         wall_s=wall,
     )
+
+
+def save_slot(worker: Worker, slot_id: int, filename: str) -> SlotTransfer:
+    """Save slot `slot_id`'s KV state as `filename` in the server's slot directory."""
+    return _transfer(worker, slot_id, "save", filename)
 
 
 def restore_slot(worker: Worker, slot_id: int, filename: str) -> SlotTransfer:
     """Restore `filename` into slot `slot_id`. Its counts are reported, never proof."""
-    reply, wall = _post(worker, slot_id, "restore", {"filename": filename})
-    return SlotTransfer(
-        action="restore",
-        slot_id=slot_id,
-        filename=filename,
-        n_tokens=strict_count(reply.get("n_restored")),
-        n_bytes=strict_count(reply.get("n_read")),
-        server_ms=_ms(reply.get("timings"), "restore_ms"),
-        wall_s=wall,
-    )
+    return _transfer(worker, slot_id, "restore", filename)
 
 
 def erase_slot(worker: Worker, slot_id: int) -> int | None:
