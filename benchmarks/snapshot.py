@@ -3,7 +3,7 @@
 Against the real llama-server peer (`tests.peer`; Gemma 3 270M, `-c 8192 -np 1 --swa-full
 --cache-ram 0 --slot-save-path DIR`), at ~2k, ~4k and ~6k-token prefixes, in one run:
 
-1. server A, fresh: `warm_prefix` (cold call + resume check), the cold call's wall time is
+1. server A, fresh: `warm` (cold call + resume check), the cold call's wall time is
    "cold"; then `save_snapshot` (the slot state goes to DIR);
 2. A is stopped and B started on the same flags and DIR (a restart);
 3. on B, interleaved, `reps` times each: prefixreg's `restore_and_prove` (verify the prefix,
@@ -38,7 +38,7 @@ from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.snapshot import restore_and_prove, save_snapshot
-from prefixreg.verbs.warm import warm_prefix
+from prefixreg.verbs.warm import warm
 from tests.peer.llama_peer import install, start
 from tests.test_llama_server import prose
 
@@ -97,7 +97,7 @@ def main() -> int:
         try:
             with Worker(server.url) as w:
                 for size in sizes:
-                    res = warm_prefix(reg, refs[size], w)
+                    res = warm(reg, reg.head(refs[size]), w)
                     ev = res.calls[0].evidence
                     # A cold call may share the template's first tokens (DESIGN §4).
                     assert (ev.cached_tokens or 0) < 50 and ev.wall_s is not None, ev

@@ -6,7 +6,7 @@ shows), both sides send the same streamed chat body over a kept-alive connection
 - floor: `httpx.Client.stream("POST", ...)` reading every byte, nothing parsed;
 - ours: `Worker.chat` (SSE parsing, evidence, output hash), i.e. the warm call.
 
-Target: <= 1.1x. Also printed for information: a whole `warm_prefix` (build read, /cache
+Target: <= 1.1x. Also printed for information: a whole `warm` (build read, /cache
 snapshots, warm call, resume check, measurement write) against two bare POSTs.
 Run: `python benchmarks/warm.py`.
 """
@@ -28,7 +28,8 @@ from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.warm import WARM_PARAMS, warm_prefix
+from prefixreg.verbs.measure import WARM_PARAMS
+from prefixreg.verbs.warm import warm
 
 
 def median_of(fn: Callable[[], object], n: int) -> float:
@@ -74,7 +75,7 @@ def main() -> int:
                 f_samples.append(median_of(floor, n // 5))
                 o_samples.append(median_of(ours, n // 5))
             f, o = statistics.median(f_samples), statistics.median(o_samples)
-            whole = median_of(lambda: warm_prefix(reg, "p", worker), 30)
+            whole = median_of(lambda: warm(reg, reg.head("p"), worker), 30)
     ratio = o / f
     ok = ratio <= 1.1
     print(
@@ -82,7 +83,7 @@ def main() -> int:
         f"ratio {ratio:.2f}x  target <= 1.1x  {'ok' if ok else 'MISSED'}"
     )
     print(
-        f"whole warm_prefix (2 calls, /health x2, /cache x3, record) {whole * 1e6:8.0f} us "
+        f"whole warm (2 calls, /health x2, /cache x3, record) {whole * 1e6:8.0f} us "
         f"= {whole / (2 * f):.2f}x two bare POSTs (information)"
     )
     return 0 if ok else 1

@@ -25,8 +25,9 @@ import prefixreg
 from prefixreg.cli.demo import sample_prompt
 from prefixreg.registry.frames import get_frame, write_frame
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.frames import LoopJudge, warm_frame
+from prefixreg.verbs.frames import LoopJudge
 from prefixreg.verbs.loopstats import LoopStats
+from prefixreg.verbs.warm import warm
 
 TURNS = 6
 FOREIGN_BETWEEN_CALLS = 2
@@ -63,7 +64,7 @@ def main() -> None:
         frame = get_frame(reg, "coding-loop")  # verified once; the same head goes out each call
         loop = stack.enter_context(prefixreg.Worker(url))
         tenant = stack.enter_context(prefixreg.Worker(url))
-        print(f"warm:      {warm_frame(reg, 'coding-loop', loop).headline}")
+        print(f"warm:      {warm(reg, reg.head('coding-loop'), loop).headline}")
         judge = LoopJudge.for_worker(reg, frame, loop)
         stats = LoopStats()
         history: list[dict[str, Any]] = [{"role": "user", "content": "Make the tests pass."}]

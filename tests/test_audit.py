@@ -33,7 +33,8 @@ from prefixreg.verbs.audit import (
     read_outputs,
     run_audit,
 )
-from prefixreg.verbs.warm import WarmResult, warm_prefix
+from prefixreg.verbs.warm import WarmResult
+from prefixreg.verbs.warm import warm as warm_head
 from tests.conftest import run_cli
 
 SYSTEM = "You are a careful coding agent. Follow the repository's conventions.\n" * 60
@@ -147,7 +148,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Batch]:
     reg.add(SYSTEM, name="loop")
     reg.add("An unrelated prefix that was never warmed.\n" * 20, name="other")
     with SimServer(SimConfig(speed=2000)) as sim, Worker(sim.url) as worker:
-        warm = warm_prefix(reg, "loop", worker)
+        warm = warm_head(reg, reg.head("loop"), worker)
     assert warm.verdict == "resumed"
     check = warm.calls[-1].evidence
     assert check.cached_tokens is not None and check.prompt_tokens is not None

@@ -13,7 +13,7 @@ from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.corpus import builtin_corpus, probe_slice
 from prefixreg.verbs.doctor import diagnose
 from prefixreg.verbs.probe import ProbeOptions, run_probe
-from prefixreg.verbs.warm import warm_prefix
+from prefixreg.verbs.warm import warm
 from tests.conftest import run_cli
 
 FLASH_BLOCK: dict[str, Any] = {
@@ -129,7 +129,7 @@ def lane_run(config: SimConfig, reg: Registry, sizes: tuple[int, ...]) -> tuple[
     """Warm coding-loop and probe on a simulator, then run `doctor` on it (text and JSON)."""
     with SimServer(config) as sim:
         with Worker(sim.url) as w:
-            warm_prefix(reg, "coding-loop", w)
+            warm(reg, reg.head("coding-loop"), w)
             run_probe(reg, w, ProbeOptions(sizes=sizes, foreign=9))
         args = ("doctor", "--worker", sim.url, "--registry", str(reg.root))
         text = run_cli(*args)

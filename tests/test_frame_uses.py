@@ -13,8 +13,9 @@ from prefixreg.registry.frames import get_frame
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimServer
-from prefixreg.verbs.frames import LoopJudge, LoopVerdict, warm_frame
+from prefixreg.verbs.frames import LoopJudge, LoopVerdict
 from prefixreg.verbs.keepalive import KeepAlive
+from prefixreg.verbs.warm import warm
 from tests.conftest import run_cli
 from tests.test_frames import TURNS, reg, sim, turn  # noqa: F401 -- fixtures
 from tests.test_keepalive import Foreign
@@ -53,7 +54,7 @@ def test_a_kept_frame_keeps_resuming_its_span_under_foreign_traffic(
 ) -> None:
     frame = get_frame(reg, "loop")
     with Worker(sim.url) as w:
-        assert warm_frame(reg, "loop", w).verdict == "resumed"
+        assert warm(reg, reg.head("loop"), w).verdict == "resumed"
         judge = LoopJudge.for_worker(reg, frame, w)
     without = loop_with_foreign(sim.url, judge, None)
     assert without.count("resumed") <= 1, without
@@ -131,7 +132,7 @@ def loop_batch(url: str, reg: Registry, *, flip_at: int) -> list[dict[str, Any]]
     """A warmed loop's request+response pairs as logged; tool_choice "none" from `flip_at`."""
     frame = get_frame(reg, "loop")
     with Worker(url) as w:
-        warm_frame(reg, "loop", w)
+        warm(reg, reg.head("loop"), w)
     history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
     pairs: list[dict[str, Any]] = []
     with httpx.Client(base_url=url) as http:

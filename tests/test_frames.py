@@ -19,8 +19,8 @@ from prefixreg.registry.verify import verify_registry
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.frames import LoopJudge, diagnose, drift_report, warm_frame
-from prefixreg.verbs.warm import warm_prefix
+from prefixreg.verbs.frames import LoopJudge, drift_report
+from prefixreg.verbs.warm import warm
 from tests.conftest import run_cli
 from tests.test_store import flip_byte
 
@@ -145,7 +145,7 @@ def test_loop_with_tools_resumes_the_frame_span_on_every_call(
     sim: SimServer, reg: Registry
 ) -> None:
     with Worker(sim.url) as w:
-        result = warm_frame(reg, "loop", w)
+        result = warm(reg, reg.head("loop"), w)
         assert result.verdict == "resumed"
         assert result.measurement.body["frame"] == reg.read_name("loop")
         judge = LoopJudge.for_worker(reg, get_frame(reg, "loop"), w)
@@ -159,7 +159,7 @@ def test_loop_with_tools_resumes_the_frame_span_on_every_call(
 
 def test_bare_system_warm_is_a_frame_mismatch_never_resumed(sim: SimServer, reg: Registry) -> None:
     with Worker(sim.url) as w:
-        assert warm_prefix(reg, "system", w).verdict == "resumed"
+        assert warm(reg, reg.head("system"), w).verdict == "resumed"
         judge = LoopJudge.for_worker(reg, get_frame(reg, "loop"), w)
         calls = run_loop(w, judge)
     assert [v for _, _, v in calls] == ["frame-mismatch"] * TURNS
@@ -171,7 +171,7 @@ def test_tool_choice_flip_mid_loop_is_named_as_drift_with_the_cold_calls(
     sim: SimServer, reg: Registry
 ) -> None:
     with Worker(sim.url) as w:
-        warm_frame(reg, "loop", w)
+        warm(reg, reg.head("loop"), w)
         judge = LoopJudge.for_worker(reg, get_frame(reg, "loop"), w)
         calls = run_loop(w, judge, flip_at=3)
     assert [v for _, _, v in calls] == ["resumed"] * 3 + ["drift"] * 3
@@ -210,7 +210,7 @@ def test_check_only_says_whether_the_frame_or_the_server_lost_it(
 ) -> None:
     root = str(reg.root)
     with Worker(sim.url) as w:
-        warm_prefix(reg, "system", w)  # the bare system prompt only
+        warm(reg, reg.head("system"), w)  # the bare system prompt only
     # (The check itself leaves the frame's head in the cache: one check per state here.)
     cli = run_cli("warm", "loop", "--check-only", "--worker", sim.url, "--registry", root)
     assert cli.returncode == 1 and b"the frame lost it" in cli.stdout
@@ -221,10 +221,10 @@ def test_check_only_says_whether_the_frame_or_the_server_lost_it(
     cli = run_cli("warm", "loop", "--check-only", "--worker", sim.url, "--registry", root)
     assert cli.returncode == 1 and b"the server lost it" in cli.stdout, cli.stdout
     with Worker(sim.url) as w:
-        res = warm_frame(reg, "loop", w)
-        assert diagnose(reg, res) == ""  # a warm (not --check-only) needs no diagnosis
-        res = warm_frame(reg, "loop", w, warm=False)
-    assert diagnose(reg, res).startswith("the server holds this frame")
+        res = warm(reg, reg.head("loop"), w)
+        assert res.diagnosis == ""  # a warm (not --check-only) needs no diagnosis
+        res = warm(reg, reg.head("loop"), w, send_warm=False)
+    assert res.diagnosis.startswith("the server holds this frame")
 
 
 def test_openai_sdk_sends_the_api_body_unchanged(sim: SimServer, reg: Registry) -> None:
@@ -240,7 +240,7 @@ def test_openai_sdk_sends_the_api_body_unchanged(sim: SimServer, reg: Registry) 
     history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
     turn(history, 0)
     with Worker(sim.url) as w:
-        warm_frame(reg, "loop", w)
+        warm(reg, reg.head("loop"), w)
         judge = LoopJudge.for_worker(reg, frame, w)
     with httpx.Client(event_hooks={"request": [capture]}) as http:
         # The SDK types its client against its own httpx fork; an httpx.Client works alike.

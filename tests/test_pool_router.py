@@ -18,9 +18,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from prefixreg.core.judge import judge
 from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
-from prefixreg.verbs.measure import judge_resume
 from prefixreg.verbs.pool import ROUTING_KEY_HEADER, parse_pool_file
 from prefixreg.verbs.pool_live import Pool
 from prefixreg.verbs.pool_warm import doctor_pool, warm_pool
@@ -69,9 +69,8 @@ def test_three_prefixes_resume_through_the_router_and_a_fourth_is_refused(
         def through_router(sha: str) -> None:
             tail = fresh_tail()
             _, ev = pool.chat(sha, tail, max_tokens=1, temperature=0, stream=False)
-            verdict, reason, span, _cov = judge_resume(
-                ev, prefix_bytes=reg.meta(sha).bytes, tail_bytes=len(tail.encode()), alignment=0
-            )
+            j = judge(ev, head_bytes=reg.meta(sha).bytes, rest_bytes=len(tail.encode()))
+            verdict, reason, span = j.verdict, j.reason, j.span
             assert verdict == "resumed", (sha[:12], reason, ev.cached_tokens, span)
             assert span is not None and ev.cached_tokens is not None
             assert ev.cached_tokens >= span - 32

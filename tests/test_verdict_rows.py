@@ -16,11 +16,11 @@ import orjson
 import pytest
 
 from prefixreg.core.errors import UsageError
+from prefixreg.core.judge import TEMPLATE_ALLOWANCE, allowance, judge
 from prefixreg.core.records import CallEvidence
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.measure import SPAN_ALLOWANCE, judge_resume, span_allowance
 from prefixreg.verbs.probe import ProbeOptions, run_probe
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, Request, sse_frames
@@ -81,11 +81,11 @@ def test_tiny_prefix_with_one_cached_token_is_not_resumed(reg: Registry) -> None
 @pytest.mark.parametrize("alignment", [0, 1, 64, 2048])
 def test_span_allowance_scales_with_the_span_and_never_exceeds_it(alignment: int) -> None:
     for span in itertools.chain(range(200), range(200, 20_000, 97)):
-        allowance = span_allowance(span, alignment)
-        assert 0 <= allowance <= span // 2  # never the whole span, never most of it
-        assert allowance <= alignment + SPAN_ALLOWANCE
+        given = allowance(span, alignment)
+        assert 0 <= given <= span // 2  # never the whole span, never most of it
+        assert given <= alignment + TEMPLATE_ALLOWANCE
     # Large spans get the whole alignment + template allowance.
-    assert span_allowance(100_000, alignment) == alignment + SPAN_ALLOWANCE
+    assert allowance(100_000, alignment) == alignment + TEMPLATE_ALLOWANCE
 
 
 @pytest.mark.parametrize(
@@ -109,7 +109,7 @@ def test_judge_resume_by_coverage(
         cache_state="reused",
         complete=True,
     )
-    assert judge_resume(ev, prefix_bytes=prefix_bytes, tail_bytes=55, alignment=0)[0] == verdict
+    assert judge(ev, head_bytes=prefix_bytes, rest_bytes=55).verdict == verdict
 
 
 # -- survival with an unverified trial is unverified ----------------------------------------

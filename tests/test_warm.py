@@ -10,11 +10,12 @@ from typing import Any
 import orjson
 import pytest
 
+from prefixreg.core.judge import judge
 from prefixreg.core.records import CallEvidence
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.warm import judge_resume, warm_prefix
+from prefixreg.verbs.warm import warm
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, sse_frames
 from tests.test_store import flip_byte
@@ -263,14 +264,14 @@ def test_judge_resume_looks_at_coverage(cached: int, prompt: int, align: int, ve
         complete=True,
     )
     # A ~2,580-token prefix and a ~55-byte tail, as the Flash lane measurements.
-    got = judge_resume(ev, prefix_bytes=10_000, tail_bytes=55, alignment=align)
-    assert got[0] == verdict
+    got = judge(ev, head_bytes=10_000, rest_bytes=55, alignment=align)
+    assert got.verdict == verdict
 
 
 def test_library_warm_binds_the_measurement_to_the_build(sim: SimServer, reg_path: Path) -> None:
     reg = Registry(reg_path)
     with Worker(sim.url) as w:
-        result = warm_prefix(reg, "loop", w)
+        result = warm(reg, reg.head("loop"), w)
         assert result.verdict == "resumed"
         assert result.build.build_id == w.server_build().build_id
     (stored,) = reg.measurements(result.prefix.sha256)

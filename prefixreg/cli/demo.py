@@ -18,7 +18,7 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.probe import ProbeOptions, ProbeReport, run_probe
-from prefixreg.verbs.warm import WarmResult, warm_prefix
+from prefixreg.verbs.warm import WarmResult, warm
 
 __all__ = ["DemoResult", "run_demo", "sample_prompt"]
 
@@ -56,10 +56,10 @@ def run_demo(
     with SimServer(SimConfig(speed=speed)) as sim:
         say(f"started the simulated Halogen worker at {sim.url} (Flash lane defaults, x{speed:g})")
         with Worker(sim.url) as worker:
-            warm = warm_prefix(reg, SAMPLE_NAME, worker)
+            warm_result = warm(reg, reg.head(SAMPLE_NAME), worker)
             say("warmed it and checked that a fresh call resumes it")
             report = run_probe(
                 reg, worker, ProbeOptions(sizes=(4000, 16000), foreign=9, survival=True)
             )
             say("ran a short probe (2 sizes, survival search)")
-    return DemoResult(registry=root, sha256=sha, warm=warm, probe=report)
+    return DemoResult(registry=root, sha256=sha, warm=warm_result, probe=report)

@@ -1,5 +1,4 @@
-"""`prefixreg frame`: register a frame (system prefix + tools + prompt settings); and the frame
-branch of `warm`.
+"""`prefixreg frame`: register a frame (system prefix + tools + prompt settings).
 
 Exit codes: 0 ok; 2 usage (bad tools JSON, unknown setting, bad name or reference);
 3 integrity (a part fails verification: nothing written, nothing sent).
@@ -9,28 +8,22 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from prefixreg.cli._common import (
-    EXIT_BY_OUTCOME,
     DebugOpt,
     JsonOpt,
     RegistryOpt,
     cli_errors,
     emit_json,
-    info,
     open_registry_from,
     read_user_file,
 )
 from prefixreg.core.errors import UsageError
 
-if TYPE_CHECKING:
-    from prefixreg.registry.store import Registry
-    from prefixreg.server.worker import Worker
-
-__all__ = ["frame_command", "register", "warm_frame_cli"]
+__all__ = ["frame_command", "register"]
 
 
 def _settings(pairs: list[str]) -> dict[str, object]:
@@ -69,6 +62,10 @@ def frame_command(
     name: Annotated[
         str | None, typer.Option("--name", help="Point this name at the frame.")
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Move --name even when it now points at a bare prefix."),
+    ] = False,
     registry: RegistryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -84,42 +81,13 @@ def frame_command(
         data = None
         if tools is not None:
             data = sys.stdin.buffer.read() if str(tools) == "-" else read_user_file(tools)
-        sha = write_frame(reg, system, tools=data, settings=_settings(settings or []), name=name)
+        sha = write_frame(
+            reg, system, tools=data, settings=_settings(settings or []), name=name, force=force
+        )
         if json_out:
             emit_json({"frame": sha, "name": name})
         else:
             sys.stdout.write(f"{sha}\n")
-
-
-def warm_frame_cli(
-    reg: Registry,
-    ref: str,
-    worker: Worker,
-    *,
-    no_check: bool,
-    check_only: bool,
-    json_out: bool,
-    public: bool,
-) -> None:
-    """`warm` of a frame reference: warm its head; with --check-only, say who lost it."""
-    from prefixreg.cli.worker_cmds import summary_text
-    from prefixreg.verbs.frames import diagnose, warm_frame
-
-    progress = info if sys.stderr.isatty() and not json_out else None
-    result = warm_frame(
-        reg, ref, worker, check=not no_check, warm=not check_only, progress=progress
-    )
-    why = diagnose(reg, result) if check_only else ""
-    if json_out:
-        emit_json(result.receipt(public=public) | ({"diagnosis": why} if why else {}))
-    else:
-        frame = result.frame
-        head = f"frame    {frame.name + ' ' if frame and frame.name else ''}"
-        sys.stdout.write(f"{head}{frame.sha256[:16] if frame else '-'}\n")
-        sys.stdout.write(summary_text(result))
-        if why:
-            sys.stdout.write(f"why      {why}\n")
-    raise typer.Exit(int(EXIT_BY_OUTCOME[result.verdict]))
 
 
 def register(app: typer.Typer) -> None:

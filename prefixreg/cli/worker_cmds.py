@@ -30,7 +30,6 @@ from prefixreg.cli._common import (
 from prefixreg.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from prefixreg.registry.store import Registry
     from prefixreg.server.worker import Worker
     from prefixreg.verbs.warm import WarmResult
 
@@ -76,21 +75,15 @@ def _fmt(n: int | None) -> str:
     return "-" if n is None else f"{n:,}"
 
 
-def _frame_ref(reg: Registry, ref: str) -> bool:
-    from prefixreg.registry.frames import get_frame, resolve_frame
-
-    if resolve_frame(reg, ref) is None:
-        return False
-    get_frame(reg, ref)  # verify record and parts before opening a connection
-    return True
-
-
 def _summary(result: WarmResult) -> str:
-    p = result.prefix
+    p, frame = result.prefix, result.frame
     ident = result.build.identity
     version = ident.get("version")
     api = version.get("api") if isinstance(version, dict) else None
-    lines = [
+    lines = (
+        [f"frame    {frame.name + ' ' if frame.name else ''}{frame.sha256[:16]}"] if frame else []
+    )
+    lines += [
         f"prefix   {p.name + ' ' if p.name else ''}{p.sha256[:16]} ({p.size:,} bytes)",
         f"worker   {result.worker_url}  {result.build.profile} build {result.build.build_id}"
         + (f" (api {api})" if api else ""),
@@ -107,6 +100,8 @@ def _summary(result: WarmResult) -> str:
     cov = "" if result.coverage is None else f", coverage {result.coverage:.1%}"
     lines.append(f"verdict  {result.headline}: {result.reason}{span}{cov}")
     lines.append(f"record   {result.record_path}")
+    if result.diagnosis:
+        lines.append(f"why      {result.diagnosis}")
     return "\n".join(lines) + "\n"
 
 
@@ -163,7 +158,7 @@ def warm_command(
     0 when the snapshot is proven `restored`, else the normal warm that follows decides;
     3 when the snapshot file changed (no restore sent); 2 a server without a slot API.
     """
-    from prefixreg.verbs.warm import warm_prefix
+    from prefixreg.verbs.warm import warm
 
     with cli_errors(debug):
         if public and not json_out:
@@ -177,8 +172,9 @@ def warm_command(
                 "--restore always proves with a check; drop --no-check/--check-only/--public"
             )
         reg = open_registry_from(registry)
+        head = reg.head(ref)  # resolved and verified once, before a connection is opened
         if restore:
-            if _frame_ref(reg, ref):
+            if head.kind == "frame":
                 raise UsageError("--restore takes a prefix; a frame has no snapshot")
             from prefixreg.cli.snapshot_cmd import warm_restore_cli
 
@@ -186,24 +182,10 @@ def warm_command(
                 raise typer.Exit(
                     warm_restore_cli(reg, ref, w, slot_dir=slot_dir, json_out=json_out)
                 )
-        if _frame_ref(reg, ref):  # a frame: its whole head, verified (cli/frame_cmd.py)
-            from prefixreg.cli.frame_cmd import warm_frame_cli
-
-            with open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
-                warm_frame_cli(
-                    reg,
-                    ref,
-                    w,
-                    no_check=no_check,
-                    check_only=check_only,
-                    json_out=json_out,
-                    public=public,
-                )
-        reg.get(ref)  # verify before even opening a connection
         progress = info if sys.stderr.isatty() and not json_out else None
         with open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
-            result = warm_prefix(
-                reg, ref, w, check=not no_check, warm=not check_only, progress=progress
+            result = warm(
+                reg, head, w, check=not no_check, send_warm=not check_only, progress=progress
             )
         if json_out:
             emit_json(result.receipt(public=public))

@@ -195,6 +195,10 @@ class Frame:
     name: str | None = None
 
     @property
+    def kind(self) -> str:
+        return "frame"
+
+    @property
     def settings(self) -> dict[str, Any]:
         """The prompt settings the frame sends (a fresh copy)."""
         value: dict[str, Any] = json.loads(self.settings_json)
@@ -310,3 +314,7 @@ class Frame:
                 note = ", which removes the tools from the prompt" if body[key] == "none" else ""
                 out.append(Drift(key, f"{_ordered(settings[key])} -> {_ordered(body[key])}{note}"))
         return out
+
+
+# What a verb sends as the head of its calls: a verified prefix or a verified frame.
+Head = Prefix | Frame

@@ -45,6 +45,21 @@ class Prefix(NamedTuple):
         """Length in bytes of the UTF-8 content."""
         return len(self.data)
 
+    # The head protocol, shared with `Frame`: what every verb needs of the head it sends.
+    @property
+    def kind(self) -> str:
+        return "prefix"
+
+    @property
+    def system(self) -> Prefix:
+        """The system prefix this head sends (a bare prefix is its own)."""
+        return self
+
+    @property
+    def head_bytes(self) -> int:
+        """Bytes of the rendered head this prefix owns: its content."""
+        return len(self.data)
+
     def messages(self, tail: str, *, role: str = "system") -> list[dict[str, str]]:
         """The chat messages for one call: this prefix as `messages[0]`, then the user tail."""
         return [{"role": role, "content": self.text}, {"role": "user", "content": tail}]

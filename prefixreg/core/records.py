@@ -35,6 +35,7 @@ __all__ = [
     "Measurement",
     "Meta",
     "NameMove",
+    "Outcome",
     "ServerBuild",
     "public_identity",
     "strict_count",
@@ -363,6 +364,11 @@ class Measurement:
             model=opt_str(d, "model", "measurement"),
         )
 
+    @property
+    def outcome(self) -> Outcome:
+        """The judged part of the body, typed (what later verbs read back)."""
+        return Outcome.from_body(self.body)
+
     def to_dict(self, *, public: bool = False) -> JSONObject:
         out: dict[str, JSONValue] = {
             "sha256": self.sha256,
@@ -375,3 +381,45 @@ class Measurement:
             out["worker"] = self.worker
             out["model"] = self.model
         return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """What a measurement's body says it found, read leniently: a field of the wrong type
+    (an older record, a hand edit) reads as None, never as a value it does not hold."""
+
+    verdict: str | None
+    reason: str | None
+    span_tokens: int | None
+    alignment: int | None
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    frame: str | None
+    interleaved: bool | None
+    phases: tuple[str, ...]
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, object]) -> Outcome:
+        def text(key: str) -> str | None:
+            value = body.get(key)
+            return value if isinstance(value, str) else None
+
+        calls = body.get("calls")
+        phases = tuple(
+            c["phase"]
+            for c in (calls if isinstance(calls, list) else [])
+            if isinstance(c, dict) and isinstance(c.get("phase"), str)
+        )
+        interleaved = body.get("interleaved")
+        frame = text("frame")
+        return cls(
+            verdict=text("verdict"),
+            reason=text("reason"),
+            span_tokens=strict_count(body.get("span_tokens")) or None,
+            alignment=strict_count(body.get("alignment")),
+            prompt_tokens=strict_count(body.get("prompt_tokens")),
+            cached_tokens=strict_count(body.get("cached_tokens")),
+            frame=frame if frame is not None and is_full_sha(frame) else None,
+            interleaved=interleaved if isinstance(interleaved, bool) else None,
+            phases=phases,
+        )

@@ -70,6 +70,7 @@ def write_frame(
     settings: Mapping[str, object] | None = None,
     name: str | None = None,
     note: str | None = None,
+    force: bool = False,
 ) -> str:
     """Register a frame and return its sha (idempotent).
 
@@ -77,7 +78,8 @@ def write_frame(
         system: a reference to the system prefix (verified before anything is written).
         tools: the tools JSON text, stored as its exact bytes (a JSON list of tool objects).
         settings: the prompt settings (`core.frame.PROMPT_SETTINGS`).
-        name: optionally point this name at the frame (a journalled move).
+        name: optionally point this name at the frame (a journalled move); a name that
+            holds a prefix moves only with `force`.
 
     Raises:
         UsageError: bad tools JSON, an unknown setting, a bad name, or a mirror.
@@ -99,7 +101,7 @@ def write_frame(
     if not fsutil.publish_new(path, raw, mode=0o444):
         read_frame(reg, sha)  # an existing record is re-verified, never trusted
     if name is not None:
-        name_frame(reg, name, sha)
+        name_frame(reg, name, sha, force=force)
     return sha
 
 
@@ -196,13 +198,13 @@ def get_head(reg: Registry, ref: str) -> Frame | Prefix:
     return get_frame(reg, ref) if resolve_frame(reg, ref) is not None else reg.get(ref)
 
 
-def name_frame(reg: Registry, name: str, sha: str) -> NameMove | None:
+def name_frame(reg: Registry, name: str, sha: str, *, force: bool = False) -> NameMove | None:
     """Point `name` at frame `sha` (verified first, and again under the lock); the move is
     journalled like any name move (the `names.log` line durable before the name file).
 
     Returns the move, or None when the name already pointed there.
     """
-    return reg.point_name(name, sha, check=lambda: read_frame(reg, sha))
+    return reg.point_name(name, sha, check=lambda: read_frame(reg, sha), force=force)
 
 
 def frame_parts(reg: Registry) -> set[str]:

@@ -150,42 +150,57 @@ class NamedStore(ObjectStore):
         """
         return self._resolve(ref)[0]
 
-    def _resolve(self, ref: str) -> tuple[str, str | None]:
-        """(sha, the name it was reached by or None)."""
+    def _resolve(self, ref: str, *, frames: bool = False) -> tuple[str, str | None]:
+        """(sha, the name it was reached by or None). With `frames`, a sha or an
+        abbreviation may also name a frame record (`frames/<sha>.json`)."""
         given: object = ref  # the API boundary: callers may pass anything
         if not isinstance(given, str):
             raise UsageError(f"a reference is a string, not {type(given).__name__}")
+        what = "prefix or frame" if frames else "prefix"
         if is_full_sha(ref):
-            if self.lstat(layout.object_relpath(ref)) is None:
-                raise RefNotFoundError(f"no prefix {ref}")
+            if self.lstat(layout.object_relpath(ref)) is None and not (
+                frames and self.lstat(layout.frame_relpath(ref)) is not None
+            ):
+                raise RefNotFoundError(f"no {what} {ref}")
             return ref, None
         if layout.NAME_RE.fullmatch(ref) is not None and not is_full_sha(ref.lower()):
             sha = self._read_name(ref)
             if sha is not None:
                 return sha, ref
             if not looks_like_sha(ref):
-                raise RefNotFoundError(f"no prefix named {ref!r}")
+                raise RefNotFoundError(f"no {what} named {ref!r}")
         if not looks_like_sha(ref):
             raise InvalidDigestError(
                 f"invalid reference {ref!r}: not a name, a sha256, or 8+ hex digits of one"
             )
         if len(ref) < 8:
             raise RefNotFoundError(
-                f"no prefix named {ref!r}", hint="an abbreviated sha needs at least 8 hex digits"
+                f"no {what} named {ref!r}", hint="an abbreviated sha needs at least 8 hex digits"
             )
         abbrev = parse_abbrev(ref)
         if len(abbrev) == 64:
-            return self._resolve(abbrev)
+            return self._resolve(abbrev, frames=frames)
         matches = self._abbrev_matches(abbrev)
+        if frames:
+            matches += [s for s in self._frame_shas() if s.startswith(abbrev)]
         if not matches:
-            raise RefNotFoundError(f"no prefix matches {ref!r}")
+            raise RefNotFoundError(f"no {what} matches {ref!r}")
         if len(matches) > 1:
             raise AmbiguousRefError(
-                f"{ref!r} matches {len(matches)} prefixes: "
+                f"{ref!r} matches {len(matches)} {'heads' if frames else 'prefixes'}: "
                 + ", ".join(m[:12] for m in matches[:5]),
                 candidates=matches,
             )
         return matches[0], None
+
+    def _frame_shas(self) -> list[str]:
+        """Every frame sha present (by file name; not verified), sorted."""
+        out = []
+        for entry, kind in self.entries(layout.FRAMES):
+            sha = layout.frame_sha(f"{layout.FRAMES}/{entry}")
+            if kind == "file" and sha is not None:
+                out.append(sha)
+        return out
 
     def get_bytes(self, ref: str) -> bytes:
         """The exact, verified bytes of the prefix `ref` names.
@@ -197,19 +212,31 @@ class NamedStore(ObjectStore):
         return self._read_verified(ref if is_full_sha(ref) else self.resolve(ref))
 
     def get(self, ref: str) -> Prefix:
-        """The verified prefix `ref` names (a name, a sha, or an 8+ digit abbreviation)."""
+        """The verified prefix `ref` names (a name, a sha, or an 8+ digit abbreviation).
+        A reference to a frame is refused (`head` takes both)."""
         # A full sha needs no lookup: the verified read itself says whether it exists.
         sha, name = (ref, None) if is_full_sha(ref) else self._resolve(ref)
-        return Prefix(sha, self._read_verified(sha), name)
+        try:
+            return Prefix(sha, self._read_verified(sha), name)
+        except RefNotFoundError:
+            if self.lstat(layout.frame_relpath(sha)) is None:
+                raise
+            raise RefNotFoundError(
+                f"{ref!r} names frame {sha[:12]}, not a prefix",
+                hint="a frame is a head: use head()",
+            ) from None
 
     # -- moving names ---------------------------------------------------------------------
 
-    def move_name(self, name: str, ref: str, *, expect: object = UNSET) -> NameMove | None:
+    def move_name(
+        self, name: str, ref: str, *, expect: object = UNSET, force: bool = False
+    ) -> NameMove | None:
         """Point `name` at the prefix `ref` resolves to, journal first.
 
         Args:
             expect: compare-and-swap: the sha (or None for "unset") the name must point to
                 now, else `NameConflictError`. Omit to move unconditionally (still atomic).
+            force: move a name that points at a frame to a prefix (else `NameConflictError`).
 
         Returns:
             The journalled move, or None if the name already pointed there.
@@ -232,12 +259,15 @@ class NamedStore(ObjectStore):
                 )
             if current == sha:
                 return None
+            self._refuse_kind_change(name, current, "prefix", force)
             # gc removes objects only under this lock: re-check that the object is still
             # there now that we hold it, or a name could end up pointing nowhere.
             self._read_verified(sha)
             return self._journalled_move(name, current, sha)
 
-    def point_name(self, name: str, sha: str, *, check: Callable[[], object]) -> NameMove | None:
+    def point_name(
+        self, name: str, sha: str, *, check: Callable[[], object], force: bool = False
+    ) -> NameMove | None:
         """Point `name` at `sha` (a record that is not an object, such as a frame), journal
         first, under the lock; `check()` verifies the target before and again under the lock
         (it raises to refuse). Returns the move, or None if the name already pointed there.
@@ -249,8 +279,24 @@ class NamedStore(ObjectStore):
             current = self._read_name(name)
             if current == sha:
                 return None
+            self._refuse_kind_change(name, current, "frame", force)
             check()
             return self._journalled_move(name, current, sha)
+
+    def _refuse_kind_change(self, name: str, current: str | None, kind: str, force: bool) -> None:
+        """A name that holds a prefix is not silently moved to a frame, nor back: the
+        loop reading it would send another kind of head."""
+        if current is None or force:
+            return
+        is_frame = self.lstat(layout.frame_relpath(current)) is not None
+        if is_frame == (kind == "frame"):
+            return
+        was = "frame" if is_frame else "prefix"
+        raise NameConflictError(
+            f"name {name!r} points to {was} {current[:12]}; moving it to a {kind} changes "
+            "what the loop sends",
+            hint="pass --force (force=True) to move it anyway",
+        )
 
     def _journalled_move(self, name: str, current: str | None, sha: str) -> NameMove:
         """Journal the move durably, then replace the name file. Caller holds the lock."""

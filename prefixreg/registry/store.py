@@ -46,6 +46,8 @@ from prefixreg.registry.names import NameConflictError, NamedStore
 from prefixreg.registry.probeslices import PROBE_SOURCE_PREFIX, is_probe_source, probe_source
 
 if TYPE_CHECKING:
+    from prefixreg.core.frame import Frame
+    from prefixreg.core.prefix import Prefix
     from prefixreg.core.records import Measurement, Meta
 
 __all__ = [
@@ -113,6 +115,22 @@ class Registry(NamedStore):
     """A registry rooted at `root` (`Registry(root, lock_timeout=30.0)`; see
     `RegistryDisk` for the arguments and the location checks). Nothing is created until
     the first write."""
+
+    def head(self, ref: str) -> Prefix | Frame:
+        """The verified head `ref` names, resolved once: a frame (its record and parts
+        re-hashed) or a prefix. What every verb sends.
+
+        Raises:
+            RefNotFoundError, AmbiguousRefError, InvalidDigestError: a bad reference.
+            IntegrityError: the bytes, the record or a part fail verification.
+        """
+        from prefixreg.core.prefix import Prefix
+        from prefixreg.registry.frames import read_frame
+
+        sha, name = self._resolve(ref, frames=True)
+        if self.lstat(layout.frame_relpath(sha)) is not None:
+            return read_frame(self, sha, name=name)
+        return Prefix(sha, self._read_verified(sha), name)
 
     # -- adding ---------------------------------------------------------------------------
 

@@ -201,6 +201,23 @@ class Worker:
         """GET /props (llama.cpp); None when the server has no such route."""
         return self._get("/props", missing_ok=True)
 
+    def template_tokens(self, body: Mapping[str, Any]) -> int | None:
+        """llama.cpp: how many tokens the prompt its chat template renders for `body` has
+        (`/apply-template`, then `/tokenize`); None when the server cannot say."""
+        try:
+            rendered = self.post_json(
+                "/apply-template", dict(body), seconds=self._small, missing=_NO_ROUTE
+            )
+            prompt = None if rendered is None else rendered.get("prompt")
+            if not isinstance(prompt, str):
+                return None
+            ask: JSONObject = {"content": prompt, "add_special": True, "parse_special": True}
+            tokens = self.post_json("/tokenize", ask, seconds=self._small, missing=_NO_ROUTE)
+        except (WorkerHTTPError, MalformedResponseError):
+            return None
+        found = None if tokens is None else tokens.get("tokens")
+        return len(found) if isinstance(found, list) else None
+
     def version(self) -> JSONObject | None:
         """GET /version (vLLM); None when the server has no such route."""
         return self._get("/version", missing_ok=True)

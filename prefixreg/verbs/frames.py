@@ -1,75 +1,32 @@
-"""Frames at work: warm a frame's head, judge a loop's calls against it, say who lost it.
+"""Frames at work: judge a loop's calls against the frame it sends, and name its drift.
 
-- `warm_frame`: `warm` of the frame's whole head (system bytes, tools, settings), byte for
-  byte as the loop sends it; the measurement is filed under the system sha and records the
-  frame's sha (`body.frame`).
 - `LoopJudge`: reads each loop call against the frame's last warm on the current build.
-  A call is `resumed` only when its cached count covers the span that warm measured; when
-  this build's last warm of the system prefix was of another head (the bare system prompt,
-  another frame) every call is a `frame-mismatch`, never `resumed`; a call whose body
-  differs from the frame is `drift`, naming the part.
+  A call is `resumed` only when the judge says its cached count covers the span that warm
+  measured; when this build's last warm of the system prefix was of another head (the
+  bare system prompt, another frame) every call is a `frame-mismatch`, never `resumed`; a
+  call whose body differs from the frame is `drift`, naming the part.
 - `drift_report`: over a batch of (request body, cache state) pairs, each drift event with
   the cold calls that follow it (`audit` over request bodies).
-- `diagnose`: after `warm --check-only` of a frame, whether the frame or the server lost it.
 
-Verdicts come from server counts only (DESIGN §4); nothing here reads text lengths.
+Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from prefixreg.core.frame import Frame
+from prefixreg.core.judge import judge
 from prefixreg.core.records import CallEvidence, Measurement
-from prefixreg.registry.frames import get_frame
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.audit.framedrift import DriftEvent, drift_events
-from prefixreg.verbs.measure import span_allowance
-from prefixreg.verbs.warm import WarmResult, warm_prefix
-
-__all__ = [
-    "DriftEvent",
-    "LoopJudge",
-    "LoopVerdict",
-    "diagnose",
-    "drift_report",
-    "last_warm",
-    "warm_frame",
-]
 
 LoopVerdict = Literal[
     "resumed", "partial", "cold", "unverified", "drift", "frame-mismatch", "unwarmed"
 ]
-
-
-def warm_frame(
-    registry: Registry,
-    ref: str,
-    worker: Worker,
-    *,
-    check: bool = True,
-    warm: bool = True,
-    progress: Callable[[str], None] | None = None,
-) -> WarmResult:
-    """`warm` of frame `ref`: verified first (`IntegrityError`: nothing sent), then its head.
-
-    Raises:
-        RefNotFoundError: `ref` names no frame. IntegrityError: the record or a part fails.
-        WorkerError: the worker could not be reached or answered an HTTP error.
-    """
-    frame = get_frame(registry, ref)
-    return warm_prefix(
-        registry,
-        frame.system.sha256,
-        worker,
-        check=check,
-        warm=warm,
-        progress=progress,
-        frame=frame,
-    )
 
 
 def last_warm(registry: Registry, frame: Frame, build_id: str) -> Measurement | None:
@@ -84,8 +41,8 @@ def last_warm(registry: Registry, frame: Frame, build_id: str) -> Measurement | 
 
 
 def _head_of(measurement: Measurement) -> str:
-    sha = measurement.body.get("frame")
-    return f"frame {sha[:12]}" if isinstance(sha, str) else "the bare system prompt"
+    sha = measurement.outcome.frame
+    return f"frame {sha[:12]}" if sha else "the bare system prompt"
 
 
 @dataclass(slots=True)
@@ -109,10 +66,9 @@ class LoopJudge:
     def span(self) -> int | None:
         """The frame's span in tokens, as its last warm here measured it (None: not warmed
         as this frame on this build)."""
-        if self.baseline is None or self.baseline.body.get("frame") != self.frame.sha256:
+        if self.baseline is None or self.baseline.outcome.frame != self.frame.sha256:
             return None
-        span = self.baseline.body.get("span_tokens")
-        return span if type(span) is int and span > 0 else None
+        return self.baseline.outcome.span_tokens
 
     def observe(
         self, evidence: CallEvidence, body: Mapping[str, Any] | None = None
@@ -137,14 +93,15 @@ class LoopJudge:
                 f"this build's last warm sent {_head_of(self.baseline)}, not frame "
                 f"{self.frame.sha256[:12]} (its tools and settings were never warmed)",
             )
-        cached, prompt = evidence.cached_tokens, evidence.prompt_tokens
-        if evidence.cache_state == "unverified" or cached is None or prompt is None:
-            return "unverified", evidence.reason or "the server did not report cached tokens"
-        if evidence.cache_state == "cold":
-            return "cold", f"0 of {prompt:,} prompt tokens cached"
-        if cached >= span - span_allowance(span, self.alignment):
-            return "resumed", f"{cached:,} cached covers the frame's span of {span:,}"
-        return "partial", f"{cached:,} cached, short of the frame's span of {span:,}"
+        j = judge(
+            evidence,
+            head_bytes=self.frame.head_bytes,
+            alignment=self.alignment,
+            measured_span=span,
+        )
+        if j.verdict == "resumed":
+            return "resumed", f"{j.cached_tokens:,} cached covers the frame's span of {span:,}"
+        return j.verdict, j.reason
 
 
 def drift_report(
@@ -157,34 +114,3 @@ def drift_report(
     (`prefixreg.verbs.audit.framedrift.drift_events`).
     """
     return drift_events([(tuple(frame.drift(body)), state) for body, state in calls])
-
-
-def diagnose(registry: Registry, result: WarmResult) -> str:
-    """After `warm --check-only` of a frame: who lost it, the frame or the server."""
-    frame = result.frame
-    if frame is None or any(c.phase == "warm" for c in result.calls):
-        return ""  # only a check alone needs telling apart
-    build = result.build.build_id
-    warms = [
-        m
-        for m in registry.measurements(frame.system.sha256)
-        if m.kind == "warm"
-        and m.build.build_id == build
-        and m.sha256 == frame.system.sha256
-        and any(c.get("phase") == "warm" for c in _calls(m))
-    ]
-    mine = [m for m in warms if m.body.get("frame") == frame.sha256]
-    if result.verdict == "resumed":
-        return (
-            "the server holds this frame: loop calls that came back cold sent another head "
-            "(see the drift of their request bodies)"
-        )
-    if not mine:
-        other = f" (the last warm here sent {_head_of(warms[-1])})" if warms else ""
-        return f"the frame lost it: frame {frame.sha256[:12]} was never warmed on this build{other}"
-    return f"the server lost it: the frame was warmed at {mine[-1].at} and is gone since"
-
-
-def _calls(m: Measurement) -> Sequence[Mapping[str, Any]]:
-    calls = m.body.get("calls")
-    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []

@@ -47,6 +47,7 @@ from prefixreg.core.errors import (
     WorkerTimeoutError,
 )
 from prefixreg.core.frame import Frame
+from prefixreg.core.judge import Verdict
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
@@ -55,8 +56,7 @@ from prefixreg.verbs.budget import Budget, budget_for
 from prefixreg.verbs.keepalive_restore import SnapshotRewarm, restore_for_keepalive
 from prefixreg.verbs.measure import (
     CallRecord,
-    Verdict,
-    judge_resume,
+    judge_check,
     measured_call,
     record_measurement,
 )
@@ -260,12 +260,9 @@ class KeepAlive:
                 with_cache=stores is not None,
                 before=None if stores is None else stores.last,
             )
-            verdict, _, _, _ = judge_resume(
-                record.evidence,
-                prefix_bytes=head.head_bytes if isinstance(head, Frame) else head.size,
-                tail_bytes=len(tail.encode("utf-8")),
-                alignment=self.build.snapshot_align,
-            )
+            verdict = judge_check(
+                record.evidence, head, tail=tail, alignment=self.build.snapshot_align
+            ).verdict
         kept.lost = False
         kept.last_used = time.monotonic()
         if counter is not None:

@@ -1,58 +1,36 @@
 """Measured calls: one chat call bracketed by `/cache` snapshots, its record, its judgement.
 
-The building blocks `warm`, `probe` and `keepalive` share (none of them imports another verb):
+The one module verbs share besides the judge (`prefixreg.core.judge`); no verb imports
+another:
 
-- `measured_call` sends one call and keeps the `/cache` snapshots around it;
+- `measured_call` sends one call with a head and keeps the `/cache` snapshots around it;
 - `CallRecord` is that call as stored: evidence, snapshots, deltas, `interleaved`;
-- `judge_resume` reads a resume check from the server's own counts (DESIGN §4);
+- `judge_check` judges a resume check of a head (the judge, with the head's measured span
+  on this build and the bytes of the tail it was sent with);
+- `measured_span` is a head's span as this build's last resumed warm of it measured it;
 - `record_measurement` writes one measurement, bound to the server build, through the store.
 
 Invariants:
-- A verdict comes from server-reported counts only, never from text length. `resumed` needs
-  the cached count to cover the prefix's span: the share the prefix takes of the check's
-  prompt (by bytes of message content), less an allowance for the server's alignment and the
-  template tokens the estimate cannot see. The allowance scales with the span and is never
-  larger than the span itself, so a short prefix is not "resumed" by one shared token.
+- A verdict comes from `core.judge` only, from server-reported counts, never text length.
 - Records hold counts and hashes only: never the key, the tail text or the output text.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from prefixreg.core.errors import WorkerError
-from prefixreg.core.frame import Frame
+from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import JSONObject, JSONValue
-from prefixreg.core.prefix import Prefix
+from prefixreg.core.judge import Judgement, judge
 from prefixreg.core.records import CacheCounters, CallEvidence, Measurement, ServerBuild
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.server.evidence import counter_deltas, is_interleaved
 from prefixreg.server.worker import Worker
 
-__all__ = [
-    "SPAN_ALLOWANCE",
-    "WARM_PARAMS",
-    "CallRecord",
-    "Verdict",
-    "judge_resume",
-    "measured_call",
-    "record_measurement",
-    "span_allowance",
-]
-
-Verdict = Literal["resumed", "partial", "cold", "unverified", "warmed"]
-
-# Tokens the byte-share estimate of the prefix span may be off by: the chat template's
-# fixed tokens around the system message, which the estimate cannot see. A ceiling: on a
-# short span the allowance shrinks with it (see `span_allowance`).
-SPAN_ALLOWANCE: Final = 32
-# The share of the span the template allowance may take at most: a prefix whose cached
-# count covers less than half of its estimated span was not resumed, whatever its size.
-SPAN_ALLOWANCE_SHARE: Final = 0.5
 WARM_PARAMS: Final[dict[str, Any]] = {"max_tokens": 1, "temperature": 0}
 
 
@@ -90,7 +68,7 @@ class CallRecord:
 
 def measured_call(
     worker: Worker,
-    prefix: Prefix | Frame,
+    head: Head,
     *,
     phase: str,
     tail: str,
@@ -106,7 +84,7 @@ def measured_call(
     """
     if with_cache and before is None:
         before = worker.cache()
-    _, evidence = worker.chat(prefix, tail, **{**WARM_PARAMS, **params})
+    _, evidence = worker.chat(head, tail, **{**WARM_PARAMS, **params})
     after = None
     if with_cache:
         try:
@@ -138,44 +116,40 @@ def record_measurement(
     return measurement, registry.write_measurement(measurement)
 
 
-def span_allowance(span: int, alignment: int) -> int:
-    """Tokens a resume check may fall short of `span` and still count as resumed.
-
-    The server's alignment (an aligned engine rounds the cached count down to a multiple of
-    it) plus `SPAN_ALLOWANCE` template tokens; but never more than `SPAN_ALLOWANCE_SHARE` of
-    the span, so the allowance never swallows the span it is about. On an aligned server a
-    span shorter than one alignment unit cannot be resumed at all, and that is the answer.
-    """
-    if span <= 0:
-        return 0
-    return min(alignment + SPAN_ALLOWANCE, math.floor(span * SPAN_ALLOWANCE_SHARE))
+def head_warms(registry: Registry, head: Head, build_id: str) -> list[Measurement]:
+    """This build's warm measurements of `head` (of this very head: a frame's, or the bare
+    prefix's, never another head sharing its system bytes), oldest first."""
+    frame = head.sha256 if head.kind == "frame" else None
+    return [
+        m
+        for m in registry.measurements(head.system.sha256)
+        if m.kind == "warm" and m.build.build_id == build_id and m.outcome.frame == frame
+    ]
 
 
-def judge_resume(
-    evidence: CallEvidence, *, prefix_bytes: int, tail_bytes: int, alignment: int
-) -> tuple[Verdict, str, int | None, float | None]:
-    """Classify a resume check: (verdict, reason, estimated prefix span, coverage).
+def measured_span(registry: Registry, head: Head, build_id: str) -> int | None:
+    """The head's span in tokens as this build's last resumed warm of it measured it."""
+    for m in reversed(head_warms(registry, head, build_id)):
+        if m.outcome.verdict == "resumed" and m.outcome.span_tokens:
+            return m.outcome.span_tokens
+    return None
 
-    The span is the prefix's share of the check's prompt tokens, by bytes of content; the
-    check resumed the prefix when its cached count reaches the span less `span_allowance`.
-    """
-    if evidence.cache_state == "unverified":
-        return (
-            "unverified",
-            evidence.reason or "the server did not report cached tokens",
-            None,
-            None,
-        )
-    prompt, cached = evidence.prompt_tokens, evidence.cached_tokens
-    if prompt is None or cached is None:  # cold/reused evidence always carries both
-        return "unverified", "the server did not report prompt and cached counts", None, None
-    total = prefix_bytes + tail_bytes
-    span = math.floor(prompt * prefix_bytes / total) if total > 0 else 0
-    coverage = min(1.0, cached / span) if span > 0 else None
-    if evidence.cache_state == "cold":
-        return "cold", "the resume check was served cold (0 cached tokens)", span, 0.0
-    if span > 0 and cached >= span - span_allowance(span, alignment):
-        reason = f"{cached:,} of {prompt:,} prompt tokens came from the cache"
-        return "resumed", reason, span, coverage
-    reason = f"only {cached:,} cached tokens against a prefix span of about {span:,}"
-    return "partial", reason, span, coverage
+
+def judge_check(
+    evidence: CallEvidence,
+    head: Head,
+    *,
+    tail: str,
+    alignment: int,
+    measured: int | None = None,
+    tools_tokens: int | None = None,
+) -> Judgement:
+    """The judge's verdict on a resume check of `head` sent with `tail`."""
+    return judge(
+        evidence,
+        head_bytes=head.head_bytes,
+        rest_bytes=len(tail.encode("utf-8")),
+        alignment=alignment,
+        measured_span=measured,
+        tools_tokens=tools_tokens,
+    )

@@ -31,7 +31,7 @@ from prefixreg.core.prefix import fresh_tail
 from prefixreg.verbs.measure import WARM_PARAMS
 from prefixreg.verbs.pool import ROUTING_KEY_HEADER, Assignment, place, routing_key
 from prefixreg.verbs.pool_live import Pool, WorkerState, served_by
-from prefixreg.verbs.warm import warm_prefix
+from prefixreg.verbs.warm import warm
 
 __all__ = ["MAX_REKEY", "PROOF_ROUNDS", "PoolReport", "doctor_pool", "warm_pool"]
 
@@ -214,10 +214,11 @@ def _prove(
         for sha, a in list(placed.items()):
             worker = pool.workers[a.worker]
             try:
-                result = warm_prefix(pool.registry, sha, worker, warm=False)
+                head = pool.registry.head(sha)
+                result = warm(pool.registry, head, worker, send_warm=False)
                 if result.verdict != "resumed" and warm_missing:
                     say(f"{sha[:12]} not resident on {a.worker}: warming it there")
-                    result = warm_prefix(pool.registry, sha, worker)
+                    result = warm(pool.registry, head, worker)
                     rewarmed = True
             except WorkerError as exc:
                 report.notes.append(f"{sha[:12]} on {a.worker}: {exc}")

@@ -50,12 +50,13 @@ from typing import Final
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject, dumps_pretty
+from prefixreg.core.judge import judge
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.core.records import ServerBuild, strict_count
 from prefixreg.registry.store import Registry, iso_utc, stamp_utc, utc_now
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.corpus import builtin_corpus, probe_slice
-from prefixreg.verbs.measure import judge_resume, measured_call, record_measurement
+from prefixreg.verbs.measure import measured_call, record_measurement
 from prefixreg.verbs.probe_checks import run_checks
 from prefixreg.verbs.probe_report import (
     DEFAULT_SIZES,
@@ -125,12 +126,13 @@ class _Prober:
         self.last = record.after
         verdict = span = coverage = None
         if leg in ("A1", "B", "C", "S-check"):
-            judged, _, span, coverage = judge_resume(
+            judgement = judge(
                 record.evidence,
-                prefix_bytes=prefix.size + self.head_extra,
-                tail_bytes=len(tail.encode("utf-8")),
+                head_bytes=prefix.size + self.head_extra,
+                rest_bytes=len(tail.encode("utf-8")),
                 alignment=self.report.alignment,
             )
+            judged, span, coverage = judgement.verdict, judgement.span, judgement.coverage
             # A1 answers "how long is a cold call", not "did it resume": it keeps no verdict,
             # only its coverage (a few shared template tokens are not a warm baseline).
             verdict = None if leg == "A1" else judged

@@ -19,8 +19,9 @@ from typing import Final, Literal
 
 from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.judge import Verdict
 from prefixreg.core.records import ServerBuild
-from prefixreg.verbs.measure import CallRecord, Verdict
+from prefixreg.verbs.measure import CallRecord
 from prefixreg.verbs.probe_checks import CheckResult, Window
 
 __all__ = [

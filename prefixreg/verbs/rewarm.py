@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.judge import Verdict
 from prefixreg.verbs.budget import Unit
-from prefixreg.verbs.measure import CallRecord, Verdict
+from prefixreg.verbs.measure import CallRecord
 
 __all__ = ["KeepAliveSummary", "Rewarm"]
 

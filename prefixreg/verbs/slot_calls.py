@@ -3,7 +3,7 @@ the slot serving a prefix, and a fresh-tail resume check pinned to a slot.
 
 Invariants:
 - A check is pinned with `id_slot`, so its cached count speaks of that slot and no other;
-  its verdict is `judge_resume`'s (the cached count must cover the prefix's span).
+  its verdict is the judge's (the cached count must cover the prefix's span).
 - The slot a warm used is read from `/slots` (`id_task` moved); when that is ambiguous the
   warm is pinned to an idle slot instead of guessing.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.server.slots import SlotInfo, idle_slot, list_slots
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.measure import CallRecord, judge_resume, measured_call
+from prefixreg.verbs.measure import CallRecord, judge_check, measured_call
 
 __all__ = ["Progress", "pinned_check", "readable_dir", "say_to", "warm_and_locate"]
 
@@ -36,10 +36,8 @@ def pinned_check(
     call = measured_call(
         worker, prefix, phase="check", tail=tail, with_cache=False, id_slot=slot_id
     )
-    verdict, reason, span, coverage = judge_resume(
-        call.evidence, prefix_bytes=prefix.size, tail_bytes=len(tail.encode("utf-8")), alignment=0
-    )
-    return call, verdict, reason, span, coverage
+    j = judge_check(call.evidence, prefix, tail=tail, alignment=0)
+    return call, j.verdict, j.reason, j.span, j.coverage
 
 
 def readable_dir(path: Path | None) -> bool:

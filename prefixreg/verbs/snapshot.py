@@ -61,7 +61,7 @@ from prefixreg.verbs.slot_calls import (
     say_to,
     warm_and_locate,
 )
-from prefixreg.verbs.warm import WarmResult, warm_prefix
+from prefixreg.verbs.warm import WarmResult, warm
 
 __all__ = ["RestoreResult", "RestoreVerdict", "SaveResult", "restore_and_prove", "save_snapshot"]
 
@@ -385,4 +385,4 @@ def _with_fallback(
     if not fallback_warm:
         return result
     say_to(progress)("falling back to a normal warm")
-    return replace(result, fallback=warm_prefix(registry, ref, worker, progress=progress))
+    return replace(result, fallback=warm(registry, registry.head(ref), worker, progress=progress))

@@ -1,26 +1,21 @@
-"""`warm`: put a registered prefix into a worker's prompt cache and prove it resumes.
+"""`warm`: put a head (a prefix or a frame) into a worker's prompt cache and prove it resumes.
 
-Sequence (DESIGN §4): resolve and verify the prefix (an `IntegrityError` here means no
-request is sent), read the server build from a fresh `/health`, snapshot `/cache`, send the
-warm call (prefix as `messages[0]`, a short tail, `max_tokens` 1, temperature 0), snapshot,
-send the resume check with a fresh never-seen tail, snapshot, re-read the build, and write
-one measurement record.
+Sequence (DESIGN §4): the caller resolves and verifies the head once (`Registry.head`: an
+`IntegrityError` there means no request is sent); read the server build from a fresh
+`/health`, snapshot `/cache`, send the warm call (the head, a short tail, `max_tokens` 1,
+temperature 0), snapshot, send the resume check with a fresh never-seen tail, snapshot,
+re-read the build, and write one measurement record, filed under the system sha (a frame's
+records also name the frame).
 
-Verdict of the resume check, from the server's own counts only:
+The verdict of the resume check is the judge's (`core.judge`): the cached count must cover
+the head's span (its measured span on this build when there is one, else its share of the
+prompt by bytes) less the engine's allowance. A frame whose tools add no prompt tokens on
+this server (llama.cpp: `/apply-template` + `/tokenize` with and without them) is not
+resumed for its tools. `--check-only` of a frame also says who lost it, frame or server.
 
-- `resumed`: its cached count covers the prefix's span: the share the prefix takes of the
-  check's prompt (by bytes of message content), less an allowance for the server's snapshot
-  alignment and the template tokens that estimate cannot see, which scales with the span
-  and never exceeds half of it (`measure.span_allowance`);
-- `partial`: reused, but short of that span (a foreign prompt sharing a few leading tokens,
-  an aligned engine rounding a short prefix down to nothing useful);
-- `cold`: a verified count of zero; `unverified`: the server did not report what the claim
-  needs (or the build changed in the middle).
-
-A measurement during which `/cache` saw foreign calls (a window whose hits + misses moved by
-more than our one call) keeps its verdict but is marked `interleaved` and not `clean`, and
-its headline says so ("COLD — foreign calls interleaved; not a clean measurement"): `show`
-prefers clean measurements. The call helpers live in `prefixreg.verbs.measure`.
+A measurement during which `/cache` saw foreign calls keeps its verdict but is marked
+`interleaved` and not `clean` ("COLD — foreign calls interleaved; not a clean
+measurement"); `show` prefers clean measurements.
 
 Records hold counts and hashes only: never the key, the tail text or the output text.
 """
@@ -31,55 +26,60 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from prefixreg.core.errors import UsageError
-from prefixreg.core.frame import Frame
+from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.judge import Judgement
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.core.records import Measurement, ServerBuild
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure import (
-    SPAN_ALLOWANCE,
-    WARM_PARAMS,
     CallRecord,
-    Verdict,
-    judge_resume,
+    head_warms,
+    judge_check,
     measured_call,
+    measured_span,
     record_measurement,
 )
-
-__all__ = [
-    "INTERLEAVED_NOTE",
-    "SPAN_ALLOWANCE",
-    "WARM_PARAMS",
-    "CallRecord",
-    "Verdict",
-    "WarmResult",
-    "judge_resume",
-    "measured_call",
-    "record_measurement",
-    "warm_prefix",
-]
 
 INTERLEAVED_NOTE = "foreign calls interleaved; not a clean measurement"
 
 
 @dataclass(frozen=True, slots=True)
 class WarmResult:
-    """What `warm_prefix` did and found."""
+    """What `warm` did and found."""
 
-    prefix: Prefix
+    head: Head
     worker_url: str
     build: ServerBuild
     calls: tuple[CallRecord, ...]
-    verdict: Verdict
+    verdict: str  # resumed | partial | cold | unverified | warmed
     reason: str
-    span_tokens: int | None
-    coverage: float | None
-    alignment: int
+    judgement: Judgement | None
     measurement: Measurement
     record_path: str
     interleaved: bool | None = None
-    frame: Frame | None = None
+    diagnosis: str = ""
+
+    @property
+    def prefix(self) -> Prefix:
+        return self.head.system
+
+    @property
+    def frame(self) -> Frame | None:
+        return self.head if isinstance(self.head, Frame) else None
+
+    @property
+    def span_tokens(self) -> int | None:
+        return None if self.judgement is None else self.judgement.span
+
+    @property
+    def coverage(self) -> float | None:
+        return None if self.judgement is None else self.judgement.coverage
+
+    @property
+    def check(self) -> CallRecord | None:
+        return next((c for c in self.calls if c.phase == "check"), None)
 
     @property
     def clean(self) -> bool:
@@ -92,113 +92,144 @@ class WarmResult:
         head = self.verdict.upper()
         return head if self.clean else f"{head} — {INTERLEAVED_NOTE}"
 
-    @property
-    def check(self) -> CallRecord | None:
-        return next((c for c in self.calls if c.phase == "check"), None)
-
     def receipt(self, *, public: bool = False) -> JSONObject:
         """The JSON a script reads (`--json`); `public` drops the worker address and model."""
         out = self.measurement.to_dict(public=public)
         out["record"] = None if public else self.record_path
+        if self.diagnosis:
+            out["diagnosis"] = self.diagnosis
         return out
 
 
-def warm_prefix(
+def tools_tokens(worker: Worker, build: ServerBuild, frame: Frame) -> int | None:
+    """Prompt tokens the frame's tools add on this server, where it can say without a
+    prefill (llama.cpp: the template applied and tokenized with and without them); None
+    when the server cannot tell or the frame renders no tools."""
+    if build.profile != "llamacpp" or not frame.renders_tools:
+        return None
+    messages = frame.messages([{"role": "user", "content": "x"}])
+    with_tools = worker.template_tokens({**frame.head(), "messages": messages})
+    bare = worker.template_tokens({**frame.settings, "messages": messages})
+    if with_tools is None or bare is None:
+        return None
+    return max(with_tools - bare, 0)
+
+
+def warm(
     registry: Registry,
-    ref: str,
+    head: Head,
     worker: Worker,
     *,
     check: bool = True,
-    warm: bool = True,
+    send_warm: bool = True,
     progress: Callable[[str], None] | None = None,
-    frame: Frame | None = None,
 ) -> WarmResult:
-    """Warm `ref` on `worker`, then (unless `check` is False) prove a fresh call resumes it.
+    """Warm `head` on `worker`, then (unless `check` is False) prove a fresh call resumes it.
 
-    `warm=False` sends the resume check alone: is the prefix still resumable right now?
-    `frame` (already verified, its system prefix `ref`) sends the frame's whole head, tools
-    and settings included, and the measurement records the frame's sha.
+    `send_warm=False` sends the resume check alone: is the head still resumable right now?
 
     Raises:
-        IntegrityError: the prefix's bytes do not verify (nothing was sent).
         WorkerError: the worker could not be reached or answered an HTTP error.
     """
-    if not (warm or check):
+    if not (send_warm or check):
         raise UsageError("nothing to do: neither the warm call nor the resume check")
+    if not isinstance(head, Prefix | Frame):
+        raise UsageError(f"warm takes a Prefix or a Frame (Registry.head), not {head!r:.40}")
     registry.refuse_on_mirror("record measurements")  # before anything is sent
     say = progress or (lambda _msg: None)
-    prefix = registry.get(ref)  # verified: an IntegrityError leaves before any request
-    head: Prefix | Frame = prefix if frame is None else frame
     build = worker.server_build()
     with_cache = build.profile == "halogen"
-    say(f"warming {prefix.sha256[:12]} on {worker.url} ({build.profile}, build {build.build_id})")
+    say(f"warming {head.sha256[:12]} on {worker.url} ({build.profile}, build {build.build_id})")
     calls: list[CallRecord] = []
-    if warm:
+    if send_warm:
         calls.append(
             measured_call(worker, head, phase="warm", tail=fresh_tail(), with_cache=with_cache)
         )
-    alignment = build.snapshot_align
-    span: int | None = None
-    coverage: float | None = None
+    judgement: Judgement | None = None
+    verdict: str
     if check:
         say("resume check with a fresh tail")
-        check_tail = fresh_tail()
+        tail = fresh_tail()
+        before = calls[-1].after if calls else None
         calls.append(
             measured_call(
-                worker,
-                head,
-                phase="check",
-                tail=check_tail,
-                with_cache=with_cache,
-                before=calls[-1].after if calls else None,
+                worker, head, phase="check", tail=tail, with_cache=with_cache, before=before
             )
         )
-        verdict, reason, span, coverage = judge_resume(
+        judgement = judge_check(
             calls[-1].evidence,
-            prefix_bytes=prefix.size if frame is None else frame.head_bytes,
-            tail_bytes=len(check_tail.encode("utf-8")),
-            alignment=alignment,
+            head,
+            tail=tail,
+            alignment=build.snapshot_align,
+            measured=measured_span(registry, head, build.build_id),
+            tools_tokens=tools_tokens(worker, build, head) if isinstance(head, Frame) else None,
         )
+        verdict, reason = judgement.verdict, judgement.reason
     else:
         ev = calls[0].evidence
         verdict = "unverified" if ev.cache_state == "unverified" else "warmed"
         reason = ev.reason or "warm call completed with verified counts"
-    after_build = worker.server_build()
-    if after_build.build_id != build.build_id:
+    if worker.server_build().build_id != build.build_id:
         verdict, reason = "unverified", "the server build changed during the measurement"
+    diagnosis = diagnose(registry, head, build, verdict) if not send_warm else ""
     last = calls[-1].evidence
     # Foreign traffic in any window: the counts are still the server's, but what they say
-    # about *this* prefix may be someone else's doing (an eviction, a shared snapshot).
+    # about *this* head may be someone else's doing (an eviction, a shared snapshot).
     windows = [c.interleaved for c in calls]
     interleaved = True if any(windows) else (None if None in windows else False)
     body: JSONObject = {
+        **(judgement.to_dict() if judgement is not None else {}),
         "verdict": verdict,
         "reason": reason,
         "interleaved": interleaved,
         "clean": interleaved is not True,
-        "prefix_bytes": prefix.size,
+        "prefix_bytes": head.system.size,
+        "head_bytes": head.head_bytes,
         "prompt_tokens": last.prompt_tokens,
         "cached_tokens": last.cached_tokens,
-        "span_tokens": span,
-        "coverage": coverage,
-        "alignment": alignment,
+        "alignment": build.snapshot_align,
         "calls": [c.to_dict() for c in calls],
     }
-    if frame is not None:
-        body["frame"] = frame.sha256
-    measurement, path = record_measurement(registry, worker, build, prefix.sha256, "warm", body)
+    if isinstance(head, Frame):
+        body["frame"] = head.sha256
+    measurement, path = record_measurement(
+        registry, worker, build, head.system.sha256, "warm", body
+    )
     return WarmResult(
-        prefix=prefix,
+        head=head,
         worker_url=worker.url,
         build=build,
         calls=tuple(calls),
         verdict=verdict,
         reason=reason,
-        span_tokens=span,
-        coverage=coverage,
-        alignment=alignment,
+        judgement=judgement,
         measurement=measurement,
         record_path=str(path),
         interleaved=interleaved,
-        frame=frame,
+        diagnosis=diagnosis,
     )
+
+
+def diagnose(registry: Registry, head: Head, build: ServerBuild, verdict: str) -> str:
+    """After a check alone of a frame: who lost it, the frame or the server."""
+    if not isinstance(head, Frame):
+        return ""
+    if verdict == "resumed":
+        return (
+            "the server holds this frame: loop calls that came back cold sent another head "
+            "(see the drift of their request bodies)"
+        )
+    mine = [m for m in head_warms(registry, head, build.build_id) if "warm" in m.outcome.phases]
+    if mine:
+        return f"the server lost it: the frame was warmed at {mine[-1].at} and is gone since"
+    others = [
+        m
+        for m in registry.measurements(head.system.sha256)
+        if m.kind == "warm" and m.build.build_id == build.build_id and "warm" in m.outcome.phases
+    ]
+    other = ""
+    if others:
+        sha = others[-1].outcome.frame
+        sent = f"frame {sha[:12]}" if sha else "the bare system prompt"
+        other = f" (the last warm here sent {sent})"
+    return f"the frame lost it: frame {head.sha256[:12]} was never warmed on this build{other}"

@@ -1,0 +1,199 @@
+"""The judge: the one place a verdict is decided, from the server's own numbers. Pure.
+
+Every label prefixreg prints (warm's headline, keepalive's kept, audit's reused, a loop's
+resumed, pool's resident, snapshot's restored, mirror's verified) comes from a function
+here; no other module compares a cached count with a span.
+
+The rule, stated once (the README's evidence section quotes it):
+
+    A call *resumed* a head only when the server reported, for a complete call, a prompt
+    count plausible for the head's bytes and a cached count that covers the head's span
+    less the engine's allowance. The span is the head's measured span on this build when
+    there is one, else an estimate: its share of the prompt by bytes, never more tokens
+    than it has bytes. The allowance is the engine's alignment plus 32 template tokens,
+    never more than half the span. Less is *partial*, zero is *cold*, and anything the
+    numbers cannot carry (a count missing or malformed, cached > prompt, fewer prompt
+    tokens than the bytes allow, no span to compare with) is *unverified*, with the reason.
+
+Invariants:
+- `resumed` implies: evidence complete, counts valid, `prompt >= min_tokens(head_bytes)`,
+  `cached <= prompt` and `cached >= span - allowance(span, alignment)` with `span >= 1`.
+- When the alignment, not the template allowance, is what lets a count pass, the reason
+  names the alignment ("the server caches in multiples of 2,048 tokens").
+- `restored` needs a baseline showing the slot did not hold the head, a restore that
+  loaded tokens, and a resumed pinned check; `resident` needs a resumed proof that nothing
+  touched the worker after; `verified` (a copy) needs its bytes hashed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.records import CallEvidence
+
+Verdict = Literal["resumed", "partial", "cold", "unverified"]
+RestoreVerdict = Literal["restored", "resident", "not_restored", "unverified"]
+CopyVerdict = Literal["verified", "unchecked", "mismatch"]
+Source = Literal["measured", "estimated"] | None
+
+# Template tokens around the system message that a byte-share estimate cannot see.
+TEMPLATE_ALLOWANCE: Final = 32
+# The allowance never takes more than this share of the span: a head whose cached count
+# covers less than half of it was not resumed, whatever its size.
+ALLOWANCE_SHARE: Final = 0.5
+# No tokenizer in use packs more bytes than this into one token (the longest merges are
+# runs of spaces or punctuation, well under it); fewer prompt tokens than
+# `bytes / MAX_BYTES_PER_TOKEN` cannot be a count of those bytes.
+MAX_BYTES_PER_TOKEN: Final = 128
+
+
+def allowance(span: int, alignment: int) -> int:
+    """Tokens a cached count may fall short of `span` and still count as covering it."""
+    if span <= 0:
+        return 0
+    return min(max(alignment, 0) + TEMPLATE_ALLOWANCE, math.floor(span * ALLOWANCE_SHARE))
+
+
+def min_tokens(head_bytes: int) -> int:
+    """The fewest prompt tokens a prompt holding `head_bytes` bytes can plausibly have."""
+    return math.ceil(max(head_bytes, 0) / MAX_BYTES_PER_TOKEN)
+
+
+def estimate_span(prompt_tokens: int, head_bytes: int, rest_bytes: int) -> int:
+    """The head's share of `prompt_tokens` by bytes, never more tokens than it has bytes."""
+    total = head_bytes + rest_bytes
+    if total <= 0 or head_bytes <= 0:
+        return 0
+    return min(math.floor(prompt_tokens * head_bytes / total), head_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """A verdict on one call against one head, with the numbers it stands on."""
+
+    verdict: Verdict
+    reason: str
+    span: int | None = None
+    span_source: Source = None
+    coverage: float | None = None
+    alignment: int = 0
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+
+    @property
+    def resumed(self) -> bool:
+        return self.verdict == "resumed"
+
+    def to_dict(self) -> JSONObject:
+        return {
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "span_tokens": self.span,
+            "span_source": self.span_source,
+            "coverage": self.coverage,
+            "alignment": self.alignment,
+        }
+
+
+def judge(
+    evidence: CallEvidence,
+    *,
+    head_bytes: int,
+    rest_bytes: int = 0,
+    alignment: int = 0,
+    measured_span: int | None = None,
+    tools_tokens: int | None = None,
+) -> Judgement:
+    """Did this call resume the head (`head_bytes` of it; `rest_bytes` of other message
+    content followed)? `measured_span` is the head's span as a resumed check measured it
+    on this build; `tools_tokens` what the frame's tools add to the prompt (0: the
+    server's template drops them, so a frame cannot be resumed for its tools)."""
+    prompt, cached = evidence.prompt_tokens, evidence.cached_tokens
+    if evidence.cache_state == "unverified" or prompt is None or cached is None:
+        why = evidence.reason or "the server did not report prompt and cached counts"
+        return Judgement("unverified", why, alignment=alignment)
+
+    def out(
+        verdict: Verdict, why: str, span: int | None = None, source: Source = None
+    ) -> Judgement:
+        coverage = min(1.0, cached / span) if span else None
+        return Judgement(verdict, why, span, source, coverage, alignment, prompt, cached)
+
+    if cached > prompt:
+        return out("unverified", "cached_tokens > prompt_tokens")
+    floor = min_tokens(head_bytes)
+    if prompt < floor:
+        return out(
+            "unverified",
+            f"{prompt:,} prompt tokens cannot hold a head of {head_bytes:,} bytes (at least "
+            f"{floor:,} at {MAX_BYTES_PER_TOKEN} bytes per token): the counts are not of this "
+            "prompt",
+        )
+    source: Source
+    if measured_span is not None and 0 < measured_span <= prompt:
+        span, source = measured_span, "measured"
+    else:
+        span, source = estimate_span(prompt, head_bytes, rest_bytes), "estimated"
+    if span <= 0:
+        return out("unverified", "no head span to compare the cached count with")
+    if cached == 0:
+        return out("cold", f"0 of {prompt:,} prompt tokens cached", span, source)
+    short = span - cached
+    if short > allowance(span, alignment):
+        why = f"{cached:,} cached tokens, short of the head's {source} span of {span:,}"
+        return out("partial", why, span, source)
+    if tools_tokens == 0:
+        why = (
+            f"{cached:,} cached covers the span, but the frame's tools add no prompt tokens "
+            "on this server (its chat template drops them): the tools the loop sends were "
+            "never part of what was warmed"
+        )
+        return out("unverified", why, span, source)
+    why = f"{cached:,} of {prompt:,} prompt tokens came from the cache ({source} span {span:,})"
+    if short > allowance(span, 0):
+        why += (
+            f"; the server caches in multiples of {alignment:,} tokens, and the rest is under one"
+        )
+    return out("resumed", why, span, source)
+
+
+def judge_restore(
+    baseline: Judgement | None, n_restored: int | None, check: Judgement
+) -> tuple[RestoreVerdict, str]:
+    """A restore into a slot: `baseline` is a pinned check before it (None: the slot was
+    erased first), `n_restored` what the server said it loaded, `check` the pinned check
+    after it. `restored` only when all three say so."""
+    if baseline is not None and baseline.resumed:
+        return "resident", "the slot held the head before the restore: the restore proved nothing"
+    if baseline is not None and baseline.verdict == "unverified":
+        return "unverified", f"no baseline of the slot: {baseline.reason}"
+    if not n_restored:
+        return "not_restored", f"the server restored {n_restored} tokens"
+    if check.resumed:
+        return "restored", f"{n_restored:,} tokens restored; {check.reason}"
+    if check.verdict == "unverified":
+        return "unverified", check.reason
+    return (
+        "not_restored",
+        f"the restored slot did not resume the head ({check.verdict}: {check.reason})",
+    )
+
+
+def judge_resident(proof: Judgement, touched_after: int) -> tuple[bool, str]:
+    """Is a head resident on a worker? Only when its proof resumed and no prefill touched
+    the worker after the proof (`touched_after` calls did)."""
+    if not proof.resumed:
+        return False, f"{proof.verdict}: {proof.reason}"
+    if touched_after:
+        return False, f"{touched_after} later prefill(s) on this worker make the proof stale"
+    return True, proof.reason
+
+
+def judge_copy(hashed: bool, matched: bool | None) -> CopyVerdict:
+    """A copied file is `verified` only when its bytes were hashed and matched."""
+    if not hashed or matched is None:
+        return "unchecked"
+    return "verified" if matched else "mismatch"
