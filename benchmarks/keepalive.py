@@ -39,9 +39,9 @@ from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.corpus import builtin_corpus
-from prefixreg.verbs.keepalive import KeepAlive
-from prefixreg.verbs.loopstats import LoopStats
+from prefixreg.verbs.keepalive.run import KeepAlive
+from prefixreg.verbs.loop import LoopStats
+from prefixreg.verbs.probe.corpus import builtin_corpus
 
 
 @dataclass

@@ -39,9 +39,9 @@ from pathlib import Path
 from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.pool import PoolSpec, WorkerSpec
-from prefixreg.verbs.pool_live import Pool
-from prefixreg.verbs.pool_warm import warm_pool
+from prefixreg.verbs.pool.live import Pool
+from prefixreg.verbs.pool.spec import PoolSpec, WorkerSpec
+from prefixreg.verbs.pool.warm import warm_pool
 from tests.peer.llama_peer import SMALL_CACHE_FLAGS, PeerServer, install, start
 from tests.peer.router_peer import start_router
 from tests.test_llama_server import prose

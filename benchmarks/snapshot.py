@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.snapshot import restore_and_prove, save_snapshot
-from prefixreg.verbs.warm import warm
+from prefixreg.verbs.measure.warm import warm
+from prefixreg.verbs.snapshot.run import restore_and_prove, save_snapshot
 from tests.peer.llama_peer import install, start
 from tests.test_llama_server import prose
 

@@ -28,8 +28,8 @@ from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.measure import WARM_PARAMS
-from prefixreg.verbs.warm import warm
+from prefixreg.verbs.measure.calls import WARM_PARAMS
+from prefixreg.verbs.measure.warm import warm
 
 
 def median_of(fn: Callable[[], object], n: int) -> float:

@@ -25,9 +25,8 @@ import prefixreg
 from prefixreg.cli.demo import sample_prompt
 from prefixreg.registry.frames import get_frame, write_frame
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.frames import LoopJudge
-from prefixreg.verbs.loopstats import LoopStats
-from prefixreg.verbs.warm import warm
+from prefixreg.verbs.loop import LoopJudge, LoopStats
+from prefixreg.verbs.measure.warm import warm
 
 TURNS = 6
 FOREIGN_BETWEEN_CALLS = 2

@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
     from prefixreg.server.evidence import evidence_from_response
     from prefixreg.server.worker import Worker
-    from prefixreg.verbs.keepalive import KeepAlive
-    from prefixreg.verbs.loopstats import LoopStats
+    from prefixreg.verbs.keepalive.run import KeepAlive
+    from prefixreg.verbs.loop import LoopStats
 
 # name -> module, loaded on first access (PEP 562) so `import prefixreg` and the CLI's
 # start-up do not pay for the store, the records or the HTTP client until they are used.
@@ -60,8 +60,8 @@ _LAZY = {
     "NameMove": "prefixreg.core.records",
     "ServerBuild": "prefixreg.core.records",
     "Registry": "prefixreg.registry.store",
-    "KeepAlive": "prefixreg.verbs.keepalive",
-    "LoopStats": "prefixreg.verbs.loopstats",
+    "KeepAlive": "prefixreg.verbs.keepalive.run",
+    "LoopStats": "prefixreg.verbs.loop",
     "Worker": "prefixreg.server.worker",
     "evidence_from_response": "prefixreg.server.evidence",
 }

@@ -33,8 +33,8 @@ from prefixreg.verbs.audit import (
     read_outputs,
     run_audit,
 )
-from prefixreg.verbs.warm import WarmResult
-from prefixreg.verbs.warm import warm as warm_head
+from prefixreg.verbs.measure.warm import WarmResult
+from prefixreg.verbs.measure.warm import warm as warm_head
 from tests.conftest import run_cli
 
 SYSTEM = "You are a careful coding agent. Follow the repository's conventions.\n" * 60

@@ -10,10 +10,10 @@ import orjson
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.corpus import builtin_corpus, probe_slice
-from prefixreg.verbs.doctor import diagnose
-from prefixreg.verbs.probe import ProbeOptions, run_probe
-from prefixreg.verbs.warm import warm
+from prefixreg.verbs.doctor.run import diagnose
+from prefixreg.verbs.measure.warm import warm
+from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
+from prefixreg.verbs.probe.run import ProbeOptions, run_probe
 from tests.conftest import run_cli
 
 FLASH_BLOCK: dict[str, Any] = {

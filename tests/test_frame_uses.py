@@ -13,9 +13,9 @@ from prefixreg.registry.frames import get_frame
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimServer
-from prefixreg.verbs.frames import LoopJudge, LoopVerdict
-from prefixreg.verbs.keepalive import KeepAlive
-from prefixreg.verbs.warm import warm
+from prefixreg.verbs.keepalive.run import KeepAlive
+from prefixreg.verbs.loop import LoopJudge, LoopVerdict
+from prefixreg.verbs.measure.warm import warm
 from tests.conftest import run_cli
 from tests.test_frames import TURNS, reg, sim, turn  # noqa: F401 -- fixtures
 from tests.test_keepalive import Foreign

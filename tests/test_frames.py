@@ -19,8 +19,9 @@ from prefixreg.registry.verify import verify_registry
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.frames import LoopJudge, drift_report
-from prefixreg.verbs.warm import warm
+from prefixreg.verbs.audit.framedrift import drift_events
+from prefixreg.verbs.loop import LoopJudge
+from prefixreg.verbs.measure.warm import warm
 from tests.conftest import run_cli
 from tests.test_store import flip_byte
 
@@ -176,7 +177,8 @@ def test_tool_choice_flip_mid_loop_is_named_as_drift_with_the_cold_calls(
         calls = run_loop(w, judge, flip_at=3)
     assert [v for _, _, v in calls] == ["resumed"] * 3 + ["drift"] * 3
     assert "tool_choice" in judge.calls[3][1] and "removes the tools" in judge.calls[3][1]
-    events = drift_report(get_frame(reg, "loop"), [(b, s) for b, s, _ in calls])
+    frame = get_frame(reg, "loop")
+    events = drift_events([(tuple(frame.drift(b)), s) for b, s, _ in calls])
     assert len(events) == 1
     event = events[0]
     assert event.index == 3 and [d.part for d in event.drift] == ["tool_choice"]

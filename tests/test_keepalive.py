@@ -17,9 +17,9 @@ from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.keepalive import KeepAlive
-from prefixreg.verbs.loopstats import LoopStats
-from prefixreg.verbs.probe import ProbeOptions, run_probe
+from prefixreg.verbs.keepalive.run import KeepAlive
+from prefixreg.verbs.loop import LoopStats
+from prefixreg.verbs.probe.run import ProbeOptions, run_probe
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply
 

@@ -13,7 +13,7 @@ from typing import Any
 from prefixreg.registry.snapshots import write_snapshot
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.keepalive import KeepAlive
+from prefixreg.verbs.keepalive.run import KeepAlive
 from tests.fakeserver import FakeServer, Reply, Request
 from tests.test_snapshots import PROPS, make_record
 from tests.test_snapshots import reg as reg  # the registry fixture, reused

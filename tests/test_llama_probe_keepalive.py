@@ -26,9 +26,9 @@ from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.core.records import CallEvidence
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.keepalive import KeepAlive
-from prefixreg.verbs.loopstats import LoopStats
-from prefixreg.verbs.probe import ProbeOptions, run_probe
+from prefixreg.verbs.keepalive.run import KeepAlive
+from prefixreg.verbs.loop import LoopStats
+from prefixreg.verbs.probe.run import ProbeOptions, run_probe
 from tests.conftest import run_cli
 from tests.peer.llama_peer import PeerServer
 

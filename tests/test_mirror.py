@@ -26,11 +26,9 @@ import pytest
 
 from prefixreg.core.errors import IntegrityError, MirrorError, UsageError
 from prefixreg.registry.store import Registry
-from prefixreg.verbs import rsync
-from prefixreg.verbs.mirror import PassRecord, mirror
+from prefixreg.verbs.mirror import PassRecord, mirror, rsync
 from prefixreg.verbs.mirror import session as session_mod
-from prefixreg.verbs.mirror.session import Session
-from prefixreg.verbs.rsync import (
+from prefixreg.verbs.mirror.rsync import (
     EXCLUDES,
     Change,
     build_rsync_argv,
@@ -39,6 +37,7 @@ from prefixreg.verbs.rsync import (
     parse_itemized,
     parse_ssh_options,
 )
+from prefixreg.verbs.mirror.session import Session
 from tests.conftest import run_cli
 from tests.sshd import SshServer, require_tools
 from tests.test_store import flip_byte, tree

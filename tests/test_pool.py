@@ -13,7 +13,8 @@ from prefixreg.core.errors import UsageError
 from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.pool import (
+from prefixreg.verbs.pool.live import Pool, served_by
+from prefixreg.verbs.pool.spec import (
     ROUTING_KEY_HEADER,
     WORKERS_ENV,
     Assignment,
@@ -27,8 +28,7 @@ from prefixreg.verbs.pool import (
     routing_key,
     save_placement,
 )
-from prefixreg.verbs.pool_live import Pool, served_by
-from prefixreg.verbs.pool_warm import doctor_pool, warm_pool
+from prefixreg.verbs.pool.warm import doctor_pool, warm_pool
 from tests.conftest import run_cli
 
 A, B, C, D, E = (c * 64 for c in "abcde")
@@ -264,7 +264,7 @@ def test_pool_doctor_flags_workers_whose_builds_differ(tmp_path: Path) -> None:
 
 
 def test_a_prefix_asked_for_but_never_proven_is_not_ok() -> None:
-    from prefixreg.verbs.pool_warm import PoolReport, Proof
+    from prefixreg.verbs.pool.warm import PoolReport, Proof
 
     sha_a, sha_b = "a" * 64, "b" * 64
 

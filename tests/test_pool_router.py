@@ -21,9 +21,9 @@ import pytest
 from prefixreg.core.judge import judge
 from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
-from prefixreg.verbs.pool import ROUTING_KEY_HEADER, parse_pool_file
-from prefixreg.verbs.pool_live import Pool
-from prefixreg.verbs.pool_warm import doctor_pool, warm_pool
+from prefixreg.verbs.pool.live import Pool
+from prefixreg.verbs.pool.spec import ROUTING_KEY_HEADER, parse_pool_file
+from prefixreg.verbs.pool.warm import doctor_pool, warm_pool
 from tests.peer.fixtures import serve
 from tests.peer.llama_peer import SMALL_CACHE_FLAGS, PeerServer
 from tests.peer.router_peer import RouterServer, start_router

@@ -17,7 +17,7 @@ from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.probe import ProbeOptions, ProbeReport, parse_sizes, run_probe
+from prefixreg.verbs.probe.run import ProbeOptions, ProbeReport, parse_sizes, run_probe
 from tests.conftest import run_cli
 
 

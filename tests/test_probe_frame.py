@@ -20,7 +20,7 @@ from prefixreg.registry.frames import get_frame, write_frame
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.probe import ProbeOptions, check_sizes, run_probe
+from prefixreg.verbs.probe.run import ProbeOptions, check_sizes, run_probe
 from tests.conftest import run_cli
 from tests.test_store import flip_byte
 

@@ -20,7 +20,7 @@ from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.audit import PrefixSpan, match_prefix, run_audit
 from prefixreg.verbs.audit.identity import check_identity
 from prefixreg.verbs.audit.prompt import PromptSeen, system_prompt
-from prefixreg.verbs.probe import ProbeOptions, ProbeReport, run_probe
+from prefixreg.verbs.probe.run import ProbeOptions, ProbeReport, run_probe
 from tests.conftest import run_cli
 from tests.test_audit import Row, _call, response
 

@@ -16,7 +16,7 @@ from prefixreg.sim.tokenizer import (
     render_completion,
     tokenize,
 )
-from prefixreg.verbs.corpus import builtin_corpus, probe_slice
+from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
 
 FLASH = CacheModel(
     max_entries=8,

@@ -27,7 +27,7 @@ import pytest
 from prefixreg.registry.snapshots import digest_snapshot_file, read_snapshot, write_snapshot
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.snapshot import save_snapshot
+from prefixreg.verbs.snapshot.run import save_snapshot
 from tests.peer.fixtures import peer_paths
 from tests.peer.llama_peer import DEFAULT_FLAGS, PeerServer, start
 from tests.test_llama_server import prose

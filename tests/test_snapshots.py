@@ -38,7 +38,7 @@ from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.snapshot import restore_and_prove, save_snapshot
+from prefixreg.verbs.snapshot.run import restore_and_prove, save_snapshot
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply
 

@@ -15,7 +15,7 @@ from prefixreg.core.records import CallEvidence
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.warm import warm
+from prefixreg.verbs.measure.warm import warm
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, sse_frames
 from tests.test_store import flip_byte

@@ -27,7 +27,7 @@ from prefixreg.core.records import CacheCounters
 from prefixreg.registry.store import Registry
 from prefixreg.server.evidence import SOURCE_TIMINGS, SOURCE_USAGE
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.doctor import diagnose
+from prefixreg.verbs.doctor.run import diagnose
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, Request, sse_frames
 

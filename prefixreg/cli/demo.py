@@ -17,8 +17,8 @@ from pathlib import Path
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.probe import ProbeOptions, ProbeReport, run_probe
-from prefixreg.verbs.warm import WarmResult, warm
+from prefixreg.verbs.measure.warm import WarmResult, warm
+from prefixreg.verbs.probe.run import ProbeOptions, ProbeReport, run_probe
 
 __all__ = ["DemoResult", "run_demo", "sample_prompt"]
 

@@ -34,7 +34,7 @@ from prefixreg.cli._common import (
 from prefixreg.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from prefixreg.verbs.keepalive import Rewarm
+    from prefixreg.verbs.keepalive.run import Rewarm
 
 __all__ = ["keepalive_command", "parse_duration", "register"]
 
@@ -103,7 +103,7 @@ def keepalive_command(
     """
     from prefixreg.registry.frames import get_head
     from prefixreg.server.worker import Worker
-    from prefixreg.verbs.keepalive import KeepAlive
+    from prefixreg.verbs.keepalive.run import KeepAlive
 
     with cli_errors(debug):
         seconds = None if duration is None else parse_duration(duration)

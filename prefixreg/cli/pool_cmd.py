@@ -1,7 +1,7 @@
 """`prefixreg pool warm | doctor | status`: registered prefixes on a pool of workers.
 
 The pool: `--worker URL` repeated, else `--pool FILE` (TOML or JSON; see
-`prefixreg.verbs.pool`), else `$PREFIXREG_WORKERS` (comma-separated); `--router URL` puts
+`prefixreg.verbs.pool.spec`), else `$PREFIXREG_WORKERS` (comma-separated); `--router URL` puts
 sglang-router (`--policy manual`) in front. Exit codes: 0 every prefix placed and proven
 (doctor: and builds agree, no worker overloaded), 1 a prefix refused (the pool is too small)
 or not resumed, or builds differ, 2 usage, 3 integrity (nothing sent), 5 worker error.
@@ -28,8 +28,8 @@ from prefixreg.cli._common import (
 
 if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
-    from prefixreg.verbs.pool_live import Pool
-    from prefixreg.verbs.pool_warm import PoolReport
+    from prefixreg.verbs.pool.live import Pool
+    from prefixreg.verbs.pool.warm import PoolReport
 
 __all__ = ["register"]
 
@@ -80,8 +80,8 @@ def _open(
     registry: Path | None,
     timeout: float,
 ) -> tuple[Registry, Pool]:
-    from prefixreg.verbs.pool import pool_spec
-    from prefixreg.verbs.pool_live import Pool
+    from prefixreg.verbs.pool.live import Pool
+    from prefixreg.verbs.pool.spec import pool_spec
 
     reg = open_registry_from(registry)
     spec = pool_spec(workers or (), pool_file=pool_file, router=router)
@@ -149,7 +149,7 @@ def pool_warm_command(
     bound to that worker's build). A prefix beyond the pool's capacity is refused and
     nothing is sent for it: exit 1.
     """
-    from prefixreg.verbs.pool_warm import warm_pool
+    from prefixreg.verbs.pool.warm import warm_pool
 
     with cli_errors(debug):
         reg, live = _open(worker, pool, router, registry, timeout)
@@ -183,7 +183,7 @@ def pool_doctor_command(
     Exit 0 healthy; 1 when a placed prefix is not resumed, a worker is overloaded or
     unreachable, or the workers' builds differ.
     """
-    from prefixreg.verbs.pool_warm import doctor_pool
+    from prefixreg.verbs.pool.warm import doctor_pool
 
     with cli_errors(debug):
         reg, live = _open(worker, pool, router, registry, 60.0)
@@ -207,7 +207,7 @@ def pool_status_command(
     debug: DebugOpt = False,
 ) -> None:
     """The pool's workers and the kept placement, without sending any chat call."""
-    from prefixreg.verbs.pool_warm import doctor_pool
+    from prefixreg.verbs.pool.warm import doctor_pool
 
     with cli_errors(debug):
         reg, live = _open(worker, pool, router, registry, 60.0)

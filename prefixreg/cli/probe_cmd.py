@@ -133,7 +133,7 @@ def probe_command(
     the server build; the run is written to probes/<ts>.json and probes/<ts>.md.
     """
     from prefixreg.registry.frames import get_frame
-    from prefixreg.verbs.probe import ProbeOptions, parse_sizes, run_probe
+    from prefixreg.verbs.probe.run import ProbeOptions, parse_sizes, run_probe
 
     with cli_errors(debug):
         if public and not json_out:

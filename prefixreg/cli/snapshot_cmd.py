@@ -35,7 +35,7 @@ from prefixreg.cli.worker_cmds import ModelOpt, ProfileOpt, TimeoutOpt, open_wor
 if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
     from prefixreg.server.worker import Worker
-    from prefixreg.verbs.snapshot import RestoreResult
+    from prefixreg.verbs.snapshot.run import RestoreResult
 
 __all__ = ["register", "restore_exit_code", "snapshot_app", "warm_restore_cli"]
 
@@ -104,7 +104,7 @@ def warm_restore_cli(
     and `resumed_by` (`restore`, `warm` or null) to the restore's receipt.
     """
     from prefixreg.cli.worker_cmds import summary_text
-    from prefixreg.verbs.snapshot import restore_and_prove
+    from prefixreg.verbs.snapshot.run import restore_and_prove
 
     progress = info if sys.stderr.isatty() and not json_out else None
     result = restore_and_prove(reg, ref, worker, slot_dir=slot_dir, progress=progress)
@@ -146,7 +146,7 @@ def save_command(
     The file name is derived from the prefix sha and the server build id. Exit 0 saved,
     3 integrity (nothing sent), 4 not proven (nothing recorded), 2 no slot API, 5 worker.
     """
-    from prefixreg.verbs.snapshot import save_snapshot
+    from prefixreg.verbs.snapshot.run import save_snapshot
 
     with cli_errors(debug):
         reg = open_registry_from(registry)
@@ -190,7 +190,7 @@ def restore_command(
     Exit 0 restored, 1 not used / not resumed / refused (then a normal warm unless
     --no-warm), 3 snapshot file changed (no restore sent), 4 unverified, 2 no slot API.
     """
-    from prefixreg.verbs.snapshot import restore_and_prove
+    from prefixreg.verbs.snapshot.run import restore_and_prove
 
     with cli_errors(debug):
         reg = open_registry_from(registry)

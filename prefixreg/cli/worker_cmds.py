@@ -31,7 +31,7 @@ from prefixreg.core.errors import UsageError
 
 if TYPE_CHECKING:
     from prefixreg.server.worker import Worker
-    from prefixreg.verbs.warm import WarmResult
+    from prefixreg.verbs.measure.warm import WarmResult
 
 __all__ = ["register", "summary_text", "warm_command"]
 
@@ -158,7 +158,7 @@ def warm_command(
     0 when the snapshot is proven `restored`, else the normal warm that follows decides;
     3 when the snapshot file changed (no restore sent); 2 a server without a slot API.
     """
-    from prefixreg.verbs.warm import warm
+    from prefixreg.verbs.measure.warm import warm
 
     with cli_errors(debug):
         if public and not json_out:
@@ -208,7 +208,7 @@ def doctor_command(
     urgent. Exit 0 when nothing needs changing, 1 when a finding says what to change, 5 worker
     error.
     """
-    from prefixreg.verbs.doctor import doctor
+    from prefixreg.verbs.doctor.run import doctor
 
     with cli_errors(debug):
         reg = open_registry_from(registry)

@@ -5,7 +5,7 @@ at most one leading space, one punctuation character with at most one leading sp
 whitespace. Every character falls in exactly one raw token.
 
 Calibration. The measured lane's tokenizer gives the probe corpus's 4k/16k/32k/64k-character
-slices (`prefixreg.verbs.corpus`) 2,593 / 11,374 / 21,337 / 43,538 prompt tokens, about 1.5
+slices (`prefixreg.verbs.probe.corpus`) 2,593 / 11,374 / 21,337 / 43,538 prompt tokens, about 1.5
 characters a token, and those four points are not on one straight line. The simulator does not
 model that tokenizer; it reproduces its counts: a word's raw token is split into pieces so that
 the pieces of a message track ``DENSITY``, a piecewise-constant schedule of pieces per word

@@ -36,7 +36,7 @@ appends one JSON line to the source's `mirror.log`.
 Modules, one role each: `run` (the use case), `session` (one destination's passes),
 `plan` (a plan read by the layout), `verifier` (hashes at both ends), `ssh` (the shared
 connection), `guards` (source and destination refusals), `report` (results); the rsync
-argv builder and runner live in `prefixreg.verbs.rsync`.
+argv builder and runner live in `prefixreg.verbs.mirror.rsync`.
 """
 
 from __future__ import annotations

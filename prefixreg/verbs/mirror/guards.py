@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from prefixreg.core.errors import IntegrityError, MirrorError, RegistryLocationError
 from prefixreg.registry.layout import MARKER
 from prefixreg.registry.store import Registry
-from prefixreg.verbs.rsync import Destination
+from prefixreg.verbs.mirror.rsync import Destination
 
 __all__ = ["check_overlap", "check_source", "dedupe"]
 

@@ -40,7 +40,7 @@ from prefixreg.registry.layout import (
     object_sha,
 )
 from prefixreg.registry.store import Registry
-from prefixreg.verbs.rsync import Change
+from prefixreg.verbs.mirror.rsync import Change
 
 __all__ = [
     "check_shapes",

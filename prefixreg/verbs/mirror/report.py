@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prefixreg.registry.store import iso_utc, utc_now
-from prefixreg.verbs.rsync import Change
+from prefixreg.verbs.mirror.rsync import Change
 
 __all__ = ["DestinationResult", "MirrorReport", "PassRecord"]
 

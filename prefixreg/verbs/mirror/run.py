@@ -32,9 +32,9 @@ from prefixreg.registry.store import Registry
 from prefixreg.verbs.mirror.guards import check_overlap, check_source, dedupe
 from prefixreg.verbs.mirror.plan import check_shapes, objects_to_verify, referenced_objects
 from prefixreg.verbs.mirror.report import DestinationResult, MirrorReport, PassRecord
+from prefixreg.verbs.mirror.rsync import parse_destination, parse_ssh_options
 from prefixreg.verbs.mirror.session import Session
 from prefixreg.verbs.mirror.verifier import SourceVerifier
-from prefixreg.verbs.rsync import parse_destination, parse_ssh_options
 
 __all__ = ["ENV_SSH_OPTS", "ENV_TO", "destinations_from_env", "mirror", "ssh_options_from_env"]
 

@@ -47,9 +47,7 @@ from prefixreg.verbs.mirror.plan import (
     top,
 )
 from prefixreg.verbs.mirror.report import DestinationResult, PassRecord
-from prefixreg.verbs.mirror.ssh import ControlMaster
-from prefixreg.verbs.mirror.verifier import check_read_back
-from prefixreg.verbs.rsync import (
+from prefixreg.verbs.mirror.rsync import (
     LIST_LINE_RE,
     VANISHED,
     Change,
@@ -59,6 +57,8 @@ from prefixreg.verbs.rsync import (
     parse_itemized,
     run_rsync,
 )
+from prefixreg.verbs.mirror.ssh import ControlMaster
+from prefixreg.verbs.mirror.verifier import check_read_back
 
 __all__ = ["OBJECT_PASSES", "REGULAR_PASSES", "Session"]
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from prefixreg.core.errors import MirrorError
-from prefixreg.verbs.rsync import Destination, build_ssh_command, first_error
+from prefixreg.verbs.mirror.rsync import Destination, build_ssh_command, first_error
 
 __all__ = ["ControlMaster"]
 

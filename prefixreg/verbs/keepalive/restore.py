@@ -29,8 +29,8 @@ from prefixreg.registry.snapshots import list_snapshots
 from prefixreg.registry.store import Registry
 from prefixreg.server.slots import list_slots
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.measure import CallRecord
-from prefixreg.verbs.snapshot import restore_and_prove
+from prefixreg.verbs.measure.calls import CallRecord
+from prefixreg.verbs.snapshot.run import restore_and_prove
 
 __all__ = ["SnapshotRewarm", "restore_for_keepalive"]
 

@@ -27,7 +27,7 @@ from prefixreg.core.records import CacheCounters, strict_count
 from prefixreg.registry.store import Registry
 from prefixreg.server.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.doctor_reach import PrefixSpan, ProbeReach, Reach, read_reach
+from prefixreg.verbs.doctor.reach import PrefixSpan, ProbeReach, Reach, read_reach
 
 __all__ = [
     "CACHE_SIZE_SETTING",

@@ -3,14 +3,14 @@
 On a server with `/cache` (Halogen) it counts `stores` since each prefix was last used and
 re-warms the prefix before one more foreign prompt could evict it. The budget policy (how
 much a just-used prefix survives, and from where that number comes) is in
-`prefixreg.verbs.budget`; the records of the work (`Rewarm`, `KeepAliveSummary`) in
-`prefixreg.verbs.rewarm`.
+`prefixreg.verbs.measure.budget`; the records of the work (`Rewarm`, `KeepAliveSummary`) in
+`prefixreg.verbs.keepalive.rewarm`.
 
 On llama.cpp (no `/cache`) it counts *prompts* since each prefix was last used, from the
 activity counters the server offers (`/slots`, else `/metrics`; see `prefixreg.server.activity`).
 With a registry, a prefix lost to a server restart comes back from its proven KV snapshot
 instead of a re-prefill when one exists for the current build
-(`prefixreg.verbs.keepalive_restore`).
+(`prefixreg.verbs.keepalive.restore`).
 Servers with neither counter (and other profiles without `/cache`) are kept warm on a time
 interval.
 
@@ -52,15 +52,15 @@ from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.budget import Budget, budget_for
-from prefixreg.verbs.keepalive_restore import SnapshotRewarm, restore_for_keepalive
-from prefixreg.verbs.measure import (
+from prefixreg.verbs.keepalive.restore import SnapshotRewarm, restore_for_keepalive
+from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm
+from prefixreg.verbs.measure.budget import Budget, budget_for
+from prefixreg.verbs.measure.calls import (
     CallRecord,
     judge_check,
     measured_call,
     record_measurement,
 )
-from prefixreg.verbs.rewarm import KeepAliveSummary, Rewarm
 
 __all__ = ["Budget", "KeepAlive", "KeepAliveSummary", "Rewarm", "budget_for"]
 

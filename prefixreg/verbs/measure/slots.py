@@ -17,7 +17,7 @@ from pathlib import Path
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.server.slots import SlotInfo, idle_slot, list_slots
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.measure import CallRecord, judge_check, measured_call
+from prefixreg.verbs.measure.calls import CallRecord, judge_check, measured_call
 
 __all__ = ["Progress", "pinned_check", "readable_dir", "say_to", "warm_and_locate"]
 

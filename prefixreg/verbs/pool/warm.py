@@ -28,10 +28,10 @@ from typing import Final
 from prefixreg.core.errors import PrefixregError, WorkerError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.prefix import fresh_tail
-from prefixreg.verbs.measure import WARM_PARAMS
-from prefixreg.verbs.pool import ROUTING_KEY_HEADER, Assignment, place, routing_key
-from prefixreg.verbs.pool_live import Pool, WorkerState, served_by
-from prefixreg.verbs.warm import warm
+from prefixreg.verbs.measure.calls import WARM_PARAMS
+from prefixreg.verbs.measure.warm import warm
+from prefixreg.verbs.pool.live import Pool, WorkerState, served_by
+from prefixreg.verbs.pool.spec import ROUTING_KEY_HEADER, Assignment, place, routing_key
 
 __all__ = ["MAX_REKEY", "PROOF_ROUNDS", "PoolReport", "doctor_pool", "warm_pool"]
 

@@ -33,7 +33,7 @@ from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.core.records import Measurement, ServerBuild
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.measure import (
+from prefixreg.verbs.measure.calls import (
     CallRecord,
     head_warms,
     judge_check,

@@ -11,7 +11,7 @@ from typing import Final
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.records import ServerBuild, strict_count
-from prefixreg.verbs.probe_report import ProbeOptions
+from prefixreg.verbs.probe.report import ProbeOptions
 
 __all__ = [
     "MAX_CHARS_PER_TOKEN",

@@ -21,8 +21,8 @@ from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject, JSONValue
 from prefixreg.core.judge import Verdict
 from prefixreg.core.records import ServerBuild
-from prefixreg.verbs.measure import CallRecord
-from prefixreg.verbs.probe_checks import CheckResult, Window
+from prefixreg.verbs.measure.calls import CallRecord
+from prefixreg.verbs.probe.checks import CheckResult, Window
 
 __all__ = [
     "DEFAULT_SIZES",

@@ -1,28 +1,27 @@
-"""Frames at work: judge a loop's calls against the frame it sends, and name its drift.
+"""The loop's side: judge each call against the frame it sends, and keep running totals.
 
 - `LoopJudge`: reads each loop call against the frame's last warm on the current build.
   A call is `resumed` only when the judge says its cached count covers the span that warm
   measured; when this build's last warm of the system prefix was of another head (the
   bare system prompt, another frame) every call is a `frame-mismatch`, never `resumed`; a
   call whose body differs from the frame is `drift`, naming the part.
-- `drift_report`: over a batch of (request body, cache state) pairs, each drift event with
-  the cold calls that follow it (`audit` over request bodies).
+- `LoopStats`: running totals over a loop's calls, from the server's own evidence.
 
 Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from prefixreg.core.frame import Frame
+from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import judge
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.audit.framedrift import DriftEvent, drift_events
 
 LoopVerdict = Literal[
     "resumed", "partial", "cold", "unverified", "drift", "frame-mismatch", "unwarmed"
@@ -104,13 +103,59 @@ class LoopJudge:
         return j.verdict, j.reason
 
 
-def drift_report(
-    frame: Frame, calls: Iterable[tuple[Mapping[str, Any], str | None]]
-) -> list[DriftEvent]:
-    """Each change of drift along a batch of (request body, cache state) pairs, in order.
+@dataclass(slots=True)
+class LoopStats:
+    """Running totals over a loop's calls."""
 
-    An event starts where a call's drift differs from the previous call's (the first
-    drifting call, or a further change) and counts the cold calls up to the next change
-    (`prefixreg.verbs.audit.framedrift.drift_events`).
-    """
-    return drift_events([(tuple(frame.drift(body)), state) for body, state in calls])
+    calls: int = 0
+    resumed: int = 0
+    cold: int = 0
+    unverified: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+
+    def add(self, evidence: CallEvidence) -> CallEvidence:
+        """Count one call; returns the evidence so a loop can write `stats.add(ev)` inline."""
+        self.calls += 1
+        if evidence.wall_s is not None:
+            self.wall_s += evidence.wall_s
+        if evidence.cache_state == "unverified":
+            self.unverified += 1
+            return evidence
+        if evidence.cache_state == "reused":
+            self.resumed += 1
+        else:
+            self.cold += 1
+        self.prompt_tokens += evidence.prompt_tokens or 0
+        self.cached_tokens += evidence.cached_tokens or 0
+        self.completion_tokens += evidence.completion_tokens or 0
+        return evidence
+
+    @property
+    def resumed_fraction(self) -> float | None:
+        """Share of verified prompt tokens that came from the cache (None before any)."""
+        return None if self.prompt_tokens == 0 else self.cached_tokens / self.prompt_tokens
+
+    def to_dict(self) -> JSONObject:
+        return {
+            "calls": self.calls,
+            "resumed": self.resumed,
+            "cold": self.cold,
+            "unverified": self.unverified,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+            "resumed_fraction": self.resumed_fraction,
+            "wall_s": round(self.wall_s, 6),
+        }
+
+    def __str__(self) -> str:
+        frac = self.resumed_fraction
+        share = "-" if frac is None else f"{frac:.1%}"
+        return (
+            f"{self.calls} calls: {self.resumed} resumed, {self.cold} cold, "
+            f"{self.unverified} unverified; {self.cached_tokens:,} of {self.prompt_tokens:,} "
+            f"prompt tokens from the cache ({share})"
+        )

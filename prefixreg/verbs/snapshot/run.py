@@ -53,15 +53,15 @@ from prefixreg.server.slots import (
     save_slot,
 )
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.measure import CallRecord, record_measurement
-from prefixreg.verbs.slot_calls import (
+from prefixreg.verbs.measure.calls import CallRecord, record_measurement
+from prefixreg.verbs.measure.slots import (
     Progress,
     pinned_check,
     readable_dir,
     say_to,
     warm_and_locate,
 )
-from prefixreg.verbs.warm import WarmResult, warm
+from prefixreg.verbs.measure.warm import WarmResult, warm
 
 __all__ = ["RestoreResult", "RestoreVerdict", "SaveResult", "restore_and_prove", "save_snapshot"]
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import Verdict
-from prefixreg.verbs.budget import Unit
-from prefixreg.verbs.measure import CallRecord
+from prefixreg.verbs.measure.budget import Unit
+from prefixreg.verbs.measure.calls import CallRecord
 
 __all__ = ["KeepAliveSummary", "Rewarm"]
 

@@ -55,17 +55,17 @@ from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.core.records import ServerBuild, strict_count
 from prefixreg.registry.store import Registry, iso_utc, stamp_utc, utc_now
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.corpus import builtin_corpus, probe_slice
-from prefixreg.verbs.measure import measured_call, record_measurement
-from prefixreg.verbs.probe_checks import run_checks
-from prefixreg.verbs.probe_report import (
+from prefixreg.verbs.measure.calls import measured_call, record_measurement
+from prefixreg.verbs.probe.checks import run_checks
+from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
+from prefixreg.verbs.probe.report import (
     DEFAULT_SIZES,
     Outcome,
     ProbeCall,
     ProbeOptions,
     ProbeReport,
 )
-from prefixreg.verbs.probe_sizes import (
+from prefixreg.verbs.probe.sizes import (
     MAX_SIZE_CHARS,
     c_sizes,
     check_sizes,

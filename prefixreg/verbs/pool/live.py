@@ -1,4 +1,4 @@
-"""`Pool`: a configured pool (`prefixreg.verbs.pool`) with live clients, for loops and verbs.
+"""`Pool`: a configured pool (`prefixreg.verbs.pool.spec`) with live clients, for loops and verbs.
 
 - `survey()` reads each worker's build (fresh, DESIGN §3 rule 3), its size (llama.cpp
   `total_slots`; Halogen `/cache` `max_entries` over the entries one request stores), the
@@ -27,8 +27,8 @@ from prefixreg.core.records import CallEvidence, ServerBuild
 from prefixreg.registry.store import Registry
 from prefixreg.server.evidence import MEASURED_ENTRIES_PER_REQUEST
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.budget import latest_survival
-from prefixreg.verbs.pool import (
+from prefixreg.verbs.measure.budget import latest_survival
+from prefixreg.verbs.pool.spec import (
     ROUTING_KEY_HEADER,
     Assignment,
     PoolSpec,

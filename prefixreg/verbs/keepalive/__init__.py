@@ -1,0 +1,1 @@
+"""`keepalive`: keep heads resumable against foreign traffic."""

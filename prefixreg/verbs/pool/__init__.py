@@ -1,0 +1,1 @@
+"""`pool`: place heads on several workers and prove them resident."""

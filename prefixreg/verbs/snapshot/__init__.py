@@ -1,0 +1,1 @@
+"""`snapshot`: save and restore llama.cpp KV snapshots of heads, proven by pinned checks."""
