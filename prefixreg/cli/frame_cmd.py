@@ -27,21 +27,24 @@ __all__ = ["frame_command", "register"]
 
 
 def _settings(pairs: list[str]) -> dict[str, object]:
-    import json
-
-    from prefixreg.core.frame import refuse_constant  # lazily: `--help` lists every command
+    """`--set KEY=JSON` pairs: a bare word is a string; a value is never empty, never a
+    non-finite number, and a key is given once."""
+    from prefixreg.core.errors import CorruptRecordError
+    from prefixreg.core.jsonio import loads  # lazily: `--help` lists every command
 
     out: dict[str, object] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
+        if not sep or not key or not value.strip():
             raise UsageError(f"--set {pair!r}: use KEY=JSON (e.g. tool_choice='\"auto\"')")
+        if key in out:
+            raise UsageError(f"--set {key} is given twice; a setting has one value")
         try:
-            out[key] = json.loads(value, parse_constant=refuse_constant)
-        except ValueError:
+            out[key] = loads(value, exact=True)
+        except CorruptRecordError as exc:
+            if value.strip()[:1] in set('[{"-0123456789') or value in ("NaN", "Infinity"):
+                raise UsageError(f"--set {key}: {exc}") from None
             out[key] = value  # a bare word is a string: tool_choice=auto
-        except RecursionError:
-            raise UsageError(f"--set {key}: nested too deeply") from None
     return out
 
 

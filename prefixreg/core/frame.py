@@ -23,14 +23,13 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from prefixreg.core.digest import is_full_sha, sha256_hex
 from prefixreg.core.errors import CorruptRecordError, IntegrityError, UsageError
-from prefixreg.core.jsonio import dumps_canonical
+from prefixreg.core.jsonio import dumps_canonical, dumps_ordered, loads
 from prefixreg.core.prefix import Prefix
 
 __all__ = [
@@ -64,12 +63,10 @@ _RECORD_KEYS: Final = frozenset({"format", "version", "system", "tools", "settin
 
 def _ordered(value: object) -> str:
     """JSON text that keeps key order: tools render in the order they are written."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def refuse_constant(name: str) -> object:
-    """`json.loads` hook: NaN and Infinity are not JSON and cannot travel byte for byte."""
-    raise ValueError(f"{name} is not a JSON value")
+    try:
+        return dumps_ordered(value)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"not a JSON value: {exc}") from None
 
 
 def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
@@ -79,17 +76,15 @@ def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
     "function": {...}}`). Key order is kept.
     """
     try:
-        value = json.loads(data.decode("utf-8"), parse_constant=refuse_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"{where}: not JSON text ({exc})") from None
-    except RecursionError:
-        raise UsageError(f"{where}: nested too deeply to be a tools list") from None
+        value = loads(data, exact=True)
+    except CorruptRecordError as exc:
+        raise UsageError(f"{where}: {exc}") from None
     if not isinstance(value, list) or not value:
         raise UsageError(f"{where}: must be a non-empty JSON list of tool objects")
     for i, tool in enumerate(value):
         if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
             raise UsageError(f"{where}[{i}]: must be an object with a string 'type'")
-    return value
+    return cast(list[dict[str, Any]], value)
 
 
 def _check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
@@ -103,10 +98,10 @@ def _check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
     kwargs = out.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise UsageError("chat_template_kwargs must be a JSON object")
-    # The JSON round trip refuses what cannot travel (NaN, bytes, objects).
+    # The JSON round trip refuses what cannot travel (NaN, big integers, deep nesting).
     try:
         dumps_canonical(out)
-    except (TypeError, ValueError, RecursionError) as exc:
+    except (TypeError, ValueError) as exc:
         raise UsageError(f"settings are not JSON: {exc}") from None
     return out
 
@@ -145,9 +140,11 @@ def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str,
             actual=actual,
         )
     try:
-        record = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise CorruptRecordError(f"frame {sha}: record is not JSON") from None
+        record = loads(raw, exact=True)
+    except CorruptRecordError:
+        raise CorruptRecordError(
+            f"frame {sha}: record is not JSON by the project's rules"
+        ) from None
     if not isinstance(record, dict) or set(record) != _RECORD_KEYS:
         raise CorruptRecordError(f"frame {sha}: not a frame record")
     if record["format"] != FRAME_FORMAT or record["version"] != FRAME_VERSION:
@@ -201,7 +198,8 @@ class Frame:
     @property
     def settings(self) -> dict[str, Any]:
         """The prompt settings the frame sends (a fresh copy)."""
-        value: dict[str, Any] = json.loads(self.settings_json)
+        value = loads(self.settings_json)
+        assert isinstance(value, dict)  # noqa: S101 -- canonical JSON of a dict, made here
         return value
 
     @property

@@ -1,66 +1,121 @@
-"""Canonical JSON via orjson. Pure: bytes in, bytes out; no files.
+"""The project's one JSON reader and writer (orjson). Pure: bytes in, bytes out; no files.
 
 Canonical form = orjson with sorted keys, UTF-8, no whitespace. It is the hashing contract
-for build ids and the on-disk form of every record. Non-finite floats are refused (orjson
-would silently write `null`), non-string keys are refused, and a decode failure becomes
-`CorruptRecordError` so callers never see an orjson exception.
+for build ids and the on-disk form of every record.
+
+Invariants (the project's number and shape rules, for everything it reads or writes):
+- Nesting deeper than `MAX_DEPTH` (64) is refused; nothing here recurses, so no input can
+  raise `RecursionError` anywhere downstream.
+- Non-finite floats, lone surrogates and non-string keys are refused on write (orjson
+  would silently write `null` for NaN); NaN, Infinity and invalid escapes on read.
+- `exact=True` also refuses integers outside the signed/unsigned 64-bit range (orjson would
+  turn them into floats, so the value sent would not be the value stored) and keeps the
+  document's key order: for user JSON that is stored as exact bytes (a frame's tools).
+- A failure is `CorruptRecordError` (a record) naming the path; callers that read user
+  input turn it into a `UsageError`. No orjson or json exception leaves this module.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import orjson
 
 from prefixreg.core.errors import CorruptRecordError
 
-__all__ = ["JSONObject", "JSONValue", "dumps_canonical", "dumps_pretty", "loads", "loads_object"]
-
 JSONValue: TypeAlias = "dict[str, JSONValue] | list[JSONValue] | str | int | float | bool | None"
 JSONObject: TypeAlias = "dict[str, JSONValue]"
 
+MAX_DEPTH: Final = 64
+_INT_MIN: Final = -(2**63)
+_INT_MAX: Final = 2**64 - 1
 
-def _check_finite(value: Any) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("non-finite float in a record")
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"record keys must be strings, got {type(key).__name__}")
-            _check_finite(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _check_finite(item)
+
+def check_value(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
+    """Refuse (ValueError, TypeError) what the project never reads or writes as JSON:
+    deeper than `max_depth`, a non-finite float, an integer beyond 64 bits, a non-string
+    key, a string with a lone surrogate. Iterative: any depth is safe to check."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth > max_depth:
+                raise ValueError(f"nested deeper than {max_depth} levels")
+            if isinstance(item, dict):
+                for key, sub in item.items():
+                    if not isinstance(key, str):
+                        raise TypeError(f"keys must be strings, got {type(key).__name__}")
+                    stack.append((key, depth))
+                    stack.append((sub, depth + 1))
+            else:
+                stack.extend((sub, depth + 1) for sub in item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("a non-finite number is not JSON")
+        elif isinstance(item, int) and not isinstance(item, bool):
+            if not _INT_MIN <= item <= _INT_MAX:
+                raise ValueError("an integer beyond 64 bits")
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("a string with a lone surrogate") from None
 
 
 def dumps_canonical(value: Any) -> bytes:
     """Serialise `value` canonically (sorted keys, compact, UTF-8)."""
-    _check_finite(value)
+    check_value(value)
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 def dumps_pretty(value: Any) -> bytes:
     """Serialise for people and `--json` output: sorted keys, indented, trailing newline."""
-    _check_finite(value)
+    check_value(value)
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n"
 
 
-def loads(data: bytes | str, *, path: Path | None = None) -> JSONValue:
-    """Parse JSON; a decode error becomes `CorruptRecordError` naming `path`."""
+def dumps_ordered(value: Any) -> str:
+    """JSON text that keeps key order (tools render in the order they are written)."""
+    check_value(value)
+    return orjson.dumps(value).decode("utf-8")
+
+
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _exact_int(text: str) -> int:
+    number = int(text)
+    if not _INT_MIN <= number <= _INT_MAX:
+        raise ValueError(f"the integer {text[:24]} is beyond 64 bits")
+    return number
+
+
+def loads(
+    data: bytes | str, *, path: Path | None = None, max_depth: int = MAX_DEPTH, exact: bool = False
+) -> JSONValue:
+    """Parse JSON by the project's rules (see the module invariants).
+
+    Raises:
+        CorruptRecordError: not JSON, or JSON the project refuses; names `path`.
+    """
+    where = f"{path}: " if path is not None else ""
     try:
         value: JSONValue = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        where = f"{path}: " if path is not None else ""
-        raise CorruptRecordError(f"{where}not valid JSON ({exc})", path=path) from exc
+        check_value(value, max_depth=max_depth)
+        if exact:  # depth is known to be small now: the recursive stdlib parser is safe
+            text = data.decode("utf-8") if isinstance(data, bytes) else data
+            value = json.loads(text, parse_int=_exact_int, parse_constant=_refuse_constant)
+    except (orjson.JSONDecodeError, ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise CorruptRecordError(f"{where}not valid JSON ({exc})", path=path) from None
     return value
 
 
-def loads_object(data: bytes | str, *, path: Path | None = None) -> JSONObject:
+def loads_object(data: bytes | str, *, path: Path | None = None, exact: bool = False) -> JSONObject:
     """Parse a JSON object; anything else (list, string, ...) is a `CorruptRecordError`."""
-    value = loads(data, path=path)
+    value = loads(data, path=path, exact=exact)
     if not isinstance(value, dict):
         where = f"{path}: " if path is not None else ""
         raise CorruptRecordError(f"{where}expected a JSON object", path=path)
