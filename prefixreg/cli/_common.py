@@ -23,6 +23,7 @@ from prefixreg.core import errors
 
 if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
+    from prefixreg.server.worker import Worker
 
 __all__ = [
     "EXIT_BY_OUTCOME",
@@ -183,3 +184,39 @@ def worker_url(flag: str | None) -> str:
     if not url:
         raise errors.UsageError("no worker given", hint="pass --worker URL or set PREFIXREG_WORKER")
     return url
+
+
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="Model id to send (default: the server's; generic servers: "
+        "the first id of /v1/models).",
+    ),
+]
+TimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout",
+        help="Seconds to wait for a reply to a chat call (a cold prefill "
+        "of a large prefix takes minutes).",
+        min=0.1,
+    ),
+]
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--profile",
+        help="Force the server profile: halogen, llamacpp, vllm or generic "
+        "(default: detected from what the server answers: /health, /props, /version).",
+    ),
+]
+
+
+def open_worker(
+    url: str | None, *, model: str | None, timeout: float, profile: str | None
+) -> Worker:
+    """A `Worker` for `--worker`/`$PREFIXREG_WORKER` (key from `$PREFIXREG_API_KEY`)."""
+    from prefixreg.server.worker import Worker
+
+    return Worker(worker_url(url), model=model, read_timeout=timeout, profile=profile)

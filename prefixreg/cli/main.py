@@ -55,8 +55,8 @@ COMMAND_MODULES: Final[dict[str, str]] = {
     "names": "store_cmds",
     "verify": "store_cmds",
     "frame": "frame_cmd",
-    "warm": "worker_cmds",
-    "doctor": "worker_cmds",
+    "warm": "warm_cmd",
+    "doctor": "doctor_cmd",
     "probe": "probe_cmd",
     "keepalive": "keepalive_cmd",
     "audit": "audit_cmd",
@@ -200,7 +200,7 @@ def run_add() -> None:
 
 def run_warm() -> None:
     """Entry point of `prefix-warm`."""
-    _single("worker_cmds", "warm_command", "prefix-warm")
+    _single("warm_cmd", "warm_command", "prefix-warm")
 
 
 def run_mirror() -> None:

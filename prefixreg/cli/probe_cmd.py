@@ -21,14 +21,17 @@ from prefixreg.cli._common import (
     EXIT_BY_OUTCOME,
     DebugOpt,
     JsonOpt,
+    ModelOpt,
+    ProfileOpt,
     RegistryOpt,
+    TimeoutOpt,
     WorkerOpt,
     cli_errors,
     emit_json,
     open_registry_from,
+    open_worker,
     read_user_file,
 )
-from prefixreg.cli.worker_cmds import ModelOpt, ProfileOpt, TimeoutOpt, open_worker
 from prefixreg.core.errors import UsageError
 
 __all__ = ["probe_command", "register"]

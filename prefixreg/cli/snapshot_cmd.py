@@ -23,14 +23,17 @@ from prefixreg.cli._common import (
     DebugOpt,
     ExitCode,
     JsonOpt,
+    ModelOpt,
+    ProfileOpt,
     RegistryOpt,
+    TimeoutOpt,
     WorkerOpt,
     cli_errors,
     emit_json,
     info,
     open_registry_from,
+    open_worker,
 )
-from prefixreg.cli.worker_cmds import ModelOpt, ProfileOpt, TimeoutOpt, open_worker
 
 if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
@@ -103,7 +106,6 @@ def warm_restore_cli(
     normal warm's own summary; `--json` adds `outcome` (`restored`, or the warm's verdict)
     and `resumed_by` (`restore`, `warm` or null) to the restore's receipt.
     """
-    from prefixreg.cli.worker_cmds import summary_text
     from prefixreg.verbs.snapshot.run import restore_and_prove
 
     progress = info if sys.stderr.isatty() and not json_out else None
@@ -123,7 +125,7 @@ def warm_restore_cli(
             f"restore  {_did_not_resume(result)}; a normal warm followed "
             f"({fb.verdict}, exit {code}):\n"
         )
-        sys.stdout.write(summary_text(fb))
+        sys.stdout.write(fb.summary())
     return code
 
 

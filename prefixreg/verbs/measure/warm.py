@@ -45,6 +45,10 @@ from prefixreg.verbs.measure.calls import (
 INTERLEAVED_NOTE = "foreign calls interleaved; not a clean measurement"
 
 
+def _fmt(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
 @dataclass(frozen=True, slots=True)
 class WarmResult:
     """What `warm` did and found."""
@@ -58,6 +62,7 @@ class WarmResult:
     judgement: Judgement | None
     measurement: Measurement
     record_path: str
+    labels: tuple[str, ...] = ()  # each call judged against the head (the judge's words)
     interleaved: bool | None = None
     diagnosis: str = ""
 
@@ -91,6 +96,39 @@ class WarmResult:
         """`COLD`, or `COLD — foreign calls interleaved; not a clean measurement`."""
         head = self.verdict.upper()
         return head if self.clean else f"{head} — {INTERLEAVED_NOTE}"
+
+    def summary(self) -> str:
+        """The text a person reads: the head, the worker, each call, the verdict."""
+        result = self
+        p, frame = result.prefix, result.frame
+        ident = result.build.identity
+        version = ident.get("version")
+        api = version.get("api") if isinstance(version, dict) else None
+        lines = (
+            [f"frame    {frame.name + ' ' if frame.name else ''}{frame.sha256[:16]}"]
+            if frame
+            else []
+        )
+        lines += [
+            f"prefix   {p.name + ' ' if p.name else ''}{p.sha256[:16]} ({p.size:,} bytes)",
+            f"worker   {result.worker_url}  {result.build.profile} build {result.build.build_id}"
+            + (f" (api {api})" if api else ""),
+        ]
+        for call, label in zip(result.calls, result.labels, strict=True):
+            ev = call.evidence
+            wall = "-" if ev.wall_s is None else f"{ev.wall_s:.3f} s"
+            src = f" from {ev.cached_source}" if ev.cached_source else ""
+            lines.append(
+                f"{call.phase:<8} prompt {_fmt(ev.prompt_tokens)}, cached {_fmt(ev.cached_tokens)}"
+                f"{src} ({label}), {wall}"
+            )
+        span = "" if result.span_tokens is None else f"; prefix span ~{result.span_tokens:,} tokens"
+        cov = "" if result.coverage is None else f", coverage {result.coverage:.1%}"
+        lines.append(f"verdict  {result.headline}: {result.reason}{span}{cov}")
+        lines.append(f"record   {result.record_path}")
+        if result.diagnosis:
+            lines.append(f"why      {result.diagnosis}")
+        return "\n".join(lines) + "\n"
 
     def receipt(self, *, public: bool = False) -> JSONObject:
         """The JSON a script reads (`--json`); `public` drops the worker address and model."""
@@ -141,15 +179,19 @@ def warm(
     with_cache = build.profile == "halogen"
     say(f"warming {head.sha256[:12]} on {worker.url} ({build.profile}, build {build.build_id})")
     calls: list[CallRecord] = []
+    measured = measured_span(registry, head, build.build_id)
+    tails: list[str] = []
     if send_warm:
+        tails.append(fresh_tail())
         calls.append(
-            measured_call(worker, head, phase="warm", tail=fresh_tail(), with_cache=with_cache)
+            measured_call(worker, head, phase="warm", tail=tails[-1], with_cache=with_cache)
         )
     judgement: Judgement | None = None
     verdict: str
     if check:
         say("resume check with a fresh tail")
         tail = fresh_tail()
+        tails.append(tail)
         before = calls[-1].after if calls else None
         calls.append(
             measured_call(
@@ -161,7 +203,7 @@ def warm(
             head,
             tail=tail,
             alignment=build.snapshot_align,
-            measured=measured_span(registry, head, build.build_id),
+            measured=measured,
             tools_tokens=tools_tokens(worker, build, head) if isinstance(head, Frame) else None,
         )
         verdict, reason = judgement.verdict, judgement.reason
@@ -171,6 +213,12 @@ def warm(
         reason = ev.reason or "warm call completed with verified counts"
     if worker.server_build().build_id != build.build_id:
         verdict, reason = "unverified", "the server build changed during the measurement"
+    labels = tuple(
+        judge_check(
+            c.evidence, head, tail=t, alignment=build.snapshot_align, measured=measured
+        ).verdict
+        for c, t in zip(calls, tails, strict=True)
+    )
     diagnosis = diagnose(registry, head, build, verdict) if not send_warm else ""
     last = calls[-1].evidence
     # Foreign traffic in any window: the counts are still the server's, but what they say
@@ -205,6 +253,7 @@ def warm(
         judgement=judgement,
         measurement=measurement,
         record_path=str(path),
+        labels=labels,
         interleaved=interleaved,
         diagnosis=diagnosis,
     )

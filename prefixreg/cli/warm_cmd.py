@@ -1,4 +1,4 @@
-"""Worker commands: `warm` (and `prefix-warm`) and `doctor`.
+"""`prefixreg warm` (and `prefix-warm`): warm a head on a worker and prove it resumes.
 
 Exit codes of `warm`: 0 resumed (server evidence), 1 cold or partial, 4 unverified,
 5 worker error, 3 integrity failure (nothing was sent). `warm --restore` (llama.cpp):
@@ -10,99 +10,26 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from prefixreg.cli._common import (
     EXIT_BY_OUTCOME,
     DebugOpt,
-    ExitCode,
     JsonOpt,
+    ModelOpt,
+    ProfileOpt,
     RegistryOpt,
+    TimeoutOpt,
     WorkerOpt,
     cli_errors,
     emit_json,
     info,
     open_registry_from,
-    worker_url,
+    open_worker,
 )
 from prefixreg.core.errors import UsageError
-
-if TYPE_CHECKING:
-    from prefixreg.server.worker import Worker
-    from prefixreg.verbs.measure.warm import WarmResult
-
-__all__ = ["register", "summary_text", "warm_command"]
-
-ModelOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--model",
-        help="Model id to send (default: the server's; generic servers: "
-        "the first id of /v1/models).",
-    ),
-]
-TimeoutOpt = Annotated[
-    float,
-    typer.Option(
-        "--timeout",
-        help="Seconds to wait for a reply to a chat call (a cold prefill "
-        "of a large prefix takes minutes).",
-        min=0.1,
-    ),
-]
-ProfileOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--profile",
-        help="Force the server profile: halogen, llamacpp, vllm or generic "
-        "(default: detected from what the server answers: /health, /props, /version).",
-    ),
-]
-
-
-def open_worker(
-    url: str | None, *, model: str | None, timeout: float, profile: str | None
-) -> Worker:
-    """A `Worker` for `--worker`/`$PREFIXREG_WORKER` (key from `$PREFIXREG_API_KEY`)."""
-    from prefixreg.server.worker import Worker
-
-    return Worker(worker_url(url), model=model, read_timeout=timeout, profile=profile)
-
-
-def _fmt(n: int | None) -> str:
-    return "-" if n is None else f"{n:,}"
-
-
-def _summary(result: WarmResult) -> str:
-    p, frame = result.prefix, result.frame
-    ident = result.build.identity
-    version = ident.get("version")
-    api = version.get("api") if isinstance(version, dict) else None
-    lines = (
-        [f"frame    {frame.name + ' ' if frame.name else ''}{frame.sha256[:16]}"] if frame else []
-    )
-    lines += [
-        f"prefix   {p.name + ' ' if p.name else ''}{p.sha256[:16]} ({p.size:,} bytes)",
-        f"worker   {result.worker_url}  {result.build.profile} build {result.build.build_id}"
-        + (f" (api {api})" if api else ""),
-    ]
-    for call in result.calls:
-        ev = call.evidence
-        wall = "-" if ev.wall_s is None else f"{ev.wall_s:.3f} s"
-        src = f" from {ev.cached_source}" if ev.cached_source else ""
-        lines.append(
-            f"{call.phase:<8} prompt {_fmt(ev.prompt_tokens)}, cached {_fmt(ev.cached_tokens)}"
-            f"{src} ({ev.cache_state}), {wall}"
-        )
-    span = "" if result.span_tokens is None else f"; prefix span ~{result.span_tokens:,} tokens"
-    cov = "" if result.coverage is None else f", coverage {result.coverage:.1%}"
-    lines.append(f"verdict  {result.headline}: {result.reason}{span}{cov}")
-    lines.append(f"record   {result.record_path}")
-    if result.diagnosis:
-        lines.append(f"why      {result.diagnosis}")
-    return "\n".join(lines) + "\n"
 
 
 def warm_command(
@@ -190,44 +117,10 @@ def warm_command(
         if json_out:
             emit_json(result.receipt(public=public))
         else:
-            sys.stdout.write(_summary(result))
+            sys.stdout.write(result.summary())
         raise typer.Exit(int(EXIT_BY_OUTCOME[result.verdict]))
 
 
-def doctor_command(
-    worker: WorkerOpt = None,
-    profile: ProfileOpt = None,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
-) -> None:
-    """Say what a worker's /health and /cache tell about its prompt cache, and what to change.
-
-    With the registry (--registry, else the default one) it also compares Cmax from the latest
-    probe of this build with the registered prefixes' token spans; Cmax under 4,000 tokens is
-    urgent. Exit 0 when nothing needs changing, 1 when a finding says what to change, 5 worker
-    error.
-    """
-    from prefixreg.verbs.doctor.run import doctor
-
-    with cli_errors(debug):
-        reg = open_registry_from(registry)
-        with open_worker(worker, model=None, timeout=30.0, profile=profile) as w:
-            diagnosis = doctor(w, reg)
-            url = w.url
-        if json_out:
-            emit_json({"worker": url, **diagnosis.to_dict()})
-        else:
-            sys.stdout.write(f"worker {url} ({diagnosis.profile})\n")
-            for f in diagnosis.findings:
-                sys.stdout.write(f"  [{f.level}] {f.text}\n")
-        raise typer.Exit(int(ExitCode.OK if diagnosis.healthy else ExitCode.NO))
-
-
 def register(app: typer.Typer) -> None:
-    """Add the worker commands to `app`."""
+    """Add `warm` to `app`."""
     app.command("warm")(warm_command)
-    app.command("doctor")(doctor_command)
-
-
-summary_text = _summary
