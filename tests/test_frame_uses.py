@@ -26,7 +26,7 @@ def loop_with_foreign(
     url: str, judge: LoopJudge, keeper: KeepAlive | None, *, every: int = 5
 ) -> list[LoopVerdict]:
     """`TURNS` loop calls with a growing history, `every` foreign prompts before each."""
-    frame = judge.frame
+    frame = judge.head
     history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
     verdicts: list[LoopVerdict] = []
     foreign = Foreign(url)

@@ -79,7 +79,7 @@ def run_loop(
     worker: Worker, judge: LoopJudge, *, flip_at: int | None = None
 ) -> list[tuple[dict[str, Any], str, str]]:
     """`TURNS` calls with a growing history; from `flip_at` on tool_choice is "none"."""
-    frame = judge.frame
+    frame = judge.head
     history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
     out: list[tuple[dict[str, Any], str, str]] = []
     for i in range(TURNS):
@@ -163,7 +163,7 @@ def test_bare_system_warm_is_a_frame_mismatch_never_resumed(sim: SimServer, reg:
         assert warm(reg, reg.head("system"), w).verdict == "resumed"
         judge = LoopJudge.for_worker(reg, get_frame(reg, "loop"), w)
         calls = run_loop(w, judge)
-    assert [v for _, _, v in calls] == ["frame-mismatch"] * TURNS
+    assert [v for _, _, v in calls] == ["head-mismatch"] * TURNS
     assert calls[0][1] == "cold"  # the tools changed the prefix: the warm bought nothing
     assert "bare system prompt" in judge.calls[0][1]
 

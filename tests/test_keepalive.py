@@ -61,7 +61,7 @@ def run_loop(
 ) -> LoopStats:
     """The loop calls once every `every` foreign prompts; the keeper steps after each."""
     prefix = reg.get("loop")
-    stats = LoopStats()
+    stats = LoopStats(head=prefix)
     foreign = Foreign(url)
     try:
         with Worker(url) as loop:
@@ -136,7 +136,7 @@ def test_threaded_keeper_against_a_concurrent_foreign_generator(reg: Registry) -
                 foreign.close()
 
         prefix = reg.get("loop")
-        stats = LoopStats()
+        stats = LoopStats(head=prefix)
         with Worker(sim.url, timeout=2.0) as kw, KeepAlive(kw, [prefix], poll_s=0.002) as keeper:
             thread = threading.Thread(target=tenant, daemon=True)
             thread.start()
@@ -238,9 +238,10 @@ def test_cli_keepalive_duration_json_and_ctrl_c(sim: SimServer, reg: Registry) -
 
 
 def test_loopstats_counts_only_verified_tokens() -> None:
+    from prefixreg.core.prefix import Prefix
     from prefixreg.core.records import CallEvidence
 
-    stats = LoopStats()
+    stats = LoopStats(head=Prefix.from_text("0" * 64, "system prompt " * 25))  # 350 bytes
     stats.add(
         CallEvidence(
             prompt_tokens=100,

@@ -203,7 +203,7 @@ def test_threaded_keepalive_against_a_concurrent_tenant(
         finally:
             t.close()
 
-    stats = LoopStats()
+    stats = LoopStats(head=prefix)
     evidence: list[CallEvidence] = []
     with (
         Worker(url, timeout=5.0) as kw,

@@ -30,7 +30,7 @@ from typing import Any, Final, cast
 from prefixreg.core.digest import is_full_sha, sha256_hex
 from prefixreg.core.errors import CorruptRecordError, IntegrityError, UsageError
 from prefixreg.core.jsonio import dumps_canonical, dumps_ordered, loads
-from prefixreg.core.prefix import Prefix
+from prefixreg.core.prefix import Drift, Prefix, system_drift
 
 __all__ = [
     "FRAME_FORMAT",
@@ -166,17 +166,6 @@ def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str,
 
 
 @dataclass(frozen=True, slots=True)
-class Drift:
-    """One part of a call that differs from its frame: `system`, `tools` or a setting name."""
-
-    part: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.part}: {self.detail}"
-
-
-@dataclass(frozen=True, slots=True)
 class Frame:
     """A verified frame: its sha, the system prefix, the tools bytes, the prompt settings.
 
@@ -273,24 +262,9 @@ class Frame:
 
     def drift(self, body: Mapping[str, Any]) -> list[Drift]:
         """Which parts of a request `body` differ from this frame (empty: none drifted)."""
-        out: list[Drift] = []
-        messages = body.get("messages")
-        first = messages[0] if isinstance(messages, list) and messages else None
-        if not isinstance(first, Mapping) or first.get("role") not in ("system", "developer"):
-            out.append(Drift("system", "messages[0] is not a system message"))
-        else:
-            content = first.get("content")
-            if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
-            data = content.encode("utf-8") if isinstance(content, str) else b""
-            if data != self.system.data:
-                out.append(
-                    Drift(
-                        "system",
-                        f"messages[0] is {sha256_hex(data)[:12]}, "
-                        f"frame has {self.system.sha256[:12]}",
-                    )
-                )
+        if not isinstance(body, Mapping):
+            raise UsageError(f"drift() reads a request body (a mapping), not {type(body).__name__}")
+        out = system_drift(self.system, body)
         sent_tools = body.get("tools")
         mine = self.tools
         if sent_tools is None and mine is not None:

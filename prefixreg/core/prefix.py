@@ -7,10 +7,13 @@ are the bytes sent: nothing re-reads the file between the check and the request.
 
 from __future__ import annotations
 
+import hashlib
 import os
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
-from prefixreg.core.errors import CorruptRecordError
+from prefixreg.core.errors import CorruptRecordError, UsageError
 
 __all__ = ["Prefix", "fresh_tail"]
 
@@ -60,9 +63,42 @@ class Prefix(NamedTuple):
         """Bytes of the rendered head this prefix owns: its content."""
         return len(self.data)
 
+    def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
+        """The chat body a loop sends: `params`, then `messages` = this prefix + history."""
+        given: object = history  # callers outside the type checker pass anything
+        if isinstance(given, str | bytes) or not isinstance(given, Sequence):
+            raise UsageError("history must be a list of message objects")
+        if "messages" in params:
+            raise UsageError("body() builds 'messages' itself; pass the history instead")
+        system = {"role": "system", "content": self.text}
+        return {**params, "messages": [system, *(dict(m) for m in history)]}
+
+    def drift(self, body: Mapping[str, Any]) -> list[Drift]:
+        """Whether a request `body` sent this prefix as `messages[0]` (empty: it did)."""
+        if not isinstance(body, Mapping):
+            raise UsageError(f"drift() reads a request body (a mapping), not {type(body).__name__}")
+        return system_drift(self, body)
+
     def messages(self, tail: str, *, role: str = "system") -> list[dict[str, str]]:
         """The chat messages for one call: this prefix as `messages[0]`, then the user tail."""
-        return [{"role": role, "content": self.text}, {"role": "user", "content": tail}]
+        tail = check_text(tail, "the tail")
+        return [
+            {"role": check_text(role, "the role"), "content": self.text},
+            {"role": "user", "content": tail},
+        ]
+
+
+def check_text(value: object, what: str) -> str:
+    """`value` if it is a str that encodes as UTF-8 (no lone surrogates), else `UsageError`."""
+    if not isinstance(value, str):
+        raise UsageError(f"{what} must be text, not {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UsageError(
+            f"{what} is not valid UTF-8 text (lone surrogate at character {exc.start})"
+        ) from None
+    return value
 
 
 def fresh_tail(nonce: str | None = None) -> str:
@@ -73,3 +109,37 @@ def fresh_tail(nonce: str | None = None) -> str:
     """
     token = nonce if nonce is not None else os.urandom(8).hex()
     return f"prefixreg resume check {token}. Reply with one word."
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """One part of a call that differs from its head: `system`, `tools` or a setting name."""
+
+    part: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.part}: {self.detail}"
+
+
+def system_drift(system: Prefix, body: Mapping[str, Any]) -> list[Drift]:
+    """The drift of a request's `messages[0]` from `system` (a list of at most one)."""
+    messages = body.get("messages")
+    first = messages[0] if isinstance(messages, list) and messages else None
+    if not isinstance(first, Mapping) or first.get("role") not in ("system", "developer"):
+        return [Drift("system", "messages[0] is not a system message")]
+    content = first.get("content")
+    if isinstance(content, list):  # content parts: only text parts render into the prompt
+        content = "".join(
+            p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)
+        )
+    data = content.encode("utf-8", "surrogatepass") if isinstance(content, str) else b""
+    if data == system.data:
+        return []
+    return [
+        Drift(
+            "system",
+            f"messages[0] is {hashlib.sha256(data).hexdigest()[:12]}, "
+            f"the head has {system.sha256[:12]}",
+        )
+    ]

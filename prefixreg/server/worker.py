@@ -47,8 +47,8 @@ import orjson
 
 from prefixreg.core.errors import MalformedResponseError, UsageError, WorkerHTTPError
 from prefixreg.core.frame import Frame
-from prefixreg.core.jsonio import JSONObject, JSONValue
-from prefixreg.core.prefix import Prefix
+from prefixreg.core.jsonio import JSONObject, JSONValue, check_value
+from prefixreg.core.prefix import Prefix, check_text
 from prefixreg.core.records import CacheCounters, CallEvidence, ServerBuild
 from prefixreg.server.counters import parse_prometheus
 from prefixreg.server.evidence import ReplyReader, assemble_reply, evidence_from_reader
@@ -120,9 +120,10 @@ class Worker:
         self.url = display_url(base)
         self.profile = profile
         self.model = model
-        # vLLM refuses (or guesses) a chat without `model`: the first served id, as read
-        # by the last `server_build()`, is sent when neither the caller nor `model=` says.
-        self._served_model: str | None = None
+        self._default_model: str | bool | None = False  # not read yet (see `default_model`)
+        for what, value in (("api_key", api_key), ("model", model)):
+            if value is not None and not isinstance(value, str):
+                raise UsageError(f"{what} must be a string, not {type(value).__name__}")
         key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         key = key.strip() if key else None
         if key and not all(" " < ch < "\x7f" for ch in key):
@@ -311,19 +312,22 @@ class Worker:
         if profile == "vllm":
             if body is None:
                 body = self._probe(self.version)
-            identity = vllm_identity(body, models)
-            served = identity.get("models")
-            first = served[0] if isinstance(served, list) and served else None
-            name = first.get("id") if isinstance(first, dict) else None
-            self._served_model = name if isinstance(name, str) else None
-            return ServerBuild(profile=profile, identity=identity)
-        identity = generic_identity(models)
-        ids = identity.get("model_ids")
-        # Generic OpenAI-compatible servers (SGLang, ...) need `model`: send the first id.
-        self._served_model = (
-            ids[0] if isinstance(ids, list) and ids and isinstance(ids[0], str) else None
-        )
-        return ServerBuild(profile=profile, identity=identity)
+            return ServerBuild(profile=profile, identity=vllm_identity(body, models))
+        return ServerBuild(profile=profile, identity=generic_identity(models))
+
+    def default_model(self) -> str | None:
+        """The model a chat sends when neither the call nor `model=` names one: the first id
+        of `/v1/models` (vLLM, SGLang and most OpenAI-compatible servers need one), read
+        once per client and kept; None when the server lists none."""
+        if self._default_model is False:
+            try:
+                models = self._get("/v1/models", missing_ok=True)
+            except (WorkerHTTPError, MalformedResponseError):
+                models = None
+            ids = generic_identity(models).get("model_ids")
+            first = ids[0] if isinstance(ids, list) and ids else None
+            self._default_model = first if isinstance(first, str) else None
+        return self._default_model if isinstance(self._default_model, str) else None
 
     # ---------------------------------------------------------------- chat
 
@@ -354,6 +358,10 @@ class Worker:
             if reserved in params:
                 raise UsageError(f"chat() sets {reserved!r} itself; do not pass it")
         turns = _turns(tail, history)
+        if not isinstance(prefix, Prefix | Frame | str):
+            raise UsageError(
+                f"chat() sends a Prefix, a Frame or a str, not {type(prefix).__name__}"
+            )
         if isinstance(prefix, Frame):
             if tools is not None:
                 params["tools"] = tools  # Frame.body refuses tools other than the frame's
@@ -366,10 +374,9 @@ class Worker:
             if tools is not None:
                 params["tools"] = tools
         body: dict[str, Any] = {}
-        if self.model is not None:
-            body["model"] = self.model
-        elif self._served_model is not None:
-            body["model"] = self._served_model
+        model = params.get("model") or self.model or self.default_model()
+        if model is not None:
+            body["model"] = model
         body.update(params)
         body["messages"] = messages
         body["stream"] = stream
@@ -377,6 +384,7 @@ class Worker:
             options = params.get("stream_options")
             body["stream_options"] = {**(options if isinstance(options, dict) else {})}
             body["stream_options"]["include_usage"] = True
+        _check_body(body)
         return self._post_chat("/v1/chat/completions", body, stream=stream, extra=headers)
 
     def _post_chat(
@@ -426,8 +434,22 @@ def _turns(tail: str | None, history: Sequence[Mapping[str, Any]] | None) -> lis
     if (tail is None) == (history is None):
         raise UsageError("chat() takes a tail or a history, exactly one of them")
     if history is None:
-        return [{"role": "user", "content": tail}]
+        return [{"role": "user", "content": check_text(tail, "the tail")}]
     given: object = history  # callers outside the type checker pass anything
     if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
         raise UsageError("history must be a list of message objects")
+    items: Sequence[object] = given
+    for i, message in enumerate(items):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise UsageError(f"history[{i}] must be a message object with a string 'role'")
     return [dict(m) for m in history]
+
+
+def _check_body(body: Mapping[str, Any]) -> None:
+    """A request body travels as JSON by the project's rules (finite numbers, 64-bit
+    integers, UTF-8 text, depth 64): anything else is the caller's error, before a byte is
+    sent."""
+    try:
+        check_value(dict(body))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"chat(): the request is not JSON the server can read: {exc}") from None

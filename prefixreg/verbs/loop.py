@@ -1,11 +1,12 @@
-"""The loop's side: judge each call against the frame it sends, and keep running totals.
+"""The loop's side: judge each call against the head it sends, and keep running totals.
 
-- `LoopJudge`: reads each loop call against the frame's last warm on the current build.
-  A call is `resumed` only when the judge says its cached count covers the span that warm
-  measured; when this build's last warm of the system prefix was of another head (the
-  bare system prompt, another frame) every call is a `frame-mismatch`, never `resumed`; a
-  call whose body differs from the frame is `drift`, naming the part.
-- `LoopStats`: running totals over a loop's calls, from the server's own evidence.
+- `LoopJudge` reads each loop call against the head's last warm on the worker's build. A
+  call is `resumed` only when the judge says its cached count covers the span that warm
+  measured; when this build's last warm of the system prefix was of another head (the bare
+  system prompt, another frame) every call is a `head-mismatch`, never `resumed`; a call
+  whose request body differs from the head is `drift`, naming the part.
+- `LoopStats` keeps the totals: calls by the judge's verdict, and the server's token counts
+  over the calls whose counts are verified (a missing count is never zero).
 
 Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
 """
@@ -16,122 +17,91 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from prefixreg.core.frame import Frame
+from prefixreg.core.errors import UsageError
+from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import judge
+from prefixreg.core.prefix import Prefix
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 
-LoopVerdict = Literal[
-    "resumed", "partial", "cold", "unverified", "drift", "frame-mismatch", "unwarmed"
-]
+LoopVerdict = Literal["resumed", "partial", "cold", "unverified", "drift", "head-mismatch"]
+VERDICTS: tuple[LoopVerdict, ...] = (
+    "resumed",
+    "partial",
+    "cold",
+    "unverified",
+    "drift",
+    "head-mismatch",
+)
 
 
-def last_warm(registry: Registry, frame: Frame, build_id: str) -> Measurement | None:
-    """The newest warm measurement of the frame's system prefix on build `build_id` (of
-    this frame or of any other head that shares the system bytes), or None."""
-    found = [
-        m
-        for m in registry.measurements(frame.system.sha256)
-        if m.kind == "warm" and m.build.build_id == build_id
-    ]
-    return found[-1] if found else None
-
-
-def _head_of(measurement: Measurement) -> str:
-    sha = measurement.outcome.frame
-    return f"frame {sha[:12]}" if sha else "the bare system prompt"
-
-
-@dataclass(slots=True)
-class LoopJudge:
-    """Judges a loop's calls against `frame`, from its last warm on the worker's build."""
-
-    frame: Frame
-    build_id: str
-    alignment: int
-    baseline: Measurement | None
-    calls: list[tuple[LoopVerdict, str]] = field(default_factory=list)
-
-    @classmethod
-    def for_worker(cls, registry: Registry, frame: Frame, worker: Worker) -> LoopJudge:
-        build = worker.server_build()
-        return cls(
-            frame, build.build_id, build.snapshot_align, last_warm(registry, frame, build.build_id)
-        )
-
-    @property
-    def span(self) -> int | None:
-        """The frame's span in tokens, as its last warm here measured it (None: not warmed
-        as this frame on this build)."""
-        if self.baseline is None or self.baseline.outcome.frame != self.frame.sha256:
-            return None
-        return self.baseline.outcome.span_tokens
-
-    def observe(
-        self, evidence: CallEvidence, body: Mapping[str, Any] | None = None
-    ) -> tuple[LoopVerdict, str]:
-        """Judge one call (its server evidence, and its request body when known)."""
-        verdict, detail = self._judge(evidence, body)
-        self.calls.append((verdict, detail))
-        return verdict, detail
-
-    def _judge(
-        self, evidence: CallEvidence, body: Mapping[str, Any] | None
-    ) -> tuple[LoopVerdict, str]:
-        drift = [] if body is None else self.frame.drift(body)
-        if drift:
-            return "drift", "; ".join(str(d) for d in drift)
-        if self.baseline is None:
-            return "unwarmed", "no warm of this frame's system prefix on this build"
-        span = self.span
-        if span is None:
-            return (
-                "frame-mismatch",
-                f"this build's last warm sent {_head_of(self.baseline)}, not frame "
-                f"{self.frame.sha256[:12]} (its tools and settings were never warmed)",
-            )
-        j = judge(
-            evidence,
-            head_bytes=self.frame.head_bytes,
-            alignment=self.alignment,
-            measured_span=span,
-        )
-        if j.verdict == "resumed":
-            return "resumed", f"{j.cached_tokens:,} cached covers the frame's span of {span:,}"
-        return j.verdict, j.reason
+def _evidence(value: object) -> CallEvidence:
+    if not isinstance(value, CallEvidence):
+        raise UsageError(f"expected a CallEvidence, not {type(value).__name__}")
+    return value
 
 
 @dataclass(slots=True)
 class LoopStats:
-    """Running totals over a loop's calls."""
+    """Running totals over a loop's calls: each call counted under the judge's verdict.
 
-    calls: int = 0
-    resumed: int = 0
-    cold: int = 0
-    unverified: int = 0
+    `head` (optional) lets `add` judge a call itself when no verdict is given: the call sent
+    the head and `rest_bytes` of other message content after it (a `LoopJudge`, which knows
+    the head's measured span, judges better and passes its verdict in)."""
+
+    head: Head | None = None
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERDICTS, 0))
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
     wall_s: float = 0.0
 
-    def add(self, evidence: CallEvidence) -> CallEvidence:
-        """Count one call; returns the evidence so a loop can write `stats.add(ev)` inline."""
-        self.calls += 1
+    def add(
+        self, evidence: CallEvidence, verdict: LoopVerdict | None = None, *, rest_bytes: int = 0
+    ) -> CallEvidence:
+        """Count one call under `verdict` (else the judge's against `head`; with neither, a
+        cached call cannot be called resumed: `unverified`). Returns the evidence, so a loop
+        can write `stats.add(ev)` inline."""
+        evidence = _evidence(evidence)
+        if verdict is None:
+            if self.head is None:
+                verdict = "cold" if evidence.cache_state == "cold" else "unverified"
+            else:
+                verdict = judge(
+                    evidence, head_bytes=self.head.head_bytes, rest_bytes=rest_bytes
+                ).verdict
+        if verdict not in self.counts:
+            raise UsageError(f"not a loop verdict: {verdict!r}; one of {', '.join(VERDICTS)}")
+        self.counts[verdict] += 1
         if evidence.wall_s is not None:
             self.wall_s += evidence.wall_s
-        if evidence.cache_state == "unverified":
-            self.unverified += 1
-            return evidence
-        if evidence.cache_state == "reused":
-            self.resumed += 1
-        else:
-            self.cold += 1
-        self.prompt_tokens += evidence.prompt_tokens or 0
-        self.cached_tokens += evidence.cached_tokens or 0
-        self.completion_tokens += evidence.completion_tokens or 0
+        if evidence.cache_state != "unverified":  # the server's counts, valid and complete
+            self.prompt_tokens += evidence.prompt_tokens or 0
+            self.cached_tokens += evidence.cached_tokens or 0
+            self.completion_tokens += evidence.completion_tokens or 0
         return evidence
+
+    @property
+    def calls(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def resumed(self) -> int:
+        return self.counts["resumed"]
+
+    @property
+    def partial(self) -> int:
+        return self.counts["partial"]
+
+    @property
+    def cold(self) -> int:
+        return self.counts["cold"]
+
+    @property
+    def unverified(self) -> int:
+        return self.counts["unverified"]
 
     @property
     def resumed_fraction(self) -> float | None:
@@ -141,9 +111,7 @@ class LoopStats:
     def to_dict(self) -> JSONObject:
         return {
             "calls": self.calls,
-            "resumed": self.resumed,
-            "cold": self.cold,
-            "unverified": self.unverified,
+            **self.counts,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
@@ -154,8 +122,83 @@ class LoopStats:
     def __str__(self) -> str:
         frac = self.resumed_fraction
         share = "-" if frac is None else f"{frac:.1%}"
+        counted = ", ".join(f"{n} {v}" for v, n in self.counts.items() if n or v == "resumed")
         return (
-            f"{self.calls} calls: {self.resumed} resumed, {self.cold} cold, "
-            f"{self.unverified} unverified; {self.cached_tokens:,} of {self.prompt_tokens:,} "
+            f"{self.calls} calls: {counted}; {self.cached_tokens:,} of {self.prompt_tokens:,} "
             f"prompt tokens from the cache ({share})"
         )
+
+
+def _sent(measurement: Measurement) -> str:
+    sha = measurement.outcome.frame
+    return f"frame {sha[:12]}" if sha else "the bare system prompt"
+
+
+@dataclass(slots=True)
+class LoopJudge:
+    """Judges a loop's calls against `head`, from its last warm on the worker's build."""
+
+    head: Head
+    build_id: str
+    alignment: int
+    baseline: Measurement | None  # this build's last warm of the head's system prefix
+    stats: LoopStats = field(default_factory=LoopStats)
+    calls: list[tuple[LoopVerdict, str]] = field(default_factory=list)
+
+    @classmethod
+    def for_worker(cls, registry: Registry, head: Head, worker: Worker) -> LoopJudge:
+        """Read the worker's build now, and the head's last warm on it from `registry`."""
+        if not isinstance(head, Prefix | Frame):
+            raise UsageError(f"LoopJudge takes a Prefix or a Frame, not {type(head).__name__}")
+        build = worker.server_build()
+        warms = [
+            m
+            for m in registry.measurements(head.system.sha256)
+            if m.kind == "warm" and m.build.build_id == build.build_id
+        ]
+        return cls(head, build.build_id, build.snapshot_align, warms[-1] if warms else None)
+
+    @property
+    def span(self) -> int | None:
+        """The head's span in tokens as its last warm here measured it (None: this build's
+        last warm sent another head, or none)."""
+        frame = self.head.sha256 if isinstance(self.head, Frame) else None
+        if self.baseline is None or self.baseline.outcome.frame != frame:
+            return None
+        return self.baseline.outcome.span_tokens
+
+    def observe(
+        self, evidence: CallEvidence, body: Mapping[str, Any] | None = None
+    ) -> tuple[LoopVerdict, str]:
+        """Judge one call (its server evidence, and its request body when known), count it
+        in `stats`, and return (verdict, why)."""
+        evidence = _evidence(evidence)
+        if body is not None and not isinstance(body, Mapping):
+            raise UsageError(f"body must be a request body (a mapping), not {type(body)}")
+        verdict, detail = self._judge(evidence, body)
+        self.calls.append((verdict, detail))
+        self.stats.add(evidence, verdict)
+        return verdict, detail
+
+    def _judge(
+        self, evidence: CallEvidence, body: Mapping[str, Any] | None
+    ) -> tuple[LoopVerdict, str]:
+        drift = "" if body is None else "; ".join(map(str, self.head.drift(body)))
+        if drift:
+            return "drift", drift
+        if self.baseline is None:
+            return "unverified", "no warm of this head's system prefix on this build"
+        span = self.span
+        if span is None:
+            return (
+                "head-mismatch",
+                f"this build's last warm sent {_sent(self.baseline)}, not {self.head.kind} "
+                f"{self.head.sha256[:12]} (what the loop sends was never warmed)",
+            )
+        j = judge(
+            evidence,
+            head_bytes=self.head.head_bytes,
+            alignment=self.alignment,
+            measured_span=span,
+        )
+        return j.verdict, j.reason
