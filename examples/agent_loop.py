@@ -1,9 +1,11 @@
 """An agent loop with tools and a growing history, warmed as the frame it sends, on a worker.
 
-Run it against the built-in simulator (started in-process) or any worker:
+Run it against the built-in simulator (`prefixreg sim`, started here) or any worker:
 
-    python examples/agent_loop.py                      # in-process simulator
+    python examples/agent_loop.py                      # starts `prefixreg sim` on a free port
     PREFIXREG_WORKER=http://127.0.0.1:8731 python examples/agent_loop.py
+
+It imports only `prefixreg`: the front door holds everything a loop needs.
 
 The loop registers a frame (system prompt + tools + the prompt settings it sends), warms that
 frame, then runs its turns: each call sends the frame's verified head and the loop's own
@@ -16,18 +18,19 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
+import sys
 import tempfile
-from contextlib import ExitStack
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import prefixreg
-from prefixreg.cli.demo import sample_prompt
-from prefixreg.registry.frames import get_frame, write_frame
-from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.loop import LoopJudge, LoopStats
-from prefixreg.verbs.measure.warm import warm
 
+HERE = Path(__file__).resolve().parent
 TURNS = 6
 FOREIGN_BETWEEN_CALLS = 2
 TOOLS = [
@@ -46,33 +49,49 @@ TOOLS = [
 ]
 
 
+@contextmanager
+def simulator() -> Iterator[str]:
+    """`prefixreg sim` on a free loopback port, for as long as the loop runs."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [sys.executable, "-m", "prefixreg", "sim", "--port", str(port), "--speed", "50", "-q"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def main() -> None:
     with ExitStack() as stack:
-        url = os.environ.get("PREFIXREG_WORKER")
-        if not url:
-            url = stack.enter_context(SimServer(SimConfig(speed=50))).url
+        url = os.environ.get("PREFIXREG_WORKER") or stack.enter_context(simulator())
         reg = prefixreg.Registry(Path(tempfile.mkdtemp(prefix="agent-loop-")) / "registry")
-        reg.add(sample_prompt(), name="coding-system")
-        write_frame(
-            reg,
+        reg.add((HERE / "system-prompt.txt").read_bytes(), name="coding-system")
+        reg.add_frame(
             "coding-system",
             tools=json.dumps(TOOLS),
             settings={"tool_choice": "auto"},
             name="coding-loop",
         )
-        frame = get_frame(reg, "coding-loop")  # verified once; the same head goes out each call
+        head = reg.head("coding-loop")  # verified once; the same head goes out on each call
         loop = stack.enter_context(prefixreg.Worker(url))
         tenant = stack.enter_context(prefixreg.Worker(url))
-        print(f"warm:      {warm(reg, reg.head('coding-loop'), loop).headline}")
-        judge = LoopJudge.for_worker(reg, frame, loop)
-        stats = LoopStats()
+        print(f"warm:      {prefixreg.warm(reg, head, loop).headline}")
+        judge = prefixreg.LoopJudge.for_worker(reg, head, loop)
         history: list[dict[str, Any]] = [{"role": "user", "content": "Make the tests pass."}]
         for i in range(TURNS):
             for j in range(FOREIGN_BETWEEN_CALLS):
                 tenant.chat(f"Another team's job {i}.{j}: summarise the logs. " * 40, "go")
-            reply, ev = loop.chat(frame, history=history, max_tokens=16)
-            verdict, why = judge.observe(ev, frame.body(history))
-            stats.add(ev)
+            reply, ev = loop.chat(head, history=history, max_tokens=16)
+            verdict, why = judge.observe(ev, head.body(history))
             print(f"call {i}: {verdict:<14} {why}, {ev.wall_s or 0:.3f} s")
             # The loop's own turns: a tool call, its result, the next instruction.
             call = {
@@ -85,7 +104,7 @@ def main() -> None:
             )
             history.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"{i} failing"})
             history.append({"role": "user", "content": f"Step {i}: fix the first failure."})
-        print(f"loop:      {stats}")
+        print(f"loop:      {judge.stats}")
         print(f"records:   {reg.root / 'measurements'}")
 
 

@@ -1,11 +1,14 @@
-"""prefixreg: a content-addressed registry of LLM prompt prefixes.
+"""prefixreg: a content-addressed registry of LLM prompt prefixes, and the tools that make a
+prompt cache resume them.
 
-The public API (DESIGN §6). Heavy parts (the HTTP client, evidence parsing) load on first
-use, so `import prefixreg` and the CLI start quickly.
+The front door (DESIGN §6): everything the README and the examples use is importable from
+here, and a loop never imports a sub-package. The errors load with the package; everything
+else loads on first use (PEP 562), so `import prefixreg` and the CLI start quickly.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +27,7 @@ from prefixreg.core.errors import (
     PrefixregError,
     RefNotFoundError,
     RegistryLocationError,
+    ReplyTooLargeError,
     UsageError,
     WorkerError,
     WorkerHTTPError,
@@ -32,7 +36,14 @@ from prefixreg.core.errors import (
 )
 
 if TYPE_CHECKING:
-    __version__: str
+    from prefixreg.core.frame import Frame, Head
+    from prefixreg.core.judge import (
+        Judgement,
+        judge,
+        judge_copy,
+        judge_resident,
+        judge_restore,
+    )
     from prefixreg.core.prefix import Prefix, fresh_tail
     from prefixreg.core.records import (
         CacheCounters,
@@ -42,28 +53,39 @@ if TYPE_CHECKING:
         NameMove,
         ServerBuild,
     )
+    from prefixreg.registry.names import NameConflictError
     from prefixreg.registry.store import Registry
     from prefixreg.server.evidence import evidence_from_response
     from prefixreg.server.worker import Worker
     from prefixreg.verbs.keepalive.run import KeepAlive
-    from prefixreg.verbs.loop import LoopStats
+    from prefixreg.verbs.loop import LoopJudge, LoopStats
+    from prefixreg.verbs.measure.warm import WarmResult, warm
+    from prefixreg.verbs.pool.live import Pool
+    from prefixreg.verbs.snapshot.run import restore_and_prove, save_snapshot
 
-# name -> module, loaded on first access (PEP 562) so `import prefixreg` and the CLI's
-# start-up do not pay for the store, the records or the HTTP client until they are used.
+    __version__: str
+
+# Public name -> the module that defines it, imported on first access.
 _LAZY = {
-    "Prefix": "prefixreg.core.prefix",
-    "fresh_tail": "prefixreg.core.prefix",
-    "CacheCounters": "prefixreg.core.records",
-    "CallEvidence": "prefixreg.core.records",
-    "Measurement": "prefixreg.core.records",
-    "Meta": "prefixreg.core.records",
-    "NameMove": "prefixreg.core.records",
-    "ServerBuild": "prefixreg.core.records",
+    **dict.fromkeys(["Frame", "Head"], "prefixreg.core.frame"),
+    **dict.fromkeys(["Prefix", "fresh_tail"], "prefixreg.core.prefix"),
+    **dict.fromkeys(
+        ["Judgement", "judge", "judge_copy", "judge_resident", "judge_restore"],
+        "prefixreg.core.judge",
+    ),
+    **dict.fromkeys(
+        ["CacheCounters", "CallEvidence", "Measurement", "Meta", "NameMove", "ServerBuild"],
+        "prefixreg.core.records",
+    ),
+    "NameConflictError": "prefixreg.registry.names",
     "Registry": "prefixreg.registry.store",
-    "KeepAlive": "prefixreg.verbs.keepalive.run",
-    "LoopStats": "prefixreg.verbs.loop",
-    "Worker": "prefixreg.server.worker",
     "evidence_from_response": "prefixreg.server.evidence",
+    "Worker": "prefixreg.server.worker",
+    "KeepAlive": "prefixreg.verbs.keepalive.run",
+    **dict.fromkeys(["LoopJudge", "LoopStats"], "prefixreg.verbs.loop"),
+    **dict.fromkeys(["WarmResult", "warm"], "prefixreg.verbs.measure.warm"),
+    "Pool": "prefixreg.verbs.pool.live",
+    **dict.fromkeys(["restore_and_prove", "save_snapshot"], "prefixreg.verbs.snapshot.run"),
 }
 
 __all__ = [
@@ -73,25 +95,33 @@ __all__ = [
     "CorruptRecordError",
     "EngineBusyError",
     "EvidenceUnverifiedError",
+    "Frame",
+    "Head",
     "IntegrityError",
     "InvalidContentError",
     "InvalidDigestError",
     "InvalidNameError",
+    "Judgement",
     "KeepAlive",
     "LockTimeoutError",
+    "LoopJudge",
     "LoopStats",
     "MalformedResponseError",
     "Measurement",
     "Meta",
     "MirrorError",
+    "NameConflictError",
     "NameMove",
+    "Pool",
     "Prefix",
     "PrefixregError",
     "RefNotFoundError",
     "Registry",
     "RegistryLocationError",
+    "ReplyTooLargeError",
     "ServerBuild",
     "UsageError",
+    "WarmResult",
     "Worker",
     "WorkerError",
     "WorkerHTTPError",
@@ -100,7 +130,14 @@ __all__ = [
     "__version__",
     "evidence_from_response",
     "fresh_tail",
+    "judge",
+    "judge_copy",
+    "judge_resident",
+    "judge_restore",
     "open_registry",
+    "restore_and_prove",
+    "save_snapshot",
+    "warm",
 ]
 
 
@@ -120,8 +157,6 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'prefixreg' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -17,7 +17,8 @@ PrefixregError
 │   ├── WorkerTimeoutError (TimeoutError)
 │   ├── WorkerHTTPError            carries status and the server's message
 │   │   └── EngineBusyError        503 engine_busy
-│   └── MalformedResponseError     a body that is not the JSON promised
+│   ├── MalformedResponseError     a body that is not the JSON promised
+│   └── ReplyTooLargeError         a reply over the client's cap (`max_bytes`)
 ├── MirrorError                    rsync/ssh failure or refused mirror            (exit 6)
 └── LockTimeoutError (TimeoutError)                                              (exit 7)
 ```
@@ -30,28 +31,6 @@ Messages never contain secrets: an API key is never passed to an error construct
 from __future__ import annotations
 
 from pathlib import Path
-
-__all__ = [
-    "AmbiguousRefError",
-    "CorruptRecordError",
-    "EngineBusyError",
-    "EvidenceUnverifiedError",
-    "IntegrityError",
-    "InvalidContentError",
-    "InvalidDigestError",
-    "InvalidNameError",
-    "LockTimeoutError",
-    "MalformedResponseError",
-    "MirrorError",
-    "PrefixregError",
-    "RefNotFoundError",
-    "RegistryLocationError",
-    "UsageError",
-    "WorkerError",
-    "WorkerHTTPError",
-    "WorkerTimeoutError",
-    "WorkerUnreachableError",
-]
 
 
 class PrefixregError(Exception):
@@ -164,6 +143,10 @@ class EngineBusyError(WorkerHTTPError):
 
 class MalformedResponseError(WorkerError):
     """A reply that is not the JSON (or SSE) the route promises."""
+
+
+class ReplyTooLargeError(WorkerError):
+    """The worker's reply is larger than the reply cap (`max_bytes`)."""
 
 
 class MirrorError(PrefixregError):

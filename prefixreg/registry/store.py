@@ -175,6 +175,24 @@ class Registry(NamedStore):
             self.move_name(name, sha)
         return sha
 
+    def add_frame(
+        self,
+        system: str,
+        *,
+        tools: str | bytes | None = None,
+        settings: dict[str, object] | None = None,
+        name: str | None = None,
+        note: str | None = None,
+        force: bool = False,
+    ) -> str:
+        """Register a frame (the system prefix `system` names, the tools JSON as exact bytes,
+        the prompt settings) and return its sha; see `registry.frames.write_frame`."""
+        from prefixreg.registry.frames import write_frame
+
+        return write_frame(
+            self, system, tools=tools, settings=settings, name=name, note=note, force=force
+        )
+
     def add_probe_slice(self, content: bytes | str, *, run_id: str) -> str:
         """Store a slice probe run `run_id` sends, as `add` stores a prefix (same object and
         meta checks), its meta marked as a probe slice (`probeslices`); return its sha.

@@ -39,8 +39,8 @@ import orjson
 from prefixreg.core.errors import (
     EngineBusyError,
     MalformedResponseError,
+    ReplyTooLargeError,
     UsageError,
-    WorkerError,
     WorkerHTTPError,
     WorkerTimeoutError,
     WorkerUnreachableError,
@@ -66,10 +66,6 @@ _MESSAGE_MAX: Final = 200
 _CONNECT_EVENTS: Final = frozenset(
     {"connection.connect_tcp.complete", "connection.connect_unix_socket.complete"}
 )
-
-
-class ReplyTooLargeError(WorkerError):
-    """The worker's reply is larger than the reply cap (`max_bytes`)."""
 
 
 def check_seconds(name: str, value: object) -> float:
