@@ -155,3 +155,23 @@ def test_console_script_wrapper_in_bin_runs_from_a_checkout(tmp_path: Path) -> N
     )
     assert res.returncode == 0, res.stderr
     assert len(res.stdout.strip()) == 64
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["warm"],
+        ["probe"],
+        ["doctor"],
+        ["keepalive"],
+        ["audit"],
+        ["mirror"],
+        ["pool", "warm"],
+        ["snapshot", "restore"],
+    ],
+)
+def test_every_judging_command_points_to_the_one_judge(command: list[str]) -> None:
+    res = run_cli(*command, "--help")
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.decode().split())
+    assert "Evidence: the one judge" in text, text[-300:]

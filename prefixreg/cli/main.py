@@ -71,8 +71,30 @@ COMMAND_MODULES: Final[dict[str, str]] = {
 EXIT_USAGE: Final = 2
 
 
+# Every command that prints a verdict points to the one rule behind it.
+JUDGE_NOTE: Final = (
+    "Verdicts come from one judge, from the server's own numbers: see the README's "
+    "'Evidence: the one judge' (prefixreg.judge)."
+)
+_JUDGED: Final = frozenset(
+    {"warm", "doctor", "probe", "keepalive", "audit", "pool", "snapshot", "mirror"}
+)
+
+
 def _module(name: str) -> ModuleType:
     return importlib.import_module(f"prefixreg.cli.{name}")
+
+
+def _register(module: str, app: typer.Typer) -> None:
+    """Register a command module's commands on `app`, the judge's note on those that judge."""
+    _module(module).register(app)
+    for info in app.registered_commands:
+        if info.name in _JUDGED and info.epilog is None:
+            info.epilog = JUDGE_NOTE
+    for group in app.registered_groups:
+        if group.name in _JUDGED and group.typer_instance is not None:
+            for sub in group.typer_instance.registered_commands:
+                sub.epilog = sub.epilog or JUDGE_NOTE
 
 
 def _print_version(value: bool) -> None:
@@ -109,7 +131,7 @@ def full_app() -> typer.Typer:
     """The app with every command registered and built in full (imports every module)."""
     new = _new_app()
     for module in dict.fromkeys(COMMAND_MODULES.values()):
-        _module(module).register(new)
+        _register(module, new)
     return new
 
 
@@ -128,7 +150,7 @@ def app_for(argv: Sequence[str]) -> typer.Typer:
     lean = _new_app()
     if name in COMMAND_MODULES:
         scratch = typer.Typer()
-        _module(COMMAND_MODULES[name]).register(scratch)
+        _register(COMMAND_MODULES[name], scratch)
         lean.registered_commands = [i for i in scratch.registered_commands if i.name == name]
         lean.registered_groups = [g for g in scratch.registered_groups if g.name == name]
         return lean
@@ -189,7 +211,9 @@ def _single(module: str, command: str, prog_name: str) -> None:
     """Run one command as its own program (`prefix-add` is `prefixreg add`)."""
     guard_stdio()
     single = typer.Typer(**_SETTINGS)
-    single.command()(getattr(_module(module), command))
+    single.command(epilog=JUDGE_NOTE if command != "add_command" else None)(
+        getattr(_module(module), command)
+    )
     single(prog_name=prog_name)
 
 
