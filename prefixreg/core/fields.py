@@ -1,20 +1,32 @@
-"""Strict field readers for records read from disk or a server. Pure: no I/O.
+"""Strict reading of records, from their dataclass fields. Pure: no I/O.
 
-Invariants: a count is valid only as an exact non-negative `int` (never bool, float or
-string); every reader either returns a value of the promised type or raises
-`CorruptRecordError` naming the record and the field.
+`decode(cls, data, what)` builds a frozen record dataclass from a JSON object by reading
+each field by its annotation, and `encode(record)` gives its JSON object back: one codec
+for every record instead of a hand-written pair per class.
+
+Invariants:
+- A count is valid only as an exact non-negative `int` (never bool, float or string); a
+  float field takes an int or a float, never a bool; a `bool` field only `true`/`false`.
+- A field annotated `X | None` may be missing or null; any other field must be present.
+- A `Literal[...]` field takes only its listed values; `dict` fields only JSON objects; a
+  field whose type is another record is read by that record's own `from_dict`.
+- Anything else raises `CorruptRecordError` naming the record and the field: a record read
+  from disk is either well-formed or refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from collections.abc import Mapping
-from typing import cast
+from functools import cache
+from typing import Any, Literal, TypeVar, cast
 
-from prefixreg.core.digest import is_full_sha
 from prefixreg.core.errors import CorruptRecordError
 from prefixreg.core.jsonio import JSONObject
 
-__all__ = ["obj", "opt_float", "opt_int", "opt_str", "req_sha", "req_str", "strict_count"]
+T = TypeVar("T")
 
 
 def strict_count(value: object) -> int | None:
@@ -24,47 +36,83 @@ def strict_count(value: object) -> int | None:
     return None
 
 
-def req_str(data: Mapping[str, object], key: str, what: str) -> str:
-    value = data.get(key)
-    if not isinstance(value, str):
-        raise CorruptRecordError(f"{what}: field {key!r} must be a string")
-    return value
-
-
-def opt_str(data: Mapping[str, object], key: str, what: str) -> str | None:
-    value = data.get(key)
-    if value is not None and not isinstance(value, str):
-        raise CorruptRecordError(f"{what}: field {key!r} must be a string or null")
-    return value
-
-
-def req_sha(data: Mapping[str, object], key: str, what: str) -> str:
-    value = req_str(data, key, what)
-    if not is_full_sha(value):
-        raise CorruptRecordError(f"{what}: field {key!r} is not a sha256")
-    return value
-
-
-def opt_int(data: Mapping[str, object], key: str, what: str) -> int | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    count = strict_count(value)
-    if count is None:
-        raise CorruptRecordError(f"{what}: field {key!r} must be a non-negative integer")
-    return count
-
-
-def opt_float(data: Mapping[str, object], key: str, what: str) -> float | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if type(value) not in (int, float):
-        raise CorruptRecordError(f"{what}: field {key!r} must be a number")
-    return float(cast(float, value))
-
-
 def obj(value: object, what: str) -> JSONObject:
     if not isinstance(value, dict):
         raise CorruptRecordError(f"{what}: expected a JSON object")
     return cast(JSONObject, value)
+
+
+def _read(kind: Any, value: object) -> tuple[bool, object]:
+    """(ok, value) for one JSON value against one annotation (no None handling)."""
+    if typing.get_origin(kind) is Literal:
+        return value in typing.get_args(kind), value
+    if kind is int:
+        count = strict_count(value)
+        return count is not None, count
+    if kind is float:
+        ok = type(value) in (int, float)
+        return ok, float(cast(float, value)) if ok else value
+    if kind is bool:
+        return isinstance(value, bool), value
+    if kind is str:
+        return isinstance(value, str), value
+    if typing.get_origin(kind) is dict or kind is dict:
+        return isinstance(value, dict), value
+    if dataclasses.is_dataclass(kind):  # a nested record reads itself (and raises itself)
+        return True, cast(Any, kind).from_dict(value)
+    return False, value
+
+
+@cache
+def _fields(cls: type) -> tuple[tuple[str, Any, bool], ...]:
+    """(name, annotation without None, optional) per init field of a record dataclass."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        kind, optional = hints[f.name], False
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(kind) if a is not type(None)]
+            optional = len(args) < len(typing.get_args(kind))
+            kind = args[0] if len(args) == 1 else typing.Union[tuple(args)]  # noqa: UP007
+        out.append((f.name, kind, optional))
+    return tuple(out)
+
+
+def decode(cls: type[T], data: object, what: str, *, keys: Mapping[str, str] | None = None) -> T:
+    """A `cls` record from a JSON object, each field read strictly by its annotation.
+
+    `keys` maps a field name to its JSON key where they differ (`from_sha` -> `from`).
+    """
+    d = obj(data, what)
+    values: dict[str, object] = {}
+    for name, kind, optional in _fields(cast(type, cls)):
+        key = (keys or {}).get(name, name)
+        value = d.get(key)
+        if value is None:
+            if not optional:
+                raise CorruptRecordError(f"{what}: field {key!r} is missing")
+            values[name] = None
+            continue
+        ok, read = _read(kind, value)
+        if not ok:
+            raise CorruptRecordError(f"{what}: field {key!r} is not a valid {_name(kind)}")
+        values[name] = read
+    return cls(**values)
+
+
+def encode(record: object, *, keys: Mapping[str, str] | None = None) -> JSONObject:
+    """The JSON object of a record dataclass: every init field, by its JSON key."""
+    return {
+        (keys or {}).get(f.name, f.name): getattr(record, f.name)
+        for f in dataclasses.fields(cast(Any, record))
+        if f.init
+    }
+
+
+def _name(kind: Any) -> str:
+    if typing.get_origin(kind) is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(kind))
+    names = {int: "non-negative integer", float: "number", bool: "boolean", str: "string"}
+    return names.get(kind, "JSON object")

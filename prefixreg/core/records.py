@@ -15,34 +15,20 @@ from typing import Final, Literal
 from prefixreg.core.digest import build_id as compute_build_id
 from prefixreg.core.digest import is_full_sha
 from prefixreg.core.errors import CorruptRecordError
-from prefixreg.core.fields import (
-    obj,
-    opt_float,
-    opt_int,
-    opt_str,
-    req_sha,
-    req_str,
-    strict_count,
-)
+from prefixreg.core.fields import decode, encode
+
+from prefixreg.core.fields import strict_count as strict_count  # isort: skip  (re-exported)
 from prefixreg.core.jsonio import JSONObject, JSONValue
 
-__all__ = [
-    "CACHE_COUNTER_FIELDS",
-    "PUBLIC_IDENTITY_FIELDS",
-    "CacheCounters",
-    "CacheState",
-    "CallEvidence",
-    "Measurement",
-    "Meta",
-    "NameMove",
-    "Outcome",
-    "ServerBuild",
-    "public_identity",
-    "strict_count",
-]
-
 CacheState = Literal["cold", "reused", "unverified"]
-_CACHE_STATES: tuple[CacheState, ...] = ("cold", "reused", "unverified")
+
+
+def _shas(record: object, what: str, *names: str) -> None:
+    """Refuse a sha field that is not 64 lowercase hex digits (None passes)."""
+    for name in names:
+        value = getattr(record, name)
+        if value is not None and not is_full_sha(value):
+            raise CorruptRecordError(f"{what}: field {name!r} is not a sha256")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,28 +41,15 @@ class Meta:
     source: str
     note: str | None = None
 
+    def __post_init__(self) -> None:
+        _shas(self, "meta record", "sha256")
+
     @classmethod
     def from_dict(cls, data: object) -> Meta:
-        d = obj(data, "meta record")
-        size = opt_int(d, "bytes", "meta record")
-        if size is None:
-            raise CorruptRecordError("meta record: field 'bytes' is missing")
-        return cls(
-            sha256=req_sha(d, "sha256", "meta record"),
-            bytes=size,
-            created=req_str(d, "created", "meta record"),
-            source=req_str(d, "source", "meta record"),
-            note=opt_str(d, "note", "meta record"),
-        )
+        return decode(cls, data, "meta record")
 
     def to_dict(self) -> JSONObject:
-        return {
-            "sha256": self.sha256,
-            "bytes": self.bytes,
-            "created": self.created,
-            "source": self.source,
-            "note": self.note,
-        }
+        return encode(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,21 +61,18 @@ class NameMove:
     from_sha: str | None
     to_sha: str
 
+    def __post_init__(self) -> None:
+        _shas(self, "names.log line", "from_sha", "to_sha")
+
     @classmethod
     def from_dict(cls, data: object) -> NameMove:
-        d = obj(data, "names.log line")
-        from_sha = opt_str(d, "from", "names.log line")
-        if from_sha is not None and not is_full_sha(from_sha):
-            raise CorruptRecordError("names.log line: field 'from' is not a sha256")
-        return cls(
-            at=req_str(d, "at", "names.log line"),
-            name=req_str(d, "name", "names.log line"),
-            from_sha=from_sha,
-            to_sha=req_sha(d, "to", "names.log line"),
-        )
+        return decode(cls, data, "names.log line", keys=_MOVE_KEYS)
 
     def to_dict(self) -> JSONObject:
-        return {"at": self.at, "name": self.name, "from": self.from_sha, "to": self.to_sha}
+        return encode(self, keys=_MOVE_KEYS)
+
+
+_MOVE_KEYS: Final = {"from_sha": "from", "to_sha": "to"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,12 +103,7 @@ class ServerBuild:
 
     @classmethod
     def from_dict(cls, data: object) -> ServerBuild:
-        d = obj(data, "server build")
-        return cls(
-            profile=req_str(d, "profile", "server build"),
-            identity=obj(d.get("identity"), "server build identity"),
-            build_id=req_str(d, "build_id", "server build"),
-        )
+        return decode(cls, data, "server build")
 
     @property
     def snapshot_align(self) -> int:
@@ -250,11 +215,10 @@ class CacheCounters:
 
     @classmethod
     def from_dict(cls, data: object) -> CacheCounters:
-        d = obj(data, "cache counters")
-        return cls(**{name: opt_int(d, name, "cache counters") for name in CACHE_COUNTER_FIELDS})
+        return decode(cls, data, "cache counters")
 
     def to_dict(self) -> JSONObject:
-        return {name: getattr(self, name) for name in CACHE_COUNTER_FIELDS}
+        return encode(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -286,52 +250,10 @@ class CallEvidence:
 
     @classmethod
     def from_dict(cls, data: object) -> CallEvidence:
-        d = obj(data, "call evidence")
-        state = d.get("cache_state")
-        if state not in _CACHE_STATES:
-            raise CorruptRecordError("call evidence: bad 'cache_state'")
-        complete = d.get("complete")
-        if not isinstance(complete, bool):
-            raise CorruptRecordError("call evidence: 'complete' must be a boolean")
-        w = "call evidence"
-        return cls(
-            prompt_tokens=opt_int(d, "prompt_tokens", w),
-            cached_tokens=opt_int(d, "cached_tokens", w),
-            completion_tokens=opt_int(d, "completion_tokens", w),
-            cached_source=opt_str(d, "cached_source", w),
-            cache_state=state,
-            complete=complete,
-            output_sha256=opt_str(d, "output_sha256", w),
-            token_sha=opt_str(d, "token_sha", w),
-            ttft_s=opt_float(d, "ttft_s", w),
-            wall_s=opt_float(d, "wall_s", w),
-            prompt_ms=opt_float(d, "prompt_ms", w),
-            predicted_ms=opt_float(d, "predicted_ms", w),
-            disk_restore_tokens=opt_int(d, "disk_restore_tokens", w),
-            disk_restore_ms=opt_float(d, "disk_restore_ms", w),
-            error=opt_str(d, "error", w),
-            reason=opt_str(d, "reason", w),
-        )
+        return decode(cls, data, "call evidence")
 
     def to_dict(self) -> JSONObject:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cached_source": self.cached_source,
-            "cache_state": self.cache_state,
-            "complete": self.complete,
-            "output_sha256": self.output_sha256,
-            "token_sha": self.token_sha,
-            "ttft_s": self.ttft_s,
-            "wall_s": self.wall_s,
-            "prompt_ms": self.prompt_ms,
-            "predicted_ms": self.predicted_ms,
-            "disk_restore_tokens": self.disk_restore_tokens,
-            "disk_restore_ms": self.disk_restore_ms,
-            "error": self.error,
-            "reason": self.reason,
-        }
+        return encode(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -351,18 +273,12 @@ class Measurement:
     worker: str | None = None
     model: str | None = None
 
+    def __post_init__(self) -> None:
+        _shas(self, "measurement", "sha256")
+
     @classmethod
     def from_dict(cls, data: object) -> Measurement:
-        d = obj(data, "measurement")
-        return cls(
-            sha256=req_sha(d, "sha256", "measurement"),
-            at=req_str(d, "at", "measurement"),
-            kind=req_str(d, "kind", "measurement"),
-            build=ServerBuild.from_dict(d.get("build")),
-            body=obj(d.get("body"), "measurement body"),
-            worker=opt_str(d, "worker", "measurement"),
-            model=opt_str(d, "model", "measurement"),
-        )
+        return decode(cls, data, "measurement")
 
     @property
     def outcome(self) -> Outcome:
