@@ -334,7 +334,10 @@ def test_open_registry_honours_env_then_xdg(
 
 
 def test_object_file_names_are_recognised_by_one_rule() -> None:
-    from prefixreg.core.digest import object_sha
+    from prefixreg.registry.layout import object_sha as by_path
+
+    def object_sha(fan: str, name: str) -> str | None:
+        return by_path(f"objects/{fan}/{name}")
 
     sha = "ab" + "0" * 62
     assert object_sha("ab", f"{sha}.txt") == sha

@@ -25,22 +25,6 @@ if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
     from prefixreg.server.worker import Worker
 
-__all__ = [
-    "EXIT_BY_OUTCOME",
-    "EXIT_CODES",
-    "DebugOpt",
-    "ExitCode",
-    "JsonOpt",
-    "RegistryOpt",
-    "WorkerOpt",
-    "cli_errors",
-    "emit_json",
-    "fail",
-    "info",
-    "open_registry_from",
-    "read_user_file",
-]
-
 
 class ExitCode(IntEnum):
     """The exit-code table of DESIGN §5."""

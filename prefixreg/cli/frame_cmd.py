@@ -23,8 +23,6 @@ from prefixreg.cli._common import (
 )
 from prefixreg.core.errors import UsageError
 
-__all__ = ["frame_command", "register"]
-
 
 def _settings(pairs: list[str]) -> dict[str, object]:
     """`--set KEY=JSON` pairs: a bare word is a string; a value is never empty, never a

@@ -30,8 +30,6 @@ from typing import Annotated, Any, Final
 
 import typer
 
-__all__ = ["COMMAND_MODULES", "app_for", "full_app", "run", "run_add", "run_mirror", "run_warm"]
-
 HELP = (
     "A content-addressed registry of LLM prompt prefixes, and the tools that make "
     "an inference server's prompt cache resume them.\n\n"

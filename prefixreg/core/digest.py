@@ -16,18 +16,6 @@ import re
 from prefixreg.core.errors import InvalidDigestError
 from prefixreg.core.jsonio import JSONValue, dumps_canonical
 
-__all__ = [
-    "MIN_ABBREV",
-    "build_id",
-    "is_full_sha",
-    "looks_like_sha",
-    "object_sha",
-    "output_digest",
-    "parse_abbrev",
-    "parse_sha",
-    "sha256_hex",
-]
-
 MIN_ABBREV = 8
 _FULL = re.compile(r"[0-9a-f]{64}")
 _ABBREV = re.compile(r"[0-9a-fA-F]{8,64}")
@@ -42,15 +30,6 @@ def sha256_hex(data: bytes) -> str:
 def is_full_sha(text: str) -> bool:
     """True when `text` is exactly 64 lowercase hex digits."""
     return _FULL.fullmatch(text) is not None
-
-
-def object_sha(fan: str, filename: str) -> str | None:
-    """The sha an object file `objects/<fan>/<filename>` stands for, or None if the name is
-    not one: 64 lowercase hex digits plus `.txt`, filed under its first two digits."""
-    sha = filename.removesuffix(".txt")
-    if filename.endswith(".txt") and is_full_sha(sha) and sha[:2] == fan:
-        return sha
-    return None
 
 
 def looks_like_sha(text: str) -> bool:

@@ -32,18 +32,6 @@ from prefixreg.core.errors import CorruptRecordError, IntegrityError, UsageError
 from prefixreg.core.jsonio import dumps_canonical, dumps_ordered, loads
 from prefixreg.core.prefix import Drift, Prefix, system_drift
 
-__all__ = [
-    "FRAME_FORMAT",
-    "FRAME_VERSION",
-    "OPENAI_NAMED",
-    "PROMPT_SETTINGS",
-    "Drift",
-    "Frame",
-    "encode_frame_record",
-    "parse_frame_record",
-    "parse_tools",
-]
-
 FRAME_FORMAT: Final = "prefix-frame"
 FRAME_VERSION: Final = 1
 # Request fields a chat template reads (Halogen dense/flash, llama.cpp --jinja): changing one

@@ -15,8 +15,6 @@ from typing import Any, NamedTuple
 
 from prefixreg.core.errors import CorruptRecordError, UsageError
 
-__all__ = ["Prefix", "fresh_tail"]
-
 
 class Prefix(NamedTuple):
     """A verified prefix: its sha256, its exact bytes, and the name it was reached by.

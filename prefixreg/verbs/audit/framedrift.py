@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prefixreg.core.frame import Drift
 from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.prefix import Drift
 
 if TYPE_CHECKING:
     from prefixreg.verbs.audit.read import AuditInput

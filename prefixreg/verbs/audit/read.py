@@ -40,8 +40,9 @@ from typing import Final
 import orjson
 
 from prefixreg.core.errors import CorruptRecordError
-from prefixreg.core.frame import Drift, Frame
+from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.prefix import Drift
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.verbs.audit.prompt import PromptSeen, SystemPrompt, system_prompt
