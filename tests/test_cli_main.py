@@ -175,3 +175,30 @@ def test_every_judging_command_points_to_the_one_judge(command: list[str]) -> No
     assert res.returncode == 0, res.stderr
     text = " ".join(res.stdout.decode().split())
     assert "Evidence: the one judge" in text, text[-300:]
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory"])
+def test_user_named_inputs_must_be_regular_files(tmp_path: Path, kind: str) -> None:
+    target = {"device": Path("/dev/zero"), "directory": tmp_path}.get(kind)
+    if target is None:
+        target = tmp_path / "fifo"
+        os.mkfifo(target)
+    reg = str(tmp_path / "reg")
+    system = tmp_path / "system.txt"
+    system.write_text("You are a careful agent.\n")
+    assert run_cli("add", str(system), "--name", "s", "--registry", reg).returncode == 0
+    for args in (["add", str(target)], ["frame", "s", "--tools", str(target)]):
+        res = run_cli(*args, "--registry", reg)  # would block or read forever if opened
+        assert res.returncode == 2, (args, res.stderr)
+        assert b"not a regular file" in res.stderr and b"Traceback" not in res.stderr
+
+
+def test_a_user_file_over_the_cap_is_refused(tmp_path: Path) -> None:
+    from prefixreg.cli._common import read_user_file
+    from prefixreg.core.errors import UsageError
+
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"x" * 1001)
+    assert read_user_file(big, limit=1001) == b"x" * 1001
+    with pytest.raises(UsageError, match="larger than 1,000 bytes"):
+        read_user_file(big, limit=1000)

@@ -81,7 +81,7 @@ def frame_command(
         reg = open_registry_from(registry)
         data = None
         if tools is not None:
-            data = sys.stdin.buffer.read() if str(tools) == "-" else read_user_file(tools)
+            data = read_user_file(tools)
         sha = write_frame(
             reg, system, tools=data, settings=_settings(settings or []), name=name, force=force
         )
