@@ -222,3 +222,14 @@ def open_worker(
     from prefixreg.server.worker import Worker
 
     return Worker(worker_url(url), model=model, read_timeout=timeout, profile=profile)
+
+
+MetricsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--metrics-file",
+        help="Also write Prometheus metrics to this file (node_exporter textfile format, "
+        "replaced atomically), e.g. /var/lib/node_exporter/textfile/prefixreg.prom.",
+        show_default=False,
+    ),
+]

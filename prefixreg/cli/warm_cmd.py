@@ -18,6 +18,7 @@ from prefixreg.cli._common import (
     EXIT_BY_OUTCOME,
     DebugOpt,
     JsonOpt,
+    MetricsOpt,
     ModelOpt,
     ProfileOpt,
     RegistryOpt,
@@ -73,6 +74,7 @@ def warm_command(
             " fields (refused without --json).",
         ),
     ] = False,
+    metrics_file: MetricsOpt = None,
     registry: RegistryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -98,6 +100,9 @@ def warm_command(
             raise UsageError(
                 "--restore always proves with a check; drop --no-check/--check-only/--public"
             )
+        from prefixreg.verbs.measure.metrics import check_metrics_path, write_metrics
+
+        check_metrics_path(metrics_file)
         reg = open_registry_from(registry)
         head = reg.head(ref)  # resolved and verified once, before a connection is opened
         if restore:
@@ -114,6 +119,8 @@ def warm_command(
             result = warm(
                 reg, head, w, check=not no_check, send_warm=not check_only, progress=progress
             )
+        if metrics_file is not None:
+            write_metrics(metrics_file, result.metrics())
         if json_out:
             emit_json(result.receipt(public=public))
         else:

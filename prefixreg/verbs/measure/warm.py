@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.frame import Frame, Head
@@ -41,6 +42,7 @@ from prefixreg.verbs.measure.calls import (
     measured_span,
     record_measurement,
 )
+from prefixreg.verbs.measure.metrics import Metrics
 
 INTERLEAVED_NOTE = "foreign calls interleaved; not a clean measurement"
 
@@ -129,6 +131,31 @@ class WarmResult:
         if result.diagnosis:
             lines.append(f"why      {result.diagnosis}")
         return "\n".join(lines) + "\n"
+
+    def metrics(self) -> Metrics:
+        """This warm as Prometheus gauges (`--metrics-file`), labelled by head and worker."""
+        out = Metrics()
+        labels = {"head": self.head.sha256[:16], "kind": self.head.kind, "worker": self.worker_url}
+        if self.head.name:
+            labels["name"] = self.head.name
+        for verdict in ("resumed", "partial", "cold", "unverified", "warmed"):
+            help_text = "1 for the verdict of the last warm of this head, else 0"
+            is_it = float(self.verdict == verdict)
+            out.set("prefixreg_warm_verdict", is_it, help_text, {**labels, "verdict": verdict})
+        ev = self.calls[-1].evidence
+        for name, value, help_text in (
+            ("prefixreg_warm_prompt_tokens", ev.prompt_tokens, "Prompt tokens of the last call"),
+            ("prefixreg_warm_cached_tokens", ev.cached_tokens, "Cached tokens of the last call"),
+            ("prefixreg_warm_span_tokens", self.span_tokens, "The head's span the judge used"),
+            ("prefixreg_warm_coverage_ratio", self.coverage, "Cached share of the head's span"),
+            ("prefixreg_warm_call_seconds", ev.wall_s, "Wall seconds of the last call"),
+        ):
+            if value is not None:
+                out.set(name, value, help_text, labels)
+        stamp = datetime.fromisoformat(self.measurement.at.replace("Z", "+00:00")).timestamp()
+        when = "Unix time of the last warm of this head"
+        out.set("prefixreg_warm_last_run_timestamp_seconds", stamp, when, labels)
+        return out
 
     def receipt(self, *, public: bool = False) -> JSONObject:
         """The JSON a script reads (`--json`); `public` drops the worker address and model."""
