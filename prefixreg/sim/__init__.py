@@ -1,6 +1,6 @@
 """A model-free, Halogen-compatible worker on loopback, for tests and demos (DESIGN §7).
 
-It speaks Halogen's HTTP surface (``/health``, ``/cache``, ``/v1/models``,
+It speaks Halogen's HTTP surface (``/health``, ``/cache``, ``/metrics``, ``/v1/models``,
 ``/v1/chat/completions``, ``/v1/completions``; streaming, ``stream_options.include_usage``,
 ``: keepalive``, the OpenAI error envelope) and reproduces the prompt-cache behaviour measured
 on the real Flash lane. It is a peer to develop and test against, not a way to measure Halogen.
@@ -10,16 +10,33 @@ on the real Flash lane. It is a peer to develop and test against, not a way to m
     with SimServer(SimConfig(speed=1000)) as sim:      # 127.0.0.1, ephemeral port
         ...  # talk to sim.url; sim.requests() lists (method, path) received
 
-Modules: `tokenizer` (calibrated tokenizer, chat template, answers), `cache` (the LRU, its
-wall and counters), `disk` (the disk tier), `timing` (the fitted time model), `config`
-(options and measured defaults), `protocol` (validation, response shapes), `engine` (slots,
-caches, totals), `bodies` (/health, /cache, /metrics), `server` (HTTP).
+Modules: `config` (options, measured defaults, the time model), `tokenizer` (calibrated
+tokenizer, chat template, tools, answers), `cache` (the LRU, its wall and counters), `disk` (the
+disk tier), `engine` (slots, caches, totals), `request` (validation, the documented 400s),
+`replies` (every response body), `server` (HTTP). The server and its stdlib HTTP modules load on
+first use of `SimServer`, so reading the config (`prefixreg sim --help`) stays cheap.
 """
 
 from __future__ import annotations
 
-from prefixreg.sim.bodies import API_VERSION
+from typing import TYPE_CHECKING, Any
+
 from prefixreg.sim.config import PROFILES, SimConfig
-from prefixreg.sim.server import LoggedRequest, SimServer
+
+if TYPE_CHECKING:
+    from prefixreg.sim.replies import API_VERSION
+    from prefixreg.sim.server import LoggedRequest, SimServer
 
 __all__ = ["API_VERSION", "PROFILES", "LoggedRequest", "SimConfig", "SimServer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "API_VERSION":
+        from prefixreg.sim import replies
+
+        return replies.API_VERSION
+    if name in ("LoggedRequest", "SimServer"):
+        from prefixreg.sim import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

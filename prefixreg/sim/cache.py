@@ -1,7 +1,7 @@
 """The simulated prompt cache: an LRU of snapshots and its `/cache` counters. Pure (no I/O).
 
 A snapshot is the token prefix ``tokens[:place]`` of one request. A request goes through the
-cache in two steps, as on the real engine:
+cache in steps, as on the real engine:
 
 1. **Look up** (`lookup`, when the request starts). First the hit/miss/saved deltas of earlier
    requests become visible once ``counter_lag`` later requests have started (measured on Flash:
@@ -35,19 +35,11 @@ length (and < prompt length for dense); counters only grow.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 
 from prefixreg.sim.tokenizer import RenderedPrompt
-
-__all__ = [
-    "CacheModel",
-    "CacheOutcome",
-    "Counters",
-    "PromptCache",
-    "StoreOutcome",
-    "snapshot_places",
-]
 
 # Modelled copy costs per snapshot, from the one full Flash /cache sample
 # (store_ms_total 3666.5 over 135 stores, restore_ms_total 344.9 over 62 hits).
@@ -68,26 +60,6 @@ class CacheModel:
     token_bytes: int = 0
     dedupe: bool = False
     enabled: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class StoreOutcome:
-    """What one request's stores did to the cache."""
-
-    stored: int
-    evicted: int
-    refused: int
-    places: tuple[int, ...] = ()  # places now held (stored, or refreshed when deduplicated)
-
-
-@dataclass(frozen=True, slots=True)
-class CacheOutcome:
-    """What one request did to the cache (lookup and store together)."""
-
-    cached: int
-    stored: int
-    evicted: int
-    refused: int = 0
 
 
 @dataclass(slots=True)
@@ -114,12 +86,6 @@ class Counters:
         return round(self.hits / lookups, 4) if lookups else None
 
 
-@dataclass(frozen=True, slots=True)
-class _Lagged:
-    hit: bool
-    saved: int
-
-
 def _align_down(value: int, align: int) -> int:
     return value - value % align if align > 0 else value
 
@@ -131,9 +97,7 @@ def snapshot_places(prompt: RenderedPrompt, model: CacheModel) -> list[int]:
     prompt end), those that exist, aligned down to ``align`` when it is set. Dense: the last
     ``entries_per_request`` multiples of ``align`` strictly below the prompt length.
     """
-    n = prompt.n
-    k = model.entries_per_request
-    places: set[int] = set()
+    n, k = prompt.n, model.entries_per_request
     if model.partial_resume:
         top = _align_down(n - 1, model.align) if n > 0 else 0
         places = {top - i * model.align for i in range(k)}
@@ -156,84 +120,27 @@ def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> int:
 
 @dataclass(slots=True)
 class PromptCache:
-    """The LRU and its counters. Not thread-safe: the server serialises `admit` and `counters`."""
+    """The LRU and its counters. Not thread-safe: the engine serialises every call."""
 
     model: CacheModel
     _entries: deque[tuple[str, ...]] = field(default_factory=deque)  # left = least recent
     _counters: Counters = field(default_factory=Counters)
-    _pending: deque[_Lagged] = field(default_factory=deque)
-
-    def admit(self, prompt: RenderedPrompt) -> CacheOutcome:
-        """Look up, count and store at once (a request whose prefill takes no time)."""
-        cached = self.lookup(prompt)
-        self.count(cached)
-        out = self.store(prompt)
-        return CacheOutcome(cached, out.stored, out.evicted, out.refused)
+    _pending: deque[int] = field(default_factory=deque)  # lagged lookups: tokens saved
 
     def lookup(self, prompt: RenderedPrompt) -> int:
-        """Publish lagged counters and find the longest usable snapshot (refreshing it)."""
-        self._publish(keep=max(self.model.counter_lag - 1, 0))
-        return self._lookup(prompt.tokens)
-
-    def count(self, cached: int) -> None:
-        """Record this request's lookup outcome (`cached` tokens resumed), lagged or not."""
-        lagged = _Lagged(hit=cached > 0, saved=cached)
-        if self.model.counter_lag > 0:
-            self._pending.append(lagged)
-        else:
-            self._apply(lagged)
-
-    def store(self, prompt: RenderedPrompt) -> StoreOutcome:
-        """Store this request's places (call once its prefill has finished)."""
-        return self._store(prompt)
-
-    def snapshots(self) -> list[tuple[str, ...]]:
-        """The held snapshots, least recent first (a copy)."""
-        return list(self._entries)
-
-    def counters(self) -> Counters:
-        """A copy of the visible counters."""
-        c = self._counters
-        return Counters(
-            entries=len(self._entries),
-            bytes=len(self._entries) * self.model.entry_bytes,
-            last_entry_bytes=c.last_entry_bytes,
-            hits=c.hits,
-            misses=c.misses,
-            stores=c.stores,
-            evicted=c.evicted,
-            refused=c.refused,
-            prompt_tokens_saved=c.prompt_tokens_saved,
-            store_ms_total=round(c.store_ms_total, 1),
-            restore_ms_total=round(c.restore_ms_total, 1),
-            last_store_ms=c.last_store_ms,
-            last_restore_ms=c.last_restore_ms,
-        )
-
-    def _publish(self, *, keep: int) -> None:
-        while len(self._pending) > keep:
+        """Publish lagged counters, then find the longest usable snapshot (refreshing it)."""
+        model, tokens = self.model, prompt.tokens
+        while len(self._pending) > max(model.counter_lag - 1, 0):
             self._apply(self._pending.popleft())
-
-    def _apply(self, lagged: _Lagged) -> None:
-        c = self._counters
-        if lagged.hit:
-            c.hits += 1
-            c.prompt_tokens_saved += lagged.saved
-            c.restore_ms_total += RESTORE_MS
-            c.last_restore_ms = RESTORE_MS
-        else:
-            c.misses += 1
-
-    def _lookup(self, tokens: tuple[str, ...]) -> int:
-        if not self.model.enabled:
+        if not model.enabled:
             return 0
-        n = len(tokens)
         best, best_index = 0, -1
         for index, entry in enumerate(self._entries):
-            if self.model.partial_resume:
-                usable = _align_down(min(_common_prefix(entry, tokens), n - 1), self.model.align)
+            if model.partial_resume:
+                usable = min(_common_prefix(entry, tokens), len(tokens) - 1)
+                usable = _align_down(usable, model.align)
             else:
-                usable = len(entry) if len(entry) <= n and tokens[: len(entry)] == entry else 0
+                usable = len(entry) if tokens[: len(entry)] == entry else 0
             # `>=` so that among equal snapshots the most recent one is refreshed.
             if usable > 0 and usable >= best:
                 best, best_index = usable, index
@@ -243,35 +150,58 @@ class PromptCache:
             self._entries.append(entry)
         return best
 
-    def _store(self, prompt: RenderedPrompt) -> StoreOutcome:
-        model = self.model
+    def count(self, cached: int) -> None:
+        """Record this request's lookup outcome (`cached` tokens resumed), lagged or not."""
+        if self.model.counter_lag > 0:
+            self._pending.append(cached)
+        else:
+            self._apply(cached)
+
+    def _apply(self, saved: int) -> None:
+        c = self._counters
+        if saved > 0:
+            c.hits += 1
+            c.prompt_tokens_saved += saved
+            c.restore_ms_total += RESTORE_MS
+            c.last_restore_ms = RESTORE_MS
+        else:
+            c.misses += 1
+
+    def store(self, prompt: RenderedPrompt) -> tuple[int, ...]:
+        """Store this request's places (call once its prefill has finished); returns the
+        places now held (stored, or refreshed when deduplicated)."""
+        model, c = self.model, self._counters
         if not model.enabled:
-            return StoreOutcome(0, 0, 0)
-        stored = evicted = refused = 0
+            return ()
         held: list[int] = []
         for place in snapshot_places(prompt, model):
             fits = model.token_bytes == 0 or place * model.token_bytes <= model.entry_bytes
             if model.max_entries <= 0 or not fits:
-                refused += 1
+                c.refused += 1
                 continue
             snapshot = prompt.tokens[:place]
+            held.append(place)
             if model.dedupe and snapshot in self._entries:
                 self._entries.remove(snapshot)  # held already: refresh it, store nothing
                 self._entries.append(snapshot)
-                held.append(place)
                 continue
             self._entries.append(snapshot)
-            held.append(place)
-            stored += 1
+            c.stores += 1
+            c.last_entry_bytes = model.entry_bytes
+            c.store_ms_total += STORE_MS
+            c.last_store_ms = STORE_MS
             if len(self._entries) > model.max_entries:
                 self._entries.popleft()
-                evicted += 1
+                c.evicted += 1
+        return tuple(held)
+
+    def counters(self) -> Counters:
+        """A copy of the visible counters."""
         c = self._counters
-        c.stores += stored
-        c.evicted += evicted
-        c.refused += refused
-        if stored:
-            c.last_entry_bytes = model.entry_bytes
-            c.store_ms_total += STORE_MS * stored
-            c.last_store_ms = STORE_MS
-        return StoreOutcome(stored, evicted, refused, tuple(held))
+        return dataclasses.replace(
+            c,
+            entries=len(self._entries),
+            bytes=len(self._entries) * self.model.entry_bytes,
+            store_ms_total=round(c.store_ms_total, 1),
+            restore_ms_total=round(c.restore_ms_total, 1),
+        )

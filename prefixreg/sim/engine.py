@@ -11,37 +11,20 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from prefixreg.core.errors import UsageError
-from prefixreg.sim import timing
 from prefixreg.sim.cache import CacheModel, Counters, PromptCache
 from prefixreg.sim.config import SimConfig
-from prefixreg.sim.disk import DiskTier, build_subtree
-from prefixreg.sim.protocol import ApiError, Call
-from prefixreg.sim.tokenizer import TEMPLATE_SHA256
-
-__all__ = ["Engine", "Lookup"]
-
-GIB = 1 << 30
+from prefixreg.sim.disk import DiskTier
+from prefixreg.sim.request import ApiError, Call
 
 
-@dataclass(frozen=True, slots=True)
-class Lookup:
+class Lookup(NamedTuple):
     """What a request resumed: `cached` tokens, of which `disk_n` came from the disk tier."""
 
     cached: int
     disk_n: int = 0
     disk_s: float = 0.0  # modelled seconds of the disk restore, before `speed`
-
-
-@dataclass(slots=True)
-class _Hold:
-    started: float
-    prompt: int
-    reserved: int
 
 
 class Engine:
@@ -62,31 +45,15 @@ class Engine:
                 enabled=config.max_entries > 0,
             )
         )
-        self.disk: DiskTier | None = None
-        if config.cache_dir is not None:
-            build = build_subtree(TEMPLATE_SHA256, config.model_id, config.slot_ctx)
-            try:
-                self.disk = DiskTier(
-                    Path(config.cache_dir),
-                    build,
-                    budget_bytes=int(config.disk_gib * GIB),
-                    token_bytes=config.disk_token_bytes,
-                )
-            except OSError as exc:
-                raise UsageError(
-                    f"simulator: cannot use cache_dir {config.cache_dir}: {exc.strerror or exc}"
-                ) from None
+        self.disk = None if config.cache_dir is None else DiskTier(config, config.cache_dir)
         self.slots = threading.BoundedSemaphore(config.slots)
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self._holds: dict[int, _Hold] = {}
-        self._queued = 0
-        self._serial = 0
+        self._holds: dict[int, tuple[float, int, int]] = {}  # serial -> (start, prompt, reserved)
+        self._queued = self._serial = 0
         self.prompt_tokens_total = 0  # prefilled (not covered by a cache)
         self.prompt_tokens_cached_total = 0  # covered by a cache (memory or disk)
         self.requests_total = 0
-
-    # -- slots ----------------------------------------------------------------------------
 
     def acquire(self, call: Call) -> int:
         """Wait for a slot; `ApiError` 503 `engine_busy` after the (scaled) queue timeout."""
@@ -107,7 +74,7 @@ class Engine:
         with self.lock:
             self._serial += 1
             n = call.prompt.n
-            self._holds[self._serial] = _Hold(time.monotonic(), n, n + call.max_tokens)
+            self._holds[self._serial] = (time.monotonic(), n, n + call.max_tokens)
             return self._serial
 
     def release(self, serial: int) -> None:
@@ -119,23 +86,15 @@ class Engine:
         """Sleep unless the server is stopping; False means stop now."""
         return not self.stopping.wait(seconds) if seconds > 0 else not self.stopping.is_set()
 
-    # -- the cache ------------------------------------------------------------------------
-
     def lookup(self, call: Call) -> Lookup:
         """Find what this request resumes (memory, then disk) and count it."""
         prompt = call.prompt
         with self.lock:
-            cached = self.cache.lookup(prompt)
-            out = Lookup(cached)
+            out = Lookup(self.cache.lookup(prompt))
             if self.disk is not None:
-                found = self.disk.find(prompt.tokens)
-                if found > cached:
-                    size = self.disk.restore(prompt.tokens, found)
-                    seconds = timing.disk_restore_s(self.config, size)
-                    self.disk.counters.restore_ms_total += seconds * 1000
-                    out = Lookup(found, found, seconds)
-                elif cached == 0:
-                    self.disk.counters.misses += 1
+                restored, seconds = self.disk.resume(prompt.tokens, out.cached)
+                if restored:
+                    out = Lookup(restored, restored, seconds)
             self.cache.count(out.cached)
             self.requests_total += 1
             self.prompt_tokens_total += prompt.n - out.cached
@@ -145,23 +104,19 @@ class Engine:
     def store(self, call: Call) -> None:
         """Store this request's snapshots (its prefill has finished), and persist them."""
         with self.lock:
-            out = self.cache.store(call.prompt)
-            if self.disk is not None:
-                for place in out.places:
+            for place in self.cache.store(call.prompt):
+                if self.disk is not None:
                     self.disk.persist(call.prompt.tokens[:place])
 
-    def counters(self) -> Counters:
+    def counters(self) -> tuple[Counters, dict[str, Any] | None]:
+        """The memory cache's counters and the disk tier's `/cache` block (None: no tier)."""
         with self.lock:
-            return self.cache.counters()
-
-    def disk_body(self) -> dict[str, Any] | None:
-        with self.lock:
-            return None if self.disk is None else self.disk.body()
+            return self.cache.counters(), None if self.disk is None else self.disk.body()
 
     def load(self) -> dict[str, Any]:
         with self.lock:
             in_flight = len(self._holds)
-            oldest = min((h.started for h in self._holds.values()), default=None)
+            oldest = min((h[0] for h in self._holds.values()), default=None)
             queued = self._queued
         return {
             "busy": in_flight >= self.config.slots,
@@ -175,6 +130,6 @@ class Engine:
     def pool(self) -> tuple[int, int]:
         """(positions held by in-flight prompts, positions reserved: prompt + max_tokens)."""
         with self.lock:
-            held = sum(h.prompt for h in self._holds.values())
-            reserved = sum(h.reserved for h in self._holds.values())
+            held = sum(h[1] for h in self._holds.values())
+            reserved = sum(h[2] for h in self._holds.values())
         return held, reserved

@@ -29,25 +29,19 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any, NamedTuple
 
-from prefixreg.sim import protocol, timing
-from prefixreg.sim.bodies import API_VERSION, cache_body, health_body, metrics_text
+from prefixreg.sim import replies
 from prefixreg.sim.config import SimConfig
 from prefixreg.sim.engine import Engine
-from prefixreg.sim.protocol import ApiError, Call, Result
+from prefixreg.sim.replies import Result
+from prefixreg.sim.request import ApiError, Call, Kind, parse_request
 from prefixreg.sim.tokenizer import answer_tokens
-
-__all__ = ["API_VERSION", "LoggedRequest", "SimServer"]
 
 LISTEN_BACKLOG = 128
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 MAX_BODY = 64 * 1024 * 1024
-_POST_ROUTES: dict[str, protocol.Kind] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completion",
-}
+_POST_ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 _GET_ROUTES = ("/health", "/cache", "/metrics", "/v1/models")
 
 
@@ -76,33 +70,32 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Silence the stdlib access log; `SimServer(log=...)` gets one line per call."""
 
-    # -- plumbing -------------------------------------------------------------------------
+    def _send(self, status: int, content_type: str, data: bytes | None) -> None:
+        """Status and headers, then `data`; None starts a stream, whose body ends when the
+        connection does."""
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        if data is None:
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        else:
+            self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if data is not None:
+            self.wfile.write(data)
 
     def _send_json(self, status: int, body: Any) -> None:
-        data = json.dumps(body, separators=(",", ":")).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _send_text(self, status: int, text: str) -> None:
-        data = text.encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self._send(status, "application/json", json.dumps(body, separators=(",", ":")).encode())
 
     def _send_error(self, err: ApiError) -> None:
-        self._send_json(err.status, protocol.error_body(err.status, err.message, err.code))
+        self._send_json(err.status, replies.error_body(err.status, err.message, err.code))
 
     def _authorized(self) -> bool:
         key = self.sim.config.api_key
         if not key:
             return True
-        header = self.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
+        scheme, _, given = self.headers.get("Authorization", "").partition(" ")
         ok = hmac.compare_digest(given.strip().encode(), key.encode())
         return scheme.lower() == "bearer" and ok
 
@@ -124,35 +117,30 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(413, f"request body over {MAX_BODY} bytes")
         return self.rfile.read(length)
 
-    def _route(self) -> str:
+    def _route(self, method: str) -> str:
+        self.sim._log_request(method, self.path)
         return self.path.split("?", 1)[0]
 
-    # -- methods --------------------------------------------------------------------------
-
     def do_GET(self) -> None:
-        path = self._route()
-        self.sim._log_request("GET", self.path)
+        path = self._route("GET")
+        config, engine = self.sim.config, self.sim._engine
         try:
-            config, engine = self.sim.config, self.sim._engine
             if path == "/health":
                 # Liveness stays open without a key, and never waits for a slot.
-                self._send_json(200, health_body(config, engine))
+                self._send_json(200, replies.health_body(config, engine))
                 return
             if path == "/metrics" and config.profile != "flash":
                 raise ApiError(404, f"no route {path}")  # dense exports no metrics
             if path in _GET_ROUTES and not self._authorized():
                 raise ApiError(401, "invalid or missing API key")
             if path == "/cache":
-                self._send_json(200, cache_body(config, engine.counters(), engine.disk_body()))
+                self._send_json(200, replies.cache_body(config, engine))
             elif path == "/metrics":
-                self._send_text(200, metrics_text(config, engine))
+                text = replies.metrics_text(config, engine).encode()
+                self._send(200, "text/plain; version=0.0.4", text)
             elif path == "/v1/models":
-                model = {
-                    "id": self.sim.config.model_id,
-                    "object": "model",
-                    "created": self.sim.started,
-                    "owned_by": "prefixreg-sim",
-                }
+                model = {"id": config.model_id, "object": "model", "created": self.sim.started}
+                model["owned_by"] = "prefixreg-sim"
                 self._send_json(200, {"object": "list", "data": [model]})
             elif path in _POST_ROUTES:
                 raise ApiError(405, f"use POST for {path}")
@@ -162,33 +150,25 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(err)
 
     def do_POST(self) -> None:
-        path = self._route()
-        self.sim._log_request("POST", self.path)
+        path = self._route("POST")
+        kind = _POST_ROUTES.get(path)
         try:
-            kind = _POST_ROUTES.get(path)
-            if kind is None:
-                self._read_body_quietly()
-                raise ApiError(405 if path in _GET_ROUTES else 404, f"no POST route {path}")
-            if not self._authorized():
-                self._read_body_quietly()
+            if kind is None or not self._authorized():
+                try:  # drain the body so a keep-alive connection stays in sync
+                    self._read_body()
+                except ApiError:
+                    self.close_connection = True
+                if kind is None:
+                    raise ApiError(405 if path in _GET_ROUTES else 404, f"no POST route {path}")
                 raise ApiError(401, "invalid or missing API key")
             raw = self._read_body()
             t0 = time.monotonic()
-            call = protocol.parse_request(raw, kind, self.sim.config)
+            call = parse_request(raw, kind, self.sim.config)
             work = time.monotonic() - t0
         except ApiError as err:
             self._send_error(err)
             return
         self._complete(call, work)
-
-    def _read_body_quietly(self) -> None:
-        # Drain the body so a keep-alive connection stays in sync for the next request.
-        try:
-            self._read_body()
-        except ApiError:
-            self.close_connection = True
-
-    # -- the engine -----------------------------------------------------------------------
 
     def _complete(self, call: Call, work: float) -> None:
         """Serve a validated call. `work`: seconds already spent on it (tokenizing), which,
@@ -204,7 +184,7 @@ class _Handler(BaseHTTPRequestHandler):
             found = engine.lookup(call)
             answer = answer_tokens(call.prompt, config.answer_tokens)
             pieces = tuple(answer[: call.max_tokens])
-            prefill = timing.prefill_s(config, prompt=call.prompt.n, cached=found.cached)
+            prefill = config.prefill_s(prompt=call.prompt.n, cached=found.cached)
             result = Result(
                 call=call,
                 id=("chatcmpl-" if call.kind == "chat" else "cmpl-") + secrets.token_hex(12),
@@ -214,66 +194,53 @@ class _Handler(BaseHTTPRequestHandler):
                 finish_reason="stop" if len(pieces) == len(answer) else "length",
                 cached=found.cached,
                 prompt_s=config.scaled(prefill + found.disk_s),
-                decode_s=config.scaled(timing.decode_s(config, len(pieces))),
+                decode_s=config.scaled(config.decode_s(len(pieces))),
+                timings=config.timings,
                 disk_tier=engine.disk is not None,
                 disk_n=found.disk_n,
                 disk_s=config.scaled(found.disk_s),
             )
-            prefill_left = result.prompt_s - work - (time.monotonic() - started)
-            if call.stream:
-                if not self._stream(result, prefill_left):
-                    return
-            else:
-                # The snapshots exist only once the prefill has run (never before).
-                if not engine.sleep(prefill_left):
-                    self.close_connection = True
-                    return
-                engine.store(call)
-                if not engine.sleep(result.decode_s):
-                    self.close_connection = True
-                    return
-                self._send_json(200, protocol.response_body(result, with_timings=config.timings))
+            if call.stream:  # headers once a slot is held, then keepalives while prefilling
+                self._send(200, "text/event-stream", None)
+            if not self._prefill(result.prompt_s - work - (time.monotonic() - started), call):
+                self.close_connection = True
+                return
+            engine.store(call)  # the snapshots exist only once the prefill has run
+            if not (self._stream(result) if call.stream else engine.sleep(result.decode_s)):
+                self.close_connection = True
+                return
+            if not call.stream:
+                self._send_json(200, replies.response_body(result))
             self.sim._log_call(result, time.monotonic() - started)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away; nothing to answer
         finally:
             engine.release(serial)
 
-    def _stream(self, result: Result, prefill_left: float) -> bool:
-        """Stream `result` (`prefill_left` seconds of prefill still to sleep); False if the
-        server stopped before the end."""
-        engine, config = self.sim._engine, self.sim.config
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")  # the body ends when the connection does
-        self.end_headers()
-        self.close_connection = True
-        self.wfile.flush()
-        # Prefill, with a keepalive comment after each interval of silence.
-        interval = config.scaled(config.keepalive)
-        remaining = prefill_left
-        while remaining > 0:
-            step = min(remaining, interval) if interval > 0 else remaining
-            if not engine.sleep(step):
+    def _prefill(self, seconds: float, call: Call) -> bool:
+        """Sleep the prefill left; a stream gets a keepalive comment after each interval of
+        silence. False if the server stopped meanwhile."""
+        config = self.sim.config
+        interval = config.scaled(config.keepalive) if call.stream else 0.0
+        while seconds > 0:
+            step = min(seconds, interval) if interval > 0 else seconds
+            if not self.sim._engine.sleep(step):
                 return False
-            remaining -= step
-            if remaining > 0:
-                self.wfile.write(protocol.KEEPALIVE)
-                self.wfile.flush()
-        engine.store(result.call)
-        # Decode: pace pieces against a deadline so sleeps do not drift.
+            seconds -= step
+            if seconds > 0:
+                self.wfile.write(replies.KEEPALIVE)
+        return True
+
+    def _stream(self, result: Result) -> bool:
+        """Decode: pieces paced against a deadline so sleeps do not drift, then the final
+        frames. False if the server stopped before the end."""
         t0 = time.monotonic()
         per_piece = result.decode_s / len(result.pieces) if result.pieces else 0.0
         for i, piece in enumerate(result.pieces):
-            if not engine.sleep(t0 + (i + 1) * per_piece - time.monotonic()):
+            if not self.sim._engine.sleep(t0 + (i + 1) * per_piece - time.monotonic()):
                 return False
-            self.wfile.write(protocol.sse(protocol.content_frame(result, piece)))
-            self.wfile.flush()
-        for frame in protocol.final_frames(result, with_timings=config.timings):
-            self.wfile.write(protocol.sse(frame))
-        self.wfile.write(protocol.sse("[DONE]"))
-        self.wfile.flush()
+            self.wfile.write(replies.content_frame(result, piece))
+        self.wfile.write(replies.final_frames(result))
         return True
 
 
@@ -286,10 +253,7 @@ class SimServer:
     """
 
     def __init__(
-        self,
-        config: SimConfig | None = None,
-        *,
-        log: Callable[[str], None] | None = None,
+        self, config: SimConfig | None = None, *, log: Callable[[str], None] | None = None
     ) -> None:
         self.config = config if config is not None else SimConfig()
         self._log = log
@@ -322,14 +286,6 @@ class SimServer:
             self._thread.start()
         return self
 
-    def serve_forever(self) -> None:
-        """Serve in the calling thread until `stop()` (from another thread) or Ctrl-C."""
-        try:
-            self.bind()._require().serve_forever(poll_interval=0.2)
-        finally:
-            self._engine.stopping.set()
-            self._require().server_close()
-
     def stop(self) -> None:
         """Stop serving, wake sleeping requests so they end, close the socket."""
         self._engine.stopping.set()
@@ -344,12 +300,7 @@ class SimServer:
     def __enter__(self) -> SimServer:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def _require(self) -> ThreadingHTTPServer:

@@ -54,19 +54,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = [
-    "GENERATION_PROMPT",
-    "HISTORY_TAIL",
-    "TEMPLATE_SHA256",
-    "TOKEN_RE",
-    "RenderedPrompt",
-    "answer_tokens",
-    "render_chat",
-    "render_completion",
-    "token_digest",
-    "tokenize",
-]
-
 TOKEN_RE = re.compile(r" ?\w+| ?[^\w\s]|\s+")
 
 # Calibration (see the module docstring): (first character offset, word pieces per word
@@ -82,14 +69,7 @@ DENSITY: tuple[tuple[int, float], ...] = (
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>\n"
-GENERATION_PROMPT: tuple[str, ...] = (
-    IM_START,
-    "assistant\n",
-    "<think>",
-    "\n\n",
-    "</think>",
-    "\n\n",
-)
+GENERATION_PROMPT = (IM_START, "assistant\n", "<think>", "\n\n", "</think>", "\n\n")
 # Footer of the last message plus the generation prompt: the tokens after `history_end`.
 HISTORY_TAIL = 1 + len(GENERATION_PROMPT)
 
@@ -167,7 +147,7 @@ def tokenize(text: str) -> list[str]:
 
 
 def token_digest(tokens: Sequence[str]) -> bytes:
-    """sha256 over the tokens, each followed by a 0x1f separator."""
+    """sha256 over the tokens, each followed by a 0x1f separator (so boundaries count)."""
     return hashlib.sha256(("\x1f".join(tokens) + "\x1f").encode("utf-8")).digest()
 
 
@@ -181,15 +161,15 @@ class RenderedPrompt:
     tokens: tuple[str, ...]
     system_end: int | None
     last_message_start: int | None
-    history_end: int
 
     @property
     def n(self) -> int:
         return len(self.tokens)
 
-    def digest(self) -> bytes:
-        """sha256 over the tokens with a separator, so boundaries count, not only the text."""
-        return token_digest(self.tokens)
+    @property
+    def history_end(self) -> int:
+        """``HISTORY_TAIL`` tokens before the end, on both routes."""
+        return max(self.n - HISTORY_TAIL, 0)
 
 
 def render_chat(messages: Sequence[tuple[str, str]]) -> RenderedPrompt:
@@ -206,23 +186,12 @@ def render_chat(messages: Sequence[tuple[str, str]]) -> RenderedPrompt:
         if index == 0 and role in SYSTEM_ROLES:
             system_end = len(tokens)
     tokens.extend(GENERATION_PROMPT)
-    return RenderedPrompt(
-        tokens=tuple(tokens),
-        system_end=system_end,
-        last_message_start=last_start,
-        history_end=max(len(tokens) - HISTORY_TAIL, 0),
-    )
+    return RenderedPrompt(tuple(tokens), system_end, last_start)
 
 
 def render_completion(prompt: str) -> RenderedPrompt:
     """A raw `/v1/completions` prompt: no template, no system place."""
-    tokens = tuple(tokenize(prompt))
-    return RenderedPrompt(
-        tokens=tokens,
-        system_end=None,
-        last_message_start=None,
-        history_end=max(len(tokens) - HISTORY_TAIL, 0),
-    )
+    return RenderedPrompt(tuple(tokenize(prompt)), None, None)
 
 
 def answer_tokens(prompt: RenderedPrompt, length: int) -> list[str]:
@@ -234,7 +203,7 @@ def answer_tokens(prompt: RenderedPrompt, length: int) -> list[str]:
     """
     if length <= 0:
         return []
-    stream = hashlib.shake_256(prompt.digest()).digest(length)
+    stream = hashlib.shake_256(token_digest(prompt.tokens)).digest(length)
     words = [_WORDS[b % len(_WORDS)] for b in stream[: length - 1]]
     out = [(" " if i else "") + (w.capitalize() if i == 0 else w) for i, w in enumerate(words)]
     out.append(".")

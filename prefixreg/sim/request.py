@@ -1,0 +1,248 @@
+"""Halogen's request validation, as pure functions (no I/O, no clock): a POST body becomes a
+`Call` or an `ApiError`.
+
+Validation happens here, before a request is queued, as on the real server; errors are 400
+(never 422) with messages ``"<loc>: <msg>"``. Besides the shapes of the fields, the documented
+400s (halogen-api.md §1.5):
+
+- ``top_logprobs`` at all; ``logprobs`` together with ``stream``;
+- ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` or ``logprobs`` unless
+  ``temperature`` > 0 (absent means 0: decoding is greedy);
+- a ``drafter`` the profile does not have (never a silent fallback);
+- on Flash, a ``chat_template_kwargs`` key other than ``CHAT_TEMPLATE_KWARGS``, or one that
+  contradicts the same top-level field (dense 0.1.x ignores the object).
+
+Tools render like a Qwen-style template (and Halogen's front-end): the tool definitions go into
+the system turn, after the system content, so their tokens count in the system part and a
+snapshot at `system_end` covers them; with `tool_choice: "none"` they are not rendered at all
+(which changes the prefix: alternating it with "auto" costs a cache miss). An assistant turn's
+`tool_calls` are rendered after its content, so two loops that called different tools do not
+share that turn's tokens. A request without `tools` renders exactly as before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeGuard
+
+from prefixreg.core import jsonio
+from prefixreg.core.errors import CorruptRecordError
+from prefixreg.sim.config import SimConfig
+from prefixreg.sim.tokenizer import RenderedPrompt, render_chat, render_completion
+
+Kind = Literal["chat", "completion"]
+TOKEN_BUDGET_ALIASES = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+MAX_TOKENS_DEFAULT = {"chat": 8192, "completion": 128}
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+DRAFTERS = {"flash": ("serial", "mtp"), "dense": ("serial", "mtp", "dflash2", "ngram")}
+# The template switches Flash accepts in `chat_template_kwargs` (0.5.7: three keys) [inferred
+# names: the template's own switches among the documented request fields].
+CHAT_TEMPLATE_KWARGS = frozenset({"enable_thinking", "preserve_thinking", "reasoning_effort"})
+TOOLS_HEADER = "\n\n# Tools\n\nYou may call one or more of these functions:\n<tools>\n"
+TOOL_CHOICES = frozenset({"none", "auto", "required"})
+_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0)}
+
+
+class ApiError(Exception):
+    """An HTTP error the simulator answers with the OpenAI envelope."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+def invalid(loc: str, msg: str) -> ApiError:
+    """A 400 validation error at `loc`."""
+    return ApiError(400, f"{loc}: {msg}")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A validated request, ready to queue."""
+
+    kind: Kind
+    prompt: RenderedPrompt
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return type(value) is int
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    return type(value) in (int, float)
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _content_text(content: object, loc: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(loc, "must be a string, a list of text parts, or null")
+    parts: list[str] = []
+    for i, part in enumerate(content):
+        if not (isinstance(part, dict) and part.get("type") == "text"):
+            raise invalid(f"{loc}.{i}", "only text content parts are supported")
+        if not isinstance(part.get("text"), str):
+            raise invalid(f"{loc}.{i}.text", "must be a string")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _tools_block(body: Mapping[str, Any]) -> str:
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if choice is not None and not (choice in TOOL_CHOICES or isinstance(choice, dict)):
+        raise invalid("body.tool_choice", f"must be one of {sorted(TOOL_CHOICES)} or an object")
+    if tools is None:
+        return ""
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise invalid("body.tools", "must be a list of objects")
+    if not tools or choice == "none":
+        return ""
+    return TOOLS_HEADER + "\n".join(_compact(t) for t in tools) + "\n</tools>"
+
+
+def _messages(body: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The (role, content) pairs the template renders: each assistant turn's tool calls after
+    its content, the tools block folded into the system turn (one is opened for it when the
+    first message is not a system turn)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("body.messages", "must be a non-empty list")
+    out: list[tuple[str, str]] = []
+    for i, message in enumerate(messages):
+        loc = f"body.messages.{i}"
+        if not isinstance(message, dict):
+            raise invalid(loc, "must be an object")
+        role, calls = message.get("role"), message.get("tool_calls")
+        if not isinstance(role, str) or role not in ROLES:
+            raise invalid(f"{loc}.role", f"must be one of {sorted(ROLES)}")
+        content = _content_text(message.get("content"), f"{loc}.content")
+        if calls is not None and not isinstance(calls, list):
+            raise invalid(f"{loc}.tool_calls", "must be a list")
+        content += "".join(f"\n<tool_call>\n{_compact(c)}\n</tool_call>" for c in calls or ())
+        out.append((role, content))
+    block = _tools_block(body)
+    if block and out[0][0] in ("system", "developer"):
+        out[0] = (out[0][0], out[0][1] + block)
+    elif block:
+        out.insert(0, ("system", block.lstrip("\n")))
+    return out
+
+
+def _token_budget(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> int:
+    sent = {name: body[name] for name in TOKEN_BUDGET_ALIASES if body.get(name) is not None}
+    for name, value in sent.items():
+        if not _is_int(value) or value < 1:
+            raise invalid(f"body.{name}", "must be an integer >= 1")
+    if len(set(sent.values())) > 1:
+        listed = ", ".join(f"{k}={v}" for k, v in sent.items())
+        raise invalid(
+            "body",
+            f"conflicting token budgets ({listed}); they are the same budget under three "
+            "names, send one",
+        )
+    value = int(next(iter(sent.values()))) if sent else MAX_TOKENS_DEFAULT[kind]
+    if value > config.max_tokens_cap:
+        raise ApiError(
+            400,
+            f"max_tokens {value} exceeds this server's cap of {config.max_tokens_cap}. The cap "
+            "is server policy, not a model limit: ask for fewer tokens or raise the server's "
+            "--max-tokens-cap.",
+        )
+    return value
+
+
+def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    stream = False if body.get("stream") is None else body["stream"]
+    if not isinstance(stream, bool):
+        raise invalid("body.stream", "must be a boolean")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict):
+        raise invalid("body.stream_options", "must be an object")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise invalid("body.stream_options.include_usage", "must be a boolean")
+    return stream, include_usage
+
+
+def _options(body: Mapping[str, Any], profile: str) -> tuple[bool, bool]:
+    """Sampling ranges, the stream flags and the documented 400s (see the module docstring),
+    checked in the server's order; returns (stream, include_usage)."""
+    for name, (low, high) in _RANGES.items():
+        value = body.get(name)
+        if value is not None and (not _is_number(value) or not low <= value <= high):
+            raise invalid(f"body.{name}", f"must be a number in {low}..{high}")
+    top_k = body.get("top_k")
+    if top_k is not None and (not _is_int(top_k) or top_k < 0):
+        raise invalid("body.top_k", "must be an integer >= 0")
+    stream, include_usage = _stream_flags(body)
+    if body.get("top_logprobs") is not None:
+        raise invalid("body.top_logprobs", "is not supported")
+    logprobs = bool(body.get("logprobs"))
+    if logprobs and stream:
+        raise invalid("body.logprobs", "cannot be combined with stream")
+    temperature = body.get("temperature")
+    if not (_is_number(temperature) and temperature > 0):
+        sampled_only = ("presence_penalty", "frequency_penalty", "logit_bias")
+        for name in (*sampled_only, *(("logprobs",) if logprobs else ())):
+            if body.get(name) is not None:
+                msg = "needs temperature > 0 (decoding at temperature 0 is greedy)"
+                raise invalid(f"body.{name}", msg)
+    drafter, available = body.get("drafter"), DRAFTERS[profile]
+    if drafter is not None and (not isinstance(drafter, str) or drafter not in available):
+        raise invalid(
+            "body.drafter",
+            f"unknown or unavailable drafter {drafter!r}; available: {', '.join(available)}",
+        )
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None or profile != "flash":
+        return stream, include_usage
+    if not isinstance(kwargs, dict):
+        raise invalid("body.chat_template_kwargs", "must be an object")
+    for key, value in kwargs.items():
+        loc = f"body.chat_template_kwargs.{key}"
+        if key not in CHAT_TEMPLATE_KWARGS:
+            raise invalid(loc, f"unknown key; known: {', '.join(sorted(CHAT_TEMPLATE_KWARGS))}")
+        top = body.get(key)
+        if top is not None and top != value:
+            raise invalid(loc, f"conflicts with the top-level {key} ({top!r} != {value!r})")
+    return stream, include_usage
+
+
+def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
+    """Validate a POST body for `kind` and tokenize its prompt; `ApiError` (400) if invalid."""
+    try:
+        body = jsonio.loads(raw)  # depth-capped: no body can exhaust the stack
+    except CorruptRecordError:
+        raise invalid("body", "not valid JSON") from None
+    if not isinstance(body, dict):
+        raise invalid("body", "must be a JSON object")
+    text = body.get("prompt")
+    if kind == "chat":
+        prompt = render_chat(_messages(body))
+    elif isinstance(text, str):
+        prompt = render_completion(text)
+    else:
+        raise invalid("body.prompt", "must be a string")
+    max_tokens = _token_budget(body, kind, config)
+    stream, include_usage = _options(body, config.profile)
+    if prompt.n >= config.slot_ctx:
+        raise ApiError(
+            400,
+            f"the engine refused this request: prompt is {prompt.n} tokens and a slot holds "
+            f"{config.slot_ctx} (prompt longer than a slot?)",
+        )
+    # Like dense, silently lower the budget to the room left in the slot.
+    return Call(kind, prompt, min(max_tokens, config.slot_ctx - prompt.n), stream, include_usage)
