@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from prefixreg.core.prefix import fresh_tail
-from prefixreg.sim.cache import CacheModel, PromptCache, snapshot_places
+from prefixreg.sim.cache import PromptCache, snapshot_places
+from prefixreg.sim.config import SimConfig
 from prefixreg.sim.tokenizer import RenderedPrompt, render_chat
 
 
@@ -26,26 +27,12 @@ def admit(cache: PromptCache, prompt: RenderedPrompt) -> Admitted:
 
 
 def flash(**kw: Any) -> PromptCache:
-    params: dict[str, Any] = {
-        "max_entries": 8,
-        "entries_per_request": 2,
-        "align": 0,
-        "counter_lag": 1,
-        "entry_bytes": 116389652,
-    }
-    params.update(kw)
-    return PromptCache(CacheModel(partial_resume=False, **params))
+    return PromptCache(SimConfig(**{"token_bytes": 0, **kw}))  # no slab wall unless asked
 
 
 def dense(**kw: Any) -> PromptCache:
-    params: dict[str, Any] = {
-        "max_entries": 3,
-        "entries_per_request": 1,
-        "align": 2048,
-        "counter_lag": 0,
-    }
-    params.update(kw)
-    return PromptCache(CacheModel(partial_resume=True, entry_bytes=1, **params))
+    config = SimConfig.for_profile("dense", **{"entry_bytes": 1, "dedupe_snapshots": False, **kw})
+    return PromptCache(config)
 
 
 def prompt(system: str) -> RenderedPrompt:
@@ -122,9 +109,9 @@ def test_flash_entries_per_request_adds_full_entry() -> None:
 
 
 def test_flash_snapshot_align_rounds_places_down() -> None:
-    cache = flash(align=64)
+    cache = flash(snapshot_align=64)
     p = prompt(words("w", 300))
-    assert all(place % 64 == 0 for place in snapshot_places(p, cache.model))
+    assert all(place % 64 == 0 for place in snapshot_places(p, cache.config))
     admit(cache, p)
     cached = admit(cache, p).cached
     assert cached % 64 == 0
@@ -193,7 +180,7 @@ def test_no_snapshot_exists_before_its_store() -> None:
 
 def test_a_snapshot_the_slab_cannot_take_is_refused() -> None:
     p = prompt(words("w", 200))
-    places = snapshot_places(p, flash().model)  # system end and history end
+    places = snapshot_places(p, flash().config)  # system end and history end
     # Room for the system end snapshot only: the history end one is refused.
     cache = flash(token_bytes=10, entry_bytes=10 * places[0])
     out = admit(cache, p)
@@ -209,7 +196,7 @@ def test_a_snapshot_the_slab_cannot_take_is_refused() -> None:
 
 
 def test_a_budget_without_room_for_one_entry_refuses_every_store() -> None:
-    cache = dense(max_entries=0)  # what a too-small dense budget gives
+    cache = dense(cap_mb=1, entry_bytes=2 << 20)  # a budget too small for one entry
     p = prompt(words("d", 3000))
     admit(cache, p)
     assert admit(cache, p).cached == 0
@@ -218,7 +205,7 @@ def test_a_budget_without_room_for_one_entry_refuses_every_store() -> None:
 
 def test_dense_keeps_no_duplicate_snapshots_and_flash_does() -> None:
     p = prompt(words("d", 3000))
-    deduped = dense(dedupe=True)
+    deduped = dense(dedupe_snapshots=True)
     for _ in range(3):
         admit(deduped, p)
     assert (deduped.counters().entries, deduped.counters().stores) == (1, 1)

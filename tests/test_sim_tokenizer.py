@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixreg.core.prefix import fresh_tail
-from prefixreg.sim.cache import CacheModel, PromptCache
+from prefixreg.sim.cache import PromptCache
+from prefixreg.sim.config import SimConfig
 from prefixreg.sim.tokenizer import (
     HISTORY_TAIL,
     PLAIN_CHARS,
@@ -19,14 +20,7 @@ from prefixreg.sim.tokenizer import (
 from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
 from tests.test_sim_cache import admit
 
-FLASH = CacheModel(
-    max_entries=8,
-    entries_per_request=2,
-    align=0,
-    partial_resume=False,
-    counter_lag=0,
-    entry_bytes=1,
-)
+FLASH = SimConfig(counter_lag=0, token_bytes=0)
 nonces = st.text(alphabet="0123456789abcdef", min_size=16, max_size=16)
 
 

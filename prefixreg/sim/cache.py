@@ -39,27 +39,13 @@ import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 
+from prefixreg.sim.config import SimConfig
 from prefixreg.sim.tokenizer import RenderedPrompt
 
 # Modelled copy costs per snapshot, from the one full Flash /cache sample
 # (store_ms_total 3666.5 over 135 stores, restore_ms_total 344.9 over 62 hits).
 STORE_MS = 27.2
 RESTORE_MS = 5.6
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CacheModel:
-    """The parameters of the cache; see `prefixreg.sim.config.SimConfig` for their meaning."""
-
-    max_entries: int
-    entries_per_request: int
-    align: int
-    partial_resume: bool
-    counter_lag: int
-    entry_bytes: int
-    token_bytes: int = 0
-    dedupe: bool = False
-    enabled: bool = True
 
 
 @dataclass(slots=True)
@@ -90,20 +76,20 @@ def _align_down(value: int, align: int) -> int:
     return value - value % align if align > 0 else value
 
 
-def snapshot_places(prompt: RenderedPrompt, model: CacheModel) -> list[int]:
+def snapshot_places(prompt: RenderedPrompt, config: SimConfig) -> list[int]:
     """The places this request stores, ascending, each in 1..n.
 
     Flash: the first ``entries_per_request`` of (system end, history end, last message start,
     prompt end), those that exist, aligned down to ``align`` when it is set. Dense: the last
     ``entries_per_request`` multiples of ``align`` strictly below the prompt length.
     """
-    n, k = prompt.n, model.entries_per_request
-    if model.partial_resume:
-        top = _align_down(n - 1, model.align) if n > 0 else 0
-        places = {top - i * model.align for i in range(k)}
+    n, k, align = prompt.n, config.entries_per_request, config.snapshot_align
+    if config.partial_resume:
+        top = _align_down(n - 1, align) if n > 0 else 0
+        places = {top - i * align for i in range(k)}
     else:
         kinds = (prompt.system_end, prompt.history_end, prompt.last_message_start, n)
-        places = {_align_down(p, model.align) for p in kinds[:k] if p is not None}
+        places = {_align_down(p, align) for p in kinds[:k] if p is not None}
     return sorted(p for p in places if 0 < p <= n)
 
 
@@ -122,23 +108,23 @@ def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> int:
 class PromptCache:
     """The LRU and its counters. Not thread-safe: the engine serialises every call."""
 
-    model: CacheModel
+    config: SimConfig
     _entries: deque[tuple[str, ...]] = field(default_factory=deque)  # left = least recent
     _counters: Counters = field(default_factory=Counters)
     _pending: deque[int] = field(default_factory=deque)  # lagged lookups: tokens saved
 
     def lookup(self, prompt: RenderedPrompt) -> int:
         """Publish lagged counters, then find the longest usable snapshot (refreshing it)."""
-        model, tokens = self.model, prompt.tokens
-        while len(self._pending) > max(model.counter_lag - 1, 0):
+        config, tokens = self.config, prompt.tokens
+        while len(self._pending) > max(config.counter_lag - 1, 0):
             self._apply(self._pending.popleft())
-        if not model.enabled:
+        if not config.cache_enabled:
             return 0
         best, best_index = 0, -1
         for index, entry in enumerate(self._entries):
-            if model.partial_resume:
+            if config.partial_resume:
                 usable = min(_common_prefix(entry, tokens), len(tokens) - 1)
-                usable = _align_down(usable, model.align)
+                usable = _align_down(usable, config.snapshot_align)
             else:
                 usable = len(entry) if tokens[: len(entry)] == entry else 0
             # `>=` so that among equal snapshots the most recent one is refreshed.
@@ -152,7 +138,7 @@ class PromptCache:
 
     def count(self, cached: int) -> None:
         """Record this request's lookup outcome (`cached` tokens resumed), lagged or not."""
-        if self.model.counter_lag > 0:
+        if self.config.counter_lag > 0:
             self._pending.append(cached)
         else:
             self._apply(cached)
@@ -170,27 +156,27 @@ class PromptCache:
     def store(self, prompt: RenderedPrompt) -> tuple[int, ...]:
         """Store this request's places (call once its prefill has finished); returns the
         places now held (stored, or refreshed when deduplicated)."""
-        model, c = self.model, self._counters
-        if not model.enabled:
+        config, c = self.config, self._counters
+        if not config.cache_enabled:
             return ()
         held: list[int] = []
-        for place in snapshot_places(prompt, model):
-            fits = model.token_bytes == 0 or place * model.token_bytes <= model.entry_bytes
-            if model.max_entries <= 0 or not fits:
+        slab, capacity = config.slab_bytes, config.capacity
+        for place in snapshot_places(prompt, config):
+            if capacity <= 0 or place * config.token_bytes > slab:
                 c.refused += 1
                 continue
             snapshot = prompt.tokens[:place]
             held.append(place)
-            if model.dedupe and snapshot in self._entries:
+            if config.dedupe_snapshots and snapshot in self._entries:
                 self._entries.remove(snapshot)  # held already: refresh it, store nothing
                 self._entries.append(snapshot)
                 continue
             self._entries.append(snapshot)
             c.stores += 1
-            c.last_entry_bytes = model.entry_bytes
+            c.last_entry_bytes = slab
             c.store_ms_total += STORE_MS
             c.last_store_ms = STORE_MS
-            if len(self._entries) > model.max_entries:
+            if len(self._entries) > capacity:
                 self._entries.popleft()
                 c.evicted += 1
         return tuple(held)
@@ -201,7 +187,7 @@ class PromptCache:
         return dataclasses.replace(
             c,
             entries=len(self._entries),
-            bytes=len(self._entries) * self.model.entry_bytes,
+            bytes=len(self._entries) * self.config.slab_bytes,
             store_ms_total=round(c.store_ms_total, 1),
             restore_ms_total=round(c.restore_ms_total, 1),
         )

@@ -250,6 +250,15 @@ class SimConfig:
         return self.entry_bytes
 
     @property
+    def partial_resume(self) -> bool:
+        """Dense resumes any aligned common prefix; Flash only a whole exact snapshot."""
+        return self.profile == "dense"
+
+    @property
+    def cache_enabled(self) -> bool:
+        return self.max_entries > 0
+
+    @property
     def capacity(self) -> int:
         """Entries the cache can hold: `max_entries`, cut by the dense budget (`cap_mb`)."""
         if self.profile != "dense":
@@ -270,9 +279,6 @@ class SimConfig:
 
     def decode_s(self, completion: int) -> float:
         return completion / self.decode_tps
-
-    def disk_restore_s(self, restored_bytes: int) -> float:
-        return restored_bytes / (self.disk_read_mbps * 1e6)
 
 
 PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {

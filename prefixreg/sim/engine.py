@@ -11,20 +11,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
-from prefixreg.sim.cache import CacheModel, Counters, PromptCache
+from prefixreg.sim.cache import Counters, PromptCache
 from prefixreg.sim.config import SimConfig
 from prefixreg.sim.disk import DiskTier
 from prefixreg.sim.request import ApiError, Call
-
-
-class Lookup(NamedTuple):
-    """What a request resumed: `cached` tokens, of which `disk_n` came from the disk tier."""
-
-    cached: int
-    disk_n: int = 0
-    disk_s: float = 0.0  # modelled seconds of the disk restore, before `speed`
 
 
 class Engine:
@@ -32,19 +24,7 @@ class Engine:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
-        self.cache = PromptCache(
-            CacheModel(
-                max_entries=config.capacity,
-                entries_per_request=config.entries_per_request,
-                align=config.snapshot_align,
-                partial_resume=config.profile == "dense",
-                counter_lag=config.counter_lag,
-                entry_bytes=config.slab_bytes,
-                token_bytes=config.token_bytes,
-                dedupe=config.dedupe_snapshots,
-                enabled=config.max_entries > 0,
-            )
-        )
+        self.cache = PromptCache(config)
         self.disk = None if config.cache_dir is None else DiskTier(config, config.cache_dir)
         self.slots = threading.BoundedSemaphore(config.slots)
         self.lock = threading.Lock()
@@ -54,6 +34,7 @@ class Engine:
         self.prompt_tokens_total = 0  # prefilled (not covered by a cache)
         self.prompt_tokens_cached_total = 0  # covered by a cache (memory or disk)
         self.requests_total = 0
+        self.started = int(time.time())  # /v1/models `created`
 
     def acquire(self, call: Call) -> int:
         """Wait for a slot; `ApiError` 503 `engine_busy` after the (scaled) queue timeout."""
@@ -86,20 +67,21 @@ class Engine:
         """Sleep unless the server is stopping; False means stop now."""
         return not self.stopping.wait(seconds) if seconds > 0 else not self.stopping.is_set()
 
-    def lookup(self, call: Call) -> Lookup:
-        """Find what this request resumes (memory, then disk) and count it."""
+    def lookup(self, call: Call) -> tuple[int, int, float]:
+        """Find what this request resumes (memory, then disk) and count it: (cached tokens,
+        of them restored from the disk tier, modelled seconds of that restore)."""
         prompt = call.prompt
         with self.lock:
-            out = Lookup(self.cache.lookup(prompt))
+            found = (self.cache.lookup(prompt), 0, 0.0)
             if self.disk is not None:
-                restored, seconds = self.disk.resume(prompt.tokens, out.cached)
+                restored, seconds = self.disk.resume(prompt.tokens, found[0])
                 if restored:
-                    out = Lookup(restored, restored, seconds)
-            self.cache.count(out.cached)
+                    found = (restored, restored, seconds)
+            self.cache.count(found[0])
             self.requests_total += 1
-            self.prompt_tokens_total += prompt.n - out.cached
-            self.prompt_tokens_cached_total += out.cached
-            return out
+            self.prompt_tokens_total += prompt.n - found[0]
+            self.prompt_tokens_cached_total += found[0]
+            return found
 
     def store(self, call: Call) -> None:
         """Store this request's snapshots (its prefill has finished), and persist them."""

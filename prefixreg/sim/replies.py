@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,7 +36,7 @@ from prefixreg.sim.request import (
     TOKEN_BUDGET_ALIASES,
     Call,
 )
-from prefixreg.sim.tokenizer import TEMPLATE_SHA256
+from prefixreg.sim.tokenizer import TEMPLATE_SHA256, answer_tokens
 
 if TYPE_CHECKING:
     from prefixreg.sim.engine import Engine
@@ -80,6 +82,29 @@ class Result:
     disk_tier: bool = False  # report `disk_restore_n` / `disk_restore_ms` in timings
     disk_n: int = 0
     disk_s: float = 0.0
+
+
+def result(config: SimConfig, call: Call, found: tuple[int, int, float], disk: bool) -> Result:
+    """Model a call from what its lookup `found` (`Engine.lookup`): its answer, and its
+    durations in real (speed-scaled) seconds. `disk`: the disk tier is on."""
+    cached, disk_n, disk_s = found
+    answer = answer_tokens(call.prompt, config.answer_tokens)
+    pieces = tuple(answer[: call.max_tokens])
+    return Result(
+        call=call,
+        id=("chatcmpl-" if call.kind == "chat" else "cmpl-") + secrets.token_hex(12),
+        created=int(time.time()),
+        model=config.model_id,
+        pieces=pieces,
+        finish_reason="stop" if len(pieces) == len(answer) else "length",
+        cached=cached,
+        prompt_s=config.scaled(config.prefill_s(prompt=call.prompt.n, cached=cached) + disk_s),
+        decode_s=config.scaled(config.decode_s(len(pieces))),
+        timings=config.timings,
+        disk_tier=disk,
+        disk_n=disk_n,
+        disk_s=config.scaled(disk_s),
+    )
 
 
 def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
@@ -181,7 +206,7 @@ def sse(payload: Mapping[str, Any] | str) -> bytes:
 
 
 def health_body(config: SimConfig, engine: Engine) -> dict[str, Any]:
-    flash, enabled = config.profile == "flash", config.max_entries > 0
+    flash, enabled = config.profile == "flash", config.cache_enabled
     routes = ["/v1/chat/completions", "/v1/completions", "/v1/models"]
     body: dict[str, Any] = {"status": "ok", "model": config.model_id, "endpoints": routes}
     if flash:
@@ -218,6 +243,11 @@ def health_body(config: SimConfig, engine: Engine) -> dict[str, Any]:
         "max_tokens_over_cap": "400",
         "simulator": {"name": "prefixreg.sim", **options},
     }
+
+
+def models_body(config: SimConfig, engine: Engine) -> dict[str, Any]:
+    model = {"id": config.model_id, "object": "model", "created": engine.started}
+    return {"object": "list", "data": [model | {"owned_by": "prefixreg-sim"}]}
 
 
 def cache_body(config: SimConfig, engine: Engine) -> dict[str, Any]:

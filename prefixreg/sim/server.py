@@ -1,21 +1,17 @@
 """The simulator's HTTP server: Halogen's routes on a stdlib `ThreadingHTTPServer`.
 
-Routes: ``GET /health``, ``GET /cache``, ``GET /metrics`` (Flash), ``GET /v1/models``,
-``POST /v1/chat/completions``, ``POST /v1/completions``. One thread per connection, a listen
-backlog of ``LISTEN_BACKLOG`` (so a burst of connects never waits for SYN retransmits); the
-`prefixreg.sim.engine.Engine` holds the slots and the caches.
+One thread per connection, a listen backlog of ``LISTEN_BACKLOG`` (so a burst of connects never
+waits for SYN retransmits); the `prefixreg.sim.engine.Engine` holds the slots and the caches.
 
 Order of work for a completion, as on the real server: authenticate, validate (400s happen
 before queueing), wait for a slot (503 ``engine_busy`` after ``queue_timeout``), look the
-prompt up (memory, then the disk tier; lagged counters), sleep the modelled prefill
-(`prefixreg.sim.timing`), store the snapshots (only now: the state exists once the prefill
-ran), then sleep the decode; every duration divided by ``speed``. Streams send their headers
-once a slot is held, then ``: keepalive`` comment lines while the prefill is longer than the
-keepalive interval, then the frames.
-
-``/health``, ``/cache`` and ``/metrics`` never wait for a slot. ``SimServer`` keeps a
-thread-safe log of every request line received (method, path), so a test can assert that no
-chat request arrived.
+prompt up (memory, then the disk tier; lagged counters), sleep the modelled prefill, store the
+snapshots (only now: the state exists once the prefill ran), then sleep the decode; every
+duration divided by ``speed``. Streams send their headers once a slot is held, then
+``: keepalive`` comment lines while the prefill is longer than the keepalive interval, then the
+frames. ``/health``, ``/cache`` and ``/metrics`` never wait for a slot; ``/health`` needs no key.
+``SimServer`` keeps a thread-safe log of every request line received (method, path), so a test
+can assert that no chat request arrived.
 """
 
 from __future__ import annotations
@@ -23,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
-import secrets
 import socket
 import threading
 import time
@@ -36,13 +31,17 @@ from prefixreg.sim.config import SimConfig
 from prefixreg.sim.engine import Engine
 from prefixreg.sim.replies import Result
 from prefixreg.sim.request import ApiError, Call, Kind, parse_request
-from prefixreg.sim.tokenizer import answer_tokens
 
 LISTEN_BACKLOG = 128
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 MAX_BODY = 64 * 1024 * 1024
 _POST_ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
-_GET_ROUTES = ("/health", "/cache", "/metrics", "/v1/models")
+_GET_ROUTES: dict[str, Callable[[SimConfig, Engine], Any]] = {
+    "/health": replies.health_body,
+    "/cache": replies.cache_body,
+    "/metrics": replies.metrics_text,
+    "/v1/models": replies.models_body,
+}
 
 
 class LoggedRequest(NamedTuple):
@@ -71,8 +70,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Silence the stdlib access log; `SimServer(log=...)` gets one line per call."""
 
     def _send(self, status: int, content_type: str, data: bytes | None) -> None:
-        """Status and headers, then `data`; None starts a stream, whose body ends when the
-        connection does."""
+        """Status, headers, `data`; None starts a stream, whose body ends with the connection."""
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         if data is None:
@@ -123,29 +121,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self._route("GET")
-        config, engine = self.sim.config, self.sim._engine
+        config, body = self.sim.config, _GET_ROUTES.get(path)
         try:
-            if path == "/health":
-                # Liveness stays open without a key, and never waits for a slot.
-                self._send_json(200, replies.health_body(config, engine))
-                return
-            if path == "/metrics" and config.profile != "flash":
+            if body is None or (path == "/metrics" and config.profile != "flash"):
+                if path in _POST_ROUTES:
+                    raise ApiError(405, f"use POST for {path}")
                 raise ApiError(404, f"no route {path}")  # dense exports no metrics
-            if path in _GET_ROUTES and not self._authorized():
+            if path != "/health" and not self._authorized():
                 raise ApiError(401, "invalid or missing API key")
-            if path == "/cache":
-                self._send_json(200, replies.cache_body(config, engine))
-            elif path == "/metrics":
-                text = replies.metrics_text(config, engine).encode()
-                self._send(200, "text/plain; version=0.0.4", text)
-            elif path == "/v1/models":
-                model = {"id": config.model_id, "object": "model", "created": self.sim.started}
-                model["owned_by"] = "prefixreg-sim"
-                self._send_json(200, {"object": "list", "data": [model]})
-            elif path in _POST_ROUTES:
-                raise ApiError(405, f"use POST for {path}")
+            out = body(config, self.sim._engine)
+            if isinstance(out, str):
+                self._send(200, "text/plain; version=0.0.4", out.encode())
             else:
-                raise ApiError(404, f"no route {path}")
+                self._send_json(200, out)
         except ApiError as err:
             self._send_error(err)
 
@@ -173,7 +161,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _complete(self, call: Call, work: float) -> None:
         """Serve a validated call. `work`: seconds already spent on it (tokenizing), which,
         with the lookup's, count against the modelled prefill instead of adding to it."""
-        engine, config = self.sim._engine, self.sim.config
+        engine = self.sim._engine
         try:
             serial = engine.acquire(call)
         except ApiError as err:
@@ -182,24 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
         started = time.monotonic()
         try:
             found = engine.lookup(call)
-            answer = answer_tokens(call.prompt, config.answer_tokens)
-            pieces = tuple(answer[: call.max_tokens])
-            prefill = config.prefill_s(prompt=call.prompt.n, cached=found.cached)
-            result = Result(
-                call=call,
-                id=("chatcmpl-" if call.kind == "chat" else "cmpl-") + secrets.token_hex(12),
-                created=int(time.time()),
-                model=config.model_id,
-                pieces=pieces,
-                finish_reason="stop" if len(pieces) == len(answer) else "length",
-                cached=found.cached,
-                prompt_s=config.scaled(prefill + found.disk_s),
-                decode_s=config.scaled(config.decode_s(len(pieces))),
-                timings=config.timings,
-                disk_tier=engine.disk is not None,
-                disk_n=found.disk_n,
-                disk_s=config.scaled(found.disk_s),
-            )
+            result = replies.result(self.sim.config, call, found, engine.disk is not None)
             if call.stream:  # headers once a slot is held, then keepalives while prefilling
                 self._send(200, "text/event-stream", None)
             if not self._prefill(result.prompt_s - work - (time.monotonic() - started), call):
@@ -218,8 +189,8 @@ class _Handler(BaseHTTPRequestHandler):
             engine.release(serial)
 
     def _prefill(self, seconds: float, call: Call) -> bool:
-        """Sleep the prefill left; a stream gets a keepalive comment after each interval of
-        silence. False if the server stopped meanwhile."""
+        """Sleep the prefill left, a stream with a keepalive comment after each interval of
+        silence; False if the server stopped meanwhile."""
         config = self.sim.config
         interval = config.scaled(config.keepalive) if call.stream else 0.0
         while seconds > 0:
@@ -232,8 +203,8 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def _stream(self, result: Result) -> bool:
-        """Decode: pieces paced against a deadline so sleeps do not drift, then the final
-        frames. False if the server stopped before the end."""
+        """Decode, pieces paced against a deadline so sleeps do not drift, then the final
+        frames; False if the server stopped before the end."""
         t0 = time.monotonic()
         per_piece = result.decode_s / len(result.pieces) if result.pieces else 0.0
         for i, piece in enumerate(result.pieces):
@@ -262,9 +233,6 @@ class SimServer:
         self._requests_lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
-        self.started = int(time.time())
-
-    # -- lifecycle ------------------------------------------------------------------------
 
     def bind(self) -> SimServer:
         """Bind the listening socket (idempotent); `url` is valid afterwards."""
@@ -277,12 +245,8 @@ class SimServer:
         """Bind and serve from a daemon thread."""
         httpd = self.bind()._require()
         if self._thread is None:
-            self._thread = threading.Thread(
-                target=httpd.serve_forever,
-                kwargs={"poll_interval": 0.05},
-                name="prefixreg-sim",
-                daemon=True,
-            )
+            serve = {"poll_interval": 0.05}
+            self._thread = threading.Thread(target=httpd.serve_forever, kwargs=serve, daemon=True)
             self._thread.start()
         return self
 
@@ -308,8 +272,6 @@ class SimServer:
             raise RuntimeError("the simulator is not bound; call start() first")
         return self._httpd
 
-    # -- what tests look at ---------------------------------------------------------------
-
     @property
     def host(self) -> str:
         return str(self._require().server_address[0])
@@ -320,8 +282,7 @@ class SimServer:
 
     @property
     def url(self) -> str:
-        host = self.host
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+        return f"http://{self.host}:{self.port}"  # the server is IPv4 (AF_INET) only
 
     def requests(self) -> list[LoggedRequest]:
         """Every request line received so far, oldest first (a copy)."""
@@ -337,11 +298,9 @@ class SimServer:
             self._requests.append(LoggedRequest(method, path))
 
     def _log_call(self, result: Result, wall_s: float) -> None:
-        if self._log is None:
-            return
-        # The shape of Halogen's request log line; "(K cached)" only when K > 0.
-        cached = f" ({result.cached} cached)" if result.cached else ""
-        self._log(
-            f"sim: {result.call.kind} {len(result.pieces)} tok in {wall_s:.2f}s | "
-            f"prompt {result.call.prompt.n}{cached}, prefill {result.prompt_s:.2f}s"
-        )
+        if self._log is not None:  # the shape of Halogen's request log line
+            cached = f" ({result.cached} cached)" if result.cached else ""
+            self._log(
+                f"sim: {result.call.kind} {len(result.pieces)} tok in {wall_s:.2f}s | "
+                f"prompt {result.call.prompt.n}{cached}, prefill {result.prompt_s:.2f}s"
+            )

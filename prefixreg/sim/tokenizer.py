@@ -59,13 +59,7 @@ TOKEN_RE = re.compile(r" ?\w+| ?[^\w\s]|\s+")
 # Calibration (see the module docstring): (first character offset, word pieces per word
 # character) from that offset on, fitted to the lane's counts of the probe corpus slices.
 PLAIN_CHARS = 64
-DENSITY: tuple[tuple[int, float], ...] = (
-    (0, 0.0),
-    (PLAIN_CHARS, 0.7383),
-    (4000, 0.8512),
-    (16000, 0.7126),
-    (32000, 0.8016),
-)
+DENSITY = ((0, 0.0), (PLAIN_CHARS, 0.7383), (4000, 0.8512), (16000, 0.7126), (32000, 0.8016))
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>\n"
@@ -122,10 +116,9 @@ def tokenize(text: str) -> list[str]:
     target = 0.0  # word pieces the schedule asks for so far (calibrated region only)
     emitted = 0  # word pieces given so far (calibrated region only)
     segment, density = 0, DENSITY[0][1]
-    next_start = DENSITY[1][0] if len(DENSITY) > 1 else len(text) + 1
+    next_start = DENSITY[1][0]
     for match in TOKEN_RE.finditer(text):
-        token = match.group()
-        start = match.start()
+        token, start = match.group(), match.start()
         while start >= next_start:
             segment += 1
             density = DENSITY[segment][1]
@@ -179,10 +172,7 @@ def render_chat(messages: Sequence[tuple[str, str]]) -> RenderedPrompt:
     last_start: int | None = None
     for index, (role, content) in enumerate(messages):
         last_start = len(tokens)
-        tokens.append(IM_START)
-        tokens.append(f"{role}\n")
-        tokens.extend(tokenize(content))
-        tokens.append(IM_END)
+        tokens += [IM_START, f"{role}\n", *tokenize(content), IM_END]
         if index == 0 and role in SYSTEM_ROLES:
             system_end = len(tokens)
     tokens.extend(GENERATION_PROMPT)
