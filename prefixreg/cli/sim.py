@@ -1,11 +1,10 @@
 """`prefixreg sim`: run the Halogen-compatible simulator in the foreground.
 
-Its options are made from `SimConfig`'s fields and their metadata (`prefixreg.sim.config.knob`):
-one option per field, named after it, typed by its default, with its help and its default as
-the measured lane (and, where it differs, the dense profile) sets it. Every option defaults to
-None, so the chosen profile's default applies, unless the field names a ``cli_default``; a field
-with ``env`` falls back to that variable. The options are built only when typer builds this
-command, so registering it (`prefixreg --help` does for every command) imports no simulator.
+One option per `SimConfig` field, from its metadata (`prefixreg.sim.config.knob`): named after
+it, typed by its default, with its help and defaults (the measured lane's, and dense's where
+they differ). Options default to None, so the profile's default applies, unless the field names
+a ``cli_default``; a field with ``env`` falls back to that variable. They are built when typer
+builds the command, so registering it (as `prefixreg --help` does) imports no simulator.
 """
 
 from __future__ import annotations
@@ -48,26 +47,26 @@ def option_help(f: dataclasses.Field[Any]) -> str:
     """A field's help text, ending with its default: ``Default: 8 (measured; dense: 3).``"""
     from prefixreg.sim.config import PROFILE_DEFAULTS
 
-    meta = f.metadata
-    notes = [meta["note"]] if meta["note"] else []
-    dense = PROFILE_DEFAULTS["dense"].get(f.name)
-    if dense is not None:
-        notes.append(f"dense: {_shown(dense)}")
-    shown = meta.get("shown") or _shown(meta.get("cli_default", f.default))
-    return f"{meta['help']} Default: {shown}" + (f" ({'; '.join(notes)})" if notes else "") + "."
+    notes = [f.metadata["note"]] if f.metadata["note"] else []
+    if f.name in PROFILE_DEFAULTS["dense"]:
+        notes.append(f"dense: {_shown(PROFILE_DEFAULTS['dense'][f.name])}")
+    shown = f.metadata.get("shown") or _shown(f.metadata.get("cli_default", f.default))
+    return (
+        f"{f.metadata['help']} Default: {shown}" + (f" ({'; '.join(notes)})" if notes else "") + "."
+    )
 
 
 def _option(f: dataclasses.Field[Any]) -> inspect.Parameter:
     from prefixreg.sim.config import kind_of
 
-    kind = kind_of(f.default)
-    name = f.name.replace("_", "-")
+    kind, name = kind_of(f.default), f.name.replace("_", "-")
     decls = f"--{name}/--no-{name}" if kind is bool else f"--{name}"
     option = typer.Option(decls, help=option_help(f), show_default=False)
+    default = f.metadata.get("cli_default")
     return inspect.Parameter(
         f.name,
         inspect.Parameter.KEYWORD_ONLY,
-        default=f.metadata.get("cli_default"),
+        default=default,
         annotation=Annotated[kind | None, option],
     )
 
@@ -84,8 +83,7 @@ class _SimCommand:
         from prefixreg.sim.config import SimConfig
 
         own = inspect.signature(_own_options, eval_str=True).parameters.values()
-        fields = dataclasses.fields(SimConfig)
-        return inspect.Signature([*(_option(f) for f in fields), *own])
+        return inspect.Signature([*map(_option, dataclasses.fields(SimConfig)), *own])
 
     def __call__(self, *, quiet: bool, debug: bool, **options: Any) -> None:
         with cli_errors(debug):

@@ -1,20 +1,15 @@
 """A model-free, Halogen-compatible worker on loopback, for tests and demos (DESIGN §7).
 
-It speaks Halogen's HTTP surface (``/health``, ``/cache``, ``/metrics``, ``/v1/models``,
-``/v1/chat/completions``, ``/v1/completions``; streaming, ``stream_options.include_usage``,
-``: keepalive``, the OpenAI error envelope) and reproduces the prompt-cache behaviour measured
-on the real Flash lane. It is a peer to develop and test against, not a way to measure Halogen.
+It speaks Halogen's HTTP surface and reproduces the prompt-cache behaviour measured on the real
+Flash lane: a peer to develop and test against, not a way to measure Halogen.
 
     from prefixreg.sim import SimConfig, SimServer
 
     with SimServer(SimConfig(speed=1000)) as sim:      # 127.0.0.1, ephemeral port
         ...  # talk to sim.url; sim.requests() lists (method, path) received
 
-Modules: `config` (options, measured defaults, the time model), `tokenizer` (calibrated
-tokenizer, chat template, tools, answers), `cache` (the LRU, its wall and counters), `disk` (the
-disk tier), `engine` (slots, caches, totals), `request` (validation, the documented 400s),
-`replies` (every response body), `server` (HTTP). The server and its stdlib HTTP modules load on
-first use of `SimServer`, so reading the config (`prefixreg sim --help`) stays cheap.
+The server and its stdlib HTTP modules load on first use of `SimServer`, so reading the config
+(`prefixreg sim --help`) stays cheap.
 """
 
 from __future__ import annotations

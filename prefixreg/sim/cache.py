@@ -1,36 +1,25 @@
 """The simulated prompt cache: an LRU of snapshots and its `/cache` counters. Pure (no I/O).
 
-A snapshot is the token prefix ``tokens[:place]`` of one request. A request goes through the
-cache in steps, as on the real engine:
+A snapshot is the token prefix ``tokens[:place]`` of one request, which goes through the cache
+as on the real engine:
 
-1. **Look up** (`lookup`, when the request starts). First the hit/miss/saved deltas of earlier
-   requests become visible once ``counter_lag`` later requests have started (measured on Flash:
-   lag 1, a call's ``prompt_tokens_saved`` and hit/miss deltas land in the next call's window;
-   dense has no lag). ``stores``, ``evicted``, ``refused``, ``entries`` and ``bytes`` are never
-   lagged. Then the longest usable snapshot is found:
+1. `lookup` when it starts: earlier requests' hit/miss/saved deltas become visible once
+   ``counter_lag`` later requests have started (Flash: 1; ``stores``, ``evicted``, ``refused``,
+   ``entries``, ``bytes`` never lag); then the longest usable snapshot is found and refreshed.
+   Flash resumes only an exact prefix of the prompt, whole (a recurrent state cannot resume
+   mid-way); dense any common prefix rounded down to ``snapshot_align`` and below the prompt
+   length (so a shorter prompt never hits). `count` records the hit or miss (the caller may
+   have found more on the disk tier).
+2. `store`, once the prefill has finished (never before its state exists): each place
+   (`snapshot_places`) becomes the most recent entry, evicting the least recent over capacity.
+   Flash 0.7.0 stores every request's snapshots, even equal ones (so once full every store
+   evicts); dense (``dedupe_snapshots``) refreshes an equal snapshot instead.
 
-   - ``flash`` (exact places): a snapshot is usable only if it is an exact prefix of the prompt,
-     and it resumes exactly its length: an O(1) recurrent state cannot resume mid-way.
-   - ``dense`` (partial resume): a snapshot's KV rows resume any common prefix with the prompt,
-     rounded down to ``align`` and kept strictly below the prompt length; so cached counts are
-     multiples of ``align`` and a prompt shorter than ``align`` never hits.
+The wall: a snapshot of ``t`` tokens needs ``t * token_bytes`` of its fixed-size slab (0: no
+wall); a place the slab cannot take, or any when capacity is 0 while enabled, is ``refused``.
 
-   A hit refreshes the snapshot's recency. `count` then records one hit or one miss (the
-   caller may have found a longer prefix on the disk tier first).
-2. **Store** (`store`, only once the request's prefill has finished: a snapshot never exists
-   before the state it holds). Each of this request's places (`snapshot_places`) becomes a new
-   most-recent entry, evicting the least-recently-used entry when over capacity. Like the
-   measured 0.7.0 Flash engine, a store does not look for an equal snapshot already held
-   ("snapshot every request"), so once the cache is full every store evicts one entry; dense
-   (``dedupe``) refreshes an equal snapshot instead of storing it twice.
-
-The wall: entries have a fixed size (``entry_bytes``, a slab); a snapshot of ``t`` tokens needs
-``t * token_bytes`` of its slab (0: no per-token wall), and a place the slab cannot take, or
-any place when the budget holds no entry at all (``max_entries`` 0 while ``enabled``), is
-refused and counted in ``refused``.
-
-Invariants: ``0 <= entries <= max_entries``; ``stores - evicted == entries``; cached <= prompt
-length (and < prompt length for dense); counters only grow.
+Invariants: ``0 <= entries <= capacity``; ``stores - evicted == entries``; cached <= prompt
+length (< for dense); counters only grow.
 """
 
 from __future__ import annotations
@@ -84,7 +73,7 @@ def snapshot_places(prompt: RenderedPrompt, config: SimConfig) -> list[int]:
     ``entries_per_request`` multiples of ``align`` strictly below the prompt length.
     """
     n, k, align = prompt.n, config.entries_per_request, config.snapshot_align
-    if config.partial_resume:
+    if not config.flash:
         top = _align_down(n - 1, align) if n > 0 else 0
         places = {top - i * align for i in range(k)}
     else:
@@ -122,7 +111,7 @@ class PromptCache:
             return 0
         best, best_index = 0, -1
         for index, entry in enumerate(self._entries):
-            if config.partial_resume:
+            if not config.flash:
                 usable = min(_common_prefix(entry, tokens), len(tokens) - 1)
                 usable = _align_down(usable, config.snapshot_align)
             else:

@@ -1,55 +1,41 @@
-"""`SimConfig`: every knob of the simulator, with the measured value as its default, and the
-time model those knobs drive. Pure.
+"""`SimConfig`: every knob of the simulator, its default the measured Halogen Flash lane (API
+0.7.0), and the time model the knobs drive. Pure.
 
-Each field carries its option's metadata (`knob`): the help text, where the default comes
-from (``note``), the bound it must respect (``ge`` / ``gt``, with ``why``), and CLI extras
-(``shown``: the default as the help states it; ``cli_default``; ``env``: a fallback variable).
-`prefixreg sim` builds its options from them, so the two cannot drift apart.
+Each field carries its option's metadata (`knob`): help text, where the default comes from
+(``note``), the bound it must respect (``ge`` / ``gt``, with ``why``), and CLI extras (``shown``:
+the default as the help states it; ``cli_default``; ``env``: a fallback variable). `prefixreg
+sim` builds its options from them, so the two cannot drift apart. A value of the wrong type or
+out of bounds is a `UsageError` naming the field.
 
-Defaults are the Halogen Flash lane as measured (API 0.7.0): an LRU of 8 fixed-size entries
-(slabs of 116,389,652 bytes, /health `cap_mb` 110), 2 snapshots per request, no snapshot
-alignment, counters lagging one call, 4 slots of 262,144 tokens, `max_tokens` cap 65,536, queue
-timeout 3,600 s, SSE keepalive every 10 s.
+The wall. A Flash entry is a slab; a snapshot of t tokens needs ``t * token_bytes`` of it, and
+one its slab cannot take is refused (`/cache` `refused`). ``cap_mb`` (``HALOGEN_CACHE_MB``): on
+Flash, when set, the slab's size in MiB (0 = the measured ``entry_bytes``); on dense the whole
+budget, cut into whole ``entry_bytes`` entries (61,440 MiB = 64.4 GB -> 3 entries of ~18.4 GB,
+halogen-api.md §2.1). ``token_bytes`` is not measured: the lane stored 43,531 tokens in a
+111 MiB slab (at most 2,673 B a token); 2,048 puts the default wall at 56,830 tokens.
 
-The wall. A Flash entry is a slab; a snapshot of t tokens needs ``t * token_bytes`` of it and a
-snapshot its slab cannot take is refused (counted in `/cache` `refused`). ``cap_mb`` is the
-cache-size option (``cacheMb`` -> ``HALOGEN_CACHE_MB``): on Flash, when set, each slab is
-``cap_mb`` MiB (0 = the measured ``entry_bytes`` slab); on dense it is the whole budget, cut
-into whole ``entry_bytes`` entries (61,440 MiB = 64.4 GB -> 3 entries of ~18.4 GB, as the
-startup lines quoted in halogen-api.md §2.1). ``token_bytes`` is not measured: the lane stored
-a 43,531-token snapshot in a 111 MiB slab (so at most 2,673 B a token); 2,048 puts the default
-wall at 56,830 tokens.
-
-The `dense` profile (Halogen dense, 0.1.x) differs where the reference says it does: snapshots
-aligned to 2048 with partial resume (cached counts are multiples of 2048), one request at a
-time, whole full-context entries, no counter lag (the lag is a Flash measurement), no duplicate
-snapshots, queue timeout 7,200 s, no `timings`, no `/metrics`, no disk tier. Build a dense
-config with `SimConfig.for_profile("dense")`; plain `SimConfig()` is flash.
+The `dense` profile (Halogen dense 0.1.x, `SimConfig.for_profile("dense")`) differs where the
+reference says: 2048-aligned snapshots with partial resume, one request at a time, whole
+full-context entries, no counter lag, no duplicate snapshots, no `timings`, no `/metrics`, no
+disk tier (`PROFILE_DEFAULTS`).
 
 The time model, fitted to the lane's probe (legs A1 cold, A2 identical repeat, B fresh tail;
-``max_tokens`` 1) at 2,593 / 11,374 / 21,337 / 43,538 prompt tokens:
-
-- **Prefill.** ``u`` uncached tokens after ``n`` prompt tokens of context take the cheaper of
-  token by token, ``u * step(n)`` with ``step(n) = step_ms + n / 1000 * step_ms_per_kctx``
-  (a short pass is latency-bound like decode, and slows as the context grows), and batched,
-  ``prefill_setup_s + u / prefill_tps``. The two cross near 75 tokens.
-- **Decode.** ``completion / decode_tps``. **Disk restore**: ``bytes / (disk_read_mbps * 10^6)``.
-
-With the defaults: cold A1 3.38 / 9.79 / 17.06 / 33.26 s (measured 3.38 / 9.81 / 17.16 /
-33.26); A2 (7 tokens) 0.160 / 0.165 / 0.172 / 0.185 s (measured 0.12-0.19); B (19 tokens)
-0.406 / 0.420 / 0.438 / 0.473 s (measured 0.4-0.69). The measured B/A2 ratio (3.3-3.6) is more
-than 19/7, which no model linear in the uncached tokens reaches, so A2 sits in the upper part
-of its range and B in the lower part of its own.
-
-`speed` compresses time: every modelled duration (prefill, decode, disk restores, queue
-timeout, keepalive interval) is divided by it, so tests run in milliseconds while every ratio
-holds.
+``max_tokens`` 1) at 2,593 / 11,374 / 21,337 / 43,538 prompt tokens. Prefill: ``u`` uncached
+tokens of an ``n``-token prompt take the cheaper of stepping, ``u * step(n)`` with ``step(n) =
+step_ms + n / 1000 * step_ms_per_kctx`` (a short pass is latency-bound like decode), and a
+batched pass, ``prefill_setup_s + u / prefill_tps``; the two cross near 75 tokens. Decode:
+``completion / decode_tps``. Disk restore: ``bytes / (disk_read_mbps * 10^6)``. With the
+defaults: A1 3.38 / 9.79 / 17.06 / 33.26 s (measured 3.38 / 9.81 / 17.16 / 33.26); A2 (7 tokens)
+0.160-0.185 s (measured 0.12-0.19); B (19 tokens) 0.406-0.473 s (measured 0.4-0.69). No model
+linear in the uncached tokens reaches the measured B/A2 ratio (3.3-3.6 > 19/7), so A2 sits high
+in its range and B low in its own. `speed` divides every modelled duration (prefill, decode,
+disk restores, queue timeout, keepalive interval): tests run in milliseconds, ratios hold.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, NoReturn, TypeVar, get_args
 
 from prefixreg.core.errors import UsageError
 
@@ -66,20 +52,13 @@ DENSE_CAP_MB = 61_440  # 64.4 GB: the documented AUTO budget that gives 3 entrie
 T = TypeVar("T")
 
 
-def knob(
-    default: T,
-    doc: str,
-    note: str = "",
-    *,
-    ge: float | None = None,
-    gt: float | None = None,
-    why: str = "",
-    repr: bool = True,
-    **cli: Any,
-) -> T:
+def knob(default: T, doc: str, note: str = "", *, repr: bool = True, **meta: Any) -> T:
     """A `SimConfig` field with its option's metadata (see the module docstring)."""
-    meta = {"help": doc, "note": note, "ge": ge, "gt": gt, "why": why, **cli}
-    return field(default=default, repr=repr, metadata=meta)
+    return field(default=default, repr=repr, metadata={"help": doc, "note": note, **meta})
+
+
+def _refuse(problem: str) -> NoReturn:
+    raise UsageError(f"simulator: {problem}")
 
 
 def kind_of(default: object) -> type:
@@ -197,38 +176,27 @@ class SimConfig:
             if value is None and f.default is None:
                 continue
             if not (type(value) is kind or (kind is float and type(value) is int)):
-                raise UsageError(
-                    f"simulator: {f.name} must be of type {kind.__name__}, not {value!r}"
-                )
-            ge, gt = meta["ge"], meta["gt"]
+                _refuse(f"{f.name} must be of type {kind.__name__}, not {value!r}")
+            ge, gt, why = meta.get("ge"), meta.get("gt"), meta.get("why")
             if (ge is not None and value < ge) or (gt is not None and value <= gt):
-                why = f" ({meta['why']})" if meta["why"] else ""
                 bound = f">= {ge}" if ge is not None else f"> {gt}"
-                raise UsageError(f"simulator: {f.name} must be {bound}{why}")
-        for message, ok in (
-            (
-                "the dense profile needs snapshot_align >= 1",
-                self.profile != "dense" or self.snapshot_align >= 1,
-            ),
-            ("cache_dir must not be empty", self.cache_dir != ""),
-            (
-                "the disk tier (cache_dir) is a Flash feature",
-                self.cache_dir is None or self.profile == "flash",
-            ),
-            ("port must be in 0..65535", 0 <= self.port <= 65535),
-        ):
-            if not ok:
-                raise UsageError(f"simulator: {message}")
+                _refuse(f"{f.name} must be {bound}" + (f" ({why})" if why else ""))
+        if not self.flash and self.snapshot_align < 1:
+            _refuse("the dense profile needs snapshot_align >= 1")
+        if self.cache_dir == "":
+            _refuse("cache_dir must not be empty")
+        if self.cache_dir is not None and not self.flash:
+            _refuse("the disk tier (cache_dir) is a Flash feature")
+        if not 0 <= self.port <= 65535:
+            _refuse("port must be in 0..65535")
 
     @classmethod
     def for_profile(cls, profile: str, **overrides: Any) -> SimConfig:
         """The profile's defaults, then every override that is not None."""
-        if profile not in PROFILES:
-            raise UsageError(f"unknown simulator profile {profile!r}; use flash or dense")
         unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
         if unknown:
             raise UsageError(f"simulator: unknown option(s) {', '.join(unknown)}")
-        values: dict[str, Any] = dict(PROFILE_DEFAULTS[profile])
+        values: dict[str, Any] = dict(PROFILE_DEFAULTS.get(profile, {}))
         values.update({k: v for k, v in overrides.items() if v is not None})
         values["profile"] = profile
         return cls(**values)
@@ -238,21 +206,16 @@ class SimConfig:
         return self.model or f"prefixreg-sim-{self.profile}"
 
     @property
-    def timings(self) -> bool:
-        """Flash reports a `timings` object (with `cache_n`); dense has none."""
+    def flash(self) -> bool:
+        """Flash: exact places, `timings`, `/metrics`, a disk tier; dense: partial resume."""
         return self.profile == "flash"
 
     @property
     def slab_bytes(self) -> int:
         """Bytes of one entry: the Flash slab (`cap_mb` MiB when set), or the dense entry."""
-        if self.profile == "flash" and self.cap_mb > 0:
+        if self.flash and self.cap_mb > 0:
             return self.cap_mb * MIB
         return self.entry_bytes
-
-    @property
-    def partial_resume(self) -> bool:
-        """Dense resumes any aligned common prefix; Flash only a whole exact snapshot."""
-        return self.profile == "dense"
 
     @property
     def cache_enabled(self) -> bool:
@@ -261,13 +224,9 @@ class SimConfig:
     @property
     def capacity(self) -> int:
         """Entries the cache can hold: `max_entries`, cut by the dense budget (`cap_mb`)."""
-        if self.profile != "dense":
+        if self.flash:
             return self.max_entries
         return min(self.max_entries, self.cap_mb * MIB // self.slab_bytes)
-
-    def scaled(self, seconds: float) -> float:
-        """A modelled duration in real seconds under `speed`."""
-        return seconds / self.speed
 
     def prefill_s(self, *, prompt: int, cached: int) -> float:
         """Modelled seconds to prefill the `prompt - cached` uncached tokens (0 if none)."""
@@ -276,9 +235,6 @@ class SimConfig:
             return 0.0
         step_s = (self.step_ms + prompt / 1000 * self.step_ms_per_kctx) / 1000
         return min(uncached * step_s, self.prefill_setup_s + uncached / self.prefill_tps)
-
-    def decode_s(self, completion: int) -> float:
-        return completion / self.decode_tps
 
 
 PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {

@@ -1,24 +1,20 @@
 """The simulator's disk tier (`--cache-dir`, like Flash's ``HALOGEN_CACHE_DIR``): snapshots that
-outlive the process.
+outlive the process. Not thread-safe: the engine serialises calls.
 
 Every snapshot the memory cache stores is also written here, one JSON file per snapshot under
-``<cache_dir>/<build>/`` where ``<build>`` is derived from the template, model id and slot size
-(each build gets its own subtree, as on Flash). A write goes to a temporary file in the same
-directory and is renamed into place, so a crash leaves either the whole record or none; a write
-that fails (a full disk, a directory removed underneath) leaves no temporary file and counts as
-skipped. On start the subtree is read back, least recently used first (by file mtime; a restore
-touches the file), so entries survive a restart of the simulator exactly; a file that is not a
-regular file, not readable JSON, or not named after its tokens is ignored.
+``<cache_dir>/<build>/`` (one subtree per template, model id and slot size, as on Flash): to a
+temporary file renamed into place, so a crash leaves the whole record or none; a write that
+fails (full disk, directory removed) leaves no temporary file and counts as skipped. On start
+the subtree is read back, least recently used first (file mtime; a restore touches the file),
+so entries survive a restart exactly; a file that is not regular, not JSON, or not named after
+its tokens is ignored. A record models ``tokens * disk_token_bytes``; the tier evicts least
+recently used records to stay within ``disk_gib`` and skips one larger than all of it. A lookup
+finds the longest record that is an exact prefix of the prompt (Flash places).
 
-The modelled size of a record is ``tokens * disk_token_bytes`` (~27 KiB a token on Flash); the
-tier holds at most ``disk_gib`` GiB and evicts least-recently-used records to stay under it; a
-record larger than the whole budget is skipped. A lookup finds the longest record that is an
-exact prefix of the prompt (Flash places). Counters follow `/cache.disk` (halogen-api.md §1.3):
-``hits`` restores, ``misses`` lookups that found no record where memory had nothing either,
-``persisted`` records written, ``skipped`` stores not written (held already, over budget, or
-failed), ``lineages`` records that extend no other record (their roots), ``branches`` the rest.
-These two are the simulator's definitions; the reference does not document Flash's. Not
-thread-safe: the engine serialises calls.
+`/cache.disk` counters (halogen-api.md §1.3): ``hits`` restores, ``misses`` lookups that found
+no record where memory had nothing either, ``persisted`` records written, ``skipped`` stores not
+written (held already, over budget, failed); ``lineages`` (records extending no other) and
+``branches`` (the rest) are the simulator's definitions: the reference has none.
 """
 
 from __future__ import annotations
@@ -141,19 +137,14 @@ class DiskTier:
             for r in records
             if not any(len(o) < len(r) and r[: len(o)] == o for o in records if o is not r)
         )
-        c = self.counters
         return {
             "on": True,
             "records": len(records),
             "lineages": roots,
+            "branches": len(records) - roots,
             "bytes": self.bytes,
             "budget_bytes": self.budget_bytes,
-            "hits": c["hits"],
-            "misses": c["misses"],
-            "persisted": c["persisted"],
-            "branches": len(records) - roots,
-            "evicted": c["evicted"],
-            "skipped": c["skipped"],
+            **self.counters,
             "restore_ms_total": round(self.restore_ms_total, 1),
             "restored_bytes": self.restored_bytes,
         }

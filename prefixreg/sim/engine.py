@@ -1,16 +1,17 @@
-"""The simulator's engine state: slots and queue, the memory cache, the disk tier, and the
-running totals `/metrics` reports. Shared by the handler threads; every method takes the lock.
+"""The simulator's engine state, shared by the handler threads (every method takes the lock):
+slots and queue, the memory cache, the disk tier, and the running totals `/metrics` reports.
 
-A request is admitted in two steps (see `prefixreg.sim.cache`): `lookup` when it holds a slot
-(memory first, then the disk tier when that resumes more), and `store` only after its modelled
-prefill has finished. So of several identical cold requests running at once, none is served
-from a snapshot: the first snapshot exists only once the first prefill completes.
+A request looks up when it holds a slot (memory, then the disk tier when that resumes more)
+and stores only after its modelled prefill: of several identical cold requests at once, none
+is served from a snapshot, since the first exists only once the first prefill completes.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefixreg.sim.cache import Counters, PromptCache
@@ -29,19 +30,20 @@ class Engine:
         self.slots = threading.BoundedSemaphore(config.slots)
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self._holds: dict[int, tuple[float, int, int]] = {}  # serial -> (start, prompt, reserved)
-        self._queued = self._serial = 0
+        self._holds: list[tuple[float, int, int]] = []  # (start, prompt, prompt + max_tokens)
+        self._queued = 0
         self.prompt_tokens_total = 0  # prefilled (not covered by a cache)
         self.prompt_tokens_cached_total = 0  # covered by a cache (memory or disk)
         self.requests_total = 0
         self.started = int(time.time())  # /v1/models `created`
 
-    def acquire(self, call: Call) -> int:
-        """Wait for a slot; `ApiError` 503 `engine_busy` after the (scaled) queue timeout."""
+    @contextmanager
+    def slot(self, call: Call) -> Iterator[None]:
+        """Hold a slot for `call`; `ApiError` 503 `engine_busy` after the (scaled) queue timeout."""
         with self.lock:
             self._queued += 1
         try:
-            got = self.slots.acquire(timeout=self.config.scaled(self.config.queue_timeout))
+            got = self.slots.acquire(timeout=self.config.queue_timeout / self.config.speed)
         finally:
             with self.lock:
                 self._queued -= 1
@@ -52,16 +54,15 @@ class Engine:
                 f"{self.config.slots} request(s) at a time and the queue did not clear",
                 code="engine_busy",
             )
+        hold = (time.monotonic(), call.prompt.n, call.prompt.n + call.max_tokens)
         with self.lock:
-            self._serial += 1
-            n = call.prompt.n
-            self._holds[self._serial] = (time.monotonic(), n, n + call.max_tokens)
-            return self._serial
-
-    def release(self, serial: int) -> None:
-        with self.lock:
-            self._holds.pop(serial, None)
-        self.slots.release()
+            self._holds.append(hold)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._holds.remove(hold)
+            self.slots.release()
 
     def sleep(self, seconds: float) -> bool:
         """Sleep unless the server is stopping; False means stop now."""
@@ -98,7 +99,7 @@ class Engine:
     def load(self) -> dict[str, Any]:
         with self.lock:
             in_flight = len(self._holds)
-            oldest = min((h[0] for h in self._holds.values()), default=None)
+            oldest = min((h[0] for h in self._holds), default=None)
             queued = self._queued
         return {
             "busy": in_flight >= self.config.slots,
@@ -112,6 +113,6 @@ class Engine:
     def pool(self) -> tuple[int, int]:
         """(positions held by in-flight prompts, positions reserved: prompt + max_tokens)."""
         with self.lock:
-            held = sum(h[1] for h in self._holds.values())
-            reserved = sum(h[2] for h in self._holds.values())
+            held = sum(h[1] for h in self._holds)
+            reserved = sum(h[2] for h in self._holds)
         return held, reserved

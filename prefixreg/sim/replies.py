@@ -1,21 +1,17 @@
-"""Every body the simulator sends, as pure functions of the config, the engine's numbers and a
-call's `Result`. Field names follow halogen-api.md §1 exactly:
+"""Every body the simulator sends, pure, with halogen-api.md §1's field names:
 
-- errors: ``{"error": {"message", "type", "param": null, "code"}}``; ``type`` by status,
-  ``code`` is ``"engine_busy"`` for 503 and null otherwise;
-- usage: ``{prompt_tokens, completion_tokens, total_tokens}`` plus
-  ``prompt_tokens_details: {cached_tokens}`` **only when cached > 0**;
-- flash ``timings`` (``prompt_n``, ``predicted_n``, ``prompt_ms``, ``predicted_ms``,
-  ``prompt_per_second``, ``predicted_per_second``, ``cache_n``, ``draft_n``, ``draft_n_accepted``)
-  sit beside ``usage`` and ``cache_n`` is always present; dense has no ``timings``;
-- streams: content frames, a finish frame (empty delta / text, ``finish_reason``, and flash
-  ``timings``), then with ``stream_options.include_usage`` a ``choices: []`` frame carrying
-  ``usage`` (every earlier frame then has ``"usage": null``), then ``data: [DONE]``;
+- errors ``{"error": {"message", "type", "param": null, "code"}}``, ``type`` by status, ``code``
+  ``"engine_busy"`` for 503 else null;
+- usage ``{prompt_tokens, completion_tokens, total_tokens}``, ``prompt_tokens_details:
+  {cached_tokens}`` only when cached > 0; Flash ``timings`` beside it (``cache_n`` always
+  there), dense none;
+- streams: content frames, a finish frame (empty delta / text, ``finish_reason``, Flash
+  ``timings``), with ``include_usage`` a ``choices: []`` frame carrying ``usage`` (earlier
+  frames then ``"usage": null``), then ``data: [DONE]``;
 - `/health`, `/cache`, `/metrics` (§1.2-§1.4): the dense field set (``cap_bytes``, no
-  ``version``, no ``/metrics``) or the Flash one (``max_entries``, ``last_entry_bytes``,
-  ``version``, ``chat_template``, ``metrics``). Flash `/cache` carries a ``disk`` block only when
-  the disk tier is on (the measured 0.7.0 lane has none). Flash `/health`
-  ``prompt_cache.cap_mb`` is one entry's size in MiB (the slab), dense's the whole budget.
+  ``version``, no ``/metrics``) or Flash's (``max_entries``, ``last_entry_bytes``, ``version``,
+  ``chat_template``; a ``disk`` block only with the disk tier; ``prompt_cache.cap_mb`` is one
+  slab in MiB, dense's the whole budget).
 """
 
 from __future__ import annotations
@@ -67,43 +63,39 @@ _DENSE_CACHE = [
 
 @dataclass(frozen=True, slots=True)
 class Result:
-    """What the engine did for one call, in real (speed-scaled) seconds."""
+    """One served call: its answer, what it resumed, its durations in real (scaled) seconds."""
 
     call: Call
+    config: SimConfig
     id: str
     created: int
-    model: str
     pieces: tuple[str, ...]
     finish_reason: str
     cached: int
     prompt_s: float
     decode_s: float
-    timings: bool  # flash: report `timings`
-    disk_tier: bool = False  # report `disk_restore_n` / `disk_restore_ms` in timings
-    disk_n: int = 0
-    disk_s: float = 0.0
+    disk_n: int  # of `cached`, restored from the disk tier
+    disk_s: float
 
 
-def result(config: SimConfig, call: Call, found: tuple[int, int, float], disk: bool) -> Result:
-    """Model a call from what its lookup `found` (`Engine.lookup`): its answer, and its
-    durations in real (speed-scaled) seconds. `disk`: the disk tier is on."""
+def result(config: SimConfig, call: Call, found: tuple[int, int, float]) -> Result:
+    """Model a call from what its lookup `found` (`Engine.lookup`)."""
     cached, disk_n, disk_s = found
     answer = answer_tokens(call.prompt, config.answer_tokens)
     pieces = tuple(answer[: call.max_tokens])
+    prefill = config.prefill_s(prompt=call.prompt.n, cached=cached)
     return Result(
         call=call,
+        config=config,
         id=("chatcmpl-" if call.kind == "chat" else "cmpl-") + secrets.token_hex(12),
         created=int(time.time()),
-        model=config.model_id,
         pieces=pieces,
         finish_reason="stop" if len(pieces) == len(answer) else "length",
         cached=cached,
-        prompt_s=config.scaled(config.prefill_s(prompt=call.prompt.n, cached=cached) + disk_s),
-        decode_s=config.scaled(config.decode_s(len(pieces))),
-        timings=config.timings,
-        disk_tier=disk,
+        prompt_s=(prefill + disk_s) / config.speed,
+        decode_s=len(pieces) / config.decode_tps / config.speed,
         disk_n=disk_n,
-        disk_s=config.scaled(disk_s),
+        disk_s=disk_s / config.speed,
     )
 
 
@@ -144,7 +136,7 @@ def timings(result: Result) -> dict[str, Any]:
         "draft_n": 0,
         "draft_n_accepted": 0,
     }
-    if result.disk_tier:
+    if result.config.cache_dir is not None:  # the disk tier is on
         body["disk_restore_n"] = result.disk_n
         body["disk_restore_ms"] = round(result.disk_s * 1000, 3)
     return body
@@ -164,7 +156,7 @@ def _body(result: Result, finish: str | None, text: str | None, *, chunk: bool) 
     body: dict[str, Any] = {
         "id": result.id,
         "created": result.created,
-        "model": result.model,
+        "model": result.config.model_id,
         "object": "text_completion" if result.call.kind == "completion" else kind,
         "choices": [choice],
     }
@@ -177,7 +169,7 @@ def response_body(result: Result) -> dict[str, Any]:
     """The non-streaming reply."""
     body = _body(result, result.finish_reason, "".join(result.pieces), chunk=False)
     body["usage"] = usage(result)
-    if result.timings:
+    if result.config.flash:
         body["timings"] = timings(result)
     return body
 
@@ -190,7 +182,7 @@ def content_frame(result: Result, piece: str) -> bytes:
 def final_frames(result: Result) -> bytes:
     """The finish frame (with flash `timings`), the usage frame if asked for, and [DONE]."""
     finish = _body(result, result.finish_reason, None, chunk=True)
-    if result.timings:
+    if result.config.flash:
         finish["timings"] = timings(result)
     frames = [sse(finish)]
     if result.call.include_usage:
@@ -206,7 +198,7 @@ def sse(payload: Mapping[str, Any] | str) -> bytes:
 
 
 def health_body(config: SimConfig, engine: Engine) -> dict[str, Any]:
-    flash, enabled = config.profile == "flash", config.cache_enabled
+    flash, enabled = config.flash, config.cache_enabled
     routes = ["/v1/chat/completions", "/v1/completions", "/v1/models"]
     body: dict[str, Any] = {"status": "ok", "model": config.model_id, "endpoints": routes}
     if flash:
@@ -261,7 +253,7 @@ def cache_body(config: SimConfig, engine: Engine) -> dict[str, Any]:
         "disk": disk,
         "hit_rate": c.hit_rate,
     }
-    keys = _FLASH_CACHE if config.profile == "flash" else _DENSE_CACHE
+    keys = _FLASH_CACHE if config.flash else _DENSE_CACHE
     return {k: values[k] for k in keys if not (k == "disk" and disk is None)}
 
 

@@ -1,23 +1,15 @@
-"""Halogen's request validation, as pure functions (no I/O, no clock): a POST body becomes a
-`Call` or an `ApiError`.
+"""Halogen's request validation, pure: a POST body becomes a `Call` or an `ApiError`, before
+the request is queued. Errors are 400 (never 422), ``"<loc>: <msg>"``; besides field shapes, the
+documented 400s (halogen-api.md §1.5): ``top_logprobs``; ``logprobs`` with ``stream``;
+``presence_penalty``, ``frequency_penalty``, ``logit_bias`` or ``logprobs`` unless ``temperature``
+> 0 (absent is 0: greedy); a ``drafter`` the profile lacks (no silent fallback); on Flash, a
+``chat_template_kwargs`` key not in ``CHAT_TEMPLATE_KWARGS`` or contradicting the same top-level
+field (dense ignores the object).
 
-Validation happens here, before a request is queued, as on the real server; errors are 400
-(never 422) with messages ``"<loc>: <msg>"``. Besides the shapes of the fields, the documented
-400s (halogen-api.md §1.5):
-
-- ``top_logprobs`` at all; ``logprobs`` together with ``stream``;
-- ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` or ``logprobs`` unless
-  ``temperature`` > 0 (absent means 0: decoding is greedy);
-- a ``drafter`` the profile does not have (never a silent fallback);
-- on Flash, a ``chat_template_kwargs`` key other than ``CHAT_TEMPLATE_KWARGS``, or one that
-  contradicts the same top-level field (dense 0.1.x ignores the object).
-
-Tools render like a Qwen-style template (and Halogen's front-end): the tool definitions go into
-the system turn, after the system content, so their tokens count in the system part and a
-snapshot at `system_end` covers them; with `tool_choice: "none"` they are not rendered at all
-(which changes the prefix: alternating it with "auto" costs a cache miss). An assistant turn's
-`tool_calls` are rendered after its content, so two loops that called different tools do not
-share that turn's tokens. A request without `tools` renders exactly as before.
+Tools render Qwen-style (as Halogen's front-end): the definitions go into the system turn after
+its content, so a snapshot at `system_end` covers them; ``tool_choice: "none"`` renders none
+(a different prefix: alternating it with "auto" costs a miss). An assistant turn's `tool_calls`
+render after its content. A request without `tools` renders exactly as before.
 """
 
 from __future__ import annotations

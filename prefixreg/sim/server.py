@@ -1,17 +1,14 @@
-"""The simulator's HTTP server: Halogen's routes on a stdlib `ThreadingHTTPServer`.
+"""The simulator's HTTP server: Halogen's routes on a stdlib `ThreadingHTTPServer`, one thread
+per connection, a listen backlog of ``LISTEN_BACKLOG`` (a burst of connects never waits for SYN
+retransmits).
 
-One thread per connection, a listen backlog of ``LISTEN_BACKLOG`` (so a burst of connects never
-waits for SYN retransmits); the `prefixreg.sim.engine.Engine` holds the slots and the caches.
-
-Order of work for a completion, as on the real server: authenticate, validate (400s happen
-before queueing), wait for a slot (503 ``engine_busy`` after ``queue_timeout``), look the
-prompt up (memory, then the disk tier; lagged counters), sleep the modelled prefill, store the
-snapshots (only now: the state exists once the prefill ran), then sleep the decode; every
-duration divided by ``speed``. Streams send their headers once a slot is held, then
-``: keepalive`` comment lines while the prefill is longer than the keepalive interval, then the
-frames. ``/health``, ``/cache`` and ``/metrics`` never wait for a slot; ``/health`` needs no key.
-``SimServer`` keeps a thread-safe log of every request line received (method, path), so a test
-can assert that no chat request arrived.
+A completion, as on the real server: authenticate, validate (400s before queueing), wait for a
+slot (503 ``engine_busy`` after ``queue_timeout``), look the prompt up, sleep the modelled
+prefill, store the snapshots (the state exists only once the prefill ran), sleep the decode;
+every duration divided by ``speed``. A stream sends its headers once a slot is held, then
+``: keepalive`` lines while the prefill outlasts the keepalive interval, then the frames.
+``/health`` (no key needed), ``/cache`` and ``/metrics`` never wait for a slot. ``SimServer``
+logs every request line received, so a test can assert that no chat request arrived.
 """
 
 from __future__ import annotations
@@ -123,7 +120,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = self._route("GET")
         config, body = self.sim.config, _GET_ROUTES.get(path)
         try:
-            if body is None or (path == "/metrics" and config.profile != "flash"):
+            if body is None or (path == "/metrics" and not config.flash):
                 if path in _POST_ROUTES:
                     raise ApiError(405, f"use POST for {path}")
                 raise ApiError(404, f"no route {path}")  # dense exports no metrics
@@ -159,40 +156,35 @@ class _Handler(BaseHTTPRequestHandler):
         self._complete(call, work)
 
     def _complete(self, call: Call, work: float) -> None:
-        """Serve a validated call. `work`: seconds already spent on it (tokenizing), which,
-        with the lookup's, count against the modelled prefill instead of adding to it."""
+        """Serve a validated call once it holds a slot. `work`: seconds already spent on it
+        (tokenizing), which, with the lookup's, count against the modelled prefill."""
         engine = self.sim._engine
         try:
-            serial = engine.acquire(call)
-        except ApiError as err:
+            with engine.slot(call):
+                started = time.monotonic()
+                result = replies.result(self.sim.config, call, engine.lookup(call))
+                if call.stream:  # headers once a slot is held, then keepalives while prefilling
+                    self._send(200, "text/event-stream", None)
+                ok = self._prefill(result.prompt_s - work - (time.monotonic() - started), call)
+                if ok:
+                    engine.store(call)  # the snapshots exist only once the prefill has run
+                    ok = self._stream(result) if call.stream else engine.sleep(result.decode_s)
+                if not ok:
+                    self.close_connection = True
+                    return
+                if not call.stream:
+                    self._send_json(200, replies.response_body(result))
+                self.sim._log_call(result, time.monotonic() - started)
+        except ApiError as err:  # only the slot's: nothing was sent yet
             self._send_error(err)
-            return
-        started = time.monotonic()
-        try:
-            found = engine.lookup(call)
-            result = replies.result(self.sim.config, call, found, engine.disk is not None)
-            if call.stream:  # headers once a slot is held, then keepalives while prefilling
-                self._send(200, "text/event-stream", None)
-            if not self._prefill(result.prompt_s - work - (time.monotonic() - started), call):
-                self.close_connection = True
-                return
-            engine.store(call)  # the snapshots exist only once the prefill has run
-            if not (self._stream(result) if call.stream else engine.sleep(result.decode_s)):
-                self.close_connection = True
-                return
-            if not call.stream:
-                self._send_json(200, replies.response_body(result))
-            self.sim._log_call(result, time.monotonic() - started)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away; nothing to answer
-        finally:
-            engine.release(serial)
 
     def _prefill(self, seconds: float, call: Call) -> bool:
         """Sleep the prefill left, a stream with a keepalive comment after each interval of
         silence; False if the server stopped meanwhile."""
         config = self.sim.config
-        interval = config.scaled(config.keepalive) if call.stream else 0.0
+        interval = config.keepalive / config.speed if call.stream else 0.0
         while seconds > 0:
             step = min(seconds, interval) if interval > 0 else seconds
             if not self.sim._engine.sleep(step):

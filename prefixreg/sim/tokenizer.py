@@ -1,50 +1,34 @@
 """The simulator's tokenizer, chat template and answer generator. Pure: no I/O.
 
-Tokenizer. A *raw token* is one match of ``TOKEN_RE``: a word (a run of ``\\w`` characters) with
-at most one leading space, one punctuation character with at most one leading space, or a run of
-whitespace. Every character falls in exactly one raw token.
+A raw token is one match of ``TOKEN_RE``: a word (``\\w+``) or one punctuation character, each
+with at most one leading space, or a run of whitespace. The lane's tokenizer gives the probe
+corpus's 4k/16k/32k/64k-character slices (`prefixreg.verbs.probe.corpus`) 2,593 / 11,374 /
+21,337 / 43,538 prompt tokens (about 1.5 characters a token, not on one line); the simulator
+reproduces those counts, not that tokenizer: words are split into pieces that track
+``DENSITY``, pieces per word character by character offset in the message, fitted to the four
+slices (within 0.5%). The first ``PLAIN_CHARS`` characters of a message keep one token a word,
+so short messages (a probe header, ``prefixreg.core.prefix.fresh_tail()``) count simply.
 
-Calibration. The measured lane's tokenizer gives the probe corpus's 4k/16k/32k/64k-character
-slices (`prefixreg.verbs.probe.corpus`) 2,593 / 11,374 / 21,337 / 43,538 prompt tokens, about 1.5
-characters a token, and those four points are not on one straight line. The simulator does not
-model that tokenizer; it reproduces its counts: a word's raw token is split into pieces so that
-the pieces of a message track ``DENSITY``, a piecewise-constant schedule of pieces per word
-character over the character offset inside the message, fitted to the four slices (within 0.5%).
-The first ``PLAIN_CHARS`` characters of a message use density 0 (one token a word), so short
-messages (a probe header, ``prefixreg.core.prefix.fresh_tail()``) keep exact, simple counts.
+Invariants: ``"".join(tokenize(s)) == s``; a message's tokens depend on its own characters
+only, and a prefix of a text tokenizes as the text up to the last word the prefix cuts; a word
+never splits into more pieces than it has word characters.
 
-Invariants: ``"".join(tokenize(s)) == s``; the tokens of a message depend only on its own
-characters (never on its neighbours), and the tokens of a prefix of a text are the tokens of the
-text up to the last word the prefix cuts; a word is never split into more pieces than it has
-word characters.
-
-Chat template (Qwen-like). Each message is two fixed header tokens, its content tokenized on
-its own, and one fixed footer token; the prompt ends with a fixed six-token generation prompt::
+Chat template (Qwen-like): each message is two fixed header tokens, its content tokenized on
+its own, one fixed footer token (so it counts ``2 + len(tokenize(content)) + 1`` whatever its
+neighbours); the prompt ends with the six-token generation prompt::
 
     "<|im_start|>" "{role}\\n" <content tokens> "<|im_end|>\\n"      per message
     "<|im_start|>" "assistant\\n" "<think>" "\\n\\n" "</think>" "\\n\\n"   generation prompt
 
-Because the fixed tokens are separate from the content tokens, a message's token count is
-``2 + len(tokenize(content)) + 1`` whatever its neighbours are.
+Snapshot places (the cache decides which are stored): ``system_end``, the end of
+``messages[0]`` when a system/developer turn; ``last_message_start``; ``history_end``,
+``HISTORY_TAIL`` = 7 fixed tokens before the end (also for raw `/v1/completions` prompts). That
+gives the measured Flash shapes from the template alone: an identical repeat resumes all but 7
+tokens; the same system bytes with a new ``fresh_tail()`` (always 10 content tokens) resume at
+``system_end``, 2 + 10 + 1 + 6 = 19 tokens before the end.
 
-Snapshot places this module reports (the cache module decides which are stored):
-
-- ``system_end``: the end of ``messages[0]`` when it is a system/developer message;
-- ``last_message_start``: where the last message begins;
-- ``history_end``: the end of the last message's content, i.e. ``HISTORY_TAIL`` = 7 fixed tokens
-  (its footer and the generation prompt) before the prompt end.
-
-That is what produces the measured Flash shapes from the template alone: an identical repeat
-resumes at ``history_end`` (all but 7 tokens); the same system bytes with a new
-``prefixreg.core.prefix.fresh_tail()`` user message (whose content is always 10 tokens:
-``prefixreg`` `` resume`` `` check`` `` <hex>`` ``.`` `` Reply`` `` with`` `` one`` `` word`` ``.``)
-resume at ``system_end``: 2 + 10 + 1 + 6 = 19 tokens before the end.
-
-``/v1/completions`` prompts are tokenized raw (no template); their ``history_end`` is also
-``HISTORY_TAIL`` tokens before the end, so one rule covers both routes.
-
-The answer is a fixed-length word sequence chosen by hashing the prompt tokens, so the output
-(and its sha256) is a pure function of the prompt and the token budget.
+The answer is a fixed-length word sequence chosen by hashing the prompt tokens: a pure function
+of the prompt and the token budget.
 """
 
 from __future__ import annotations
@@ -105,11 +89,7 @@ def _split(token: str, pieces: int) -> list[str]:
 
 
 def tokenize(text: str) -> list[str]:
-    """Split `text` into tokens; the tokens concatenate back to `text` exactly.
-
-    Raw tokens (``TOKEN_RE``), with each word split into pieces so the running count of word
-    pieces follows ``DENSITY`` (see the module docstring).
-    """
+    """Raw tokens, each word split so the running count of pieces follows ``DENSITY``."""
     if len(text) <= PLAIN_CHARS:
         return TOKEN_RE.findall(text)
     out: list[str] = []
@@ -146,10 +126,8 @@ def token_digest(tokens: Sequence[str]) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class RenderedPrompt:
-    """A prompt as the engine sees it: its tokens and the places a snapshot may be taken.
-
-    Places are token counts from the start (a snapshot at place p holds tokens[:p]).
-    """
+    """A prompt as the engine sees it: its tokens and the places (token counts from the start:
+    a snapshot at p holds tokens[:p]) where a snapshot may be taken."""
 
     tokens: tuple[str, ...]
     system_end: int | None
@@ -185,12 +163,8 @@ def render_completion(prompt: str) -> RenderedPrompt:
 
 
 def answer_tokens(prompt: RenderedPrompt, length: int) -> list[str]:
-    """The deterministic answer: `length` tokens (words, then a final "."), chosen by hash.
-
-    Each token is one raw token (a word with a leading space, or "."), so re-tokenizing a
-    short answer (within ``PLAIN_CHARS``) gives the same tokens; a longer one is split further,
-    like any message past its plain start.
-    """
+    """The deterministic answer: `length` raw tokens (words, then "."), chosen by hash. A short
+    answer (within ``PLAIN_CHARS``) re-tokenizes to the same tokens; a longer one splits further."""
     if length <= 0:
         return []
     stream = hashlib.shake_256(token_digest(prompt.tokens)).digest(length)
