@@ -19,19 +19,15 @@ from typing import TYPE_CHECKING, Any
 from prefixreg.sim.config import PROFILES, SimConfig
 
 if TYPE_CHECKING:
-    from prefixreg.sim.replies import API_VERSION
+    from prefixreg.sim.engine import API_VERSION
     from prefixreg.sim.server import LoggedRequest, SimServer
 
 __all__ = ["API_VERSION", "PROFILES", "LoggedRequest", "SimConfig", "SimServer"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "API_VERSION":
-        from prefixreg.sim import replies
+    if name in ("API_VERSION", "LoggedRequest", "SimServer"):
+        from prefixreg.sim import engine, server
 
-        return replies.API_VERSION
-    if name in ("LoggedRequest", "SimServer"):
-        from prefixreg.sim import server
-
-        return getattr(server, name)
+        return getattr(engine if name == "API_VERSION" else server, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

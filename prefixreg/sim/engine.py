@@ -1,5 +1,9 @@
-"""The simulator's engine state, shared by the handler threads (every method takes the lock):
-slots and queue, the memory cache, the disk tier, and the running totals `/metrics` reports.
+"""The simulator's engine, shared by the handler threads (every method takes the lock): slots
+and queue, the memory cache, the disk tier, the running totals, and what `/health`, `/cache`
+and `/metrics` report of them (halogen-api.md §1.2-§1.4): the dense field set (``cap_bytes``, no
+``version``, no ``/metrics``) or Flash's (``max_entries``, ``last_entry_bytes``, ``version``,
+``chat_template``; a ``disk`` block only with the disk tier; ``prompt_cache.cap_mb`` one slab in
+MiB, dense's the whole budget).
 
 A request looks up when it holds a slot (memory, then the disk tier when that resumes more)
 and stores only after its modelled prefill: of several identical cold requests at once, none
@@ -8,16 +12,40 @@ is served from a snapshot, since the first exists only once the first prefill co
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from prefixreg.sim.cache import Counters, PromptCache
-from prefixreg.sim.config import SimConfig
+from prefixreg.sim.cache import PromptCache
+from prefixreg.sim.config import MIB, SimConfig
 from prefixreg.sim.disk import DiskTier
-from prefixreg.sim.request import ApiError, Call
+from prefixreg.sim.protocol import (
+    CHAT_TEMPLATE_KWARGS,
+    DRAFTERS,
+    MAX_TOKENS_DEFAULT,
+    TOKEN_BUDGET_ALIASES,
+    ApiError,
+    Call,
+)
+from prefixreg.sim.tokenizer import TEMPLATE_SHA256
+
+API_VERSION = "0.7.0"  # the Flash release the defaults were measured on
+SUPPORTED = [
+    "model", "messages", "prompt", *TOKEN_BUDGET_ALIASES, "stream", "stream_options", "stop",
+    "temperature", "top_p", "top_k", "min_p", "seed", "drafter",
+]  # fmt: skip
+_TIMING = ["store_ms_total", "restore_ms_total", "last_store_ms", "last_restore_ms"]
+_FLASH_CACHE = [
+    "entries", "max_entries", "bytes", "last_entry_bytes", "hits", "misses", "stores", "evicted",
+    "refused", "prompt_tokens_saved", *_TIMING, "rows_copied", "rows_copied_ms", "disk", "hit_rate",
+]  # fmt: skip
+_DENSE_CACHE = [
+    "entries", "bytes", "reserved_bytes", "cap_bytes", "hits", "misses", "stores", "evicted",
+    "prompt_tokens_saved", *_TIMING, "refused", "hit_rate",
+]  # fmt: skip
 
 
 class Engine:
@@ -91,28 +119,96 @@ class Engine:
                 if self.disk is not None:
                     self.disk.persist(call.prompt.tokens[:place])
 
-    def counters(self) -> tuple[Counters, dict[str, Any] | None]:
-        """The memory cache's counters and the disk tier's `/cache` block (None: no tier)."""
+    def health(self) -> dict[str, Any]:
+        """`/health`: identity, load (never waits for a slot), the cache's shape, options."""
+        config, flash, enabled = self.config, self.config.flash, self.config.cache_enabled
         with self.lock:
-            return self.cache.counters(), None if self.disk is None else self.disk.body()
-
-    def load(self) -> dict[str, Any]:
-        with self.lock:
-            in_flight = len(self._holds)
+            in_flight, queued = len(self._holds), self._queued
             oldest = min((h[0] for h in self._holds), default=None)
-            queued = self._queued
-        return {
-            "busy": in_flight >= self.config.slots,
-            "slots": self.config.slots,
-            "slot_ctx": self.config.slot_ctx,
+        routes = ["/v1/chat/completions", "/v1/completions", "/v1/models"]
+        body: dict[str, Any] = {"status": "ok", "model": config.model_id, "endpoints": routes}
+        if flash:
+            body |= {"cache_counters": "/cache", "metrics": "/metrics"}
+        body["context"] = config.slot_ctx
+        if flash:
+            body["version"] = {"api": API_VERSION, "engine": API_VERSION, "match": True}
+            body["chat_template"] = {"path": None, "sha256": TEMPLATE_SHA256}
+        body |= {
+            "busy": in_flight >= config.slots,
+            "slots": config.slots,
+            "slot_ctx": config.slot_ctx,
             "in_flight": in_flight,
             "busy_for_s": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
             "queued": queued,
         }
+        if flash:  # Flash 0.17.3 reports 524288 for 4 slots of 262144: two slots' worth
+            body["kv_pool_positions"] = 2 * config.slot_ctx
+        body |= {"decode": "greedy", "drafters_available": list(DRAFTERS[config.profile])}
+        body["drafter_default"] = "serial"
+        # Flash's cap_mb is one entry's size in MiB (116389652 B -> 110), not a budget.
+        cache: dict[str, Any] = {"enabled": enabled, "cap_mb": config.slab_bytes // MIB}
+        if flash:
+            cache["mode"] = 2 if enabled else 0
+        else:
+            cache["cap_mb"] = config.cap_mb
+        cache["snapshot_align"] = config.snapshot_align
+        cache["bitwise_identical_to_cold"] = not flash and config.snapshot_align == 2048
+        body["prompt_cache"] = cache
+        if flash:
+            body["chat_template_kwargs"] = sorted(CHAT_TEMPLATE_KWARGS)
+        options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        del options["api_key"]  # never shown
+        return body | {
+            "supported": SUPPORTED,
+            "token_budget_aliases": list(TOKEN_BUDGET_ALIASES),
+            "max_tokens_default": MAX_TOKENS_DEFAULT["chat"],
+            "error_format": "openai",
+            "accepted_but_ignored": ["n"],
+            "max_tokens_cap": config.max_tokens_cap,
+            "max_tokens_over_cap": "400",
+            "simulator": {"name": "prefixreg.sim", **options},
+        }
 
-    def pool(self) -> tuple[int, int]:
-        """(positions held by in-flight prompts, positions reserved: prompt + max_tokens)."""
+    def models(self) -> dict[str, Any]:
+        model = {"id": self.config.model_id, "object": "model", "created": self.started}
+        return {"object": "list", "data": [model | {"owned_by": "prefixreg-sim"}]}
+
+    def cache_body(self) -> dict[str, Any]:
+        """`/cache`: the memory cache's counters, and the disk tier's block when it is on."""
+        config = self.config
         with self.lock:
-            held = sum(h[1] for h in self._holds)
-            reserved = sum(h[2] for h in self._holds)
-        return held, reserved
+            c, disk = self.cache.counters(), None if self.disk is None else self.disk.body()
+        values = dataclasses.asdict(c) | {
+            "max_entries": config.max_entries,
+            "reserved_bytes": c.bytes,
+            "cap_bytes": config.cap_mb * MIB,
+            "rows_copied": 0,
+            "rows_copied_ms": 0.0,
+            "disk": disk,
+            "hit_rate": c.hit_rate,
+        }
+        keys = _FLASH_CACHE if config.flash else _DENSE_CACHE
+        return {k: values[k] for k in keys if not (k == "disk" and disk is None)}
+
+    def metrics(self) -> str:
+        """Flash `/metrics`: Prometheus text, the cache-related series of halogen-api.md §1.4."""
+        pool = 2 * self.config.slot_ctx
+        with self.lock:
+            held, reserved = sum(h[1] for h in self._holds), sum(h[2] for h in self._holds)
+            series = (
+                ("halogen:prompt_tokens_cached_total", "counter", self.prompt_tokens_cached_total,
+                 "Prompt tokens the prompt cache covered (not processed)."),
+                ("llamacpp:prompt_tokens_total", "counter", self.prompt_tokens_total,
+                 "Number of prompt tokens processed."),
+                ("llamacpp:requests_total", "counter", self.requests_total,
+                 "Requests that reached the engine."),
+                ("llamacpp:kv_cache_usage_ratio", "gauge", round(held / pool, 6) if pool else 0.0,
+                 "KV-cache usage: positions held over the pool."),
+                ("halogen:kv_pool_positions", "gauge", pool, "Positions in the KV pool."),
+                ("halogen:kv_pool_reserved_tokens", "gauge", reserved,
+                 "prompt+max_tokens per admitted front-end slot."),
+            )  # fmt: skip
+        lines: list[str] = []
+        for name, kind, value, text in series:
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+        return "\n".join(lines) + "\n"

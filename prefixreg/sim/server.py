@@ -23,21 +23,20 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 
-from prefixreg.sim import replies
+from prefixreg.sim import protocol
 from prefixreg.sim.config import SimConfig
 from prefixreg.sim.engine import Engine
-from prefixreg.sim.replies import Result
-from prefixreg.sim.request import ApiError, Call, Kind, parse_request
+from prefixreg.sim.protocol import ApiError, Call, Kind, Result, parse_request
 
 LISTEN_BACKLOG = 128
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 MAX_BODY = 64 * 1024 * 1024
 _POST_ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
-_GET_ROUTES: dict[str, Callable[[SimConfig, Engine], Any]] = {
-    "/health": replies.health_body,
-    "/cache": replies.cache_body,
-    "/metrics": replies.metrics_text,
-    "/v1/models": replies.models_body,
+_GET_ROUTES: dict[str, Callable[[Engine], Any]] = {
+    "/health": Engine.health,
+    "/cache": Engine.cache_body,
+    "/metrics": Engine.metrics,
+    "/v1/models": Engine.models,
 }
 
 
@@ -66,10 +65,17 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Silence the stdlib access log; `SimServer(log=...)` gets one line per call."""
 
-    def _send(self, status: int, content_type: str, data: bytes | None) -> None:
-        """Status, headers, `data`; None starts a stream, whose body ends with the connection."""
+    def _send(self, status: int, body: Any) -> None:
+        """Status, headers and `body`: JSON, or text (`/metrics`); None starts a stream, whose
+        body ends with the connection."""
+        data: bytes | None = None
+        kind = "text/event-stream"
+        if isinstance(body, str):
+            kind, data = "text/plain; version=0.0.4", body.encode()
+        elif body is not None:
+            kind, data = "application/json", json.dumps(body, separators=(",", ":")).encode()
         self.send_response(status)
-        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Type", kind)
         if data is None:
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")
@@ -80,11 +86,8 @@ class _Handler(BaseHTTPRequestHandler):
         if data is not None:
             self.wfile.write(data)
 
-    def _send_json(self, status: int, body: Any) -> None:
-        self._send(status, "application/json", json.dumps(body, separators=(",", ":")).encode())
-
     def _send_error(self, err: ApiError) -> None:
-        self._send_json(err.status, replies.error_body(err.status, err.message, err.code))
+        self._send(err.status, protocol.error_body(err.status, err.message, err.code))
 
     def _authorized(self) -> bool:
         key = self.sim.config.api_key
@@ -126,11 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(404, f"no route {path}")  # dense exports no metrics
             if path != "/health" and not self._authorized():
                 raise ApiError(401, "invalid or missing API key")
-            out = body(config, self.sim._engine)
-            if isinstance(out, str):
-                self._send(200, "text/plain; version=0.0.4", out.encode())
-            else:
-                self._send_json(200, out)
+            self._send(200, body(self.sim._engine))
         except ApiError as err:
             self._send_error(err)
 
@@ -162,9 +161,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             with engine.slot(call):
                 started = time.monotonic()
-                result = replies.result(self.sim.config, call, engine.lookup(call))
+                result = protocol.result(self.sim.config, call, engine.lookup(call))
                 if call.stream:  # headers once a slot is held, then keepalives while prefilling
-                    self._send(200, "text/event-stream", None)
+                    self._send(200, None)
                 ok = self._prefill(result.prompt_s - work - (time.monotonic() - started), call)
                 if ok:
                     engine.store(call)  # the snapshots exist only once the prefill has run
@@ -173,7 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self.close_connection = True
                     return
                 if not call.stream:
-                    self._send_json(200, replies.response_body(result))
+                    self._send(200, protocol.response_body(result))
                 self.sim._log_call(result, time.monotonic() - started)
         except ApiError as err:  # only the slot's: nothing was sent yet
             self._send_error(err)
@@ -191,7 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return False
             seconds -= step
             if seconds > 0:
-                self.wfile.write(replies.KEEPALIVE)
+                self.wfile.write(protocol.KEEPALIVE)
         return True
 
     def _stream(self, result: Result) -> bool:
@@ -202,8 +201,8 @@ class _Handler(BaseHTTPRequestHandler):
         for i, piece in enumerate(result.pieces):
             if not self.sim._engine.sleep(t0 + (i + 1) * per_piece - time.monotonic()):
                 return False
-            self.wfile.write(replies.content_frame(result, piece))
-        self.wfile.write(replies.final_frames(result))
+            self.wfile.write(protocol.content_frame(result, piece))
+        self.wfile.write(protocol.final_frames(result))
         return True
 
 

@@ -1,20 +1,31 @@
-"""Halogen's request validation, pure: a POST body becomes a `Call` or an `ApiError`, before
-the request is queued. Errors are 400 (never 422), ``"<loc>: <msg>"``; besides field shapes, the
-documented 400s (halogen-api.md §1.5): ``top_logprobs``; ``logprobs`` with ``stream``;
-``presence_penalty``, ``frequency_penalty``, ``logit_bias`` or ``logprobs`` unless ``temperature``
-> 0 (absent is 0: greedy); a ``drafter`` the profile lacks (no silent fallback); on Flash, a
-``chat_template_kwargs`` key not in ``CHAT_TEMPLATE_KWARGS`` or contradicting the same top-level
-field (dense ignores the object).
+"""Halogen's wire protocol, pure: a POST body becomes a `Call` or an `ApiError`, a served call a
+`Result`, and a `Result` its reply, with halogen-api.md §1's field names.
 
-Tools render Qwen-style (as Halogen's front-end): the definitions go into the system turn after
-its content, so a snapshot at `system_end` covers them; ``tool_choice: "none"`` renders none
-(a different prefix: alternating it with "auto" costs a miss). An assistant turn's `tool_calls`
-render after its content. A request without `tools` renders exactly as before.
+Validation happens before the request is queued. Errors are 400 (never 422), ``"<loc>: <msg>"``;
+besides field shapes, the documented 400s (§1.5): ``top_logprobs``; ``logprobs`` with
+``stream``; ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` or ``logprobs`` unless
+``temperature`` > 0 (absent is 0: greedy); a ``drafter`` the profile lacks (no silent
+fallback); on Flash, a ``chat_template_kwargs`` key not in ``CHAT_TEMPLATE_KWARGS`` or
+contradicting the same top-level field (dense ignores the object). Tools render Qwen-style (as
+Halogen's front-end): the definitions go into the system turn after its content, so a snapshot
+at `system_end` covers them; ``tool_choice: "none"`` renders none (a different prefix:
+alternating it with "auto" costs a miss). An assistant turn's `tool_calls` render after its
+content. A request without `tools` renders exactly as before.
+
+Replies: errors ``{"error": {"message", "type", "param": null, "code"}}``, ``type`` by status,
+``code`` ``"engine_busy"`` for 503 else null; usage ``{prompt_tokens, completion_tokens,
+total_tokens}``, ``prompt_tokens_details: {cached_tokens}`` only when cached > 0; Flash
+``timings`` beside it (``cache_n`` always there), dense none. Streams: content frames, a finish
+frame (empty delta / text, ``finish_reason``, Flash ``timings``), with ``include_usage`` a
+``choices: []`` frame carrying ``usage`` (earlier frames then ``"usage": null``), then
+``data: [DONE]``.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
@@ -22,7 +33,7 @@ from typing import Any, Literal, TypeGuard
 from prefixreg.core import jsonio
 from prefixreg.core.errors import CorruptRecordError
 from prefixreg.sim.config import SimConfig
-from prefixreg.sim.tokenizer import RenderedPrompt, render_chat, render_completion
+from prefixreg.sim.tokenizer import RenderedPrompt, answer_tokens, render_chat, render_completion
 
 Kind = Literal["chat", "completion"]
 TOKEN_BUDGET_ALIASES = ("max_tokens", "max_completion_tokens", "max_output_tokens")
@@ -35,6 +46,14 @@ CHAT_TEMPLATE_KWARGS = frozenset({"enable_thinking", "preserve_thinking", "reaso
 TOOLS_HEADER = "\n\n# Tools\n\nYou may call one or more of these functions:\n<tools>\n"
 TOOL_CHOICES = frozenset({"none", "auto", "required"})
 _RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0)}
+KEEPALIVE = b": keepalive\n\n"
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
 
 
 class ApiError(Exception):
@@ -238,3 +257,139 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
         )
     # Like dense, silently lower the budget to the room left in the slot.
     return Call(kind, prompt, min(max_tokens, config.slot_ctx - prompt.n), stream, include_usage)
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One served call: its answer, what it resumed, its durations in real (scaled) seconds."""
+
+    call: Call
+    config: SimConfig
+    id: str
+    created: int
+    pieces: tuple[str, ...]
+    finish_reason: str
+    cached: int
+    prompt_s: float
+    decode_s: float
+    disk_n: int  # of `cached`, restored from the disk tier
+    disk_s: float
+
+
+def result(config: SimConfig, call: Call, found: tuple[int, int, float]) -> Result:
+    """Model a call from what its lookup `found` (`Engine.lookup`)."""
+    cached, disk_n, disk_s = found
+    answer = answer_tokens(call.prompt, config.answer_tokens)
+    pieces = tuple(answer[: call.max_tokens])
+    prefill = config.prefill_s(prompt=call.prompt.n, cached=cached)
+    return Result(
+        call=call,
+        config=config,
+        id=("chatcmpl-" if call.kind == "chat" else "cmpl-") + secrets.token_hex(12),
+        created=int(time.time()),
+        pieces=pieces,
+        finish_reason="stop" if len(pieces) == len(answer) else "length",
+        cached=cached,
+        prompt_s=(prefill + disk_s) / config.speed,
+        decode_s=len(pieces) / config.decode_tps / config.speed,
+        disk_n=disk_n,
+        disk_s=disk_s / config.speed,
+    )
+
+
+def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    """The OpenAI error envelope Halogen uses."""
+    if code is None and status == 503:
+        code = "engine_busy"
+    kind = _ERROR_TYPES.get(status, "server_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def usage(result: Result) -> dict[str, Any]:
+    """The usage object; `prompt_tokens_details` only when something was cached."""
+    prompt_n, completion_n = result.call.prompt.n, len(result.pieces)
+    body: dict[str, Any] = {
+        "prompt_tokens": prompt_n,
+        "completion_tokens": completion_n,
+        "total_tokens": prompt_n + completion_n,
+    }
+    if result.cached > 0:
+        body["prompt_tokens_details"] = {"cached_tokens": result.cached}
+    return body
+
+
+def timings(result: Result) -> dict[str, Any]:
+    """Flash `timings`: llama.cpp-style, `prompt_n` is what was actually prefilled."""
+    prompt_n, predicted_n = result.call.prompt.n - result.cached, len(result.pieces)
+    body: dict[str, Any] = {
+        "prompt_n": prompt_n,
+        "prompt_ms": round(result.prompt_s * 1000, 3),
+        "prompt_per_second": round(prompt_n / result.prompt_s, 3) if result.prompt_s else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": round(result.decode_s * 1000, 3),
+        "predicted_per_second": (
+            round(predicted_n / result.decode_s, 3) if result.decode_s else 0.0
+        ),
+        "cache_n": result.cached,
+        "draft_n": 0,
+        "draft_n_accepted": 0,
+    }
+    if result.config.cache_dir is not None:  # the disk tier is on
+        body["disk_restore_n"] = result.disk_n
+        body["disk_restore_ms"] = round(result.disk_s * 1000, 3)
+    return body
+
+
+def _body(result: Result, finish: str | None, text: str | None, *, chunk: bool) -> dict[str, Any]:
+    """The envelope with one choice: a message (chat), a delta (chat stream) or a text
+    (completions); `text` None is a stream's finish frame."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+    if result.call.kind == "completion":
+        choice["text"] = text or ""
+    elif chunk:
+        choice["delta"] = {} if text is None else {"content": text}
+    else:
+        choice["message"] = {"role": "assistant", "content": text}
+    kind = "chat.completion.chunk" if chunk else "chat.completion"
+    body: dict[str, Any] = {
+        "id": result.id,
+        "created": result.created,
+        "model": result.config.model_id,
+        "object": "text_completion" if result.call.kind == "completion" else kind,
+        "choices": [choice],
+    }
+    if chunk and result.call.include_usage:
+        body["usage"] = None
+    return body
+
+
+def response_body(result: Result) -> dict[str, Any]:
+    """The non-streaming reply."""
+    body = _body(result, result.finish_reason, "".join(result.pieces), chunk=False)
+    body["usage"] = usage(result)
+    if result.config.flash:
+        body["timings"] = timings(result)
+    return body
+
+
+def content_frame(result: Result, piece: str) -> bytes:
+    """One streamed piece of the answer."""
+    return sse(_body(result, None, piece, chunk=True))
+
+
+def final_frames(result: Result) -> bytes:
+    """The finish frame (with flash `timings`), the usage frame if asked for, and [DONE]."""
+    finish = _body(result, result.finish_reason, None, chunk=True)
+    if result.config.flash:
+        finish["timings"] = timings(result)
+    frames = [sse(finish)]
+    if result.call.include_usage:
+        last = _body(result, None, None, chunk=True) | {"choices": [], "usage": usage(result)}
+        frames.append(sse(last))
+    return b"".join(frames) + sse("[DONE]")
+
+
+def sse(payload: Mapping[str, Any] | str) -> bytes:
+    """One SSE `data:` frame; a str payload is sent as is (`[DONE]`)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
