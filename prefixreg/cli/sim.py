@@ -45,11 +45,9 @@ def _shown(value: object) -> str:
 
 def option_help(f: dataclasses.Field[Any]) -> str:
     """A field's help text, ending with its default: ``Default: 8 (measured; dense: 3).``"""
-    from prefixreg.sim.config import PROFILE_DEFAULTS
-
     notes = [f.metadata["note"]] if f.metadata["note"] else []
-    if f.name in PROFILE_DEFAULTS["dense"]:
-        notes.append(f"dense: {_shown(PROFILE_DEFAULTS['dense'][f.name])}")
+    if "dense" in f.metadata:
+        notes.append(f"dense: {_shown(f.metadata['dense'])}")
     shown = f.metadata.get("shown") or _shown(f.metadata.get("cli_default", f.default))
     return (
         f"{f.metadata['help']} Default: {shown}" + (f" ({'; '.join(notes)})" if notes else "") + "."

@@ -17,7 +17,7 @@ halogen-api.md §2.1). ``token_bytes`` is not measured: the lane stored 43,531 t
 The `dense` profile (Halogen dense 0.1.x, `SimConfig.for_profile("dense")`) differs where the
 reference says: 2048-aligned snapshots with partial resume, one request at a time, whole
 full-context entries, no counter lag, no duplicate snapshots, no `timings`, no `/metrics`, no
-disk tier (`PROFILE_DEFAULTS`).
+disk tier (each field's ``dense`` metadata).
 
 The time model, fitted to the lane's probe (legs A1 cold, A2 identical repeat, B fresh tail;
 ``max_tokens`` 1) at 2,593 / 11,374 / 21,337 / 43,538 prompt tokens. Prefill: ``u`` uncached
@@ -45,7 +45,7 @@ PROFILES: tuple[str, ...] = get_args(Profile)
 MIB = 1 << 20
 GIB = 1 << 30
 FLASH_ENTRY_BYTES = 116_389_652  # measured `last_entry_bytes`, whatever the prompt size
-DENSE_ENTRY_BYTES = 18_400_000_000  # "whole full-context entries of ~18.4 GB at 262K"
+DENSE_ENTRY = 18_400_000_000  # "whole full-context entries of ~18.4 GB at 262K"
 DENSE_CAP_MB = 61_440  # 64.4 GB: the documented AUTO budget that gives 3 entries
 
 
@@ -87,25 +87,32 @@ class SimConfig:
         repr=False,  # never shown
     )
     model: str | None = knob(None, "Model id reported.", shown="prefixreg-sim-<profile>")
-    max_entries: int = knob(8, "LRU capacity in snapshots.", "measured", ge=0)
+    # dense: "3 x 262144-token entries" (the halogen-server issue #5 startup line)
+    max_entries: int = knob(8, "LRU capacity in snapshots.", "measured", ge=0, dense=3)
     entries_per_request: int = knob(
         2,
         "Snapshots stored per request (flash: system end, history end, then last message "
         "start, prompt end).",
         "measured",
         ge=1,
+        dense=1,
     )
     snapshot_align: int = knob(
-        0, "Snapshot places are rounded down to this many tokens; 0 = exact.", "measured", ge=0
+        0,
+        "Snapshot places are rounded down to this many tokens; 0 = exact.",
+        "measured",
+        ge=0,
+        dense=2048,  # HALOGEN_CACHE_ALIGN's default
     )
     entry_bytes: int = knob(
-        FLASH_ENTRY_BYTES, "Size of one entry (slab) in bytes.", "measured", ge=1
+        FLASH_ENTRY_BYTES, "Size of one entry (slab) in bytes.", "measured", ge=1, dense=DENSE_ENTRY
     )
     cap_mb: int = knob(
         0,
         "The cache-size option (cacheMb -> HALOGEN_CACHE_MB), in MiB. Flash: the size of one "
         "entry's slab (0 = --entry-bytes); dense: the whole budget, cut into whole entries.",
         ge=0,
+        dense=DENSE_CAP_MB,
     )
     token_bytes: int = knob(
         2048,
@@ -114,17 +121,20 @@ class SimConfig:
         "not measured: the lane stored 43,531 tokens in a 111 MiB slab",
         ge=0,
         why="0: no per-token wall",
+        dense=0,  # a dense entry is a whole full-context entry: no per-token wall
     )
     counter_lag: int = knob(
         1,
         "Requests before a call's hits/misses/prompt_tokens_saved show in /cache; 0 = immediate.",
         "measured on Flash",
         ge=0,
+        dense=0,
     )
     dedupe_snapshots: bool = knob(
         False,
         "Refresh an identical snapshot instead of storing it again.",
         "measured on Flash 0.7.0: snapshot every request",
+        dense=True,
     )
     prefill_tps: float = knob(1370.0, "Batched prefill throughput, tokens/s.", "fitted", gt=0)
     prefill_setup_s: float = knob(
@@ -137,13 +147,16 @@ class SimConfig:
         0.0855, "Extra milliseconds per stepped token per 1,000 tokens of context.", "fitted", ge=0
     )
     decode_tps: float = knob(60.0, "Decode speed, tokens/s.", "measured", gt=0)
-    slots: int = knob(4, "Requests served at once; more wait in the queue.", "measured", ge=1)
+    slots: int = knob(  # dense: batch-1
+        4, "Requests served at once; more wait in the queue.", "measured", ge=1, dense=1
+    )
     slot_ctx: int = knob(262_144, "Tokens per slot; a longer prompt is a 400.", "measured", ge=1)
     max_tokens_cap: int = knob(65_536, "Largest max_tokens accepted; more is a 400.", ge=1)
     queue_timeout: float = knob(
         3600.0,
         "Seconds a request may wait for a slot before 503 engine_busy (divided by --speed).",
         ge=0,
+        dense=7200.0,
     )
     keepalive: float = knob(
         10.0,
@@ -192,14 +205,15 @@ class SimConfig:
 
     @classmethod
     def for_profile(cls, profile: str, **overrides: Any) -> SimConfig:
-        """The profile's defaults, then every override that is not None."""
+        """The profile's defaults (dense: each field's ``dense``), then every override that is
+        not None."""
         unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
         if unknown:
             raise UsageError(f"simulator: unknown option(s) {', '.join(unknown)}")
-        values: dict[str, Any] = dict(PROFILE_DEFAULTS.get(profile, {}))
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        values["profile"] = profile
-        return cls(**values)
+        values = {f.name: f.metadata["dense"] for f in fields(cls) if "dense" in f.metadata}
+        values = values if profile == "dense" else {}
+        values |= {k: v for k, v in overrides.items() if v is not None}
+        return cls(**(values | {"profile": profile}))
 
     @property
     def model_id(self) -> str:
@@ -235,20 +249,3 @@ class SimConfig:
             return 0.0
         step_s = (self.step_ms + prompt / 1000 * self.step_ms_per_kctx) / 1000
         return min(uncached * step_s, self.prefill_setup_s + uncached / self.prefill_tps)
-
-
-PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "flash": {},
-    "dense": {
-        "max_entries": 3,  # "3 x 262144-token entries" (halogen-server issue #5 startup line)
-        "entries_per_request": 1,
-        "snapshot_align": 2048,  # HALOGEN_CACHE_ALIGN default
-        "entry_bytes": DENSE_ENTRY_BYTES,
-        "cap_mb": DENSE_CAP_MB,
-        "token_bytes": 0,  # a dense entry is a whole full-context entry: no per-token wall
-        "counter_lag": 0,
-        "dedupe_snapshots": True,
-        "slots": 1,  # batch-1
-        "queue_timeout": 7200.0,
-    },
-}

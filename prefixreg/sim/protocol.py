@@ -80,10 +80,6 @@ class Call:
     include_usage: bool
 
 
-def _is_int(value: object) -> TypeGuard[int]:
-    return type(value) is int
-
-
 def _is_number(value: object) -> TypeGuard[float]:
     return type(value) in (int, float)
 
@@ -109,19 +105,6 @@ def _content_text(content: object, loc: str) -> str:
     return "".join(parts)
 
 
-def _tools_block(body: Mapping[str, Any]) -> str:
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if choice is not None and not (choice in TOOL_CHOICES or isinstance(choice, dict)):
-        raise invalid("body.tool_choice", f"must be one of {sorted(TOOL_CHOICES)} or an object")
-    if tools is None:
-        return ""
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise invalid("body.tools", "must be a list of objects")
-    if not tools or choice == "none":
-        return ""
-    return TOOLS_HEADER + "\n".join(_compact(t) for t in tools) + "\n</tools>"
-
-
 def _messages(body: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The (role, content) pairs the template renders: each assistant turn's tool calls after
     its content, the tools block folded into the system turn (one is opened for it when the
@@ -142,10 +125,19 @@ def _messages(body: Mapping[str, Any]) -> list[tuple[str, str]]:
             raise invalid(f"{loc}.tool_calls", "must be a list")
         content += "".join(f"\n<tool_call>\n{_compact(c)}\n</tool_call>" for c in calls or ())
         out.append((role, content))
-    block = _tools_block(body)
-    if block and out[0][0] in ("system", "developer"):
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if choice is not None and not (choice in TOOL_CHOICES or isinstance(choice, dict)):
+        raise invalid("body.tool_choice", f"must be one of {sorted(TOOL_CHOICES)} or an object")
+    if tools is not None and not (
+        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+    ):
+        raise invalid("body.tools", "must be a list of objects")
+    if not tools or choice == "none":
+        return out
+    block = TOOLS_HEADER + "\n".join(_compact(t) for t in tools) + "\n</tools>"
+    if out[0][0] in ("system", "developer"):
         out[0] = (out[0][0], out[0][1] + block)
-    elif block:
+    else:
         out.insert(0, ("system", block.lstrip("\n")))
     return out
 
@@ -153,7 +145,7 @@ def _messages(body: Mapping[str, Any]) -> list[tuple[str, str]]:
 def _token_budget(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> int:
     sent = {name: body[name] for name in TOKEN_BUDGET_ALIASES if body.get(name) is not None}
     for name, value in sent.items():
-        if not _is_int(value) or value < 1:
+        if type(value) is not int or value < 1:
             raise invalid(f"body.{name}", "must be an integer >= 1")
     if len(set(sent.values())) > 1:
         listed = ", ".join(f"{k}={v}" for k, v in sent.items())
@@ -196,7 +188,7 @@ def _options(body: Mapping[str, Any], profile: str) -> tuple[bool, bool]:
         if value is not None and (not _is_number(value) or not low <= value <= high):
             raise invalid(f"body.{name}", f"must be a number in {low}..{high}")
     top_k = body.get("top_k")
-    if top_k is not None and (not _is_int(top_k) or top_k < 0):
+    if top_k is not None and (type(top_k) is not int or top_k < 0):
         raise invalid("body.top_k", "must be an integer >= 0")
     stream, include_usage = _stream_flags(body)
     if body.get("top_logprobs") is not None:
@@ -307,12 +299,8 @@ def error_body(status: int, message: str, code: str | None = None) -> dict[str, 
 
 def usage(result: Result) -> dict[str, Any]:
     """The usage object; `prompt_tokens_details` only when something was cached."""
-    prompt_n, completion_n = result.call.prompt.n, len(result.pieces)
-    body: dict[str, Any] = {
-        "prompt_tokens": prompt_n,
-        "completion_tokens": completion_n,
-        "total_tokens": prompt_n + completion_n,
-    }
+    n, k = result.call.prompt.n, len(result.pieces)
+    body: dict[str, Any] = {"prompt_tokens": n, "completion_tokens": k, "total_tokens": n + k}
     if result.cached > 0:
         body["prompt_tokens_details"] = {"cached_tokens": result.cached}
     return body
@@ -320,16 +308,15 @@ def usage(result: Result) -> dict[str, Any]:
 
 def timings(result: Result) -> dict[str, Any]:
     """Flash `timings`: llama.cpp-style, `prompt_n` is what was actually prefilled."""
-    prompt_n, predicted_n = result.call.prompt.n - result.cached, len(result.pieces)
+    prompt_n, prompt_s = result.call.prompt.n - result.cached, result.prompt_s
+    predicted_n, decode_s = len(result.pieces), result.decode_s
     body: dict[str, Any] = {
         "prompt_n": prompt_n,
-        "prompt_ms": round(result.prompt_s * 1000, 3),
-        "prompt_per_second": round(prompt_n / result.prompt_s, 3) if result.prompt_s else 0.0,
+        "prompt_ms": round(prompt_s * 1000, 3),
+        "prompt_per_second": round(prompt_n / prompt_s, 3) if prompt_s else 0.0,
         "predicted_n": predicted_n,
-        "predicted_ms": round(result.decode_s * 1000, 3),
-        "predicted_per_second": (
-            round(predicted_n / result.decode_s, 3) if result.decode_s else 0.0
-        ),
+        "predicted_ms": round(decode_s * 1000, 3),
+        "predicted_per_second": round(predicted_n / decode_s, 3) if decode_s else 0.0,
         "cache_n": result.cached,
         "draft_n": 0,
         "draft_n_accepted": 0,
@@ -386,10 +373,9 @@ def final_frames(result: Result) -> bytes:
     if result.call.include_usage:
         last = _body(result, None, None, chunk=True) | {"choices": [], "usage": usage(result)}
         frames.append(sse(last))
-    return b"".join(frames) + sse("[DONE]")
+    return b"".join(frames) + b"data: [DONE]\n\n"
 
 
-def sse(payload: Mapping[str, Any] | str) -> bytes:
-    """One SSE `data:` frame; a str payload is sent as is (`[DONE]`)."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
+def sse(payload: Mapping[str, Any]) -> bytes:
+    """One SSE `data:` frame."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
