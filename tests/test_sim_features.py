@@ -43,7 +43,7 @@ def system_of(n_words: int, word: str = "s") -> str:
 def test_sixteen_connects_complete_without_an_accept() -> None:
     # Bound but not serving: the kernel completes handshakes into the listen backlog. With a
     # backlog of 5 the connects past it would wait for SYN retransmits (~1 s).
-    sim = SimServer(SimConfig(speed=FAST)).bind()
+    sim = SimServer(SimConfig(speed=FAST))  # bound, not started
     socks: list[socket.socket] = []
     try:
         for _ in range(16):

@@ -91,7 +91,7 @@ class _SimCommand:
                 if "env" in f.metadata and options[f.name] is None:
                     options[f.name] = os.environ.get(f.metadata["env"]) or None
             config = SimConfig.for_profile(options.pop("profile") or "flash", **options)
-            server = SimServer(config, log=None if quiet else info).bind()
+            server = SimServer(config, log=None if quiet else info)
             auth = ", API key required" if config.api_key else ""
             info(
                 f"prefixreg sim ({config.profile}, speed {config.speed:g}{auth}) listening on "

@@ -135,7 +135,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self._route("POST")
-        kind = _POST_ROUTES.get(path)
+        kind, engine = _POST_ROUTES.get(path), self.sim._engine
         try:
             if kind is None or not self._authorized():
                 try:  # drain the body so a keep-alive connection stays in sync
@@ -148,18 +148,8 @@ class _Handler(BaseHTTPRequestHandler):
             raw = self._read_body()
             t0 = time.monotonic()
             call = parse_request(raw, kind, self.sim.config)
-            work = time.monotonic() - t0
-        except ApiError as err:
-            self._send_error(err)
-            return
-        self._complete(call, work)
-
-    def _complete(self, call: Call, work: float) -> None:
-        """Serve a validated call once it holds a slot. `work`: seconds already spent on it
-        (tokenizing), which, with the lookup's, count against the modelled prefill."""
-        engine = self.sim._engine
-        try:
-            with engine.slot(call):
+            work = time.monotonic() - t0  # tokenizing and the lookup count against the prefill
+            with engine.slot(call):  # its 503 is the last error: nothing was sent before it
                 started = time.monotonic()
                 result = protocol.result(self.sim.config, call, engine.lookup(call))
                 if call.stream:  # headers once a slot is held, then keepalives while prefilling
@@ -174,7 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if not call.stream:
                     self._send(200, protocol.response_body(result))
                 self.sim._log_call(result, time.monotonic() - started)
-        except ApiError as err:  # only the slot's: nothing was sent yet
+        except ApiError as err:
             self._send_error(err)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away; nothing to answer
@@ -207,12 +197,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class SimServer:
-    """A running simulator. Use as a context manager, or `start()` / `stop()`.
-
-    ``SimServer(SimConfig(speed=1000))`` binds ``config.host:config.port`` (127.0.0.1 and an
-    ephemeral port by default) on `start`, serves from a daemon thread, and exposes ``url``.
-    ``log`` receives one human-readable line per completed call (the CLI prints them).
-    """
+    """A simulator bound to ``config.host:config.port`` (127.0.0.1 and an ephemeral port by
+    default) from construction, so `url` is valid at once; `start` serves from a daemon thread,
+    `stop` ends it (also as a context manager). ``log`` receives one line per completed call."""
 
     def __init__(
         self, config: SimConfig | None = None, *, log: Callable[[str], None] | None = None
@@ -222,30 +209,24 @@ class SimServer:
         self._engine = Engine(self.config)
         self._requests: list[LoggedRequest] = []
         self._requests_lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
+        handler = type("SimHandler", (_Handler,), {"sim": self})
+        self._httpd = _HTTPServer((self.config.host, self.config.port), handler)
         self._thread: threading.Thread | None = None
-
-    def bind(self) -> SimServer:
-        """Bind the listening socket (idempotent); `url` is valid afterwards."""
-        if self._httpd is None:
-            handler = type("SimHandler", (_Handler,), {"sim": self})
-            self._httpd = _HTTPServer((self.config.host, self.config.port), handler)
-        return self
+        self.host, self.port = str(self._httpd.server_address[0]), self._httpd.server_address[1]
+        self.url = f"http://{self.host}:{self.port}"  # the server is IPv4 (AF_INET) only
 
     def start(self) -> SimServer:
-        """Bind and serve from a daemon thread."""
-        httpd = self.bind()._require()
         if self._thread is None:
             serve = {"poll_interval": 0.05}
-            self._thread = threading.Thread(target=httpd.serve_forever, kwargs=serve, daemon=True)
+            self._thread = threading.Thread(
+                target=self._httpd.serve_forever, kwargs=serve, daemon=True
+            )
             self._thread.start()
         return self
 
     def stop(self) -> None:
         """Stop serving, wake sleeping requests so they end, close the socket."""
         self._engine.stopping.set()
-        if self._httpd is None:
-            return
         if self._thread is not None:
             self._httpd.shutdown()
             self._thread.join(timeout=5)
@@ -257,23 +238,6 @@ class SimServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    def _require(self) -> ThreadingHTTPServer:
-        if self._httpd is None:
-            raise RuntimeError("the simulator is not bound; call start() first")
-        return self._httpd
-
-    @property
-    def host(self) -> str:
-        return str(self._require().server_address[0])
-
-    @property
-    def port(self) -> int:
-        return int(self._require().server_address[1])
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"  # the server is IPv4 (AF_INET) only
 
     def requests(self) -> list[LoggedRequest]:
         """Every request line received so far, oldest first (a copy)."""
