@@ -1,9 +1,7 @@
-"""`prefixreg demo`'s work: the whole main job on an embedded default, for a newcomer.
-
-It starts the simulator in-process on a free loopback port, opens a registry (a fresh
-temporary directory unless one is given), adds the sample coding-agent system prompt,
-warms it (cold call, then a resume check with a fresh tail), runs a short probe, and stops
-the simulator. Everything it reports comes from the simulated server's own numbers.
+"""`prefixreg demo`'s work, for a newcomer: start the simulator in-process on a free loopback
+port, add the sample coding-agent system prompt to a registry (a fresh temporary one unless
+given), warm it (cold call, then a resume check with a fresh tail), run a short probe, stop.
+Everything reported comes from the simulated server's own numbers.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""`prefixreg demo`: add -> warm -> probe against the built-in simulator, for newcomers.
-The work and its report are in `prefixreg.cli.demo`, imported when the command runs."""
+"""`prefixreg demo`: add -> warm -> probe on the built-in simulator (`prefixreg.cli.demo`)."""
 
 from __future__ import annotations
 

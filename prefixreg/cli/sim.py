@@ -1,10 +1,9 @@
 """`prefixreg sim`: run the Halogen-compatible simulator in the foreground.
 
 One option per `SimConfig` field, from its metadata (`prefixreg.sim.config.knob`): named after
-it, typed by its default, with its help and defaults (the measured lane's, and dense's where
-they differ). Options default to None, so the profile's default applies, unless the field names
-a ``cli_default``; a field with ``env`` falls back to that variable. They are built when typer
-builds the command, so registering it (as `prefixreg --help` does) imports no simulator.
+it, typed by its default, with its help and defaults. Options default to None (the profile's
+default applies) unless the field names a ``cli_default``; ``env`` names a fallback variable.
+Typer builds them with the command, so registering it (`prefixreg --help`) imports no simulator.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ _HELP = (
     "Wall: a snapshot of t tokens needs t x token-bytes of its slab (cap-mb MiB when set, "
     "else entry-bytes); one the slab cannot take is refused (/cache refused)."
 )
+_KW = inspect.Parameter.KEYWORD_ONLY
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Do not print a line per request.")]
 
 
@@ -49,9 +49,8 @@ def option_help(f: dataclasses.Field[Any]) -> str:
     if "dense" in f.metadata:
         notes.append(f"dense: {_shown(f.metadata['dense'])}")
     shown = f.metadata.get("shown") or _shown(f.metadata.get("cli_default", f.default))
-    return (
-        f"{f.metadata['help']} Default: {shown}" + (f" ({'; '.join(notes)})" if notes else "") + "."
-    )
+    tail = f" ({'; '.join(notes)})" if notes else ""
+    return f"{f.metadata['help']} Default: {shown}{tail}."
 
 
 def _option(f: dataclasses.Field[Any]) -> inspect.Parameter:
@@ -62,10 +61,7 @@ def _option(f: dataclasses.Field[Any]) -> inspect.Parameter:
     option = typer.Option(decls, help=option_help(f), show_default=False)
     default = f.metadata.get("cli_default")
     return inspect.Parameter(
-        f.name,
-        inspect.Parameter.KEYWORD_ONLY,
-        default=default,
-        annotation=Annotated[kind | None, option],
+        f.name, _KW, default=default, annotation=Annotated[kind | None, option]
     )
 
 
@@ -80,8 +76,9 @@ class _SimCommand:
     def __signature__(self) -> inspect.Signature:
         from prefixreg.sim.config import SimConfig
 
-        own = inspect.signature(_own_options, eval_str=True).parameters.values()
-        return inspect.Signature([*map(_option, dataclasses.fields(SimConfig)), *own])
+        own = [("quiet", QuietOpt), ("debug", DebugOpt)]  # not simulator fields
+        params = [inspect.Parameter(name, _KW, default=False, annotation=a) for name, a in own]
+        return inspect.Signature([*map(_option, dataclasses.fields(SimConfig)), *params])
 
     def __call__(self, *, quiet: bool, debug: bool, **options: Any) -> None:
         with cli_errors(debug):
@@ -104,10 +101,6 @@ class _SimCommand:
                 info("stopping")
             finally:
                 server.stop()
-
-
-def _own_options(*, quiet: QuietOpt = False, debug: DebugOpt = False) -> None:
-    """The options of `sim` that are not simulator fields (only its signature is used)."""
 
 
 def register(app: typer.Typer) -> None:

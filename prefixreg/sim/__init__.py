@@ -1,9 +1,5 @@
-"""A model-free, Halogen-compatible worker on loopback, for tests and demos (DESIGN §7).
-
-It speaks Halogen's HTTP surface and reproduces the prompt-cache behaviour measured on the real
-Flash lane: a peer to develop and test against, not a way to measure Halogen.
-
-    from prefixreg.sim import SimConfig, SimServer
+"""A model-free, Halogen-compatible worker on loopback that reproduces the prompt cache measured
+on the Flash lane: a peer for tests and demos (DESIGN §7), not a way to measure Halogen.
 
     with SimServer(SimConfig(speed=1000)) as sim:      # 127.0.0.1, ephemeral port
         ...  # talk to sim.url; sim.requests() lists (method, path) received

@@ -1,23 +1,19 @@
 """The simulated prompt cache: an LRU of snapshots and its `/cache` counters. Pure (no I/O).
 
 A snapshot is the token prefix ``tokens[:place]`` of one request, which goes through the cache
-as on the real engine:
-
-1. `lookup` when it starts: earlier requests' hit/miss/saved deltas become visible once
-   ``counter_lag`` later requests have started (Flash: 1; ``stores``, ``evicted``, ``refused``,
-   ``entries``, ``bytes`` never lag); then the longest usable snapshot is found and refreshed.
-   Flash resumes only an exact prefix of the prompt, whole (a recurrent state cannot resume
-   mid-way); dense any common prefix rounded down to ``snapshot_align`` and below the prompt
-   length (so a shorter prompt never hits). `count` records the hit or miss (the caller may
-   have found more on the disk tier).
-2. `store`, once the prefill has finished (never before its state exists): each place
-   (`snapshot_places`) becomes the most recent entry, evicting the least recent over capacity.
-   Flash 0.7.0 stores every request's snapshots, even equal ones (so once full every store
-   evicts); dense (``dedupe_snapshots``) refreshes an equal snapshot instead.
+as on the real engine. 1. `lookup` when it starts: earlier requests' hit/miss/saved deltas
+become visible once ``counter_lag`` later requests have started (Flash: 1; ``stores``,
+``evicted``, ``refused``, ``entries``, ``bytes`` never lag); then the longest usable snapshot is
+found and refreshed. Flash resumes only an exact prefix of the prompt, whole (a recurrent state
+cannot resume mid-way); dense any common prefix rounded down to ``snapshot_align`` and below
+the prompt length (a shorter prompt never hits). `count` records the hit or miss (the caller
+may have found more on the disk tier). 2. `store`, once the prefill has finished (never before
+its state exists): each place (`snapshot_places`) becomes the most recent entry, evicting the
+least recent over capacity. Flash 0.7.0 stores every request's snapshots, even equal ones (once
+full, every store evicts); dense (``dedupe_snapshots``) refreshes an equal snapshot instead.
 
 The wall: a snapshot of ``t`` tokens needs ``t * token_bytes`` of its fixed-size slab (0: no
 wall); a place the slab cannot take, or any when capacity is 0 while enabled, is ``refused``.
-
 Invariants: ``0 <= entries <= capacity``; ``stores - evicted == entries``; cached <= prompt
 length (< for dense); counters only grow.
 """
@@ -66,12 +62,10 @@ def _align_down(value: int, align: int) -> int:
 
 
 def snapshot_places(prompt: RenderedPrompt, config: SimConfig) -> list[int]:
-    """The places this request stores, ascending, each in 1..n.
-
-    Flash: the first ``entries_per_request`` of (system end, history end, last message start,
-    prompt end), those that exist, aligned down to ``align`` when it is set. Dense: the last
-    ``entries_per_request`` multiples of ``align`` strictly below the prompt length.
-    """
+    """The places this request stores, ascending, each in 1..n. Flash: the first
+    ``entries_per_request`` of (system end, history end, last message start, prompt end) that
+    exist, aligned down; dense: the last ``entries_per_request`` multiples of the alignment
+    strictly below the prompt length."""
     n, k, align = prompt.n, config.entries_per_request, config.snapshot_align
     if not config.flash:
         top = _align_down(n - 1, align) if n > 0 else 0

@@ -2,22 +2,18 @@
 0.7.0), and the time model the knobs drive. Pure.
 
 Each field carries its option's metadata (`knob`): help text, where the default comes from
-(``note``), the bound it must respect (``ge`` / ``gt``, with ``why``), and CLI extras (``shown``:
-the default as the help states it; ``cli_default``; ``env``: a fallback variable). `prefixreg
-sim` builds its options from them, so the two cannot drift apart. A value of the wrong type or
-out of bounds is a `UsageError` naming the field.
+(``note``), its bound (``ge`` / ``gt``, with ``why``), its ``dense`` default, and CLI extras
+(``shown``, ``cli_default``, ``env``); `prefixreg sim` builds its options from them. A value of
+the wrong type or out of bounds is a `UsageError` naming the field.
 
-The wall. A Flash entry is a slab; a snapshot of t tokens needs ``t * token_bytes`` of it, and
-one its slab cannot take is refused (`/cache` `refused`). ``cap_mb`` (``HALOGEN_CACHE_MB``): on
-Flash, when set, the slab's size in MiB (0 = the measured ``entry_bytes``); on dense the whole
-budget, cut into whole ``entry_bytes`` entries (61,440 MiB = 64.4 GB -> 3 entries of ~18.4 GB,
-halogen-api.md §2.1). ``token_bytes`` is not measured: the lane stored 43,531 tokens in a
-111 MiB slab (at most 2,673 B a token); 2,048 puts the default wall at 56,830 tokens.
-
-The `dense` profile (Halogen dense 0.1.x, `SimConfig.for_profile("dense")`) differs where the
-reference says: 2048-aligned snapshots with partial resume, one request at a time, whole
-full-context entries, no counter lag, no duplicate snapshots, no `timings`, no `/metrics`, no
-disk tier (each field's ``dense`` metadata).
+The wall: a snapshot of t tokens needs ``t * token_bytes`` of its slab (Flash: ``cap_mb`` MiB
+when set, else ``entry_bytes``) or is refused (`/cache` `refused`); on dense ``cap_mb`` is the
+whole budget, cut into whole entries (61,440 MiB -> 3 of ~18.4 GB, halogen-api.md §2.1). The
+lane held 43,531 tokens in a 111 MiB slab (at most 2,673 B a token); 2,048 puts the default wall
+at 56,830 tokens. The `dense` profile (Halogen dense 0.1.x, `SimConfig.for_profile("dense")`)
+differs where the reference says: 2048-aligned snapshots with partial resume, one request at a
+time, whole full-context entries, no counter lag, no duplicate snapshots, no `timings`, no
+`/metrics`, no disk tier.
 
 The time model, fitted to the lane's probe (legs A1 cold, A2 identical repeat, B fresh tail;
 ``max_tokens`` 1) at 2,593 / 11,374 / 21,337 / 43,538 prompt tokens. Prefill: ``u`` uncached
@@ -227,9 +223,7 @@ class SimConfig:
     @property
     def slab_bytes(self) -> int:
         """Bytes of one entry: the Flash slab (`cap_mb` MiB when set), or the dense entry."""
-        if self.flash and self.cap_mb > 0:
-            return self.cap_mb * MIB
-        return self.entry_bytes
+        return self.cap_mb * MIB if self.flash and self.cap_mb > 0 else self.entry_bytes
 
     @property
     def cache_enabled(self) -> bool:
@@ -238,9 +232,8 @@ class SimConfig:
     @property
     def capacity(self) -> int:
         """Entries the cache can hold: `max_entries`, cut by the dense budget (`cap_mb`)."""
-        if self.flash:
-            return self.max_entries
-        return min(self.max_entries, self.cap_mb * MIB // self.slab_bytes)
+        budget = self.max_entries if self.flash else self.cap_mb * MIB // self.slab_bytes
+        return min(self.max_entries, budget)
 
     def prefill_s(self, *, prompt: int, cached: int) -> float:
         """Modelled seconds to prefill the `prompt - cached` uncached tokens (0 if none)."""

@@ -1,19 +1,17 @@
 """The simulator's disk tier (`--cache-dir`, like Flash's ``HALOGEN_CACHE_DIR``): snapshots that
 outlive the process. Not thread-safe: the engine serialises calls.
 
-Every snapshot the memory cache stores is also written here, one JSON file per snapshot under
-``<cache_dir>/<build>/`` (one subtree per template, model id and slot size, as on Flash): to a
-temporary file renamed into place, so a crash leaves the whole record or none; a write that
-fails (full disk, directory removed) leaves no temporary file and counts as skipped. On start
-the subtree is read back, least recently used first (file mtime; a restore touches the file),
-so entries survive a restart exactly; a file that is not regular, not JSON, or not named after
-its tokens is ignored. A record models ``tokens * disk_token_bytes``; the tier evicts least
-recently used records to stay within ``disk_gib`` and skips one larger than all of it. A lookup
-finds the longest record that is an exact prefix of the prompt (Flash places).
-
-`/cache.disk` counters (halogen-api.md §1.3): ``hits`` restores, ``misses`` lookups that found
-no record where memory had nothing either, ``persisted`` records written, ``skipped`` stores not
-written (held already, over budget, failed); ``lineages`` (records extending no other) and
+Each snapshot the memory cache stores is also a JSON file under ``<cache_dir>/<build>/`` (one
+subtree per template, model id and slot size, as on Flash), written to a temporary file renamed
+into place: a crash leaves the whole record or none; a failed write (full disk, directory gone)
+leaves no temporary file and counts as skipped. On start the subtree is read back least
+recently used first (file mtime; a restore touches the file), so entries survive a restart
+exactly; a file not regular, not JSON, or not named after its tokens is ignored. A record
+models ``tokens * disk_token_bytes``; least recently used records are evicted to stay within
+``disk_gib``, one larger than all of it is skipped. A lookup finds the longest record that is
+an exact prefix of the prompt. `/cache.disk` (halogen-api.md §1.3): ``hits`` restores,
+``misses`` lookups that found nothing where memory had nothing either, ``persisted``,
+``skipped`` (held already, over budget, failed); ``lineages`` (records extending no other) and
 ``branches`` (the rest) are the simulator's definitions: the reference has none.
 """
 

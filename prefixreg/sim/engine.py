@@ -1,13 +1,12 @@
 """The simulator's engine, shared by the handler threads (every method takes the lock): slots
 and queue, the memory cache, the disk tier, the running totals, and what `/health`, `/cache`
-and `/metrics` report of them (halogen-api.md §1.2-§1.4): the dense field set (``cap_bytes``, no
-``version``, no ``/metrics``) or Flash's (``max_entries``, ``last_entry_bytes``, ``version``,
-``chat_template``; a ``disk`` block only with the disk tier; ``prompt_cache.cap_mb`` one slab in
-MiB, dense's the whole budget).
+and `/metrics` report (halogen-api.md §1.2-§1.4): dense's fields (``cap_bytes``, no ``version``,
+no ``/metrics``) or Flash's (``max_entries``, ``last_entry_bytes``, ``version``,
+``chat_template``, a ``disk`` block with the disk tier, ``prompt_cache.cap_mb`` one slab).
 
-A request looks up when it holds a slot (memory, then the disk tier when that resumes more)
-and stores only after its modelled prefill: of several identical cold requests at once, none
-is served from a snapshot, since the first exists only once the first prefill completes.
+A request looks up once it holds a slot (memory, then the disk tier when that resumes more) and
+stores only after its modelled prefill: of identical cold requests at once, none is served from
+a snapshot, since the first exists only once the first prefill completes.
 """
 
 from __future__ import annotations

@@ -1,24 +1,19 @@
-"""Halogen's wire protocol, pure: a POST body becomes a `Call` or an `ApiError`, a served call a
-`Result`, and a `Result` its reply, with halogen-api.md §1's field names.
+"""Halogen's wire protocol, pure, with halogen-api.md §1's field names: a POST body becomes a
+`Call` or an `ApiError` (before queueing), a served call a `Result`, a `Result` its reply.
 
-Validation happens before the request is queued. Errors are 400 (never 422), ``"<loc>: <msg>"``;
-besides field shapes, the documented 400s (§1.5): ``top_logprobs``; ``logprobs`` with
-``stream``; ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` or ``logprobs`` unless
-``temperature`` > 0 (absent is 0: greedy); a ``drafter`` the profile lacks (no silent
-fallback); on Flash, a ``chat_template_kwargs`` key not in ``CHAT_TEMPLATE_KWARGS`` or
-contradicting the same top-level field (dense ignores the object). Tools render Qwen-style (as
-Halogen's front-end): the definitions go into the system turn after its content, so a snapshot
-at `system_end` covers them; ``tool_choice: "none"`` renders none (a different prefix:
-alternating it with "auto" costs a miss). An assistant turn's `tool_calls` render after its
-content. A request without `tools` renders exactly as before.
+Errors are 400 (never 422), ``"<loc>: <msg>"``; besides field shapes, the documented 400s
+(§1.5): ``top_logprobs``; ``logprobs`` with ``stream``; ``presence_penalty``,
+``frequency_penalty``, ``logit_bias`` or ``logprobs`` unless ``temperature`` > 0 (absent is 0);
+a ``drafter`` the profile lacks; on Flash, a ``chat_template_kwargs`` key not in
+``CHAT_TEMPLATE_KWARGS`` or contradicting its top-level field. Tools render Qwen-style into the
+system turn after its content (a snapshot at `system_end` covers them); ``tool_choice: "none"``
+renders none (alternating it with "auto" costs a miss); `tool_calls` after their turn's content.
 
-Replies: errors ``{"error": {"message", "type", "param": null, "code"}}``, ``type`` by status,
-``code`` ``"engine_busy"`` for 503 else null; usage ``{prompt_tokens, completion_tokens,
-total_tokens}``, ``prompt_tokens_details: {cached_tokens}`` only when cached > 0; Flash
-``timings`` beside it (``cache_n`` always there), dense none. Streams: content frames, a finish
-frame (empty delta / text, ``finish_reason``, Flash ``timings``), with ``include_usage`` a
-``choices: []`` frame carrying ``usage`` (earlier frames then ``"usage": null``), then
-``data: [DONE]``.
+Replies: errors ``{"error": {"message", "type", "param": null, "code"}}`` (``code``
+``"engine_busy"`` for 503); usage with ``prompt_tokens_details: {cached_tokens}`` only when
+cached > 0; Flash ``timings`` beside it (``cache_n`` always there), dense none. Streams: content
+frames, a finish frame (empty delta / text, Flash ``timings``), with ``include_usage`` a
+``choices: []`` frame carrying ``usage`` (earlier frames ``"usage": null``), ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -47,13 +42,8 @@ TOOLS_HEADER = "\n\n# Tools\n\nYou may call one or more of these functions:\n<to
 TOOL_CHOICES = frozenset({"none", "auto", "required"})
 _RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0)}
 KEEPALIVE = b": keepalive\n\n"
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    429: "rate_limit_error",
-}
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
+_ERROR_TYPES |= {404: "not_found_error", 429: "rate_limit_error"}
 
 
 class ApiError(Exception):

@@ -1,14 +1,12 @@
 """The simulator's HTTP server: Halogen's routes on a stdlib `ThreadingHTTPServer`, one thread
-per connection, a listen backlog of ``LISTEN_BACKLOG`` (a burst of connects never waits for SYN
-retransmits).
+per connection, a listen backlog of ``LISTEN_BACKLOG`` (connects never wait for SYN retransmits).
 
 A completion, as on the real server: authenticate, validate (400s before queueing), wait for a
-slot (503 ``engine_busy`` after ``queue_timeout``), look the prompt up, sleep the modelled
-prefill, store the snapshots (the state exists only once the prefill ran), sleep the decode;
-every duration divided by ``speed``. A stream sends its headers once a slot is held, then
-``: keepalive`` lines while the prefill outlasts the keepalive interval, then the frames.
-``/health`` (no key needed), ``/cache`` and ``/metrics`` never wait for a slot. ``SimServer``
-logs every request line received, so a test can assert that no chat request arrived.
+slot (503 ``engine_busy`` after ``queue_timeout``), look up, sleep the modelled prefill, store
+the snapshots (their state exists only now), sleep the decode; every duration divided by
+``speed``. A stream sends headers once it holds a slot, ``: keepalive`` lines while the prefill
+outlasts the keepalive interval, then the frames. ``/health`` (no key), ``/cache`` and
+``/metrics`` never wait for a slot. Every request line received is logged (`requests`).
 """
 
 from __future__ import annotations
@@ -68,34 +66,31 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, body: Any) -> None:
         """Status, headers and `body`: JSON, or text (`/metrics`); None starts a stream, whose
         body ends with the connection."""
-        data: bytes | None = None
-        kind = "text/event-stream"
-        if isinstance(body, str):
-            kind, data = "text/plain; version=0.0.4", body.encode()
-        elif body is not None:
-            kind, data = "application/json", json.dumps(body, separators=(",", ":")).encode()
         self.send_response(status)
-        self.send_header("Content-Type", kind)
-        if data is None:
+        if body is None:
+            self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")
             self.close_connection = True
-        else:
-            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            return
+        text = isinstance(body, str)
+        data = body.encode() if text else json.dumps(body, separators=(",", ":")).encode()
+        self.send_header(
+            "Content-Type", "text/plain; version=0.0.4" if text else "application/json"
+        )
+        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        if data is not None:
-            self.wfile.write(data)
+        self.wfile.write(data)
 
     def _send_error(self, err: ApiError) -> None:
         self._send(err.status, protocol.error_body(err.status, err.message, err.code))
 
     def _authorized(self) -> bool:
         key = self.sim.config.api_key
-        if not key:
-            return True
         scheme, _, given = self.headers.get("Authorization", "").partition(" ")
-        ok = hmac.compare_digest(given.strip().encode(), key.encode())
-        return scheme.lower() == "bearer" and ok
+        ok = not key or hmac.compare_digest(given.strip().encode(), key.encode())
+        return not key or (scheme.lower() == "bearer" and ok)
 
     def _read_body(self) -> bytes:
         # A client that writes headers and body separately (httpx does) holds the body back

@@ -8,7 +8,6 @@ reproduces those counts, not that tokenizer: words are split into pieces that tr
 ``DENSITY``, pieces per word character by character offset in the message, fitted to the four
 slices (within 0.5%). The first ``PLAIN_CHARS`` characters of a message keep one token a word,
 so short messages (a probe header, ``prefixreg.core.prefix.fresh_tail()``) count simply.
-
 Invariants: ``"".join(tokenize(s)) == s``; a message's tokens depend on its own characters
 only, and a prefix of a text tokenizes as the text up to the last word the prefix cuts; a word
 never splits into more pieces than it has word characters.
@@ -26,9 +25,6 @@ Snapshot places (the cache decides which are stored): ``system_end``, the end of
 gives the measured Flash shapes from the template alone: an identical repeat resumes all but 7
 tokens; the same system bytes with a new ``fresh_tail()`` (always 10 content tokens) resume at
 ``system_end``, 2 + 10 + 1 + 6 = 19 tokens before the end.
-
-The answer is a fixed-length word sequence chosen by hashing the prompt tokens: a pure function
-of the prompt and the token budget.
 """
 
 from __future__ import annotations
@@ -51,8 +47,6 @@ GENERATION_PROMPT = (IM_START, "assistant\n", "<think>", "\n\n", "</think>", "\n
 # Footer of the last message plus the generation prompt: the tokens after `history_end`.
 HISTORY_TAIL = 1 + len(GENERATION_PROMPT)
 
-SYSTEM_ROLES = frozenset({"system", "developer"})
-
 # What identifies this template; published as /health `chat_template.sha256`, so a change of
 # tokenizer or template changes the build identity prefixreg records.
 _TEMPLATE_SPEC = (
@@ -63,14 +57,13 @@ _TEMPLATE_SPEC = (
 TEMPLATE_SHA256 = hashlib.sha256(_TEMPLATE_SPEC.encode("utf-8")).hexdigest()
 
 _WORDS = (
-    "amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor",
-    "indigo", "juniper", "kelp", "lumen", "marble", "nectar", "onyx", "pollen",
-    "quartz", "raven", "sable", "tundra", "umber", "velvet", "willow", "xenon",
-    "yarrow", "zephyr", "acorn", "birch", "cobalt", "dune", "echo", "fern",
-    "glacier", "heron", "iris", "jade", "kestrel", "lichen", "maple", "nimbus",
-    "orchid", "pebble", "quill", "reef", "slate", "thistle", "upland", "vale",
-    "wren", "yew", "zinc", "aspen", "bramble", "cinder", "drift", "elm",
-    "flint", "grove", "hazel", "inlet", "jasper", "knoll", "larch", "moss",
+    "amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
+    "kelp", "lumen", "marble", "nectar", "onyx", "pollen", "quartz", "raven", "sable", "tundra",
+    "umber", "velvet", "willow", "xenon", "yarrow", "zephyr", "acorn", "birch", "cobalt", "dune",
+    "echo", "fern", "glacier", "heron", "iris", "jade", "kestrel", "lichen", "maple", "nimbus",
+    "orchid", "pebble", "quill", "reef", "slate", "thistle", "upland", "vale", "wren", "yew",
+    "zinc", "aspen", "bramble", "cinder", "drift", "elm", "flint", "grove", "hazel", "inlet",
+    "jasper", "knoll", "larch", "moss",
 )  # fmt: skip
 
 
@@ -151,7 +144,7 @@ def render_chat(messages: Sequence[tuple[str, str]]) -> RenderedPrompt:
     for index, (role, content) in enumerate(messages):
         last_start = len(tokens)
         tokens += [IM_START, f"{role}\n", *tokenize(content), IM_END]
-        if index == 0 and role in SYSTEM_ROLES:
+        if index == 0 and role in ("system", "developer"):
             system_end = len(tokens)
     tokens.extend(GENERATION_PROMPT)
     return RenderedPrompt(tuple(tokens), system_end, last_start)
@@ -163,8 +156,8 @@ def render_completion(prompt: str) -> RenderedPrompt:
 
 
 def answer_tokens(prompt: RenderedPrompt, length: int) -> list[str]:
-    """The deterministic answer: `length` raw tokens (words, then "."), chosen by hash. A short
-    answer (within ``PLAIN_CHARS``) re-tokenizes to the same tokens; a longer one splits further."""
+    """The answer, a pure function of the prompt and `length`: raw tokens (words chosen by hash,
+    then "."). A short one (within ``PLAIN_CHARS``) re-tokenizes to the same tokens."""
     if length <= 0:
         return []
     stream = hashlib.shake_256(token_digest(prompt.tokens)).digest(length)
