@@ -80,11 +80,12 @@ def other_value(f: dataclasses.Field[Any], tmp_path: Path) -> Any:
         "model": "cli-model",
         "cache_dir": str(tmp_path / "tier"),
     }
+    default: Any = f.default
     if f.name in special:
         return special[f.name]
-    if isinstance(f.default, bool):
-        return not f.default
-    return f.default * 2 if isinstance(f.default, float) else f.default + 1
+    if isinstance(default, bool):
+        return not default
+    return default * 2 if isinstance(default, float) else default + 1
 
 
 def test_every_field_set_on_the_command_line_reaches_the_server(tmp_path: Path) -> None:
