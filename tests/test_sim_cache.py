@@ -2,34 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from prefixreg.core.prefix import fresh_tail
-from prefixreg.sim.cache import CacheModel, PromptCache, snapshot_places
+from prefixreg.sim.cache import PromptCache, snapshot_places
+from prefixreg.sim.config import SimConfig
 from prefixreg.sim.tokenizer import RenderedPrompt, render_chat
 
 
+class Admitted(NamedTuple):
+    cached: int
+    stored: int
+    refused: int
+
+
+def admit(cache: PromptCache, prompt: RenderedPrompt) -> Admitted:
+    """One request whose prefill takes no time: look up, count, then store."""
+    before = cache.counters()
+    cached = cache.lookup(prompt)
+    cache.count(cached)
+    cache.store(prompt)
+    after = cache.counters()
+    return Admitted(cached, after.stores - before.stores, after.refused - before.refused)
+
+
 def flash(**kw: Any) -> PromptCache:
-    params: dict[str, Any] = {
-        "max_entries": 8,
-        "entries_per_request": 2,
-        "align": 0,
-        "counter_lag": 1,
-        "entry_bytes": 116389652,
-    }
-    params.update(kw)
-    return PromptCache(CacheModel(partial_resume=False, **params))
+    return PromptCache(SimConfig(**{"token_bytes": 0, **kw}))  # no slab wall unless asked
 
 
 def dense(**kw: Any) -> PromptCache:
-    params: dict[str, Any] = {
-        "max_entries": 3,
-        "entries_per_request": 1,
-        "align": 2048,
-        "counter_lag": 0,
-    }
-    params.update(kw)
-    return PromptCache(CacheModel(partial_resume=True, entry_bytes=1, **params))
+    config = SimConfig.for_profile("dense", **{"entry_bytes": 1, "dedupe_snapshots": False, **kw})
+    return PromptCache(config)
 
 
 def prompt(system: str) -> RenderedPrompt:
@@ -43,18 +46,18 @@ def words(seed: str, n: int) -> str:
 def test_prefix_survives_three_foreign_prompts_and_not_four() -> None:
     for foreign, survives in ((3, True), (4, False)):
         cache = flash()
-        cache.admit(prompt("the prefix"))
+        admit(cache, prompt("the prefix"))
         for i in range(foreign):
-            cache.admit(prompt(f"foreign {i}"))
-        assert (cache.admit(prompt("the prefix")).cached > 0) is survives
+            admit(cache, prompt(f"foreign {i}"))
+        assert (admit(cache, prompt("the prefix")).cached > 0) is survives
 
 
 def test_a_hit_refreshes_recency() -> None:
     cache = flash()
-    cache.admit(prompt("the prefix"))
+    admit(cache, prompt("the prefix"))
     for i in range(3):
-        cache.admit(prompt(f"foreign {i}"))
-        assert cache.admit(prompt("the prefix")).cached > 0  # each check refreshes it
+        admit(cache, prompt(f"foreign {i}"))
+        assert admit(cache, prompt("the prefix")).cached > 0  # each check refreshes it
     assert cache.counters().entries == 8
 
 
@@ -62,7 +65,7 @@ def test_once_full_every_store_evicts_and_entries_stay_at_capacity() -> None:
     cache = flash()
     for i in range(20):
         before = cache.counters()
-        out = cache.admit(prompt(f"p{i % 5}"))
+        out = admit(cache, prompt(f"p{i % 5}"))
         after = cache.counters()
         assert out.stored == after.stores - before.stores == 2
         if before.entries == 8:
@@ -77,13 +80,13 @@ def test_once_full_every_store_evicts_and_entries_stay_at_capacity() -> None:
 def test_counter_lag_delays_hits_misses_and_saved_by_one_request() -> None:
     cache = flash(counter_lag=1)
     p = prompt("lagged")
-    cache.admit(p)
+    admit(cache, p)
     assert (cache.counters().hits, cache.counters().misses) == (0, 0)
     assert cache.counters().stores == 2  # stores are not lagged
-    saved = cache.admit(p).cached
+    saved = admit(cache, p).cached
     c = cache.counters()
     assert (c.hits, c.misses, c.prompt_tokens_saved) == (0, 1, 0)
-    cache.admit(prompt("other"))
+    admit(cache, prompt("other"))
     c = cache.counters()
     assert (c.hits, c.misses, c.prompt_tokens_saved) == (1, 1, saved)
 
@@ -91,8 +94,8 @@ def test_counter_lag_delays_hits_misses_and_saved_by_one_request() -> None:
 def test_counter_lag_zero_is_immediate() -> None:
     cache = flash(counter_lag=0)
     p = prompt("now")
-    cache.admit(p)
-    saved = cache.admit(p).cached
+    admit(cache, p)
+    saved = admit(cache, p).cached
     c = cache.counters()
     assert (c.hits, c.misses, c.prompt_tokens_saved) == (1, 1, saved)
     assert c.hit_rate == 0.5
@@ -101,16 +104,16 @@ def test_counter_lag_zero_is_immediate() -> None:
 def test_flash_entries_per_request_adds_full_entry() -> None:
     cache = flash(entries_per_request=4)
     p = prompt("full entry")
-    cache.admit(p)
-    assert cache.admit(p).cached == p.n  # the "full" place serves an exact repeat whole
+    admit(cache, p)
+    assert admit(cache, p).cached == p.n  # the "full" place serves an exact repeat whole
 
 
 def test_flash_snapshot_align_rounds_places_down() -> None:
-    cache = flash(align=64)
+    cache = flash(snapshot_align=64)
     p = prompt(words("w", 300))
-    assert all(place % 64 == 0 for place in snapshot_places(p, cache.model))
-    cache.admit(p)
-    cached = cache.admit(p).cached
+    assert all(place % 64 == 0 for place in snapshot_places(p, cache.config))
+    admit(cache, p)
+    cached = admit(cache, p).cached
     assert cached % 64 == 0
     assert p.n - 7 - 63 <= cached <= p.n - 7
 
@@ -118,14 +121,14 @@ def test_flash_snapshot_align_rounds_places_down() -> None:
 def test_dense_counts_are_multiples_of_2048_and_below_the_prompt() -> None:
     cache = dense()
     p = prompt(words("d", 5000))
-    assert cache.admit(p).cached == 0
-    cached = cache.admit(p).cached
+    assert admit(cache, p).cached == 0
+    cached = admit(cache, p).cached
     assert cached > 0
     assert cached % 2048 == 0
     assert cached < p.n
     # Partial resume: a new tail after the same system text still resumes aligned rows.
     # The common prefix is the system message plus 5 tokens of the new user message.
-    assert cache.admit(prompt(words("d", 5000))).cached == (p.n - 19 + 5) // 2048 * 2048
+    assert admit(cache, prompt(words("d", 5000))).cached == (p.n - 19 + 5) // 2048 * 2048
 
 
 def test_dense_prompt_under_2048_never_hits() -> None:
@@ -133,15 +136,15 @@ def test_dense_prompt_under_2048_never_hits() -> None:
     p = prompt(words("s", 300))
     assert p.n < 2048
     for _ in range(3):
-        assert cache.admit(p).cached == 0
+        assert admit(cache, p).cached == 0
     assert cache.counters().stores == 0
 
 
 def test_zero_entries_disables_the_cache() -> None:
     cache = flash(max_entries=0)
     p = prompt("off")
-    cache.admit(p)
-    assert cache.admit(p).cached == 0
+    admit(cache, p)
+    assert admit(cache, p).cached == 0
     assert cache.counters().stores == 0
 
 
@@ -152,16 +155,16 @@ def test_a_dense_hit_moves_the_matched_snapshot_to_most_recent() -> None:
     base = words("a", 3000)
     cache = dense()
     a = prompt(base + " " + words("x", 1500))
-    first = cache.admit(a)
+    first = admit(cache, a)
     assert first.cached == 0
-    own = cache.admit(a).cached  # A's own snapshot: everything aligned below its length
+    own = admit(cache, a).cached  # A's own snapshot: everything aligned below its length
     assert own > 2048
-    cache.admit(prompt(words("c", 3000)))  # C: stored after A
-    hit = cache.admit(prompt(base + " " + words("y", 1500)))  # B shares A's first ~3000
+    admit(cache, prompt(words("c", 3000)))  # C: stored after A
+    hit = admit(cache, prompt(base + " " + words("y", 1500)))  # B shares A's first ~3000
     assert hit.cached >= 2048
-    cache.admit(prompt(words("f", 3000)))  # one eviction: the least recently used goes
+    admit(cache, prompt(words("f", 3000)))  # one eviction: the least recently used goes
     # Only A's own snapshot resumes `own`; B's would resume just the shared 2048.
-    assert cache.admit(a).cached == own, "A was refreshed by B's hit, so C went first"
+    assert admit(cache, a).cached == own, "A was refreshed by B's hit, so C went first"
 
 
 def test_no_snapshot_exists_before_its_store() -> None:
@@ -177,36 +180,36 @@ def test_no_snapshot_exists_before_its_store() -> None:
 
 def test_a_snapshot_the_slab_cannot_take_is_refused() -> None:
     p = prompt(words("w", 200))
-    places = snapshot_places(p, flash().model)  # system end and history end
+    places = snapshot_places(p, flash().config)  # system end and history end
     # Room for the system end snapshot only: the history end one is refused.
     cache = flash(token_bytes=10, entry_bytes=10 * places[0])
-    out = cache.admit(p)
+    out = admit(cache, p)
     assert (out.stored, out.refused) == (1, 1)
     c = cache.counters()
     assert (c.stores, c.refused, c.entries) == (1, 1, 1)
-    assert cache.admit(prompt(words("w", 200))).cached == places[0]
+    assert admit(cache, prompt(words("w", 200))).cached == places[0]
     # A slab too small for either: everything refused, nothing resumes.
     tiny = flash(token_bytes=10, entry_bytes=10)
-    tiny.admit(p)
-    assert tiny.admit(p).cached == 0
+    admit(tiny, p)
+    assert admit(tiny, p).cached == 0
     assert (tiny.counters().stores, tiny.counters().refused) == (0, 4)
 
 
 def test_a_budget_without_room_for_one_entry_refuses_every_store() -> None:
-    cache = dense(max_entries=0)  # what a too-small dense budget gives
+    cache = dense(cap_mb=1, entry_bytes=2 << 20)  # a budget too small for one entry
     p = prompt(words("d", 3000))
-    cache.admit(p)
-    assert cache.admit(p).cached == 0
+    admit(cache, p)
+    assert admit(cache, p).cached == 0
     assert (cache.counters().stores, cache.counters().refused) == (0, 2)
 
 
 def test_dense_keeps_no_duplicate_snapshots_and_flash_does() -> None:
     p = prompt(words("d", 3000))
-    deduped = dense(dedupe=True)
+    deduped = dense(dedupe_snapshots=True)
     for _ in range(3):
-        deduped.admit(p)
+        admit(deduped, p)
     assert (deduped.counters().entries, deduped.counters().stores) == (1, 1)
     plain = flash()
     for _ in range(3):
-        plain.admit(p)
+        admit(plain, p)
     assert (plain.counters().entries, plain.counters().stores) == (6, 6)  # measured on 0.7.0

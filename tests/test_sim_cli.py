@@ -1,4 +1,5 @@
-"""`prefixreg sim`: every option documented with its measured default; a real foreground run."""
+"""`prefixreg sim`: options made from `SimConfig`'s fields, each reaching the running server;
+a real foreground run; bad input is a one-line usage error."""
 
 from __future__ import annotations
 
@@ -9,16 +10,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from prefixreg.cli import sim as sim_cli
+from prefixreg.core.errors import UsageError
 from prefixreg.sim import SimConfig
-from prefixreg.sim.config import PROFILE_DEFAULTS
 
 # The CLI is tested on a throwaway app until `prefixreg.cli.main` registers it.
 APP_SOURCE = (
@@ -29,7 +34,6 @@ APP_SOURCE = (
     "app.command('noop')(lambda: None)\n"
     "app()\n"
 )
-NOT_CLI_OPTIONS = {"profile", "host", "port", "api_key", "model"}  # covered separately below
 
 
 def make_app() -> typer.Typer:
@@ -39,42 +43,97 @@ def make_app() -> typer.Typer:
     return app
 
 
-def sim_params() -> dict[str, Any]:
-    """Option string -> parameter object of the `sim` command (duck-typed: Typer's own click)."""
-    group: Any = typer.main.get_command(make_app())
-    command = group.commands["sim"]
-    return {name: p for p in command.params for name in getattr(p, "opts", [])}
+def flat(text: str) -> str:
+    return "".join(text.split())  # click wraps lines, also after a hyphen
 
 
-def _fmt(value: object) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def test_every_config_field_has_an_option_stating_its_default() -> None:
-    params = sim_params()
-    for f in dataclasses.fields(SimConfig):
-        option = "--" + f.name.replace("_", "-")
-        assert option in params, option
-        if f.name in NOT_CLI_OPTIONS:
-            continue
-        help_text = getattr(params[option], "help", "") or ""
-        assert f"Default: {_fmt(f.default)}" in help_text, (option, help_text)
-        dense = PROFILE_DEFAULTS["dense"].get(f.name)
-        if dense is not None:
-            assert f"dense: {_fmt(dense)}" in help_text, (option, help_text)
-
-
-def test_help_lists_every_option() -> None:
+def test_help_lists_every_field_with_its_help_and_default() -> None:
     result = CliRunner().invoke(make_app(), ["sim", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    for option in sim_params():
-        if option.startswith("--"):
-            assert option in result.output
-    assert "127.0.0.1" in result.output
-    assert "8731" in result.output
-    flat = " ".join(result.output.split())
-    for needle in ("Time model", "prefill-setup-s", "2,593/11,374/21,337/43,538", "refused"):
-        assert needle in flat
+    out = flat(result.output)
+    for f in dataclasses.fields(SimConfig):
+        assert f"--{f.name.replace('_', '-')}" in out, f.name
+        assert flat(sim_cli.option_help(f)) in out, f.name
+        assert flat(f.metadata["help"]) in flat(sim_cli.option_help(f))
+    for needle in (
+        "--max-entries <int> LRU capacity in snapshots. Default: 8 (measured; dense: 3).",
+        "Default: 8731 (Halogen's API port).",
+        "--dedupe-snapshots / --no-dedupe-snapshots",
+        "Default: $PREFIXREG_SIM_API_KEY, else no key.",
+        "Default: 0.0855 (fitted).",
+        "Time model",
+        "prefill-setup-s",
+        "2,593/11,374/21,337/43,538",
+        "refused",
+        "-q, --quiet",
+    ):
+        assert flat(needle) in out, needle
+
+
+def other_value(f: dataclasses.Field[Any], tmp_path: Path) -> Any:
+    """A valid value for every field that differs from its default (port 0: ephemeral)."""
+    special = {
+        "profile": "flash",  # dense would refuse the disk tier set below
+        "host": "localhost",
+        "port": 0,
+        "api_key": "cli-key-123",
+        "model": "cli-model",
+        "cache_dir": str(tmp_path / "tier"),
+    }
+    default: Any = f.default
+    if f.name in special:
+        return special[f.name]
+    if isinstance(default, bool):
+        return not default
+    return default * 2 if isinstance(default, float) else default + 1
+
+
+def test_every_field_set_on_the_command_line_reaches_the_server(tmp_path: Path) -> None:
+    values = {f.name: other_value(f, tmp_path) for f in dataclasses.fields(SimConfig)}
+    args: list[str] = []
+    for name, value in values.items():
+        option = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(option if value else "--no-" + option[2:])
+        else:
+            args += [option, str(value)]
+    with (
+        foreground(args, dict(os.environ)) as run,
+        httpx.Client(base_url=run.url, trust_env=False, timeout=10) as http,
+    ):
+        health = http.get("/health").json()
+        assert http.get("/cache").status_code == 401
+        key = {"Authorization": "Bearer cli-key-123"}
+        assert http.get("/cache", headers=key).json()["max_entries"] == 9
+    expected = {k: v for k, v in values.items() if k != "api_key"}
+    assert health["simulator"] == {"name": "prefixreg.sim", **expected}
+    assert "api_key" not in health["simulator"]  # never shown
+    assert (health["model"], health["slots"], health["slot_ctx"]) == ("cli-model", 5, 262_145)
+
+
+def test_sim_help_reads_the_config_and_loads_no_server() -> None:
+    code = (
+        "import sys, orjson\n"
+        "sys.argv = ['prefixreg', 'sim', '--help']\n"
+        "from prefixreg.cli import main\n"
+        "try:\n"
+        "    main.run()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "sys.stderr.write('MODULES=' + orjson.dumps(sorted(sys.modules)).decode())\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=False)
+    loaded = set(orjson.loads(res.stderr[res.stderr.rindex(b"MODULES=") + 8 :]))
+    assert b"--max-entries" in res.stdout
+    assert "prefixreg.sim.config" in loaded
+    assert not loaded & {"prefixreg.sim.server", "prefixreg.sim.engine", "http.server"}
+
+
+def test_a_config_of_the_wrong_type_is_a_usage_error() -> None:
+    for bad in ({"max_entries": "8"}, {"speed": True}, {"model": 5}, {"dedupe_snapshots": 1}):
+        with pytest.raises(UsageError, match=r"^simulator: \w+ must be of type"):
+            SimConfig(**bad)
+    assert SimConfig(speed=2).speed == 2  # an int is a fine float
 
 
 def test_bad_option_is_a_usage_error() -> None:
@@ -83,7 +142,16 @@ def test_bad_option_is_a_usage_error() -> None:
     assert "unknown simulator profile" in result.output
 
 
-def _start(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+class Run:
+    """A foreground `sim`: its URL, then (once stopped) its exit code and output."""
+
+    url = out = err = ""
+    code: int | None = None
+
+
+@contextmanager
+def foreground(args: list[str], env: dict[str, str]) -> Iterator[Run]:
+    """`sim` in its own process until the block ends, then Ctrl-C."""
     proc = subprocess.Popen(
         [sys.executable, "-c", APP_SOURCE, "sim", *args],
         stdout=subprocess.PIPE,
@@ -92,35 +160,39 @@ def _start(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str],
         env=env,
     )
     assert proc.stderr is not None
+    run = Run()
     line = proc.stderr.readline()
     match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-    if not match:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"no URL on stderr: {line!r}")
-    return proc, match.group(1)
+    try:
+        if not match:
+            pytest.fail(f"no URL on stderr: {line!r}")
+        run.url = match.group(1)
+        yield run
+    finally:
+        proc.send_signal(signal.SIGINT)
+        run.out, run.err = proc.communicate(timeout=10)
+        run.code = proc.returncode
 
 
 def test_foreground_run_serves_until_interrupted() -> None:
     env = {**os.environ, "PREFIXREG_SIM_API_KEY": "env-secret-123"}
-    proc, url = _start(["--port", "0", "--speed", "100000", "--max-entries", "5"], env)
-    try:
-        with httpx.Client(base_url=url, trust_env=False, timeout=10) as http:
-            health = http.get("/health").json()
-            assert health["slots"] == 4
-            assert http.get("/cache").status_code == 401  # the key came from the environment
-            headers = {"Authorization": "Bearer env-secret-123"}
-            assert http.get("/cache", headers=headers).json()["max_entries"] == 5
-            body = {"messages": [{"role": "user", "content": "hi"}]}
-            assert http.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
+    args = ["--port", "0", "--speed", "100000", "--max-entries", "5"]
+    with (
+        foreground(args, env) as run,
+        httpx.Client(base_url=run.url, trust_env=False, timeout=10) as http,
+    ):
+        health = http.get("/health").json()
+        assert health["slots"] == 4
+        assert http.get("/cache").status_code == 401  # the key came from the environment
+        headers = {"Authorization": "Bearer env-secret-123"}
+        assert http.get("/cache", headers=headers).json()["max_entries"] == 5
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        assert http.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
         time.sleep(0.05)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=10)
-    assert proc.returncode == 0
-    assert out == ""  # messages go to stderr
-    assert "env-secret-123" not in err
-    assert "sim: chat 24 tok" in err  # one log line per call
+    assert run.code == 0
+    assert run.out == ""  # messages go to stderr
+    assert "env-secret-123" not in run.err
+    assert "sim: chat 24 tok" in run.err  # one log line per call
 
 
 def test_an_unusable_cache_dir_is_a_usage_error(tmp_path: Any) -> None:

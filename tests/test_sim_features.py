@@ -4,6 +4,9 @@ dense profile without the Flash counter lag or duplicate snapshots."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -40,7 +43,7 @@ def system_of(n_words: int, word: str = "s") -> str:
 def test_sixteen_connects_complete_without_an_accept() -> None:
     # Bound but not serving: the kernel completes handshakes into the listen backlog. With a
     # backlog of 5 the connects past it would wait for SYN retransmits (~1 s).
-    sim = SimServer(SimConfig(speed=FAST)).bind()
+    sim = SimServer(SimConfig(speed=FAST))  # bound, not started
     socks: list[socket.socket] = []
     try:
         for _ in range(16):
@@ -181,9 +184,36 @@ def test_the_disk_tier_restores_exactly_after_a_restart(tmp_path: Path) -> None:
     assert disk["bytes"] <= disk["budget_bytes"] == 64 << 30
     assert after["hits"] + after["misses"] <= 2  # memory counters start again at 0
     # Another build (model id) has its own subtree: nothing to restore.
-    with SimServer(config.with_(model="other")) as sim, client(sim) as c:
+    with SimServer(dataclasses.replace(config, model="other")) as sim, client(sim) as c:
         other = c.post("/v1/chat/completions", json=chat(system, tail)).json()
     assert "prompt_tokens_details" not in other["usage"]
+
+
+def test_a_disk_tier_write_that_fails_is_skipped_and_the_call_served(tmp_path: Path) -> None:
+    with SimServer(SimConfig(speed=FAST, cache_dir=str(tmp_path))) as sim, client(sim) as c:
+        for subtree in tmp_path.iterdir():
+            shutil.rmtree(subtree)  # the build's subtree, removed underneath the running tier
+        reply = c.post("/v1/chat/completions", json=chat(system_of(100)))
+        disk = c.get("/cache").json()["disk"]
+    assert reply.status_code == 200
+    assert (disk["persisted"], disk["skipped"], disk["records"]) == (0, 2, 0)
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind
+
+
+def test_disk_records_that_are_not_ours_are_ignored(tmp_path: Path) -> None:
+    config = SimConfig(speed=FAST, cache_dir=str(tmp_path))
+    system, tail = system_of(300), fresh_tail()
+    with SimServer(config) as sim, client(sim) as c:
+        c.post("/v1/chat/completions", json=chat(system, tail))
+    (subtree,) = tmp_path.iterdir()
+    real = sorted(subtree.iterdir())
+    assert len(real) == 2
+    real[0].write_bytes(b"[" * 100_000)  # corrupt (and deeper than any reader allows)
+    (subtree / ("0" * 64 + ".json")).write_text('{"tokens": ["a"]}')  # named after other tokens
+    os.mkfifo(subtree / ("1" * 64 + ".json"))  # not a regular file: never opened
+    (subtree / ("2" * 64 + ".json")).symlink_to(real[1])
+    with SimServer(config) as sim, client(sim) as c:
+        assert c.get("/cache").json()["disk"]["records"] == 1  # only the intact record
 
 
 def test_without_a_cache_dir_there_is_no_disk_block() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -302,7 +303,7 @@ def test_keepalive_comments_during_a_long_prefill() -> None:
     assert 0.25 <= prompt_n / 2000 <= 0.35
     assert comments and set(comments) == {": keepalive"}
     assert 4 <= len(comments) <= 6
-    with SimServer(config.with_(keepalive=0)) as sim, client(sim) as c:
+    with SimServer(dataclasses.replace(config, keepalive=0)) as sim, client(sim) as c:
         _, comments, _ = sse_frames(c.post("/v1/chat/completions", json=req).text)
     assert comments == []
 
@@ -352,6 +353,8 @@ def test_malformed_requests_are_400_not_422(flash: SimServer) -> None:
             json.dumps({**chat_body("x"), "temperature": 3}).encode(),
             json.dumps({**chat_body("x"), "stream": "yes"}).encode(),
             json.dumps({**chat_body("x"), "max_tokens": True}).encode(),
+            b"[" * 100_000,  # nested past any parser's stack: a 400, not a dropped connection
+            json.dumps({**chat_body("x"), "temperature": float("nan")}).encode(),
         ):
             resp = c.post("/v1/chat/completions", content=body)
             assert_error(resp, 400, "invalid_request_error", None)

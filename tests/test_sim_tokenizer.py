@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixreg.core.prefix import fresh_tail
-from prefixreg.sim.cache import CacheModel, PromptCache
+from prefixreg.sim.cache import PromptCache
+from prefixreg.sim.config import SimConfig
 from prefixreg.sim.tokenizer import (
     HISTORY_TAIL,
     PLAIN_CHARS,
@@ -17,15 +18,9 @@ from prefixreg.sim.tokenizer import (
     tokenize,
 )
 from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
+from tests.test_sim_cache import admit
 
-FLASH = CacheModel(
-    max_entries=8,
-    entries_per_request=2,
-    align=0,
-    partial_resume=False,
-    counter_lag=0,
-    entry_bytes=1,
-)
+FLASH = SimConfig(counter_lag=0, token_bytes=0)
 nonces = st.text(alphabet="0123456789abcdef", min_size=16, max_size=16)
 
 
@@ -59,11 +54,11 @@ def test_message_count_is_fixed_tokens_plus_content() -> None:
 def test_repeat_resumes_all_but_7_and_fresh_tail_all_but_19(system: str, n1: str, n2: str) -> None:
     cache = PromptCache(FLASH)
     first = render_chat([("system", system), ("user", fresh_tail(n1))])
-    assert cache.admit(first).cached == 0
-    assert cache.admit(first).cached == first.n - 7
+    assert admit(cache, first).cached == 0
+    assert admit(cache, first).cached == first.n - 7
     fresh = render_chat([("system", system), ("user", fresh_tail(n2))])
     expected = fresh.n - 7 if n1 == n2 else fresh.n - 19
-    assert cache.admit(fresh).cached == expected
+    assert admit(cache, fresh).cached == expected
 
 
 # The lane's prompt tokens for the probe corpus slices (4k/16k/32k/64k characters).
@@ -88,10 +83,10 @@ def test_measured_shapes_at_the_measured_sizes() -> None:
         system = probe_prompt(size)
         cache = PromptCache(FLASH)
         warm = render_chat([("system", system), ("user", fresh_tail())])
-        cache.admit(warm)
-        assert cache.admit(warm).cached == warm.n - 7
+        admit(cache, warm)
+        assert admit(cache, warm).cached == warm.n - 7
         check = render_chat([("system", system), ("user", fresh_tail())])
-        b = cache.admit(check).cached
+        b = admit(cache, check).cached
         assert b == check.n - 19
         if size == 64000:
             assert abs(b / 43519 - 1) < 0.02

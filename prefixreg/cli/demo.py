@@ -1,9 +1,7 @@
-"""`demo`: the whole main job on an embedded default, for a newcomer.
-
-It starts the simulator in-process on a free loopback port, opens a registry (a fresh
-temporary directory unless one is given), adds the sample coding-agent system prompt,
-warms it (cold call, then a resume check with a fresh tail), runs a short probe, and stops
-the simulator. Everything it reports comes from the simulated server's own numbers.
+"""`prefixreg demo`'s work, for a newcomer: start the simulator in-process on a free loopback
+port, add the sample coding-agent system prompt to a registry (a fresh temporary one unless
+given), warm it (cold call, then a resume check with a fresh tail), run a short probe, stop.
+Everything reported comes from the simulated server's own numbers.
 """
 
 from __future__ import annotations
@@ -19,8 +17,6 @@ from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.measure.warm import WarmResult, warm
 from prefixreg.verbs.probe.run import ProbeOptions, ProbeReport, run_probe
-
-__all__ = ["DemoResult", "run_demo", "sample_prompt"]
 
 SAMPLE_NAME = "coding-agent"
 
@@ -42,24 +38,55 @@ class DemoResult:
     probe: ProbeReport
 
 
-def run_demo(
-    registry_path: Path | None = None,
-    *,
-    speed: float = 100.0,
-    say: Callable[[str], None] = lambda _msg: None,
-) -> DemoResult:
+def run_demo(registry_path: Path | None, *, speed: float, say: Callable[[str], None]) -> DemoResult:
     """Run the demo; `speed` compresses the simulator's modelled time (100 = 100x faster)."""
     root = registry_path or Path(tempfile.mkdtemp(prefix="prefixreg-demo-")) / "registry"
     reg = Registry(root)
     sha = reg.add(sample_prompt(), name=SAMPLE_NAME, source="examples/system-prompt.txt")
     say(f"added the sample system prompt as {SAMPLE_NAME} ({sha[:16]}) to {root}")
-    with SimServer(SimConfig(speed=speed)) as sim:
+    with SimServer(SimConfig(speed=speed)) as sim, Worker(sim.url) as worker:
         say(f"started the simulated Halogen worker at {sim.url} (Flash lane defaults, x{speed:g})")
-        with Worker(sim.url) as worker:
-            warm_result = warm(reg, reg.head(SAMPLE_NAME), worker)
-            say("warmed it and checked that a fresh call resumes it")
-            report = run_probe(
-                reg, worker, ProbeOptions(sizes=(4000, 16000), foreign=9, survival=True)
-            )
-            say("ran a short probe (2 sizes, survival search)")
+        warm_result = warm(reg, reg.head(SAMPLE_NAME), worker)
+        say("warmed it and checked that a fresh call resumes it")
+        options = ProbeOptions(sizes=(4000, 16000), foreign=9, survival=True)
+        report = run_probe(reg, worker, options)
+        say("ran a short probe (2 sizes, survival search)")
     return DemoResult(registry=root, sha256=sha, warm=warm_result, probe=report)
+
+
+def text_report(result: DemoResult) -> str:
+    """What each step did, in the simulated server's own numbers."""
+    warm, probe = result.warm, result.probe
+    lines = [
+        "prefixreg demo: add -> warm -> probe on the built-in Halogen simulator",
+        "",
+        f"1. add    {warm.prefix.name} {result.sha256[:16]} ({warm.prefix.size:,} bytes)",
+    ]
+    cold = next((c.evidence for c in warm.calls if c.phase == "warm"), None)
+    if cold is not None and warm.check is not None:
+        check = warm.check.evidence
+        speedup = (
+            f", {cold.wall_s / check.wall_s:.0f}x faster" if cold.wall_s and check.wall_s else ""
+        )
+        lines += [
+            f"2. warm   cold call: {cold.prompt_tokens:,} prompt tokens, "
+            f"{cold.cached_tokens} cached, {cold.wall_s or 0:.3f} s",
+            f"         resume check with a fresh tail: {check.cached_tokens:,} of "
+            f"{check.prompt_tokens:,} tokens cached ({check.cached_source}), "
+            f"{check.wall_s or 0:.3f} s{speedup}",
+            f"         verdict: {warm.verdict.upper()} ({warm.reason})",
+        ]
+    status = ", ".join(
+        f"{c.number} {c.per_call if c.per_call == c.windowed else c.windowed + f' (lag {c.lag})'}"
+        for c in probe.checks
+    )
+    lines += [
+        f"3. probe  Cmax {probe.cmax:,} tokens; a prefix survives {probe.survival} foreign prompts",
+        f"         counter checks: {status}",
+        *(f"         - {line}" for line in probe.follows()),
+        "",
+        f"registry {result.registry}",
+        f"records  {result.registry / 'measurements'} and {probe.md_path}",
+        f"next     prefixreg show {warm.prefix.name} --registry {result.registry}",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,23 +1,24 @@
 """`prefixreg sim`: run the Halogen-compatible simulator in the foreground.
 
-The defaults in the help texts are the measured Flash lane (and, where it differs, the dense
-profile); `tests/test_sim_cli.py` checks them against `SimConfig`. `prefixreg.sim` is imported
-inside the command so `prefixreg --help` does not pay for the HTTP server modules.
+One option per `SimConfig` field, from its metadata (`prefixreg.sim.config.knob`): named after
+it, typed by its default, with its help and defaults. Options default to None (the profile's
+default applies) unless the field names a ``cli_default``; ``env`` names a fallback variable.
+Typer builds them with the command, so registering it (`prefixreg --help`) imports no simulator.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import os
 import threading
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from prefixreg.cli._common import DebugOpt, cli_errors, info
 
-__all__ = ["register", "sim_command"]
-
-_ENV_KEY = "PREFIXREG_SIM_API_KEY"
 _HELP = (
     "Run a Halogen-compatible worker simulator in the foreground until Ctrl-C.\n\n"
     "It serves /health, /cache, /metrics, /v1/models, /v1/chat/completions and "
@@ -34,316 +35,74 @@ _HELP = (
     "Wall: a snapshot of t tokens needs t x token-bytes of its slab (cap-mb MiB when set, "
     "else entry-bytes); one the slab cannot take is refused (/cache refused)."
 )
+_KW = inspect.Parameter.KEYWORD_ONLY
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Do not print a line per request.")]
 
 
-def sim_command(
-    profile: Annotated[
-        str,
-        typer.Option(
-            "--profile",
-            help="flash (the measured Halogen Flash lane, API 0.7.0) or dense (Halogen dense: "
-            "2048-aligned snapshots, no timings). Default: flash.",
-            show_default=False,
-        ),
-    ] = "flash",
-    host: Annotated[
-        str,
-        typer.Option(
-            "--host",
-            help="Address to bind. Default: 127.0.0.1 (loopback only).",
-            show_default=False,
-        ),
-    ] = "127.0.0.1",
-    port: Annotated[
-        int,
-        typer.Option(
-            "--port",
-            help="Port to bind; 0 picks a free one. Default: 8731 (Halogen's API port).",
-            show_default=False,
-        ),
-    ] = 8731,
-    api_key: Annotated[
-        str | None,
-        typer.Option(
-            "--api-key",
-            help=f"Require 'Authorization: Bearer KEY' (401 otherwise; /health stays open). "
-            f"Default: ${_ENV_KEY}, else no key.",
-            show_default=False,
-        ),
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            help="Model id reported. Default: prefixreg-sim-<profile>.",
-            show_default=False,
-        ),
-    ] = None,
-    max_entries: Annotated[
-        int | None,
-        typer.Option(
-            "--max-entries",
-            help="LRU capacity in snapshots. Default: 8 (measured; dense: 3).",
-            show_default=False,
-        ),
-    ] = None,
-    entries_per_request: Annotated[
-        int | None,
-        typer.Option(
-            "--entries-per-request",
-            help="Snapshots stored per request (flash: system end, history end, then last "
-            "message start, prompt end). Default: 2 (measured; dense: 1).",
-            show_default=False,
-        ),
-    ] = None,
-    snapshot_align: Annotated[
-        int | None,
-        typer.Option(
-            "--snapshot-align",
-            help="Snapshot places are rounded down to this many tokens; 0 = exact. "
-            "Default: 0 (measured; dense: 2048).",
-            show_default=False,
-        ),
-    ] = None,
-    entry_bytes: Annotated[
-        int | None,
-        typer.Option(
-            "--entry-bytes",
-            help="Size of one entry (slab) in bytes. Default: 116389652 (measured; dense: "
-            "18400000000).",
-            show_default=False,
-        ),
-    ] = None,
-    cap_mb: Annotated[
-        int | None,
-        typer.Option(
-            "--cap-mb",
-            help="The cache-size option (cacheMb -> HALOGEN_CACHE_MB), in MiB. Flash: the size "
-            "of one entry's slab (0 = --entry-bytes); dense: the whole budget, cut into whole "
-            "entries. Default: 0 (dense: 61440).",
-            show_default=False,
-        ),
-    ] = None,
-    token_bytes: Annotated[
-        int | None,
-        typer.Option(
-            "--token-bytes",
-            help="Bytes of its slab a snapshot needs per token; a snapshot over the slab is "
-            "refused. 0 = no per-token wall. Default: 2048 (not measured: the lane stored "
-            "43,531 tokens in a 111 MiB slab; dense: 0).",
-            show_default=False,
-        ),
-    ] = None,
-    counter_lag: Annotated[
-        int | None,
-        typer.Option(
-            "--counter-lag",
-            help="Requests before a call's hits/misses/prompt_tokens_saved show in /cache; "
-            "0 = immediate. Default: 1 (measured on Flash; dense: 0).",
-            show_default=False,
-        ),
-    ] = None,
-    dedupe_snapshots: Annotated[
-        bool | None,
-        typer.Option(
-            "--dedupe-snapshots/--no-dedupe-snapshots",
-            help="Refresh an identical snapshot instead of storing it again. Default: False "
-            "(measured on Flash 0.7.0: snapshot every request; dense: True).",
-            show_default=False,
-        ),
-    ] = None,
-    prefill_tps: Annotated[
-        float | None,
-        typer.Option(
-            "--prefill-tps",
-            help="Batched prefill throughput, tokens/s. Default: 1370 (fitted).",
-            show_default=False,
-        ),
-    ] = None,
-    prefill_setup_s: Annotated[
-        float | None,
-        typer.Option(
-            "--prefill-setup-s",
-            help="Fixed seconds of a batched prefill pass. Default: 1.4706 (fitted).",
-            show_default=False,
-        ),
-    ] = None,
-    step_ms: Annotated[
-        float | None,
-        typer.Option(
-            "--step-ms",
-            help="Milliseconds to process one token on its own (short passes). "
-            "Default: 20.28 (fitted).",
-            show_default=False,
-        ),
-    ] = None,
-    step_ms_per_kctx: Annotated[
-        float | None,
-        typer.Option(
-            "--step-ms-per-kctx",
-            help="Extra milliseconds per stepped token per 1,000 tokens of context. "
-            "Default: 0.0855 (fitted).",
-            show_default=False,
-        ),
-    ] = None,
-    decode_tps: Annotated[
-        float | None,
-        typer.Option(
-            "--decode-tps",
-            help="Decode speed, tokens/s. Default: 60 (measured).",
-            show_default=False,
-        ),
-    ] = None,
-    slots: Annotated[
-        int | None,
-        typer.Option(
-            "--slots",
-            help="Requests served at once; more wait in the queue. Default: 4 (measured; "
-            "dense: 1).",
-            show_default=False,
-        ),
-    ] = None,
-    slot_ctx: Annotated[
-        int | None,
-        typer.Option(
-            "--slot-ctx",
-            help="Tokens per slot; a longer prompt is a 400. Default: 262144 (measured).",
-            show_default=False,
-        ),
-    ] = None,
-    max_tokens_cap: Annotated[
-        int | None,
-        typer.Option(
-            "--max-tokens-cap",
-            help="Largest max_tokens accepted; more is a 400. Default: 65536.",
-            show_default=False,
-        ),
-    ] = None,
-    queue_timeout: Annotated[
-        float | None,
-        typer.Option(
-            "--queue-timeout",
-            help="Seconds a request may wait for a slot before 503 engine_busy (divided by "
-            "--speed). Default: 3600 (dense: 7200).",
-            show_default=False,
-        ),
-    ] = None,
-    keepalive: Annotated[
-        float | None,
-        typer.Option(
-            "--keepalive",
-            help="Seconds of streaming silence before a ': keepalive' line (divided by "
-            "--speed); 0 disables. Default: 10.",
-            show_default=False,
-        ),
-    ] = None,
-    answer_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--answer-tokens",
-            help="Length of the deterministic answer in tokens (less if max_tokens is "
-            "smaller). Default: 24.",
-            show_default=False,
-        ),
-    ] = None,
-    cache_dir: Annotated[
-        str | None,
-        typer.Option(
-            "--cache-dir",
-            help="Flash disk tier (HALOGEN_CACHE_DIR): snapshots persist here across restarts "
-            "and are restored from it (/cache disk, timings.disk_restore_n/ms). "
-            "Default: None (no disk tier).",
-            show_default=False,
-        ),
-    ] = None,
-    disk_gib: Annotated[
-        float | None,
-        typer.Option(
-            "--disk-gib",
-            help="Disk tier budget in GiB (HALOGEN_CACHE_DISK_GIB). Default: 64.",
-            show_default=False,
-        ),
-    ] = None,
-    disk_token_bytes: Annotated[
-        int | None,
-        typer.Option(
-            "--disk-token-bytes",
-            help="Modelled bytes of a disk record per token. Default: 27648 (~27 KiB).",
-            show_default=False,
-        ),
-    ] = None,
-    disk_read_mbps: Annotated[
-        float | None,
-        typer.Option(
-            "--disk-read-mbps",
-            help="Modelled disk read speed for restores, MB/s. Default: 2000.",
-            show_default=False,
-        ),
-    ] = None,
-    speed: Annotated[
-        float | None,
-        typer.Option(
-            "--speed",
-            help="Time compression: every modelled duration is divided by this. Default: 1.",
-            show_default=False,
-        ),
-    ] = None,
-    quiet: Annotated[
-        bool, typer.Option("--quiet", "-q", help="Do not print a line per request.")
-    ] = False,
-    debug: DebugOpt = False,
-) -> None:
-    """Run a Halogen-compatible worker simulator in the foreground until Ctrl-C (see _HELP)."""
-    with cli_errors(debug):
-        from prefixreg.sim import SimConfig, SimServer
+def _shown(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
-        config = SimConfig.for_profile(
-            profile,
-            host=host,
-            port=port,
-            api_key=api_key or os.environ.get(_ENV_KEY) or None,
-            model=model,
-            max_entries=max_entries,
-            entries_per_request=entries_per_request,
-            snapshot_align=snapshot_align,
-            entry_bytes=entry_bytes,
-            cap_mb=cap_mb,
-            token_bytes=token_bytes,
-            counter_lag=counter_lag,
-            dedupe_snapshots=dedupe_snapshots,
-            prefill_tps=prefill_tps,
-            prefill_setup_s=prefill_setup_s,
-            step_ms=step_ms,
-            step_ms_per_kctx=step_ms_per_kctx,
-            decode_tps=decode_tps,
-            slots=slots,
-            slot_ctx=slot_ctx,
-            max_tokens_cap=max_tokens_cap,
-            queue_timeout=queue_timeout,
-            keepalive=keepalive,
-            answer_tokens=answer_tokens,
-            cache_dir=cache_dir,
-            disk_gib=disk_gib,
-            disk_token_bytes=disk_token_bytes,
-            disk_read_mbps=disk_read_mbps,
-            speed=speed,
-        )
-        server = SimServer(config, log=None if quiet else info).bind()
-        auth = ", API key required" if config.api_key else ""
-        info(
-            f"prefixreg sim ({config.profile}, speed {config.speed:g}{auth}) listening on "
-            f"{server.url}  (Ctrl-C to stop)"
-        )
-        stopper = threading.Event()
-        try:
-            server.start()
-            stopper.wait()  # until Ctrl-C
-        except KeyboardInterrupt:
-            info("stopping")
-        finally:
-            server.stop()
+
+def option_help(f: dataclasses.Field[Any]) -> str:
+    """A field's help text, ending with its default: ``Default: 8 (measured; dense: 3).``"""
+    notes = [f.metadata["note"]] if f.metadata["note"] else []
+    if "dense" in f.metadata:
+        notes.append(f"dense: {_shown(f.metadata['dense'])}")
+    shown = f.metadata.get("shown") or _shown(f.metadata.get("cli_default", f.default))
+    tail = f" ({'; '.join(notes)})" if notes else ""
+    return f"{f.metadata['help']} Default: {shown}{tail}."
+
+
+def _option(f: dataclasses.Field[Any]) -> inspect.Parameter:
+    from prefixreg.sim.config import kind_of
+
+    kind, name = kind_of(f.default), f.name.replace("_", "-")
+    decls = f"--{name}/--no-{name}" if kind is bool else f"--{name}"
+    option = typer.Option(decls, help=option_help(f), show_default=False)
+    default = f.metadata.get("cli_default")
+    return inspect.Parameter(
+        f.name, _KW, default=default, annotation=Annotated[kind | None, option]
+    )
+
+
+class _SimCommand:
+    """The `sim` callback. Typer reads its signature when it builds the command: made from
+    `SimConfig` then, not when the command is registered."""
+
+    def __init__(self) -> None:
+        self.__annotations__: dict[str, Any] = {}  # typer's hints are in the signature
+
+    @functools.cached_property
+    def __signature__(self) -> inspect.Signature:
+        from prefixreg.sim.config import SimConfig
+
+        own = [("quiet", QuietOpt), ("debug", DebugOpt)]  # not simulator fields
+        params = [inspect.Parameter(name, _KW, default=False, annotation=a) for name, a in own]
+        return inspect.Signature([*map(_option, dataclasses.fields(SimConfig)), *params])
+
+    def __call__(self, *, quiet: bool, debug: bool, **options: Any) -> None:
+        with cli_errors(debug):
+            from prefixreg.sim import SimConfig, SimServer
+
+            for f in dataclasses.fields(SimConfig):
+                if "env" in f.metadata and options[f.name] is None:
+                    options[f.name] = os.environ.get(f.metadata["env"]) or None
+            config = SimConfig.for_profile(options.pop("profile") or "flash", **options)
+            server = SimServer(config, log=None if quiet else info)
+            auth = ", API key required" if config.api_key else ""
+            info(
+                f"prefixreg sim ({config.profile}, speed {config.speed:g}{auth}) listening on "
+                f"{server.url}  (Ctrl-C to stop)"
+            )
+            try:
+                server.start()
+                threading.Event().wait()  # until Ctrl-C
+            except KeyboardInterrupt:
+                info("stopping")
+            finally:
+                server.stop()
 
 
 def register(app: typer.Typer) -> None:
     """Add the `sim` command to `app`."""
-    app.command("sim", help=_HELP)(sim_command)
+    app.command("sim", help=_HELP)(_SimCommand())

@@ -1,189 +1,244 @@
-"""`SimConfig`: every knob of the simulator, with the measured value as its default. Pure.
+"""`SimConfig`: every knob of the simulator, its default the measured Halogen Flash lane (API
+0.7.0), and the time model the knobs drive. Pure.
 
-Defaults are the Halogen Flash lane as measured (API 0.7.0): an LRU of 8 fixed-size entries
-(slabs of 116,389,652 bytes, /health `cap_mb` 110), 2 snapshots per request, no snapshot
-alignment, counters lagging one call, 4 slots of 262,144 tokens, `max_tokens` cap 65,536, queue
-timeout 3,600 s, SSE keepalive every 10 s, and the time model of `prefixreg.sim.timing` fitted to
-the lane's probe (cold 3.38 / 9.81 / 17.16 / 33.26 s at 2,593 / 11,374 / 21,337 / 43,538 prompt
-tokens, identical repeat 0.12-0.19 s, fresh tail 0.4-0.69 s).
+Each field carries its option's metadata (`knob`): help text, where the default comes from
+(``note``), its bound (``ge`` / ``gt``, with ``why``), its ``dense`` default, and CLI extras
+(``shown``, ``cli_default``, ``env``); `prefixreg sim` builds its options from them. A value of
+the wrong type or out of bounds is a `UsageError` naming the field.
 
-The wall. A Flash entry is a slab; a snapshot of t tokens needs ``t * token_bytes`` of it and a
-snapshot its slab cannot take is refused (counted in `/cache` `refused`). ``cap_mb`` is the
-cache-size option (``cacheMb`` -> ``HALOGEN_CACHE_MB``): on Flash, when set, each slab is
-``cap_mb`` MiB (0 = the measured ``entry_bytes`` slab); on dense it is the whole budget, cut
-into whole ``entry_bytes`` entries (61,440 MiB = 64.4 GB -> 3 entries of ~18.4 GB, as the
-startup lines quoted in halogen-api.md §2.1). ``token_bytes`` is not measured: the lane stored
-a 43,531-token snapshot in a 111 MiB slab (so at most 2,673 B a token); 2,048 puts the default
-wall at 56,830 tokens.
+The wall: a snapshot of t tokens needs ``t * token_bytes`` of its slab (Flash: ``cap_mb`` MiB
+when set, else ``entry_bytes``) or is refused (`/cache` `refused`); on dense ``cap_mb`` is the
+whole budget, cut into whole entries (61,440 MiB -> 3 of ~18.4 GB, halogen-api.md §2.1). The
+lane held 43,531 tokens in a 111 MiB slab (at most 2,673 B a token); 2,048 puts the default wall
+at 56,830 tokens. The `dense` profile (Halogen dense 0.1.x, `SimConfig.for_profile("dense")`)
+differs where the reference says: 2048-aligned snapshots with partial resume, one request at a
+time, whole full-context entries, no counter lag, no duplicate snapshots, no `timings`, no
+`/metrics`, no disk tier.
 
-The `dense` profile (Halogen dense, 0.1.x) differs where the reference says it does: snapshots
-aligned to 2048 with partial resume (cached counts are multiples of 2048), one request at a
-time, whole full-context entries, no counter lag (the lag is a Flash measurement), no duplicate
-snapshots, queue timeout 7,200 s, no `timings`, no `/metrics`, no disk tier. Build a dense
-config with `SimConfig.for_profile("dense")`; plain `SimConfig()` is flash.
-
-`speed` compresses time: every modelled duration (prefill, decode, disk restores, queue
-timeout, keepalive interval) is divided by it, so tests run in milliseconds while every ratio
-holds.
+The time model, fitted to the lane's probe (legs A1 cold, A2 identical repeat, B fresh tail;
+``max_tokens`` 1) at 2,593 / 11,374 / 21,337 / 43,538 prompt tokens. Prefill: ``u`` uncached
+tokens of an ``n``-token prompt take the cheaper of stepping, ``u * step(n)`` with ``step(n) =
+step_ms + n / 1000 * step_ms_per_kctx`` (a short pass is latency-bound like decode), and a
+batched pass, ``prefill_setup_s + u / prefill_tps``; the two cross near 75 tokens. Decode:
+``completion / decode_tps``. Disk restore: ``bytes / (disk_read_mbps * 10^6)``. With the
+defaults: A1 3.38 / 9.79 / 17.06 / 33.26 s (measured 3.38 / 9.81 / 17.16 / 33.26); A2 (7 tokens)
+0.160-0.185 s (measured 0.12-0.19); B (19 tokens) 0.406-0.473 s (measured 0.4-0.69). No model
+linear in the uncached tokens reaches the measured B/A2 ratio (3.3-3.6 > 19/7), so A2 sits high
+in its range and B low in its own. `speed` divides every modelled duration (prefill, decode,
+disk restores, queue timeout, keepalive interval): tests run in milliseconds, ratios hold.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal, get_args
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, NoReturn, TypeVar, get_args
 
 from prefixreg.core.errors import UsageError
-
-__all__ = ["MIB", "PROFILES", "PROFILE_DEFAULTS", "Profile", "SimConfig"]
 
 Profile = Literal["flash", "dense"]
 PROFILES: tuple[str, ...] = get_args(Profile)
 
 MIB = 1 << 20
+GIB = 1 << 30
 FLASH_ENTRY_BYTES = 116_389_652  # measured `last_entry_bytes`, whatever the prompt size
-DENSE_ENTRY_BYTES = 18_400_000_000  # "whole full-context entries of ~18.4 GB at 262K"
+DENSE_ENTRY = 18_400_000_000  # "whole full-context entries of ~18.4 GB at 262K"
 DENSE_CAP_MB = 61_440  # 64.4 GB: the documented AUTO budget that gives 3 entries
+
+
+T = TypeVar("T")
+
+
+def knob(default: T, doc: str, note: str = "", *, repr: bool = True, **meta: Any) -> T:
+    """A `SimConfig` field with its option's metadata (see the module docstring)."""
+    return field(default=default, repr=repr, metadata={"help": doc, "note": note, **meta})
+
+
+def _refuse(problem: str) -> NoReturn:
+    raise UsageError(f"simulator: {problem}")
+
+
+def kind_of(default: object) -> type:
+    """The type a field's values have, read from its default (None: an optional string)."""
+    return str if default is None else type(default)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
     """All simulator options. Field defaults are the measured Flash lane."""
 
-    profile: Profile = "flash"
-    host: str = "127.0.0.1"  # loopback only unless asked
-    port: int = 0  # 0: an ephemeral port (tests); the CLI defaults to Halogen's 8731
-    api_key: str | None = field(default=None, repr=False)  # never shown
-    model: str | None = None  # None: "prefixreg-sim-<profile>"
-    max_entries: int = 8
-    entries_per_request: int = 2
-    snapshot_align: int = 0
-    entry_bytes: int = FLASH_ENTRY_BYTES
-    cap_mb: int = 0
-    token_bytes: int = 2048
-    counter_lag: int = 1
-    dedupe_snapshots: bool = False
-    prefill_tps: float = 1370.0
-    prefill_setup_s: float = 1.4706
-    step_ms: float = 20.28
-    step_ms_per_kctx: float = 0.0855
-    decode_tps: float = 60.0
-    slots: int = 4
-    slot_ctx: int = 262_144
-    max_tokens_cap: int = 65_536
-    queue_timeout: float = 3600.0
-    keepalive: float = 10.0
-    answer_tokens: int = 24
-    cache_dir: str | None = None
-    disk_gib: float = 64.0
-    disk_token_bytes: int = 27 * 1024
-    disk_read_mbps: float = 2000.0
-    speed: float = 1.0
+    profile: Profile = knob(
+        "flash",
+        "flash (the measured Halogen Flash lane, API 0.7.0) or dense (Halogen dense: "
+        "2048-aligned snapshots, no timings).",
+    )
+    host: str = knob("127.0.0.1", "Address to bind.", "loopback only")
+    port: int = knob(  # 0 here: an ephemeral port (tests)
+        0, "Port to bind; 0 picks a free one.", "Halogen's API port", cli_default=8731
+    )
+    api_key: str | None = knob(
+        None,
+        "Require 'Authorization: Bearer KEY' (401 otherwise; /health stays open).",
+        shown="$PREFIXREG_SIM_API_KEY, else no key",
+        env="PREFIXREG_SIM_API_KEY",
+        repr=False,  # never shown
+    )
+    model: str | None = knob(None, "Model id reported.", shown="prefixreg-sim-<profile>")
+    # dense: "3 x 262144-token entries" (the halogen-server issue #5 startup line)
+    max_entries: int = knob(8, "LRU capacity in snapshots.", "measured", ge=0, dense=3)
+    entries_per_request: int = knob(
+        2,
+        "Snapshots stored per request (flash: system end, history end, then last message "
+        "start, prompt end).",
+        "measured",
+        ge=1,
+        dense=1,
+    )
+    snapshot_align: int = knob(
+        0,
+        "Snapshot places are rounded down to this many tokens; 0 = exact.",
+        "measured",
+        ge=0,
+        dense=2048,  # HALOGEN_CACHE_ALIGN's default
+    )
+    entry_bytes: int = knob(
+        FLASH_ENTRY_BYTES, "Size of one entry (slab) in bytes.", "measured", ge=1, dense=DENSE_ENTRY
+    )
+    cap_mb: int = knob(
+        0,
+        "The cache-size option (cacheMb -> HALOGEN_CACHE_MB), in MiB. Flash: the size of one "
+        "entry's slab (0 = --entry-bytes); dense: the whole budget, cut into whole entries.",
+        ge=0,
+        dense=DENSE_CAP_MB,
+    )
+    token_bytes: int = knob(
+        2048,
+        "Bytes of its slab a snapshot needs per token; a snapshot over the slab is refused. "
+        "0 = no per-token wall.",
+        "not measured: the lane stored 43,531 tokens in a 111 MiB slab",
+        ge=0,
+        why="0: no per-token wall",
+        dense=0,  # a dense entry is a whole full-context entry: no per-token wall
+    )
+    counter_lag: int = knob(
+        1,
+        "Requests before a call's hits/misses/prompt_tokens_saved show in /cache; 0 = immediate.",
+        "measured on Flash",
+        ge=0,
+        dense=0,
+    )
+    dedupe_snapshots: bool = knob(
+        False,
+        "Refresh an identical snapshot instead of storing it again.",
+        "measured on Flash 0.7.0: snapshot every request",
+        dense=True,
+    )
+    prefill_tps: float = knob(1370.0, "Batched prefill throughput, tokens/s.", "fitted", gt=0)
+    prefill_setup_s: float = knob(
+        1.4706, "Fixed seconds of a batched prefill pass.", "fitted", ge=0
+    )
+    step_ms: float = knob(
+        20.28, "Milliseconds to process one token on its own (short passes).", "fitted", gt=0
+    )
+    step_ms_per_kctx: float = knob(
+        0.0855, "Extra milliseconds per stepped token per 1,000 tokens of context.", "fitted", ge=0
+    )
+    decode_tps: float = knob(60.0, "Decode speed, tokens/s.", "measured", gt=0)
+    slots: int = knob(  # dense: batch-1
+        4, "Requests served at once; more wait in the queue.", "measured", ge=1, dense=1
+    )
+    slot_ctx: int = knob(262_144, "Tokens per slot; a longer prompt is a 400.", "measured", ge=1)
+    max_tokens_cap: int = knob(65_536, "Largest max_tokens accepted; more is a 400.", ge=1)
+    queue_timeout: float = knob(
+        3600.0,
+        "Seconds a request may wait for a slot before 503 engine_busy (divided by --speed).",
+        ge=0,
+        dense=7200.0,
+    )
+    keepalive: float = knob(
+        10.0,
+        "Seconds of streaming silence before a ': keepalive' line (divided by --speed); "
+        "0 disables.",
+        ge=0,
+        why="0 disables it",
+    )
+    answer_tokens: int = knob(
+        24, "Length of the deterministic answer in tokens (less if max_tokens is smaller).", ge=1
+    )
+    cache_dir: str | None = knob(
+        None,
+        "Flash disk tier (HALOGEN_CACHE_DIR): snapshots persist here across restarts and are "
+        "restored from it (/cache disk, timings.disk_restore_n/ms).",
+        "no disk tier",
+    )
+    disk_gib: float = knob(64.0, "Disk tier budget in GiB (HALOGEN_CACHE_DISK_GIB).", gt=0)
+    disk_token_bytes: int = knob(
+        27 * 1024, "Modelled bytes of a disk record per token.", "~27 KiB", ge=1
+    )
+    disk_read_mbps: float = knob(2000.0, "Modelled disk read speed for restores, MB/s.", gt=0)
+    speed: float = knob(1.0, "Time compression: every modelled duration is divided by this.", gt=0)
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise UsageError(f"unknown simulator profile {self.profile!r}; use flash or dense")
-        checks: tuple[tuple[str, bool], ...] = (
-            ("max_entries must be >= 0", self.max_entries >= 0),
-            ("entries_per_request must be >= 1", self.entries_per_request >= 1),
-            ("snapshot_align must be >= 0", self.snapshot_align >= 0),
-            (
-                "the dense profile needs snapshot_align >= 1",
-                self.profile != "dense" or self.snapshot_align >= 1,
-            ),
-            ("entry_bytes must be >= 1", self.entry_bytes >= 1),
-            ("cap_mb must be >= 0", self.cap_mb >= 0),
-            ("token_bytes must be >= 0 (0: no per-token wall)", self.token_bytes >= 0),
-            ("counter_lag must be >= 0", self.counter_lag >= 0),
-            ("prefill_tps must be > 0", self.prefill_tps > 0),
-            ("prefill_setup_s must be >= 0", self.prefill_setup_s >= 0),
-            ("step_ms must be > 0", self.step_ms > 0),
-            ("step_ms_per_kctx must be >= 0", self.step_ms_per_kctx >= 0),
-            ("decode_tps must be > 0", self.decode_tps > 0),
-            ("slots must be >= 1", self.slots >= 1),
-            ("slot_ctx must be >= 1", self.slot_ctx >= 1),
-            ("max_tokens_cap must be >= 1", self.max_tokens_cap >= 1),
-            ("queue_timeout must be >= 0", self.queue_timeout >= 0),
-            ("keepalive must be >= 0 (0 disables it)", self.keepalive >= 0),
-            ("answer_tokens must be >= 1", self.answer_tokens >= 1),
-            ("cache_dir must not be empty", self.cache_dir is None or self.cache_dir != ""),
-            (
-                "the disk tier (cache_dir) is a Flash feature",
-                self.cache_dir is None or self.profile == "flash",
-            ),
-            ("disk_gib must be > 0", self.disk_gib > 0),
-            ("disk_token_bytes must be >= 1", self.disk_token_bytes >= 1),
-            ("disk_read_mbps must be > 0", self.disk_read_mbps > 0),
-            ("speed must be > 0", self.speed > 0),
-            ("port must be in 0..65535", 0 <= self.port <= 65535),
-        )
-        for message, ok in checks:
-            if not ok:
-                raise UsageError(f"simulator: {message}")
+        for f in fields(self):
+            value, meta, kind = getattr(self, f.name), f.metadata, kind_of(f.default)
+            if value is None and f.default is None:
+                continue
+            if not (type(value) is kind or (kind is float and type(value) is int)):
+                _refuse(f"{f.name} must be of type {kind.__name__}, not {value!r}")
+            ge, gt, why = meta.get("ge"), meta.get("gt"), meta.get("why")
+            if (ge is not None and value < ge) or (gt is not None and value <= gt):
+                bound = f">= {ge}" if ge is not None else f"> {gt}"
+                _refuse(f"{f.name} must be {bound}" + (f" ({why})" if why else ""))
+        if not self.flash and self.snapshot_align < 1:
+            _refuse("the dense profile needs snapshot_align >= 1")
+        if self.cache_dir == "":
+            _refuse("cache_dir must not be empty")
+        if self.cache_dir is not None and not self.flash:
+            _refuse("the disk tier (cache_dir) is a Flash feature")
+        if not 0 <= self.port <= 65535:
+            _refuse("port must be in 0..65535")
 
     @classmethod
     def for_profile(cls, profile: str, **overrides: Any) -> SimConfig:
-        """The profile's defaults, then every override that is not None."""
-        if profile not in PROFILES:
-            raise UsageError(f"unknown simulator profile {profile!r}; use flash or dense")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(overrides) - known)
+        """The profile's defaults (dense: each field's ``dense``), then every override that is
+        not None."""
+        unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
         if unknown:
             raise UsageError(f"simulator: unknown option(s) {', '.join(unknown)}")
-        values: dict[str, Any] = dict(PROFILE_DEFAULTS[profile])
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        values["profile"] = profile
-        return cls(**values)
+        values = {f.name: f.metadata["dense"] for f in fields(cls) if "dense" in f.metadata}
+        values = values if profile == "dense" else {}
+        values |= {k: v for k, v in overrides.items() if v is not None}
+        return cls(**(values | {"profile": profile}))
 
     @property
     def model_id(self) -> str:
         return self.model or f"prefixreg-sim-{self.profile}"
 
     @property
-    def timings(self) -> bool:
-        """Flash reports a `timings` object (with `cache_n`); dense has none."""
+    def flash(self) -> bool:
+        """Flash: exact places, `timings`, `/metrics`, a disk tier; dense: partial resume."""
         return self.profile == "flash"
 
     @property
     def slab_bytes(self) -> int:
         """Bytes of one entry: the Flash slab (`cap_mb` MiB when set), or the dense entry."""
-        if self.profile == "flash" and self.cap_mb > 0:
-            return self.cap_mb * MIB
-        return self.entry_bytes
+        return self.cap_mb * MIB if self.flash and self.cap_mb > 0 else self.entry_bytes
 
     @property
-    def budget_bytes(self) -> int | None:
-        """The whole cache budget (dense: `cap_mb` MiB); None: only `max_entries` bounds it."""
-        return self.cap_mb * MIB if self.profile == "dense" else None
+    def cache_enabled(self) -> bool:
+        return self.max_entries > 0
 
     @property
     def capacity(self) -> int:
-        """Entries the cache can hold: `max_entries`, cut by the dense budget."""
-        budget = self.budget_bytes
-        if budget is None:
-            return self.max_entries
-        return min(self.max_entries, budget // self.slab_bytes)
+        """Entries the cache can hold: `max_entries`, cut by the dense budget (`cap_mb`)."""
+        budget = self.max_entries if self.flash else self.cap_mb * MIB // self.slab_bytes
+        return min(self.max_entries, budget)
 
-    def scaled(self, seconds: float) -> float:
-        """A modelled duration in real seconds under `speed`."""
-        return seconds / self.speed
-
-    def with_(self, **changes: Any) -> SimConfig:
-        """A copy with some fields changed (validated again)."""
-        return replace(self, **changes)
-
-
-PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "flash": {},
-    "dense": {
-        "max_entries": 3,  # "3 x 262144-token entries" (halogen-server issue #5 startup line)
-        "entries_per_request": 1,
-        "snapshot_align": 2048,  # HALOGEN_CACHE_ALIGN default
-        "entry_bytes": DENSE_ENTRY_BYTES,
-        "cap_mb": DENSE_CAP_MB,
-        "token_bytes": 0,  # a dense entry is a whole full-context entry: no per-token wall
-        "counter_lag": 0,
-        "dedupe_snapshots": True,
-        "slots": 1,  # batch-1
-        "queue_timeout": 7200.0,
-    },
-}
+    def prefill_s(self, *, prompt: int, cached: int) -> float:
+        """Modelled seconds to prefill the `prompt - cached` uncached tokens (0 if none)."""
+        uncached = prompt - cached
+        if uncached <= 0:
+            return 0.0
+        step_s = (self.step_ms + prompt / 1000 * self.step_ms_per_kctx) / 1000
+        return min(uncached * step_s, self.prefill_setup_s + uncached / self.prefill_tps)

@@ -1,22 +1,18 @@
 """The simulator's disk tier (`--cache-dir`, like Flash's ``HALOGEN_CACHE_DIR``): snapshots that
-outlive the process.
+outlive the process. Not thread-safe: the engine serialises calls.
 
-Every snapshot the memory cache stores is also written here, one JSON file per snapshot under
-``<cache_dir>/<build>/`` where ``<build>`` is derived from the template, model id and slot size
-(each build gets its own subtree, as on Flash). A write goes to a temporary file in the same
-directory and is renamed into place, so a crash leaves either the whole record or none. On
-start the subtree is read back, least recently used first (by file mtime; a restore touches
-the file), so entries survive a restart of the simulator exactly.
-
-The modelled size of a record is ``tokens * disk_token_bytes`` (~27 KiB a token on Flash); the
-tier holds at most ``disk_gib`` GiB and evicts least-recently-used records to stay under it; a
-record larger than the whole budget is skipped. A lookup finds the longest record that is an
-exact prefix of the prompt (Flash places). Counters follow `/cache.disk` (halogen-api.md §1.3):
-``hits`` restores, ``misses`` lookups that found no record where memory had nothing either,
-``persisted`` records written, ``skipped`` stores not written (held already, or over budget),
-``lineages`` records that extend no other record (their roots), ``branches`` the rest. These
-two are the simulator's definitions; the reference does not document Flash's. Not thread-safe:
-the engine serialises calls.
+Each snapshot the memory cache stores is also a JSON file under ``<cache_dir>/<build>/`` (one
+subtree per template, model id and slot size, as on Flash), written to a temporary file renamed
+into place: a crash leaves the whole record or none; a failed write (full disk, directory gone)
+leaves no temporary file and counts as skipped. On start the subtree is read back least
+recently used first (file mtime; a restore touches the file), so entries survive a restart
+exactly; a file not regular, not JSON, or not named after its tokens is ignored. A record
+models ``tokens * disk_token_bytes``; least recently used records are evicted to stay within
+``disk_gib``, one larger than all of it is skipped. A lookup finds the longest record that is
+an exact prefix of the prompt. `/cache.disk` (halogen-api.md §1.3): ``hits`` restores,
+``misses`` lookups that found nothing where memory had nothing either, ``persisted``,
+``skipped`` (held already, over budget, failed); ``lineages`` (records extending no other) and
+``branches`` (the rest) are the simulator's definitions: the reference has none.
 """
 
 from __future__ import annotations
@@ -26,114 +22,110 @@ import hashlib
 import json
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefixreg.sim.tokenizer import token_digest
-
-__all__ = ["DiskCounters", "DiskTier", "build_subtree"]
+from prefixreg.core import jsonio
+from prefixreg.core.errors import CorruptRecordError, UsageError
+from prefixreg.sim.config import GIB, SimConfig
+from prefixreg.sim.tokenizer import TEMPLATE_SHA256, token_digest
 
 _SUFFIX = ".json"
-
-
-def build_subtree(template_sha256: str, model: str, slot_ctx: int) -> str:
-    """The subtree name of one build: 16 hex digits of a sha256 over what identifies it."""
-    ident = f"{template_sha256}\n{model}\n{slot_ctx}\n".encode()
-    return hashlib.sha256(ident).hexdigest()[:16]
 
 
 def _record_name(tokens: tuple[str, ...]) -> str:
     return token_digest(tokens).hex() + _SUFFIX
 
 
-@dataclass(slots=True)
-class DiskCounters:
-    """Cumulative disk-tier counters (records/bytes/lineages are computed when read)."""
-
-    hits: int = 0
-    misses: int = 0
-    persisted: int = 0
-    evicted: int = 0
-    skipped: int = 0
-    restore_ms_total: float = 0.0
-    restored_bytes: int = 0
-
-
 class DiskTier:
-    """Records on disk plus their in-memory index (name -> tokens, least recent first)."""
+    """Records on disk plus their in-memory index (name -> tokens, least recent first).
 
-    def __init__(self, root: Path, build: str, *, budget_bytes: int, token_bytes: int) -> None:
-        self.dir = root / build
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.budget_bytes = budget_bytes
-        self.token_bytes = token_bytes
-        self.counters = DiskCounters()
+    Raises:
+        UsageError: the build's subtree cannot be created or read.
+    """
+
+    def __init__(self, config: SimConfig, cache_dir: str) -> None:
+        ident = f"{TEMPLATE_SHA256}\n{config.model_id}\n{config.slot_ctx}\n".encode()
+        self.dir = Path(cache_dir) / hashlib.sha256(ident).hexdigest()[:16]
+        self.budget_bytes = int(config.disk_gib * GIB)
+        self.token_bytes = config.disk_token_bytes
+        self.read_bytes_per_s = config.disk_read_mbps * 1e6
+        self.counters = dict.fromkeys(("hits", "misses", "persisted", "evicted", "skipped"), 0)
+        self.restore_ms_total, self.restored_bytes = 0.0, 0
         self._records: OrderedDict[str, tuple[str, ...]] = OrderedDict()
-        self._load()
-
-    def _load(self) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            paths = list(self.dir.iterdir())
+        except OSError as exc:
+            raise UsageError(
+                f"simulator: cannot use cache_dir {cache_dir}: {exc.strerror or exc}"
+            ) from None
         found: list[tuple[float, str, tuple[str, ...]]] = []
-        for path in self.dir.iterdir():
+        for path in paths:
             if not path.name.endswith(_SUFFIX) or path.is_symlink() or not path.is_file():
                 continue  # temporary files of an interrupted write, or anything not ours
             try:
-                body = json.loads(path.read_text(encoding="utf-8"))
-                tokens = tuple(str(t) for t in body["tokens"])
+                body = jsonio.loads(path.read_bytes(), path=path)
                 mtime = path.stat().st_mtime
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, CorruptRecordError):
                 continue  # unreadable: ignored, like a record that was never written
-            if _record_name(tokens) == path.name:
+            listed = body.get("tokens") if isinstance(body, dict) else None
+            tokens = tuple(str(t) for t in listed) if isinstance(listed, list) else ()
+            if tokens and _record_name(tokens) == path.name:
                 found.append((mtime, path.name, tokens))
         for _, name, tokens in sorted(found):
             self._records[name] = tokens
 
-    def size(self, tokens: int) -> int:
-        """Modelled bytes of a record of `tokens` tokens."""
-        return tokens * self.token_bytes
-
     @property
     def bytes(self) -> int:
-        return sum(self.size(len(t)) for t in self._records.values())
+        return sum(len(t) for t in self._records.values()) * self.token_bytes
 
-    def find(self, tokens: tuple[str, ...]) -> int:
-        """Length of the longest record that is an exact prefix of `tokens` (0: none)."""
+    def resume(self, tokens: tuple[str, ...], cached: int) -> tuple[int, float]:
+        """Restore the longest record that is a prefix of `tokens` and resumes more than the
+        `cached` tokens memory found, refreshing it: (its length, modelled seconds before
+        `speed`); (0, 0.0) if there is none (a miss when memory had nothing either)."""
         best = 0
         for record in self._records.values():
-            n = len(record)
-            if best < n <= len(tokens) and tokens[:n] == record:
-                best = n
-        return best
-
-    def restore(self, tokens: tuple[str, ...], length: int) -> int:
-        """Restore the record `tokens[:length]`: refresh it; returns its modelled bytes."""
-        name = _record_name(tokens[:length])
+            if best < len(record) <= len(tokens) and tokens[: len(record)] == record:
+                best = len(record)
+        if best <= cached:
+            self.counters["misses"] += cached == 0
+            return 0, 0.0
+        name = _record_name(tokens[:best])
         self._records.move_to_end(name)
         with contextlib.suppress(OSError):
             os.utime(self.dir / name)  # recency survives a restart
-        size = self.size(length)
-        self.counters.hits += 1
-        self.counters.restored_bytes += size
-        return size
+        size = best * self.token_bytes
+        seconds = size / self.read_bytes_per_s
+        self.counters["hits"] += 1
+        self.restored_bytes += size
+        self.restore_ms_total += seconds * 1000
+        return best, seconds
 
     def persist(self, snapshot: tuple[str, ...]) -> None:
         """Write `snapshot` (atomically), then evict least-recently-used records over budget."""
         name = _record_name(snapshot)
-        if name in self._records or self.size(len(snapshot)) > self.budget_bytes:
-            self.counters.skipped += 1
+        if name in self._records or len(snapshot) * self.token_bytes > self.budget_bytes:
+            self.counters["skipped"] += 1
             if name in self._records:
                 self._records.move_to_end(name)
             return
         tmp = self.dir / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"v": 1, "tokens": list(snapshot)}), encoding="utf-8")
-        os.replace(tmp, self.dir / name)
+        try:
+            tmp.write_text(json.dumps({"v": 1, "tokens": list(snapshot)}), encoding="utf-8")
+            os.replace(tmp, self.dir / name)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            self.counters["skipped"] += 1
+            return
         self._records[name] = snapshot
-        self.counters.persisted += 1
+        self.counters["persisted"] += 1
         while self.bytes > self.budget_bytes and len(self._records) > 1:
             old, _ = self._records.popitem(last=False)
             with contextlib.suppress(FileNotFoundError):
                 (self.dir / old).unlink()
-            self.counters.evicted += 1
+            self.counters["evicted"] += 1
 
     def body(self) -> dict[str, Any]:
         """The `/cache` `disk` block."""
@@ -143,19 +135,14 @@ class DiskTier:
             for r in records
             if not any(len(o) < len(r) and r[: len(o)] == o for o in records if o is not r)
         )
-        c = self.counters
         return {
             "on": True,
             "records": len(records),
             "lineages": roots,
+            "branches": len(records) - roots,
             "bytes": self.bytes,
             "budget_bytes": self.budget_bytes,
-            "hits": c.hits,
-            "misses": c.misses,
-            "persisted": c.persisted,
-            "branches": len(records) - roots,
-            "evicted": c.evicted,
-            "skipped": c.skipped,
-            "restore_ms_total": round(c.restore_ms_total, 1),
-            "restored_bytes": c.restored_bytes,
+            **self.counters,
+            "restore_ms_total": round(self.restore_ms_total, 1),
+            "restored_bytes": self.restored_bytes,
         }

@@ -1,47 +1,50 @@
-"""The simulator's engine state: slots and queue, the memory cache, the disk tier, and the
-running totals `/metrics` reports. Shared by the handler threads; every method takes the lock.
+"""The simulator's engine, shared by the handler threads (every method takes the lock): slots
+and queue, the memory cache, the disk tier, the running totals, and what `/health`, `/cache`
+and `/metrics` report (halogen-api.md §1.2-§1.4): dense's fields (``cap_bytes``, no ``version``,
+no ``/metrics``) or Flash's (``max_entries``, ``last_entry_bytes``, ``version``,
+``chat_template``, a ``disk`` block with the disk tier, ``prompt_cache.cap_mb`` one slab).
 
-A request is admitted in two steps (see `prefixreg.sim.cache`): `lookup` when it holds a slot
-(memory first, then the disk tier when that resumes more), and `store` only after its modelled
-prefill has finished. So of several identical cold requests running at once, none is served
-from a snapshot: the first snapshot exists only once the first prefill completes.
+A request looks up once it holds a slot (memory, then the disk tier when that resumes more) and
+stores only after its modelled prefill: of identical cold requests at once, none is served from
+a snapshot, since the first exists only once the first prefill completes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from prefixreg.core.errors import UsageError
-from prefixreg.sim import timing
-from prefixreg.sim.cache import CacheModel, Counters, PromptCache
-from prefixreg.sim.config import SimConfig
-from prefixreg.sim.disk import DiskTier, build_subtree
-from prefixreg.sim.protocol import ApiError, Call
+from prefixreg.sim.cache import PromptCache
+from prefixreg.sim.config import MIB, SimConfig
+from prefixreg.sim.disk import DiskTier
+from prefixreg.sim.protocol import (
+    CHAT_TEMPLATE_KWARGS,
+    DRAFTERS,
+    MAX_TOKENS_DEFAULT,
+    TOKEN_BUDGET_ALIASES,
+    ApiError,
+    Call,
+)
 from prefixreg.sim.tokenizer import TEMPLATE_SHA256
 
-__all__ = ["Engine", "Lookup"]
-
-GIB = 1 << 30
-
-
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    """What a request resumed: `cached` tokens, of which `disk_n` came from the disk tier."""
-
-    cached: int
-    disk_n: int = 0
-    disk_s: float = 0.0  # modelled seconds of the disk restore, before `speed`
-
-
-@dataclass(slots=True)
-class _Hold:
-    started: float
-    prompt: int
-    reserved: int
+API_VERSION = "0.7.0"  # the Flash release the defaults were measured on
+SUPPORTED = [
+    "model", "messages", "prompt", *TOKEN_BUDGET_ALIASES, "stream", "stream_options", "stop",
+    "temperature", "top_p", "top_k", "min_p", "seed", "drafter",
+]  # fmt: skip
+_TIMING = ["store_ms_total", "restore_ms_total", "last_store_ms", "last_restore_ms"]
+_FLASH_CACHE = [
+    "entries", "max_entries", "bytes", "last_entry_bytes", "hits", "misses", "stores", "evicted",
+    "refused", "prompt_tokens_saved", *_TIMING, "rows_copied", "rows_copied_ms", "disk", "hit_rate",
+]  # fmt: skip
+_DENSE_CACHE = [
+    "entries", "bytes", "reserved_bytes", "cap_bytes", "hits", "misses", "stores", "evicted",
+    "prompt_tokens_saved", *_TIMING, "refused", "hit_rate",
+]  # fmt: skip
 
 
 class Engine:
@@ -49,51 +52,25 @@ class Engine:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
-        self.cache = PromptCache(
-            CacheModel(
-                max_entries=config.capacity,
-                entries_per_request=config.entries_per_request,
-                align=config.snapshot_align,
-                partial_resume=config.profile == "dense",
-                counter_lag=config.counter_lag,
-                entry_bytes=config.slab_bytes,
-                token_bytes=config.token_bytes,
-                dedupe=config.dedupe_snapshots,
-                enabled=config.max_entries > 0,
-            )
-        )
-        self.disk: DiskTier | None = None
-        if config.cache_dir is not None:
-            build = build_subtree(TEMPLATE_SHA256, config.model_id, config.slot_ctx)
-            try:
-                self.disk = DiskTier(
-                    Path(config.cache_dir),
-                    build,
-                    budget_bytes=int(config.disk_gib * GIB),
-                    token_bytes=config.disk_token_bytes,
-                )
-            except OSError as exc:
-                raise UsageError(
-                    f"simulator: cannot use cache_dir {config.cache_dir}: {exc.strerror or exc}"
-                ) from None
+        self.cache = PromptCache(config)
+        self.disk = None if config.cache_dir is None else DiskTier(config, config.cache_dir)
         self.slots = threading.BoundedSemaphore(config.slots)
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self._holds: dict[int, _Hold] = {}
+        self._holds: list[tuple[float, int, int]] = []  # (start, prompt, prompt + max_tokens)
         self._queued = 0
-        self._serial = 0
         self.prompt_tokens_total = 0  # prefilled (not covered by a cache)
         self.prompt_tokens_cached_total = 0  # covered by a cache (memory or disk)
         self.requests_total = 0
+        self.started = int(time.time())  # /v1/models `created`
 
-    # -- slots ----------------------------------------------------------------------------
-
-    def acquire(self, call: Call) -> int:
-        """Wait for a slot; `ApiError` 503 `engine_busy` after the (scaled) queue timeout."""
+    @contextmanager
+    def slot(self, call: Call) -> Iterator[None]:
+        """Hold a slot for `call`; `ApiError` 503 `engine_busy` after the (scaled) queue timeout."""
         with self.lock:
             self._queued += 1
         try:
-            got = self.slots.acquire(timeout=self.config.scaled(self.config.queue_timeout))
+            got = self.slots.acquire(timeout=self.config.queue_timeout / self.config.speed)
         finally:
             with self.lock:
                 self._queued -= 1
@@ -104,77 +81,133 @@ class Engine:
                 f"{self.config.slots} request(s) at a time and the queue did not clear",
                 code="engine_busy",
             )
+        hold = (time.monotonic(), call.prompt.n, call.prompt.n + call.max_tokens)
         with self.lock:
-            self._serial += 1
-            n = call.prompt.n
-            self._holds[self._serial] = _Hold(time.monotonic(), n, n + call.max_tokens)
-            return self._serial
-
-    def release(self, serial: int) -> None:
-        with self.lock:
-            self._holds.pop(serial, None)
-        self.slots.release()
+            self._holds.append(hold)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._holds.remove(hold)
+            self.slots.release()
 
     def sleep(self, seconds: float) -> bool:
         """Sleep unless the server is stopping; False means stop now."""
         return not self.stopping.wait(seconds) if seconds > 0 else not self.stopping.is_set()
 
-    # -- the cache ------------------------------------------------------------------------
-
-    def lookup(self, call: Call) -> Lookup:
-        """Find what this request resumes (memory, then disk) and count it."""
+    def lookup(self, call: Call) -> tuple[int, int, float]:
+        """Find what this request resumes (memory, then disk) and count it: (cached tokens,
+        of them restored from the disk tier, modelled seconds of that restore)."""
         prompt = call.prompt
         with self.lock:
-            cached = self.cache.lookup(prompt)
-            out = Lookup(cached)
+            found = (self.cache.lookup(prompt), 0, 0.0)
             if self.disk is not None:
-                found = self.disk.find(prompt.tokens)
-                if found > cached:
-                    size = self.disk.restore(prompt.tokens, found)
-                    seconds = timing.disk_restore_s(self.config, size)
-                    self.disk.counters.restore_ms_total += seconds * 1000
-                    out = Lookup(found, found, seconds)
-                elif cached == 0:
-                    self.disk.counters.misses += 1
-            self.cache.count(out.cached)
+                restored, seconds = self.disk.resume(prompt.tokens, found[0])
+                if restored:
+                    found = (restored, restored, seconds)
+            self.cache.count(found[0])
             self.requests_total += 1
-            self.prompt_tokens_total += prompt.n - out.cached
-            self.prompt_tokens_cached_total += out.cached
-            return out
+            self.prompt_tokens_total += prompt.n - found[0]
+            self.prompt_tokens_cached_total += found[0]
+            return found
 
     def store(self, call: Call) -> None:
         """Store this request's snapshots (its prefill has finished), and persist them."""
         with self.lock:
-            out = self.cache.store(call.prompt)
-            if self.disk is not None:
-                for place in out.places:
+            for place in self.cache.store(call.prompt):
+                if self.disk is not None:
                     self.disk.persist(call.prompt.tokens[:place])
 
-    def counters(self) -> Counters:
+    def health(self) -> dict[str, Any]:
+        """`/health`: identity, load (never waits for a slot), the cache's shape, options."""
+        config, flash, enabled = self.config, self.config.flash, self.config.cache_enabled
         with self.lock:
-            return self.cache.counters()
-
-    def disk_body(self) -> dict[str, Any] | None:
-        with self.lock:
-            return None if self.disk is None else self.disk.body()
-
-    def load(self) -> dict[str, Any]:
-        with self.lock:
-            in_flight = len(self._holds)
-            oldest = min((h.started for h in self._holds.values()), default=None)
-            queued = self._queued
-        return {
-            "busy": in_flight >= self.config.slots,
-            "slots": self.config.slots,
-            "slot_ctx": self.config.slot_ctx,
+            in_flight, queued = len(self._holds), self._queued
+            oldest = min((h[0] for h in self._holds), default=None)
+        routes = ["/v1/chat/completions", "/v1/completions", "/v1/models"]
+        body: dict[str, Any] = {"status": "ok", "model": config.model_id, "endpoints": routes}
+        if flash:
+            body |= {"cache_counters": "/cache", "metrics": "/metrics"}
+        body["context"] = config.slot_ctx
+        if flash:
+            body["version"] = {"api": API_VERSION, "engine": API_VERSION, "match": True}
+            body["chat_template"] = {"path": None, "sha256": TEMPLATE_SHA256}
+        body |= {
+            "busy": in_flight >= config.slots,
+            "slots": config.slots,
+            "slot_ctx": config.slot_ctx,
             "in_flight": in_flight,
             "busy_for_s": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
             "queued": queued,
         }
+        if flash:  # Flash 0.17.3 reports 524288 for 4 slots of 262144: two slots' worth
+            body["kv_pool_positions"] = 2 * config.slot_ctx
+        body |= {"decode": "greedy", "drafters_available": list(DRAFTERS[config.profile])}
+        body["drafter_default"] = "serial"
+        # Flash's cap_mb is one entry's size in MiB (116389652 B -> 110), not a budget.
+        cache: dict[str, Any] = {"enabled": enabled, "cap_mb": config.slab_bytes // MIB}
+        if flash:
+            cache["mode"] = 2 if enabled else 0
+        else:
+            cache["cap_mb"] = config.cap_mb
+        cache["snapshot_align"] = config.snapshot_align
+        cache["bitwise_identical_to_cold"] = not flash and config.snapshot_align == 2048
+        body["prompt_cache"] = cache
+        if flash:
+            body["chat_template_kwargs"] = sorted(CHAT_TEMPLATE_KWARGS)
+        options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        del options["api_key"]  # never shown
+        return body | {
+            "supported": SUPPORTED,
+            "token_budget_aliases": list(TOKEN_BUDGET_ALIASES),
+            "max_tokens_default": MAX_TOKENS_DEFAULT["chat"],
+            "error_format": "openai",
+            "accepted_but_ignored": ["n"],
+            "max_tokens_cap": config.max_tokens_cap,
+            "max_tokens_over_cap": "400",
+            "simulator": {"name": "prefixreg.sim", **options},
+        }
 
-    def pool(self) -> tuple[int, int]:
-        """(positions held by in-flight prompts, positions reserved: prompt + max_tokens)."""
+    def models(self) -> dict[str, Any]:
+        model = {"id": self.config.model_id, "object": "model", "created": self.started}
+        return {"object": "list", "data": [model | {"owned_by": "prefixreg-sim"}]}
+
+    def cache_body(self) -> dict[str, Any]:
+        """`/cache`: the memory cache's counters, and the disk tier's block when it is on."""
+        config = self.config
         with self.lock:
-            held = sum(h.prompt for h in self._holds.values())
-            reserved = sum(h.reserved for h in self._holds.values())
-        return held, reserved
+            c, disk = self.cache.counters(), None if self.disk is None else self.disk.body()
+        values = dataclasses.asdict(c) | {
+            "max_entries": config.max_entries,
+            "reserved_bytes": c.bytes,
+            "cap_bytes": config.cap_mb * MIB,
+            "rows_copied": 0,
+            "rows_copied_ms": 0.0,
+            "disk": disk,
+            "hit_rate": c.hit_rate,
+        }
+        keys = _FLASH_CACHE if config.flash else _DENSE_CACHE
+        return {k: values[k] for k in keys if not (k == "disk" and disk is None)}
+
+    def metrics(self) -> str:
+        """Flash `/metrics`: Prometheus text, the cache-related series of halogen-api.md §1.4."""
+        pool = 2 * self.config.slot_ctx
+        with self.lock:
+            held, reserved = sum(h[1] for h in self._holds), sum(h[2] for h in self._holds)
+            series = (
+                ("halogen:prompt_tokens_cached_total", "counter", self.prompt_tokens_cached_total,
+                 "Prompt tokens the prompt cache covered (not processed)."),
+                ("llamacpp:prompt_tokens_total", "counter", self.prompt_tokens_total,
+                 "Number of prompt tokens processed."),
+                ("llamacpp:requests_total", "counter", self.requests_total,
+                 "Requests that reached the engine."),
+                ("llamacpp:kv_cache_usage_ratio", "gauge", round(held / pool, 6) if pool else 0.0,
+                 "KV-cache usage: positions held over the pool."),
+                ("halogen:kv_pool_positions", "gauge", pool, "Positions in the KV pool."),
+                ("halogen:kv_pool_reserved_tokens", "gauge", reserved,
+                 "prompt+max_tokens per admitted front-end slot."),
+            )  # fmt: skip
+        lines: list[str] = []
+        for name, kind, value, text in series:
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+        return "\n".join(lines) + "\n"

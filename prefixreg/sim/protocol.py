@@ -1,73 +1,62 @@
-"""Halogen's request validation and response shapes, as pure functions (no I/O, no clock).
+"""Halogen's wire protocol, pure, with halogen-api.md §1's field names: a POST body becomes a
+`Call` or an `ApiError` (before queueing), a served call a `Result`, a `Result` its reply.
 
-Field names follow halogen-api.md §1 exactly:
+Errors are 400 (never 422), ``"<loc>: <msg>"``; besides field shapes, the documented 400s
+(§1.5): ``top_logprobs``; ``logprobs`` with ``stream``; ``presence_penalty``,
+``frequency_penalty``, ``logit_bias`` or ``logprobs`` unless ``temperature`` > 0 (absent is 0);
+a ``drafter`` the profile lacks; on Flash, a ``chat_template_kwargs`` key not in
+``CHAT_TEMPLATE_KWARGS`` or contradicting its top-level field. Tools render Qwen-style into the
+system turn after its content (a snapshot at `system_end` covers them); ``tool_choice: "none"``
+renders none (alternating it with "auto" costs a miss); `tool_calls` after their turn's content.
 
-- errors: ``{"error": {"message", "type", "param": null, "code"}}``; ``type`` by status,
-  ``code`` is ``"engine_busy"`` for 503 and null otherwise; validation errors are 400, never 422;
-- usage: ``{prompt_tokens, completion_tokens, total_tokens}`` plus
-  ``prompt_tokens_details: {cached_tokens}`` **only when cached > 0**;
-- flash ``timings`` (``prompt_n``, ``predicted_n``, ``prompt_ms``, ``predicted_ms``,
-  ``prompt_per_second``, ``predicted_per_second``, ``cache_n``, ``draft_n``, ``draft_n_accepted``)
-  sit beside ``usage`` and ``cache_n`` is always present; dense has no ``timings``;
-- streams: content frames, a finish frame (empty delta / text, ``finish_reason``, and flash
-  ``timings``), then with ``stream_options.include_usage`` a ``choices: []`` frame carrying
-  ``usage`` (every earlier frame then has ``"usage": null``), then ``data: [DONE]``.
-
-Validation happens here, before a request is queued, as on the real server; the documented
-400s for particular fields (logprobs, penalties, drafters, template kwargs) are in `fields`.
+Replies: errors ``{"error": {"message", "type", "param": null, "code"}}`` (``code``
+``"engine_busy"`` for 503); usage with ``prompt_tokens_details: {cached_tokens}`` only when
+cached > 0; Flash ``timings`` beside it (``cache_n`` always there), dense none. Streams: content
+frames, a finish frame (empty delta / text, Flash ``timings``), with ``include_usage`` a
+``choices: []`` frame carrying ``usage`` (earlier frames ``"usage": null``), ``data: [DONE]``.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
-from prefixreg.sim import fields
+from prefixreg.core import jsonio
+from prefixreg.core.errors import CorruptRecordError
 from prefixreg.sim.config import SimConfig
-from prefixreg.sim.errors import ApiError
-from prefixreg.sim.render import ToolsError, with_tools
-from prefixreg.sim.tokenizer import RenderedPrompt, render_chat, render_completion
-
-__all__ = [
-    "TOKEN_BUDGET_ALIASES",
-    "ApiError",
-    "Call",
-    "Result",
-    "error_body",
-    "parse_request",
-    "response_body",
-    "sse",
-    "stream_frames",
-]
+from prefixreg.sim.tokenizer import RenderedPrompt, answer_tokens, render_chat, render_completion
 
 Kind = Literal["chat", "completion"]
 TOKEN_BUDGET_ALIASES = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 MAX_TOKENS_DEFAULT = {"chat": 8192, "completion": 128}
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    429: "rate_limit_error",
-}
+DRAFTERS = {"flash": ("serial", "mtp"), "dense": ("serial", "mtp", "dflash2", "ngram")}
+# The template switches Flash accepts in `chat_template_kwargs` (0.5.7: three keys) [inferred
+# names: the template's own switches among the documented request fields].
+CHAT_TEMPLATE_KWARGS = frozenset({"enable_thinking", "preserve_thinking", "reasoning_effort"})
+TOOLS_HEADER = "\n\n# Tools\n\nYou may call one or more of these functions:\n<tools>\n"
+TOOL_CHOICES = frozenset({"none", "auto", "required"})
 _RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0)}
+KEEPALIVE = b": keepalive\n\n"
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
+_ERROR_TYPES |= {404: "not_found_error", 429: "rate_limit_error"}
 
 
-def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
-    """The OpenAI error envelope Halogen uses."""
-    if code is None and status == 503:
-        code = "engine_busy"
-    return {
-        "error": {
-            "message": message,
-            "type": _ERROR_TYPES.get(status, "server_error"),
-            "param": None,
-            "code": code,
-        }
-    }
+class ApiError(Exception):
+    """An HTTP error the simulator answers with the OpenAI envelope."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+def invalid(loc: str, msg: str) -> ApiError:
+    """A 400 validation error at `loc`."""
+    return ApiError(400, f"{loc}: {msg}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,34 +70,12 @@ class Call:
     include_usage: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
-    """What the engine did for one call, in real (speed-scaled) seconds."""
-
-    call: Call
-    id: str
-    created: int
-    model: str
-    pieces: tuple[str, ...]
-    finish_reason: str
-    cached: int
-    prompt_s: float
-    decode_s: float
-    disk_tier: bool = False  # report `disk_restore_n` / `disk_restore_ms` in timings
-    disk_n: int = 0
-    disk_s: float = 0.0
-
-
-def _invalid(loc: str, msg: str) -> ApiError:
-    return ApiError(400, f"{loc}: {msg}")
-
-
-def _is_int(value: object) -> bool:
-    return type(value) is int
-
-
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[float]:
     return type(value) in (int, float)
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _content_text(content: object, loc: str) -> str:
@@ -116,42 +83,63 @@ def _content_text(content: object, loc: str) -> str:
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        parts: list[str] = []
-        for i, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") == "text"):
-                raise _invalid(f"{loc}.{i}", "only text content parts are supported")
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise _invalid(f"{loc}.{i}.text", "must be a string")
-            parts.append(text)
-        return "".join(parts)
-    raise _invalid(loc, "must be a string, a list of text parts, or null")
+    if not isinstance(content, list):
+        raise invalid(loc, "must be a string, a list of text parts, or null")
+    parts: list[str] = []
+    for i, part in enumerate(content):
+        if not (isinstance(part, dict) and part.get("type") == "text"):
+            raise invalid(f"{loc}.{i}", "only text content parts are supported")
+        if not isinstance(part.get("text"), str):
+            raise invalid(f"{loc}.{i}.text", "must be a string")
+        parts.append(part["text"])
+    return "".join(parts)
 
 
 def _messages(body: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The (role, content) pairs the template renders: each assistant turn's tool calls after
+    its content, the tools block folded into the system turn (one is opened for it when the
+    first message is not a system turn)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise _invalid("body.messages", "must be a non-empty list")
+        raise invalid("body.messages", "must be a non-empty list")
     out: list[tuple[str, str]] = []
     for i, message in enumerate(messages):
+        loc = f"body.messages.{i}"
         if not isinstance(message, dict):
-            raise _invalid(f"body.messages.{i}", "must be an object")
-        role = message.get("role")
+            raise invalid(loc, "must be an object")
+        role, calls = message.get("role"), message.get("tool_calls")
         if not isinstance(role, str) or role not in ROLES:
-            raise _invalid(f"body.messages.{i}.role", f"must be one of {sorted(ROLES)}")
-        out.append((role, _content_text(message.get("content"), f"body.messages.{i}.content")))
+            raise invalid(f"{loc}.role", f"must be one of {sorted(ROLES)}")
+        content = _content_text(message.get("content"), f"{loc}.content")
+        if calls is not None and not isinstance(calls, list):
+            raise invalid(f"{loc}.tool_calls", "must be a list")
+        content += "".join(f"\n<tool_call>\n{_compact(c)}\n</tool_call>" for c in calls or ())
+        out.append((role, content))
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if choice is not None and not (choice in TOOL_CHOICES or isinstance(choice, dict)):
+        raise invalid("body.tool_choice", f"must be one of {sorted(TOOL_CHOICES)} or an object")
+    if tools is not None and not (
+        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+    ):
+        raise invalid("body.tools", "must be a list of objects")
+    if not tools or choice == "none":
+        return out
+    block = TOOLS_HEADER + "\n".join(_compact(t) for t in tools) + "\n</tools>"
+    if out[0][0] in ("system", "developer"):
+        out[0] = (out[0][0], out[0][1] + block)
+    else:
+        out.insert(0, ("system", block.lstrip("\n")))
     return out
 
 
 def _token_budget(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> int:
     sent = {name: body[name] for name in TOKEN_BUDGET_ALIASES if body.get(name) is not None}
     for name, value in sent.items():
-        if not _is_int(value) or value < 1:
-            raise _invalid(f"body.{name}", "must be an integer >= 1")
+        if type(value) is not int or value < 1:
+            raise invalid(f"body.{name}", "must be an integer >= 1")
     if len(set(sent.values())) > 1:
         listed = ", ".join(f"{k}={v}" for k, v in sent.items())
-        raise _invalid(
+        raise invalid(
             "body",
             f"conflicting token budgets ({listed}); they are the same budget under three "
             "names, send one",
@@ -167,58 +155,82 @@ def _token_budget(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> int
     return value
 
 
-def _sampling(body: Mapping[str, Any]) -> None:
+def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    stream = False if body.get("stream") is None else body["stream"]
+    if not isinstance(stream, bool):
+        raise invalid("body.stream", "must be a boolean")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict):
+        raise invalid("body.stream_options", "must be an object")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise invalid("body.stream_options.include_usage", "must be a boolean")
+    return stream, include_usage
+
+
+def _options(body: Mapping[str, Any], profile: str) -> tuple[bool, bool]:
+    """Sampling ranges, the stream flags and the documented 400s (see the module docstring),
+    checked in the server's order; returns (stream, include_usage)."""
     for name, (low, high) in _RANGES.items():
         value = body.get(name)
         if value is not None and (not _is_number(value) or not low <= value <= high):
-            raise _invalid(f"body.{name}", f"must be a number in {low}..{high}")
+            raise invalid(f"body.{name}", f"must be a number in {low}..{high}")
     top_k = body.get("top_k")
-    if top_k is not None and (not _is_int(top_k) or top_k < 0):
-        raise _invalid("body.top_k", "must be an integer >= 0")
-
-
-def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise _invalid("body.stream", "must be a boolean")
-    options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not isinstance(options, dict):
-            raise _invalid("body.stream_options", "must be an object")
-        flag = options.get("include_usage", False)
-        if not isinstance(flag, bool):
-            raise _invalid("body.stream_options.include_usage", "must be a boolean")
-        include_usage = flag
+    if top_k is not None and (type(top_k) is not int or top_k < 0):
+        raise invalid("body.top_k", "must be an integer >= 0")
+    stream, include_usage = _stream_flags(body)
+    if body.get("top_logprobs") is not None:
+        raise invalid("body.top_logprobs", "is not supported")
+    logprobs = bool(body.get("logprobs"))
+    if logprobs and stream:
+        raise invalid("body.logprobs", "cannot be combined with stream")
+    temperature = body.get("temperature")
+    if not (_is_number(temperature) and temperature > 0):
+        sampled_only = ("presence_penalty", "frequency_penalty", "logit_bias")
+        for name in (*sampled_only, *(("logprobs",) if logprobs else ())):
+            if body.get(name) is not None:
+                msg = "needs temperature > 0 (decoding at temperature 0 is greedy)"
+                raise invalid(f"body.{name}", msg)
+    drafter, available = body.get("drafter"), DRAFTERS[profile]
+    if drafter is not None and (not isinstance(drafter, str) or drafter not in available):
+        raise invalid(
+            "body.drafter",
+            f"unknown or unavailable drafter {drafter!r}; available: {', '.join(available)}",
+        )
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None or profile != "flash":
+        return stream, include_usage
+    if not isinstance(kwargs, dict):
+        raise invalid("body.chat_template_kwargs", "must be an object")
+    for key, value in kwargs.items():
+        loc = f"body.chat_template_kwargs.{key}"
+        if key not in CHAT_TEMPLATE_KWARGS:
+            raise invalid(loc, f"unknown key; known: {', '.join(sorted(CHAT_TEMPLATE_KWARGS))}")
+        top = body.get(key)
+        if top is not None and top != value:
+            raise invalid(loc, f"conflicts with the top-level {key} ({top!r} != {value!r})")
     return stream, include_usage
 
 
 def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
     """Validate a POST body for `kind` and tokenize its prompt; `ApiError` (400) if invalid."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise _invalid("body", "not valid JSON") from None
+        body = jsonio.loads(raw)  # depth-capped: no body can exhaust the stack
+    except CorruptRecordError:
+        raise invalid("body", "not valid JSON") from None
     if not isinstance(body, dict):
-        raise _invalid("body", "must be a JSON object")
+        raise invalid("body", "must be a JSON object")
+    text = body.get("prompt")
     if kind == "chat":
-        try:  # tools render into the system turn (sim/render.py)
-            prompt = render_chat(with_tools(body, _messages(body)))
-        except ToolsError as exc:
-            raise _invalid(exc.loc, exc.msg) from None
-    else:
-        text = body.get("prompt")
-        if not isinstance(text, str):
-            raise _invalid("body.prompt", "must be a string")
+        prompt = render_chat(_messages(body))
+    elif isinstance(text, str):
         prompt = render_completion(text)
+    else:
+        raise invalid("body.prompt", "must be a string")
     max_tokens = _token_budget(body, kind, config)
-    _sampling(body)
-    stream, include_usage = _stream_flags(body)
-    fields.check_sampled_only(body, stream)
-    fields.check_drafter(body, config.profile)
-    fields.check_template_kwargs(body, config.profile)
+    stream, include_usage = _options(body, config.profile)
     if prompt.n >= config.slot_ctx:
         raise ApiError(
             400,
@@ -226,18 +238,59 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
             f"{config.slot_ctx} (prompt longer than a slot?)",
         )
     # Like dense, silently lower the budget to the room left in the slot.
-    max_tokens = min(max_tokens, config.slot_ctx - prompt.n)
-    return Call(kind, prompt, max_tokens, stream, include_usage)
+    return Call(kind, prompt, min(max_tokens, config.slot_ctx - prompt.n), stream, include_usage)
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One served call: its answer, what it resumed, its durations in real (scaled) seconds."""
+
+    call: Call
+    config: SimConfig
+    id: str
+    created: int
+    pieces: tuple[str, ...]
+    finish_reason: str
+    cached: int
+    prompt_s: float
+    decode_s: float
+    disk_n: int  # of `cached`, restored from the disk tier
+    disk_s: float
+
+
+def result(config: SimConfig, call: Call, found: tuple[int, int, float]) -> Result:
+    """Model a call from what its lookup `found` (`Engine.lookup`)."""
+    cached, disk_n, disk_s = found
+    answer = answer_tokens(call.prompt, config.answer_tokens)
+    pieces = tuple(answer[: call.max_tokens])
+    prefill = config.prefill_s(prompt=call.prompt.n, cached=cached)
+    return Result(
+        call=call,
+        config=config,
+        id=("chatcmpl-" if call.kind == "chat" else "cmpl-") + secrets.token_hex(12),
+        created=int(time.time()),
+        pieces=pieces,
+        finish_reason="stop" if len(pieces) == len(answer) else "length",
+        cached=cached,
+        prompt_s=(prefill + disk_s) / config.speed,
+        decode_s=len(pieces) / config.decode_tps / config.speed,
+        disk_n=disk_n,
+        disk_s=disk_s / config.speed,
+    )
+
+
+def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    """The OpenAI error envelope Halogen uses."""
+    if code is None and status == 503:
+        code = "engine_busy"
+    kind = _ERROR_TYPES.get(status, "server_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
 def usage(result: Result) -> dict[str, Any]:
     """The usage object; `prompt_tokens_details` only when something was cached."""
-    prompt_n, completion_n = result.call.prompt.n, len(result.pieces)
-    body: dict[str, Any] = {
-        "prompt_tokens": prompt_n,
-        "completion_tokens": completion_n,
-        "total_tokens": prompt_n + completion_n,
-    }
+    n, k = result.call.prompt.n, len(result.pieces)
+    body: dict[str, Any] = {"prompt_tokens": n, "completion_tokens": k, "total_tokens": n + k}
     if result.cached > 0:
         body["prompt_tokens_details"] = {"cached_tokens": result.cached}
     return body
@@ -245,103 +298,74 @@ def usage(result: Result) -> dict[str, Any]:
 
 def timings(result: Result) -> dict[str, Any]:
     """Flash `timings`: llama.cpp-style, `prompt_n` is what was actually prefilled."""
-    prompt_n = result.call.prompt.n - result.cached
-    predicted_n = len(result.pieces)
+    prompt_n, prompt_s = result.call.prompt.n - result.cached, result.prompt_s
+    predicted_n, decode_s = len(result.pieces), result.decode_s
     body: dict[str, Any] = {
         "prompt_n": prompt_n,
-        "prompt_ms": round(result.prompt_s * 1000, 3),
-        "prompt_per_second": round(prompt_n / result.prompt_s, 3) if result.prompt_s else 0.0,
+        "prompt_ms": round(prompt_s * 1000, 3),
+        "prompt_per_second": round(prompt_n / prompt_s, 3) if prompt_s else 0.0,
         "predicted_n": predicted_n,
-        "predicted_ms": round(result.decode_s * 1000, 3),
-        "predicted_per_second": (
-            round(predicted_n / result.decode_s, 3) if result.decode_s else 0.0
-        ),
+        "predicted_ms": round(decode_s * 1000, 3),
+        "predicted_per_second": round(predicted_n / decode_s, 3) if decode_s else 0.0,
         "cache_n": result.cached,
         "draft_n": 0,
         "draft_n_accepted": 0,
     }
-    if result.disk_tier:
+    if result.config.cache_dir is not None:  # the disk tier is on
         body["disk_restore_n"] = result.disk_n
         body["disk_restore_ms"] = round(result.disk_s * 1000, 3)
     return body
 
 
-def _object(kind: Kind, *, chunk: bool) -> str:
-    if kind == "completion":
-        return "text_completion"
-    return "chat.completion.chunk" if chunk else "chat.completion"
-
-
-def response_body(result: Result, *, with_timings: bool) -> dict[str, Any]:
-    """The non-streaming reply."""
-    text = "".join(result.pieces)
-    choice: dict[str, Any] = {"index": 0, "finish_reason": result.finish_reason}
-    if result.call.kind == "chat":
-        choice["message"] = {"role": "assistant", "content": text}
+def _body(result: Result, finish: str | None, text: str | None, *, chunk: bool) -> dict[str, Any]:
+    """The envelope with one choice: a message (chat), a delta (chat stream) or a text
+    (completions); `text` None is a stream's finish frame."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+    if result.call.kind == "completion":
+        choice["text"] = text or ""
+    elif chunk:
+        choice["delta"] = {} if text is None else {"content": text}
     else:
-        choice["text"] = text
+        choice["message"] = {"role": "assistant", "content": text}
+    kind = "chat.completion.chunk" if chunk else "chat.completion"
     body: dict[str, Any] = {
         "id": result.id,
         "created": result.created,
-        "model": result.model,
-        "object": _object(result.call.kind, chunk=False),
+        "model": result.config.model_id,
+        "object": "text_completion" if result.call.kind == "completion" else kind,
         "choices": [choice],
-        "usage": usage(result),
     }
-    if with_timings:
+    if chunk and result.call.include_usage:
+        body["usage"] = None
+    return body
+
+
+def response_body(result: Result) -> dict[str, Any]:
+    """The non-streaming reply."""
+    body = _body(result, result.finish_reason, "".join(result.pieces), chunk=False)
+    body["usage"] = usage(result)
+    if result.config.flash:
         body["timings"] = timings(result)
     return body
 
 
-def _frame(result: Result, choices: list[dict[str, Any]]) -> dict[str, Any]:
-    frame: dict[str, Any] = {
-        "id": result.id,
-        "created": result.created,
-        "model": result.model,
-        "object": _object(result.call.kind, chunk=True),
-        "choices": choices,
-    }
-    if result.call.include_usage:
-        frame["usage"] = None
-    return frame
-
-
-def content_frame(result: Result, piece: str) -> dict[str, Any]:
+def content_frame(result: Result, piece: str) -> bytes:
     """One streamed piece of the answer."""
-    if result.call.kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "finish_reason": None, "delta": {"content": piece}}
-    else:
-        choice = {"index": 0, "finish_reason": None, "text": piece}
-    return _frame(result, [choice])
+    return sse(_body(result, None, piece, chunk=True))
 
 
-def final_frames(result: Result, *, with_timings: bool) -> list[dict[str, Any]]:
-    """The finish frame (with flash `timings`) and, if asked for, the usage frame."""
-    if result.call.kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "finish_reason": result.finish_reason, "delta": {}}
-    else:
-        choice = {"index": 0, "finish_reason": result.finish_reason, "text": ""}
-    finish = _frame(result, [choice])
-    if with_timings:
+def final_frames(result: Result) -> bytes:
+    """The finish frame (with flash `timings`), the usage frame if asked for, and [DONE]."""
+    finish = _body(result, result.finish_reason, None, chunk=True)
+    if result.config.flash:
         finish["timings"] = timings(result)
-    frames = [finish]
+    frames = [sse(finish)]
     if result.call.include_usage:
-        usage_frame = _frame(result, [])
-        usage_frame["usage"] = usage(result)
-        frames.append(usage_frame)
-    return frames
+        last = _body(result, None, None, chunk=True) | {"choices": [], "usage": usage(result)}
+        frames.append(sse(last))
+    return b"".join(frames) + b"data: [DONE]\n\n"
 
 
-def stream_frames(result: Result, *, with_timings: bool) -> list[dict[str, Any]]:
-    """Every data frame of a stream, in order (content, finish, usage); not `[DONE]`."""
-    frames = [content_frame(result, piece) for piece in result.pieces]
-    return frames + final_frames(result, with_timings=with_timings)
-
-
-def sse(payload: Mapping[str, Any] | str) -> bytes:
-    """One SSE `data:` frame; a str payload is sent as is (`[DONE]`)."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
-
-
-KEEPALIVE = b": keepalive\n\n"
+def sse(payload: Mapping[str, Any]) -> bytes:
+    """One SSE `data:` frame."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"

@@ -1,21 +1,12 @@
-"""The simulator's HTTP server: Halogen's routes on a stdlib `ThreadingHTTPServer`.
+"""The simulator's HTTP server: Halogen's routes on a stdlib `ThreadingHTTPServer`, one thread
+per connection, a listen backlog of ``LISTEN_BACKLOG`` (connects never wait for SYN retransmits).
 
-Routes: ``GET /health``, ``GET /cache``, ``GET /metrics`` (Flash), ``GET /v1/models``,
-``POST /v1/chat/completions``, ``POST /v1/completions``. One thread per connection, a listen
-backlog of ``LISTEN_BACKLOG`` (so a burst of connects never waits for SYN retransmits); the
-`prefixreg.sim.engine.Engine` holds the slots and the caches.
-
-Order of work for a completion, as on the real server: authenticate, validate (400s happen
-before queueing), wait for a slot (503 ``engine_busy`` after ``queue_timeout``), look the
-prompt up (memory, then the disk tier; lagged counters), sleep the modelled prefill
-(`prefixreg.sim.timing`), store the snapshots (only now: the state exists once the prefill
-ran), then sleep the decode; every duration divided by ``speed``. Streams send their headers
-once a slot is held, then ``: keepalive`` comment lines while the prefill is longer than the
-keepalive interval, then the frames.
-
-``/health``, ``/cache`` and ``/metrics`` never wait for a slot. ``SimServer`` keeps a
-thread-safe log of every request line received (method, path), so a test can assert that no
-chat request arrived.
+A completion, as on the real server: authenticate, validate (400s before queueing), wait for a
+slot (503 ``engine_busy`` after ``queue_timeout``), look up, sleep the modelled prefill, store
+the snapshots (their state exists only now), sleep the decode; every duration divided by
+``speed``. A stream sends headers once it holds a slot, ``: keepalive`` lines while the prefill
+outlasts the keepalive interval, then the frames. ``/health`` (no key), ``/cache`` and
+``/metrics`` never wait for a slot. Every request line received is logged (`requests`).
 """
 
 from __future__ import annotations
@@ -23,32 +14,28 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
-import secrets
 import socket
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any, NamedTuple
 
-from prefixreg.sim import protocol, timing
-from prefixreg.sim.bodies import API_VERSION, cache_body, health_body, metrics_text
+from prefixreg.sim import protocol
 from prefixreg.sim.config import SimConfig
 from prefixreg.sim.engine import Engine
-from prefixreg.sim.protocol import ApiError, Call, Result
-from prefixreg.sim.tokenizer import answer_tokens
-
-__all__ = ["API_VERSION", "LoggedRequest", "SimServer"]
+from prefixreg.sim.protocol import ApiError, Call, Kind, Result, parse_request
 
 LISTEN_BACKLOG = 128
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 MAX_BODY = 64 * 1024 * 1024
-_POST_ROUTES: dict[str, protocol.Kind] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completion",
+_POST_ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+_GET_ROUTES: dict[str, Callable[[Engine], Any]] = {
+    "/health": Engine.health,
+    "/cache": Engine.cache_body,
+    "/metrics": Engine.metrics,
+    "/v1/models": Engine.models,
 }
-_GET_ROUTES = ("/health", "/cache", "/metrics", "/v1/models")
 
 
 class LoggedRequest(NamedTuple):
@@ -76,35 +63,34 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Silence the stdlib access log; `SimServer(log=...)` gets one line per call."""
 
-    # -- plumbing -------------------------------------------------------------------------
-
-    def _send_json(self, status: int, body: Any) -> None:
-        data = json.dumps(body, separators=(",", ":")).encode()
+    def _send(self, status: int, body: Any) -> None:
+        """Status, headers and `body`: JSON, or text (`/metrics`); None starts a stream, whose
+        body ends with the connection."""
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _send_text(self, status: int, text: str) -> None:
-        data = text.encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        if body is None:
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.close_connection = True
+            self.end_headers()
+            return
+        text = isinstance(body, str)
+        data = body.encode() if text else json.dumps(body, separators=(",", ":")).encode()
+        self.send_header(
+            "Content-Type", "text/plain; version=0.0.4" if text else "application/json"
+        )
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
     def _send_error(self, err: ApiError) -> None:
-        self._send_json(err.status, protocol.error_body(err.status, err.message, err.code))
+        self._send(err.status, protocol.error_body(err.status, err.message, err.code))
 
     def _authorized(self) -> bool:
         key = self.sim.config.api_key
-        if not key:
-            return True
-        header = self.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        ok = hmac.compare_digest(given.strip().encode(), key.encode())
-        return scheme.lower() == "bearer" and ok
+        scheme, _, given = self.headers.get("Authorization", "").partition(" ")
+        ok = not key or hmac.compare_digest(given.strip().encode(), key.encode())
+        return not key or (scheme.lower() == "bearer" and ok)
 
     def _read_body(self) -> bytes:
         # A client that writes headers and body separately (httpx does) holds the body back
@@ -124,217 +110,118 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(413, f"request body over {MAX_BODY} bytes")
         return self.rfile.read(length)
 
-    def _route(self) -> str:
+    def _route(self, method: str) -> str:
+        self.sim._log_request(method, self.path)
         return self.path.split("?", 1)[0]
 
-    # -- methods --------------------------------------------------------------------------
-
     def do_GET(self) -> None:
-        path = self._route()
-        self.sim._log_request("GET", self.path)
+        path = self._route("GET")
+        config, body = self.sim.config, _GET_ROUTES.get(path)
         try:
-            config, engine = self.sim.config, self.sim._engine
-            if path == "/health":
-                # Liveness stays open without a key, and never waits for a slot.
-                self._send_json(200, health_body(config, engine))
-                return
-            if path == "/metrics" and config.profile != "flash":
+            if body is None or (path == "/metrics" and not config.flash):
+                if path in _POST_ROUTES:
+                    raise ApiError(405, f"use POST for {path}")
                 raise ApiError(404, f"no route {path}")  # dense exports no metrics
-            if path in _GET_ROUTES and not self._authorized():
+            if path != "/health" and not self._authorized():
                 raise ApiError(401, "invalid or missing API key")
-            if path == "/cache":
-                self._send_json(200, cache_body(config, engine.counters(), engine.disk_body()))
-            elif path == "/metrics":
-                self._send_text(200, metrics_text(config, engine))
-            elif path == "/v1/models":
-                model = {
-                    "id": self.sim.config.model_id,
-                    "object": "model",
-                    "created": self.sim.started,
-                    "owned_by": "prefixreg-sim",
-                }
-                self._send_json(200, {"object": "list", "data": [model]})
-            elif path in _POST_ROUTES:
-                raise ApiError(405, f"use POST for {path}")
-            else:
-                raise ApiError(404, f"no route {path}")
+            self._send(200, body(self.sim._engine))
         except ApiError as err:
             self._send_error(err)
 
     def do_POST(self) -> None:
-        path = self._route()
-        self.sim._log_request("POST", self.path)
+        path = self._route("POST")
+        kind, engine = _POST_ROUTES.get(path), self.sim._engine
         try:
-            kind = _POST_ROUTES.get(path)
-            if kind is None:
-                self._read_body_quietly()
-                raise ApiError(405 if path in _GET_ROUTES else 404, f"no POST route {path}")
-            if not self._authorized():
-                self._read_body_quietly()
+            if kind is None or not self._authorized():
+                try:  # drain the body so a keep-alive connection stays in sync
+                    self._read_body()
+                except ApiError:
+                    self.close_connection = True
+                if kind is None:
+                    raise ApiError(405 if path in _GET_ROUTES else 404, f"no POST route {path}")
                 raise ApiError(401, "invalid or missing API key")
             raw = self._read_body()
             t0 = time.monotonic()
-            call = protocol.parse_request(raw, kind, self.sim.config)
-            work = time.monotonic() - t0
-        except ApiError as err:
-            self._send_error(err)
-            return
-        self._complete(call, work)
-
-    def _read_body_quietly(self) -> None:
-        # Drain the body so a keep-alive connection stays in sync for the next request.
-        try:
-            self._read_body()
-        except ApiError:
-            self.close_connection = True
-
-    # -- the engine -----------------------------------------------------------------------
-
-    def _complete(self, call: Call, work: float) -> None:
-        """Serve a validated call. `work`: seconds already spent on it (tokenizing), which,
-        with the lookup's, count against the modelled prefill instead of adding to it."""
-        engine, config = self.sim._engine, self.sim.config
-        try:
-            serial = engine.acquire(call)
-        except ApiError as err:
-            self._send_error(err)
-            return
-        started = time.monotonic()
-        try:
-            found = engine.lookup(call)
-            answer = answer_tokens(call.prompt, config.answer_tokens)
-            pieces = tuple(answer[: call.max_tokens])
-            prefill = timing.prefill_s(config, prompt=call.prompt.n, cached=found.cached)
-            result = Result(
-                call=call,
-                id=("chatcmpl-" if call.kind == "chat" else "cmpl-") + secrets.token_hex(12),
-                created=int(time.time()),
-                model=config.model_id,
-                pieces=pieces,
-                finish_reason="stop" if len(pieces) == len(answer) else "length",
-                cached=found.cached,
-                prompt_s=config.scaled(prefill + found.disk_s),
-                decode_s=config.scaled(timing.decode_s(config, len(pieces))),
-                disk_tier=engine.disk is not None,
-                disk_n=found.disk_n,
-                disk_s=config.scaled(found.disk_s),
-            )
-            prefill_left = result.prompt_s - work - (time.monotonic() - started)
-            if call.stream:
-                if not self._stream(result, prefill_left):
-                    return
-            else:
-                # The snapshots exist only once the prefill has run (never before).
-                if not engine.sleep(prefill_left):
+            call = parse_request(raw, kind, self.sim.config)
+            work = time.monotonic() - t0  # tokenizing and the lookup count against the prefill
+            with engine.slot(call):  # its 503 is the last error: nothing was sent before it
+                started = time.monotonic()
+                result = protocol.result(self.sim.config, call, engine.lookup(call))
+                if call.stream:  # headers once a slot is held, then keepalives while prefilling
+                    self._send(200, None)
+                ok = self._prefill(result.prompt_s - work - (time.monotonic() - started), call)
+                if ok:
+                    engine.store(call)  # the snapshots exist only once the prefill has run
+                    ok = self._stream(result) if call.stream else engine.sleep(result.decode_s)
+                if not ok:
                     self.close_connection = True
                     return
-                engine.store(call)
-                if not engine.sleep(result.decode_s):
-                    self.close_connection = True
-                    return
-                self._send_json(200, protocol.response_body(result, with_timings=config.timings))
-            self.sim._log_call(result, time.monotonic() - started)
+                if not call.stream:
+                    self._send(200, protocol.response_body(result))
+                self.sim._log_call(result, time.monotonic() - started)
+        except ApiError as err:
+            self._send_error(err)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away; nothing to answer
-        finally:
-            engine.release(serial)
 
-    def _stream(self, result: Result, prefill_left: float) -> bool:
-        """Stream `result` (`prefill_left` seconds of prefill still to sleep); False if the
-        server stopped before the end."""
-        engine, config = self.sim._engine, self.sim.config
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")  # the body ends when the connection does
-        self.end_headers()
-        self.close_connection = True
-        self.wfile.flush()
-        # Prefill, with a keepalive comment after each interval of silence.
-        interval = config.scaled(config.keepalive)
-        remaining = prefill_left
-        while remaining > 0:
-            step = min(remaining, interval) if interval > 0 else remaining
-            if not engine.sleep(step):
+    def _prefill(self, seconds: float, call: Call) -> bool:
+        """Sleep the prefill left, a stream with a keepalive comment after each interval of
+        silence; False if the server stopped meanwhile."""
+        config = self.sim.config
+        interval = config.keepalive / config.speed if call.stream else 0.0
+        while seconds > 0:
+            step = min(seconds, interval) if interval > 0 else seconds
+            if not self.sim._engine.sleep(step):
                 return False
-            remaining -= step
-            if remaining > 0:
+            seconds -= step
+            if seconds > 0:
                 self.wfile.write(protocol.KEEPALIVE)
-                self.wfile.flush()
-        engine.store(result.call)
-        # Decode: pace pieces against a deadline so sleeps do not drift.
+        return True
+
+    def _stream(self, result: Result) -> bool:
+        """Decode, pieces paced against a deadline so sleeps do not drift, then the final
+        frames; False if the server stopped before the end."""
         t0 = time.monotonic()
         per_piece = result.decode_s / len(result.pieces) if result.pieces else 0.0
         for i, piece in enumerate(result.pieces):
-            if not engine.sleep(t0 + (i + 1) * per_piece - time.monotonic()):
+            if not self.sim._engine.sleep(t0 + (i + 1) * per_piece - time.monotonic()):
                 return False
-            self.wfile.write(protocol.sse(protocol.content_frame(result, piece)))
-            self.wfile.flush()
-        for frame in protocol.final_frames(result, with_timings=config.timings):
-            self.wfile.write(protocol.sse(frame))
-        self.wfile.write(protocol.sse("[DONE]"))
-        self.wfile.flush()
+            self.wfile.write(protocol.content_frame(result, piece))
+        self.wfile.write(protocol.final_frames(result))
         return True
 
 
 class SimServer:
-    """A running simulator. Use as a context manager, or `start()` / `stop()`.
-
-    ``SimServer(SimConfig(speed=1000))`` binds ``config.host:config.port`` (127.0.0.1 and an
-    ephemeral port by default) on `start`, serves from a daemon thread, and exposes ``url``.
-    ``log`` receives one human-readable line per completed call (the CLI prints them).
-    """
+    """A simulator bound to ``config.host:config.port`` (127.0.0.1 and an ephemeral port by
+    default) from construction, so `url` is valid at once; `start` serves from a daemon thread,
+    `stop` ends it (also as a context manager). ``log`` receives one line per completed call."""
 
     def __init__(
-        self,
-        config: SimConfig | None = None,
-        *,
-        log: Callable[[str], None] | None = None,
+        self, config: SimConfig | None = None, *, log: Callable[[str], None] | None = None
     ) -> None:
         self.config = config if config is not None else SimConfig()
         self._log = log
         self._engine = Engine(self.config)
         self._requests: list[LoggedRequest] = []
         self._requests_lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
+        handler = type("SimHandler", (_Handler,), {"sim": self})
+        self._httpd = _HTTPServer((self.config.host, self.config.port), handler)
         self._thread: threading.Thread | None = None
-        self.started = int(time.time())
-
-    # -- lifecycle ------------------------------------------------------------------------
-
-    def bind(self) -> SimServer:
-        """Bind the listening socket (idempotent); `url` is valid afterwards."""
-        if self._httpd is None:
-            handler = type("SimHandler", (_Handler,), {"sim": self})
-            self._httpd = _HTTPServer((self.config.host, self.config.port), handler)
-        return self
+        self.host, self.port = str(self._httpd.server_address[0]), self._httpd.server_address[1]
+        self.url = f"http://{self.host}:{self.port}"  # the server is IPv4 (AF_INET) only
 
     def start(self) -> SimServer:
-        """Bind and serve from a daemon thread."""
-        httpd = self.bind()._require()
         if self._thread is None:
+            serve = {"poll_interval": 0.05}
             self._thread = threading.Thread(
-                target=httpd.serve_forever,
-                kwargs={"poll_interval": 0.05},
-                name="prefixreg-sim",
-                daemon=True,
+                target=self._httpd.serve_forever, kwargs=serve, daemon=True
             )
             self._thread.start()
         return self
 
-    def serve_forever(self) -> None:
-        """Serve in the calling thread until `stop()` (from another thread) or Ctrl-C."""
-        try:
-            self.bind()._require().serve_forever(poll_interval=0.2)
-        finally:
-            self._engine.stopping.set()
-            self._require().server_close()
-
     def stop(self) -> None:
         """Stop serving, wake sleeping requests so they end, close the socket."""
         self._engine.stopping.set()
-        if self._httpd is None:
-            return
         if self._thread is not None:
             self._httpd.shutdown()
             self._thread.join(timeout=5)
@@ -344,33 +231,8 @@ class SimServer:
     def __enter__(self) -> SimServer:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    def _require(self) -> ThreadingHTTPServer:
-        if self._httpd is None:
-            raise RuntimeError("the simulator is not bound; call start() first")
-        return self._httpd
-
-    # -- what tests look at ---------------------------------------------------------------
-
-    @property
-    def host(self) -> str:
-        return str(self._require().server_address[0])
-
-    @property
-    def port(self) -> int:
-        return int(self._require().server_address[1])
-
-    @property
-    def url(self) -> str:
-        host = self.host
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     def requests(self) -> list[LoggedRequest]:
         """Every request line received so far, oldest first (a copy)."""
@@ -386,11 +248,9 @@ class SimServer:
             self._requests.append(LoggedRequest(method, path))
 
     def _log_call(self, result: Result, wall_s: float) -> None:
-        if self._log is None:
-            return
-        # The shape of Halogen's request log line; "(K cached)" only when K > 0.
-        cached = f" ({result.cached} cached)" if result.cached else ""
-        self._log(
-            f"sim: {result.call.kind} {len(result.pieces)} tok in {wall_s:.2f}s | "
-            f"prompt {result.call.prompt.n}{cached}, prefill {result.prompt_s:.2f}s"
-        )
+        if self._log is not None:  # the shape of Halogen's request log line
+            cached = f" ({result.cached} cached)" if result.cached else ""
+            self._log(
+                f"sim: {result.call.kind} {len(result.pieces)} tok in {wall_s:.2f}s | "
+                f"prompt {result.call.prompt.n}{cached}, prefill {result.prompt_s:.2f}s"
+            )

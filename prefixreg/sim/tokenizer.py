@@ -1,50 +1,30 @@
 """The simulator's tokenizer, chat template and answer generator. Pure: no I/O.
 
-Tokenizer. A *raw token* is one match of ``TOKEN_RE``: a word (a run of ``\\w`` characters) with
-at most one leading space, one punctuation character with at most one leading space, or a run of
-whitespace. Every character falls in exactly one raw token.
+A raw token is one match of ``TOKEN_RE``: a word (``\\w+``) or one punctuation character, each
+with at most one leading space, or a run of whitespace. The lane's tokenizer gives the probe
+corpus's 4k/16k/32k/64k-character slices (`prefixreg.verbs.probe.corpus`) 2,593 / 11,374 /
+21,337 / 43,538 prompt tokens (about 1.5 characters a token, not on one line); the simulator
+reproduces those counts, not that tokenizer: words are split into pieces that track
+``DENSITY``, pieces per word character by character offset in the message, fitted to the four
+slices (within 0.5%). The first ``PLAIN_CHARS`` characters of a message keep one token a word,
+so short messages (a probe header, ``prefixreg.core.prefix.fresh_tail()``) count simply.
+Invariants: ``"".join(tokenize(s)) == s``; a message's tokens depend on its own characters
+only, and a prefix of a text tokenizes as the text up to the last word the prefix cuts; a word
+never splits into more pieces than it has word characters.
 
-Calibration. The measured lane's tokenizer gives the probe corpus's 4k/16k/32k/64k-character
-slices (`prefixreg.verbs.probe.corpus`) 2,593 / 11,374 / 21,337 / 43,538 prompt tokens, about 1.5
-characters a token, and those four points are not on one straight line. The simulator does not
-model that tokenizer; it reproduces its counts: a word's raw token is split into pieces so that
-the pieces of a message track ``DENSITY``, a piecewise-constant schedule of pieces per word
-character over the character offset inside the message, fitted to the four slices (within 0.5%).
-The first ``PLAIN_CHARS`` characters of a message use density 0 (one token a word), so short
-messages (a probe header, ``prefixreg.core.prefix.fresh_tail()``) keep exact, simple counts.
-
-Invariants: ``"".join(tokenize(s)) == s``; the tokens of a message depend only on its own
-characters (never on its neighbours), and the tokens of a prefix of a text are the tokens of the
-text up to the last word the prefix cuts; a word is never split into more pieces than it has
-word characters.
-
-Chat template (Qwen-like). Each message is two fixed header tokens, its content tokenized on
-its own, and one fixed footer token; the prompt ends with a fixed six-token generation prompt::
+Chat template (Qwen-like): each message is two fixed header tokens, its content tokenized on
+its own, one fixed footer token (so it counts ``2 + len(tokenize(content)) + 1`` whatever its
+neighbours); the prompt ends with the six-token generation prompt::
 
     "<|im_start|>" "{role}\\n" <content tokens> "<|im_end|>\\n"      per message
     "<|im_start|>" "assistant\\n" "<think>" "\\n\\n" "</think>" "\\n\\n"   generation prompt
 
-Because the fixed tokens are separate from the content tokens, a message's token count is
-``2 + len(tokenize(content)) + 1`` whatever its neighbours are.
-
-Snapshot places this module reports (the cache module decides which are stored):
-
-- ``system_end``: the end of ``messages[0]`` when it is a system/developer message;
-- ``last_message_start``: where the last message begins;
-- ``history_end``: the end of the last message's content, i.e. ``HISTORY_TAIL`` = 7 fixed tokens
-  (its footer and the generation prompt) before the prompt end.
-
-That is what produces the measured Flash shapes from the template alone: an identical repeat
-resumes at ``history_end`` (all but 7 tokens); the same system bytes with a new
-``prefixreg.core.prefix.fresh_tail()`` user message (whose content is always 10 tokens:
-``prefixreg`` `` resume`` `` check`` `` <hex>`` ``.`` `` Reply`` `` with`` `` one`` `` word`` ``.``)
-resume at ``system_end``: 2 + 10 + 1 + 6 = 19 tokens before the end.
-
-``/v1/completions`` prompts are tokenized raw (no template); their ``history_end`` is also
-``HISTORY_TAIL`` tokens before the end, so one rule covers both routes.
-
-The answer is a fixed-length word sequence chosen by hashing the prompt tokens, so the output
-(and its sha256) is a pure function of the prompt and the token budget.
+Snapshot places (the cache decides which are stored): ``system_end``, the end of
+``messages[0]`` when a system/developer turn; ``last_message_start``; ``history_end``,
+``HISTORY_TAIL`` = 7 fixed tokens before the end (also for raw `/v1/completions` prompts). That
+gives the measured Flash shapes from the template alone: an identical repeat resumes all but 7
+tokens; the same system bytes with a new ``fresh_tail()`` (always 10 content tokens) resume at
+``system_end``, 2 + 10 + 1 + 6 = 19 tokens before the end.
 """
 
 from __future__ import annotations
@@ -54,46 +34,18 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = [
-    "GENERATION_PROMPT",
-    "HISTORY_TAIL",
-    "TEMPLATE_SHA256",
-    "TOKEN_RE",
-    "RenderedPrompt",
-    "answer_tokens",
-    "render_chat",
-    "render_completion",
-    "token_digest",
-    "tokenize",
-]
-
 TOKEN_RE = re.compile(r" ?\w+| ?[^\w\s]|\s+")
 
 # Calibration (see the module docstring): (first character offset, word pieces per word
 # character) from that offset on, fitted to the lane's counts of the probe corpus slices.
 PLAIN_CHARS = 64
-DENSITY: tuple[tuple[int, float], ...] = (
-    (0, 0.0),
-    (PLAIN_CHARS, 0.7383),
-    (4000, 0.8512),
-    (16000, 0.7126),
-    (32000, 0.8016),
-)
+DENSITY = ((0, 0.0), (PLAIN_CHARS, 0.7383), (4000, 0.8512), (16000, 0.7126), (32000, 0.8016))
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>\n"
-GENERATION_PROMPT: tuple[str, ...] = (
-    IM_START,
-    "assistant\n",
-    "<think>",
-    "\n\n",
-    "</think>",
-    "\n\n",
-)
+GENERATION_PROMPT = (IM_START, "assistant\n", "<think>", "\n\n", "</think>", "\n\n")
 # Footer of the last message plus the generation prompt: the tokens after `history_end`.
 HISTORY_TAIL = 1 + len(GENERATION_PROMPT)
-
-SYSTEM_ROLES = frozenset({"system", "developer"})
 
 # What identifies this template; published as /health `chat_template.sha256`, so a change of
 # tokenizer or template changes the build identity prefixreg records.
@@ -105,14 +57,13 @@ _TEMPLATE_SPEC = (
 TEMPLATE_SHA256 = hashlib.sha256(_TEMPLATE_SPEC.encode("utf-8")).hexdigest()
 
 _WORDS = (
-    "amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor",
-    "indigo", "juniper", "kelp", "lumen", "marble", "nectar", "onyx", "pollen",
-    "quartz", "raven", "sable", "tundra", "umber", "velvet", "willow", "xenon",
-    "yarrow", "zephyr", "acorn", "birch", "cobalt", "dune", "echo", "fern",
-    "glacier", "heron", "iris", "jade", "kestrel", "lichen", "maple", "nimbus",
-    "orchid", "pebble", "quill", "reef", "slate", "thistle", "upland", "vale",
-    "wren", "yew", "zinc", "aspen", "bramble", "cinder", "drift", "elm",
-    "flint", "grove", "hazel", "inlet", "jasper", "knoll", "larch", "moss",
+    "amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
+    "kelp", "lumen", "marble", "nectar", "onyx", "pollen", "quartz", "raven", "sable", "tundra",
+    "umber", "velvet", "willow", "xenon", "yarrow", "zephyr", "acorn", "birch", "cobalt", "dune",
+    "echo", "fern", "glacier", "heron", "iris", "jade", "kestrel", "lichen", "maple", "nimbus",
+    "orchid", "pebble", "quill", "reef", "slate", "thistle", "upland", "vale", "wren", "yew",
+    "zinc", "aspen", "bramble", "cinder", "drift", "elm", "flint", "grove", "hazel", "inlet",
+    "jasper", "knoll", "larch", "moss",
 )  # fmt: skip
 
 
@@ -131,21 +82,16 @@ def _split(token: str, pieces: int) -> list[str]:
 
 
 def tokenize(text: str) -> list[str]:
-    """Split `text` into tokens; the tokens concatenate back to `text` exactly.
-
-    Raw tokens (``TOKEN_RE``), with each word split into pieces so the running count of word
-    pieces follows ``DENSITY`` (see the module docstring).
-    """
+    """Raw tokens, each word split so the running count of pieces follows ``DENSITY``."""
     if len(text) <= PLAIN_CHARS:
         return TOKEN_RE.findall(text)
     out: list[str] = []
     target = 0.0  # word pieces the schedule asks for so far (calibrated region only)
     emitted = 0  # word pieces given so far (calibrated region only)
     segment, density = 0, DENSITY[0][1]
-    next_start = DENSITY[1][0] if len(DENSITY) > 1 else len(text) + 1
+    next_start = DENSITY[1][0]
     for match in TOKEN_RE.finditer(text):
-        token = match.group()
-        start = match.start()
+        token, start = match.group(), match.start()
         while start >= next_start:
             segment += 1
             density = DENSITY[segment][1]
@@ -167,29 +113,27 @@ def tokenize(text: str) -> list[str]:
 
 
 def token_digest(tokens: Sequence[str]) -> bytes:
-    """sha256 over the tokens, each followed by a 0x1f separator."""
+    """sha256 over the tokens, each followed by a 0x1f separator (so boundaries count)."""
     return hashlib.sha256(("\x1f".join(tokens) + "\x1f").encode("utf-8")).digest()
 
 
 @dataclass(frozen=True, slots=True)
 class RenderedPrompt:
-    """A prompt as the engine sees it: its tokens and the places a snapshot may be taken.
-
-    Places are token counts from the start (a snapshot at place p holds tokens[:p]).
-    """
+    """A prompt as the engine sees it: its tokens and the places (token counts from the start:
+    a snapshot at p holds tokens[:p]) where a snapshot may be taken."""
 
     tokens: tuple[str, ...]
     system_end: int | None
     last_message_start: int | None
-    history_end: int
 
     @property
     def n(self) -> int:
         return len(self.tokens)
 
-    def digest(self) -> bytes:
-        """sha256 over the tokens with a separator, so boundaries count, not only the text."""
-        return token_digest(self.tokens)
+    @property
+    def history_end(self) -> int:
+        """``HISTORY_TAIL`` tokens before the end, on both routes."""
+        return max(self.n - HISTORY_TAIL, 0)
 
 
 def render_chat(messages: Sequence[tuple[str, str]]) -> RenderedPrompt:
@@ -199,42 +143,24 @@ def render_chat(messages: Sequence[tuple[str, str]]) -> RenderedPrompt:
     last_start: int | None = None
     for index, (role, content) in enumerate(messages):
         last_start = len(tokens)
-        tokens.append(IM_START)
-        tokens.append(f"{role}\n")
-        tokens.extend(tokenize(content))
-        tokens.append(IM_END)
-        if index == 0 and role in SYSTEM_ROLES:
+        tokens += [IM_START, f"{role}\n", *tokenize(content), IM_END]
+        if index == 0 and role in ("system", "developer"):
             system_end = len(tokens)
     tokens.extend(GENERATION_PROMPT)
-    return RenderedPrompt(
-        tokens=tuple(tokens),
-        system_end=system_end,
-        last_message_start=last_start,
-        history_end=max(len(tokens) - HISTORY_TAIL, 0),
-    )
+    return RenderedPrompt(tuple(tokens), system_end, last_start)
 
 
 def render_completion(prompt: str) -> RenderedPrompt:
     """A raw `/v1/completions` prompt: no template, no system place."""
-    tokens = tuple(tokenize(prompt))
-    return RenderedPrompt(
-        tokens=tokens,
-        system_end=None,
-        last_message_start=None,
-        history_end=max(len(tokens) - HISTORY_TAIL, 0),
-    )
+    return RenderedPrompt(tuple(tokenize(prompt)), None, None)
 
 
 def answer_tokens(prompt: RenderedPrompt, length: int) -> list[str]:
-    """The deterministic answer: `length` tokens (words, then a final "."), chosen by hash.
-
-    Each token is one raw token (a word with a leading space, or "."), so re-tokenizing a
-    short answer (within ``PLAIN_CHARS``) gives the same tokens; a longer one is split further,
-    like any message past its plain start.
-    """
+    """The answer, a pure function of the prompt and `length`: raw tokens (words chosen by hash,
+    then "."). A short one (within ``PLAIN_CHARS``) re-tokenizes to the same tokens."""
     if length <= 0:
         return []
-    stream = hashlib.shake_256(prompt.digest()).digest(length)
+    stream = hashlib.shake_256(token_digest(prompt.tokens)).digest(length)
     words = [_WORDS[b % len(_WORDS)] for b in stream[: length - 1]]
     out = [(" " if i else "") + (w.capitalize() if i == 0 else w) for i, w in enumerate(words)]
     out.append(".")
