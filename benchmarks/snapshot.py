@@ -102,7 +102,8 @@ def main() -> int:
                     # A cold call may share the template's first tokens (DESIGN §4).
                     assert (ev.cached_tokens or 0) < 50 and ev.wall_s is not None, ev
                     cold[size], tokens[size] = ev.wall_s, ev.prompt_tokens or 0
-                    files[size] = save_snapshot(reg, refs[size], w, slot_dir=slots).record.file
+                    record, _ = save_snapshot(reg, reg.head(refs[size]), w, slot_dir=slots)
+                    files[size] = record.file
                     print(f"{size}: cold {cold[size]:.2f} s ({tokens[size]} tokens), saved")
         finally:
             server.stop()
@@ -118,7 +119,9 @@ def main() -> int:
                         for side in order:
                             if side == "ours":
                                 began = time.perf_counter()
-                                r = restore_and_prove(reg, refs[size], w, fallback_warm=False)
+                                r = restore_and_prove(
+                                    reg, reg.head(refs[size]), w, fallback_warm=False
+                                )
                                 ours.append(time.perf_counter() - began)
                                 assert r.verdict == "restored", r.reason
                                 assert r.transfer is not None and r.check is not None
