@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from prefixreg.core.frame import Head
     from prefixreg.registry.store import Registry
     from prefixreg.server.worker import Worker
-    from prefixreg.verbs.measure.slots import RestoreResult
 
 RefArg = Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")]
 SlotDirOpt = Annotated[
@@ -49,9 +48,7 @@ SlotDirOpt = Annotated[
 ]
 SlotOpt = Annotated[
     int | None,
-    typer.Option(
-        "--slot", help="Use this slot id if it is idle (default: the first idle one).", min=0
-    ),
+    typer.Option("--slot", help="Use this slot id if it is idle (default: the first idle).", min=0),
 ]
 
 snapshot_app = typer.Typer(
@@ -67,16 +64,6 @@ snapshot_app = typer.Typer(
 )
 
 
-def restore_exit_code(result: RestoreResult, *, as_warm: bool = False) -> int:
-    """0 only for `restored`; with `as_warm`, the fallback warm decides as a plain `warm`
-    would; else 4 unverified, 1 every other answer."""
-    if result.verdict == "restored":
-        return int(ExitCode.OK)
-    if as_warm and result.fallback is not None:
-        return int(EXIT_BY_OUTCOME[result.fallback.verdict])
-    return int(ExitCode.UNVERIFIED if result.verdict == "unverified" else ExitCode.NO)
-
-
 def warm_restore_cli(
     reg: Registry,
     head: Head,
@@ -88,10 +75,10 @@ def warm_restore_cli(
     fallback: bool = True,
     as_warm: bool = True,
 ) -> int:
-    """Restore and prove `head`, else warm normally; print the result; the exit code.
-
-    `--json` of `warm --restore` adds `outcome` (`restored`, or the warm's verdict) and
-    `resumed_by` (`restore`, `warm` or null) to the restore's receipt.
+    """Restore and prove `head`, else warm normally; print the result; return the exit code:
+    0 only for `restored`; with `as_warm` the fallback warm decides as a plain `warm` would;
+    else 4 unverified, 1 any other answer. `--json` of `warm --restore` adds `outcome`
+    (`restored`, or the warm's verdict) and `resumed_by` (`restore`, `warm` or null).
     """
     from prefixreg.verbs.snapshot.run import restore_and_prove
 
@@ -99,17 +86,18 @@ def warm_restore_cli(
     result = restore_and_prove(
         reg, head, worker, slot_dir=slot_dir, slot=slot, fallback_warm=fallback, progress=progress
     )
-    code = restore_exit_code(result, as_warm=as_warm)
-    fb = result.fallback
+    fb, restored = result.fallback, result.verdict == "restored"
+    code = ExitCode.UNVERIFIED if result.verdict == "unverified" else ExitCode.NO
+    if restored or (as_warm and fb is not None):
+        code = ExitCode.OK if fb is None else EXIT_BY_OUTCOME[fb.verdict]
     if json_out:
         out = result.to_dict()
         if as_warm:
-            by = "restore" if result.verdict == "restored" else None
-            by = "warm" if fb is not None and code == ExitCode.OK else by
+            by = "restore" if restored else ("warm" if code == ExitCode.OK else None)
             out |= {"outcome": result.verdict if fb is None else fb.verdict, "resumed_by": by}
         emit_json(out)
-        return code
-    t, ev = result.transfer, None if result.check is None else result.check.evidence
+        return int(code)
+    t, call = result.transfer, result.check
     lines = [f"{result.head.kind:<8} {result.head.sha256[:16]} on build {result.build.build_id}"]
     if result.snapshot is not None:
         lines.append(f"file     {result.snapshot.file} ({result.file_check})")
@@ -118,11 +106,11 @@ def warm_restore_cli(
             f"restore  slot {t.slot_id} erased, then: server says {t.n_tokens} tokens, "
             f"{t.server_ms or 0:.1f} ms (not evidence by itself)"
         )
-    if ev is not None:
-        wall = "" if ev.wall_s is None else f", {ev.wall_s:.3f} s"
+    if call is not None:
+        ev = call.evidence
         lines.append(
-            f"check    prompt {ev.prompt_tokens}, cached {ev.cached_tokens} ({ev.cache_state})"
-            + wall
+            f"check    prompt {ev.prompt_tokens}, cached {ev.cached_tokens} ({ev.cache_state}), "
+            f"{ev.wall_s or 0:.3f} s"
         )
     lines.append(f"verdict  {result.verdict.upper()}: {result.reason}")
     if result.record_path:
@@ -130,7 +118,7 @@ def warm_restore_cli(
     if fb is not None:
         lines.append(f"warm     not restored; a normal warm followed ({fb.verdict}, exit {code}):")
     sys.stdout.write("\n".join(lines) + "\n" + ("" if fb is None else fb.summary()))
-    return code
+    return int(code)
 
 
 @snapshot_app.command("save")
@@ -147,12 +135,11 @@ def save_command(
     debug: DebugOpt = False,
 ) -> None:
     """Warm a head (in the slot already holding it, else an idle one), prove with a fresh
-    tail pinned to that slot that it holds the head, save the slot, hash the file in
-    --slot-dir (required), and record it.
+    tail pinned to that slot that it holds the head, save the slot as a file named by the
+    head's sha and the build id, hash it in --slot-dir (required), and record it.
 
-    The file name is derived from the head's sha and the server build id. Exit 0 saved,
-    3 integrity (nothing sent), 4 not proven (nothing recorded), 2 no slot API or no
-    --slot-dir, 5 worker.
+    Exit 0 saved, 3 integrity (nothing sent), 4 not proven (nothing recorded), 2 no slot
+    API or no --slot-dir, 5 worker.
     """
     from prefixreg.core.errors import UsageError
     from prefixreg.verbs.snapshot.run import save_snapshot
@@ -196,11 +183,11 @@ def restore_command(
 ) -> None:
     """Restore a head's snapshot for the worker's current build, and prove it.
 
-    The verdict is `restored` only when the slot was erased first, the server restored
-    tokens, and a fresh-tail check pinned to the slot reports cached tokens covering the
-    head (n_restored alone is never evidence). Exit 0 restored, 1 not used / not restored /
-    refused (then a normal warm unless --no-warm), 3 the record or the snapshot file does
-    not verify (no restore sent), 4 unverified, 2 no slot API or a bad --slot-dir.
+    `restored` only when the slot was erased first, the server restored tokens, and a
+    fresh-tail check pinned to the slot reports cached tokens covering the head (n_restored
+    alone is never evidence). Exit 0 restored, 1 not used / not restored / refused (then a
+    normal warm unless --no-warm), 3 the record or the snapshot file does not verify (no
+    restore sent), 4 unverified, 2 no slot API or a bad --slot-dir, 5 worker.
     """
     with cli_errors(debug):
         reg = open_registry_from(registry)

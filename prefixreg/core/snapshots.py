@@ -1,21 +1,17 @@
 """`SnapshotRecord`: which head a saved KV-cache file holds, on which server build. Pure.
 
-A record lives at `snapshots/<sha256>-<build_id>.json` (DESIGN §3): one per head (a
-prefix's sha or a frame's) and server build. It ties the head to the build the state was
-saved on and to the file the server wrote (`--slot-save-path DIR/<file>`), with that
-file's sha256, blake3 and size, so a restore refuses a file that changed on disk before
-any request is sent.
+A record, `snapshots/<sha256>-<build_id>.json` (DESIGN §3), ties a head (a prefix's or a
+frame's sha) to the build its state was saved on and to the file the server wrote
+(`--slot-save-path DIR/<file>`), with the file's sha256, blake3 and size, so a restore
+refuses a changed file before any request is sent.
 
 Invariants (checked on every construction, so on every load; `CorruptRecordError` else):
-- Every field has its exact JSON type; the build's `build_id` is re-derived from its
-  identity.
-- `file` is derived, never chosen: `prefixreg-<sha256>-<build_id>.bin`, the head's sha and
-  the build's id. A record naming any other file (`passwd`) is refused, so the server is
-  never asked to read a file the record merely names.
-- `file_sha256`, `file_blake3` (64 lowercase hex) and `file_bytes` are required: a record
-  that cannot be checked is no record. `slot_dir`, where the file was hashed, is required
-  and absolute.
-- A record is never evidence that a restore works: only the resume check after a restore is.
+- Every field has its exact JSON type; the build's `build_id` is re-derived from its identity.
+- `file` is derived, never chosen: `prefixreg-<head sha>-<build_id>.bin`; a record naming
+  any other file (`passwd`) is refused, so the server never reads a file a record names.
+- The file's sha256, blake3 and size are required (a record that cannot be checked is no
+  record), and so is `slot_dir`, absolute: where the file was hashed.
+- A record is never evidence that a restore works: only the resume check after one is.
 """
 
 from __future__ import annotations

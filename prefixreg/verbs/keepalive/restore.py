@@ -1,19 +1,15 @@
 """keepalive on llama.cpp: bring a head lost to a server restart back from its snapshot.
 
-After a restart every slot is empty, so a re-warm would re-prefill the whole head. When the
-registry holds a snapshot of that head for the worker's *current* build, the keeper
-restores it instead (`measure.slots.restore_head`: erase, restore, pinned check, the
-judge's verdict; no fallback warm) and the pinned fresh-tail check is the re-warm's call.
-`SnapshotRewarm` says what each way cost: the restore's server time plus the check's wall
-time and its uncached tokens, against the head tokens a re-prefill would have computed and
-the newest cold call of this head measured on this build (None when none was).
+After a restart every slot is empty: instead of re-prefilling a head with a snapshot for
+the worker's *current* build, the keeper restores it (`measure.slots.restore_head`, never a
+warm) and the pinned check is the re-warm's call. `SnapshotRewarm` sets the restore's cost
+(server time plus the check's wall time and uncached tokens) against a re-prefill's (the
+head's tokens, and the newest cold call of it on this build, None when none was).
 
 Invariants:
-- Only a `restored` verdict replaces the re-warm; any other outcome (no snapshot for this
-  build, a refused restore, a restore not proven, a snapshot record or file that does not
-  verify) is reported and the keeper re-warms normally.
-- The restore goes into a slot no other kept head is known to hold, so it never
-  overwrites what the keeper just brought back.
+- Only `restored` replaces the re-warm; anything else (no snapshot for this build, refused,
+  not proven, a record or file that does not verify) is reported, then a normal re-warm.
+- The restore goes into a slot no other kept head is known to hold.
 """
 
 from __future__ import annotations

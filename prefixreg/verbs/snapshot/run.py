@@ -1,11 +1,10 @@
 """`snapshot`: save a head's llama.cpp KV state; restore it, proven, or warm instead.
 
-`save_snapshot`: warm the head (`Registry.head`: a prefix or a frame) in the slot already
-holding it, else an idle one; prove with a fresh-tail check pinned to that slot that it
-holds the head; save the slot as the file named by the head's sha and the build id; hash
-it (sha256, blake3, size) in the server's directory as seen from here; write the record
-(`snapshots/<head sha>-<build>.json`) and a `snapshot-save` measurement.
-`restore_and_prove`: `measure.slots.restore_head`, then a normal warm unless `restored`.
+`save_snapshot`: warm the head (a prefix or a frame) in the slot already holding it, else an
+idle one; prove with a pinned fresh-tail check that the slot holds it; save the slot as the
+file named by the head's sha and the build id; hash it in the server's directory as seen
+from here; write the record and a `snapshot-save` measurement. `restore_and_prove`:
+`measure.slots.restore_head`, then a normal warm unless `restored`.
 
 Invariants: nothing is saved without the proven check, and nothing recorded when the server
 saved no tokens, the file is not where it saved it, or the build changed meanwhile.
