@@ -435,3 +435,13 @@ def test_save_refuses_a_slot_not_shown_to_hold_the_prefix(reg: Registry, tmp_pat
         assert res.returncode == 2 and b"needs --slot-dir" in res.stderr
         assert srv.requests == []  # the CLI refused before connecting
     assert list_snapshots(reg) == []
+
+
+def test_a_reference_string_is_no_head(reg: Registry, tmp_path: Path) -> None:
+    """The verbs take the object `Registry.head` returns, resolved once, never a string."""
+    with Worker("http://127.0.0.1:9") as w:
+        with pytest.raises(UsageError, match=r"Registry\.head"):
+            save_snapshot(reg, "p1", w, slot_dir=tmp_path)  # type: ignore[arg-type]
+        with pytest.raises(UsageError, match=r"Registry\.head"):
+            restore_and_prove(reg, "p1", w)  # type: ignore[arg-type]
+    assert reg.measurements() == []

@@ -29,7 +29,7 @@ from prefixreg.core.errors import IntegrityError, UsageError, WorkerHTTPError
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import Judgement, judge_restore
-from prefixreg.core.prefix import fresh_tail
+from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.core.records import ServerBuild
 from prefixreg.core.snapshots import SnapshotRecord
 from prefixreg.registry.snapshots import digest_snapshot_file, list_snapshots, read_snapshot
@@ -178,9 +178,11 @@ def restore_head(
 
     Raises:
         IntegrityError: the record or the snapshot file does not verify (nothing sent).
-        UsageError: a profile without a slot API; a mirror registry; a bad `slot_dir`.
+        UsageError: not a head; a profile without a slot API; a mirror; a bad `slot_dir`.
         WorkerError: the worker failed outside the erase and restore requests.
     """
+    if not isinstance(head, Prefix | Frame):
+        raise UsageError(f"restore takes a Prefix or a Frame (Registry.head), not {head!r:.40}")
     say = progress or (lambda _msg: None)
     registry.refuse_on_mirror("record a restore")
     build = worker.server_build()

@@ -18,6 +18,7 @@ from pathlib import Path
 from prefixreg.core.errors import EvidenceUnverifiedError, UsageError
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.prefix import Prefix
 from prefixreg.core.snapshots import SnapshotRecord, snapshot_file_name
 from prefixreg.registry.snapshots import digest_snapshot_file, write_snapshot
 from prefixreg.registry.store import Registry, iso_utc, utc_now
@@ -49,12 +50,14 @@ def save_snapshot(
     (the `snapshot-save` measurement's body).
 
     Raises:
-        UsageError: a mirror; a profile without a slot API; `slot_dir` not a readable
+        UsageError: not a head; a mirror; no slot API; `slot_dir` not a readable
             directory or not holding the saved file.
         EvidenceUnverifiedError: the slot could not be shown to hold the head, the server
             saved no tokens, or the build changed (nothing recorded).
         WorkerError: the worker failed.
     """
+    if not isinstance(head, Prefix | Frame):
+        raise UsageError(f"save takes a Prefix or a Frame (Registry.head), not {head!r:.40}")
     say = progress or (lambda _msg: None)
     registry.refuse_on_mirror("record a snapshot")
     if not readable_dir(slot_dir):
