@@ -75,11 +75,10 @@ def warm_restore_cli(
     fallback: bool = True,
     as_warm: bool = True,
 ) -> int:
-    """Restore and prove `head`, else warm normally; print the result; return the exit code:
-    0 only for `restored`; with `as_warm` the fallback warm decides as a plain `warm` would;
-    else 4 unverified, 1 any other answer. `--json` of `warm --restore` adds `outcome`
-    (`restored`, or the warm's verdict) and `resumed_by` (`restore`, `warm` or null).
-    """
+    """Restore and prove `head` (else warm); print it; the exit code: 0 only for `restored`,
+    with `as_warm` the fallback warm's as a plain `warm`, else 4 unverified, 1 otherwise.
+    `warm --restore --json` adds `outcome` (`restored` or the warm's verdict) and
+    `resumed_by` (`restore`, `warm` or null)."""
     from prefixreg.verbs.snapshot.run import restore_and_prove
 
     progress = info if sys.stderr.isatty() and not json_out else None

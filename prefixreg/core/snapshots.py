@@ -41,10 +41,7 @@ def validate_file_name(name: object) -> str:
 
 
 def snapshot_file_name(sha256: str, build_id: str) -> str:
-    """The server-side file of a head's snapshot on one build: `prefixreg-<sha>-<build>.bin`.
-
-    Saving the same head on the same build again replaces the file.
-    """
+    """`prefixreg-<sha>-<build>.bin`: a head's snapshot file on one build (a save replaces it)."""
     if not (_hex(sha256, 64) and _hex(build_id, 16)):
         raise UsageError(f"cannot name a snapshot for {sha256!r} on build {build_id!r}")
     return f"prefixreg-{sha256}-{build_id}.bin"

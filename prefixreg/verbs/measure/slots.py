@@ -1,10 +1,9 @@
 """KV snapshot calls on one llama.cpp slot, and the restore with its proof, for any verb.
 
-`warm_and_locate` warms a head and finds the slot that served it; `pinned_check` is a
-fresh-tail resume check pinned to a slot, judged; `restore_head` restores a head's snapshot
-and proves it: the record for the worker's build, its file re-hashed, then the baseline (an
-erase of the chosen slot), the restore, the pinned check, `core.judge.judge_restore`, and
-one `restore` measurement.
+`warm_and_locate` warms a head and finds its slot; `pinned_check` is a judged fresh-tail
+check pinned to a slot; `restore_head` verifies the record for the worker's build and its
+file, erases the chosen slot (the baseline), restores, checks, and records the verdict of
+`core.judge.judge_restore` as one `restore` measurement.
 
 Invariants:
 - A check is pinned with `id_slot`, so its cached count speaks of that slot alone.
