@@ -8,17 +8,15 @@ so the restore's report can set its seconds against a measured cold call of that
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from prefixreg.registry.snapshots import write_snapshot
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.keepalive.run import KeepAlive
 from tests.fakeserver import FakeServer, Reply, Request
-from tests.test_snapshots import PROPS, make_record
+from tests.test_snapshots import ERASED, PROPS, RESTORED, saved_record
 from tests.test_snapshots import reg as reg  # the registry fixture, reused
-
-RESTORED = {"id_slot": 0, "n_restored": 1153, "n_read": 11, "timings": {"restore_ms": 4.2}}
 
 
 def _chat(cached: int) -> Reply:
@@ -50,7 +48,7 @@ def _server(srv: FakeServer, state: dict[str, int], *chats: Reply) -> None:
     srv.route("GET", "/health", Reply(json={"status": "ok"}))
     srv.route("GET", "/props", Reply(json={**PROPS, "total_slots": 2}))
     srv.route("GET", "/slots", slots)
-    srv.route("POST", "/slots/0", Reply(json=RESTORED))
+    srv.route("POST", "/slots/0", lambda req: Reply(json=RESTORED if req.json else ERASED))
     srv.route("POST", "/v1/chat/completions", *chats)
 
 
@@ -64,19 +62,19 @@ def _run(reg: Registry, srv: FakeServer, state: dict[str, int]) -> KeepAlive:
     return keeper
 
 
-def test_a_prefix_lost_to_a_restart_comes_back_from_its_snapshot(reg: Registry) -> None:
+def test_a_prefix_lost_to_a_restart_comes_back_from_its_snapshot(
+    reg: Registry, tmp_path: Path
+) -> None:
     sha = reg.resolve("p1")
     state = {"task": 50}
     with FakeServer() as srv:
         _server(srv, state, _chat(0), _chat(990))
-        with Worker(srv.url) as w:
-            record = make_record(sha, w.server_build())
-        write_snapshot(reg, record)
+        record = saved_record(reg, srv.url, tmp_path / "slots")
         keeper = _run(reg, srv, state)
         posts = [r for r in srv.requests if r.method == "POST"]
         chats = [r.json for r in srv.requests if r.path == "/v1/chat/completions"]
-    assert [r.path for r in posts[-2:]] == ["/slots/0", "/v1/chat/completions"]
-    assert posts[-2].json == {"filename": record.file}  # the restore request
+    assert [r.path for r in posts[-3:]] == ["/slots/0", "/slots/0", "/v1/chat/completions"]
+    assert [r.json for r in posts[-3:-1]] == [{}, {"filename": record.file}]  # erase, restore
     assert "id_slot" not in chats[0] and chats[1]["id_slot"] == 0  # the check is pinned
     rewarm = keeper.history[-1]
     assert rewarm.verdict == "resumed" and rewarm.snapshot is not None
@@ -96,19 +94,19 @@ def test_a_prefix_lost_to_a_restart_comes_back_from_its_snapshot(reg: Registry) 
     assert isinstance(last["snapshot"], dict) and last["snapshot"]["verdict"] == "restored"
 
 
-def test_a_restore_that_does_not_resume_is_followed_by_a_normal_rewarm(reg: Registry) -> None:
-    sha = reg.resolve("p1")
+def test_a_restore_that_does_not_resume_is_followed_by_a_normal_rewarm(
+    reg: Registry, tmp_path: Path
+) -> None:
     state = {"task": 50}
     with FakeServer() as srv:
         _server(srv, state, _chat(0))  # every call is cold, the restore's check too
-        with Worker(srv.url) as w:
-            write_snapshot(reg, make_record(sha, w.server_build()))
+        saved_record(reg, srv.url, tmp_path / "slots")
         keeper = _run(reg, srv, state)
         chats = [r.json for r in srv.requests if r.path == "/v1/chat/completions"]
     assert len(chats) == 3 and chats[1]["id_slot"] == 0 and "id_slot" not in chats[2]
     rewarm = keeper.history[-1]
     assert rewarm.verdict == "cold" and rewarm.snapshot is not None
-    assert rewarm.snapshot["verdict"] == "not_resumed"
+    assert rewarm.snapshot["verdict"] == "not_restored"
     assert (keeper.summary.restored, keeper.summary.restore_misses) == (0, 1)
     assert "1 restores not proven" in str(keeper.summary)
 
@@ -124,3 +122,21 @@ def test_without_a_snapshot_record_a_restart_is_re_warmed_with_no_slot_request(
     assert slot_posts == []
     assert keeper.history[-1].snapshot is None and keeper.summary.restored == 0
     assert "snapshot" not in keeper.history[-1].to_dict()
+
+
+def test_a_snapshot_that_does_not_verify_is_reported_and_re_warmed(
+    reg: Registry, tmp_path: Path
+) -> None:
+    """The record's directory is gone: nothing is sent to the slot API, the keeper re-warms."""
+    state = {"task": 50}
+    with FakeServer() as srv:
+        _server(srv, state, _chat(0))
+        saved_record(reg, srv.url, tmp_path / "slots")
+        (tmp_path / "slots").rename(tmp_path / "elsewhere")
+        keeper = _run(reg, srv, state)
+        slot_posts = [r for r in srv.requests if r.method == "POST" and "/slots" in r.path]
+    assert slot_posts == []
+    snap = keeper.history[-1].snapshot
+    assert snap is not None and snap["verdict"] == "integrity"
+    assert "not readable" in str(snap["reason"])
+    assert (keeper.summary.restored, keeper.summary.restore_misses) == (0, 1)

@@ -24,12 +24,14 @@ from typing import Any
 import orjson
 import pytest
 
+from prefixreg.registry.frames import write_frame
 from prefixreg.registry.snapshots import digest_snapshot_file, read_snapshot, write_snapshot
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.snapshot.run import save_snapshot
 from tests.peer.fixtures import peer_paths
 from tests.peer.llama_peer import DEFAULT_FLAGS, PeerServer, start
+from tests.test_frames_llama import TOOLS, TOOLS_TEMPLATE
 from tests.test_llama_server import prose
 from tests.test_store import flip_byte
 
@@ -76,7 +78,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Saved]:
         )  # fmt: skip
         assert res.returncode == 0, (res.stdout, res.stderr)
         with Worker(server.url) as w:
-            save_snapshot(reg, "p2", w, slot_dir=slots)
+            save_snapshot(reg, reg.head("p2"), w, slot_dir=slots)
             build_id = w.server_build().build_id
     finally:
         server.stop()
@@ -125,6 +127,7 @@ def test_restore_after_restart_is_proven_by_the_checks_cached_count(
     assert check["prompt_tokens"] - check["cached_tokens"] < 45
     assert out["coverage"] >= 0.95
     assert out["restore"]["n_tokens"] >= check["cached_tokens"]
+    assert out["erase"]["n_tokens"] == 0  # the baseline: the slot held nothing before
     assert RESTORE_MARK in log
     body = record_of(reg, out["sha256"])
     assert body["verdict"] == "restored"
@@ -165,6 +168,7 @@ def test_another_prefixs_state_under_this_record_is_not_restored(
     os.chmod(slots / p1.file, 0o644)
     shutil.copyfile(slots / p2.file, slots / p1.file)
     got = digest_snapshot_file(slots, p1.file)
+    assert got.sha256 is not None and got.blake3 is not None
     # The integrity check passes: the record now names the file's real digests.
     write_snapshot(
         reg,
@@ -182,13 +186,13 @@ def test_another_prefixs_state_under_this_record_is_not_restored(
     finally:
         server.stop()
     assert res.returncode == 1, (res.stdout, res.stderr)
-    assert out["verdict"] == "not_resumed"
+    assert out["verdict"] == "not_restored"
     assert out["file_check"].startswith("blake3 matched")
     assert out["restore"]["n_tokens"] > 900  # the server called it a success
     assert "did not resume" in out["reason"]
     assert out["check"]["evidence"]["cached_tokens"] < 50
     body = record_of(reg_path, p1.sha256)
-    assert body["verdict"] == "not_resumed" and "did not resume" in body["reason"]
+    assert body["verdict"] == "not_restored" and "did not resume" in body["reason"]
     # ...and then a normal warm, which does resume.
     assert out["fallback"]["body"]["verdict"] == "resumed"
 
@@ -257,3 +261,48 @@ def test_warm_restore_after_restart_exits_0_and_records_the_proof(
     assert body["cached_tokens"] == check["cached_tokens"] > 900  # the check's evidence
     assert body["calls"][0]["evidence"]["cache_state"] == "reused"
     assert body["calls"][0]["evidence"]["wall_s"] > 0
+
+
+def test_a_frames_head_is_saved_and_restored_after_a_restart(tmp_path: Path) -> None:
+    """#21: a frame (system + tools, rendered by a tool-aware template) is saved under its
+    own sha, and `warm FRAME --restore` and `snapshot restore FRAME` restore it, proven."""
+    slots, template = tmp_path / "slots", tmp_path / "tools.jinja"
+    slots.mkdir()
+    template.write_text(TOOLS_TEMPLATE)
+    flags = flags_for(slots, "-v", "--jinja", "--chat-template-file", str(template))
+    reg = Registry(tmp_path / "reg")
+    reg.add(prose(33, 900), name="sys")
+    frame = write_frame(
+        reg, "sys", tools=orjson.dumps(TOOLS), settings={"tool_choice": "auto"}, name="loop"
+    )
+    where = ("--registry", str(reg.root), "--json")
+    server = start(flags, paths=peer_paths(), log_dir=tmp_path)
+    try:
+        res = cli(
+            "snapshot", "save", "loop", "--worker", server.url, "--slot-dir", str(slots), *where
+        )
+    finally:
+        server.stop()
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    record = orjson.loads(res.stdout)["snapshot"]
+    assert record["sha256"] == frame and frame in record["file"]["name"]
+    server = start(flags, paths=peer_paths(), log_dir=tmp_path, port=server.port)
+    try:
+        first = cli("warm", "loop", "--restore", "--worker", server.url, *where)
+        again = cli("snapshot", "restore", "loop", "--no-warm", "--worker", server.url, *where)
+        log = server.log.read_text(errors="replace")
+    finally:
+        server.stop()
+    assert first.returncode == 0, (first.stdout, first.stderr)
+    out = orjson.loads(first.stdout)
+    assert out["verdict"] == "restored" and out["kind"] == "frame" and out["sha256"] == frame
+    assert out["resumed_by"] == "restore" and out["erase"]["n_tokens"] == 0
+    assert again.returncode == 0, (again.stdout, again.stderr)
+    second = orjson.loads(again.stdout)
+    # The slot held the frame this time: the erase forgot it first, so the proof still stands.
+    assert second["verdict"] == "restored" and second["erase"]["n_tokens"] > 900
+    check = second["check"]["evidence"]
+    assert check["prompt_tokens"] - check["cached_tokens"] < 45
+    assert log.count(RESTORE_MARK) >= 2
+    restores = [m for m in reg.measurements(reg.resolve("sys")) if m.kind == "restore"]
+    assert [m.outcome.frame for m in restores] == [frame, frame]

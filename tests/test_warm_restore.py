@@ -11,16 +11,14 @@ from pathlib import Path
 
 import orjson
 
-from prefixreg.registry.snapshots import digest_snapshot_file, write_snapshot
+from prefixreg.registry.frames import write_frame
 from prefixreg.registry.store import Registry
-from prefixreg.server.worker import Worker
+from prefixreg.registry.verify import verify_registry
 from prefixreg.sim import SimConfig, SimServer
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply
-from tests.test_snapshots import _llama, make_record
+from tests.test_snapshots import RESTORED, _llama, saved_record
 from tests.test_snapshots import reg as reg  # the registry fixture, reused
-
-RESTORED = {"id_slot": 0, "n_restored": 1153, "n_read": 11, "timings": {"restore_ms": 4.2}}
 
 
 def warm_restore(reg: Registry, url: str, *args: str) -> tuple[int, bytes, bytes]:
@@ -32,12 +30,11 @@ def slot_posts(srv: FakeServer) -> list[str]:
     return [r.path for r in srv.requests if r.method == "POST" and r.path.startswith("/slots")]
 
 
-def test_a_proven_restore_exits_0_without_a_warm(reg: Registry) -> None:
+def test_a_proven_restore_exits_0_without_a_warm(reg: Registry, tmp_path: Path) -> None:
     sha = reg.resolve("p1")
     with FakeServer() as srv:
         _llama(srv, restore=Reply(json=RESTORED), cached=990)
-        with Worker(srv.url) as w:
-            write_snapshot(reg, make_record(sha, w.server_build()))
+        saved_record(reg, srv.url, tmp_path / "slots")
         code, out, err = warm_restore(reg, srv.url, "--json")
         chats = [r for r in srv.requests if r.path == "/v1/chat/completions"]
     assert code == 0, err
@@ -49,33 +46,34 @@ def test_a_proven_restore_exits_0_without_a_warm(reg: Registry) -> None:
     assert m.kind == "restore" and m.body["verdict"] == "restored"
 
 
-def test_a_restore_that_does_not_resume_says_so_and_the_warm_decides(reg: Registry) -> None:
+def test_a_restore_that_does_not_resume_says_so_and_the_warm_decides(
+    reg: Registry, tmp_path: Path
+) -> None:
     sha = reg.resolve("p1")
     with FakeServer() as srv:
         _llama(srv, restore=Reply(json=RESTORED), cached=0)  # every call is served cold
-        with Worker(srv.url) as w:
-            write_snapshot(reg, make_record(sha, w.server_build()))
+        saved_record(reg, srv.url, tmp_path / "slots")
         code, out, err = warm_restore(reg, srv.url)
         jcode, jout, _ = warm_restore(reg, srv.url, "--json")
     assert code == 1, err  # the normal warm was cold: exit 1, as a plain warm
     text = out.decode()
-    assert "verdict  NOT_RESUMED" in text
-    assert "the restore did NOT resume the prefix; a normal warm followed (cold, exit 1)" in text
+    assert "verdict  NOT_RESTORED" in text
+    assert "not restored; a normal warm followed (cold, exit 1)" in text
     assert "verdict  cold" in text.lower()
     body = orjson.loads(jout)
-    assert jcode == 1 and body["verdict"] == "not_resumed"
+    assert jcode == 1 and body["verdict"] == "not_restored"
     assert body["outcome"] == "cold" and body["resumed_by"] is None
     kinds = sorted(m.kind for m in reg.measurements(sha))
     assert kinds.count("restore") == 2 and len(kinds) == 4  # each restore and each warm
 
 
-def test_a_resumed_fallback_warm_exits_0_and_is_named_as_the_warm(reg: Registry) -> None:
-    sha = reg.resolve("p1")
+def test_a_resumed_fallback_warm_exits_0_and_is_named_as_the_warm(
+    reg: Registry, tmp_path: Path
+) -> None:
     refused = Reply(status=400, json={"error": {"message": "failed to restore", "code": 400}})
     with FakeServer() as srv:
         _llama(srv, restore=refused, cached=990)
-        with Worker(srv.url) as w:
-            write_snapshot(reg, make_record(sha, w.server_build()))
+        saved_record(reg, srv.url, tmp_path / "slots")
         code, out, err = warm_restore(reg, srv.url, "--json")
     body = orjson.loads(out)
     assert code == 0, err
@@ -89,7 +87,8 @@ def test_no_snapshot_for_this_build_says_so_and_warms(reg: Registry) -> None:
         code, out, err = warm_restore(reg, srv.url)
         posts = slot_posts(srv)
     assert code == 0, err
-    assert "no snapshot of" in out.decode() and "no snapshot was restored" in out.decode()
+    assert "verdict  NO_SNAPSHOT: no snapshot of" in out.decode()
+    assert "not restored; a normal warm followed (resumed, exit 0)" in out.decode()
     assert posts == []
 
 
@@ -98,24 +97,9 @@ def test_a_changed_snapshot_file_exits_3_and_sends_no_restore(
 ) -> None:
     sha = reg.resolve("p1")
     slots = tmp_path / "slots"
-    slots.mkdir()
     with FakeServer() as srv:
         _llama(srv, restore=Reply(json=RESTORED), cached=990)
-        with Worker(srv.url) as w:
-            record = make_record(sha, w.server_build())
-        (slots / record.file).write_bytes(b"kv" * 5000)
-        got = digest_snapshot_file(slots, record.file)
-        write_snapshot(
-            reg,
-            make_record(
-                sha,
-                record.build,
-                file_sha256=got.sha256,
-                file_blake3=got.blake3,
-                file_bytes=got.size,
-                slot_dir=str(slots),
-            ),
-        )
+        record = saved_record(reg, srv.url, slots)
         ok, _, err_ok = warm_restore(reg, srv.url, "--json")
         assert ok == 0, err_ok  # the intact file restores
         (slots / record.file).write_bytes(b"kv" * 4999 + b"KV")
@@ -146,3 +130,24 @@ def test_restore_refuses_options_it_cannot_honour(reg: Registry, tmp_path: Path)
         "--registry", str(reg.root),
     )  # fmt: skip
     assert res.returncode == 2 and b"add --restore" in res.stderr
+
+
+def test_warm_restore_of_a_frame_restores_the_frames_own_snapshot(
+    reg: Registry, tmp_path: Path
+) -> None:
+    """#21: a frame's head has its own snapshot record, keyed by the frame's sha."""
+    frame = write_frame(reg, "p1", settings={"reasoning_effort": "low"}, name="loop")
+    with FakeServer() as srv:
+        _llama(srv, restore=Reply(json=RESTORED), cached=990)
+        record = saved_record(reg, srv.url, tmp_path / "slots", ref="loop")
+        res = run_cli("warm", "loop", "--restore", "--worker", srv.url, "--registry",
+                      str(reg.root), "--json")  # fmt: skip
+        (chat,) = [r.json for r in srv.requests if r.path == "/v1/chat/completions"]
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert out["verdict"] == "restored" and out["kind"] == "frame" and out["sha256"] == frame
+    assert record.sha256 == frame and record.file == f"prefixreg-{frame}-{record.build_id}.bin"
+    assert chat["reasoning_effort"] == "low" and chat["id_slot"] == 0  # the frame's head
+    (m,) = reg.measurements(reg.resolve("p1"))
+    assert m.kind == "restore" and m.outcome.frame == frame
+    assert verify_registry(reg).ok  # a frame's record has its head: not dangling

@@ -106,13 +106,11 @@ def warm_command(
         reg = open_registry_from(registry)
         head = reg.head(ref)  # resolved and verified once, before a connection is opened
         if restore:
-            if head.kind == "frame":
-                raise UsageError("--restore takes a prefix; a frame has no snapshot")
             from prefixreg.cli.snapshot_cmd import warm_restore_cli
 
             with open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
                 raise typer.Exit(
-                    warm_restore_cli(reg, ref, w, slot_dir=slot_dir, json_out=json_out)
+                    warm_restore_cli(reg, head, w, slot_dir=slot_dir, json_out=json_out)
                 )
         progress = info if sys.stderr.isatty() and not json_out else None
         with open_worker(worker, model=model, timeout=timeout, profile=profile) as w:

@@ -1,36 +1,36 @@
-"""`SnapshotRecord`: which prefix a saved KV-cache file holds, on which server build. Pure.
+"""`SnapshotRecord`: which head a saved KV-cache file holds, on which server build. Pure.
 
-A record lives at `snapshots/<sha256>-<build_id>.json` (DESIGN §3): one per prefix and
-server build. It ties the exact prefix bytes (their sha) to the build the state was saved
-on and to the file the server wrote (`--slot-save-path DIR/<file>`), with the file's own
-sha256 and size when that directory was readable from here, so a restore can refuse a file
-that changed on disk before any request is sent.
+A record, `snapshots/<sha256>-<build_id>.json` (DESIGN §3), ties a head (a prefix's or a
+frame's sha) to the build its state was saved on and to the file the server wrote
+(`--slot-save-path DIR/<file>`), with the file's sha256, blake3 and size, so a restore
+refuses a changed file before any request is sent.
 
-Invariants:
-- `from_dict` validates every field's JSON type exactly and raises `CorruptRecordError` on
-  anything unexpected; the build's `build_id` is re-derived from its identity on load.
-- `file` is a bare file name (`[A-Za-z0-9][A-Za-z0-9._-]*`): the server joins it to its
-  own directory, so it must never carry a path.
-- A record is never evidence that a restore works: only the resume check after a restore is.
+Invariants (checked on every construction, so on every load; `CorruptRecordError` else):
+- Every field has its exact JSON type; the build's `build_id` is re-derived from its identity.
+- `file` is derived, never chosen: `prefixreg-<head sha>-<build_id>.bin`; a record naming
+  any other file (`passwd`) is refused, so the server never reads a file a record names.
+- The file's sha256, blake3 and size are required (a record that cannot be checked is no
+  record), and so is `slot_dir`, absolute: where the file was hashed.
+- A record is never evidence that a restore works: only the resume check after one is.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, cast
+from pathlib import PurePath
+from typing import Any, Final
 
-from prefixreg.core.digest import is_full_sha
 from prefixreg.core.errors import CorruptRecordError, UsageError
+from prefixreg.core.fields import obj, strict_count
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.records import ServerBuild, strict_count
-
-__all__ = ["SNAPSHOT_KIND", "SnapshotRecord", "snapshot_file_name", "validate_file_name"]
+from prefixreg.core.records import ServerBuild
 
 SNAPSHOT_KIND: Final = "kv-snapshot"
 _FILE_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _WHAT: Final = "snapshot record"
+_REQUIRED: Final = ("file_bytes", "n_saved", "slot_id")
 
 
 def validate_file_name(name: object) -> str:
@@ -41,81 +41,82 @@ def validate_file_name(name: object) -> str:
 
 
 def snapshot_file_name(sha256: str, build_id: str) -> str:
-    """The server-side file name of a prefix's snapshot on one build: `prefixreg-<sha>-<build>.bin`.
-
-    Derived, not chosen: saving the same prefix on the same build again replaces the file.
-    """
-    if not is_full_sha(sha256) or re.fullmatch(r"[0-9a-f]{16}", build_id) is None:
+    """`prefixreg-<sha>-<build>.bin`: a head's snapshot file on one build (a save replaces it)."""
+    if not (_hex(sha256, 64) and _hex(build_id, 16)):
         raise UsageError(f"cannot name a snapshot for {sha256!r} on build {build_id!r}")
     return f"prefixreg-{sha256}-{build_id}.bin"
 
 
-def _str(d: Mapping[str, object], key: str, *, optional: bool = False) -> str | None:
-    value = d.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, str):
-        raise CorruptRecordError(f"{_WHAT}: field {key!r} must be a string")
-    return value
+def _hex(value: object, digits: int) -> bool:
+    """`value` is a string of exactly `digits` lowercase hex digits (a sha256: 64)."""
+    return isinstance(value, str) and re.fullmatch(f"[0-9a-f]{{{digits}}}", value) is not None
 
 
-def _count(d: Mapping[str, object], key: str, *, optional: bool = False) -> int | None:
-    value = d.get(key)
-    if value is None and optional:
-        return None
-    count = strict_count(value)
-    if count is None:
-        raise CorruptRecordError(f"{_WHAT}: field {key!r} must be a non-negative integer")
-    return count
+def _absolute(value: object) -> bool:
+    return isinstance(value, str) and PurePath(value).is_absolute()
 
 
-def _ms(d: Mapping[str, object], key: str) -> float | None:
-    value = d.get(key)
-    if value is None:
-        return None
-    if type(value) not in (int, float) or cast(float, value) < 0:
-        raise CorruptRecordError(f"{_WHAT}: field {key!r} must be a non-negative number")
-    return float(cast(float, value))
+# The on-disk form: top-level fields, and the nested groups' keys -> field names.
+_TOP: Final = ("sha256", "n_saved", "save_ms", "created", "worker")
+_NESTED: Final = {
+    "file": {
+        "name": "file",
+        "sha256": "file_sha256",
+        "blake3": "file_blake3",
+        "bytes": "file_bytes",
+        "n_written": "n_written",
+        "slot_dir": "slot_dir",
+    },
+    "slot": {"id": "slot_id", "n_ctx": "slot_ctx"},
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotRecord:
-    """One saved KV snapshot of a registered prefix on one server build.
+    """One saved KV snapshot of a registered head on one server build.
 
-    `file_sha256`/`file_blake3`/`file_bytes` are None when the server's snapshot directory
-    was not readable from where the save ran (sha256 names the file for copies between
-    hosts; blake3, as strong and several times faster, is what a restore re-checks).
-    `n_written` is the server's own byte count.
-    `slot_dir` is that directory as the saver saw it (a local path or None): where a later
-    restore on this host re-hashes the file.
+    sha256 names the file for copies between hosts; blake3, as strong and several times
+    faster, is what a restore re-checks. `n_written` is the server's own byte count.
     """
 
     sha256: str
     build: ServerBuild
     file: str
+    file_sha256: str
+    file_blake3: str
+    file_bytes: int
+    slot_dir: str
     n_saved: int
     n_written: int | None
     save_ms: float | None
     slot_id: int
     slot_ctx: int | None
     created: str
-    file_sha256: str | None = None
-    file_blake3: str | None = None
-    file_bytes: int | None = None
-    slot_dir: str | None = None
     worker: str | None = None
 
     def __post_init__(self) -> None:
-        if not is_full_sha(self.sha256):
-            raise CorruptRecordError(f"{_WHAT}: 'sha256' is not a sha256")
-        for key in ("file_sha256", "file_blake3"):
+        def bad(why: str) -> CorruptRecordError:
+            return CorruptRecordError(f"{_WHAT}: {why}")
+
+        if not _hex(self.sha256, 64) or not isinstance(self.build, ServerBuild):
+            raise bad("'sha256' is not a sha256, or 'build' not a server build")
+        if not (_hex(self.file_sha256, 64) and _hex(self.file_blake3, 64)):
+            raise bad("the file's sha256 and blake3 must be 64 lowercase hex digits")
+        expected = snapshot_file_name(self.sha256, self.build.build_id)
+        if self.file != expected:
+            raise bad(f"file {self.file!r} is not {expected!r}, the name of its head and build")
+        if not _absolute(self.slot_dir):
+            raise bad(f"'slot_dir' {self.slot_dir!r} is not an absolute directory")
+        for key in ("file_bytes", "n_saved", "slot_id", "n_written", "slot_ctx"):
             value = getattr(self, key)
-            if value is not None and not is_full_sha(value):  # both are 64 lowercase hex
-                raise CorruptRecordError(f"{_WHAT}: {key!r} is not 64 lowercase hex digits")
-        try:
-            validate_file_name(self.file)
-        except UsageError as exc:
-            raise CorruptRecordError(f"{_WHAT}: {exc}") from None
+            if strict_count(value) is None and (value is not None or key in _REQUIRED):
+                raise bad(f"{key!r} must be a non-negative integer")
+        ms = self.save_ms
+        if ms is not None and (type(ms) not in (int, float) or not 0 <= ms < math.inf):
+            raise bad("'save_ms' must be a non-negative number")
+        text: tuple[object, object] = (self.created, self.worker)
+        if not isinstance(text[0], str) or not isinstance(text[1], str | None):
+            raise bad("'created' must be a string, 'worker' a string or null")
 
     @property
     def build_id(self) -> str:
@@ -123,50 +124,18 @@ class SnapshotRecord:
 
     @classmethod
     def from_dict(cls, data: object) -> SnapshotRecord:
-        if not isinstance(data, dict):
-            raise CorruptRecordError(f"{_WHAT}: expected a JSON object")
-        d = cast(JSONObject, data)
+        d = obj(data, _WHAT)
         if d.get("kind") != SNAPSHOT_KIND:
             raise CorruptRecordError(f"{_WHAT}: field 'kind' must be {SNAPSHOT_KIND!r}")
-        file = d.get("file")
-        if not isinstance(file, dict):
-            raise CorruptRecordError(f"{_WHAT}: field 'file' must be an object")
-        slot = d.get("slot")
-        if not isinstance(slot, dict):
-            raise CorruptRecordError(f"{_WHAT}: field 'slot' must be an object")
-        return cls(
-            sha256=cast(str, _str(d, "sha256")),
-            build=ServerBuild.from_dict(d.get("build")),
-            file=cast(str, _str(file, "name")),
-            file_sha256=_str(file, "sha256", optional=True),
-            file_blake3=_str(file, "blake3", optional=True),
-            file_bytes=_count(file, "bytes", optional=True),
-            n_written=_count(file, "n_written", optional=True),
-            slot_dir=_str(file, "slot_dir", optional=True),
-            n_saved=cast(int, _count(d, "n_saved")),
-            save_ms=_ms(d, "save_ms"),
-            slot_id=cast(int, _count(slot, "id")),
-            slot_ctx=_count(slot, "n_ctx", optional=True),
-            created=cast(str, _str(d, "created")),
-            worker=_str(d, "worker", optional=True),
-        )
+        flat: dict[str, Any] = {key: d.get(key) for key in _TOP}
+        for group, keys in _NESTED.items():
+            part = obj(d.get(group), f"{_WHAT} {group}")
+            flat |= {name: part.get(key) for key, name in keys.items()}
+        return cls(build=ServerBuild.from_dict(d.get("build")), **flat)
 
     def to_dict(self) -> JSONObject:
-        return {
-            "kind": SNAPSHOT_KIND,
-            "sha256": self.sha256,
-            "build": self.build.to_dict(),
-            "file": {
-                "name": self.file,
-                "sha256": self.file_sha256,
-                "blake3": self.file_blake3,
-                "bytes": self.file_bytes,
-                "n_written": self.n_written,
-                "slot_dir": self.slot_dir,
-            },
-            "n_saved": self.n_saved,
-            "save_ms": self.save_ms,
-            "slot": {"id": self.slot_id, "n_ctx": self.slot_ctx},
-            "created": self.created,
-            "worker": self.worker,
-        }
+        out: JSONObject = {"kind": SNAPSHOT_KIND, "build": self.build.to_dict()}
+        out |= {key: getattr(self, key) for key in _TOP}
+        for group, keys in _NESTED.items():
+            out[group] = {key: getattr(self, name) for key, name in keys.items()}
+        return out

@@ -31,7 +31,7 @@ from prefixreg.core.errors import CorruptRecordError, IntegrityError
 from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.core.snapshots import SnapshotRecord, validate_file_name
 from prefixreg.registry import fsutil
-from prefixreg.registry.layout import SNAPSHOTS, object_relpath, snapshot_filename
+from prefixreg.registry.layout import SNAPSHOTS, frame_relpath, object_relpath, snapshot_filename
 from prefixreg.registry.store import Registry
 
 __all__ = [
@@ -135,6 +135,11 @@ def _record_entries(registry: Registry) -> list[tuple[str, str]]:
     return out
 
 
+def _head_missing(registry: Registry, sha: str) -> bool:
+    """Neither a prefix object nor a frame record has this sha (a record's head is either)."""
+    return all(registry.lstat(rel(sha)) is None for rel in (object_relpath, frame_relpath))
+
+
 def snapshot_prefix_shas(registry: Registry) -> set[str]:
     """The prefixes snapshot records point to (by file name: parsed or not, each keeps its
     prefix from `gc --prune-unnamed`, as a name does).
@@ -159,7 +164,7 @@ def check_snapshot_entry(registry: Registry, name: str, kind: str) -> list[tuple
     except (CorruptRecordError, IntegrityError) as exc:
         return [("bad_record", str(exc))]
     try:
-        missing = registry.lstat(object_relpath(record.sha256)) is None
+        missing = _head_missing(registry, record.sha256)
     except IntegrityError:
         return []  # behind a symlinked objects/: the walk reports it
     if missing:
@@ -177,7 +182,7 @@ def prune_snapshot_records(
     """
     removed = []
     for name, sha in _record_entries(registry):
-        if registry.lstat(object_relpath(sha)) is not None:
+        if not _head_missing(registry, sha):
             continue
         rel = f"{SNAPSHOTS}/{name}"
         st = registry.lstat(rel)

@@ -1,63 +1,59 @@
-"""llama.cpp's slot API on a `Worker`: list `/slots`, save, restore and erase a slot's KV state.
+"""llama.cpp's slot API on a `Worker`: `/slots`, and save, restore or erase a slot's KV state.
 
-llama-server (started with `--slot-save-path DIR`) answers
-`POST /slots/{id}?action=save|restore` with `{"filename": NAME}` (a bare name inside DIR):
-save replies `{"id_slot","filename","n_saved","n_written","timings":{"save_ms"}}`, restore
-`{"id_slot","filename","n_restored","n_read","timings":{"restore_ms"}}`, erase `{"n_erased"}`.
-A chat call is pinned to a slot with the body field `id_slot` (`Worker.chat(..., id_slot=N)`).
+llama-server started with `--slot-save-path DIR` answers `POST /slots/{id}?action=save|
+restore` with `{"filename": NAME}` (a bare name inside DIR) and `action=erase` with `{}`;
+the replies carry `n_saved`/`n_restored`/`n_erased`, bytes (`n_written`/`n_read`) and
+`timings.save_ms`/`restore_ms`. A chat call is pinned to a slot with `id_slot`.
 
 Invariants:
-- Only the `llamacpp` profile has a slot API; every other profile gets a `UsageError`
-  ("not supported by this server's profile", exit 2) before any slot request is sent,
-  never a silent fallback that would look like a restore.
-- Counts in replies are strict (`strict_count`): a missing or malformed count is None,
-  never zero. The reply's counts are reported, never taken as evidence that a restore
-  resumes anything: only a resume check on the slot is.
-- Errors are the worker's own error tree (one line, method and path named); a server
-  started without `--slot-save-path` answers 501, turned into a `UsageError` with a hint.
+- Only the `llamacpp` profile has a slot API: any other gets a `UsageError` (exit 2) before
+  a slot request is sent, never a silent fallback that would look like a restore.
+- Fields are read strictly: a slot is idle only when `is_processing` is exactly `false`
+  (`"yes"`, `1` or missing is unknown, never idle); a count is `strict_count` (missing or
+  malformed is None, never zero). A reply's counts are reported, never proof that a
+  restore resumes anything (`core.judge.judge_restore` needs a pinned check).
+- Errors are the worker's own tree; a server without `--slot-save-path` answers 501, a
+  `UsageError` with a hint.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Final
 
 from prefixreg.core.errors import MalformedResponseError, UsageError, WorkerHTTPError
-from prefixreg.core.jsonio import JSONObject, JSONValue
 from prefixreg.core.records import ServerBuild, strict_count
 from prefixreg.server.worker import Worker
 
-__all__ = [
-    "SLOT_PROFILES",
-    "SlotInfo",
-    "SlotTransfer",
-    "erase_slot",
-    "idle_slot",
-    "list_slots",
-    "require_slot_api",
-    "restore_slot",
-    "save_slot",
-]
-
-SLOT_PROFILES: Final = ("llamacpp",)
 # Saving or reading a snapshot is disk I/O on the server (tens of MB): more than a small route.
 _SLOT_IO_TIMEOUT: Final = 120.0
+# action -> the reply's (tokens, bytes, server ms) fields.
+_FIELDS: Final = {
+    "save": ("n_saved", "n_written", "save_ms"),
+    "restore": ("n_restored", "n_read", "restore_ms"),
+    "erase": ("n_erased", "n_read", "erase_ms"),  # llama.cpp sends only the count
+}
 
 
 @dataclass(frozen=True, slots=True)
 class SlotInfo:
-    """One entry of `/slots`: its id, context size, and whether it is busy right now."""
+    """One entry of `/slots`; `is_processing` None: not a JSON boolean (so not `idle`)."""
 
     id: int
     n_ctx: int | None
-    is_processing: bool
+    is_processing: bool | None
     id_task: int | None
+
+    @property
+    def idle(self) -> bool:
+        return self.is_processing is False
 
 
 @dataclass(frozen=True, slots=True)
 class SlotTransfer:
-    """What a save or restore reply said: tokens and bytes moved, the server's own time, and
+    """A save, restore or erase reply: tokens and bytes moved, the server's own time, and
     the client's wall time for the request."""
 
     action: str
@@ -68,21 +64,10 @@ class SlotTransfer:
     server_ms: float | None
     wall_s: float
 
-    def to_dict(self) -> JSONObject:
-        return {
-            "action": self.action,
-            "slot_id": self.slot_id,
-            "filename": self.filename,
-            "n_tokens": self.n_tokens,
-            "n_bytes": self.n_bytes,
-            "server_ms": self.server_ms,
-            "wall_s": self.wall_s,
-        }
-
 
 def require_slot_api(build: ServerBuild) -> None:
     """Refuse (UsageError, exit 2) a server whose profile has no slot save/restore API."""
-    if build.profile not in SLOT_PROFILES:
+    if build.profile != "llamacpp":
         raise UsageError(
             f"KV snapshots are not supported by this server's profile ({build.profile})",
             hint="snapshots need llama.cpp's llama-server started with --slot-save-path DIR",
@@ -98,44 +83,38 @@ def list_slots(worker: Worker) -> list[SlotInfo]:
         )
     out = []
     for slot in raw:
-        sid = strict_count(slot.get("id"))
+        sid, busy = strict_count(slot.get("id")), slot.get("is_processing")
         if sid is None:
             raise MalformedResponseError(f"GET /slots on {worker.url}: a slot without an id")
-        busy = slot.get("is_processing")
-        out.append(
-            SlotInfo(
-                id=sid,
-                n_ctx=strict_count(slot.get("n_ctx")),
-                is_processing=busy is True,
-                id_task=strict_count(slot.get("id_task")),
-            )
-        )
+        n_ctx, task = strict_count(slot.get("n_ctx")), strict_count(slot.get("id_task"))
+        out.append(SlotInfo(sid, n_ctx, busy if isinstance(busy, bool) else None, task))
     return out
 
 
 def idle_slot(worker: Worker, prefer: int | None = None) -> SlotInfo:
-    """An idle slot (`prefer` if it is idle), or a `WorkerError`-family error if none is."""
-    slots = list_slots(worker)
-    idle = [s for s in slots if not s.is_processing]
-    for slot in idle:
-        if slot.id == prefer:
-            return slot
+    """An idle slot (`prefer` if it is idle); a 503 `WorkerHTTPError` when none is known idle."""
+    idle = [s for s in list_slots(worker) if s.idle]
     if not idle:
         raise WorkerHTTPError(
-            f"GET /slots on {worker.url}: every slot is busy",
+            f"GET /slots on {worker.url}: no slot is idle",
             status_code=503,
             url=worker.url,
             hint="retry when the worker is idle",
         )
-    return idle[0]
+    return next((s for s in idle if s.id == prefer), idle[0])
 
 
-def _post(worker: Worker, slot_id: int, action: str, body: JSONObject) -> tuple[JSONObject, float]:
+def slot_action(worker: Worker, slot_id: int, action: str, filename: str = "") -> SlotTransfer:
+    """POST `action` (save, restore or erase) for slot `slot_id`; save and restore name the
+    bare `filename` inside the server's slot directory."""
     path = f"/slots/{slot_id}?action={action}"
     started = time.perf_counter()
     # The worker's own transport: one deadline, one size cap, one error tree for all routes.
     reply = worker.post_json(
-        path, body, seconds=max(worker.timeout, _SLOT_IO_TIMEOUT), missing=frozenset({501})
+        path,
+        {"filename": filename} if filename else {},
+        seconds=max(worker.timeout, _SLOT_IO_TIMEOUT),
+        missing=frozenset({501}),
     )
     wall = time.perf_counter() - started
     if reply is None:
@@ -143,48 +122,14 @@ def _post(worker: Worker, slot_id: int, action: str, body: JSONObject) -> tuple[
             f"POST {path} on {worker.url}: the server's slot actions are off",
             hint="start llama-server with --slot-save-path DIR",
         )
-    return reply, wall
+    tokens, size, ms = _FIELDS[action]
+    timings = reply.get("timings")
+    n_tokens, n_bytes = strict_count(reply.get(tokens)), strict_count(reply.get(size))
+    server_ms = _ms(timings.get(ms) if isinstance(timings, dict) else None)
+    return SlotTransfer(action, slot_id, filename, n_tokens, n_bytes, server_ms, wall)
 
 
-def _ms(timings: JSONValue, key: str) -> float | None:
-    value = timings.get(key) if isinstance(timings, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+def _ms(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
         return None
     return float(value)
-
-
-# action -> the reply's (tokens, bytes, server ms) fields.
-_TRANSFER_FIELDS: Final = {
-    "save": ("n_saved", "n_written", "save_ms"),
-    "restore": ("n_restored", "n_read", "restore_ms"),
-}
-
-
-def _transfer(worker: Worker, slot_id: int, action: str, filename: str) -> SlotTransfer:
-    reply, wall = _post(worker, slot_id, action, {"filename": filename})
-    tokens, size, ms = _TRANSFER_FIELDS[action]
-    return SlotTransfer(
-        action=action,
-        slot_id=slot_id,
-        filename=filename,
-        n_tokens=strict_count(reply.get(tokens)),
-        n_bytes=strict_count(reply.get(size)),
-        server_ms=_ms(reply.get("timings"), ms),
-        wall_s=wall,
-    )
-
-
-def save_slot(worker: Worker, slot_id: int, filename: str) -> SlotTransfer:
-    """Save slot `slot_id`'s KV state as `filename` in the server's slot directory."""
-    return _transfer(worker, slot_id, "save", filename)
-
-
-def restore_slot(worker: Worker, slot_id: int, filename: str) -> SlotTransfer:
-    """Restore `filename` into slot `slot_id`. Its counts are reported, never proof."""
-    return _transfer(worker, slot_id, "restore", filename)
-
-
-def erase_slot(worker: Worker, slot_id: int) -> int | None:
-    """Forget slot `slot_id`'s prompt; returns the server's `n_erased`."""
-    reply, _ = _post(worker, slot_id, "erase", {})
-    return strict_count(reply.get("n_erased"))

@@ -1,67 +1,227 @@
-"""The calls a KV snapshot save or restore makes on one slot: a warm that finds (or pins)
-the slot serving a prefix, and a fresh-tail resume check pinned to a slot.
+"""KV snapshot calls on one llama.cpp slot, and the restore with its proof, for any verb.
+
+`warm_and_locate` warms a head and finds its slot; `pinned_check` is a judged fresh-tail
+check pinned to a slot; `restore_head` verifies the record for the worker's build and its
+file, erases the chosen slot (the baseline), restores, checks, and records the verdict of
+`core.judge.judge_restore` as one `restore` measurement.
 
 Invariants:
-- A check is pinned with `id_slot`, so its cached count speaks of that slot and no other;
-  its verdict is the judge's (the cached count must cover the prefix's span).
-- The slot a warm used is read from `/slots` (`id_task` moved); when that is ambiguous the
-  warm is pinned to an idle slot instead of guessing.
+- A check is pinned with `id_slot`, so its cached count speaks of that slot alone.
+- `restored` needs the erase (the slot held nothing of the head before; an erase reply
+  without its count is no baseline: `unverified`), `n_restored` > 0 and a resumed pinned
+  check; `n_restored` alone is never evidence. An erase does not clear llama-server's
+  host-RAM prompt cache: with `--cache-ram` on, the check may resume from there.
+- Nothing is sent before the record and its file verify: a record of another build is never
+  used (the reason names the identity fields that differ); the file is re-hashed (blake3,
+  size) in `--slot-dir` or the record's directory; unreadable, missing or changed is an
+  `IntegrityError` (exit 3).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from prefixreg.core.errors import IntegrityError, UsageError, WorkerHTTPError
+from prefixreg.core.frame import Frame, Head
+from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.judge import Judgement, judge_restore
 from prefixreg.core.prefix import Prefix, fresh_tail
-from prefixreg.server.slots import SlotInfo, idle_slot, list_slots
+from prefixreg.core.records import ServerBuild
+from prefixreg.core.snapshots import SnapshotRecord
+from prefixreg.registry.snapshots import digest_snapshot_file, list_snapshots, read_snapshot
+from prefixreg.registry.store import Registry
+from prefixreg.server.slots import (
+    SlotInfo,
+    SlotTransfer,
+    idle_slot,
+    list_slots,
+    require_slot_api,
+    slot_action,
+)
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.measure.calls import CallRecord, judge_check, measured_call
-
-__all__ = ["Progress", "pinned_check", "readable_dir", "say_to", "warm_and_locate"]
+from prefixreg.verbs.measure.calls import CallRecord, judge_check, measured_call, record_measurement
+from prefixreg.verbs.measure.warm import WarmResult, tools_tokens
 
 Progress = Callable[[str], None] | None
 
 
-def say_to(progress: Progress) -> Callable[[str], None]:
-    return progress or (lambda _msg: None)
-
-
 def pinned_check(
-    worker: Worker, prefix: Prefix, slot_id: int
-) -> tuple[CallRecord, str, str, int | None, float | None]:
-    """A fresh-tail resume check pinned to `slot_id`: (call, verdict, reason, span, coverage)."""
+    worker: Worker, build: ServerBuild, head: Head, slot_id: int
+) -> tuple[CallRecord, Judgement]:
+    """A fresh-tail resume check pinned to `slot_id`, and the judge's verdict on it (a frame
+    whose tools add no prompt tokens on this server is not resumed for its tools)."""
     tail = fresh_tail()
-    call = measured_call(
-        worker, prefix, phase="check", tail=tail, with_cache=False, id_slot=slot_id
-    )
-    j = judge_check(call.evidence, prefix, tail=tail, alignment=0)
-    return call, j.verdict, j.reason, j.span, j.coverage
+    call = measured_call(worker, head, phase="check", tail=tail, with_cache=False, id_slot=slot_id)
+    tools = tools_tokens(worker, build, head) if isinstance(head, Frame) else None
+    return call, judge_check(call.evidence, head, tail=tail, alignment=0, tools_tokens=tools)
 
 
-def readable_dir(path: Path | None) -> bool:
-    return path is not None and path.is_dir() and os.access(path, os.R_OK | os.X_OK)
+def readable_dir(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.R_OK | os.X_OK)
 
 
-def warm_and_locate(
-    worker: Worker, prefix: Prefix, slot: int | None
-) -> tuple[CallRecord, SlotInfo]:
-    """The warm call and the slot that served it.
-
-    Without `slot`, llama.cpp picks the slot whose cached prompt shares the most with the
-    call, so a slot already holding the prefix serves it without a prefill; that slot is
-    the one whose `id_task` moved in `/slots`. When that is ambiguous (other traffic moved
-    more than one slot) or `slot` is given, the warm call is pinned to an idle slot.
-    """
+def warm_and_locate(worker: Worker, head: Head, slot: int | None) -> tuple[CallRecord, SlotInfo]:
+    """The warm call and the slot that served it: the one whose `id_task` moved (llama.cpp
+    serves a prompt from the slot sharing most of it). Ambiguous (several moved, or it is
+    not known idle) or `slot` given: the warm is pinned to an idle slot instead."""
     if slot is None:
         before = {s.id: s.id_task for s in list_slots(worker)}
-        warm = measured_call(worker, prefix, phase="warm", tail=fresh_tail(), with_cache=False)
+        warm = measured_call(worker, head, phase="warm", tail=fresh_tail(), with_cache=False)
         moved = [s for s in list_slots(worker) if s.id_task != before.get(s.id)]
-        if len(moved) == 1 and not moved[0].is_processing:
+        if len(moved) == 1 and moved[0].idle:
             return warm, moved[0]
     chosen = idle_slot(worker, prefer=slot)
     warm = measured_call(
-        worker, prefix, phase="warm", tail=fresh_tail(), with_cache=False, id_slot=chosen.id
+        worker, head, phase="warm", tail=fresh_tail(), with_cache=False, id_slot=chosen.id
     )
     return warm, chosen
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreResult:
+    """What `restore_head` found; `body` is its measurement's (only verdict and reason when
+    nothing was sent); `fallback` the warm a caller ran after a restore not proven."""
+
+    head: Head
+    worker_url: str
+    build: ServerBuild
+    verdict: str  # a `core.judge.RestoreVerdict`, or no_snapshot | restore_failed
+    reason: str
+    body: JSONObject
+    snapshot: SnapshotRecord | None = None
+    file_check: str = "not checked"
+    transfer: SlotTransfer | None = None
+    check: CallRecord | None = None
+    record_path: str | None = None
+    fallback: WarmResult | None = None
+
+    def to_dict(self) -> JSONObject:
+        return {
+            "sha256": self.head.sha256,
+            "kind": self.head.kind,
+            "worker": self.worker_url,
+            "build": self.build.to_dict(),
+            "restore": None,
+            **self.body,
+            "check": None if self.check is None else self.check.to_dict(),
+            "record": self.record_path,
+            "fallback": None if self.fallback is None else self.fallback.receipt(),
+        }
+
+
+def _no_snapshot_reason(registry: Registry, sha: str, build: ServerBuild) -> str:
+    others = list_snapshots(registry, sha)
+    if not others:
+        return f"no snapshot of {sha[:12]} is recorded"
+    a, b = others[-1].build, build
+    diff = ["profile"] * (a.profile != b.profile)
+    diff += [
+        k for k in sorted({*a.identity, *b.identity}) if a.identity.get(k) != b.identity.get(k)
+    ]
+    shown = ", ".join(f"{k} {a.identity.get(k)!r} -> {b.identity.get(k)!r}" for k in diff[:3])
+    return (
+        f"a snapshot exists for build {a.build_id}, but the worker now runs build "
+        f"{b.build_id} ({shown or 'identity differs'}): a KV state is only valid on the build "
+        "that saved it, so it is not used"
+    )
+
+
+def check_file(record: SnapshotRecord, slot_dir: Path | None) -> str:
+    """Re-hash the snapshot file in `slot_dir`, else the record's directory: blake3 and size
+    (as strong as sha256, several times faster on the restore's critical path).
+
+    Raises:
+        UsageError: `slot_dir` is not a readable directory.
+        IntegrityError: the record's directory is not readable here; the file is missing,
+            not a regular file, or does not match the record.
+    """
+    if slot_dir is not None and not readable_dir(slot_dir):
+        raise UsageError(f"--slot-dir {slot_dir}: not a readable directory")
+    where = slot_dir or Path(record.slot_dir)
+    path = where / record.file
+    if not readable_dir(where):
+        raise IntegrityError(
+            f"{where}: the record's snapshot directory is not readable here, so the file "
+            "cannot be checked; no restore sent (--slot-dir names where it is)",
+            path=where,
+        )
+    try:
+        got = digest_snapshot_file(where, record.file, sha256=False)
+    except FileNotFoundError:
+        raise IntegrityError(f"{path}: the snapshot file is missing; no restore sent") from None
+    if got.blake3 != record.file_blake3 or got.size != record.file_bytes:
+        raise IntegrityError(
+            f"{path}: blake3 {str(got.blake3)[:16]}… ({got.size:,} bytes) does not match the "
+            f"record's {record.file_blake3[:16]}… ({record.file_bytes:,} bytes); no restore sent",
+            path=path,
+            expected=record.file_blake3,
+            actual=got.blake3,
+        )
+    return f"blake3 matched ({got.size:,} bytes)"
+
+
+def restore_head(
+    registry: Registry,
+    worker: Worker,
+    head: Head,
+    *,
+    slot_dir: Path | None = None,
+    slot: int | None = None,
+    progress: Progress = None,
+) -> RestoreResult:
+    """Restore `head`'s snapshot for the worker's build into an idle slot (`slot` if it is)
+    and prove it (see the module docstring). Never warms.
+
+    Raises:
+        IntegrityError: the record or the snapshot file does not verify (nothing sent).
+        UsageError: not a head; a profile without a slot API; a mirror; a bad `slot_dir`.
+        WorkerError: the worker failed outside the erase and restore requests.
+    """
+    if not isinstance(head, Prefix | Frame):
+        raise UsageError(f"restore takes a Prefix or a Frame (Registry.head), not {head!r:.40}")
+    say = progress or (lambda _msg: None)
+    registry.refuse_on_mirror("record a restore")
+    build = worker.server_build()
+    require_slot_api(build)
+    record = read_snapshot(registry, head.sha256, build.build_id)
+    result = RestoreResult(head, worker.url, build, "no_snapshot", "", {})
+    if record is None:
+        reason = _no_snapshot_reason(registry, head.sha256, build)
+        return replace(result, reason=reason, body={"verdict": "no_snapshot", "reason": reason})
+    file_check = check_file(record, slot_dir)
+    chosen = idle_slot(worker, prefer=slot)
+    say(f"erasing slot {chosen.id}, then restoring {record.file} into it ({file_check})")
+    result = replace(result, snapshot=record, file_check=file_check)
+    body: JSONObject = {"snapshot": record.to_dict(), "file_check": file_check}
+    if isinstance(head, Frame):
+        body["frame"] = head.sha256
+    try:
+        erased = slot_action(worker, chosen.id, "erase")
+        transfer = slot_action(worker, chosen.id, "restore", record.file)
+    except WorkerHTTPError as exc:
+        verdict, reason = "restore_failed", f"the server refused the restore: {exc}"
+    else:
+        check, judged = pinned_check(worker, build, head, chosen.id)
+        baseline = None
+        if erased.n_tokens is None:
+            baseline = Judgement("unverified", "the erase reply did not say what it erased")
+        verdict, reason = judge_restore(baseline, transfer.n_tokens, judged)
+        if worker.server_build().build_id != build.build_id:
+            verdict, reason = "unverified", "the server build changed during the restore"
+        body |= judged.to_dict() | {
+            "prefix_bytes": head.system.size,
+            "head_bytes": head.head_bytes,
+            "erase": asdict(erased),
+            "restore": asdict(transfer),
+            "prompt_tokens": check.evidence.prompt_tokens,
+            "cached_tokens": check.evidence.cached_tokens,
+            "calls": [check.to_dict()],
+        }
+        result = replace(result, transfer=transfer, check=check)
+    body |= {"verdict": verdict, "reason": reason}
+    _, path = record_measurement(registry, worker, build, head.system.sha256, "restore", body)
+    say(f"{verdict}: {reason}")
+    return replace(result, verdict=verdict, reason=reason, body=body, record_path=str(path))
