@@ -108,7 +108,7 @@ def test_a_foreign_client_during_a_probe_marks_windows_interleaved(registry: Reg
         finally:
             stop.set()
             thread.join(timeout=10)
-    assert report.interleaved, "foreign traffic must show up as interleaved windows"
+    assert any(c.record.interleaved for c in report.calls), "foreign traffic must show"
     # Interleaved windows are left out, so foreign traffic does not fail the checks.
     assert not [c for c in report.checks if c.failed], report.checks
     assert any("interleaved" in line for line in report.follows())

@@ -16,7 +16,8 @@ import orjson
 import pytest
 
 from prefixreg.core.errors import UsageError
-from prefixreg.registry.frames import get_frame, write_frame
+from prefixreg.core.frame import Frame
+from prefixreg.registry.frames import write_frame
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
@@ -38,6 +39,12 @@ TOOLS: list[dict[str, Any]] = [
 SETTINGS = {"tool_choice": "auto"}
 
 
+def loop_frame(reg: Registry) -> Frame:
+    frame = reg.head("loop")
+    assert isinstance(frame, Frame)
+    return frame
+
+
 @pytest.fixture
 def sim() -> Iterator[SimServer]:
     with SimServer(SimConfig(speed=5000)) as server:
@@ -55,7 +62,7 @@ def reg(tmp_path: Path) -> Registry:
 def test_probe_with_a_frame_sends_its_head_and_records_its_sha(
     sim: SimServer, reg: Registry
 ) -> None:
-    frame = get_frame(reg, "loop")
+    frame = loop_frame(reg)
     with Worker(sim.url) as w:
         bare = run_probe(reg, w, ProbeOptions(sizes=(4000,), foreign=2))
         framed = run_probe(reg, w, ProbeOptions(sizes=(4000,), foreign=2, frame=frame))
@@ -79,7 +86,7 @@ def test_probe_with_a_frame_sends_its_head_and_records_its_sha(
 
 
 def test_probe_counts_the_frames_tools_toward_the_context(reg: Registry) -> None:
-    frame = get_frame(reg, "loop")
+    frame = loop_frame(reg)
     tools = len(frame.tools_data or b"")
     # A context of 1,000 tokens holds at most ~8,000 characters: the size fits alone, not
     # with the tools on top.
@@ -101,7 +108,7 @@ def test_cli_probe_frame_json_and_a_tampered_frame_sends_nothing(
     )
     assert res.returncode == 0, res.stderr
     assert orjson.loads(res.stdout)["options"]["frame"] == reg.read_name("loop")
-    frame = get_frame(reg, "loop")
+    frame = loop_frame(reg)
     flip_byte(reg.object_path(frame.tools_sha256 or ""))
     sim.clear_requests()
     bad = run_cli(

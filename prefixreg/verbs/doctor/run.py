@@ -1,19 +1,18 @@
 """`doctor`: what a worker's own `/health` and `/cache` say about its prompt cache, and how far
-its cache reaches against the registered prefixes.
+its cache reaches against the registered heads.
 
-`diagnose` is pure: it takes the two replies and returns findings in plain words, each quoting
-the worker's fields and numbers, plus what to change. When the entries are fixed-size slabs
+`diagnose` is pure: it reads the two replies into findings in plain words, each quoting the
+worker's fields and numbers, plus what to change. When the entries are fixed-size slabs
 (Flash: ``last_entry_bytes`` is ``prompt_cache.cap_mb`` MiB whatever the prompt) a bigger or
 longer-lived cache comes from the cache-size option, ``cacheMb`` (env ``HALOGEN_CACHE_MB``),
 not from more entries (``HALOGEN_CACHE_ENTRIES``), and every piece of advice says so.
 
-`diagnose_reach` is pure too: it compares Cmax, the largest cached count a fresh-tail call was
-served in the latest probe receipt of this build, with the registered prefixes' token spans
-(from their latest measurement on this build): does each one fit in what one entry resumes?
-Below ``URGENT_CMAX`` tokens the design does not reach past the system prompt: that is urgent.
+`diagnose_reach` is pure too: Cmax, the best this build's probe receipts prove
+(`doctor.reach`), against each registered head's span. Whether a head fits is the judge's
+(`judge_fit`); where the engine's alignment shapes Cmax or a fit, the text names it. Below
+``URGENT_CMAX`` tokens the design does not reach past the system prompt: that is urgent.
 
-`doctor` reads the replies and, given a registry, its receipts and measurements. Nothing here
-guesses a number the server did not send: a missing field is said to be missing.
+Nothing here guesses a number the server did not send: a missing field is said to be missing.
 """
 
 from __future__ import annotations
@@ -22,24 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.judge import judge_fit
 from prefixreg.core.records import CacheCounters, strict_count
 from prefixreg.registry.store import Registry
 from prefixreg.server.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.doctor.reach import PrefixSpan, ProbeReach, Reach, read_reach
-
-__all__ = [
-    "CACHE_SIZE_SETTING",
-    "URGENT_CMAX",
-    "Diagnosis",
-    "Finding",
-    "PrefixSpan",
-    "ProbeReach",
-    "diagnose",
-    "diagnose_reach",
-    "doctor",
-]
 
 MIB: Final = 1 << 20
 URGENT_CMAX: Final = 4000
@@ -262,22 +251,24 @@ def diagnose(
     return d
 
 
-def diagnose_reach(d: Diagnosis, reach: Reach, build_id: str) -> None:
-    """Cmax of the latest probe of this build against the registered prefixes (pure)."""
+def diagnose_reach(d: Diagnosis, reach: Reach, build_id: str, alignment: int = 0) -> None:
+    """Cmax of this build's best probe against the registered heads (pure)."""
     probe = reach.probe
-    if probe is None or probe.cmax is None:
+    d.numbers["cmax"] = None if probe is None else probe.cmax
+    d.numbers["alignment"] = alignment
+    if probe is None:
         d.add(
             "info",
             "cmax",
             f"no probe receipt with a Cmax for this build ({build_id}): `prefixreg probe` "
             "measures how many tokens one entry resumes.",
         )
-        d.numbers["cmax"] = None
     else:
-        d.numbers["cmax"] = probe.cmax
-        bound = "at least " if probe.whole else ""
+        best = f"the best of {probe.receipts} probes of this build: " if probe.receipts > 1 else ""
         sizes = ", ".join(f"{s:,}" for s in probe.sizes) or "?"
-        where = f"probe of {probe.at}, sizes {sizes} characters"
+        where = f"{best}probe of {probe.at}, sizes {sizes} characters"
+        if alignment > 1:
+            where += f"; counted in multiples of the server's {alignment:,}-token alignment"
         if probe.cmax < URGENT_CMAX:
             d.add(
                 "warn",
@@ -287,56 +278,55 @@ def diagnose_reach(d: Diagnosis, reach: Reach, build_id: str) -> None:
                 f"after it on every call. Raise {CACHE_SIZE_SETTING}.",
             )
         else:
+            bound = "at least " if probe.whole else ""
             d.add("info", "cmax", f"Cmax is {bound}{probe.cmax:,} tokens ({where}).")
     for p in reach.prefixes:
-        _prefix_fit(d, p, probe)
+        _prefix_fit(d, p, probe, alignment)
 
 
-def _prefix_fit(d: Diagnosis, p: PrefixSpan, probe: ProbeReach | None) -> None:
+def _prefix_fit(d: Diagnosis, p: PrefixSpan, probe: ProbeReach | None, alignment: int) -> None:
     label = f"{p.name} ({p.sha256[:12]})"
-    if p.tokens is None:
+    if p.error is not None:
+        d.add("warn", "fit", f"{label}: cannot be used: {p.error} (`prefixreg verify`).")
+    elif p.tokens is None:
         d.add(
             "info",
             "fit",
             f"{label}: no measurement on this build: `prefixreg warm {p.name}` measures its "
             "token span.",
         )
-        return
-    if probe is None or probe.cmax is None:
+    elif probe is None:
         d.add("info", "fit", f"{label}: about {p.tokens:,} tokens; no Cmax to compare it with.")
-        return
-    if p.tokens <= probe.cmax:
-        d.add(
-            "ok",
-            "fit",
-            f"{label}: about {p.tokens:,} tokens fits in what one entry resumes "
-            f"(Cmax {probe.cmax:,}).",
-        )
-    elif probe.whole:
-        d.add(
-            "info",
-            "fit",
-            f"{label}: about {p.tokens:,} tokens, more than the largest size the probe "
-            f"resumed (Cmax at least {probe.cmax:,}): not proven; probe a larger size.",
-        )
     else:
-        d.add(
-            "warn",
-            "fit",
-            f"{label}: about {p.tokens:,} tokens does not fit in one entry: a fresh call "
-            f"resumes at most {probe.cmax:,} tokens of it. Raise {CACHE_SIZE_SETTING}.",
-        )
+        verdict, why = judge_fit(p.tokens, probe.cmax, lower_bound=probe.whole, alignment=alignment)
+        if verdict == "fits":
+            d.add("ok", "fit", f"{label}: fits in what one entry resumes: {why}.")
+        elif verdict == "does_not_fit":
+            text = f"{label}: does not fit in one entry: {why}. Raise {CACHE_SIZE_SETTING}."
+            d.add("warn", "fit", text)
+        else:
+            d.add(
+                "info", "fit", f"{label}: {verdict.replace('_', ' ')}: {why}; probe a larger size."
+            )
 
 
 def doctor(worker: Worker, registry: Registry | None = None) -> Diagnosis:
-    """Read `/health` (and `/cache` on Halogen) and diagnose; with a registry, also compare
-    the latest probe's Cmax on this build with the registered prefixes."""
+    """Read `/health` (and `/cache` on Halogen) and diagnose; with a registry, also weigh
+    this build's probe receipts against the registered heads.
+
+    Raises:
+        UsageError: `worker` is not a `Worker`, or `registry` not a `Registry` or None.
+        WorkerError: the worker could not be reached or answered an HTTP error.
+    """
+    given: list[object] = [worker, registry]
+    if not isinstance(given[0], Worker) or not isinstance(given[1], (Registry, type(None))):
+        raise UsageError("doctor takes a Worker and, optionally, a Registry")
     profile = worker.detect_profile()
     health = worker.health() if profile == "halogen" else {}
-    raw = worker.cache_raw() if profile == "halogen" else None
-    diagnosis = diagnose(profile, health, raw)
+    diagnosis = diagnose(profile, health, worker.cache_raw() if profile == "halogen" else None)
     if registry is not None:
-        build_id = worker.server_build().build_id
-        diagnosis.numbers["build_id"] = build_id
-        diagnose_reach(diagnosis, read_reach(registry, build_id), build_id)
+        build = worker.server_build()
+        diagnosis.numbers["build_id"] = build.build_id
+        reach = read_reach(registry, build.build_id)
+        diagnose_reach(diagnosis, reach, build.build_id, build.snapshot_align)
     return diagnosis
