@@ -73,8 +73,10 @@ def test_probe_with_a_frame_sends_its_head_and_records_its_sha(
     assert framed_prompt > (bare_b.record.evidence.prompt_tokens or 0) + 200
     # Judged against the whole head: the span counts the tools too, and B resumes it.
     assert by_leg["B"].verdict == "resumed"
-    assert (by_leg["B"].span_tokens or 0) > (bare_b.span_tokens or 0) + 200
-    assert (by_leg["B"].coverage or 0) >= 0.9
+    framed_j, bare_j = by_leg["B"].judgement, bare_b.judgement
+    assert framed_j is not None and bare_j is not None
+    assert (framed_j.span or 0) > (bare_j.span or 0) + 200
+    assert (framed_j.coverage or 0) >= 0.9
     mine = [m for m in reg.measurements() if m.body.get("probe") == framed.run_id]
     assert len(mine) == 4 and {m.body.get("frame") for m in mine} == {frame.sha256}
     theirs = [m for m in reg.measurements() if m.body.get("probe") == bare.run_id]

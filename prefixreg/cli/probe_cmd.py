@@ -112,7 +112,7 @@ def probe_command(
     """
     from prefixreg.core.frame import Frame
     from prefixreg.verbs.probe.corpus import read_corpus
-    from prefixreg.verbs.probe.options import Legs, parse_sizes
+    from prefixreg.verbs.probe.run import Legs, parse_sizes
     from prefixreg.verbs.probe.run import ProbeOptions, run_probe
 
     with cli_errors(debug):

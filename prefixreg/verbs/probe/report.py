@@ -18,14 +18,15 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.judge import Judgement, Verdict, alignment_shaped
+from prefixreg.core.judge import alignment_shaped
 from prefixreg.core.records import ServerBuild
-from prefixreg.verbs.measure.calls import CallRecord
-from prefixreg.verbs.probe.checks import CheckResult, Window
-from prefixreg.verbs.probe.options import ProbeOptions
+from prefixreg.verbs.probe.checks import CheckResult, ProbeCall
+
+if TYPE_CHECKING:
+    from prefixreg.verbs.probe.run import ProbeOptions
 
 Outcome = Literal["ok", "check_failed", "unverified"]
 ANSWERS: Final = {
@@ -34,58 +35,6 @@ ANSWERS: Final = {
     "B": "what a fresh call resumes",
     "C": "does the prefix survive the LRU?",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeCall:
-    """One call the probe made: which leg, which size, what was sent (by hash), what was
-    seen, and the judge's verdict on it (None for foreign prompts)."""
-
-    leg: str
-    size: int | None
-    sha256: str
-    record: CallRecord
-    judgement: Judgement | None = None
-
-    @property
-    def verdict(self) -> Verdict | None:
-        return None if self.judgement is None else self.judgement.verdict
-
-    @property
-    def span_tokens(self) -> int | None:
-        return None if self.judgement is None else self.judgement.span
-
-    @property
-    def coverage(self) -> float | None:
-        return None if self.judgement is None else self.judgement.coverage
-
-    def window(self) -> Window:
-        r = self.record
-        return Window(self.leg, self.size, r.evidence, r.before, r.after)
-
-    def result(self, alignment: int) -> str:
-        """The verdict as the legs table shows it (coverage when partial; the alignment
-        when it is what let the count pass)."""
-        j = self.judgement
-        if j is None:
-            return "-"
-        if j.verdict == "partial" and j.coverage is not None:
-            return f"partial ({j.coverage:.0%} covered)"
-        aligned = alignment_shaped(j)
-        return f"resumed (within the {alignment:,}-token alignment)" if aligned else j.verdict
-
-    def to_dict(self) -> JSONObject:
-        j = self.judgement
-        return {
-            "leg": self.leg,
-            "size": self.size,
-            "sha256": self.sha256,
-            "verdict": self.verdict,
-            "reason": None if j is None else j.reason,
-            "span_tokens": self.span_tokens,
-            "coverage": self.coverage,
-            **self.record.to_dict(),
-        }
 
 
 @dataclass(slots=True)
@@ -125,7 +74,7 @@ class ProbeReport:
         deltas = sorted(
             d
             for c in self.legs("foreign")
-            if not c.record.interleaved and (d := c.window().delta("stores")) is not None
+            if not c.record.interleaved and (d := c.delta("stores")) is not None
         )
         return deltas[len(deltas) // 2] if deltas else None
 
@@ -328,7 +277,7 @@ class ProbeReport:
                 ev = c.record.evidence
                 lines.append(
                     f"| {c.size:,} | {c.leg} | {ANSWERS[c.leg]} | {_n(ev.prompt_tokens)} | "
-                    f"{_n(ev.cached_tokens)} | {ev.cache_state} | {c.result(self.alignment)} | "
+                    f"{_n(ev.cached_tokens)} | {ev.cache_state} | {_result(c, self.alignment)} | "
                     f"{_s(ev.wall_s)} |"
                 )
         seconds = self.leg_seconds()
@@ -366,3 +315,15 @@ def _s(value: float | None) -> str:
 
 def _sizes(calls: list[ProbeCall]) -> str:
     return ", ".join(f"{c.size:,}" for c in calls if c.size is not None) or "no size"
+
+
+def _result(c: ProbeCall, alignment: int) -> str:
+    """A leg's verdict as the table shows it: with its coverage when partial, and naming the
+    alignment when that is what let the count pass."""
+    j = c.judgement
+    if j is None:
+        return "-"
+    if j.verdict == "partial" and j.coverage is not None:
+        return f"partial ({j.coverage:.0%} covered)"
+    aligned = alignment_shaped(j)
+    return f"resumed (within the {alignment:,}-token alignment)" if aligned else j.verdict

@@ -1,33 +1,26 @@
 """`probe`: measure a worker's prompt cache with calls: Cmax, LRU survival, counter checks.
 
-For each size (characters of prefix text, sliced from a corpus with a per-run header so no
-leg can resume an earlier run's snapshot, and registered as a probe slice, kept apart from
-the user's prefixes):
+For each size (characters of prefix text, sliced from a corpus under a per-run header, so no
+leg can resume an earlier run's snapshot, and registered as a probe slice):
 
 - A1 cold baseline; A2 identical repeat (the positions one entry holds);
 - B same system bytes, fresh tail (what a fresh call resumes; Cmax is the largest B);
 - C after `foreign` distinct foreign prompts, B again (does the prefix survive the LRU?),
   at every size or, with `legs="report"`, at the size nearest 16k only.
 
-`survival=True` then finds the largest number of foreign prompts a prefix survives, by a
-binary search between a count known to survive and one known to evict (C's answer is the
-first bound). A trial the server did not verify stops the search: survival is then
-unverified, never a number.
+`survival=True` then binary-searches the most foreign prompts a prefix survives (C's answer
+is the first bound); a trial the server did not verify stops it: survival is unverified.
 
 Invariants:
-- Every leg is judged by `prefixreg.core.judge.judge` against the head it sent (the slice,
-  plus a frame's tools when it renders them), with the engine's alignment; the receipt and
-  each leg's measurement carry the verdict and the reason.
-- With a frame (`ProbeOptions.frame`, a verified `Frame`), each size's prefix is sent with
-  its tools and settings byte for byte as `warm` of the frame sends them; foreign prompts
-  stay bare. The frame's tools count toward the context check.
-- On llama.cpp (no `/cache`) the legs run on per-call evidence alone (the counter checks are
-  `n/a`); its slot choice follows prompt similarity, so each foreign prompt starts with its
-  own nonce, or they would herd into one slot and flatter survival.
-- Every call is bracketed by `/cache` snapshots where the server has them; each leg is a
-  measurement bound to the server build, the run a receipt (`probes/<ts>.json` and `.md`).
-  The registry's `probe` lock keeps two probes from one registry apart, and a worker that
-  reports work in flight is refused unless forced.
+- Options are checked when built (a wrong type or value is a `UsageError`), and sizes
+  against the worker's context (a frame's tools counted) before any text is made. A frame
+  is a verified `Frame` object (`Registry.head`), never a reference.
+- Every leg is judged by `core.judge.judge` against the head it sent (the slice, plus the
+  frame's tools when they render), with the engine's alignment. Foreign prompts are bare.
+- On llama.cpp (no `/cache`) the legs run on per-call evidence alone; each foreign prompt
+  starts with its own nonce, or similarity-based slot choice would herd them into one slot.
+- Each leg is a measurement bound to the server build, the run a receipt (`probes/<ts>.json`
+  and `.md`), under the registry's `probe` lock; a busy worker is refused unless forced.
 """
 
 from __future__ import annotations
@@ -36,10 +29,12 @@ import hashlib
 import math
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from prefixreg.core.errors import UsageError
+from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject, dumps_pretty
 from prefixreg.core.judge import judge
 from prefixreg.core.prefix import Prefix, fresh_tail
@@ -47,23 +42,143 @@ from prefixreg.core.records import ServerBuild, strict_count
 from prefixreg.registry.store import Registry, iso_utc, stamp_utc, utc_now
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import measured_call, record_measurement
-from prefixreg.verbs.probe.checks import run_checks
+from prefixreg.verbs.probe.checks import ProbeCall, run_checks
 from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
-from prefixreg.verbs.probe.options import DEFAULT_SIZES, ProbeOptions, check_sizes, parse_sizes
-from prefixreg.verbs.probe.report import ProbeCall, ProbeReport
+from prefixreg.verbs.probe.report import ProbeReport as ProbeReport  # the verb's result
 
-# What callers import from here (the CLI, the demo, tests).
-__all__ = [
-    "DEFAULT_SIZES",
-    "ProbeOptions",
-    "ProbeReport",
-    "check_sizes",
-    "parse_sizes",
-    "run_probe",
-]
-
+DEFAULT_SIZES: Final = (4000, 16000, 32000, 64000)
+# The largest size (characters): beyond any context, small enough that a typo allocates
+# nothing big. Characters one token may hold at most, for the context check (the lane has
+# about 1.5, English BPE text about 4). The report's probe runs leg C at 16k only.
+MAX_SIZE_CHARS: Final = 100_000_000
+MAX_CHARS_PER_TOKEN: Final = 8
+REPORT_C_SIZE: Final = 16_000
+MAX_FOREIGN: Final = 10_000
 SURVIVAL_CAP: Final = 64
+Legs = Literal["all", "report"]
 Progress = Callable[[str, int], None]
+
+
+def _count(value: object, high: int) -> bool:
+    return type(value) is int and 1 <= value <= high
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeOptions:
+    """What to probe: sizes in characters, foreign prompts before leg C (at every size, or
+    with `legs="report"` at the one nearest 16k), a survival search, and an optional frame
+    whose tools and settings go with each size's prefix (legs judged against that head).
+
+    Raises:
+        UsageError: a field of the wrong type or out of bounds.
+    """
+
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    foreign: int = 9
+    foreign_chars: int = 2000
+    corpus: str | None = None
+    survival: bool = False
+    force: bool = False
+    legs: Legs = "all"
+    frame: Frame | None = None
+
+    def __post_init__(self) -> None:
+        given: list[object] = [self.sizes, self.survival, self.force, self.legs, self.frame]
+        sizes, survival, force, legs, frame = given
+        if not isinstance(sizes, (tuple, list)) or not sizes:
+            raise UsageError("sizes must be a non-empty list of character counts")
+        object.__setattr__(self, "sizes", tuple(sizes))
+        if not all(_count(n, MAX_SIZE_CHARS) for n in (*sizes, self.foreign_chars)):
+            raise UsageError(
+                f"sizes and --foreign-chars must be whole numbers from 1 to {MAX_SIZE_CHARS:,}"
+            )
+        if not _count(self.foreign, MAX_FOREIGN):
+            raise UsageError(f"--foreign must be a whole number from 1 to {MAX_FOREIGN:,}")
+        if type(survival) is not bool or type(force) is not bool:
+            raise UsageError("survival and force must be true or false")
+        if legs not in ("all", "report"):
+            raise UsageError(f"--legs {legs!r}: use all or report")
+        if frame is not None and not isinstance(frame, Frame):
+            raise UsageError("frame must be a verified Frame (Registry.head), not a reference")
+        corpus: object = self.corpus
+        if corpus is not None:
+            try:  # text that can travel: a lone surrogate has no UTF-8
+                length = len(corpus) if isinstance(corpus, str) and corpus.encode() else -1
+            except UnicodeEncodeError:
+                length = -1
+            if length < 0:
+                raise UsageError("the corpus must be valid Unicode text")
+            if length < max(self.sizes):
+                raise UsageError(
+                    f"the corpus has {length:,} characters; the largest size needs "
+                    f"{max(self.sizes):,}"
+                )
+
+    @property
+    def head_extra(self) -> int:
+        """Bytes a frame adds to each size's rendered head: its tools JSON, when rendered."""
+        frame = self.frame
+        return len(frame.tools_data or b"") if frame is not None and frame.renders_tools else 0
+
+    @property
+    def c_sizes(self) -> tuple[int, ...]:
+        """The sizes leg C runs at."""
+        if self.legs == "all":
+            return self.sizes
+        return (min(self.sizes, key=lambda s: (abs(s - REPORT_C_SIZE), s)),)
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """`4k,16k,32k` -> (4000, 16000, 32000): characters of prefix text, k = 1000.
+
+    Raises:
+        UsageError: not text, or a size that is not a whole number of characters from 1 to
+            `MAX_SIZE_CHARS` (refused before any text is made).
+    """
+    given: object = text
+    if not isinstance(given, str):
+        raise UsageError(f"sizes must be text like 4k,16k, not {type(given).__name__}")
+    sizes = []
+    for part in text.split(","):
+        item = part.strip().lower()
+        digits = item.removesuffix("k")
+        # ASCII digits only, and few of them: int() of a huge or non-ASCII digit string
+        # raises (or takes long) instead of giving a clear one-line error.
+        ok = digits.isascii() and digits.isdigit() and len(digits) <= 12
+        n = int(digits) * (1000 if item.endswith("k") else 1) if ok else 0
+        if n < 1:
+            raise UsageError(f"bad size {part.strip()!r}: use characters like 4000 or 4k")
+        if n > MAX_SIZE_CHARS:
+            raise UsageError(f"size {part.strip()!r} is over {MAX_SIZE_CHARS:,} characters")
+        sizes.append(n)
+    return tuple(sorted(set(sizes)))
+
+
+def check_sizes(options: ProbeOptions, build: ServerBuild) -> None:
+    """Refuse sizes (and a foreign prompt size) the worker's context surely cannot hold: N
+    characters are at least N / `MAX_CHARS_PER_TOKEN` tokens. (Shorter ones may still be too
+    long: the server then answers with its own error.)
+
+    Raises:
+        UsageError: a size is too large, or the arguments are of the wrong types.
+    """
+    given: list[object] = [options, build]
+    if not isinstance(given[0], ProbeOptions) or not isinstance(given[1], ServerBuild):
+        raise UsageError("check_sizes takes ProbeOptions and a ServerBuild")
+    counts = [strict_count(build.identity.get(k)) for k in ("slot_ctx", "context", "n_ctx")]
+    context = min((n for n in counts if n), default=None)
+    if context is None:
+        return
+    limit, extra = context * MAX_CHARS_PER_TOKEN, options.head_extra
+    tools = f" (with the frame's {extra:,} bytes of tools)" if extra else ""
+    wanted = [(f"size {s + extra:,} characters{tools}", s + extra) for s in options.sizes]
+    wanted.append((f"--foreign-chars {options.foreign_chars:,}", options.foreign_chars))
+    for label, chars in wanted:
+        if chars > limit:
+            raise UsageError(
+                f"{label} is larger than the worker's context "
+                f"({context:,} tokens, at most about {limit:,} characters)"
+            )
 
 
 class _Prober:
@@ -84,7 +199,8 @@ class _Prober:
 
     def call(self, leg: str, size: int | None, prefix: Prefix, tail: str) -> ProbeCall:
         self.progress(f"{leg} {size:,} chars" if size else leg, 1)
-        foreign = leg == "foreign"
+        bare = leg == "foreign"
+        params = {} if bare else self.frame_params
         record = measured_call(
             self.worker,
             prefix,
@@ -92,11 +208,11 @@ class _Prober:
             tail=tail,
             with_cache=self.with_cache,
             before=self.last,
-            **({} if foreign else self.frame_params),
+            **params,
         )
         self.last = record.after
         judgement = None
-        if not foreign:
+        if not bare:
             judgement = judge(
                 record.evidence,
                 head_bytes=prefix.size + self.options.head_extra,
@@ -111,30 +227,31 @@ class _Prober:
         """`n` foreign prompts. On an aligned server (dense) each is large enough to store a
         snapshot (2 x alignment tokens, by the chars per token an A1 leg measured): a smaller
         prompt stores nothing there and could not evict anything."""
-        chars, align = self.options.foreign_chars, self.report.alignment
+        chars, align, run = self.options.foreign_chars, self.report.alignment, self.report.run_id
         measured = [c for c in self.report.legs("A1") if c.record.evidence.prompt_tokens]
         if align > 1 and measured and measured[0].size:
             tokens = measured[0].record.evidence.prompt_tokens or 1
             chars = max(chars, math.ceil(2 * align * measured[0].size / tokens))
         for _ in range(n):
             self.foreign_count += 1
+            count = self.foreign_count
             # The nonce comes first: no two foreign prompts share more than the chat
             # template's first tokens (real foreign tenants do not share a header).
-            seed = f"{self.report.run_id}/{self.foreign_count}".encode()
-            nonce = hashlib.sha256(seed).hexdigest()[:12]
-            run, count = self.report.run_id, self.foreign_count
+            nonce = hashlib.sha256(f"{run}/{count}".encode()).hexdigest()[:12]
             header = f"{nonce} foreign prompt {count} of prefixreg probe {run}"
             offset = (count * 7919) % len(self.corpus)
             text = probe_slice(self.corpus, chars, header=header, offset=offset)
             sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
             self.call("foreign", None, Prefix.from_text(sha, text), fresh_tail())
 
-    def record_leg(self, call: ProbeCall) -> None:
+    def leg(self, leg: str, size: int, prefix: Prefix, tail: str) -> None:
+        """One answering leg, called and written as a measurement bound to the build."""
+        call = self.call(leg, size, prefix, tail)
         ev, judgement = call.record.evidence, call.judgement
         body: JSONObject = {
             "probe": self.report.run_id,
-            "leg": call.leg,
-            "size_chars": call.size,
+            "leg": leg,
+            "size_chars": size,
             **({} if judgement is None else judgement.to_dict()),
             "prompt_tokens": ev.prompt_tokens,
             "cached_tokens": ev.cached_tokens,
@@ -142,28 +259,20 @@ class _Prober:
         }
         if self.options.frame is not None:
             body["frame"] = self.options.frame.sha256
-        kind = f"probe-{call.leg}"
-        record_measurement(self.registry, self.worker, self.report.build, call.sha256, kind, body)
+        build = self.report.build
+        record_measurement(self.registry, self.worker, build, prefix.sha256, f"probe-{leg}", body)
 
-    def legs(self, size: int) -> Prefix:
+    def size(self, size: int) -> Prefix:
         header = f"prefixreg probe {self.report.run_id} prefix of {size} characters"
         text = probe_slice(self.corpus, size, header=header)
         prefix = self.registry.get(self.registry.add_probe_slice(text, run_id=self.report.run_id))
         tail = fresh_tail()
         for leg, leg_tail in (("A1", tail), ("A2", tail), ("B", fresh_tail())):
-            self.record_leg(self.call(leg, size, prefix, leg_tail))
+            self.leg(leg, size, prefix, leg_tail)
         if size in self.options.c_sizes:
             self.foreign(self.options.foreign)
-            self.record_leg(self.call("C", size, prefix, fresh_tail()))
+            self.leg("C", size, prefix, fresh_tail())
         return prefix
-
-    def trial(self, prefix: Prefix, n: int) -> bool | None:
-        """Did the prefix survive `n` foreign prompts? None: the server proved neither (a
-        missing count is never zero, so an unverified check is no eviction)."""
-        self.foreign(n)
-        survived = _survived(self.call("S-check", None, prefix, fresh_tail()))
-        self.report.survival_trials.append((n, survived))
-        return survived
 
     def survival(self, prefix: Prefix, c_survived: bool | None) -> int | None:
         """Largest n such that the prefix survives n foreign prompts: gallop up until an
@@ -176,16 +285,18 @@ class _Prober:
             n = max(1, lo * 2) if hi is None else (lo + hi) // 2
             if hi is None and n > SURVIVAL_CAP:
                 return lo
-            got = self.trial(prefix, n)
-            if got is None:
+            self.foreign(n)
+            survived = _survived(self.call("S-check", None, prefix, fresh_tail()))
+            self.report.survival_trials.append((n, survived))
+            if survived is None:
                 return None
-            lo, hi = (n, hi) if got else (lo, n)
+            lo, hi = (n, hi) if survived else (lo, n)
         return lo
 
 
 def _survived(call: ProbeCall | None) -> bool | None:
-    """A check's answer to "did it survive?": the judge's resumed, else no; None when the
-    judge could not say (or there was no check)."""
+    """Did the prefix survive? The judge's resumed, else no; None when the judge could not
+    say (a missing count is never zero, so an unverified check is no eviction)."""
     if call is None or call.verdict in (None, "unverified"):
         return None
     return call.verdict == "resumed"
@@ -210,11 +321,7 @@ def _refuse_if_busy(worker: Worker, build: ServerBuild) -> None:
 
 
 def run_probe(
-    registry: Registry,
-    worker: Worker,
-    options: ProbeOptions,
-    *,
-    progress: Progress | None = None,
+    registry: Registry, worker: Worker, options: ProbeOptions, *, progress: Progress | None = None
 ) -> ProbeReport:
     """Run every leg for every size (and the survival search), check, and write the receipt.
 
@@ -247,16 +354,15 @@ def run_probe(
             alignment=build.snapshot_align,
         )
         prober = _Prober(registry, worker, report, progress or (lambda _label, _n: None))
-        prefixes = {size: prober.legs(size) for size in options.sizes}
+        prefixes = {size: prober.size(size) for size in options.sizes}
         # Survival is searched on the smallest size a fresh call resumed (on an aligned
         # server a short one never resumes, and could not tell survival apart).
         resumed = [c.size for c in report.legs("B") if c.verdict == "resumed" and c.size]
         if options.survival and resumed:
-            size = min(resumed)
-            c_leg = next((c for c in report.legs("C") if c.size == size), None)
-            report.survival = prober.survival(prefixes[size], _survived(c_leg))
+            c_leg = next((c for c in report.legs("C") if c.size == min(resumed)), None)
+            report.survival = prober.survival(prefixes[min(resumed)], _survived(c_leg))
             report.survival_searched = True
-        report.checks = run_checks([c.window() for c in report.calls], options.sizes)
+        report.checks = run_checks(report.calls, options.sizes)
 
         def render(json_path: Path, md_path: Path) -> tuple[bytes, bytes]:
             report.json_path, report.md_path = str(json_path), str(md_path)
