@@ -114,103 +114,84 @@ class ProbeReport:
 
     def _aligned(self) -> str:
         """How the alignment shapes Cmax, when there is one (empty otherwise)."""
-        if self.alignment <= 1:
-            return ""
-        return f" (cached counts are multiples of {self.alignment:,}: rounded down to one)"
+        return f" (counted in multiples of {self.alignment:,})" if self.alignment > 1 else ""
 
     def follows(self) -> list[str]:
         """What the numbers mean for prefix caching on this server, in plain words."""
         out: list[str] = []
+        say, align, cmax = out.append, self.alignment, self.cmax
         b_legs, a1 = self.legs("B"), self.legs("A1")
         short = [c for c in b_legs if c.verdict == "partial"]
         missing = [c for c in b_legs if c.verdict in ("cold", "unverified")]
-        if self.cmax is not None and short:
-            out.append(
-                f"Cmax {self.cmax:,}{self._aligned()} is below the prefix sizes in use "
-                f"({_sizes(short)} characters resumed only in part): on this server the "
-                "design does not reach past the part of a prefix one entry holds."
+        if cmax is not None and short:
+            say(
+                f"Cmax {cmax:,}{self._aligned()} is below the prefix sizes in use ({_sizes(short)}"
+                " characters resumed only in part): on this server the design does not reach "
+                "past the part of a prefix one entry holds."
             )
         if missing:
+            prompts = [c.record.evidence.prompt_tokens for c in missing]
+            below = align > 1 and all(p is not None and p < align for p in prompts)
+            why = f"each prompt is shorter than the {align:,}-token alignment" if below else ""
             sizes = ", ".join(f"{c.size:,} ({c.verdict})" for c in missing)
-            below = self.alignment > 1 and all(
-                (p := c.record.evidence.prompt_tokens) is not None and p < self.alignment
-                for c in missing
-            )
-            why = f"each prompt is shorter than the {self.alignment:,}-token alignment"
-            out.append(
-                f"A fresh tail did not resume {sizes} characters: "
-                f"{why if below else 'the server reported no reuse'}."
-            )
-        if self.cmax is not None and not short and not missing:
-            aligned = [c for c in b_legs if c.judgement and alignment_shaped(c.judgement)]
-            how = f"within the {self.alignment:,}-token alignment" if aligned else "whole"
-            out.append(
-                f"Every size resumed {how} from a fresh tail; Cmax is at least "
-                f"{self.cmax:,} tokens{self._aligned()}."
-            )
-        partly = [c for c in a1 if c.verdict == "partial"]
-        if partly:
+            say(f"A fresh tail did not resume {sizes} characters: {why or 'no reuse reported'}.")
+        if cmax is not None and not short and not missing:
+            shaped = any(c.judgement and alignment_shaped(c.judgement) for c in b_legs)
+            how = f"within the {align:,}-token alignment" if shaped else "whole"
+            say(f"Every size resumed {how} from a fresh tail; Cmax is at least {cmax:,} tokens.")
+        if partly := [c for c in a1 if c.verdict == "partial"]:
             most = max(c.record.evidence.cached_tokens or 0 for c in partly)
-            out.append(
+            say(
                 f"{len(partly)} cold baselines were served in part from cache (up to {most:,} "
                 "leading tokens shared with earlier prompts: the chat template, the probe's "
-                "header), short of the prefix: the judge calls them partial, not resumed."
+                "header): the judge calls them partial, not resumed."
             )
-        warm_a1 = [c for c in a1 if c.verdict == "resumed"]
-        if warm_a1:
-            out.append(
-                f"The cold baseline at {_sizes(warm_a1)} characters resumed the prefix: it is "
-                "no cold baseline, and A1 vs B timings there mean nothing."
+        if warm := [c for c in a1 if c.verdict == "resumed"]:
+            say(
+                f"The cold baseline at {_sizes(warm)} characters resumed the prefix: it is no "
+                "cold baseline, and A1 vs B timings there mean nothing."
             )
         if unproven := [c for c in a1 if c.verdict == "unverified"]:
-            out.append(
+            say(
                 f"{len(unproven)} cold baselines are unverified: this server omits cached_tokens "
                 "when nothing was cached and sends no timings.cache_n, so a cold call cannot be "
                 "proven cold (a missing count is never zero)."
             )
-        if self.alignment > 1:
-            out.append(
-                f"Cached counts are multiples of {self.alignment}: prompts under "
-                f"{self.alignment} tokens never resume."
+        if align > 1:
+            say(
+                f"Cached counts are multiples of {align}: "
+                f"prompts under {align} tokens never resume."
             )
         if self.survival_unverified:
-            open_trials = [n for n, ok in self.survival_trials if ok is None]
-            after = f" after {open_trials[0]} foreign prompts" if open_trials else ""
-            out.append(
+            open_n = [n for n, ok in self.survival_trials if ok is None]
+            after = f" after {open_n[0]} foreign prompts" if open_n else ""
+            say(
                 f"Survival is unverified: the server did not report a count for the check{after} "
                 "(a missing count is never zero), so no survival number is given."
             )
         if self.survival is not None:
-            out.append(
-                f"A prefix survives {self.survival} foreign prompts"
-                + (
-                    ": a loop that pauses while other jobs run needs `prefixreg keepalive`."
-                    if self.survival <= 3
-                    else "."
-                )
-            )
-        if lagged := sorted(
-            {c.lag for c in self.checks if c.lag and (c.per_call, c.windowed) == ("fail", "pass")}
-        ):
-            late = " or ".join("one call" if lag == 1 else f"{lag} calls" for lag in lagged)
-            out.append(f"The /cache counters land {late} late: compare deltas over windows.")
+            few = self.survival <= 3
+            advice = ": a loop that pauses while other jobs run needs `prefixreg keepalive`"
+            say(f"A prefix survives {self.survival} foreign prompts{advice if few else ''}.")
+        # Checks that failed per call but passed over lagged windows.
+        lags = sorted(
+            {c.lag for c in self.checks if c.lag and c.per_call == "fail" and not c.failed}
+        )
+        if lags:
+            late = " or ".join("one call" if lag == 1 else f"{lag} calls" for lag in lags)
+            say(f"The /cache counters land {late} late: compare deltas over windows, not per call.")
         if self.checks and not self.has_cache:
-            out.append(
+            say(
                 f"This server ({self.build.profile}) has no /cache counters: the six counter "
                 "checks are not available; every verdict rests on each call's own cached_tokens."
             )
-        if any(c.number == 5 and "fixed entry size" in c.detail for c in self.checks):
-            out.append("Entries have a fixed size: only cached_tokens can answer capacity.")
         if self.checks_unverified:
-            out.append(
+            say(
                 "Every counter check is n/a although the server has /cache: no window could be "
                 "compared, so the counters are unverified."
             )
-        if interleaved := [c for c in self.calls if c.record.interleaved]:
-            out.append(
-                f"{len(interleaved)} windows were interleaved with foreign traffic and not "
-                "counted by the checks."
-            )
+        if interleaved := [c for c in self.calls if c.interleaved]:
+            say(f"{len(interleaved)} windows were interleaved with foreign traffic, not counted.")
         return out
 
     def to_dict(self, *, public: bool = False) -> JSONObject:
@@ -252,11 +233,10 @@ class ProbeReport:
         return out if public else {**out, "worker": self.worker}
 
     def to_markdown(self) -> str:
-        opts = self.options
+        opts, seconds, align = self.options, self.leg_seconds(), self.alignment
         c_only = "" if opts.legs == "all" else f" at {_sizes(self.legs('C'))} only"
         lines = [
-            f"# Probe {self.run_id}",
-            "",
+            f"# Probe {self.run_id}\n",
             f"- when: {self.at}",
             f"- worker: {self.worker} ({self.build.profile}, build `{self.build.build_id}`)",
             f"- sizes: {', '.join(f'{s:,}' for s in opts.sizes)} characters; leg C after "
@@ -267,40 +247,36 @@ class ProbeReport:
                 f"- frame: `{opts.frame.sha256[:16]}`: each prefix sent with its tools and "
                 "settings, legs judged against the whole head"
             )
-        lines += [
-            *("", "## Legs", ""),
-            "| size | leg | answers | prompt | cached | state | result | seconds |",
-            "|---:|---|---|---:|---:|---|---|---:|",
-        ]
-        for c in self.calls:
-            if c.leg in ANSWERS:
-                ev = c.record.evidence
-                lines.append(
-                    f"| {c.size:,} | {c.leg} | {ANSWERS[c.leg]} | {_n(ev.prompt_tokens)} | "
-                    f"{_n(ev.cached_tokens)} | {ev.cache_state} | {_result(c, self.alignment)} | "
-                    f"{_s(ev.wall_s)} |"
-                )
-        seconds = self.leg_seconds()
+        lines.append(
+            "\n## Legs\n\n| size | leg | answers | prompt | cached | state | result | seconds |"
+        )
+        lines.append("|---:|---|---|---:|---:|---|---|---:|")
+        for c in (c for c in self.calls if c.leg in ANSWERS):
+            ev = c.record.evidence
+            lines.append(
+                f"| {c.size:,} | {c.leg} | {ANSWERS[c.leg]} | {_n(ev.prompt_tokens)} | "
+                f"{_n(ev.cached_tokens)} | {ev.cache_state} | {_result(c, align)} | "
+                f"{_s(ev.wall_s)} |"
+            )
         sizes = sorted({s for by_size in seconds.values() for s in by_size})
-        lines += ["", "## Seconds per leg", ""]
-        lines.append("| leg | " + " | ".join(f"{s:,}" for s in sizes) + " |")
-        lines.append("|---|" + "---:|" * len(sizes))
+        head = " | ".join(f"{s:,}" for s in sizes)
+        lines += [f"\n## Seconds per leg\n\n| leg | {head} |", "|---|" + "---:|" * len(sizes)]
         for leg, by_size in seconds.items():
             cells = " | ".join(_s(by_size[s]) if s in by_size else "" for s in sizes)
             lines.append(f"| {leg} | {cells} |")
-        lines += ["", "## Capacity and survival", ""]
+        lines.append("\n## Capacity and survival\n")
         lines.append(f"- Cmax (largest B): {_n(self.cmax)} tokens{self._aligned()}")
         if self.survival_searched:
             marks = {True: "✓", False: "✗", None: "?"}
             trials = ", ".join(f"{n}{marks[ok]}" for n, ok in self.survival_trials)
             found = "unverified" if self.survival is None else f"{self.survival} foreign prompts"
             lines.append(f"- survival: {found} (trials: {trials or 'none'})")
-        lines += ["", "## Counter checks", "", "| # | check | per call | windowed | detail |"]
+        lines.append("\n## Counter checks\n\n| # | check | per call | windowed | detail |")
         lines.append("|---:|---|---|---|---|")
         for ch in self.checks:
             windowed = ch.windowed + (f" (lag {ch.lag})" if ch.lag else "")
             lines.append(f"| {ch.number} | {ch.title} | {ch.per_call} | {windowed} | {ch.detail} |")
-        lines += ["", "## What follows", ""]
+        lines.append("\n## What follows\n")
         lines += [f"- {line}" for line in self.follows()] or ["- nothing unusual"]
         return "\n".join([*lines, "", f"Outcome: {self.outcome}.", ""])
 
