@@ -119,3 +119,19 @@ def test_cli_probe_frame_json_and_a_tampered_frame_sends_nothing(
     )
     assert bad.returncode == 3, bad.stderr
     assert bad.stdout == b"" and sim.requests() == []
+
+
+def test_probe_frame_takes_a_frame_object_and_refuses_a_prefix(
+    sim: SimServer, reg: Registry
+) -> None:
+    # The library takes the verified head, never a reference to resolve again.
+    with pytest.raises(UsageError, match="Frame"):
+        ProbeOptions(sizes=(4000,), frame="loop")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="Frame"):
+        ProbeOptions(sizes=(4000,), frame=reg.head("system"))  # type: ignore[arg-type]
+    res = run_cli(
+        *("probe", "--worker", sim.url, "--sizes", "4k", "--frame", "system"),
+        *("--registry", str(reg.root), "--json"),
+    )
+    assert res.returncode == 2 and b"names a prefix, not a frame" in res.stderr
+    assert res.stdout == b"" and sim.requests() == []

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ MAX_CHARS_PER_TOKEN: Final = 8
 REPORT_C_SIZE: Final = 16_000
 MAX_FOREIGN: Final = 10_000
 SURVIVAL_CAP: Final = 64
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 Legs = Literal["all", "report"]
 Progress = Callable[[str, int], None]
 
@@ -101,18 +103,11 @@ class ProbeOptions:
         if frame is not None and not isinstance(frame, Frame):
             raise UsageError("frame must be a verified Frame (Registry.head), not a reference")
         corpus: object = self.corpus
-        if corpus is not None:
-            try:  # text that can travel: a lone surrogate has no UTF-8
-                length = len(corpus) if isinstance(corpus, str) and corpus.encode() else -1
-            except UnicodeEncodeError:
-                length = -1
-            if length < 0:
-                raise UsageError("the corpus must be valid Unicode text")
-            if length < max(self.sizes):
-                raise UsageError(
-                    f"the corpus has {length:,} characters; the largest size needs "
-                    f"{max(self.sizes):,}"
-                )
+        if corpus is not None and (not isinstance(corpus, str) or _SURROGATE.search(corpus)):
+            raise UsageError("the corpus must be text that UTF-8 can carry (no lone surrogate)")
+        if isinstance(corpus, str) and len(corpus) < max(self.sizes):
+            need = max(self.sizes)
+            raise UsageError(f"the corpus has {len(corpus):,} characters; a size needs {need:,}")
 
     @property
     def head_extra(self) -> int:
