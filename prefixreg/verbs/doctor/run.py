@@ -45,18 +45,21 @@ THRASH_RATIO: Final = 0.9
 THRASH_HIT_RATE: Final = 0.5
 # What each other profile can prove.
 CAN_PROVE: Final = {
-    "llamacpp": "per-call cached_tokens (usage.prompt_tokens_details, with an explicit 0 when "
-    "cold, and timings.cache_n), build identity from /props; it cannot prove capacity, "
-    "survival or eviction: llama.cpp has no cache-entry counters, so those are only measured "
-    "with calls (`prefixreg probe`)",
-    "vllm": "per-call cached_tokens only when the server runs with "
-    "--enable-prompt-tokens-details (without it every call is unverified, never cold), build "
-    "identity from /version and /v1/models (ids, max_model_len); it cannot prove cache-entry "
-    "counts, survival or eviction: no counters",
+    "llamacpp": "per-call cached_tokens (an explicit 0 when cold) and its build from /props; "
+    "llama.cpp has no cache-entry counters, so capacity, survival and eviction are only "
+    "measured with calls (`prefixreg probe`)",
+    "vllm": "per-call cached_tokens only with --enable-prompt-tokens-details (without it every "
+    "call is unverified, never cold) and its build from /version and /v1/models; no counters",
     "generic": "per-call cached_tokens only if the server sends usage.prompt_tokens_details or "
-    "timings.cache_n; build identity is only the model ids of /v1/models; no counters",
+    "timings.cache_n; its build is only the model ids of /v1/models; no counters",
 }
 Level = Literal["ok", "info", "warn"]
+FIT_WORDS: Final[dict[str, tuple[Level, str, str]]] = {
+    "fits": ("ok", "fits", "."),
+    "does_not_fit": ("warn", "does not fit", f". Raise {CACHE_SIZE_SETTING}."),
+    "not_proven": ("info", "not proven to fit", "; probe a larger size."),
+    "unverified": ("info", "not known to fit", "."),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,18 +87,13 @@ class Diagnosis:
         self.findings.append(Finding(level, topic, text))
 
     def to_dict(self) -> JSONObject:
-        return {
-            "profile": self.profile,
-            "healthy": self.healthy,
-            "numbers": self.numbers,
-            "findings": [asdict(f) for f in self.findings],
-        }
+        return {**asdict(self), "healthy": self.healthy}
 
 
 @dataclass(frozen=True, slots=True)
 class ProbeReach:
-    """The best probe receipt of a build: its Cmax, whether every B leg resumed whole (Cmax
-    is then a lower bound), when, at which sizes, and how many receipts were weighed."""
+    """A build's best probe receipt: Cmax, whether every B leg resumed whole (Cmax is then a
+    lower bound), when, which sizes, and how many of the build's receipts were weighed."""
 
     cmax: int
     whole: bool
@@ -106,8 +104,7 @@ class ProbeReach:
 
 @dataclass(frozen=True, slots=True)
 class HeadSpan:
-    """A registered head and its span on this build (None: not measured; `error`: it failed
-    verification)."""
+    """A named head's span on a build (None: not measured; `error`: failed verification)."""
 
     name: str
     sha256: str
@@ -337,14 +334,8 @@ def diagnose_reach(
             d.add("info", "fit", text)
         else:
             fit, why = judge_fit(p.tokens, probe.cmax, lower_bound=probe.whole, alignment=alignment)
-            if fit == "fits":
-                d.add("ok", "fit", f"{label}: fits in what one entry resumes: {why}.")
-            elif fit == "does_not_fit":
-                text = f"{label}: does not fit in one entry: {why}. Raise {CACHE_SIZE_SETTING}."
-                d.add("warn", "fit", text)
-            else:
-                text = f"{label}: {fit.replace('_', ' ')}: {why}; probe a larger size."
-                d.add("info", "fit", text)
+            level, words, advice = FIT_WORDS[fit]
+            d.add(level, "fit", f"{label}: {words} in one entry: {why}{advice}")
 
 
 def doctor(worker: Worker, registry: Registry | None = None) -> Diagnosis:

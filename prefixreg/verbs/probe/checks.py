@@ -134,10 +134,9 @@ def _lagged_check(
 
 
 def _saved(c: ProbeCall) -> dict[str, int] | None:
-    cached = c.record.evidence.cached_tokens
-    if c.record.evidence.cache_state == "unverified" or cached is None:
-        return None
-    return {"prompt_tokens_saved": cached}
+    ev = c.record.evidence
+    unknown = ev.cache_state == "unverified" or ev.cached_tokens is None
+    return None if unknown else {"prompt_tokens_saved": ev.cached_tokens or 0}
 
 
 def _hit_miss(c: ProbeCall) -> dict[str, int] | None:
@@ -174,11 +173,11 @@ def _check_full(calls: Sequence[ProbeCall]) -> list[CheckResult]:
 def _check_entry_bytes(calls: Sequence[ProbeCall], sizes: Sequence[int]) -> CheckResult:
     if len(set(sizes)) < 2:
         return _result(5, "n/a", "needs two sizes to compare")
-    firsts = {c.size: c for c in calls if c.leg == "A1" and c.record.after is not None}
-    small, large = firsts.get(min(sizes)), firsts.get(max(sizes))
-    if small is None or large is None or small.record.after is None or large.record.after is None:
+    firsts = {c.size: (c, a) for c in calls if c.leg == "A1" and (a := c.record.after)}
+    if min(sizes) not in firsts or max(sizes) not in firsts:
         return _result(5, "n/a", "no /cache snapshots around A1")
-    b_small, b_large = small.record.after.last_entry_bytes, large.record.after.last_entry_bytes
+    (small, after_small), (large, after_large) = firsts[min(sizes)], firsts[max(sizes)]
+    b_small, b_large = after_small.last_entry_bytes, after_large.last_entry_bytes
     if b_small is None or b_large is None:
         return _result(5, "n/a", "/cache reports no last_entry_bytes")
     if b_small == b_large:
@@ -204,13 +203,7 @@ def _check_refused(calls: Sequence[ProbeCall]) -> CheckResult:
 
 
 def run_checks(calls: Sequence[ProbeCall], sizes: Sequence[int]) -> list[CheckResult]:
-    """The six checks over a probe's calls, in the order they were made:
-    1. `prompt_tokens_saved` delta across A2 equals A2's `cached_tokens`;
-    2. hits +1 / misses +0 across A2 and B, misses +1 across A1 (from each call's evidence);
-    3. `stores` delta equals `evicted` delta on every call once the cache is full;
-    4. `entries` stays at `max_entries` once full;
-    5. `last_entry_bytes` after the smallest vs the largest store (information);
-    6. `refused` stays 0."""
+    """The six checks (`TITLES`) over a probe's calls, in the order they were made."""
     if not any(c.record.before is not None for c in calls):
         return [_result(n, "n/a", "the server has no /cache counters") for n in TITLES]
     a2 = [i for i, c in enumerate(calls) if c.leg == "A2"]

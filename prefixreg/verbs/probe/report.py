@@ -1,9 +1,6 @@
-"""A probe run's calls and their reading: `ProbeCall`, `ProbeReport`. Pure.
-
-`ProbeReport` holds every call a probe made (leg, size, evidence, `/cache` snapshots, the
-judge's verdict), the six counter checks and the survival search, and renders them:
-`to_dict` (the JSON receipt, `--json`), `to_markdown` (the verdict a person reads) and
-`follows` (what the numbers mean).
+"""`ProbeReport`: every call a probe made, its six counter checks and survival search, read
+as the JSON receipt (`to_dict`), the verdict a person reads (`to_markdown`) and what the
+numbers mean (`follows`). Pure.
 
 Invariants:
 - Every verdict is the judge's (`prefixreg.core.judge`); nothing here compares a cached
@@ -62,20 +59,15 @@ class ProbeReport:
     def cmax(self) -> int | None:
         """The largest cached count a fresh-tail call (B) was served, of the B legs whose
         counts the judge took (not unverified): the measured Cmax."""
-        counts = [
-            c.record.evidence.cached_tokens for c in self.legs("B") if c.verdict != "unverified"
-        ]
-        valid = [v for v in counts if v is not None]
-        return max(valid) if valid else None
+        judged = [c for c in self.legs("B") if c.verdict != "unverified"]
+        counts = [c.record.evidence.cached_tokens for c in judged]
+        return max((n for n in counts if n is not None), default=None)
 
     @property
     def stores_per_prompt(self) -> int | None:
         """Entries one foreign prompt stores, read from the counters (median; None: no /cache)."""
-        deltas = sorted(
-            d
-            for c in self.legs("foreign")
-            if not c.record.interleaved and (d := c.delta("stores")) is not None
-        )
+        moved = [c.delta("stores") for c in self.legs("foreign") if not c.interleaved]
+        deltas = sorted(d for d in moved if d is not None)
         return deltas[len(deltas) // 2] if deltas else None
 
     @property
@@ -85,8 +77,8 @@ class ProbeReport:
     @property
     def checks_unverified(self) -> bool:
         """Every counter check is n/a on a server that has `/cache`: nothing was compared."""
-        has_cache = self.build.profile == "halogen" or self.has_cache
-        return has_cache and bool(self.checks) and all(c.per_call == "n/a" for c in self.checks)
+        blind = bool(self.checks) and all(c.per_call == "n/a" for c in self.checks)
+        return blind and (self.build.profile == "halogen" or self.has_cache)
 
     @property
     def survival_unverified(self) -> bool:
@@ -203,12 +195,9 @@ class ProbeReport:
             "at": self.at,
             "build": self.build.to_dict(public=public),
             "options": {
+                **{k: getattr(opts, k) for k in ("foreign", "foreign_chars", "survival", "legs")},
                 "sizes": list(opts.sizes),
-                "foreign": opts.foreign,
-                "foreign_chars": opts.foreign_chars,
                 "corpus": "builtin" if opts.corpus is None else "file",
-                "survival": opts.survival,
-                "legs": opts.legs,
                 "frame": None if opts.frame is None else opts.frame.sha256,
             },
             "cmax": self.cmax,

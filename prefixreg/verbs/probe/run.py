@@ -1,24 +1,20 @@
 """`probe`: measure a worker's prompt cache with calls: Cmax, LRU survival, counter checks.
 
-For each size (characters of prefix text, sliced from a corpus under a per-run header, so no
-leg can resume an earlier run's snapshot, and registered as a probe slice):
-
-- A1 cold baseline; A2 identical repeat (the positions one entry holds);
-- B same system bytes, fresh tail (what a fresh call resumes; Cmax is the largest B);
-- C after `foreign` distinct foreign prompts, B again (does the prefix survive the LRU?),
-  at every size or, with `legs="report"`, at the size nearest 16k only.
-
-`survival=True` then binary-searches the most foreign prompts a prefix survives (C's answer
-is the first bound); a trial the server did not verify stops it: survival is unverified.
+Per size (characters of a probe slice: corpus text under a per-run header, so no leg can
+resume an earlier run's snapshot): A1 cold baseline; A2 identical repeat (the positions one
+entry holds); B same bytes, fresh tail (what a fresh call resumes; Cmax is the largest B);
+C after `foreign` foreign prompts, B again (does the prefix survive the LRU?), at every size
+or with `legs="report"` at the one nearest 16k. `survival=True` then searches the most
+foreign prompts a prefix survives; a trial the server did not verify leaves it unverified.
 
 Invariants:
-- Options are checked when built (a wrong type or value is a `UsageError`), and sizes
-  against the worker's context (a frame's tools counted) before any text is made. A frame
-  is a verified `Frame` object (`Registry.head`), never a reference.
+- Options are checked when built (a wrong type or value is a `UsageError`) and sizes
+  against the worker's context (a frame's tools counted) before any text is made; a frame
+  is a verified `Frame` (`Registry.head`), never a reference.
 - Every leg is judged by `core.judge.judge` against the head it sent (the slice, plus the
-  frame's tools when they render), with the engine's alignment. Foreign prompts are bare.
-- On llama.cpp (no `/cache`) the legs run on per-call evidence alone; each foreign prompt
-  starts with its own nonce, or similarity-based slot choice would herd them into one slot.
+  frame's tools when they render) with the engine's alignment; foreign prompts are bare.
+- Each foreign prompt starts with its own nonce: llama.cpp's similarity-based slot choice
+  would otherwise herd them into one slot and flatter survival.
 - Each leg is a measurement bound to the server build, the run a receipt (`probes/<ts>.json`
   and `.md`), under the registry's `probe` lock; a busy worker is refused unless forced.
 """
@@ -194,26 +190,16 @@ class _Prober:
 
     def call(self, leg: str, size: int | None, prefix: Prefix, tail: str) -> ProbeCall:
         self.progress(f"{leg} {size:,} chars" if size else leg, 1)
-        bare = leg == "foreign"
+        bare, cache = leg == "foreign", self.with_cache
         params = {} if bare else self.frame_params
         record = measured_call(
-            self.worker,
-            prefix,
-            phase=leg,
-            tail=tail,
-            with_cache=self.with_cache,
-            before=self.last,
-            **params,
+            self.worker, prefix, phase=leg, tail=tail, with_cache=cache, before=self.last, **params
         )
-        self.last = record.after
-        judgement = None
+        self.last, judgement = record.after, None
         if not bare:
-            judgement = judge(
-                record.evidence,
-                head_bytes=prefix.size + self.options.head_extra,
-                rest_bytes=len(tail.encode("utf-8")),
-                alignment=self.report.alignment,
-            )
+            head, rest = prefix.size + self.options.head_extra, len(tail.encode("utf-8"))
+            align = self.report.alignment
+            judgement = judge(record.evidence, head_bytes=head, rest_bytes=rest, alignment=align)
         call = ProbeCall(leg, size, prefix.sha256, record, judgement)
         self.report.calls.append(call)
         return call
@@ -242,16 +228,10 @@ class _Prober:
     def leg(self, leg: str, size: int, prefix: Prefix, tail: str) -> None:
         """One answering leg, called and written as a measurement bound to the build."""
         call = self.call(leg, size, prefix, tail)
-        ev, judgement = call.record.evidence, call.judgement
-        body: JSONObject = {
-            "probe": self.report.run_id,
-            "leg": leg,
-            "size_chars": size,
-            **({} if judgement is None else judgement.to_dict()),
-            "prompt_tokens": ev.prompt_tokens,
-            "cached_tokens": ev.cached_tokens,
-            "calls": [call.record.to_dict()],
-        }
+        ev, judged = call.record.evidence, call.judgement.to_dict() if call.judgement else {}
+        body: JSONObject = {"probe": self.report.run_id, "leg": leg, "size_chars": size, **judged}
+        body |= {"prompt_tokens": ev.prompt_tokens, "cached_tokens": ev.cached_tokens}
+        body["calls"] = [call.record.to_dict()]
         if self.options.frame is not None:
             body["frame"] = self.options.frame.sha256
         build = self.report.build
@@ -340,14 +320,8 @@ def run_probe(
         if not options.force:
             _refuse_if_busy(worker, build)
         now = utc_now()
-        report = ProbeReport(
-            run_id=secrets.token_hex(4),
-            at=iso_utc(now),
-            worker=worker.url,
-            build=build,
-            options=options,
-            alignment=build.snapshot_align,
-        )
+        run, at, align = secrets.token_hex(4), iso_utc(now), build.snapshot_align
+        report = ProbeReport(run, at, worker.url, build, options, alignment=align)
         prober = _Prober(registry, worker, report, progress or (lambda _label, _n: None))
         prefixes = {size: prober.size(size) for size in options.sizes}
         # Survival is searched on the smallest size a fresh call resumed (on an aligned
