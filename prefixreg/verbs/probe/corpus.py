@@ -27,13 +27,18 @@ avoid return raise handle log retry fail close""".split()  # noqa: SIM905 -- pro
 _FILES: Final = ("store.py", "worker.py", "README.md", "tests/test_store.py", "pyproject.toml")
 
 
+def whole(value: object, high: int) -> bool:
+    """Is `value` an int (never a bool) from 1 to `high`?"""
+    return type(value) is int and 1 <= value <= high
+
+
 def builtin_corpus(n_chars: int, *, seed: int = 20261129) -> str:
     """At least `n_chars` characters of deterministic system-prompt-like text.
 
     Raises:
         UsageError: `n_chars` is not a whole number from 1 to 10^9, or `seed` not an int.
     """
-    if not _whole(n_chars, 10**9) or type(seed) is not int:
+    if not whole(n_chars, 10**9) or type(seed) is not int:
         raise UsageError("builtin_corpus takes 1 to 10^9 characters and an integer seed")
     rng = random.Random(seed)  # noqa: S311 -- reproducible filler text, not a secret
     parts: list[str] = []
@@ -59,7 +64,7 @@ def probe_slice(corpus: str, n_chars: int, *, header: str, offset: int = 0) -> s
     given: list[object] = [corpus, header]
     if not (isinstance(given[0], str) and corpus and isinstance(given[1], str)):
         raise UsageError("probe_slice takes a non-empty text corpus and a text header")
-    if not _whole(n_chars, 10**9) or type(offset) is not int or offset < 0:
+    if not whole(n_chars, 10**9) or type(offset) is not int or offset < 0:
         raise UsageError("probe_slice takes 1 to 10^9 characters from an offset of 0 or more")
     offset %= len(corpus)
     body = (corpus * (1 + (offset + n_chars) // len(corpus)))[offset : offset + n_chars]
@@ -97,7 +102,3 @@ def read_corpus(path: Path | str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"corpus {path}: not UTF-8 text") from None
-
-
-def _whole(value: object, high: int) -> bool:
-    return type(value) is int and 1 <= value <= high

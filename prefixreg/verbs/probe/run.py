@@ -40,7 +40,7 @@ from prefixreg.registry.store import Registry, iso_utc, stamp_utc, utc_now
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import measured_call, record_measurement
 from prefixreg.verbs.probe.checks import ProbeCall, run_checks
-from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
+from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice, whole
 from prefixreg.verbs.probe.report import ProbeReport as ProbeReport  # the verb's result
 
 DEFAULT_SIZES: Final = (4000, 16000, 32000, 64000)
@@ -55,10 +55,6 @@ SURVIVAL_CAP: Final = 64
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 Legs = Literal["all", "report"]
 Progress = Callable[[str, int], None]
-
-
-def _count(value: object, high: int) -> bool:
-    return type(value) is int and 1 <= value <= high
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +82,11 @@ class ProbeOptions:
         if not isinstance(sizes, (tuple, list)) or not sizes:
             raise UsageError("sizes must be a non-empty list of character counts")
         object.__setattr__(self, "sizes", tuple(sizes))
-        if not all(_count(n, MAX_SIZE_CHARS) for n in (*sizes, self.foreign_chars)):
+        if not all(whole(n, MAX_SIZE_CHARS) for n in (*sizes, self.foreign_chars)):
             raise UsageError(
                 f"sizes and --foreign-chars must be whole numbers from 1 to {MAX_SIZE_CHARS:,}"
             )
-        if not _count(self.foreign, MAX_FOREIGN):
+        if not whole(self.foreign, MAX_FOREIGN):
             raise UsageError(f"--foreign must be a whole number from 1 to {MAX_FOREIGN:,}")
         if type(survival) is not bool or type(force) is not bool:
             raise UsageError("survival and force must be true or false")
