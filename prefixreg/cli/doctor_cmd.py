@@ -22,9 +22,8 @@ def doctor_command(
     """Say what a worker's /health and /cache tell about its prompt cache, and what to change.
 
     With the registry it also weighs Cmax, the best that this build's probe receipts prove,
-    against the registered prefixes' token spans, by the one rule of the README's "Evidence"
-    section; Cmax under 4,000 tokens is urgent. Exit 0 when nothing needs changing, 1 when a
-    finding says what to change, 5 worker error.
+    against the registered prefixes' token spans; Cmax under 4,000 tokens is urgent. Exit 0
+    when nothing needs changing, 1 when a finding says what to change, 5 worker error.
     """
     from prefixreg.verbs.doctor.run import doctor
 

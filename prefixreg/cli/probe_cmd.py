@@ -44,7 +44,7 @@ def probe_command(
     sizes: Annotated[str, Flag(help="Prefix sizes in characters (k = 1000).")] = "4k,16k,32k,64k",
     foreign: Annotated[int, Flag(help="Distinct foreign prompts before leg C.")] = 9,
     foreign_chars: Annotated[int, Flag(help="Characters of each foreign prompt.")] = 2000,
-    corpus: Annotated[Path | None, Flag(help="A UTF-8 text file of at most 64 MiB.")] = None,
+    corpus: Annotated[Path | None, Flag(help="UTF-8 text to slice (a file, - for stdin).")] = None,
     survival: Annotated[
         bool, Flag("--survival", help="Also find how many foreign prompts a prefix survives.")
     ] = False,
@@ -68,18 +68,16 @@ def probe_command(
 
     Per size: A1 cold baseline, A2 identical repeat, B same prefix with a fresh tail, C after
     --foreign foreign prompts. Each leg is a registered probe slice and a measurement bound to
-    the server build, judged by the one rule of the README's "Evidence" section; the run is
-    written to probes/<ts>.json and probes/<ts>.md.
+    the server build; the run is written to probes/<ts>.json and probes/<ts>.md.
     """
     from prefixreg.core.frame import Frame
-    from prefixreg.verbs.probe.corpus import read_corpus
     from prefixreg.verbs.probe.run import Legs, ProbeOptions, parse_sizes, run_probe
 
     with c.cli_errors(debug):
         if public and not json_out:
             raise UsageError("--public shapes the --json receipt; add --json")
         parsed = parse_sizes(sizes)  # a usage error before the registry is opened
-        text = None if corpus is None else read_corpus(corpus)
+        text = None if corpus is None else _text(c.read_user_file(corpus), corpus)
         reg = c.open_registry_from(registry)
         head = None if frame is None else reg.head(frame)  # verified once, before any call
         if head is not None and not isinstance(head, Frame):
@@ -105,6 +103,13 @@ def probe_command(
             sys.stdout.write(report.to_markdown())
             sys.stdout.write(f"\nreceipt: {report.json_path}\nverdict: {report.md_path}\n")
         raise typer.Exit(int(c.EXIT_BY_OUTCOME[report.outcome]))
+
+
+def _text(data: bytes, path: Path) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: the corpus is not UTF-8 text") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -1,22 +1,17 @@
-"""The probe's text: a built-in deterministic corpus, slices of it, and a user's corpus file.
+"""The probe's text: a built-in deterministic corpus, and slices of it. Pure.
 
 The built-in text reads like a system prompt (instructions, file names, identifiers) so that
 tokenizers split it the way they split real prefixes; the same seed gives the same
-characters on every machine. A user's corpus file is read only when it is a regular file of
-at most `MAX_CORPUS_BYTES`: a FIFO, a device or a directory is refused before a byte is read.
+characters on every machine.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import stat
-from pathlib import Path
 from typing import Final
 
 from prefixreg.core.errors import UsageError
 
-MAX_CORPUS_BYTES: Final = 64 << 20
 # The order is part of the corpus: the simulator's tokenizer is calibrated on this text.
 _WORDS: Final = """agent repository module function test commit branch review patch refactor
 error type value index cache prefix token worker server request response stream buffer config
@@ -69,36 +64,3 @@ def probe_slice(corpus: str, n_chars: int, *, header: str, offset: int = 0) -> s
     offset %= len(corpus)
     body = (corpus * (1 + (offset + n_chars) // len(corpus)))[offset : offset + n_chars]
     return f"{header}\n{body}"
-
-
-def read_corpus(path: Path | str) -> str:
-    """The UTF-8 text of the corpus file at `path`.
-
-    Raises:
-        UsageError: not a path; missing or unreadable; not a regular file; over
-            `MAX_CORPUS_BYTES`; not UTF-8.
-    """
-    given: object = path
-    if not isinstance(given, (str, Path)):
-        raise UsageError(f"corpus: a file path is needed, not {type(given).__name__}")
-    try:  # O_NONBLOCK: opening a FIFO must not wait for a writer
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"corpus {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    too_big = UsageError(f"corpus {path}: larger than {MAX_CORPUS_BYTES:,} bytes")
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"corpus {path}: not a regular file (a FIFO, device or directory)")
-        if st.st_size > MAX_CORPUS_BYTES:
-            raise too_big
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_CORPUS_BYTES + 1)  # one byte more shows a file that grew
-    finally:
-        os.close(fd)
-    if len(data) > MAX_CORPUS_BYTES:
-        raise too_big
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"corpus {path}: not UTF-8 text") from None
