@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Final, Literal
 
 from prefixreg.core.errors import PrefixregError, UsageError
@@ -240,7 +241,11 @@ def diagnose(
     return d
 
 
-def _receipt_reach(receipt: JSONObject, build_id: str) -> ProbeReach | None:
+def _receipt_reach(path: Path, raw: bytes, build_id: str) -> ProbeReach | None:
+    try:
+        receipt = loads_object(raw, path=path)
+    except PrefixregError:
+        return None  # an unreadable receipt proves nothing
     build, calls, options = receipt.get("build"), receipt.get("calls"), receipt.get("options")
     if not isinstance(build, dict) or build.get("build_id") != build_id:
         return None
@@ -262,13 +267,8 @@ def _receipt_reach(receipt: JSONObject, build_id: str) -> ProbeReach | None:
 
 def best_reach(registry: Registry, build_id: str) -> ProbeReach | None:
     """The best Cmax evidence of `build_id` over all its probe receipts."""
-    found = []
-    for path, raw in registry.probe_receipts():
-        try:
-            reach = _receipt_reach(loads_object(raw, path=path), build_id)
-        except PrefixregError:
-            continue
-        found += [reach] if reach is not None else []
+    receipts = registry.probe_receipts()
+    found = [r for path, raw in receipts if (r := _receipt_reach(path, raw, build_id))]
     best = max(found, key=lambda r: (r.cmax, not r.whole), default=None)
     return None if best is None else replace(best, receipts=len(found))
 
