@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from prefixreg.core.errors import UsageError
+from prefixreg.core.judge import allowance, judge_fit
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.doctor.run import diagnose
+from prefixreg.verbs.doctor.run import diagnose, doctor
 from prefixreg.verbs.measure.warm import warm
 from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
 from prefixreg.verbs.probe.run import ProbeOptions, run_probe
 from tests.conftest import run_cli
+from tests.test_store import flip_byte
 
 FLASH_BLOCK: dict[str, Any] = {
     "enabled": True,
@@ -180,3 +187,112 @@ def test_doctor_without_a_probe_of_this_build_says_so(tmp_path: Path) -> None:
     texts = {f["topic"]: f["text"] for f in out["findings"]}
     assert "no probe receipt" in texts["cmax"] and out["numbers"]["cmax"] is None
     assert "no measurement on this build" in texts["fit"]
+
+
+# -- Cmax is the best evidence across this build's receipts (issue 20, case 10) ---------------
+
+
+def test_a_later_smaller_probe_does_not_lower_cmax(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg")
+    sha = coding_loop(reg)
+    with SimServer(SimConfig(speed=5000)) as sim:
+        with Worker(sim.url) as w:
+            warm(reg, reg.head("coding-loop"), w)
+            first = run_probe(reg, w, ProbeOptions(sizes=LANE_SIZES, foreign=9))
+            later = run_probe(reg, w, ProbeOptions(sizes=(16000,), foreign=9, survival=True))
+        res = run_cli("doctor", "--worker", sim.url, "--registry", str(reg.root), "--json")
+    assert first.cmax is not None and later.cmax is not None
+    assert abs(first.cmax / 43_518 - 1) < 0.02 and abs(later.cmax / 11_350 - 1) < 0.02
+    assert later.build.build_id == first.build.build_id
+    out = orjson.loads(res.stdout)
+    by_topic = {f["topic"]: f for f in out["findings"]}
+    assert out["numbers"]["cmax"] == first.cmax
+    assert "the best of 2 probes of this build" in by_topic["cmax"]["text"]
+    assert first.at in by_topic["cmax"]["text"] and "at least" in by_topic["cmax"]["text"]
+    fit = by_topic["fit"]
+    assert fit["level"] == "ok" and f"coding-loop ({sha[:12]}): fits" in fit["text"]
+    assert "not proven" not in res.stdout.decode()
+
+
+def test_unreadable_or_foreign_receipts_prove_nothing(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg")
+    coding_loop(reg)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    other = b'{"build": {"build_id": "other"}, "cmax": 9}'
+    for i, raw in enumerate((b"{not json", deep, other)):
+
+        def render(_json: Path, _md: Path, raw: bytes = raw) -> tuple[bytes, bytes]:
+            return raw, b"# v\n"
+
+        reg.write_probe_receipt(f"20250101T00000{i}.000000Z", render)
+    with SimServer(SimConfig(speed=5000)) as sim:
+        res = run_cli("doctor", "--worker", sim.url, "--registry", str(reg.root), "--json")
+    assert b"Traceback" not in res.stderr
+    out = orjson.loads(res.stdout)
+    assert out["numbers"]["cmax"] is None
+
+
+def test_doctor_names_the_alignment_on_an_aligned_engine(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg")
+    text = probe_slice(builtin_corpus(32000), 32000, header="coding-loop system prompt")
+    reg.add(text, name="coding-loop")
+    with SimServer(SimConfig.for_profile("dense", speed=5000)) as sim:
+        with Worker(sim.url) as w:
+            warm(reg, reg.head("coding-loop"), w)
+            run_probe(reg, w, ProbeOptions(sizes=(32000,), foreign=2))
+        res = run_cli("doctor", "--worker", sim.url, "--registry", str(reg.root), "--json")
+    out = orjson.loads(res.stdout)
+    by_topic = {f["topic"]: f["text"] for f in out["findings"]}
+    assert out["numbers"]["alignment"] == 2048 and out["numbers"]["cmax"] % 2048 == 0
+    assert "multiples of the server's 2,048-token alignment" in by_topic["cmax"]
+    assert (
+        "fits" in by_topic["fit"] and "within the server's 2,048-token alignment" in by_topic["fit"]
+    )
+
+
+def test_a_tampered_head_is_a_finding_not_a_crash(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg")
+    sha = coding_loop(reg)
+    flip_byte(reg.object_path(sha))
+    with SimServer(SimConfig(speed=5000)) as sim:
+        res = run_cli("doctor", "--worker", sim.url, "--registry", str(reg.root), "--json")
+    assert res.returncode == 1, res.stderr
+    fit = next(f for f in orjson.loads(res.stdout)["findings"] if f["topic"] == "fit")
+    assert fit["level"] == "warn" and "cannot be used" in fit["text"]
+
+
+@given(
+    span=st.integers(-5, 100_000),
+    cmax=st.integers(-5, 100_000),
+    lower_bound=st.booleans(),
+    alignment=st.sampled_from([0, 1, 16, 2048]),
+)
+def test_judge_fit_never_says_fits_beyond_the_allowance(
+    span: int, cmax: int, lower_bound: bool, alignment: int
+) -> None:
+    verdict, why = judge_fit(span, cmax, lower_bound=lower_bound, alignment=alignment)
+    assert why
+    if verdict == "fits":
+        assert span >= 1 and cmax >= span - allowance(span, alignment)
+        if cmax < span - allowance(span, 0):
+            assert f"{alignment:,}-token alignment" in why
+    elif span >= 1 and cmax >= 0:
+        assert verdict == ("not_proven" if lower_bound else "does_not_fit")
+    else:
+        assert verdict == "unverified"
+
+
+def test_doctor_functions_refuse_wrong_types() -> None:
+    calls: list[Callable[[], object]] = [
+        lambda: doctor(None),  # type: ignore[arg-type]
+        lambda: doctor("http://127.0.0.1:1"),  # type: ignore[arg-type]
+        lambda: diagnose(3, {}, None),  # type: ignore[arg-type]
+        lambda: diagnose("halogen", [], None),  # type: ignore[arg-type]
+        lambda: diagnose("halogen", {}, "cache"),  # type: ignore[arg-type]
+    ]
+    with SimServer(SimConfig(speed=5000)) as sim, Worker(sim.url) as w:
+        calls.append(lambda: doctor(w, "registry"))  # type: ignore[arg-type]
+        for call in calls:
+            with pytest.raises(UsageError):
+                call()
+        assert sim.requests() == []

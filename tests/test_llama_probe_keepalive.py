@@ -125,9 +125,9 @@ def test_probe_on_llamacpp_reports_b_resumes_and_checks_not_available(
         assert b["evidence"]["cache_state"] == "reused"
         assert b["coverage"] >= 0.9
         a1 = legs[("A1", size)]
-        # "Cold" on llama.cpp may reuse the template's first tokens: no verdict, and a
-        # coverage that says it did not cover the prefix.
-        assert a1["verdict"] is None and a1["coverage"] < 0.1, a1
+        # "Cold" on llama.cpp may reuse the template's first tokens: the judge calls that
+        # cold or partial, with a coverage that says it did not cover the prefix.
+        assert a1["verdict"] in ("cold", "partial") and a1["coverage"] < 0.1, a1
         # One slot, no RAM cache: one foreign prompt evicts the prefix, and C says so.
         assert legs[("C", size)]["verdict"] in ("cold", "partial")
     assert receipt["cmax"] >= legs[("B", 2000)]["evidence"]["cached_tokens"] > 400

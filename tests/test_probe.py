@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import os
+import resource
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from prefixreg.cli._common import USER_FILE_MAX
 from prefixreg.core.errors import LockTimeoutError, UsageError
+from prefixreg.core.judge import alignment_shaped, allowance, judge
+from prefixreg.core.prefix import Prefix
+from prefixreg.core.records import CallEvidence
 from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.probe.run import ProbeOptions, ProbeReport, parse_sizes, run_probe
+from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
+from prefixreg.verbs.probe.run import (
+    ProbeOptions,
+    ProbeReport,
+    check_sizes,
+    parse_sizes,
+    run_probe,
+)
 from tests.conftest import run_cli
 
 
@@ -108,7 +125,7 @@ def test_a_foreign_client_during_a_probe_marks_windows_interleaved(registry: Reg
         finally:
             stop.set()
             thread.join(timeout=10)
-    assert report.interleaved, "foreign traffic must show up as interleaved windows"
+    assert any(c.record.interleaved for c in report.calls), "foreign traffic must show"
     # Interleaved windows are left out, so foreign traffic does not fail the checks.
     assert not [c for c in report.checks if c.failed], report.checks
     assert any("interleaved" in line for line in report.follows())
@@ -250,3 +267,193 @@ def test_report_legs_pick_the_size_nearest_16k_and_survival_still_searches(
     # Survival runs on the smallest resumable size, which had no C leg: it searches anyway.
     assert report.survival_searched and report.survival is not None
     assert report.outcome == "ok"
+
+
+# -- user-named corpus files are read bounded (issue 22, case 4) ----------------------------
+
+
+def _probe_cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """The CLI as a real process under a 1 GiB address-space cap and a deadline: a reader
+    that does not stop fails the test instead of eating the machine."""
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    return subprocess.run(
+        [sys.executable, "-m", "prefixreg", "probe", *args],
+        capture_output=True,
+        timeout=60,
+        check=False,
+        preexec_fn=cap,
+    )
+
+
+def _special(kind: str, tmp_path: Path) -> Path:
+    if kind == "device":
+        return Path("/dev/zero")
+    path = tmp_path / kind
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "huge":
+        with path.open("wb") as f:
+            f.truncate(USER_FILE_MAX + 1)  # sparse: nothing is written
+    elif kind == "binary":
+        path.write_bytes(b"\xff\xfe" * 3000)
+    return path  # "missing": never created
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory", "huge", "binary", "missing"])
+def test_a_corpus_that_is_not_a_small_regular_text_file_is_refused(
+    flash: SimServer, tmp_path: Path, kind: str
+) -> None:
+    path = _special(kind, tmp_path)
+    reg = tmp_path / "reg"
+    res = _probe_cli(
+        *("--worker", flash.url, "--registry", str(reg), "--sizes", "1k"),
+        *("--corpus", str(path)),
+    )
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert res.stderr.startswith(f"error: {path}: ".encode()) and res.stderr.count(b"\n") == 1
+    assert res.stdout == b"" and flash.requests() == [] and not reg.exists()
+
+
+def test_a_regular_corpus_file_is_sliced(flash: SimServer, tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Prefer small pure functions; state invariants.\n" * 100)
+    res = run_cli(
+        *("probe", "--worker", flash.url, "--registry", str(tmp_path / "reg")),
+        *("--sizes", "2k", "--foreign", "2", "--corpus", str(corpus), "--json"),
+    )
+    assert res.returncode == 0, res.stderr
+    receipt = orjson.loads(res.stdout)
+    assert receipt["options"]["corpus"] == "file"
+    b = next(c for c in receipt["calls"] if c["leg"] == "B")
+    sliced = Registry(tmp_path / "reg").get(b["sha256"]).text
+    assert sliced.endswith("\n" + corpus.read_text()[:2000])
+
+
+# -- the typed boundary: wrong types and values are usage errors (issue 22, case 5) ---------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"sizes": "4000"},
+        {"sizes": [4000.0]},
+        {"foreign": 0},
+        {"foreign": 10**9},
+        {"foreign": "9"},
+        {"foreign_chars": None},
+        {"survival": "yes"},
+        {"force": 1},
+        {"legs": ["all"]},
+        {"corpus": b"bytes"},
+        {"corpus": "\ud800" * 70_000},
+        {"corpus": "short"},
+        {"frame": "loop"},
+        {"frame": Prefix.from_text("0" * 64, "x")},
+    ],
+)
+def test_probe_options_refuse_wrong_types_and_values(options: dict[str, object]) -> None:
+    with pytest.raises(UsageError):
+        ProbeOptions(**options)  # type: ignore[arg-type]
+
+
+def test_probe_functions_refuse_wrong_types(flash: SimServer, registry: Registry) -> None:
+    calls: list[Callable[[], object]] = [
+        lambda: parse_sizes(4000),  # type: ignore[arg-type]
+        lambda: check_sizes("4k", None),  # type: ignore[arg-type]
+        lambda: builtin_corpus("10"),  # type: ignore[arg-type]
+        lambda: builtin_corpus(10**12),
+        lambda: probe_slice("", 10, header="h"),
+        lambda: probe_slice("text", -1, header="h"),
+        lambda: probe_slice("text", 1, header=None),  # type: ignore[arg-type]
+    ]
+    with Worker(flash.url) as w:
+        calls += [
+            lambda: run_probe(None, w, ProbeOptions()),  # type: ignore[arg-type]
+            lambda: run_probe(registry, flash.url, ProbeOptions()),  # type: ignore[arg-type]
+            lambda: run_probe(registry, w, {"sizes": (4000,)}),  # type: ignore[arg-type]
+            lambda: run_probe(registry, w, ProbeOptions(), progress=3),  # type: ignore[arg-type]
+        ]
+        for call in calls:
+            with pytest.raises(UsageError):
+                call()
+    assert flash.requests() == [] and not registry.root.exists()
+
+
+# -- one judge, and the alignment named where it shapes a verdict (issue 20) ---------------
+
+
+def test_every_leg_carries_the_judges_verdict_and_reason(
+    flash: SimServer, registry: Registry
+) -> None:
+    report = probe(flash, registry, sizes=(4000,), foreign=2)
+    for call in report.calls:
+        if call.leg == "foreign":
+            assert call.judgement is None
+        else:
+            assert call.judgement is not None and call.judgement.reason
+    receipt = report.to_dict()
+    calls = receipt["calls"]
+    assert isinstance(calls, list)
+    legs = [c for c in calls if isinstance(c, dict) and c["leg"] != "foreign"]
+    assert {c["verdict"] for c in legs} <= {"resumed", "partial", "cold", "unverified"}
+    assert all(isinstance(c["reason"], str) for c in legs)
+    bodies = [m.outcome for m in registry.measurements()]
+    assert {o.verdict for o in bodies} <= {"resumed", "partial", "cold"} and all(
+        o.reason for o in bodies
+    )
+
+
+def test_the_dense_probe_names_the_alignment_where_it_let_a_count_pass(
+    registry: Registry,
+) -> None:
+    with SimServer(SimConfig.for_profile("dense", speed=5000)) as sim:
+        report = probe(sim, registry, sizes=(16000,), foreign=2)
+    b = report.legs("B")[0]
+    assert b.judgement is not None and alignment_shaped(b.judgement)
+    md = report.to_markdown()
+    assert "| resumed (within the 2,048-token alignment) |" in md
+    assert "Cmax (largest B): 10,240 tokens (counted in multiples of 2,048)" in md
+    assert "multiples of 2,048 tokens" in (b.judgement.reason or "")
+
+
+@given(
+    span=st.integers(1, 200_000),
+    cached=st.integers(0, 200_000),
+    alignment=st.sampled_from([0, 1, 64, 2048]),
+)
+def test_alignment_shaped_only_for_resumed_counts_the_template_allowance_misses(
+    span: int, cached: int, alignment: int
+) -> None:
+    cached = min(cached, span)
+    ev = CallEvidence(
+        prompt_tokens=span,
+        cached_tokens=cached,
+        completion_tokens=1,
+        cached_source="usage.prompt_tokens_details.cached_tokens",
+        cache_state="reused" if cached else "cold",
+        complete=True,
+    )
+    j = judge(ev, head_bytes=span, alignment=alignment, measured_span=span)
+    if alignment_shaped(j):
+        assert j.verdict == "resumed" and alignment > 0
+        assert j.span is not None and j.cached_tokens is not None
+        assert j.span - j.cached_tokens > allowance(j.span, 0)
+        assert "multiples of" in j.reason
+
+
+def test_verbs_import_no_other_verb_package() -> None:
+    own = ("prefixreg.verbs.probe", "prefixreg.verbs.doctor")
+    for package in own:
+        root = Path(importlib.import_module(package).__file__ or "").parent
+        for module in root.glob("*.py"):
+            tree = ast.parse(module.read_text())
+            names = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+            names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+            for name in names:
+                if name.startswith("prefixreg.verbs."):
+                    assert name.startswith((package, "prefixreg.verbs.measure")), (module, name)

@@ -16,7 +16,8 @@ import orjson
 import pytest
 
 from prefixreg.core.errors import UsageError
-from prefixreg.registry.frames import get_frame, write_frame
+from prefixreg.core.frame import Frame
+from prefixreg.registry.frames import write_frame
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
@@ -38,6 +39,12 @@ TOOLS: list[dict[str, Any]] = [
 SETTINGS = {"tool_choice": "auto"}
 
 
+def loop_frame(reg: Registry) -> Frame:
+    frame = reg.head("loop")
+    assert isinstance(frame, Frame)
+    return frame
+
+
 @pytest.fixture
 def sim() -> Iterator[SimServer]:
     with SimServer(SimConfig(speed=5000)) as server:
@@ -55,7 +62,7 @@ def reg(tmp_path: Path) -> Registry:
 def test_probe_with_a_frame_sends_its_head_and_records_its_sha(
     sim: SimServer, reg: Registry
 ) -> None:
-    frame = get_frame(reg, "loop")
+    frame = loop_frame(reg)
     with Worker(sim.url) as w:
         bare = run_probe(reg, w, ProbeOptions(sizes=(4000,), foreign=2))
         framed = run_probe(reg, w, ProbeOptions(sizes=(4000,), foreign=2, frame=frame))
@@ -66,8 +73,10 @@ def test_probe_with_a_frame_sends_its_head_and_records_its_sha(
     assert framed_prompt > (bare_b.record.evidence.prompt_tokens or 0) + 200
     # Judged against the whole head: the span counts the tools too, and B resumes it.
     assert by_leg["B"].verdict == "resumed"
-    assert (by_leg["B"].span_tokens or 0) > (bare_b.span_tokens or 0) + 200
-    assert (by_leg["B"].coverage or 0) >= 0.9
+    framed_j, bare_j = by_leg["B"].judgement, bare_b.judgement
+    assert framed_j is not None and bare_j is not None
+    assert (framed_j.span or 0) > (bare_j.span or 0) + 200
+    assert (framed_j.coverage or 0) >= 0.9
     mine = [m for m in reg.measurements() if m.body.get("probe") == framed.run_id]
     assert len(mine) == 4 and {m.body.get("frame") for m in mine} == {frame.sha256}
     theirs = [m for m in reg.measurements() if m.body.get("probe") == bare.run_id]
@@ -79,7 +88,7 @@ def test_probe_with_a_frame_sends_its_head_and_records_its_sha(
 
 
 def test_probe_counts_the_frames_tools_toward_the_context(reg: Registry) -> None:
-    frame = get_frame(reg, "loop")
+    frame = loop_frame(reg)
     tools = len(frame.tools_data or b"")
     # A context of 1,000 tokens holds at most ~8,000 characters: the size fits alone, not
     # with the tools on top.
@@ -101,7 +110,7 @@ def test_cli_probe_frame_json_and_a_tampered_frame_sends_nothing(
     )
     assert res.returncode == 0, res.stderr
     assert orjson.loads(res.stdout)["options"]["frame"] == reg.read_name("loop")
-    frame = get_frame(reg, "loop")
+    frame = loop_frame(reg)
     flip_byte(reg.object_path(frame.tools_sha256 or ""))
     sim.clear_requests()
     bad = run_cli(
@@ -110,3 +119,19 @@ def test_cli_probe_frame_json_and_a_tampered_frame_sends_nothing(
     )
     assert bad.returncode == 3, bad.stderr
     assert bad.stdout == b"" and sim.requests() == []
+
+
+def test_probe_frame_takes_a_frame_object_and_refuses_a_prefix(
+    sim: SimServer, reg: Registry
+) -> None:
+    # The library takes the verified head, never a reference to resolve again.
+    with pytest.raises(UsageError, match="Frame"):
+        ProbeOptions(sizes=(4000,), frame="loop")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="Frame"):
+        ProbeOptions(sizes=(4000,), frame=reg.head("system"))  # type: ignore[arg-type]
+    res = run_cli(
+        *("probe", "--worker", sim.url, "--sizes", "4k", "--frame", "system"),
+        *("--registry", str(reg.root), "--json"),
+    )
+    assert res.returncode == 2 and b"names a prefix, not a frame" in res.stderr
+    assert res.stdout == b"" and sim.requests() == []

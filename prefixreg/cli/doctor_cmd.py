@@ -9,48 +9,34 @@ import sys
 
 import typer
 
-from prefixreg.cli._common import (
-    DebugOpt,
-    ExitCode,
-    JsonOpt,
-    ProfileOpt,
-    RegistryOpt,
-    WorkerOpt,
-    cli_errors,
-    emit_json,
-    open_registry_from,
-    open_worker,
-)
+from prefixreg.cli import _common as c
 
 
 def doctor_command(
-    worker: WorkerOpt = None,
-    profile: ProfileOpt = None,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    worker: c.WorkerOpt = None,
+    profile: c.ProfileOpt = None,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Say what a worker's /health and /cache tell about its prompt cache, and what to change.
 
-    With the registry (--registry, else the default one) it also compares Cmax from the latest
-    probe of this build with the registered prefixes' token spans; Cmax under 4,000 tokens is
-    urgent. Exit 0 when nothing needs changing, 1 when a finding says what to change, 5 worker
-    error.
+    With the registry it also weighs Cmax, the best that this build's probe receipts prove,
+    against the registered prefixes' token spans; Cmax under 4,000 tokens is urgent. Exit 0
+    when nothing needs changing, 1 when a finding says what to change, 5 worker error.
     """
     from prefixreg.verbs.doctor.run import doctor
 
-    with cli_errors(debug):
-        reg = open_registry_from(registry)
-        with open_worker(worker, model=None, timeout=30.0, profile=profile) as w:
+    with c.cli_errors(debug):
+        reg = c.open_registry_from(registry)
+        with c.open_worker(worker, model=None, timeout=30.0, profile=profile) as w:
             diagnosis = doctor(w, reg)
-            url = w.url
         if json_out:
-            emit_json({"worker": url, **diagnosis.to_dict()})
+            c.emit_json({"worker": w.url, **diagnosis.to_dict()})
         else:
-            sys.stdout.write(f"worker {url} ({diagnosis.profile})\n")
-            for f in diagnosis.findings:
-                sys.stdout.write(f"  [{f.level}] {f.text}\n")
-        raise typer.Exit(int(ExitCode.OK if diagnosis.healthy else ExitCode.NO))
+            sys.stdout.write(f"worker {w.url} ({diagnosis.profile})\n")
+            sys.stdout.writelines(f"  [{f.level}] {f.text}\n" for f in diagnosis.findings)
+        raise typer.Exit(int(c.ExitCode.OK if diagnosis.healthy else c.ExitCode.NO))
 
 
 def register(app: typer.Typer) -> None:

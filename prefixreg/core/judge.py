@@ -37,6 +37,7 @@ from prefixreg.core.records import CallEvidence
 Verdict = Literal["resumed", "partial", "cold", "unverified"]
 RestoreVerdict = Literal["restored", "resident", "not_restored", "unverified"]
 CopyVerdict = Literal["verified", "unchecked", "mismatch"]
+FitVerdict = Literal["fits", "not_proven", "does_not_fit", "unverified"]
 Source = Literal["measured", "estimated"] | None
 
 # Template tokens around the system message that a byte-share estimate cannot see.
@@ -197,3 +198,32 @@ def judge_copy(hashed: bool, matched: bool | None) -> CopyVerdict:
     if not hashed or matched is None:
         return "unchecked"
     return "verified" if matched else "mismatch"
+
+
+def alignment_shaped(j: Judgement) -> bool:
+    """Whether the engine's alignment, not the template allowance, let `j` pass as resumed:
+    a label of it must then name the alignment."""
+    if not j.resumed or j.span is None or j.cached_tokens is None:
+        return False
+    return j.span - j.cached_tokens > allowance(j.span, 0)
+
+
+def judge_fit(
+    span: int, cmax: int, *, lower_bound: bool, alignment: int = 0
+) -> tuple[FitVerdict, str]:
+    """Does a head of `span` tokens fit in what one cache entry resumes? `cmax` is a probe's
+    largest fresh-tail cached count on this build; `lower_bound`: every size it probed
+    resumed whole, so the cache may reach further. It `fits` only when `cmax` covers the
+    span less the engine's allowance; past that, a lower bound leaves it `not_proven`."""
+    if span < 1 or cmax < 0:
+        return "unverified", "no span or Cmax to compare"
+    short = span - cmax
+    aligned = f"the server's {alignment:,}-token alignment"
+    if short <= allowance(span, alignment):
+        why = f"Cmax {cmax:,} covers its span of {span:,} tokens"
+        return "fits", why + (f", within {aligned}" if short > allowance(span, 0) else "")
+    if lower_bound:
+        why = f"its {span:,} tokens are more than the largest size the probe resumed"
+        return "not_proven", why + f" (Cmax at least {cmax:,})"
+    why = f"a fresh call resumes at most {cmax:,} of its {span:,} tokens"
+    return "does_not_fit", why + (f", short by more than {aligned}" if alignment > 1 else "")

@@ -1,45 +1,40 @@
 """`doctor`: what a worker's own `/health` and `/cache` say about its prompt cache, and how far
-its cache reaches against the registered prefixes.
+its cache reaches against the registered heads.
 
-`diagnose` is pure: it takes the two replies and returns findings in plain words, each quoting
-the worker's fields and numbers, plus what to change. When the entries are fixed-size slabs
+`diagnose` is pure: it reads the two replies into findings in plain words, each quoting the
+worker's fields and numbers, plus what to change. When the entries are fixed-size slabs
 (Flash: ``last_entry_bytes`` is ``prompt_cache.cap_mb`` MiB whatever the prompt) a bigger or
 longer-lived cache comes from the cache-size option, ``cacheMb`` (env ``HALOGEN_CACHE_MB``),
 not from more entries (``HALOGEN_CACHE_ENTRIES``), and every piece of advice says so.
 
-`diagnose_reach` is pure too: it compares Cmax, the largest cached count a fresh-tail call was
-served in the latest probe receipt of this build, with the registered prefixes' token spans
-(from their latest measurement on this build): does each one fit in what one entry resumes?
-Below ``URGENT_CMAX`` tokens the design does not reach past the system prompt: that is urgent.
+`diagnose_reach` is pure too: Cmax against each registered head's span (its latest warm on
+this build, a resumed one first). Cmax is the largest cached count a fresh-tail call (leg B)
+was served, of the B legs the judge did not call unverified, over *every* probe receipt of
+this build: the best evidence wins, so a later, smaller probe never lowers what an earlier
+one proved (at equal Cmax a ceiling beats a lower bound). When every B leg of that receipt
+resumed, Cmax is a lower bound. Whether a head fits is the judge's (`judge_fit`); where the
+engine's alignment shapes Cmax or a fit, the text names it. Below ``URGENT_CMAX`` tokens the
+design does not reach past the system prompt: that is urgent.
 
-`doctor` reads the replies and, given a registry, its receipts and measurements. Nothing here
-guesses a number the server did not send: a missing field is said to be missing.
+Nothing here guesses a number the server did not send: a missing field is said to be missing.
+Receipts and measurements are read through the store; an unreadable receipt proves nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Final, Literal
 
-from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.errors import PrefixregError, UsageError
+from prefixreg.core.jsonio import JSONObject, JSONValue, loads_object
+from prefixreg.core.judge import judge_fit
 from prefixreg.core.records import CacheCounters, strict_count
 from prefixreg.registry.store import Registry
 from prefixreg.server.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.doctor.reach import PrefixSpan, ProbeReach, Reach, read_reach
-
-__all__ = [
-    "CACHE_SIZE_SETTING",
-    "URGENT_CMAX",
-    "Diagnosis",
-    "Finding",
-    "PrefixSpan",
-    "ProbeReach",
-    "diagnose",
-    "diagnose_reach",
-    "doctor",
-]
+from prefixreg.verbs.measure.calls import head_warms
 
 MIB: Final = 1 << 20
 URGENT_CMAX: Final = 4000
@@ -49,8 +44,23 @@ ENTRIES_SETTING: Final = "HALOGEN_CACHE_ENTRIES"
 DENSE_BYTES_PER_POSITION: Final = 64 * 1024
 THRASH_RATIO: Final = 0.9
 THRASH_HIT_RATE: Final = 0.5
-
+# What each other profile can prove.
+CAN_PROVE: Final = {
+    "llamacpp": "per-call cached_tokens (an explicit 0 when cold) and its build from /props; "
+    "llama.cpp has no cache-entry counters, so capacity, survival and eviction are only "
+    "measured with calls (`prefixreg probe`)",
+    "vllm": "per-call cached_tokens only with --enable-prompt-tokens-details (without it every "
+    "call is unverified, never cold) and its build from /version and /v1/models; no counters",
+    "generic": "per-call cached_tokens only if the server sends usage.prompt_tokens_details or "
+    "timings.cache_n; its build is only the model ids of /v1/models; no counters",
+}
 Level = Literal["ok", "info", "warn"]
+FIT_WORDS: Final[dict[str, tuple[Level, str, str]]] = {
+    "fits": ("ok", "fits", "."),
+    "does_not_fit": ("warn", "does not fit", f". Raise {CACHE_SIZE_SETTING}."),
+    "not_proven": ("info", "not proven to fit", "; probe a larger size."),
+    "unverified": ("info", "not known to fit", "."),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +70,6 @@ class Finding:
     level: Level
     topic: str
     text: str
-
-    def to_dict(self) -> JSONObject:
-        return {"level": self.level, "topic": self.topic, "text": self.text}
 
 
 @dataclass(slots=True)
@@ -81,19 +88,29 @@ class Diagnosis:
         self.findings.append(Finding(level, topic, text))
 
     def to_dict(self) -> JSONObject:
-        return {
-            "profile": self.profile,
-            "healthy": self.healthy,
-            "numbers": self.numbers,
-            "findings": [f.to_dict() for f in self.findings],
-        }
+        return {**asdict(self), "healthy": self.healthy}
 
 
-def slab_entries(c: CacheCounters, block: Mapping[str, JSONValue]) -> bool:
-    """Are entries fixed slabs of `prompt_cache.cap_mb` MiB (Flash's measured shape)?"""
-    cap = strict_count(block.get("cap_mb"))
-    size = c.last_entry_bytes
-    return cap is not None and cap > 0 and size is not None and size // MIB == cap
+@dataclass(frozen=True, slots=True)
+class ProbeReach:
+    """A build's best probe receipt: Cmax, whether every B leg resumed whole (Cmax is then a
+    lower bound), when, which sizes, and how many of the build's receipts were weighed."""
+
+    cmax: int
+    whole: bool
+    at: str
+    sizes: tuple[int, ...]
+    receipts: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class HeadSpan:
+    """A named head's span on a build (None: not measured; `error`: failed verification)."""
+
+    name: str
+    sha256: str
+    tokens: int | None
+    error: str | None = None
 
 
 def _raise_setting(slab: bool) -> str:
@@ -103,181 +120,197 @@ def _raise_setting(slab: bool) -> str:
 
 
 def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONValue]) -> None:
-    slab = slab_entries(c, block)
+    cap = strict_count(block.get("cap_mb"))
+    slab = bool(cap) and c.last_entry_bytes is not None and c.last_entry_bytes // MIB == cap
     d.numbers["slab_entries"] = slab
     if c.entries is not None and c.max_entries is not None:
         d.add("info", "entries", f"{c.entries} of max_entries {c.max_entries} entries in use.")
         per = MEASURED_ENTRIES_PER_REQUEST
-        left = lru_survival_stores(c.max_entries, per) // per
-        d.numbers["survival_estimate"] = left
+        left = d.numbers["survival_estimate"] = lru_survival_stores(c.max_entries, per) // per
         text = (
             f"With max_entries {c.max_entries} and {per} entries stored per prompt (system end "
             f"and history end), a prefix survives about {left} foreign prompts before it is "
             "evicted (`prefixreg probe --survival` measures it)."
         )
         if left <= 3:
-            d.add(
-                "warn",
-                "survival",
-                text + f" That is few for a loop that pauses: {_raise_setting(slab)}, "
-                "or run `prefixreg keepalive`.",
-            )
+            text += f" That is few for a loop that pauses: {_raise_setting(slab)}, or run "
+            d.add("warn", "survival", text + "`prefixreg keepalive`.")
         else:
             d.add("info", "survival", text)
     elif c.entries is not None:
         d.add("info", "entries", f"{c.entries} entries in use; /cache reports no max_entries.")
     if c.last_entry_bytes is not None:
-        size = c.last_entry_bytes / MIB
-        cap = block.get("cap_mb")
-        note = f" (/health prompt_cache.cap_mb is {cap})" if cap is not None else ""
-        d.add(
-            "info", "entry_size", f"last_entry_bytes {c.last_entry_bytes:,} = {size:.1f} MiB{note}."
-        )
+        size, raw_cap = c.last_entry_bytes, block.get("cap_mb")
+        note = f" (/health prompt_cache.cap_mb is {raw_cap})" if raw_cap is not None else ""
+        d.add("info", "entry_size", f"last_entry_bytes {size:,} = {size / MIB:.1f} MiB{note}.")
     if slab:
         d.add(
             "info",
             "slab",
             f"Entries are fixed slabs of {c.last_entry_bytes or 0:,} bytes (/health "
-            f"prompt_cache.cap_mb {block.get('cap_mb')}), whatever the prompt size: more "
-            f"entries ({ENTRIES_SETTING}) are more slabs of the same size. What one entry "
-            f"holds, and the room for more, comes from {CACHE_SIZE_SETTING}.",
+            f"prompt_cache.cap_mb {cap}), whatever the prompt size: more entries "
+            f"({ENTRIES_SETTING}) are more slabs of the same size. What one entry holds, and "
+            f"the room for more, comes from {CACHE_SIZE_SETTING}.",
         )
     rate = None
     if c.hits is not None and c.misses is not None:
-        total = c.hits + c.misses
-        rate = None if total == 0 else c.hits / total
+        rate = c.hits / (c.hits + c.misses) if c.hits + c.misses else None
         d.numbers["hit_rate"] = None if rate is None else round(rate, 4)
-        if rate is None:
-            d.add("info", "hit_rate", "no lookups yet (hits 0, misses 0).")
-        else:
-            d.add("info", "hit_rate", f"hits {c.hits:,}, misses {c.misses:,}: hit rate {rate:.1%}.")
+        said = "no lookups yet (hits 0, misses 0)."
+        if rate is not None:
+            said = f"hits {c.hits:,}, misses {c.misses:,}: hit rate {rate:.1%}."
+        d.add("info", "hit_rate", said)
     if c.stores is not None and c.evicted is not None:
-        d.numbers["evicted_per_store"] = None if c.stores == 0 else round(c.evicted / c.stores, 4)
+        d.numbers["evicted_per_store"] = round(c.evicted / c.stores, 4) if c.stores else None
         # Once an LRU is full every store evicts, so the ratio alone only says "full". It is
         # thrashing when entries are evicted that fast *and* lookups rarely find anything.
         churn = c.stores >= 10 and c.evicted >= THRASH_RATIO * c.stores
+        moved = f"stores {c.stores:,}, evicted {c.evicted:,}"
         if churn and rate is not None and rate < THRASH_HIT_RATE:
+            fix = f"Raise {ENTRIES_SETTING} (or HALOGEN_CACHE_MB on dense)"
             d.add(
                 "warn",
                 "thrashing",
                 f"stores {c.stores:,} against evicted {c.evicted:,} with a hit rate of "
                 f"{rate:.1%}: nearly every store evicts an entry before it is reused, so "
-                "prefixes rarely live long enough to be resumed. "
-                + (
-                    "R" + _raise_setting(slab)[1:]
-                    if slab
-                    else f"Raise {ENTRIES_SETTING} (or HALOGEN_CACHE_MB on dense)"
-                )
-                + ", cut foreign traffic, or run `prefixreg keepalive`.",
+                f"prefixes rarely live long enough to be resumed. "
+                f"{'R' + _raise_setting(slab)[1:] if slab else fix}, cut foreign traffic, or "
+                "run `prefixreg keepalive`.",
             )
         elif churn:
-            d.add(
-                "info",
-                "thrashing",
-                f"stores {c.stores:,}, evicted {c.evicted:,}: the cache is full and turns over, "
-                "but lookups still hit.",
-            )
+            text = f"{moved}: the cache is full and turns over, but lookups still hit."
+            d.add("info", "thrashing", text)
         else:
-            d.add("ok", "thrashing", f"stores {c.stores:,}, evicted {c.evicted:,}.")
+            d.add("ok", "thrashing", f"{moved}.")
     if c.refused:
-        d.add(
-            "warn",
-            "refused",
-            f"refused {c.refused:,}: stores the budget could not take. Raise {CACHE_SIZE_SETTING}.",
-        )
-
-
-def _diagnose_budget(
-    d: Diagnosis, health: Mapping[str, JSONValue], raw: Mapping[str, object]
-) -> None:
-    """Dense: can the configured budget hold even one full-context entry?"""
-    cap_bytes = strict_count(raw.get("cap_bytes"))
-    slot_ctx = strict_count(health.get("slot_ctx")) or strict_count(health.get("context"))
-    if cap_bytes is None or slot_ctx is None:
-        return
-    full = slot_ctx * DENSE_BYTES_PER_POSITION
-    d.numbers["full_context_entry_bytes"] = full
-    if cap_bytes < full:
-        d.add(
-            "warn",
-            "budget",
-            f"cap_bytes {cap_bytes:,} cannot hold one full-context entry (slot_ctx {slot_ctx:,} x "
-            f"64 KiB = {full:,} bytes): the cache reports itself enabled and never hits. "
-            "Raise HALOGEN_CACHE_MB (or leave it empty for auto).",
-        )
-    else:
-        d.add(
-            "ok",
-            "budget",
-            f"cap_bytes {cap_bytes:,} holds {cap_bytes // full} full-context entries.",
-        )
+        text = f"refused {c.refused:,}: stores the budget could not take. Raise "
+        d.add("warn", "refused", text + f"{CACHE_SIZE_SETTING}.")
 
 
 def diagnose(
     profile: str, health: Mapping[str, JSONValue], cache_raw: Mapping[str, object] | None
 ) -> Diagnosis:
-    """Read a worker's `/health` and `/cache` replies into findings (pure)."""
+    """Read a worker's `/health` and `/cache` replies into findings (pure).
+
+    Raises:
+        UsageError: arguments of the wrong types.
+    """
+    given: list[object] = [profile, health, cache_raw]
+    if not isinstance(given[0], str) or not isinstance(given[1], Mapping):
+        raise UsageError("diagnose takes a profile name and the /health reply (a mapping)")
+    if given[2] is not None and not isinstance(given[2], Mapping):
+        raise UsageError("the /cache reply must be a mapping or None")
     d = Diagnosis(profile=profile)
     block = health.get("prompt_cache")
     block = block if isinstance(block, dict) else {}
     d.numbers["prompt_cache"] = dict(block) if block else None
     if profile != "halogen":
-        can = {
-            "llamacpp": "per-call cached_tokens (usage.prompt_tokens_details, with an explicit "
-            "0 when cold, and timings.cache_n), build identity from /props; it cannot prove "
-            "capacity, survival or eviction: llama.cpp has no cache-entry counters, so those "
-            "are only measured with calls (`prefixreg probe`)",
-            "vllm": "per-call cached_tokens only when the server runs with "
-            "--enable-prompt-tokens-details (without it every call is unverified, never cold), "
-            "build identity from /version and /v1/models (ids, max_model_len); it cannot prove "
-            "cache-entry counts, survival or eviction: no counters",
-            "generic": "per-call cached_tokens only if the server sends "
-            "usage.prompt_tokens_details or timings.cache_n; build identity is only the model "
-            "ids of /v1/models; no counters",
-        }.get(profile, "nothing beyond per-call usage")
+        can = CAN_PROVE.get(profile, "nothing beyond per-call usage")
         d.add("info", "profile", f"server profile {profile}: it can prove {can}.")
         return d
     if block.get("enabled") is False:
         d.add("warn", "enabled", "/health prompt_cache.enabled is false: nothing will resume.")
-    mode = block.get("mode")
-    if mode is not None:
-        d.add(
-            "info",
-            "mode",
-            f"prompt_cache.mode {mode} (2 resumes any shared prefix, 1 exact repeats, 0 off).",
-        )
+    if (mode := block.get("mode")) is not None:
+        text = f"prompt_cache.mode {mode} (2 resumes any shared prefix, 1 exact repeats, 0 off)."
+        d.add("info", "mode", text)
     if block.get("bitwise_identical_to_cold") is False:
-        d.add(
-            "info",
-            "bitwise",
-            "bitwise_identical_to_cold is false: a resumed answer may differ from a cold one.",
-        )
+        text = "bitwise_identical_to_cold is false: a resumed answer may differ from a cold one."
+        d.add("info", "bitwise", text)
     if cache_raw is None:
         d.add("warn", "cache", "/cache is not available: counters cannot be read.")
         return d
     counters = CacheCounters.from_server(cache_raw)
     d.numbers["cache"] = counters.to_dict()
     _diagnose_counters(d, counters, block)
-    _diagnose_budget(d, health, cache_raw)
+    # Dense: can the configured budget hold even one full-context entry?
+    cap_bytes = strict_count(cache_raw.get("cap_bytes"))
+    slot_ctx = strict_count(health.get("slot_ctx")) or strict_count(health.get("context"))
+    if cap_bytes is not None and slot_ctx is not None:
+        full = d.numbers["full_context_entry_bytes"] = slot_ctx * DENSE_BYTES_PER_POSITION
+        if cap_bytes < full:
+            d.add(
+                "warn",
+                "budget",
+                f"cap_bytes {cap_bytes:,} cannot hold one full-context entry (slot_ctx "
+                f"{slot_ctx:,} x 64 KiB = {full:,} bytes): the cache reports itself enabled "
+                "and never hits. Raise HALOGEN_CACHE_MB (or leave it empty for auto).",
+            )
+        else:
+            text = f"cap_bytes {cap_bytes:,} holds {cap_bytes // full} full-context entries."
+            d.add("ok", "budget", text)
     return d
 
 
-def diagnose_reach(d: Diagnosis, reach: Reach, build_id: str) -> None:
-    """Cmax of the latest probe of this build against the registered prefixes (pure)."""
-    probe = reach.probe
-    if probe is None or probe.cmax is None:
-        d.add(
-            "info",
-            "cmax",
-            f"no probe receipt with a Cmax for this build ({build_id}): `prefixreg probe` "
-            "measures how many tokens one entry resumes.",
-        )
-        d.numbers["cmax"] = None
+def _receipt_reach(path: Path, raw: bytes, build_id: str) -> ProbeReach | None:
+    try:
+        receipt = loads_object(raw, path=path)
+    except PrefixregError:
+        return None  # an unreadable receipt proves nothing
+    build, calls, options = receipt.get("build"), receipt.get("calls"), receipt.get("options")
+    if not isinstance(build, dict) or build.get("build_id") != build_id:
+        return None
+    calls = calls if isinstance(calls, list) else []
+    legs = [c for c in calls if isinstance(c, dict) and c.get("leg") == "B"]
+    judged = [c.get("evidence") for c in legs if c.get("verdict") in ("resumed", "partial", "cold")]
+    counts = [strict_count(ev.get("cached_tokens")) for ev in judged if isinstance(ev, dict)]
+    if not (valid := [n for n in counts if n is not None]):
+        return None
+    sizes = options.get("sizes") if isinstance(options, dict) else None
+    at = receipt.get("at")
+    return ProbeReach(
+        cmax=max(valid),
+        whole=all(c.get("verdict") == "resumed" for c in legs),
+        at=at if isinstance(at, str) else "?",
+        sizes=tuple(s for s in sizes if type(s) is int) if isinstance(sizes, list) else (),
+    )
+
+
+def best_reach(registry: Registry, build_id: str) -> ProbeReach | None:
+    """The best Cmax evidence of `build_id` over all its probe receipts."""
+    receipts = registry.probe_receipts()
+    found = [r for path, raw in receipts if (r := _receipt_reach(path, raw, build_id))]
+    best = max(found, key=lambda r: (r.cmax, not r.whole), default=None)
+    return None if best is None else replace(best, receipts=len(found))
+
+
+def head_spans(registry: Registry, build_id: str) -> list[HeadSpan]:
+    """Every named head and its span on `build_id`: its latest warm's, a resumed one first."""
+    out = []
+    for name, sha in registry.names().items():
+        try:
+            head = registry.head(name)
+            warms = head_warms(registry, head, build_id)
+        except PrefixregError as exc:
+            out.append(HeadSpan(name, sha, None, str(exc)))
+            continue
+        spans = [
+            (m.outcome.verdict == "resumed", i, span)
+            for i, m in enumerate(warms)
+            if (span := m.outcome.span_tokens)
+        ]
+        out.append(HeadSpan(name, head.sha256, max(spans)[2] if spans else None))
+    return out
+
+
+def diagnose_reach(
+    d: Diagnosis,
+    probe: ProbeReach | None,
+    spans: list[HeadSpan],
+    build_id: str,
+    alignment: int = 0,
+) -> None:
+    """Cmax of this build's best probe against the registered heads (pure)."""
+    d.numbers["cmax"] = None if probe is None else probe.cmax
+    d.numbers["alignment"] = alignment
+    if probe is None:
+        text = f"no probe receipt with a Cmax for this build ({build_id}): `prefixreg probe` "
+        d.add("info", "cmax", text + "measures how many tokens one entry resumes.")
     else:
-        d.numbers["cmax"] = probe.cmax
-        bound = "at least " if probe.whole else ""
+        best = f"the best of {probe.receipts} probes of this build: " if probe.receipts > 1 else ""
         sizes = ", ".join(f"{s:,}" for s in probe.sizes) or "?"
-        where = f"probe of {probe.at}, sizes {sizes} characters"
+        where = f"{best}probe of {probe.at}, sizes {sizes} characters"
+        if alignment > 1:
+            where += f"; counted in multiples of the server's {alignment:,}-token alignment"
         if probe.cmax < URGENT_CMAX:
             d.add(
                 "warn",
@@ -287,56 +320,41 @@ def diagnose_reach(d: Diagnosis, reach: Reach, build_id: str) -> None:
                 f"after it on every call. Raise {CACHE_SIZE_SETTING}.",
             )
         else:
+            bound = "at least " if probe.whole else ""
             d.add("info", "cmax", f"Cmax is {bound}{probe.cmax:,} tokens ({where}).")
-    for p in reach.prefixes:
-        _prefix_fit(d, p, probe)
-
-
-def _prefix_fit(d: Diagnosis, p: PrefixSpan, probe: ProbeReach | None) -> None:
-    label = f"{p.name} ({p.sha256[:12]})"
-    if p.tokens is None:
-        d.add(
-            "info",
-            "fit",
-            f"{label}: no measurement on this build: `prefixreg warm {p.name}` measures its "
-            "token span.",
-        )
-        return
-    if probe is None or probe.cmax is None:
-        d.add("info", "fit", f"{label}: about {p.tokens:,} tokens; no Cmax to compare it with.")
-        return
-    if p.tokens <= probe.cmax:
-        d.add(
-            "ok",
-            "fit",
-            f"{label}: about {p.tokens:,} tokens fits in what one entry resumes "
-            f"(Cmax {probe.cmax:,}).",
-        )
-    elif probe.whole:
-        d.add(
-            "info",
-            "fit",
-            f"{label}: about {p.tokens:,} tokens, more than the largest size the probe "
-            f"resumed (Cmax at least {probe.cmax:,}): not proven; probe a larger size.",
-        )
-    else:
-        d.add(
-            "warn",
-            "fit",
-            f"{label}: about {p.tokens:,} tokens does not fit in one entry: a fresh call "
-            f"resumes at most {probe.cmax:,} tokens of it. Raise {CACHE_SIZE_SETTING}.",
-        )
+    for p in spans:
+        label = f"{p.name} ({p.sha256[:12]})"
+        if p.error is not None:
+            d.add("warn", "fit", f"{label}: cannot be used: {p.error} (`prefixreg verify`).")
+        elif p.tokens is None:
+            text = f"{label}: no measurement on this build: `prefixreg warm {p.name}` measures"
+            d.add("info", "fit", text + " its token span.")
+        elif probe is None:
+            text = f"{label}: about {p.tokens:,} tokens; no Cmax to compare it with."
+            d.add("info", "fit", text)
+        else:
+            fit, why = judge_fit(p.tokens, probe.cmax, lower_bound=probe.whole, alignment=alignment)
+            level, words, advice = FIT_WORDS[fit]
+            d.add(level, "fit", f"{label}: {words} in one entry: {why}{advice}")
 
 
 def doctor(worker: Worker, registry: Registry | None = None) -> Diagnosis:
-    """Read `/health` (and `/cache` on Halogen) and diagnose; with a registry, also compare
-    the latest probe's Cmax on this build with the registered prefixes."""
+    """Read `/health` (and `/cache` on Halogen) and diagnose; with a registry, also weigh
+    this build's probe receipts against the registered heads.
+
+    Raises:
+        UsageError: `worker` is not a `Worker`, or `registry` not a `Registry` or None.
+        WorkerError: the worker could not be reached or answered an HTTP error.
+    """
+    given: list[object] = [worker, registry]
+    if not isinstance(given[0], Worker) or not isinstance(given[1], (Registry, type(None))):
+        raise UsageError("doctor takes a Worker and, optionally, a Registry")
     profile = worker.detect_profile()
     health = worker.health() if profile == "halogen" else {}
-    raw = worker.cache_raw() if profile == "halogen" else None
-    diagnosis = diagnose(profile, health, raw)
+    diagnosis = diagnose(profile, health, worker.cache_raw() if profile == "halogen" else None)
     if registry is not None:
-        build_id = worker.server_build().build_id
-        diagnosis.numbers["build_id"] = build_id
-        diagnose_reach(diagnosis, read_reach(registry, build_id), build_id)
+        build = worker.server_build()
+        diagnosis.numbers["build_id"] = build.build_id
+        probe, spans = best_reach(registry, build.build_id), head_spans(registry, build.build_id)
+        diagnose_reach(diagnosis, probe, spans, build.build_id, build.snapshot_align)
     return diagnosis

@@ -1,21 +1,14 @@
-"""The six `/cache` counter checks of a probe, per call and over lagged windows. Pure.
+"""A probe's calls (`ProbeCall`) and the six `/cache` counter checks over them. Pure.
 
-Each probe call has a window: the `/cache` snapshots just before and just after it. A check
+Each call has a window: the `/cache` snapshots just before and just after it. A check
 compares what the counters moved in a window with what the call's own evidence says. Halogen
 Flash was measured to publish `prompt_tokens_saved`, `hits` and `misses` one call late, so a
 check that fails per call is tried again with attribution shifted by one or two windows
 ("windowed"); passing only then means "the counters are right, but land L calls late".
 A window whose `hits + misses` moved by more than one call is *interleaved* (foreign traffic);
 no lagged check counts it or its neighbours, since a lagged count is published by whichever
-request starts next and can trade places with a foreign one across adjacent windows.
-
-Checks:
-1. `prompt_tokens_saved` delta across A2 equals A2's `cached_tokens`;
-2. hits +1 / misses +0 across A2 and B, misses +1 across A1 (from each call's evidence);
-3. `stores` delta equals `evicted` delta on every call once the cache is full;
-4. `entries` stays at `max_entries` once full;
-5. `last_entry_bytes` after the smallest vs the largest store (information, never a failure);
-6. `refused` stays 0.
+request starts next and can trade places with a foreign one across adjacent windows. A check
+with nothing to compare is `n/a`, never a pass; check 5 is information, never a failure.
 """
 
 from __future__ import annotations
@@ -25,35 +18,53 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.records import CacheCounters, CallEvidence
-from prefixreg.server.evidence import counter_deltas, is_interleaved
-
-__all__ = ["LAGS", "CheckResult", "Status", "Window", "run_checks"]
+from prefixreg.core.judge import Judgement, Verdict
+from prefixreg.server.evidence import counter_deltas
+from prefixreg.verbs.measure.calls import CallRecord
 
 Status = Literal["pass", "fail", "n/a", "info"]
 LAGS: Final = (1, 2)
+TITLES: Final = {
+    1: "prompt_tokens_saved delta across A2 equals its cached_tokens",
+    2: "hits +1 / misses +0 across A2 and B, misses +1 across A1",
+    3: "stores delta equals evicted delta once the cache is full",
+    4: "entries stays at max_entries once full",
+    5: "last_entry_bytes after the smallest vs the largest store",
+    6: "refused stays 0",
+}
 
 
 @dataclass(frozen=True, slots=True)
-class Window:
-    """One call as the checks see it."""
+class ProbeCall:
+    """One call the probe made: which leg, which size, what was sent (by hash), what was
+    seen, and the judge's verdict on it (None for foreign prompts, which are not judged)."""
 
     leg: str
     size: int | None
-    evidence: CallEvidence
-    before: CacheCounters | None
-    after: CacheCounters | None
+    sha256: str
+    record: CallRecord
+    judgement: Judgement | None = None
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return None if self.judgement is None else self.judgement.verdict
 
     @property
     def interleaved(self) -> bool:
-        if self.before is None or self.after is None:
-            return False
-        return is_interleaved(self.before, self.after, 1)
+        return self.record.interleaved is True
 
     def delta(self, name: str) -> int | None:
-        if self.before is None or self.after is None:
-            return None
-        return counter_deltas(self.before, self.after)[name]
+        """What counter `name` moved in this call's window (None: no snapshots)."""
+        before, after = self.record.before, self.record.after
+        return None if before is None or after is None else counter_deltas(before, after)[name]
+
+    def __str__(self) -> str:
+        return f"{self.leg}@{self.size}"
+
+    def to_dict(self) -> JSONObject:
+        judged = {"verdict": None} if self.judgement is None else self.judgement.to_dict()
+        head = {"leg": self.leg, "size": self.size, "sha256": self.sha256}
+        return {**head, **judged, **self.record.to_dict()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,198 +83,135 @@ class CheckResult:
         """Failed beyond the lag explanation."""
         return self.per_call == "fail" and self.windowed != "pass"
 
-    def to_dict(self) -> JSONObject:
-        return {
-            "number": self.number,
-            "title": self.title,
-            "per_call": self.per_call,
-            "windowed": self.windowed,
-            "lag": self.lag,
-            "detail": self.detail,
-        }
+
+def _result(number: int, status: Status, detail: str, lag: int | None = None) -> CheckResult:
+    return CheckResult(number, TITLES[number], status, status, lag, detail)
 
 
-Expect = Callable[[Window], dict[str, int] | None]
+Expect = Callable[[ProbeCall], dict[str, int] | None]
 
 
 def _attributed(
-    windows: Sequence[Window], targets: Sequence[int], expect: Expect, lag: int
-) -> tuple[bool, int, list[str]]:
-    """Do the windows `lag` calls after each target move as the target's expectation says?
-
-    Returns (all matched, number compared, mismatch notes). Interleaved windows and calls
-    without verified evidence are left out, not counted as passes.
-    """
+    calls: Sequence[ProbeCall], targets: Sequence[int], expect: Expect, lag: int
+) -> tuple[int, list[str]]:
+    """(calls compared, mismatches) when each target's expectation is credited to the window
+    `lag` calls after it. Interleaved windows and unverified calls are left out, not passed."""
     compared, notes = 0, []
     for i in targets:
         j = i + lag
-        if j >= len(windows):
+        want = expect(calls[i]) if j < len(calls) else None
+        # Lagged counters publish when the *next* request starts, whoever sends it: a window
+        # only counts when none from just before the target to just after it is interleaved.
+        if want is None or calls[j].record.before is None:
             continue
-        want = expect(windows[i])
-        win = windows[j]
-        # Lagged counters publish when the *next* request starts, whoever sends it, so a
-        # foreign call can swap places with ours across adjacent windows: a window only
-        # counts when no window from just before the target to just after the credited one
-        # shows foreign traffic.
-        span = windows[max(0, i - 1) : j + 2]
-        if want is None or win.before is None or any(w.interleaved for w in span):
+        if any(c.interleaved for c in calls[max(0, i - 1) : j + 2]):
             continue
         compared += 1
         for name, value in want.items():
-            got = win.delta(name)
-            if got != value:
-                notes.append(f"{windows[i].leg}@{windows[i].size}: {name} {got} != {value}")
-    return not notes and compared > 0, compared, notes
+            if (got := calls[j].delta(name)) != value:
+                notes.append(f"{calls[i]}: {name} {got} != {value}")
+    return compared, notes
 
 
 def _lagged_check(
-    number: int, title: str, windows: Sequence[Window], targets: Sequence[int], expect: Expect
+    number: int, calls: Sequence[ProbeCall], targets: Sequence[int], expect: Expect
 ) -> CheckResult:
-    ok, compared, notes = _attributed(windows, targets, expect, 0)
-    if ok:
-        return CheckResult(number, title, "pass", "pass", 0, f"{compared} calls, per call")
-    per_call: Status = "fail" if compared else "n/a"
+    compared, notes = _attributed(calls, targets, expect, 0)
+    if compared and not notes:
+        return _result(number, "pass", f"{compared} calls, per call", 0)
     for lag in LAGS:
-        ok_lag, n_lag, _ = _attributed(windows, targets, expect, lag)
-        if ok_lag:
+        n_lag, lag_notes = _attributed(calls, targets, expect, lag)
+        if n_lag and not lag_notes:
             late = "one call" if lag == 1 else f"{lag} calls"
             before = f"per call: {'; '.join(notes[:3])}. " if notes else ""
-            detail = f"{before}Over windows: {n_lag} calls match when "
-            detail += f"the counters land {late} late (counter lag {lag})."
-            return CheckResult(number, title, per_call, "pass", lag, detail)
-    if per_call == "n/a":
-        return CheckResult(number, title, "n/a", "n/a", None, "no window to compare")
-    return CheckResult(number, title, "fail", "fail", None, "; ".join(notes[:4]))
+            detail = f"{before}Over windows: {n_lag} calls match when the counters land {late} "
+            detail += f"late (counter lag {lag})."
+            per_call: Status = "fail" if compared else "n/a"
+            return CheckResult(number, TITLES[number], per_call, "pass", lag, detail)
+    if not compared:
+        return _result(number, "n/a", "no window to compare")
+    return _result(number, "fail", "; ".join(notes[:4]))
 
 
-def _saved(w: Window) -> dict[str, int] | None:
-    cached = w.evidence.cached_tokens
-    if w.evidence.cache_state == "unverified" or cached is None:
-        return None
-    return {"prompt_tokens_saved": cached}
+def _saved(c: ProbeCall) -> dict[str, int] | None:
+    ev = c.record.evidence
+    unknown = ev.cache_state == "unverified" or ev.cached_tokens is None
+    return None if unknown else {"prompt_tokens_saved": ev.cached_tokens or 0}
 
 
-def _hit_miss(w: Window) -> dict[str, int] | None:
-    if w.evidence.cache_state == "unverified":
-        return None
-    hit = w.evidence.cache_state == "reused"
-    return {"hits": 1 if hit else 0, "misses": 0 if hit else 1}
+def _hit_miss(c: ProbeCall) -> dict[str, int] | None:
+    state = c.record.evidence.cache_state
+    hit = state == "reused"
+    return None if state == "unverified" else {"hits": int(hit), "misses": int(not hit)}
 
 
-def _full_from(windows: Sequence[Window]) -> int | None:
-    for i, w in enumerate(windows):
-        b = w.before
-        if b is not None and b.entries is not None and b.entries == b.max_entries:
-            return i
-    return None
-
-
-def _check_stores(windows: Sequence[Window], full: int | None) -> CheckResult:
-    title = "stores delta equals evicted delta once the cache is full"
-    if full is None:
-        return CheckResult(3, title, "n/a", "n/a", None, "the cache never reported itself full")
-    bad, n = [], 0
-    for w in windows[full:]:
-        s, e = w.delta("stores"), w.delta("evicted")
-        if w.interleaved or s is None or e is None:
-            continue
-        n += 1
-        if s != e:
-            bad.append(f"{w.leg}@{w.size}: stores +{s}, evicted +{e}")
-    status: Status = "fail" if bad else ("pass" if n else "n/a")
-    return CheckResult(3, title, status, status, None, "; ".join(bad[:4]) or f"{n} calls")
-
-
-def _check_entries(windows: Sequence[Window], full: int | None) -> CheckResult:
-    title = "entries stays at max_entries once full"
-    if full is None:
-        return CheckResult(4, title, "n/a", "n/a", None, "the cache never reported itself full")
-    bad = [
-        f"{w.leg}@{w.size}: entries {w.after.entries} of {w.after.max_entries}"
-        for w in windows[full:]
-        if w.after is not None and w.after.entries != w.after.max_entries
+def _check_full(calls: Sequence[ProbeCall]) -> list[CheckResult]:
+    """Checks 3 and 4, from the first call that starts with the cache full."""
+    starts = [c.record.before for c in calls]
+    is_full = [
+        b is not None and b.entries is not None and b.entries == b.max_entries for b in starts
     ]
-    status: Status = "fail" if bad else "pass"
-    first = windows[full].before
-    size = None if first is None else first.max_entries
-    return CheckResult(4, title, status, status, None, "; ".join(bad[:4]) or f"{size} entries")
-
-
-def _check_entry_bytes(windows: Sequence[Window], sizes: Sequence[int]) -> CheckResult:
-    title = "last_entry_bytes after the smallest vs the largest store"
-    if len(set(sizes)) < 2:
-        return CheckResult(5, title, "n/a", "n/a", None, "needs two sizes to compare")
-    firsts = {w.size: w for w in windows if w.leg == "A1" and w.after is not None}
-    small, large = (
-        firsts.get(min(sizes)) if sizes else None,
-        firsts.get(max(sizes)) if sizes else None,
-    )
-    if small is None or large is None or small.after is None or large.after is None:
-        return CheckResult(5, title, "n/a", "n/a", None, "no /cache snapshots around A1")
-    b_small, b_large = small.after.last_entry_bytes, large.after.last_entry_bytes
-    if b_small is None or b_large is None:
-        return CheckResult(5, title, "n/a", "n/a", None, "/cache reports no last_entry_bytes")
-    if b_small == b_large:
-        detail = (
-            f"{b_small:,} bytes after both: a fixed entry size, so only cached_tokens can "
-            "answer capacity"
-        )
-        return CheckResult(5, title, "info", "info", None, detail)
-    p_small, p_large = small.evidence.prompt_tokens, large.evidence.prompt_tokens
-    per = None
-    if p_small is not None and p_large is not None and p_large != p_small:
-        per = (b_large - b_small) / (p_large - p_small)
-    detail = f"{b_small:,} -> {b_large:,} bytes: entries grow with the prompt"
-    if per is not None:
-        detail += f", about {per:,.0f} bytes per position"
-    return CheckResult(5, title, "info", "info", None, detail)
-
-
-def _check_refused(windows: Sequence[Window]) -> CheckResult:
-    title = "refused stays 0"
-    bad, n = [], 0
-    for w in windows:
-        r = w.delta("refused")
-        if r is None:
-            continue
-        n += 1
-        if r:
-            prompt = w.evidence.prompt_tokens
-            bad.append(
-                f"+{r} on {w.leg}@{w.size} ({prompt} prompt tokens): the budget is too small"
-            )
-    if n == 0:
-        return CheckResult(6, title, "n/a", "n/a", None, "/cache reports no refused counter")
-    status: Status = "fail" if bad else "pass"
-    return CheckResult(6, title, status, status, None, "; ".join(bad[:4]) or f"{n} calls")
-
-
-def run_checks(windows: Sequence[Window], sizes: Sequence[int]) -> list[CheckResult]:
-    """All six checks over the probe's calls, in the order they were made."""
-    if not any(w.before is not None for w in windows):
-        return [
-            CheckResult(n, t, "n/a", "n/a", None, "the server has no /cache counters")
-            for n, t in (
-                (1, "prompt_tokens_saved delta across A2 equals its cached_tokens"),
-                (2, "hits +1 / misses +0 across A2 and B, misses +1 across A1"),
-                (3, "stores delta equals evicted delta once the cache is full"),
-                (4, "entries stays at max_entries once full"),
-                (5, "last_entry_bytes after the smallest vs the largest store"),
-                (6, "refused stays 0"),
-            )
-        ]
-    a2 = [i for i, w in enumerate(windows) if w.leg == "A2"]
-    legs = [i for i, w in enumerate(windows) if w.leg in ("A1", "A2", "B")]
-    full = _full_from(windows)
+    if True not in is_full:
+        return [_result(n, "n/a", "the cache never reported itself full") for n in (3, 4)]
+    full = is_full.index(True)
+    moved = [(c, c.delta("stores"), c.delta("evicted")) for c in calls[full:]]
+    counted = [(c, s, e) for c, s, e in moved if not c.interleaved and None not in (s, e)]
+    bad = [f"{c}: stores +{s}, evicted +{e}" for c, s, e in counted if s != e]
+    status: Status = "fail" if bad else ("pass" if counted else "n/a")
+    off = [
+        f"{c}: entries {a.entries} of {a.max_entries}"
+        for c in calls[full:]
+        if (a := c.record.after) is not None and a.entries != a.max_entries
+    ]
+    held = f"{getattr(starts[full], 'max_entries', None)} entries"
     return [
-        _lagged_check(
-            1, "prompt_tokens_saved delta across A2 equals its cached_tokens", windows, a2, _saved
-        ),
-        _lagged_check(
-            2, "hits +1 / misses +0 across A2 and B, misses +1 across A1", windows, legs, _hit_miss
-        ),
-        _check_stores(windows, full),
-        _check_entries(windows, full),
-        _check_entry_bytes(windows, sizes),
-        _check_refused(windows),
+        _result(3, status, "; ".join(bad[:4]) or f"{len(counted)} calls"),
+        _result(4, "fail" if off else "pass", "; ".join(off[:4]) or held),
+    ]
+
+
+def _check_entry_bytes(calls: Sequence[ProbeCall], sizes: Sequence[int]) -> CheckResult:
+    if len(set(sizes)) < 2:
+        return _result(5, "n/a", "needs two sizes to compare")
+    firsts = {c.size: (c, a) for c in calls if c.leg == "A1" and (a := c.record.after)}
+    if min(sizes) not in firsts or max(sizes) not in firsts:
+        return _result(5, "n/a", "no /cache snapshots around A1")
+    (small, after_small), (large, after_large) = firsts[min(sizes)], firsts[max(sizes)]
+    b_small, b_large = after_small.last_entry_bytes, after_large.last_entry_bytes
+    if b_small is None or b_large is None:
+        return _result(5, "n/a", "/cache reports no last_entry_bytes")
+    if b_small == b_large:
+        detail = f"{b_small:,} bytes after both: a fixed entry size, so only cached_tokens can"
+        return _result(5, "info", detail + " answer capacity")
+    detail = f"{b_small:,} -> {b_large:,} bytes: entries grow with the prompt"
+    p_small, p_large = small.record.evidence.prompt_tokens, large.record.evidence.prompt_tokens
+    if p_small is not None and p_large is not None and p_large != p_small:
+        detail += f", about {(b_large - b_small) / (p_large - p_small):,.0f} bytes per position"
+    return _result(5, "info", detail)
+
+
+def _check_refused(calls: Sequence[ProbeCall]) -> CheckResult:
+    moved = [(c, r) for c in calls if (r := c.delta("refused")) is not None]
+    if not moved:
+        return _result(6, "n/a", "/cache reports no refused counter")
+    bad = [
+        f"+{r} on {c} ({c.record.evidence.prompt_tokens} prompt tokens): the budget is too small"
+        for c, r in moved
+        if r
+    ]
+    return _result(6, "fail" if bad else "pass", "; ".join(bad[:4]) or f"{len(moved)} calls")
+
+
+def run_checks(calls: Sequence[ProbeCall], sizes: Sequence[int]) -> list[CheckResult]:
+    """The six checks (`TITLES`) over a probe's calls, in the order they were made."""
+    if not any(c.record.before is not None for c in calls):
+        return [_result(n, "n/a", "the server has no /cache counters") for n in TITLES]
+    a2 = [i for i, c in enumerate(calls) if c.leg == "A2"]
+    legs = [i for i, c in enumerate(calls) if c.leg in ("A1", "A2", "B")]
+    return [
+        _lagged_check(1, calls, a2, _saved),
+        _lagged_check(2, calls, legs, _hit_miss),
+        *_check_full(calls),
+        _check_entry_bytes(calls, sizes),
+        _check_refused(calls),
     ]

@@ -1,85 +1,37 @@
-"""A probe run's data and its reading: `ProbeOptions`, `ProbeCall`, `ProbeReport`. Pure.
-
-`ProbeReport` holds every call a probe made (leg, size, evidence, `/cache` snapshots), the
-six counter checks and the survival search, and renders them: `to_dict` (the JSON receipt,
-`--json`), `to_markdown` (the verdict a person reads) and `follows` (what the numbers mean).
+"""`ProbeReport`: every call a probe made, its six counter checks and survival search, read
+as the JSON receipt (`to_dict`), the verdict a person reads (`to_markdown`) and what the
+numbers mean (`follows`). Pure.
 
 Invariants:
+- Every verdict is the judge's (`prefixreg.core.judge`); nothing here compares a cached
+  count with a span. Where the engine's alignment let a count pass, the text names it.
 - Every number shown is a server-reported count or a wall time the client measured; a value
   the server did not report is shown as `-` or said to be unverified, never as zero.
-- `outcome` is `ok` only when something was verified: a leg that answers a question lacks
-  counts, a survival trial whose count was unverified, or a run whose checks are all `n/a`
-  on a server that has `/cache` makes it `unverified`.
+- `outcome` is `ok` only when something was verified: a judged leg (A1 aside) the judge
+  calls unverified, a survival trial whose count was unverified, or a run whose checks are
+  all `n/a` on a server that has `/cache` makes it `unverified`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Final, Literal
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Final, Literal
 
-from prefixreg.core.frame import Frame
-from prefixreg.core.jsonio import JSONObject, JSONValue
-from prefixreg.core.judge import Verdict
+from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.judge import alignment_shaped
 from prefixreg.core.records import ServerBuild
-from prefixreg.verbs.measure.calls import CallRecord
-from prefixreg.verbs.probe.checks import CheckResult, Window
+from prefixreg.verbs.probe.checks import CheckResult, ProbeCall
 
-__all__ = [
-    "DEFAULT_SIZES",
-    "Outcome",
-    "ProbeCall",
-    "ProbeOptions",
-    "ProbeReport",
-]
+if TYPE_CHECKING:
+    from prefixreg.verbs.probe.run import ProbeOptions
 
-DEFAULT_SIZES: Final = (4000, 16000, 32000, 64000)
 Outcome = Literal["ok", "check_failed", "unverified"]
-Legs = Literal["all", "report"]
-LEG_ORDER: Final = ("A1", "A2", "B", "C")
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeOptions:
-    """What to probe: sizes in characters, foreign prompts for leg C, survival search."""
-
-    sizes: tuple[int, ...] = DEFAULT_SIZES
-    foreign: int = 9
-    foreign_chars: int = 2000
-    corpus: str | None = None
-    survival: bool = False
-    force: bool = False
-    legs: Legs = "all"  # report: leg C at the size nearest 16k only (the report's 22 calls)
-    # A verified frame: each size's prefix is sent with its tools and settings, and legs are
-    # judged against that whole head (the slice plus the tools it renders).
-    frame: Frame | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeCall:
-    """One call the probe made: which leg, which size, what was sent (by hash) and seen."""
-
-    leg: str
-    size: int | None
-    sha256: str
-    record: CallRecord
-    verdict: Verdict | None = None
-    span_tokens: int | None = None
-    coverage: float | None = None
-
-    def window(self) -> Window:
-        r = self.record
-        return Window(self.leg, self.size, r.evidence, r.before, r.after)
-
-    def to_dict(self) -> JSONObject:
-        return {
-            "leg": self.leg,
-            "size": self.size,
-            "sha256": self.sha256,
-            "verdict": self.verdict,
-            "span_tokens": self.span_tokens,
-            "coverage": self.coverage,
-            **self.record.to_dict(),
-        }
+ANSWERS: Final = {
+    "A1": "cold baseline",
+    "A2": "positions one entry holds",
+    "B": "what a fresh call resumes",
+    "C": "does the prefix survive the LRU?",
+}
 
 
 @dataclass(slots=True)
@@ -105,32 +57,28 @@ class ProbeReport:
 
     @property
     def cmax(self) -> int | None:
-        """The largest cached count a fresh-tail call (B) was served: the measured Cmax."""
-        values = [c.record.evidence.cached_tokens for c in self.legs("B")]
-        valid = [v for v in values if v is not None]
-        return max(valid) if valid else None
+        """The largest cached count a fresh-tail call (B) was served, of the B legs whose
+        counts the judge took (not unverified): the measured Cmax."""
+        judged = [c for c in self.legs("B") if c.verdict != "unverified"]
+        counts = [c.record.evidence.cached_tokens for c in judged]
+        return max((n for n in counts if n is not None), default=None)
 
     @property
     def stores_per_prompt(self) -> int | None:
         """Entries one foreign prompt stores, read from the counters (median; None: no /cache)."""
-        deltas = sorted(
-            d
-            for c in self.legs("foreign")
-            if not c.record.interleaved and (d := c.window().delta("stores")) is not None
-        )
+        moved = [c.delta("stores") for c in self.legs("foreign") if not c.interleaved]
+        deltas = sorted(d for d in moved if d is not None)
         return deltas[len(deltas) // 2] if deltas else None
 
     @property
-    def unverified(self) -> list[ProbeCall]:
-        return [
-            c
-            for c in self.calls
-            if c.leg != "foreign" and c.record.evidence.cache_state == "unverified"
-        ]
+    def has_cache(self) -> bool:
+        return any(c.record.before is not None for c in self.calls)
 
     @property
-    def interleaved(self) -> list[ProbeCall]:
-        return [c for c in self.calls if c.record.interleaved]
+    def checks_unverified(self) -> bool:
+        """Every counter check is n/a on a server that has `/cache`: nothing was compared."""
+        blind = bool(self.checks) and all(c.per_call == "n/a" for c in self.checks)
+        return blind and (self.build.profile == "halogen" or self.has_cache)
 
     @property
     def survival_unverified(self) -> bool:
@@ -138,164 +86,124 @@ class ProbeReport:
         return self.survival_searched and self.survival is None
 
     @property
-    def checks_unverified(self) -> bool:
-        """Every counter check is n/a on a server that has `/cache`: nothing was compared."""
-        has_cache = self.build.profile == "halogen" or any(
-            c.record.before is not None for c in self.calls
-        )
-        return has_cache and bool(self.checks) and all(c.per_call == "n/a" for c in self.checks)
-
-    def leg_seconds(self) -> dict[str, dict[int, float | None]]:
-        """Wall seconds of each answering leg, by size: the report's per-leg timings."""
-        out: dict[str, dict[int, float | None]] = {}
-        for leg in LEG_ORDER:
-            for c in self.legs(leg):
-                if c.size is not None:
-                    out.setdefault(leg, {})[c.size] = c.record.evidence.wall_s
-        return out
-
-    @property
     def outcome(self) -> Outcome:
-        """`unverified` when a leg that answers a question (A2, B, C, survival) lacks the
-        server's counts, or the counter checks compared nothing on a server with `/cache`;
+        """`unverified` when a leg that answers a question (all but A1) or a survival trial
+        is unverified, or the counter checks compared nothing on a server with `/cache`;
         `check_failed` when a check failed beyond the lag explanation."""
-        if any(c.leg != "A1" for c in self.unverified):
+        if any(c.verdict == "unverified" and c.leg != "A1" for c in self.calls):
             return "unverified"
         if self.survival_unverified or self.checks_unverified:
             return "unverified"
         return "check_failed" if any(c.failed for c in self.checks) else "ok"
 
+    def leg_seconds(self) -> dict[str, dict[int, float | None]]:
+        """Wall seconds of each answering leg, by size: the report's per-leg timings."""
+        out: dict[str, dict[int, float | None]] = {}
+        for c in self.calls:
+            if c.leg in ANSWERS and c.size is not None:
+                out.setdefault(c.leg, {})[c.size] = c.record.evidence.wall_s
+        return {leg: out[leg] for leg in ANSWERS if leg in out}
+
+    def _aligned(self) -> str:
+        """How the alignment shapes Cmax, when there is one (empty otherwise)."""
+        return f" (counted in multiples of {self.alignment:,})" if self.alignment > 1 else ""
+
     def follows(self) -> list[str]:
         """What the numbers mean for prefix caching on this server, in plain words."""
         out: list[str] = []
-        short = [c for c in self.legs("B") if c.verdict == "partial"]
-        missing = [c for c in self.legs("B") if c.verdict in ("cold", "unverified")]
-        if self.cmax is not None and short:
-            sizes = ", ".join(f"{c.size:,}" for c in short)
-            out.append(
-                f"Cmax {self.cmax:,} is below the prefix sizes in use ({sizes} characters resumed "
-                "only in part): on this server the design does not reach past the part of a "
-                "prefix one entry holds."
+        say, align, cmax = out.append, self.alignment, self.cmax
+        b_legs, a1 = self.legs("B"), self.legs("A1")
+        short = [c for c in b_legs if c.verdict == "partial"]
+        missing = [c for c in b_legs if c.verdict in ("cold", "unverified")]
+        if cmax is not None and short:
+            say(
+                f"Cmax {cmax:,}{self._aligned()} is below the prefix sizes in use ({_sizes(short)}"
+                " characters resumed only in part): on this server the design does not reach "
+                "past the part of a prefix one entry holds."
             )
         if missing:
+            prompts = [c.record.evidence.prompt_tokens for c in missing]
+            below = align > 1 and all(p is not None and p < align for p in prompts)
+            why = f"each prompt is shorter than the {align:,}-token alignment" if below else ""
             sizes = ", ".join(f"{c.size:,} ({c.verdict})" for c in missing)
-            below = all(
-                (p := c.record.evidence.prompt_tokens) is not None and p < self.alignment
-                for c in missing
+            say(f"A fresh tail did not resume {sizes} characters: {why or 'no reuse reported'}.")
+        if cmax is not None and not short and not missing:
+            shaped = any(c.judgement and alignment_shaped(c.judgement) for c in b_legs)
+            how = f"within the {align:,}-token alignment" if shaped else "whole"
+            say(f"Every size resumed {how} from a fresh tail; Cmax is at least {cmax:,} tokens.")
+        if partly := [c for c in a1 if c.verdict == "partial"]:
+            most = max(c.record.evidence.cached_tokens or 0 for c in partly)
+            say(
+                f"{len(partly)} cold baselines were served in part from cache (up to {most:,} "
+                "leading tokens shared with earlier prompts: the chat template, the probe's "
+                "header): the judge calls them partial, not resumed."
             )
-            why = (
-                f"each prompt is shorter than the {self.alignment}-token alignment"
-                if below and self.alignment > 1
-                else "the server reported no reuse"
+        if warm := [c for c in a1 if c.verdict == "resumed"]:
+            say(
+                f"The cold baseline at {_sizes(warm)} characters resumed the prefix: it is no "
+                "cold baseline, and A1 vs B timings there mean nothing."
             )
-            out.append(f"A fresh tail did not resume {sizes} characters: {why}.")
-        if self.cmax is not None and not short and not missing:
-            out.append(
-                "Every size resumed whole from a fresh tail; "
-                f"Cmax is at least {self.cmax:,} tokens."
-            )
-        shared = [
-            c
-            for c in self.legs("A1")
-            if c.record.evidence.cache_state == "reused" and (c.coverage or 0.0) < 0.5
-        ]
-        if shared:
-            most = max(c.record.evidence.cached_tokens or 0 for c in shared)
-            out.append(
-                f"{len(shared)} cold baselines reused up to {most:,} leading tokens shared with "
-                "earlier prompts (the chat template, the probe's header), not the prefix: "
-                "judged by coverage, they are cold."
-            )
-        warm_a1 = [c for c in self.legs("A1") if (c.coverage or 0.0) >= 0.5]
-        if warm_a1:
-            sizes = ", ".join(f"{c.size:,}" for c in warm_a1)
-            out.append(
-                f"The cold baseline at {sizes} characters was served mostly from cache: it is "
-                "no cold baseline, and A1 vs B timings there mean nothing."
-            )
-        unproven = [c for c in self.legs("A1") if c.record.evidence.cache_state == "unverified"]
-        if unproven:
-            out.append(
+        if unproven := [c for c in a1 if c.verdict == "unverified"]:
+            say(
                 f"{len(unproven)} cold baselines are unverified: this server omits cached_tokens "
                 "when nothing was cached and sends no timings.cache_n, so a cold call cannot be "
                 "proven cold (a missing count is never zero)."
             )
-        if self.alignment > 1:
-            out.append(
-                f"Cached counts are multiples of {self.alignment}: prompts under "
-                f"{self.alignment} tokens never resume."
+        if align > 1:
+            say(
+                f"Cached counts are multiples of {align}: "
+                f"prompts under {align} tokens never resume."
             )
         if self.survival_unverified:
-            open_trials = [n for n, ok in self.survival_trials if ok is None]
-            after = f" after {open_trials[0]} foreign prompts" if open_trials else ""
-            out.append(
+            open_n = [n for n, ok in self.survival_trials if ok is None]
+            after = f" after {open_n[0]} foreign prompts" if open_n else ""
+            say(
                 f"Survival is unverified: the server did not report a count for the check{after} "
                 "(a missing count is never zero), so no survival number is given."
             )
         if self.survival is not None:
-            if self.survival <= 3:
-                out.append(
-                    f"A prefix survives {self.survival} foreign prompts: a loop that pauses "
-                    "while other jobs run needs `prefixreg keepalive`."
-                )
-            else:
-                out.append(f"A prefix survives {self.survival} foreign prompts.")
-        lagged = sorted(
-            {c.lag for c in self.checks if c.lag and c.windowed == "pass" and c.per_call == "fail"}
+            few = self.survival <= 3
+            advice = ": a loop that pauses while other jobs run needs `prefixreg keepalive`"
+            say(f"A prefix survives {self.survival} foreign prompts{advice if few else ''}.")
+        # Checks that failed per call but passed over lagged windows.
+        lags = sorted(
+            {c.lag for c in self.checks if c.lag and c.per_call == "fail" and not c.failed}
         )
-        if lagged:
-            out.append(
-                "The /cache counters land "
-                + " or ".join("one call" if lag == 1 else f"{lag} calls" for lag in lagged)
-                + " late: compare deltas over windows, not per call."
-            )
-        if (
-            self.checks
-            and all(c.per_call == "n/a" for c in self.checks)
-            and not any(c.record.before is not None for c in self.calls)
-        ):
-            out.append(
+        if lags:
+            late = " or ".join("one call" if lag == 1 else f"{lag} calls" for lag in lags)
+            say(f"The /cache counters land {late} late: compare deltas over windows, not per call.")
+        if self.checks and not self.has_cache:
+            say(
                 f"This server ({self.build.profile}) has no /cache counters: the six counter "
                 "checks are not available; every verdict rests on each call's own cached_tokens."
             )
-        fixed = [c for c in self.checks if c.number == 5 and "fixed entry size" in c.detail]
-        if fixed:
-            out.append("Entries have a fixed size: only cached_tokens can answer capacity.")
         if self.checks_unverified:
-            out.append(
+            say(
                 "Every counter check is n/a although the server has /cache: no window could be "
                 "compared, so the counters are unverified."
             )
-        if self.interleaved:
-            out.append(
-                f"{len(self.interleaved)} windows were interleaved with foreign traffic and not "
-                "counted by the checks."
-            )
+        if interleaved := [c for c in self.calls if c.interleaved]:
+            say(f"{len(interleaved)} windows were interleaved with foreign traffic, not counted.")
         return out
 
     def to_dict(self, *, public: bool = False) -> JSONObject:
-        opts = self.options
-        out: dict[str, JSONValue] = {
+        opts, state = self.options, None
+        if self.survival_searched:
+            state = "unverified" if self.survival is None else "verified"
+        out: JSONObject = {
             "run_id": self.run_id,
             "at": self.at,
             "build": self.build.to_dict(public=public),
             "options": {
+                **{k: getattr(opts, k) for k in ("foreign", "foreign_chars", "survival", "legs")},
                 "sizes": list(opts.sizes),
-                "foreign": opts.foreign,
-                "foreign_chars": opts.foreign_chars,
                 "corpus": "builtin" if opts.corpus is None else "file",
-                "survival": opts.survival,
-                "legs": opts.legs,
                 "frame": None if opts.frame is None else opts.frame.sha256,
             },
             "cmax": self.cmax,
             "alignment": self.alignment,
             "survival": self.survival,
-            "survival_state": (
-                None
-                if not self.survival_searched
-                else ("unverified" if self.survival is None else "verified")
-            ),
+            "survival_state": state,
             "leg_seconds": {
                 leg: {str(size): secs for size, secs in by_size.items()}
                 for leg, by_size in self.leg_seconds().items()
@@ -303,7 +211,7 @@ class ProbeReport:
             "stores_per_prompt": self.stores_per_prompt,
             "survival_trials": [{"foreign": n, "survived": ok} for n, ok in self.survival_trials],
             "calls_made": len(self.calls),
-            "checks": [c.to_dict() for c in self.checks],
+            "checks": [asdict(c) for c in self.checks],
             "checks_not_available": [c.number for c in self.checks if c.per_call == "n/a"],
             "follows": list(self.follows()),
             "outcome": self.outcome,
@@ -311,75 +219,55 @@ class ProbeReport:
             "json_path": None if public else self.json_path,
             "md_path": None if public else self.md_path,
         }
-        if not public:
-            out["worker"] = self.worker
-        return out
+        return out if public else {**out, "worker": self.worker}
 
     def to_markdown(self) -> str:
+        opts, seconds, align = self.options, self.leg_seconds(), self.alignment
+        c_only = "" if opts.legs == "all" else f" at {_sizes(self.legs('C'))} only"
         lines = [
-            f"# Probe {self.run_id}",
-            "",
+            f"# Probe {self.run_id}\n",
             f"- when: {self.at}",
             f"- worker: {self.worker} ({self.build.profile}, build `{self.build.build_id}`)",
-            f"- sizes: {', '.join(f'{s:,}' for s in self.options.sizes)} characters; "
-            f"leg C after {self.options.foreign} foreign prompts"
-            + ("" if self.options.legs == "all" else f" at {_sizes(self.legs('C'))} only")
-            + f"; {len(self.calls)} calls",
-            *(
-                []
-                if self.options.frame is None
-                else [
-                    f"- frame: `{self.options.frame.sha256[:16]}`: each prefix sent with its "
-                    "tools and settings, legs judged against the whole head"
-                ]
-            ),
-            "",
-            "## Legs",
-            "",
-            "| size | leg | answers | prompt | cached | state | result | seconds |",
-            "|---:|---|---|---:|---:|---|---|---:|",
+            f"- sizes: {', '.join(f'{s:,}' for s in opts.sizes)} characters; leg C after "
+            f"{opts.foreign} foreign prompts{c_only}; {len(self.calls)} calls",
         ]
-        answers = {
-            "A1": "cold baseline",
-            "A2": "positions one entry holds",
-            "B": "what a fresh call resumes",
-            "C": "does the prefix survive the LRU?",
-        }
-        for c in self.calls:
-            if c.leg not in answers:
-                continue
-            ev = c.record.evidence
-            result: str = c.verdict or "-"
-            if c.leg == "A1" and ev.cache_state == "reused" and c.coverage is not None:
-                result = f"{'cold' if c.coverage < 0.5 else 'not cold'} ({c.coverage:.0%} covered)"
+        if opts.frame is not None:
             lines.append(
-                f"| {c.size:,} | {c.leg} | {answers[c.leg]} | {_n(ev.prompt_tokens)} | "
-                f"{_n(ev.cached_tokens)} | {ev.cache_state} | {result} | {_s(ev.wall_s)} |"
+                f"- frame: `{opts.frame.sha256[:16]}`: each prefix sent with its tools and "
+                "settings, legs judged against the whole head"
             )
-        seconds = self.leg_seconds()
+        lines.append(
+            "\n## Legs\n\n| size | leg | answers | prompt | cached | state | result | seconds |"
+        )
+        lines.append("|---:|---|---|---:|---:|---|---|---:|")
+        for c in (c for c in self.calls if c.leg in ANSWERS):
+            ev = c.record.evidence
+            lines.append(
+                f"| {c.size:,} | {c.leg} | {ANSWERS[c.leg]} | {_n(ev.prompt_tokens)} | "
+                f"{_n(ev.cached_tokens)} | {ev.cache_state} | {_result(c, align)} | "
+                f"{_s(ev.wall_s)} |"
+            )
         sizes = sorted({s for by_size in seconds.values() for s in by_size})
-        lines += ["", "## Seconds per leg", "", "| leg | " + " | ".join(f"{s:,}" for s in sizes)]
-        lines[-1] += " |"
-        lines.append("|---|" + "---:|" * len(sizes))
+        head = " | ".join(f"{s:,}" for s in sizes)
+        lines += [f"\n## Seconds per leg\n\n| leg | {head} |", "|---|" + "---:|" * len(sizes)]
         for leg, by_size in seconds.items():
             cells = " | ".join(_s(by_size[s]) if s in by_size else "" for s in sizes)
             lines.append(f"| {leg} | {cells} |")
-        lines += ["", "## Capacity and survival", ""]
-        lines.append(f"- Cmax (largest B): {_n(self.cmax)} tokens")
+        lines.append("\n## Capacity and survival\n")
+        lines.append(f"- Cmax (largest B): {_n(self.cmax)} tokens{self._aligned()}")
         if self.survival_searched:
             marks = {True: "✓", False: "✗", None: "?"}
             trials = ", ".join(f"{n}{marks[ok]}" for n, ok in self.survival_trials)
             found = "unverified" if self.survival is None else f"{self.survival} foreign prompts"
             lines.append(f"- survival: {found} (trials: {trials or 'none'})")
-        lines += ["", "## Counter checks", "", "| # | check | per call | windowed | detail |"]
+        lines.append("\n## Counter checks\n\n| # | check | per call | windowed | detail |")
         lines.append("|---:|---|---|---|---|")
         for ch in self.checks:
             windowed = ch.windowed + (f" (lag {ch.lag})" if ch.lag else "")
             lines.append(f"| {ch.number} | {ch.title} | {ch.per_call} | {windowed} | {ch.detail} |")
-        lines += ["", "## What follows", ""]
+        lines.append("\n## What follows\n")
         lines += [f"- {line}" for line in self.follows()] or ["- nothing unusual"]
-        lines += ["", f"Outcome: {self.outcome}.", ""]
-        return "\n".join(lines)
+        return "\n".join([*lines, "", f"Outcome: {self.outcome}.", ""])
 
 
 def _n(value: int | None) -> str:
@@ -392,3 +280,15 @@ def _s(value: float | None) -> str:
 
 def _sizes(calls: list[ProbeCall]) -> str:
     return ", ".join(f"{c.size:,}" for c in calls if c.size is not None) or "no size"
+
+
+def _result(c: ProbeCall, alignment: int) -> str:
+    """A leg's verdict as the table shows it: with its coverage when partial, and naming the
+    alignment when that is what let the count pass."""
+    j = c.judgement
+    if j is None:
+        return "-"
+    if j.verdict == "partial" and j.coverage is not None:
+        return f"partial ({j.coverage:.0%} covered)"
+    aligned = alignment_shaped(j)
+    return f"resumed (within the {alignment:,}-token alignment)" if aligned else j.verdict

@@ -1,54 +1,37 @@
 """`probe`: measure a worker's prompt cache with calls: Cmax, LRU survival, counter checks.
 
-For each size (characters of prefix text, sliced from a corpus and registered as a probe
-slice (`Registry.add_probe_slice`: kept apart from the user's prefixes), with a per-run
-header so no leg can resume an earlier run's snapshot):
+Per size (characters of a probe slice: corpus text under a per-run header, so no leg can
+resume an earlier run's snapshot): A1 cold baseline; A2 identical repeat (the positions one
+entry holds); B same bytes, fresh tail (what a fresh call resumes; Cmax is the largest B);
+C after `foreign` foreign prompts, B again (does the prefix survive the LRU?), at every size
+or with `legs="report"` at the one nearest 16k. `survival=True` then searches the most
+foreign prompts a prefix survives; a trial the server did not verify leaves it unverified.
 
-- A1 cold baseline; A2 identical repeat (the positions one entry holds);
-- B same system bytes, fresh tail (what a fresh call resumes; Cmax is the largest B);
-- C after `foreign` distinct foreign prompts, B again (does the prefix survive the LRU?);
-  at every size, or with `legs="report"` at the size nearest 16k only (the report's shape:
-  22 calls at the four default sizes).
-
-`survival=True` then finds the largest number of foreign prompts a prefix survives, by a
-binary search between a count known to survive and one known to evict, reusing C's answer
-as the first bound so the search makes as few calls as it can. A trial whose check the
-server did not verify stops the search: survival is then unverified, never a number.
-
-Sizes are bounded twice before any text is made: at parse (`MAX_SIZE_CHARS`) and against
-the worker's context once its build is read (`check_sizes`); both are usage errors. The
-report (`ProbeReport`, in `probe_report`) reads the calls; this module makes them.
-
-With a frame (`ProbeOptions.frame`), each size's prefix is sent with the frame's tools and
-settings, byte for byte as `warm` of the frame sends them; a leg is judged against that whole
-head (the slice plus the tools it renders), the tools count toward the context check, and
-every leg's measurement and the receipt record the frame's sha. Foreign prompts stay bare.
-
-On llama.cpp (no `/cache`) the same legs run on per-call evidence alone; the six counter
-checks are `n/a` and the receipt says so. llama.cpp reuses any common prefix, even the
-chat template's first tokens, so a "cold" A1 may report a few cached tokens: it is judged
-by how much of the prefix those tokens cover, like every other leg (DESIGN §4). Its slot
-choice also follows prompt similarity, so each foreign prompt starts with its own nonce:
-sharing a header with the previous foreign prompt would steer it into that prompt's slot
-and make the prefix look longer-lived than under real foreign traffic.
-
-Every call is bracketed by `/cache` snapshots (on servers that have `/cache`); each leg is
-written as a measurement bound to the server build, and the whole run as
-`probes/<ts>.json` (every call's evidence and snapshots) and `probes/<ts>.md` (a verdict a
-person reads). The probe holds the registry's `probe` lock, so two probes from one registry
-never overlap, and refuses to start while the worker reports work in flight unless forced.
+Invariants:
+- Options are checked when built (a wrong type or value is a `UsageError`) and sizes
+  against the worker's context (a frame's tools counted) before any text is made; a frame
+  is a verified `Frame` (`Registry.head`), never a reference.
+- Every leg is judged by `core.judge.judge` against the head it sent (the slice, plus the
+  frame's tools when they render) with the engine's alignment; foreign prompts are bare.
+- Each foreign prompt starts with its own nonce: llama.cpp's similarity-based slot choice
+  would otherwise herd them into one slot and flatter survival.
+- Each leg is a measurement bound to the server build, the run a receipt (`probes/<ts>.json`
+  and `.md`), under the registry's `probe` lock; a busy worker is refused unless forced.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import re
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from prefixreg.core.errors import UsageError
+from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject, dumps_pretty
 from prefixreg.core.judge import judge
 from prefixreg.core.prefix import Prefix, fresh_tail
@@ -56,39 +39,133 @@ from prefixreg.core.records import ServerBuild, strict_count
 from prefixreg.registry.store import Registry, iso_utc, stamp_utc, utc_now
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import measured_call, record_measurement
-from prefixreg.verbs.probe.checks import run_checks
-from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
-from prefixreg.verbs.probe.report import (
-    DEFAULT_SIZES,
-    Outcome,
-    ProbeCall,
-    ProbeOptions,
-    ProbeReport,
-)
-from prefixreg.verbs.probe.sizes import (
-    MAX_SIZE_CHARS,
-    c_sizes,
-    check_sizes,
-    context_tokens,
-    head_extra,
-    parse_sizes,
-)
+from prefixreg.verbs.probe.checks import ProbeCall, run_checks
+from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice, whole
+from prefixreg.verbs.probe.report import ProbeReport as ProbeReport  # the verb's result
 
-__all__ = [
-    "DEFAULT_SIZES",
-    "Outcome",
-    "ProbeCall",
-    "ProbeOptions",
-    "ProbeReport",
-    "c_sizes",
-    "check_sizes",
-    "context_tokens",
-    "parse_sizes",
-    "run_probe",
-]
-
+DEFAULT_SIZES: Final = (4000, 16000, 32000, 64000)
+# The largest size (characters): beyond any context, small enough that a typo allocates
+# nothing big. Characters one token may hold at most, for the context check (the lane has
+# about 1.5, English BPE text about 4). The report's probe runs leg C at 16k only.
+MAX_SIZE_CHARS: Final = 100_000_000
+MAX_CHARS_PER_TOKEN: Final = 8
+REPORT_C_SIZE: Final = 16_000
+MAX_FOREIGN: Final = 10_000
 SURVIVAL_CAP: Final = 64
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+Legs = Literal["all", "report"]
 Progress = Callable[[str, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeOptions:
+    """What to probe: sizes in characters, foreign prompts before leg C (at every size, or
+    with `legs="report"` at the one nearest 16k), a survival search, and an optional frame
+    whose tools and settings go with each size's prefix (legs judged against that head).
+
+    Raises:
+        UsageError: a field of the wrong type or out of bounds.
+    """
+
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    foreign: int = 9
+    foreign_chars: int = 2000
+    corpus: str | None = None
+    survival: bool = False
+    force: bool = False
+    legs: Legs = "all"
+    frame: Frame | None = None
+
+    def __post_init__(self) -> None:
+        given: list[object] = [self.sizes, self.survival, self.force, self.legs, self.frame]
+        sizes, survival, force, legs, frame = given
+        if not isinstance(sizes, (tuple, list)) or not sizes:
+            raise UsageError("sizes must be a non-empty list of character counts")
+        object.__setattr__(self, "sizes", tuple(sizes))
+        if not all(whole(n, MAX_SIZE_CHARS) for n in (*sizes, self.foreign_chars)):
+            raise UsageError(
+                f"sizes and --foreign-chars must be whole numbers from 1 to {MAX_SIZE_CHARS:,}"
+            )
+        if not whole(self.foreign, MAX_FOREIGN):
+            raise UsageError(f"--foreign must be a whole number from 1 to {MAX_FOREIGN:,}")
+        if type(survival) is not bool or type(force) is not bool:
+            raise UsageError("survival and force must be true or false")
+        if legs not in ("all", "report"):
+            raise UsageError(f"--legs {legs!r}: use all or report")
+        if frame is not None and not isinstance(frame, Frame):
+            raise UsageError("frame must be a verified Frame (Registry.head), not a reference")
+        corpus: object = self.corpus
+        if corpus is not None and (not isinstance(corpus, str) or _SURROGATE.search(corpus)):
+            raise UsageError("the corpus must be text that UTF-8 can carry (no lone surrogate)")
+        if isinstance(corpus, str) and len(corpus) < max(self.sizes):
+            need = max(self.sizes)
+            raise UsageError(f"the corpus has {len(corpus):,} characters; a size needs {need:,}")
+
+    @property
+    def head_extra(self) -> int:
+        """Bytes a frame adds to each size's rendered head: its tools JSON, when rendered."""
+        frame = self.frame
+        return len(frame.tools_data or b"") if frame is not None and frame.renders_tools else 0
+
+    @property
+    def c_sizes(self) -> tuple[int, ...]:
+        """The sizes leg C runs at."""
+        if self.legs == "all":
+            return self.sizes
+        return (min(self.sizes, key=lambda s: (abs(s - REPORT_C_SIZE), s)),)
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """`4k,16k,32k` -> (4000, 16000, 32000): characters of prefix text, k = 1000.
+
+    Raises:
+        UsageError: not text, or a size that is not a whole number of characters from 1 to
+            `MAX_SIZE_CHARS` (refused before any text is made).
+    """
+    given: object = text
+    if not isinstance(given, str):
+        raise UsageError(f"sizes must be text like 4k,16k, not {type(given).__name__}")
+    sizes = []
+    for part in text.split(","):
+        item = part.strip().lower()
+        digits = item.removesuffix("k")
+        # ASCII digits only, and few of them: int() of a huge or non-ASCII digit string
+        # raises (or takes long) instead of giving a clear one-line error.
+        ok = digits.isascii() and digits.isdigit() and len(digits) <= 12
+        n = int(digits) * (1000 if item.endswith("k") else 1) if ok else 0
+        if n < 1:
+            raise UsageError(f"bad size {part.strip()!r}: use characters like 4000 or 4k")
+        if n > MAX_SIZE_CHARS:
+            raise UsageError(f"size {part.strip()!r} is over {MAX_SIZE_CHARS:,} characters")
+        sizes.append(n)
+    return tuple(sorted(set(sizes)))
+
+
+def check_sizes(options: ProbeOptions, build: ServerBuild) -> None:
+    """Refuse sizes (and a foreign prompt size) the worker's context surely cannot hold: N
+    characters are at least N / `MAX_CHARS_PER_TOKEN` tokens. (Shorter ones may still be too
+    long: the server then answers with its own error.)
+
+    Raises:
+        UsageError: a size is too large, or the arguments are of the wrong types.
+    """
+    given: list[object] = [options, build]
+    if not isinstance(given[0], ProbeOptions) or not isinstance(given[1], ServerBuild):
+        raise UsageError("check_sizes takes ProbeOptions and a ServerBuild")
+    counts = [strict_count(build.identity.get(k)) for k in ("slot_ctx", "context", "n_ctx")]
+    context = min((n for n in counts if n), default=None)
+    if context is None:
+        return
+    limit, extra = context * MAX_CHARS_PER_TOKEN, options.head_extra
+    tools = f" (with the frame's {extra:,} bytes of tools)" if extra else ""
+    wanted = [(f"size {s + extra:,} characters{tools}", s + extra) for s in options.sizes]
+    wanted.append((f"--foreign-chars {options.foreign_chars:,}", options.foreign_chars))
+    for label, chars in wanted:
+        if chars > limit:
+            raise UsageError(
+                f"{label} is larger than the worker's context "
+                f"({context:,} tokens, at most about {limit:,} characters)"
+            )
 
 
 class _Prober:
@@ -97,160 +174,103 @@ class _Prober:
     def __init__(
         self, registry: Registry, worker: Worker, report: ProbeReport, progress: Progress
     ) -> None:
-        self.registry = registry
-        self.worker = worker
-        self.report = report
-        self.progress = progress
+        self.registry, self.worker, self.report, self.progress = registry, worker, report, progress
+        self.options = opts = report.options
         self.with_cache = report.build.profile == "halogen"
         self.last = worker.cache() if self.with_cache else None
-        corpus = report.options.corpus
-        need = max(report.options.sizes) + report.options.foreign_chars
-        self.corpus = corpus if corpus is not None else builtin_corpus(need)
+        need = max(opts.sizes) + opts.foreign_chars
+        self.corpus = opts.corpus if opts.corpus is not None else builtin_corpus(need)
         self.foreign_count = 0
-        frame = report.options.frame
         # The frame's tools and settings, sent with every leg but the foreign prompts.
-        self.head = frame.head() if frame is not None else {}
-        self.head_extra = head_extra(report.options)
+        self.frame_params = opts.frame.head() if opts.frame is not None else {}
 
     def call(self, leg: str, size: int | None, prefix: Prefix, tail: str) -> ProbeCall:
         self.progress(f"{leg} {size:,} chars" if size else leg, 1)
+        bare, cache = leg == "foreign", self.with_cache
+        params = {} if bare else self.frame_params
         record = measured_call(
-            self.worker,
-            prefix,
-            phase=leg,
-            tail=tail,
-            with_cache=self.with_cache,
-            before=self.last,
-            **({} if leg == "foreign" else self.head),
+            self.worker, prefix, phase=leg, tail=tail, with_cache=cache, before=self.last, **params
         )
-        self.last = record.after
-        verdict = span = coverage = None
-        if leg in ("A1", "B", "C", "S-check"):
-            judgement = judge(
-                record.evidence,
-                head_bytes=prefix.size + self.head_extra,
-                rest_bytes=len(tail.encode("utf-8")),
-                alignment=self.report.alignment,
-            )
-            judged, span, coverage = judgement.verdict, judgement.span, judgement.coverage
-            # A1 answers "how long is a cold call", not "did it resume": it keeps no verdict,
-            # only its coverage (a few shared template tokens are not a warm baseline).
-            verdict = None if leg == "A1" else judged
-        call = ProbeCall(leg, size, prefix.sha256, record, verdict, span, coverage)
+        self.last, judgement = record.after, None
+        if not bare:
+            head, rest = prefix.size + self.options.head_extra, len(tail.encode("utf-8"))
+            align = self.report.alignment
+            judgement = judge(record.evidence, head_bytes=head, rest_bytes=rest, alignment=align)
+        call = ProbeCall(leg, size, prefix.sha256, record, judgement)
         self.report.calls.append(call)
         return call
 
-    def foreign_chars(self) -> int:
-        """Foreign prompt size: the option, but on an aligned server (dense) large enough to
-        store a snapshot (2 x alignment tokens, by the chars per token the A1 legs measured);
-        a smaller prompt stores nothing there and could not evict anything."""
-        chars = self.report.options.foreign_chars
-        align = self.report.alignment
-        if align > 1:
-            for c in self.report.legs("A1"):
-                tokens = c.record.evidence.prompt_tokens
-                if c.size and tokens:
-                    chars = max(chars, math.ceil(2 * align * c.size / tokens))
-                    break
-        return chars
-
     def foreign(self, n: int) -> None:
-        chars = self.foreign_chars()
+        """`n` foreign prompts. On an aligned server (dense) each is large enough to store a
+        snapshot (2 x alignment tokens, by the chars per token an A1 leg measured): a smaller
+        prompt stores nothing there and could not evict anything."""
+        chars, align, run = self.options.foreign_chars, self.report.alignment, self.report.run_id
+        measured = [c for c in self.report.legs("A1") if c.record.evidence.prompt_tokens]
+        if align > 1 and measured and measured[0].size:
+            tokens = measured[0].record.evidence.prompt_tokens or 1
+            chars = max(chars, math.ceil(2 * align * measured[0].size / tokens))
         for _ in range(n):
             self.foreign_count += 1
+            count = self.foreign_count
             # The nonce comes first: no two foreign prompts share more than the chat
-            # template's first tokens, so llama.cpp's similarity-based slot choice cannot
-            # herd them into one slot (real foreign tenants do not share a header).
-            seed = f"{self.report.run_id}/{self.foreign_count}".encode()
-            nonce = hashlib.sha256(seed).hexdigest()[:12]
-            header = (
-                f"{nonce} foreign prompt {self.foreign_count} of prefixreg probe "
-                f"{self.report.run_id}"
-            )
-            offset = (self.foreign_count * 7919) % len(self.corpus)
+            # template's first tokens (real foreign tenants do not share a header).
+            nonce = hashlib.sha256(f"{run}/{count}".encode()).hexdigest()[:12]
+            header = f"{nonce} foreign prompt {count} of prefixreg probe {run}"
+            offset = (count * 7919) % len(self.corpus)
             text = probe_slice(self.corpus, chars, header=header, offset=offset)
             sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
             self.call("foreign", None, Prefix.from_text(sha, text), fresh_tail())
 
-    def record_leg(self, call: ProbeCall) -> None:
-        ev = call.record.evidence
-        body: JSONObject = {
-            "probe": self.report.run_id,
-            "leg": call.leg,
-            "size_chars": call.size,
-            "verdict": call.verdict or ev.cache_state,
-            "prompt_tokens": ev.prompt_tokens,
-            "cached_tokens": ev.cached_tokens,
-            "span_tokens": call.span_tokens,
-            "calls": [call.record.to_dict()],
-        }
-        if self.report.options.frame is not None:
-            body["frame"] = self.report.options.frame.sha256
-        record_measurement(
-            self.registry, self.worker, self.report.build, call.sha256, f"probe-{call.leg}", body
-        )
+    def leg(self, leg: str, size: int, prefix: Prefix, tail: str) -> None:
+        """One answering leg, called and written as a measurement bound to the build."""
+        call = self.call(leg, size, prefix, tail)
+        ev, judged = call.record.evidence, call.judgement.to_dict() if call.judgement else {}
+        body: JSONObject = {"probe": self.report.run_id, "leg": leg, "size_chars": size, **judged}
+        body |= {"prompt_tokens": ev.prompt_tokens, "cached_tokens": ev.cached_tokens}
+        body["calls"] = [call.record.to_dict()]
+        if self.options.frame is not None:
+            body["frame"] = self.options.frame.sha256
+        build = self.report.build
+        record_measurement(self.registry, self.worker, build, prefix.sha256, f"probe-{leg}", body)
 
-    def legs(self, size: int) -> Prefix:
+    def size(self, size: int) -> Prefix:
         header = f"prefixreg probe {self.report.run_id} prefix of {size} characters"
         text = probe_slice(self.corpus, size, header=header)
-        sha = self.registry.add_probe_slice(text, run_id=self.report.run_id)
-        prefix = self.registry.get(sha)
+        prefix = self.registry.get(self.registry.add_probe_slice(text, run_id=self.report.run_id))
         tail = fresh_tail()
         for leg, leg_tail in (("A1", tail), ("A2", tail), ("B", fresh_tail())):
-            self.record_leg(self.call(leg, size, prefix, leg_tail))
-        if size in c_sizes(self.report.options):
-            self.foreign(self.report.options.foreign)
-            self.record_leg(self.call("C", size, prefix, fresh_tail()))
+            self.leg(leg, size, prefix, leg_tail)
+        if size in self.options.c_sizes:
+            self.foreign(self.options.foreign)
+            self.leg("C", size, prefix, fresh_tail())
         return prefix
 
-    def trial(self, prefix: Prefix, n: int) -> bool | None:
-        """Did the prefix survive `n` foreign prompts? None: the server did not prove either
-        (a missing count is never zero, so an unverified check is no eviction)."""
-        self.foreign(n)
-        check = self.call("S-check", None, prefix, fresh_tail())
-        survived = None if check.verdict in (None, "unverified") else check.verdict == "resumed"
-        self.report.survival_trials.append((n, survived))
-        return survived
-
     def survival(self, prefix: Prefix, c_survived: bool | None) -> int | None:
-        """Largest n such that the prefix survives n foreign prompts (binary search).
-
-        None when a trial's answer was unverified: the search cannot place it, and a
-        number built on it would be a guess."""
-        foreign = self.report.options.foreign
+        """Largest n such that the prefix survives n foreign prompts: gallop up until an
+        eviction bounds the search, then bisect. None when a trial's answer was unverified:
+        the search cannot place it, and a number built on it would be a guess."""
         self.call("S-warm", None, prefix, fresh_tail())  # make it the most recent entry
-        lo, hi = 0, None
-        if c_survived is True:
-            lo = foreign
-        elif c_survived is False:
-            hi = foreign
-        while hi is None:  # gallop upward until an eviction bounds the search
-            n = max(1, lo * 2)
-            if n > SURVIVAL_CAP:
+        foreign = self.options.foreign
+        lo, hi = (foreign, None) if c_survived else (0, None if c_survived is None else foreign)
+        while hi is None or hi - lo > 1:
+            n = max(1, lo * 2) if hi is None else (lo + hi) // 2
+            if hi is None and n > SURVIVAL_CAP:
                 return lo
-            got = self.trial(prefix, n)
-            if got is None:
+            self.foreign(n)
+            survived = _survived(self.call("S-check", None, prefix, fresh_tail()))
+            self.report.survival_trials.append((n, survived))
+            if survived is None:
                 return None
-            if got:
-                lo = n
-            else:
-                hi = n
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            got = self.trial(prefix, mid)
-            if got is None:
-                return None
-            if got:
-                lo = mid
-            else:
-                hi = mid
+            lo, hi = (n, hi) if survived else (lo, n)
         return lo
 
 
-def _alignment(build: ServerBuild) -> int:
-    block = build.identity.get("prompt_cache")
-    value = strict_count(block.get("snapshot_align")) if isinstance(block, dict) else None
-    return value or 0
+def _survived(call: ProbeCall | None) -> bool | None:
+    """Did the prefix survive? The judge's resumed, else no; None when the judge could not
+    say (a missing count is never zero, so an unverified check is no eviction)."""
+    if call is None or call.verdict in (None, "unverified"):
+        return None
+    return call.verdict == "resumed"
 
 
 def _refuse_if_busy(worker: Worker, build: ServerBuild) -> None:
@@ -272,75 +292,46 @@ def _refuse_if_busy(worker: Worker, build: ServerBuild) -> None:
 
 
 def run_probe(
-    registry: Registry,
-    worker: Worker,
-    options: ProbeOptions,
-    *,
-    progress: Progress | None = None,
+    registry: Registry, worker: Worker, options: ProbeOptions, *, progress: Progress | None = None
 ) -> ProbeReport:
     """Run every leg for every size (and the survival search), check, and write the receipt.
 
     Raises:
-        UsageError: bad options, or the worker is busy (without `force`).
+        UsageError: arguments of the wrong type, sizes the worker's context cannot hold, or
+            the worker is busy (without `force`).
         LockTimeoutError: another probe from this registry is running.
         WorkerError: the worker could not be reached or answered an HTTP error.
     """
-    if options.foreign < 1:
-        raise UsageError("--foreign must be at least 1")
-    # The API boundary: options built without parse_sizes get the same bounds.
-    if not options.sizes or any(
-        type(n) is not int or not 1 <= n <= MAX_SIZE_CHARS
-        for n in (*options.sizes, options.foreign_chars)
-    ):
-        raise UsageError(
-            f"sizes and --foreign-chars must be whole numbers from 1 to {MAX_SIZE_CHARS:,}"
-        )
-    if options.corpus is not None and len(options.corpus) < max(options.sizes):
-        raise UsageError(
-            f"the corpus has {len(options.corpus):,} characters; the largest size needs "
-            f"{max(options.sizes):,}"
-        )
-    if options.legs not in ("all", "report"):
-        raise UsageError(f"--legs {options.legs!r}: use all or report")
+    given: list[object] = [registry, worker, options, progress]
+    if not (isinstance(given[0], Registry) and isinstance(given[1], Worker)):
+        raise UsageError("run_probe takes a Registry and a Worker")
+    if not isinstance(given[2], ProbeOptions):
+        raise UsageError(f"options must be ProbeOptions, not {type(given[2]).__name__}")
+    if given[3] is not None and not callable(given[3]):
+        raise UsageError("progress must be a callable (label, calls) or None")
     registry.refuse_on_mirror("register probe prefixes")
-    say = progress or (lambda _label, _n: None)
     with registry.lock("probe"):
         build = worker.server_build()
         check_sizes(options, build)  # before the corpus (sized by them) is made
         if not options.force:
             _refuse_if_busy(worker, build)
         now = utc_now()
-        report = ProbeReport(
-            run_id=secrets.token_hex(4),
-            at=iso_utc(now),
-            worker=worker.url,
-            build=build,
-            options=options,
-            alignment=_alignment(build),
-        )
-        prober = _Prober(registry, worker, report, say)
-        prefixes = {size: prober.legs(size) for size in options.sizes}
-        # Survival is searched on the smallest prefix a fresh call resumes whole (on an
-        # aligned server a short one never resumes, and could not tell survival apart).
-        resumable = [c for c in report.legs("B") if c.verdict == "resumed" and c.size]
-        if options.survival and resumable:
-            size = min(c.size for c in resumable if c.size)
-            c_leg = next((c for c in report.legs("C") if c.size == size), None)
-            c_survived = (
-                None
-                if c_leg is None or c_leg.verdict in (None, "unverified")
-                else c_leg.verdict == "resumed"
-            )
-            report.survival = prober.survival(prefixes[size], c_survived)
+        run, at, align = secrets.token_hex(4), iso_utc(now), build.snapshot_align
+        report = ProbeReport(run, at, worker.url, build, options, alignment=align)
+        prober = _Prober(registry, worker, report, progress or (lambda _label, _n: None))
+        prefixes = {size: prober.size(size) for size in options.sizes}
+        # Survival is searched on the smallest size a fresh call resumed (on an aligned
+        # server a short one never resumes, and could not tell survival apart).
+        resumed = [c.size for c in report.legs("B") if c.verdict == "resumed" and c.size]
+        if options.survival and resumed:
+            c_leg = next((c for c in report.legs("C") if c.size == min(resumed)), None)
+            report.survival = prober.survival(prefixes[min(resumed)], _survived(c_leg))
             report.survival_searched = True
-        report.checks = run_checks([c.window() for c in report.calls], options.sizes)
-        _write_receipt(registry, report, stamp_utc(now))
+        report.checks = run_checks(report.calls, options.sizes)
+
+        def render(json_path: Path, md_path: Path) -> tuple[bytes, bytes]:
+            report.json_path, report.md_path = str(json_path), str(md_path)
+            return dumps_pretty(report.to_dict()), report.to_markdown().encode("utf-8")
+
+        registry.write_probe_receipt(stamp_utc(now), render)
     return report
-
-
-def _write_receipt(registry: Registry, report: ProbeReport, stamp: str) -> None:
-    def render(json_path: Path, md_path: Path) -> tuple[bytes, bytes]:
-        report.json_path, report.md_path = str(json_path), str(md_path)
-        return dumps_pretty(report.to_dict()), report.to_markdown().encode("utf-8")
-
-    registry.write_probe_receipt(stamp, render)
