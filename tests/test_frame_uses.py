@@ -30,7 +30,7 @@ def loop_with_foreign(
     url: str, judge: LoopJudge, keeper: KeepAlive | None, *, every: int = 5
 ) -> list[LoopVerdict]:
     """`TURNS` loop calls with a growing history, `every` foreign prompts before each."""
-    frame = judge.frame
+    frame = judge.head
     history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
     verdicts: list[LoopVerdict] = []
     foreign = Foreign(url)
@@ -244,12 +244,18 @@ def test_audit_judges_each_in_line_call_against_the_frame_and_names_it(
     assert report.prefix.label().startswith("frame loop (")
     assert all(c.frame == frame.sha256 and c.head_bytes == frame.head_bytes for c in report.calls)
     assert report.states() == {"reused": TURNS, "partial": 0, "cold": 0, "unverified": 0}
-    # The library takes the verified head, never a reference; the CLI refuses a prefix.
+    # The library takes the verified head, never a reference.
     with pytest.raises(UsageError):
         run_audit([batch], registry=reg, frame="loop")  # type: ignore[arg-type]
-    res = run_cli("audit", "--frame", frame.system.sha256, str(batch), "--registry", str(reg.root))
-    assert res.returncode == 2 and b"a prefix, not a frame" in res.stderr
-    assert b"Traceback" not in res.stderr
+    # Whatever works for a frame works for a prefix: its head is the system bytes alone.
+    res = run_cli(
+        *("audit", "--frame", frame.system.sha256, str(batch), "--registry", str(reg.root)),
+        "--json",
+    )
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert (out["frame"]["frame"], out["frame"]["in_line"]) == (frame.system.sha256, TURNS)
+    assert out["shared_prefix"]["sha256"] == frame.system.sha256
 
 
 def test_audit_frame_lists_a_head_it_cannot_compare_as_malformed(

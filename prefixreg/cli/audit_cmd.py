@@ -3,7 +3,7 @@ against the head it sends, and the byte identity of each request's system prefix
 
 Exit codes: 0 at least one call or request was read (malformed inputs, skipped files and
 lines, unverified calls are listed, not fatal); 2 nothing readable, bad rates, or a
-`--frame` that names no frame; 3 a registry record, object or the `--frame` (or one of its
+`--frame` that names nothing; 3 a registry record, object or the `--frame` (or one of its
 parts) fails verification (the store fails closed).
 """
 
@@ -47,7 +47,7 @@ def audit_command(
     frame: Annotated[
         str | None,
         typer.Option(
-            help="A frame (name or sha): judge in-line calls against its head; name "
+            help="A frame or prefix (name or sha): judge in-line calls against it; name "
             "each request's drift from it and the cold calls after."
         ),
     ] = None,
@@ -61,15 +61,14 @@ def audit_command(
 
     Reads chat responses (bare, or under `response`/`body`, a `wall_s` beside them), request
     bodies, `{"request", "response"}` pairs and measurement records; a line or .json
-    document over 16 MiB is skipped. Each call is reused, partial, cold or unverified by the
-    judge's rule (README, "Guarantees"): reused only when its cached count covers the span
-    of the head it sends (its request's bytes, its record's head, or for a response read
-    alone the batch's head). The batch's head is named by byte identity (each request's
-    `messages[0].content` hashed and looked up), else by the measured span most calls cover.
+    document over 16 MiB is skipped. Each call is reused, partial, cold or unverified:
+    reused only when its cached count covers the span of the head it sends (its request's
+    bytes, its record's head, or for a response read alone the batch's head). The batch's
+    head is named by byte identity (each request's `messages[0].content` hashed and looked
+    up), else by the measured span most calls cover.
     """
     with cli_errors(debug):
         from prefixreg.core.errors import RegistryLocationError, UsageError
-        from prefixreg.core.frame import Frame
         from prefixreg.verbs.audit.run import run_audit
 
         try:
@@ -80,16 +79,15 @@ def audit_command(
             reg = None  # the default registry only adds names and spans
         if registry is not None and reg is not None and not reg.exists:
             raise UsageError(f"{registry}: not a registry")
-        head = None if frame is None or reg is None or not reg.exists else reg.head(frame)
-        if frame is not None and not isinstance(head, Frame):
-            why = "--frame needs a registry that holds the frame" if head is None else ""
-            raise UsageError(why or f"--frame {frame}: a prefix, not a frame")
+        if frame is not None and (reg is None or not reg.exists):
+            raise UsageError("--frame needs a registry that holds the frame")
+        head = None if frame is None or reg is None else reg.head(frame)  # resolved once
         report = run_audit(
             paths,
             registry=reg if reg is not None and reg.exists else None,
             prefill_tps=prefill_tps,
             decode_tps=decode_tps,
-            frame=head if isinstance(head, Frame) else None,
+            frame=head,
         )
         if not report.calls and report.identity is None:
             for m in (*report.malformed, *report.skipped)[:10]:

@@ -5,7 +5,7 @@ not a string has a `problem`, never a sha) and looked up once per sha; a match i
 registry's verified read (re-hashed, same length), never a token count, and a corrupt
 object raises. The batch's prefix is the registered one most requests carry (ties: the
 first seen), else the most common, said unregistered; never a probe slice unless all are.
-Drift: what `Frame.drift` names; an event starts where a call's drift differs from the
+Drift: what the head's `drift` names; an event starts where a call's drift differs from the
 previous call's and counts the cold calls up to the next change. No prompt text is kept.
 """
 
@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from prefixreg.core.digest import sha256_hex
-from prefixreg.core.frame import Drift, Frame
+from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.prefix import Drift
 
 Lookup = Callable[[str, int], "tuple[str, ...] | None"]
 """(sha, byte length) -> the names of the registered object with exactly those bytes
@@ -216,12 +217,12 @@ class FrameAudit:
     """The requests read against one frame, in call order: (source, drift, the judge's
     state of its call when its response was read with it, else None)."""
 
-    frame: Frame
+    frame: Head
     rows: tuple[tuple[str, tuple[Drift, ...], str | None], ...]
 
     @classmethod
     def of(
-        cls, frame: Frame, prompts: Sequence[PromptSeen], states: Mapping[str, str]
+        cls, frame: Head, prompts: Sequence[PromptSeen], states: Mapping[str, str]
     ) -> FrameAudit:
         """The requests read with `frame`; `states`: call source -> the judge's state."""
         rows = [(p.source, p.drift, states.get(p.source)) for p in prompts]

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 from prefixreg.core.errors import CorruptRecordError, UsageError
-from prefixreg.core.frame import Drift, Frame
+from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONValue, loads
+from prefixreg.core.prefix import Drift, Prefix
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.verbs.audit.identity import PromptSeen, system_prompt
@@ -155,7 +156,7 @@ def _kind(mode: int) -> str:
 class _Reader:
     """Accumulates calls, prompts and problems while walking the inputs."""
 
-    def __init__(self, frame: Frame | None) -> None:
+    def __init__(self, frame: Head | None) -> None:
         self.out = AuditInput()
         self.frame = frame
 
@@ -196,12 +197,12 @@ class _Reader:
         frame = self.frame if drift == () else None  # in line: the head it sent is the frame
         return {
             "sha256": system.sha256,
-            "frame": frame.sha256 if frame else None,
+            "frame": frame.sha256 if frame and frame.kind == "frame" else None,
             "head_bytes": frame.head_bytes if frame else system.bytes,
             "rest_bytes": _text_bytes(messages[1:]),
         }
 
-    def drift(self, frame: Frame, request: dict[str, Any], source: str) -> tuple[Drift, ...] | None:
+    def drift(self, frame: Head, request: dict[str, Any], source: str) -> tuple[Drift, ...] | None:
         """The request's drift from `frame`; None (listed as malformed) when its head cannot
         be compared: a content part whose text is not a string, a part that is not JSON."""
         messages = request.get("messages")
@@ -339,19 +340,19 @@ class _Reader:
             stack.extend(reversed(subdirs))
 
 
-def read_outputs(paths: Iterable[Path | str], *, frame: Frame | None = None) -> AuditInput:
+def read_outputs(paths: Iterable[Path | str], *, frame: Head | None = None) -> AuditInput:
     """Read every call output and request under `paths` (files or directories). Never
     raises for bad input: it is listed in `malformed` or `skipped`. A path named directly
     may be a symlink to a regular file (the user chose it). `frame`: each request's drift
     from it is kept (`PromptSeen.drift`).
 
     Raises:
-        UsageError: `paths` is a single path or string, or `frame` is not a `Frame`.
+        UsageError: `paths` is a single path or string, or `frame` is not a head.
     """
     if isinstance(paths, str | bytes | Path) or not isinstance(paths, Iterable):
         raise UsageError("paths must be a list of files or directories")
-    if frame is not None and not isinstance(frame, Frame):
-        raise UsageError(f"frame must be a Frame (Registry.head), not {type(frame).__name__}")
+    if frame is not None and not isinstance(frame, Prefix | Frame):
+        raise UsageError(f"frame must be a head (Registry.head), not {type(frame).__name__}")
     reader = _Reader(frame)
     for item in paths:
         path, before = Path(item), reader.out.seen

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from prefixreg.core.errors import RefNotFoundError, UsageError
-from prefixreg.core.frame import Frame
+from prefixreg.core.frame import Head
 from prefixreg.core.judge import Judgement, judge, judge_unknown_head
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
@@ -193,7 +193,7 @@ def audit_calls(
     prefill_tps: float | None = None,
     decode_tps: float | None = None,
     known: Known = NO_REGISTRY,
-    frame: Frame | None = None,
+    frame: Head | None = None,
 ) -> AuditReport:
     """Judge and account for the calls read (`frame`: `data` was read against it); rates
     default to the measured Flash lane. The spans of the records read join `known.spans`,
@@ -210,7 +210,8 @@ def audit_calls(
         known = replace(known, sizes={**known.sizes, frame.sha256: frame.head_bytes})
         drifts = [p.drift for p in data.prompts if p.drift is not None]
         same = identity is not None and identity.batch_sha == frame.system.sha256
-        framed = frame.sha256 if same and 2 * drifts.count(()) > len(drifts) else None
+        in_line = frame.kind == "frame" and 2 * drifts.count(()) > len(drifts)
+        framed = frame.sha256 if same and in_line else None
     shared = match_prefix(data.calls, spans, known=known, identity=identity, frame=framed)
     by_key = {(s.head, s.build_id): s for s in spans}
     verdicts = tuple(_judge(c, by_key, shared, known) for c in data.calls)
@@ -236,7 +237,7 @@ def run_audit(
     registry: Registry | None = None,
     prefill_tps: float | None = None,
     decode_tps: float | None = None,
-    frame: Frame | None = None,
+    frame: Head | None = None,
 ) -> AuditReport:
     """Read `paths`, judge and account for them. `registry` (when it exists) supplies spans,
     names, sizes, which heads are registered and the verified bytes for byte identity;
@@ -259,7 +260,7 @@ def run_audit(
     )
 
 
-def _known(registry: Registry, data: AuditInput, frame: Frame | None) -> Known:
+def _known(registry: Registry, data: AuditInput, frame: Head | None) -> Known:
     spans = prefix_spans(registry.measurements())
     names: dict[str, tuple[str, ...]] = {}
     for name, sha in registry.names().items():
