@@ -18,24 +18,22 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from prefixreg.core.records import CallEvidence
+from prefixreg.core.errors import UsageError
+from prefixreg.core.judge import judge, judge_unknown_head
+from prefixreg.core.records import CallEvidence, Measurement, ServerBuild
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.audit import (
-    DEFAULT_DECODE_TPS,
-    DEFAULT_PREFILL_TPS,
-    AuditCall,
-    PrefixSpan,
-    audit_calls,
-    match_prefix,
-    read_outputs,
-    run_audit,
-)
+from prefixreg.verbs.audit.read import AuditCall, read_outputs
+from prefixreg.verbs.audit.report import DEFAULT_DECODE_TPS, DEFAULT_PREFILL_TPS
+from prefixreg.verbs.audit.run import PrefixSpan, audit_calls, match_prefix, run_audit
 from prefixreg.verbs.measure.warm import WarmResult
 from prefixreg.verbs.measure.warm import warm as warm_head
 from tests.conftest import run_cli
+from tests.hypothesis_profile import bounded
 
 SYSTEM = "You are a careful coding agent. Follow the repository's conventions.\n" * 60
 
@@ -245,7 +243,8 @@ def test_json_totals_match_an_independent_count(batch: Batch) -> None:
 
     assert out["calls"] == exp["calls"] == 9
     assert out["calls_with_cached_tokens"] == exp["reused"]
-    assert out["states"] == {"cold": 2, "reused": exp["reused"], "unverified": 1}
+    # The judge's states: every bare response covers the span of the head the batch shares.
+    assert out["states"] == {"reused": exp["reused"], "partial": 0, "cold": 2, "unverified": 1}
     for key in ("prompt", "cached", "completion"):
         total, n = exp[key]
         assert (out["tokens"][key]["total"], out["tokens"][key]["calls"]) == (total, n), key
@@ -269,14 +268,15 @@ def test_json_totals_match_an_independent_count(batch: Batch) -> None:
     pct = round((1 - exp["prefill_share"]) * 100)
     assert out["summary"].startswith(f"decode dominates: {pct}% of modelled time")
 
-    # The shared prefix: matched by mean cached count on the record's build.
+    # The shared prefix: the measured span (on the record's build) that the responses read
+    # alone cover, through the judge: 5 of the 6 with counts (the sixth is cold).
     p = out["shared_prefix"]
     assert p["sha256"] == batch.warm.prefix.sha256
     assert p["names"] == ["loop"] and p["registered"] is True
-    assert p["method"] == "mean_cached" and p["build_known"] is True
-    assert p["build_id"] == batch.warm.build.build_id
-    assert p["span_tokens"] == batch.warm.span_tokens
-    assert abs(p["mean_cached"] - p["span_tokens"]) <= p["tolerance"]
+    assert p["method"] == "coverage" and p["build_known"] is True
+    assert p["span"]["build_id"] == batch.warm.build.build_id
+    assert p["span"]["span_tokens"] == batch.warm.span_tokens
+    assert (p["support"], p["of"]) == (5, 6)
 
     assert {m["source"] for m in out["malformed"]} == batch.malformed
     assert {u["source"] for u in out["unverified"]} == batch.unverified
@@ -323,7 +323,8 @@ def test_records_alone_name_their_prefix_directly(batch: Batch) -> None:
     assert report.prefix is not None
     assert report.prefix.method == "records"
     assert report.prefix.names == ("loop",)
-    assert report.prefix.span_tokens == batch.warm.span_tokens
+    assert report.prefix.span is not None
+    assert report.prefix.span.span_tokens == batch.warm.span_tokens
     assert len(report.calls) == 2
 
 
@@ -337,14 +338,23 @@ def test_plain_responses_match_across_builds_and_say_the_build_is_unknown(
     assert "the batch's build unknown" in report.to_text()
 
 
-def test_a_mean_far_from_every_span_names_nothing(tmp_path: Path, batch: Batch) -> None:
+def test_a_count_short_of_every_span_names_nothing_and_is_unverified(
+    tmp_path: Path, batch: Batch
+) -> None:
     span = batch.warm.span_tokens
     assert span is not None
-    far = Row(span * 3, span * 2, 10)
-    (tmp_path / "far.json").write_bytes(orjson.dumps(response(far)))
+    short = Row(span * 3, span // 4, 10)  # covers no measured span: no head to compare with
+    (tmp_path / "far.json").write_bytes(orjson.dumps(response(short)))
     report = run_audit([tmp_path], registry=Registry(batch.registry))
     assert report.prefix is None
-    assert "none matched" in report.to_text()
+    assert "none named" in report.to_text()
+    assert report.states() == {"reused": 0, "partial": 0, "cold": 0, "unverified": 1}
+    assert "no head to compare them with" in report.listed("unverified")[0].reason
+    # Twice the span covers it: the head is named (a likeness) and the call reused.
+    (tmp_path / "far.json").write_bytes(orjson.dumps(response(Row(span * 3, span * 2, 10))))
+    report = run_audit([tmp_path], registry=Registry(batch.registry))
+    assert report.prefix is not None and report.prefix.method == "coverage"
+    assert report.states()["reused"] == 1
 
 
 def test_nothing_readable_exits_2(tmp_path: Path) -> None:
@@ -390,14 +400,15 @@ def test_counts_that_are_not_strict_integers_are_unverified_not_zero(tmp_path: P
     report = audit_calls(read_outputs([tmp_path]))
     states = [c.evidence.cache_state for c in report.calls]
     assert states == ["reused", "unverified", "unverified", "unverified"]
-    tokens = report.tokens()
-    assert (tokens["cached"].total, tokens["cached"].calls) == (900, 1)
-    assert (tokens["prompt"].total, tokens["prompt"].calls) == (4000, 4)
+    out: dict[str, Any] = report.to_dict()
+    assert (out["tokens"]["cached"]["total"], out["tokens"]["cached"]["calls"]) == (900, 1)
+    assert (out["tokens"]["prompt"]["total"], out["tokens"]["prompt"]["calls"]) == (4000, 4)
     # Prefill by rate needs a verified cached count: only the good call is fully modelled
     # (the others still decode by rate, but are not counted in the shares).
-    assert len([t for t in report.times if t.modelled]) == 1
-    assert report.prefill_s() == pytest.approx(100 / DEFAULT_PREFILL_TPS)
-    assert report.sources()["prefill"] == {"timings": 0, "rates": 1, "unknown": 3}
+    times = out["time"]
+    assert times["modelled_calls"] == 1
+    assert times["prefill_s"] == pytest.approx(100 / DEFAULT_PREFILL_TPS)
+    assert times["sources"]["prefill"] == {"timings": 0, "rates": 1, "unknown": 3}
 
 
 def test_wall_keys_and_wrappers(tmp_path: Path) -> None:
@@ -439,9 +450,11 @@ def test_symlinked_directory_loop_terminates(tmp_path: Path) -> None:
     assert len(read_outputs([tmp_path]).calls) == 1
 
 
-def _call(cached: int, *, sha: str | None = None, build: str | None = None) -> AuditCall:
+def _call(
+    cached: int, *, sha: str | None = None, build: str | None = None, prompt: int | None = None
+) -> AuditCall:
     ev = CallEvidence(
-        prompt_tokens=cached + 20,
+        prompt_tokens=cached + 20 if prompt is None else prompt,
         cached_tokens=cached,
         completion_tokens=5,
         cached_source="usage.prompt_tokens_details.cached_tokens",
@@ -461,20 +474,194 @@ def test_match_stays_on_the_batch_build_and_prefers_the_closest() -> None:
     calls = [_call(10_012), _call(0, sha="c" * 64, build="build-1")]
     m = match_prefix(calls, spans)
     # build-2's span is closest, but the batch ran on build-1 (its record says so).
-    assert m is not None and (m.sha256, m.build_id, m.build_known) == (a, "build-1", True)
+    assert m is not None and m.span is not None and m.build_known
+    assert (m.sha256, m.span.build_id) == (a, "build-1")
     m = match_prefix([_call(10_012)], spans)  # no build known: every build is searched
-    assert m is not None and (m.sha256, m.build_id, m.build_known) == (b, "build-2", False)
-    assert match_prefix([_call(20_000)], spans) is None
-    assert match_prefix([_call(0)], spans) is None  # nothing reused: no mean to match
+    assert m is not None and m.span is not None and not m.build_known
+    assert (m.sha256, m.span.build_id) == (b, "build-2")
+    # 20,000 cached covers every span: the longest it covers names the head.
+    m = match_prefix([_call(20_000)], spans)
+    assert m is not None and m.span == spans[2]
+    assert match_prefix([_call(5_000)], spans) is None  # short of every span: partial
+    assert match_prefix([_call(0)], spans) is None  # nothing cached: covers nothing
 
 
-def test_alignment_widens_the_tolerance() -> None:
+def test_alignment_widens_the_allowance() -> None:
     a = "a" * 64
     # Halogen dense rounds cached counts down to multiples of 2048: a 45,000-token span
-    # resumes 43,008 (21 x 2048), 1,992 short, more than 2% (900) but within the alignment.
+    # resumes 43,008 (21 x 2048), 1,992 short: more than the judge's 32 template tokens,
+    # within the alignment (the judge's allowance is alignment + 32).
     aligned = [PrefixSpan(a, "d", 45_000, 2048, "2025-01-01T00:00:00Z", "warm")]
-    m = match_prefix([_call(43_008)], aligned)
-    assert m is not None and m.tolerance == 2048
+    m = match_prefix([_call(43_008, prompt=46_000)], aligned)
+    assert m is not None and m.span == aligned[0] and m.support == 1
     unaligned = [PrefixSpan(a, "d", 45_000, 0, "2025-01-01T00:00:00Z", "warm")]
-    assert math.ceil(45_000 * 0.02) == 900
-    assert match_prefix([_call(43_008)], unaligned) is None
+    assert match_prefix([_call(43_008, prompt=46_000)], unaligned) is None
+    # A prompt shorter than the span cannot hold the head: no head, not a likeness.
+    assert match_prefix([_call(43_008)], aligned) is None
+
+
+# --------------------------------------------------------------------------------------
+# Issue 20: every state is the judge's, and the shared head is named by bytes or coverage
+
+
+def measured(reg: Registry, sha: str, span: int) -> str:
+    """A resumed warm measurement of `sha` with a `span`-token span, on a build of its own
+    (a real record, written through the registry)."""
+    build = ServerBuild(profile="llama.cpp", identity={"model": "gemma-3-270m"})
+    body: dict[str, Any] = {"verdict": "resumed", "span_tokens": span, "alignment": 0}
+    reg.write_measurement(
+        Measurement(
+            sha256=sha,
+            at="2026-01-01T00:00:00.000000Z",
+            kind="warm",
+            build=build,
+            body=body | {"calls": []},
+        )
+    )
+    return build.build_id
+
+
+def pair(system: str, tail: str, row: Row) -> bytes:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": tail}]
+    return orjson.dumps({"request": {"messages": messages}, "response": response(row)})
+
+
+def test_case5_nine_cached_tokens_of_a_1370_token_head_are_partial(tmp_path: Path) -> None:
+    """Issue 20, case 5: batch 9 / 1,370 / 0 / 1,370 cached of 1,382 prompt tokens."""
+    reg = Registry(tmp_path / "reg")
+    sha = reg.add("You are the agent. Follow the plan step by step.\n" * 100, name="agent")
+    measured(reg, sha, 1370)
+    rows = [Row(1382, 9, 10), Row(1382, 1370, 10), Row(1382, 0, 10), Row(1382, 1370, 10)]
+    bare = tmp_path / "bare.jsonl"
+    bare.write_bytes(b"".join(orjson.dumps(response(r)) + b"\n" for r in rows))
+    res = audit_cli(str(bare), "--registry", str(reg.root), "--json")
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert out["states"] == {"reused": 2, "partial": 1, "cold": 1, "unverified": 0}
+    assert out["partial"] == [
+        {
+            "source": f"{bare}:1",
+            "reason": "9 cached tokens, short of the head's measured span of 1,370",
+        }
+    ]
+    # Totals are the server's numbers, whatever the labels: every verified count counts.
+    assert (out["tokens"]["cached"]["total"], out["tokens"]["cached"]["calls"]) == (2749, 4)
+    assert out["calls_with_cached_tokens"] == 3
+    p = out["shared_prefix"]
+    assert (p["sha256"], p["method"], p["support"], p["of"]) == (sha, "coverage", 2, 4)
+    text = audit_cli(str(bare), "--registry", str(reg.root)).stdout.decode()
+    assert "(reused 2, partial 1, cold 1, unverified 0)" in text
+    assert "2 of 4 calls read alone cover its measured span of 1,370 tokens" in text
+
+    # The same batch with its requests: each call is judged against the bytes it sent
+    # (the judge's byte estimate: the request carries no build to look a span up on).
+    system = "x" * 5000
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_bytes(
+        b"".join(pair(system, f"question {i:>12}", r) + b"\n" for i, r in enumerate(rows))
+    )
+    report = run_audit([pairs])
+    assert report.states() == {"reused": 2, "partial": 1, "cold": 1, "unverified": 0}
+    assert [v.span_source for v in report.verdicts] == ["estimated"] * 4
+
+
+AIPERF_SYS = "You are aiperf's synthetic system prompt, seventeen of them.\n" * 100
+
+
+def aiperf_batch(path: Path, cached: list[int]) -> None:
+    """Pairs as a benchmark logs them: one registered system prompt, 1,587 prompt tokens."""
+    tail = "Summarise the following passage in one sentence. " * 6
+    rows = [Row(1587, c, 64, wall=0.8) for c in cached]
+    path.write_bytes(b"".join(pair(AIPERF_SYS, tail, r) + b"\n" for r in rows))
+
+
+def test_case9_seven_cached_tokens_are_not_reused_and_one_cold_call_keeps_the_name(
+    tmp_path: Path,
+) -> None:
+    """Issue 20, case 9 (NVIDIA aiperf against llama-server): two calls with 7 of 1,587
+    tokens cached, and a cold one, among 16 requests byte-identical to a registered head
+    that was measured elsewhere (the old mean of cached counts left its window)."""
+    reg = Registry(tmp_path / "reg")
+    sha = reg.add(AIPERF_SYS, name="aiperf-sys17")
+    measured(reg, sha, 1552)
+    batch = tmp_path / "profile_export.jsonl"
+    cached = [1552] * 13 + [7, 7, 0]
+    aiperf_batch(batch, cached)
+    res = audit_cli(str(batch), "--registry", str(reg.root), "--json")
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert out["states"] == {"reused": 13, "partial": 2, "cold": 1, "unverified": 0}
+    assert [p["source"] for p in out["partial"]] == [f"{batch}:14", f"{batch}:15"]
+    assert out["system_prefix"]["identical"] == 16
+    p = out["shared_prefix"]
+    assert (p["sha256"], p["names"], p["method"]) == (sha, ["aiperf-sys17"], "identity")
+    assert (p["support"], p["of"], p["registered"]) == (16, 16, True)
+    text = audit_cli(str(batch), "--registry", str(reg.root)).stdout.decode()
+    assert "16 of 16 requests byte-identical to aiperf-sys17" in text
+    assert f"shared prefix  aiperf-sys17 ({sha[:12]}) (byte identity: 16 of 16" in text
+    assert "none named" not in text and "reused 15" not in text
+    # All cold: still the same head, named by its bytes.
+    aiperf_batch(batch, [0] * 16)
+    report = run_audit([batch], registry=reg)
+    assert report.prefix is not None and report.prefix.sha256 == sha
+    assert report.states()["cold"] == 16
+
+
+def test_labels_equal_the_judge_on_every_call(tmp_path: Path) -> None:
+    """No label of the audit says more than the judge on the same numbers."""
+    batch = tmp_path / "b.jsonl"
+    cached = [0, 7, 700, 1400, 1500, 1552, 1587, 1600]
+    aiperf_batch(batch, cached)
+    report = run_audit([batch])
+    size = len(AIPERF_SYS.encode())
+    for call, verdict in zip(report.calls, report.verdicts, strict=True):
+        assert call.head_bytes == size and call.rest_bytes is not None
+        assert verdict == judge(call.evidence, head_bytes=size, rest_bytes=call.rest_bytes)
+    assert [v.verdict for v in report.verdicts] == [
+        "cold", "partial", "partial", "partial", "resumed", "resumed", "resumed", "unverified"
+    ]  # fmt: skip
+
+
+@bounded(200)
+@given(
+    prompt=st.none() | st.integers(0, 10**6),
+    cached=st.none() | st.integers(0, 10**6),
+    state=st.sampled_from(["cold", "reused", "unverified"]),
+    complete=st.booleans(),
+)
+def test_judge_unknown_head_never_says_more_than_cold(
+    prompt: int | None, cached: int | None, state: Any, complete: bool
+) -> None:
+    ev = CallEvidence(
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=1,
+        cached_source="usage.prompt_tokens_details.cached_tokens",
+        cache_state=state,
+        complete=complete,
+    )
+    j = judge_unknown_head(ev, "no head")
+    assert j.verdict in ("cold", "unverified")
+    counted = state != "unverified" and prompt is not None and cached is not None
+    assert (j.verdict == "cold") == (counted and cached == 0)
+    if counted and cached and prompt is not None and cached <= prompt:
+        assert j.reason == "no head"
+
+
+# --------------------------------------------------------------------------------------
+# Issue 21 and 22: the library takes checked objects; hostile inputs are listed, not fatal
+
+
+def test_run_audit_refuses_wrong_types(tmp_path: Path) -> None:
+    good = tmp_path / "r.json"
+    good.write_bytes(orjson.dumps(response(Row(100, 0, 5))))
+    wrong: list[tuple[Any, dict[str, Any]]] = [
+        (str(good), {}),  # a string is not a list of paths
+        ([good], {"frame": "loop"}),  # a reference, not a verified Frame
+        ([good], {"registry": str(tmp_path)}),
+        ([good], {"prefill_tps": "fast"}),
+        ([good], {"decode_tps": math.inf}),
+    ]
+    for paths, kwargs in wrong:
+        with pytest.raises(UsageError):
+            run_audit(paths, **kwargs)

@@ -18,13 +18,9 @@ import orjson
 import pytest
 
 from prefixreg.registry.store import Registry
-from prefixreg.verbs.audit import (
-    AuditInput,
-    PrefixSpan,
-    audit_calls,
-    read_outputs,
-    system_prompt,
-)
+from prefixreg.verbs.audit.identity import system_prompt
+from prefixreg.verbs.audit.read import MAX_DOCUMENT, AuditInput, read_outputs
+from prefixreg.verbs.audit.run import Known, PrefixSpan, audit_calls
 from tests.test_audit import Row, _call, response
 
 SYSTEM = "You are a careful coding agent. Ünïcode kept byte for byte.\n" * 50
@@ -155,7 +151,7 @@ def test_a_corrupt_registered_object_fails_closed(tmp_path: Path, reg: Registry)
 def test_token_count_match_of_an_unregistered_prefix_says_so() -> None:
     span = PrefixSpan("c" * 64, "b1", 800, 0, "2025-01-01T00:00:00Z", "warm")
     data = AuditInput(calls=[_call(800), _call(810)])
-    report = audit_calls(data, spans=[span], registered=set())
+    report = audit_calls(data, known=Known(spans=[span], registered=frozenset()))
     assert report.prefix is not None and report.prefix.registered is False
     text = report.to_text()
     assert "a token-count likeness, not byte identity" in text
@@ -164,7 +160,7 @@ def test_token_count_match_of_an_unregistered_prefix_says_so() -> None:
 
 def test_system_prompt_hashes_exact_utf8_bytes() -> None:
     got = system_prompt(request(SYSTEM, "t"))
-    assert got.sha256 == sha(SYSTEM) and got.size == len(SYSTEM.encode("utf-8"))
+    assert got.sha256 == sha(SYSTEM) and got.bytes == len(SYSTEM.encode("utf-8"))
     assert system_prompt({"messages": []}).problem == "no messages"
     assert system_prompt(request("\ud800", "t")).problem == "messages[0].content is not valid UTF-8"
 
@@ -196,3 +192,74 @@ def test_a_fifo_named_directly_is_skipped_and_nothing_read_exits_2(tmp_path: Pat
     assert data.files == 0 and data.skipped[0].reason == "not a regular file (a FIFO)"
     res = audit(str(tmp_path / "p.json"), timeout=20)
     assert res.returncode == 2
+
+
+# --------------------------------------------------------------------------------------
+# Issue 22: hostile inputs are listed with a reason, within bounded memory, never fatal
+
+
+def test_a_line_over_the_cap_is_skipped_and_never_held_whole(tmp_path: Path) -> None:
+    good = orjson.dumps(response(Row(100, 0, 5)))
+    huge = response(Row(100, 0, 5))
+    huge["choices"][0]["message"]["content"] = "x" * (3 * MAX_DOCUMENT)  # a 48 MiB line
+    path = tmp_path / "calls.jsonl"
+    path.write_bytes(good + b"\n" + orjson.dumps(huge) + b"\n" + good + b"\n")
+    del huge
+    script = (
+        "import resource, subprocess, sys;"
+        "p = subprocess.run([sys.executable, '-m', 'prefixreg', 'audit', '--json', sys.argv[1]],"
+        " capture_output=True);"
+        "sys.stdout.buffer.write(p.stdout);"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024, file=sys.stderr);"
+        "sys.exit(p.returncode)"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert out["calls"] == 2
+    assert out["skipped"] == [
+        {
+            "source": f"{path}:2",
+            "reason": f"a line over {MAX_DOCUMENT:,} bytes: read past, not parsed",
+        }
+    ]
+    peak_mib = int(res.stderr.split()[-1])
+    assert peak_mib < 3 * MAX_DOCUMENT // 2**20 + 40, peak_mib  # well under the line's 48 MiB
+    # A .json document over the cap is skipped the same way.
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (MAX_DOCUMENT + 1) + good)
+    data = read_outputs([big])
+    assert data.calls == [] and data.skipped[0].reason.startswith("a JSON document over")
+
+
+def test_a_1100_level_directory_tree_is_walked_without_recursion(tmp_path: Path) -> None:
+    deep = path = tmp_path / "top"
+    for _ in range(1100):  # one level at a time: Path.mkdir(parents=True) itself recurses
+        path.mkdir()
+        path = path / "d"
+    path.mkdir()
+    (path / "r.json").write_bytes(orjson.dumps(response(Row(100, 0, 5))))
+    try:
+        res = audit("--json", str(deep))
+        assert res.returncode == 0, res.stderr
+        assert orjson.loads(res.stdout)["calls"] == 1
+    finally:  # one level at a time again: pytest's own cleanup (shutil.rmtree) recurses
+        (path / "r.json").unlink()
+        while path != tmp_path:
+            path.rmdir()
+            path = path.parent
+
+
+def test_every_document_goes_through_the_one_json_reader(tmp_path: Path) -> None:
+    deep: Any = [1]
+    for _ in range(100):
+        deep = [deep]
+    nested = response(Row(100, 0, 5)) | {"extra": deep}  # a call output, nested too deep
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(orjson.dumps(nested) + b"\n" + orjson.dumps(response(Row(100, 0, 5))) + b"\n")
+    data = read_outputs([path])
+    assert len(data.calls) == 1
+    assert data.malformed[0].source == f"{path}:1"
+    assert "nested deeper than 64 levels" in data.malformed[0].reason

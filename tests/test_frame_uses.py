@@ -8,11 +8,15 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
+from prefixreg.core.errors import UsageError
+from prefixreg.core.frame import Frame
 from prefixreg.registry.frames import get_frame
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimServer
+from prefixreg.verbs.audit.run import run_audit
 from prefixreg.verbs.keepalive.run import KeepAlive
 from prefixreg.verbs.loop import LoopJudge, LoopVerdict
 from prefixreg.verbs.measure.warm import warm
@@ -222,3 +226,61 @@ def test_audit_frame_fails_closed_on_a_tampered_part(
     assert res.stdout == b""
     missing = run_cli("audit", "--frame", "nope", str(batch), "--registry", str(reg.root))
     assert missing.returncode == 2, missing.stderr
+
+
+def test_audit_judges_each_in_line_call_against_the_frame_and_names_it(
+    sim: SimServer,  # noqa: F811
+    reg: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    frame = reg.head("loop")
+    assert isinstance(frame, Frame)
+    batch = tmp_path / "batch.jsonl"
+    pairs = loop_batch(sim.url, reg, flip_at=TURNS)  # every call in line with the frame
+    batch.write_bytes(b"".join(orjson.dumps(p) + b"\n" for p in pairs))
+    report = run_audit([batch], registry=reg, frame=frame)
+    assert report.prefix is not None
+    assert (report.prefix.frame, report.prefix.method) == (frame.sha256, "identity")
+    assert report.prefix.label().startswith("frame loop (")
+    assert all(c.frame == frame.sha256 and c.head_bytes == frame.head_bytes for c in report.calls)
+    assert report.states() == {"reused": TURNS, "partial": 0, "cold": 0, "unverified": 0}
+    # The library takes the verified head, never a reference.
+    with pytest.raises(UsageError):
+        run_audit([batch], registry=reg, frame="loop")  # type: ignore[arg-type]
+    # Whatever works for a frame works for a prefix: its head is the system bytes alone.
+    res = run_cli(
+        *("audit", "--frame", frame.system.sha256, str(batch), "--registry", str(reg.root)),
+        "--json",
+    )
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert (out["frame"]["frame"], out["frame"]["in_line"]) == (frame.system.sha256, TURNS)
+    assert out["shared_prefix"]["sha256"] == frame.system.sha256
+
+
+def test_audit_frame_lists_a_head_it_cannot_compare_as_malformed(
+    reg: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Issue 22: content parts whose text is an int or null, tools 1,000 deep."""
+    frame = reg.head("loop")
+    assert isinstance(frame, Frame)
+    good = frame.body([{"role": "user", "content": "go"}], model="m")
+    lines = [orjson.dumps(good)]
+    for text in (5, None):
+        body = dict(good)
+        body["messages"] = [{"role": "system", "content": [{"type": "text", "text": text}]}]
+        lines.append(orjson.dumps({"request": body, "response": {"choices": []}}))
+    deep = b"[" * 1000 + b"]" * 1000
+    lines.append(b'{"messages": [{"role": "system", "content": "s"}], "tools": ' + deep + b"}")
+    batch = tmp_path / "hostile.jsonl"
+    batch.write_bytes(b"\n".join(lines) + b"\n")
+    res = run_cli("audit", "--frame", "loop", str(batch), "--registry", str(reg.root), "--json")
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    reasons = {m["source"]: m["reason"] for m in out["malformed"]}
+    assert reasons[f"{batch}:2"] == "messages[0].content[0].text is not a string"
+    assert reasons[f"{batch}:3"] == "messages[0].content[0].text is not a string"
+    assert "nested deeper than 64 levels" in reasons[f"{batch}:4"]
+    assert out["frame"]["requests"] == 1 and out["frame"]["in_line"] == 1
+    assert out["calls"] == 2  # the paired responses still count (unverified: no usage)

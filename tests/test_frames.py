@@ -19,7 +19,7 @@ from prefixreg.registry.verify import verify_registry
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.audit.framedrift import drift_events
+from prefixreg.verbs.audit.identity import drift_events
 from prefixreg.verbs.loop import LoopJudge
 from prefixreg.verbs.measure.warm import warm
 from tests.conftest import run_cli

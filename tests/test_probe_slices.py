@@ -17,9 +17,8 @@ from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.audit import PrefixSpan, match_prefix, run_audit
-from prefixreg.verbs.audit.identity import check_identity
-from prefixreg.verbs.audit.prompt import PromptSeen, system_prompt
+from prefixreg.verbs.audit.identity import PromptSeen, check_identity, system_prompt
+from prefixreg.verbs.audit.run import Known, PrefixSpan, match_prefix, run_audit
 from prefixreg.verbs.probe.run import ProbeOptions, ProbeReport, run_probe
 from tests.conftest import run_cli
 from tests.test_audit import Row, _call, response
@@ -138,15 +137,16 @@ def test_match_never_names_a_probe_slice() -> None:
     spans = [
         PrefixSpan(probe_sha, "b1", 10_000, 0, "2025-01-02T00:00:00Z", "probe-B"),
         PrefixSpan(marked, "b1", 10_005, 0, "2025-01-02T00:00:00Z", "warm"),
-        PrefixSpan(user_sha, "b1", 10_060, 0, "2025-01-01T00:00:00Z", "warm"),
+        PrefixSpan(user_sha, "b1", 10_020, 0, "2025-01-01T00:00:00Z", "warm"),
     ]
-    m = match_prefix([_call(10_000)], spans, probe_slices={marked})
+    known = Known(probe_slices=frozenset({marked}))
+    m = match_prefix([_call(10_000)], spans, known=known)
     assert m is not None and m.sha256 == user_sha  # the closer probe spans are not candidates
-    assert match_prefix([_call(10_000)], spans[:2], probe_slices={marked}) is None
+    assert match_prefix([_call(10_000)], spans[:2], known=known) is None
     # Records of a probe slice name no shared prefix either.
     assert match_prefix([_call(10_000, sha=probe_sha, build="b1")], spans) is None
     own = [_call(10_000, sha=marked, build="b1")]
-    assert match_prefix(own, spans, probe_slices={marked}) is None
+    assert match_prefix(own, spans, known=known) is None
 
 
 def test_audit_of_probe_traffic_names_no_shared_prefix(
@@ -168,7 +168,7 @@ def test_audit_of_probe_traffic_names_no_shared_prefix(
 def test_identity_prefers_the_users_prefix_over_a_probe_slice() -> None:
     def seen(i: int, text: str) -> PromptSeen:
         request = {"messages": [{"role": "system", "content": text}]}
-        return PromptSeen(f"r{i}", system_prompt(request), paired=False)
+        return PromptSeen(f"r{i}", system_prompt(request))
 
     slice_text, user_text = "probe slice text", USER
     prompts = [seen(0, slice_text), seen(1, slice_text), seen(2, user_text)]

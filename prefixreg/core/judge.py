@@ -161,6 +161,22 @@ def judge(
     return out("resumed", why, span, source)
 
 
+def judge_unknown_head(evidence: CallEvidence, why: str) -> Judgement:
+    """A call whose head is not known (a response read without its request): `cold` when
+    the server counted the prompt and cached none of it; a cached count has no span to be
+    compared with, so it is `unverified` with `why`. Never resumed, never partial."""
+    prompt, cached = evidence.prompt_tokens, evidence.cached_tokens
+    if evidence.cache_state == "unverified" or prompt is None or cached is None:
+        why = evidence.reason or "the server did not report prompt and cached counts"
+        return Judgement("unverified", why)
+    verdict: Verdict = "cold" if cached == 0 else "unverified"
+    if cached > prompt:
+        verdict, why = "unverified", "cached_tokens > prompt_tokens"
+    elif cached == 0:
+        why = f"0 of {prompt:,} prompt tokens cached"
+    return Judgement(verdict, why, prompt_tokens=prompt, cached_tokens=cached)
+
+
 def judge_restore(
     baseline: Judgement | None, n_restored: int | None, check: Judgement
 ) -> tuple[RestoreVerdict, str]:

@@ -1,34 +1,25 @@
-"""Byte identity of each request's system prefix against the registry, and the drift.
+"""What each request sent, against the registry and `--frame`. Pure, given the lookup.
 
-Per request read, `messages[0].content` is hashed (sha256 of its UTF-8 bytes, `read.py`)
-and looked up by that sha. The batch's prefix is the registered one most requests carry
-(ties: the first seen); when none is registered, the most common one, said to be
-unregistered. A probe slice (`probe_slices`) is never preferred as the batch's prefix; a
-batch that carries only probe slices is said to be one, not one of the user's prefixes.
-A request whose first message is another prefix has *drifted*.
-
-Invariants:
-
-- Identity is by sha256 of the exact bytes, confirmed by the registry's verified read (the
-  stored object re-hashed, and its length equal to the request's): never by token count.
-- A sha is looked up once, however many requests carry it. A lookup raises on a corrupt
-  object (the store fails closed); "not registered" is None, never an error.
-- With no registry to ask, `registered` is None everywhere and the text says so.
-- Nothing here holds prompt text: only shas, lengths, sources and names. Pure, given the
-  lookup.
+Identity: `messages[0].content` is hashed (sha256 of its exact UTF-8 bytes; content that is
+not a string has a `problem`, never a sha) and looked up once per sha; a match is the
+registry's verified read (re-hashed, same length), never a token count, and a corrupt
+object raises. The batch's prefix is the registered one most requests carry (ties: the
+first seen), else the most common, said unregistered; never a probe slice unless all are.
+Drift: what the head's `drift` names; an event starts where a call's drift differs from the
+previous call's and counts the cold calls up to the next change. No prompt text is kept.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Literal
 
+from prefixreg.core.digest import sha256_hex
+from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import JSONObject, JSONValue
-from prefixreg.verbs.audit.prompt import PromptSeen
-
-__all__ = ["IdentityReport", "Lookup", "PromptIdentity", "check_identity"]
+from prefixreg.core.prefix import Drift
 
 Lookup = Callable[[str, int], "tuple[str, ...] | None"]
 """(sha, byte length) -> the names of the registered object with exactly those bytes
@@ -38,70 +29,104 @@ Status = Literal["identical", "drifted", "no_text"]
 
 
 @dataclass(frozen=True, slots=True)
-class PromptIdentity:
-    """One request's first message, judged against the batch's prefix."""
+class SystemPrompt:
+    """`messages[0]` of a request: sha256 and length of its content's UTF-8 bytes, or the
+    reason there is nothing to compare (`problem`)."""
+
+    sha256: str | None
+    bytes: int | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSeen:
+    """A request read, its first message, and with a frame its drift (None: no frame, or a
+    head that could not be compared)."""
 
     source: str
-    sha256: str | None
-    size: int | None
-    status: Status
-    registered: bool | None
-    names: tuple[str, ...]
-    problem: str | None
+    system: SystemPrompt
+    drift: tuple[Drift, ...] | None = None
 
-    def to_dict(self) -> JSONObject:
-        return {
-            "source": self.source,
-            "sha256": self.sha256,
-            "bytes": self.size,
-            "status": self.status,
-            "registered": self.registered,
-            "names": list(self.names),
-            "problem": self.problem,
-        }
 
-    def describe(self) -> str:
-        if self.sha256 is None:
-            return self.problem or "no text first message"
-        where = (
-            "registry not consulted"
-            if self.registered is None
-            else (
-                "registered" + (f" as {', '.join(self.names)}" if self.names else "")
-                if self.registered
-                else "not registered"
-            )
-        )
-        return f"sha {self.sha256[:12]}, {self.size or 0:,} bytes, {where}"
+def system_prompt(request: Mapping[str, object]) -> SystemPrompt:
+    """The identity of a request's first message (content parts are not joined: no join is
+    the bytes the model saw)."""
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return SystemPrompt(None, None, "no messages")
+    if not isinstance(messages[0], dict):
+        return SystemPrompt(None, None, "messages[0] is not an object")
+    content = messages[0].get("content")
+    if not isinstance(content, str):
+        return SystemPrompt(None, None, "messages[0].content is not a string")
+    try:
+        data = content.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a \ud800 escape: not UTF-8 text
+        return SystemPrompt(None, None, "messages[0].content is not valid UTF-8")
+    return SystemPrompt(sha256_hex(data), len(data))
+
+
+def listing(title: str, items: Sequence[str], limit: int, indent: str = "") -> list[str]:
+    """`title (n):` and the first `limit` items under it (nothing when there are none)."""
+    if not items:
+        return []
+    lines = [f"{indent}{title} ({len(items):,}):", *(f"{indent}  {i}" for i in items[:limit])]
+    if len(items) > limit:
+        lines.append(f"{indent}  ... and {len(items) - limit:,} more (see --json)")
+    return lines
 
 
 @dataclass(frozen=True, slots=True)
 class IdentityReport:
-    """Every request's verdict and the batch's prefix (None: no request had text)."""
+    """Every request's first message against the batch's prefix (`batch_sha`; None: no
+    request had text). `found`: sha -> the names of the registered object with those bytes,
+    or None when not registered; `found` itself is None when no registry was consulted."""
 
-    prompts: tuple[PromptIdentity, ...]
+    prompts: tuple[PromptSeen, ...]
+    found: Mapping[str, tuple[str, ...] | None] | None
     batch_sha: str | None
-    batch_size: int | None
-    batch_names: tuple[str, ...]
-    batch_registered: bool | None
     batch_probe_slice: bool = False
 
-    def of(self, status: Status) -> list[PromptIdentity]:
-        return [p for p in self.prompts if p.status == status]
+    def status(self, p: PromptSeen) -> Status:
+        sha = p.system.sha256
+        return "no_text" if sha is None else "identical" if sha == self.batch_sha else "drifted"
+
+    def of(self, status: Status) -> list[PromptSeen]:
+        return [p for p in self.prompts if self.status(p) == status]
+
+    def registered(self, sha: str | None) -> tuple[bool | None, tuple[str, ...]]:
+        """(registered, names) of `sha`; registered is None when no registry was consulted."""
+        if self.found is None or sha is None:
+            return None, ()
+        names = self.found.get(sha)
+        return names is not None, names or ()
+
+    def describe(self, p: PromptSeen) -> str:
+        if p.system.sha256 is None:
+            return p.system.problem or "no text first message"
+        registered, names = self.registered(p.system.sha256)
+        where = {None: "registry not consulted", False: "not registered"}.get(registered)
+        where = where or "registered" + (f" as {', '.join(names)}" if names else "")
+        return f"sha {p.system.sha256[:12]}, {p.system.bytes or 0:,} bytes, {where}"
 
     def to_dict(self) -> JSONObject:
-        calls: list[JSONValue] = [p.to_dict() for p in self.prompts]
+        size = next((p.system.bytes for p in self.of("identical")), None)
+        registered, names = self.registered(self.batch_sha)
+        calls: list[JSONValue] = []
+        for p in self.prompts:
+            is_reg, its_names = self.registered(p.system.sha256)
+            row = {"source": p.source, "status": self.status(p), "names": list(its_names)}
+            calls.append(row | asdict(p.system) | {"registered": is_reg})
+        batch: JSONObject = {
+            "sha256": self.batch_sha,
+            "bytes": size,
+            "names": list(names),
+            "registered": registered,
+            "probe_slice": self.batch_probe_slice,
+        }
         return {
             "requests": len(self.prompts),
-            "batch_prefix": None
-            if self.batch_sha is None
-            else {
-                "sha256": self.batch_sha,
-                "bytes": self.batch_size,
-                "names": list(self.batch_names),
-                "registered": self.batch_registered,
-                "probe_slice": self.batch_probe_slice,
-            },
+            "batch_prefix": None if self.batch_sha is None else batch,
             "identical": len(self.of("identical")),
             "drifted": [p.source for p in self.of("drifted")],
             "no_text": [p.source for p in self.of("no_text")],
@@ -109,84 +134,127 @@ class IdentityReport:
         }
 
     def text_lines(self, *, limit: int = 10) -> list[str]:
-        pad = " " * 15
         n = len(self.prompts)
-        if self.batch_sha is None:
-            lines = [f"system prefix  none of {n:,} requests has a text first message"]
-        else:
-            label = f"{', '.join(self.batch_names)} " if self.batch_names else ""
+        lines = [f"system prefix  none of {n:,} requests has a text first message"]
+        if self.batch_sha is not None:
+            registered, names = self.registered(self.batch_sha)
+            state = {None: "no registry consulted", True: "registered, bytes verified"}.get(
+                registered, "NOT registered in this registry"
+            )
             if self.batch_probe_slice:
                 state = "a probe slice, not one of the registry's prefixes"
-            elif self.batch_registered:
-                state = "registered, bytes verified"
-            elif self.batch_registered is None:
-                state = "no registry consulted"
-            else:
-                state = "NOT registered in this registry"
+            label = f"{', '.join(names)} " if names else ""
+            size = next((p.system.bytes for p in self.of("identical")), 0) or 0
             lines = [
                 f"system prefix  {len(self.of('identical')):,} of {n:,} requests byte-identical "
-                f"to {label}sha {self.batch_sha} ({self.batch_size or 0:,} bytes; {state})"
+                f"to {label}sha {self.batch_sha} ({size:,} bytes; {state})"
             ]
-        sections: tuple[tuple[Status, str], ...] = (
-            ("drifted", "drifted"),
-            ("no_text", "without a text message"),
-        )
-        for status, title in sections:
-            items = self.of(status)
-            if not items:
-                continue
-            lines.append(f"{pad}{title} ({len(items):,}):")
-            lines.extend(f"{pad}  {p.source}: {p.describe()}" for p in items[:limit])
-            if len(items) > limit:
-                lines.append(f"{pad}  ... and {len(items) - limit:,} more (see --json)")
+        for status, title in (("drifted", "drifted"), ("no_text", "without a text message")):
+            items = [
+                f"{p.source}: {self.describe(p)}" for p in self.prompts if self.status(p) == status
+            ]
+            lines += listing(title, items, limit, " " * 15)
         return lines
 
 
 def check_identity(
     prompts: Sequence[PromptSeen], lookup: Lookup | None, probe_slices: Collection[str] = ()
 ) -> IdentityReport | None:
-    """Judge every request's first message; None when no request was read. `probe_slices`:
-    the shas the registry marks as probe slices (never preferred as the batch's prefix)."""
+    """Judge every request's first message; None when no request was read."""
     if not prompts:
         return None
     sizes: dict[str, int] = {}
     for p in prompts:
-        if p.system.sha256 is not None and p.system.size is not None:
-            sizes.setdefault(p.system.sha256, p.system.size)
-    found: dict[str, tuple[str, ...] | None] = {}
-    if lookup is not None:
-        for sha, size in sizes.items():  # once per distinct prefix, in first-seen order
-            found[sha] = lookup(sha, size)
+        if p.system.sha256 is not None and p.system.bytes is not None:
+            sizes.setdefault(p.system.sha256, p.system.bytes)
+    # Once per distinct prefix, in first-seen order.
+    found = None if lookup is None else {sha: lookup(sha, n) for sha, n in sizes.items()}
     counts = Counter(p.system.sha256 for p in prompts if p.system.sha256 is not None)
     own = [sha for sha in sizes if sha not in probe_slices]
-    registered = [sha for sha in own if found.get(sha) is not None]
-    pool = registered or own or list(sizes)
-    # max keeps the first of equals, and `pool` is in first-seen order.
-    batch = max(pool, key=lambda sha: counts[sha]) if pool else None
+    pool = [sha for sha in own if (found or {}).get(sha) is not None] or own or list(sizes)
+    batch = max(pool, key=lambda sha: counts[sha]) if pool else None  # the first of equals
+    return IdentityReport(tuple(prompts), found, batch, batch in probe_slices)
 
-    def known(sha: str) -> tuple[bool | None, tuple[str, ...]]:
-        if lookup is None:
-            return None, ()
-        names = found.get(sha)
-        return names is not None, names or ()
 
-    judged = []
-    for p in prompts:
-        digest = p.system.sha256
-        if digest is None:
-            judged.append(
-                PromptIdentity(p.source, None, None, "no_text", None, (), p.system.problem)
-            )
+@dataclass(frozen=True, slots=True)
+class DriftEvent:
+    """Calls `index` onwards drifted from the frame in `drift`; of the `calls` calls from
+    there to the next change, `answered` carried a server answer and `cold_after` were cold."""
+
+    index: int
+    drift: tuple[Drift, ...]
+    cold_after: int
+    calls: int
+    answered: int
+
+    def __str__(self) -> str:
+        parts = "; ".join(str(d) for d in self.drift)
+        known = "" if self.answered == self.calls else f" ({self.answered} with a server answer)"
+        return (
+            f"call {self.index}: {parts} — {self.cold_after} of the {self.calls} calls "
+            f"that follow were cold{known}"
+        )
+
+
+def drift_events(rows: Sequence[tuple[tuple[Drift, ...], str | None]]) -> list[DriftEvent]:
+    """Each change of drift along (drift, call state or None) rows in call order."""
+    events: list[DriftEvent] = []
+    previous: tuple[Drift, ...] = ()
+    start = 0
+    for i, (drift, _) in enumerate([*rows, ((), None)]):
+        if drift == previous and i < len(rows):
             continue
-        is_reg, names = known(digest)
-        status: Status = "identical" if digest == batch else "drifted"
-        judged.append(PromptIdentity(p.source, digest, p.system.size, status, is_reg, names, None))
-    batch_reg, batch_names = known(batch) if batch is not None else (None, ())
-    return IdentityReport(
-        prompts=tuple(judged),
-        batch_sha=batch,
-        batch_size=sizes.get(batch) if batch is not None else None,
-        batch_names=batch_names,
-        batch_registered=batch_reg,
-        batch_probe_slice=batch is not None and batch in probe_slices,
-    )
+        if previous:
+            states = [state for _, state in rows[start:i]]
+            answered = len(states) - states.count(None)
+            events.append(DriftEvent(start, previous, states.count("cold"), len(states), answered))
+        start, previous = i, drift
+    return events
+
+
+@dataclass(frozen=True, slots=True)
+class FrameAudit:
+    """The requests read against one frame, in call order: (source, drift, the judge's
+    state of its call when its response was read with it, else None)."""
+
+    frame: Head
+    rows: tuple[tuple[str, tuple[Drift, ...], str | None], ...]
+
+    @classmethod
+    def of(
+        cls, frame: Head, prompts: Sequence[PromptSeen], states: Mapping[str, str]
+    ) -> FrameAudit:
+        """The requests read with `frame`; `states`: call source -> the judge's state."""
+        rows = [(p.source, p.drift, states.get(p.source)) for p in prompts]
+        return cls(frame, tuple((s, d, st) for s, d, st in rows if d is not None))
+
+    def to_dict(self) -> JSONObject:
+        drifted = sum(1 for _, drift, _ in self.rows if drift)
+        calls: list[JSONValue] = [
+            {"source": s, "drift": [asdict(d) for d in drift], "cache_state": state}
+            for s, drift, state in self.rows
+        ]
+        return {
+            "frame": self.frame.sha256,
+            "name": self.frame.name,
+            "requests": len(self.rows),
+            "in_line": len(self.rows) - drifted,
+            "drifted": drifted,
+            "events": [asdict(e) for e in drift_events([(d, st) for _, d, st in self.rows])],
+            "calls": calls,
+        }
+
+    def text_lines(self, *, limit: int = 10) -> list[str]:
+        pad, name = " " * 15, f"{self.frame.name} " if self.frame.name else ""
+        events = [str(e) for e in drift_events([(d, st) for _, d, st in self.rows])]
+        drifted = [
+            f"{s}: {', '.join(d.part for d in drift)}" + (f" [{st}]" if st else "")
+            for s, drift, st in self.rows
+            if drift
+        ]
+        return [
+            f"frame          {len(self.rows) - len(drifted):,} of {len(self.rows):,} requests "
+            f"in line with frame {name}{self.frame.sha256[:16]}",
+            *listing("drift changes", events, limit, pad),
+            *listing("drifted requests", drifted, limit, pad),
+        ]

@@ -1,34 +1,190 @@
-"""The `audit` use case: read the inputs, ask the registry, and build the report.
+"""The `audit` use case: judge each call against the head it sends, name the batch's head,
+build the report. `audit_calls` is pure; `run_audit` reads the registry (public API, read
+only; a corrupt record or object raises, never reads as "not registered").
 
-`audit_calls` is pure (everything it needs is passed in); `run_audit` adds what the
-registry knows, through the store's public API only: measured spans (`measurements`),
-which shas are registered and their names (`list_objects`), and, for byte identity, the
-verified bytes of a request's prefix (`read_verified`, which re-hashes the stored object).
-
-Invariants: reads only, writes nothing; a corrupt registry record or object raises (the
-store fails closed) rather than being reported as "not registered".
+A call's head is its own (its record's, or its request's bytes: the frame's when in line),
+else, for a response read alone, the batch's; its span is that head's measured span on the
+call's build (`Measurement.outcome`), else for a request the judge's byte estimate; a
+cached call with no head to compare with is unverified (`judge_unknown_head`). The batch's
+head: (1) the registered head most requests send byte-identically (the frame when most
+are in line), else (2) the head of the records read when all calls come from them, else
+(3) the span measured on the batch's build(s) (any, when none is named) that most
+responses read alone cover, through the judge (ties: longer, then newer): a likeness.
+Never a mean of cached counts; never a probe slice (marked, or with a probe leg's span).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Final, Literal
 
 from prefixreg.core.errors import RefNotFoundError, UsageError
-from prefixreg.verbs.audit.framedrift import frame_audit
-from prefixreg.verbs.audit.identity import Lookup, check_identity
-from prefixreg.verbs.audit.match import PrefixSpan, match_prefix, merge_spans, prefix_spans
-from prefixreg.verbs.audit.read import AuditInput, read_outputs
-from prefixreg.verbs.audit.report import AuditReport
-from prefixreg.verbs.audit.timemodel import DEFAULT_DECODE_TPS, DEFAULT_PREFILL_TPS, call_time
+from prefixreg.core.frame import Head
+from prefixreg.core.judge import Judgement, judge, judge_unknown_head
+from prefixreg.core.records import CallEvidence, Measurement
+from prefixreg.registry.store import Registry
+from prefixreg.verbs.audit.identity import FrameAudit, IdentityReport, Lookup, check_identity
+from prefixreg.verbs.audit.read import AuditCall, AuditInput, read_outputs
+from prefixreg.verbs.audit.report import STATES, AuditReport, rates
 
-if TYPE_CHECKING:
-    from prefixreg.core.frame import Frame
-    from prefixreg.registry.store import Registry
+Method = Literal["identity", "records", "coverage"]
 
-__all__ = ["audit_calls", "registry_lookup", "run_audit"]
+
+@dataclass(frozen=True, slots=True)
+class PrefixSpan:
+    """A head's measured span on one build: its latest resumed measurement."""
+
+    sha256: str
+    build_id: str
+    span_tokens: int
+    alignment: int
+    at: str
+    kind: str
+    frame: str | None = None
+
+    @property
+    def head(self) -> str:
+        """The head's id: the frame's sha for a frame, else the prefix's."""
+        return self.frame or self.sha256
+
+
+def prefix_spans(
+    measurements: Iterable[Measurement], given: Iterable[PrefixSpan] = ()
+) -> list[PrefixSpan]:
+    """The latest resumed span per (head, build) over `given` and `measurements` (a partial
+    or cold check measured a miss, not the head)."""
+    latest: dict[tuple[str, str], PrefixSpan] = {}
+    for s in [*given, *(_span(m) for m in measurements)]:
+        if s is not None and latest.get((s.head, s.build_id), s).at <= s.at:
+            latest[(s.head, s.build_id)] = s
+    return sorted(latest.values(), key=lambda s: (s.head, s.build_id))
+
+
+def _span(m: Measurement) -> PrefixSpan | None:
+    o = m.outcome
+    if o.verdict != "resumed" or not o.span_tokens:
+        return None
+    align = m.build.snapshot_align if o.alignment is None else o.alignment
+    return PrefixSpan(m.sha256, m.build.build_id, o.span_tokens, align, m.at, m.kind, o.frame)
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """What the registry consulted says (the default: none consulted): measured spans,
+    names, head bytes by head id (a frame's: its system and rendered tools), registered
+    heads, probe slices, and the byte-identity `lookup`."""
+
+    spans: Sequence[PrefixSpan] = ()
+    names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    registered: frozenset[str] | None = None
+    probe_slices: frozenset[str] = frozenset()
+    lookup: Lookup | None = None
+
+
+NO_REGISTRY: Final = Known()
+
+
+@dataclass(frozen=True, slots=True)
+class SharedHead:
+    """The head a batch shares, how it was named (`support` of `of` requests or calls back
+    it), and its measured span on the batch's build, if any."""
+
+    sha256: str
+    frame: str | None
+    names: tuple[str, ...]
+    method: Method
+    registered: bool | None
+    support: int
+    of: int
+    build_known: bool
+    span: PrefixSpan | None
+
+    def label(self) -> str:
+        kind = "frame " if self.frame else ""
+        head, name = self.frame or self.sha256, ", ".join(self.names)
+        return f"{kind}{name} ({head[:12]})" if name else f"{kind}{head}"
+
+
+def _against(ev: CallEvidence, span: PrefixSpan, known: Known) -> Judgement:
+    """A response read alone, against a head's measured `span` (a prompt shorter than the
+    span cannot hold the head)."""
+    if ev.prompt_tokens is not None and ev.prompt_tokens < span.span_tokens:
+        return judge_unknown_head(ev, f"its prompt is shorter than {span.head[:12]}'s span")
+    size = known.sizes.get(span.head, 0)
+    return judge(ev, head_bytes=size, alignment=span.alignment, measured_span=span.span_tokens)
+
+
+def match_prefix(
+    calls: Sequence[AuditCall],
+    spans: Sequence[PrefixSpan],
+    *,
+    known: Known = NO_REGISTRY,
+    identity: IdentityReport | None = None,
+    frame: str | None = None,
+) -> SharedHead | None:
+    """The head the batch shares, or None (the module's rules). `frame`: the frame most of
+    the batch's requests are in line with."""
+    probes = set(known.probe_slices) | {s.head for s in spans if s.kind.startswith("probe-")}
+    builds = {c.build_id for c in calls if c.build_id is not None}
+    ours = [
+        s
+        for s in spans
+        if (not builds or s.build_id in builds) and {s.sha256, s.head}.isdisjoint(probes)
+    ]
+    found: tuple[str, str | None, Method, int, int, PrefixSpan | None]
+    if identity is not None and identity.batch_sha and identity.registered(identity.batch_sha)[0]:
+        n = len(identity.of("identical"))
+        found = (identity.batch_sha, frame, "identity", n, len(identity.prompts), None)
+    elif (
+        calls and all(c.build_id for c in calls) and len({(c.sha256, c.frame) for c in calls}) == 1
+    ):
+        found = (calls[0].sha256 or "", calls[0].frame, "records", len(calls), len(calls), None)
+    else:
+        alone = [c for c in calls if c.sha256 is None and c.evidence.cache_state != "unverified"]
+        covered = {s: sum(_against(c.evidence, s, known).resumed for c in alone) for s in ours}
+        best = max(ours, key=lambda s: (covered[s], s.span_tokens, s.at), default=None)
+        if best is None or not covered[best]:
+            return None
+        found = (best.sha256, best.frame, "coverage", covered[best], len(alone), best)
+    sha, fr, method, support, of, span = found
+    head = fr or sha
+    if {sha, head} & probes:
+        return None
+    if span is None:
+        span = max((s for s in ours if s.head == head), key=lambda s: s.at, default=None)
+    registered = None if known.registered is None else head in known.registered
+    build_known = bool(builds) or method == "records"
+    return SharedHead(
+        sha, fr, known.names.get(head, ()), method, registered, support, of, build_known, span
+    )
+
+
+def _judge(
+    c: AuditCall,
+    spans: Mapping[tuple[str, str], PrefixSpan],
+    shared: SharedHead | None,
+    known: Known,
+) -> Judgement:
+    """The judge's verdict on one call, against the head it sends (the module's rules)."""
+    head = c.frame or c.sha256
+    if head is not None:
+        own = spans.get((head, c.build_id)) if c.build_id else None
+        return judge(
+            c.evidence,
+            head_bytes=known.sizes.get(head, 0) if c.head_bytes is None else c.head_bytes,
+            rest_bytes=c.rest_bytes or 0,
+            alignment=own.alignment if own else 0,
+            measured_span=own.span_tokens if own else None,
+        )
+    if shared is not None and shared.span is not None:
+        return _against(c.evidence, shared.span, known)
+    why = "no head to compare them with (read without its request)"
+    if shared is not None:
+        why = f"no measured span of {shared.label()} to compare them with"
+    return judge_unknown_head(c.evidence, f"cached tokens, but {why}")
 
 
 def audit_calls(
@@ -36,63 +192,43 @@ def audit_calls(
     *,
     prefill_tps: float | None = None,
     decode_tps: float | None = None,
-    spans: Sequence[PrefixSpan] = (),
-    names: Mapping[str, Sequence[str]] | None = None,
-    registered: set[str] | None = None,
-    lookup: Lookup | None = None,
-    frame: Frame | None = None,
-    probe_slices: Collection[str] = (),
+    known: Known = NO_REGISTRY,
+    frame: Head | None = None,
 ) -> AuditReport:
-    """Account for the calls read. Pure. Rates default to the measured Flash lane.
+    """Judge and account for the calls read (`frame`: `data` was read against it); rates
+    default to the measured Flash lane. The spans of the records read join `known.spans`,
+    so a directory carrying its warm records names its head without a registry.
 
-    Spans from the records read are added to `spans`, so a directory that carries its
-    warm records names its prefix without a registry. `lookup` (see `identity.Lookup`)
-    answers whether a request's prefix is registered; None: no registry to ask. `frame`
-    (with `data` read against it) adds each request's drift from the frame.
-    `probe_slices` (shas the registry marks as probe slices) are never the batch's prefix.
+    Raises:
+        UsageError: a rate is not a positive number.
     """
-    _check_rates(prefill_tps, decode_tps)
-    p_tps = prefill_tps if prefill_tps is not None else DEFAULT_PREFILL_TPS
-    d_tps = decode_tps if decode_tps is not None else DEFAULT_DECODE_TPS
-    times = tuple(call_time(c.evidence, prefill_tps=p_tps, decode_tps=d_tps) for c in data.calls)
-    all_spans = merge_spans(spans, prefix_spans(data.measurements))
+    p_tps, d_tps = rates(prefill_tps, decode_tps)
+    spans = prefix_spans(data.measurements, known.spans)
+    identity = check_identity(data.prompts, known.lookup, known.probe_slices)
+    framed = None
+    if frame is not None:
+        known = replace(known, sizes={**known.sizes, frame.sha256: frame.head_bytes})
+        drifts = [p.drift for p in data.prompts if p.drift is not None]
+        same = identity is not None and identity.batch_sha == frame.system.sha256
+        in_line = frame.kind == "frame" and 2 * drifts.count(()) > len(drifts)
+        framed = frame.sha256 if same and in_line else None
+    shared = match_prefix(data.calls, spans, known=known, identity=identity, frame=framed)
+    by_key = {(s.head, s.build_id): s for s in spans}
+    verdicts = tuple(_judge(c, by_key, shared, known) for c in data.calls)
+    states = {c.source: STATES[v.verdict] for c, v in zip(data.calls, verdicts, strict=True)}
     return AuditReport(
         calls=tuple(data.calls),
-        times=times,
+        verdicts=verdicts,
         malformed=tuple(data.malformed),
+        skipped=tuple(data.skipped),
         files=data.files,
         prefill_tps=p_tps,
         decode_tps=d_tps,
         rates_given=prefill_tps is not None or decode_tps is not None,
-        prefix=match_prefix(
-            data.calls, all_spans, names=names, registered=registered, probe_slices=probe_slices
-        ),
-        skipped=tuple(data.skipped),
-        identity=check_identity(data.prompts, lookup, probe_slices),
-        frame=None if frame is None else frame_audit(frame.sha256, frame.name, data),
+        prefix=shared,
+        identity=identity,
+        frame=None if frame is None else FrameAudit.of(frame, data.prompts, states),
     )
-
-
-def _check_rates(prefill_tps: float | None, decode_tps: float | None) -> None:
-    for rate, what in ((prefill_tps, "prefill"), (decode_tps, "decode")):
-        if rate is not None and not (math.isfinite(rate) and rate > 0):
-            raise UsageError(f"--{what}-tps must be a positive number of tokens per second")
-
-
-def registry_lookup(registry: Registry, names: Mapping[str, Sequence[str]]) -> Lookup:
-    """A `Lookup` over `registry`: the object is read verified (re-hashed by the store) and
-    its length compared with the request's, so a match is byte identity, not a name."""
-
-    def lookup(sha: str, size: int) -> tuple[str, ...] | None:
-        try:
-            data = registry.read_verified(sha)
-        except RefNotFoundError:
-            return None
-        if len(data) != size:  # unreachable unless sha256 collides; never claim identity
-            return None
-        return tuple(names.get(sha, ()))
-
-    return lookup
 
 
 def run_audit(
@@ -101,42 +237,52 @@ def run_audit(
     registry: Registry | None = None,
     prefill_tps: float | None = None,
     decode_tps: float | None = None,
-    frame: Frame | None = None,
+    frame: Head | None = None,
 ) -> AuditReport:
-    """Read `paths` and account for them; `registry` (when it exists) supplies measured
-    spans, names, which shas are registered, and the verified bytes for byte identity;
-    `frame` (verified) names each request's drift from it.
+    """Read `paths`, judge and account for them. `registry` (when it exists) supplies spans,
+    names, sizes, which heads are registered and the verified bytes for byte identity;
+    `frame` (verified: `Registry.head`) names each request's drift from it.
 
     Raises:
-        UsageError: a rate is not a positive number.
+        UsageError: a rate is not a positive number; an argument of the wrong type.
         CorruptRecordError: a registry measurement record does not parse (fail closed).
-        IntegrityError: a registry object a request names does not hash to its sha.
+        IntegrityError: a registry object or frame the audit reads fails verification.
     """
-    _check_rates(prefill_tps, decode_tps)
+    if registry is not None and not isinstance(registry, Registry):
+        raise UsageError(f"registry must be a Registry, not {type(registry).__name__}")
+    rates(prefill_tps, decode_tps)  # before reading anything
     data = read_outputs(paths, frame=frame)
-    spans: list[PrefixSpan] = []
-    names: dict[str, list[str]] = {}
-    registered: set[str] | None = None
-    lookup: Lookup | None = None
-    probe_slices: set[str] = set()
-    if registry is not None and registry.exists:
-        spans = prefix_spans(registry.measurements())
-        registered = set()
-        for info in registry.list_objects():
-            registered.add(info.sha256)
-            if info.probe_slice:
-                probe_slices.add(info.sha256)
-            if info.names:
-                names[info.sha256] = list(info.names)
-        lookup = registry_lookup(registry, names)
-    return audit_calls(
-        data,
-        prefill_tps=prefill_tps,
-        decode_tps=decode_tps,
-        spans=spans,
-        names=names,
-        registered=registered,
-        lookup=lookup,
-        frame=frame,
-        probe_slices=probe_slices,
+    known = (
+        NO_REGISTRY if registry is None or not registry.exists else _known(registry, data, frame)
     )
+    return audit_calls(
+        data, prefill_tps=prefill_tps, decode_tps=decode_tps, known=known, frame=frame
+    )
+
+
+def _known(registry: Registry, data: AuditInput, frame: Head | None) -> Known:
+    spans = prefix_spans(registry.measurements())
+    names: dict[str, tuple[str, ...]] = {}
+    for name, sha in registry.names().items():
+        names[sha] = (*names.get(sha, ()), name)
+    objects = registry.list_objects()
+    sizes = {o.sha256: o.bytes for o in objects if o.bytes is not None}
+    registered = {o.sha256 for o in objects}
+    frames = {s.frame for s in prefix_spans(data.measurements, spans) if s.frame}
+    for sha in sorted(frames | ({frame.sha256} if frame is not None else set())):
+        try:
+            sizes[sha] = registry.head(sha).head_bytes  # verified: a tampered part raises
+        except RefNotFoundError:
+            continue
+        registered.add(sha)
+
+    def lookup(sha: str, size: int) -> tuple[str, ...] | None:
+        """Byte identity: the object read verified (re-hashed by the store), its length the
+        request's (a mismatch is unreachable unless sha256 collides)."""
+        try:
+            return names.get(sha, ()) if len(registry.read_verified(sha)) == size else None
+        except RefNotFoundError:
+            return None
+
+    probes = frozenset(o.sha256 for o in objects if o.probe_slice)
+    return Known(spans, names, sizes, frozenset(registered), probes, lookup)
