@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from prefixreg.core.errors import UsageError, WorkerError, WorkerTimeoutError
+from prefixreg.core.errors import ReplyTooLargeError, UsageError, WorkerError, WorkerTimeoutError
 from prefixreg.registry.store import Registry
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.transport import DEFAULT_MAX_BYTES, MAX_SECONDS
-from prefixreg.server.worker import ReplyTooLargeError, Worker
+from prefixreg.server.worker import Worker
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, lazy, sse_flood, sse_frames
 from tests.test_worker import HALOGEN_CACHE, HALOGEN_HEALTH, PREFIX, stream_reply

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixreg.core.records import CallEvidence
-from prefixreg.server.evidence import evidence_from_sse
+from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.sse import SSEParser, parse_sse
 from prefixreg.server.worker import Worker
 from tests.fakeserver import FakeServer, Reply, Request
@@ -119,19 +119,19 @@ def assert_proven(ev: CallEvidence, body: bytes) -> None:
 @bounded(400)
 @given(body=byte_stream(), step=st.integers(min_value=1, max_value=9))
 def test_any_byte_stream_proves_only_what_it_says(body: bytes, step: int) -> None:
-    ev = evidence_from_sse(body)
+    ev = evidence_from_response(body)
     assert_proven(ev, body)
     parser = SSEParser()
     for i in range(0, len(body), step):
         parser.feed(body[i : i + step])
-    assert evidence_from_sse(parser.finish()) == ev  # the cuts change nothing
+    assert evidence_from_response(parser.finish()) == ev  # the cuts change nothing
     assert CallEvidence.from_dict(ev.to_dict()) == ev
 
 
 @bounded(400)
 @given(body=st.binary(max_size=200))
 def test_random_bytes_are_never_cold_or_reused_without_done(body: bytes) -> None:
-    ev = evidence_from_sse(body)
+    ev = evidence_from_response(body)
     assert_proven(ev, body)
 
 
@@ -161,7 +161,7 @@ def test_over_loopback_the_worker_judges_as_the_pure_reader(
     with Worker(srv.url, read_timeout=10) as w:
         _, ev = w.chat("system", "tail")
     assert_proven(ev, body)
-    pure = evidence_from_sse(body)
+    pure = evidence_from_response(body)
     got = (ev.cache_state, ev.cached_tokens, ev.complete, ev.output_sha256, ev.error)
     assert got == (
         pure.cache_state,

@@ -25,7 +25,7 @@ from typing import Final, Literal
 from prefixreg.core.jsonio import JSONObject, JSONValue
 from prefixreg.core.records import CacheCounters, strict_count
 from prefixreg.registry.store import Registry
-from prefixreg.server.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
+from prefixreg.server.counters import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.doctor.reach import PrefixSpan, ProbeReach, Reach, read_reach
 

@@ -26,7 +26,7 @@ from typing import Final, Literal
 
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.records import CacheCounters, CallEvidence
-from prefixreg.server.evidence import counter_deltas, is_interleaved
+from prefixreg.server.counters import counter_deltas, is_interleaved
 
 __all__ = ["LAGS", "CheckResult", "Status", "Window", "run_checks"]
 
