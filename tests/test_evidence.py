@@ -14,9 +14,9 @@ from prefixreg.server.counters import counter_deltas, is_interleaved
 from prefixreg.server.evidence import (
     SOURCE_TIMINGS,
     SOURCE_USAGE,
-    assemble_reply,
     evidence_from_response,
 )
+from prefixreg.server.replies import ReplyReader
 from prefixreg.server.sse import SSEParser, parse_sse
 
 SHA_A = "a" * 12
@@ -267,10 +267,10 @@ def test_parser_is_incremental_and_stops_at_done() -> None:
     assert evidence_from_response(stream) == evidence_from_response(body)
 
 
-def test_parse_sse_accepts_text_and_line_iterables() -> None:
+def test_parse_sse_and_evidence_accept_text_as_bytes() -> None:
     body = sse(chat_chunks(use=usage(cached=7)))
-    as_lines = body.decode().splitlines()
-    assert parse_sse(body.decode()) == parse_sse(as_lines) == parse_sse(body)
+    assert parse_sse(body.decode()) == parse_sse(bytearray(body)) == parse_sse(body)
+    assert evidence_from_response(body.decode()) == evidence_from_response(body)
 
 
 def test_non_string_text_piece_is_unverified() -> None:
@@ -449,13 +449,18 @@ def test_evidence_round_trips_through_its_record() -> None:
     assert isinstance(ev.wall_s, float)
 
 
-def test_assemble_reply() -> None:
-    frames = chat_chunks(["Hel", "lo"], reasoning=["think"], use=usage(cached=7))
-    reply = assemble_reply(frames, done=True)
+def test_the_callers_view_of_a_reply() -> None:
+    streamed = ReplyReader()
+    for frame in chat_chunks(["Hel", "lo"], reasoning=["think"], use=usage(cached=7)):
+        streamed.take_frame(frame)
+    streamed.end_stream(done=True, malformed=None)
+    reply = streamed.view()
     assert reply["content"] == "Hello" and reply["reasoning"] == "think"
     assert reply["finish_reason"] == "stop" and reply["usage"] == usage(cached=7)
-    flat = assemble_reply(response(usage(cached=7)))
-    assert flat["content"] == "Hello" and flat["reasoning"] is None
+    assert evidence_from_response(streamed).cache_state == "reused"
+    flat = ReplyReader()
+    flat.take_response(response(usage(cached=7)))
+    assert flat.view()["content"] == "Hello" and flat.view()["reasoning"] is None
 
 
 # ------------------------------------------------------------------ counters

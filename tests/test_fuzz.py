@@ -140,8 +140,7 @@ def test_sse_parser_and_evidence_never_crash(pieces: list[bytes], split: int) ->
     if not whole.done or whole.malformed:
         assert ev.cache_state == "unverified" and ev.output_sha256 is None
     CallEvidence.from_dict(ev.to_dict())  # what we produce, we can read back
-    with only_our_errors():
-        evidence.assemble_reply(whole)
+    assert evidence.evidence_from_response(whole, wall_s=0.1) == ev
 
 
 @bounded(300)
@@ -154,8 +153,6 @@ def test_evidence_from_random_json(resp: Any, done: bool | None) -> None:
     with only_our_errors():
         chunks = resp if isinstance(resp, list) else [resp]
         evidence.evidence_from_response(chunks, done=bool(done))
-    with only_our_errors():
-        evidence.assemble_reply(resp, done=done)
 
 
 @bounded(200)

@@ -42,7 +42,6 @@ from typing import Final, cast
 
 from prefixreg.core.digest import output_digest
 from prefixreg.core.errors import UsageError
-from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.records import CacheState, CallEvidence, strict_count
 from prefixreg.server.replies import ReplyReader, to_plain
 from prefixreg.server.sse import SSEStream, parse_sse
@@ -228,9 +227,3 @@ def evidence_from_response(
     """
     wall, ttft = _seconds("wall_s", wall_s), _seconds("ttft_s", ttft_s)
     return _judge(_read(resp, done), wall_s=wall, ttft_s=ttft)
-
-
-def assemble_reply(resp: object, *, done: bool | None = None) -> JSONObject:
-    """The caller's view of the same inputs (`ReplyReader.view`): the text, finish reason,
-    usage, timings, model and id; never for a record. `UsageError` as above for `done`."""
-    return _read(resp, done).view()

@@ -1,25 +1,21 @@
-"""Server profiles: what each can prove, and its build identity (DESIGN §4). Pure: no I/O.
+"""Server profiles: what each can prove per call, and its build identity. Pure: no I/O.
 
-    profile   detected by              per-call evidence             build identity
-    halogen   /health has              usage (cached only when > 0)  version.*, model,
-              prompt_cache or          + timings.cache_n (Flash);    chat_template.sha256,
-              cache_counters           /cache counters               checkpoint_format,
-                                                                     context, slots,
-                                                                     slot_ctx, prompt_cache
-    llamacpp  /props has build_info    usage (explicit 0)            build_info, model_path,
-                                       + timings.cache_n             n_ctx, total_slots,
-                                                                     sha256 of chat_template
-    vllm      /version answers         usage.prompt_tokens_details   version, and each
-              {"version": str}         only with the server's        /v1/models id with
-                                       --enable-prompt-tokens-details  its max_model_len
-    generic   anything else            usage, if the server sends    sorted /v1/models ids
-                                                                     (None: no such route)
+- halogen: usage (cached only when > 0) and `timings.cache_n` (Flash), and `/cache`
+  counters: the only profile that proves counter-level facts (hits, misses, evictions).
+  Identity: `version.*`, model, chat_template.sha256, checkpoint_format, context, slots,
+  slot_ctx, the whole `prompt_cache` block.
+- llamacpp: usage (an explicit 0) and `timings.cache_n`. Identity: /props `build_info`,
+  model_path, n_ctx, total_slots, the sha256 of `chat_template`.
+- vllm: `usage.prompt_tokens_details` only with the server's
+  `--enable-prompt-tokens-details`. Identity: /version's version, each /v1/models id with
+  its `max_model_len`.
+- generic: usage, if the server sends it. Identity: the sorted /v1/models ids (None when
+  the route is missing).
 
-Only halogen can prove counter-level facts (hits, misses, evictions); every profile can
-prove per-call cold/reused when its usage carries the counts. A count the server did not
-send is never read as zero. An identity says *what* is serving, never how loaded it is:
-load fields (`in_flight`, `busy`, `queued`, ...) never enter it, so an idle and a busy
-server have the same build id. What a public receipt shows of it: `records.public_identity`.
+A count the server did not send is never read as zero (DESIGN §4). An identity says *what*
+is serving, never how loaded it is: load fields (`in_flight`, `busy`, `queued`, ...) never
+enter it, so an idle and a busy server have the same build id. What a public receipt shows
+of an identity is `records.public_identity`.
 """
 
 from __future__ import annotations

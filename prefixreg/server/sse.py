@@ -25,7 +25,6 @@ not UTF-8 or an event whose data is not JSON (`core.jsonio`'s rules) marks the s
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -149,26 +148,10 @@ class SSEParser:
             self.stream.malformed = reason
 
 
-def parse_sse(data: bytes | bytearray | str | Iterable[bytes | str]) -> SSEStream:
-    """Decode a whole SSE body.
-
-    `data` is the body as bytes or text, or an iterable of `bytes` pieces (cut anywhere, as
-    they came off the socket) or of `str` lines (as from `iter_lines()` or `readlines()`:
-    one trailing line ending belongs to the line). Anything else is a `UsageError`.
-    """
-    whole = isinstance(data, bytes | bytearray | str)
-    if not whole and not isinstance(data, Iterable):
-        raise UsageError(
-            f"parse_sse() reads bytes, text or their pieces, not {type(data).__name__}"
-        )
-    pieces: Iterable[object] = [data] if whole else data
+def parse_sse(data: bytes | bytearray | str) -> SSEStream:
+    """Decode a whole SSE body (bytes, or text); `UsageError` for anything else."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")  # a lone surrogate is not UTF-8
     parser = SSEParser()
-    for piece in pieces:
-        if isinstance(piece, str):
-            if not whole and not piece.endswith(("\n", "\r")):
-                piece += "\n"  # a line without its ending
-            piece = piece.encode("utf-8", "surrogatepass")  # a lone surrogate is not UTF-8
-        if not isinstance(piece, bytes | bytearray):
-            raise UsageError(f"parse_sse() reads bytes or text pieces, not {type(piece).__name__}")
-        parser.feed(piece)
+    parser.feed(data)
     return parser.finish()

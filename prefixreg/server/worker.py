@@ -299,15 +299,17 @@ class Worker:
             body = {**params, "messages": [{"role": "system", "content": prefix}, *turns]}
         else:
             body = prefix.body(turns, **params)
-        model = body.get("model") or self.model or self.default_model()
-        if model is not None:
-            body["model"] = model
         body["stream"] = stream
         if stream:
             options = body.get("stream_options")
             body["stream_options"] = {**(options if isinstance(options, dict) else {})}
             body["stream_options"]["include_usage"] = True
-        return self._post_chat(_check_body(body), stream=stream, extra=_check_headers(headers))
+        extra, content = _check_headers(headers), _check_body(body)  # before any request
+        model = body.get("model") or self.model or self.default_model()
+        if model is not None and model != body.get("model"):
+            body["model"] = model
+            content = _check_body(body)
+        return self._post_chat(content, stream=stream, extra=extra)
 
     def _post_chat(
         self, content: bytes, *, stream: bool, extra: dict[str, str]
