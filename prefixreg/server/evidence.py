@@ -3,34 +3,30 @@
 One entry point, `evidence_from_response`, for whatever the caller holds: a non-streamed
 response (a dict, or an OpenAI SDK object read by duck typing: `model_dump()`, `to_dict()`
 or `__dict__`), a list of stream chunks (dicts or SDK objects), a raw SSE body (bytes or
-text), an `SSEStream` from `sse.parse_sse`, or a `ReplyReader` already folded (the worker's
-stream path). Anything else is a malformed response: unverified evidence, not an exception.
+text), an `SSEStream`, or a `ReplyReader` already folded (the worker's stream path).
+Anything else reads as a malformed response: unverified evidence, never an exception.
 
-Invariants (the contract is DESIGN §4; these are its rules as code):
+Invariants (DESIGN §4 as code):
 
-- A count is valid only if its type is exactly `int` and it is >= 0 (`strict_count`).
-  A missing count is never zero.
+- A count is valid only if its type is exactly `int` and it is >= 0 (`strict_count`); a
+  missing count is never zero.
 - `cached_tokens` comes from `usage.prompt_tokens_details.cached_tokens`, else from
-  `timings.cache_n`; `cached_source` names the one used. A source that is *present but
-  malformed* (8.0, "8", true, -1, a list) makes the call unverified: it is malformed usage,
-  and the next source is not consulted to paper over it.
-- Tokens restored from the server's disk tier (`timings.disk_restore_n`, with
-  `disk_restore_ms`) are recorded as such. They were not prefilled, so they are resumed
-  tokens: when the restore count exceeds the cached count read above (or that count is
-  missing), the restore count is the cached count and `cached_source` says so. The two
-  are never added: whether a server counts its disk restores inside `cache_n` is not
-  documented, and the larger of the two is a lower bound either way (never lost, never
-  double-counted).
-- `cold` = complete, valid prompt and cached counts, cached == 0. `reused` = complete,
-  0 < cached <= prompt. Anything else is `unverified`, and `reason` says why in words.
+  `timings.cache_n`; `cached_source` names the one used. A source that is present but
+  malformed (8.0, "8", true, -1, a list) makes the call unverified: the next source is not
+  consulted to paper over it.
+- The disk tier: tokens restored from the server's disk (`timings.disk_restore_n`, with
+  `disk_restore_ms`) were not prefilled, so they are resumed tokens. When the restore count
+  exceeds the cached count read above (or that count is missing), it is the cached count
+  and `cached_source` says so. The two are never added: whether a server counts disk
+  restores inside `cache_n` is not documented, and the larger is a lower bound either way.
+- `cold` = complete, valid prompt and cached counts, cached == 0; `reused` = complete,
+  0 < cached <= prompt; anything else is `unverified`, with `reason` in words.
   Completeness is `ReplyReader`'s rule: a finished stream or a final response, never one
   mid-stream chunk. An incomplete call has no `output_sha256`, `token_sha` or `ttft_s`.
-- `error` is a short code of ours ("incomplete_stream", "server_stream_error", ...): the
-  server's error message text is never kept. Neither is the output text: only its hash,
-  `output_sha256` = sha256(sha256(content) || sha256(reasoning)) over the UTF-8 bytes of the
-  concatenated pieces, so it does not depend on where the chunks were cut.
-- `token_sha` is read only from `tensorfold.token_sha` and only if it is 12 or 64
-  lowercase hex digits.
+- `error` is a short code of ours; the server's error text is never kept, nor the output
+  text: only `output_sha256` = sha256(sha256(content) || sha256(reasoning)) over the UTF-8
+  bytes of the concatenated pieces, whatever the chunk boundaries.
+- `token_sha` is read only from `tensorfold.token_sha`, as 12 or 64 lowercase hex digits.
 """
 
 from __future__ import annotations
@@ -52,20 +48,14 @@ SOURCE_DISK: Final = "timings.disk_restore_n"
 
 _TOKEN_SHA: Final = re.compile(r"[0-9a-f]{12}|[0-9a-f]{64}")
 _MISSING: Final = "cached_tokens missing (no prompt_tokens_details, no timings.cache_n)"
-_KINDS: Final = (
-    (bool, "a boolean"),
-    (int, "negative"),
-    (float, "a float"),
-    (str, "a string"),
-    (list, "a list"),
-    (dict, "an object"),
-)
+_KINDS: Final = ((bool, "a boolean"), (int, "negative"), (float, "a float"), (str, "a string"))
 
 
 def _why_invalid(name: str, value: object) -> str:
     if value is None:
         return f"{name} missing"
-    kind = next((words for t, words in _KINDS if isinstance(value, t)), None)
+    kinds = (*_KINDS, (list, "a list"), (dict, "an object"))
+    kind = next((words for t, words in kinds if isinstance(value, t)), None)
     return f"{name} is {kind or 'a ' + type(value).__name__}"
 
 
@@ -82,16 +72,11 @@ def _number(value: object) -> float | None:
 
 def _reported(usage: Mapping[str, object], timings: object) -> tuple[int | None, str | None, str]:
     """(cached, source, reason-if-None) from usage or cache_n: the first present decides."""
-    sources = (
-        (
-            usage.get("prompt_tokens_details"),
-            "prompt_tokens_details",
-            "cached_tokens",
-            SOURCE_USAGE,
-        ),
+    details = usage.get("prompt_tokens_details")
+    for holder, holder_name, key, source in (
+        (details, "prompt_tokens_details", "cached_tokens", SOURCE_USAGE),
         (timings, "timings", "cache_n", SOURCE_TIMINGS),
-    )
-    for holder, holder_name, key, source in sources:
+    ):
         if holder is not None and not isinstance(holder, dict):
             return None, None, _why_invalid(holder_name, holder)
         raw = holder.get(key) if isinstance(holder, dict) else None
@@ -147,24 +132,20 @@ def _judge(reply: ReplyReader, *, wall_s: float | None, ttft_s: float | None) ->
         state = "cold" if cached == 0 else "reused"
 
     timings: Mapping[str, object] = reply.timings if isinstance(reply.timings, dict) else {}
-    runtime = reply.runtime if isinstance(reply.runtime, dict) else {}
-    token_sha = runtime.get("token_sha")
+    sha = reply.runtime.get("token_sha") if isinstance(reply.runtime, dict) else None
+    token_sha = sha if isinstance(sha, str) and _TOKEN_SHA.fullmatch(sha) else None
+    complete = reply.complete
+    digest = output_digest(bytes(reply.content), bytes(reply.reasoning)) if complete else None
     return CallEvidence(
         prompt_tokens=prompt,
         cached_tokens=cached,
         completion_tokens=strict_count(usage.get("completion_tokens")),
         cached_source=source,
         cache_state=state,
-        complete=reply.complete,
-        output_sha256=(
-            output_digest(bytes(reply.content), bytes(reply.reasoning)) if reply.complete else None
-        ),
-        token_sha=(
-            token_sha
-            if reply.complete and isinstance(token_sha, str) and _TOKEN_SHA.fullmatch(token_sha)
-            else None
-        ),
-        ttft_s=ttft_s if reply.complete else None,
+        complete=complete,
+        output_sha256=digest,
+        token_sha=token_sha if complete else None,
+        ttft_s=ttft_s if complete else None,
         wall_s=wall_s,
         prompt_ms=_number(timings.get("prompt_ms")),
         predicted_ms=_number(timings.get("predicted_ms")),

@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.errors import CorruptRecordError
+from prefixreg.core.jsonio import JSONObject, JSONValue, loads
 
 _MAX_DEPTH: Final = 64
 
@@ -108,7 +109,14 @@ class ReplyReader:
             self.fail("incomplete_stream", "stream ended without [DONE]")
 
     def take_response(self, resp: object) -> None:
-        """Fold a whole non-streamed response (see the completeness rule above)."""
+        """Fold a whole non-streamed response, decoded or as the bytes that arrived (see the
+        completeness rule above)."""
+        if isinstance(resp, bytes):
+            try:
+                resp = loads(resp)
+            except CorruptRecordError:
+                self.fail("malformed_response", "the reply is not JSON")
+                return
         if not isinstance(resp, dict):
             self.fail("malformed_response", "the response is not a JSON object")
             return

@@ -39,36 +39,25 @@ from prefixreg.core.jsonio import loads
 
 DEFAULT_MAX_BYTES: Final = 64 * 1024 * 1024  # far above any real reply (a /health is ~5 KiB)
 MAX_SECONDS: Final = 86_400.0  # one day: a cold prefill takes minutes, never days
-_CONNECT_EVENTS: Final = (
-    "connection.connect_tcp.complete",
-    "connection.connect_unix_socket.complete",
-)
-JSONKind = TypeVar("JSONKind", dict[str, Any], list[Any])
+Body = TypeVar("Body", bytes, dict[str, Any], list[Any])
 
 
 def shown(value: object) -> str:
     """A short rendering of a bad argument for an error message, safe for any value."""
-    if (
-        value is None
-        or isinstance(value, float)
-        or (isinstance(value, int) and abs(value) < 1 << 64)
-    ):
-        return repr(value)
-    return repr(value[:40]) if isinstance(value, str) else f"a {type(value).__name__}"
+    if isinstance(value, str | float | None) or (isinstance(value, int) and abs(value) < 1 << 64):
+        return repr(value)[:40]
+    return f"a {type(value).__name__}"
 
 
 def check_seconds(name: str, value: object) -> float:
     """A timeout given at the boundary: a finite number of seconds in (0, `MAX_SECONDS`]."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 < value <= MAX_SECONDS
-    ):
+    number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if number is None or not 0 < number <= MAX_SECONDS:
         raise UsageError(
             f"{name} must be a number of seconds above 0 and at most {MAX_SECONDS:g}, "
             f"not {shown(value)}"
         )
-    return float(value)
+    return float(number)
 
 
 def check_max_bytes(value: object) -> int:
@@ -140,7 +129,8 @@ class _Deadline:
         return self.expired or time.monotonic() >= self.at
 
     def trace(self, event: str, info: Mapping[str, Any]) -> None:
-        stream = info.get("return_value") if event in _CONNECT_EVENTS else None
+        connected = event.startswith("connection.connect_") and event.endswith(".complete")
+        stream = info.get("return_value") if connected else None
         sock = stream.get_extra_info("socket") if stream is not None else None
         if isinstance(sock, socket.socket):
             with self._lock:
@@ -206,10 +196,10 @@ class Transport:
     Raises `UsageError` for a URL that is not a worker's (http(s)://host[:port]).
     """
 
-    def __init__(self, url: str, *, key: str | None, max_bytes: int, transport: object) -> None:
+    def __init__(self, url: str, *, key: str | None, max_bytes: object, transport: object) -> None:
         base = _base_url(url)
         self.url = display_url(base)
-        self.max_bytes = max_bytes
+        self.max_bytes = check_max_bytes(max_bytes)
         self._key = key
         if transport is not None and not isinstance(transport, httpx.BaseTransport):
             raise UsageError(f"transport must be an httpx transport, not {shown(transport)}")
@@ -319,47 +309,34 @@ class Transport:
 
     def fetch(
         self,
-        method: str,
+        kind: type[Body],
         path: str,
         *,
         seconds: float,
         content: bytes | None = None,
         missing: frozenset[int] = frozenset(),
-    ) -> tuple[bytes, str] | None:
-        """One small call (`content` is a JSON body): the body and content type of its 2xx
-        answer, or None when its status is in `missing`."""
+    ) -> Body | None:
+        """One small call (a POST of the JSON `content`, else a GET): its 2xx body as `kind`
+        (bytes, or a JSON dict or list, else `MalformedResponseError`); None when its
+        status is in `missing`."""
+        method = "GET" if content is None else "POST"
         headers = None if content is None else {"Content-Type": "application/json"}
         with self.call(method, path, seconds=seconds, content=content, headers=headers) as call:
             if call.status in missing:
                 return None
             self.raise_for_status(method, path, call)
-            return call.read(), call.content_type
-
-    def json(
-        self,
-        kind: type[JSONKind],
-        path: str,
-        *,
-        seconds: float,
-        content: bytes | None = None,
-        missing: frozenset[int] = frozenset(),
-    ) -> JSONKind | None:
-        """As `fetch` (a POST with `content`, else a GET), the body as JSON of `kind` (a dict
-        or a list), or `MalformedResponseError`."""
-        method = "GET" if content is None else "POST"
-        got = self.fetch(method, path, seconds=seconds, content=content, missing=missing)
-        if got is None:
-            return None
-        value: object = None
-        try:
-            value = loads(got[0])
-        except errors.CorruptRecordError:
-            pass  # judged below, as any reply that is not JSON of `kind`
+            raw, ctype = call.read(), call.content_type
+        value: object = raw
+        if kind is not bytes:
+            try:
+                value = loads(raw)
+            except errors.CorruptRecordError:
+                value = None  # judged below, as any reply that is not JSON of `kind`
         if not isinstance(value, kind):
-            what = "object" if kind.__name__ == "dict" else kind.__name__
-            ctype = one_line(got[1] or "no content type", 60)
+            what = {"dict": "object"}.get(kind.__name__, kind.__name__)
             raise errors.MalformedResponseError(
-                f"{self.where(method, path)}: the reply is not a JSON {what} ({ctype})",
+                f"{self.where(method, path)}: the reply is not a JSON {what} "
+                f"({one_line(ctype or 'no content type', 60)})",
                 url=self.url,
             )
         return value

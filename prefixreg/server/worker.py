@@ -32,14 +32,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from prefixreg.core.errors import (
-    CorruptRecordError,
-    MalformedResponseError,
-    UsageError,
-    WorkerHTTPError,
-)
+from prefixreg.core.errors import MalformedResponseError, UsageError, WorkerHTTPError
 from prefixreg.core.frame import Frame
-from prefixreg.core.jsonio import JSONObject, dumps_ordered, loads
+from prefixreg.core.jsonio import JSONObject, dumps_ordered
 from prefixreg.core.prefix import Prefix, check_text
 from prefixreg.core.records import CacheCounters, CallEvidence, ServerBuild
 from prefixreg.server import identity as ids
@@ -47,13 +42,7 @@ from prefixreg.server.counters import parse_prometheus
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.replies import ReplyReader
 from prefixreg.server.sse import SSEParser
-from prefixreg.server.transport import (
-    DEFAULT_MAX_BYTES,
-    Transport,
-    check_max_bytes,
-    check_seconds,
-    shown,
-)
+from prefixreg.server.transport import DEFAULT_MAX_BYTES, Transport, check_seconds, shown
 
 API_KEY_ENV: Final = "PREFIXREG_API_KEY"
 PROFILES: Final = ("halogen", "llamacpp", "vllm", "generic")
@@ -92,7 +81,7 @@ class Worker:
                 raise UsageError(f"{what} must be a string, not {type(value).__name__}")
         self.timeout = check_seconds("timeout", timeout)
         self.read_timeout = check_seconds("read_timeout", read_timeout)
-        self.max_bytes = check_max_bytes(max_bytes)
+        self._small = min(self.timeout, self.read_timeout)  # a small route's deadline
         self.profile, self.model = profile, model
         key = (api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")).strip()
         if not all(" " < ch < "\x7f" for ch in key):
@@ -100,8 +89,8 @@ class Worker:
                 f"the API key (argument or {API_KEY_ENV}) must be printable ASCII without spaces"
             )
         self._key = key or None
-        self._http = Transport(url, key=self._key, max_bytes=self.max_bytes, transport=transport)
-        self.url = self._http.url
+        self._http = Transport(url, key=self._key, max_bytes=max_bytes, transport=transport)
+        self.url, self.max_bytes = self._http.url, self._http.max_bytes
         self._default_model: str | bool | None = False  # not read yet (see `default_model`)
 
     def __repr__(self) -> str:
@@ -118,12 +107,9 @@ class Worker:
         """Close the connection pool."""
         self._http.close()
 
-    # ---------------------------------------------------------------- small routes
-
     def _get(self, path: str, missing: frozenset[int] = _NO_ROUTE) -> JSONObject | None:
         """GET `path` as a JSON object; None when its status is in `missing`."""
-        small = min(self.timeout, self.read_timeout)
-        return self._http.json(dict, path, seconds=small, missing=missing)
+        return self._http.fetch(dict, path, seconds=self._small, missing=missing)
 
     def _try(self, path: str) -> JSONObject | None:
         """A detection read: a route that errors or is not JSON simply does not match."""
@@ -144,7 +130,7 @@ class Worker:
             raise UsageError("post_json(): the body is a dict and `missing` a frozenset")
         content = _check_body(body, "post_json()")
         seconds = min(check_seconds("seconds", seconds), self.read_timeout)
-        return self._http.json(dict, path, seconds=seconds, content=content, missing=missing)
+        return self._http.fetch(dict, path, seconds=seconds, content=content, missing=missing)
 
     def health(self) -> JSONObject:
         """GET /health, as the server sent it."""
@@ -172,38 +158,33 @@ class Worker:
         with `--no-slots`). A slot that has served a task carries `id_task`, which changes
         with every completion the slot serves (and only then: `/slots`, `/metrics`, `/props`
         and `/tokenize` do not touch it)."""
-        small = min(self.timeout, self.read_timeout)
-        body = self._http.json(list, "/slots", seconds=small, missing=_NO_ROUTE)
+        body = self._http.fetch(list, "/slots", seconds=self._small, missing=_NO_ROUTE)
         return None if body is None else [s for s in body if isinstance(s, dict)]
 
     def metrics(self) -> dict[str, float] | None:
         """GET /metrics (Prometheus text; llama.cpp serves it only with `--metrics`):
         samples by name (`counters.parse_prometheus`); None when the route is off."""
-        small = min(self.timeout, self.read_timeout)
-        got = self._http.fetch("GET", "/metrics", seconds=small, missing=_NO_ROUTE)
-        return None if got is None else parse_prometheus(got[0])
+        raw = self._http.fetch(bytes, "/metrics", seconds=self._small, missing=_NO_ROUTE)
+        return None if raw is None else parse_prometheus(raw)
 
     def template_tokens(self, body: Mapping[str, Any]) -> int | None:
         """llama.cpp: how many tokens the prompt its chat template renders for `body` has
         (`/apply-template`, then `/tokenize`); None when the server cannot say."""
         if not isinstance(body, Mapping):
             raise UsageError(f"template_tokens() reads a chat body, not {type(body).__name__}")
-        small = min(self.timeout, self.read_timeout)
         try:
             rendered = self.post_json(
-                "/apply-template", dict(body), seconds=small, missing=_NO_ROUTE
+                "/apply-template", dict(body), seconds=self._small, missing=_NO_ROUTE
             )
             prompt = None if rendered is None else rendered.get("prompt")
             if not isinstance(prompt, str):
                 return None
             ask: JSONObject = {"content": prompt, "add_special": True, "parse_special": True}
-            tokens = self.post_json("/tokenize", ask, seconds=small, missing=_NO_ROUTE)
+            tokens = self.post_json("/tokenize", ask, seconds=self._small, missing=_NO_ROUTE)
         except (WorkerHTTPError, MalformedResponseError):
             return None
         found = None if tokens is None else tokens.get("tokens")
         return len(found) if isinstance(found, list) else None
-
-    # ---------------------------------------------------------------- profile + build
 
     def _detect(self) -> tuple[str, JSONObject | None, JSONObject | None]:
         """(profile, /health body, /props or /version body), each read at most once.
@@ -254,8 +235,6 @@ class Worker:
             first = ids_listed[0] if isinstance(ids_listed, list) and ids_listed else None
             self._default_model = first if isinstance(first, str) else None
         return self._default_model if isinstance(self._default_model, str) else None
-
-    # ---------------------------------------------------------------- chat
 
     def chat(
         self,
@@ -336,10 +315,8 @@ class Worker:
                 ended = parser.finish()
                 reply.end_stream(done=ended.done, malformed=ended.malformed)
             else:
-                try:  # a body cut short reads as not JSON: unverified, as a truncated stream
-                    reply.take_response(loads(b"".join(call.pieces(drop_ok=True))))
-                except CorruptRecordError:
-                    reply.fail("malformed_response", "the reply is not JSON")
+                # A body cut short reads as not JSON: unverified, as a truncated stream.
+                reply.take_response(b"".join(call.pieces(drop_ok=True)))
         wall = time.perf_counter() - started
         ttft = None if first is None else first - started
         return reply.view(), evidence_from_response(reply, wall_s=wall, ttft_s=ttft)
