@@ -87,8 +87,8 @@ class PromptCounter:
 
     def _read_slots(self) -> tuple[int, bool] | None:
         raw = self.worker.slots()
-        if not raw:
-            return None
+        if not raw or any(not isinstance(s.get("is_processing", False), bool) for s in raw):
+            return None  # read strictly: `is_processing: "yes"` is no answer, never idle
         last, now = self._slots, {}
         self.busy = set()
         for slot in raw:
