@@ -222,23 +222,19 @@ WRONG = st.one_of(
 )
 
 
+WORKER_ARGS = ("api_key", "timeout", "read_timeout", "max_bytes", "profile", "model", "transport")
+
+
+def _worker_with(name: str) -> Callable[[Any], object]:
+    return lambda value: Worker(URL, **{name: value}).close()
+
+
 def _calls(w: Worker) -> dict[str, Callable[[Any], object]]:
     """Every public entry point of `prefixreg.server`, one argument at a time made wrong."""
     ok = CacheCounters(hits=1, misses=1)
     return {
         "Worker(url)": lambda v: Worker(v).close(),
-        **{
-            f"Worker({name})": lambda v, name=name: Worker(URL, **{name: v}).close()
-            for name in (
-                "api_key",
-                "timeout",
-                "read_timeout",
-                "max_bytes",
-                "profile",
-                "model",
-                "transport",
-            )
-        },
+        **{f"Worker({name})": _worker_with(name) for name in WORKER_ARGS},
         "chat(prefix)": lambda v: w.chat(v, "t"),
         "chat(tail)": lambda v: w.chat("system", v),
         "chat(history)": lambda v: w.chat("system", history=v),
