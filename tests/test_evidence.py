@@ -10,19 +10,14 @@ import pytest
 
 from prefixreg.core.digest import output_digest
 from prefixreg.core.records import CacheCounters, CallEvidence
+from prefixreg.server.counters import counter_deltas, is_interleaved
 from prefixreg.server.evidence import (
     SOURCE_TIMINGS,
     SOURCE_USAGE,
-    SSEParser,
-    assemble_reply,
-    counter_deltas,
-    evidence_from_chunks,
     evidence_from_response,
-    evidence_from_sse,
-    is_interleaved,
-    parse_sse,
-    token_equal,
 )
+from prefixreg.server.replies import ReplyReader
+from prefixreg.server.sse import SSEParser, parse_sse
 
 SHA_A = "a" * 12
 SHA_B = "b" * 64
@@ -95,8 +90,8 @@ def sse(frames: list[Any], *, done: bool = True) -> bytes:
 
 
 def test_cold_and_reused_need_affirmative_counts() -> None:
-    cold = evidence_from_chunks(chat_chunks(use=usage(cached=0)), done=True)
-    reused = evidence_from_chunks(chat_chunks(use=usage(cached=7)), done=True)
+    cold = evidence_from_response(chat_chunks(use=usage(cached=0)), done=True)
+    reused = evidence_from_response(chat_chunks(use=usage(cached=7)), done=True)
     assert (cold.cache_state, cold.cached_tokens, cold.cached_source) == ("cold", 0, SOURCE_USAGE)
     assert (reused.cache_state, reused.prompt_tokens, reused.cached_tokens) == ("reused", 8, 7)
     assert reused.completion_tokens == 4
@@ -135,7 +130,7 @@ def test_cached_equal_to_prompt_is_reused() -> None:
 )
 def test_malformed_usage_is_unverified_never_zero(use: Any, reason: str) -> None:
     for ev in (
-        evidence_from_chunks(chat_chunks(use=use), done=True),
+        evidence_from_response(chat_chunks(use=use), done=True),
         evidence_from_response(response(use)),
     ):
         assert ev.cache_state == "unverified"
@@ -157,13 +152,13 @@ def test_malformed_usage_count_is_not_rescued_by_timings() -> None:
 def test_halogen_cold_reply_is_cold_from_timings() -> None:
     """Halogen omits prompt_tokens_details when nothing was cached; timings.cache_n says 0."""
     timings = {"cache_n": 0, "prompt_n": 8, "prompt_ms": 812.5, "predicted_ms": 40}
-    ev = evidence_from_chunks(chat_chunks(use=usage(), timings=timings), done=True)
+    ev = evidence_from_response(chat_chunks(use=usage(), timings=timings), done=True)
     assert (ev.cache_state, ev.cached_tokens, ev.cached_source) == ("cold", 0, SOURCE_TIMINGS)
     assert (ev.prompt_ms, ev.predicted_ms) == (812.5, 40.0)
 
 
 def test_halogen_cold_reply_without_timings_is_unverified() -> None:
-    ev = evidence_from_chunks(chat_chunks(use=usage()), done=True)
+    ev = evidence_from_response(chat_chunks(use=usage()), done=True)
     assert ev.cache_state == "unverified"
     assert ev.cached_tokens is None and ev.cached_source is None
 
@@ -215,7 +210,7 @@ def test_timings_that_are_not_numbers_are_dropped() -> None:
 
 def test_stream_without_done_is_unverified_without_hashes() -> None:
     frames = chat_chunks(use=usage(cached=7), runtime={"token_sha": SHA_A})
-    ev = evidence_from_chunks(frames, done=False, ttft_s=0.1, wall_s=0.2)
+    ev = evidence_from_response(frames, done=False, ttft_s=0.1, wall_s=0.2)
     assert (ev.cache_state, ev.complete, ev.error) == ("unverified", False, "incomplete_stream")
     assert ev.reason == "stream ended without [DONE]"
     assert ev.output_sha256 is None and ev.token_sha is None and ev.ttft_s is None
@@ -229,7 +224,7 @@ def test_error_frame_is_unverified_and_drops_the_message() -> None:
         *chat_chunks(use=usage(cached=7))[:1],
         {"error": {"message": secret, "code": "x"}},
     ]
-    ev = evidence_from_sse(sse(frames))  # Flash ends an error stream with [DONE]
+    ev = evidence_from_response(sse(frames))  # Flash ends an error stream with [DONE]
     assert (ev.cache_state, ev.complete, ev.error) == ("unverified", False, "server_stream_error")
     assert ev.reason == "error frame"
     assert secret not in json.dumps(ev.to_dict())
@@ -239,7 +234,7 @@ def test_keepalive_comments_and_blank_lines_are_ignored() -> None:
     frames = chat_chunks(use=usage(cached=7))
     plain = sse(frames)
     noisy = b": keepalive\n\n" + plain.replace(b"\n\n", b"\n\n: keepalive\n\n\r\n", 2)
-    a, b = evidence_from_sse(plain), evidence_from_sse(noisy)
+    a, b = evidence_from_response(plain), evidence_from_response(noisy)
     assert a.cache_state == b.cache_state == "reused"
     assert a.output_sha256 == b.output_sha256 is not None
 
@@ -250,12 +245,12 @@ def test_data_line_that_is_not_json_makes_the_stream_malformed() -> None:
     )
     stream = parse_sse(body)
     assert stream.done and stream.malformed == "a data: line is not JSON"
-    ev = evidence_from_sse(stream)
+    ev = evidence_from_response(stream)
     assert (ev.cache_state, ev.error, ev.output_sha256) == ("unverified", "malformed_stream", None)
 
 
 def test_non_object_frame_and_non_utf8_are_malformed() -> None:
-    assert evidence_from_sse(b"data: 5\n\ndata: [DONE]\n\n").error == "malformed_stream"
+    assert evidence_from_response(b"data: 5\n\ndata: [DONE]\n\n").error == "malformed_stream"
     stream = parse_sse(b"data: \xff\xfe\n\ndata: [DONE]\n\n")
     assert stream.malformed == "the stream is not UTF-8"
 
@@ -269,19 +264,19 @@ def test_parser_is_incremental_and_stops_at_done() -> None:
     stream = parser.finish()
     assert stream.done and stream.malformed is None
     assert seen == stream.chunks and len(seen) == 4
-    assert evidence_from_sse(stream) == evidence_from_sse(body)
+    assert evidence_from_response(stream) == evidence_from_response(body)
 
 
-def test_parse_sse_accepts_text_and_line_iterables() -> None:
+def test_parse_sse_and_evidence_accept_text_as_bytes() -> None:
     body = sse(chat_chunks(use=usage(cached=7)))
-    as_lines = body.decode().splitlines()
-    assert parse_sse(body.decode()) == parse_sse(as_lines) == parse_sse(body)
+    assert parse_sse(body.decode()) == parse_sse(bytearray(body)) == parse_sse(body)
+    assert evidence_from_response(body.decode()) == evidence_from_response(body)
 
 
 def test_non_string_text_piece_is_unverified() -> None:
     frames = chat_chunks(use=usage(cached=7))
     frames[0]["choices"][0]["delta"]["content"] = 42
-    ev = evidence_from_chunks(frames, done=True)
+    ev = evidence_from_response(frames, done=True)
     assert (ev.cache_state, ev.error, ev.output_sha256) == (
         "unverified",
         "invalid_text_chunk",
@@ -293,7 +288,7 @@ def test_non_string_text_piece_is_unverified() -> None:
 def test_null_content_pieces_are_skipped() -> None:
     frames = chat_chunks(["a"], use=usage(cached=7))
     frames.insert(0, {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]})
-    ev = evidence_from_chunks(frames, done=True)
+    ev = evidence_from_response(frames, done=True)
     assert ev.complete and ev.output_sha256 == output_digest(b"a", b"")
 
 
@@ -307,16 +302,16 @@ def test_list_of_chunks_needs_done_to_be_complete() -> None:
 
 
 def test_output_sha_ignores_chunk_boundaries() -> None:
-    whole = evidence_from_chunks(chat_chunks(["café 🚀"], use=usage(cached=0)), done=True)
-    split = evidence_from_chunks(chat_chunks(["ca", "fé 🚀", ""], use=usage(cached=0)), done=True)
+    whole = evidence_from_response(chat_chunks(["café 🚀"], use=usage(cached=0)), done=True)
+    split = evidence_from_response(chat_chunks(["ca", "fé 🚀", ""], use=usage(cached=0)), done=True)
     assert whole.output_sha256 == split.output_sha256 == output_digest("café 🚀".encode(), b"")
     nonstream = evidence_from_response(response(usage(cached=0), content="café 🚀"))
     assert nonstream.output_sha256 == whole.output_sha256
 
 
 def test_output_sha_distinguishes_reasoning_from_content() -> None:
-    a = evidence_from_chunks(chat_chunks(["x"], reasoning=["y"], use=usage(cached=0)), done=True)
-    b = evidence_from_chunks(chat_chunks(["y"], reasoning=["x"], use=usage(cached=0)), done=True)
+    a = evidence_from_response(chat_chunks(["x"], reasoning=["y"], use=usage(cached=0)), done=True)
+    b = evidence_from_response(chat_chunks(["y"], reasoning=["x"], use=usage(cached=0)), done=True)
     assert a.output_sha256 == output_digest(b"x", b"y")
     assert a.output_sha256 != b.output_sha256
 
@@ -324,14 +319,14 @@ def test_output_sha_distinguishes_reasoning_from_content() -> None:
 def test_completions_text_frames_are_hashed() -> None:
     frames: list[Any] = [{"choices": [{"index": 0, "text": t}]} for t in ("ab", "c")]
     frames.append({"choices": [], "usage": usage(cached=0)})
-    ev = evidence_from_chunks(frames, done=True)
+    ev = evidence_from_response(frames, done=True)
     assert ev.output_sha256 == output_digest(b"abc", b"")
 
 
 def test_only_the_first_choice_is_hashed() -> None:
     frames = chat_chunks(["a"], use=usage(cached=0))
     frames.insert(0, {"choices": [{"index": 1, "delta": {"content": "zzz"}}]})
-    assert evidence_from_chunks(frames, done=True).output_sha256 == output_digest(b"a", b"")
+    assert evidence_from_response(frames, done=True).output_sha256 == output_digest(b"a", b"")
 
 
 # ------------------------------------------------------------------ token_sha
@@ -352,7 +347,7 @@ def test_only_the_first_choice_is_hashed() -> None:
     ],
 )
 def test_token_sha_only_from_tensorfold_block(raw: Any, kept: str | None) -> None:
-    ev = evidence_from_chunks(
+    ev = evidence_from_response(
         chat_chunks(use=usage(cached=0), runtime={"token_sha": raw}), done=True
     )
     assert ev.token_sha == kept
@@ -361,20 +356,7 @@ def test_token_sha_only_from_tensorfold_block(raw: Any, kept: str | None) -> Non
 def test_token_sha_elsewhere_is_ignored() -> None:
     frames = chat_chunks(use=usage(cached=0))
     frames[-1]["token_sha"] = SHA_A
-    assert evidence_from_chunks(frames, done=True).token_sha is None
-
-
-def _with_sha(sha: str | None, *, done: bool = True) -> CallEvidence:
-    runtime = {"token_sha": sha} if sha else None
-    return evidence_from_chunks(chat_chunks(use=usage(cached=0), runtime=runtime), done=done)
-
-
-def test_token_equal_is_unverified_unless_both_sides_report() -> None:
-    assert token_equal(_with_sha(SHA_A), _with_sha(SHA_A)) is True
-    assert token_equal(_with_sha(SHA_A), _with_sha("c" * 12)) is False
-    assert token_equal(_with_sha(None), _with_sha(None)) is None
-    assert token_equal(_with_sha(SHA_A), _with_sha(None)) is None
-    assert token_equal(_with_sha(SHA_A), _with_sha(SHA_A, done=False)) is None
+    assert evidence_from_response(frames, done=True).token_sha is None
 
 
 # ------------------------------------------------------------------ SDK objects
@@ -448,7 +430,7 @@ def test_sdk_object_with_null_details_is_unverified() -> None:
 
 def test_sdk_chunk_objects() -> None:
     frames = [_DumpModel(f) for f in chat_chunks(use=usage(cached=2))]
-    assert evidence_from_chunks(frames, done=True).cache_state == "reused"
+    assert evidence_from_response(frames, done=True).cache_state == "reused"
 
 
 def test_error_body_and_junk_responses() -> None:
@@ -460,20 +442,25 @@ def test_error_body_and_junk_responses() -> None:
 
 
 def test_evidence_round_trips_through_its_record() -> None:
-    ev = evidence_from_chunks(
+    ev = evidence_from_response(
         chat_chunks(use=usage(cached=7), runtime={"token_sha": SHA_A}), done=True, wall_s=1
     )
     assert CallEvidence.from_dict(ev.to_dict()) == ev
     assert isinstance(ev.wall_s, float)
 
 
-def test_assemble_reply() -> None:
-    frames = chat_chunks(["Hel", "lo"], reasoning=["think"], use=usage(cached=7))
-    reply = assemble_reply(frames, done=True)
+def test_the_callers_view_of_a_reply() -> None:
+    streamed = ReplyReader()
+    for frame in chat_chunks(["Hel", "lo"], reasoning=["think"], use=usage(cached=7)):
+        streamed.take_frame(frame)
+    streamed.end_stream(done=True, malformed=None)
+    reply = streamed.view()
     assert reply["content"] == "Hello" and reply["reasoning"] == "think"
     assert reply["finish_reason"] == "stop" and reply["usage"] == usage(cached=7)
-    flat = assemble_reply(response(usage(cached=7)))
-    assert flat["content"] == "Hello" and flat["reasoning"] is None
+    assert evidence_from_response(streamed).cache_state == "reused"
+    flat = ReplyReader()
+    flat.take_response(response(usage(cached=7)))
+    assert flat.view()["content"] == "Hello" and flat.view()["reasoning"] is None
 
 
 # ------------------------------------------------------------------ counters
@@ -515,11 +502,11 @@ def test_sse_split_at_every_byte_even_inside_a_utf8_character() -> None:
         + b"data: [DONE]\r\n\r\n"
     )
     assert max(body) > 127  # really non-ASCII on the wire
-    whole = evidence_from_sse(body)
+    whole = evidence_from_response(body)
     parser = SSEParser()
     for i in range(len(body)):
         parser.feed(body[i : i + 1])
-    split = evidence_from_sse(parser.finish())
+    split = evidence_from_response(parser.finish())
     assert whole.cache_state == split.cache_state == "reused"
     assert whole.output_sha256 == split.output_sha256 is not None
     assert whole.output_sha256 == output_digest("café 🚀".encode(), b"")

@@ -29,7 +29,7 @@ from prefixreg.core.records import (
 )
 from prefixreg.registry.store import Registry, validate_name
 from prefixreg.registry.verify import verify_registry
-from prefixreg.server import evidence
+from prefixreg.server import counters, evidence, sse
 from tests.hypothesis_profile import bounded
 
 JSON = st.recursive(
@@ -129,19 +129,18 @@ def _mutate(value: Any, path: list[Any], replacement: Any) -> Any:
 @given(pieces=SSE_PIECES, split=st.integers(min_value=1, max_value=7))
 def test_sse_parser_and_evidence_never_crash(pieces: list[bytes], split: int) -> None:
     body = b"".join(pieces)
-    whole = evidence.parse_sse(body)
+    whole = sse.parse_sse(body)
     # The same bytes cut anywhere decode to the same frames.
-    parser = evidence.SSEParser()
+    parser = sse.SSEParser()
     for i in range(0, len(body), split):
         parser.feed(body[i : i + split])
     assert parser.finish() == whole
-    ev = evidence.evidence_from_sse(body, wall_s=0.1)
+    ev = evidence.evidence_from_response(body, wall_s=0.1)
     assert ev.cache_state in ("cold", "reused", "unverified")
     if not whole.done or whole.malformed:
         assert ev.cache_state == "unverified" and ev.output_sha256 is None
     CallEvidence.from_dict(ev.to_dict())  # what we produce, we can read back
-    with only_our_errors():
-        evidence.assemble_reply(whole)
+    assert evidence.evidence_from_response(whole, wall_s=0.1) == ev
 
 
 @bounded(300)
@@ -152,9 +151,8 @@ def test_evidence_from_random_json(resp: Any, done: bool | None) -> None:
         assert ev.cache_state in ("cold", "reused", "unverified")
         CallEvidence.from_dict(ev.to_dict())
     with only_our_errors():
-        evidence.evidence_from_chunks(resp if isinstance(resp, list) else [resp], done=bool(done))
-    with only_our_errors():
-        evidence.assemble_reply(resp, done=done)
+        chunks = resp if isinstance(resp, list) else [resp]
+        evidence.evidence_from_response(chunks, done=bool(done))
 
 
 @bounded(200)
@@ -181,8 +179,8 @@ def test_counter_functions_take_any_server_reply(
     before: dict[str, Any], after: dict[str, Any], calls: int
 ) -> None:
     b, a = CacheCounters.from_server(before), CacheCounters.from_server(after)
-    evidence.counter_deltas(b, a)
-    evidence.is_interleaved(b, a, calls)
+    counters.counter_deltas(b, a)
+    counters.is_interleaved(b, a, calls)
 
 
 # ------------------------------------------------------------------------ records

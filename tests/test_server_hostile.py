@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
-from prefixreg.core.errors import UsageError, WorkerError, WorkerTimeoutError
+from prefixreg.core.errors import ReplyTooLargeError, UsageError, WorkerError, WorkerTimeoutError
 from prefixreg.registry.store import Registry
+from prefixreg.server.activity import PromptCounter
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.transport import DEFAULT_MAX_BYTES, MAX_SECONDS
-from prefixreg.server.worker import ReplyTooLargeError, Worker
+from prefixreg.server.worker import Worker
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, lazy, sse_flood, sse_frames
 from tests.test_worker import HALOGEN_CACHE, HALOGEN_HEALTH, PREFIX, stream_reply
@@ -299,3 +300,24 @@ def test_a_truncated_stream_and_a_truncated_body_give_the_same_state(server: Fak
         _, cut_body = w.chat(PREFIX, "t", stream=False)
     assert cut_stream.cache_state == cut_body.cache_state == "unverified"
     assert not cut_stream.complete and not cut_body.complete
+
+
+# ------------------------------------------------------------------ activity counters (#22)
+
+
+@pytest.mark.parametrize("busy", ["yes", 1, None, [True]])
+def test_slots_with_a_malformed_is_processing_give_no_count(server: FakeServer, busy: Any) -> None:
+    slots = [{"id": 0, "id_task": 5, "is_processing": busy}]
+    server.route("GET", "/slots", Reply(json=slots))
+    with Worker(server.url) as w:
+        assert PromptCounter(w, "/slots").read() is None  # never read as idle
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
+def test_metrics_with_a_counter_that_is_not_finite_give_no_count(
+    server: FakeServer, value: str
+) -> None:
+    text = f"llamacpp:prompt_tokens_total {value}\nllamacpp:prompt_tokens_cached_total 3\n"
+    server.route("GET", "/metrics", Reply(body=text.encode(), content_type="text/plain"))
+    with Worker(server.url) as w:
+        assert PromptCounter(w, "/metrics").read() is None

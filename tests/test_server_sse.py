@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from prefixreg.server.evidence import evidence_from_sse
+from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.sse import SSEParser, parse_sse
 
 FRAME = {"choices": [{"index": 0, "delta": {"content": "hé"}, "finish_reason": None}]}
@@ -42,9 +42,9 @@ def test_data_lines_keep_their_own_spaces_after_the_first() -> None:
 
 @pytest.mark.parametrize("eol", ["\n", "\r\n", "\r"])
 def test_every_line_ending_reads_the_same(eol: str) -> None:
-    ev = evidence_from_sse(body(eol))
+    ev = evidence_from_response(body(eol))
     assert (ev.cache_state, ev.cached_tokens) == ("reused", 4)
-    assert ev.output_sha256 == evidence_from_sse(body()).output_sha256
+    assert ev.output_sha256 == evidence_from_response(body()).output_sha256
 
 
 @pytest.mark.parametrize("eol", ["\r\n", "\r"])
@@ -72,7 +72,7 @@ def test_error_event_fails_the_call() -> None:
     raw = body().replace(
         b"data: [DONE]", b'event: error\ndata: {"message": "secret"}\n\ndata: [DONE]'
     )
-    ev = evidence_from_sse(raw)
+    ev = evidence_from_response(raw)
     assert (ev.cache_state, ev.error) == ("unverified", "server_stream_error")
     assert "secret" not in json.dumps(ev.to_dict())
 
@@ -81,7 +81,7 @@ def test_an_event_left_open_at_the_end_is_discarded() -> None:
     raw = body()[: -len(b"\n\n")]  # "data: [DONE]" without the blank line that dispatches it
     stream = parse_sse(raw)
     assert not stream.done
-    assert evidence_from_sse(raw).error == "incomplete_stream"
+    assert evidence_from_response(raw).error == "incomplete_stream"
 
 
 def test_a_field_with_leading_spaces_is_not_data() -> None:

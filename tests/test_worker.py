@@ -605,3 +605,33 @@ def test_warm_accepts_profile_vllm(server: FakeServer, tmp_path: Path) -> None:
     assert posts and all(r.json["model"] == "qwen-a" for r in posts)
     bad = run_cli(*args, "--profile", "sglang")
     assert bad.returncode == 2 and b"vllm" in bad.stderr
+
+
+# ------------------------------------------------------------------ the typed boundary (#22)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda url: Worker(url, api_key=123),  # type: ignore[arg-type]
+        lambda url: Worker(None),  # type: ignore[arg-type]
+        lambda url: Worker(url, timeout="x"),  # type: ignore[arg-type]
+        lambda url: Worker(url, transport="x"),
+        lambda url: Worker("http://h\n:80"),
+        lambda url: Worker(url).chat(PREFIX, history=[1]),  # type: ignore[list-item]
+        lambda url: Worker(url).chat(PREFIX, "t", max_tokens=2**70),
+        lambda url: Worker(url).chat(PREFIX, "\ud800"),
+        lambda url: Worker(url).chat(None, "t"),  # type: ignore[arg-type]
+        lambda url: Worker(url).chat("s", "t", stream="yes"),  # type: ignore[arg-type]
+        lambda url: Worker(url).chat("s", "t", headers={"x-key": "a\r\nb"}),
+        lambda url: Worker(url).chat("s", "t", extra={"when": object()}),
+        lambda url: Worker(url).post_json("/slots/0?action=save", {"n": float("nan")}, seconds=1),
+        lambda url: Worker(url).template_tokens(None),  # type: ignore[arg-type]
+    ],
+)
+def test_wrong_arguments_are_usage_errors_and_nothing_is_sent(
+    server: FakeServer, call: Any
+) -> None:
+    with pytest.raises(UsageError):
+        call(server.url)
+    assert server.requests == []

@@ -16,11 +16,18 @@
 
 from __future__ import annotations
 
-from prefixreg.core.errors import WorkerError
+import math
+
+from prefixreg.core.errors import UsageError, WorkerError
 from prefixreg.core.records import CacheCounters, strict_count
+from prefixreg.server.transport import shown
 from prefixreg.server.worker import Worker
 
-__all__ = ["Counter", "PromptCounter", "StoresCounter"]
+
+def _worker(worker: object) -> Worker:
+    if not isinstance(worker, Worker):
+        raise UsageError(f"a counter reads a Worker, not {type(worker).__name__}")
+    return worker
 
 
 class StoresCounter:
@@ -29,19 +36,19 @@ class StoresCounter:
     source = "/cache"
 
     def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+        self.worker = _worker(worker)
         self.total = 0
         self.busy: set[int] = set()
         self.last: CacheCounters | None = None
 
     def read(self) -> tuple[int, bool] | None:
         counters = self.worker.cache()
-        if counters is None or counters.stores is None:
-            return None
-        return self.saw(counters)
+        return None if counters is None or counters.stores is None else self.saw(counters)
 
     def saw(self, counters: CacheCounters) -> tuple[int, bool]:
         """Take a snapshot read elsewhere (a re-warm's closing one) as the latest."""
+        if not isinstance(counters, CacheCounters):
+            raise UsageError(f"saw() takes CacheCounters, not {type(counters).__name__}")
         stores = counters.stores
         restarted = stores is not None and self.last is not None and stores < self.total
         self.last = counters
@@ -50,15 +57,12 @@ class StoresCounter:
 
 
 class PromptCounter:
-    """Prompts the server has started, counted from llama.cpp's `/slots` or `/metrics`.
-
-    `read()` returns the running count since the keeper started (None when the poll could
-    not be made), and whether the server restarted since the last read (a slot's `id_task`
-    or the cumulative prompt tokens went backwards: every prefix is gone).
-    """
+    """Prompts the server has started, counted from llama.cpp's `/slots` or `/metrics`."""
 
     def __init__(self, worker: Worker, source: str) -> None:
-        self.worker = worker
+        if source not in ("/slots", "/metrics"):
+            raise UsageError(f"a prompt counter reads /slots or /metrics, not {shown(source)}")
+        self.worker = _worker(worker)
         self.source = source
         self.total = 0
         self.busy: set[int] = set()  # slots processing at the last read
@@ -79,35 +83,26 @@ class PromptCounter:
         return None
 
     def read(self) -> tuple[int, bool] | None:
-        if self.source == "/slots":
-            return self._read_slots()
-        return self._read_metrics()
+        return self._read_slots() if self.source == "/slots" else self._read_metrics()
 
     def _read_slots(self) -> tuple[int, bool] | None:
         raw = self.worker.slots()
-        if raw is None or not raw:
-            return None
-        last = self._slots
-        now: dict[int, int] = {}
-        self.busy = {
-            sid
-            for slot in raw
-            if (sid := strict_count(slot.get("id"))) is not None
-            if slot.get("is_processing") is True
-        }
+        if not raw or any(not isinstance(s.get("is_processing", False), bool) for s in raw):
+            return None  # read strictly: `is_processing: "yes"` is no answer, never idle
+        last, now = self._slots, {}
+        self.busy = set()
         for slot in raw:
             sid, task = strict_count(slot.get("id")), strict_count(slot.get("id_task"))
+            busy = slot.get("is_processing") is True
+            if sid is not None and busy:
+                self.busy.add(sid)
             if sid is None or task is None:
                 continue
-            if slot.get("is_processing") is True and last is not None and sid in last:
-                # Count a prompt once its slot is done with it: llama.cpp picks the least
-                # recently used slot by when it was last used, so a re-warm that finishes
-                # before a foreign prompt does still leaves the prefix's slot the older
-                # one. This also keeps the loop's own call in flight from counting before
-                # its `touch` arrives.
-                now[sid] = last[sid]
-                continue
-            now[sid] = task
+            # Count a prompt once its slot is done with it: llama.cpp picks the least recently
+            # used slot by when it was last used, so a re-warm that finishes before a foreign
+            # prompt does still leaves the prefix's slot the older one. This also keeps the
+            # loop's own call in flight from counting before its `touch` arrives.
+            now[sid] = last[sid] if busy and last is not None and sid in last else task
         self._slots = now
         if last is None:
             return self.total, False
@@ -120,18 +115,14 @@ class PromptCounter:
 
     def _read_metrics(self) -> tuple[int, bool] | None:
         samples = self.worker.metrics()
-        if samples is None:
-            return None
-        done = samples.get("llamacpp:prompt_tokens_total")
-        cached = samples.get("llamacpp:prompt_tokens_cached_total")
-        if done is None or cached is None:
+        done = None if samples is None else samples.get("llamacpp:prompt_tokens_total")
+        cached = None if samples is None else samples.get("llamacpp:prompt_tokens_cached_total")
+        if done is None or cached is None or not math.isfinite(done + cached):
             return None
         tokens = int(done + cached)
         last, self._tokens = self._tokens, tokens
-        if last is None:
-            return self.total, False
-        if tokens < last:
-            return self.total, True
+        if last is None or tokens < last:
+            return self.total, last is not None
         self.total += 1 if tokens > last else 0
         return self.total, False
 

@@ -1,4 +1,4 @@
-"""`/cache` counter arithmetic: deltas between snapshots, interleaving, LRU survival. Pure.
+"""Server counters: `/cache` deltas, interleaving, LRU survival, `/metrics` text. Pure.
 
 Invariants: a counter either snapshot lacks gives a None delta (never zero); a window that
 cannot be attributed to our own calls (foreign traffic, a restart, unreadable counters) is
@@ -7,15 +7,8 @@ interleaved, so nothing measured in it is credited to us.
 
 from __future__ import annotations
 
+from prefixreg.core.errors import UsageError
 from prefixreg.core.records import CACHE_COUNTER_FIELDS, CacheCounters
-
-__all__ = [
-    "MEASURED_ENTRIES_PER_REQUEST",
-    "counter_deltas",
-    "is_interleaved",
-    "lru_survival_stores",
-    "parse_prometheus",
-]
 
 # Entries one prompt stores on the measured Halogen Flash lane (system end, history end).
 MEASURED_ENTRIES_PER_REQUEST = 2
@@ -26,45 +19,48 @@ def counter_deltas(before: CacheCounters, after: CacheCounters) -> dict[str, int
 
     A negative delta on a cumulative counter means the server restarted in between.
     """
-    out: dict[str, int | None] = {}
-    for name in CACHE_COUNTER_FIELDS:
-        b, a = getattr(before, name), getattr(after, name)
-        out[name] = None if a is None or b is None else a - b
-    return out
+    given: tuple[object, ...] = (before, after)  # callers outside the type checker
+    if not all(isinstance(snapshot, CacheCounters) for snapshot in given):
+        raise UsageError("counter deltas are taken between two CacheCounters snapshots")
+    pairs = ((name, getattr(before, name), getattr(after, name)) for name in CACHE_COUNTER_FIELDS)
+    return {name: None if a is None or b is None else a - b for name, b, a in pairs}
+
+
+def _count(value: object, what: str) -> int:
+    if type(value) is not int or value < 0:
+        raise UsageError(f"{what} must be an int >= 0 (a count)")
+    return value
 
 
 def lru_survival_stores(max_entries: int, per_request: int) -> int:
     """Stores a just-used prefix survives in an LRU of `max_entries`: its own `per_request`
     entries are the newest, so every older entry goes first."""
-    return max(0, max_entries - per_request)
+    return max(0, _count(max_entries, "max_entries") - _count(per_request, "per_request"))
 
 
 def is_interleaved(before: CacheCounters, after: CacheCounters, calls: int) -> bool:
-    """True when the window cannot be attributed to our `calls` alone.
-
-    That is: `hits + misses` moved by more than the calls made (foreign traffic), moved
-    backwards (a restart), or cannot be read on either side (nothing to vouch with).
-    """
+    """True when the window cannot be attributed to our `calls` alone: `hits + misses` moved
+    by more than the calls made (foreign traffic), moved backwards (a restart), or cannot be
+    read on either side (nothing to vouch with)."""
     deltas = counter_deltas(before, after)
     hits, misses = deltas["hits"], deltas["misses"]
     if hits is None or misses is None or hits < 0 or misses < 0:
         return True
-    return hits + misses > calls
+    return hits + misses > _count(calls, "calls")
 
 
 def parse_prometheus(raw: bytes) -> dict[str, float]:
     """Prometheus text as samples by name (a sample's labels stay part of its name);
     comment lines and unparsable values are skipped."""
+    if not isinstance(raw, bytes):
+        raise UsageError(f"parse_prometheus() reads bytes, not {type(raw).__name__}")
     samples: dict[str, float] = {}
     for line in raw.decode("utf-8", errors="replace").splitlines():
-        if not line or line.startswith("#"):
-            continue
         # `name{labels} value [timestamp]`; llama.cpp sends neither labels nor timestamps.
-        parts = line.split()
-        if len(parts) < 2:
-            continue
-        try:
-            samples[parts[0]] = float(parts[1])
-        except ValueError:
-            continue
+        parts = line.split() if not line.startswith("#") else []
+        if len(parts) >= 2:
+            try:
+                samples[parts[0]] = float(parts[1])
+            except ValueError:
+                continue
     return samples

@@ -20,9 +20,11 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["ReplyReader", "to_plain"]
+from prefixreg.core.errors import CorruptRecordError
+from prefixreg.core.jsonio import JSONObject, JSONValue, loads
 
 _MAX_DEPTH: Final = 64
 
@@ -52,59 +54,40 @@ def to_plain(obj: object, _depth: int = 0) -> object:
     return obj
 
 
-def _utf8(text: str) -> bytes:
-    # A lone surrogate (an SDK object can carry one) is hashed as is, never a crash.
-    return text.encode("utf-8", "surrogatepass")
-
-
 def _first_choice(choices: object) -> dict[str, object] | None:
     """The choice with index 0 (an absent index reads as 0), if the list has one."""
-    if not isinstance(choices, list):
-        return None
-    for choice in choices:
+    for choice in choices if isinstance(choices, list) else []:
         if isinstance(choice, dict) and choice.get("index", 0) == 0:
             return choice
     return None
 
 
+def _json(value: object) -> JSONValue:
+    """Keep a decoded JSON value as such (it came from `core.jsonio` or `to_plain`)."""
+    return value if value is None or isinstance(value, str | int | float | dict | list) else None
+
+
+@dataclass(slots=True, eq=False)
 class ReplyReader:
     """One reply, read into its parts (see the module docstring)."""
 
-    __slots__ = (
-        "complete",
-        "content",
-        "error",
-        "finish_reason",
-        "id",
-        "model",
-        "reason",
-        "reasoning",
-        "runtime",
-        "timings",
-        "usage",
-    )
-
-    def __init__(self) -> None:
-        self.content = bytearray()
-        self.reasoning = bytearray()
-        self.finish_reason: str | None = None
-        self.usage: object = None
-        self.timings: object = None
-        self.runtime: object = None
-        self.model: str | None = None
-        self.id: str | None = None
-        self.complete = True
-        self.error: str | None = None
-        self.reason: str | None = None
+    content: bytearray = field(default_factory=bytearray)
+    reasoning: bytearray = field(default_factory=bytearray)
+    finish_reason: str | None = None
+    usage: object = None
+    timings: object = None
+    runtime: object = None
+    model: str | None = None
+    id: str | None = None
+    complete: bool = True
+    error: str | None = None
+    reason: str | None = None
 
     def fail(self, error: str, reason: str) -> None:
         """Mark the reply incomplete; the first problem found is the one reported."""
         self.complete = False
         if self.error is None:
-            self.error = error
-            self.reason = reason
-
-    # ------------------------------------------------------------------ streams
+            self.error, self.reason = str(error), str(reason)
 
     def take_frame(self, frame: object) -> bool:
         """Fold one stream frame; True when it carried a non-empty text piece."""
@@ -118,16 +101,22 @@ class ReplyReader:
         return self._take_choices(frame, key="delta")
 
     def end_stream(self, *, done: bool, malformed: str | None) -> None:
-        """The stream is over: `done` says whether `[DONE]` arrived."""
+        """The stream is over: `done` says whether `[DONE]` arrived; `malformed` is why a
+        line could not be read (see `SSEStream`)."""
         if malformed is not None:
-            self.fail("malformed_stream", malformed)
-        if not done:
+            self.fail("malformed_stream", str(malformed))
+        if done is not True:
             self.fail("incomplete_stream", "stream ended without [DONE]")
 
-    # ------------------------------------------------------------------ responses
-
     def take_response(self, resp: object) -> None:
-        """Fold a whole non-streamed response (see the completeness rule above)."""
+        """Fold a whole non-streamed response, decoded or as the bytes that arrived (see the
+        completeness rule above)."""
+        if isinstance(resp, bytes):
+            try:
+                resp = loads(resp)
+            except CorruptRecordError:
+                self.fail("malformed_response", "the reply is not JSON")
+                return
         if not isinstance(resp, dict):
             self.fail("malformed_response", "the response is not a JSON object")
             return
@@ -135,8 +124,7 @@ class ReplyReader:
             self.fail("server_error", "error response")
             return
         self._take_meta(resp)
-        kind = resp.get("object")
-        choices = resp.get("choices")
+        kind, choices = resp.get("object"), resp.get("choices")
         if isinstance(kind, str) and kind.endswith(".chunk"):
             self.fail("incomplete_response", "a stream chunk, not a final response")
         elif not isinstance(choices, list):
@@ -152,21 +140,14 @@ class ReplyReader:
         elif not isinstance(first.get("message"), dict) and "text" not in first:
             self.fail("malformed_response", "the first choice has no message")
 
-    # ------------------------------------------------------------------ parts
-
     def _take_meta(self, frame: Mapping[str, object]) -> None:
         """Keep the last non-null usage, timings, runtime block, model and id of a frame."""
-        if frame.get("usage") is not None:
-            self.usage = frame["usage"]
-        if frame.get("timings") is not None:
-            self.timings = frame["timings"]
-        if frame.get("tensorfold") is not None:
-            self.runtime = frame["tensorfold"]
+        for key, attr in (("usage", "usage"), ("timings", "timings"), ("tensorfold", "runtime")):
+            if frame.get(key) is not None:
+                setattr(self, attr, frame[key])
         model, ident = frame.get("model"), frame.get("id")
-        if isinstance(model, str):
-            self.model = model
-        if isinstance(ident, str):
-            self.id = ident
+        self.model = model if isinstance(model, str) else self.model
+        self.id = ident if isinstance(ident, str) else self.id
 
     def _take_piece(self, target: bytearray, value: object, what: str) -> bool:
         if value is None:
@@ -174,7 +155,8 @@ class ReplyReader:
         if not isinstance(value, str):
             self.fail("invalid_text_chunk", f"{what} is not a string")
             return False
-        target.extend(_utf8(value))
+        # A lone surrogate (an SDK object can carry one) is hashed as is, never a crash.
+        target.extend(value.encode("utf-8", "surrogatepass"))
         return bool(value)
 
     def _take_choices(self, frame: Mapping[str, object], *, key: str) -> bool:
@@ -193,8 +175,7 @@ class ReplyReader:
             if type(index) is int and index != 0:
                 continue  # only the first choice is hashed; n > 1 is not how we call
             finish = choice.get("finish_reason")
-            if isinstance(finish, str):
-                self.finish_reason = finish
+            self.finish_reason = finish if isinstance(finish, str) else self.finish_reason
             body = choice.get(key)
             if body is not None and not isinstance(body, dict):
                 self.fail("malformed_response", f"{key} is not an object")
@@ -208,11 +189,16 @@ class ReplyReader:
                 text |= self._take_piece(self.reasoning, reasoning, f"{key}.reasoning_content")
         return text
 
-    # ------------------------------------------------------------------ the caller's view
-
-    def text(self) -> tuple[str, str]:
-        """(content, reasoning) as text."""
-        return (
-            self.content.decode("utf-8", "surrogatepass"),
-            self.reasoning.decode("utf-8", "surrogatepass"),
-        )
+    def view(self) -> JSONObject:
+        """A flat, response-like view for the caller, never for a record (it holds the output
+        text): `content`, `reasoning` (None when empty), `finish_reason`, `usage`, `timings`,
+        `model`, `id`."""
+        return {
+            "content": self.content.decode("utf-8", "surrogatepass"),
+            "reasoning": self.reasoning.decode("utf-8", "surrogatepass") or None,
+            "finish_reason": self.finish_reason,
+            "usage": _json(self.usage),
+            "timings": _json(self.timings),
+            "model": self.model,
+            "id": self.id,
+        }

@@ -18,26 +18,22 @@ ended by the event `data: [DONE]`. How a body becomes events (the spec, as code)
 
 Invariants: each byte is scanned a bounded number of times (pieces of an unfinished line are
 kept in a list and joined once, so a long line fed byte by byte stays linear); a line that is
-not UTF-8 or an event whose data is not JSON marks the stream `malformed` (never a guess);
-after `[DONE]` nothing more is read.
+not UTF-8 or an event whose data is not JSON (`core.jsonio`'s rules) marks the stream
+`malformed`, never a guess; after `[DONE]` nothing more is read.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-import orjson
-
-__all__ = ["ERROR_EVENT_FRAME", "SSEParser", "SSEStream", "parse_sse"]
+from prefixreg.core.errors import CorruptRecordError, UsageError
+from prefixreg.core.jsonio import loads
 
 _LINE_END: Final = re.compile(rb"\r\n|\r|\n")
 _BOM: Final = b"\xef\xbb\xbf"
-
-# What an `event: error` event reads as: an error frame, with no server text in it.
-ERROR_EVENT_FRAME: Final = {"error": {"event": "error"}}
+ERROR_EVENT_FRAME: Final = {"error": {"event": "error"}}  # an `event: error`, no server text
 
 
 @dataclass(slots=True)
@@ -55,7 +51,7 @@ class SSEStream:
 
 
 class SSEParser:
-    """Incremental event-stream reader: feed bytes (or whole lines) as they arrive.
+    """Incremental event-stream reader: `feed` it the body's bytes as they arrive.
 
     `feed` returns the JSON values of the events its bytes completed. With `keep=False` the
     values are only returned, not also kept in `stream.chunks`: a caller that folds each
@@ -63,7 +59,7 @@ class SSEParser:
     """
 
     def __init__(self, *, keep: bool = True) -> None:
-        self._keep = keep
+        self._keep = keep is True
         self._pending: list[bytes] = []  # pieces of the line not yet ended
         self._skip_lf = False  # the last piece ended with CR: a leading LF ends nothing
         self._started = False  # the BOM check is done
@@ -71,49 +67,48 @@ class SSEParser:
         self._event = ""
         self.stream = SSEStream()
 
-    def feed(self, data: bytes) -> list[object]:
+    def feed(self, data: bytes | bytearray) -> list[object]:
         """Take the next bytes of the body; return the frames completed by them."""
+        given: object = data  # callers outside the type checker pass anything
+        if not isinstance(given, bytes | bytearray):
+            raise UsageError(f"an event stream is fed bytes, not {type(data).__name__}")
         if self._skip_lf and data:
             self._skip_lf = False
-            if data[:1] == b"\n":
-                data = data[1:]
+            data = data[1:] if data[:1] == b"\n" else data
         if not data or self.stream.done:
             return []
         if b"\n" not in data and b"\r" not in data:
-            # Keep pieces and join once the line ends: re-scanning a growing buffer on every
-            # small piece would make one long line quadratic.
-            self._pending.append(data)
+            # Join once the line ends: re-scanning a growing buffer would be quadratic.
+            self._pending.append(bytes(data))
             return []
         lines = _LINE_END.split(data)
         rest = lines.pop()
-        if rest == b"" and data[-1:] == b"\r":
-            self._skip_lf = True
+        self._skip_lf = rest == b"" and data[-1:] == b"\r"
         if self._pending:
             lines[0] = b"".join([*self._pending, lines[0]])
-        self._pending = [rest] if rest else []
-        out: list[object] = []
-        for line in lines:
-            frame = self.feed_line(line)
-            if frame is not None:
-                out.append(frame)
-        return out  # lines after [DONE] were skipped by feed_line
+        self._pending = [bytes(rest)] if rest else []
+        frames = [self._line(line) for line in lines]  # lines after [DONE] give None
+        return [frame for frame in frames if frame is not None]
 
-    def feed_line(self, line: bytes | str) -> object | None:
+    def finish(self) -> SSEStream:
+        """End of body: an unended line is read, an undispatched event is discarded."""
+        if self._pending:
+            self._line(b"".join(self._pending))
+        self._pending, self._data, self._event = [], [], ""
+        return self.stream
+
+    def _line(self, line: bytes) -> object | None:
         """Take one line (without its line ending); return the frame it completed, if any."""
         if self.stream.done:
             return None
-        if isinstance(line, bytes):
-            if not self._started and line.startswith(_BOM):
-                line = line[len(_BOM) :]
-            try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError:
-                self._started = True
-                self._malformed("the stream is not UTF-8")
-                return None
-        else:
-            text = line.removeprefix("\ufeff") if not self._started else line
-        self._started = True
+        if not self._started:
+            self._started = True
+            line = line.removeprefix(_BOM)
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            self._malformed("the stream is not UTF-8")
+            return None
         if not text:
             return self._dispatch()
         if text[0] == ":":
@@ -125,39 +120,25 @@ class SSEParser:
             self._data.append(value)
         elif name == "event":
             self._event = value
-        # `id`, `retry` and unknown fields: read and ignored (see the module docstring).
-        return None
-
-    def finish(self) -> SSEStream:
-        """End of body: an unended line is read, an undispatched event is discarded."""
-        if self._pending and not self.stream.done:
-            rest, self._pending = b"".join(self._pending), []
-            self.feed_line(rest)
-        self._pending = []
-        self._data, self._event = [], ""
-        return self.stream
+        return None  # `id`, `retry` and unknown fields: read and ignored
 
     def _dispatch(self) -> object | None:
         data, event = self._data, self._event
         self._data, self._event = [], ""
-        if not data:
-            return None  # the spec dispatches nothing for an event without data
-        if event == "error":
-            return self._emit(dict(ERROR_EVENT_FRAME))
         payload = "\n".join(data)
-        if payload.strip() == "[DONE]":
+        if not data or (event != "error" and not payload.strip()):
+            return None  # no data, or `data:` with nothing in it: no claim either way
+        if event == "error":
+            frame: object = dict(ERROR_EVENT_FRAME)
+        elif payload.strip() == "[DONE]":
             self.stream.done = True
             return None
-        if not payload.strip():
-            return None  # `data:` with nothing in it: no claim either way
-        try:
-            frame: object = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            self._malformed("a data: line is not JSON")
-            return None
-        return self._emit(frame)
-
-    def _emit(self, frame: object) -> object:
+        else:
+            try:
+                frame = loads(payload)
+            except CorruptRecordError:
+                self._malformed("a data: line is not JSON")
+                return None
         if self._keep:
             self.stream.chunks.append(frame)
         return frame
@@ -167,25 +148,10 @@ class SSEParser:
             self.stream.malformed = reason
 
 
-def parse_sse(data: bytes | str | Iterable[bytes | str]) -> SSEStream:
-    """Decode a whole SSE body.
-
-    `data` is the body as bytes or text, or an iterable of `bytes` pieces (cut anywhere, as
-    they came off the socket) or of `str` lines (as from `iter_lines()` or `readlines()`: one
-    trailing line ending is part of the line; a piece holding several lines is split).
-    """
-    parser = SSEParser()
+def parse_sse(data: bytes | bytearray | str) -> SSEStream:
+    """Decode a whole SSE body (bytes, or text); `UsageError` for anything else."""
     if isinstance(data, str):
-        data = data.encode("utf-8", "surrogatepass")
-    if isinstance(data, bytes):
-        parser.feed(data)
-        return parser.finish()
-    for piece in data:
-        if isinstance(piece, bytes):
-            parser.feed(piece)
-        else:
-            # One line ending at the end belongs to the line (as from `readlines()`).
-            piece = piece.removesuffix("\n").removesuffix("\r")
-            for line in piece.split("\n"):
-                parser.feed_line(line.removesuffix("\r"))
+        data = data.encode("utf-8", "surrogatepass")  # a lone surrogate is not UTF-8
+    parser = SSEParser()
+    parser.feed(data)
     return parser.finish()

@@ -1,21 +1,21 @@
-"""HTTP transport for one worker: every call has a deadline and every reply a size cap.
+"""HTTP for one worker: every call has a deadline and every reply a size cap.
 
 What a hostile or broken server can do, and what stops it:
 
-- Trickle (headers or body, a byte a second) or go silent: each call has one deadline that
-  bounds it whole, from connect to last byte, streams included. httpx's own timeouts apply
-  per read, so a `Deadline` also shuts the call's socket down when its time is up (the socket
-  comes from httpcore's `connect_tcp` trace event; connections are not kept alive, so every
-  call has its own), and the time left is checked between pieces. Past the deadline the call
-  raises `WorkerTimeoutError`, within a fraction of a second.
-- Send more than any real reply: bodies are streamed and counted (after content decoding,
-  since memory is what the cap protects) and a reply over `max_bytes` raises
-  `ReplyTooLargeError` as soon as the count passes the cap (or at once, from a
-  `Content-Length` over it). `resp.content` of an unbounded body is never taken.
+- Trickle (headers or body, a byte a second) or go silent: one deadline bounds each call
+  whole, from connect to last byte, streams included. httpx's timeouts apply per read, so a
+  timer also shuts the call's socket down when its time is up (the socket comes from
+  httpcore's connect trace event; connections are not kept alive, so every call has its
+  own), and the time left is checked between pieces: past it the call raises
+  `WorkerTimeoutError` within a fraction of a second.
+- Send more than any real reply: bodies are streamed and counted after content decoding
+  (memory is what the cap protects); past `max_bytes`, or at once from a `Content-Length`
+  over it, the call raises `ReplyTooLargeError`. An unbounded body is never read whole.
 - Fail: connection refused -> `WorkerUnreachableError`; 503 `engine_busy` ->
   `EngineBusyError`; other 3xx/4xx/5xx -> `WorkerHTTPError` carrying the server's own message
-  (first line, <= 200 characters, API key scrubbed); a body that is not the JSON promised ->
-  `MalformedResponseError`. Messages name the method, the path and the URL without user info.
+  (one line, <= 200 characters, API key scrubbed); a body that is not the JSON promised
+  (`core.jsonio`'s rules) -> `MalformedResponseError`. Messages name the method, the path
+  and the URL without user info.
 
 Invariants: the API key is sent as `Authorization: Bearer` and nowhere else; redirects are
 not followed; proxies come from the environment only if the user set them.
@@ -23,80 +23,80 @@ not followed; proxies come from the environment only if the user set them.
 
 from __future__ import annotations
 
-import math
 import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-import orjson
 
-from prefixreg.core.errors import (
-    EngineBusyError,
-    MalformedResponseError,
-    ReplyTooLargeError,
-    UsageError,
-    WorkerHTTPError,
-    WorkerTimeoutError,
-    WorkerUnreachableError,
-)
-from prefixreg.core.jsonio import JSONObject, JSONValue
-
-__all__ = [
-    "DEFAULT_MAX_BYTES",
-    "MAX_SECONDS",
-    "Deadline",
-    "ReplyTooLargeError",
-    "Transport",
-    "check_max_bytes",
-    "check_seconds",
-    "display_url",
-    "one_line",
-]
+from prefixreg.core import errors
+from prefixreg.core.errors import UsageError
+from prefixreg.core.jsonio import loads
 
 DEFAULT_MAX_BYTES: Final = 64 * 1024 * 1024  # far above any real reply (a /health is ~5 KiB)
-MAX_BYTES_LIMIT: Final = 1 << 40
 MAX_SECONDS: Final = 86_400.0  # one day: a cold prefill takes minutes, never days
-_MESSAGE_MAX: Final = 200
-_CONNECT_EVENTS: Final = frozenset(
-    {"connection.connect_tcp.complete", "connection.connect_unix_socket.complete"}
-)
+Body = TypeVar("Body", bytes, dict[str, Any], list[Any])
+
+
+def shown(value: object) -> str:
+    """A short rendering of a bad argument for an error message, safe for any value."""
+    if isinstance(value, str | float | None) or (isinstance(value, int) and abs(value) < 1 << 64):
+        return repr(value)[:40]
+    return f"a {type(value).__name__}"
 
 
 def check_seconds(name: str, value: object) -> float:
     """A timeout given at the boundary: a finite number of seconds in (0, `MAX_SECONDS`]."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    number = float(value) if ok else math.nan  # type: ignore[arg-type]
-    if not (math.isfinite(number) and 0 < number <= MAX_SECONDS):
+    number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if number is None or not 0 < number <= MAX_SECONDS:
         raise UsageError(
-            f"{name} must be a number of seconds above 0 and at most {MAX_SECONDS:g}, not {value!r}"
+            f"{name} must be a number of seconds above 0 and at most {MAX_SECONDS:g}, "
+            f"not {shown(value)}"
         )
-    return number
+    return float(number)
 
 
 def check_max_bytes(value: object) -> int:
-    """A reply cap given at the boundary: an int of bytes, at least 1 KiB."""
-    if type(value) is not int or not 1024 <= value <= MAX_BYTES_LIMIT:
-        raise UsageError(f"max_bytes must be an integer from 1024 to 2**40, not {value!r}")
+    """A reply cap given at the boundary: an int of bytes from 1 KiB to 1 TiB."""
+    if type(value) is not int or not 1024 <= value <= 1 << 40:
+        raise UsageError(f"max_bytes must be an integer from 1024 to 2**40, not {shown(value)}")
     return value
 
 
 def display_url(url: str) -> str:
-    """The URL without user info, query or fragment: safe to print."""
-    parts = urlsplit(url)
+    """The URL without user info, query or fragment: safe to print. `UsageError` when it is
+    not a string or its port cannot be read."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except (TypeError, ValueError, AttributeError):
+        raise UsageError("not a URL (http://host:port)") from None
     host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    host = f"[{host}]" if ":" in host else host
+    netloc = host if port is None else f"{host}:{port}"
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def one_line(text: str, limit: int = _MESSAGE_MAX) -> str:
+def _base_url(url: object) -> str:
+    """The server root of a worker URL (a trailing `/v1` dropped), or `UsageError`."""
+    if not isinstance(url, str):
+        raise UsageError(f"the worker URL must be a string, not {type(url).__name__}")
+    base = url.strip().rstrip("/").removesuffix("/v1")
+    try:
+        parts = urlsplit(base)
+        if parts.scheme in ("http", "https") and parts.hostname and parts.port != 0:
+            return base  # .port raises for a port that is not a number in range
+        safe = display_url(base)
+    except (ValueError, UsageError):
+        safe = base.split("@")[-1]  # never echo user info (a password)
+    raise UsageError(f"not a worker URL (http://host:port): {safe!r}")
+
+
+def one_line(text: str, limit: int = 200) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
@@ -112,54 +112,32 @@ class _ExpiredError(Exception):
     """Internal: the deadline passed between two pieces."""
 
 
-class Deadline:
-    """One call's deadline; a context manager that arms a timer for it.
-
-    `trace` is an httpcore trace hook: it learns the call's socket at connect, and the timer
-    shuts that socket down when the time is up, which wakes a read blocked on it.
-    """
+class _Deadline:
+    """One call's deadline: a timer that shuts the call's socket down when the time is up,
+    which wakes a read blocked on it. `trace` (an httpcore hook) learns the socket."""
 
     def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
         self.at = time.monotonic() + seconds
         self.expired = False
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
-
-    def __enter__(self) -> Deadline:
         self._timer.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._timer.cancel()
-        with self._lock:
-            self._sockets.clear()
-
-    def remaining(self) -> float:
-        return max(0.001, self.at - time.monotonic())
 
     def passed(self) -> bool:
         return self.expired or time.monotonic() >= self.at
 
     def trace(self, event: str, info: Mapping[str, Any]) -> None:
-        if event not in _CONNECT_EVENTS:
-            return
-        stream = info.get("return_value")
+        connected = event.startswith("connection.connect_") and event.endswith(".complete")
+        stream = info.get("return_value") if connected else None
         sock = stream.get_extra_info("socket") if stream is not None else None
-        if not isinstance(sock, socket.socket):
-            return
-        with self._lock:
-            self._sockets.append(sock)
-            late = self.expired
-        if late:
-            _shut(sock)
+        if isinstance(sock, socket.socket):
+            with self._lock:
+                self._sockets.append(sock)
+                late = self.expired
+            if late:
+                _shut(sock)
 
     def _expire(self) -> None:
         with self._lock:
@@ -167,33 +145,28 @@ class Deadline:
             for sock in self._sockets:
                 _shut(sock)
 
+    def cancel(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._sockets.clear()
+
 
 class _Call:
-    """An open call: its response headers, and its body read under the deadline and cap."""
+    """An open call: its status and content type, and its body read under deadline and cap."""
 
-    def __init__(self, resp: httpx.Response, deadline: Deadline, max_bytes: int) -> None:
-        self.resp = resp
-        self.deadline = deadline
-        self.max_bytes = max_bytes
-        self.received = 0
-
-    @property
-    def status(self) -> int:
-        return self.resp.status_code
-
-    @property
-    def content_type(self) -> str:
-        return str(self.resp.headers.get("content-type", ""))
+    def __init__(self, resp: httpx.Response, deadline: _Deadline, max_bytes: int) -> None:
+        self.resp, self.deadline, self.max_bytes = resp, deadline, max_bytes
+        self.status = resp.status_code
+        self.content_type = str(resp.headers.get("content-type", ""))
 
     def pieces(self, *, drop_ok: bool = False) -> Iterator[bytes]:
-        """The body as it arrives; raises past the deadline or the cap.
-
-        `drop_ok`: a connection dropped mid-body ends the body quietly (the caller judges an
-        incomplete body, as for a stream); without it the drop raises as unreachable.
-        """
+        """The body as it arrives; raises past the deadline or the cap. With `drop_ok` a
+        connection dropped mid-body ends the body quietly (the caller judges it incomplete,
+        as a truncated stream); without it the drop raises as unreachable."""
         length = self.resp.headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.max_bytes:
-            raise ReplyTooLargeError("")
+        if length.isascii() and length.isdigit() and int(length) > self.max_bytes:
+            raise errors.ReplyTooLargeError("")
+        received = 0
         body = self.resp.iter_bytes()
         while True:
             try:
@@ -208,9 +181,9 @@ class _Call:
                 raise _ExpiredError  # the timer's shutdown can read as a clean end of body
             if piece is None:
                 return
-            self.received += len(piece)
-            if self.received > self.max_bytes:
-                raise ReplyTooLargeError("")
+            received += len(piece)
+            if received > self.max_bytes:
+                raise errors.ReplyTooLargeError("")
             yield piece
 
     def read(self) -> bytes:
@@ -218,30 +191,31 @@ class _Call:
 
 
 class Transport:
-    """The HTTP side of a `Worker`: calls with deadlines, capped bodies, mapped errors."""
+    """The HTTP side of a `Worker`: calls with deadlines, capped bodies, mapped errors.
 
-    def __init__(
-        self,
-        base: str,
-        *,
-        key: str | None,
-        max_bytes: int,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
+    Raises `UsageError` for a URL that is not a worker's (http(s)://host[:port]).
+    """
+
+    def __init__(self, url: str, *, key: str | None, max_bytes: object, transport: object) -> None:
+        base = _base_url(url)
         self.url = display_url(base)
-        self.max_bytes = max_bytes
+        self.max_bytes = check_max_bytes(max_bytes)
         self._key = key
+        if transport is not None and not isinstance(transport, httpx.BaseTransport):
+            raise UsageError(f"transport must be an httpx transport, not {shown(transport)}")
         headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
         if key is not None:
             headers["Authorization"] = f"Bearer {key}"
-        # No keep-alive: each call connects anew, so its deadline knows its socket.
-        self._client = httpx.Client(
-            base_url=base,
-            headers=headers,
-            transport=transport,
-            follow_redirects=False,
-            limits=httpx.Limits(max_keepalive_connections=0),
-        )
+        try:  # no keep-alive: each call connects anew, so its deadline knows its socket
+            self._client = httpx.Client(
+                base_url=base,
+                headers=headers,
+                transport=transport,
+                follow_redirects=False,
+                limits=httpx.Limits(max_keepalive_connections=0),
+            )
+        except httpx.InvalidURL:
+            raise UsageError(f"not a worker URL (http://host:port): {self.url!r}") from None
 
     def close(self) -> None:
         self._client.close()
@@ -265,121 +239,121 @@ class Transport:
     ) -> Iterator[_Call]:
         """Open one call bounded by `seconds` in all; errors come out as the error tree."""
         where = self.where(method, path)
-        with Deadline(seconds) as deadline:
-            try:
-                with self._client.stream(
-                    method,
-                    path,
-                    content=content,
-                    headers=headers,
-                    timeout=httpx.Timeout(deadline.remaining()),
-                    extensions={"trace": deadline.trace},
-                ) as resp:
-                    yield _Call(resp, deadline, self.max_bytes)
-            except (httpx.TimeoutException, _ExpiredError):
-                raise self._timeout(where, seconds) from None
-            except ReplyTooLargeError:
-                raise ReplyTooLargeError(
-                    f"{where}: the reply is larger than the {_size(self.max_bytes)} cap",
-                    url=self.url,
-                    hint="a real reply is far smaller; raise max_bytes only if this one is real",
-                ) from None
-            except httpx.DecodingError:
-                raise MalformedResponseError(
-                    f"{where}: the reply body could not be decoded", url=self.url
-                ) from None
-            except httpx.TransportError as exc:
-                if deadline.passed():
-                    raise self._timeout(where, seconds) from None
-                detail = one_line(self.scrub(str(exc))) or type(exc).__name__
-                raise WorkerUnreachableError(
-                    f"{where}: cannot reach the worker ({detail})",
-                    url=self.url,
-                    hint="is the worker running, and is the URL right?",
-                ) from None
-
-    def _timeout(self, where: str, seconds: float) -> WorkerTimeoutError:
-        return WorkerTimeoutError(
+        deadline = _Deadline(seconds)
+        timed_out = errors.WorkerTimeoutError(
             f"{where}: timed out (no complete reply within {seconds:g} s)",
             url=self.url,
             hint="raise the timeout, or check that the worker is not stuck",
         )
+        try:
+            with self._client.stream(
+                method,
+                path,
+                content=content,
+                headers=headers,
+                timeout=httpx.Timeout(seconds),
+                extensions={"trace": deadline.trace},
+            ) as resp:
+                yield _Call(resp, deadline, self.max_bytes)
+        except (httpx.TimeoutException, _ExpiredError):
+            raise timed_out from None
+        except errors.ReplyTooLargeError:
+            cap = self.max_bytes
+            size = f"{cap >> 20} MiB" if cap % (1 << 20) == 0 else f"{cap:,}-byte"
+            raise errors.ReplyTooLargeError(
+                f"{where}: the reply is larger than the {size} cap",
+                url=self.url,
+                hint="a real reply is far smaller; raise max_bytes only if this one is real",
+            ) from None
+        except httpx.DecodingError:
+            raise errors.MalformedResponseError(
+                f"{where}: the reply body could not be decoded", url=self.url
+            ) from None
+        except httpx.TransportError as exc:
+            if deadline.passed():
+                raise timed_out from None
+            detail = one_line(self.scrub(str(exc))) or type(exc).__name__
+            raise errors.WorkerUnreachableError(
+                f"{where}: cannot reach the worker ({detail})",
+                url=self.url,
+                hint="is the worker running, and is the URL right?",
+            ) from None
+        finally:
+            deadline.cancel()
 
     def raise_for_status(self, method: str, path: str, call: _Call) -> None:
-        """Raise the error tree for a non-2xx answer (reading its body under the cap)."""
-        if call.status < 300:
+        """Raise the error tree for a non-2xx answer (its body read under the cap)."""
+        where, status = self.where(method, path), call.status
+        if status < 300:
             return
-        where = self.where(method, path)
-        if call.status < 400:
-            raise WorkerHTTPError(
-                f"{where}: HTTP {call.status}: redirect not followed",
-                status_code=call.status,
+        if status < 400:
+            raise errors.WorkerHTTPError(
+                f"{where}: HTTP {status}: redirect not followed",
+                status_code=status,
                 url=self.url,
                 hint="give the worker's final URL",
             )
-        raw = call.read()
-        message, code = "", None
-        try:
-            body: Any = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
-        if isinstance(body, dict):
-            err = body.get("error")
-            if isinstance(err, dict):
-                raw_msg, raw_code = err.get("message"), err.get("code")
-                message = raw_msg if isinstance(raw_msg, str) else ""
-                code = raw_code if isinstance(raw_code, str) else None
-            elif isinstance(err, str):
-                message = err
-            elif isinstance(body.get("detail"), str):
-                message = body["detail"]
-        elif raw:
-            message = raw.decode("utf-8", "replace")
+        message, code = _error_message(call.read())
         # The reason phrase is the server's text too: scrub it like the body.
         text = one_line(self.scrub(message or call.resp.reason_phrase or "")) or "no message"
-        full = f"{where}: HTTP {call.status}: {text}"
-        if call.status == 503 and code == "engine_busy":
-            raise EngineBusyError(
+        full = f"{where}: HTTP {status}: {text}"
+        if status == 503 and code == "engine_busy":
+            raise errors.EngineBusyError(
                 full,
                 status_code=503,
                 code=code,
                 url=self.url,
                 hint="the worker serves one request at a time; retry when it is idle",
             )
-        raise WorkerHTTPError(full, status_code=call.status, code=code, url=self.url)
+        raise errors.WorkerHTTPError(full, status_code=status, code=code, url=self.url)
 
-    def json_object(self, method: str, path: str, raw: bytes, ctype: str) -> JSONObject:
-        """`raw` as a JSON object, or `MalformedResponseError`."""
-        try:
-            body: JSONValue = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            shown = one_line(ctype or "no content type", 60)
-            raise MalformedResponseError(
-                f"{self.where(method, path)}: the reply is not JSON ({shown})", url=self.url
-            ) from None
-        if not isinstance(body, dict):
-            raise MalformedResponseError(
-                f"{self.where(method, path)}: the reply is not a JSON object", url=self.url
-            )
-        return body
-
-    def get(
-        self, path: str, *, seconds: float, missing: frozenset[int]
-    ) -> tuple[bytes, str] | None:
-        """GET `path`: (body, content type), or None when its status is in `missing`."""
-        with self.call("GET", path, seconds=seconds) as call:
+    def fetch(
+        self,
+        kind: type[Body],
+        path: str,
+        *,
+        seconds: float,
+        content: bytes | None = None,
+        missing: frozenset[int] = frozenset(),
+    ) -> Body | None:
+        """One small call (a POST of the JSON `content`, else a GET): its 2xx body as `kind`
+        (bytes, or a JSON dict or list, else `MalformedResponseError`); None when its
+        status is in `missing`."""
+        method = "GET" if content is None else "POST"
+        headers = None if content is None else {"Content-Type": "application/json"}
+        with self.call(method, path, seconds=seconds, content=content, headers=headers) as call:
             if call.status in missing:
                 return None
-            self.raise_for_status("GET", path, call)
-            return call.read(), call.content_type
+            self.raise_for_status(method, path, call)
+            raw, ctype = call.read(), call.content_type
+        value: object = raw
+        if kind is not bytes:
+            try:
+                value = loads(raw)
+            except errors.CorruptRecordError:
+                value = None  # judged below, as any reply that is not JSON of `kind`
+        if not isinstance(value, kind):
+            what = {"dict": "object"}.get(kind.__name__, kind.__name__)
+            raise errors.MalformedResponseError(
+                f"{self.where(method, path)}: the reply is not a JSON {what} "
+                f"({one_line(ctype or 'no content type', 60)})",
+                url=self.url,
+            )
+        return value
 
-    def get_json(self, path: str, *, seconds: float, missing: frozenset[int]) -> JSONObject | None:
-        """GET `path` as a JSON object; None if its status is `missing`."""
-        got = self.get(path, seconds=seconds, missing=missing)
-        return None if got is None else self.json_object("GET", path, *got)
 
-
-def _size(n: int) -> str:
-    if n % (1024 * 1024) == 0:
-        return f"{n // (1024 * 1024)} MiB"
-    return f"{n:,}-byte"
+def _error_message(raw: bytes) -> tuple[str, str | None]:
+    """(message, code) of an error body: OpenAI's `error` (an object or a string), else a
+    `detail` string; the text itself when the body is not a JSON object."""
+    try:
+        body = loads(raw)
+    except errors.CorruptRecordError:
+        body = None
+    if not isinstance(body, dict):
+        return raw.decode("utf-8", "replace"), None
+    err = body.get("error")
+    if isinstance(err, dict):
+        message, code = err.get("message"), err.get("code")
+        return message if isinstance(message, str) else "", code if isinstance(code, str) else None
+    text = err if isinstance(err, str) else body.get("detail")
+    return text if isinstance(text, str) else "", None

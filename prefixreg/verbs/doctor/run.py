@@ -32,7 +32,7 @@ from prefixreg.core.jsonio import JSONObject, JSONValue, loads_object
 from prefixreg.core.judge import judge_fit
 from prefixreg.core.records import CacheCounters, strict_count
 from prefixreg.registry.store import Registry
-from prefixreg.server.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
+from prefixreg.server.counters import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import head_warms
 

@@ -29,7 +29,7 @@ from prefixreg.core.errors import PrefixregError
 from prefixreg.core.jsonio import JSONObject, loads_object
 from prefixreg.core.records import CacheCounters, ServerBuild, strict_count
 from prefixreg.registry.store import Registry
-from prefixreg.server.evidence import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
+from prefixreg.server.counters import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
 
 __all__ = [
     "DEFAULT_INTERVAL_S",

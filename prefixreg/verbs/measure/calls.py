@@ -28,7 +28,7 @@ from prefixreg.core.jsonio import JSONObject, JSONValue
 from prefixreg.core.judge import Judgement, judge
 from prefixreg.core.records import CacheCounters, CallEvidence, Measurement, ServerBuild
 from prefixreg.registry.store import Registry, iso_utc, utc_now
-from prefixreg.server.evidence import counter_deltas, is_interleaved
+from prefixreg.server.counters import counter_deltas, is_interleaved
 from prefixreg.server.worker import Worker
 
 WARM_PARAMS: Final[dict[str, Any]] = {"max_tokens": 1, "temperature": 0}

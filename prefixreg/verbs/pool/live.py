@@ -25,7 +25,7 @@ from prefixreg.core.errors import PrefixregError, UsageError, WorkerError
 from prefixreg.core.jsonio import JSONObject, JSONValue
 from prefixreg.core.records import CallEvidence, ServerBuild
 from prefixreg.registry.store import Registry
-from prefixreg.server.evidence import MEASURED_ENTRIES_PER_REQUEST
+from prefixreg.server.counters import MEASURED_ENTRIES_PER_REQUEST
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.budget import latest_survival
 from prefixreg.verbs.pool.spec import (

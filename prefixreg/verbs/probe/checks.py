@@ -19,7 +19,7 @@ from typing import Final, Literal
 
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import Judgement, Verdict
-from prefixreg.server.evidence import counter_deltas
+from prefixreg.server.counters import counter_deltas
 from prefixreg.verbs.measure.calls import CallRecord
 
 Status = Literal["pass", "fail", "n/a", "info"]
