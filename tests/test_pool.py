@@ -96,9 +96,8 @@ def test_flags_win_over_a_pool_file_which_wins_over_the_environment(tmp_path: Pa
     from_env = pool_spec(env=env, router="http://r:9")
     assert [w.url for w in from_env.workers] == ["http://env:1", "http://env:2"]
     assert from_env.router == "http://r:9"
-    # Without a pool file the placement lives in the state dir, one file per pool.
-    assert from_env.placement_path is not None
-    assert from_env.placement_path.name == f"{from_env.pool_id}.json"
+    # Without a pool file the placement lives beside the registry (Pool), one file per pool.
+    assert from_env.placement_path is None
     with pytest.raises(UsageError, match="no pool"):
         pool_spec(env={})
 
@@ -152,11 +151,12 @@ def test_served_by_names_the_one_worker_whose_mark_moved() -> None:
 def test_the_placement_file_round_trips_and_a_foreign_file_is_refused(tmp_path: Path) -> None:
     spec = PoolSpec((WorkerSpec("http://h:1"),), placement_path=tmp_path / "p.json")
     save_placement(tmp_path / "p.json", spec, [Assignment(A, "http://h:1", f"{A}.1", "b" * 16)])
-    assert load_placement(tmp_path / "p.json") == {
-        A: Assignment(A, "http://h:1", f"{A}.1", "b" * 16)
-    }
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".placement-")]
-    assert load_placement(tmp_path / "missing.json") == {}
+    assert load_placement(tmp_path / "p.json") == (
+        {A: Assignment(A, "http://h:1", f"{A}.1", "b" * 16)},
+        [],
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["p.json"]  # no temp file left
+    assert load_placement(tmp_path / "missing.json") == ({}, [])
     (tmp_path / "bad.json").write_bytes(b'{"format": "other"}')
     with pytest.raises(UsageError, match="not a prefixreg placement"):
         load_placement(tmp_path / "bad.json")
@@ -186,7 +186,7 @@ def test_pool_warm_places_within_capacity_proves_each_and_worker_for_finds_it(
     pool_file.write_bytes(orjson.dumps({"workers": workers}))
     spec = pool_spec(pool_file=pool_file, env={})
     with Pool(spec, registry) as pool:
-        report = warm_pool(pool, shas[:4])
+        report = warm_pool(pool, [registry.head(s) for s in shas[:4]])
         assert report.ok, report.to_dict()
         # /cache max_entries 16 over 2 entries a request: 8; the pool file caps it at 2.
         assert [(w.slots, w.capacity) for w in report.workers] == [(8, 2), (8, 2)]
@@ -197,7 +197,7 @@ def test_pool_warm_places_within_capacity_proves_each_and_worker_for_finds_it(
             assert pool.headers_for(sha) == {ROUTING_KEY_HEADER: sha}
             _, ev = pool.chat(sha, fresh_tail(), max_tokens=1, temperature=0)
             assert ev.cache_state == "reused"
-        fifth = warm_pool(pool, [shas[4]])
+        fifth = warm_pool(pool, [registry.head(shas[4])])
         assert fifth.refused == [shas[4]] and not fifth.ok
         with pytest.raises(UsageError, match="not placed"):
             pool.worker_for(shas[4])
@@ -228,7 +228,7 @@ def test_pool_cli_warm_doctor_status_and_exit_codes(sims: list[SimServer], tmp_p
     assert b"refused" in res.stdout
     res = run_cli("pool", "doctor", *common)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count(b"RESUMED") == 2 and b"p0" in res.stdout
+    assert res.stdout.count(b"RESIDENT") == 2 and b"p0" in res.stdout
     res = run_cli("pool", "status", *common, "--json")
     assert res.returncode == 0 and len(orjson.loads(res.stdout)["placement"]) == 2
     res = run_cli("pool", "doctor", "--registry", str(reg))
@@ -269,7 +269,8 @@ def test_a_prefix_asked_for_but_never_proven_is_not_ok() -> None:
     sha_a, sha_b = "a" * 64, "b" * 64
 
     def proof(sha: str, verdict: str) -> Proof:
-        return Proof(sha, "http://127.0.0.1:1", sha, verdict, 100, 90, "0" * 16)
+        resident = verdict == "resumed"
+        return Proof(sha, "http://127.0.0.1:1", sha, verdict, resident, "", 100, 90, "0" * 16)
 
     # The router's placement of b could not be traced: no proof for it at all.
     report = PoolReport(workers=[], router=None, asked=[sha_a, sha_b])

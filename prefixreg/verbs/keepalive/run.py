@@ -1,96 +1,101 @@
-"""`keepalive`: keep prefixes resumable on a worker whose small LRU foreign traffic churns.
+"""`keepalive`: keep heads (prefixes or frames) resumable on a worker whose small LRU
+foreign traffic churns.
 
-On a server with `/cache` (Halogen) it counts `stores` since each prefix was last used and
-re-warms the prefix before one more foreign prompt could evict it. The budget policy (how
-much a just-used prefix survives, and from where that number comes) is in
-`prefixreg.verbs.measure.budget`; the records of the work (`Rewarm`, `KeepAliveSummary`) in
-`prefixreg.verbs.keepalive.rewarm`.
-
-On llama.cpp (no `/cache`) it counts *prompts* since each prefix was last used, from the
-activity counters the server offers (`/slots`, else `/metrics`; see `prefixreg.server.activity`).
-With a registry, a prefix lost to a server restart comes back from its proven KV snapshot
-instead of a re-prefill when one exists for the current build
-(`prefixreg.verbs.keepalive.restore`).
-Servers with neither counter (and other profiles without `/cache`) are kept warm on a time
-interval.
+On a server with `/cache` (Halogen) it counts `stores` since each head was last used and
+re-warms the head before one more foreign prompt could evict it; on llama.cpp (no `/cache`)
+it counts *prompts*, from `/slots`, else `/metrics` (`prefixreg.server.activity`); other
+servers are kept warm on a time interval. The budget policy is in
+`prefixreg.verbs.measure.budget`, the records of the work in `.rewarm`. With a registry, a
+prefix lost to a llama.cpp restart comes back from its proven KV snapshot for the current
+build instead of a re-prefill (`.restore`).
 
 Invariants:
 - One request at a time: polls and re-warms run in one thread (`step`); the loop's `touch`
-  only marks a prefix as just used, and the next poll takes the baseline.
-- Every re-warm is a measured call; with a registry it is written as a `keepalive`
-  measurement. A re-warm that comes back cold or partial proves the budget too large, and
-  the budget tightens to what was observed.
+  only marks a head as just used, and the next poll takes the baseline.
+- Every re-warm is a measured call judged by `core.judge` (with a registry, a `keepalive`
+  measurement); one that comes back cold or partial proves the budget too large, and the
+  budget tightens to what was observed.
+- Every interval is a finite number of seconds above 0 (`UsageError` otherwise): a NaN
+  poll would spin, an infinite interval would never re-warm.
 - A poll the server is too busy to answer is skipped, and the next one waits longer; a 503
   on a re-warm backs off exponentially; five worker errors with no answered poll between
   them stop the keeper, and so does anything else that goes wrong in its thread
   (`summary.stopped_because` says why, `alive` turns false).
-- Only foreign activity counts: a prefix is never due before a foreign prompt has stored
-  (or run), and the stores of the keeper's own re-warms are taken off the other kept
-  prefixes' counts; instead, each one's stores budget is reduced by the entries the other
-  kept prefixes hold in the same LRU.
-- A kept frame is re-warmed with its whole head, byte for byte as the loop sends it (system
-  bytes, tools, settings); its measurement is filed under the system sha, with `frame` set.
+- Only foreign activity counts: a head is never due before a foreign prompt has stored (or
+  run), and the stores of the keeper's own re-warms are taken off the other kept heads'
+  counts; instead, each one's stores budget is reduced by the entries the others hold.
+- A kept frame is re-warmed with its whole head, byte for byte as the loop sends it; its
+  measurement is filed under the system sha, with `frame` set.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from prefixreg.core.errors import (
-    EngineBusyError,
-    UsageError,
-    WorkerError,
-    WorkerTimeoutError,
-)
-from prefixreg.core.frame import Frame
+from prefixreg.core.errors import EngineBusyError, UsageError, WorkerError, WorkerTimeoutError
+from prefixreg.core.frame import Frame, Head
 from prefixreg.core.judge import Verdict
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
+from prefixreg.server.transport import check_seconds
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.keepalive.restore import SnapshotRewarm, restore_for_keepalive
 from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm
-from prefixreg.verbs.measure.budget import Budget, budget_for
+from prefixreg.verbs.measure.budget import budget_for
 from prefixreg.verbs.measure.calls import (
     CallRecord,
     judge_check,
     measured_call,
+    measured_span,
     record_measurement,
 )
-
-__all__ = ["Budget", "KeepAlive", "KeepAliveSummary", "Rewarm", "budget_for"]
 
 MAX_ERRORS: Final = 5
 MAX_BACKOFF_S: Final = 30.0
 
 
+def positive_seconds(name: str, value: object) -> float:
+    """`value` as a finite number of seconds above 0, else a `UsageError`."""
+    real = isinstance(value, int | float) and not isinstance(value, bool)
+    if real and isinstance(value, int | float) and math.isfinite(value) and value > 0:
+        return float(value)
+    raise UsageError(f"{name} must be a finite number of seconds above 0, not {value!r}")
+
+
 @dataclass(slots=True)
 class _Kept:
-    prefix: Prefix | Frame  # a frame: its whole head is re-warmed
+    prefix: Head  # a frame: its whole head is re-warmed
     baseline: float | None = None  # the counter when last used; None: never warmed
     last_used: float = 0.0
     slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
-    lost: bool = False  # the server restarted since this prefix was last warmed
+    lost: bool = False  # the server restarted since this head was last warmed
+    span: int | None = None  # the head's span as a resumed warm measured it on this build
 
 
 class KeepAlive:
-    """Keep `prefixes` (prefixes or frames) resumable on `worker`. Run `step()` yourself,
-    or `start()` a thread.
+    """Keep `prefixes` (heads: `Prefix` or `Frame`) resumable on `worker`. Run `step()`
+    yourself, or `start()` a thread.
 
     The worker should have a short `timeout` (polls must not hang); `touch(sha)` after the
-    loop's own call resets that prefix's count. `registry` (optional) receives one
+    loop's own call resets that head's count. `registry` (optional) receives one
     measurement per re-warm and supplies a probe's survival as the budget. `alive` says
     whether the thread still runs; `summary.stopped_because` says why it stopped.
+
+    Raises:
+        UsageError: a wrong type or value (nothing is sent then).
+        WorkerError: the worker did not answer the first reads.
     """
 
     def __init__(
         self,
         worker: Worker,
-        prefixes: Sequence[Prefix | Frame],
+        prefixes: Sequence[Head],
         *,
         registry: Registry | None = None,
         budget: int | None = None,
@@ -98,11 +103,26 @@ class KeepAlive:
         poll_s: float = 0.5,
         on_rewarm: Callable[[Rewarm], None] | None = None,
     ) -> None:
+        heads: object = prefixes
+        if not isinstance(worker, Worker):
+            raise UsageError(f"KeepAlive takes a Worker, not {type(worker).__name__}")
+        if not isinstance(heads, list | tuple) or not heads:
+            raise UsageError("KeepAlive takes a non-empty list of heads (Registry.head)")
+        if not all(isinstance(h, Prefix | Frame) for h in heads):
+            raise UsageError("KeepAlive keeps Prefix or Frame heads (Registry.head), not refs")
+        if registry is not None and not isinstance(registry, Registry):
+            raise UsageError(f"registry must be a Registry, not {type(registry).__name__}")
+        if budget is not None and (type(budget) is not int or budget < 1):
+            raise UsageError(f"budget must be a whole number >= 1, not {budget!r}")
+        if on_rewarm is not None and not callable(on_rewarm):
+            raise UsageError("on_rewarm must be callable")
+        self.poll_s = check_seconds("poll_s", poll_s)  # finite, above 0, at most a day
+        if interval_s is not None:
+            interval_s = check_seconds("interval_s", interval_s)
         if registry is not None:
             registry.refuse_on_mirror("record keepalive measurements")
         self.worker = worker
         self.registry = registry
-        self.poll_s = poll_s
         self.on_rewarm = on_rewarm
         self.summary = KeepAliveSummary()
         self.history: list[Rewarm] = []
@@ -136,11 +156,16 @@ class KeepAlive:
         )
         if self.budget.unit == "seconds":
             self._counter = None  # /cache without max_entries (dense): keep time instead
+        for kept in self._kept.values():
+            if registry is not None:
+                kept.span = measured_span(registry, kept.prefix, self.build.build_id)
 
     # -- the loop's side -----------------------------------------------------------------
 
     def touch(self, sha256: str) -> None:
-        """The loop just used this prefix: count its survival from now on."""
+        """The loop just used the head `sha256`: count its survival from now on."""
+        if not isinstance(sha256, str):
+            raise UsageError(f"touch takes a head's sha256, not {type(sha256).__name__}")
         with self._lock:
             if sha256 in self._kept:
                 self._touched.add(sha256)
@@ -249,7 +274,8 @@ class KeepAlive:
         snap = self._from_snapshot(kept)
         verdict: Verdict
         if snap is not None and snap.check is not None:
-            record, verdict = snap.check, "resumed"  # proven by the check's cached count
+            # The judge's `restored` (judge_restore) stands on a resumed pinned check.
+            record, verdict = snap.check, "resumed"
         else:
             tail = fresh_tail()
             record = measured_call(
@@ -260,27 +286,19 @@ class KeepAlive:
                 with_cache=stores is not None,
                 before=None if stores is None else stores.last,
             )
+            align = self.build.snapshot_align
             verdict = judge_check(
-                record.evidence, head, tail=tail, alignment=self.build.snapshot_align
+                record.evidence, head, tail=tail, alignment=align, measured=kept.span
             ).verdict
         kept.lost = False
         kept.last_used = time.monotonic()
         if counter is not None:
             self._rebase(kept, counter, record)
         self._learn(record, verdict, since)
-        system = head.system.sha256 if isinstance(head, Frame) else head.sha256
         frame = head.sha256 if isinstance(head, Frame) else None
+        report = None if snap is None else snap.to_dict()
         b = self.budget
-        rewarm = Rewarm(
-            system,
-            since,
-            verdict,
-            record,
-            b.limit,
-            b.unit,
-            frame=frame,
-            snapshot=None if snap is None else snap.to_dict(),
-        )
+        rewarm = Rewarm(head.system.sha256, since, verdict, record, b.limit, b.unit, frame, report)
         if snap is not None:
             self.summary.saw_restore(
                 snap.restored, snap.restore_s, snap.prefill_tokens, snap.prefill_s
@@ -368,6 +386,8 @@ class KeepAlive:
 
     def run(self, duration_s: float | None = None) -> KeepAliveSummary:
         """Step every `poll_s` until `stop()`, `duration_s`, or too many errors."""
+        if duration_s is not None:
+            duration_s = positive_seconds("duration_s", duration_s)
         end = None if duration_s is None else time.monotonic() + duration_s
         while not self._stop.is_set():
             try:
