@@ -1,14 +1,10 @@
-"""`prefixreg keepalive REF...`: keep heads (prefixes or frames) resumable on a worker until
-stopped. A frame keeps its whole head warm (system bytes, tools, settings), byte for byte as
-the loop sends it; its re-warm measurements record the frame's sha.
+"""`prefixreg keepalive REF...`: keep heads (prefixes or frames) resumable on a worker.
 
-Ctrl-C (or `--duration`) stops it and prints the summary: re-warms kept (the judge said
-resumed) and not kept (partial, cold), unverified, tokens spent and kept warm. Exit 0 when
-stopped normally after at least one re-warm whose counts the judge could read; 5 when
-repeated worker errors stopped it, or none succeeded and worker errors were why; 4 when
-none succeeded and the server never reported the counts; 1 when something else stopped
-it (a measurement that could not be written); 2 for a bad argument (an interval that is
-not a finite number of seconds above 0, among others).
+Ctrl-C (or `--duration`) stops it and prints the summary. Exit 0 when stopped normally after
+at least one re-warm whose counts the judge could read; 5 when repeated worker errors stopped
+it, or none succeeded and worker errors were why; 4 when none succeeded and the server never
+reported the counts; 1 when something else stopped it (a measurement that could not be
+written); 2 for a bad argument (an interval that is not finite seconds above 0, ...).
 """
 
 from __future__ import annotations
@@ -45,7 +41,7 @@ def parse_duration(text: str) -> float:
     match = _DURATION.fullmatch(text.strip().lower())
     seconds = 0.0 if match is None else float(match.group(1)) * _UNITS[match.group(2)]
     if seconds <= 0:
-        raise UsageError(f"bad duration {text!r}: use seconds above 0, or a number with s, m, h, d")
+        raise UsageError(f"bad duration {text!r}: seconds above 0, or a number with s, m, h, d")
     return seconds
 
 
@@ -55,29 +51,25 @@ def _say(rewarm: Rewarm) -> None:
     what = rewarm.sha256[:12] if rewarm.frame is None else f"frame {rewarm.frame[:12]}"
     kept = "kept" if rewarm.verdict == "resumed" else "not kept"
     info(
-        f"re-warmed {what} ({since}): {rewarm.verdict} ({kept}), "
-        f"cached {ev.cached_tokens}/{ev.prompt_tokens}"
+        f"re-warmed {what} ({since}): {rewarm.verdict} ({kept}), cached {ev.cached_tokens}/"
+        f"{ev.prompt_tokens}"
     )
 
 
 def keepalive_command(
-    refs: Annotated[
-        list[str], typer.Argument(help="Prefixes or frames to keep warm (names or shas).")
-    ],
+    refs: Annotated[list[str], typer.Argument(help="Prefixes or frames (names or shas).")],
     worker: WorkerOpt = None,
     interval: Annotated[
         float | None,
-        typer.Option(
-            "--interval", help="Seconds between re-warms on servers without /cache (default 60)."
-        ),
+        typer.Option("--interval", help="Seconds between re-warms without /cache (default 60)."),
     ] = None,
     budget: Annotated[
         int | None,
         typer.Option(
             "--budget",
-            help="Stores (on llama.cpp: prompts) a just-used head survives (default: the "
-            "latest probe --survival for this build, else max_entries less the entries per "
-            "request; on llama.cpp 1, a re-warm after every foreign prompt).",
+            help="Stores (llama.cpp: prompts) a just-used head survives (default: the latest "
+            "probe --survival for this build, else max_entries less the entries per request; "
+            "llama.cpp: 1, a re-warm after every foreign prompt).",
             min=1,
         ),
     ] = None,
@@ -94,9 +86,9 @@ def keepalive_command(
 
     It polls /cache (llama.cpp: /slots, else /metrics), counts stores (prompts) since each
     head was last used, and re-warms a head before one more foreign prompt could evict it;
-    servers with neither are re-warmed on a time interval. A re-warm is kept only when the
-    judge says resumed; one that comes back partial or cold tightens the budget. Every
-    re-warm is recorded as a measurement.
+    servers with neither are re-warmed on a time interval. A frame keeps its whole head
+    warm. A re-warm is kept only when the judge says resumed; one that comes back partial
+    or cold tightens the budget. Every re-warm is recorded as a measurement.
     """
     from prefixreg.server.worker import Worker
     from prefixreg.verbs.keepalive.run import KeepAlive
@@ -115,25 +107,24 @@ def keepalive_command(
                 poll_s=poll,
                 on_rewarm=None if json_out else _say,
             )
+            b = keeper.budget
             if not json_out:
-                b = keeper.budget
                 info(f"keeping {len(heads)} heads on {w.url}; budget {b.describe()} ({b.source})")
             try:
                 summary = keeper.run(seconds)
             except KeyboardInterrupt:
                 summary = keeper.summary
         if json_out:
-            emit_json({"budget": keeper.budget.to_dict(), **summary.to_dict()})
+            emit_json({"budget": b.to_dict(), **summary.to_dict()})
         else:
-            sys.stdout.write(f"{summary}\n")
-            for change in summary.budget_changes:
-                sys.stdout.write(f"  {change}\n")
+            lines = [str(summary), *(f"  {change}" for change in summary.budget_changes)]
+            sys.stdout.write("\n".join(lines) + "\n")
         if summary.stopped_because:
             info(f"stopped: {summary.stopped_because}")
             raise typer.Exit(int(ExitCode.WORKER if summary.stopped_by_worker else ExitCode.NO))
         if summary.succeeded == 0:
             # The keeper's claim is "these heads were kept warm": a run in which not one
-            # re-warm completed with the server's counts proved nothing of the kind.
+            # re-warm came back with counts the judge could read proved nothing of the kind.
             why = f"{summary.errors} worker errors" if summary.errors else "no verified counts"
             info(f"no re-warm succeeded in this run ({why})")
             raise typer.Exit(int(ExitCode.WORKER if summary.errors else ExitCode.UNVERIFIED))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,6 +21,7 @@ from prefixreg.cli._common import (
     ExitCode,
     JsonOpt,
     RegistryOpt,
+    TimeoutOpt,
     cli_errors,
     emit_json,
     info,
@@ -59,10 +60,6 @@ RouterOpt = Annotated[
         show_default=False,
     ),
 ]
-TimeoutOpt = Annotated[
-    float, typer.Option("--timeout", help="Seconds to wait for a chat reply.", min=0.1)
-]
-
 pool_app = typer.Typer(
     name="pool",
     help="Keep registered heads resident on a pool of workers, one worker each, proven per "
@@ -87,46 +84,44 @@ def _open(
     return reg, Pool(spec, reg, read_timeout=timeout)
 
 
-def _print_report(report: PoolReport, reg: Registry, *, title: str) -> None:
-    names: dict[str, str] = {}
-    for name, sha in sorted(reg.names().items()):
-        names.setdefault(sha, name)
-    out = sys.stdout
-    capacity = sum(w.capacity for w in report.workers)
-    router = f", router {report.router}" if report.router else ""
-    out.write(f"{title}: {len(report.workers)} workers, capacity {capacity}{router}\n")
-    for w in report.workers:
-        if w.error is not None:
-            out.write(f"  {w.url}  UNREACHABLE: {w.error}\n")
-            continue
-        surv = "-" if w.survival is None else str(w.survival)
-        out.write(
-            f"  {w.url}  {w.build.profile if w.build else '-'} build {w.build_id}  slots "
-            f"{w.slots or '-'} ({w.slots_source}), survival {surv}, keeps {w.capacity}\n"
-        )
-        for p in report.held_by(w.url):
-            cached = "-" if p.cached_tokens is None else f"{p.cached_tokens:,}"
-            span = "-" if p.span_tokens is None else f"{p.span_tokens:,}"
-            label = "RESIDENT" if p.resident else f"UNPROVEN ({p.verdict})"
-            out.write(
-                f"    {p.sha256[:16]} {names.get(p.sha256, ''):<16} {label:<10} "
-                f"cached {cached} of span ~{span}  key {p.key[:20]}\n"
-            )
-            if not p.resident:
-                out.write(f"      {p.reason}\n")
-    if report.builds_differ:
-        out.write("  FLAG: the workers run different builds\n")
-    for note in report.notes:
-        out.write(f"  note: {note}\n")
-
-
-def _emit(report: PoolReport, reg: Registry, json_out: bool, title: str, **extra: object) -> None:
+def _show(report: PoolReport, reg: Registry, json_out: bool, title: str, **extra: Any) -> None:
+    """Warnings on stderr; the report as JSON (with `extra`) or as text on stdout."""
     for warning in report.warnings:
         info(f"warning: {warning}")
     if json_out:
         emit_json({**report.to_dict(), **extra})
-    else:
-        _print_report(report, reg, title=title)
+        return
+    names: dict[str, str] = {}
+    for name, sha in sorted(reg.names().items()):
+        names.setdefault(sha, name)
+    capacity = sum(w.capacity for w in report.workers)
+    router = f", router {report.router}" if report.router else ""
+    lines = [f"{title}: {len(report.workers)} workers, capacity {capacity}{router}"]
+    for w in report.workers:
+        if w.error is not None:
+            lines.append(f"  {w.url}  UNREACHABLE: {w.error}")
+            continue
+        lines.append(
+            f"  {w.url}  {w.build.profile if w.build else '-'} build {w.build_id}  slots "
+            f"{w.slots or '-'} ({w.slots_source}), survival "
+            f"{'-' if w.survival is None else w.survival}, keeps {w.capacity}"
+        )
+        for p in report.held_by(w.url):
+            label = "RESIDENT" if p.resident else f"UNPROVEN ({p.verdict})"
+            lines.append(
+                f"    {p.sha256[:16]} {names.get(p.sha256, ''):<16} {label:<10} cached "
+                f"{_n(p.cached_tokens)} of span ~{_n(p.span_tokens)}  key {p.key[:20]}"
+            )
+            lines += [] if p.resident else [f"      {p.reason}"]
+    lines += ["  FLAG: the workers run different builds"] if report.builds_differ else []
+    lines += [f"  note: {note}" for note in report.notes]
+    for a in extra.get("placement", []):
+        lines.append(f"  {a['sha256'][:16]} {names.get(a['sha256'], ''):<16} -> {a['worker']}")
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _n(count: int | None) -> str:
+    return "-" if count is None else f"{count:,}"
 
 
 @pool_app.command("warm")
@@ -146,7 +141,7 @@ def pool_warm_command(
 
     Through a router, a head's first call carries its routing key (its sha) and the worker
     that served it is traced; a key the router put on a full worker is re-keyed. Each head
-    is then proven by a fresh-tail check directly on its worker, repeated until a round
+    is then proven by fresh-tail checks directly on its worker, repeated until a round
     prefills nothing. A head beyond the pool's capacity is refused and nothing is sent for
     it: exit 1.
     """
@@ -158,7 +153,7 @@ def pool_warm_command(
             heads = [reg.head(ref) for ref in refs]  # verified once, before anything is sent
             progress = info if sys.stderr.isatty() and not json_out else None
             report = warm_pool(live, heads, progress=progress)
-        _emit(report, reg, json_out, "pool warm")
+        _show(report, reg, json_out, "pool warm")
         raise typer.Exit(int(_exit_code(report)))
 
 
@@ -186,7 +181,7 @@ def pool_doctor_command(
         reg, live = _open(worker, pool, router, registry)
         with live:
             report = doctor_pool(live, prove=not no_prove)
-        _emit(report, reg, json_out, "pool doctor")
+        _show(report, reg, json_out, "pool doctor")
         healthy = report.ok and not report.builds_differ and not report.notes
         raise typer.Exit(int(ExitCode.OK if healthy else ExitCode.NO))
 
@@ -207,11 +202,8 @@ def pool_status_command(
         reg, live = _open(worker, pool, router, registry)
         with live:
             report = doctor_pool(live, prove=False)
-            placement = sorted(live.placement.values(), key=lambda a: a.worker)
-        _emit(report, reg, json_out, "pool status", placement=[a.to_dict() for a in placement])
-        for a in [] if json_out else placement:
-            sys.stdout.write(f"  {a.sha256[:16]} -> {a.worker}  key {a.key[:20]}\n")
-        raise typer.Exit(int(ExitCode.OK))
+        placement = sorted(live.placement.values(), key=lambda a: a.worker)
+        _show(report, reg, json_out, "pool status", placement=[a.to_dict() for a in placement])
 
 
 def register(app: typer.Typer) -> None:

@@ -7,14 +7,14 @@ Invariants:
 - A re-warm *succeeded* when the judge could read its counts (resumed, partial or cold: a
   first warm is cold by nature); a run in which none succeeded proved nothing, and the CLI
   exits non-zero for it. Tokens are added up from verified counts only.
-- A re-warm done by restoring a snapshot (llama.cpp, after a restart) carries its
-  `snapshot` report; the summary sets the restores' seconds against the head tokens they
-  did not prefill and the measured cold seconds of those heads.
+- A re-warm done by restoring a snapshot carries its `snapshot` report; the summary sets
+  the restores' seconds against the head tokens they did not prefill and the measured cold
+  seconds of those heads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import Verdict
@@ -24,9 +24,9 @@ from prefixreg.verbs.measure.calls import CallRecord
 
 @dataclass(frozen=True, slots=True)
 class Rewarm:
-    """One re-warm: which head, how much foreign activity since its last use (in the
-    budget's unit; None for a first warm), and the judge's verdict on the call. A kept
-    frame's re-warm names its system prefix in `sha256` and the frame in `frame`."""
+    """One re-warm: which head (a frame's names its system prefix in `sha256`, the frame in
+    `frame`), the foreign activity since its last use (the budget's unit; None for a first
+    warm), and the judge's verdict on the call."""
 
     sha256: str
     since: float | None
@@ -38,14 +38,9 @@ class Rewarm:
     snapshot: JSONObject | None = None  # the restore attempt, when one was made
 
     def to_dict(self) -> JSONObject:
-        out: JSONObject = {
-            "sha256": self.sha256,
-            "frame": self.frame,
-            f"since_{self.unit}": self.since,
-            "verdict": self.verdict,
-            f"budget_{self.unit}": self.budget,
-            **self.record.to_dict(),
-        }
+        out: JSONObject = {"sha256": self.sha256, "frame": self.frame, "verdict": self.verdict}
+        out[f"since_{self.unit}"], out[f"budget_{self.unit}"] = self.since, self.budget
+        out.update(self.record.to_dict())
         if self.snapshot is not None:
             out["snapshot"] = self.snapshot
         return out
@@ -53,15 +48,10 @@ class Rewarm:
     def measurement_body(self, budget: JSONObject) -> JSONObject:
         """The body of this re-warm's `keepalive` measurement record."""
         ev = self.record.evidence
-        body: JSONObject = {
-            "verdict": self.verdict,
-            f"since_{self.unit}": self.since,
-            "budget": budget,
-            "prompt_tokens": ev.prompt_tokens,
-            "cached_tokens": ev.cached_tokens,
-            "snapshot": self.snapshot,
-            "calls": [self.record.to_dict()],
-        }
+        body: JSONObject = {"verdict": self.verdict, f"since_{self.unit}": self.since}
+        body["prompt_tokens"], body["cached_tokens"] = ev.prompt_tokens, ev.cached_tokens
+        body["budget"], body["snapshot"] = budget, self.snapshot
+        body["calls"] = [self.record.to_dict()]
         if self.frame is not None:
             body["frame"] = self.frame
         return body
@@ -92,18 +82,18 @@ class KeepAliveSummary:
 
     def count(self, rewarm: Rewarm) -> None:
         """Add one re-warm by the judge's verdict (a missing count is never zero)."""
-        ev = rewarm.record.evidence
+        ev, verdict = rewarm.record.evidence, rewarm.verdict
         self.rewarms += 1
-        if rewarm.verdict == "resumed":
+        if verdict == "resumed":
             self.resumed += 1
             self.tokens_saved += ev.cached_tokens or 0
-        elif rewarm.verdict == "partial":
+        elif verdict == "partial":
             self.partial += 1
-        elif rewarm.verdict == "cold":
+        elif verdict == "cold":
             self.cold += 1
         else:
             self.unverified += 1
-        if rewarm.verdict != "unverified" and ev.prompt_tokens is not None:
+        if verdict != "unverified" and ev.prompt_tokens is not None:
             self.tokens_spent += ev.prompt_tokens - (ev.cached_tokens or 0)
             self.tokens_spent += ev.completion_tokens or 0
 
@@ -130,45 +120,24 @@ class KeepAliveSummary:
         return self.resumed + self.partial + self.cold
 
     def to_dict(self) -> JSONObject:
-        out: JSONObject = {
-            "rewarms": self.rewarms,
-            "succeeded": self.succeeded,
-            "kept": self.kept,
-            "resumed": self.resumed,
-            "partial": self.partial,
-            "cold": self.cold,
-            "unverified": self.unverified,
-            "tokens_spent": self.tokens_spent,
-            "tokens_saved": self.tokens_saved,
-            "polls": self.polls,
-            "skipped_polls": self.skipped_polls,
-            "errors": self.errors,
-            "budget_changes": list(self.budget_changes),
-            "stopped_because": self.stopped_because,
-            "stopped_by_worker": self.stopped_by_worker,
-        }
-        out["snapshots"] = {
-            "restored": self.restored,
-            "misses": self.restore_misses,
-            "restore_s": round(self.restore_s, 6),
-            "prefill_tokens_avoided": self.prefill_tokens_avoided,
-            "prefill_s_avoided": round(self.prefill_s_avoided, 6),
-        }
-        return out
+        out: JSONObject = asdict(self)
+        restores = ("restored", "restore_misses", "restore_s", "prefill_tokens_avoided")
+        snapshots = {k: out.pop(k) for k in (*restores, "prefill_s_avoided")}
+        return out | {"kept": self.kept, "succeeded": self.succeeded, "snapshots": snapshots}
 
     def __str__(self) -> str:
         text = (
-            f"{self.rewarms} re-warms: {self.kept} kept (resumed), "
-            f"{self.partial + self.cold} not kept ({self.partial} partial, {self.cold} cold), "
-            f"{self.unverified} unverified; {self.tokens_spent:,} tokens spent, "
-            f"{self.tokens_saved:,} prefix tokens kept warm; {self.polls} polls "
-            f"({self.skipped_polls} skipped), {self.errors} errors"
+            f"{self.rewarms} re-warms: {self.kept} kept (resumed), {self.partial + self.cold} "
+            f"not kept ({self.partial} partial, {self.cold} cold), {self.unverified} "
+            f"unverified; {self.tokens_spent:,} tokens spent, {self.tokens_saved:,} prefix "
+            f"tokens kept warm; {self.polls} polls ({self.skipped_polls} skipped), "
+            f"{self.errors} errors"
         )
         if self.restored:
             text += (
-                f"; {self.restored} restored from snapshots in {self.restore_s:.3f} s "
-                f"instead of prefilling {self.prefill_tokens_avoided:,} tokens "
-                f"(measured cold: {self.prefill_s_avoided:.3f} s)"
+                f"; {self.restored} restored from snapshots in {self.restore_s:.3f} s instead "
+                f"of prefilling {self.prefill_tokens_avoided:,} tokens (measured cold: "
+                f"{self.prefill_s_avoided:.3f} s)"
             )
         if self.restore_misses:
             text += f"; {self.restore_misses} restores not proven"

@@ -1,20 +1,16 @@
-"""`Pool`: a configured pool (`prefixreg.verbs.pool.spec`) with live clients, for loops and verbs.
+"""`Pool`: a configured pool (`.spec`) with live clients, for loops and verbs.
 
-- `survey()` reads each worker's build (fresh, DESIGN §3 rule 3), its size (llama.cpp
-  `total_slots`; Halogen `/cache` `max_entries` over the entries one request stores), the
-  latest verified `probe --survival` for that exact build, and its capacity.
-- `worker_for(head)` is the worker holding a placed head (loops without a router);
-  `headers_for(head)` the routing header that leads the router there; `chat(head, tail)`
-  sends one call the right way (router with its key, else the worker directly). Each takes
-  a `Prefix` or `Frame` (`Registry.head`), or a reference it resolves.
-- `served_marks()` fingerprints what each worker has served (llama.cpp `/slots` `id_task`,
-  else Halogen `/cache` hits + misses), so a call through the router can be traced to the
-  worker that served it: the router hides its workers' slots.
+`survey()` reads each worker's build (fresh, DESIGN §3 rule 3), its size (llama.cpp
+`total_slots`; Halogen `/cache` `max_entries` over the entries one request stores), the
+latest verified `probe --survival` for that build, and its capacity. `worker_for(head)`,
+`headers_for(head)` (the router's routing header) and `chat(head, tail)` (through the router
+with its key, else direct) take a `Prefix` or `Frame`, or a reference they resolve.
+`served_marks()` fingerprints what each worker served (llama.cpp `/slots` `id_task`, else
+Halogen `/cache` hits + misses): the router hides its workers, so a call is traced that way.
 
 Invariants: a head not in the placement has no worker (`UsageError`, never a guess); the
-kept placement is read once, and an entry whose head left the registry is dropped with a
-warning (`warnings`); the placement records the build a head was proven on; clients are
-closed by `close()`.
+kept placement is read once and each placed head resolved once, and an entry whose head
+left the registry is dropped with a warning (`warnings`); clients are closed by `close()`.
 """
 
 from __future__ import annotations
@@ -156,7 +152,7 @@ class Pool:
         return None, "not reported (1 assumed)"
 
     def head(self, ref: Head | str) -> Head:
-        """`ref` itself when it is a head, else the head it names (resolved and verified)."""
+        """`ref` itself when it is a head, else the verified head it names."""
         if isinstance(ref, Prefix | Frame):
             return ref
         if not isinstance(ref, str):
@@ -173,7 +169,6 @@ class Pool:
         return found
 
     def worker_for(self, ref: Head | str) -> Worker:
-        """The worker that holds `ref`."""
         return self.workers[self.assignment(ref).worker]
 
     def headers_for(self, ref: Head | str) -> dict[str, str]:
@@ -188,7 +183,6 @@ class Pool:
         return self.worker_for(head).chat(head, tail, **params)
 
     def save(self) -> None:
-        """Keep the placement."""
         save_placement(self.placement_path, self.spec, self.placement.values())
 
     def served_marks(self) -> dict[str, Mark]:

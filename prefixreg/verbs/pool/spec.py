@@ -1,38 +1,30 @@
-"""A pool of workers (optionally behind a router): who they are, what each can keep, where
-each registered head lives.
+"""A pool of workers (optionally behind a router): who they are, what each keeps, where each
+head lives.
 
 Where a pool comes from, first match wins: `--worker URL` repeated, a pool file (`--pool
-FILE`), `PREFIXREG_WORKERS` (comma-separated URLs). A pool file is TOML (`.toml`) or JSON
-(anything else), never inside a registry:
+FILE`: TOML if it ends in `.toml`, else JSON), `PREFIXREG_WORKERS` (comma-separated URLs):
 
-    router = "http://127.0.0.1:30000"        # optional: sglang-router in front of the workers
-    placement = "pool.placement.json"       # optional; default: <pool file>.placement.json
-    [[workers]]                             # (flags, env: <registry>.pools/<pool id>.json)
+    router = "http://127.0.0.1:30000"      # optional: sglang-router in front of the workers
+    placement = "pool.placement.json"     # optional; default <pool file>.placement.json
+    [[workers]]                           # (flags, env: <registry>.pools/<pool id>.json)
     url = "http://127.0.0.1:8080"
-    capacity = 1                            # optional: keep at most this many heads here
-    [[workers]]
-    url = "http://127.0.0.1:8081"
+    capacity = 1                          # optional: keep at most this many heads here
 
-(JSON: `{"router": ..., "workers": [{"url": ..., "capacity": ...}, "http://..."]}`.)
-
-A worker's capacity (`capacity_of`) is the number of heads it can keep resident at once: its
-slots (llama.cpp `/props` `total_slots`) or its LRU's entries over the entries one request
-stores (Halogen `/cache` `max_entries`), capped by the latest `probe --survival` for that
-exact build (k heads used in turn each see k-1 foreign prompts: k <= survival + 1), capped by
-the pool file's `capacity`. A worker whose size nobody reports keeps 1.
+A worker's capacity (`capacity_of`): its slots (llama.cpp `total_slots`) or its LRU's
+entries over the entries one request stores (Halogen `max_entries`), capped by the latest
+`probe --survival` for that build (k heads used in turn each see k-1 foreign prompts: k <=
+survival + 1) and by the pool file's `capacity`; 1 when nobody reports a size.
 
 Invariants:
 - A worker is one identity: scheme, resolved host, port, path without `/v1` (`U` and
-  `U/v1`, `localhost` and `127.0.0.1`, port `019102` and `19102` are one worker). Two
-  spellings of one worker, an empty list, a blank entry or user info in a URL are refused
-  (`UsageError`), wherever the list comes from.
-- `place` never puts more heads on a worker than its capacity; what does not fit is
-  `refused`, in the order given, and nothing is sent for it.
-- With a router, a head's routing key is its sha (header `x-smg-routing-key`); a re-keyed
-  head gets `<sha>.<n>`. The placement (head -> worker, key, build) is a small JSON file
-  outside the registry, written whole by the registry's durable writer. An entry that does
-  not parse is dropped with a warning; a file that is not a placement is refused (never
-  overwritten).
+  `U/v1`, `localhost` and `127.0.0.1`, `:019102` and `:19102` are one). Two spellings of one
+  worker, no worker, a blank entry or user info in a URL are refused (`UsageError`).
+- `place` never puts more heads on a worker than its capacity; what fits nowhere is
+  `refused`, and nothing is sent for it.
+- A head's routing key is its sha (`x-smg-routing-key`), `<sha>.<n>` once re-keyed. The
+  placement (head -> worker, key, build) is a JSON file outside the registry, written whole
+  by the registry's durable writer; an entry that does not parse is dropped with a warning,
+  a file that is not a placement is refused (never overwritten).
 """
 
 from __future__ import annotations
@@ -71,9 +63,9 @@ def worker_url(url: object, where: str = "worker") -> str:
         parts = urlsplit(base)
         ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
     except ValueError:  # a port that is not a number in 1..65535
-        ok, parts = False, urlsplit("")
+        ok = False
     if not ok:
-        raise UsageError(f"{where}: a worker URL is http://host[:port] or https://..., not {url[:80]!r}")
+        raise UsageError(f"{where}: a worker URL is http://host[:port] or https://..., not {url!r}")
     if parts.username is not None or parts.password is not None:
         raise UsageError(f"{where}: no user info in a worker URL (use PREFIXREG_API_KEY)")
     return display_url(base)
@@ -90,14 +82,12 @@ def _addresses(host: str, port: int) -> frozenset[str]:
 
 def same_worker(a: str, b: str) -> bool:
     """Whether two canonical worker URLs name one server (scheme, address, port, path)."""
-    if a == b:
-        return True
     pa, pb = urlsplit(a), urlsplit(b)
-    default = {"http": 80, "https": 443}
-    ports = (pa.port or default[pa.scheme], pb.port or default[pb.scheme])
-    if (pa.scheme, pa.path) != (pb.scheme, pb.path) or ports[0] != ports[1]:
+    port = {"http": 80, "https": 443}
+    pa_port, pb_port = pa.port or port[pa.scheme], pb.port or port[pb.scheme]
+    if (pa.scheme, pa.path, pa_port) != (pb.scheme, pb.path, pb_port):
         return False  # resolve only what could collide
-    return bool(_addresses(pa.hostname or "", ports[0]) & _addresses(pb.hostname or "", ports[1]))
+    return bool(_addresses(pa.hostname or "", pa_port) & _addresses(pb.hostname or "", pb_port))
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +106,8 @@ class WorkerSpec:
 
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
-    """The pool as configured: workers, the router in front of them, where placement lives
-    (None: beside the registry, `default_placement`)."""
+    """The pool as configured: workers, the router in front of them, where the placement
+    lives (None: beside the registry, `default_placement`)."""
 
     workers: tuple[WorkerSpec, ...]
     router: str | None = None
@@ -125,22 +115,22 @@ class PoolSpec:
     source: str = "flags"
 
     def __post_init__(self) -> None:
-        workers: object = self.workers
-        if not isinstance(workers, tuple | list) or not workers:
+        given: object = self.workers
+        if not isinstance(given, tuple | list) or not given:
             raise UsageError("a pool lists at least one worker")
-        if not all(isinstance(w, WorkerSpec) for w in workers):
+        if not all(isinstance(w, WorkerSpec) for w in given):
             raise UsageError("a pool's workers are WorkerSpec values")
-        object.__setattr__(self, "workers", tuple(workers))
-        if self.router is not None:
-            object.__setattr__(self, "router", worker_url(self.router, "router"))
         if self.placement_path is not None and not isinstance(self.placement_path, Path):
             raise UsageError("placement_path is a Path or None")
-        for a, b in combinations([w.url for w in self.workers], 2):
+        object.__setattr__(self, "workers", tuple(given))
+        if self.router is not None:
+            object.__setattr__(self, "router", worker_url(self.router, "router"))
+        urls = [w.url for w in self.workers]
+        for a, b in combinations(urls, 2):
             if same_worker(a, b):
                 raise UsageError(f"a worker is listed twice: {a} and {b} are one worker")
-        for w in self.workers:
-            if self.router is not None and same_worker(self.router, w.url):
-                raise UsageError(f"the router {self.router} is also listed as a worker")
+        if self.router is not None and any(same_worker(self.router, u) for u in urls):
+            raise UsageError(f"the router {self.router} is also listed as a worker")
 
     @property
     def pool_id(self) -> str:
@@ -152,7 +142,7 @@ class PoolSpec:
 def read_small(path: Path, what: str) -> bytes | None:
     """A small regular file the user named (None: it does not exist); else a UsageError."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not hang the open
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -180,22 +170,22 @@ def parse_pool_file(path: Path) -> PoolSpec:
     try:
         if not isinstance(data, dict):
             raise UsageError("the top level must be a table/object")
-        unknown = set(data) - {"router", "workers", "placement"}
-        if unknown:
-            raise UsageError(f"unknown field(s) {', '.join(sorted(unknown))}")
+        _known(data, {"router", "workers", "placement"}, "field")
         entries, placement = data.get("workers"), data.get("placement")
         if not isinstance(entries, list) or not entries:
             raise UsageError("`workers` must list at least one worker")
         if placement is not None and not isinstance(placement, str):
             raise UsageError("`placement` must be a path")
-        return PoolSpec(
-            workers=tuple(_worker_entry(e) for e in entries),
-            router=data.get("router"),  # type: ignore[arg-type]  # PoolSpec checks it
-            placement_path=path.parent / (placement or path.name + ".placement.json"),
-            source=str(path),
-        )
+        workers = tuple(_worker_entry(e) for e in entries)
+        at = path.parent / (placement or path.name + ".placement.json")
+        return PoolSpec(workers, data.get("router"), at, str(path))  # type: ignore[arg-type]
     except UsageError as exc:
         raise UsageError(f"pool file {path}: {exc}") from None
+
+
+def _known(table: Mapping[str, object], fields: set[str], what: str) -> None:
+    if unknown := set(table) - fields:
+        raise UsageError(f"unknown {what}(s) {', '.join(sorted(unknown))}")
 
 
 def _worker_entry(entry: object) -> WorkerSpec:
@@ -203,9 +193,7 @@ def _worker_entry(entry: object) -> WorkerSpec:
         return WorkerSpec(entry)
     if not isinstance(entry, dict):
         raise UsageError("each worker is a URL or a table with `url`")
-    unknown = set(entry) - {"url", "capacity"}
-    if unknown:
-        raise UsageError(f"unknown worker field(s) {', '.join(sorted(unknown))}")
+    _known(entry, {"url", "capacity"}, "worker field")
     return WorkerSpec(entry.get("url"), entry.get("capacity"))  # type: ignore[arg-type]
 
 
@@ -218,8 +206,7 @@ def pool_spec(
 ) -> PoolSpec:
     """The pool from `--worker` flags, else a pool file, else `PREFIXREG_WORKERS`;
     `router` (`--router`) overrides a pool file's router."""
-    env = os.environ if env is None else env
-    listed = env.get(WORKERS_ENV, "")
+    listed = (os.environ if env is None else env).get(WORKERS_ENV, "")
     if workers:
         spec = PoolSpec(tuple(WorkerSpec(u) for u in workers))
     elif pool_file is not None:
@@ -230,15 +217,13 @@ def pool_spec(
             raise UsageError(f"{WORKERS_ENV} has a blank entry: {listed!r}")
         spec = PoolSpec(tuple(WorkerSpec(u) for u in urls), source="env")
     else:
-        raise UsageError(
-            f"no pool: give --worker URL (repeated), --pool FILE, or set {WORKERS_ENV}"
-        )
+        raise UsageError(f"no pool: give --worker URL (repeated), --pool FILE, or {WORKERS_ENV}")
     return spec if router is None else replace(spec, router=router)
 
 
 def default_placement(registry_root: Path, pool_id: str) -> Path:
     """Where a pool from flags or the environment keeps its placement: beside the registry
-    it names heads of (`<registry>.pools/<pool id>.json`), so it follows the registry's
+    whose heads it names (`<registry>.pools/<pool id>.json`), so it follows the registry's
     location rule (`--registry`, `$PREFIXREG_HOME`, the XDG state directory)."""
     return registry_root.with_name(registry_root.name + ".pools") / f"{pool_id}.json"
 
@@ -248,9 +233,7 @@ def capacity_of(slots: int | None, survival: int | None = None, cap: int | None 
     room = slots if slots is not None and slots > 0 else 1
     if survival is not None:
         room = min(room, survival + 1)
-    if cap is not None:
-        room = min(room, cap)
-    return max(room, 0)
+    return max(room if cap is None else min(room, cap), 0)
 
 
 def routing_key(sha256: str, attempt: int = 0) -> str:
@@ -279,12 +262,6 @@ class PlacementPlan:
     refused: list[str] = field(default_factory=list)
     moved: list[str] = field(default_factory=list)
 
-    def load(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for url in self.assigned.values():
-            out[url] = out.get(url, 0) + 1
-        return out
-
 
 def place(
     shas: Iterable[str], capacity: Mapping[str, int], current: Mapping[str, str] | None = None
@@ -296,27 +273,24 @@ def place(
     `capacity`). A current placement that overloads its worker is `moved`; a head that
     fits nowhere is `refused`, and the heads listed first win.
     """
-    plan = PlacementPlan()
-    used = dict.fromkeys(capacity, 0)
+    plan, room, current = PlacementPlan(), dict(capacity), current or {}
     pending: list[str] = []
     for sha in dict.fromkeys(shas):
-        where = (current or {}).get(sha)
-        if where in used and used[where] < capacity[where]:
+        where = current.get(sha)
+        if where is not None and room.get(where, 0) > 0:
             plan.assigned[sha] = where
-            used[where] += 1
+            room[where] -= 1
         else:
-            if where is not None:
-                plan.moved.append(sha)
             pending.append(sha)
     for sha in pending:
-        best = max(used, key=lambda url: capacity[url] - used[url], default=None)
-        if best is None or capacity[best] - used[best] <= 0:
+        best = max(room, key=room.__getitem__, default=None)
+        if best is None or room[best] <= 0:
             plan.refused.append(sha)
-            if sha in plan.moved:
-                plan.moved.remove(sha)
             continue
         plan.assigned[sha] = best
-        used[best] += 1
+        room[best] -= 1
+        if sha in current:
+            plan.moved.append(sha)
     return plan
 
 
@@ -356,19 +330,15 @@ def load_placement(path: Path) -> tuple[dict[str, Assignment], list[str]]:
             a = _assignment(entry)
         except UsageError as exc:
             warnings.append(f"placement file {path}: entry {n} dropped ({exc})")
-            continue
-        out[a.sha256] = a
+        else:
+            out[a.sha256] = a
     return out, warnings
 
 
 def save_placement(path: Path, spec: PoolSpec, entries: Iterable[Assignment]) -> None:
     """Write the placement whole, durably (`registry.fsutil.replace_atomic`)."""
-    body = {
-        "format": PLACEMENT_FORMAT,
-        "version": 1,
-        "router": spec.router,
-        "workers": [w.url for w in spec.workers],
-        "entries": [a.to_dict() for a in sorted(entries, key=lambda a: a.sha256)],
-    }
+    body = {"format": PLACEMENT_FORMAT, "version": 1, "router": spec.router}
+    body["workers"] = [w.url for w in spec.workers]
+    body["entries"] = [a.to_dict() for a in sorted(entries, key=lambda a: a.sha256)]
     path.parent.mkdir(parents=True, exist_ok=True)
     replace_atomic(path, dumps_pretty(body))

@@ -23,6 +23,7 @@ kept placement.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Final
@@ -116,18 +117,17 @@ def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None)
     its worker.
 
     Raises:
-        UsageError: not a sequence of heads, or the registry is a mirror (nothing sent).
+        UsageError: not a list of heads, or the registry is a mirror (nothing sent).
     """
     given: object = heads
     if not isinstance(given, list | tuple) or not all(isinstance(h, Prefix | Frame) for h in given):
-        raise UsageError("warm_pool takes a sequence of Prefix or Frame (Registry.head)")
+        raise UsageError("warm_pool takes a list of Prefix or Frame (Registry.head)")
     say = progress or (lambda _msg: None)
     pool.registry.refuse_on_mirror("record measurements")
     pool.heads.update((h.sha256, h) for h in heads)
     asked = list(dict.fromkeys(h.sha256 for h in heads))
-    states = pool.survey()
-    report = PoolReport(states, pool.spec.router, asked=asked, warnings=list(pool.warnings))
-    capacity = {w.url: w.capacity for w in states if w.error is None}
+    report = PoolReport(pool.survey(), pool.spec.router, asked=asked, warnings=pool.warnings)
+    capacity = {w.url: w.capacity for w in report.workers if w.error is None}
     kept = [sha for sha in pool.placement if sha not in asked]
     current = {sha: a.worker for sha, a in pool.placement.items()}
     plan = place([*kept, *asked], capacity, current)
@@ -137,20 +137,15 @@ def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None)
             f"{sha[:12]} refused: the pool keeps {sum(capacity.values())} heads and they are "
             "taken (nothing was sent; add a worker or drop a head)"
         )
-    load: dict[str, int] = dict.fromkeys(capacity, 0)
     placed: dict[str, Assignment] = {}
     for sha, url in plan.assigned.items():
         old = pool.placement.get(sha)
         if old is not None and old.worker == url:
             placed[sha] = old
-            load[url] += 1
-    for sha, url in plan.assigned.items():
-        if sha in placed:
-            continue
-        if pool.router is None:
+        elif pool.router is None:
             placed[sha] = Assignment(sha, url, routing_key(sha))
-            load[url] += 1
-            continue
+    load = Counter(a.worker for a in placed.values())
+    for sha in [s for s in plan.assigned if s not in placed]:  # through the router
         old = pool.placement.get(sha)
         start = 0 if old is None else _attempt_of(old.key) + 1
         got = _route_first_call(pool, sha, start, capacity, load, report, say)
@@ -173,7 +168,7 @@ def _route_first_call(
     sha: str,
     start: int,
     capacity: dict[str, int],
-    load: dict[str, int],
+    load: Counter[str],
     report: PoolReport,
     say: Say,
 ) -> Assignment | None:
@@ -192,7 +187,7 @@ def _route_first_call(
                 "/cache, or other traffic); not placed"
             )
             return None
-        if load.get(where, 0) < capacity.get(where, 0):
+        if load[where] < capacity.get(where, 0):
             say(f"{sha[:12]} -> {where} (router key {key})")
             return Assignment(sha, where, key)
         report.notes.append(
