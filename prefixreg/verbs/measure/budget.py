@@ -1,19 +1,14 @@
-"""The keeper's budget: how much foreign activity a just-used head survives.
-
-The budget is counted in the unit the server's counter offers: `stores` (Halogen's `/cache`),
-`prompts` (llama.cpp's `/slots` or `/metrics`), else `seconds`. Its source, in order:
-`--budget`; the latest `probe --survival` receipt for the same server build; `/cache`
-`max_entries` less the entries one request stores (stores), or 1 prompt (prompts); else a
-time interval.
-
-On llama.cpp the default is 1 prompt, a re-warm after every foreign prompt, not
-`total_slots - 1`: slot choice also follows prompt similarity, a unified KV buffer (`-kvu`)
-lets a long prompt crowd others out, and a re-warm costs only the fresh tail (~25 tokens)
-while a miss costs the whole prefill; `probe --survival` measures the real number.
+"""The keeper's budget: how much foreign activity a just-used head survives, in the unit the
+server's counter offers: `stores` (Halogen `/cache`), `prompts` (llama.cpp `/slots` or
+`/metrics`), else `seconds`. Its source, in order: `--budget`; the latest `probe --survival`
+for the same build; `max_entries` less the entries one request stores, or 1 prompt; else a
+time interval. On llama.cpp 1 prompt, not `total_slots - 1`: slot choice follows prompt
+similarity, a unified KV buffer lets a long prompt crowd others out, and a re-warm costs
+~25 tokens while a miss costs the whole prefill (`probe --survival` measures the truth).
 
 Invariants:
-- A probe receipt counts only for the exact build it measured (`build_id`), and only when
-  its survival is a verified number (an unverified survival is never a budget).
+- A probe receipt counts only for the exact build it measured, and only when its survival
+  is a verified number (an unverified survival is never a budget).
 - A stores budget never drops below what one request stores; the other kept heads'
   entries are taken off it, since they live in the same LRU.
 - Pure policy: it reads receipts through the store's public API and writes nothing.
@@ -101,9 +96,7 @@ def budget_for(
     kept: int = 1,
 ) -> Budget:
     """The budget for `kept` heads kept at once (see the module docstring for the order)."""
-    counted = counters is not None or prompt_counter is not None
-    ask = registry is not None and budget is None and counted
-    found = latest_survival(registry, build) if registry is not None and ask else None
+    found = latest_survival(registry, build) if registry is not None and budget is None else None
     if counters is None and prompt_counter is not None:
         if budget is not None:
             return Budget(budget, "prompts", 1, "--budget", prompt_counter)

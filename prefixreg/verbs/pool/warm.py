@@ -1,24 +1,18 @@
-"""`pool warm` and `pool doctor`: put heads (prefixes or frames) on a pool and prove each
-one resident on the worker that holds it.
+"""`pool warm` and `pool doctor`: heads (prefixes or frames) on a pool, each proven resident
+on the worker that holds it.
 
-`warm_pool`:
-1. survey the workers (build, size, measured survival, capacity) and plan (`place`): heads
-   already placed keep their worker while it has room; what fits nowhere is refused before
-   anything is sent (never evicting a resident head to make room);
-2. with a router, send each new head's first call through it with its routing key
-   (`x-smg-routing-key`: the sha) and trace the worker that served it (`served_marks`; the
-   router hides its workers). A key that lands on a full worker is re-keyed (`<sha>.1`,
-   ...; at most `MAX_REKEY` tries);
-3. prove, per worker: a fresh-tail check of each head *directly* on its worker (`warm`,
-   so the measurement is bound to that worker's build); a head not resumed is warmed there,
-   and the worker's round repeats until a round prefills nothing, at most `PROOF_ROUNDS`.
+`warm_pool`: survey the workers and plan (`place`): placed heads keep their worker while it
+has room, what fits nowhere is refused before anything is sent. With a router, each new
+head's first call goes through it with its routing key and the serving worker is traced
+(`served_marks`); a key that lands on a full worker is re-keyed (at most `MAX_REKEY`
+tries). Then, per worker, rounds of fresh-tail checks *directly* on it (`warm`, check
+alone: the measurement is bound to that worker's build); a check that misses prefills, so
+warms, its head, and the rounds repeat until one prefills nothing (at most `PROOF_ROUNDS`).
 
-A head is resident (`judge_resident`) only when its proof resumed and nothing prefilled on
-its worker after it (a warm, or a check that missed, may evict a head proven earlier in the
-round); one that is not is reported unproven and exit 1. Only resident heads stay in the
-kept placement.
-
-`doctor_pool` proves the kept placement once (no warm) and flags builds that differ.
+Invariants: a head is resident (`judge_resident`) only when its proof resumed and nothing
+prefilled on its worker after it (a missed check may evict a head proven earlier); any
+other is reported unproven (exit 1) and dropped from the kept placement. `doctor_pool`
+proves the kept placement once, warms nothing, and flags builds that differ.
 """
 
 from __future__ import annotations
