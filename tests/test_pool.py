@@ -523,6 +523,11 @@ def test_the_pool_api_refuses_wrong_types_and_values_with_its_own_errors(
         lambda: Pool(spec, registry, timeout=math.nan),
         lambda: Pool(spec, registry, read_timeout=-1),
         lambda: pool_spec([123], env={}),  # type: ignore[list-item]
+        lambda: pool_spec("http://127.0.0.1:1", env={}),
+        lambda: pool_spec(123, env={}),  # type: ignore[arg-type]
+        lambda: parse_pool_file(123),  # type: ignore[arg-type]
+        lambda: doctor_pool("pool"),  # type: ignore[arg-type]
+        lambda: warm_pool("pool", []),  # type: ignore[arg-type]
     ]
     for call in bad:
         with pytest.raises(PrefixregError):

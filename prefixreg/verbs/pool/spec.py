@@ -157,8 +157,12 @@ def read_small(path: Path, what: str) -> bytes | None:
     return data
 
 
-def parse_pool_file(path: Path) -> PoolSpec:
+def parse_pool_file(path: Path | str) -> PoolSpec:
     """Read a pool file (TOML when it ends in `.toml`, else JSON); a bad one is a UsageError."""
+    given: object = path
+    if not isinstance(given, Path | str):
+        raise UsageError(f"a pool file is a path, not {type(given).__name__}")
+    path = Path(path)
     raw = read_small(path, "pool file")
     if raw is None:
         raise UsageError(f"cannot read pool file {path}: no such file")
@@ -200,13 +204,15 @@ def _worker_entry(entry: object) -> WorkerSpec:
 def pool_spec(
     workers: Sequence[str] = (),
     *,
-    pool_file: Path | None = None,
+    pool_file: Path | str | None = None,
     router: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> PoolSpec:
     """The pool from `--worker` flags, else a pool file, else `PREFIXREG_WORKERS`;
     `router` (`--router`) overrides a pool file's router."""
     listed = (os.environ if env is None else env).get(WORKERS_ENV, "")
+    if isinstance(workers, str | bytes) or not isinstance(workers, Sequence):
+        raise UsageError(f"workers is a list of URLs, not {type(workers).__name__}")
     if workers:
         spec = PoolSpec(tuple(WorkerSpec(u) for u in workers))
     elif pool_file is not None:

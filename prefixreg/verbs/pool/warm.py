@@ -116,6 +116,7 @@ def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None)
     given: object = heads
     if not isinstance(given, list | tuple) or not all(isinstance(h, Prefix | Frame) for h in given):
         raise UsageError("warm_pool takes a list of Prefix or Frame (Registry.head)")
+    _check(pool)
     say = progress or (lambda _msg: None)
     pool.registry.refuse_on_mirror("record measurements")
     pool.heads.update((h.sha256, h) for h in heads)
@@ -150,6 +151,11 @@ def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None)
     pool.placement = {p.sha256: placed[p.sha256] for p in report.proofs if p.resident}
     pool.save()
     return report
+
+
+def _check(pool: object) -> None:
+    if not isinstance(pool, Pool):
+        raise UsageError(f"a Pool, not {type(pool).__name__}")
 
 
 def _attempt_of(key: str) -> int:
@@ -247,6 +253,7 @@ def _prove(
 def doctor_pool(pool: Pool, *, prove: bool = True) -> PoolReport:
     """Each worker's build, size and capacity, and (with `prove`) one fresh-tail check of
     every head the kept placement puts on it. Flags builds that differ."""
+    _check(pool)
     report = PoolReport(pool.survey(), pool.spec.router, warnings=list(pool.warnings))
     if report.builds_differ:
         ids = sorted({w.build_id for w in report.workers if w.build_id})
