@@ -1,8 +1,6 @@
 """A pool of workers (optionally behind a router): who they are, what each keeps, where each
-head lives.
-
-Where a pool comes from, first match wins: `--worker URL` repeated, a pool file (`--pool
-FILE`: TOML if it ends in `.toml`, else JSON), `PREFIXREG_WORKERS` (comma-separated URLs):
+head lives. A pool comes from `--worker URL` repeated, else a pool file (`--pool FILE`: TOML
+if it ends in `.toml`, else JSON), else `PREFIXREG_WORKERS` (comma-separated URLs):
 
     router = "http://127.0.0.1:30000"      # optional: sglang-router in front of the workers
     placement = "pool.placement.json"     # optional; default <pool file>.placement.json
@@ -10,17 +8,12 @@ FILE`: TOML if it ends in `.toml`, else JSON), `PREFIXREG_WORKERS` (comma-separa
     url = "http://127.0.0.1:8080"
     capacity = 1                          # optional: keep at most this many heads here
 
-A worker's capacity (`capacity_of`): its slots (llama.cpp `total_slots`) or its LRU's
-entries over the entries one request stores (Halogen `max_entries`), capped by the latest
-`probe --survival` for that build (k heads used in turn each see k-1 foreign prompts: k <=
-survival + 1) and by the pool file's `capacity`; 1 when nobody reports a size.
-
 Invariants:
 - A worker is one identity: scheme, resolved host, port, path without `/v1` (`U` and
   `U/v1`, `localhost` and `127.0.0.1`, `:019102` and `:19102` are one). Two spellings of one
   worker, no worker, a blank entry or user info in a URL are refused (`UsageError`).
-- `place` never puts more heads on a worker than its capacity; what fits nowhere is
-  `refused`, and nothing is sent for it.
+- `place` never puts more heads on a worker than its capacity (`capacity_of`); what fits
+  nowhere is `refused`, and nothing is sent for it.
 - A head's routing key is its sha (`x-smg-routing-key`), `<sha>.<n>` once re-keyed. The
   placement (head -> worker, key, build) is a JSON file outside the registry, written whole
   by the registry's durable writer; an entry that does not parse is dropped with a warning,
@@ -235,7 +228,10 @@ def default_placement(registry_root: Path, pool_id: str) -> Path:
 
 
 def capacity_of(slots: int | None, survival: int | None = None, cap: int | None = None) -> int:
-    """How many heads a worker keeps resident at once (module docstring)."""
+    """How many heads a worker keeps resident at once: its slots (llama.cpp `total_slots`,
+    or Halogen's `max_entries` over the entries one request stores; 1 when nobody says),
+    capped by its measured survival (k heads used in turn each see k-1 foreign prompts: k
+    <= survival + 1) and by the pool file's `capacity`."""
     room = slots if slots is not None and slots > 0 else 1
     if survival is not None:
         room = min(room, survival + 1)
