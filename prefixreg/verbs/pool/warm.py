@@ -121,7 +121,7 @@ def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None)
     pool.registry.refuse_on_mirror("record measurements")
     pool.heads.update((h.sha256, h) for h in heads)
     asked = list(dict.fromkeys(h.sha256 for h in heads))
-    report = PoolReport(pool.survey(), pool.spec.router, asked=asked, warnings=pool.warnings)
+    report = PoolReport(pool.survey(), pool.spec.router, asked=asked, warnings=list(pool.warnings))
     capacity = {w.url: w.capacity for w in report.workers if w.error is None}
     kept = [sha for sha in pool.placement if sha not in asked]
     current = {sha: a.worker for sha, a in pool.placement.items()}
