@@ -97,7 +97,7 @@ def run_policy(
             with Pool(spec, reg, timeout=30.0) as pool:
                 started = time.perf_counter()
                 before = _prefilled(workers)
-                report = warm_pool(pool, shas)
+                report = warm_pool(pool, [reg.head(sha) for sha in shas])
                 # The warm's prefill (tokens the workers computed, not resumed), from
                 # llama.cpp's own /metrics counter.
                 warm = Tally(prompt=_prefilled(workers) - before)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import subprocess
 import sys
@@ -9,10 +10,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
+from prefixreg.core.errors import UsageError
 from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
@@ -21,7 +24,7 @@ from prefixreg.verbs.keepalive.run import KeepAlive
 from prefixreg.verbs.loop import LoopStats
 from prefixreg.verbs.probe.run import ProbeOptions, run_probe
 from tests.conftest import run_cli
-from tests.fakeserver import FakeServer, Reply
+from tests.fakeserver import FakeServer, Reply, Request
 
 SYSTEM = "You are the coding loop's agent. Read, change, test, report.\n" * 60
 ROOT = Path(__file__).resolve().parent.parent
@@ -472,3 +475,97 @@ def test_a_failing_callback_stops_the_thread_with_a_reason(sim: SimServer, reg: 
     assert not keeper.alive
     assert summary.stopped_because == "RuntimeError: callback broke"
     assert not summary.stopped_by_worker
+
+
+def _generic_fake(srv: FakeServer, cached: list[int], prompt: int = 1375) -> None:
+    """A server without /cache whose re-warms come back with `cached` tokens, in turn."""
+    left = list(cached)
+
+    def chat(_req: Request) -> Reply:
+        n = left.pop(0) if len(left) > 1 else left[0]
+        usage = {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1}
+        usage["prompt_tokens_details"] = {"cached_tokens": n}  # type: ignore[assignment]
+        msg = {"index": 0, "message": {"role": "assistant", "content": "ok"}}
+        return Reply(json={"choices": [msg], "usage": usage})
+
+    srv.route("GET", "/v1/models", Reply(json={"data": [{"id": "m"}]}))
+    srv.route("POST", "/v1/chat/completions", chat)
+
+
+def test_a_partial_rewarm_is_not_kept_and_is_counted_as_partial(reg: Registry) -> None:
+    # Issue 20 case 6: 5 of 9 re-warms came back 9 of 1,375 tokens; the summary said "0 cold".
+    with FakeServer() as srv:
+        _generic_fake(srv, [0, 1360, 9, 1360, 9, 9, 1360, 9, 9])
+        with Worker(srv.url) as w:
+            keeper = KeepAlive(w, [reg.get("loop")], registry=reg, interval_s=0.001)
+            for _ in range(9):
+                time.sleep(0.002)
+                keeper.step()
+    s = keeper.summary
+    assert [r.verdict for r in keeper.history].count("partial") == 5
+    assert (s.rewarms, s.kept, s.resumed, s.partial, s.cold) == (9, 3, 3, 5, 1)
+    assert s.tokens_saved == 3 * 1360
+    assert "3 kept (resumed), 6 not kept (5 partial, 1 cold)" in str(s)
+    assert s.to_dict()["kept"] == 3 and s.to_dict()["partial"] == 5
+    bodies = [m.body for m in reg.measurements() if m.kind == "keepalive"]
+    assert [b["verdict"] for b in bodies].count("partial") == 5
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--poll", "nan"),
+        ("--poll", "inf"),
+        ("--poll", "0"),
+        ("--interval", "nan"),
+        ("--interval", "inf"),
+        ("--interval", "-1"),
+        ("--duration", "0"),
+    ],
+)
+def test_cli_keepalive_refuses_an_interval_that_would_spin_or_never_fire(
+    sim: SimServer, reg: Registry, args: tuple[str, str]
+) -> None:
+    res = run_cli(
+        *("keepalive", "loop", "--worker", sim.url, "--registry", str(reg.root)),
+        *("--duration", "0.3", *args),
+    )
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert b"Traceback" not in res.stderr and len(res.stderr.splitlines()) <= 2
+    assert not [r for r in sim.requests() if r.method == "POST"]
+
+
+def test_keepalive_api_refuses_wrong_types_and_values_before_sending(
+    sim: SimServer, reg: Registry
+) -> None:
+    p = reg.get("loop")
+    with Worker(sim.url) as w:
+        bad: list[dict[str, Any]] = [
+            {"poll_s": math.nan},
+            {"poll_s": -1},
+            {"poll_s": "x"},
+            {"poll_s": math.inf},
+            {"interval_s": -1},
+            {"interval_s": math.nan},
+            {"budget": 0},
+            {"budget": True},
+            {"budget": 1.5},
+            {"registry": "reg"},
+            {"on_rewarm": 1},
+        ]
+        for kwargs in bad:
+            with pytest.raises(UsageError):
+                KeepAlive(w, [p], **kwargs)
+        for heads in ("s", [p.sha256], [], None, [None]):
+            with pytest.raises(UsageError):
+                KeepAlive(w, heads)  # type: ignore[arg-type]
+        with pytest.raises(UsageError):
+            KeepAlive(sim.url, [p])  # type: ignore[arg-type]
+        assert sim.requests() == []  # refused before anything was sent
+        keeper = KeepAlive(w, [p])
+        for duration in (math.nan, math.inf, 0, -1, "x"):
+            with pytest.raises(UsageError):
+                keeper.run(duration_s=duration)  # type: ignore[arg-type]
+        with pytest.raises(UsageError):
+            keeper.touch(None)  # type: ignore[arg-type]
+    assert keeper.summary.polls == 0

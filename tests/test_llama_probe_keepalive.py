@@ -243,3 +243,21 @@ def test_cli_keepalive_on_llamacpp_counts_prompts(
     assert out["rewarms"] == 1  # the first warm; no foreign prompt since, so no other
     (m,) = [m for m in loop_reg.measurements() if m.kind == "keepalive"]
     assert m.body["since_prompts"] is None and m.build.profile == "llamacpp"
+
+
+def test_pool_on_llamacpp_refuses_two_spellings_of_one_worker_and_proves_what_it_keeps(
+    llama_server_small_cache: PeerServer, loop_reg: Registry
+) -> None:
+    # Issue 20 case 2: `--worker U --worker U/v1` counted a 2-slot server twice (capacity 4).
+    url, root = llama_server_small_cache.url, str(loop_reg.root)
+    res = run_cli(
+        "pool", "warm", "loop", "--worker", url, "--worker", f"{url}/v1", "--registry", root
+    )
+    assert res.returncode == 2 and b"listed twice" in res.stderr, res.stderr
+    llama_server_small_cache.erase_slots()
+    res = run_cli("pool", "warm", "loop", "--worker", url, "--registry", root, "--json")
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert out["capacity"] == 2 and [h["resident"] for h in out["workers"][0]["holds"]] == [True]
+    check = run_cli("warm", "loop", "--check-only", "--worker", url, "--registry", root)
+    assert check.returncode == 0, check.stdout

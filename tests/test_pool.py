@@ -3,14 +3,19 @@ placement file, and `pool warm` / `worker_for` against two loopback simulators."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
-from prefixreg.core.errors import UsageError
+from prefixreg.core.errors import PrefixregError, UsageError
 from prefixreg.core.prefix import fresh_tail
+from prefixreg.registry.frames import write_frame
 from prefixreg.registry.store import Registry
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.pool.live import Pool, served_by
@@ -21,6 +26,7 @@ from prefixreg.verbs.pool.spec import (
     PoolSpec,
     WorkerSpec,
     capacity_of,
+    default_placement,
     load_placement,
     parse_pool_file,
     place,
@@ -30,6 +36,8 @@ from prefixreg.verbs.pool.spec import (
 )
 from prefixreg.verbs.pool.warm import doctor_pool, warm_pool
 from tests.conftest import run_cli
+from tests.fakeserver import FakeServer, Reply, Request
+from tests.test_frames import TOOLS
 
 A, B, C, D, E = (c * 64 for c in "abcde")
 
@@ -96,9 +104,8 @@ def test_flags_win_over_a_pool_file_which_wins_over_the_environment(tmp_path: Pa
     from_env = pool_spec(env=env, router="http://r:9")
     assert [w.url for w in from_env.workers] == ["http://env:1", "http://env:2"]
     assert from_env.router == "http://r:9"
-    # Without a pool file the placement lives in the state dir, one file per pool.
-    assert from_env.placement_path is not None
-    assert from_env.placement_path.name == f"{from_env.pool_id}.json"
+    # Without a pool file the placement lives beside the registry (Pool), one file per pool.
+    assert from_env.placement_path is None
     with pytest.raises(UsageError, match="no pool"):
         pool_spec(env={})
 
@@ -117,7 +124,7 @@ def test_capacity_is_slots_capped_by_measured_survival_and_by_the_pool_file() ->
 
 def test_place_never_exceeds_a_workers_capacity_and_refuses_what_does_not_fit() -> None:
     plan = place([A, B, C, D], {"w1": 2, "w2": 1})
-    assert plan.load() == {"w1": 2, "w2": 1}
+    assert Counter(plan.assigned.values()) == {"w1": 2, "w2": 1}
     assert plan.refused == [D]  # the prefixes listed first win; nothing evicted for D
     assert set(plan.assigned) == {A, B, C}
 
@@ -134,7 +141,7 @@ def test_place_keeps_current_placements_and_moves_only_the_overload() -> None:
 
 def test_place_spreads_new_prefixes_over_the_worker_with_most_room() -> None:
     plan = place([A, B, C, D], {"w1": 2, "w2": 2})
-    assert plan.load() == {"w1": 2, "w2": 2}
+    assert Counter(plan.assigned.values()) == {"w1": 2, "w2": 2}
     assert plan.assigned[A] != plan.assigned[B]
 
 
@@ -152,11 +159,12 @@ def test_served_by_names_the_one_worker_whose_mark_moved() -> None:
 def test_the_placement_file_round_trips_and_a_foreign_file_is_refused(tmp_path: Path) -> None:
     spec = PoolSpec((WorkerSpec("http://h:1"),), placement_path=tmp_path / "p.json")
     save_placement(tmp_path / "p.json", spec, [Assignment(A, "http://h:1", f"{A}.1", "b" * 16)])
-    assert load_placement(tmp_path / "p.json") == {
-        A: Assignment(A, "http://h:1", f"{A}.1", "b" * 16)
-    }
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".placement-")]
-    assert load_placement(tmp_path / "missing.json") == {}
+    assert load_placement(tmp_path / "p.json") == (
+        {A: Assignment(A, "http://h:1", f"{A}.1", "b" * 16)},
+        [],
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["p.json"]  # no temp file left
+    assert load_placement(tmp_path / "missing.json") == ({}, [])
     (tmp_path / "bad.json").write_bytes(b'{"format": "other"}')
     with pytest.raises(UsageError, match="not a prefixreg placement"):
         load_placement(tmp_path / "bad.json")
@@ -186,7 +194,7 @@ def test_pool_warm_places_within_capacity_proves_each_and_worker_for_finds_it(
     pool_file.write_bytes(orjson.dumps({"workers": workers}))
     spec = pool_spec(pool_file=pool_file, env={})
     with Pool(spec, registry) as pool:
-        report = warm_pool(pool, shas[:4])
+        report = warm_pool(pool, [registry.head(s) for s in shas[:4]])
         assert report.ok, report.to_dict()
         # /cache max_entries 16 over 2 entries a request: 8; the pool file caps it at 2.
         assert [(w.slots, w.capacity) for w in report.workers] == [(8, 2), (8, 2)]
@@ -197,7 +205,7 @@ def test_pool_warm_places_within_capacity_proves_each_and_worker_for_finds_it(
             assert pool.headers_for(sha) == {ROUTING_KEY_HEADER: sha}
             _, ev = pool.chat(sha, fresh_tail(), max_tokens=1, temperature=0)
             assert ev.cache_state == "reused"
-        fifth = warm_pool(pool, [shas[4]])
+        fifth = warm_pool(pool, [registry.head(shas[4])])
         assert fifth.refused == [shas[4]] and not fifth.ok
         with pytest.raises(UsageError, match="not placed"):
             pool.worker_for(shas[4])
@@ -228,7 +236,7 @@ def test_pool_cli_warm_doctor_status_and_exit_codes(sims: list[SimServer], tmp_p
     assert b"refused" in res.stdout
     res = run_cli("pool", "doctor", *common)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count(b"RESUMED") == 2 and b"p0" in res.stdout
+    assert res.stdout.count(b"RESIDENT") == 2 and b"p0" in res.stdout
     res = run_cli("pool", "status", *common, "--json")
     assert res.returncode == 0 and len(orjson.loads(res.stdout)["placement"]) == 2
     res = run_cli("pool", "doctor", "--registry", str(reg))
@@ -269,7 +277,8 @@ def test_a_prefix_asked_for_but_never_proven_is_not_ok() -> None:
     sha_a, sha_b = "a" * 64, "b" * 64
 
     def proof(sha: str, verdict: str) -> Proof:
-        return Proof(sha, "http://127.0.0.1:1", sha, verdict, 100, 90, "0" * 16)
+        resident = verdict == "resumed"
+        return Proof(sha, "http://127.0.0.1:1", sha, verdict, resident, "", 100, 90, "0" * 16)
 
     # The router's placement of b could not be traced: no proof for it at all.
     report = PoolReport(workers=[], router=None, asked=[sha_a, sha_b])
@@ -280,3 +289,253 @@ def test_a_prefix_asked_for_but_never_proven_is_not_ok() -> None:
     report.proofs[1] = proof(sha_b, "unverified")
     oks.append(report.ok)
     assert oks == [False, True, False] and report.unverified
+
+
+# ---------------------------------------------------------------- issue 20: resident means resident
+
+
+def _brief(i: int) -> str:
+    return f"System brief q{i}: " + "ledger harbor quartz violet meadow copper " * 400
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_pool_warm_on_the_default_simulator_is_ok_only_if_every_head_checks_resumed_after(
+    n: int, tmp_path: Path
+) -> None:
+    # The default simulator (8-entry LRU, 2 entries a request; only faster) says it keeps 4.
+    reg = str(tmp_path / "reg")
+    names = [f"q{i}" for i in range(n)]
+    for i, name in enumerate(names):
+        Registry(tmp_path / "reg").add(_brief(i), name=name)
+    with SimServer(SimConfig(speed=8000)) as sim:
+        res = run_cli("pool", "warm", *names, "--worker", sim.url, "--registry", reg, "--json")
+        out = orjson.loads(res.stdout)
+        after = [
+            run_cli("warm", name, "--check-only", "--worker", sim.url, "--registry", reg)
+            for name in names
+        ]
+    holds = out["workers"][0]["holds"]
+    assert out["capacity"] == 4 and len(holds) == n
+    if n <= 3:  # a proof stands only when nothing prefilled after it: all stand
+        assert res.returncode == 0 and out["ok"], res.stderr
+        assert all(h["resident"] and h["verdict"] == "resumed" for h in holds)
+        assert [c.returncode for c in after] == [0] * n, [c.stdout for c in after]
+    else:  # four never stop evicting each other here: said, never claimed
+        assert res.returncode == 1 and not out["ok"]
+        assert not all(h["resident"] for h in holds)
+        assert any(c.returncode == 1 for c in after)
+
+
+def _one_slot_llamacpp(srv: FakeServer) -> None:
+    """A llama.cpp-shaped server whose /props says 3 slots but whose cache holds 1 prompt."""
+    held: list[object] = [None]
+    props = {
+        "build_info": "b1-liar",
+        "model_path": "/m.gguf",
+        "total_slots": 3,
+        "default_generation_settings": {"n_ctx": 65536},
+        "chat_template": "{{ messages }}",
+    }
+    srv.route("GET", "/health", Reply(json={"status": "ok"}))
+    srv.route("GET", "/props", Reply(json=props))
+    srv.route("GET", "/slots", Reply(status=501, json={"error": {"message": "no slots"}}))
+
+    def chat(req: Request) -> Reply:
+        system, tail = (m["content"] for m in req.json["messages"])
+        head = len(system) // 4
+        prompt = head + len(tail) // 4 + 8
+        cached = head if held[0] == system else 0
+        held[0] = system
+        usage = {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1}
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}  # type: ignore[assignment]
+        msg = {"index": 0, "message": {"role": "assistant", "content": "ok"}}
+        return Reply(json={"choices": [msg], "usage": usage})
+
+    srv.route("POST", "/v1/chat/completions", chat)
+
+
+def test_a_server_whose_props_promise_three_slots_but_hold_one_is_not_called_ok(
+    tmp_path: Path,
+) -> None:
+    reg = Registry(tmp_path / "reg")
+    heads = [reg.head(reg.add(_brief(i))) for i in range(3)]
+    with FakeServer() as srv:
+        _one_slot_llamacpp(srv)
+        spec = pool_spec([srv.url], env={})
+        with Pool(spec, reg) as pool:
+            report = warm_pool(pool, heads)
+            assert [w.capacity for w in report.workers] == [3]
+            assert not report.ok and not any(p.resident for p in report.proofs)
+            assert pool.placement == {}  # only resident heads are kept
+        one = warm_pool(Pool(spec, reg), heads[:1])  # one head fits: its second check resumes
+    assert one.ok and [p.resident for p in one.proofs] == [True]
+
+
+# ---------------------------------------------------------------- issue 20: one worker identity
+
+
+def test_two_spellings_of_one_worker_are_refused_everywhere_and_nothing_is_sent(
+    tmp_path: Path,
+) -> None:
+    reg = str(tmp_path / "reg")
+    Registry(tmp_path / "reg").add(_brief(0), name="q0")
+    with SimServer(SimConfig(speed=8000)) as sim:
+        port = sim.url.rsplit(":", 1)[1]
+        twins = [
+            f"{sim.url}/v1",
+            f"{sim.url}/v1/",
+            f"http://localhost:{port}",
+            f"http://127.0.0.1:0{port}",
+            f"HTTP://127.0.0.1:{port}/",
+        ]
+        for twin in twins:
+            res = run_cli(
+                "pool", "warm", "q0", "--worker", sim.url, "--worker", twin, "--registry", reg
+            )
+            assert res.returncode == 2 and b"listed twice" in res.stderr, (twin, res.stderr)
+            env = {WORKERS_ENV: f"{sim.url},{twin}"}
+            res = run_cli("pool", "status", "--registry", reg, env=env)
+            assert res.returncode == 2 and b"listed twice" in res.stderr, (twin, res.stderr)
+            path = tmp_path / "pool.json"
+            path.write_bytes(orjson.dumps({"workers": [sim.url, {"url": twin, "capacity": 1}]}))
+            with pytest.raises(UsageError, match="listed twice"):
+                parse_pool_file(path)
+        res = run_cli(
+            "pool", "status", "--worker", sim.url, "--router", f"http://localhost:{port}/v1"
+        )
+        assert res.returncode == 2 and b"also listed as a worker" in res.stderr
+        assert sim.requests() == []
+    # Distinct workers stay distinct: another port, another path, another scheme.
+    spec = pool_spec(["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:1/x"])
+    assert [w.url for w in spec.workers][2] == "http://127.0.0.1:1/x"
+    assert pool_spec(["https://127.0.0.1:1", "http://127.0.0.1:1"], env={}).pool_id
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [(" , ,", "blank entry"), ("http://127.0.0.1:1,,http://127.0.0.1:2", "blank entry")],
+)
+def test_a_blank_worker_list_is_refused(value: str, says: str, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=says):
+        pool_spec(env={WORKERS_ENV: value})
+    res = run_cli("pool", "status", "--registry", str(tmp_path / "reg"), env={WORKERS_ENV: value})
+    assert res.returncode == 2 and says.encode() in res.stderr
+
+
+def test_user_info_in_a_worker_url_is_refused_never_written_to_the_placement() -> None:
+    with pytest.raises(UsageError, match="no user info"):
+        WorkerSpec("http://alice:secret@127.0.0.1:1")
+
+
+# ---------------------------------------------------------------- issue 21: heads, one state rule
+
+
+def test_pool_warm_takes_a_frame_and_keeps_its_placement_beside_the_registry(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home-reg"
+    reg = Registry(home)
+    reg.add(_brief(0), name="system")
+    write_frame(
+        reg, "system", tools=json.dumps(TOOLS), settings={"tool_choice": "auto"}, name="loop"
+    )
+    frame = reg.head("loop")
+    with SimServer(SimConfig(speed=8000)) as sim:
+        env = {"PREFIXREG_HOME": str(home)}
+        res = run_cli("pool", "warm", "loop", "--worker", sim.url, "--json", env=env)
+        assert res.returncode == 0, res.stderr
+        (held,) = orjson.loads(res.stdout)["workers"][0]["holds"]
+        assert held["sha256"] == frame.sha256 and held["resident"]
+        spec = pool_spec([sim.url], env={})
+        placement = tmp_path / "home-reg.pools" / f"{spec.pool_id}.json"
+        assert [p.name for p in placement.parent.iterdir()] == [placement.name]  # no temp
+        with Pool(spec, reg) as pool:
+            assert pool.placement_path == placement and list(pool.placement) == [frame.sha256]
+            _, ev = pool.chat(frame, fresh_tail(), max_tokens=1)
+            assert ev.cache_state == "reused" and pool.worker_for("loop").url == sim.url
+    assert not (tmp_path / "xdg-state").exists()  # not the pool's own state directory
+
+
+# ---------------------------------------------------------------- issue 22: stale and corrupt state
+
+
+def test_a_placement_naming_a_pruned_head_or_a_corrupt_entry_is_dropped_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "reg"
+    reg = Registry(root)
+    kept = reg.add(_brief(0), name="q0")
+    gone = reg.add(_brief(1))
+    with SimServer(SimConfig(speed=8000)) as sim:
+        common = ("--worker", sim.url, "--registry", str(root))
+        assert run_cli("pool", "warm", "q0", gone, *common).returncode == 0
+        # What `gc --prune-unnamed` does to an unnamed object (once its measurements age).
+        reg.object_path(gone).unlink()
+        reg.meta_path(gone).unlink()
+        path = default_placement(root, pool_spec([sim.url], env={}).pool_id)
+        body = orjson.loads(path.read_bytes())
+        assert {e["sha256"] for e in body["entries"]} == {kept, gone}
+        body["entries"] += [{"sha256": "zz"}, 7, {"sha256": kept[:12], "worker": sim.url}]
+        path.write_bytes(orjson.dumps(body))
+        res = run_cli("pool", "warm", "q0", *common, "--json")
+        assert res.returncode == 0, res.stderr
+        warnings = orjson.loads(res.stdout)["warnings"]
+        assert len(warnings) == 4 and any(gone[:12] in w for w in warnings), warnings
+        assert res.stderr.count(b"warning:") == 4
+        after = orjson.loads(path.read_bytes())["entries"]
+        assert [e["sha256"] for e in after] == [kept]  # rewritten without them
+    path.write_bytes(b'{"format": "not ours"}')
+    with pytest.raises(UsageError, match="not a prefixreg placement"):
+        Pool(pool_spec([sim.url], env={}), reg)
+    assert path.read_bytes() == b'{"format": "not ours"}'  # never overwritten
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "big"])
+def test_a_pool_file_that_is_not_a_small_regular_file_is_refused(kind: str, tmp_path: Path) -> None:
+    path = tmp_path / "pool.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+    else:
+        path.write_bytes(b" " * (2 << 20))
+    res = run_cli("pool", "status", "--pool", str(path), "--registry", str(tmp_path / "reg"))
+    assert res.returncode == 2 and b"Traceback" not in res.stderr, res.stderr
+
+
+# ---------------------------------------------------------------- issue 22: a typed boundary
+
+
+def test_the_pool_api_refuses_wrong_types_and_values_with_its_own_errors(
+    registry: Registry, tmp_path: Path
+) -> None:
+    spec = pool_spec(["http://127.0.0.1:1"], env={})
+    bad: list[Callable[[], object]] = [
+        lambda: WorkerSpec(123),  # type: ignore[arg-type]
+        lambda: WorkerSpec("http://127.0.0.1:1", capacity="2"),  # type: ignore[arg-type]
+        lambda: WorkerSpec("http://127.0.0.1:0"),
+        lambda: WorkerSpec("http://127.0.0.1:99999"),
+        lambda: PoolSpec(()),
+        lambda: PoolSpec("http://127.0.0.1:1"),  # type: ignore[arg-type]
+        lambda: PoolSpec((WorkerSpec("http://127.0.0.1:1"),), placement_path="p"),  # type: ignore[arg-type]
+        lambda: Pool(spec, "reg"),  # type: ignore[arg-type]
+        lambda: Pool(None, registry),  # type: ignore[arg-type]
+        lambda: Pool(spec, registry, timeout=math.nan),
+        lambda: Pool(spec, registry, read_timeout=-1),
+        lambda: pool_spec([123], env={}),  # type: ignore[list-item]
+        lambda: pool_spec("http://127.0.0.1:1", env={}),
+        lambda: pool_spec(123, env={}),  # type: ignore[arg-type]
+        lambda: parse_pool_file(123),  # type: ignore[arg-type]
+        lambda: doctor_pool("pool"),  # type: ignore[arg-type]
+        lambda: warm_pool("pool", []),  # type: ignore[arg-type]
+    ]
+    for call in bad:
+        with pytest.raises(PrefixregError):
+            call()
+    with Pool(spec, registry) as pool:
+        for wrong in ("nope", 123, None, b"x"):
+            with pytest.raises(PrefixregError):
+                pool.worker_for(wrong)  # type: ignore[arg-type]
+        for heads in ("q0", [registry.add("x" * 300)], None):
+            with pytest.raises(PrefixregError):
+                warm_pool(pool, heads)  # type: ignore[arg-type]

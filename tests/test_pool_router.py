@@ -60,7 +60,7 @@ def test_three_prefixes_resume_through_the_router_and_a_fourth_is_refused(
     shas = [reg.add(prose(100 + i, 900, title=f"Team {i} brief")) for i in range(4)]
     spec = parse_pool_file(_pool_file(tmp_path, router.url, workers))
     with Pool(spec, reg, timeout=30.0) as pool:
-        report = warm_pool(pool, shas[:3])
+        report = warm_pool(pool, [reg.head(s) for s in shas[:3]])
         assert report.ok, report.to_dict()
         assert [w.capacity for w in report.workers] == [2, 1]
         held = {url: len(report.held_by(url)) for url in workers}
@@ -80,7 +80,7 @@ def test_three_prefixes_resume_through_the_router_and_a_fourth_is_refused(
             through_router(sha)
 
         # The fourth does not fit: refused, nothing sent, the three stay where they are.
-        fourth = warm_pool(pool, [shas[3]])
+        fourth = warm_pool(pool, [reg.head(shas[3])])
         assert fourth.refused == [shas[3]] and not fourth.ok
         assert "refused" in " ".join(fourth.notes)
         assert shas[3] not in pool.placement

@@ -1,17 +1,18 @@
-"""`prefixreg pool warm | doctor | status`: registered prefixes on a pool of workers.
+"""`prefixreg pool warm | doctor | status`: registered heads on a pool of workers.
 
 The pool: `--worker URL` repeated, else `--pool FILE` (TOML or JSON; see
 `prefixreg.verbs.pool.spec`), else `$PREFIXREG_WORKERS` (comma-separated); `--router URL` puts
-sglang-router (`--policy manual`) in front. Exit codes: 0 every prefix placed and proven
-(doctor: and builds agree, no worker overloaded), 1 a prefix refused (the pool is too small)
-or not resumed, or builds differ, 2 usage, 3 integrity (nothing sent), 5 worker error.
+sglang-router (`--policy manual`) in front. Exit codes: 0 every head placed and proven
+resident (doctor: and builds agree, no worker overloaded), 1 a head refused (the pool is too
+small), not resumed or unproven, or builds differ, 2 usage, 3 integrity (nothing sent), 4
+only unverified counts stand in the way, 5 no worker answered.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,6 +21,7 @@ from prefixreg.cli._common import (
     ExitCode,
     JsonOpt,
     RegistryOpt,
+    TimeoutOpt,
     cli_errors,
     emit_json,
     info,
@@ -30,8 +32,6 @@ if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
     from prefixreg.verbs.pool.live import Pool
     from prefixreg.verbs.pool.warm import PoolReport
-
-__all__ = ["register"]
 
 WorkersOpt = Annotated[
     list[str] | None,
@@ -60,14 +60,10 @@ RouterOpt = Annotated[
         show_default=False,
     ),
 ]
-TimeoutOpt = Annotated[
-    float, typer.Option("--timeout", help="Seconds to wait for a chat reply.", min=0.1)
-]
-
 pool_app = typer.Typer(
     name="pool",
-    help="Keep registered prefixes resident on a pool of workers, one worker each, "
-    "proven per worker.",
+    help="Keep registered heads resident on a pool of workers, one worker each, proven per "
+    "worker (a proof stands only if nothing prefilled on its worker after it).",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -78,7 +74,7 @@ def _open(
     pool_file: Path | None,
     router: str | None,
     registry: Path | None,
-    timeout: float,
+    timeout: float = 60.0,
 ) -> tuple[Registry, Pool]:
     from prefixreg.verbs.pool.live import Pool
     from prefixreg.verbs.pool.spec import pool_spec
@@ -88,50 +84,50 @@ def _open(
     return reg, Pool(spec, reg, read_timeout=timeout)
 
 
-def _names(reg: Registry) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _show(report: PoolReport, reg: Registry, json_out: bool, title: str, **extra: Any) -> None:
+    """Warnings on stderr; the report as JSON (with `extra`) or as text on stdout."""
+    for warning in report.warnings:
+        info(f"warning: {warning}")
+    if json_out:
+        emit_json({**report.to_dict(), **extra})
+        return
+    names: dict[str, str] = {}
     for name, sha in sorted(reg.names().items()):
-        out.setdefault(sha, name)
-    return out
-
-
-def _print_report(report: PoolReport, reg: Registry, *, title: str) -> None:
-    names = _names(reg)
-    out = sys.stdout
-    out.write(
-        f"{title}: {len(report.workers)} workers, capacity "
-        f"{sum(w.capacity for w in report.workers)}"
-        + (f", router {report.router}" if report.router else "")
-        + "\n"
-    )
+        names.setdefault(sha, name)
+    capacity = sum(w.capacity for w in report.workers)
+    router = f", router {report.router}" if report.router else ""
+    lines = [f"{title}: {len(report.workers)} workers, capacity {capacity}{router}"]
     for w in report.workers:
         if w.error is not None:
-            out.write(f"  {w.url}  UNREACHABLE: {w.error}\n")
+            lines.append(f"  {w.url}  UNREACHABLE: {w.error}")
             continue
-        surv = "-" if w.survival is None else str(w.survival)
-        profile = w.build.profile if w.build else "-"
-        out.write(
-            f"  {w.url}  {profile} build {w.build_id}  slots {w.slots or '-'} "
-            f"({w.slots_source}), survival {surv}, keeps {w.capacity}\n"
+        lines.append(
+            f"  {w.url}  {w.build.profile if w.build else '-'} build {w.build_id}  slots "
+            f"{w.slots or '-'} ({w.slots_source}), survival "
+            f"{'-' if w.survival is None else w.survival}, keeps {w.capacity}"
         )
         for p in report.held_by(w.url):
-            label = names.get(p.sha256, "")
-            cached = "-" if p.cached_tokens is None else f"{p.cached_tokens:,}"
-            span = "-" if p.span_tokens is None else f"{p.span_tokens:,}"
-            out.write(
-                f"    {p.sha256[:16]} {label:<16} {p.verdict.upper():<10} "
-                f"cached {cached} of span ~{span}  key {p.key[:20]}\n"
+            label = "RESIDENT" if p.resident else f"UNPROVEN ({p.verdict})"
+            lines.append(
+                f"    {p.sha256[:16]} {names.get(p.sha256, ''):<16} {label:<10} cached "
+                f"{_n(p.cached_tokens)} of span ~{_n(p.span_tokens)}  key {p.key[:20]}"
             )
-    if report.builds_differ:
-        out.write("  FLAG: the workers run different builds\n")
-    for note in report.notes:
-        out.write(f"  note: {note}\n")
+            lines += [] if p.resident else [f"      {p.reason}"]
+    lines += ["  FLAG: the workers run different builds"] if report.builds_differ else []
+    lines += [f"  note: {note}" for note in report.notes]
+    for a in extra.get("placement", []):
+        lines.append(f"  {a['sha256'][:16]} {names.get(a['sha256'], ''):<16} -> {a['worker']}")
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _n(count: int | None) -> str:
+    return "-" if count is None else f"{count:,}"
 
 
 @pool_app.command("warm")
 def pool_warm_command(
     refs: Annotated[
-        list[str], typer.Argument(help="Names or shas of registered prefixes.", metavar="REF...")
+        list[str], typer.Argument(help="Names or shas of prefixes or frames.", metavar="REF...")
     ],
     worker: WorkersOpt = None,
     pool: PoolOpt = None,
@@ -141,27 +137,23 @@ def pool_warm_command(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Place each prefix on one worker within its capacity, warm it, prove it there.
+    """Place each head on one worker within its capacity, warm it, prove it there.
 
-    Through a router, a prefix's first call carries its routing key (its sha) and the
-    worker that served it is traced; a key the router put on a full worker is re-keyed.
-    Each prefix is then proven by a fresh-tail check directly on its worker (a measurement
-    bound to that worker's build). A prefix beyond the pool's capacity is refused and
-    nothing is sent for it: exit 1.
+    Through a router, a head's first call carries its routing key (its sha) and the worker
+    that served it is traced; a key the router put on a full worker is re-keyed. Each head
+    is then proven by fresh-tail checks directly on its worker, repeated until a round
+    prefills nothing. A head beyond the pool's capacity is refused and nothing is sent for
+    it: exit 1.
     """
     from prefixreg.verbs.pool.warm import warm_pool
 
     with cli_errors(debug):
         reg, live = _open(worker, pool, router, registry, timeout)
         with live:
-            for ref in refs:
-                reg.get(ref)  # verify every prefix before anything is sent
+            heads = [reg.head(ref) for ref in refs]  # verified once, before anything is sent
             progress = info if sys.stderr.isatty() and not json_out else None
-            report = warm_pool(live, refs, progress=progress)
-        if json_out:
-            emit_json(report.to_dict())
-        else:
-            _print_report(report, reg, title="pool warm")
+            report = warm_pool(live, heads, progress=progress)
+        _show(report, reg, json_out, "pool warm")
         raise typer.Exit(int(_exit_code(report)))
 
 
@@ -177,22 +169,19 @@ def pool_doctor_command(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Per worker: build, slots, measured survival, capacity, and which registered
-    prefixes it holds, each proven by a fresh-tail check on that worker.
+    """Per worker: build, slots, measured survival, capacity, and which registered heads
+    it holds, each proven by a fresh-tail check on that worker.
 
-    Exit 0 healthy; 1 when a placed prefix is not resumed, a worker is overloaded or
+    Exit 0 healthy; 1 when a placed head is not resident, a worker is overloaded or
     unreachable, or the workers' builds differ.
     """
     from prefixreg.verbs.pool.warm import doctor_pool
 
     with cli_errors(debug):
-        reg, live = _open(worker, pool, router, registry, 60.0)
+        reg, live = _open(worker, pool, router, registry)
         with live:
             report = doctor_pool(live, prove=not no_prove)
-        if json_out:
-            emit_json(report.to_dict())
-        else:
-            _print_report(report, reg, title="pool doctor")
+        _show(report, reg, json_out, "pool doctor")
         healthy = report.ok and not report.builds_differ and not report.notes
         raise typer.Exit(int(ExitCode.OK if healthy else ExitCode.NO))
 
@@ -210,21 +199,11 @@ def pool_status_command(
     from prefixreg.verbs.pool.warm import doctor_pool
 
     with cli_errors(debug):
-        reg, live = _open(worker, pool, router, registry, 60.0)
+        reg, live = _open(worker, pool, router, registry)
         with live:
             report = doctor_pool(live, prove=False)
-            placement = [a.to_dict() for a in live.placement.values()]
-        if json_out:
-            emit_json({**report.to_dict(), "placement": placement})
-        else:
-            _print_report(report, reg, title="pool status")
-            names = _names(reg)
-            for a in sorted(live.placement.values(), key=lambda a: a.worker):
-                sys.stdout.write(
-                    f"  {a.sha256[:16]} {names.get(a.sha256, ''):<16} -> {a.worker}"
-                    f"  key {a.key[:20]}\n"
-                )
-        raise typer.Exit(int(ExitCode.OK))
+        placement = sorted(live.placement.values(), key=lambda a: a.worker)
+        _show(report, reg, json_out, "pool status", placement=[a.to_dict() for a in placement])
 
 
 def register(app: typer.Typer) -> None:
@@ -234,7 +213,7 @@ def register(app: typer.Typer) -> None:
 
 def _exit_code(report: PoolReport) -> ExitCode:
     """0 ok; 5 when no worker answered; 4 when only unverified counts stand in the way;
-    else 1 (a prefix refused, unplaced or not resumed, a worker down)."""
+    else 1 (a head refused, unplaced, not resumed or unproven, a worker down)."""
     if report.ok:
         return ExitCode.OK
     if report.workers and all(w.error is not None for w in report.workers):

@@ -1,96 +1,92 @@
-"""`keepalive`: keep prefixes resumable on a worker whose small LRU foreign traffic churns.
+"""`keepalive`: keep heads (prefixes or frames) resumable on a worker whose small LRU foreign
+traffic churns, re-warming each one before one more foreign prompt could evict it.
 
-On a server with `/cache` (Halogen) it counts `stores` since each prefix was last used and
-re-warms the prefix before one more foreign prompt could evict it. The budget policy (how
-much a just-used prefix survives, and from where that number comes) is in
-`prefixreg.verbs.measure.budget`; the records of the work (`Rewarm`, `KeepAliveSummary`) in
-`prefixreg.verbs.keepalive.rewarm`.
-
-On llama.cpp (no `/cache`) it counts *prompts* since each prefix was last used, from the
-activity counters the server offers (`/slots`, else `/metrics`; see `prefixreg.server.activity`).
-With a registry, a prefix lost to a server restart comes back from its proven KV snapshot
-instead of a re-prefill when one exists for the current build
-(`prefixreg.verbs.keepalive.restore`).
-Servers with neither counter (and other profiles without `/cache`) are kept warm on a time
-interval.
+It counts what the server counts (`prefixreg.server.activity`): `stores` on `/cache`
+(Halogen), *prompts* on llama.cpp (`/slots`, else `/metrics`), else time. The budget policy is
+`prefixreg.verbs.measure.budget`; the records, `.rewarm`; a prefix lost to a llama.cpp restart
+comes back from its proven KV snapshot for the current build (`.restore`).
 
 Invariants:
 - One request at a time: polls and re-warms run in one thread (`step`); the loop's `touch`
-  only marks a prefix as just used, and the next poll takes the baseline.
-- Every re-warm is a measured call; with a registry it is written as a `keepalive`
-  measurement. A re-warm that comes back cold or partial proves the budget too large, and
-  the budget tightens to what was observed.
-- A poll the server is too busy to answer is skipped, and the next one waits longer; a 503
-  on a re-warm backs off exponentially; five worker errors with no answered poll between
-  them stop the keeper, and so does anything else that goes wrong in its thread
-  (`summary.stopped_because` says why, `alive` turns false).
-- Only foreign activity counts: a prefix is never due before a foreign prompt has stored
-  (or run), and the stores of the keeper's own re-warms are taken off the other kept
-  prefixes' counts; instead, each one's stores budget is reduced by the entries the other
-  kept prefixes hold in the same LRU.
-- A kept frame is re-warmed with its whole head, byte for byte as the loop sends it (system
-  bytes, tools, settings); its measurement is filed under the system sha, with `frame` set.
+  only marks a head as just used, and the next poll takes the baseline.
+- Every re-warm is a measured call judged by `core.judge` (with a registry, a `keepalive`
+  measurement); one that comes back cold or partial tightens the budget.
+- Every interval is a finite number of seconds above 0 (`UsageError`): a NaN poll would
+  spin, an infinite interval would never re-warm.
+- A poll too busy to answer is skipped and the next waits longer; a 503 on a re-warm backs
+  off exponentially; five worker errors with no answered poll between them stop the
+  keeper, and so does anything else that goes wrong in its thread (`stopped_because`).
+- Only foreign activity counts: a head is never due before a foreign prompt has stored (or
+  run); the keeper's own re-warms are taken off the other kept heads' counts, and each
+  stores budget is reduced by the entries the other kept heads hold instead.
+- A kept frame is re-warmed with its whole head, byte for byte as the loop sends it; its
+  measurement is filed under the system sha, with `frame` set.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from prefixreg.core.errors import (
-    EngineBusyError,
-    UsageError,
-    WorkerError,
-    WorkerTimeoutError,
-)
-from prefixreg.core.frame import Frame
+from prefixreg.core.errors import EngineBusyError, UsageError, WorkerError, WorkerTimeoutError
+from prefixreg.core.frame import Frame, Head
 from prefixreg.core.judge import Verdict
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
+from prefixreg.server.transport import check_seconds
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.keepalive.restore import SnapshotRewarm, restore_for_keepalive
+from prefixreg.verbs.keepalive.restore import restore_for_keepalive
 from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm
-from prefixreg.verbs.measure.budget import Budget, budget_for
+from prefixreg.verbs.measure.budget import budget_for
 from prefixreg.verbs.measure.calls import (
     CallRecord,
     judge_check,
     measured_call,
+    measured_span,
     record_measurement,
 )
-
-__all__ = ["Budget", "KeepAlive", "KeepAliveSummary", "Rewarm", "budget_for"]
 
 MAX_ERRORS: Final = 5
 MAX_BACKOFF_S: Final = 30.0
 
 
+def positive_seconds(name: str, value: object) -> float:
+    """`value` as a finite number of seconds above 0, else a `UsageError`."""
+    real = not isinstance(value, bool) and isinstance(value, int | float)
+    if not (real and isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise UsageError(f"{name} must be a finite number of seconds above 0, not {value!r}")
+    return float(value)
+
+
 @dataclass(slots=True)
 class _Kept:
-    prefix: Prefix | Frame  # a frame: its whole head is re-warmed
+    head: Head  # a frame: its whole head is re-warmed
+    span: int | None  # the head's span as a resumed warm measured it on this build
     baseline: float | None = None  # the counter when last used; None: never warmed
     last_used: float = 0.0
     slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
-    lost: bool = False  # the server restarted since this prefix was last warmed
+    lost: bool = False  # the server restarted since this head was last warmed
 
 
 class KeepAlive:
-    """Keep `prefixes` (prefixes or frames) resumable on `worker`. Run `step()` yourself,
-    or `start()` a thread.
+    """Keep `prefixes` (heads) resumable on `worker` (a short `timeout`: polls must not
+    hang); `step()` yourself or `start()` a thread, and `touch(sha)` after each own call.
+    `registry` receives one measurement per re-warm and supplies a probe's survival.
 
-    The worker should have a short `timeout` (polls must not hang); `touch(sha)` after the
-    loop's own call resets that prefix's count. `registry` (optional) receives one
-    measurement per re-warm and supplies a probe's survival as the budget. `alive` says
-    whether the thread still runs; `summary.stopped_because` says why it stopped.
+    Raises:
+        UsageError: a wrong type or value (nothing is sent then).
+        WorkerError: the worker did not answer the first reads.
     """
 
     def __init__(
         self,
         worker: Worker,
-        prefixes: Sequence[Prefix | Frame],
+        prefixes: Sequence[Head],
         *,
         registry: Registry | None = None,
         budget: int | None = None,
@@ -98,35 +94,48 @@ class KeepAlive:
         poll_s: float = 0.5,
         on_rewarm: Callable[[Rewarm], None] | None = None,
     ) -> None:
+        heads: object = prefixes
+        if not isinstance(heads, list | tuple) or not heads:
+            raise UsageError("KeepAlive keeps a non-empty list of heads (Registry.head)")
+        for ok, what in (
+            (isinstance(worker, Worker), "worker must be a Worker"),
+            (all(isinstance(h, Prefix | Frame) for h in heads), "heads are Prefix or Frame"),
+            (registry is None or isinstance(registry, Registry), "registry must be a Registry"),
+            (budget is None or (type(budget) is int and budget >= 1), "budget must be >= 1"),
+            (on_rewarm is None or callable(on_rewarm), "on_rewarm must be callable"),
+        ):
+            if not ok:
+                raise UsageError(f"KeepAlive: {what}")
+        self.poll_s = check_seconds("poll_s", poll_s)  # finite, above 0, at most a day
+        interval_s = None if interval_s is None else check_seconds("interval_s", interval_s)
         if registry is not None:
             registry.refuse_on_mirror("record keepalive measurements")
-        self.worker = worker
-        self.registry = registry
-        self.poll_s = poll_s
-        self.on_rewarm = on_rewarm
+        self.worker, self.registry, self.on_rewarm = worker, registry, on_rewarm
         self.summary = KeepAliveSummary()
         self.history: list[Rewarm] = []
-        self._kept = {p.sha256: _Kept(p) for p in prefixes}
         self._touched: set[str] = set()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._wake = threading.Event()
+        self._stop, self._wake = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
-        self._errors_in_row = 0
-        self._poll_misses = 0  # polls in a row the server was too busy to answer
+        self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
         self._backoff_until = 0.0
-        self.build = worker.server_build()
-        self._restore = registry is not None and self.build.profile == "llamacpp"
-        counters = worker.cache() if self.build.profile == "halogen" else None
+        self.build = build = worker.server_build()
+        self._kept = {
+            h.sha256: _Kept(
+                h, None if registry is None else measured_span(registry, h, build.build_id)
+            )
+            for h in prefixes
+        }
+        counters = worker.cache() if build.profile == "halogen" else None
         self._counter: Counter | None = None
         if counters is not None and counters.stores is not None:
             self._counter = StoresCounter(worker)
             self._counter.saw(counters)
-        elif self.build.profile == "llamacpp":
+        elif build.profile == "llamacpp":
             # llama.cpp has no /cache but counts its tasks: time is only the last resort.
             self._counter = PromptCounter.detect(worker)
         self.budget = budget_for(
-            self.build,
+            build,
             counters,
             registry=registry,
             budget=budget,
@@ -137,42 +146,35 @@ class KeepAlive:
         if self.budget.unit == "seconds":
             self._counter = None  # /cache without max_entries (dense): keep time instead
 
-    # -- the loop's side -----------------------------------------------------------------
-
     def touch(self, sha256: str) -> None:
-        """The loop just used this prefix: count its survival from now on."""
+        """The loop just used the head `sha256`: count its survival from now on."""
+        if not isinstance(sha256, str):
+            raise UsageError(f"touch takes a head's sha256, not {type(sha256).__name__}")
         with self._lock:
             if sha256 in self._kept:
                 self._touched.add(sha256)
                 self._kept[sha256].last_used = time.monotonic()
         self._wake.set()
 
-    # -- one round -----------------------------------------------------------------------
-
     def _read(self, counter: Counter) -> float | None:
         """The counter now (None: skip this round); a restart forgets every baseline."""
         self.summary.polls += 1
         try:
             got = counter.read()
-        except (WorkerTimeoutError, EngineBusyError):
-            # Too busy to answer (a long prefill holds the queue): wait longer each time, so
-            # abandoned polls cannot pile up behind it.
-            self.summary.skipped_polls += 1
-            self._poll_misses += 1
+        except (WorkerTimeoutError, EngineBusyError):  # a long prefill holds the queue:
+            self._poll_misses += 1  # wait longer each time, so polls cannot pile up
             self._backoff(self._poll_misses)
-            return None
+            got = None
         except WorkerError:
-            self.summary.skipped_polls += 1
             self._error(backoff=True)
-            return None
+            got = None
         if got is None:
             self.summary.skipped_polls += 1
             return None
         self._errors_in_row = self._poll_misses = 0  # an answered poll ends both streaks
         total, restarted = got
-        if restarted:
-            for kept in self._kept.values():  # the server restarted: nothing is cached
-                kept.baseline, kept.slot, kept.lost = None, None, True
+        for kept in self._kept.values() if restarted else ():  # nothing is cached now
+            kept.baseline, kept.slot, kept.lost = None, None, True
         return total
 
     def _since(self, kept: _Kept, now: float) -> float | None:
@@ -189,9 +191,9 @@ class KeepAlive:
             if sha in touched and self._counter is not None:
                 kept.baseline = self._counter.total
             if kept.slot is not None and kept.slot in busy:
-                # Its slot is serving a prompt right now, most likely the loop's own call
-                # on this prefix: a re-warm now would find the slot taken and prefill the
-                # whole prefix cold in another one. Decide on the next poll.
+                # Its slot is serving a prompt, most likely the loop's own call on this
+                # head: a re-warm now would find the slot taken and prefill the whole head
+                # cold in another one. Decide on the next poll.
                 continue
             since = self._since(kept, now)
             if since is None or self.budget.due(since):
@@ -199,7 +201,7 @@ class KeepAlive:
         return due
 
     def step(self) -> list[Rewarm]:
-        """Poll once and re-warm every prefix that is due. Returns the re-warms made."""
+        """Poll once and re-warm every head that is due. Returns the re-warms made."""
         now = time.monotonic()
         if now < self._backoff_until:
             return []
@@ -208,20 +210,15 @@ class KeepAlive:
         done = []
         for kept in self._due(now):
             try:
-                rewarm = self._rewarm(kept, self._since(kept, time.monotonic()))
-            except EngineBusyError:
-                self._error(backoff=True)
-                break
-            except WorkerError:
-                self._error(backoff=False)
+                done.append(self._rewarm(kept, self._since(kept, time.monotonic())))
+            except WorkerError as exc:
+                self._error(backoff=isinstance(exc, EngineBusyError))
                 break
             self._errors_in_row = 0
-            done.append(rewarm)
         return done
 
     def _backoff(self, n: int) -> None:
-        delay = min(MAX_BACKOFF_S, self.poll_s * 2**n)
-        self._backoff_until = time.monotonic() + delay
+        self._backoff_until = time.monotonic() + min(MAX_BACKOFF_S, self.poll_s * 2**n)
 
     def _error(self, *, backoff: bool) -> None:
         self.summary.errors += 1
@@ -233,76 +230,67 @@ class KeepAlive:
             self.summary.stopped_by_worker = True
             self._stop.set()
 
-    def _from_snapshot(self, kept: _Kept) -> SnapshotRewarm | None:
-        """A prefix lost to a restart, restored from its snapshot (None: not tried)."""
-        if not (kept.lost and self._restore and self.registry is not None):
-            return None
-        if isinstance(kept.prefix, Frame):
-            return None  # a snapshot holds a bare prefix's state, not a frame's whole head
-        taken = {k.slot for k in self._kept.values() if k.slot is not None and not k.lost}
-        return restore_for_keepalive(self.registry, self.worker, kept.prefix, taken=taken)
-
     def _rewarm(self, kept: _Kept, since: float | None) -> Rewarm:
-        counter = self._counter
-        stores = counter if isinstance(counter, StoresCounter) else None
-        head = kept.prefix
-        snap = self._from_snapshot(kept)
+        counter, head, snap = self._counter, kept.head, None
+        if kept.lost and self.registry is not None and self.build.profile == "llamacpp":
+            # Lost to a restart: restore its snapshot (a bare prefix's only) into a slot no
+            # other kept head holds.
+            taken = {k.slot for k in self._kept.values() if k.slot is not None and not k.lost}
+            if isinstance(head, Prefix):
+                snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
         verdict: Verdict
         if snap is not None and snap.check is not None:
-            record, verdict = snap.check, "resumed"  # proven by the check's cached count
+            # The judge's `restored` (judge_restore) stands on a resumed pinned check.
+            record, verdict = snap.check, "resumed"
         else:
             tail = fresh_tail()
+            stores = counter if isinstance(counter, StoresCounter) else None
+            last = None if stores is None else stores.last
             record = measured_call(
                 self.worker,
                 head,
                 phase="keepalive",
                 tail=tail,
                 with_cache=stores is not None,
-                before=None if stores is None else stores.last,
+                before=last,
             )
+            align = self.build.snapshot_align
             verdict = judge_check(
-                record.evidence, head, tail=tail, alignment=self.build.snapshot_align
+                record.evidence, head, tail=tail, alignment=align, measured=kept.span
             ).verdict
-        kept.lost = False
-        kept.last_used = time.monotonic()
+        kept.lost, kept.last_used = False, time.monotonic()
         if counter is not None:
             self._rebase(kept, counter, record)
         self._learn(record, verdict, since)
-        system = head.system.sha256 if isinstance(head, Frame) else head.sha256
         frame = head.sha256 if isinstance(head, Frame) else None
+        report = None if snap is None else snap.to_dict()
         b = self.budget
-        rewarm = Rewarm(
-            system,
-            since,
-            verdict,
-            record,
-            b.limit,
-            b.unit,
-            frame=frame,
-            snapshot=None if snap is None else snap.to_dict(),
-        )
+        rewarm = Rewarm(head.system.sha256, since, verdict, record, b.limit, b.unit, frame, report)
         if snap is not None:
             self.summary.saw_restore(
                 snap.restored, snap.restore_s, snap.prefill_tokens, snap.prefill_s
             )
         self.summary.count(rewarm)
         self.history.append(rewarm)
-        self._record(rewarm)
+        if self.registry is not None:
+            body = rewarm.measurement_body(b.to_dict())
+            record_measurement(
+                self.registry, self.worker, self.build, rewarm.sha256, "keepalive", body
+            )
         if self.on_rewarm is not None:
             self.on_rewarm(rewarm)
         return rewarm
 
     def _rebase(self, kept: _Kept, counter: Counter, record: CallRecord) -> None:
-        """After a re-warm: this prefix counts from now, and the counter units our own
-        request added are not foreign activity for the other kept prefixes (their entries
-        were already allowed for in the budget; counting them too would make the keeper
-        re-warm its prefixes in turn forever)."""
+        """After a re-warm: this head counts from now, and the counter units our own
+        request added are not foreign activity for the other kept heads (their entries
+        were allowed for in the budget; counting them too would make the keeper re-warm
+        its heads in turn forever)."""
         before = counter.total
         if isinstance(counter, StoresCounter):
             own = float(self.budget.per_request)
-            after = record.after
+            after, b = record.after, record.before
             if after is not None and after.stores is not None:
-                b = record.before
                 if b is not None and b.stores is not None and not record.interleaved:
                     own = float(after.stores - b.stores)
                 counter.saw(after)
@@ -312,11 +300,10 @@ class KeepAlive:
                 # the next poll sees only what others stored since.
                 kept.baseline = before + own
         else:
-            own = 1.0
             # Our own prompt is the one change we expect; any other prompt that landed
-            # during the re-warm is counted against the prefix (which of the two slots is
+            # during the re-warm is counted against the head (which of the two slots is
             # the least recently used is then unknown: assume the worse).
-            kept.baseline = before + 1
+            own, kept.baseline = 1.0, before + 1
             try:
                 got = counter.read()
             except WorkerError:
@@ -352,23 +339,16 @@ class KeepAlive:
             )
             b.limit = tighter
 
-    def _record(self, rewarm: Rewarm) -> None:
-        if self.registry is not None:
-            body = rewarm.measurement_body(self.budget.to_dict())
-            record_measurement(
-                self.registry, self.worker, self.build, rewarm.sha256, "keepalive", body
-            )
-
-    # -- running -------------------------------------------------------------------------
-
     @property
     def alive(self) -> bool:
         """Whether the keeper's thread is running."""
         return self._thread is not None and self._thread.is_alive()
 
     def run(self, duration_s: float | None = None) -> KeepAliveSummary:
-        """Step every `poll_s` until `stop()`, `duration_s`, or too many errors."""
-        end = None if duration_s is None else time.monotonic() + duration_s
+        """Step every `poll_s` until `stop()`, `duration_s` (finite, above 0), or too many
+        errors."""
+        span = None if duration_s is None else positive_seconds("duration_s", duration_s)
+        end = None if span is None else time.monotonic() + span
         while not self._stop.is_set():
             try:
                 self.step()
@@ -378,12 +358,10 @@ class KeepAlive:
                 self.summary.stopped_because = f"{type(exc).__name__}: {exc}"
                 self._stop.set()
                 break
-            if end is not None and time.monotonic() >= end:
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
                 break
-            wait = (
-                self.poll_s if end is None else min(self.poll_s, max(0.0, end - time.monotonic()))
-            )
-            self._wake.wait(wait)
+            self._wake.wait(self.poll_s if left is None else min(self.poll_s, left))
             self._wake.clear()
         return self.summary
 

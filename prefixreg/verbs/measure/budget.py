@@ -1,28 +1,22 @@
-"""The keeper's budget: how much foreign activity a just-used prefix survives.
-
-The budget is counted in the unit the server's counter offers: `stores` (Halogen's `/cache`),
-`prompts` (llama.cpp's `/slots` or `/metrics`), else `seconds`. Its source, in order:
-`--budget`; the latest `probe --survival` receipt for the same server build; `/cache`
-`max_entries` less the entries one request stores (stores), or 1 prompt (prompts); else a
-time interval.
-
-On llama.cpp the default is 1 prompt, a re-warm after every foreign prompt. Why 1 and not
-`total_slots - 1` (what plain LRU over the slots would give): slot choice also follows
-prompt similarity, a unified KV buffer (`-kvu`) lets a long prompt crowd others out, and a
-re-warm costs only the fresh tail (~25 tokens, ~0.2 s) while a miss costs the whole
-prefill; `probe --survival` measures the real number.
+"""The keeper's budget: how much foreign activity a just-used head survives, in the unit the
+server's counter offers: `stores` (Halogen `/cache`), `prompts` (llama.cpp `/slots` or
+`/metrics`), else `seconds`. Its source, in order: `--budget`; the latest `probe --survival`
+for the same build; `max_entries` less the entries one request stores, or 1 prompt; else a
+time interval. On llama.cpp 1 prompt, not `total_slots - 1`: slot choice follows prompt
+similarity, a unified KV buffer lets a long prompt crowd others out, and a re-warm costs
+~25 tokens while a miss costs the whole prefill (`probe --survival` measures the truth).
 
 Invariants:
-- A probe receipt counts only for the exact build it measured (`build_id`), and only when
-  its survival is a verified number (an unverified survival is never a budget).
-- A stores budget never drops below what one request stores; the other kept prefixes'
+- A probe receipt counts only for the exact build it measured, and only when its survival
+  is a verified number (an unverified survival is never a budget).
+- A stores budget never drops below what one request stores; the other kept heads'
   entries are taken off it, since they live in the same LRU.
 - Pure policy: it reads receipts through the store's public API and writes nothing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Final, Literal
 
 from prefixreg.core.errors import PrefixregError
@@ -31,32 +25,16 @@ from prefixreg.core.records import CacheCounters, ServerBuild, strict_count
 from prefixreg.registry.store import Registry
 from prefixreg.server.counters import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
 
-__all__ = [
-    "DEFAULT_INTERVAL_S",
-    "DEFAULT_PER_REQUEST",
-    "DEFAULT_PROMPTS",
-    "Budget",
-    "Unit",
-    "budget_for",
-    "latest_survival",
-]
-
-DEFAULT_PER_REQUEST: Final = MEASURED_ENTRIES_PER_REQUEST
-DEFAULT_PROMPTS: Final = 1
 DEFAULT_INTERVAL_S: Final = 60.0
-
 
 Unit = Literal["stores", "prompts", "seconds"]
 
 
 @dataclass(slots=True)
 class Budget:
-    """How long a just-used prefix survives, in the unit its counter counts.
-
-    `limit` is in `unit`: stores on Halogen's `/cache`, prompts on llama.cpp's `/slots` or
-    `/metrics`, else seconds. `per_request` is what one request adds to the counter (the
-    entries a prompt stores; 1 prompt). `counter` names the source of the count.
-    """
+    """How long a just-used head survives: `limit` in `unit`. `per_request` is what one
+    request adds to the counter (the entries a prompt stores; 1 prompt); `counter` names
+    the source of the count."""
 
     limit: float
     unit: Unit
@@ -72,18 +50,11 @@ class Budget:
     def prompts(self) -> int | None:
         return int(self.limit) if self.unit == "prompts" else None
 
-    @property
-    def interval_s(self) -> float | None:
-        return self.limit if self.unit == "seconds" else None
-
     def due(self, since: float) -> bool:
-        """Re-warm now.
-
-        Seconds and prompts: once the prefix has seen `limit`, the next moment or prompt may
-        evict it. Stores: once at least one foreign prompt has stored (nothing else can
-        evict), re-warm one prompt *before* the budget is reached, a margin for the traffic
-        that lands between a poll and the re-warm.
-        """
+        """Re-warm now? Seconds and prompts: once the head has seen `limit` (the next
+        moment or prompt may evict it). Stores: once a foreign prompt has stored (nothing
+        else can evict) and one more prompt could reach the budget, a margin for the
+        traffic that lands between a poll and the re-warm."""
         if self.unit != "stores":
             return since >= self.limit
         return since >= self.per_request and since + self.per_request >= self.limit
@@ -95,17 +66,11 @@ class Budget:
         return f"{int(self.limit)} {self.unit} ({self.counter})"
 
     def to_dict(self) -> JSONObject:
-        return {
-            "limit": self.limit,
-            "unit": self.unit,
-            "per_request": self.per_request,
-            "counter": self.counter,
-            "source": self.source,
-        }
+        return asdict(self)
 
 
 def latest_survival(registry: Registry, build: ServerBuild) -> tuple[int, int | None, str] | None:
-    """(survival, stores per prompt, probe run id) from the newest matching probe receipt."""
+    """(survival, stores per prompt, probe run id) from the newest receipt for `build`."""
     for path, raw in registry.probe_receipts():
         try:
             receipt = loads_object(raw, path=path)
@@ -130,21 +95,25 @@ def budget_for(
     prompt_counter: str | None = None,
     kept: int = 1,
 ) -> Budget:
-    """Choose the budget for `kept` prefixes kept at once.
-
-    With `/cache`: stores, from `--budget`, else a probe's survival for this build, else
-    `max_entries`; with a prompt counter (llama.cpp's `/slots` or `/metrics`): prompts,
-    from `--budget`, else a probe's survival, else `DEFAULT_PROMPTS`; otherwise seconds.
-    The other kept prefixes hold entries of the same LRU (and are kept young), so a stores
-    budget shrinks by their entries.
-    """
+    """The budget for `kept` heads kept at once (see the module docstring for the order)."""
+    found = latest_survival(registry, build) if registry is not None and budget is None else None
     if counters is None and prompt_counter is not None:
-        return _prompt_budget(build, registry, budget, prompt_counter)
+        if budget is not None:
+            return Budget(budget, "prompts", 1, "--budget", prompt_counter)
+        if found is None:
+            why = "default: a re-warm after every foreign prompt (no probe --survival)"
+            return Budget(1, "prompts", 1, why, prompt_counter)
+        survival, _, run = found
+        source = f"probe {run} (survival {survival})"
+        if survival == 0:
+            # Nothing to wait for: re-warm after every prompt; the re-warms will show
+            # (cold) that this server keeps no head through a foreign prompt.
+            source += ": the prefix survives no foreign prompt"
+        return Budget(max(1, survival), "prompts", 1, source, prompt_counter)
     seconds = interval_s or DEFAULT_INTERVAL_S
     if counters is None:
         return Budget(seconds, "seconds", 0, "time interval (no /cache)")
-    per = DEFAULT_PER_REQUEST
-    found = latest_survival(registry, build) if registry is not None else None
+    per = MEASURED_ENTRIES_PER_REQUEST
     if budget is not None:
         limit, source = budget, "--budget"
     elif found is not None:
@@ -156,29 +125,7 @@ def budget_for(
         source = f"max_entries {counters.max_entries} less {per} entries per request"
     else:
         return Budget(seconds, "seconds", 0, "time interval (no max_entries)")
-    if kept > 1:
+    if kept > 1:  # the other kept heads hold entries of the same LRU (and are kept young)
         limit -= (kept - 1) * per
         source += f", less {kept - 1} other kept prefixes"
     return Budget(max(per, limit), "stores", per, source, "/cache")
-
-
-def _prompt_budget(
-    build: ServerBuild, registry: Registry | None, budget: int | None, counter: str
-) -> Budget:
-    def made(prompts: int, source: str) -> Budget:
-        return Budget(prompts, "prompts", 1, source, counter)
-
-    if budget is not None:
-        return made(budget, "--budget")
-    found = latest_survival(registry, build) if registry is not None else None
-    if found is not None:
-        survival, _, run = found
-        source = f"probe {run} (survival {survival})"
-        if survival == 0:
-            # Nothing to wait for: re-warm after every prompt, and the re-warms will show
-            # (cold) that this server keeps no prefix through a foreign prompt.
-            source += ": the prefix survives no foreign prompt"
-        return made(max(1, survival), source)
-    return made(
-        DEFAULT_PROMPTS, "default: a re-warm after every foreign prompt (no probe --survival)"
-    )

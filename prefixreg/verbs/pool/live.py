@@ -1,17 +1,16 @@
-"""`Pool`: a configured pool (`prefixreg.verbs.pool.spec`) with live clients, for loops and verbs.
+"""`Pool`: a configured pool (`.spec`) with live clients, for loops and verbs.
 
-- `survey()` reads each worker's build (fresh, DESIGN §3 rule 3), its size (llama.cpp
-  `total_slots`; Halogen `/cache` `max_entries` over the entries one request stores), the
-  latest verified `probe --survival` for that exact build, and its capacity.
-- `worker_for(ref)` is the worker holding a placed prefix (loops without a router);
-  `headers_for(ref)` is the routing header that leads the router there; `chat(ref, tail)`
-  sends one call the right way (router with its key, else the worker directly).
-- `served_marks()` fingerprints what each worker has served (llama.cpp `/slots` `id_task`,
-  else Halogen `/cache` hits + misses), so a call through the router can be traced to the
-  worker that served it: the router hides its workers' slots.
+`survey()` reads each worker's build (fresh, DESIGN §3 rule 3), its size (llama.cpp
+`total_slots`; Halogen `/cache` `max_entries` over the entries one request stores), the
+latest verified `probe --survival` for that build, and its capacity. `worker_for(head)`,
+`headers_for(head)` (the router's routing header) and `chat(head, tail)` (through the router
+with its key, else direct) take a `Prefix` or `Frame`, or a reference they resolve.
+`served_marks()` fingerprints what each worker served (llama.cpp `/slots` `id_task`, else
+Halogen `/cache` hits + misses): the router hides its workers, so a call is traced that way.
 
-Invariants: a prefix not in the placement has no worker (`UsageError`, never a guess); the
-placement records the build a prefix was proven on; clients are closed by `close()`.
+Invariants: a head not in the placement has no worker (`UsageError`, never a guess); the
+kept placement is read once and each placed head resolved once, and an entry whose head
+left the registry is dropped with a warning (`warnings`); clients are closed by `close()`.
 """
 
 from __future__ import annotations
@@ -21,11 +20,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from prefixreg.core.errors import PrefixregError, UsageError, WorkerError
+from prefixreg.core.errors import PrefixregError, RefNotFoundError, UsageError, WorkerError
+from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.prefix import Prefix
 from prefixreg.core.records import CallEvidence, ServerBuild
 from prefixreg.registry.store import Registry
 from prefixreg.server.counters import MEASURED_ENTRIES_PER_REQUEST
+from prefixreg.server.transport import check_seconds
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.budget import latest_survival
 from prefixreg.verbs.pool.spec import (
@@ -33,11 +35,10 @@ from prefixreg.verbs.pool.spec import (
     Assignment,
     PoolSpec,
     capacity_of,
+    default_placement,
     load_placement,
     save_placement,
 )
-
-__all__ = ["Pool", "WorkerState"]
 
 Mark = tuple[JSONValue, ...] | None
 
@@ -59,20 +60,19 @@ class WorkerState:
         return None if self.build is None else self.build.build_id
 
     def to_dict(self) -> JSONObject:
-        return {
-            "url": self.url,
-            "profile": None if self.build is None else self.build.profile,
-            "build_id": self.build_id,
-            "slots": self.slots,
-            "slots_source": self.slots_source,
-            "survival": self.survival,
-            "capacity": self.capacity,
-            "error": self.error,
-        }
+        fields = ("url", "build_id", "slots", "slots_source", "survival", "capacity", "error")
+        out: JSONObject = {f: getattr(self, f) for f in fields}
+        out["profile"] = None if self.build is None else self.build.profile
+        return out
 
 
 class Pool:
-    """Live clients for a pool's workers (and router), with its kept placement."""
+    """Live clients for a pool's workers (and router), with its kept placement.
+
+    Raises:
+        UsageError: a wrong type or value, or a placement path holding no placement file.
+        IntegrityError: a placed head's bytes or record fail verification.
+    """
 
     def __init__(
         self,
@@ -83,8 +83,22 @@ class Pool:
         timeout: float = 10.0,
         read_timeout: float = 1800.0,
     ) -> None:
+        given: tuple[object, object] = (spec, registry)
+        if not isinstance(given[0], PoolSpec) or not isinstance(given[1], Registry):
+            raise UsageError("Pool takes a PoolSpec and a Registry")
+        check_seconds("timeout", timeout)
+        check_seconds("read_timeout", read_timeout)
         self.spec = spec
         self.registry = registry
+        self.placement_path = spec.placement_path or default_placement(registry.root, spec.pool_id)
+        placement, self.warnings = load_placement(self.placement_path)
+        self.heads: dict[str, Head] = {}  # each placed head, resolved once
+        for sha in placement:
+            try:
+                self.heads[sha] = registry.head(sha)
+            except RefNotFoundError:
+                self.warnings.append(f"{sha[:12]} left the registry: dropped from the placement")
+        self.placement = {s: a for s, a in placement.items() if s in self.heads}
         opts: dict[str, Any] = {"api_key": api_key, "timeout": timeout}
         self.workers = {
             w.url: Worker(w.url, read_timeout=read_timeout, **opts) for w in spec.workers
@@ -94,7 +108,6 @@ class Pool:
             if spec.router is None
             else Worker(spec.router, read_timeout=read_timeout, profile="generic", **opts)
         )
-        self.placement: dict[str, Assignment] = load_placement(spec.placement_path)
 
     def __enter__(self) -> Pool:
         return self
@@ -109,8 +122,6 @@ class Pool:
             worker.close()
         if self.router is not None:
             self.router.close()
-
-    # ------------------------------------------------------------------ what each can keep
 
     def survey(self) -> list[WorkerState]:
         """Each worker's build, size, measured survival and capacity, read now."""
@@ -140,42 +151,39 @@ class Pool:
                 return max(counters.max_entries // per, 1), f"/cache max_entries / {per}"
         return None, "not reported (1 assumed)"
 
-    # ------------------------------------------------------------------ where a prefix is
+    def head(self, ref: Head | str) -> Head:
+        """`ref` itself when it is a head, else the verified head it names."""
+        if isinstance(ref, Prefix | Frame):
+            return ref
+        if not isinstance(ref, str):
+            raise UsageError(f"a Prefix, a Frame or a reference, not {type(ref).__name__}")
+        return self.registry.head(ref)
 
-    def assignment(self, ref: str) -> Assignment:
-        sha = self.registry.resolve(ref)
+    def assignment(self, ref: Head | str) -> Assignment:
+        sha = self.head(ref).sha256
         found = self.placement.get(sha)
         if found is None or found.worker not in self.workers:
             raise UsageError(
-                f"prefix {sha[:12]} is not placed on this pool",
-                hint="run `prefixreg pool warm REF` first",
+                f"{sha[:12]} is not placed on this pool", hint="run `prefixreg pool warm REF` first"
             )
         return found
 
-    def worker_for(self, ref: str) -> Worker:
-        """The worker that holds `ref` (a name, sha or sha prefix)."""
+    def worker_for(self, ref: Head | str) -> Worker:
         return self.workers[self.assignment(ref).worker]
 
-    def routing_key(self, ref: str) -> str:
-        return self.assignment(ref).key
-
-    def headers_for(self, ref: str) -> dict[str, str]:
+    def headers_for(self, ref: Head | str) -> dict[str, str]:
         """The header that makes the router send `ref`'s calls where it is resident."""
-        return {ROUTING_KEY_HEADER: self.routing_key(ref)}
+        return {ROUTING_KEY_HEADER: self.assignment(ref).key}
 
-    def chat(self, ref: str, tail: str, **params: Any) -> tuple[JSONObject, CallEvidence]:
+    def chat(self, ref: Head | str, tail: str, **params: Any) -> tuple[JSONObject, CallEvidence]:
         """One call for `ref` (verified bytes): through the router with its key, else direct."""
-        prefix = self.registry.get(ref)
+        head = self.head(ref)
         if self.router is not None:
-            return self.router.chat(prefix, tail, headers=self.headers_for(ref), **params)
-        return self.worker_for(ref).chat(prefix, tail, **params)
+            return self.router.chat(head, tail, headers=self.headers_for(head), **params)
+        return self.worker_for(head).chat(head, tail, **params)
 
     def save(self) -> None:
-        """Keep the placement (nothing to do for a pool without a placement file)."""
-        if self.spec.placement_path is not None:
-            save_placement(self.spec.placement_path, self.spec, self.placement.values())
-
-    # ------------------------------------------------------------------ tracing a call
+        save_placement(self.placement_path, self.spec, self.placement.values())
 
     def served_marks(self) -> dict[str, Mark]:
         """Per worker, a value that changes exactly when it serves a completion."""

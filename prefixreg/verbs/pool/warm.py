@@ -1,77 +1,68 @@
-"""`pool warm` and `pool doctor`: put registered prefixes on a pool and prove each one, per
-worker, with a fresh-tail check on the worker that holds it.
+"""`pool warm` and `pool doctor`: heads (prefixes or frames) on a pool, each proven resident
+on the worker that holds it.
 
-`warm_pool`:
-1. survey the workers (build, size, measured survival, capacity) and plan (`place`): the
-   prefixes already placed keep their worker while it has room; what fits nowhere is
-   refused before anything is sent (never evicting a resident prefix to make room);
-2. without a router, warm each prefix directly on its planned worker;
-3. with a router, send each new prefix's first call through the router with its routing
-   key (`x-smg-routing-key`: the sha) and trace which worker served it (`served_marks`;
-   the router hides its workers). A key that lands on a worker already at capacity is
-   re-keyed (`<sha>.1`, ...; at most `MAX_REKEY` tries) and reported as such;
-4. prove: every placed prefix gets a fresh-tail resume check *directly* on its worker
-   (`warm_prefix`, so the measurement is bound to that worker's build); one that lost its
-   slot (a misplaced first call can take it) is re-warmed there, and the round repeats, at
-   most `PROOF_ROUNDS` times. Only proven prefixes stay in the kept placement.
+`warm_pool`: survey the workers and plan (`place`): placed heads keep their worker while it
+has room, what fits nowhere is refused before anything is sent. With a router, each new
+head's first call goes through it with its routing key and the serving worker is traced
+(`served_marks`); a key that lands on a full worker is re-keyed (at most `MAX_REKEY`
+tries). Then, per worker, rounds of fresh-tail checks *directly* on it (`warm`, check
+alone: the measurement is bound to that worker's build); a check that misses prefills, so
+warms, its head, and the rounds repeat until one prefills nothing (at most `PROOF_ROUNDS`).
 
-`doctor_pool` re-proves the kept placement (a fresh-tail check per placed prefix, on its
-worker: cheap, and it takes no other prefix's slot) and flags builds that differ.
+Invariants: a head is resident (`judge_resident`) only when its proof resumed and nothing
+prefilled on its worker after it (a missed check may evict a head proven earlier); any
+other is reported unproven (exit 1) and dropped from the kept placement. `doctor_pool`
+proves the kept placement once, warms nothing, and flags builds that differ.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Final
 
-from prefixreg.core.errors import PrefixregError, WorkerError
+from prefixreg.core.errors import PrefixregError, UsageError, WorkerError
+from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.prefix import fresh_tail
+from prefixreg.core.judge import Judgement, judge_resident
+from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.verbs.measure.calls import WARM_PARAMS
-from prefixreg.verbs.measure.warm import warm
+from prefixreg.verbs.measure.warm import WarmResult, warm
 from prefixreg.verbs.pool.live import Pool, WorkerState, served_by
 from prefixreg.verbs.pool.spec import ROUTING_KEY_HEADER, Assignment, place, routing_key
 
-__all__ = ["MAX_REKEY", "PROOF_ROUNDS", "PoolReport", "doctor_pool", "warm_pool"]
-
 MAX_REKEY: Final = 8
-PROOF_ROUNDS: Final = 3
+PROOF_ROUNDS: Final = 4
+
+Say = Callable[[str], None]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Proof:
-    """One placed prefix's latest resume check on its worker."""
+    """One placed head's last resume check on its worker, and whether it still stands."""
 
     sha256: str
     worker: str
     key: str
     verdict: str
+    resident: bool
+    reason: str
     cached_tokens: int | None
     span_tokens: int | None
     build_id: str
 
-    def to_dict(self) -> JSONObject:
-        return {
-            "sha256": self.sha256,
-            "worker": self.worker,
-            "key": self.key,
-            "verdict": self.verdict,
-            "cached_tokens": self.cached_tokens,
-            "span_tokens": self.span_tokens,
-            "build_id": self.build_id,
-        }
-
 
 @dataclass(slots=True)
 class PoolReport:
-    """What `warm_pool` / `doctor_pool` found, per worker and per prefix."""
+    """What `warm_pool` / `doctor_pool` found, per worker and per head."""
 
     workers: list[WorkerState]
     router: str | None
     proofs: list[Proof] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # placement entries dropped
     asked: list[str] = field(default_factory=list)  # shas `warm_pool` was asked to place
 
     @property
@@ -80,21 +71,20 @@ class PoolReport:
 
     @property
     def ok(self) -> bool:
-        """Every prefix asked for is placed and proven resumed, and every worker answered.
-
-        A prefix asked for with no proof at all (the router's placement could not be traced,
-        re-keying ran out, its check failed) is not proven: never ok by omission.
-        """
-        proven = all(p.verdict == "resumed" for p in self.proofs)
-        resumed = {p.sha256 for p in self.proofs if p.verdict == "resumed"}
-        every_asked = all(sha in resumed for sha in self.asked)
-        answered = all(w.error is None for w in self.workers)
-        return proven and every_asked and not self.refused and answered
+        """Every head asked for is placed and resident, and every worker answered: a head
+        with no proof at all (untraced, out of re-keys, its check failed) is never ok."""
+        resident = {p.sha256 for p in self.proofs if p.resident}
+        return (
+            all(p.resident for p in self.proofs)
+            and all(sha in resident for sha in self.asked)
+            and not self.refused
+            and all(w.error is None for w in self.workers)
+        )
 
     @property
     def unverified(self) -> bool:
         """Not ok only because a check's counts were unverified (exit 4, not 1)."""
-        bad = [p for p in self.proofs if p.verdict != "resumed"]
+        bad = [p for p in self.proofs if not p.resident]
         return bool(bad) and all(p.verdict == "unverified" for p in bad)
 
     def held_by(self, url: str) -> list[Proof]:
@@ -107,53 +97,50 @@ class PoolReport:
             "builds_differ": self.builds_differ,
             "capacity": sum(w.capacity for w in self.workers),
             "workers": [
-                {**w.to_dict(), "holds": [p.to_dict() for p in self.held_by(w.url)]}
+                {**w.to_dict(), "holds": [asdict(p) for p in self.held_by(w.url)]}
                 for w in self.workers
             ],
             "refused": list(self.refused),
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
         }
 
 
-def _attempt_of(key: str) -> int:
-    _, dot, n = key.partition(".")
-    return int(n) if dot and n.isdigit() else 0
+def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None) -> PoolReport:
+    """Place `heads` (verified: `Registry.head`) within capacity, warm them, prove each on
+    its worker.
 
-
-def warm_pool(
-    pool: Pool, refs: Sequence[str], *, progress: Callable[[str], None] | None = None
-) -> PoolReport:
-    """Place `refs` on the pool within capacity, warm them, prove each on its worker."""
+    Raises:
+        UsageError: not a list of heads, or the registry is a mirror (nothing sent).
+    """
+    given: object = heads
+    if not isinstance(given, list | tuple) or not all(isinstance(h, Prefix | Frame) for h in given):
+        raise UsageError("warm_pool takes a list of Prefix or Frame (Registry.head)")
+    _check(pool)
     say = progress or (lambda _msg: None)
     pool.registry.refuse_on_mirror("record measurements")
-    asked = list(dict.fromkeys(pool.registry.get(r).sha256 for r in refs))  # verified bytes
-    states = pool.survey()
-    report = PoolReport(workers=states, router=pool.spec.router, asked=asked)
-    capacity = {w.url: w.capacity for w in states if w.error is None}
+    pool.heads.update((h.sha256, h) for h in heads)
+    asked = list(dict.fromkeys(h.sha256 for h in heads))
+    report = PoolReport(pool.survey(), pool.spec.router, asked=asked, warnings=list(pool.warnings))
+    capacity = {w.url: w.capacity for w in report.workers if w.error is None}
     kept = [sha for sha in pool.placement if sha not in asked]
     current = {sha: a.worker for sha, a in pool.placement.items()}
     plan = place([*kept, *asked], capacity, current)
     for sha in plan.refused:
-        total = sum(capacity.values())
         report.refused.append(sha)
         report.notes.append(
-            f"{sha[:12]} refused: the pool keeps {total} prefixes and they are taken "
-            "(nothing was sent; add a worker or drop a prefix)"
+            f"{sha[:12]} refused: the pool keeps {sum(capacity.values())} heads and they are "
+            "taken (nothing was sent; add a worker or drop a head)"
         )
-    load: dict[str, int] = dict.fromkeys(capacity, 0)
     placed: dict[str, Assignment] = {}
     for sha, url in plan.assigned.items():
         old = pool.placement.get(sha)
         if old is not None and old.worker == url:
             placed[sha] = old
-            load[url] += 1
-    for sha, url in plan.assigned.items():
-        if sha in placed:
-            continue
-        if pool.router is None:
+        elif pool.router is None:
             placed[sha] = Assignment(sha, url, routing_key(sha))
-            load[url] += 1
-            continue
+    load = Counter(a.worker for a in placed.values())
+    for sha in [s for s in plan.assigned if s not in placed]:  # through the router
         old = pool.placement.get(sha)
         start = 0 if old is None else _attempt_of(old.key) + 1
         got = _route_first_call(pool, sha, start, capacity, load, report, say)
@@ -161,9 +148,19 @@ def warm_pool(
             placed[sha] = got
             load[got.worker] += 1
     _prove(pool, placed, report, say, warm_missing=True)
-    pool.placement = {p.sha256: placed[p.sha256] for p in report.proofs if p.verdict == "resumed"}
+    pool.placement = {p.sha256: placed[p.sha256] for p in report.proofs if p.resident}
     pool.save()
     return report
+
+
+def _check(pool: object) -> None:
+    if not isinstance(pool, Pool):
+        raise UsageError(f"a Pool, not {type(pool).__name__}")
+
+
+def _attempt_of(key: str) -> int:
+    _, dot, n = key.partition(".")
+    return int(n) if dot and n.isdigit() else 0
 
 
 def _route_first_call(
@@ -171,17 +168,18 @@ def _route_first_call(
     sha: str,
     start: int,
     capacity: dict[str, int],
-    load: dict[str, int],
+    load: Counter[str],
     report: PoolReport,
-    say: Callable[[str], None],
+    say: Say,
 ) -> Assignment | None:
     """Send `sha`'s first call through the router; keep the key if it landed with room."""
     assert pool.router is not None  # noqa: S101 -- only called with a router
-    prefix = pool.registry.get(sha)
     for attempt in range(start, start + MAX_REKEY):
         key = routing_key(sha, attempt)
         before = pool.served_marks()
-        pool.router.chat(prefix, fresh_tail(), headers={ROUTING_KEY_HEADER: key}, **WARM_PARAMS)
+        pool.router.chat(
+            pool.heads[sha], fresh_tail(), headers={ROUTING_KEY_HEADER: key}, **WARM_PARAMS
+        )
         where = served_by(before, pool.served_marks())
         if where is None:
             report.notes.append(
@@ -189,7 +187,7 @@ def _route_first_call(
                 "/cache, or other traffic); not placed"
             )
             return None
-        if load.get(where, 0) < capacity.get(where, 0):
+        if load[where] < capacity.get(where, 0):
             say(f"{sha[:12]} -> {where} (router key {key})")
             return Assignment(sha, where, key)
         report.notes.append(
@@ -199,53 +197,64 @@ def _route_first_call(
     return None
 
 
+def _standing(result: WarmResult, touched_after: int) -> tuple[bool, str]:
+    proof = result.judgement
+    if proof is None or proof.verdict != result.verdict:  # the build changed under it
+        proof = Judgement("unverified", result.reason)
+    return judge_resident(proof, touched_after)
+
+
 def _prove(
-    pool: Pool,
-    placed: dict[str, Assignment],
-    report: PoolReport,
-    say: Callable[[str], None],
-    *,
-    warm_missing: bool,
+    pool: Pool, placed: dict[str, Assignment], report: PoolReport, say: Say, *, warm_missing: bool
 ) -> None:
-    """A fresh-tail check on each prefix's worker; re-warm what lost its slot, re-check."""
+    """Per worker, a fresh-tail check of each head it holds; with `warm_missing` a head not
+    resumed is warmed there, and the round repeats until one prefills nothing. Each proof
+    is judged with the prefills its worker saw after it (module docstring)."""
     proofs: dict[str, Proof] = {}
-    for _round in range(PROOF_ROUNDS if warm_missing else 1):
-        rewarmed = False
-        for sha, a in list(placed.items()):
-            worker = pool.workers[a.worker]
-            try:
-                head = pool.registry.head(sha)
-                result = warm(pool.registry, head, worker, send_warm=False)
-                if result.verdict != "resumed" and warm_missing:
-                    say(f"{sha[:12]} not resident on {a.worker}: warming it there")
-                    result = warm(pool.registry, head, worker)
-                    rewarmed = True
-            except WorkerError as exc:
-                report.notes.append(f"{sha[:12]} on {a.worker}: {exc}")
-                proofs.pop(sha, None)
-                continue
+    for url in dict.fromkeys(a.worker for a in placed.values()):
+        worker, mine = pool.workers[url], [s for s, a in placed.items() if a.worker == url]
+        last: dict[str, tuple[WarmResult, int]] = {}
+        prefills = 0  # calls on this worker that may have evicted something
+        for _round in range(PROOF_ROUNDS if warm_missing else 1):
+            before = prefills
+            for sha in mine:
+                try:
+                    result = warm(pool.registry, pool.heads[sha], worker, send_warm=False)
+                except WorkerError as exc:
+                    report.notes.append(f"{sha[:12]} on {url}: {exc}")
+                    last.pop(sha, None)
+                    prefills += 1  # it may have run on the server all the same
+                    continue
+                last[sha] = (result, prefills)
+                if result.verdict != "resumed":  # a check that missed prefilled its head:
+                    prefills += 1  # a warm, which may evict a head proven before it
+                    if warm_missing:
+                        say(f"{sha[:12]} was not resident on {url}: warmed by its check")
+            if prefills == before:
+                break
+        for sha, (result, at) in last.items():
+            resident, why = _standing(result, prefills - at)
             check = result.check
             proofs[sha] = Proof(
-                sha256=sha,
-                worker=a.worker,
-                key=a.key,
-                verdict=result.verdict,
-                cached_tokens=None if check is None else check.evidence.cached_tokens,
-                span_tokens=result.span_tokens,
-                build_id=result.build.build_id,
+                sha,
+                url,
+                placed[sha].key,
+                result.verdict,
+                resident,
+                why,
+                None if check is None else check.evidence.cached_tokens,
+                result.span_tokens,
+                result.build.build_id,
             )
-            placed[sha] = Assignment(sha, a.worker, a.key, result.build.build_id)
-        # A re-warm may take the slot of a prefix checked earlier in the round: a round
-        # that re-warmed nothing is the one whose checks all still stand.
-        if not rewarmed:
-            break
+            placed[sha] = Assignment(sha, url, placed[sha].key, result.build.build_id)
     report.proofs = [proofs[s] for s in placed if s in proofs]
 
 
 def doctor_pool(pool: Pool, *, prove: bool = True) -> PoolReport:
-    """Each worker's build, size and capacity, and (with `prove`) a fresh-tail check of
-    every prefix the kept placement puts on it. Flags builds that differ."""
-    report = PoolReport(workers=pool.survey(), router=pool.spec.router)
+    """Each worker's build, size and capacity, and (with `prove`) one fresh-tail check of
+    every head the kept placement puts on it. Flags builds that differ."""
+    _check(pool)
+    report = PoolReport(pool.survey(), pool.spec.router, warnings=list(pool.warnings))
     if report.builds_differ:
         ids = sorted({w.build_id for w in report.workers if w.build_id})
         report.notes.append(f"workers run different builds ({', '.join(ids)})")
@@ -257,15 +266,14 @@ def doctor_pool(pool: Pool, *, prove: bool = True) -> PoolReport:
                 f"{state.url} now runs build {state.build_id}; proven on another build: "
                 + ", ".join(stale)
             )
-        held = len(mine)
-        if held > state.capacity:
+        if len(mine) > state.capacity:
             report.notes.append(
-                f"{state.url} holds {held} prefixes but keeps {state.capacity}: overloaded"
+                f"{state.url} holds {len(mine)} heads but keeps {state.capacity}: overloaded"
             )
-    live = {s: a for s, a in pool.placement.items() if a.worker in pool.workers}
     if prove:
+        live = {s: a for s, a in pool.placement.items() if a.worker in pool.workers}
         try:
-            _prove(pool, dict(live), report, lambda _m: None, warm_missing=False)
+            _prove(pool, live, report, lambda _m: None, warm_missing=False)
         except PrefixregError as exc:
             report.notes.append(str(exc))
     return report
