@@ -77,8 +77,8 @@ def test_flipped_byte_makes_cat_and_show_exit_3_with_empty_stdout(
         (["add", "-", "--name", "a/b"], b"x", b"invalid name"),
         (["add", "-", "--name", ".dot"], b"x", b"invalid name"),
         (["cat", "../../etc/passwd"], None, b"invalid reference"),
-        (["cat", "unknown-name"], None, b"no prefix named"),
-        (["cat", "deadbeef00"], None, b"no prefix matches"),
+        (["cat", "unknown-name"], None, b"no prefix or frame named"),
+        (["cat", "deadbeef00"], None, b"no prefix or frame matches"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(
