@@ -63,10 +63,11 @@ def migrate_command(
         for warning in report.warnings:
             info(f"warning: {warning}")
         source, target = display_path(Path(report.source)), display_path(Path(report.target))
-        counts = f"{report.objects} objects{'' if dry_run else ' verified'}, {report.files} files"
+        verb, checked = ("would move", "") if dry_run else ("moved", " verified")
         if report.method != "none":
             info(
-                f"{'would move' if dry_run else 'moved'} {source} -> {target} by {report.method}: {counts}"
+                f"{verb} {source} -> {target} by {report.method}: {report.objects} objects"
+                f"{checked}, {report.files} files"
             )
         if scan:
             info(

@@ -134,7 +134,8 @@ def show_command(
         if frame is None:
             meta = reg.meta(sha)
             fields: dict[str, object] = {"meta": meta.to_dict()}
-            rows = [("bytes", str(meta.bytes)), ("created", meta.created)]
+            rows: list[tuple[str, str | None]] = [("bytes", str(meta.bytes))]
+            rows.append(("created", meta.created))
             rows += [("source", _safe(meta.source)), ("note", _safe(meta.note or "") or None)]
         else:
             fr: Frame = head  # type: ignore[assignment]

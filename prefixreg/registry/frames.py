@@ -121,14 +121,11 @@ def read_frame(reg: Registry, sha: str, *, name: str | None = None) -> Frame:
     try:
         system = reg.get(system_sha)
         tools_data = None if tools_sha is None else reg.read_verified(tools_sha)
-        if tools_data is not None:
-            parse_tools(tools_data, where=f"tools {tools_sha}")
+        return Frame(sha, system, tools_sha, tools_data, dumps_canonical(settings), name=name)
     except RefNotFoundError as exc:
         raise IntegrityError(f"frame {sha}: a part is missing ({exc})", path=path) from None
-    except UsageError as exc:
+    except UsageError as exc:  # the tools do not parse (once, as the frame is built)
         raise IntegrityError(f"frame {sha}: {exc}", path=path) from None
-    settings_json = dumps_canonical(settings)
-    return Frame(sha, system, tools_sha, tools_data, settings_json, name=name)
 
 
 def get_frame(reg: Registry, ref: str) -> Frame:

@@ -202,12 +202,13 @@ def _read_fd(fd: int, where: Path | str, limit: int = 1 << 62) -> tuple[bytes, o
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise IntegrityError(f"{where}: not a regular file; refused", path=Path(where))
-        chunks = [os.read(fd, min(st.st_size, limit) + 1)]
-        size = len(chunks[0])
-        while st.st_size < size <= limit and (chunk := os.read(fd, 1 << 20)):
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks), st
+        data = os.read(fd, min(st.st_size, limit) + 1)
+        if st.st_size < len(data) <= limit:  # it grew: read on, up to the limit
+            chunks = [data]
+            while len(data) <= limit and (chunk := os.read(fd, 1 << 20)):
+                chunks.append(chunk)
+                data = b"".join(chunks)
+        return data, st
     finally:
         os.close(fd)
 

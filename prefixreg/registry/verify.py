@@ -46,8 +46,7 @@ class Finding:
     message: str
     severity: Severity = "problem"
 
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+    to_dict = asdict
 
 
 @dataclass(slots=True)
@@ -71,14 +70,9 @@ class VerifyReport:
         self.findings.append(Finding(kind, path, message, severity))
 
     def to_dict(self) -> dict[str, object]:
-        checked = {k: getattr(self, k) for k in ("objects", "meta", "names", "measurements")}
-        return {
-            "root": self.root,
-            "ok": self.ok,
-            "checked": checked,
-            "findings": [f.to_dict() for f in self.findings],
-            "repaired": list(self.repaired),
-        }
+        out = asdict(self)
+        checked = {k: out.pop(k) for k in ("objects", "meta", "names", "measurements")}
+        return out | {"ok": self.ok, "checked": checked}
 
 
 def verify_registry(reg: Registry) -> VerifyReport:
