@@ -48,7 +48,8 @@ def main() -> None:
     os.close(fd)
     before = log.read_bytes()
     full = os.statvfs(mount).f_bavail == 0
-    result = {"full": full, "free": PAGE - len(before) % PAGE, "line": line}
+    result: dict[str, object] = {"full": full, "free": PAGE - len(before) % PAGE}
+    result["line"] = line
     result["n1"] = cli("name", "n1", a, "--registry", str(root))
     result["log_unchanged"] = log.read_bytes() == before
     filler.unlink()

@@ -51,13 +51,13 @@ def test_a_short_write_is_truncated_back(
     real = fsutil._write_all
 
     def half_then_full(fd: int, data: bytes) -> None:
-        if os.readlink(f"/proc/self/fd/{fd}").endswith("names.log"):
+        if Path(f"/proc/self/fd/{fd}").readlink().name == "names.log":
             os.write(fd, data[: len(data) // 2])  # what a full disk does to one write
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(fd, data)
 
     monkeypatch.setattr(fsutil, "_write_all", half_then_full)
-    with pytest.raises(PrefixregError, match="No space left.*not moved"):
+    with pytest.raises(PrefixregError, match=r"No space left.*not moved"):
         registry.move_name("main", b)
     assert log.read_bytes() == before
     monkeypatch.undo()

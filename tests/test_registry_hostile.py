@@ -244,9 +244,13 @@ def test_wrong_types_raise_a_prefixreg_error(
 
 
 def test_the_examples_of_the_issue(registry: Registry) -> None:
-    bad: Any = None
-    for call in (lambda: Registry(123 if bad is None else bad), lambda: registry.get(bad)):
+    bad: Any = 123
+    for call in (
+        lambda: Registry(bad),
+        lambda: registry.get(bad),
+        lambda: get_frame(registry, bad),
+    ):
         with pytest.raises(PrefixregError):
             call()
     with pytest.raises(PrefixregError):
-        get_frame(registry, 123 if bad is None else bad)
+        registry.get(None)  # type: ignore[arg-type]

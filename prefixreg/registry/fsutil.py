@@ -204,10 +204,11 @@ def _read_fd(fd: int, where: Path | str, limit: int = 1 << 62) -> tuple[bytes, o
             raise IntegrityError(f"{where}: not a regular file; refused", path=Path(where))
         data = os.read(fd, min(st.st_size, limit) + 1)
         if st.st_size < len(data) <= limit:  # it grew: read on, up to the limit
-            chunks = [data]
-            while len(data) <= limit and (chunk := os.read(fd, 1 << 20)):
+            chunks, size = [data], len(data)
+            while size <= limit and (chunk := os.read(fd, 1 << 20)):
                 chunks.append(chunk)
-                data = b"".join(chunks)
+                size += len(chunk)
+            data = b"".join(chunks)
         return data, st
     finally:
         os.close(fd)
