@@ -27,9 +27,7 @@ from prefixreg.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from prefixreg.core.frame import Frame
     from prefixreg.core.records import Measurement
-    from prefixreg.registry.store import Registry
 
 RefArg = Annotated[
     str, typer.Argument(help="A prefix or frame: a name, a sha256, or 8+ hex digits of one.")
@@ -46,12 +44,8 @@ def _safe(text: str) -> str:
 
 def add_command(
     file: Annotated[str, typer.Argument(help="File to add, or - for standard input.")],
-    name: Annotated[
-        str | None, typer.Option("--name", "-n", help="Point this name at the prefix.")
-    ] = None,
-    note: Annotated[
-        str | None, typer.Option("--note", help="A note kept in the meta record.")
-    ] = None,
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Point this name at it.")] = None,
+    note: Annotated[str | None, typer.Option("--note", help="A note for its meta record.")] = None,
     registry: RegistryOpt = None,
     debug: DebugOpt = False,
 ) -> None:
@@ -71,22 +65,18 @@ def add_command(
         sys.stdout.write(sha + "\n")
 
 
-def _frame_json(frame: Frame) -> dict[str, object]:
-    return {"system": frame.system.text, "tools": frame.tools, "settings": frame.settings}
-
-
 def cat_command(ref: RefArg, registry: RegistryOpt = None, debug: DebugOpt = False) -> None:
     """Write a prefix's verified bytes to stdout, byte for byte; a frame's head as JSON
-    (its system text, tools and settings)."""
+    (its system text, tools in their own key order, and settings)."""
     with cli_errors(debug):
-        head = open_registry_from(registry).head(ref)
-        if head.kind == "frame":
-            from prefixreg.core.jsonio import dumps_ordered
+        from prefixreg.core.frame import Frame
+        from prefixreg.core.jsonio import dumps_ordered
 
-            frame: Frame = head  # type: ignore[assignment]
-            data = (dumps_ordered(_frame_json(frame)) + "\n").encode()
-        else:
-            data = head.system.data
+        head = open_registry_from(registry).head(ref)
+        data = head.system.data
+        if isinstance(head, Frame):
+            parts = {"system": head.system.text, "tools": head.tools, "settings": head.settings}
+            data = (dumps_ordered(parts) + "\n").encode()
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
 
@@ -118,40 +108,41 @@ def show_command(
 ) -> None:
     """Show a prefix's or a frame's metadata, names and measurements (after verifying it)."""
     with cli_errors(debug):
+        from prefixreg.core.frame import Frame
+        from prefixreg.registry.layout import frame_relpath
+
         reg = open_registry_from(registry)
         head = reg.head(ref)
         sha, system = head.sha256, head.system
+        frame = head if isinstance(head, Frame) else None
         names = sorted(n for n, s in reg.names().items() if s == sha)
-        frame = sha if head.kind == "frame" else None
-        measurements = [m for m in reg.measurements(system.sha256) if m.outcome.frame == frame]
+        of = sha if frame is not None else None  # a frame's measurements, or the bare prefix's
+        measurements = [m for m in reg.measurements(system.sha256) if m.outcome.frame == of]
         latest = measurements[-1].build.build_id if measurements else None
         if worker is not None:
             from prefixreg.server.worker import Worker
 
             with Worker(worker) as w:
                 latest = w.server_build().build_id
-        path = reg.object_path(sha) if frame is None else reg.root / "frames" / f"{sha}.json"
         if frame is None:
-            meta = reg.meta(sha)
+            meta, path = reg.meta(sha), reg.object_path(sha)
             fields: dict[str, object] = {"meta": meta.to_dict()}
-            rows: list[tuple[str, str | None]] = [("bytes", str(meta.bytes))]
-            rows.append(("created", meta.created))
-            rows += [("source", _safe(meta.source)), ("note", _safe(meta.note or "") or None)]
+            rows = {"bytes": str(meta.bytes), "created": meta.created, "source": meta.source}
+            rows |= {"note": meta.note} if meta.note else {}
         else:
-            fr: Frame = head  # type: ignore[assignment]
-            fields = {"system": system.sha256, "tools": fr.tools_sha256}
-            fields["settings"] = fr.settings
-            rows = [("system", f"{system.sha256} ({system.size} bytes)")]
-            rows += [("tools", fr.tools_sha256 or "-"), ("settings", _safe(str(fr.settings)))]
+            path = reg.root / frame_relpath(sha)
+            fields = {"system": system.sha256, "tools": frame.tools_sha256}
+            fields["settings"] = frame.settings
+            rows = {"system": f"{system.sha256} ({system.size} bytes)"}
+            rows |= {"tools": frame.tools_sha256 or "-", "settings": frame.settings_json.decode()}
         if json_out:
             emit_json(
                 {"sha256": sha, "kind": head.kind, "path": str(path), "names": names, **fields}
                 | {"current_build": latest, "measurements": [m.to_dict() for m in measurements]}
             )
             return
-        rows = [("sha256", sha), ("kind", head.kind), *rows]
-        rows += [("names", _safe(", ".join(names)) or "-"), ("path", str(path))]
-        out = [f"{key:<8} {value}" for key, value in rows if value is not None]
+        rows = {"sha256": sha, "kind": head.kind, **rows, "names": ", ".join(names) or "-"}
+        out = [f"{key:<8} {_safe(value)}" for key, value in (rows | {"path": str(path)}).items()]
         if measurements:
             current = [m for m in measurements if m.build.build_id == latest]
             source = "from the worker" if worker is not None else "newest measured"
@@ -170,9 +161,7 @@ def show_command(
 
 
 def ls_command(
-    show_all: Annotated[
-        bool, typer.Option("--all", "-a", help="Also list probe slices (marked 'probe').")
-    ] = False,
+    show_all: Annotated[bool, typer.Option("--all", "-a", help="Also list probe slices.")] = False,
     probe: Annotated[bool, typer.Option("--probe", help="List only probe slices.")] = False,
     registry: RegistryOpt = None,
     json_out: JsonOpt = False,
@@ -210,15 +199,10 @@ def name_command(
     name: Annotated[str, typer.Argument(help="The name to set or move.")],
     ref: Annotated[str, typer.Argument(help="The prefix or frame it should point to.")],
     expect: Annotated[
-        str | None,
-        typer.Option(
-            "--expect",
-            help="Only move if the name now points to this sha (or 'none'): compare-and-swap.",
-        ),
+        str | None, typer.Option("--expect", help="Move only if it holds this sha (or 'none').")
     ] = None,
     force: Annotated[
-        bool,
-        typer.Option("--force", help="Move a name that holds a prefix to a frame, or back."),
+        bool, typer.Option("--force", help="Move a name from a prefix to a frame, or back.")
     ] = False,
     registry: RegistryOpt = None,
     debug: DebugOpt = False,
@@ -263,12 +247,7 @@ def names_command(
 
 def verify_command(
     repair: Annotated[
-        bool,
-        typer.Option(
-            "--repair",
-            help="First cut torn journal tails and make every name agree with names.log: "
-            "complete an interrupted move (its target verifies) or journal its current value.",
-        ),
+        bool, typer.Option("--repair", help="First cut torn journal tails, settle name moves.")
     ] = False,
     registry: RegistryOpt = None,
     json_out: JsonOpt = False,
@@ -277,12 +256,14 @@ def verify_command(
     """Check every object, meta record, name, frame, measurement and stray temp file.
 
     Exits 1 when a problem is found; stray temp files and objects without meta (left by
-    interrupted writes) are reported as warnings.
+    interrupted writes) are reported as warnings. Repairs (--repair): cut a torn journal
+    tail; complete an interrupted name move whose target verifies, else journal the name's
+    current value.
     """
     with cli_errors(debug):
         from prefixreg.registry.verify import repair_registry, verify_registry
 
-        reg: Registry = open_registry_from(registry)
+        reg = open_registry_from(registry)
         report = repair_registry(reg) if repair else verify_registry(reg)
         if json_out:
             emit_json(report.to_dict())

@@ -40,12 +40,8 @@ LLM prompt prefixes. `objects/<aa>/<sha256>.txt` holds the exact bytes of each p
 
 
 class Disk:
-    """The root of a registry (see the module invariants).
-
-    Raises:
-        RegistryLocationError: `root` is a file, a dangling link, a non-empty directory
-            without `REGISTRY.json`, or a registry of a newer format.
-    """
+    """The root of a registry. Raises `RegistryLocationError`: a file, a dangling link, a
+    non-empty directory without `REGISTRY.json`, or a registry of a newer format."""
 
     def __init__(self, root: Path) -> None:
         self.root = root

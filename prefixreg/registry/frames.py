@@ -109,12 +109,8 @@ def _parse(reg: Registry, sha: str) -> tuple[str, str | None, dict[str, Any]]:
 
 
 def read_frame(reg: Registry, sha: str, *, name: str | None = None) -> Frame:
-    """The verified frame `sha` (see the module invariants).
-
-    Raises:
-        RefNotFoundError: no such frame. IntegrityError: the record or a part fails
-            verification, or a part is missing (nothing may be sent).
-    """
+    """The verified frame `sha` (see the module invariants). Raises: RefNotFoundError (no
+    such frame), IntegrityError (the record or a part fails verification, or is missing)."""
     reg = _registry(reg)
     system_sha, tools_sha, settings = _parse(reg, layout.need_sha(sha))
     path = reg._disk.path(layout.frame_relpath(sha))

@@ -53,55 +53,48 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _write_temp(directory: Path, target_name: str, data: bytes, mode: int) -> Path:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for _ in range(100):
-        tmp = directory / f".{target_name}.{os.urandom(6).hex()}{TMP_SUFFIX}"
-        try:
-            fd = os.open(tmp, flags, mode)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(f"no free temp file name in {directory}")
+    # 64 random bits: O_EXCL refuses a clash rather than clobber anything.
+    tmp = directory / f".{target_name}.{os.urandom(8).hex()}{TMP_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        try:
-            _write_all(fd, data)
-        finally:
-            os.close(fd)
+        _write_all(fd, data)
     except BaseException:
+        os.close(fd)
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    os.close(fd)
     return tmp
+
+
+def _publish(path: Path, data: bytes, mode: int, *, replace: bool) -> bool:
+    tmp = _write_temp(path.parent, path.name, data, mode)
+    try:
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # no overwrite: the temp name goes below
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(exc, FileExistsError) and not replace:
+            return False
+        raise
+    if not replace:
+        tmp.unlink()
+    fsync_dir(path.parent)
+    return True
 
 
 def replace_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Write `data` to `path` durably, replacing any previous file atomically."""
-    tmp = _write_temp(path.parent, path.name, data, mode)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    fsync_dir(path.parent)
+    _publish(path, data, mode, replace=True)
 
 
 def publish_new(path: Path, data: bytes, *, mode: int = 0o444) -> bool:
     """Publish `data` at `path` only if nothing is there yet; never overwrite. True if this
     call created the file (the caller decides what an existing one means)."""
-    tmp = _write_temp(path.parent, path.name, data, mode)
-    try:
-        os.link(tmp, path)
-        created = True
-    except FileExistsError:
-        created = False
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-    if created:
-        fsync_dir(path.parent)
-    return created
+    return _publish(path, data, mode, replace=False)
 
 
 # -- no-follow opens ----------------------------------------------------------------------------
@@ -138,33 +131,28 @@ def _openat2() -> Callable[[int, str, int], int] | None:
     return _OPENAT2["fn"]
 
 
-def _refuse_link(exc: OSError, where: str) -> None:
-    if exc.errno == errno.ELOOP:
-        raise IntegrityError(f"{where}: is a symlink; refused", path=Path(where)) from None
+def _refused(exc: OSError, where: Path | str, *, last: bool = True) -> Exception:
+    """What a failed no-follow open of `where` raises: a symlink (ELOOP: nothing is followed)
+    or a file where a directory should be is an `IntegrityError`, the rest an `OSError`."""
+    if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and not last):
+        what = "is a symlink" if exc.errno == errno.ELOOP else "not a directory"
+        return IntegrityError(f"{where}: {what}; refused", path=Path(where))
+    return OSError(exc.errno, exc.strerror, str(where))
 
 
 def open_below(root: str, rel: str, flags: int) -> int:
-    """Open `root/rel` without following a symlink at any component of `rel`.
-
-    Raises:
-        FileNotFoundError: nothing there. IntegrityError: a component is a symlink or a
-            file where a directory should be (named in the message), or `rel` leaves `root`.
-    """
+    """Open `root/rel` without following a symlink at any component of `rel`. Raises:
+    FileNotFoundError; IntegrityError (a component, named, is a symlink or a file where a
+    directory should be, or `rel` leaves `root`)."""
     flags |= os.O_NOFOLLOW | os.O_CLOEXEC
-    if "/" not in rel:  # an entry of the root itself: O_NOFOLLOW covers it
-        try:
-            return os.open(f"{root}/{rel}", flags)
-        except OSError as exc:
-            _refuse_link(exc, f"{root}/{rel}")
-            raise
-    openat2 = _openat2()
+    openat2 = _openat2() if "/" in rel else None  # an entry of the root: O_NOFOLLOW covers it
     if openat2 is not None:
         base = os.open(root, _DIR)
         try:
             return openat2(base, rel, flags)
         except OSError as exc:  # a link or a non-directory on the way: the walk names it
             if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
-                raise OSError(exc.errno, exc.strerror, f"{root}/{rel}") from None
+                raise _refused(exc, f"{root}/{rel}") from None
         finally:
             os.close(base)
     parts = rel.split("/")
@@ -177,15 +165,7 @@ def open_below(root: str, rel: str, flags: int) -> int:
             try:
                 child = os.open(part, flags if last else _DIR | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as exc:
-                where = Path(root, *parts[: i + 1])
-                with contextlib.suppress(OSError):
-                    if stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode):
-                        raise IntegrityError(
-                            f"{where}: is a symlink; refused", path=where
-                        ) from None
-                if exc.errno == errno.ENOTDIR and not last:
-                    raise IntegrityError(f"{where}: not a directory; refused", path=where) from None
-                raise OSError(exc.errno, exc.strerror, str(where)) from None
+                raise _refused(exc, Path(root, *parts[: i + 1]), last=last) from None
             os.close(fd)
             fd = child
         fd, child = -1, fd
@@ -220,8 +200,7 @@ def _open_path(path: Path | str, root: Path | str | None, flags: int) -> int:
         try:
             return os.open(path_s, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
-            _refuse_link(exc, path_s)
-            raise
+            raise _refused(exc, path_s) from None
     root_s = os.fspath(root).rstrip("/")
     if not path_s.startswith(root_s + "/"):
         raise IntegrityError(f"{path}: not a path inside {root}", path=Path(path))
@@ -230,11 +209,7 @@ def _open_path(path: Path | str, root: Path | str | None, flags: int) -> int:
 
 def read_nofollow(path: Path | str, *, root: Path | str | None = None) -> bytes:
     """Read a regular file without following a symlink at it (or, given the registry `root`
-    it lies under, at any component below that root).
-
-    Raises:
-        FileNotFoundError: nothing there. IntegrityError: a symlink, or not a regular file.
-    """
+    it lies under, below that root). Raises: FileNotFoundError; IntegrityError."""
     return _read_fd(_open_path(path, root, _READ), path)[0]
 
 
@@ -258,11 +233,8 @@ def read_below(root: str, rel: str) -> bytes:
 
 def list_below(root: str, rel: str) -> list[tuple[str, str]]:
     """The entries of `root/rel` ("" for the root) as sorted (name, kind) pairs, kind one of
-    `file`, `dir`, `link`, `other`; nothing followed. A missing directory lists as empty.
-
-    Raises:
-        IntegrityError: the directory (or one on the way) is a symlink or not a directory.
-    """
+    `file`, `dir`, `link`, `other`; nothing followed; a missing directory is empty. Raises
+    `IntegrityError`: the directory (or one on the way) is a symlink or not a directory."""
     try:
         fd = os.open(root, _DIR) if not rel else open_below(root, rel, _DIR)
     except FileNotFoundError:
@@ -286,13 +258,9 @@ def list_below(root: str, rel: str) -> list[tuple[str, str]]:
 
 
 def ensure_dir(root: Path, directory: Path, *, create: bool = True) -> None:
-    """Check (with `create`, make) every directory from `root` down to `directory`, refusing
-    a symlink or a non-directory on the way: nothing is created outside the root. Without
-    `create`, a missing directory ends the check.
-
-    Raises:
-        IntegrityError: a symlink or a non-directory on the way.
-    """
+    """Check (with `create`, make) every directory from `root` down to `directory`; a missing
+    one ends a check. Raises `IntegrityError` for a symlink or a non-directory on the way:
+    nothing is created outside the root."""
     current = root
     for part in directory.relative_to(root).parts:
         current = current / part
@@ -336,8 +304,7 @@ def _open_journal(path: Path, root: Path | None, flags: int) -> int:
     try:
         fd = os.open(path, flags | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except OSError as exc:
-        _refuse_link(exc, str(path))
-        raise
+        raise _refused(exc, path) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise IntegrityError(f"{path}: not a regular file; refused", path=path)

@@ -31,7 +31,7 @@ Invariants:
 from __future__ import annotations
 
 import calendar
-import errno
+import contextlib
 import math
 import os
 import re
@@ -46,11 +46,10 @@ from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.frames import frame_parts
-from prefixreg.registry.probeslices import receipt_refs
+from prefixreg.registry.records import receipt_refs
 from prefixreg.registry.snapshots import prune_snapshot_records, snapshot_prefix_shas
 from prefixreg.registry.store import Registry
 
-DEFAULT_GRACE: Final = "14d"
 MIN_AGE_S: Final = 60.0
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _GRACE_RE: Final = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
@@ -59,11 +58,7 @@ _STAMP_RE: Final = re.compile(r"-(\d{8}T\d{6})\.(\d{6})Z\.json$")
 
 def parse_grace(text: str) -> float:
     """Seconds in a grace period: `14d`, `12h`, `30m`, `45s`, `2w`, or `0` (a bare number
-    other than 0 could mean days or seconds).
-
-    Raises:
-        UsageError: anything else.
-    """
+    other than 0 could mean days or seconds); anything else is a `UsageError`."""
     given: object = text
     match = _GRACE_RE.fullmatch(given.strip()) if isinstance(given, str) else None
     if match is None:
@@ -179,11 +174,9 @@ def _recent_measurements(reg: Registry, cutoff: float) -> set[str]:
         newest = st.st_mtime if st is not None else 0.0
         match = _STAMP_RE.search(name)
         if match is not None:
-            try:
+            with contextlib.suppress(ValueError, OverflowError):
                 stamp = calendar.timegm(time.strptime(match.group(1), "%Y%m%dT%H%M%S"))
                 newest = max(newest, stamp + int(match.group(2)) / 1e6)
-            except (ValueError, OverflowError):
-                pass
         if newest > cutoff:
             recent.add(sha)
     return recent
@@ -199,11 +192,8 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
     receipts = reg.probe_receipts()
     by_receipt, receipt_unread = receipt_refs(raw for _path, raw in receipts)
     # A receipt that could not even be read (probe_receipts skips it) keeps every slice too.
-    listed = [
-        n
-        for n, kind in reg._disk.entries(layout.PROBES)
-        if kind == "file" and n.endswith(".json") and not layout.is_temp_name(n)
-    ]
+    listed = [n for n, kind in reg._disk.entries(layout.PROBES) if kind == "file"]
+    listed = [n for n in listed if n.endswith(".json") and not layout.is_temp_name(n)]
     receipt_unread = receipt_unread or len(listed) > len(receipts)
     snapped = snapshot_prefix_shas(reg)
     for sha in list(reg._objects.shas()):
@@ -278,9 +268,6 @@ def _claim(path: Path) -> Path | None:
 
 def _restore(claimed: Path, path: Path) -> None:
     """Put a claimed file back without overwriting one a concurrent writer published."""
-    try:
+    with contextlib.suppress(FileExistsError):
         os.link(claimed, path)
-    except OSError as exc:
-        if exc.errno != errno.EEXIST:
-            raise
     claimed.unlink()

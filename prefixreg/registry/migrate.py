@@ -149,7 +149,7 @@ def migrate_registry(
                 # rename(2) moved everything at once; a copy or merge took time, during
                 # which `add` (no lock) may have written to the source.
                 late, retired = retire_source(source, target, before)
-                files = [*files, *(rel for rel in late if rel not in set(files))]
+                files = list(dict.fromkeys([*files, *late]))
             _journal(given, target, report, files)
             if retired is not None:
                 remove_tree(retired)

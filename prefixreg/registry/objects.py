@@ -8,8 +8,11 @@ Invariants:
   content re-verifies the object and refreshes its mtime (so age-based gc sees it used).
 - Listing never follows a symlink: a symlinked `objects/` or fan-out directory, or (when
   asked) an object entry that is not a regular file, raises `IntegrityError`.
-- A meta record is written after its object. A user's add of content a probe registered
-  rewrites the meta record as the user's (their source and note): a user object from then on.
+- A meta record is written after its object.
+- Probe slices are objects whose meta `source` is `probe/<run id>` (`Registry.add_probe_slice`;
+  reserved: `add` refuses it, and the CLI labels content with a file's base name, which has no
+  `/`), or, as earlier releases wrote, `probe` with a note `probe ...`. A user's add of the
+  same bytes rewrites the meta record as theirs (their source and note); a probe never does.
 """
 
 from __future__ import annotations
@@ -17,16 +20,23 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from prefixreg.core import errors
 from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.disk import Disk
-from prefixreg.registry.probeslices import PROBE_SOURCE_PREFIX, is_probe_source
 
 if TYPE_CHECKING:
     from prefixreg.core.records import Meta
+
+PROBE_SOURCE_PREFIX: Final = "probe/"
+
+
+def is_probe_source(source: str, note: str | None = None) -> bool:
+    """Does a meta record with this `source` (and `note`) mark a probe slice?"""
+    legacy = source == "probe" and (note or "").startswith("probe ")
+    return source.startswith(PROBE_SOURCE_PREFIX) or legacy
 
 
 class ObjectInfo(NamedTuple):
@@ -37,7 +47,7 @@ class ObjectInfo(NamedTuple):
     created: str | None
     note: str | None
     names: tuple[str, ...]
-    probe_slice: bool = False  # registered by a probe (`probeslices`), not the user's
+    probe_slice: bool = False  # registered by a probe, not the user's
     kind: str = "prefix"  # or "frame"
 
 
@@ -81,12 +91,8 @@ class Objects:
         self._disk = disk
 
     def read(self, sha: str) -> bytes:
-        """The bytes of object `sha` (validated by the caller), re-hashed and compared.
-
-        Raises:
-            RefNotFoundError: no such object. IntegrityError: the bytes do not hash to `sha`,
-                or are not a regular file reached without a symlink.
-        """
+        """The bytes of object `sha` (validated by the caller), re-hashed and compared. Raises:
+        RefNotFoundError (none); IntegrityError (a mismatch, a symlink, not a regular file)."""
         rel = f"{layout.OBJECTS}/{sha[:2]}/{sha}.txt"
         try:
             data = fsutil.read_below(self._disk.root_s, rel)

@@ -7,14 +7,17 @@ Invariants:
 - A measurement is read strictly, with the depth-capped JSON reader: a record whose file name
   disagrees with its sha, or that does not parse, is a `CorruptRecordError` (fail closed).
 - `mirror.log` lines are appended whole or not at all (`fsutil.append_line`).
+- A probe receipt lists every call with the sha256 of what it sent: `receipt_refs` reads
+  them, so `gc --prune-unnamed` keeps the slices a receipt names, as it keeps a name's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from prefixreg.core.digest import is_full_sha
 from prefixreg.core.errors import CorruptRecordError, PrefixregError, UsageError
 from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.registry import fsutil, layout
@@ -98,3 +101,27 @@ class Records:
 
     def append_mirror_log(self, line: bytes) -> None:
         fsutil.append_line(self._disk.path(layout.MIRROR_LOG), line, root=self._disk.root)
+
+
+def receipt_shas(raw: bytes) -> set[str] | None:
+    """The shas a probe receipt's calls name, or None when it does not parse (a caller
+    deciding what to delete must then treat the receipt as unknown)."""
+    try:
+        calls = loads_object(raw).get("calls")
+    except CorruptRecordError:
+        return None
+    if not isinstance(calls, list):
+        return None
+    shas = (call.get("sha256") if isinstance(call, dict) else None for call in calls)
+    return {sha for sha in shas if isinstance(sha, str) and is_full_sha(sha)}
+
+
+def receipt_refs(receipts: Iterable[bytes]) -> tuple[set[str], bool]:
+    """(every sha the receipts' calls name, whether some receipt did not parse)."""
+    shas: set[str] = set()
+    unread = False
+    for raw in receipts:
+        found = receipt_shas(raw)
+        unread = unread or found is None
+        shas |= found or set()
+    return shas, unread

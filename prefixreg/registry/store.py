@@ -41,8 +41,14 @@ from prefixreg.registry.layout import utc_now as utc_now
 from prefixreg.registry.layout import validate_name as validate_name
 from prefixreg.registry.names import UNSET, Names
 from prefixreg.registry.names import NameConflictError as NameConflictError
-from prefixreg.registry.objects import ObjectInfo, Objects, check_text, content_bytes
-from prefixreg.registry.probeslices import PROBE_SOURCE_PREFIX, is_probe_source
+from prefixreg.registry.objects import (
+    PROBE_SOURCE_PREFIX,
+    ObjectInfo,
+    Objects,
+    check_text,
+    content_bytes,
+    is_probe_source,
+)
 from prefixreg.registry.records import Records
 
 if TYPE_CHECKING:
@@ -235,7 +241,7 @@ class Registry:
 
     def add_probe_slice(self, content: bytes | str, *, run_id: str) -> str:
         """Store a slice probe run `run_id` sends, as `add` does, its meta marked as a probe
-        slice (`probeslices`; an existing object is left as it is). Raises as `add`."""
+        slice (see `objects`; an existing object is left as it is). Raises as `add`."""
         label = PROBE_SOURCE_PREFIX + check_text(run_id, "the probe run id")
         data = content_bytes(content)
         return self._store(data, note=f"probe {run_id}", source=label, what="add probe slices")

@@ -208,14 +208,10 @@ def catch_up(
 
 
 def retire_source(source: Path, target: Path, before: dict[str, Stat]) -> tuple[list[str], Path]:
-    """Catch the target up with what was written to the source during the move, then rename
-    the source aside (a writer still using the old path fails from then on) and catch up a
-    last time. A source that cannot be renamed (a mount point) stays where it is, to be
-    removed in place after the quiet round. Runs under the source's lock.
-
-    Returns:
-        The relative paths copied across, and where the source now is (to be removed).
-    """
+    """Catch the target up with what was written to the source during the move, rename the
+    source aside (a writer still using the old path fails from then on), catch up a last
+    time; (paths copied across, where the source now is, to be removed). A source that
+    cannot be renamed (a mount point) is removed in place after the quiet round."""
     target_state = stats(target, list_tree(target)[1])
     late: list[str] = []
     for _ in range(CATCH_UP_ROUNDS):

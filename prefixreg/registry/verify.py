@@ -102,14 +102,9 @@ def verify_registry(reg: Registry) -> VerifyReport:
 
 
 def repair_registry(reg: Registry) -> VerifyReport:
-    """Repair what can be repaired safely, then verify again: cut torn journal tails (an
-    interrupted append), then make every name agree with `names.log` (`Names.repair`:
-    complete an interrupted move whose target verifies, else journal the name's current
-    value). Everything else is only reported.
-
-    Raises:
-        UsageError: a mirror (repair on the origin). LockTimeoutError: a lock is held.
-    """
+    """Cut torn journal tails, make every name agree with `names.log` (`Names.repair`), then
+    verify again; everything else is only reported. Raises: UsageError (a mirror),
+    LockTimeoutError."""
     reg.refuse_on_mirror("repair names")
     repaired = []
     with reg.lock("mirror"):
