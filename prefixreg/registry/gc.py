@@ -1,31 +1,22 @@
 """`prefixreg gc`: remove the debris of interrupted writes and, only if asked, old unnamed prefixes.
 
-What it removes, all under the registry's exclusive lock (the one name moves take):
-- stray temp files (`.<name>.<random>.tmp`, left by a killed writer) older than the grace;
-- with `prune_unnamed` only: objects no name points to, whose mtime (refreshed by every
-  re-add) is older than the grace and that no measurement newer than the grace refers to,
-  with their meta records;
-- with `prune_snapshots` only: snapshot records whose prefix object is gone, older than the
-  grace (the snapshot files, in the server's directory, are never touched).
-Nothing younger than `MIN_AGE_S` (60 s) is touched whatever the grace, even `--grace 0`: it
-may be a write in flight (an object whose meta record an `add` has not written yet).
+Under the registry lock (the one name moves take) it removes stray temp files older than the
+grace; with `prune_unnamed`, objects (and their meta) nothing refers to whose mtime (every
+re-add refreshes it) is older than the grace; with `prune_snapshots`, snapshot records whose
+prefix object is gone (never the snapshot files). Nothing younger than `MIN_AGE_S` is
+touched, whatever the grace: it may be a write in flight.
 
 Invariants:
-- Nothing is followed: a symlink anywhere below the root, or an object that is not a regular
-  file, makes gc refuse to run (`IntegrityError`) before anything is removed.
-- Never removed: what a name, a frame record or a snapshot record points to, the `to` of any
-  name's last journal line (an interrupted move `verify --repair` may complete), what a probe
-  receipt lists (every probe slice while a receipt cannot be read); names, journals,
-  measurements and probe receipts at all; a snapshot record unless `prune_snapshots`. Every
-  JSON record is read with the depth-capped reader: a hostile record fails closed, never
-  crashes.
-- Removal is the reverse of the write order (meta, then object), so an interrupted gc leaves
-  at worst an object without meta or a stray temp file, never a meta record or name whose
-  object is missing.
-- An object is first *claimed* (renamed to a temp name) and its mtime re-read: if an `add`
-  re-used it since gc looked, the mtime moved and both files are put back. An `add` after
-  the claim finds the object gone and publishes it again.
-- A dry run takes the same lock, decides the same way, and changes nothing.
+- Nothing is followed: a symlink below the root, or an object that is not a regular file,
+  makes gc refuse (`IntegrityError`) before anything is removed.
+- Never removed: what a name, a frame or a snapshot record points to, the `to` of a name's
+  last journal line (an interrupted move), what a probe receipt lists (every probe slice
+  while a receipt cannot be read), anything a measurement newer than the grace names;
+  names, journals, measurements and receipts at all. Records are read with the depth-capped
+  JSON reader: a hostile record fails closed.
+- Removal is the reverse of the write order (meta, then object); an object is first claimed
+  (renamed to a temp name) and put back, with its meta, if an `add` re-used it meanwhile (its
+  mtime moved). A dry run takes the same lock, decides the same way, changes nothing.
 """
 
 from __future__ import annotations

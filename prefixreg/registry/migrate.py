@@ -1,30 +1,21 @@
 """`prefixreg migrate`: move a registry to a new path (by default the standard location).
 
 The old layout kept the registry at `~/prefix-registry`; the standard location is the XDG
-state directory (`location`). A move is one of:
-- `rename`: one filesystem and no registry at the target yet: one atomic `rename(2)`, then
-  the target is verified (and renamed back if it does not verify);
-- `copy`: across filesystems: every file is brought into a hidden staging directory next to
-  the target (`treecopy.sync`), compared with the bytes read from the source, the staging
-  registry verified, and only then renamed into place;
-- `merge`: the target holds a (possibly partial) copy of this registry, every file there
-  byte-identical to the source's (journals may be a prefix of the source's): what it lacks
-  is added in write order and verified; an interrupted earlier migration is finished so.
+state directory (`location`). A move is a `rename` (one filesystem, no registry at the
+target: renamed back if the target does not verify), a `copy` (into a hidden staging
+directory next to the target, compared with what was read, verified, then renamed into
+place) or a `merge` (the target holds a partial copy of this registry, byte-identical where
+it has the file, journals possibly a prefix: what it lacks is added in write order).
 
 Invariants:
-- A target that holds a *different* registry (files the source lacks, records that
-  disagree, another role), or files without `REGISTRY.json`, is refused.
-- The source must verify before anything moves (directory modes aside) and is locked while
-  it is read, so no name move or gc interleaves; writes that do not take the lock (`add`,
-  measurements) are caught up before the source goes (`treecopy.retire_source`).
-- Nothing half-written: on failure the source is untouched and whatever this run wrote at
-  the target is removed (the staging directory, or what a merge added).
-- History (measurements, probes, names.log, mirror.log) arrives byte-identical with its
-  mtimes. `migrations.log` at the new root gains one line per move.
-- A symlinked source root is resolved first: the directory moves, not the link (left
-  dangling, so a writer still configured with it fails instead of writing there).
-- The old tree is removed only after the target verified, names first, then meta.
-- `scan_references` only reads (see `refscan`).
+- A target holding a different registry, or files without `REGISTRY.json`, is refused.
+- The source must verify first (directory modes aside) and is locked while read; writes
+  that take no lock (`add`, measurements) are caught up before it goes (`treecopy`).
+- Nothing half-written: on failure the source is untouched and what this run wrote at the
+  target is removed. History arrives byte-identical with its mtimes; `migrations.log` at the
+  new root gains one line per move.
+- A symlinked source root is resolved: the directory moves, the link is left dangling. The
+  old tree is removed only after the target verified, names first, then meta.
 """
 
 from __future__ import annotations

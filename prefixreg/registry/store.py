@@ -1,12 +1,8 @@
 """`Registry`: one registry on disk, composed of parts; the face every verb and command uses.
 
-Layout (format v1, DESIGN §3; the rules live in `layout`): `REGISTRY.json`, `README.md`,
-`objects/<aa>/<sha256>.txt`, `meta/<sha256>.json`, `names/<name>`, `names.log`,
-`measurements/`, `probes/`, `frames/`, `snapshots/`, `mirror.log`, `.locks/`.
-
-Parts: `disk.Disk` (the root, its marker and lock, no-follow access; private to this
-package), `objects.Objects` (objects and meta, verified at use), `names.Names` (name files
-and their write-ahead journal) and the records (`records.Records`: measurements, probe
+Parts: `disk.Disk` (the root, its marker and lock, no-follow access by `layout` path; private
+to this package), `objects.Objects` (objects and meta, verified at use), `names.Names` (name
+files and their write-ahead journal) and the records (`records.Records`: measurements, probe
 receipts, the mirror log; `frames`; `snapshots`). `Registry` resolves references: one
 resolver behind `head`, `get`, `resolve` and `move_name`.
 
