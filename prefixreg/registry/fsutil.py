@@ -100,13 +100,18 @@ def publish_new(path: Path, data: bytes, *, mode: int = 0o444) -> bool:
 # -- no-follow opens ----------------------------------------------------------------------------
 
 _OPENAT2: dict[str, Callable[[int, str, int], int] | None] = {}  # probed once per process
+_WALKS = [0]  # walks so far: a short-lived command never pays for importing ctypes
 
 
 def _openat2() -> Callable[[int, str, int], int] | None:
     """`openat2(dirfd, rel, flags)` resolving with RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
-    (Linux 5.6+), or None where the kernel or a sandbox lacks it (then the walk is used)."""
+    (Linux 5.6+), loaded once a process has walked 32 paths; None before that, or where the
+    kernel or a sandbox lacks it (the walk is used then: same answers, a few opens more)."""
     if "fn" in _OPENAT2:
         return _OPENAT2["fn"]
+    _WALKS[0] += 1
+    if _WALKS[0] <= 32:
+        return None
     _OPENAT2["fn"] = None
     if sys.platform.startswith("linux"):
         import ctypes
@@ -145,7 +150,7 @@ def open_below(root: str, rel: str, flags: int) -> int:
     FileNotFoundError; IntegrityError (a component, named, is a symlink or a file where a
     directory should be, or `rel` leaves `root`)."""
     flags |= os.O_NOFOLLOW | os.O_CLOEXEC
-    openat2 = _openat2() if "/" in rel else None  # an entry of the root: O_NOFOLLOW covers it
+    openat2 = _openat2() if "/" in rel else None  # an entry of the root: the walk is one open
     if openat2 is not None:
         base = os.open(root, _DIR)
         try:
@@ -165,6 +170,9 @@ def open_below(root: str, rel: str, flags: int) -> int:
             try:
                 child = os.open(part, flags if last else _DIR | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as exc:
+                with contextlib.suppress(OSError):  # O_DIRECTORY answers ENOTDIR for a link
+                    if stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode):
+                        exc.errno = errno.ELOOP
                 raise _refused(exc, Path(root, *parts[: i + 1]), last=last) from None
             os.close(fd)
             fd = child
