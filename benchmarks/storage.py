@@ -3,9 +3,10 @@
 Every figure is a ratio against a floor measured in the same run on the same files, so
 the numbers hold on a noisy machine. Run: `python benchmarks/storage.py [--quick]`.
 
-- get: `Registry.get(sha)` (resolve, no-follow open, read, sha256, compare, decode) of a
-  3 KB and a 256 KB prefix vs open + read + hashlib.sha256 of the same file.
-  Targets <= 1.3x and <= 1.1x.
+- get: a verified `Registry.get(sha)` (a no-follow open of every component below the root,
+  read, sha256, compare) of a 3 KB and a 256 KB prefix vs open + read + hashlib.sha256 of
+  the same file, in CPU time and in alternation (floor, ours, floor, ...) so a busy machine
+  slows both alike. Targets <= 1.2x and <= 1.1x.
 - add: durable `Registry.add()` of new 3 KB objects vs the durable writes the format needs,
   done by hand (temp write + fsync + rename + directory fsync, for the object and its meta).
   Target <= 1.2x.
@@ -32,14 +33,20 @@ from pathlib import Path
 from prefixreg.registry.store import Registry
 
 
-def best_of(fn: Callable[[], object], *, number: int, repeat: int) -> float:
+def best_of(
+    fn: Callable[[], object],
+    *,
+    number: int,
+    repeat: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
     """Seconds per call: the minimum over `repeat` runs of `number` calls (least noise)."""
     times = []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = clock()
         for _ in range(number):
             fn()
-        times.append((time.perf_counter() - start) / number)
+        times.append((clock() - start) / number)
     return min(times)
 
 
@@ -55,8 +62,10 @@ def bench_get(reg: Registry, size: int, number: int) -> tuple[float, float]:
     def ours() -> None:
         reg.get(sha)
 
-    floor_s = best_of(floor, number=number, repeat=7)
-    ours_s = best_of(ours, number=number, repeat=7)
+    floor_s = ours_s = float("inf")
+    for _ in range(100):  # alternate, keep each side's best: drift hits both equally
+        floor_s = min(floor_s, best_of(floor, number=number, repeat=1, clock=time.process_time))
+        ours_s = min(ours_s, best_of(ours, number=number, repeat=1, clock=time.process_time))
     return ours_s, floor_s
 
 
@@ -187,9 +196,9 @@ def main() -> int:
             print("all targets met" if all(results) else "some targets missed")
             return 0 if all(results) else 1
         reg = Registry(tmp / "get-reg")
-        ours, floor = bench_get(reg, 3 * 1024, 400 * scale)
-        results.append(report("get 3 KB", ours, floor, 1.3))
-        ours, floor = bench_get(reg, 256 * 1024, 40 * scale)
+        ours, floor = bench_get(reg, 3 * 1024, 100 * scale)
+        results.append(report("get 3 KB", ours, floor, 1.2))
+        ours, floor = bench_get(reg, 256 * 1024, 10 * scale)
         results.append(report("get 256 KB", ours, floor, 1.1))
         ours, floor = bench_add(tmp, 40 * scale)
         results.append(report("durable add 3 KB", ours, floor, 1.2))

@@ -77,8 +77,8 @@ def test_flipped_byte_makes_cat_and_show_exit_3_with_empty_stdout(
         (["add", "-", "--name", "a/b"], b"x", b"invalid name"),
         (["add", "-", "--name", ".dot"], b"x", b"invalid name"),
         (["cat", "../../etc/passwd"], None, b"invalid reference"),
-        (["cat", "unknown-name"], None, b"no prefix named"),
-        (["cat", "deadbeef00"], None, b"no prefix matches"),
+        (["cat", "unknown-name"], None, b"no prefix or frame named"),
+        (["cat", "deadbeef00"], None, b"no prefix or frame matches"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(
@@ -142,3 +142,47 @@ def test_prefix_add_console_script_and_bin_wrapper(tmp_path: Path, reg: Path) ->
         )
         assert res.returncode == 0, res.stderr
         assert res.stdout.decode().strip() == hashlib.sha256(b"via prefix-add").hexdigest()
+
+
+def test_frames_go_wherever_a_prefix_goes(tmp_path: Path, reg: Path) -> None:
+    """show, cat, ls and name take a frame as they take a prefix (#21)."""
+    from prefixreg.registry.frames import write_frame
+    from prefixreg.registry.store import Registry
+
+    registry = Registry(reg)
+    system = registry.add("You are a coding agent.\n", name="sys")
+    tools = '[{"type":"function","function":{"name":"grep","parameters":{"z":1,"a":2}}}]'
+    frame = write_frame(registry, system, tools=tools, settings={"tool_choice": "auto"})
+    root = ["--registry", str(reg)]
+    shown = run_cli("show", frame[:10], *root)
+    assert shown.returncode == 0, shown.stderr
+    assert b"kind     frame" in shown.stdout and system.encode() in shown.stdout
+    data = orjson.loads(run_cli("show", frame, "--json", *root).stdout)
+    assert (data["kind"], data["system"], data["settings"]) == (
+        "frame",
+        system,
+        {"tool_choice": "auto"},
+    )
+    head = run_cli("cat", frame, *root)
+    assert head.returncode == 0
+    assert orjson.loads(head.stdout) == {
+        "system": "You are a coding agent.\n",
+        "tools": orjson.loads(tools),
+        "settings": {"tool_choice": "auto"},
+    }
+    assert b'"parameters":{"z":1,"a":2}' in head.stdout  # the tools as written, key order kept
+    listing = run_cli("ls", *root).stdout.decode().splitlines()
+    assert any(line.startswith(frame[:12]) and " frame " in line for line in listing)
+    assert any(line.startswith(system[:12]) and " prefix " in line for line in listing)
+    rows = orjson.loads(run_cli("ls", "--json", *root).stdout)
+    assert {r["sha256"]: r["kind"] for r in rows}[frame] == "frame"
+    # A name that holds a prefix is not moved to a frame (nor back) without --force.
+    refused = run_cli("name", "sys", frame, *root)
+    assert refused.returncode == 2 and b"--force" in refused.stderr
+    assert registry.read_name("sys") == system
+    assert run_cli("name", "sys", frame, "--force", *root).returncode == 0
+    assert registry.read_name("sys") == frame
+    assert run_cli("name", "sys", system, *root).returncode == 2
+    assert run_cli("name", "loop", frame, *root).returncode == 0  # a new name: no question
+    assert run_cli("cat", "loop", *root).stdout == head.stdout
+    assert run_cli("verify", *root).returncode == 0

@@ -15,6 +15,7 @@ from prefixreg.core.errors import IntegrityError, LockTimeoutError, UsageError
 from prefixreg.core.records import Measurement, ServerBuild
 from prefixreg.registry import gc as gc_mod
 from prefixreg.registry.gc import collect_garbage, parse_grace
+from prefixreg.registry.objects import Objects
 from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 from tests.conftest import run_cli as run
@@ -128,7 +129,7 @@ def test_old_measurement_does_not_protect_and_is_never_removed(
 ) -> None:
     sha = registry.add("measured long ago\n")
     _age(registry.object_path(sha), 30 * DAY)
-    monkeypatch.setattr("prefixreg.registry.store.utc_now", lambda: time.time() - 30 * DAY)
+    monkeypatch.setattr("prefixreg.registry.layout.utc_now", lambda: time.time() - 30 * DAY)
     path = _measure(registry, sha)
     monkeypatch.undo()
     _age(path, 30 * DAY)
@@ -262,16 +263,16 @@ def test_add_republishes_an_object_gc_removed_under_it(
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sha = registry.add("vanishing\n")
-    real, calls = Registry._read_verified, [0]
+    real, calls = Objects.read, [0]
 
-    def vanish_after_check(self: Registry, s: str) -> bytes:
+    def vanish_after_check(self: Objects, s: str) -> bytes:
         data = real(self, s)
         if calls[0] == 0:  # gc claims the object between add's check and its mtime refresh
             calls[0] += 1
-            self.object_path(s).unlink()
+            registry.object_path(s).unlink()
         return data
 
-    monkeypatch.setattr(Registry, "_read_verified", vanish_after_check)
+    monkeypatch.setattr(Objects, "read", vanish_after_check)
     assert registry.add("vanishing\n") == sha
     monkeypatch.undo()
     assert registry.get(sha).data == b"vanishing\n"
@@ -283,14 +284,14 @@ def test_a_name_never_moves_to_an_object_gc_removed_meanwhile(
     from prefixreg.core.errors import RefNotFoundError
 
     sha = registry.add("short-lived\n")
-    real = Registry._read_verified
+    real = Objects.read
 
-    def removed_before_the_lock(self: Registry, s: str) -> bytes:
+    def removed_before_the_lock(self: Objects, s: str) -> bytes:
         data = real(self, s)
-        self.object_path(s).unlink()  # gc ran between the check and the locked write
+        registry.object_path(s).unlink()  # gc ran between the check and the locked write
         return data
 
-    monkeypatch.setattr(Registry, "_read_verified", removed_before_the_lock)
+    monkeypatch.setattr(Objects, "read", removed_before_the_lock)
     with pytest.raises(RefNotFoundError):
         registry.move_name("n", sha)
     monkeypatch.undo()

@@ -12,11 +12,12 @@ import pytest
 
 from prefixreg.core.errors import IntegrityError, PrefixregError, RegistryLocationError, UsageError
 from prefixreg.core.records import Measurement, ServerBuild
-from prefixreg.registry import catchup as catchup_mod
 from prefixreg.registry import fsutil, treecopy
 from prefixreg.registry import migrate as migrate_mod
+from prefixreg.registry.layout import MIGRATIONS_LOG
 from prefixreg.registry.location import default_registry_path, legacy_registry_path
-from prefixreg.registry.migrate import MIGRATIONS_LOG, migrate_registry, scan_references
+from prefixreg.registry.migrate import migrate_registry
+from prefixreg.registry.refscan import scan_references
 from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 from tests.conftest import run_cli as run
@@ -502,7 +503,7 @@ def test_a_write_landing_after_the_source_was_renamed_aside_is_copied(
     monkeypatch.setattr(migrate_mod, "_same_filesystem", lambda _a, _b: False)
     old, new = tmp_path / "old", tmp_path / "new"
     _populate(old)
-    real_catch_up = catchup_mod.catch_up
+    real_catch_up = treecopy.catch_up
     landed: list[str] = []
 
     def catch_up(source: Path, *args: object) -> list[str]:
@@ -512,7 +513,7 @@ def test_a_write_landing_after_the_source_was_renamed_aside_is_copied(
             landed.append(source.name)
         return real_catch_up(source, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(catchup_mod, "catch_up", catch_up)
+    monkeypatch.setattr(treecopy, "catch_up", catch_up)
     migrate_registry(old, new)
     assert landed and not old.exists()
     assert (new / "mirror.log").read_bytes().endswith(b'{"at":"z","ok":true}\n')

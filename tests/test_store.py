@@ -334,13 +334,10 @@ def test_open_registry_honours_env_then_xdg(
 
 
 def test_object_file_names_are_recognised_by_one_rule() -> None:
-    from prefixreg.registry.layout import object_sha as by_path
-
-    def object_sha(fan: str, name: str) -> str | None:
-        return by_path(f"objects/{fan}/{name}")
+    from prefixreg.registry.layout import object_relpath, object_sha
 
     sha = "ab" + "0" * 62
-    assert object_sha("ab", f"{sha}.txt") == sha
+    assert object_sha(f"objects/ab/{sha}.txt") == sha == object_sha(object_relpath(sha))
     for fan, name in [
         ("cd", f"{sha}.txt"),
         ("ab", sha),
@@ -348,4 +345,4 @@ def test_object_file_names_are_recognised_by_one_rule() -> None:
         ("ab", f".{sha}.txt.x.tmp"),
         ("ab", "ab12.txt"),
     ]:
-        assert object_sha(fan, name) is None
+        assert object_sha(f"objects/{fan}/{name}") is None

@@ -9,7 +9,6 @@ messages to stderr. Only `prefixreg.cli` imports typer.
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import traceback
 from collections.abc import Iterator
@@ -131,33 +130,14 @@ def cli_errors(debug: bool) -> Iterator[None]:
         fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), ExitCode.NO)
 
 
-USER_FILE_MAX = 64 * 1024 * 1024  # a prefix, tools or a corpus; never a stream of any size
+def read_user_file(path: Path | str, *, limit: int | None = None) -> bytes:
+    """A file the user named (`-`: stdin): regular files only, size-capped (the registry's
+    one reader, `fsutil.read_user_file`)."""
+    from prefixreg.registry import fsutil
 
-
-def read_user_file(path: Path | str, *, limit: int = USER_FILE_MAX) -> bytes:
-    """The bytes of a file the user named (`-`: standard input), at most `limit` bytes.
-
-    Only a regular file is read: a FIFO, a device (`/dev/zero`) or a directory could block
-    or never end, so it is refused before a byte is read. Every failure is one usage line.
-    """
-    where = "standard input" if str(path) == "-" else str(path)
-    if str(path) == "-":
-        data = sys.stdin.buffer.read(limit + 1)
-    else:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-        except FileNotFoundError:
-            raise errors.UsageError(f"{path}: no such file") from None
-        except OSError as exc:
-            raise errors.UsageError(f"{path}: {exc.strerror or exc}") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise errors.UsageError(f"{path}: not a regular file (a FIFO, device or directory)")
-        with os.fdopen(fd, "rb") as handle:
-            data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise errors.UsageError(f"{where}: larger than {limit:,} bytes; refused")
-    return data
+    if limit is None:
+        return fsutil.read_user_file(path)
+    return fsutil.read_user_file(path, limit=limit)
 
 
 def emit_json(value: Any) -> None:

@@ -1,9 +1,9 @@
 """Lifecycle commands: `migrate` (move a registry, verified) and `gc` (remove debris).
 
 Data goes to stdout (`--json` for machines): stale references as `file:line: text` for
-migrate, one line per removed file for gc. The summary goes to stderr. Exit codes follow
-DESIGN §5: a refused target is a usage error (2), a registry that does not verify is an
-integrity failure (3), a held lock is 7.
+migrate, one line per removed file for gc; the summary goes to stderr. Exit codes follow
+DESIGN §5: a refused target is a usage error (2), a registry that does not verify an
+integrity failure (3), a held lock 7.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from prefixreg.cli._common import (
     open_registry_from,
 )
 
-__all__ = ["gc_command", "migrate_command", "register"]
+DryRunOpt = Annotated[
+    bool, typer.Option("--dry-run", help="Say what would happen; change nothing.")
+]
 
 
 def migrate_command(
@@ -32,22 +34,14 @@ def migrate_command(
     to: Annotated[
         Path | None,
         typer.Option(
-            "--to",
-            help="Where to move it (default: the standard location, the XDG state directory).",
-            show_default=False,
+            "--to", help="Where to (default: the XDG state directory).", show_default=False
         ),
     ] = None,
     scan: Annotated[
         list[Path] | None,
-        typer.Option(
-            "--scan",
-            help="List every file:line under this directory that still names OLD (repeatable).",
-            show_default=False,
-        ),
+        typer.Option("--scan", help="List file:line under DIR still naming OLD (repeatable)."),
     ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Say what would happen; change nothing.")
-    ] = False,
+    dry_run: DryRunOpt = False,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -64,53 +58,39 @@ def migrate_command(
         report = migrate_registry(old, to, scan=scan or (), dry_run=dry_run)
         if json_out:
             emit_json(report.to_dict())
-        else:
-            for ref in report.stale:
-                sys.stdout.write(f"{ref.path}:{ref.line}: {ref.text}\n")
+        for ref in [] if json_out else report.stale:
+            sys.stdout.write(f"{ref.path}:{ref.line}: {ref.text}\n")
         for warning in report.warnings:
             info(f"warning: {warning}")
         source, target = display_path(Path(report.source)), display_path(Path(report.target))
-        if report.method == "none":
-            pass
-        elif dry_run:
+        verb, checked = ("would move", "") if dry_run else ("moved", " verified")
+        if report.method != "none":
             info(
-                f"would move {source} -> {target} by {report.method}: "
-                f"{report.objects} objects, {report.files} files"
-            )
-        else:
-            info(
-                f"moved {source} -> {target} by {report.method}: {report.objects} objects "
-                f"verified, {report.files} files"
+                f"{verb} {source} -> {target} by {report.method}: {report.objects} objects"
+                f"{checked}, {report.files} files"
             )
         if scan:
             info(
                 f"{len(report.stale)} references to {source} left under "
-                f"{', '.join(str(s) for s in scan)}"
+                f"{', '.join(map(str, scan))}"
                 + ("; repoint them to the new location" if report.stale else "")
             )
 
 
 def gc_command(
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="List what would be removed; remove nothing.")
-    ] = False,
+    dry_run: DryRunOpt = False,
     grace: Annotated[
         str,
         typer.Option("--grace", help="Only touch files older than this: 14d, 12h, 30m, 45s, 0."),
     ] = "14d",
     prune_unnamed: Annotated[
-        bool,
-        typer.Option(
-            "--prune-unnamed",
-            help="Also remove objects no name points to (and no recent measurement uses).",
-        ),
+        bool, typer.Option("--prune-unnamed", help="Also remove old objects nothing refers to.")
     ] = False,
     prune_snapshots: Annotated[
         bool,
         typer.Option(
             "--prune-snapshots",
-            help="Also remove snapshot records whose prefix object is gone (the snapshot"
-            " files, in the server's directory, are not touched).",
+            help="Also remove snapshot records whose prefix is gone (not the snapshot files).",
         ),
     ] = False,
     registry: RegistryOpt = None,
@@ -127,9 +107,8 @@ def gc_command(
         from prefixreg.registry.gc import collect_garbage, parse_grace
 
         grace_s = parse_grace(grace)
-        reg = open_registry_from(registry)
         report = collect_garbage(
-            reg,
+            open_registry_from(registry),
             grace_s=grace_s,
             prune_unnamed=prune_unnamed,
             prune_snapshots=prune_snapshots,
@@ -137,18 +116,16 @@ def gc_command(
         )
         if json_out:
             emit_json(report.to_dict())
-        else:
-            verb = "would remove" if dry_run else "removed"
-            for item in report.removed:
-                sys.stdout.write(f"{verb} {item.kind:<6} {item.path}\n")
-        counts = {
-            kind: sum(1 for i in report.removed if i.kind == kind)
-            for kind in ("stray", "object", "meta", "snapshot")
-        }
+        for item in [] if json_out else report.removed:
+            sys.stdout.write(
+                f"{'would remove' if dry_run else 'removed'} {item.kind:<6} {item.path}\n"
+            )
+        count = {k: sum(i.kind == k for i in report.removed) for k in ("stray", "object", "meta")}
+        snapshots = sum(i.kind == "snapshot" for i in report.removed)
         info(
-            f"{'dry run: would remove' if dry_run else 'removed'} {counts['stray']} stray temp "
-            f"files, {counts['object']} unnamed objects, {counts['meta']} meta records"
-            + (f", {counts['snapshot']} snapshot records" if prune_snapshots else "")
+            f"{'dry run: would remove' if dry_run else 'removed'} {count['stray']} stray temp "
+            f"files, {count['object']} unnamed objects, {count['meta']} meta records"
+            + (f", {snapshots} snapshot records" if prune_snapshots else "")
             + f" (grace {grace})"
             + ("" if prune_unnamed else "; unnamed objects are kept without --prune-unnamed")
         )

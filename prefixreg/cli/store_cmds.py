@@ -1,7 +1,9 @@
 """Registry commands: add, cat, show, ls, name, names, verify.
 
-Each command parses its options, calls one `Registry` method and renders the result.
-The library is imported inside the functions so `--help` stays cheap.
+Each command parses its options, resolves a reference once (`Registry.head`: a prefix or a
+frame, verified), calls the registry and renders the result. Whatever takes a prefix takes a
+frame. Files the user names are read through `fsutil.read_user_file` (regular files only,
+size-capped). The library is imported inside the functions so `--help` stays cheap.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,85 +24,76 @@ from prefixreg.cli._common import (
     emit_json,
     info,
     open_registry_from,
-    read_user_file,
 )
 
 if TYPE_CHECKING:
     from prefixreg.core.records import Measurement
-    from prefixreg.registry.store import Registry
 
-__all__ = ["add_command", "register"]
+RefArg = Annotated[
+    str, typer.Argument(help="A prefix or frame: a name, a sha256, or 8+ hex digits of one.")
+]
+
+
+def _safe(text: str) -> str:
+    """`text` with control characters (ANSI escapes, newlines, ...) shown as escapes, so a
+    note, source or name can never move the cursor, recolour or forge a line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def add_command(
     file: Annotated[str, typer.Argument(help="File to add, or - for standard input.")],
-    name: Annotated[
-        str | None, typer.Option("--name", "-n", help="Point this name at the prefix.")
-    ] = None,
-    note: Annotated[
-        str | None, typer.Option("--note", help="A note kept in the meta record.")
-    ] = None,
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Point this name at it.")] = None,
+    note: Annotated[str | None, typer.Option("--note", help="A note for its meta record.")] = None,
     registry: RegistryOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Add a prefix (exact bytes, valid UTF-8) and print its sha256. Idempotent."""
     with cli_errors(debug):
-        from prefixreg.registry.store import check_text
+        from prefixreg.registry.fsutil import read_user_file
+        from prefixreg.registry.objects import check_text
 
         if note is not None:
             check_text(note, "--note")  # before reading anything: nothing is written
-        if file == "-":
-            data, source = sys.stdin.buffer.read(), "stdin"
-        else:
-            data, source = read_user_file(Path(file)), _label(Path(file).name)
+        data = read_user_file(file)  # a regular file (or stdin), size-capped
+        # A file name as a label that is always valid text: bytes that are not UTF-8 (kept by
+        # the OS as surrogate escapes) are shown as \xNN escapes.
+        label = os.fsencode(Path(file).name).decode("utf-8", errors="backslashreplace")
         reg = open_registry_from(registry)
-        sha = reg.add(data, name=name, note=note, source=source)
+        sha = reg.add(data, name=name, note=note, source="stdin" if file == "-" else label)
         sys.stdout.write(sha + "\n")
 
 
-def _label(filename: str) -> str:
-    """A file name as a source label that is always valid text: bytes that are not UTF-8
-    (kept by the OS as surrogate escapes) are shown as \\xNN escapes."""
-    return os.fsencode(filename).decode("utf-8", errors="backslashreplace")
-
-
-def _safe(text: str) -> str:
-    """`text` with control characters (ANSI escapes, newlines, ...) shown as escapes, so
-    a note, source or name can never move the cursor, recolour or forge a line."""
-    if text.isprintable():
-        return text
-    return "".join(
-        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text
-    )
-
-
-def cat_command(
-    ref: Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")],
-    registry: RegistryOpt = None,
-    debug: DebugOpt = False,
-) -> None:
-    """Write the verified bytes of a prefix to stdout, byte for byte."""
+def cat_command(ref: RefArg, registry: RegistryOpt = None, debug: DebugOpt = False) -> None:
+    """Write a prefix's verified bytes to stdout, byte for byte; a frame's head as JSON
+    (its system text, tools in their own key order, and settings)."""
     with cli_errors(debug):
-        data = open_registry_from(registry).get_bytes(ref)
+        from prefixreg.core.frame import Frame
+        from prefixreg.core.jsonio import dumps_ordered
+
+        head = open_registry_from(registry).head(ref)
+        data = head.system.data
+        if isinstance(head, Frame):
+            parts = {"system": head.system.text, "tools": head.tools, "settings": head.settings}
+            data = (dumps_ordered(parts) + "\n").encode()
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
 
 
 def _measurement_line(m: Measurement, current_build: str | None) -> str:
-    body = m.body
-    verdict = body.get("verdict", "?")
-    cached, prompt = body.get("cached_tokens"), body.get("prompt_tokens")
+    out = m.outcome
     mark = "" if current_build is None or m.build.build_id == current_build else " (older build)"
-    if body.get("interleaved") is True:
+    if out.interleaved:
         mark += " (interleaved: not a clean measurement)"
     return (
-        f"  {m.at}  {m.kind:<8} {verdict!s:<10} cached {cached}/{prompt}"
-        f"  build {m.build.build_id}{mark}"
+        f"  {m.at}  {m.kind:<8} {out.verdict or '?':<10} cached {out.cached_tokens}/"
+        f"{out.prompt_tokens}  build {m.build.build_id}{mark}"
     )
 
 
 def show_command(
-    ref: Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")],
+    ref: RefArg,
     worker: Annotated[
         str | None,
         typer.Option(
@@ -113,107 +106,90 @@ def show_command(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Show a prefix's metadata, names and measurements (after verifying its bytes)."""
+    """Show a prefix's or a frame's metadata, names and measurements (after verifying it)."""
     with cli_errors(debug):
+        from prefixreg.core.frame import Frame
+        from prefixreg.registry.layout import frame_relpath
+
         reg = open_registry_from(registry)
-        prefix = reg.get(ref)
-        meta = reg.meta(prefix.sha256)
-        names = sorted(n for n, s in reg.names().items() if s == prefix.sha256)
-        measurements = reg.measurements(prefix.sha256)
-        latest_build = measurements[-1].build.build_id if measurements else None
+        head = reg.head(ref)
+        sha, system = head.sha256, head.system
+        frame = head if isinstance(head, Frame) else None
+        names = sorted(n for n, s in reg.names().items() if s == sha)
+        of = sha if frame is not None else None  # a frame's measurements, or the bare prefix's
+        measurements = [m for m in reg.measurements(system.sha256) if m.outcome.frame == of]
+        latest = measurements[-1].build.build_id if measurements else None
         if worker is not None:
             from prefixreg.server.worker import Worker
 
             with Worker(worker) as w:
-                latest_build = w.server_build().build_id
+                latest = w.server_build().build_id
+        if frame is None:
+            meta, path = reg.meta(sha), reg.object_path(sha)
+            fields: dict[str, object] = {"meta": meta.to_dict()}
+            rows = {"bytes": str(meta.bytes), "created": meta.created, "source": meta.source}
+            rows |= {"note": meta.note} if meta.note else {}
+        else:
+            path = reg.root / frame_relpath(sha)
+            fields = {"system": system.sha256, "tools": frame.tools_sha256}
+            fields["settings"] = frame.settings
+            rows = {"system": f"{system.sha256} ({system.size} bytes)"}
+            rows |= {"tools": frame.tools_sha256 or "-", "settings": frame.settings_json.decode()}
         if json_out:
             emit_json(
-                {
-                    "sha256": prefix.sha256,
-                    "path": str(reg.object_path(prefix.sha256)),
-                    "meta": meta.to_dict(),
-                    "names": names,
-                    "current_build": latest_build,
-                    "measurements": [m.to_dict() for m in measurements],
-                }
+                {"sha256": sha, "kind": head.kind, "path": str(path), "names": names, **fields}
+                | {"current_build": latest, "measurements": [m.to_dict() for m in measurements]}
             )
             return
-        out = [
-            f"sha256   {prefix.sha256}",
-            f"bytes    {meta.bytes}",
-            f"created  {meta.created}",
-            f"source   {_safe(meta.source)}",
-            f"names    {_safe(', '.join(names)) if names else '-'}",
-            f"path     {reg.object_path(prefix.sha256)}",
-        ]
-        if meta.note:
-            out.append(f"note     {_safe(meta.note)}")
+        rows = {"sha256": sha, "kind": head.kind, **rows, "names": ", ".join(names) or "-"}
+        out = [f"{key:<8} {_safe(value)}" for key, value in (rows | {"path": str(path)}).items()]
         if measurements:
-            current = [m for m in measurements if m.build.build_id == latest_build]
+            current = [m for m in measurements if m.build.build_id == latest]
             source = "from the worker" if worker is not None else "newest measured"
-            out.append(f"current build {latest_build} ({source})")
+            out.append(f"current build {latest} ({source})")
             # A measurement foreign calls interleaved with proves little: prefer a clean one.
-            clean = [m for m in current if m.body.get("interleaved") is not True]
-            if clean:
-                out.append("latest on the current build:")
-                out.append(_measurement_line(clean[-1], latest_build))
-            elif current:
-                out.append("latest on the current build (no clean measurement):")
-                out.append(_measurement_line(current[-1], latest_build))
+            clean = [m for m in current if not m.outcome.interleaved]
+            if clean or current:
+                what = "" if clean else " (no clean measurement)"
+                out.append(f"latest on the current build{what}:")
+                out.append(_measurement_line((clean or current)[-1], latest))
             else:
                 out.append("no measurement on the current build; older builds' figures:")
             out.append(f"measurements ({len(measurements)}, newest last):")
-            out.extend(_measurement_line(m, latest_build) for m in measurements[-10:])
+            out.extend(_measurement_line(m, latest) for m in measurements[-10:])
         sys.stdout.write("\n".join(out) + "\n")
 
 
 def ls_command(
-    show_all: Annotated[
-        bool, typer.Option("--all", "-a", help="Also list probe slices (marked 'probe').")
-    ] = False,
+    show_all: Annotated[bool, typer.Option("--all", "-a", help="Also list probe slices.")] = False,
     probe: Annotated[bool, typer.Option("--probe", help="List only probe slices.")] = False,
     registry: RegistryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """List prefixes: sha, size, creation time, names, note.
+    """List prefixes and frames: sha, kind, size, creation time, names, note.
 
     The slices a probe registered are hidden (a named one is shown: its name makes it
     yours); the count hidden goes to stderr. --all lists them too, --probe only them.
     """
     with cli_errors(debug):
-        reg = open_registry_from(registry)
-        everything = reg.list_objects()
+        everything = open_registry_from(registry).list_objects(frames=True)
         if probe:
-            objects = [o for o in everything if o.probe_slice]
-        elif show_all:
-            objects = everything
+            rows = [o for o in everything if o.probe_slice]
         else:
-            objects = [o for o in everything if not o.probe_slice or o.names]
-        hidden = len(everything) - len(objects)
+            rows = [o for o in everything if show_all or not o.probe_slice or o.names]
+        hidden = len(everything) - len(rows)
         if json_out:
-            emit_json(
-                [
-                    {
-                        "sha256": o.sha256,
-                        "bytes": o.bytes,
-                        "created": o.created,
-                        "names": list(o.names),
-                        "note": o.note,
-                        "probe_slice": o.probe_slice,
-                    }
-                    for o in objects
-                ]
+            emit_json([o._asdict() | {"names": list(o.names)} for o in rows])
+        for o in [] if json_out else rows:
+            size = "-" if o.bytes is None else str(o.bytes)
+            names = _safe(",".join(o.names)) or "-"
+            note = f"  {_safe(o.note)}" if o.note else ""
+            mark = "  [probe]" if o.probe_slice else ""
+            sys.stdout.write(
+                f"{o.sha256[:12]}  {o.kind:<6}  {size:>9}  {(o.created or '?')[:19]}  "
+                f"{names}{mark}{note}\n"
             )
-        else:
-            for o in objects:
-                size = "?" if o.bytes is None else str(o.bytes)
-                names = _safe(",".join(o.names)) or "-"
-                note = f"  {_safe(o.note)}" if o.note else ""
-                mark = "  [probe]" if o.probe_slice else ""
-                sys.stdout.write(
-                    f"{o.sha256[:12]}  {size:>9}  {(o.created or '?')[:19]}  {names}{mark}{note}\n"
-                )
         if hidden and not probe:
             what = "probe slice" if hidden == 1 else "probe slices"
             info(f"{hidden} {what} hidden (ls --all lists them, ls --probe only them)")
@@ -221,24 +197,25 @@ def ls_command(
 
 def name_command(
     name: Annotated[str, typer.Argument(help="The name to set or move.")],
-    ref: Annotated[str, typer.Argument(help="The prefix it should point to.")],
+    ref: Annotated[str, typer.Argument(help="The prefix or frame it should point to.")],
     expect: Annotated[
-        str | None,
-        typer.Option(
-            "--expect",
-            help="Only move if the name now points to this sha (or 'none'): compare-and-swap.",
-        ),
+        str | None, typer.Option("--expect", help="Move only if it holds this sha (or 'none').")
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Move a name from a prefix to a frame, or back.")
+    ] = False,
     registry: RegistryOpt = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Point NAME at a prefix (journalled in names.log)."""
+    """Point NAME at a prefix or a frame (journalled in names.log)."""
     with cli_errors(debug):
+        from prefixreg.registry.names import UNSET
+
         reg = open_registry_from(registry)
-        kwargs: dict[str, Any] = {}
+        was: object = UNSET
         if expect is not None:
-            kwargs["expect"] = None if expect.lower() == "none" else reg.resolve(expect)
-        move = reg.move_name(name, ref, **kwargs)
+            was = None if expect.lower() == "none" else reg.resolve(expect)
+        move = reg.move_name(name, ref, expect=was, force=force)
         if move is None:
             info(f"{name} already points to {reg.resolve(ref)}")
         else:
@@ -258,40 +235,35 @@ def names_command(
             moves = reg.name_log()
             if json_out:
                 emit_json([m.to_dict() for m in moves])
-                return
-            for m in moves:
+            for m in [] if json_out else moves:
                 sys.stdout.write(f"{m.at}  {_safe(m.name)}  {m.from_sha or '-'} -> {m.to_sha}\n")
             return
         names = reg.names()
         if json_out:
             emit_json(names)
-            return
-        for n, sha in names.items():
+        for n, sha in [] if json_out else names.items():
             sys.stdout.write(f"{sha}  {_safe(n)}\n")
 
 
 def verify_command(
     repair: Annotated[
-        bool,
-        typer.Option(
-            "--repair",
-            help="First make every name agree with names.log: complete an interrupted move "
-            "(its object verifies) or journal the name's current value.",
-        ),
+        bool, typer.Option("--repair", help="First cut torn journal tails, settle name moves.")
     ] = False,
     registry: RegistryOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Check every object, meta record, name, measurement and stray temp file.
+    """Check every object, meta record, name, frame, measurement and stray temp file.
 
     Exits 1 when a problem is found; stray temp files and objects without meta (left by
-    interrupted writes) are reported as warnings.
+    interrupted writes) are reported as warnings. Repairs (--repair): cut a torn journal
+    tail; complete an interrupted name move whose target verifies, else journal the name's
+    current value.
     """
     with cli_errors(debug):
         from prefixreg.registry.verify import repair_registry, verify_registry
 
-        reg: Registry = open_registry_from(registry)
+        reg = open_registry_from(registry)
         report = repair_registry(reg) if repair else verify_registry(reg)
         if json_out:
             emit_json(report.to_dict())
@@ -301,11 +273,11 @@ def verify_command(
             for f in report.findings:
                 line = f"{f.severity:<8} {f.kind:<12} {f.path}: {f.message}"
                 sys.stdout.write(_safe(line) + "\n")
+            problems = sum(f.severity == "problem" for f in report.findings)
             info(
                 f"{'ok' if report.ok else 'PROBLEMS FOUND'}: {report.objects} objects, "
                 f"{report.meta} meta, {report.names} names, {report.measurements} measurements"
-                f"; {sum(f.severity == 'problem' for f in report.findings)} problems, "
-                f"{sum(f.severity == 'warning' for f in report.findings)} warnings"
+                f"; {problems} problems, {len(report.findings) - problems} warnings"
             )
         if not report.ok:
             raise typer.Exit(int(ExitCode.NO))
@@ -313,10 +285,13 @@ def verify_command(
 
 def register(app: typer.Typer) -> None:
     """Add the registry commands to `app`."""
-    app.command("add")(add_command)
-    app.command("cat")(cat_command)
-    app.command("show")(show_command)
-    app.command("ls")(ls_command)
-    app.command("name")(name_command)
-    app.command("names")(names_command)
-    app.command("verify")(verify_command)
+    for name, command in (
+        ("add", add_command),
+        ("cat", cat_command),
+        ("show", show_command),
+        ("ls", ls_command),
+        ("name", name_command),
+        ("names", names_command),
+        ("verify", verify_command),
+    ):
+        app.command(name)(command)

@@ -24,7 +24,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from prefixreg.core.digest import is_full_sha, sha256_hex
@@ -73,6 +73,13 @@ def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
         if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
             raise UsageError(f"{where}[{i}]: must be an object with a string 'type'")
     return cast(list[dict[str, Any]], value)
+
+
+def _copy(value: Any) -> Any:
+    """A fresh copy of parsed JSON (depth-capped by the parse, so the recursion is bounded)."""
+    if isinstance(value, dict):
+        return {key: _copy(item) for key, item in value.items()}
+    return [_copy(item) for item in value] if isinstance(value, list) else value
 
 
 def _check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
@@ -158,7 +165,8 @@ class Frame:
     """A verified frame: its sha, the system prefix, the tools bytes, the prompt settings.
 
     `settings_json` is the canonical JSON of the settings, so the frame stays immutable;
-    `settings` and `tools` hand out fresh copies on each access.
+    `settings` and `tools` hand out fresh copies on each access. The tools are parsed once,
+    when the frame is built (`UsageError` if they are not a tools list).
     """
 
     sha256: str
@@ -167,6 +175,12 @@ class Frame:
     tools_data: bytes | None
     settings_json: bytes
     name: str | None = None
+    _tools: list[dict[str, Any]] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.tools_data is not None:
+            parsed = parse_tools(self.tools_data, where=f"tools {self.tools_sha256}")
+            object.__setattr__(self, "_tools", parsed)
 
     @property
     def kind(self) -> str:
@@ -181,10 +195,8 @@ class Frame:
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:
-        """The tools list (parsed from the verified bytes; a fresh copy), or None."""
-        if self.tools_data is None:
-            return None
-        return parse_tools(self.tools_data, where=f"tools {self.tools_sha256}")
+        """The tools list (parsed once from the verified bytes; a fresh copy), or None."""
+        return None if self._tools is None else cast(list[dict[str, Any]], _copy(self._tools))
 
     @property
     def renders_tools(self) -> bool:

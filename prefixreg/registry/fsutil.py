@@ -1,17 +1,20 @@
-"""Filesystem primitives: durable atomic writes, no-follow reads, directory fsync.
+"""Filesystem primitives: the one durable writer, untearable journal appends, no-follow reads,
+and the capped reader of files a user names.
 
 Invariants:
-- A published file is complete: data goes to a temp file in the target directory, is
-  fsynced and chmodded, then renamed (or hard-linked, for no-overwrite publishes), then the
-  directory is fsynced. A crash leaves at most a temp file named `.<name>.<random>.tmp`,
-  which `verify` reports as a stray and `gc` removes.
-- Reads never follow a symlink (`O_NOFOLLOW`): a symlink where a registry file should be
-  is refused, never read through. Given the registry root, every component below it is
-  opened with `O_NOFOLLOW` relative to its parent's descriptor, so a symlinked directory
-  (`objects/ab`, `names`) is refused too, without a check-then-open race. Writes check the
-  directories they write into the same way (`check_no_symlinks`) before creating anything.
-- Modes honour the umask: files are created with their final mode and the kernel masks it
-  (objects end up 0444 & ~umask); nothing reads or sets the process umask.
+- A published file is complete: data goes to a temp file in the target directory, is fsynced
+  (created with its final mode, so the umask applies and nothing reads or sets it), then
+  renamed (or hard-linked, for no-overwrite publishes), then the directory is fsynced. A crash
+  leaves at most a temp file `.<name>.<random>.tmp`, which `verify` reports and `gc` removes.
+- A journal append lands whole or not at all: one write of the whole line at the end, and on a
+  short or failed write (a full disk) the file is truncated back to where it was. An append
+  never glues its line onto a torn tail: that is refused until `verify --repair` heals it.
+- Nothing below a registry root is reached through a symlink: every component below the root
+  is resolved by the kernel with symlinks refused (`openat2` RESOLVE_NO_SYMLINKS, else one
+  `O_NOFOLLOW` open per component relative to its parent), so a symlinked directory (`names`,
+  `objects/ab`) is refused before anything is opened through it. The root itself may be a
+  symlink: that is the user's choice. Writes check their directories the same way first.
+- A file a user names is read only if it is a regular file, and only up to a size cap.
 """
 
 from __future__ import annotations
@@ -20,29 +23,22 @@ import contextlib
 import errno
 import os
 import stat
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Final
 
-from prefixreg.core.errors import IntegrityError
-from prefixreg.registry.layout import TMP_SUFFIX, is_temp_name
+from prefixreg.core.errors import IntegrityError, UsageError
+from prefixreg.registry.layout import TMP_SUFFIX
 
-__all__ = [
-    "TMP_SUFFIX",
-    "append_line",
-    "check_no_symlinks",
-    "copy_durable",
-    "ensure_dir",
-    "fsync_dir",
-    "is_temp_name",
-    "list_dir",
-    "publish_new",
-    "read_nofollow",
-    "replace_atomic",
-]
+MAX_INPUT_BYTES: Final = 64 << 20  # a user's prefix, tools or corpus file: far above any context
+_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_READ: Final = os.O_RDONLY | os.O_NONBLOCK  # a planted FIFO must not hang the type check
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path | str) -> None:
     """fsync a directory so a rename or link in it survives a power loss."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(path, _DIR)
     try:
         os.fsync(fd)
     finally:
@@ -50,7 +46,6 @@ def fsync_dir(path: Path) -> None:
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    """Write every byte (os.write may write fewer), then fsync."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -58,225 +53,250 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _write_temp(directory: Path, target_name: str, data: bytes, mode: int) -> Path:
-    # Created with its final mode: the kernel applies the umask, so there is no chmod to
-    # journal and no umask to read; the creating descriptor can write a read-only file.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for _ in range(100):
-        tmp = directory / f".{target_name}.{os.urandom(6).hex()}{TMP_SUFFIX}"
-        try:
-            fd = os.open(tmp, flags, mode)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(f"no free temp file name in {directory}")
+    # 64 random bits: O_EXCL refuses a clash rather than clobber anything.
+    tmp = directory / f".{target_name}.{os.urandom(8).hex()}{TMP_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        try:
-            _write_all(fd, data)
-        finally:
-            os.close(fd)
+        _write_all(fd, data)
     except BaseException:
+        os.close(fd)
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    os.close(fd)
     return tmp
+
+
+def _publish(path: Path, data: bytes, mode: int, *, replace: bool) -> bool:
+    tmp = _write_temp(path.parent, path.name, data, mode)
+    try:
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # no overwrite: the temp name goes below
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(exc, FileExistsError) and not replace:
+            return False
+        raise
+    if not replace:
+        tmp.unlink()
+    fsync_dir(path.parent)
+    return True
 
 
 def replace_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Write `data` to `path` durably, replacing any previous file atomically."""
-    tmp = _write_temp(path.parent, path.name, data, mode)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    fsync_dir(path.parent)
+    _publish(path, data, mode, replace=True)
 
 
 def publish_new(path: Path, data: bytes, *, mode: int = 0o444) -> bool:
-    """Publish `data` at `path` only if nothing is there yet; never overwrite.
+    """Publish `data` at `path` only if nothing is there yet; never overwrite. True if this
+    call created the file (the caller decides what an existing one means)."""
+    return _publish(path, data, mode, replace=False)
 
-    Returns True if this call created the file, False if a file already existed (the
-    caller decides what an existing file means, e.g. re-verifies an object).
-    """
-    tmp = _write_temp(path.parent, path.name, data, mode)
-    try:
-        os.link(tmp, path)
-        created = True
-    except FileExistsError:
-        created = False
-    finally:
+
+# -- no-follow opens ----------------------------------------------------------------------------
+
+_OPENAT2: dict[str, Callable[[int, str, int], int] | None] = {}  # probed once per process
+_WALKS = [0]  # walks so far: a short-lived command never pays for importing ctypes
+
+
+def _openat2() -> Callable[[int, str, int], int] | None:
+    """`openat2(dirfd, rel, flags)` resolving with RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
+    (Linux 5.6+), loaded once a process has walked 32 paths; None before that, or where the
+    kernel or a sandbox lacks it (the walk is used then: same answers, a few opens more)."""
+    if "fn" in _OPENAT2:
+        return _OPENAT2["fn"]
+    _WALKS[0] += 1
+    if _WALKS[0] <= 32:
+        return None
+    _OPENAT2["fn"] = None
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import struct
+
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+        syscall.restype = ctypes.c_long
+        hows: dict[int, ctypes.Array[ctypes.c_char]] = {}
+
+        def call(dirfd: int, rel: str, flags: int) -> int:
+            if flags not in hows:  # struct open_how {flags, mode, resolve}
+                hows[flags] = ctypes.create_string_buffer(struct.pack("QQQ", flags, 0, 0x0C))
+            fd = int(syscall(437, dirfd, rel.encode(), hows[flags], 24))  # SYS_openat2
+            if fd < 0:
+                code = ctypes.get_errno()
+                raise OSError(code, os.strerror(code), rel)
+            return fd
+
         with contextlib.suppress(OSError):
-            tmp.unlink()
-    if created:
-        fsync_dir(path.parent)
-    return created
+            os.close(call(-100, ".", _DIR))  # AT_FDCWD: is it there at all?
+            _OPENAT2["fn"] = call
+    return _OPENAT2["fn"]
 
 
-_REAL_ROOTS: dict[str, str] = {}
+def _refused(exc: OSError, where: Path | str, *, last: bool = True) -> Exception:
+    """What a failed no-follow open of `where` raises: a symlink (ELOOP: nothing is followed)
+    or a file where a directory should be is an `IntegrityError`, the rest an `OSError`."""
+    if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and not last):
+        what = "is a symlink" if exc.errno == errno.ELOOP else "not a directory"
+        return IntegrityError(f"{where}: {what}; refused", path=Path(where))
+    return OSError(exc.errno, exc.strerror, str(where))
 
 
-def _open_nofollow(path: Path | str, root: Path | str | None, flags: int) -> int:
-    """Open `path` without following a symlink at it or (given `root`) at any directory
-    between `root` and it. `root` itself may be a symlink: that is the user's choice.
-
-    The last component is opened with `O_NOFOLLOW`; the directories above it are checked by
-    asking the kernel where the descriptor really points (`/proc/self/fd`): one readlink
-    instead of one open per component, on the hot path of every verified read. A path with
-    `..` or a symlinked directory never matches the canonical answer and goes to the
-    component-by-component walk, which refuses it by name. Without /proc, the walk is used.
-    """
+def open_below(root: str, rel: str, flags: int) -> int:
+    """Open `root/rel` without following a symlink at any component of `rel`. Raises:
+    FileNotFoundError; IntegrityError (a component, named, is a symlink or a file where a
+    directory should be, or `rel` leaves `root`)."""
     flags |= os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise IntegrityError(f"{path}: is a symlink; refused", path=Path(path)) from exc
-        if exc.errno == errno.ENOTDIR and root is not None:
-            return _open_walk(path, root, flags)  # names the offending component
-        raise
-    if root is None:
-        return fd
-    root_s, path_s = os.fspath(root), os.fspath(path)
-    try:
-        real = os.readlink(f"/proc/self/fd/{fd}")  # noqa: PTH115 -- a descriptor, not a path
-    except OSError:
-        real = None
-    rel = path_s[len(root_s) :] if path_s.startswith(root_s) else ""
-    if real is not None and rel.startswith("/"):
-        for fresh in (False, True):  # the cached real root may be stale: look once more
-            base = _REAL_ROOTS.get(root_s) if not fresh else None
-            if base is None:
-                base = _REAL_ROOTS[root_s] = os.path.realpath(root_s)
-            if real == base + rel:
-                return fd
-    os.close(fd)
-    return _open_walk(path, root, flags)  # raises, naming the symlinked directory
-
-
-def _open_walk(path: Path | str, root: Path | str, flags: int) -> int:
-    """Open `path` one component at a time below `root`, each relative to its parent's
-    descriptor with `O_NOFOLLOW`: no check-then-open race, and the error names the
-    symlinked component."""
-    root_s, path_s = os.fspath(root).rstrip("/"), os.fspath(path)
-    if not path_s.startswith(root_s + "/"):
-        raise IntegrityError(f"{path}: not a path inside {root}", path=Path(path))
-    parts = [p for p in path_s[len(root_s) + 1 :].split("/") if p and p != "."]
-    if not parts or ".." in parts:
-        raise IntegrityError(f"{path}: not a path inside {root}", path=Path(path))
-    dir_fd = -1  # the first component is opened by path: the root's own path is followed
+    openat2 = _openat2() if "/" in rel else None  # an entry of the root: the walk is one open
+    if openat2 is not None:
+        base = os.open(root, _DIR)
+        try:
+            return openat2(base, rel, flags)
+        except OSError as exc:  # a link or a non-directory on the way: the walk names it
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
+                raise _refused(exc, f"{root}/{rel}") from None
+        finally:
+            os.close(base)
+    parts = rel.split("/")
+    if "" in parts or "." in parts or ".." in parts:
+        raise IntegrityError(f"{root}/{rel}: not a path inside {root}", path=Path(root, rel))
+    fd = os.open(root, _DIR)
     try:
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
-            want = flags if last else os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
-                if dir_fd < 0:
-                    fd = os.open(f"{root_s}/{part}", want)
-                else:
-                    fd = os.open(part, want, dir_fd=dir_fd)
+                child = os.open(part, flags if last else _DIR | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    where = Path(root, *parts[: i + 1])
-                    try:
-                        st = os.lstat(part, dir_fd=dir_fd) if dir_fd >= 0 else where.lstat()
-                        is_link = stat.S_ISLNK(st.st_mode)
-                    except OSError:
-                        is_link = False
-                    if is_link:
-                        raise IntegrityError(f"{where}: is a symlink; refused", path=where) from exc
-                    if exc.errno == errno.ENOTDIR:
-                        raise IntegrityError(
-                            f"{where}: not a directory; refused", path=where
-                        ) from exc
-                raise
-            if dir_fd >= 0:
-                os.close(dir_fd)
-            dir_fd = fd
-        fd, dir_fd = dir_fd, -1
-        return fd
+                with contextlib.suppress(OSError):  # O_DIRECTORY answers ENOTDIR for a link
+                    if stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode):
+                        exc.errno = errno.ELOOP
+                raise _refused(exc, Path(root, *parts[: i + 1]), last=last) from None
+            os.close(fd)
+            fd = child
+        fd, child = -1, fd
+        return child
     finally:
-        if dir_fd >= 0:
-            os.close(dir_fd)
+        if fd >= 0:
+            os.close(fd)
 
 
-def read_nofollow(path: Path | str, *, root: Path | str | None = None) -> bytes:
-    """Read a regular file without following a symlink.
-
-    Args:
-        root: the registry root `path` lies under; when given, no directory between the
-            two may be a symlink either.
-
-    Raises:
-        FileNotFoundError: nothing at `path`.
-        IntegrityError: `path` (or a directory below `root`) is a symlink, or `path` is
-            not a regular file.
-    """
-    # O_NONBLOCK: a FIFO planted at a record's path must not hang the read before the
-    # regular-file check refuses it (it has no effect on regular files).
-    fd = _open_nofollow(path, root, os.O_RDONLY | os.O_NONBLOCK)
+def _read_fd(fd: int, where: Path | str, limit: int = 1 << 62) -> tuple[bytes, os.stat_result]:
+    """A regular file's bytes from `fd` (closed here) in one read of its known size, reading
+    on only if it grew; more than `limit` bytes are not read (the caller refuses them)."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise IntegrityError(f"{path}: not a regular file; refused", path=Path(path))
-        # One read of the known size (+1 to see growth); loop only if the file grew.
-        data = os.read(fd, st.st_size + 1)
-        if len(data) <= st.st_size:
-            return data
-        chunks = [data]
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
+            raise IntegrityError(f"{where}: not a regular file; refused", path=Path(where))
+        data = os.read(fd, min(st.st_size, limit) + 1)
+        if st.st_size < len(data) <= limit:  # it grew: read on, up to the limit
+            chunks, size = [data], len(data)
+            while size <= limit and (chunk := os.read(fd, 1 << 20)):
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
+        return data, st
     finally:
         os.close(fd)
 
 
-def check_no_symlinks(root: Path, directory: Path) -> None:
-    """Refuse to write into `directory` if it, or any directory between `root` and it, is a
-    symlink (a write would land outside the registry). Missing directories are fine.
+def _open_path(path: Path | str, root: Path | str | None, flags: int) -> int:
+    path_s = os.fspath(path)
+    if root is None:
+        try:
+            return os.open(path_s, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise _refused(exc, path_s) from None
+    root_s = os.fspath(root).rstrip("/")
+    if not path_s.startswith(root_s + "/"):
+        raise IntegrityError(f"{path}: not a path inside {root}", path=Path(path))
+    return open_below(root_s, path_s[len(root_s) + 1 :], flags)
 
-    Raises:
-        IntegrityError: a symlink (or a non-directory) on the way.
-    """
+
+def read_nofollow(path: Path | str, *, root: Path | str | None = None) -> bytes:
+    """Read a regular file without following a symlink at it (or, given the registry `root`
+    it lies under, below that root). Raises: FileNotFoundError; IntegrityError."""
+    return _read_fd(_open_path(path, root, _READ), path)[0]
+
+
+def read_chunks(path: Path) -> Iterator[bytes]:
+    """A regular file's bytes in 1 MiB chunks, never through a symlink at `path`. Raises:
+    FileNotFoundError; IntegrityError (a symlink or not a regular file)."""
+    fd = _open_path(path, None, _READ)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IntegrityError(f"{path}: not a regular file; refused", path=path)
+        while chunk := os.read(fd, 1 << 20):
+            yield chunk
+    finally:
+        os.close(fd)
+
+
+def read_below(root: str, rel: str) -> bytes:
+    """`read_nofollow` of `root/rel`: the hot path of every verified read."""
+    return _read_fd(open_below(root, rel, _READ), f"{root}/{rel}")[0]
+
+
+def list_below(root: str, rel: str) -> list[tuple[str, str]]:
+    """The entries of `root/rel` ("" for the root) as sorted (name, kind) pairs, kind one of
+    `file`, `dir`, `link`, `other`; nothing followed; a missing directory is empty. Raises
+    `IntegrityError`: the directory (or one on the way) is a symlink or not a directory."""
+    try:
+        fd = os.open(root, _DIR) if not rel else open_below(root, rel, _DIR)
+    except FileNotFoundError:
+        return []
+    except NotADirectoryError:
+        raise IntegrityError(f"{root}/{rel}: not a directory; refused") from None
+    out = []
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    kind = "link"
+                elif entry.is_dir(follow_symlinks=False):
+                    kind = "dir"
+                else:
+                    kind = "file" if entry.is_file(follow_symlinks=False) else "other"
+                out.append((entry.name, kind))
+    finally:
+        os.close(fd)
+    return sorted(out)
+
+
+def ensure_dir(root: Path, directory: Path, *, create: bool = True) -> None:
+    """Check (with `create`, make) every directory from `root` down to `directory`; a missing
+    one ends a check. Raises `IntegrityError` for a symlink or a non-directory on the way:
+    nothing is created outside the root."""
     current = root
     for part in directory.relative_to(root).parts:
         current = current / part
         try:
             st = current.lstat()
         except FileNotFoundError:
-            return
-        if stat.S_ISLNK(st.st_mode):
-            raise IntegrityError(f"{current}: is a symlink; refused", path=current)
+            if not create:
+                return
+            with contextlib.suppress(FileExistsError):
+                current.mkdir()
+            st = current.lstat()
         if not stat.S_ISDIR(st.st_mode):
-            raise IntegrityError(f"{current}: not a directory; refused", path=current)
+            what = "is a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            raise IntegrityError(f"{current}: {what}; refused", path=current)
 
 
 def copy_durable(src: Path, dst: Path, *, root: Path | None = None) -> bytes:
-    """Copy a regular file to `dst` (which must not exist) durably, keeping mode and mtime.
-
-    The bytes are read once without following symlinks (below `root`, if given), written to
-    a temp file next to `dst`, fsynced, given the source's mode and mtime, then linked into
-    place (no overwrite) and the directory fsynced. Returns the bytes copied so the caller
-    can compare the target against exactly what was read.
+    """Copy a regular file to `dst` (which must not exist) durably with its mode and mtime:
+    read once without following symlinks (below `root`, if given), temp file, fsync, link
+    (no overwrite), directory fsync. Returns the bytes copied, to compare the target with.
 
     Raises:
         FileExistsError: `dst` exists. IntegrityError: `src` is a symlink or not a file.
     """
-    fd = _open_nofollow(src, root, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise IntegrityError(f"{src}: not a regular file; refused", path=src)
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        data = b"".join(chunks)
-    finally:
-        os.close(fd)
+    data, st = _read_fd(_open_path(src, root, _READ), src)
     tmp = _write_temp(dst.parent, dst.name, data, 0o600)
     try:
-        # The source's mode already had its creator's umask applied: keep it as it is.
-        os.chmod(tmp, stat.S_IMODE(st.st_mode))
+        os.chmod(tmp, stat.S_IMODE(st.st_mode))  # the source's mode, its umask applied
         os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
         os.link(tmp, dst)
     finally:
@@ -286,95 +306,79 @@ def copy_durable(src: Path, dst: Path, *, root: Path | None = None) -> bytes:
     return data
 
 
-def append_line(path: Path, line: bytes, *, mode: int = 0o644, root: Path | None = None) -> None:
-    """Append one line to a journal with a single write, then fsync it.
-
-    O_APPEND makes each write land whole at the end even with concurrent appenders; callers
-    that need ordering hold a lock around the append. Given `root`, no directory between it
-    and the journal may be a symlink; the journal itself never is (`O_NOFOLLOW`).
-
-    Raises:
-        IntegrityError: the journal (or a directory below `root`) is a symlink.
-        OSError: the journal cannot be written (the caller reports what was not done).
-    """
-    if not line.endswith(b"\n"):
-        line += b"\n"
+def _open_journal(path: Path, root: Path | None, flags: int) -> int:
     if root is not None:
-        check_no_symlinks(root, path.parent)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        ensure_dir(root, path.parent, create=False)
     try:
-        fd = os.open(path, flags, mode)
+        fd = os.open(path, flags | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise IntegrityError(f"{path}: is a symlink; refused", path=path) from exc
-        raise
+        raise _refused(exc, path) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IntegrityError(f"{path}: not a regular file; refused", path=path)
+    return fd
+
+
+def append_line(path: Path, line: bytes, *, root: Path | None = None) -> int:
+    """Append one line to a journal, whole or not at all, durably; the offset it starts at
+    (so a caller holding the journal's lock can take it back with `truncate`). One write at
+    the end (O_APPEND); a short or failed write or fsync truncates the file back.
+
+    Raises:
+        IntegrityError: the journal (or a directory below `root`) is a symlink or not a
+            regular file, or it ends in a torn line (`verify --repair` heals it).
+        OSError: the line could not be written (nothing of it is left).
+    """
+    fd = _open_journal(path, root, os.O_APPEND | os.O_CREAT)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise IntegrityError(f"{path}: not a regular file; refused", path=path)
-        _write_all(fd, line)
+        start = os.fstat(fd).st_size
+        if start and os.pread(fd, 1, start - 1) != b"\n":
+            torn = IntegrityError(f"{path}: ends in a torn line; refusing to append", path=path)
+            torn.hint = "run prefixreg verify --repair (it cuts off the interrupted write)"
+            raise torn
+        try:
+            _write_all(fd, line if line.endswith(b"\n") else line + b"\n")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+                os.fsync(fd)
+            raise
+        return start
     finally:
         os.close(fd)
 
 
-Kind = str  # "file", "dir", "link" or "other" (FIFO, socket, device)
-
-
-def list_dir(path: Path | str, *, root: Path | str) -> list[tuple[str, Kind]]:
-    """The entries of a registry directory as sorted (name, kind) pairs, never following a
-    symlink: the directory is opened with `O_NOFOLLOW` below `root` and each entry's kind
-    comes from `lstat` semantics. A missing directory lists as empty.
-
-    Raises:
-        IntegrityError: `path` (or a directory between `root` and it) is a symlink or not a
-            directory.
-    """
+def truncate(path: Path, size: int, *, root: Path | None = None) -> None:
+    """Cut a journal back to `size` bytes, durably (a line taken back, a torn tail cut)."""
+    fd = _open_journal(path, root, 0)
     try:
-        if os.fspath(path).rstrip("/") == os.fspath(root).rstrip("/"):
-            # The root itself may be a symlink (a user's choice): list what it names.
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        else:
-            fd = _open_nofollow(path, root, os.O_RDONLY | os.O_DIRECTORY)
-    except FileNotFoundError:
-        return []
-    try:
-        out: list[tuple[str, Kind]] = []
-        with os.scandir(fd) as entries:
-            for entry in entries:
-                if entry.is_symlink():
-                    kind = "link"
-                elif entry.is_dir(follow_symlinks=False):
-                    kind = "dir"
-                elif entry.is_file(follow_symlinks=False):
-                    kind = "file"
-                else:
-                    kind = "other"
-                out.append((entry.name, kind))
+        os.ftruncate(fd, size)
+        os.fsync(fd)
     finally:
         os.close(fd)
-    out.sort()
-    return out
 
 
-def ensure_dir(root: Path, directory: Path, *, mode: int = 0o755) -> None:
-    """Create `directory` (and any missing directory between `root` and it), refusing to
-    pass through a symlink or a non-directory: nothing is ever created outside the root.
+def read_user_file(path: Path | str, *, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a file a user named (`-`: standard input), at most `limit` of them. One
+    that is not a regular file (a FIFO, a device such as /dev/zero, a directory) is refused
+    before it is opened, and again on the descriptor: nothing hangs or fills memory. A
+    symlink the user names is followed: it is their own file.
 
     Raises:
-        IntegrityError: a symlink or a non-directory on the way.
+        UsageError: missing, unreadable, not a regular file, or larger than `limit`.
     """
-    current = root
-    for part in directory.relative_to(root).parts:
-        current = current / part
-        for _ in range(2):
-            try:
-                st = current.lstat()
-                break
-            except FileNotFoundError:
-                with contextlib.suppress(FileExistsError):
-                    current.mkdir(mode=mode)
+    try:
+        if os.fspath(path) == "-":
+            data = sys.stdin.buffer.read(limit + 1)
+        elif not stat.S_ISREG(mode := Path(path).stat().st_mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise UsageError(f"{path}: {kind}; refused")
         else:
-            st = current.lstat()
-        if stat.S_ISLNK(st.st_mode):
-            raise IntegrityError(f"{current}: is a symlink; refused", path=current)
-        if not stat.S_ISDIR(st.st_mode):
-            raise IntegrityError(f"{current}: not a directory; refused", path=current)
+            data = _read_fd(os.open(path, _READ | os.O_CLOEXEC), path, limit)[0]
+    except IntegrityError:
+        raise UsageError(f"{path}: not a regular file; refused") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise UsageError(f"{path}: larger than {limit:,} bytes; refused")
+    return data

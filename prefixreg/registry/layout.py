@@ -1,67 +1,28 @@
-"""On-disk format v1, as pure rules: every path under a registry root and every parse of a
-path or a small layout file. The one place the layout is written down (DESIGN §3).
+"""On-disk format v1 as pure rules: every path under a registry root, every parse of one, and
+the two spellings of a moment records use (DESIGN §3). The one place the layout is written.
 
 Invariants:
-- Pure: no I/O, no `Path` resolution; paths are POSIX strings relative to the root, so the
-  same rule serves the store, verify, gc, migrate and the mirror's rsync plans alike.
+- No I/O: paths are POSIX strings relative to the root, one rule for the store, verify, gc,
+  migrate and the mirror's rsync plans alike.
 - Every builder validates its input before a path is made (a sha is 64 lowercase hex, a name
-  matches NAME_RE), so no id or name can escape its directory; every parser is the exact
-  inverse of its builder and returns None for anything that is not one.
+  matches NAME_RE; a wrong type is a `UsageError`), so no id or name can escape its
+  directory. Every parser is the exact inverse of its builder and returns None otherwise.
+- Records take their time from `utc_now`; `iso_utc` and `stamp_utc` round once to whole
+  microseconds (never wrapping the fraction without carrying the seconds).
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
 from typing import Final
 
 from prefixreg.core.digest import is_full_sha
 from prefixreg.core.errors import InvalidNameError, UsageError
 
-__all__ = [
-    "EXPECTED_DIRS",
-    "FORMAT",
-    "FORMAT_VERSION",
-    "FRAMES",
-    "LOCKS",
-    "MARKER",
-    "MEASUREMENTS",
-    "META",
-    "MIGRATIONS_LOG",
-    "MIRROR_LOG",
-    "NAMES",
-    "NAMES_LOG",
-    "NAME_RE",
-    "OBJECTS",
-    "PROBES",
-    "README",
-    "ROOT_FILES",
-    "SNAPSHOTS",
-    "TMP_SUFFIX",
-    "encode_marker",
-    "encode_name_file",
-    "frame_relpath",
-    "frame_sha",
-    "is_temp_name",
-    "marker_problem",
-    "measurement_filename",
-    "measurement_sha",
-    "meta_relpath",
-    "meta_sha",
-    "name_relpath",
-    "object_relpath",
-    "object_relpath_valid",
-    "object_sha",
-    "parse_name_file",
-    "probe_filenames",
-    "snapshot_filename",
-    "validate_name",
-]
-
 FORMAT: Final = "prefix-registry"
 FORMAT_VERSION: Final = 1
-
-# Root entries.
 MARKER: Final = "REGISTRY.json"
 README: Final = "README.md"
 NAMES_LOG: Final = "names.log"
@@ -75,18 +36,18 @@ PROBES: Final = "probes"
 SNAPSHOTS: Final = "snapshots"
 FRAMES: Final = "frames"
 LOCKS: Final = ".locks"
-
-# What `verify` expects at the root: these directories and files, nothing else (temp files
-# aside). Every directory is created by the store on first write.
+# What `verify` expects at the root, temp files aside; the store creates each on first write.
 EXPECTED_DIRS: Final = (OBJECTS, META, NAMES, MEASUREMENTS, PROBES, SNAPSHOTS, FRAMES, LOCKS)
 ROOT_FILES: Final = frozenset({MARKER, README, NAMES_LOG, MIRROR_LOG, MIGRATIONS_LOG})
-
-# Temp files of the durable writers: `.<target>.<random>.tmp`, in the target's directory.
-TMP_SUFFIX: Final = ".tmp"
+# Append-only journals: a line is committed once its newline is durable.
+JOURNALS: Final = frozenset({NAMES_LOG, MIRROR_LOG, MIGRATIONS_LOG})
+TMP_SUFFIX: Final = ".tmp"  # durable writers' temp files: `.<target>.<random>.tmp`
 
 NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SNAPSHOT_RECORD: Final = re.compile(r"([0-9a-f]{64})-[0-9a-f]{16}\.json")
 _SHA_LIKE: Final = re.compile(r"[0-9A-Fa-f]{8,64}")
 _STAMP: Final = re.compile(r"\d{8}T\d{6}\.\d{6}Z")
+_BUILD_ID: Final = re.compile(r"[0-9a-f]{16}")
 
 
 def is_temp_name(name: str) -> bool:
@@ -94,13 +55,31 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(TMP_SUFFIX)
 
 
-def _need_sha(sha: str) -> str:
-    if not is_full_sha(sha):
+def need_sha(sha: object) -> str:
+    """`sha` if it is a full sha256 (64 lowercase hex), else `UsageError`."""
+    if not isinstance(sha, str) or not is_full_sha(sha):
         raise UsageError(f"not a sha256: {sha!r}")
     return sha
 
 
-# -- the marker ------------------------------------------------------------------------------
+def utc_now() -> float:
+    """The current time as a Unix timestamp (one place, so records agree on the clock)."""
+    return time.time()
+
+
+def _utc(moment: float, fmt: str) -> str:
+    seconds, micros = divmod(round(moment * 1_000_000), 1_000_000)
+    return time.strftime(fmt, time.gmtime(seconds)) + f".{micros:06d}Z"
+
+
+def iso_utc(moment: float) -> str:
+    """ISO 8601 UTC with microseconds: `2026-11-29T12:48:17.123456Z`."""
+    return _utc(moment, "%Y-%m-%dT%H:%M:%S")
+
+
+def stamp_utc(moment: float) -> str:
+    """The file-name timestamp: UTC `%Y%m%dT%H%M%S.%fZ`."""
+    return _utc(moment, "%Y%m%dT%H%M%S")
 
 
 def encode_marker(role: str, created: str) -> bytes:
@@ -114,37 +93,26 @@ def encode_marker(role: str, created: str) -> bytes:
 
 
 def marker_problem(data: Mapping[str, object]) -> tuple[str, str] | None:
-    """What is wrong with a parsed `REGISTRY.json`, as (kind, message), or None.
-
-    kind: `foreign` (not a prefix registry marker), `newer` (a format this code does not
-    understand), `corrupt` (a bad version or role field).
-    """
+    """What is wrong with a parsed `REGISTRY.json` as (kind, message), or None. kind: `foreign`
+    (not our marker), `newer` (a format this code does not know), `corrupt` (a bad field)."""
+    version = data.get("version")
     if data.get("format") != FORMAT:
         return "foreign", "not a prefix registry marker"
-    version = data.get("version")
     if type(version) is not int:
         return "corrupt", "'version' must be an integer"
     if version > FORMAT_VERSION:
-        return "newer", (
-            f"registry format {version} is newer than this prefixreg understands ({FORMAT_VERSION})"
+        return (
+            "newer",
+            f"registry format {version} is newer than this prefixreg's ({FORMAT_VERSION})",
         )
     if data.get("role") not in ("origin", "mirror"):
         return "corrupt", "'role' must be origin or mirror"
     return None
 
 
-# -- objects and meta ------------------------------------------------------------------------
-
-
 def object_relpath(sha: str) -> str:
     """`objects/<aa>/<sha>.txt`, where <aa> is the sha's first two hex digits."""
-    return object_relpath_valid(_need_sha(sha))
-
-
-def object_relpath_valid(sha: str) -> str:
-    """`object_relpath` for a sha the caller has already validated (the verified-read hot
-    path checks it once, not twice)."""
-    return f"{OBJECTS}/{sha[:2]}/{sha}.txt"
+    return f"{OBJECTS}/{need_sha(sha)[:2]}/{sha}.txt"
 
 
 def object_sha(relpath: str) -> str | None:
@@ -158,41 +126,46 @@ def object_sha(relpath: str) -> str | None:
 
 def meta_relpath(sha: str) -> str:
     """`meta/<sha>.json`."""
-    return f"{META}/{_need_sha(sha)}.json"
+    return f"{META}/{need_sha(sha)}.json"
 
 
-def meta_sha(relpath: str) -> str | None:
-    """The sha of `meta/<sha>.json`, or None for any other path."""
+def frame_relpath(sha: str) -> str:
+    """`frames/<sha>.json`: a frame record (`prefixreg.core.frame`), named by its own sha."""
+    return f"{FRAMES}/{need_sha(sha)}.json"
+
+
+def _record_sha(relpath: str, directory: str) -> str | None:
     parts = relpath.split("/")
-    if len(parts) != 2 or parts[0] != META or not parts[1].endswith(".json"):
+    if len(parts) != 2 or parts[0] != directory or not parts[1].endswith(".json"):
         return None
     sha = parts[1].removesuffix(".json")
     return sha if is_full_sha(sha) else None
 
 
-# -- names ----------------------------------------------------------------------------------
+def meta_sha(relpath: str) -> str | None:
+    """The sha of `meta/<sha>.json`, or None for any other path."""
+    return _record_sha(relpath, META)
+
+
+def frame_sha(relpath: str) -> str | None:
+    """The sha of `frames/<sha>.json`, or None for any other path."""
+    return _record_sha(relpath, FRAMES)
 
 
 def validate_name(name: object) -> str:
-    """Check a name for a new move (DESIGN §3) and return it.
-
-    Raises:
-        InvalidNameError: bad characters, a leading dot or dash, too long, or 8-64 hex
-            digits (a name must never read as a sha reference and shadow an object).
-    """
+    """`name` if a new move may use it, else `InvalidNameError`: not a str, bad characters, a
+    leading dot or dash, too long, or 8-64 hex digits (it would read as a sha reference)."""
     if not isinstance(name, str) or NAME_RE.fullmatch(name) is None:
         raise InvalidNameError(
             f"invalid name {name!r}: use 1-128 of [A-Za-z0-9._-], starting with a letter or digit"
         )
-    if _SHA_LIKE.fullmatch(name) is not None:
-        raise InvalidNameError(
-            f"invalid name {name!r}: 8-64 hex digits would read as a sha reference"
-        )
+    if is_sha_like_name(name):
+        raise InvalidNameError(f"invalid name {name!r}: 8-64 hex digits read as a sha reference")
     return name
 
 
 def is_sha_like_name(name: str) -> bool:
-    """True for a name that reads as a sha reference (allowed before format rules tightened;
+    """True for a name that reads as a sha reference (allowed before the rule tightened;
     still resolved, and reported by verify)."""
     return _SHA_LIKE.fullmatch(name) is not None
 
@@ -206,56 +179,38 @@ def name_relpath(name: object) -> str:
 
 def encode_name_file(sha: str) -> bytes:
     """The contents of a name file: 64 lowercase hex digits and a newline."""
-    return _need_sha(sha).encode("ascii") + b"\n"
+    return need_sha(sha).encode("ascii") + b"\n"
 
 
 def parse_name_file(raw: bytes) -> str | None:
     """The sha a name file holds, or None when it is not exactly `<64 hex>\\n`."""
-    if len(raw) != 65 or not raw.endswith(b"\n"):
-        return None
     text = raw[:64].decode("ascii", errors="replace")
-    return text if is_full_sha(text) else None
-
-
-# -- records --------------------------------------------------------------------------------
+    return text if len(raw) == 65 and raw.endswith(b"\n") and is_full_sha(text) else None
 
 
 def measurement_filename(sha: str, stamp: str) -> str:
-    """`<sha>-<ts>.json` inside `measurements/` (ts: UTC `%Y%m%dT%H%M%S.%fZ`)."""
-    return f"{_need_sha(sha)}-{stamp}.json"
+    """`<sha>-<ts>.json` inside `measurements/`."""
+    return f"{need_sha(sha)}-{stamp}.json"
 
 
 def measurement_sha(filename: str) -> str | None:
     """The prefix sha a measurement file name starts with, or None if it is not one."""
     if not filename.endswith(".json") or len(filename) < 66 or filename[64] != "-":
         return None
-    sha = filename[:64]
-    return sha if is_full_sha(sha) else None
+    return filename[:64] if is_full_sha(filename[:64]) else None
 
 
 def probe_filenames(stamp: str) -> tuple[str, str]:
     """The receipt and the verdict of one probe: `<ts>.json` and `<ts>.md` in `probes/`."""
-    if _STAMP.fullmatch(stamp) is None:
+    given: object = stamp
+    if not isinstance(given, str) or _STAMP.fullmatch(given) is None:
         raise UsageError(f"not a UTC stamp: {stamp!r}")
     return f"{stamp}.json", f"{stamp}.md"
 
 
 def snapshot_filename(sha: str, build_id: str) -> str:
     """`<sha>-<build>.json` inside `snapshots/`: one KV snapshot record per prefix and build."""
-    if re.fullmatch(r"[0-9a-f]{16}", build_id) is None:
+    given: object = build_id
+    if not isinstance(given, str) or _BUILD_ID.fullmatch(given) is None:
         raise UsageError(f"not a build id: {build_id!r}")
-    return f"{_need_sha(sha)}-{build_id}.json"
-
-
-def frame_relpath(sha: str) -> str:
-    """`frames/<sha>.json`: a frame record (`prefixreg.core.frame`), named by its own sha."""
-    return f"{FRAMES}/{_need_sha(sha)}.json"
-
-
-def frame_sha(relpath: str) -> str | None:
-    """The sha of `frames/<sha>.json`, or None for any other path."""
-    parts = relpath.split("/")
-    if len(parts) != 2 or parts[0] != FRAMES or not parts[1].endswith(".json"):
-        return None
-    sha = parts[1].removesuffix(".json")
-    return sha if is_full_sha(sha) else None
+    return f"{need_sha(sha)}-{build_id}.json"

@@ -15,16 +15,6 @@ from pathlib import Path
 
 from prefixreg.registry.layout import MARKER
 
-__all__ = [
-    "ENV_HOME",
-    "LEGACY_DIRNAME",
-    "default_registry_path",
-    "display_path",
-    "legacy_registry_path",
-    "migration_hint",
-    "resolve_registry_path",
-]
-
 ENV_HOME = "PREFIXREG_HOME"
 LEGACY_DIRNAME = "prefix-registry"
 

@@ -1,87 +1,53 @@
 """`prefixreg migrate`: move a registry to a new path (by default the standard location).
 
 The old layout kept the registry at `~/prefix-registry`; the standard location is the XDG
-state directory (`prefixreg.registry.location`). A move is one of:
-
-- `rename`: source and target on one filesystem and no registry at the target yet; one
-  atomic `rename(2)`, then the target is verified (and renamed back if it does not).
-- `copy`: across filesystems. Every file is copied durably (temp file, fsync, the source's
-  mode and mtime, no-overwrite link, directory fsync) into a hidden staging directory next
-  to the target; every copied file is re-read and compared with the bytes read from the
-  source, the staging registry is verified, and only then is it renamed into place and
-  the old tree removed.
-- `merge`: the target already holds a registry that is a (possibly partial) copy of this
-  one: every file there is byte-identical to the source's (journals may be a prefix of the
-  source's). Missing files are added in write order (objects, meta, measurements, names,
-  journals) and verified; an interrupted earlier migration is finished this way.
+state directory (`location`). A move is a `rename` (one filesystem, no registry at the
+target: renamed back if the target does not verify), a `copy` (into a hidden staging
+directory next to the target, compared with what was read, verified, then renamed into
+place) or a `merge` (the target holds a partial copy of this registry, byte-identical where
+it has the file, journals possibly a prefix: what it lacks is added in write order).
 
 Invariants:
-- A target that holds a *different* registry (files the source does not have, names or
-  records that disagree, another role), or files without `REGISTRY.json`, is refused.
-- The source must verify before anything moves (problems other than directory modes stop
-  the move), and is locked while it is read so no name move or gc interleaves.
-- Nothing half-written: on failure the source is untouched and whatever this run wrote at
-  the target is removed (a staging directory, or the files a merge added).
-- Historical records (measurements, probes, names.log, mirror.log) arrive byte-identical
-  with their mtimes. `migrations.log` (JSON lines, at the new root) gains one line per move.
-- Nothing written to the source during a copy or merge is lost. `add` and measurement
-  writes do not take the lock, so before the source goes, it is listed again (under the
-  lock) against a stat snapshot taken before the copy; whatever appeared or changed is
-  copied across in write order and verified, until a listing finds nothing new. Then the
-  source is renamed aside (a writer that still names the old path now fails instead of
-  writing into a tree about to be removed), listed a last time, and only then removed. A
-  file changed at both ends, or a source that keeps changing, stops the move with the
-  source kept and nothing deleted.
-- A symlinked source root is resolved first: the directory moves, not the link (which
-  is left dangling, so a writer still configured with it fails instead of writing there).
-- The old tree is removed only after the target verified, names first, then meta, then the
-  rest, so even an interrupted removal never leaves a name pointing nowhere.
-- `scan_references` only reads: it lists every file:line under the given directories that
-  still names the old path (`~/...`, `$HOME/...`, systemd's `%h/...` forms included).
+- A target holding a different registry, or files without `REGISTRY.json`, is refused.
+- The source must verify first (directory modes aside) and is locked while read; writes
+  that take no lock (`add`, measurements) are caught up before it goes (`treecopy`).
+- Nothing half-written: on failure the source is untouched and what this run wrote at the
+  target is removed. History arrives byte-identical with its mtimes; `migrations.log` at the
+  new root gains one line per move.
+- A symlinked source root is resolved: the directory moves, the link is left dangling. The
+  old tree is removed only after the target verified, names first, then meta.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import hashlib
-import os
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from prefixreg.core.errors import PrefixregError, RegistryLocationError, UsageError
 from prefixreg.core.jsonio import JSONObject, dumps_canonical, loads_object
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.catchup import retire_source, stats
-from prefixreg.registry.clock import iso_utc, utc_now
-from prefixreg.registry.layout import MARKER, MIGRATIONS_LOG
+from prefixreg.registry.layout import MARKER
+from prefixreg.registry.layout import MIGRATIONS_LOG as MIGRATIONS_LOG
 from prefixreg.registry.location import default_registry_path
-from prefixreg.registry.refscan import StaleReference, scan_references
+from prefixreg.registry.refscan import StaleReference
+from prefixreg.registry.refscan import scan_references as scan_references
 from prefixreg.registry.store import Registry
 from prefixreg.registry.treecopy import (
-    JOURNALS,
     OWN,
+    Undo,
     check_copies,
     check_verifies,
-    copy_dir_modes,
-    copy_files,
     list_tree,
     read_in,
     remove_tree,
-    replace_keeping,
+    retire_source,
+    stats,
+    sync,
 )
-
-__all__ = [
-    "MIGRATIONS_LOG",
-    "MigrationReport",
-    "StaleReference",
-    "migrate_registry",
-    "scan_references",
-]
-
 
 Method = Literal["rename", "copy", "merge", "none"]
 
@@ -101,54 +67,7 @@ class MigrationReport:
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> JSONObject:
-        return {
-            "source": self.source,
-            "target": self.target,
-            "method": self.method,
-            "dry_run": self.dry_run,
-            "objects": self.objects,
-            "files": self.files,
-            "copied": self.copied,
-            "stale": [s.to_dict() for s in self.stale],
-            "warnings": list(self.warnings),
-        }
-
-
-# ------------------------------------------------------------------------------- plan
-
-
-def _conflicts(source: Path, target: Path, files: Sequence[str]) -> list[str]:
-    """Why the registry at `target` is not a partial copy of the one at `source`."""
-    src_marker = Registry(source).role
-    dst = Registry(target)
-    why: list[str] = []
-    if dst.role != src_marker:
-        why.append(f"its role is {dst.role}, the source's is {src_marker}")
-    known = set(files)
-    _dirs, target_files = list_tree(target)
-    for rel in target_files:
-        if rel in OWN:
-            continue
-        if rel not in known:
-            why.append(f"{rel} is not in the source")
-            continue
-        theirs, ours = read_in(target / rel, target), read_in(source / rel, source)
-        if theirs == ours or (rel in JOURNALS and ours.startswith(theirs)):
-            continue
-        why.append(f"{rel} differs from the source's")
-    return why
-
-
-def _same_filesystem(source: Path, target: Path) -> bool:
-    probe = target
-    while not probe.exists():
-        if probe.parent == probe:
-            return False
-        probe = probe.parent
-    return source.stat().st_dev == probe.stat().st_dev
-
-
-# ------------------------------------------------------------------------------- move
+        return asdict(self)
 
 
 def migrate_registry(
@@ -192,9 +111,9 @@ def migrate_registry(
         report.target = str(target)
     src = Registry(source)
     source_warnings = check_verifies(src, "the source registry")
-
+    late: list[str] = []
     if dry_run:
-        _dirs, files = list_tree(source)
+        files = list_tree(source)[1]
         report.method = _plan(source, target, files)
         report.warnings.extend(source_warnings)
     else:
@@ -205,35 +124,29 @@ def migrate_registry(
             if report.method == "rename" and not _move_by_rename(source, target):
                 report.method = "copy"  # EXDEV after all (a bind mount, an overlay)
             if report.method == "copy":
-                warnings = _move_by_copy(source, target, dirs, files)  # verified in staging
+                report.warnings += _move_by_copy(source, target, dirs, files)
             else:
                 if report.method == "merge":
                     with Registry(target).lock():
                         report.copied = _move_by_merge(source, target, dirs, files)
                 try:
-                    warnings = check_verifies(Registry(target), "the migrated registry")
+                    report.warnings += check_verifies(Registry(target), "the migrated registry")
                 except BaseException:
                     if report.method == "rename":
                         target.rename(source)  # put it back exactly where it was
                     raise
-            report.warnings.extend(warnings)
             retired: Path | None = None
-            late: list[str] = []
             if report.method != "rename":
                 # rename(2) moved everything at once; a copy or merge took time, during
                 # which `add` (no lock) may have written to the source.
                 late, retired = retire_source(source, target, before)
-                known = set(files)
-                files = [*files, *(rel for rel in late if rel not in known)]
+                files = list(dict.fromkeys([*files, *late]))
             _journal(given, target, report, files)
             if retired is not None:
                 remove_tree(retired)
     report.files = len(files)
     report.objects = sum(1 for f in files if layout.object_sha(f) is not None)
-    if report.method == "copy":
-        report.copied = len(files)
-    elif report.method == "merge":
-        report.copied += len(late)
+    report.copied = len(files) if report.method == "copy" else report.copied + len(late)
     if source != given:
         report.warnings.append(
             f"{given} is a symlink to {source}: moved {source}; the link now dangles "
@@ -251,12 +164,37 @@ def _migrated_from(target: Path, source: Path) -> bool:
         return False
     for line in raw.splitlines():
         try:
-            entry = loads_object(line)
+            if loads_object(line).get("from") == str(source):
+                return True
         except PrefixregError:
             continue
-        if entry.get("from") == str(source):
-            return True
     return False
+
+
+def _conflicts(source: Path, target: Path, files: Sequence[str]) -> list[str]:
+    """Why the registry at `target` is not a partial copy of the one at `source`."""
+    src_role, dst_role = Registry(source).role, Registry(target).role
+    why = [] if dst_role == src_role else [f"its role is {dst_role}, the source's is {src_role}"]
+    known = set(files)
+    for rel in list_tree(target)[1]:
+        if rel in OWN:
+            continue
+        if rel not in known:
+            why.append(f"{rel} is not in the source")
+            continue
+        theirs, ours = read_in(target / rel, target), read_in(source / rel, source)
+        if theirs != ours and not (rel in layout.JOURNALS and ours.startswith(theirs)):
+            why.append(f"{rel} differs from the source's")
+    return why
+
+
+def _same_filesystem(source: Path, target: Path) -> bool:
+    probe = target
+    while not probe.exists():
+        if probe.parent == probe:
+            return False
+        probe = probe.parent
+    return source.stat().st_dev == probe.stat().st_dev
 
 
 def _plan(source: Path, target: Path, files: Sequence[str]) -> Method:
@@ -306,10 +244,8 @@ def _move_by_copy(
     staging = target.parent / f".{target.name}.migrating-{secrets.token_hex(4)}"
     staging.mkdir()
     try:
-        (staging / layout.LOCKS).mkdir(exist_ok=True)
-        digests = copy_files(source, staging, dirs, files, lambda _p: None)
-        copy_dir_modes(source, staging, dirs)
-        check_copies(staging, digests)
+        check_copies(staging, sync(source, staging, files, dirs=dirs))
+        staging.chmod(source.stat().st_mode & 0o7777)
         warnings = check_verifies(Registry(staging), "the copied registry")
         # rename(2) replaces an empty target directory atomically; a target that gained
         # files meanwhile makes it fail with ENOTEMPTY and nothing is lost.
@@ -322,38 +258,21 @@ def _move_by_copy(
 
 
 def _move_by_merge(source: Path, target: Path, dirs: Sequence[str], files: Sequence[str]) -> int:
-    """Add what the target lacks (and extend journals); undo all of it on failure."""
-    added: list[Path] = []
-    replaced: list[tuple[Path, bytes, os.stat_result]] = []
-    missing = [rel for rel in files if not (target / rel).exists() and rel not in OWN]
+    """Add what the target lacks (and extend its journals); undo all of it on failure."""
+    wanted = [
+        rel
+        for rel in files
+        if rel not in OWN and (rel in layout.JOURNALS or not (target / rel).exists())
+    ]
+    undo = Undo()
     try:
-        digests = copy_files(source, target, dirs, missing, added.append)
-        for rel in sorted(JOURNALS):
-            src_path, dst_path = source / rel, target / rel
-            if rel in missing or not src_path.exists() or not dst_path.exists():
-                continue
-            ours = read_in(src_path, source)
-            theirs = read_in(dst_path, target)
-            if ours == theirs:
-                continue
-            old_st = dst_path.lstat()
-            replaced.append((dst_path, theirs, old_st))
-            replace_keeping(dst_path, ours, src_path.lstat())
-            digests[rel] = hashlib.sha256(ours).hexdigest()
+        digests = sync(source, target, wanted, dirs=dirs, undo=undo)
         _merge_migrations_log(source, target)
         check_copies(target, digests)
     except BaseException:
-        for path in reversed(added):
-            with contextlib.suppress(OSError):
-                if path.is_dir():
-                    path.rmdir()
-                else:
-                    path.unlink()
-        for path, data, st in replaced:
-            with contextlib.suppress(OSError):
-                replace_keeping(path, data, st)
+        undo.rollback()
         raise
-    return len(missing) + len(replaced)
+    return len(digests)
 
 
 def _merge_migrations_log(source: Path, target: Path) -> None:
@@ -361,13 +280,11 @@ def _merge_migrations_log(source: Path, target: Path) -> None:
     src_log, dst_log = source / MIGRATIONS_LOG, target / MIGRATIONS_LOG
     if not src_log.exists():
         return
-    ours = read_in(src_log, source)
     if not dst_log.exists():
         fsutil.copy_durable(src_log, dst_log, root=source)
         return
-    theirs = read_in(dst_log, target)
-    have = set(theirs.splitlines())
-    for line in ours.splitlines():
+    have = set(read_in(dst_log, target).splitlines())
+    for line in read_in(src_log, source).splitlines():
         if line.strip() and line not in have:
             fsutil.append_line(dst_log, line)
 
@@ -376,7 +293,7 @@ def _journal(source: Path, target: Path, report: MigrationReport, files: Sequenc
     from prefixreg.core.version import package_version
 
     line = {
-        "at": iso_utc(utc_now()),
+        "at": layout.iso_utc(layout.utc_now()),
         "from": str(source),
         "to": str(target),
         "method": report.method,

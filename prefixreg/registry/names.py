@@ -1,52 +1,40 @@
-"""Names, references and the write-ahead name journal (`names.log`).
+"""`Names`: name files and the write-ahead name journal (`names.log`).
 
 Invariants:
-- A name moves with compare-and-swap under the registry lock, journal first: the
-  `names.log` line `{"at","name","from","to"}` is written and fsynced before the name file
-  is replaced. A failed journal write raises and leaves the name unmoved.
-- After any crash, each name equals the `to` of its last journal line, except for a move
-  interrupted between its journal line and its rename: then the name still holds that
-  line's `from`. `journal_disagreements` lists every such name (and any other
-  disagreement); `repair_names` completes an interrupted move when its object verifies, or
-  rolls it back by journalling the name's current value.
-- New names are never 8-64 hex digits (they would shadow a sha reference); such names
-  from older versions still resolve, and `verify` warns about them.
-- A reference is a name, a full sha, or a unique abbreviation of 8+ hex digits; a name
-  wins over an abbreviation spelt the same.
+- A name moves with compare-and-swap under the registry lock, journal first: the line
+  `{"at","name","from","to"}` is durable before the name file is replaced. A journal append
+  lands whole or not at all (`fsutil.append_line`); if the name file cannot be written after
+  it (a full disk), the line is taken back while the lock is held: the move did not happen.
+- A line is committed once its newline is durable: `log` skips an unterminated last line (a
+  write interrupted mid-line) and `repair` cuts it off.
+- After any crash each name equals the `to` of its last journal line, except for a move
+  interrupted between its line and its rename: the name still holds that line's `from`.
+  `disagreements` lists every such name; `repair` completes an interrupted move when its
+  target verifies, or journals the name's current value.
+- A name that holds a prefix is not moved to a frame, nor back, unless forced: the loop
+  reading it would send another kind of head.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from prefixreg.core.digest import is_full_sha, looks_like_sha, parse_abbrev
-from prefixreg.core.errors import (
-    AmbiguousRefError,
-    CorruptRecordError,
-    IntegrityError,
-    InvalidDigestError,
-    PrefixregError,
-    RefNotFoundError,
-    UsageError,
-)
+from prefixreg.core import errors
 from prefixreg.core.jsonio import dumps_canonical, loads_object
-from prefixreg.core.prefix import Prefix
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.clock import iso_utc, utc_now
-from prefixreg.registry.objects import ObjectStore
+from prefixreg.registry.disk import Disk
 
 if TYPE_CHECKING:
     from prefixreg.core.records import NameMove
 
-__all__ = ["UNSET", "JournalDisagreement", "NameConflictError", "NamedStore"]
-
 UNSET: Final = object()
+Check = Callable[[str], object]  # verifies a target sha, raising to refuse it
 
 
-class NameConflictError(UsageError):
+class NameConflictError(errors.UsageError):
     """A compare-and-swap name move found the name pointing somewhere else."""
 
 
@@ -77,303 +65,163 @@ class JournalDisagreement:
         )
 
 
-class NamedStore(ObjectStore):
-    """Objects plus names: resolution, journalled moves, journal checks and repair."""
+class Names:
+    """The names below a `Disk`; `lock()` is the registry lock every move holds."""
 
-    def name_path(self, name: str) -> Path:
-        return self.path(layout.name_relpath(name))
+    def __init__(self, disk: Disk, lock: Callable[[], AbstractContextManager[None]]) -> None:
+        self._disk = disk
+        self._lock = lock
+        self._log = disk.path(layout.NAMES_LOG)
 
-    # -- reading names --------------------------------------------------------------------
-
-    def _read_name(self, name: str) -> str | None:
+    def read(self, name: str) -> str | None:
+        """The sha `names/<name>` holds, or None. Raises: InvalidNameError (not a name),
+        CorruptRecordError (not a sha line), IntegrityError (a symlink, not a regular file)."""
         rel = layout.name_relpath(name)
         try:
-            raw = self.read_file(rel)
+            raw = self._disk.read(rel)
         except FileNotFoundError:
             return None
         sha = layout.parse_name_file(raw)
         if sha is None:
-            raise CorruptRecordError(f"{self.root / rel}: not a sha256 line", path=self.root / rel)
+            path = self._disk.path(rel)
+            raise errors.CorruptRecordError(f"{path}: not a sha256 line", path=path)
         return sha
 
-    def read_name(self, name: str) -> str | None:
-        """The sha the name file `names/<name>` holds, or None when there is no such name.
-
-        Raises:
-            InvalidNameError: not a valid name. CorruptRecordError: not a sha line.
-            IntegrityError: the name file (or `names/`) is a symlink or not a regular file.
-        """
-        return self._read_name(name)
-
-    def names(self) -> dict[str, str]:
-        """Every name and the sha it points to, sorted by name (never following a link).
-
-        Raises:
-            IntegrityError: `names/` or a name file is a symlink or not a regular file.
-        """
+    def all(self) -> dict[str, str]:
+        """Every name and the sha it points to, sorted by name."""
         out: dict[str, str] = {}
-        for entry, _kind in self.entries(layout.NAMES):
-            if layout.is_temp_name(entry) or layout.NAME_RE.fullmatch(entry) is None:
-                continue
-            sha = self._read_name(entry)  # refuses a symlink or a non-file by itself
-            if sha is not None:
-                out[entry] = sha
+        for entry, _kind in self._disk.entries(layout.NAMES):
+            if not layout.is_temp_name(entry) and layout.NAME_RE.fullmatch(entry) is not None:
+                sha = self.read(entry)  # refuses a symlink or a non-file by itself
+                if sha is not None:
+                    out[entry] = sha
         return out
 
-    def name_log(self) -> list[NameMove]:
-        """Every journalled name move, oldest first."""
+    def log(self) -> list[NameMove]:
+        """Every committed name move, oldest first (an unterminated last line is not one)."""
         from prefixreg.core.records import NameMove
 
-        path = self.root / layout.NAMES_LOG
         try:
-            raw = self.read_file(layout.NAMES_LOG)
+            raw = self._disk.read(layout.NAMES_LOG)
         except FileNotFoundError:
-            return []
+            raw = b""
         moves = []
-        for lineno, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                moves.append(NameMove.from_dict(loads_object(line)))
-            except CorruptRecordError as exc:
-                raise CorruptRecordError(f"{path}:{lineno}: {exc}", path=path) from None
+        for lineno, line in enumerate(raw[: raw.rfind(b"\n") + 1].splitlines(), 1):
+            if line.strip():
+                try:
+                    moves.append(NameMove.from_dict(loads_object(line)))
+                except errors.CorruptRecordError as exc:
+                    where = f"{self._log}:{lineno}"
+                    raise errors.CorruptRecordError(f"{where}: {exc}", path=self._log) from None
         return moves
 
-    # -- references -----------------------------------------------------------------------
+    def is_frame(self, sha: str) -> bool:
+        return self._disk.lstat(layout.frame_relpath(sha)) is not None
 
-    def resolve(self, ref: str) -> str:
-        """Resolve a name, a full sha or a unique abbreviation (8+ hex) to a full sha.
-
-        Raises:
-            RefNotFoundError: nothing matches. AmbiguousRefError: several objects match.
-            InvalidDigestError / InvalidNameError: the reference is neither form.
-        """
-        return self._resolve(ref)[0]
-
-    def _resolve(self, ref: str, *, frames: bool = False) -> tuple[str, str | None]:
-        """(sha, the name it was reached by or None). With `frames`, a sha or an
-        abbreviation may also name a frame record (`frames/<sha>.json`)."""
-        given: object = ref  # the API boundary: callers may pass anything
-        if not isinstance(given, str):
-            raise UsageError(f"a reference is a string, not {type(given).__name__}")
-        what = "prefix or frame" if frames else "prefix"
-        if is_full_sha(ref):
-            if self.lstat(layout.object_relpath(ref)) is None and not (
-                frames and self.lstat(layout.frame_relpath(ref)) is not None
-            ):
-                raise RefNotFoundError(f"no {what} {ref}")
-            return ref, None
-        if layout.NAME_RE.fullmatch(ref) is not None and not is_full_sha(ref.lower()):
-            sha = self._read_name(ref)
-            if sha is not None:
-                return sha, ref
-            if not looks_like_sha(ref):
-                raise RefNotFoundError(f"no {what} named {ref!r}")
-        if not looks_like_sha(ref):
-            raise InvalidDigestError(
-                f"invalid reference {ref!r}: not a name, a sha256, or 8+ hex digits of one"
-            )
-        if len(ref) < 8:
-            raise RefNotFoundError(
-                f"no {what} named {ref!r}", hint="an abbreviated sha needs at least 8 hex digits"
-            )
-        abbrev = parse_abbrev(ref)
-        if len(abbrev) == 64:
-            return self._resolve(abbrev, frames=frames)
-        matches = self._abbrev_matches(abbrev)
-        if frames:
-            matches += [s for s in self._frame_shas() if s.startswith(abbrev)]
-        if not matches:
-            raise RefNotFoundError(f"no {what} matches {ref!r}")
-        if len(matches) > 1:
-            raise AmbiguousRefError(
-                f"{ref!r} matches {len(matches)} {'heads' if frames else 'prefixes'}: "
-                + ", ".join(m[:12] for m in matches[:5]),
-                candidates=matches,
-            )
-        return matches[0], None
-
-    def _frame_shas(self) -> list[str]:
-        """Every frame sha present (by file name; not verified), sorted."""
-        out = []
-        for entry, kind in self.entries(layout.FRAMES):
-            sha = layout.frame_sha(f"{layout.FRAMES}/{entry}")
-            if kind == "file" and sha is not None:
-                out.append(sha)
-        return out
-
-    def get_bytes(self, ref: str) -> bytes:
-        """The exact, verified bytes of the prefix `ref` names.
-
-        Raises:
-            RefNotFoundError, AmbiguousRefError, InvalidDigestError: bad reference.
-            IntegrityError: the stored bytes do not hash to their sha.
-        """
-        return self._read_verified(ref if is_full_sha(ref) else self.resolve(ref))
-
-    def get(self, ref: str) -> Prefix:
-        """The verified prefix `ref` names (a name, a sha, or an 8+ digit abbreviation).
-        A reference to a frame is refused (`head` takes both)."""
-        # A full sha needs no lookup: the verified read itself says whether it exists.
-        sha, name = (ref, None) if is_full_sha(ref) else self._resolve(ref)
-        try:
-            return Prefix(sha, self._read_verified(sha), name)
-        except RefNotFoundError:
-            if self.lstat(layout.frame_relpath(sha)) is None:
-                raise
-            raise RefNotFoundError(
-                f"{ref!r} names frame {sha[:12]}, not a prefix",
-                hint="a frame is a head: use head()",
-            ) from None
-
-    # -- moving names ---------------------------------------------------------------------
-
-    def move_name(
-        self, name: str, ref: str, *, expect: object = UNSET, force: bool = False
+    def move(
+        self, name: str, sha: str, check: Check, *, expect: object = UNSET, force: bool = False
     ) -> NameMove | None:
-        """Point `name` at the prefix `ref` resolves to, journal first.
-
-        Args:
-            expect: compare-and-swap: the sha (or None for "unset") the name must point to
-                now, else `NameConflictError`. Omit to move unconditionally (still atomic).
-            force: move a name that points at a frame to a prefix (else `NameConflictError`).
-
-        Returns:
-            The journalled move, or None if the name already pointed there.
+        """Point `name` at `sha` (which `check` verified; checked again under the lock: gc
+        removes objects only under it). The move, or None if the name already pointed there.
 
         Raises:
-            InvalidNameError: not a valid name for a new move (8-64 hex digits included).
-            UsageError: the registry is a mirror (move names on the origin).
-            IntegrityError: `names.log`, `names/` or `.locks/` is a symlink.
-            PrefixregError: the journal could not be written (the name is not moved).
+            NameConflictError: `expect` is not what the name holds, or the move changes the
+                kind of head the name holds and `force` is not given.
+            IntegrityError / PrefixregError: the journal could not be written (not moved).
         """
-        layout.validate_name(name)
-        self.refuse_on_mirror("move a name")
-        sha = self.resolve(ref)
-        self._read_verified(sha)  # never point a name at bytes that fail verification
-        with self.lock():
-            current = self._read_name(name)
+        with self._lock():
+            current = self.read(name)
             if expect is not UNSET and current != expect:
                 raise NameConflictError(
                     f"name {name!r} points to {current or 'nothing'}, not {expect or 'nothing'}"
                 )
             if current == sha:
                 return None
-            self._refuse_kind_change(name, current, "prefix", force)
-            # gc removes objects only under this lock: re-check that the object is still
-            # there now that we hold it, or a name could end up pointing nowhere.
-            self._read_verified(sha)
+            if current is not None and not force and self.is_frame(current) != self.is_frame(sha):
+                was, kind = ("frame", "prefix") if self.is_frame(current) else ("prefix", "frame")
+                raise NameConflictError(
+                    f"name {name!r} points to {was} {current[:12]}; moving it to a {kind} "
+                    "changes what the loop sends",
+                    hint="pass --force (force=True) to move it anyway",
+                )
+            check(sha)
             return self._journalled_move(name, current, sha)
-
-    def point_name(
-        self, name: str, sha: str, *, check: Callable[[], object], force: bool = False
-    ) -> NameMove | None:
-        """Point `name` at `sha` (a record that is not an object, such as a frame), journal
-        first, under the lock; `check()` verifies the target before and again under the lock
-        (it raises to refuse). Returns the move, or None if the name already pointed there.
-        """
-        layout.validate_name(name)
-        self.refuse_on_mirror("move a name")
-        check()
-        with self.lock():
-            current = self._read_name(name)
-            if current == sha:
-                return None
-            self._refuse_kind_change(name, current, "frame", force)
-            check()
-            return self._journalled_move(name, current, sha)
-
-    def _refuse_kind_change(self, name: str, current: str | None, kind: str, force: bool) -> None:
-        """A name that holds a prefix is not silently moved to a frame, nor back: the
-        loop reading it would send another kind of head."""
-        if current is None or force:
-            return
-        is_frame = self.lstat(layout.frame_relpath(current)) is not None
-        if is_frame == (kind == "frame"):
-            return
-        was = "frame" if is_frame else "prefix"
-        raise NameConflictError(
-            f"name {name!r} points to {was} {current[:12]}; moving it to a {kind} changes "
-            "what the loop sends",
-            hint="pass --force (force=True) to move it anyway",
-        )
 
     def _journalled_move(self, name: str, current: str | None, sha: str) -> NameMove:
-        """Journal the move durably, then replace the name file. Caller holds the lock."""
         from prefixreg.core.records import NameMove
 
-        self.writable_dir(layout.NAMES)
-        move = NameMove(at=iso_utc(utc_now()), name=name, from_sha=current, to_sha=sha)
-        self._append_journal(move, what=f"{name} not moved")
-        self._write_name_file(name, sha)
+        self._disk.mkdir(layout.NAMES)
+        at = layout.iso_utc(layout.utc_now())
+        move = NameMove(at=at, name=name, from_sha=current, to_sha=sha)
+        start = self._append(move, what=f"{name} not moved")
+        try:
+            self._write(name, sha)
+        except BaseException:
+            if self.read(name) == current:  # not moved: the line goes too, under the lock
+                fsutil.truncate(self._log, start, root=self._disk.root)
+            raise
         return move
 
-    def _write_name_file(self, name: str, sha: str) -> None:
-        path = self.writable_dir(layout.NAMES) / name
+    def _write(self, name: str, sha: str) -> None:
+        path = self._disk.mkdir(layout.NAMES) / name
         fsutil.replace_atomic(path, layout.encode_name_file(sha), mode=0o644)
 
-    def _append_journal(self, move: NameMove, *, what: str) -> None:
+    def _append(self, move: NameMove, *, what: str) -> int:
         try:
-            fsutil.append_line(
-                self.root / layout.NAMES_LOG, dumps_canonical(move.to_dict()), root=self.root
-            )
-        except IntegrityError as exc:
-            raise IntegrityError(f"{exc}; {what}", path=self.root / layout.NAMES_LOG) from None
+            line = dumps_canonical(move.to_dict())
+            return fsutil.append_line(self._log, line, root=self._disk.root)
+        except errors.IntegrityError as exc:
+            refused = errors.IntegrityError(f"{exc}; {what}", path=self._log)
+            refused.hint = exc.hint
+            raise refused from None
         except OSError as exc:
-            raise PrefixregError(
-                f"{self.root / layout.NAMES_LOG}: cannot write the name journal "
-                f"({exc.strerror or exc}); {what}"
+            raise errors.PrefixregError(
+                f"{self._log}: cannot write the name journal ({exc.strerror or exc}); {what}"
             ) from None
 
-    # -- journal checks and repair ----------------------------------------------------------
-
-    def journal_disagreements(self) -> list[JournalDisagreement]:
+    def disagreements(self) -> list[JournalDisagreement]:
         """Every name whose value is not the `to` of its last `names.log` line (and every
         journalled name whose file is gone), sorted by name."""
-        last: dict[str, NameMove] = {}
-        for move in self.name_log():
-            last[move.name] = move
-        current = self.names()
+        last = {move.name: move for move in self.log()}
+        current = self.all()
         out = []
         for name in sorted(set(current) | set(last)):
-            final = last.get(name)
-            value = current.get(name)
+            final, value = last.get(name), current.get(name)
             if final is None or final.to_sha != value:
                 out.append(JournalDisagreement(name, value, final))
         return out
 
-    def repair_names(self, *, check: Callable[[str], object] | None = None) -> list[str]:
+    def repair(self, check: Check) -> list[str]:
         """Make every name agree with its journal again, under the lock; what was done.
 
-        An interrupted move (the name still holds its last line's `from`) is completed when
-        the line's `to` verifies (`check(sha)`, which raises to refuse; by default the
-        object is re-hashed, and a caller that knows frames checks those too), else rolled
-        back by journalling the name's current value. Any other disagreement journals the
-        name's current value (the name file is what readers use); a journalled name whose
-        file is gone is restored to the line's `to` if it verifies.
+        A torn last line is cut off. An interrupted move (the name still holds its last
+        line's `from`), or a journalled name whose file is gone, is completed when the line's
+        `to` passes `check`; otherwise, and for any other disagreement, the name's current
+        value is journalled (the name file is what readers use).
         """
         from prefixreg.core.records import NameMove
 
-        self.refuse_on_mirror("repair names")
         done: list[str] = []
-        with self.lock():
-            for d in self.journal_disagreements():
+        with self._lock():
+            torn = self._disk.cut_tail(layout.NAMES_LOG)
+            if torn:
+                done.append(f"{layout.NAMES_LOG}: cut off a torn last line ({torn} bytes)")
+            for d in self.disagreements():
                 target = d.last.to_sha if d.last is not None else None
                 if target is not None and (d.interrupted or d.current is None):
                     try:
-                        (check or self._read_verified)(target)
-                    except (IntegrityError, RefNotFoundError):
+                        check(target)
+                    except (errors.IntegrityError, errors.RefNotFoundError):
                         pass
                     else:
-                        self._write_name_file(d.name, target)
+                        self._write(d.name, target)
                         done.append(f"{d.name}: completed the move to {target}")
                         continue
                 if d.current is None:
                     done.append(f"{d.name}: not repaired ({target} is missing or corrupt)")
                     continue
-                move = NameMove(
-                    at=iso_utc(utc_now()), name=d.name, from_sha=target, to_sha=d.current
-                )
-                self._append_journal(move, what=f"{d.name} not repaired")
+                at = layout.iso_utc(layout.utc_now())
+                move = NameMove(at=at, name=d.name, from_sha=target, to_sha=d.current)
+                self._append(move, what=f"{d.name} not repaired")
                 done.append(f"{d.name}: journalled its current value {d.current}")
         return done

@@ -1,15 +1,18 @@
-"""Objects and their meta records: publish, verify at use, list (no-follow).
+"""`Objects`: the objects and meta records of a registry, verified at every read.
 
 Invariants:
-- Every read of an object re-hashes the bytes it returns; a mismatch raises
-  `IntegrityError` and nothing is returned. There is no flag that skips this. The bytes
-  hashed are the bytes returned (read once).
+- Every read of an object re-hashes the bytes it returns; a mismatch raises `IntegrityError`
+  and nothing is returned. No flag skips it. The bytes hashed are the bytes returned.
+- Content is non-empty bytes or str of valid UTF-8 (it travels as a JSON string).
 - Objects are published with no-overwrite links and never rewritten; publishing existing
   content re-verifies the object and refreshes its mtime (so age-based gc sees it used).
-- Listing never follows a symlink: a symlinked `objects/` or fan-out directory, or an
-  object entry that is not a regular file, raises `IntegrityError` (a read exits 3);
-  entries that are not objects at all are left to `verify` to report.
-- A meta record is written after its object, and only through `fsutil`'s durable writers.
+- Listing never follows a symlink: a symlinked `objects/` or fan-out directory, or (when
+  asked) an object entry that is not a regular file, raises `IntegrityError`.
+- A meta record is written after its object.
+- Probe slices are objects whose meta `source` is `probe/<run id>` (`Registry.add_probe_slice`;
+  reserved: `add` refuses it, and the CLI labels content with a file's base name, which has no
+  `/`), or, as earlier releases wrote, `probe` with a note `probe ...`. A user's add of the
+  same bytes rewrites the meta record as theirs (their source and note); a probe never does.
 """
 
 from __future__ import annotations
@@ -17,47 +20,88 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, NamedTuple
 
-from prefixreg.core.digest import is_full_sha
-from prefixreg.core.errors import CorruptRecordError, IntegrityError, RefNotFoundError, UsageError
+from prefixreg.core import errors
 from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.clock import iso_utc, utc_now
-from prefixreg.registry.disk import RegistryDisk
+from prefixreg.registry.disk import Disk
 
 if TYPE_CHECKING:
     from prefixreg.core.records import Meta
 
-__all__ = ["ObjectStore"]
+PROBE_SOURCE_PREFIX: Final = "probe/"
 
 
-class ObjectStore(RegistryDisk):
-    """The objects and meta records of a registry (see the module invariants)."""
+def is_probe_source(source: str, note: str | None = None) -> bool:
+    """Does a meta record with this `source` (and `note`) mark a probe slice?"""
+    legacy = source == "probe" and (note or "").startswith("probe ")
+    return source.startswith(PROBE_SOURCE_PREFIX) or legacy
 
-    def object_path(self, sha: str) -> Path:
-        """Where the object with this (validated) sha lives."""
-        return self.path(layout.object_relpath(sha))
 
-    def meta_path(self, sha: str) -> Path:
-        """Where the meta record of this (validated) sha lives."""
-        return self.path(layout.meta_relpath(sha))
+class ObjectInfo(NamedTuple):
+    """One row of `ls`: an object (from its meta record) or a frame, and its names."""
 
-    # -- reads ----------------------------------------------------------------------------
+    sha256: str
+    bytes: int | None
+    created: str | None
+    note: str | None
+    names: tuple[str, ...]
+    probe_slice: bool = False  # registered by a probe, not the user's
+    kind: str = "prefix"  # or "frame"
 
-    def _read_verified(self, sha: str) -> bytes:
-        """The object's bytes, re-hashed and compared; `sha` must be validated already."""
-        # The hot path of every get: one string path, no re-validation, no Path arithmetic.
-        rel = layout.object_relpath_valid(sha)
+
+def check_text(value: object, what: str) -> str:
+    """`value` if it is a str that encodes as UTF-8 (no lone surrogates), else `UsageError`."""
+    if not isinstance(value, str):
+        raise errors.UsageError(f"{what} must be text, not {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise errors.UsageError(
+            f"{what} is not valid UTF-8 text (lone surrogate at character {exc.start})"
+        ) from None
+    return value
+
+
+def content_bytes(content: object) -> bytes:
+    """Prefix content as bytes, else `InvalidContentError` (see the module invariants)."""
+    if isinstance(content, bytes | bytearray | memoryview):
+        data = bytes(content)
         try:
-            data = fsutil.read_nofollow(f"{self._root_s}/{rel}", root=self._root_s)
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise errors.InvalidContentError(
+                f"content is not valid UTF-8 (byte {exc.start}): a prefix travels as a JSON string"
+            ) from None
+    elif isinstance(content, str):
+        data = check_text(content, "content").encode("utf-8")
+    else:
+        kind = type(content).__name__
+        raise errors.InvalidContentError(f"content must be bytes or str, not {kind}")
+    if not data:
+        raise errors.InvalidContentError("refusing to add an empty prefix")
+    return data
+
+
+class Objects:
+    """Objects and meta records below a `Disk`."""
+
+    def __init__(self, disk: Disk) -> None:
+        self._disk = disk
+
+    def read(self, sha: str) -> bytes:
+        """The bytes of object `sha` (validated by the caller), re-hashed and compared. Raises:
+        RefNotFoundError (none); IntegrityError (a mismatch, a symlink, not a regular file)."""
+        rel = f"{layout.OBJECTS}/{sha[:2]}/{sha}.txt"
+        try:
+            data = fsutil.read_below(self._disk.root_s, rel)
         except FileNotFoundError:
-            raise RefNotFoundError(f"no prefix {sha}") from None
+            raise errors.RefNotFoundError(f"no prefix {sha}") from None
         actual = hashlib.sha256(data).hexdigest()
         if actual != sha:
-            path = self.root / rel
-            raise IntegrityError(
+            path = self._disk.path(rel)
+            raise errors.IntegrityError(
                 f"{path}: content hashes to {actual}, expected {sha}; refusing to use it",
                 path=path,
                 expected=sha,
@@ -65,119 +109,79 @@ class ObjectStore(RegistryDisk):
             )
         return data
 
-    def read_verified(self, sha: str) -> bytes:
-        """The bytes of object `sha` (a full sha), re-hashed and compared.
-
-        Raises:
-            UsageError: not a full sha. RefNotFoundError: no such object.
-            IntegrityError: the stored bytes do not hash to their sha (or are not a regular
-                file reached without a symlink).
-        """
-        given: object = sha  # the API boundary: callers may pass anything
-        if not isinstance(given, str) or not is_full_sha(given):
-            raise UsageError(f"not a sha256: {sha!r}")
-        return self._read_verified(sha)
-
     def meta(self, sha: str) -> Meta:
-        """The meta record of `sha` (parsed strictly).
-
-        Raises:
-            RefNotFoundError: no meta record. CorruptRecordError: unreadable or wrong.
-        """
-        rel = layout.meta_relpath(sha)
-        path = self.root / rel
-        try:
-            raw = self.read_file(rel)
-        except FileNotFoundError:
-            raise RefNotFoundError(f"no meta record for {sha}") from None
+        """The meta record of `sha`, parsed strictly. Raises: RefNotFoundError (none),
+        CorruptRecordError (unreadable or wrong)."""
         from prefixreg.core.records import Meta
 
+        rel = layout.meta_relpath(sha)
+        path = self._disk.path(rel)
         try:
-            meta = Meta.from_dict(loads_object(raw, path=path))
-        except CorruptRecordError as exc:
-            raise CorruptRecordError(f"{path}: {exc}", path=path) from None
+            meta = Meta.from_dict(loads_object(self._disk.read(rel), path=path))
+        except FileNotFoundError:
+            raise errors.RefNotFoundError(f"no meta record for {sha}") from None
+        except errors.CorruptRecordError as exc:
+            raise errors.CorruptRecordError(f"{path}: {exc}", path=path) from None
         if meta.sha256 != sha:
-            raise CorruptRecordError(f"{path}: records sha {meta.sha256}", path=path)
+            raise errors.CorruptRecordError(f"{path}: records sha {meta.sha256}", path=path)
         return meta
 
-    def iter_shas(self, *, regular_only: bool = False) -> Iterator[str]:
-        """Every object sha present (by file name; not verified), sorted.
-
-        Args:
-            regular_only: raise on an object entry that is not a regular file (a symlink,
-                a directory, a FIFO) instead of yielding its sha for a verified read to
-                refuse later.
-
-        Raises:
-            IntegrityError: `objects/` or a fan-out directory is a symlink (never listed
-                through), or (`regular_only`) an object entry is not a regular file.
-        """
-        for fan, kind in self.entries(layout.OBJECTS):
+    def shas(self, *, regular_only: bool = False, prefix: str = "") -> Iterator[str]:
+        """Every object sha present starting with `prefix` (by file name; not verified).
+        Raises `IntegrityError`: a symlinked `objects/` or fan-out, or (`regular_only`) an
+        object entry that is not a regular file."""
+        fans = [prefix[:2]] if len(prefix) >= 2 else []
+        for fan, kind in [] if fans else self._disk.entries(layout.OBJECTS):
             if kind == "link":
-                raise IntegrityError(f"{self.root / layout.OBJECTS / fan}: is a symlink; refused")
-            if kind != "dir" or layout.is_temp_name(fan):
-                continue
-            for entry, entry_kind in self.entries(f"{layout.OBJECTS}/{fan}"):
-                sha = layout.object_sha(f"{layout.OBJECTS}/{fan}/{entry}")
-                if sha is None:
-                    continue
-                if regular_only and entry_kind != "file":
-                    where = self.root / layout.object_relpath(sha)
-                    raise IntegrityError(f"{where}: not a regular file; refused", path=where)
-                yield sha
+                where = self._disk.path(f"{layout.OBJECTS}/{fan}")
+                raise errors.IntegrityError(f"{where}: is a symlink; refused", path=where)
+            if kind == "dir" and not layout.is_temp_name(fan):
+                fans.append(fan)
+        for fan in fans:
+            for entry, kind in self._disk.entries(f"{layout.OBJECTS}/{fan}"):
+                rel = f"{layout.OBJECTS}/{fan}/{entry}"
+                sha = layout.object_sha(rel)
+                if sha is not None and sha.startswith(prefix):
+                    if regular_only and kind != "file":
+                        where = self._disk.path(rel)
+                        raise errors.IntegrityError(f"{where}: not a regular file", path=where)
+                    yield sha
 
-    def _abbrev_matches(self, abbrev: str) -> list[str]:
-        """Every object sha starting with `abbrev` (2+ lowercase hex digits)."""
-        fan = f"{layout.OBJECTS}/{abbrev[:2]}"
-        out = []
-        for entry, kind in self.entries(fan):
-            sha = layout.object_sha(f"{fan}/{entry}")
-            if sha is not None and sha.startswith(abbrev):
-                if kind != "file":
-                    where = self.root / fan / entry
-                    raise IntegrityError(f"{where}: not a regular file; refused", path=where)
-                out.append(sha)
-        return out
-
-    # -- writes ---------------------------------------------------------------------------
-
-    def _put_object(self, sha: str, data: bytes) -> None:
+    def put(self, sha: str, data: bytes) -> None:
         """Publish `data` as object `sha` (hashed by the caller), or re-verify and refresh
         the object already there."""
         rel = layout.object_relpath(sha)
-        path = self.root / rel
-        self.writable_dir(rel.rsplit("/", 1)[0])
-        # Look before writing: re-adding known content (the common case in a loop) then
-        # costs a read and a hash, not a durable write; publish_new still settles races.
+        path = self._disk.mkdir(rel.rsplit("/", 1)[0]) / rel.rsplit("/", 1)[1]
         for attempt in range(3):
-            # The directory was just checked (no symlink on the way): a plain lexists.
+            # Look before writing: re-adding known content (the common case in a loop) then
+            # costs a read and a hash, not a durable write; publish_new settles races.
             if not os.path.lexists(path) and fsutil.publish_new(path, data, mode=0o444):
                 return
-            # Existing object: re-verify (never trust what is already there), then
-            # refresh its mtime so age-based gc sees it as recently used.
             try:
-                self._read_verified(sha)
+                self.read(sha)  # never trust what is already there
                 os.utime(path, follow_symlinks=False)
                 return
-            except (RefNotFoundError, FileNotFoundError):
+            except (errors.RefNotFoundError, FileNotFoundError):
                 # A concurrent `gc --prune-unnamed` removed it between our look and the
                 # refresh: publish it again rather than fail or return a missing sha.
                 if attempt == 2:
                     raise
 
-    def _write_meta(self, sha: str, size: int, *, note: str | None, source: str) -> None:
-        rel = layout.meta_relpath(sha)
-        self.writable_dir(layout.META)
-        path = self.root / rel
-        if note is None and os.path.lexists(path):  # meta/ was just checked
-            return
-        # The on-disk form of `records.Meta`, built directly: the record classes are only
-        # needed to read (and strictly validate) what is already there.
-        record = {"sha256": sha, "bytes": size, "created": iso_utc(utc_now())}
-        record |= {"source": source, "note": note}
-        if fsutil.publish_new(path, dumps_canonical(record) + b"\n", mode=0o444) or note is None:
+    def write_meta(self, sha: str, size: int, *, note: str | None, source: str) -> None:
+        """Write the meta record of a new object. An existing one gets a new note, or, for a
+        probe slice a user adds, the user's source and note; a probe never rewrites one."""
+        path = self._disk.mkdir(layout.META) / f"{sha}.json"
+        record: dict[str, object] = {"sha256": sha, "bytes": size, "source": source, "note": note}
+        if not os.path.lexists(path):  # meta/ was just checked
+            created = {"created": layout.iso_utc(layout.utc_now())}
+            if fsutil.publish_new(path, dumps_canonical(record | created) + b"\n"):
+                return
+        if source.startswith(PROBE_SOURCE_PREFIX):
             return
         old = self.meta(sha)
-        if old.note != note:
-            updated = old.to_dict() | {"note": note}
-            fsutil.replace_atomic(path, dumps_canonical(updated) + b"\n", mode=0o444)
+        if not is_probe_source(old.source, old.note):
+            if note is None or old.note == note:
+                return
+            record = {**old.to_dict(), "note": note}
+        record["created"] = old.created
+        fsutil.replace_atomic(path, dumps_canonical(record) + b"\n", mode=0o444)

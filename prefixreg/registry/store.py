@@ -1,138 +1,209 @@
-"""The registry on disk (`Registry`): add, list, and the records verbs keep there.
+"""`Registry`: one registry on disk, composed of parts; the face every verb and command uses.
 
-Layout (format version 1, DESIGN §3; the rules live in `prefixreg.registry.layout`)::
-
-    REGISTRY.json  README.md  objects/<aa>/<sha256>.txt  meta/<sha256>.json
-    names/<name>  names.log  measurements/<sha256>-<ts>.json  probes/  mirror.log  .locks/
-
-`Registry` is assembled from one class per role: `disk.RegistryDisk` (root, marker, lock,
-no-follow access), `objects.ObjectStore` (objects and meta, verify at use),
-`names.NamedStore` (references and the write-ahead name journal), and this module (adding
-a prefix, listing, measurements, probe receipts, the mirror log). Probe slices are
-objects like any other, marked in their meta record (`probeslices` holds the convention).
+Parts: `disk.Disk` (the root, its marker and lock, no-follow access by `layout` path; private
+to this package), `objects.Objects` (objects and meta, verified at use), `names.Names` (name
+files and their write-ahead journal) and the records (`records.Records`: measurements, probe
+receipts, the mirror log; `frames`; `snapshots`). `Registry` resolves references: one
+resolver behind `head`, `get`, `resolve` and `move_name`.
 
 Invariants:
-- Arguments are checked before anything is written: content is bytes or str and valid
-  UTF-8; a note and a source are str and valid UTF-8 text (no lone surrogates); a name
-  obeys the name rule. A bad argument raises `UsageError` and writes nothing.
-- Write order is object, then meta, then name: a crash can leave an object without meta
-  (reported by `verify` as incomplete, repaired by adding again) or a temp file (a stray),
-  never a meta record or a name whose object is missing.
-- Records (measurements, probe receipts) are published with no-overwrite links, never
-  through a symlinked directory; the store is the only code that writes them.
-- This module never imports `verify`, `gc` or `migrate`: those are use cases built on the
-  store's public API.
+- Arguments are checked before anything is written, types included; a bad one raises a
+  `UsageError` and writes nothing.
+- Write order is object, meta, name: a crash leaves at worst an object without meta (verify
+  warns; adding again repairs it) or a temp file, never a meta record or a name whose object
+  is missing. A mirror (role `mirror`) is written only by `prefixreg mirror`.
+- A reference is a name, a full sha or a unique abbreviation of 8+ hex digits (a name wins
+  over an abbreviation spelt the same) of a prefix or a frame. A name whose target is
+  missing is an integrity failure (`IntegrityError`), never an unknown reference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal
 
-from prefixreg.core.digest import sha256_hex
-from prefixreg.core.errors import (
-    CorruptRecordError,
-    InvalidContentError,
-    PrefixregError,
-    RefNotFoundError,
-    UsageError,
+from prefixreg.core import errors
+from prefixreg.core.digest import is_full_sha, looks_like_sha, parse_abbrev, sha256_hex
+from prefixreg.core.prefix import Prefix
+from prefixreg.registry import layout
+from prefixreg.registry.disk import Disk
+from prefixreg.registry.layout import iso_utc as iso_utc
+from prefixreg.registry.layout import stamp_utc as stamp_utc
+from prefixreg.registry.layout import utc_now as utc_now
+from prefixreg.registry.layout import validate_name as validate_name
+from prefixreg.registry.names import UNSET, Names
+from prefixreg.registry.names import NameConflictError as NameConflictError
+from prefixreg.registry.objects import (
+    PROBE_SOURCE_PREFIX,
+    ObjectInfo,
+    Objects,
+    check_text,
+    content_bytes,
+    is_probe_source,
 )
-from prefixreg.core.jsonio import dumps_canonical, loads_object
-from prefixreg.registry import fsutil, layout
-from prefixreg.registry.clock import iso_utc, stamp_utc, utc_now
-from prefixreg.registry.layout import FORMAT, FORMAT_VERSION, MARKER, NAME_RE, validate_name
-from prefixreg.registry.names import NameConflictError, NamedStore
-from prefixreg.registry.probeslices import PROBE_SOURCE_PREFIX, is_probe_source, probe_source
+from prefixreg.registry.records import Records
 
 if TYPE_CHECKING:
     from prefixreg.core.frame import Frame
-    from prefixreg.core.prefix import Prefix
-    from prefixreg.core.records import Measurement, Meta
-
-__all__ = [
-    "FORMAT",
-    "FORMAT_VERSION",
-    "MARKER",
-    "NAME_RE",
-    "NameConflictError",
-    "ObjectInfo",
-    "Registry",
-    "check_text",
-    "iso_utc",
-    "stamp_utc",
-    "utc_now",
-    "validate_name",
-]
+    from prefixreg.core.records import Measurement, Meta, NameMove
 
 
-class ObjectInfo(NamedTuple):
-    """One object as `ls` shows it: from its meta record and the names pointing at it."""
+class Registry:
+    """The registry at `root` (a str or path); nothing is created until the first write.
+    `lock_timeout`: seconds to wait for the registry lock before `LockTimeoutError`.
 
-    sha256: str
-    bytes: int | None
-    created: str | None
-    note: str | None
-    names: tuple[str, ...]
-    probe_slice: bool = False  # registered by a probe (`probeslices`), not the user's
+    Raises:
+        UsageError: `root` is not a path, or `lock_timeout` not a finite number >= 0.
+        RegistryLocationError: `root` is a file, a non-empty directory without
+            `REGISTRY.json`, or a registry of a newer format.
+    """
 
+    def __init__(self, root: Path | str, *, lock_timeout: float = 30.0) -> None:
+        path: object = os.fspath(root) if isinstance(root, os.PathLike) else root
+        if not isinstance(path, str) or not path:  # the API boundary: callers pass anything
+            raise errors.UsageError(f"a registry root is a path, not {root!r}")
+        wait: object = lock_timeout
+        if type(wait) not in (int, float) or not math.isfinite(lock_timeout) or lock_timeout < 0:
+            raise errors.UsageError(f"lock_timeout must be a finite number >= 0, not {wait!r}")
+        self.root = Path(root)
+        self.lock_timeout = float(lock_timeout)
+        self._disk = Disk(self.root)
+        self._objects = Objects(self._disk)
+        self._names = Names(self._disk, self.lock)
+        self._records = Records(self._disk)
 
-def check_text(value: object, what: str) -> str:
-    """`value` if it is a str that encodes as UTF-8 (no lone surrogates), else `UsageError`."""
-    if not isinstance(value, str):
-        raise UsageError(f"{what} must be text, not {type(value).__name__}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise UsageError(
-            f"{what} is not valid UTF-8 text (undecodable byte or lone surrogate at "
-            f"character {exc.start})"
-        ) from None
-    return value
+    def __repr__(self) -> str:
+        return f"Registry({str(self.root)!r})"
 
+    @property
+    def exists(self) -> bool:
+        """True once the registry has been initialised (its marker exists)."""
+        return self._disk.marker is not None or (self.root / layout.MARKER).exists()
 
-def _content_bytes(content: object) -> bytes:
-    if isinstance(content, str):
+    @property
+    def role(self) -> str | None:
+        """`origin` or `mirror`, or None before initialisation."""
+        marker = self._disk.marker or (self._disk.load_marker() if self.root.is_dir() else None)
+        return None if marker is None else str(marker["role"])
+
+    def init(self, *, role: Literal["origin", "mirror"] = "origin") -> None:
+        """Create the registry if it does not exist yet (idempotent, safe to race)."""
+        if role not in ("origin", "mirror"):
+            raise errors.UsageError(f"a registry role is origin or mirror, not {role!r}")
+        self._disk.create(role)
+
+    def refuse_on_mirror(self, what: str) -> None:
+        """Refuse a write on a mirror (`UsageError`): the next mirror run would delete it."""
+        if self.role == "mirror":
+            raise errors.UsageError(
+                f"{self.root} is a mirror; refusing to {what} here (the next mirror run "
+                "would delete it)",
+                hint="write on the origin registry (the coordinator), then run prefixreg mirror",
+            )
+
+    @contextlib.contextmanager
+    def lock(self, name: str = "registry") -> Iterator[None]:
+        """Hold the exclusive lock `.locks/<name>.lock` (`registry`: gc and name moves).
+        Raises: LockTimeoutError; IntegrityError (a symlinked `.locks/` or lock file)."""
+        layout.validate_name(name)
+        self.init()
+        with self._disk.lock(name, self.lock_timeout):
+            yield
+
+    def _find(self, ref: str) -> tuple[str, str | None]:
+        """(sha, the name it was reached by): whether a prefix or a frame is the reader's."""
+        given: object = ref  # the API boundary: callers may pass anything
+        if not isinstance(given, str):
+            raise errors.UsageError(f"a reference is a string, not {type(given).__name__}")
+        if is_full_sha(ref):
+            return ref, None
+        if layout.NAME_RE.fullmatch(ref) is not None and not is_full_sha(ref.lower()):
+            sha = self._names.read(ref)
+            if sha is not None:
+                return sha, ref
+        if not looks_like_sha(ref) or len(ref) < 8:
+            if layout.NAME_RE.fullmatch(ref) is None:
+                raise errors.InvalidDigestError(
+                    f"invalid reference {ref!r}: not a name, a sha256, or 8+ hex digits of one"
+                )
+            hint = "an abbreviated sha needs at least 8 hex digits" if looks_like_sha(ref) else None
+            raise errors.RefNotFoundError(f"no prefix or frame named {ref!r}", hint=hint)
+        abbrev = parse_abbrev(ref)
+        if len(abbrev) == 64:
+            return abbrev, None
+        from prefixreg.registry.frames import frame_shas
+
+        objects = set(self._objects.shas(regular_only=True, prefix=abbrev))
+        found = sorted(objects.union(s for s in frame_shas(self) if s.startswith(abbrev)))
+        if not found:
+            raise errors.RefNotFoundError(f"no prefix or frame matches {ref!r}")
+        if len(found) > 1:
+            shown = ", ".join(m[:12] for m in found[:5])
+            raise errors.AmbiguousRefError(
+                f"{ref!r} matches {len(found)} heads: {shown}", candidates=found
+            )
+        return found[0], None
+
+    def _read(self, sha: str, name: str | None, ref: object = None) -> bytes:
+        """The verified bytes of object `sha`, reached by `name` (see the invariants)."""
         try:
-            return content.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidContentError(
-                f"content is not valid UTF-8 text (lone surrogate at character {exc.start})"
-            ) from None
-    if isinstance(content, bytes | bytearray | memoryview):
-        data = bytes(content)
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidContentError(
-                f"content is not valid UTF-8 (byte {exc.start}): a prefix travels as a JSON string"
-            ) from None
-        return data
-    raise InvalidContentError(f"content must be bytes or str, not {type(content).__name__}")
+            return self._objects.read(sha)
+        except errors.RefNotFoundError:
+            if self._names.is_frame(sha):
+                raise errors.RefNotFoundError(
+                    f"{ref or sha!r} names frame {sha[:12]}, not a prefix",
+                    hint="a frame is a head: use head()",
+                ) from None
+            if name is None:
+                raise
+            path = self._disk.path(layout.name_relpath(name))
+            message = f"name {name!r} points to {sha}, which is missing"
+            raise errors.IntegrityError(message, path=path) from None
 
+    def _head(self, sha: str, name: str | None = None) -> Prefix | Frame:
+        if self._names.is_frame(sha):
+            from prefixreg.registry.frames import read_frame
 
-class Registry(NamedStore):
-    """A registry rooted at `root` (`Registry(root, lock_timeout=30.0)`; see
-    `RegistryDisk` for the arguments and the location checks). Nothing is created until
-    the first write."""
+            return read_frame(self, sha, name=name)
+        return Prefix(sha, self._read(sha, name), name)
 
     def head(self, ref: str) -> Prefix | Frame:
-        """The verified head `ref` names, resolved once: a frame (its record and parts
-        re-hashed) or a prefix. What every verb sends.
+        """The verified head `ref` names, resolved once: a frame (record and parts re-hashed,
+        tools parsed) or a prefix. What every verb sends.
 
         Raises:
-            RefNotFoundError, AmbiguousRefError, InvalidDigestError: a bad reference.
-            IntegrityError: the bytes, the record or a part fail verification.
+            UsageError: not a string. RefNotFoundError, AmbiguousRefError,
+                InvalidDigestError: a bad reference. IntegrityError: the bytes, the record
+                or a part fail verification, or a name points at something missing.
         """
-        from prefixreg.core.prefix import Prefix
-        from prefixreg.registry.frames import read_frame
+        return self._head(*self._find(ref))
 
-        sha, name = self._resolve(ref, frames=True)
-        if self.lstat(layout.frame_relpath(sha)) is not None:
-            return read_frame(self, sha, name=name)
-        return Prefix(sha, self._read_verified(sha), name)
+    def get(self, ref: str) -> Prefix:
+        """The verified prefix `ref` names; a frame is refused (`head` takes both). Raises as
+        `head`."""
+        # A full sha needs no lookup: the verified read itself says whether it exists.
+        sha, name = (ref, None) if type(ref) is str and is_full_sha(ref) else self._find(ref)
+        return Prefix(sha, self._read(sha, name, ref), name)
 
-    # -- adding ---------------------------------------------------------------------------
+    def get_bytes(self, ref: str) -> bytes:
+        """The exact, verified bytes of the prefix `ref` names (see `get`)."""
+        return self.get(ref).data
+
+    def resolve(self, ref: str) -> str:
+        """The full sha of the prefix or frame `ref` names (not verified). Raises as `head`."""
+        sha, name = self._find(ref)
+        if self._disk.lstat(layout.object_relpath(sha)) is None and not self._names.is_frame(sha):
+            self._read(sha, name)  # raises: unknown, or missing behind a name
+        return sha
+
+    def read_verified(self, sha: str) -> bytes:
+        """The bytes of object `sha` (a full sha), re-hashed and compared. Raises:
+        UsageError (not a sha), RefNotFoundError (none), IntegrityError (a mismatch)."""
+        return self._objects.read(layout.need_sha(sha))
 
     def add(
         self,
@@ -142,35 +213,24 @@ class Registry(NamedStore):
         note: str | None = None,
         source: str = "api",
     ) -> str:
-        """Store `content` under its sha256 and return the sha (idempotent).
-
-        Args:
-            content: the exact prefix; bytes must be valid UTF-8.
-            name: optionally point this name at the object (a journalled move).
-            note: a free-text note kept in the meta record (UTF-8 text).
-            source: a label saying where the content came from (a file name, "stdin").
+        """Store `content` (exact bytes, valid UTF-8) under its sha256 and return the sha
+        (idempotent); optionally point `name` at it (a journalled move) and keep `note` in
+        its meta record; `source` labels where it came from (a file name, "stdin"). Content
+        a probe registered becomes the user's object.
 
         Raises:
             InvalidContentError: empty, not bytes or str, or not UTF-8.
             InvalidNameError: bad name. UsageError: a note or source that is not UTF-8
-                text, or the registry is a mirror (write on the origin).
-            IntegrityError: an existing object with this sha no longer verifies.
+                text, or a mirror. IntegrityError: an existing object no longer verifies.
         """
-        data = _content_bytes(content)
-        if not data:
-            raise InvalidContentError("refusing to add an empty prefix")
+        data = content_bytes(content)
         if note is not None:
             check_text(note, "the note")
-        check_text(source, "the source label")
-        if source.startswith(PROBE_SOURCE_PREFIX):
-            raise UsageError(f"the source label {source!r} is reserved for probe slices")
+        if check_text(source, "the source label").startswith(PROBE_SOURCE_PREFIX):
+            raise errors.UsageError(f"the source label {source!r} is reserved for probe slices")
         if name is not None:
-            validate_name(name)
-        sha = sha256_hex(data)
-        self.init()
-        self.refuse_on_mirror("add a prefix")
-        self._put_object(sha, data)
-        self._write_meta(sha, len(data), note=note, source=source)
+            layout.validate_name(name)
+        sha = self._store(data, note=note, source=source, what="add a prefix")
         if name is not None:
             self.move_name(name, sha)
         return sha
@@ -194,163 +254,130 @@ class Registry(NamedStore):
         )
 
     def add_probe_slice(self, content: bytes | str, *, run_id: str) -> str:
-        """Store a slice probe run `run_id` sends, as `add` stores a prefix (same object and
-        meta checks), its meta marked as a probe slice (`probeslices`); return its sha.
+        """Store a slice probe run `run_id` sends, as `add` does, its meta marked as a probe
+        slice (see `objects`; an existing object is left as it is). Raises as `add`."""
+        label = PROBE_SOURCE_PREFIX + check_text(run_id, "the probe run id")
+        data = content_bytes(content)
+        return self._store(data, note=f"probe {run_id}", source=label, what="add probe slices")
 
-        Raises: as `add` (a `run_id` that is not UTF-8 text is a `UsageError`).
-        """
-        data = _content_bytes(content)
-        if not data:
-            raise InvalidContentError("refusing to add an empty prefix")
-        label = probe_source(check_text(run_id, "the probe run id"))
+    def _store(self, data: bytes, *, note: str | None, source: str, what: str) -> str:
         sha = sha256_hex(data)
         self.init()
-        self.refuse_on_mirror("register probe slices")
-        self._put_object(sha, data)
-        self._write_meta(sha, len(data), note=f"probe {run_id}", source=label)
+        self.refuse_on_mirror(what)
+        self._objects.put(sha, data)
+        self._objects.write_meta(sha, len(data), note=note, source=source)
         return sha
 
-    def is_probe_slice(self, sha: str) -> bool:
-        """Does the meta record of `sha` mark a probe slice? (No meta record: no.)
+    def move_name(
+        self, name: str, ref: str, *, expect: object = UNSET, force: bool = False
+    ) -> NameMove | None:
+        """Point `name` at the prefix or frame `ref` names (verified first, and again under
+        the lock), journal first; None if it already pointed there. `expect`: the sha (None:
+        unset) the name must hold now (compare-and-swap). `force`: move a name that holds a
+        prefix to a frame, or back.
 
-        Raises: CorruptRecordError: the meta record does not parse.
+        Raises:
+            InvalidNameError: not a valid name for a new move (8-64 hex digits included).
+            NameConflictError: `expect` does not hold, or a kind change without `force`.
+            UsageError: a bad reference or argument, or a mirror. IntegrityError: the target
+                fails verification, or `names.log`, `names/` or `.locks/` is a symlink.
+            PrefixregError: the journal could not be written (the name is not moved).
         """
+        layout.validate_name(name)
+        if expect is not UNSET and expect is not None:
+            layout.need_sha(expect)
+        self.refuse_on_mirror("move a name")
+        sha, found_by = self._find(ref)
+        self._head(sha, found_by)  # never point a name at something that fails verification
+        return self._names.move(name, sha, self._head, expect=expect, force=force is True)
+
+    def object_path(self, sha: str) -> Path:
+        """Where the object `sha` lives (whether or not it exists)."""
+        return self._disk.path(layout.object_relpath(sha))
+
+    def meta_path(self, sha: str) -> Path:
+        """Where the meta record of `sha` lives."""
+        return self._disk.path(layout.meta_relpath(sha))
+
+    def meta(self, sha: str) -> Meta:
+        """The meta record of `sha`. Raises: RefNotFoundError (none), CorruptRecordError."""
+        return self._objects.meta(layout.need_sha(sha))
+
+    def iter_shas(self) -> Iterator[str]:
+        """Every object sha present (by file name; not verified), sorted."""
+        return self._objects.shas()
+
+    def is_probe_slice(self, sha: str) -> bool:
+        """Does the meta record of `sha` mark a probe slice? (No meta record: no.)"""
         try:
             meta = self.meta(sha)
-        except RefNotFoundError:
+        except errors.RefNotFoundError:
             return False
         return is_probe_source(meta.source, meta.note)
 
-    def list_objects(self) -> list[ObjectInfo]:
-        """Every object with its meta and names, oldest first (meta is parsed, bytes not read).
-
-        Raises:
-            IntegrityError: a symlinked registry directory, or an object that is not a
-                regular file (never listed through).
-        """
+    def list_objects(self, *, frames: bool = False) -> list[ObjectInfo]:
+        """Every object with its meta and names (with `frames`, every frame record too),
+        oldest first; bytes are not read. Raises: IntegrityError (a symlinked directory, or
+        an object that is not a regular file)."""
         by_sha: dict[str, list[str]] = {}
         for name, sha in self.names().items():
             by_sha.setdefault(sha, []).append(name)
         out = []
-        for sha in self.iter_shas(regular_only=True):
+        for sha in self._objects.shas(regular_only=True):
+            names = tuple(sorted(by_sha.get(sha, ())))
             try:
-                meta: Meta | None = self.meta(sha)
-            except RefNotFoundError:
-                meta = None
-            out.append(
-                ObjectInfo(
-                    sha256=sha,
-                    bytes=meta.bytes if meta else None,
-                    created=meta.created if meta else None,
-                    note=meta.note if meta else None,
-                    names=tuple(sorted(by_sha.get(sha, ()))),
-                    probe_slice=meta is not None and is_probe_source(meta.source, meta.note),
-                )
-            )
-        out.sort(key=lambda o: (o.created or "", o.sha256))
-        return out
+                m = self._objects.meta(sha)
+            except errors.RefNotFoundError:
+                out.append(ObjectInfo(sha, None, None, None, names))
+                continue
+            slice_ = is_probe_source(m.source, m.note)
+            out.append(ObjectInfo(sha, m.bytes, m.created, m.note, names, slice_))
+        if frames:
+            from prefixreg.registry.frames import frame_rows
 
-    # -- measurements ---------------------------------------------------------------------
+            out += frame_rows(self, by_sha)
+        return sorted(out, key=lambda o: (o.created or "", o.sha256))
 
-    def write_measurement(self, measurement: Measurement) -> Path:
-        """Write one measurement record; never overwrites an existing one.
+    def names(self) -> dict[str, str]:
+        """Every name and the sha it points to, sorted by name. Raises: IntegrityError."""
+        return self._names.all()
 
-        Raises:
-            UsageError: the registry is a mirror (measure against the origin).
-            IntegrityError: `measurements/` is a symlink.
-        """
-        sha = measurement.sha256
-        self.init()
-        self.refuse_on_mirror("write a measurement")
-        directory = self.writable_dir(layout.MEASUREMENTS)
-        data = dumps_canonical(measurement.to_dict()) + b"\n"
-        for _ in range(100):
-            path = directory / layout.measurement_filename(sha, stamp_utc(utc_now()))
-            if fsutil.publish_new(path, data, mode=0o444):
-                return path
-        raise PrefixregError(f"could not find a free measurement file name for {sha}")
+    def read_name(self, name: str) -> str | None:
+        """The sha `names/<name>` holds, or None. Raises: InvalidNameError, IntegrityError."""
+        return self._names.read(name)
+
+    def name_log(self) -> list[NameMove]:
+        """Every committed name move, oldest first. Raises: CorruptRecordError."""
+        return self._names.log()
 
     def measurements(self, sha: str | None = None) -> list[Measurement]:
-        """Measurement records (of one prefix, or all), oldest first.
+        """Measurement records (of one prefix, or all), oldest first. Raises:
+        CorruptRecordError (fail closed), IntegrityError (a symlink, not a regular file)."""
+        return self._records.measurements(sha)
 
-        Raises:
-            CorruptRecordError: a record that does not parse (fail closed).
-            IntegrityError: `measurements/` or a record is a symlink or not a regular file.
-        """
-        out = []
-        for entry, _kind in self.entries(layout.MEASUREMENTS):
-            if layout.is_temp_name(entry) or not entry.endswith(".json"):
-                continue
-            if sha is not None and layout.measurement_sha(entry) != sha:
-                continue
-            out.append(self.load_measurement(entry))
-        out.sort(key=lambda m: m.at)
-        return out
-
-    def load_measurement(self, filename: str) -> Measurement:
-        """One measurement record by its file name in `measurements/`, parsed strictly.
-
-        Raises:
-            CorruptRecordError: it does not parse, or its name disagrees with its sha.
-        """
-        from prefixreg.core.records import Measurement
-
-        rel = f"{layout.MEASUREMENTS}/{filename}"
-        path = self.root / rel
-        try:
-            record = Measurement.from_dict(loads_object(self.read_file(rel), path=path))
-        except CorruptRecordError as exc:
-            raise CorruptRecordError(f"{path}: {exc}", path=path) from None
-        if layout.measurement_sha(filename) != record.sha256:
-            raise CorruptRecordError(f"{path}: records sha {record.sha256}", path=path)
-        return record
-
-    # -- receipts and journals ------------------------------------------------------------
+    def write_measurement(self, measurement: Measurement) -> Path:
+        """Write one measurement record; never overwrites one. Raises: UsageError (not a
+        `Measurement`, or a mirror), IntegrityError (a symlinked `measurements/`)."""
+        self.init()
+        self.refuse_on_mirror("write a measurement")
+        return self._records.write_measurement(measurement)
 
     def write_probe_receipt(
         self, stamp: str, render: Callable[[Path, Path], tuple[bytes, bytes]]
     ) -> tuple[Path, Path]:
-        """Publish a probe's receipt (`probes/<ts>.json`) and verdict (`probes/<ts>.md`), never
+        """Publish a probe's receipt (`probes/<ts>.json`) and verdict (`<ts>.md`), never
         overwriting: a taken stamp is retried with a fresh one. `render(json_path, md_path)`
-        gives (receipt bytes, verdict bytes) for the paths chosen, since a receipt names its
-        own files. The verdict lands first, so the receipt appearing means both are there.
-        Returns (json path, md path).
-
-        Raises:
-            IntegrityError: `probes/` is a symlink (nothing is written).
-        """
+        gives (receipt, verdict) bytes for the paths chosen (a receipt names its own files);
+        the verdict lands first, so a receipt means both are there. Raises: UsageError (not a
+        UTC stamp), IntegrityError (a symlinked `probes/`)."""
         self.init()
-        directory = self.writable_dir(layout.PROBES)
-        for attempt in range(100):
-            name = stamp if attempt == 0 else stamp_utc(utc_now())
-            json_name, md_name = layout.probe_filenames(name)
-            json_path, md_path = directory / json_name, directory / md_name
-            receipt, verdict = render(json_path, md_path)
-            if not fsutil.publish_new(md_path, verdict, mode=0o444):
-                continue
-            if fsutil.publish_new(json_path, receipt, mode=0o444):
-                return json_path, md_path
-            md_path.unlink()  # the receipt's name was taken: its verdict goes with it
-        raise PrefixregError(f"could not find a free probe receipt name for {stamp}")
+        return self._records.write_probe_receipt(stamp, render)
 
     def probe_receipts(self) -> list[tuple[Path, bytes]]:
-        """Every probe receipt (`probes/<ts>.json`), newest first, as (path, raw bytes).
-        Unreadable receipts are skipped (a receipt is history, not a budget).
-
-        Raises:
-            IntegrityError: `probes/` is a symlink (never listed through).
-        """
-        out = []
-        for entry, kind in reversed(self.entries(layout.PROBES)):
-            if kind != "file" or layout.is_temp_name(entry) or not entry.endswith(".json"):
-                continue
-            rel = f"{layout.PROBES}/{entry}"
-            try:
-                out.append((self.root / rel, self.read_file(rel)))
-            except (OSError, PrefixregError):
-                continue
-        return out
+        """Every probe receipt, newest first, as (path, raw bytes); unreadable ones skipped
+        (a receipt is history, not a budget). Raises: IntegrityError (a symlinked `probes/`)."""
+        return self._records.probe_receipts()
 
     def append_mirror_log(self, line: bytes) -> None:
-        """Append one JSON line to `mirror.log` (durably, never through a symlink)."""
-        fsutil.append_line(self.root / layout.MIRROR_LOG, line, root=self.root)
+        """Append one JSON line to `mirror.log`, whole or not at all, never through a link."""
+        self._records.append_mirror_log(line)

@@ -1,12 +1,17 @@
-"""Registry tree primitives for `migrate`: list, copy, compare, verify and remove a tree.
+"""Registry trees for `migrate`: list, bring across (copy, merge, catch up), verify, remove.
 
 Invariants:
-- Listing is no-follow (`Registry.walk`): a symlink anywhere below the root, or an entry
-  that is neither a file nor a directory, raises `IntegrityError`, so nothing outside the
-  registry is ever read, copied or removed.
-- A copy is durable (temp file, fsync, the source's mode and mtime, no-overwrite link,
-  directory fsync) and re-read afterwards: `check_copies` compares every copied file with
-  the bytes read from the source.
+- Listing is no-follow: a symlink anywhere below the root, or an entry that is neither a file
+  nor a directory, raises `IntegrityError`, so nothing outside a registry is read or copied.
+- `sync` is the one way a file crosses: copied durably (temp file, fsync, the source's mode
+  and mtime, no-overwrite link, directory fsync) when the target lacks it; replaced only
+  where that is a known kind of write (a journal the target holds a prefix of, a meta
+  record the target left alone); otherwise a difference stops the move. Every file written
+  is re-read and compared with the bytes read from the source (`check_copies`).
+- Nothing written to the source during a copy or merge is lost (`retire_source`): it is
+  listed again under its lock and caught up until a round finds nothing new, renamed aside,
+  caught up once more, and only then removed; a file changed at both ends, an object whose
+  bytes changed, or a source that keeps changing stops the move with the source kept.
 - `remove_tree` removes names first, then meta, then the rest, so an interrupted removal
   never leaves a name or meta record without its object.
 """
@@ -16,70 +21,48 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
 import shutil
 import stat
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from prefixreg.core.errors import IntegrityError, PrefixregError
 from prefixreg.registry import fsutil, layout
+from prefixreg.registry.disk import Disk
 from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 
-__all__ = [
-    "JOURNALS",
-    "OWN",
-    "check_copies",
-    "check_verifies",
-    "copy_dir_modes",
-    "copy_files",
-    "list_tree",
-    "read_in",
-    "remove_tree",
-    "replace_keeping",
-    "write_order",
-]
-
 # Files that belong to the target registry itself, never compared with the source's.
 OWN: Final = frozenset({layout.MARKER, layout.README, layout.MIGRATIONS_LOG})
-# Append-only journals: a target copy taken earlier may hold a prefix of the source's.
-JOURNALS: Final = frozenset({layout.NAMES_LOG, layout.MIRROR_LOG})
+CATCH_UP_ROUNDS: Final = 10
+Stat = tuple[int, int, int]  # size, mtime_ns, inode: any write changes at least one
 
 
 def write_order(rel: str) -> tuple[int, str]:
-    """Write order for a merge: objects before what refers to them, journals last."""
+    """Objects before what refers to them, names after records, journals last."""
     top = rel.split("/", 1)[0]
-    rank = {
-        layout.OBJECTS: 1,
-        layout.META: 2,
-        layout.MEASUREMENTS: 3,
-        layout.PROBES: 3,
-        layout.SNAPSHOTS: 3,
-        layout.NAMES: 5,
-    }
-    if top in JOURNALS:
+    rank = {layout.OBJECTS: 1, layout.META: 2, layout.NAMES: 5}
+    if top in layout.JOURNALS:
         return 6, rel
-    return rank.get(top, 4 if "/" in rel else 0), rel
+    return rank.get(top, 4 if top == layout.FRAMES else 3 if "/" in rel else 0), rel
 
 
 def list_tree(root: Path) -> tuple[list[str], list[str]]:
-    """(directories, files) below `root`, relative, in write order; refuses any symlink
-    and any entry that is neither a file nor a directory (never followed or copied).
-
-    Lock files and stray temp files are not part of a registry's content and are skipped.
-    """
+    """(directories, files) below `root`, relative, files in write order; lock files and
+    stray temp files are skipped. Raises `IntegrityError` on a symlink or special file."""
     dirs: list[str] = []
     files: list[str] = []
-    for rel, kind in Registry(root).walk():
+    for rel, kind in Disk(root).walk():
         if kind in ("link", "other"):
             what = "symlink" if kind == "link" else "special file"
             raise IntegrityError(
                 f"{root / rel}: {what} in the registry; refusing to migrate it", path=root / rel
             )
         parts = rel.split("/")
-        in_locks = parts[0] == layout.LOCKS and len(parts) > 1
-        if in_locks or any(layout.is_temp_name(p) for p in parts):
+        if (parts[0] == layout.LOCKS and len(parts) > 1) or any(map(layout.is_temp_name, parts)):
             continue
         (dirs if kind == "dir" else files).append(rel)
     dirs.sort()
@@ -87,52 +70,35 @@ def list_tree(root: Path) -> tuple[list[str], list[str]]:
     return dirs, files
 
 
-def _is_problem(kind: str, severity: str) -> bool:
-    # Directory modes travel with the registry and verify keeps reporting them at the
-    # target; they are the user's to fix and do not make the content unsafe to move.
-    return severity == "problem" and kind != "insecure_mode"
-
-
-def check_verifies(reg: Registry, what: str) -> list[str]:
-    """Verify `reg`; raise on a problem, return the insecure-mode messages as warnings."""
-    report = verify_registry(reg)
-    problems = [f for f in report.findings if _is_problem(f.kind, f.severity)]
-    if problems:
-        first = problems[0]
-        raise IntegrityError(
-            f"{what} {reg.root} does not verify ({len(problems)} problems; first: "
-            f"{first.kind} {first.path}: {first.message})"
-        )
-    return [f"{f.path}: {f.message}" for f in report.findings if f.kind == "insecure_mode"]
+def stats(root: Path, files: Iterable[str]) -> dict[str, Stat]:
+    out: dict[str, Stat] = {}
+    for rel in files:
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(root / rel)
+            out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
 
 
 def read_in(path: Path, root: Path) -> bytes:
     return fsutil.read_nofollow(path, root=root)
 
 
-def copy_files(
-    source: Path,
-    dest: Path,
-    dirs: Sequence[str],
-    files: Iterable[str],
-    on_new: Callable[[Path], None],
-) -> dict[str, str]:
-    """Create missing directories and copy missing files; return {rel: sha256 of the bytes}."""
-    for rel in dirs:
-        path = dest / rel
-        if not path.exists():
-            path.mkdir()
-            on_new(path)
-    digests: dict[str, str] = {}
-    for rel in files:
-        data = fsutil.copy_durable(source / rel, dest / rel, root=source)
-        on_new(dest / rel)
-        digests[rel] = hashlib.sha256(data).hexdigest()
-    return digests
+def check_verifies(reg: Registry, what: str) -> list[str]:
+    """Verify `reg`; raise on a problem, return the insecure-mode messages as warnings
+    (directory modes travel with the registry and are the user's to fix)."""
+    findings = verify_registry(reg).findings
+    problems = [f for f in findings if f.severity == "problem" and f.kind != "insecure_mode"]
+    if problems:
+        first = problems[0]
+        raise IntegrityError(
+            f"{what} {reg.root} does not verify ({len(problems)} problems; first: "
+            f"{first.kind} {first.path}: {first.message})"
+        )
+    return [f"{f.path}: {f.message}" for f in findings if f.kind == "insecure_mode"]
 
 
 def check_copies(dest: Path, digests: dict[str, str]) -> None:
-    """Re-read every copied file at the target and compare with what the source held."""
+    """Re-read every file written at the target and compare with what the source held."""
     for rel, expected in digests.items():
         actual = hashlib.sha256(read_in(dest / rel, dest)).hexdigest()
         if actual != expected:
@@ -144,13 +110,6 @@ def check_copies(dest: Path, digests: dict[str, str]) -> None:
             )
 
 
-def copy_dir_modes(source: Path, dest: Path, dirs: Sequence[str]) -> None:
-    # Last, deepest first: a read-only source directory must not stop the copy into it.
-    for rel in [*sorted(dirs, key=lambda d: d.count("/"), reverse=True), "."]:
-        mode = stat.S_IMODE(os.lstat(source / rel).st_mode)
-        os.chmod(dest / rel, mode)
-
-
 def replace_keeping(path: Path, data: bytes, st: os.stat_result) -> None:
     """Atomically replace `path` with `data`, giving it the mode and mtime of `st`."""
     fsutil.replace_atomic(path, data, mode=stat.S_IMODE(st.st_mode))
@@ -158,9 +117,131 @@ def replace_keeping(path: Path, data: bytes, st: os.stat_result) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
 
 
+@dataclass(slots=True)
+class Undo:
+    """What a merge added or replaced at the target, to take back if it fails."""
+
+    added: list[Path] = field(default_factory=list)
+    replaced: list[tuple[Path, bytes, os.stat_result]] = field(default_factory=list)
+
+    def rollback(self) -> None:
+        for path in reversed(self.added):
+            with contextlib.suppress(OSError):
+                path.rmdir() if path.is_dir() else path.unlink()
+        for path, data, st in self.replaced:
+            with contextlib.suppress(OSError):
+                replace_keeping(path, data, st)
+
+
+def sync(
+    source: Path,
+    target: Path,
+    files: Sequence[str],
+    *,
+    dirs: Sequence[str] = (),
+    untouched: dict[str, Stat] | None = None,
+    undo: Undo | None = None,
+) -> dict[str, str]:
+    """Bring `files` (in write order) from `source` to `target`; {rel: sha256 written}.
+
+    Missing at the target: copied, its directories made (with the source's modes, set last).
+    Identical: left alone (a newer source mtime carried over: a re-add). Different: replaced
+    if it is a journal the target holds a prefix of, or a meta record (a new note) whose
+    target copy is as it was in `untouched`; an object is an `IntegrityError`, anything else
+    a conflict (`PrefixregError`). `undo` records what was written, for a merge to take back.
+    """
+    undo = undo if undo is not None else Undo()
+    made = [rel for rel in dirs if not (target / rel).exists()]
+    for rel in made:
+        (target / rel).mkdir()
+        undo.added.append(target / rel)
+    digests: dict[str, str] = {}
+    for rel in files:
+        src, dst = source / rel, target / rel
+        if not dst.exists():
+            digests[rel] = hashlib.sha256(fsutil.copy_durable(src, dst, root=source)).hexdigest()
+            undo.added.append(dst)
+            continue
+        ours, theirs, src_st = read_in(src, source), read_in(dst, target), src.lstat()
+        if ours == theirs:
+            if src_st.st_mtime_ns > dst.lstat().st_mtime_ns:
+                os.utime(dst, ns=(src_st.st_atime_ns, src_st.st_mtime_ns), follow_symlinks=False)
+        elif layout.object_sha(rel) is not None:
+            raise IntegrityError(
+                f"{src}: an object's bytes changed during the move; kept {source}", path=src
+            )
+        elif (rel in layout.JOURNALS and ours.startswith(theirs)) or (
+            untouched is not None
+            and layout.meta_sha(rel) is not None
+            and untouched.get(rel) == stats(target, [rel]).get(rel)
+        ):
+            undo.replaced.append((dst, theirs, dst.lstat()))
+            replace_keeping(dst, ours, src_st)
+            digests[rel] = hashlib.sha256(ours).hexdigest()
+        else:
+            raise PrefixregError(
+                f"{rel} changed both at {source} and at {target} during the move; kept {source}",
+                hint="compare the two, then run migrate again",
+            )
+    # Last, deepest first: a read-only source directory must not stop the copy into it.
+    for rel in sorted(made, key=lambda d: d.count("/"), reverse=True):
+        os.chmod(target / rel, stat.S_IMODE(os.lstat(source / rel).st_mode))
+    return digests
+
+
+def catch_up(
+    source: Path, target: Path, before: dict[str, Stat], target_state: dict[str, Stat]
+) -> list[str]:
+    """One round: bring what is new or changed at `source` since `before` to `target`
+    (`sync`), verified; `before` and `target_state` move on, so the next round sees only
+    newer writes. The relative paths written, in write order."""
+    dirs, files = list_tree(source)
+    now = stats(source, files)
+    changed = [rel for rel in files if rel not in OWN and now.get(rel) != before.get(rel)]
+    digests = sync(source, target, changed, dirs=dirs, untouched=target_state)
+    if digests:
+        check_copies(target, digests)
+        check_verifies(Registry(target), "the migrated registry (after late writes)")
+    before.update(now)
+    target_state.update(stats(target, changed))
+    return sorted(digests, key=write_order)
+
+
+def retire_source(source: Path, target: Path, before: dict[str, Stat]) -> tuple[list[str], Path]:
+    """Catch the target up with what was written to the source during the move, rename the
+    source aside (a writer still using the old path fails from then on), catch up a last
+    time; (paths copied across, where the source now is, to be removed). A source that
+    cannot be renamed (a mount point) is removed in place after the quiet round."""
+    target_state = stats(target, list_tree(target)[1])
+    late: list[str] = []
+    for _ in range(CATCH_UP_ROUNDS):
+        copied = catch_up(source, target, before, target_state)
+        late += copied
+        if not copied:
+            break
+    else:
+        raise PrefixregError(
+            f"{source} kept changing during the move; kept it (the copy at {target} is "
+            "complete up to now)",
+            hint="stop whatever writes to it, then run migrate again (it finishes the move)",
+        )
+    retired = source.with_name(f".{source.name}.migrated-{secrets.token_hex(4)}")
+    try:
+        source.rename(retired)
+    except OSError:
+        return late, source  # a mount point (EBUSY, EXDEV): the last round found nothing
+    fsutil.fsync_dir(source.parent)
+    try:
+        late += catch_up(retired, target, before, target_state)
+    except BaseException:
+        retired.rename(source)  # put it back: nothing is deleted
+        fsutil.fsync_dir(source.parent)
+        raise
+    return late, retired
+
+
 def remove_tree(root: Path, *, ordered: bool = True) -> None:
-    """Remove a registry tree: names first, then meta, then everything else (`ordered`),
-    so an interrupted removal never leaves a name or meta record without its object."""
+    """Remove a registry tree: names first, then meta, then everything else (`ordered`)."""
 
     def writable_and_retry(func: Callable[..., object], path: str, _exc: object) -> None:
         # A read-only directory (copied modes) cannot lose entries until it is writable.
@@ -169,11 +250,10 @@ def remove_tree(root: Path, *, ordered: bool = True) -> None:
             os.chmod(parent, stat.S_IMODE(parent.lstat().st_mode) | stat.S_IWUSR | stat.S_IXUSR)
         func(path)
 
-    if ordered:
-        for sub in (layout.NAMES, layout.META):
-            path = root / sub
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, onerror=writable_and_retry)
+    for sub in (layout.NAMES, layout.META) if ordered else ():
+        path = root / sub
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, onerror=writable_and_retry)
     try:
         shutil.rmtree(root, onerror=writable_and_retry)
     except OSError as exc:

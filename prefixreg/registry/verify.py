@@ -1,18 +1,17 @@
-"""`prefixreg verify`: an fsck of the registry, built on the store's public API only.
+"""`prefixreg verify`: an fsck of the registry. Reads everything, changes nothing (except
+`repair_registry`, which only cuts torn journal tails and moves names through the journal).
 
-Reads everything and changes nothing (except `repair_registry`, which only moves names
-through the store's journalled repair). Nothing is followed: every directory is listed with
-`Registry.entries` (no-follow) and every file read with the store's no-follow reads.
+Nothing is followed: every directory is listed and every file read with the registry's
+no-follow primitives, every JSON record with the depth-capped reader (a record nested 100k
+deep is a bad record, never a crash).
 
 Problems (verify exits 1): an object whose bytes do not hash to its name or that is not a
-regular file; a symlink anywhere below the root; an unexpected entry (at the root: anything
-but the entries of `layout.EXPECTED_DIRS` and `layout.ROOT_FILES`); a meta record or name
-that does not parse or disagrees with its object; a name that points nowhere; a corrupt
-journal line or measurement; a snapshot record that does not parse strictly or whose file
-name disagrees with its prefix sha and build id (`bad_record`) or whose prefix object is
-missing (`dangling`); a name whose value is not the `to` of its last `names.log`
-line (`journal`); a writable object (`bad_mode`); any registry file or directory that
-other users can write to (`insecure_mode`: they could swap names or plant files).
+regular file (`corrupt`); a symlink anywhere below the root (`symlink`); an entry that is
+not part of the layout (`unexpected`); a meta record, name, frame, measurement, snapshot or
+journal line that does not parse or disagrees with what it describes (`bad_record`); a name
+or snapshot record whose target is missing (`dangling`); a name that is not the `to` of its
+last `names.log` line, or a journal ending in a torn line (`journal`); a writable object
+(`bad_mode`); a file or directory other users can write to (`insecure_mode`).
 Warnings: stray temp files, objects without meta (the debris of interrupted or in-flight
 writes, which never hides or corrupts data) and names that read as a sha reference.
 """
@@ -23,40 +22,31 @@ import grp
 import os
 import pwd
 import stat
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Final, Literal
 
 from prefixreg.core.errors import IntegrityError
 from prefixreg.registry import layout
-from prefixreg.registry.frames import is_frame, read_frame, verify_frames
+from prefixreg.registry.frames import verify_frames
 from prefixreg.registry.snapshots import check_snapshot_entry
 from prefixreg.registry.store import Registry
 
-__all__ = ["Finding", "VerifyReport", "repair_registry", "verify_registry"]
+Severity = Literal["problem", "warning"]
+Tree = dict[str, list[tuple[str, str]]]  # directory (relative, "" = root) -> its entries
+# Behind a symlinked directory: reported by the walk, neither present nor missing here.
+_UNREACHABLE: Final = os.stat_result((0,) * 10)
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One thing `verify` found.
-
-    `kind` is one of: corrupt, symlink, unexpected, dangling, orphan_meta, bad_record,
-    journal, bad_mode, insecure_mode (problems) or stray, incomplete, sha_like_name
-    (warnings: debris of an interrupted or in-flight write, or an old name that reads as a
-    sha reference; they never hide or corrupt data).
-    """
+    """One thing `verify` found (`kind`: see the module docstring)."""
 
     kind: str
     path: str
     message: str
-    severity: Literal["problem", "warning"] = "problem"
+    severity: Severity = "problem"
 
-    def to_dict(self) -> dict[str, str]:
-        return {
-            "kind": self.kind,
-            "path": self.path,
-            "message": self.message,
-            "severity": self.severity,
-        }
+    to_dict = asdict
 
 
 @dataclass(slots=True)
@@ -76,32 +66,17 @@ class VerifyReport:
         """True when nothing is wrong (warnings such as stray temp files do not count)."""
         return not any(f.severity == "problem" for f in self.findings)
 
-    def add(
-        self,
-        kind: str,
-        path: str,
-        message: str,
-        severity: Literal["problem", "warning"] = "problem",
-    ) -> None:
+    def add(self, kind: str, path: str, message: str, severity: Severity = "problem") -> None:
         self.findings.append(Finding(kind, path, message, severity))
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "root": self.root,
-            "ok": self.ok,
-            "checked": {
-                "objects": self.objects,
-                "meta": self.meta,
-                "names": self.names,
-                "measurements": self.measurements,
-            },
-            "findings": [f.to_dict() for f in self.findings],
-            "repaired": list(self.repaired),
-        }
+        out = asdict(self)
+        checked = {k: out.pop(k) for k in ("objects", "meta", "names", "measurements")}
+        return out | {"ok": self.ok, "checked": checked}
 
 
 def verify_registry(reg: Registry) -> VerifyReport:
-    """Check every object, meta record, name, journal line, measurement and mode."""
+    """Check every object, meta record, name, journal, record and mode."""
     report = VerifyReport(root=str(reg.root))
     if not reg.exists:
         return report
@@ -109,8 +84,15 @@ def verify_registry(reg: Registry) -> VerifyReport:
     _verify_objects(reg, report, tree)
     _verify_meta(reg, report, tree)
     _verify_names(reg, report, tree)
-    _verify_measurements(reg, report, tree)
-    _verify_probes(report, tree)
+    for entry, _kind in tree.get(layout.MEASUREMENTS, []):
+        report.measurements += 1
+        try:
+            reg._records.load_measurement(entry)
+        except IntegrityError as exc:
+            report.add("bad_record", f"{layout.MEASUREMENTS}/{entry}", str(exc))
+    for entry, kind in tree.get(layout.PROBES, []):
+        if kind != "file":
+            report.add("unexpected", f"{layout.PROBES}/{entry}", "not a probe receipt file")
     for rel, message in verify_frames(reg):
         report.add("bad_record", rel, message)
     for entry, kind in tree.get(layout.SNAPSHOTS, []):
@@ -120,27 +102,19 @@ def verify_registry(reg: Registry) -> VerifyReport:
 
 
 def repair_registry(reg: Registry) -> VerifyReport:
-    """Repair what can be repaired safely, then verify again.
-
-    Today that is the name journal: an interrupted move (its `names.log` line written, the
-    name file not yet replaced) is completed when its object verifies, else rolled back by
-    journalling the name's current value; any other disagreement journals the name's
-    current value (see `NamedStore.repair_names`). Everything else is only reported.
-    """
-
-    def check(sha: str) -> object:
-        # A name may point to a frame: its record and parts verify, or the move rolls back.
-        return read_frame(reg, sha) if is_frame(reg, sha) else reg.read_verified(sha)
-
-    repaired = reg.repair_names(check=check)
+    """Cut torn journal tails, make every name agree with `names.log` (`Names.repair`), then
+    verify again; everything else is only reported. Raises: UsageError (a mirror),
+    LockTimeoutError."""
+    reg.refuse_on_mirror("repair names")
+    repaired = []
+    with reg.lock("mirror"):
+        torn = reg._disk.cut_tail(layout.MIRROR_LOG)
+        if torn:
+            repaired.append(f"{layout.MIRROR_LOG}: cut off a torn last line ({torn} bytes)")
+    repaired += reg._names.repair(reg._head)
     report = verify_registry(reg)
     report.repaired = repaired
     return report
-
-
-# -- the walk: symlinks, strays, modes and unexpected root entries, in one no-follow pass ---
-
-Tree = dict[str, list[tuple[str, str]]]  # directory (relative, "" = root) -> its entries
 
 
 def _group_is_private(st: os.stat_result) -> bool:
@@ -154,32 +128,26 @@ def _group_is_private(st: os.stat_result) -> bool:
     return group.gr_name == owner.pw_name and owner.pw_gid == st.st_gid and not group.gr_mem
 
 
-def _insecure(st: os.stat_result) -> str | None:
-    """Why a file or directory with this mode lets other users write it, or None."""
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & stat.S_IWOTH:
-        return "writable by every user"
-    if mode & stat.S_IWGRP and not _group_is_private(st):
-        return f"writable by group {st.st_gid}"
-    return None
-
-
 def _check_mode(reg: Registry, report: VerifyReport, rel: str, kind: str) -> None:
     try:
-        st = reg.root.stat() if not rel else reg.lstat(rel)
+        st = reg.root.stat() if not rel else reg._disk.lstat(rel)
     except (OSError, IntegrityError):
         return
     if st is None:
         return
-    why = _insecure(st)
-    if why is not None:
-        what = "directory" if kind == "dir" else "file"
-        report.add(
-            "insecure_mode",
-            rel or ".",
-            f"registry {what} is {why} (mode {stat.S_IMODE(st.st_mode):04o}); other users "
-            "could replace names or plant files: chmod go-w",
-        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & stat.S_IWOTH:
+        why = "writable by every user"
+    elif mode & stat.S_IWGRP and not _group_is_private(st):
+        why = f"writable by group {st.st_gid}"
+    else:
+        return
+    report.add(
+        "insecure_mode",
+        rel or ".",
+        f"registry {'directory' if kind == 'dir' else 'file'} is {why} (mode {mode:04o}); "
+        "other users could replace names or plant files: chmod go-w",
+    )
 
 
 def _walk(reg: Registry, report: VerifyReport) -> Tree:
@@ -191,7 +159,7 @@ def _walk(reg: Registry, report: VerifyReport) -> Tree:
     while pending:
         rel_dir = pending.pop()
         try:
-            entries = reg.entries(rel_dir)
+            entries = reg._disk.entries(rel_dir)
         except IntegrityError as exc:
             report.add("symlink", rel_dir, str(exc))
             continue
@@ -205,7 +173,10 @@ def _walk(reg: Registry, report: VerifyReport) -> Tree:
                 report.add("symlink", rel, "symlink in the registry; refused")
                 continue
             _check_mode(reg, report, rel, kind)
-            if not rel_dir and not _root_entry_ok(name, kind):
+            if not rel_dir and not (
+                (name in layout.EXPECTED_DIRS and kind == "dir")
+                or (name in layout.ROOT_FILES and kind == "file")
+            ):
                 report.add("unexpected", rel, "not part of a registry (DESIGN §3 layout)")
                 continue
             kept.append((name, kind))
@@ -215,21 +186,9 @@ def _walk(reg: Registry, report: VerifyReport) -> Tree:
     return tree
 
 
-def _root_entry_ok(name: str, kind: str) -> bool:
-    if name in layout.EXPECTED_DIRS:
-        return kind == "dir"
-    return name in layout.ROOT_FILES and kind == "file"
-
-
-# -- per-directory checks ---------------------------------------------------------------------
-
-# Behind a symlinked directory: reported by the walk, neither present nor missing here.
-_UNREACHABLE: Final = os.stat_result((0,) * 10)
-
-
 def _lstat(reg: Registry, rel: str) -> os.stat_result | None:
     try:
-        return reg.lstat(rel)
+        return reg._disk.lstat(rel)
     except IntegrityError:
         return _UNREACHABLE
 
@@ -259,12 +218,8 @@ def _verify_objects(reg: Registry, report: VerifyReport, tree: Tree) -> None:
             if st is not None and st is not _UNREACHABLE and st.st_mode & 0o222:
                 report.add("bad_mode", rel, "object is writable; objects must be read-only")
             if _lstat(reg, layout.meta_relpath(sha)) is None:
-                report.add(
-                    "incomplete",
-                    rel,
-                    "object has no meta record (interrupted add?); add it again",
-                    "warning",
-                )
+                why = "object has no meta record (interrupted add?); add it again"
+                report.add("incomplete", rel, why, "warning")
 
 
 def _verify_meta(reg: Registry, report: VerifyReport, tree: Tree) -> None:
@@ -310,29 +265,18 @@ def _verify_names(reg: Registry, report: VerifyReport, tree: Tree) -> None:
             report.add("bad_record", rel, str(exc))
             continue
         missing = sha is not None and _lstat(reg, layout.object_relpath(sha)) is None
-        if missing and sha is not None and not is_frame(reg, sha):
+        if missing and sha is not None and not reg._names.is_frame(sha):
             report.add("dangling", rel, f"points to missing {sha}")
+    for journal in (layout.NAMES_LOG, layout.MIRROR_LOG):
+        torn = reg._disk.torn_tail(journal) if (journal, "file") in tree.get("", []) else 0
+        if torn:
+            why = f"ends in a torn line ({torn} bytes of an interrupted write); run verify --repair"
+            report.add("journal", journal, why)
     try:
-        disagreements = reg.journal_disagreements()
+        disagreements = reg._names.disagreements()
     except IntegrityError as exc:
         # A corrupt journal line, or a name that cannot be read (reported above as well).
         report.add("bad_record", layout.NAMES_LOG, f"cannot check names against it: {exc}")
         return
     for d in disagreements:
         report.add("journal", f"{layout.NAMES}/{d.name}", d.describe())
-
-
-def _verify_measurements(reg: Registry, report: VerifyReport, tree: Tree) -> None:
-    for entry, _kind in tree.get(layout.MEASUREMENTS, []):
-        rel = f"{layout.MEASUREMENTS}/{entry}"
-        report.measurements += 1
-        try:
-            reg.load_measurement(entry)
-        except IntegrityError as exc:
-            report.add("bad_record", rel, str(exc))
-
-
-def _verify_probes(report: VerifyReport, tree: Tree) -> None:
-    for entry, kind in tree.get(layout.PROBES, []):
-        if kind != "file":
-            report.add("unexpected", f"{layout.PROBES}/{entry}", "not a probe receipt file")
