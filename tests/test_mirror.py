@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -181,13 +182,17 @@ def test_ipv6_host_with_a_user_keeps_user_and_unbracketed_address_for_ssh() -> N
 
 
 def test_build_rsync_argv_compare_is_an_itemized_delete_dry_run_with_excludes() -> None:
-    argv = build_rsync_argv("compare", "/reg/", "w:/m/", rsh=["ssh", "-o", "BatchMode=yes"])
+    argv = build_rsync_argv("compare-records", "/reg/", "w:/m/", rsh=["ssh", "-o", "BatchMode=yes"])
     assert argv[:3] == ["rsync", "-e", "ssh -o BatchMode=yes"]
-    assert {"-a", "--delete", "--dry-run", "-O"} <= set(argv)
-    assert [f"--exclude={e}" for e in EXCLUDES] == [a for a in argv if a.startswith("--exclude")]
+    assert {"-a", "--delete", "--dry-run", "-O", "--checksum", "--exclude=/objects/"} <= set(argv)
+    assert [f"--exclude={e}" for e in EXCLUDES] == [
+        a for a in argv if a.startswith("--exclude")
+    ][: len(EXCLUDES)]
     assert argv[-3:] == ["--", "/reg/", "w:/m/"]
-    assert "--checksum" not in argv
-    assert "--checksum" in build_rsync_argv("compare", "/r/", "/m/", checksum=True)
+    objects = build_rsync_argv("compare-objects", "/r/", "/m/")
+    # Objects by size and mtime only: their content is hashed at the destination.
+    assert "--checksum" not in objects and objects[-3:] == ["--", "/r/", "/m/"]
+    assert objects.index("--include=/objects/***") < objects.index("--exclude=*")
 
 
 def test_build_rsync_argv_send_and_delete_use_a_files_from_list() -> None:
@@ -310,22 +315,86 @@ def test_a_named_frame_travels_with_its_parts_before_its_name(tmp_path: Path) ->
     assert get_frame(Registry(dest), "later").sha256 == later
 
 
-def test_full_verify_repairs_a_worker_object_changed_behind_rsyncs_quick_check(
-    tmp_path: Path,
-) -> None:
+def _change_in_place(path: Path) -> None:
+    """Flip a byte of `path` and put its mtime back: rsync's quick check cannot see it."""
+    st = path.stat()
+    os.chmod(path, 0o644)
+    flip_byte(path)
+    os.chmod(path, st.st_mode & 0o7777)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def test_a_plain_run_finds_and_repairs_a_worker_file_changed_in_place(tmp_path: Path) -> None:
+    """#20 case 8: "verified" means hashed. An object changed in place with its size and
+    mtime kept is found by the plain nightly run (hashed at the destination), sent again
+    and hashed again; so is a name record (compared by content)."""
+    from prefixreg.registry.verify import verify_registry
+
     reg = make_origin(tmp_path / "reg")
     dest = tmp_path / "m"
     assert mirror(reg, [str(dest)]).ok
     sha = reg.resolve("p1")
+    _change_in_place(dest / "objects" / sha[:2] / f"{sha}.txt")
+    _change_in_place(dest / "names" / "p2")
+    assert not verify_registry(Registry(dest)).ok
+    dry = mirror(reg, [str(dest)], dry_run=True).results[0]
+    assert dry.content == "mismatch" and not dry.verified and dry.changed_in_place == 1
+    assert {c.path for c in dry.changes} == {f"objects/{sha[:2]}/{sha}.txt", "names/p2"}
+    (r,) = mirror(reg, [str(dest)]).results
+    assert r.ok and r.content == "verified" and r.changed_in_place == 1 and r.sent == 2
+    assert r.hashed == 5 and r.read_back == 1
+    assert content(dest) == content(reg.root) and verify_registry(Registry(dest)).ok
+    (again,) = mirror(reg, [str(dest)]).results
+    assert (again.sent, again.changed_in_place, again.content) == (0, 0, "verified")
+    log = log_lines(reg)
+    assert [x["content"] for x in log] == ["verified"] * 3 and log[1]["changed_in_place"] == 1
+
+
+def test_a_worker_object_that_is_a_symlink_to_good_bytes_is_not_hashed_but_replaced(
+    tmp_path: Path,
+) -> None:
+    """The sweep hashes regular files only, never through a link: a symlink at an object's
+    place (to a copy with the right bytes) is not counted as hashed, and is replaced."""
+    reg = make_origin(tmp_path / "reg", count=2)
+    dest = tmp_path / "m"
+    assert mirror(reg, [str(dest)]).ok
+    sha = reg.resolve("p0")
     obj = dest / "objects" / sha[:2] / f"{sha}.txt"
-    st = obj.stat()
-    flip_byte(obj)
-    os.utime(obj, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime
-    assert mirror(reg, [str(dest)]).results[0].sent == 0  # quick check cannot see it
-    report = mirror(reg, [str(dest)], full_verify=True)
-    assert report.ok and report.results[0].sent == 1 and report.results[0].checksum
-    assert report.objects_verified == 5
+    good = tmp_path / "good.txt"
+    good.write_bytes(obj.read_bytes())
+    os.chmod(obj.parent, 0o755)  # noqa: S103 (a test making room for the swap)
+    obj.unlink()
+    obj.symlink_to(good)
+    dry = mirror(reg, [str(dest)], dry_run=True).results[0]
+    assert dry.hashed == 1 and dry.content == "mismatch"
+    (r,) = mirror(reg, [str(dest)]).results
+    assert r.ok and r.verified and r.read_back == 1 and not obj.is_symlink()
     assert content(dest) == content(reg.root)
+
+
+def test_parse_hashes_counts_a_listed_file_without_a_hash_and_ignores_strays() -> None:
+    a, b = "a" * 64, "b" * 64
+    out = (
+        f"objects/aa/{a}.txt\n{a}  objects/aa/{a}.txt\n"
+        f"objects/bb/{b}.txt\n"  # listed, but sha256sum could not read it
+        f"\\{a}  objects/aa/x\\ny.txt\n{a}  objects/aa/{a}.txt/inner.txt\n"
+    ).encode()
+    listed, hashes = rsync.parse_hashes(out)
+    assert listed == {f"objects/aa/{a}.txt", f"objects/bb/{b}.txt"}
+    assert hashes == {f"objects/aa/{a}.txt": a}
+    twice = rsync.parse_hashes(f"{a}  objects/aa/{a}.txt\n{a}  objects/aa/{a}.txt\n".encode())
+    assert twice[1] == {f"objects/aa/{a}.txt": ""}  # hashed twice: matches no name
+
+
+def test_full_verify_rehashes_every_source_object(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg")
+    dest = tmp_path / "m"
+    assert mirror(reg, [str(dest)]).ok
+    plain = mirror(reg, [str(dest)])
+    assert plain.objects_verified == 0 and plain.results[0].hashed == 5
+    report = mirror(reg, [str(dest)], full_verify=True)
+    assert report.ok and report.objects_verified == 5 and report.results[0].verified
 
 
 def test_dry_run_prints_itemized_changes_and_changes_nothing(tmp_path: Path) -> None:
@@ -698,7 +767,7 @@ def test_ssh_mirror_is_byte_identical_and_a_second_run_sends_nothing(
     )
     assert res.returncode == 0, res.stderr
     (d,) = orjson.loads(res.stdout)["destinations"]
-    assert d["deleted"] == 1 and d["verified"] and d["checksum"]
+    assert d["deleted"] == 1 and d["verified"] and d["content"] == "verified"
     assert content(dest) == content(reg.root)
     before = tree(dest)
     res = run_mirror_cli("--registry", str(reg.root), "--to", sshd.dest(dest), *ssh_args(sshd))
@@ -736,6 +805,92 @@ def test_ssh_that_cannot_authenticate_fails_one_line_and_others_still_run(
     assert [x["result"] for x in log_lines(reg)[-2:]] == ["failed", "ok"] or [
         x["result"] for x in log_lines(reg)[-2:]
     ] == ["ok", "failed"]
+
+
+def test_ssh_plain_run_hashes_the_worker_and_repairs_an_object_changed_in_place(
+    tmp_path: Path, sshd: SshServer
+) -> None:
+    """#20 case 8 over a real sshd: before, three plain runs printed "verified" over this
+    object while the worker's own verify failed. Now the plain run hashes it there, says
+    so, sends it again and hashes it again; the worker verifies."""
+    reg = make_origin(tmp_path / "reg")
+    dest = tmp_path / "remote"
+    args = ["--registry", str(reg.root), "--to", sshd.dest(dest), *ssh_args(sshd)]
+    assert run_mirror_cli(*args).returncode == 0
+    sha = reg.resolve("p3")
+    _change_in_place(dest / "objects" / sha[:2] / f"{sha}.txt")
+    assert run_cli("verify", "--registry", str(dest)).returncode == 1
+    dry = run_mirror_cli(*args, "--dry-run")
+    assert dry.returncode == 0 and b"content mismatch" in dry.stderr, dry.stderr
+    assert f">fc........ objects/{sha[:2]}/{sha}.txt".encode() in dry.stdout
+    res = run_mirror_cli(*args, "--json")
+    assert res.returncode == 0, res.stderr
+    (d,) = orjson.loads(res.stdout)["destinations"]
+    assert (d["sent"], d["changed_in_place"], d["read_back"], d["hashed"]) == (1, 1, 1, 5)
+    assert d["content"] == "verified" and d["verified"]
+    assert b"verified (5 objects hashed there, 1 changed in place)" in res.stderr, res.stderr
+    assert content(dest) == content(reg.root)
+    assert run_cli("verify", "--registry", str(dest)).returncode == 0
+    for _ in range(2):
+        again = run_mirror_cli(*args)
+        assert again.returncode == 0 and b"verified (5 objects hashed there)" in again.stderr
+
+
+def test_a_missing_destination_parent_is_one_clear_line_exit_6(
+    tmp_path: Path, sshd: SshServer
+) -> None:
+    """#24: not rsync's raw exit 11; nothing created, in a dry run too, local or remote."""
+    reg = make_origin(tmp_path / "reg", count=1)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for dest in (
+        str(tmp_path / "no" / "such" / "m"),
+        sshd.dest(tmp_path / "gone" / "m"),
+        str(afile / "m"),
+    ):
+        for extra in ([], ["--dry-run"]):
+            res = run_mirror_cli("--registry", str(reg.root), "--to", dest, *ssh_args(sshd), *extra)
+            assert res.returncode == 6, res.stderr
+            line = one_error_line(res)
+            assert "parent directory" in line and "does not exist" in line and dest in line
+            assert "exit 11" not in line
+    assert not (tmp_path / "no").exists() and not (tmp_path / "gone").exists()
+    assert afile.read_text() == "x"
+
+
+def test_no_sha256sum_at_the_destination_is_one_line_exit_6(tmp_path: Path) -> None:
+    reg = make_origin(tmp_path / "reg", count=1)
+    dest = tmp_path / "m"
+    assert mirror(reg, [str(dest)]).ok
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("rsync", "sh", "find", "python3"):
+        found = shutil.which(tool)
+        assert found is not None
+        (bindir / tool).symlink_to(found)
+    before = tree(dest)
+    res = run_mirror_cli("--registry", str(reg.root), "--to", str(dest), env={"PATH": str(bindir)})
+    assert res.returncode == 6
+    assert "sha256sum is not installed" in one_error_line(res)
+    assert tree(dest) == before
+    assert log_lines(reg)[-1]["content"] == "unchecked"
+
+
+def test_a_deeply_nested_frame_record_refuses_the_run_without_a_recursion_error(
+    tmp_path: Path,
+) -> None:
+    """#22 case 3 named the mirror: a self-consistent frame record nested 100k deep."""
+    reg = make_origin(tmp_path / "reg", count=1)
+    raw = b"[" * 100_000 + b"]" * 100_000
+    sha = hashlib.sha256(raw).hexdigest()
+    (reg.root / "frames").mkdir(exist_ok=True)
+    (reg.root / "frames" / f"{sha}.json").write_bytes(raw)
+    (reg.root / "names" / "deep").write_text(f"{sha}\n")
+    dest = tmp_path / "m"
+    res = run_mirror_cli("--registry", str(reg.root), "--to", str(dest))
+    assert res.returncode == 3, res.stderr
+    assert sha in one_error_line(res) and b"Recursion" not in res.stderr
+    assert not dest.exists()
 
 
 def test_interrupted_ssh_transfer_is_logged_and_repaired_by_the_next_run(
@@ -822,8 +977,8 @@ def test_a_gc_between_plan_and_send_is_no_failure(
     real_compare = Session.compare
     pruned: list[int] = []
 
-    def compare(self: Session) -> list[Change]:
-        plan = real_compare(self)
+    def compare(self: Session, *, sweep: bool = False) -> list[Change]:
+        plan = real_compare(self, sweep=sweep)
         if not pruned:
             report = collect_garbage(reg, grace_s=0, prune_unnamed=True, min_age_s=0)
             pruned.append(len(report.removed))
@@ -842,7 +997,7 @@ def test_vanished_files_in_the_compare_dry_run_are_no_failure(
 ) -> None:
     """rsync exit 24 (a file vanished while it walked the source) from the compare."""
     reg = make_origin(tmp_path / "reg", count=2)
-    real_run = rsync.run_rsync
+    real_run = rsync.run
     faked: list[bool] = []
 
     def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> rsync.RsyncRun:
@@ -854,7 +1009,7 @@ def test_vanished_files_in_the_compare_dry_run_are_no_failure(
             return rsync.RsyncRun(24, out.stdout, 'file has vanished: "x"')
         return out
 
-    monkeypatch.setattr(session_mod, "run_rsync", run)
+    monkeypatch.setattr(session_mod, "run", run)
     report = mirror(reg, [str(tmp_path / "m")])
     assert faked and report.ok, report.results[0].error
 
@@ -937,14 +1092,14 @@ def test_destination_inspection_fails_closed_on_an_unreadable_listing(
     dest = tmp_path / "m"
     dest.mkdir()
     (dest / "precious").write_text("keep")
-    real_run = rsync.run_rsync
+    real_run = rsync.run
 
     def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> rsync.RsyncRun:
         if "--list-only" in argv:
             return rsync.RsyncRun(0, listing, "")
         return real_run(argv, ok_codes=ok_codes)
 
-    monkeypatch.setattr(session_mod, "run_rsync", run)
+    monkeypatch.setattr(session_mod, "run", run)
     before = tree(dest)
     (r,) = mirror(reg, [str(dest)]).results
     assert r.result == "failed" and "refusing" in (r.error or "")
@@ -952,18 +1107,10 @@ def test_destination_inspection_fails_closed_on_an_unreadable_listing(
 
 
 def test_rsync_runs_in_the_c_locale(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[dict[str, str]] = []
-
-    def fake_run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[bytes]:
-        env = kwargs.get("env")
-        assert isinstance(env, dict)
-        seen.append(env)
-        return subprocess.CompletedProcess(argv, 0, b"", b"")
-
     monkeypatch.setenv("LC_ALL", "de_DE.UTF-8")
-    monkeypatch.setattr(subprocess, "run", fake_run)
-    rsync.run_rsync(["rsync", "--version"])
-    assert seen[0]["LC_ALL"] == "C" and seen[0]["LANG"] == "C"
+    monkeypatch.setenv("LANG", "de_DE.UTF-8")
+    out = rsync.run(["sh", "-c", 'echo "$LC_ALL $LANG"']).stdout
+    assert out == b"C C\n"
 
 
 # -- what travels is checked by type and hash (#12) ------------------------------------------
@@ -1119,6 +1266,4 @@ def test_send_argv_never_carries_symlinks_devices_or_fifos() -> None:
     assert {"--no-links", "--no-devices", "--no-specials"} <= set(send)
     assert "--no-dirs" not in send
     assert "--no-dirs" in build_rsync_argv("send", "/r/", "/m/", files_from="/l", regular_only=True)
-    back = build_rsync_argv("readback", "w:/m/", "/tmp/x/", files_from="/l")
-    assert not {"-a", "-l", "-r", "-D", "--delete"} & set(back)
-    assert back[-3:] == ["--", "w:/m/", "/tmp/x/"]
+    assert "--checksum" in send  # a file changed in place keeps its size and mtime

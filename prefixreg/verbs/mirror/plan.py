@@ -1,8 +1,10 @@
-"""A mirror plan read by the registry's layout: what each itemized entry is, and may it travel.
+"""A mirror plan judged at the source: may each entry travel, and what does it point to.
 
-Role: judge the entries of an rsync plan (`Change`s) by the rules of `registry.layout`, and
-find the objects that the name and meta records about to travel point to. Every path rule
-and parse comes from `layout`; records are read through the store's public API only.
+Role: judge the entries of an rsync plan (`Change`s) by the rules of `registry.layout`,
+re-hash the source objects about to travel (`SourceVerifier`), and find the objects the
+name, meta and frame records about to travel point to. Records are read through the
+store's public API only (a frame through `Registry.head`: record and parts verified, its
+JSON read by the one depth-capped reader).
 
 Invariants:
 - A plan entry that would travel is one of: a directory at a directory's place (`objects`,
@@ -11,12 +13,17 @@ Invariants:
   probes, journals). Anything else (a symlink, device or FIFO anywhere; a directory where
   an object or record file belongs; a file where a directory belongs; a stray path under
   `objects/`) is an `IntegrityError` before anything is sent (exit 3).
+- An object path is sent only after `SourceVerifier` returned it: a path that is not an
+  object file, or bytes that do not hash to their name, raise `IntegrityError`. Objects
+  are immutable, so a path verified once in a run is not hashed again; one verifier is
+  shared by every destination of the run (thread-safe).
 - `referenced_objects` returns only objects present and verified at the source now; a
   record whose object is missing while the record stays is an `IntegrityError`.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -26,7 +33,7 @@ from prefixreg.core.errors import (
     InvalidNameError,
     RefNotFoundError,
 )
-from prefixreg.registry.frames import is_frame, read_frame
+from prefixreg.core.frame import Frame
 from prefixreg.registry.layout import (
     EXPECTED_DIRS,
     FRAMES,
@@ -34,6 +41,7 @@ from prefixreg.registry.layout import (
     NAMES,
     OBJECTS,
     ROOT_FILES,
+    frame_sha,
     is_temp_name,
     meta_sha,
     object_relpath,
@@ -41,13 +49,6 @@ from prefixreg.registry.layout import (
 )
 from prefixreg.registry.store import Registry
 from prefixreg.verbs.mirror.rsync import Change
-
-__all__ = [
-    "check_shapes",
-    "objects_to_verify",
-    "referenced_objects",
-    "top",
-]
 
 Verify = Callable[[Iterable[str]], list[str]]
 
@@ -89,117 +90,133 @@ def check_shapes(root: Path, plan: Iterable[Change]) -> None:
         IntegrityError: the first entry whose type does not fit its place (nothing sent).
     """
     for c in plan:
-        if c.is_delete or c.path == ".":
-            continue
-        problem = shape_problem(c)
+        problem = None if c.is_delete or c.path == "." else shape_problem(c)
         if problem is not None:
-            path = root / c.path
-            raise IntegrityError(f"{path}: {problem}; refusing to mirror", path=path)
+            raise IntegrityError(
+                f"{root / c.path}: {problem}; refusing to mirror", path=root / c.path
+            )
 
 
 def objects_to_verify(changes: Iterable[Change]) -> list[str]:
-    """Every object-path entry about to be sent that is not a directory.
-
-    Not only regular files: anything else in objects/ (a symlink, a FIFO) must reach the
-    verifier, which refuses it, instead of travelling unchecked.
-    """
+    """Every object-path entry about to be sent that is not a directory (a symlink or FIFO
+    in objects/ must reach the verifier, which refuses it, instead of travelling)."""
     return sorted({c.path for c in changes if c.is_object and not c.is_delete and not c.is_dir})
 
 
-def _record_sha(reg: Registry, path: str) -> tuple[bool, str | None]:
-    """(is a record, the sha it points to now); (True, None) when it is gone since the plan."""
-    parts = path.split("/")
-    if len(parts) != 2:
-        return False, None
-    if parts[0] == META:
+class SourceVerifier:
+    """Re-hashes source objects (`Registry.read_verified`: no-follow, regular files only)
+    before they travel. An object removed at the source since the plan (a concurrent gc) is
+    left out: it is not sent, and the confirm pass sees the rest."""
+
+    def __init__(self, reg: Registry) -> None:
+        self.reg = reg
+        self.count = 0
+        self._done: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, paths: Iterable[str]) -> list[str]:
+        """The paths in `paths` that verified (vanished ones left out).
+
+        Raises:
+            IntegrityError: a path in objects/ that is not an object file (a symlink, a
+                directory, a FIFO, a stray name), or an object whose bytes do not hash to
+                its name.
+        """
+        ok = []
+        for rel in paths:
+            with self._lock:
+                done = rel in self._done
+            if not done:
+                sha = object_sha(rel)
+                if sha is None:
+                    where = self.reg.root / rel
+                    raise IntegrityError(
+                        f"{where}: not an object file; refusing to mirror it", path=where
+                    )
+                try:
+                    self.reg.read_verified(sha)
+                except RefNotFoundError:
+                    continue
+                with self._lock:
+                    self.count += rel not in self._done
+                    self._done.add(rel)
+            ok.append(rel)
+        return ok
+
+
+def _points_to(reg: Registry, path: str, *, recheck: bool = False) -> str | None:
+    """The sha the name or meta record at `path` points to now; None when it is gone.
+
+    A meta record is named by its sha: only with `recheck` is it looked at again.
+    """
+    kind, _, entry = path.partition("/")
+    if kind == FRAMES:
+        return frame_sha(path)
+    if kind == META:
         sha = meta_sha(path)
-        return sha is not None, sha
-    if parts[0] != NAMES or is_temp_name(parts[1]):
-        return False, None
+        try:
+            if recheck and sha is not None:
+                reg.meta(sha)
+        except RefNotFoundError:
+            return None
+        except CorruptRecordError:
+            pass  # there, if unreadable: it still points to its object
+        return sha
     try:
-        return True, reg.read_name(parts[1])
+        return reg.read_name(entry)
     except InvalidNameError:
         where = reg.root / path
         raise IntegrityError(f"{where}: not a valid name; refusing", path=where) from None
 
 
-def _still_there(reg: Registry, path: str, sha: str) -> bool:
-    """True when the record at `path` still exists (and, for a name, still says `sha`)."""
-    if top(path) == META:
-        try:
-            reg.meta(sha)
-        except RefNotFoundError:
-            return False
-        except CorruptRecordError:
-            return True  # there, if unreadable: it still points nowhere
-        return True
-    return _record_sha(reg, path)[1] == sha
-
-
-def frame_parts_of(reg: Registry, sha: str) -> tuple[str, ...] | None:
-    """The objects frame `sha` names (its record and parts verified), or None when `sha` is
-    not a frame.
-
-    Raises:
-        IntegrityError: the frame record or one of its parts fails verification.
-    """
-    if not is_frame(reg, sha):
-        return None
-    frame = read_frame(reg, sha)
-    return tuple(s for s in (frame.system.sha256, frame.tools_sha256) if s is not None)
-
-
 def referenced_objects(
-    reg: Registry,
-    changes: Sequence[Change],
-    verify: Verify,
-    frames: set[str] | None = None,
+    reg: Registry, changes: Sequence[Change], verify: Verify, frames: set[str] | None = None
 ) -> set[str]:
-    """Objects the meta records and names in `changes` point to, read from the source now.
+    """Objects the meta, frame and name records in `changes` point to, read at the source now.
 
-    A name that points to a frame stands for the frame's parts (system and tools objects);
-    the frame's sha is added to `frames`, so its record travels before the name.
+    A frame record, or a name that points to a frame, stands for the frame's parts (system
+    and tools objects; read through `Registry.head`, so verified); a named frame's sha is
+    added to `frames`, so its record travels before the name.
 
-    Each is verified (`verify`) before it counts. A record removed at the source since the
-    plan is skipped (it will not be sent), and so is a meta record whose object and record
+    Each object is verified (`verify`) before it counts. A record removed at the source
+    since the plan is skipped (it will not be sent), and so is one whose object and record
     were both pruned meanwhile (gc removes the record first, so a record without its object
-    is only ever seen mid-removal).
+    is only ever seen mid-removal) or a name that moved meanwhile.
 
     Raises:
         IntegrityError: a name or meta path that is not a regular file, a name that does
-            not parse, a referenced object that fails verification, or a name or meta
-            record whose object is missing at the source (it could never arrive).
+            not parse, a frame or referenced object that fails verification, or a record
+            whose object is missing at the source while the record stays.
     """
     shas: set[str] = set()
     for c in changes:
-        if c.is_delete or c.is_dir:
+        kind, _, entry = c.path.partition("/")
+        if c.is_delete or c.is_dir or kind not in (META, NAMES, FRAMES) or "/" in entry:
             continue
-        is_record, sha = _record_sha(reg, c.path)
-        if not is_record:
+        if kind == NAMES and is_temp_name(entry):
             continue
         where = reg.root / c.path
         if not c.is_file:
             raise IntegrityError(f"{where}: not a regular file; refusing to mirror it", path=where)
+        sha = _points_to(reg, c.path)
         if sha is None:
             continue  # removed since the plan: it will not be sent
-        parts = frame_parts_of(reg, sha) if top(c.path) == NAMES else None
-        if parts is not None:
-            if frames is not None:
+        try:
+            head = reg.head(sha) if kind != META else None
+        except RefNotFoundError:
+            head = None  # neither object nor frame: judged below, like a missing object
+        if isinstance(head, Frame):
+            if frames is not None and kind == NAMES:
                 frames.add(sha)
+            parts = [p for p in (head.system.sha256, head.tools_sha256) if p is not None]
             shas.update(p for p in parts if verify([object_relpath(p)]))
-            continue
-        rel = object_relpath(sha)
-        # Object missing: look at the record again. Gone (gc pruned both) or changed (a
-        # name moved): it is not what will be sent, so it needs nothing. Still there and
-        # the object still missing: the source itself is broken.
-        if verify([rel]):
+        elif kind == FRAMES:
+            continue  # the frame record left the source since the plan: it is not sent
+        elif verify([object_relpath(sha)]):
             shas.add(sha)
-        elif _still_there(reg, c.path, sha):
-            if verify([rel]):
-                shas.add(sha)
-            else:
-                raise IntegrityError(
-                    f"{where} points to {sha}, which is not in the registry; refusing",
-                    path=where,
-                )
+        elif _points_to(reg, c.path, recheck=True) == sha and not verify([object_relpath(sha)]):
+            # Still there and still pointing to it: the source itself is broken.
+            raise IntegrityError(
+                f"{where} points to {sha}, which is not in the registry; refusing", path=where
+            )
     return shas

@@ -1,18 +1,35 @@
 """What a mirror run reports: one `DestinationResult` per destination, one `MirrorReport`.
 
 Role: plain records, no I/O. Invariants: `result` is one of ok, failed, refused, dry-run;
-`ok` is True only for ok and dry-run; `log_record` is exactly the `mirror.log` line of a
-destination (no changes list: the log stays one short line per run and destination).
+`ok` is True only for ok and dry-run; `content` is the judge's copy verdict
+(`core.judge.judge_copy`) and `verified` is only ever read from it; `log_record` is exactly
+the `mirror.log` line of a destination (no changes list: one short line per run and
+destination).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
+from prefixreg.core.judge import CopyVerdict
 from prefixreg.registry.store import iso_utc, utc_now
 from prefixreg.verbs.mirror.rsync import Change
 
-__all__ = ["DestinationResult", "MirrorReport", "PassRecord"]
+_FIELDS: Final = (
+    "destination",
+    "result",
+    "sent",
+    "deleted",
+    "bytes",
+    "seconds",
+    "content",
+    "verified",
+    "hashed",
+    "changed_in_place",
+    "rounds",
+    "read_back",
+)
 
 
 @dataclass(slots=True)
@@ -25,7 +42,12 @@ class PassRecord:
 
 @dataclass(slots=True)
 class DestinationResult:
-    """What happened at one destination; `result` is ok, failed, refused or dry-run."""
+    """What happened at one destination.
+
+    `hashed`: objects hashed at the destination that matched their names (the sweep of
+    what was there, and the read-back of what was sent); `changed_in_place`: objects there
+    whose bytes did not (sent again); `read_back`: objects sent and then hashed there.
+    """
 
     destination: str
     result: str = "failed"
@@ -33,11 +55,12 @@ class DestinationResult:
     deleted: int = 0
     bytes: int = 0
     seconds: float = 0.0
-    verified: bool = False
-    checksum: bool = False
+    content: CopyVerdict = "unchecked"
+    hashed: int = 0
+    changed_in_place: int = 0
     rounds: int = 0
-    new: bool = False
     read_back: int = 0
+    new: bool = False
     error: str | None = None
     changes: list[Change] = field(default_factory=list)
     passes: list[PassRecord] = field(default_factory=list)
@@ -46,41 +69,29 @@ class DestinationResult:
     def ok(self) -> bool:
         return self.result in ("ok", "dry-run")
 
+    @property
+    def verified(self) -> bool:
+        return self.content == "verified"
+
     def _fields(self) -> dict[str, object]:
-        return {
-            "destination": self.destination,
-            "result": self.result,
-            "sent": self.sent,
-            "deleted": self.deleted,
-            "bytes": self.bytes,
-            "seconds": round(self.seconds, 3),
-            "verified": self.verified,
-            "checksum": self.checksum,
-            "rounds": self.rounds,
-            "read_back": self.read_back,
-        }
+        out = {key: getattr(self, key) for key in _FIELDS}
+        out["seconds"] = round(self.seconds, 3)
+        return out
 
     def log_record(self, objects_verified: int) -> dict[str, object]:
         """The `mirror.log` line for this destination."""
         record = {"at": iso_utc(utc_now()), **self._fields(), "objects_verified": objects_verified}
-        if self.error is not None:
-            record["error"] = self.error
-        return record
+        return record if self.error is None else {**record, "error": self.error}
 
     def to_dict(self) -> dict[str, object]:
-        """The `--json` form: the log fields plus whether it was new and what changed."""
-        return {
-            **self._fields(),
-            "ok": self.ok,
-            "new": self.new,
-            "error": self.error,
-            "changes": [str(c) for c in self.changes],
-        }
+        """The `--json` form: the log fields, whether it was new, the error, what changed."""
+        extra = {"ok": self.ok, "new": self.new, "error": self.error}
+        return {**self._fields(), **extra, "changes": [str(c) for c in self.changes]}
 
 
 @dataclass(slots=True)
 class MirrorReport:
-    """The whole run: `objects_verified` counts objects re-hashed before sending."""
+    """The whole run: `objects_verified` counts source objects re-hashed before sending."""
 
     source: str
     dry_run: bool

@@ -1,9 +1,9 @@
-"""The rsync layer of the mirror: destinations, ssh options, argv, the runner, itemized output.
+"""The transport of the mirror: destinations, ssh options, rsync argv, the runner, its output.
 
 Pure where it can be: `parse_destination`, `parse_ssh_options`, `build_ssh_command`,
-`build_rsync_argv` and `parse_itemized` do no I/O and are tested on their own; `run_rsync`
-is the one thin runner (an argv list, never a shell, the C locale so messages and listing
-formats are stable). `prefixreg.verbs.mirror` decides what to send and in which order.
+`build_rsync_argv`, `hash_argv`, `parse_itemized` and `parse_hashes` do no I/O; `run` is the
+one thin runner (an argv list, never a local shell, the C locale so messages and listing
+formats are stable). `session` decides what to send and in which order.
 """
 
 from __future__ import annotations
@@ -18,25 +18,7 @@ from pathlib import Path
 from typing import Final, Literal, NamedTuple
 
 from prefixreg.core.errors import MirrorError
-from prefixreg.registry.layout import LOCKS, MARKER, MIRROR_LOG, OBJECTS, TMP_SUFFIX
-
-__all__ = [
-    "EXCLUDES",
-    "LIST_LINE_RE",
-    "OUT_FORMAT",
-    "VANISHED",
-    "Change",
-    "Destination",
-    "Mode",
-    "RsyncRun",
-    "build_rsync_argv",
-    "build_ssh_command",
-    "first_error",
-    "parse_destination",
-    "parse_itemized",
-    "parse_ssh_options",
-    "run_rsync",
-]
+from prefixreg.registry.layout import LOCKS, MARKER, MIRROR_LOG, OBJECTS, TMP_SUFFIX, object_sha
 
 # Anchored (leading /) where only the top level is meant. Excluded paths are also protected
 # from --delete on the receiver, so the destination's own marker survives every pass.
@@ -46,22 +28,28 @@ OUT_FORMAT: Final = "%i|%b|%n"
 # Exit 24 = "some files vanished": a file removed at the origin (a gc) while rsync walked
 # it; the confirm pass catches what it means, so it is no failure of the compare or a pass.
 VANISHED: Final = 24
+# The far side's hasher: every regular `*.txt` file below the start directories, its path
+# (-print) and its sha256. A file listed without a hash line could not be read there.
+_HASH_SCRIPT: Final = (
+    "cd -- {path} || exit 2; command -v find >/dev/null 2>&1 && command -v sha256sum "
+    '>/dev/null 2>&1 || {{ echo "find or sha256sum is not installed" >&2; exit 127; }}; '
+    'find {starts} -type f -name "*.txt" -print -exec sha256sum -- {{}} + 2>/dev/null; exit 0'
+)
+_OBJECT_DIR = re.compile(rf"{OBJECTS}(/[0-9a-f]{{2}})?")
+_HASH_LINE = re.compile(rb"([0-9a-f]{64}) [ *](\S+)")
 _RSYNC_ESCAPE = re.compile(rb"\\#([0-7]{3})")
 _HOST_RE = re.compile(
     r"(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])"
 )
 # `[v6]:path` or `user@[v6]:path`: the colons inside the brackets are the address's.
 _BRACKET_HOST_RE = re.compile(r"((?:[^@/\[\]:]+@)?\[[^\]/]*\]):")
-# Remote paths go through the remote shell on old rsyncs: keep them to characters that
-# need no quoting anywhere.
+# Remote paths go through the remote shell (rsync's and the hasher's): keep them to
+# characters that need no quoting anywhere.
 _REMOTE_PATH_RE = re.compile(r"[A-Za-z0-9._/~+@%,=:-]+")
 # One `--list-only` line in the C locale: mode, size (grouped with , or .), date, time, name.
 LIST_LINE_RE = re.compile(r"(\S{10})\s+[\d,.]+ \S+ \S+ (.+)")
 _SSH_OPT_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*=\S.*")
 _DEFAULT_SSH_OPTS: Final = ("ConnectTimeout=20", "ServerAliveInterval=15", "ServerAliveCountMax=4")
-
-
-# -- destinations and options ------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +71,11 @@ class Destination:
         name = name.removeprefix("[").removesuffix("]")
         return f"{user}@{name}" if user else name
 
+    @property
+    def parent(self) -> Destination:
+        """The directory the destination is created in (a relative remote one: `.`)."""
+        return Destination(self.raw, self.host, posixpath.dirname(self.path.rstrip("/")) or ".")
+
     def target(self, sub: str = "") -> str:
         """The rsync operand for the destination directory (with `/`) or a path in it."""
         base = self.path.rstrip("/") or "/"
@@ -94,8 +87,7 @@ def parse_destination(text: str) -> Destination:
     """Parse `PATH` or `[user@]host:PATH` the way rsync reads an operand.
 
     A local path is made absolute and resolved (so `/m`, `/m/` and `/x/../m` are one
-    destination). An IPv6 host is written in brackets, with or without a user
-    (`[::1]:/p`, `user@[::1]:/p`).
+    destination). An IPv6 host is written in brackets (`[::1]:/p`, `user@[::1]:/p`).
 
     Raises:
         MirrorError: empty, starts with `-`, an rsync daemon or URL form, a bad host, a
@@ -111,49 +103,43 @@ def parse_destination(text: str) -> Destination:
     if text.startswith("rsync://"):
         raise MirrorError(f"{text!r}: rsync daemon destinations are not supported; use host:path")
     bracketed = _BRACKET_HOST_RE.match(text)
-    if bracketed is not None:  # [v6addr]:path or user@[v6addr]:path
+    if bracketed is not None:
         head, colon, rest = bracketed.group(1), ":", text[bracketed.end() :]
     else:
         head, colon, rest = text.partition(":")
-    if colon and "/" not in head:
-        if rest.startswith(":"):
-            raise MirrorError(f"{text!r}: rsync daemon destinations are not supported")
-        if not head or _HOST_RE.fullmatch(head) is None or head.startswith("-"):
-            raise MirrorError(f"mirror destination {text!r}: {head!r} is not a host name")
-        if not rest:
-            raise MirrorError(
-                f"mirror destination {text!r} has no path after ':'; refusing to mirror "
-                "into a remote home directory"
-            )
-        if rest.startswith("-"):
-            raise MirrorError(f"mirror destination {text!r}: path starts with '-'; refusing")
-        if _REMOTE_PATH_RE.fullmatch(rest) is None:
-            raise MirrorError(
-                f"mirror destination {text!r}: remote paths may only use letters, digits and "
-                "._/~+@%,=:-"
-            )
-        _check_remote_path(text, rest)
-        return Destination(raw=text, host=head, path=rest)
-    return Destination(raw=text, host=None, path=str(Path(text).resolve()))
-
-
-def _check_remote_path(text: str, rest: str) -> None:
-    """Refuse a remote path that is the remote home (or its parent, or `/`).
-
-    rsync resolves a relative remote path against the login's home directory, so `.`,
-    `./`, `~`, `~/`, `~user` and `a/..` all name a home directory, which `--delete`
-    would empty. Only the spelling is judged here: the destination inspection still
-    refuses any directory that holds files and is not a mirror.
-    """
+    if not colon or "/" in head:
+        return Destination(raw=text, host=None, path=str(Path(text).resolve()))
+    if rest.startswith(":"):
+        raise MirrorError(f"{text!r}: rsync daemon destinations are not supported")
+    if not head or _HOST_RE.fullmatch(head) is None or head.startswith("-"):
+        raise MirrorError(f"mirror destination {text!r}: {head!r} is not a host name")
+    if not rest:
+        raise MirrorError(
+            f"mirror destination {text!r} has no path after ':'; refusing to mirror into a "
+            "remote home directory"
+        )
+    if rest.startswith("-"):
+        raise MirrorError(f"mirror destination {text!r}: path starts with '-'; refusing")
+    if _REMOTE_PATH_RE.fullmatch(rest) is None:
+        raise MirrorError(
+            f"mirror destination {text!r}: remote paths may only use letters, digits and "
+            "._/~+@%,=:-"
+        )
+    # rsync resolves a relative remote path against the login's home directory, so `.`,
+    # `~`, `~user` and `a/..` all name a home directory, which --delete would empty.
     norm = posixpath.normpath(rest)
     first = norm.split("/", 1)[0]
-    tilde_only = first.startswith("~") and norm == first
-    if tilde_only or norm in (".", "/", "//") or all(p == ".." for p in norm.split("/")):
+    if (
+        (first.startswith("~") and norm == first)
+        or norm in (".", "/", "//")
+        or all(p == ".." for p in norm.split("/"))
+    ):
         raise MirrorError(
             f"mirror destination {text!r} names a remote home directory (or its parent, "
             "or /); refusing",
             hint="give a directory of its own, e.g. host:prefix-mirror or host:/srv/prefix-mirror",
         )
+    return Destination(raw=text, host=head, path=rest)
 
 
 def parse_ssh_options(values: Sequence[str]) -> list[str]:
@@ -162,14 +148,12 @@ def parse_ssh_options(values: Sequence[str]) -> list[str]:
     Raises:
         MirrorError: not `Key=Value`, or a quote character (the `-e` string is split by rsync).
     """
-    out = []
     for value in values:
         if _SSH_OPT_RE.fullmatch(value) is None:
             raise MirrorError(f"ssh option {value!r} is not Key=Value (e.g. Port=2222)")
         if any(c in value for c in "'\"\\\n"):
             raise MirrorError(f"ssh option {value!r}: quotes and backslashes are not supported")
-        out.append(value)
-    return out
+    return list(values)
 
 
 def build_ssh_command(options: Sequence[str], *, control_path: str | None) -> list[str]:
@@ -187,12 +171,7 @@ def build_ssh_command(options: Sequence[str], *, control_path: str | None) -> li
     return argv
 
 
-def _rsh_string(argv: Sequence[str]) -> str:
-    """Join an ssh argv into the `-e` string rsync splits itself (whitespace, 'quotes')."""
-    return " ".join(f"'{a}'" if any(c.isspace() for c in a) or not a else a for a in argv)
-
-
-Mode = Literal["compare", "send", "delete", "list", "fetch", "marker", "readback"]
+Mode = Literal["compare-objects", "compare-records", "send", "delete", "list", "fetch", "marker"]
 
 
 def build_rsync_argv(
@@ -201,7 +180,6 @@ def build_rsync_argv(
     dest: str,
     *,
     rsh: Sequence[str] | None = None,
-    checksum: bool = False,
     files_from: str | None = None,
     bwlimit: int | None = None,
     regular_only: bool = False,
@@ -209,48 +187,32 @@ def build_rsync_argv(
     """The rsync argv for one step of a mirror run (pure: no I/O).
 
     Modes:
-        compare: itemized `-a --delete` dry run of the whole tree (the plan and the check).
-        send: `-a` of the NUL-separated paths in `files_from` (no recursion, no deletion);
-            paths missing at the source are skipped; every path sent *or already equal* is
-            itemized (`-ii`), so the output confirms what is at the destination.
+        compare-objects: itemized `-a --delete` dry run of `objects/` only, by size and
+            mtime (their content is hashed at the destination: `hash_argv`).
+        compare-records: the same of everything else, by content (`--checksum`).
+        send: `-a --checksum` of the NUL-separated paths in `files_from` (no recursion, no
+            deletion); paths missing at the source are skipped; every path sent *or already
+            equal* is itemized (`-ii`), so the output confirms what is at the destination.
+            Never a symlink, device or FIFO; with `regular_only`, no directory either (the
+            parents of the files sent are still created).
         delete: delete the `files_from` paths that no longer exist at the source; never
             sends anything (a path that came back at the source is left alone).
         list: `--list-only` of the top level of `source` (the destination, for inspection).
         fetch: copy one regular file (the destination's marker) to a local path.
         marker: copy the staged marker directory to a new destination.
-        readback: copy the `files_from` paths from `source` (a destination) to a local
-            directory, regular files only (no -l, -D or -r: a symlink, device or FIFO is
-            skipped, a directory arrives empty), so what arrived can be hashed here.
-
-    A send never sends a symlink, device or FIFO (they are skipped); with `regular_only` it
-    sends only the regular files listed, skipping a listed path that is a directory at the
-    source (the parent directories of the files sent are still created).
 
     `-O` (omit directory times) everywhere: directory mtimes mean nothing in a registry
     and would otherwise show up as differences after every targeted pass.
     """
     argv = ["rsync"]
     if rsh is not None:
-        argv += ["-e", _rsh_string(rsh)]
+        argv += ["-e", " ".join(f"'{a}'" if any(c.isspace() for c in a) else a for a in rsh)]
     if mode == "list":
         return [*argv, "--list-only", "--dirs", "--", source]
-    if mode == "fetch":
-        # No -l/-L: a symlinked marker is skipped, never followed.
+    if mode == "fetch":  # no -l/-L: a symlinked marker is skipped, never followed
         return [*argv, "--", source, dest]
     if mode == "marker":
         return [*argv, "-a", "-O", "--", source, dest]
-    if mode == "readback":
-        if files_from is None:
-            raise ValueError("mode readback needs files_from")
-        return [
-            *argv,
-            f"--files-from={files_from}",
-            "--from0",
-            "--ignore-missing-args",
-            "--",
-            source,
-            dest,
-        ]
     # --modify-window=-1: compare mtimes to the nanosecond. The default compares whole
     # seconds, and a name is always 65 bytes: a name moved within the second of the last
     # mirror would look unchanged to the quick check and never travel.
@@ -258,36 +220,70 @@ def build_rsync_argv(
     argv += [f"--exclude={pattern}" for pattern in EXCLUDES]
     if bwlimit is not None:
         argv.append(f"--bwlimit={int(bwlimit)}")
-    if checksum:
-        # The compare found a difference the quick check (size + mtime) cannot see; the
-        # send must look at content too, or it would skip the very file it was told about.
+    if mode == "compare-objects":
+        argv += [f"--include=/{OBJECTS}/***", "--exclude=*", "--delete", "--dry-run"]
+        return [*argv, "--", source, dest]
+    if mode != "delete":
+        # A record or object changed in place keeps its size and mtime: only content tells.
         argv.append("--checksum")
-    if mode == "compare":
-        argv += ["--delete", "--dry-run"]
+    if mode == "compare-records":
+        return [*argv, f"--exclude=/{OBJECTS}/", "--delete", "--dry-run", "--", source, dest]
+    if files_from is None:
+        raise ValueError(f"mode {mode} needs files_from")
+    # --force: a directory where the source has a file is replaced, not an error.
+    argv += [f"--files-from={files_from}", "--from0", "--force"]
+    if mode == "delete":
+        # --delete-missing-args alone would *send* a path that came back at the source
+        # since the plan (a name could then arrive before its object). With --existing
+        # (create nothing new) and --ignore-existing (update nothing there) rsync only
+        # deletes what is still missing at the source, and never sends anything.
+        argv += ["--delete-missing-args", "--existing", "--ignore-existing"]
     else:
-        if files_from is None:
-            raise ValueError(f"mode {mode} needs files_from")
-        # --force: a directory where the source has a file is replaced, not an error.
-        argv += [f"--files-from={files_from}", "--from0", "--force"]
-        if mode == "delete":
-            # --delete-missing-args alone would *send* a path that came back at the source
-            # since the plan (a name could then arrive before its object). With --existing
-            # (create nothing new) and --ignore-existing (update nothing there) rsync only
-            # deletes what is still missing at the source, and never sends anything.
-            argv += ["--delete-missing-args", "--existing", "--ignore-existing"]
-        else:
-            # A listed path removed at the source since the plan (gc) is skipped, not an
-            # error; -ii itemizes unchanged files too, so the output names every listed
-            # path that is now at the destination (what the ordering steps rely on).
-            argv += ["--ignore-missing-args", "-ii"]
-            # A registry holds regular files and directories only; whatever else turned up
-            # at the source since the plan was checked is skipped, never sent (-a brings
-            # -l and -D).
-            argv += ["--no-links", "--no-devices", "--no-specials"]
-            if regular_only:
-                # --files-from implies --dirs: switch it off too (parents still arrive).
-                argv.append("--no-dirs")
+        # A listed path removed at the source since the plan (gc) is skipped; -ii names
+        # every listed path now at the destination; whatever turned into something other
+        # than a file or directory at the source since it was checked is never sent.
+        argv += ["--ignore-missing-args", "-ii", "--no-links", "--no-devices", "--no-specials"]
+        if regular_only:
+            argv.append("--no-dirs")  # --files-from implies --dirs: off too
     return [*argv, "--", source, dest]
+
+
+def hash_argv(dest: Destination, rsh: Sequence[str] | None, starts: Sequence[str]) -> list[str]:
+    """The argv that hashes the regular files below `starts` (relative object directories)
+    at the destination: over the run's ssh connection, or a local `sh` (pure)."""
+    bad = [s for s in starts if _OBJECT_DIR.fullmatch(s) is None]
+    if bad or not starts:
+        raise ValueError(f"not object directories: {bad or starts}")
+    if dest.host is None:
+        return [
+            "sh",
+            "-c",
+            _HASH_SCRIPT.format(path='"$1"', starts=" ".join(starts)),
+            "sh",
+            dest.path,
+        ]
+    # One argument for the remote login shell, whatever it is; the path needs no quoting.
+    script = _HASH_SCRIPT.format(path=dest.path, starts=" ".join(starts))
+    return [*(rsh or ()), dest.ssh_host, f"sh -c '{script}'"]
+
+
+def parse_hashes(stdout: bytes) -> tuple[set[str], dict[str, str]]:
+    """(every object path the hasher listed, {path: sha256 of its bytes}).
+
+    Only object paths count; a path hashed twice maps to "" (it matches no name).
+    """
+    listed: set[str] = set()
+    hashes: dict[str, str] = {}
+    for line in stdout.split(b"\n"):
+        m = _HASH_LINE.fullmatch(line)
+        path = (m.group(2) if m else line).decode("ascii", "replace")
+        if object_sha(path) is None:
+            continue
+        if m is None:
+            listed.add(path)
+        else:
+            hashes[path] = "" if path in hashes else m.group(1).decode()
+    return listed, hashes
 
 
 class RsyncRun(NamedTuple):
@@ -296,23 +292,23 @@ class RsyncRun(NamedTuple):
     stderr: str
 
 
-def run_rsync(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> RsyncRun:
-    """Run rsync (argv list, never a shell); a return code not in `ok_codes` is `MirrorError`.
+def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> RsyncRun:
+    """Run rsync, ssh or sh (argv list); a return code not in `ok_codes` is `MirrorError`.
 
-    rsync runs in the C locale: its error messages and `--list-only` format are matched
-    below, and names with non-ASCII bytes come back `\\#ooo`-escaped (restored exactly).
+    The C locale: rsync's messages and `--list-only` format are matched, and names with
+    non-ASCII bytes come back `\\#ooo`-escaped (restored exactly by `parse_itemized`).
     """
     env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
     try:
         proc = subprocess.run(list(argv), capture_output=True, check=False, env=env)
     except FileNotFoundError:
         raise MirrorError(
-            "rsync is not installed (not found on PATH)", hint="install the rsync package"
+            f"{argv[0]} is not installed (not found on PATH)", hint=f"install {argv[0]}"
         ) from None
     stderr = proc.stderr.decode("utf-8", "replace")
     if proc.returncode not in ok_codes:
         raise MirrorError(
-            f"rsync failed (exit {proc.returncode}): {first_error(stderr)}",
+            f"{argv[0]} failed (exit {proc.returncode}): {first_error(stderr)}",
             returncode=proc.returncode,
             stderr=stderr,
         )
@@ -326,9 +322,6 @@ def first_error(stderr: str) -> str:
         if not ln.startswith("rsync error:") and "write error: Broken pipe" not in ln:
             return ln
     return lines[0] if lines else "no message"
-
-
-# -- itemized output -------------------------------------------------------------------
 
 
 _KINDS: Final = {"f": "file", "d": "dir", "L": "symlink", "D": "device", "S": "special"}
@@ -381,7 +374,6 @@ def parse_itemized(stdout: bytes) -> list[Change]:
     for line in stdout.split(b"\n"):
         if len(line) < 13 or line[11:12] != b"|":
             continue
-        code = line[:11].decode("ascii", "replace")
         size, sep, raw = line[12:].partition(b"|")
         if not sep or not size.isdigit():
             continue
@@ -389,5 +381,5 @@ def parse_itemized(stdout: bytes) -> list[Change]:
         path = os.fsdecode(raw).rstrip("/") or "."
         if path.startswith("./") and path != "./":
             path = path[2:]
-        out.append(Change(code=code, bytes=int(size), path=path))
+        out.append(Change(code=line[:11].decode("ascii", "replace"), bytes=int(size), path=path))
     return out

@@ -1,14 +1,17 @@
-"""One destination's run: inspect it, compare, apply a plan in the reader-safe order, confirm.
+"""One destination's run: inspect it, compare and hash, apply a plan in the reader-safe order.
 
-Role: the per-destination state machine of a mirror run (`verbs.mirror.run` drives it and
-runs destinations in parallel). Every rsync goes through `verbs.rsync` (argv builder, one
-runner); paths and parses come from `registry.layout`.
+Role: the per-destination state machine of a mirror run (`run` drives it, destinations in
+parallel). Every rsync and every hash at the destination goes through `rsync.run`; paths
+and parses come from `registry.layout`.
 
 Invariants:
-- A destination is written only when it is missing, empty, or a mirror (its own marker
-  says role `mirror`); a new one gets its marker before anything else.
-- Objects travel first, regular files only, and each object sent is read back from the
-  destination and hashed before any name or meta record that points to it is sent.
+- A destination is written only when it is missing (its parent present), empty, or a
+  mirror (its own marker says role `mirror`); a new one gets its marker before anything.
+- The plan is two itemized dry runs, objects by size and mtime, everything else by content
+  (`--checksum`), and (the sweep) the sha256 of every object at the destination, taken
+  there: an object whose bytes do not hash to its name, or cannot be read, is sent again.
+- Objects travel first, regular files only, and each object sent is hashed at the
+  destination before any name or meta record that points to it is sent.
 - A name or meta record travels only once its object is confirmed at the destination;
   names travel under the registry lock; deletions come last, objects' last of all.
 """
@@ -17,14 +20,15 @@ from __future__ import annotations
 
 import os
 import posixpath
-import shutil
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
 from prefixreg.core.errors import IntegrityError, MirrorError
 from prefixreg.core.jsonio import loads_object
+from prefixreg.core.judge import judge_copy
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.layout import (
     FRAMES,
@@ -33,19 +37,12 @@ from prefixreg.registry.layout import (
     NAMES,
     OBJECTS,
     frame_relpath,
-    frame_sha,
     meta_sha,
     object_relpath,
     object_sha,
 )
 from prefixreg.registry.store import Registry, iso_utc, utc_now
-from prefixreg.verbs.mirror.plan import (
-    Verify,
-    frame_parts_of,
-    objects_to_verify,
-    referenced_objects,
-    top,
-)
+from prefixreg.verbs.mirror.plan import Verify, objects_to_verify, referenced_objects, top
 from prefixreg.verbs.mirror.report import DestinationResult, PassRecord
 from prefixreg.verbs.mirror.rsync import (
     LIST_LINE_RE,
@@ -54,19 +51,28 @@ from prefixreg.verbs.mirror.rsync import (
     Destination,
     Mode,
     build_rsync_argv,
+    first_error,
+    hash_argv,
+    parse_hashes,
     parse_itemized,
-    run_rsync,
+    run,
 )
 from prefixreg.verbs.mirror.ssh import ControlMaster
-from prefixreg.verbs.mirror.verifier import check_read_back
 
-__all__ = ["OBJECT_PASSES", "REGULAR_PASSES", "Session"]
-
-# Passes that send object files: each object they send is read back afterwards.
-OBJECT_PASSES: Final = frozenset({"objects", "meta-objects", "frame-objects", "referenced-objects"})
 # Passes that send regular files only (their directories travel first, in "dirs").
-REGULAR_PASSES: Final = OBJECT_PASSES | {"meta", "frames", "referenced-frames", "names"}
+REGULAR_PASSES: Final = frozenset(
+    {"objects", "meta-objects", "frame-objects", "referenced-objects", "meta", "frames"}
+    | {"referenced-frames", "names"}
+)
 _RECORD_TREES: Final = (OBJECTS, META, FRAMES, NAMES)
+# The plan entry of an object the sweep found changed in place: a file to send again.
+_CHANGED: Final = ">fc" + "." * 8
+
+
+def _missing(exc: MirrorError) -> bool:
+    """rsync's answer for a path that does not exist, or has a file where a directory is."""
+    stderr = exc.stderr or ""
+    return exc.returncode == 23 and ("No such file" in stderr or "Not a directory" in stderr)
 
 
 class Session:
@@ -78,21 +84,16 @@ class Session:
         dest: Destination,
         *,
         ssh_options: Sequence[str],
-        full_verify: bool,
         bwlimit: int | None,
         workdir: Path,
     ) -> None:
-        self.reg = reg
-        self.dest = dest
-        self.full_verify = full_verify
-        self.bwlimit = bwlimit
-        self.workdir = workdir
+        self.reg, self.dest, self.bwlimit, self.workdir = reg, dest, bwlimit, workdir
         self.source = f"{reg.root}/"
-        self.result = DestinationResult(destination=dest.raw, checksum=full_verify)
+        self.result = DestinationResult(destination=dest.raw)
         self.master = ControlMaster(dest, ssh_options, workdir) if dest.is_remote else None
         self.rsh: list[str] | None = None
         self.plan: list[Change] = []
-        self._read_backs = 0
+        self.swept = False  # every object at the destination was hashed there
         self._started = time.monotonic()
 
     def open(self) -> None:
@@ -104,10 +105,12 @@ class Session:
         if self.master is not None:
             self.master.close()
 
-    # inspection -------------------------------------------------------------------------
+    def _list(self, dest: Destination) -> bytes:
+        return run(build_rsync_argv("list", dest.target(), "", rsh=self.rsh)).stdout
 
     def inspect(self) -> None:
-        """Refuse anything but a missing or empty directory or a mirror registry.
+        """Refuse anything but a missing directory (in an existing parent), an empty one, or
+        a mirror registry.
 
         The marker is fetched first: for an existing mirror (every run but the first) that
         one small rsync is the whole inspection. Only without a readable marker is the top
@@ -116,52 +119,57 @@ class Session:
         local = self.workdir / "dest-marker.json"
         try:
             # No -l: a symlinked marker is skipped (and then refused below), never followed.
-            run_rsync(build_rsync_argv("fetch", self.dest.target(MARKER), str(local), rsh=self.rsh))
+            run(build_rsync_argv("fetch", self.dest.target(MARKER), str(local), rsh=self.rsh))
         except MirrorError as exc:
-            if not (exc.returncode == 23 and "No such file or directory" in (exc.stderr or "")):
+            if not _missing(exc):
                 raise
         if local.exists():
             self._check_marker(local)
             return
-        argv = build_rsync_argv("list", self.dest.target(), "", rsh=self.rsh)
         try:
-            listing = run_rsync(argv)
+            listing = self._list(self.dest)
         except MirrorError as exc:
-            stderr = exc.stderr or ""
-            if exc.returncode == 23 and "No such file or directory" in stderr:
-                self.result.new = True
-                return
-            if exc.returncode == 23 and "Not a directory" in stderr:
+            if not _missing(exc):
+                raise
+            try:
+                self._list(self.dest.parent)
+            except MirrorError as parent_exc:
+                if not _missing(parent_exc):
+                    raise
+                raise MirrorError(
+                    f"destination {self.dest.raw}: its parent directory {self.dest.parent.path} "
+                    "does not exist (or is not a directory); create it first (the mirror "
+                    "creates only the last directory)"
+                ) from None
+            if "Not a directory" in (exc.stderr or ""):
                 raise MirrorError(f"destination {self.dest.raw} is not a directory") from None
-            raise
+            self.result.new = True
+            return
         # Fail closed: the directory counts as empty only on a positive answer, i.e. the
         # listing parsed line by line shows the directory itself and nothing else.
         entries: dict[str, str] = {}
-        for line in listing.stdout.decode("utf-8", "replace").splitlines():
-            if not line.strip():
-                continue
+        for line in listing.decode("utf-8", "replace").splitlines():
             m = LIST_LINE_RE.fullmatch(line)
-            if m is None:
+            if m is None and line.strip():
                 raise MirrorError(
                     f"destination {self.dest.raw}: cannot read rsync's listing ({line[:80]!r}); "
                     "refusing, nothing deleted"
                 )
-            entries[m.group(2)] = m.group(1)
-        if not entries.get(".", "").startswith("d"):
+            if m is not None:
+                entries[m.group(2)] = m.group(1)
+        if not entries.pop(".", "").startswith("d"):
             raise MirrorError(
                 f"destination {self.dest.raw}: rsync's listing does not show the directory "
                 "itself; refusing, nothing deleted"
             )
-        del entries["."]
-        if not entries:
-            self.result.new = True
-            return
         if MARKER in entries:
             raise MirrorError(f"destination {self.dest.raw}: {MARKER} is not a regular file")
-        raise MirrorError(
-            f"destination {self.dest.raw} holds files but is not a prefixreg mirror "
-            f"(no {MARKER}); refusing, nothing deleted"
-        )
+        if entries:
+            raise MirrorError(
+                f"destination {self.dest.raw} holds files but is not a prefixreg mirror "
+                f"(no {MARKER}); refusing, nothing deleted"
+            )
+        self.result.new = True
 
     def _check_marker(self, local: Path) -> None:
         try:
@@ -187,21 +195,75 @@ class Session:
         (stage / MARKER).chmod(0o644)
         # The new root takes the source root's mode, so the first compare finds it equal.
         stage.chmod(self.reg.root.stat().st_mode & 0o7777)
-        run_rsync(build_rsync_argv("marker", f"{stage}/", self.dest.target(), rsh=self.rsh))
+        run(build_rsync_argv("marker", f"{stage}/", self.dest.target(), rsh=self.rsh))
 
-    # passes ---------------------------------------------------------------------------
+    # comparing and hashing ---------------------------------------------------------------
 
-    def compare(self) -> list[Change]:
-        argv = build_rsync_argv(
-            "compare", self.source, self.dest.target(), rsh=self.rsh, checksum=self.full_verify
-        )
+    def _dry_run(self, mode: Mode) -> list[Change]:
+        argv = build_rsync_argv(mode, self.source, self.dest.target(), rsh=self.rsh)
         # Exit 24: a file vanished at the source while rsync walked it (a concurrent gc).
-        return parse_itemized(run_rsync(argv, ok_codes=(0, VANISHED)).stdout)
+        return parse_itemized(run(argv, ok_codes=(0, VANISHED)).stdout)
 
-    def _listing(self, kind: str, paths: Sequence[str]) -> Path:
-        listing = self.workdir / f"{kind}.list"
-        listing.write_bytes(b"".join(os.fsencode(p) + b"\0" for p in paths))
-        return listing
+    def compare(self, *, sweep: bool = False) -> list[Change]:
+        """The plan: both itemized dry runs and, with `sweep`, the hash of every object at
+        the destination, all three at once. An object there that does not hash to its name
+        is planned to be sent again: rsync's quick check cannot see a change in place."""
+        with ThreadPoolExecutor(3) as pool:
+            modes: tuple[Mode, Mode] = ("compare-objects", "compare-records")
+            dry_runs = [pool.submit(self._dry_run, mode) for mode in modes]
+            hashing = pool.submit(self.hash_objects, [OBJECTS]) if sweep else None
+            plan = list({c.path: c for f in dry_runs for c in f.result()}.values())
+            if hashing is None:
+                return plan
+            listed, hashes = hashing.result()
+        planned = {c.path for c in plan}
+        for rel in sorted(listed | hashes.keys()):
+            if hashes.get(rel) == object_sha(rel):
+                self.result.hashed += 1
+                continue
+            self.result.changed_in_place += 1
+            if rel not in planned:
+                plan.append(Change(_CHANGED, 0, rel))
+        self.swept = True
+        return plan
+
+    def hash_objects(self, starts: Sequence[str]) -> tuple[set[str], dict[str, str]]:
+        """(object paths listed, {path: sha256}) below `starts`, hashed at the destination."""
+        try:
+            stdout = run(hash_argv(self.dest, self.rsh, starts)).stdout
+        except MirrorError as exc:
+            raise MirrorError(
+                f"{self.dest.raw}: cannot hash the objects there: {first_error(exc.stderr or '')}"
+            ) from None
+        return parse_hashes(stdout)
+
+    def read_back(self, paths: Sequence[str]) -> None:
+        """Hash the objects `paths`, just sent, at the destination.
+
+        Raises:
+            MirrorError: one of them is not, at the destination, a regular file whose
+                bytes hash to its name (nothing that points to it is sent).
+        """
+        if not paths:
+            return
+        listed, hashes = self.hash_objects(sorted({posixpath.dirname(p) for p in paths}))
+        problems = []
+        for rel in paths:
+            got = hashes.get(rel)
+            if got != object_sha(rel):
+                listed_only = "cannot be read" if rel in listed else "is not a regular file"
+                problems.append(f"{rel} hashes to {got}" if got else f"{rel} {listed_only}")
+        self.result.read_back += len(paths)
+        self.result.hashed += len(paths) - len(problems)
+        if problems:
+            self.result.content = judge_copy(True, False)
+            raise MirrorError(
+                f"{self.dest.raw}: after sending, {problems[0]} at the destination"
+                + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                + "; names and records pointing to it were not sent"
+            )
+
+    # passes -----------------------------------------------------------------------------
 
     def _pass(self, kind: str, paths: Sequence[str]) -> set[str]:
         """One `--files-from` step; returns the paths rsync itemized.
@@ -214,18 +276,18 @@ class Session:
         """
         if not paths:
             return set()
-        mode: Mode = "delete" if kind.startswith("delete") else "send"
+        listing = self.workdir / f"{kind}.list"
+        listing.write_bytes(b"".join(os.fsencode(p) + b"\0" for p in paths))
         argv = build_rsync_argv(
-            mode,
+            "delete" if kind.startswith("delete") else "send",
             self.source,
             self.dest.target(),
             rsh=self.rsh,
-            files_from=str(self._listing(kind, paths)),
+            files_from=str(listing),
             bwlimit=self.bwlimit,
-            checksum=self.full_verify,
             regular_only=kind in REGULAR_PASSES,
         )
-        itemized = parse_itemized(run_rsync(argv, ok_codes=(0, VANISHED)).stdout)
+        itemized = parse_itemized(run(argv, ok_codes=(0, VANISHED)).stdout)
         changes = [c for c in itemized if not c.is_unchanged]
         self.result.passes.append(PassRecord(kind, changes))
         for c in changes:
@@ -240,58 +302,28 @@ class Session:
         """An object pass, then the read-back of every object it sent or changed."""
         first = len(self.result.passes)
         here = self._pass(kind, paths)
-        sent = sorted(
-            {
-                c.path
-                for record in self.result.passes[first:]
-                for c in record.changes
-                # Any kind: a directory arriving at an object's path fails the read-back.
-                if not c.is_delete and object_sha(c.path) is not None
-            }
-        )
-        self.read_back(sent)
+        sent = {
+            c.path
+            for record in self.result.passes[first:]
+            for c in record.changes
+            # Any kind: a directory arriving at an object's path fails the read-back.
+            if not c.is_delete and object_sha(c.path) is not None
+        }
+        self.read_back(sorted(sent))
         return here
-
-    def read_back(self, paths: Sequence[str]) -> None:
-        """Fetch the objects `paths` back from the destination and hash them here.
-
-        Raises:
-            MirrorError: one of them is not, at the destination, a regular file whose
-                bytes hash to its name (nothing that points to it is sent).
-        """
-        if not paths:
-            return
-        self._read_backs += 1
-        local = self.workdir / f"read-back-{self._read_backs}"
-        local.mkdir()
-        try:
-            listing = self._listing("read-back", paths)
-            argv = build_rsync_argv(
-                "readback", self.dest.target(), f"{local}/", rsh=self.rsh, files_from=str(listing)
-            )
-            run_rsync(argv)
-            problems = check_read_back(local, paths)
-        finally:
-            shutil.rmtree(local, ignore_errors=True)
-        self.result.read_back += len(paths)
-        if problems:
-            raise MirrorError(
-                f"{self.dest.raw}: after sending, {problems[0]} at the destination"
-                + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-                + "; names and records pointing to it were not sent"
-            )
 
     def apply(self, plan: Sequence[Change], verify: Verify) -> None:
         """One round, in the order that keeps DESIGN §3's reader promise.
 
         1. the directories of objects/, meta/ and names/, then objects (verified first,
-           regular files only; an object gc removed since the plan is left out), each read
-           back from the destination and hashed;
+           regular files only; an object gc removed since the plan is left out), each
+           hashed at the destination;
         2. meta records, each only once its object is confirmed at the destination (sent
            now, already equal, or sent by a step for the objects the records point to);
+           frame records only once both their parts are;
         3. under the registry lock (names only move under it, and gc only removes under
-           it): the objects the names point to *now*, then the names: the names read
-           are the names sent, so every object they point to is there first;
+           it): the objects and frames the names point to *now*, then the names: the names
+           read are the names sent, so everything they point to is there first;
         4. everything else (measurements, probes, journals), outside the lock so a slow
            link never holds up an agent loop's `add(name=...)`;
         5. deletions of non-objects, then of objects, each only of paths still missing at
@@ -304,33 +336,30 @@ class Session:
         here = self._pass("dirs", dirs)
         here |= self._send_objects("objects", verify(objects_to_verify(sends)))
 
-        meta = [c for c in sends if top(c.path) == META and not c.is_dir]
-        names = [c for c in sends if top(c.path) == NAMES and not c.is_dir]
-        rest = [c.path for c in sends if top(c.path) not in _RECORD_TREES]
+        def records(tree: str) -> list[Change]:
+            return [c for c in sends if top(c.path) == tree and not c.is_dir]
+
+        meta, names, frames = records(META), records(NAMES), records(FRAMES)
         referenced: set[str] = set()
         done: set[str] = set()
         if meta:
-            shas = referenced_objects(self.reg, meta, verify)
-            referenced |= {object_relpath(sha) for sha in shas}
+            referenced |= {object_relpath(s) for s in referenced_objects(self.reg, meta, verify)}
             here |= self._send_objects("meta-objects", verify(sorted(referenced - here)))
-            ready = [
-                c.path
-                for c in meta
-                if (sha := meta_sha(c.path)) is None or object_relpath(sha) in here
-            ]
-            done |= self._pass("meta", ready)
-        frame_records = [c for c in sends if top(c.path) == FRAMES and not c.is_dir]
-        if frame_records:
+            done |= self._pass(
+                "meta",
+                [
+                    c.path
+                    for c in meta
+                    if (s := meta_sha(c.path)) is None or object_relpath(s) in here
+                ],
+            )
+        if frames:
             # A frame record travels only after its parts are confirmed at the destination.
-            parts: set[str] = set()
-            for c in frame_records:
-                sha = frame_sha(c.path)
-                found = None if sha is None else frame_parts_of(self.reg, sha)
-                parts |= {object_relpath(p) for p in found or ()}
+            parts = {object_relpath(s) for s in referenced_objects(self.reg, frames, verify)}
             here |= self._send_objects("frame-objects", verify(sorted(parts - here)))
             referenced |= parts
             if parts <= here:
-                here |= self._pass("frames", [c.path for c in frame_records])
+                here |= self._pass("frames", [c.path for c in frames])
         if names:
             with self.reg.lock("registry"):
                 named_frames: set[str] = set()
@@ -346,28 +375,19 @@ class Session:
                     )
                 referenced |= {object_relpath(sha) for sha in shas}
                 done |= self._pass("names", [c.path for c in names])
-        self._pass("rest", rest)
+        self._pass("rest", [c.path for c in sends if top(c.path) not in _RECORD_TREES])
 
-        deletions = [c.path for c in plan if c.is_delete and not c.is_object]
-        done |= self._pass("delete", deletions)
-        records = {c.path for c in plan if top(c.path) in (META, NAMES) and c.path != top(c.path)}
-        if not records <= done:
+        done |= self._pass("delete", [c.path for c in plan if c.is_delete and not c.is_object])
+        if not {c.path for c in plan if top(c.path) in (META, NAMES) and "/" in c.path} <= done:
             # Some name or meta record at the destination is not what the plan expected;
             # it may still point to an object planned for deletion. The next round's
             # compare plans it afresh.
             self.result.passes.append(PassRecord("delete-objects-postponed", []))
             return
-        kept_dirs = {posixpath.dirname(rel) for rel in referenced}
+        kept = referenced | {posixpath.dirname(rel) for rel in referenced}
         self._pass(
             "delete-objects",
-            [
-                c.path
-                for c in plan
-                if c.is_delete
-                and c.is_object
-                and c.path not in referenced
-                and c.path not in kept_dirs
-            ],
+            [c.path for c in plan if c.is_delete and c.is_object and c.path not in kept],
         )
 
     def finish(self, result: str, error: str | None = None) -> DestinationResult:

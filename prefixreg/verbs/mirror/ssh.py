@@ -1,7 +1,7 @@
 """The one ssh connection a remote destination's run shares (an explicit `ControlMaster`).
 
-Role: start and stop the master; hand out the `rsh` argv every rsync of the run uses.
-Invariants: the master is started with BatchMode (never a password prompt) and
+Role: start and stop the master; hand out the `rsh` argv every rsync and hash of the run
+uses. Invariants: the master is started with BatchMode (never a password prompt) and
 `ControlPersist=60`, so a master leaked by a killed run ends after a minute of idleness;
 an authentication failure surfaces here as one `MirrorError` line, before any rsync runs;
 `close` is safe to call twice and never raises.
@@ -17,16 +17,12 @@ from pathlib import Path
 from prefixreg.core.errors import MirrorError
 from prefixreg.verbs.mirror.rsync import Destination, build_ssh_command, first_error
 
-__all__ = ["ControlMaster"]
-
 
 class ControlMaster:
     """An ssh control master for one destination, its socket in a private work directory."""
 
     def __init__(self, dest: Destination, options: Sequence[str], workdir: Path) -> None:
-        self.dest = dest
-        self.options = list(options)
-        self.workdir = workdir
+        self.dest, self.options, self.workdir = dest, list(options), workdir
         self.control: str | None = None
 
     def open(self) -> list[str]:
