@@ -115,16 +115,11 @@ def mirror_command(
     """
     with cli_errors(debug):
         from prefixreg.core.errors import MirrorError, RegistryLocationError
-        from prefixreg.verbs.mirror import (
-            ENV_SSH_OPTS,
-            ENV_TO,
-            destinations_from_env,
-            mirror,
-            ssh_options_from_env,
-        )
+        from prefixreg.verbs.mirror import ENV_SSH_OPTS, ENV_TO, mirror
 
-        destinations = list(to or destinations_from_env(os.environ.get(ENV_TO)))
-        options = [*(ssh_option or []), *ssh_options_from_env(os.environ.get(ENV_SSH_OPTS))]
+        # Space-separated in the environment; flags first (ssh keeps the first value).
+        destinations = to or os.environ.get(ENV_TO, "").split()
+        options = [*(ssh_option or []), *os.environ.get(ENV_SSH_OPTS, "").split()]
         try:
             reg = open_registry_from(registry)
         except RegistryLocationError as exc:

@@ -24,23 +24,6 @@ judged at the source), `rsync` (argv, runner, parsers), `ssh` (the shared connec
 from __future__ import annotations
 
 from prefixreg.verbs.mirror.report import DestinationResult, MirrorReport, PassRecord
-from prefixreg.verbs.mirror.run import (
-    ENV_SSH_OPTS,
-    ENV_TO,
-    check_source,
-    destinations_from_env,
-    mirror,
-    ssh_options_from_env,
-)
+from prefixreg.verbs.mirror.run import ENV_SSH_OPTS, ENV_TO, mirror
 
-__all__ = [
-    "ENV_SSH_OPTS",
-    "ENV_TO",
-    "DestinationResult",
-    "MirrorReport",
-    "PassRecord",
-    "check_source",
-    "destinations_from_env",
-    "mirror",
-    "ssh_options_from_env",
-]
+__all__ = ["ENV_SSH_OPTS", "ENV_TO", "DestinationResult", "MirrorReport", "PassRecord", "mirror"]

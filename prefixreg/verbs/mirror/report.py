@@ -16,7 +16,8 @@ from prefixreg.core.judge import CopyVerdict
 from prefixreg.registry.store import iso_utc, utc_now
 from prefixreg.verbs.mirror.rsync import Change
 
-_FIELDS: Final = (
+# The `mirror.log` line of a destination (plus "at", "objects_verified" and any "error").
+_FIELDS: Final = [
     "destination",
     "result",
     "sent",
@@ -29,7 +30,7 @@ _FIELDS: Final = (
     "changed_in_place",
     "rounds",
     "read_back",
-)
+]
 
 
 @dataclass(slots=True)
@@ -79,7 +80,6 @@ class DestinationResult:
         return out
 
     def log_record(self, objects_verified: int) -> dict[str, object]:
-        """The `mirror.log` line for this destination."""
         record = {"at": iso_utc(utc_now()), **self._fields(), "objects_verified": objects_verified}
         return record if self.error is None else {**record, "error": self.error}
 

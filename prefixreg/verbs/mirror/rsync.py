@@ -2,8 +2,8 @@
 
 Pure where it can be: `parse_destination`, `parse_ssh_options`, `build_ssh_command`,
 `build_rsync_argv`, `hash_argv`, `parse_itemized` and `parse_hashes` do no I/O; `run` is the
-one thin runner (an argv list, never a local shell, the C locale so messages and listing
-formats are stable). `session` decides what to send and in which order.
+one runner (an argv list, never a local shell, the C locale so messages and listing formats
+are stable). `session` decides what to send and in which order.
 """
 
 from __future__ import annotations
@@ -23,13 +23,11 @@ from prefixreg.registry.layout import LOCKS, MARKER, MIRROR_LOG, OBJECTS, TMP_SU
 # Anchored (leading /) where only the top level is meant. Excluded paths are also protected
 # from --delete on the receiver, so the destination's own marker survives every pass.
 EXCLUDES: Final = (f"/{MARKER}", f"/{MIRROR_LOG}", f"/{LOCKS}/", f".*{TMP_SUFFIX}")
-# One line per change: 11-char itemize code, bytes actually sent, path (last: may hold '|').
-OUT_FORMAT: Final = "%i|%b|%n"
 # Exit 24 = "some files vanished": a file removed at the origin (a gc) while rsync walked
 # it; the confirm pass catches what it means, so it is no failure of the compare or a pass.
 VANISHED: Final = 24
-# The far side's hasher: every regular `*.txt` file below the start directories, its path
-# (-print) and its sha256. A file listed without a hash line could not be read there.
+# The far side's hasher: every regular `*.txt` file below the start directories (find never
+# follows a link), its path (-print) and its sha256; a path without a hash was unreadable.
 _HASH_SCRIPT: Final = (
     "cd -- {path} || exit 2; command -v find >/dev/null 2>&1 && command -v sha256sum "
     '>/dev/null 2>&1 || {{ echo "find or sha256sum is not installed" >&2; exit 127; }}; '
@@ -37,12 +35,13 @@ _HASH_SCRIPT: Final = (
 )
 _OBJECT_DIR = re.compile(rf"{OBJECTS}(/[0-9a-f]{{2}})?")
 _HASH_LINE = re.compile(rb"([0-9a-f]{64}) [ *](\S+)")
-_RSYNC_ESCAPE = re.compile(rb"\\#([0-7]{3})")
+_ESCAPE = re.compile(rb"\\#([0-7]{3})")
+# `host:path`, `user@host:path`, `[v6]:path`, `user@[v6]:path` (the colons inside the
+# brackets are the address's); no `/` before the first colon, as rsync reads it.
+_REMOTE_RE = re.compile(r"((?:[^@/\[\]:]+@)?\[[^\]/]*\]|[^/:]*):(.*)")
 _HOST_RE = re.compile(
     r"(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])"
 )
-# `[v6]:path` or `user@[v6]:path`: the colons inside the brackets are the address's.
-_BRACKET_HOST_RE = re.compile(r"((?:[^@/\[\]:]+@)?\[[^\]/]*\]):")
 # Remote paths go through the remote shell (rsync's and the hasher's): keep them to
 # characters that need no quoting anywhere.
 _REMOTE_PATH_RE = re.compile(r"[A-Za-z0-9._/~+@%,=:-]+")
@@ -78,16 +77,15 @@ class Destination:
 
     def target(self, sub: str = "") -> str:
         """The rsync operand for the destination directory (with `/`) or a path in it."""
-        base = self.path.rstrip("/") or "/"
-        joined = f"{base}/{sub}" if base != "/" else f"/{sub}"
-        return f"{self.host}:{joined}" if self.host is not None else joined
+        base = self.path.rstrip("/")
+        return f"{self.host}:{base}/{sub}" if self.host is not None else f"{base}/{sub}"
 
 
 def parse_destination(text: str) -> Destination:
     """Parse `PATH` or `[user@]host:PATH` the way rsync reads an operand.
 
     A local path is made absolute and resolved (so `/m`, `/m/` and `/x/../m` are one
-    destination). An IPv6 host is written in brackets (`[::1]:/p`, `user@[::1]:/p`).
+    destination).
 
     Raises:
         MirrorError: empty, starts with `-`, an rsync daemon or URL form, a bad host, a
@@ -100,46 +98,37 @@ def parse_destination(text: str) -> Destination:
         raise MirrorError(f"mirror destination {text!r} starts with '-'; refusing")
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
         raise MirrorError(f"mirror destination {text!r} contains control characters")
-    if text.startswith("rsync://"):
+    remote = _REMOTE_RE.fullmatch(text)
+    if text.startswith("rsync://") or (remote is not None and remote.group(2).startswith(":")):
         raise MirrorError(f"{text!r}: rsync daemon destinations are not supported; use host:path")
-    bracketed = _BRACKET_HOST_RE.match(text)
-    if bracketed is not None:
-        head, colon, rest = bracketed.group(1), ":", text[bracketed.end() :]
-    else:
-        head, colon, rest = text.partition(":")
-    if not colon or "/" in head:
+    if remote is None:
         return Destination(raw=text, host=None, path=str(Path(text).resolve()))
-    if rest.startswith(":"):
-        raise MirrorError(f"{text!r}: rsync daemon destinations are not supported")
-    if not head or _HOST_RE.fullmatch(head) is None or head.startswith("-"):
-        raise MirrorError(f"mirror destination {text!r}: {head!r} is not a host name")
-    if not rest:
+    host, path = remote.groups()
+    if _HOST_RE.fullmatch(host) is None:
+        raise MirrorError(f"mirror destination {text!r}: {host!r} is not a host name")
+    if not path:
         raise MirrorError(
             f"mirror destination {text!r} has no path after ':'; refusing to mirror into a "
             "remote home directory"
         )
-    if rest.startswith("-"):
+    if path.startswith("-"):
         raise MirrorError(f"mirror destination {text!r}: path starts with '-'; refusing")
-    if _REMOTE_PATH_RE.fullmatch(rest) is None:
+    if _REMOTE_PATH_RE.fullmatch(path) is None:
         raise MirrorError(
             f"mirror destination {text!r}: remote paths may only use letters, digits and "
             "._/~+@%,=:-"
         )
     # rsync resolves a relative remote path against the login's home directory, so `.`,
     # `~`, `~user` and `a/..` all name a home directory, which --delete would empty.
-    norm = posixpath.normpath(rest)
-    first = norm.split("/", 1)[0]
-    if (
-        (first.startswith("~") and norm == first)
-        or norm in (".", "/", "//")
-        or all(p == ".." for p in norm.split("/"))
-    ):
+    norm = posixpath.normpath(path)
+    home = norm.startswith("~") and "/" not in norm
+    if home or norm in (".", "/", "//") or set(norm.split("/")) == {".."}:
         raise MirrorError(
             f"mirror destination {text!r} names a remote home directory (or its parent, "
             "or /); refusing",
             hint="give a directory of its own, e.g. host:prefix-mirror or host:/srv/prefix-mirror",
         )
-    return Destination(raw=text, host=head, path=rest)
+    return Destination(raw=text, host=host, path=path)
 
 
 def parse_ssh_options(values: Sequence[str]) -> list[str]:
@@ -157,7 +146,7 @@ def parse_ssh_options(values: Sequence[str]) -> list[str]:
 
 
 def build_ssh_command(options: Sequence[str], *, control_path: str | None) -> list[str]:
-    """The ssh argv (without host) rsync and the control master use.
+    """The ssh argv (without host) rsync, the hasher and the control master use.
 
     BatchMode comes first because ssh keeps the first value it sees: nothing may turn a
     nightly job into a password prompt. User options come next so they override our
@@ -166,9 +155,7 @@ def build_ssh_command(options: Sequence[str], *, control_path: str | None) -> li
     argv = ["ssh", "-o", "BatchMode=yes"]
     for opt in [*options, *_DEFAULT_SSH_OPTS]:
         argv += ["-o", opt]
-    if control_path is not None:
-        argv += ["-o", f"ControlPath={control_path}"]
-    return argv
+    return argv if control_path is None else [*argv, "-o", f"ControlPath={control_path}"]
 
 
 Mode = Literal["compare-objects", "compare-records", "send", "delete", "list", "fetch", "marker"]
@@ -184,7 +171,7 @@ def build_rsync_argv(
     bwlimit: int | None = None,
     regular_only: bool = False,
 ) -> list[str]:
-    """The rsync argv for one step of a mirror run (pure: no I/O).
+    """The rsync argv for one step of a mirror run (pure).
 
     Modes:
         compare-objects: itemized `-a --delete` dry run of `objects/` only, by size and
@@ -198,62 +185,56 @@ def build_rsync_argv(
         delete: delete the `files_from` paths that no longer exist at the source; never
             sends anything (a path that came back at the source is left alone).
         list: `--list-only` of the top level of `source` (the destination, for inspection).
-        fetch: copy one regular file (the destination's marker) to a local path.
+        fetch: copy one regular file (the destination's marker) to a local path; no -l,
+            so a symlink is skipped, never followed.
         marker: copy the staged marker directory to a new destination.
 
     `-O` (omit directory times) everywhere: directory mtimes mean nothing in a registry
     and would otherwise show up as differences after every targeted pass.
     """
     argv = ["rsync"]
-    if rsh is not None:
+    if rsh is not None:  # rsync splits the -e string itself, at whitespace outside quotes
         argv += ["-e", " ".join(f"'{a}'" if any(c.isspace() for c in a) else a for a in rsh)]
-    if mode == "list":
-        return [*argv, "--list-only", "--dirs", "--", source]
-    if mode == "fetch":  # no -l/-L: a symlinked marker is skipped, never followed
-        return [*argv, "--", source, dest]
-    if mode == "marker":
-        return [*argv, "-a", "-O", "--", source, dest]
+    if mode in ("list", "fetch", "marker"):
+        flags = {"list": ["--list-only", "--dirs"], "fetch": [], "marker": ["-a", "-O"]}[mode]
+        return [*argv, *flags, "--", source] + ([] if mode == "list" else [dest])
     # --modify-window=-1: compare mtimes to the nanosecond. The default compares whole
     # seconds, and a name is always 65 bytes: a name moved within the second of the last
-    # mirror would look unchanged to the quick check and never travel.
-    argv += ["-a", "-O", "--modify-window=-1", f"--out-format={OUT_FORMAT}"]
+    # mirror would look unchanged to the quick check and never travel. The out-format is
+    # the itemize code, the bytes sent and the path (last: it may hold a '|').
+    argv += ["-a", "-O", "--modify-window=-1", "--out-format=%i|%b|%n"]
     argv += [f"--exclude={pattern}" for pattern in EXCLUDES]
     if bwlimit is not None:
         argv.append(f"--bwlimit={int(bwlimit)}")
     if mode == "compare-objects":
         argv += [f"--include=/{OBJECTS}/***", "--exclude=*", "--delete", "--dry-run"]
-        return [*argv, "--", source, dest]
-    if mode != "delete":
-        # A record or object changed in place keeps its size and mtime: only content tells.
-        argv.append("--checksum")
-    if mode == "compare-records":
-        return [*argv, f"--exclude=/{OBJECTS}/", "--delete", "--dry-run", "--", source, dest]
-    if files_from is None:
+    elif mode == "compare-records":
+        argv += ["--checksum", f"--exclude=/{OBJECTS}/", "--delete", "--dry-run"]
+    elif files_from is None:
         raise ValueError(f"mode {mode} needs files_from")
-    # --force: a directory where the source has a file is replaced, not an error.
-    argv += [f"--files-from={files_from}", "--from0", "--force"]
-    if mode == "delete":
+    elif mode == "delete":
         # --delete-missing-args alone would *send* a path that came back at the source
         # since the plan (a name could then arrive before its object). With --existing
         # (create nothing new) and --ignore-existing (update nothing there) rsync only
         # deletes what is still missing at the source, and never sends anything.
-        argv += ["--delete-missing-args", "--existing", "--ignore-existing"]
+        argv += [f"--files-from={files_from}", "--from0", "--force", "--delete-missing-args"]
+        argv += ["--existing", "--ignore-existing"]
     else:
-        # A listed path removed at the source since the plan (gc) is skipped; -ii names
-        # every listed path now at the destination; whatever turned into something other
-        # than a file or directory at the source since it was checked is never sent.
+        # --checksum: a file changed in place keeps its size and mtime. A listed path
+        # removed at the source since the plan (gc) is skipped; -ii names every listed path
+        # now at the destination; --force replaces a directory where a file belongs; what
+        # turned into other than a file or directory at the source is never sent.
+        argv += [f"--files-from={files_from}", "--from0", "--force", "--checksum"]
         argv += ["--ignore-missing-args", "-ii", "--no-links", "--no-devices", "--no-specials"]
-        if regular_only:
-            argv.append("--no-dirs")  # --files-from implies --dirs: off too
+        argv += ["--no-dirs"] if regular_only else []  # --files-from implies --dirs
     return [*argv, "--", source, dest]
 
 
 def hash_argv(dest: Destination, rsh: Sequence[str] | None, starts: Sequence[str]) -> list[str]:
-    """The argv that hashes the regular files below `starts` (relative object directories)
-    at the destination: over the run's ssh connection, or a local `sh` (pure)."""
-    bad = [s for s in starts if _OBJECT_DIR.fullmatch(s) is None]
-    if bad or not starts:
-        raise ValueError(f"not object directories: {bad or starts}")
+    """The argv that hashes every object file below `starts` (`objects` or its fan
+    directories) at the destination: over the run's ssh connection, or a local `sh`."""
+    if not starts or any(_OBJECT_DIR.fullmatch(s) is None for s in starts):
+        raise ValueError(f"not object directories: {starts}")
     if dest.host is None:
         return [
             "sh",
@@ -277,42 +258,33 @@ def parse_hashes(stdout: bytes) -> tuple[set[str], dict[str, str]]:
     for line in stdout.split(b"\n"):
         m = _HASH_LINE.fullmatch(line)
         path = (m.group(2) if m else line).decode("ascii", "replace")
-        if object_sha(path) is None:
-            continue
-        if m is None:
+        if object_sha(path) is not None and m is None:
             listed.add(path)
-        else:
+        elif object_sha(path) is not None and m is not None:
             hashes[path] = "" if path in hashes else m.group(1).decode()
     return listed, hashes
 
 
-class RsyncRun(NamedTuple):
-    returncode: int
-    stdout: bytes
-    stderr: str
-
-
-def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> RsyncRun:
-    """Run rsync, ssh or sh (argv list); a return code not in `ok_codes` is `MirrorError`.
+def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> bytes:
+    """Run rsync, ssh or sh (an argv list) in the C locale; return its stdout.
 
     The C locale: rsync's messages and `--list-only` format are matched, and names with
     non-ASCII bytes come back `\\#ooo`-escaped (restored exactly by `parse_itemized`).
+
+    Raises:
+        MirrorError: the program is missing, or exits with a code not in `ok_codes` (the
+            error carries the code and stderr).
     """
     env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
     try:
         proc = subprocess.run(list(argv), capture_output=True, check=False, env=env)
     except FileNotFoundError:
-        raise MirrorError(
-            f"{argv[0]} is not installed (not found on PATH)", hint=f"install {argv[0]}"
-        ) from None
-    stderr = proc.stderr.decode("utf-8", "replace")
+        raise MirrorError(f"{argv[0]} is not installed (not found on PATH)") from None
     if proc.returncode not in ok_codes:
-        raise MirrorError(
-            f"{argv[0]} failed (exit {proc.returncode}): {first_error(stderr)}",
-            returncode=proc.returncode,
-            stderr=stderr,
-        )
-    return RsyncRun(proc.returncode, proc.stdout, stderr)
+        stderr = proc.stderr.decode("utf-8", "replace")
+        message = f"{argv[0]} failed (exit {proc.returncode}): {first_error(stderr)}"
+        raise MirrorError(message, returncode=proc.returncode, stderr=stderr)
+    return proc.stdout
 
 
 def first_error(stderr: str) -> str:
@@ -328,7 +300,11 @@ _KINDS: Final = {"f": "file", "d": "dir", "L": "symlink", "D": "device", "S": "s
 
 
 class Change(NamedTuple):
-    """One itemized line: rsync's 11-character code, bytes sent, the relative path."""
+    """One itemized line: rsync's 11-character code, bytes sent, the relative path.
+
+    `kind` is what the entry is at its sender (file, dir, symlink, device, special); an
+    unchanged entry is an `-ii` line for a path that was already equal.
+    """
 
     code: str
     bytes: int
@@ -339,26 +315,24 @@ class Change(NamedTuple):
         return self.code.startswith("*deleting")
 
     @property
-    def is_file(self) -> bool:
-        return self.code[1] == "f"
-
-    @property
-    def is_dir(self) -> bool:
-        return self.code[1] == "d"
-
-    @property
     def kind(self) -> str:
-        """What the entry is at its sender: file, dir, symlink, device or special."""
         return _KINDS.get(self.code[1], "unknown")
 
     @property
+    def is_file(self) -> bool:
+        return self.kind == "file"
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == "dir"
+
+    @property
     def is_unchanged(self) -> bool:
-        """An `-ii` line for a path that was already equal (nothing sent or changed)."""
-        return self.code[0] == "." and self.code[2:].strip(" .") == ""
+        return self.code[0] == "." and not self.code[2:].strip(" .")
 
     @property
     def is_object(self) -> bool:
-        return self.path == OBJECTS or self.path.startswith(f"{OBJECTS}/")
+        return self.path.split("/", 1)[0] == OBJECTS
 
     def __str__(self) -> str:
         return f"{self.code} {self.path}"
@@ -372,14 +346,11 @@ def parse_itemized(stdout: bytes) -> list[Change]:
     """
     out = []
     for line in stdout.split(b"\n"):
-        if len(line) < 13 or line[11:12] != b"|":
-            continue
         size, sep, raw = line[12:].partition(b"|")
-        if not sep or not size.isdigit():
+        if len(line) < 13 or line[11:12] != b"|" or not sep or not size.isdigit():
             continue
-        raw = _RSYNC_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), raw)
-        path = os.fsdecode(raw).rstrip("/") or "."
-        if path.startswith("./") and path != "./":
-            path = path[2:]
+        path = os.fsdecode(_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), raw))
+        path = path.rstrip("/") or "."
+        path = path[2:] if path.startswith("./") else path
         out.append(Change(code=line[:11].decode("ascii", "replace"), bytes=int(size), path=path))
     return out

@@ -30,13 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from prefixreg.core.errors import (
-    IntegrityError,
-    MirrorError,
-    PrefixregError,
-    RegistryLocationError,
-    UsageError,
-)
+from prefixreg.core import errors
+from prefixreg.core.errors import IntegrityError, MirrorError
 from prefixreg.core.jsonio import dumps_canonical
 from prefixreg.core.judge import judge_copy
 from prefixreg.registry.layout import MARKER, object_relpath
@@ -59,7 +54,7 @@ def check_source(reg: Registry) -> None:
     """Refuse a source that is not an origin registry holding objects (`MirrorError`)."""
     try:
         role = reg.role
-    except (RegistryLocationError, IntegrityError) as exc:
+    except (errors.RegistryLocationError, IntegrityError) as exc:
         raise MirrorError(f"source {reg.root} is not a usable registry: {exc}") from None
     if role is None:
         raise MirrorError(f"source {reg.root} is not a registry (no {MARKER}); refusing")
@@ -135,7 +130,7 @@ def mirror(
     """
     parsed = _guard_destinations(reg.root, [parse_destination(text) for text in destinations])
     if not parsed:
-        raise UsageError(
+        raise errors.UsageError(
             "no mirror destination", hint=f"pass --to HOST:PATH or PATH, or set {ENV_TO}"
         )
     options = parse_ssh_options(ssh_options)
@@ -209,7 +204,7 @@ def mirror(
                     log(session.finish("dry-run"))
                     return
                 _transfer(session, verifier, max_rounds)
-            except (PrefixregError, OSError) as exc:
+            except (errors.PrefixregError, OSError) as exc:
                 # One destination failing never stops the others; the log says why.
                 log(session.finish("failed", str(exc)))
                 return
@@ -241,13 +236,3 @@ def _transfer(session: Session, verify: SourceVerifier, max_rounds: int) -> None
     # Every object that stayed was hashed by the sweep (a new destination had none), every
     # object sent by its read-back; the last compare found no difference.
     session.result.content = judge_copy(session.swept or session.result.new, True)
-
-
-def destinations_from_env(value: str | None) -> list[str]:
-    """Destinations from `PREFIXREG_MIRROR_TO` (space-separated)."""
-    return value.split() if value else []
-
-
-def ssh_options_from_env(value: str | None) -> list[str]:
-    """ssh options from `PREFIXREG_SSH_OPTS` (space-separated `Key=Value`)."""
-    return value.split() if value else []

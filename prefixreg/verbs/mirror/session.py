@@ -1,8 +1,7 @@
 """One destination's run: inspect it, compare and hash, apply a plan in the reader-safe order.
 
 Role: the per-destination state machine of a mirror run (`run` drives it, destinations in
-parallel). Every rsync and every hash at the destination goes through `rsync.run`; paths
-and parses come from `registry.layout`.
+parallel). Every rsync and every hash at the destination goes through `rsync.run`.
 
 Invariants:
 - A destination is written only when it is missing (its parent present), empty, or a
@@ -18,52 +17,27 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from prefixreg.core.errors import IntegrityError, MirrorError
 from prefixreg.core.jsonio import loads_object
 from prefixreg.core.judge import judge_copy
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.layout import (
-    FRAMES,
-    MARKER,
-    META,
-    NAMES,
-    OBJECTS,
-    frame_relpath,
-    meta_sha,
-    object_relpath,
-    object_sha,
-)
+from prefixreg.registry.layout import FRAMES, MARKER, META, NAMES, OBJECTS, object_relpath
 from prefixreg.registry.store import Registry, iso_utc, utc_now
+from prefixreg.verbs.mirror import rsync
 from prefixreg.verbs.mirror.plan import Verify, objects_to_verify, referenced_objects, top
 from prefixreg.verbs.mirror.report import DestinationResult, PassRecord
-from prefixreg.verbs.mirror.rsync import (
-    LIST_LINE_RE,
-    VANISHED,
-    Change,
-    Destination,
-    Mode,
-    build_rsync_argv,
-    first_error,
-    hash_argv,
-    parse_hashes,
-    parse_itemized,
-    run,
-)
+from prefixreg.verbs.mirror.rsync import VANISHED, Change, Destination, Mode, build_rsync_argv
 from prefixreg.verbs.mirror.ssh import ControlMaster
 
-# Passes that send regular files only (their directories travel first, in "dirs").
-REGULAR_PASSES: Final = frozenset(
-    {"objects", "meta-objects", "frame-objects", "referenced-objects", "meta", "frames"}
-    | {"referenced-frames", "names"}
-)
 _RECORD_TREES: Final = (OBJECTS, META, FRAMES, NAMES)
 # The plan entry of an object the sweep found changed in place: a file to send again.
 _CHANGED: Final = ">fc" + "." * 8
@@ -105,12 +79,14 @@ class Session:
         if self.master is not None:
             self.master.close()
 
-    def _list(self, dest: Destination) -> bytes:
-        return run(build_rsync_argv("list", dest.target(), "", rsh=self.rsh)).stdout
+    def _rsync(self, mode: Mode, source: str, dest: str, **options: Any) -> bytes:
+        # Exit 24: a file vanished at the source while rsync walked it (a concurrent gc).
+        ok = (0,) if mode in ("list", "fetch", "marker") else (0, VANISHED)
+        return rsync.run(build_rsync_argv(mode, source, dest, rsh=self.rsh, **options), ok_codes=ok)
 
     def inspect(self) -> None:
-        """Refuse anything but a missing directory (in an existing parent), an empty one, or
-        a mirror registry.
+        """Refuse anything but a missing directory in an existing parent, an empty one, or a
+        mirror registry.
 
         The marker is fetched first: for an existing mirror (every run but the first) that
         one small rsync is the whole inspection. Only without a readable marker is the top
@@ -118,21 +94,19 @@ class Session:
         """
         local = self.workdir / "dest-marker.json"
         try:
-            # No -l: a symlinked marker is skipped (and then refused below), never followed.
-            run(build_rsync_argv("fetch", self.dest.target(MARKER), str(local), rsh=self.rsh))
+            self._rsync("fetch", self.dest.target(MARKER), str(local))
         except MirrorError as exc:
             if not _missing(exc):
                 raise
         if local.exists():
-            self._check_marker(local)
-            return
+            return self._check_marker(local)
         try:
-            listing = self._list(self.dest)
+            listing = self._rsync("list", self.dest.target(), "")
         except MirrorError as exc:
             if not _missing(exc):
                 raise
             try:
-                self._list(self.dest.parent)
+                self._rsync("list", self.dest.parent.target(), "")
             except MirrorError as parent_exc:
                 if not _missing(parent_exc):
                     raise
@@ -144,19 +118,18 @@ class Session:
             if "Not a directory" in (exc.stderr or ""):
                 raise MirrorError(f"destination {self.dest.raw} is not a directory") from None
             self.result.new = True
-            return
+            return None
         # Fail closed: the directory counts as empty only on a positive answer, i.e. the
         # listing parsed line by line shows the directory itself and nothing else.
         entries: dict[str, str] = {}
-        for line in listing.decode("utf-8", "replace").splitlines():
-            m = LIST_LINE_RE.fullmatch(line)
-            if m is None and line.strip():
+        for line in filter(str.strip, listing.decode("utf-8", "replace").splitlines()):
+            m = rsync.LIST_LINE_RE.fullmatch(line)
+            if m is None:
                 raise MirrorError(
                     f"destination {self.dest.raw}: cannot read rsync's listing ({line[:80]!r}); "
                     "refusing, nothing deleted"
                 )
-            if m is not None:
-                entries[m.group(2)] = m.group(1)
+            entries[m.group(2)] = m.group(1)
         if not entries.pop(".", "").startswith("d"):
             raise MirrorError(
                 f"destination {self.dest.raw}: rsync's listing does not show the directory "
@@ -170,15 +143,16 @@ class Session:
                 f"(no {MARKER}); refusing, nothing deleted"
             )
         self.result.new = True
+        return None
 
     def _check_marker(self, local: Path) -> None:
         try:
             marker = loads_object(fsutil.read_nofollow(local), path=local)
         except IntegrityError as exc:
             raise MirrorError(f"destination {self.dest.raw}: unreadable {MARKER} ({exc})") from None
+        role = marker.get("role")
         if layout.marker_problem(marker) is not None:
             raise MirrorError(f"destination {self.dest.raw}: not a prefixreg {MARKER}; refusing")
-        role = marker.get("role")
         if role == "origin":
             raise MirrorError(
                 f"destination {self.dest.raw} is an origin registry; refusing to mirror onto it",
@@ -195,34 +169,28 @@ class Session:
         (stage / MARKER).chmod(0o644)
         # The new root takes the source root's mode, so the first compare finds it equal.
         stage.chmod(self.reg.root.stat().st_mode & 0o7777)
-        run(build_rsync_argv("marker", f"{stage}/", self.dest.target(), rsh=self.rsh))
-
-    # comparing and hashing ---------------------------------------------------------------
-
-    def _dry_run(self, mode: Mode) -> list[Change]:
-        argv = build_rsync_argv(mode, self.source, self.dest.target(), rsh=self.rsh)
-        # Exit 24: a file vanished at the source while rsync walked it (a concurrent gc).
-        return parse_itemized(run(argv, ok_codes=(0, VANISHED)).stdout)
+        self._rsync("marker", f"{stage}/", self.dest.target())
 
     def compare(self, *, sweep: bool = False) -> list[Change]:
         """The plan: both itemized dry runs and, with `sweep`, the hash of every object at
         the destination, all three at once. An object there that does not hash to its name
         is planned to be sent again: rsync's quick check cannot see a change in place."""
         with ThreadPoolExecutor(3) as pool:
-            modes: tuple[Mode, Mode] = ("compare-objects", "compare-records")
-            dry_runs = [pool.submit(self._dry_run, mode) for mode in modes]
+            modes: tuple[Mode, ...] = ("compare-objects", "compare-records")
+            runs = [pool.submit(self._rsync, m, self.source, self.dest.target()) for m in modes]
             hashing = pool.submit(self.hash_objects, [OBJECTS]) if sweep else None
-            plan = list({c.path: c for f in dry_runs for c in f.result()}.values())
+            plan = list(
+                {c.path: c for r in runs for c in rsync.parse_itemized(r.result())}.values()
+            )
             if hashing is None:
                 return plan
             listed, hashes = hashing.result()
         planned = {c.path for c in plan}
         for rel in sorted(listed | hashes.keys()):
-            if hashes.get(rel) == object_sha(rel):
-                self.result.hashed += 1
-                continue
-            self.result.changed_in_place += 1
-            if rel not in planned:
+            matched = hashes.get(rel) == layout.object_sha(rel)
+            self.result.hashed += matched
+            self.result.changed_in_place += not matched
+            if not matched and rel not in planned:
                 plan.append(Change(_CHANGED, 0, rel))
         self.swept = True
         return plan
@@ -230,12 +198,10 @@ class Session:
     def hash_objects(self, starts: Sequence[str]) -> tuple[set[str], dict[str, str]]:
         """(object paths listed, {path: sha256}) below `starts`, hashed at the destination."""
         try:
-            stdout = run(hash_argv(self.dest, self.rsh, starts)).stdout
+            return rsync.parse_hashes(rsync.run(rsync.hash_argv(self.dest, self.rsh, starts)))
         except MirrorError as exc:
-            raise MirrorError(
-                f"{self.dest.raw}: cannot hash the objects there: {first_error(exc.stderr or '')}"
-            ) from None
-        return parse_hashes(stdout)
+            reason = rsync.first_error(exc.stderr or str(exc))
+            raise MirrorError(f"{self.dest.raw}: cannot hash the objects there: {reason}") from None
 
     def read_back(self, paths: Sequence[str]) -> None:
         """Hash the objects `paths`, just sent, at the destination.
@@ -244,26 +210,21 @@ class Session:
             MirrorError: one of them is not, at the destination, a regular file whose
                 bytes hash to its name (nothing that points to it is sent).
         """
-        if not paths:
-            return
         listed, hashes = self.hash_objects(sorted({posixpath.dirname(p) for p in paths}))
         problems = []
         for rel in paths:
-            got = hashes.get(rel)
-            if got != object_sha(rel):
-                listed_only = "cannot be read" if rel in listed else "is not a regular file"
-                problems.append(f"{rel} hashes to {got}" if got else f"{rel} {listed_only}")
+            if (got := hashes.get(rel)) != layout.object_sha(rel):
+                what = "cannot be read" if rel in listed else "is not a regular file"
+                problems.append(f"{rel} hashes to {got}" if got else f"{rel} {what}")
         self.result.read_back += len(paths)
         self.result.hashed += len(paths) - len(problems)
         if problems:
-            self.result.content = judge_copy(True, False)
+            self.result.content = judge_copy(hashed=True, matched=False)
             raise MirrorError(
                 f"{self.dest.raw}: after sending, {problems[0]} at the destination"
                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                 + "; names and records pointing to it were not sent"
             )
-
-    # passes -----------------------------------------------------------------------------
 
     def _pass(self, kind: str, paths: Sequence[str]) -> set[str]:
         """One `--files-from` step; returns the paths rsync itemized.
@@ -278,38 +239,37 @@ class Session:
             return set()
         listing = self.workdir / f"{kind}.list"
         listing.write_bytes(b"".join(os.fsencode(p) + b"\0" for p in paths))
-        argv = build_rsync_argv(
-            "delete" if kind.startswith("delete") else "send",
+        mode: Mode = "delete" if kind.startswith("delete") else "send"
+        out = self._rsync(
+            mode,
             self.source,
             self.dest.target(),
-            rsh=self.rsh,
             files_from=str(listing),
             bwlimit=self.bwlimit,
-            regular_only=kind in REGULAR_PASSES,
+            regular_only=kind not in ("dirs", "rest"),  # the other passes: files only
         )
-        itemized = parse_itemized(run(argv, ok_codes=(0, VANISHED)).stdout)
+        itemized = rsync.parse_itemized(out)
         changes = [c for c in itemized if not c.is_unchanged]
         self.result.passes.append(PassRecord(kind, changes))
         for c in changes:
-            if c.is_delete:
-                self.result.deleted += 1
-            elif c.is_file:
-                self.result.sent += 1
-                self.result.bytes += c.bytes
+            self.result.deleted += c.is_delete
+            self.result.sent += c.is_file and not c.is_delete
+            self.result.bytes += c.bytes
         return {c.path for c in itemized}
 
     def _send_objects(self, kind: str, paths: Sequence[str]) -> set[str]:
-        """An object pass, then the read-back of every object it sent or changed."""
+        """An object pass, then the read-back of every object it sent or changed (of any
+        kind: a directory arriving at an object's path fails the read-back)."""
         first = len(self.result.passes)
         here = self._pass(kind, paths)
         sent = {
             c.path
             for record in self.result.passes[first:]
             for c in record.changes
-            # Any kind: a directory arriving at an object's path fails the read-back.
-            if not c.is_delete and object_sha(c.path) is not None
+            if not c.is_delete and layout.object_sha(c.path) is not None
         }
-        self.read_back(sorted(sent))
+        if sent:
+            self.read_back(sorted(sent))
         return here
 
     def apply(self, plan: Sequence[Change], verify: Verify) -> None:
@@ -318,12 +278,10 @@ class Session:
         1. the directories of objects/, meta/ and names/, then objects (verified first,
            regular files only; an object gc removed since the plan is left out), each
            hashed at the destination;
-        2. meta records, each only once its object is confirmed at the destination (sent
-           now, already equal, or sent by a step for the objects the records point to);
-           frame records only once both their parts are;
-        3. under the registry lock (names only move under it, and gc only removes under
-           it): the objects and frames the names point to *now*, then the names: the names
-           read are the names sent, so everything they point to is there first;
+        2. meta and frame records, each only once what it points to is confirmed at the
+           destination (sent now, already equal, or sent by a step for them);
+        3. under the registry lock, the same for names: the objects and frame records they
+           point to *now*, then the names whose targets are all there;
         4. everything else (measurements, probes, journals), outside the lock so a slow
            link never holds up an agent loop's `add(name=...)`;
         5. deletions of non-objects, then of objects, each only of paths still missing at
@@ -335,46 +293,24 @@ class Session:
         dirs = sorted(c.path for c in sends if c.is_dir and top(c.path) in _RECORD_TREES)
         here = self._pass("dirs", dirs)
         here |= self._send_objects("objects", verify(objects_to_verify(sends)))
-
-        def records(tree: str) -> list[Change]:
-            return [c for c in sends if top(c.path) == tree and not c.is_dir]
-
-        meta, names, frames = records(META), records(NAMES), records(FRAMES)
         referenced: set[str] = set()
         done: set[str] = set()
-        if meta:
-            referenced |= {object_relpath(s) for s in referenced_objects(self.reg, meta, verify)}
-            here |= self._send_objects("meta-objects", verify(sorted(referenced - here)))
-            done |= self._pass(
-                "meta",
-                [
-                    c.path
-                    for c in meta
-                    if (s := meta_sha(c.path)) is None or object_relpath(s) in here
-                ],
-            )
-        if frames:
-            # A frame record travels only after its parts are confirmed at the destination.
-            parts = {object_relpath(s) for s in referenced_objects(self.reg, frames, verify)}
-            here |= self._send_objects("frame-objects", verify(sorted(parts - here)))
-            referenced |= parts
-            if parts <= here:
-                here |= self._pass("frames", [c.path for c in frames])
-        if names:
-            with self.reg.lock("registry"):
-                named_frames: set[str] = set()
-                shas = referenced_objects(self.reg, names, verify, named_frames)
-                needed = sorted({object_relpath(sha) for sha in shas} - here)
-                here |= self._send_objects("referenced-objects", verify(needed))
-                frame_files = sorted({frame_relpath(f) for f in named_frames} - here)
-                here |= self._pass("referenced-frames", frame_files)
-                missing = [rel for rel in [*needed, *frame_files] if rel not in here]
-                if missing:
-                    raise MirrorError(
-                        f"{self.dest.raw}: {missing[0]} did not arrive; names not sent"
-                    )
-                referenced |= {object_relpath(sha) for sha in shas}
-                done |= self._pass("names", [c.path for c in names])
+        for step, trees in (("meta", (META, FRAMES)), ("names", (NAMES,))):
+            records = [c for c in sends if top(c.path) in trees and not c.is_dir]
+            if not records:
+                continue
+            # Names only move under the registry lock (and gc only removes under it): the
+            # names read now are the names sent, so everything they point to is there first.
+            lock = self.reg.lock("registry") if step == "names" else contextlib.nullcontext()
+            with lock:
+                needs = referenced_objects(self.reg, records, verify)
+                wanted = set().union(*needs.values())
+                objects = sorted(p for p in wanted - here if top(p) == OBJECTS)
+                here |= self._send_objects(f"{step}-objects", verify(objects))
+                here |= self._pass(f"{step}-frames", sorted(wanted - here - set(objects)))
+                referenced |= wanted
+                ready = [c.path for c in records if needs.get(c.path, set()) <= here]
+                done |= self._pass(step, ready)
         self._pass("rest", [c.path for c in sends if top(c.path) not in _RECORD_TREES])
 
         done |= self._pass("delete", [c.path for c in plan if c.is_delete and not c.is_object])
@@ -385,13 +321,10 @@ class Session:
             self.result.passes.append(PassRecord("delete-objects-postponed", []))
             return
         kept = referenced | {posixpath.dirname(rel) for rel in referenced}
-        self._pass(
-            "delete-objects",
-            [c.path for c in plan if c.is_delete and c.is_object and c.path not in kept],
-        )
+        doomed = [c.path for c in plan if c.is_delete and c.is_object and c.path not in kept]
+        self._pass("delete-objects", doomed)
 
     def finish(self, result: str, error: str | None = None) -> DestinationResult:
-        self.result.result = result
-        self.result.error = error
+        self.result.result, self.result.error = result, error
         self.result.seconds = time.monotonic() - self._started
         return self.result
