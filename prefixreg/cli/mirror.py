@@ -1,11 +1,8 @@
 """`prefixreg mirror` / `prefix-mirror`: one-way verified rsync to the workers.
 
-Destinations come from `--to` (repeatable) or, when none is given, `$PREFIXREG_MIRROR_TO`
-(space-separated); ssh options from `--ssh-option` and `$PREFIXREG_SSH_OPTS` (flags first:
-ssh keeps the first value it sees). Each destination gets one summary line on stderr as it
-finishes, its content label read from the report (the judge's `judge_copy`); `--json`
-prints the whole report on stdout. Exit codes are the help text's. `prefixreg.verbs.mirror`
-is imported inside the command so `--help` stays cheap.
+One summary line per destination on stderr as it finishes, its content word the report's
+(`judge_copy`'s verdict); `--json` prints the report on stdout. `prefixreg.verbs.mirror` is
+imported inside the command so `--help` stays cheap.
 """
 
 from __future__ import annotations
@@ -31,14 +28,6 @@ if TYPE_CHECKING:
     from prefixreg.verbs.mirror import DestinationResult
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def _summary(r: DestinationResult) -> str:
     """The one stderr line per destination; the content word is the judge's verdict."""
     content = f"{r.content} ({r.hashed} objects hashed there"
@@ -53,7 +42,7 @@ def _summary(r: DestinationResult) -> str:
         )
     rounds = f", {r.rounds} rounds" if r.rounds > 1 else ""
     return (
-        f"ok      {r.destination}: sent {r.sent} files ({_size(r.bytes)}), deleted "
+        f"ok      {r.destination}: sent {r.sent} files ({r.bytes:,} bytes), deleted "
         f"{r.deleted}, {content}{rounds}, {r.seconds:.2f}s"
     )
 
@@ -98,20 +87,17 @@ def mirror_command(
 ) -> None:
     """Mirror the origin registry to workers: rsync -a --delete, one way, verified.
 
-    Objects travel before the names and meta records that point to them (each object sent
-    is hashed at the destination first), deletions come last. Every run hashes every
-    object at each destination, there (sha256sum, over ssh for a remote one), and compares
-    every other file by content, so a file changed in place is found and sent again.
-    "verified" means exactly that: every object there hashed to its name and every other
-    file matched (the judge's rule for a copy; see the README's evidence section);
-    otherwise "mismatch" or "unchecked".
+    Objects travel before the records that point to them, deletions last. Every run hashes
+    every object at each destination, there (sha256sum, over ssh for a remote one), and
+    compares every other file by content: a file changed in place is sent again. "verified"
+    means every object there hashed to its name and every other file matched (the judge's
+    rule for a copy, see the README's evidence section); else "mismatch" or "unchecked".
 
-    Exit codes: 0 every destination ok; 6 any destination failed or was refused (named on
-    its line: ssh, rsync, a missing parent directory, an object that hashes wrong at the
-    destination after sending); 3 a source entry about to travel is not what the layout
-    says (an object that does not hash to its name, a symlink, FIFO or device, a
-    directory where a file belongs): nothing sent anywhere; 2 no destination; 7 another
-    mirror holds the lock. One line per run and destination goes to mirror.log.
+    Exit codes: 0 every destination ok; 6 a destination failed or was refused, named on its
+    line (ssh, rsync, a missing parent directory, an object that hashes wrong after
+    sending); 3 a source entry about to travel is not what the layout says (a bad hash, a
+    symlink, FIFO or device, a directory where a file belongs): nothing sent anywhere; 2 no
+    destination; 7 another mirror holds the lock. Each run and destination: a mirror.log line.
     """
     with cli_errors(debug):
         from prefixreg.core.errors import MirrorError, RegistryLocationError

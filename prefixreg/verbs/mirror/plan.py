@@ -1,26 +1,19 @@
-"""A mirror plan judged at the source: may each entry travel, and what does it point to.
-
-Role: judge the entries of an rsync plan (`Change`s) by the rules of `registry.layout`,
-re-hash the source objects about to travel (`SourceVerifier`), and find the objects the
-name, meta and frame records about to travel point to, through the store's public API (a
-frame through `Registry.head`: record and parts verified, its JSON read depth-capped).
+"""A mirror plan judged at the source, by `registry.layout`'s rules and the store's API.
 
 Invariants:
-- A plan entry that travels is a directory at a directory's place (`objects`, a fan
-  `objects/<aa>`, `meta`, ...), a regular file at an object's or record's place, or some
-  other regular file or directory (measurements, probes, journals). Anything else (a
-  symlink, device or FIFO anywhere; a directory where an object or record file belongs; a
-  file where a directory belongs; a stray path under `objects/`) is an `IntegrityError`
-  before anything is sent (exit 3).
-- An object path is sent only after `SourceVerifier` returned it. Objects are immutable,
-  so one verifier, shared by every destination of a run, hashes each path once.
-- `referenced_objects` returns only objects present and verified at the source now; a
+- A plan entry that travels is a directory at a directory's place, a regular file at an
+  object's or record's place, or another regular file or directory (measurements, probes,
+  journals). Anything else (a symlink, device or FIFO; a directory where a file belongs or
+  the reverse; a stray path under `objects/`) is an `IntegrityError` before anything is
+  sent (exit 3).
+- An object path is sent only after `SourceVerifier` re-hashed it (once per run: objects
+  are immutable). A record travels only after what it points to, read through the store
+  (a frame through `Registry.head`: record and parts verified, its JSON depth-capped); a
   record whose object is missing while the record stays is an `IntegrityError`.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -37,6 +30,10 @@ from prefixreg.registry.store import Registry
 from prefixreg.verbs.mirror.rsync import Change
 
 Verify = Callable[[Iterable[str]], list[str]]
+
+
+def _refused(where: Path, why: str) -> IntegrityError:
+    return IntegrityError(f"{where}: {why}; refusing to mirror it", path=where)
 
 
 def top(path: str) -> str:
@@ -77,8 +74,7 @@ def check_shapes(root: Path, plan: Iterable[Change]) -> None:
     for c in plan:
         problem = None if c.is_delete or c.path == "." else shape_problem(c)
         if problem is not None:
-            where = root / c.path
-            raise IntegrityError(f"{where}: {problem}; refusing to mirror", path=where)
+            raise _refused(root / c.path, problem)
 
 
 def objects_to_verify(changes: Iterable[Change]) -> list[str]:
@@ -88,17 +84,20 @@ def objects_to_verify(changes: Iterable[Change]) -> list[str]:
 
 
 class SourceVerifier:
-    """Re-hashes source objects (`Registry.read_verified`: no-follow, regular files only)
-    before they travel; thread-safe. `count` is how many it hashed."""
+    """Re-hashes source objects before they travel (`Registry.read_verified`: no-follow,
+    regular files only); shared by a run's destinations. `count`: objects it hashed."""
 
     def __init__(self, reg: Registry) -> None:
-        self.reg, self.count = reg, 0
-        self._done: set[str] = set()
-        self._lock = threading.Lock()
+        self.reg = reg
+        self.done: set[str] = set()  # set.add is atomic: destinations' threads share it
+
+    @property
+    def count(self) -> int:
+        return len(self.done)
 
     def __call__(self, paths: Iterable[str]) -> list[str]:
-        """The paths in `paths` that verified. An object removed at the source since the
-        plan (a concurrent gc) is left out: it is not sent; the confirm pass sees the rest.
+        """The paths that verified; one removed at the source since the plan (a gc) is
+        left out (not sent; the confirm pass sees the rest).
 
         Raises:
             IntegrityError: a path in objects/ that is not an object file (a symlink, a
@@ -108,20 +107,13 @@ class SourceVerifier:
         for rel in paths:
             sha = layout.object_sha(rel)
             if sha is None:
-                where = self.reg.root / rel
-                raise IntegrityError(
-                    f"{where}: not an object file; refusing to mirror it", path=where
-                )
-            with self._lock:
-                done = rel in self._done
-            if not done:
+                raise _refused(self.reg.root / rel, "not an object file")
+            if rel not in self.done:
                 try:
                     self.reg.read_verified(sha)
                 except RefNotFoundError:
                     continue
-                with self._lock:
-                    self.count += rel not in self._done
-                    self._done.add(rel)
+                self.done.add(rel)
             ok.append(rel)
         return ok
 
@@ -136,9 +128,7 @@ def _points_to(reg: Registry, path: str, *, recheck: bool = False) -> str | None
         try:
             return reg.read_name(entry)
         except InvalidNameError:
-            raise IntegrityError(
-                f"{reg.root / path}: not a valid name; refusing", path=reg.root / path
-            ) from None
+            raise _refused(reg.root / path, "not a valid name") from None
     sha = layout.meta_sha(path)
     try:
         if recheck and sha is not None:
@@ -177,7 +167,7 @@ def referenced_objects(
             continue
         where = reg.root / c.path
         if not c.is_file:
-            raise IntegrityError(f"{where}: not a regular file; refusing to mirror it", path=where)
+            raise _refused(where, "not a regular file")
         if (sha := _points_to(reg, c.path)) is None:
             continue  # removed since the plan: it will not be sent
         try:
@@ -195,7 +185,5 @@ def referenced_objects(
             needs[c.path] = {object_relpath(sha)}
         elif _points_to(reg, c.path, recheck=True) == sha and not verify([object_relpath(sha)]):
             # Still there and still pointing to it: the source itself is broken.
-            raise IntegrityError(
-                f"{where} points to {sha}, which is not in the registry; refusing", path=where
-            )
+            raise _refused(where, f"points to {sha}, which is not in the registry")
     return needs

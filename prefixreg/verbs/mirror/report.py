@@ -2,35 +2,20 @@
 
 Role: plain records, no I/O. Invariants: `result` is one of ok, failed, refused, dry-run;
 `ok` is True only for ok and dry-run; `content` is the judge's copy verdict
-(`core.judge.judge_copy`) and `verified` is only ever read from it; `log_record` is exactly
-the `mirror.log` line of a destination (no changes list: one short line per run and
-destination).
+(`core.judge.judge_copy`) and `verified` is only ever read from it; `log_record` is the
+`mirror.log` line of a destination (no changes: one short line per run and destination).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Final
 
 from prefixreg.core.judge import CopyVerdict
 from prefixreg.registry.store import iso_utc, utc_now
 from prefixreg.verbs.mirror.rsync import Change
 
-# The `mirror.log` line of a destination (plus "at", "objects_verified" and any "error").
-_FIELDS: Final = [
-    "destination",
-    "result",
-    "sent",
-    "deleted",
-    "bytes",
-    "seconds",
-    "content",
-    "verified",
-    "hashed",
-    "changed_in_place",
-    "rounds",
-    "read_back",
-]
+_UNLOGGED: Final = {"log": False}
 
 
 @dataclass(slots=True)
@@ -46,8 +31,8 @@ class DestinationResult:
     """What happened at one destination.
 
     `hashed`: objects hashed at the destination that matched their names (the sweep of
-    what was there, and the read-back of what was sent); `changed_in_place`: objects there
-    whose bytes did not (sent again); `read_back`: objects sent and then hashed there.
+    what was there, the read-back of what was sent); `changed_in_place`: objects there
+    whose bytes did not (sent again); `read_back`: objects sent, then hashed there.
     """
 
     destination: str
@@ -61,10 +46,11 @@ class DestinationResult:
     changed_in_place: int = 0
     rounds: int = 0
     read_back: int = 0
-    new: bool = False
-    error: str | None = None
-    changes: list[Change] = field(default_factory=list)
-    passes: list[PassRecord] = field(default_factory=list)
+    # Not in the log line's fields (the error is added when there is one):
+    new: bool = field(default=False, metadata=_UNLOGGED)
+    error: str | None = field(default=None, metadata=_UNLOGGED)
+    changes: list[Change] = field(default_factory=list, metadata=_UNLOGGED)
+    passes: list[PassRecord] = field(default_factory=list, metadata=_UNLOGGED)
 
     @property
     def ok(self) -> bool:
@@ -75,9 +61,8 @@ class DestinationResult:
         return self.content == "verified"
 
     def _fields(self) -> dict[str, object]:
-        out = {key: getattr(self, key) for key in _FIELDS}
-        out["seconds"] = round(self.seconds, 3)
-        return out
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata != _UNLOGGED}
+        return {**out, "seconds": round(self.seconds, 3), "verified": self.verified}
 
     def log_record(self, objects_verified: int) -> dict[str, object]:
         record = {"at": iso_utc(utc_now()), **self._fields(), "objects_verified": objects_verified}
@@ -108,12 +93,6 @@ class MirrorReport:
         return [r.destination for r in self.results if not r.ok]
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "source": self.source,
-            "ok": self.ok,
-            "dry_run": self.dry_run,
-            "full_verify": self.full_verify,
-            "objects_verified": self.objects_verified,
-            "failed": self.failed,
-            "destinations": [r.to_dict() for r in self.results],
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "results"}
+        results = [r.to_dict() for r in self.results]
+        return {**out, "ok": self.ok, "failed": self.failed, "destinations": results}

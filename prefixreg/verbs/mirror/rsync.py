@@ -82,61 +82,51 @@ class Destination:
 
 
 def parse_destination(text: str) -> Destination:
-    """Parse `PATH` or `[user@]host:PATH` the way rsync reads an operand.
-
-    A local path is made absolute and resolved (so `/m`, `/m/` and `/x/../m` are one
-    destination).
+    """Parse `PATH` or `[user@]host:PATH` the way rsync reads an operand; a local path is
+    made absolute and resolved (so `/m`, `/m/` and `/x/../m` are one destination).
 
     Raises:
-        MirrorError: empty, starts with `-`, an rsync daemon or URL form, a bad host, a
-            remote path that names the remote home directory (empty, `.`, `~`, `./`, `~user`)
-            or the remote root, control characters.
+        MirrorError: see `_problem`.
     """
-    if not text:
-        raise MirrorError("empty mirror destination")
-    if text.startswith("-"):
-        raise MirrorError(f"mirror destination {text!r} starts with '-'; refusing")
-    if any(ord(c) < 32 or ord(c) == 127 for c in text):
-        raise MirrorError(f"mirror destination {text!r} contains control characters")
     remote = _REMOTE_RE.fullmatch(text)
-    if text.startswith("rsync://") or (remote is not None and remote.group(2).startswith(":")):
-        raise MirrorError(f"{text!r}: rsync daemon destinations are not supported; use host:path")
+    problem = _problem(text, remote)
+    if problem is not None:
+        hint = "give a directory of its own, e.g. host:prefix-mirror or host:/srv/prefix-mirror"
+        raise MirrorError(f"mirror destination {text!r} {problem}; refusing", hint=hint)
     if remote is None:
         return Destination(raw=text, host=None, path=str(Path(text).resolve()))
-    host, path = remote.groups()
-    if _HOST_RE.fullmatch(host) is None:
-        raise MirrorError(f"mirror destination {text!r}: {host!r} is not a host name")
-    if not path:
-        raise MirrorError(
-            f"mirror destination {text!r} has no path after ':'; refusing to mirror into a "
-            "remote home directory"
-        )
-    if path.startswith("-"):
-        raise MirrorError(f"mirror destination {text!r}: path starts with '-'; refusing")
-    if _REMOTE_PATH_RE.fullmatch(path) is None:
-        raise MirrorError(
-            f"mirror destination {text!r}: remote paths may only use letters, digits and "
-            "._/~+@%,=:-"
-        )
-    # rsync resolves a relative remote path against the login's home directory, so `.`,
-    # `~`, `~user` and `a/..` all name a home directory, which --delete would empty.
-    norm = posixpath.normpath(path)
-    home = norm.startswith("~") and "/" not in norm
-    if home or norm in (".", "/", "//") or set(norm.split("/")) == {".."}:
-        raise MirrorError(
-            f"mirror destination {text!r} names a remote home directory (or its parent, "
-            "or /); refusing",
-            hint="give a directory of its own, e.g. host:prefix-mirror or host:/srv/prefix-mirror",
-        )
-    return Destination(raw=text, host=host, path=path)
+    return Destination(text, remote.group(1), remote.group(2))
+
+
+def _problem(text: str, remote: re.Match[str] | None) -> str | None:
+    """Why `text` is no destination: empty, control characters, starts with `-`, an rsync
+    daemon or URL form, a bad host, a remote path that needs quoting or names the remote
+    home directory (rsync resolves a relative remote path against it, so empty, `.`, `~`,
+    `~user` and `a/..` all name it, and --delete would empty it), its parent, or `/`."""
+    host, path = remote.groups() if remote is not None else ("", "")
+    norm = posixpath.normpath(path or ".")
+    home = (norm.startswith("~") and "/" not in norm) or set(norm.split("/")) <= {".", ".."}
+    problems = {
+        "is empty": not text,
+        "contains control characters": any(ord(c) < 32 or ord(c) == 127 for c in text),
+        "starts with '-'": text.startswith("-"),
+        "is an rsync daemon destination (use host:path)": text.startswith("rsync://")
+        or path.startswith(":"),
+        f"has {host!r}, not a host name": remote is not None and not _HOST_RE.fullmatch(host),
+        "has no path after ':' (the remote home directory)": remote is not None and not path,
+        "has a path that starts with '-'": path.startswith("-"),
+        "has characters remote paths may not use (only letters, digits and ._/~+@%,=:-)": (
+            remote is not None and not _REMOTE_PATH_RE.fullmatch(path)
+        ),
+        "names a remote home directory (or its parent, or /)": remote is not None
+        and (home or norm in ("/", "//")),
+    }
+    return next((why for why, bad in problems.items() if bad), None)
 
 
 def parse_ssh_options(values: Sequence[str]) -> list[str]:
-    """Validate `Key=Value` ssh options (each becomes `-o Key=Value`).
-
-    Raises:
-        MirrorError: not `Key=Value`, or a quote character (the `-e` string is split by rsync).
-    """
+    """Validate `Key=Value` ssh options (each becomes `-o Key=Value`); `MirrorError` for
+    another form, or a quote character (the `-e` string is split by rsync)."""
     for value in values:
         if _SSH_OPT_RE.fullmatch(value) is None:
             raise MirrorError(f"ssh option {value!r} is not Key=Value (e.g. Port=2222)")
@@ -173,21 +163,15 @@ def build_rsync_argv(
 ) -> list[str]:
     """The rsync argv for one step of a mirror run (pure).
 
-    Modes:
-        compare-objects: itemized `-a --delete` dry run of `objects/` only, by size and
-            mtime (their content is hashed at the destination: `hash_argv`).
-        compare-records: the same of everything else, by content (`--checksum`).
-        send: `-a --checksum` of the NUL-separated paths in `files_from` (no recursion, no
-            deletion); paths missing at the source are skipped; every path sent *or already
-            equal* is itemized (`-ii`), so the output confirms what is at the destination.
-            Never a symlink, device or FIFO; with `regular_only`, no directory either (the
-            parents of the files sent are still created).
-        delete: delete the `files_from` paths that no longer exist at the source; never
-            sends anything (a path that came back at the source is left alone).
-        list: `--list-only` of the top level of `source` (the destination, for inspection).
-        fetch: copy one regular file (the destination's marker) to a local path; no -l,
-            so a symlink is skipped, never followed.
-        marker: copy the staged marker directory to a new destination.
+    Modes: `compare-objects` and `compare-records`, itemized `-a --delete` dry runs of
+    `objects/` by size and mtime (their bytes are hashed at the destination: `hash_argv`)
+    and of everything else by content; `send` of the NUL-separated paths in `files_from`
+    (skipping those gone at the source; itemizing every path sent *or already equal*, so
+    the output confirms what is at the destination; never a symlink, device or FIFO; with
+    `regular_only` no directory either, though parents are still created); `delete` of
+    the `files_from` paths still missing at the source (never sending one that came back);
+    `list` (the destination's top level), `fetch` (its marker, to a local path; no -l: a
+    symlink is skipped, never followed) and `marker` (the staged marker of a new one).
 
     `-O` (omit directory times) everywhere: directory mtimes mean nothing in a registry
     and would otherwise show up as differences after every targeted pass.
@@ -235,41 +219,34 @@ def hash_argv(dest: Destination, rsh: Sequence[str] | None, starts: Sequence[str
     directories) at the destination: over the run's ssh connection, or a local `sh`."""
     if not starts or any(_OBJECT_DIR.fullmatch(s) is None for s in starts):
         raise ValueError(f"not object directories: {starts}")
-    if dest.host is None:
-        return [
-            "sh",
-            "-c",
-            _HASH_SCRIPT.format(path='"$1"', starts=" ".join(starts)),
-            "sh",
-            dest.path,
-        ]
+    local = dest.host is None
+    script = _HASH_SCRIPT.format(path='"$1"' if local else dest.path, starts=" ".join(starts))
+    if local:
+        return ["sh", "-c", script, "sh", dest.path]
     # One argument for the remote login shell, whatever it is; the path needs no quoting.
-    script = _HASH_SCRIPT.format(path=dest.path, starts=" ".join(starts))
     return [*(rsh or ()), dest.ssh_host, f"sh -c '{script}'"]
 
 
 def parse_hashes(stdout: bytes) -> tuple[set[str], dict[str, str]]:
-    """(every object path the hasher listed, {path: sha256 of its bytes}).
-
-    Only object paths count; a path hashed twice maps to "" (it matches no name).
-    """
+    """(every object path the hasher listed, {path: sha256 of its bytes}); other paths do
+    not count, and a path hashed twice maps to "" (it matches no name)."""
     listed: set[str] = set()
     hashes: dict[str, str] = {}
     for line in stdout.split(b"\n"):
         m = _HASH_LINE.fullmatch(line)
         path = (m.group(2) if m else line).decode("ascii", "replace")
-        if object_sha(path) is not None and m is None:
+        if object_sha(path) is None:
+            continue
+        if m is None:
             listed.add(path)
-        elif object_sha(path) is not None and m is not None:
+        else:
             hashes[path] = "" if path in hashes else m.group(1).decode()
     return listed, hashes
 
 
 def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> bytes:
-    """Run rsync, ssh or sh (an argv list) in the C locale; return its stdout.
-
-    The C locale: rsync's messages and `--list-only` format are matched, and names with
-    non-ASCII bytes come back `\\#ooo`-escaped (restored exactly by `parse_itemized`).
+    """Run rsync, ssh or sh (an argv list) in the C locale, whose messages and listing
+    format are matched here (and names come back `\\#ooo`-escaped); return its stdout.
 
     Raises:
         MirrorError: the program is missing, or exits with a code not in `ok_codes` (the
@@ -300,11 +277,8 @@ _KINDS: Final = {"f": "file", "d": "dir", "L": "symlink", "D": "device", "S": "s
 
 
 class Change(NamedTuple):
-    """One itemized line: rsync's 11-character code, bytes sent, the relative path.
-
-    `kind` is what the entry is at its sender (file, dir, symlink, device, special); an
-    unchanged entry is an `-ii` line for a path that was already equal.
-    """
+    """One itemized line: rsync's 11-character code, bytes sent, the relative path. `kind`
+    is what it is at the sender; `is_unchanged`, an `-ii` line for a path already equal."""
 
     code: str
     bytes: int

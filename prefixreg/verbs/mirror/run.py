@@ -1,20 +1,15 @@
-"""The mirror use case: guard, plan every destination, verify what travels, transfer, log.
-
-Role: refuse a run whose `--delete` could hit the wrong directory, drive one `Session` per
-destination (in parallel) through the phases of a run, and write one `mirror.log` line per
-destination (through `Registry.append_mirror_log`).
+"""The mirror use case: guard, plan every destination, check what travels, transfer, log.
 
 Invariants:
 - The source is an origin registry holding objects; destinations are de-duplicated (local
-  paths resolved first) and never nested; no local one is, holds or lies inside the source.
-- Nothing is written at any destination before every destination's plan has passed the
-  source checks: each entry's type fits its place in the layout (`plan.check_shapes`),
-  every object about to travel (every object, with `full_verify`) re-hashes to its name,
-  and every name, meta and frame record about to travel points to objects present at the
-  source. One failure refuses the whole run (`IntegrityError`, exit 3, "refused" lines).
-- One destination failing (exit 6) never stops the others; each gets its log line.
-- A destination's `content` is `judge_copy`'s verdict: "verified" only when every object
-  at the destination was hashed there and matched its name (the sweep of what stayed, the
+  paths resolved first), never nested, and no local one is, holds or lies inside the source.
+- Nothing is written anywhere before every destination's plan passed the source checks:
+  each entry's type fits its place (`plan.check_shapes`), every object about to travel
+  (every object, with `full_verify`) re-hashes to its name, every record about to travel
+  points to objects present. One failure refuses the run (`IntegrityError`, exit 3).
+- One destination failing (exit 6) never stops the others; each gets its `mirror.log` line.
+- `content` is `judge_copy`'s verdict: "verified" only when every object at the
+  destination was hashed there and matched its name (the sweep of what stayed, the
   read-back of what was sent) and the last compare, records by content, listed nothing.
 """
 
@@ -23,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import posixpath
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -69,12 +63,9 @@ def check_source(reg: Registry) -> None:
 
 
 def _guard_destinations(source: Path, parsed: Sequence[Destination]) -> list[Destination]:
-    """Drop repeated destinations (by host and normalised path); refuse nested ones and a
-    local one that is, contains or lies inside the source (`/` too).
-
-    Two spellings of one directory would run two rsyncs into it at once; a destination
-    inside another would be deleted by the outer one's `--delete` and recreated by its own.
-    """
+    """Drop repeated destinations (two rsyncs into one directory at once); refuse nested
+    ones (the outer `--delete` would delete the inner) and a local one that is, contains or
+    lies inside the source (`/` too)."""
     out: dict[tuple[str | None, PurePosixPath], Destination] = {}
     for dest in parsed:
         path = PurePosixPath(posixpath.normpath(dest.path))
@@ -105,26 +96,18 @@ def mirror(
     max_rounds: int = 3,
     on_result: Callable[[DestinationResult], None] | None = None,
 ) -> MirrorReport:
-    """Mirror the origin registry `reg` to every destination (in parallel).
+    """Mirror the origin registry `reg` to `destinations` (`PATH` or `[user@]host:PATH`),
+    in parallel; a failed destination has `ok` False in the report, the others still ran.
 
-    Args:
-        destinations: `PATH` or `[user@]host:PATH` strings.
-        dry_run: compare and hash only; the report's `changes` say what would change.
-        full_verify: also re-hash every source object first (without it, only the objects
-            about to travel are). The destination side is the same either way: every
-            object there is hashed, every other file compared by content.
-        ssh_options: `Key=Value` ssh options for remote destinations.
-        bwlimit: rsync `--bwlimit` (KiB/s) for the transfer passes.
-        max_rounds: how many apply + confirm rounds a changing origin may take.
-        on_result: called with each destination's result as it finishes (progress lines).
-
-    Returns:
-        The report; a destination that failed has `ok` False (the others still ran).
+    `dry_run` compares and hashes only (`changes` says what would change); `full_verify`
+    also re-hashes every source object first, not only those about to travel (the
+    destination side is the same either way). `max_rounds` bounds the apply + confirm
+    rounds a changing origin may take; `on_result` gets each result as it finishes.
 
     Raises:
         UsageError: no destination. MirrorError: a refused source or destination, or a
         malformed destination or option (nothing touched). IntegrityError: a source entry
-        about to be sent is not a regular file or directory where the layout wants one, or
+        about to travel is not a regular file or directory where the layout wants one, or
         a source object or frame fails verification (nothing sent). LockTimeoutError:
         another mirror runs.
     """
@@ -149,18 +132,14 @@ def mirror(
             on_result(result)
 
     with reg.lock("mirror"), contextlib.ExitStack() as stack:
-        sessions = []
-        for dest in parsed:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="prxm-")))
-            session = Session(reg, dest, ssh_options=options, bwlimit=bwlimit, workdir=workdir)
+        sessions = [Session(reg, dest, ssh_options=options, bwlimit=bwlimit) for dest in parsed]
+        for session in sessions:
             stack.callback(session.close)
-            sessions.append(session)
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=len(sessions)))
 
         # 1. Inspect, compare and hash every destination; read-only everywhere.
         def plan(session: Session) -> DestinationResult | None:
             try:
-                session.open()
                 session.inspect()
                 session.plan = session.compare(sweep=not session.result.new)
             except (MirrorError, OSError) as exc:
@@ -181,7 +160,6 @@ def mirror(
             for s in live:
                 referenced_objects(reg, s.plan, verifier)
         except IntegrityError as exc:
-            report.objects_verified = verifier.count
             for s in live:
                 s.finish("refused", str(exc))
             for s in sessions:
@@ -192,7 +170,6 @@ def mirror(
             # An unreadable source file fails every destination (exit 6), with a log line.
             failed += [s.finish("failed", f"cannot read the source: {exc}") for s in live]
             live = []
-        report.objects_verified = verifier.count
         for failed_result in failed:
             log(failed_result)
 
@@ -217,8 +194,7 @@ def mirror(
 
 
 def _transfer(session: Session, verify: SourceVerifier, max_rounds: int) -> None:
-    """Apply the plan and confirm, round after round, until the destination equals the
-    source. Each later round's plan passes the same type checks as the first one's."""
+    """Apply and confirm, round after round (each plan type-checked), until nothing differs."""
     plan = session.plan
     if plan and session.result.new:
         session.write_marker()

@@ -1,18 +1,14 @@
-"""One destination's run: inspect it, compare and hash, apply a plan in the reader-safe order.
-
-Role: the per-destination state machine of a mirror run (`run` drives it, destinations in
-parallel). Every rsync and every hash at the destination goes through `rsync.run`.
+"""One destination's run (the state machine `run` drives): inspect, compare, apply, confirm.
 
 Invariants:
 - A destination is written only when it is missing (its parent present), empty, or a
   mirror (its own marker says role `mirror`); a new one gets its marker before anything.
 - The plan is two itemized dry runs, objects by size and mtime, everything else by content
-  (`--checksum`), and (the sweep) the sha256 of every object at the destination, taken
-  there: an object whose bytes do not hash to its name, or cannot be read, is sent again.
-- Objects travel first, regular files only, and each object sent is hashed at the
-  destination before any name or meta record that points to it is sent.
-- A name or meta record travels only once its object is confirmed at the destination;
-  names travel under the registry lock; deletions come last, objects' last of all.
+  (`--checksum`), and the sweep: the sha256 of every object at the destination, taken
+  there; an object whose bytes do not hash to its name, or cannot be read, is sent again.
+- Objects travel first, regular files only, each hashed at the destination after sending
+  and before any record that points to it is sent; names travel under the registry lock;
+  deletions come last, objects' last of all.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,13 +27,12 @@ from prefixreg.core.errors import IntegrityError, MirrorError
 from prefixreg.core.jsonio import loads_object
 from prefixreg.core.judge import judge_copy
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.layout import FRAMES, MARKER, META, NAMES, OBJECTS, object_relpath
+from prefixreg.registry.layout import FRAMES, MARKER, META, NAMES, OBJECTS
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.verbs.mirror import rsync
 from prefixreg.verbs.mirror.plan import Verify, objects_to_verify, referenced_objects, top
 from prefixreg.verbs.mirror.report import DestinationResult, PassRecord
 from prefixreg.verbs.mirror.rsync import VANISHED, Change, Destination, Mode, build_rsync_argv
-from prefixreg.verbs.mirror.ssh import ControlMaster
 
 _RECORD_TREES: Final = (OBJECTS, META, FRAMES, NAMES)
 # The plan entry of an object the sweep found changed in place: a file to send again.
@@ -50,34 +46,33 @@ def _missing(exc: MirrorError) -> bool:
 
 
 class Session:
-    """Everything one destination's run needs: its rsh, its control master, its passes."""
+    """One destination's run: its ssh connection, its plan, its passes, its result."""
 
     def __init__(
-        self,
-        reg: Registry,
-        dest: Destination,
-        *,
-        ssh_options: Sequence[str],
-        bwlimit: int | None,
-        workdir: Path,
+        self, reg: Registry, dest: Destination, *, ssh_options: Sequence[str], bwlimit: int | None
     ) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="prxm-")  # removed by `close`
+        workdir = Path(self._tmp.name)
         self.reg, self.dest, self.bwlimit, self.workdir = reg, dest, bwlimit, workdir
         self.source = f"{reg.root}/"
         self.result = DestinationResult(destination=dest.raw)
-        self.master = ControlMaster(dest, ssh_options, workdir) if dest.is_remote else None
-        self.rsh: list[str] | None = None
+        # One ssh connection per run, opened by its first command (BatchMode: a failed login
+        # is that command's one-line error); ControlPersist ends one a killed run leaked.
+        self.control = workdir / "cm"
+        options = ["-o", "ControlMaster=auto", "-o", "ControlPersist=60"]
+        ssh = rsync.build_ssh_command(ssh_options, control_path=str(self.control)) + options
+        self.rsh = ssh if dest.is_remote else None
         self.plan: list[Change] = []
         self.swept = False  # every object at the destination was hashed there
         self._started = time.monotonic()
 
-    def open(self) -> None:
-        """Start the shared ssh connection; this is where "cannot authenticate" surfaces."""
-        if self.master is not None:
-            self.rsh = self.master.open()
-
     def close(self) -> None:
-        if self.master is not None:
-            self.master.close()
+        """Stop the run's ssh connection, if one was opened; never raises."""
+        if self.rsh is not None and self.control.exists():
+            with contextlib.suppress(MirrorError):
+                rsync.run(
+                    ["ssh", "-o", f"ControlPath={self.control}", "-O", "exit", self.dest.ssh_host]
+                )
 
     def _rsync(self, mode: Mode, source: str, dest: str, **options: Any) -> bytes:
         # Exit 24: a file vanished at the source while rsync walked it (a concurrent gc).
@@ -86,12 +81,8 @@ class Session:
 
     def inspect(self) -> None:
         """Refuse anything but a missing directory in an existing parent, an empty one, or a
-        mirror registry.
-
-        The marker is fetched first: for an existing mirror (every run but the first) that
-        one small rsync is the whole inspection. Only without a readable marker is the top
-        level listed, to tell a missing or empty directory from one holding other things.
-        """
+        mirror. The marker is fetched first (for an existing mirror, the whole inspection);
+        only without one is the top level listed, and read fail-closed."""
         local = self.workdir / "dest-marker.json"
         try:
             self._rsync("fetch", self.dest.target(MARKER), str(local))
@@ -119,8 +110,7 @@ class Session:
                 raise MirrorError(f"destination {self.dest.raw} is not a directory") from None
             self.result.new = True
             return None
-        # Fail closed: the directory counts as empty only on a positive answer, i.e. the
-        # listing parsed line by line shows the directory itself and nothing else.
+        # Empty only on a positive answer: the listing shows the directory and nothing else.
         entries: dict[str, str] = {}
         for line in filter(str.strip, listing.decode("utf-8", "replace").splitlines()):
             m = rsync.LIST_LINE_RE.fullmatch(line)
@@ -204,12 +194,8 @@ class Session:
             raise MirrorError(f"{self.dest.raw}: cannot hash the objects there: {reason}") from None
 
     def read_back(self, paths: Sequence[str]) -> None:
-        """Hash the objects `paths`, just sent, at the destination.
-
-        Raises:
-            MirrorError: one of them is not, at the destination, a regular file whose
-                bytes hash to its name (nothing that points to it is sent).
-        """
+        """Hash the objects `paths`, just sent, at the destination; `MirrorError` when one
+        is not a regular file there whose bytes hash to its name."""
         listed, hashes = self.hash_objects(sorted({posixpath.dirname(p) for p in paths}))
         problems = []
         for rel in paths:
@@ -227,27 +213,21 @@ class Session:
             )
 
     def _pass(self, kind: str, paths: Sequence[str]) -> set[str]:
-        """One `--files-from` step; returns the paths rsync itemized.
+        """One `--files-from` step; returns the paths rsync itemized: for a send, every
+        listed path now at the destination (sent or already equal, thanks to `-ii`); for a
+        delete, every path it deleted. Only real changes are recorded and counted; every
+        object it sent (or turned into anything else) is then read back.
 
-        For a send that is every listed path now at the destination (sent or already
-        equal, thanks to `-ii`); for a delete, every path it deleted. Only real changes
-        are recorded in `passes` and counted. An object, meta or names pass sends regular
-        files only: a path that turned into anything else at the source since it was
-        checked is skipped, so it never replaces a good file at the destination.
+        Passes other than "dirs" and "rest" send regular files only: a path that turned into
+        anything else at the source since it was checked never replaces a good file.
         """
         if not paths:
             return set()
         listing = self.workdir / f"{kind}.list"
         listing.write_bytes(b"".join(os.fsencode(p) + b"\0" for p in paths))
         mode: Mode = "delete" if kind.startswith("delete") else "send"
-        out = self._rsync(
-            mode,
-            self.source,
-            self.dest.target(),
-            files_from=str(listing),
-            bwlimit=self.bwlimit,
-            regular_only=kind not in ("dirs", "rest"),  # the other passes: files only
-        )
+        files = {"files_from": str(listing), "regular_only": kind not in ("dirs", "rest")}
+        out = self._rsync(mode, self.source, self.dest.target(), bwlimit=self.bwlimit, **files)
         itemized = rsync.parse_itemized(out)
         changes = [c for c in itemized if not c.is_unchanged]
         self.result.passes.append(PassRecord(kind, changes))
@@ -255,44 +235,24 @@ class Session:
             self.result.deleted += c.is_delete
             self.result.sent += c.is_file and not c.is_delete
             self.result.bytes += c.bytes
-        return {c.path for c in itemized}
-
-    def _send_objects(self, kind: str, paths: Sequence[str]) -> set[str]:
-        """An object pass, then the read-back of every object it sent or changed (of any
-        kind: a directory arriving at an object's path fails the read-back)."""
-        first = len(self.result.passes)
-        here = self._pass(kind, paths)
-        sent = {
-            c.path
-            for record in self.result.passes[first:]
-            for c in record.changes
-            if not c.is_delete and layout.object_sha(c.path) is not None
-        }
+        sent = [c.path for c in changes if not c.is_delete and layout.object_sha(c.path)]
         if sent:
             self.read_back(sorted(sent))
-        return here
+        return {c.path for c in itemized}
 
     def apply(self, plan: Sequence[Change], verify: Verify) -> None:
-        """One round, in the order that keeps DESIGN §3's reader promise.
-
-        1. the directories of objects/, meta/ and names/, then objects (verified first,
-           regular files only; an object gc removed since the plan is left out), each
-           hashed at the destination;
-        2. meta and frame records, each only once what it points to is confirmed at the
-           destination (sent now, already equal, or sent by a step for them);
-        3. under the registry lock, the same for names: the objects and frame records they
-           point to *now*, then the names whose targets are all there;
-        4. everything else (measurements, probes, journals), outside the lock so a slow
-           link never holds up an agent loop's `add(name=...)`;
-        5. deletions of non-objects, then of objects, each only of paths still missing at
-           the source. Object deletions wait for the next round when a planned name or
-           meta change did not happen as planned (a name came back, a record vanished),
-           and never remove an object a record sent in this round points to.
-        """
+        """One round, in the order that keeps DESIGN §3's reader promise: 1. the record
+        directories, then objects (verified first; one gc removed since the plan is left
+        out); 2. meta and frame records, each once what it points to is at the destination;
+        3. the same for names, under the registry lock, reading what they point to *now*;
+        4. everything else, outside the lock (a slow link never holds up an agent loop's
+        `add(name=...)`); 5. deletions of paths still missing at the source, objects last,
+        and those only when every planned record change happened (else the next round
+        plans afresh), never of an object a record sent in this round points to."""
         sends = [c for c in plan if not c.is_delete]
         dirs = sorted(c.path for c in sends if c.is_dir and top(c.path) in _RECORD_TREES)
         here = self._pass("dirs", dirs)
-        here |= self._send_objects("objects", verify(objects_to_verify(sends)))
+        here |= self._pass("objects", verify(objects_to_verify(sends)))
         referenced: set[str] = set()
         done: set[str] = set()
         for step, trees in (("meta", (META, FRAMES)), ("names", (NAMES,))):
@@ -306,7 +266,7 @@ class Session:
                 needs = referenced_objects(self.reg, records, verify)
                 wanted = set().union(*needs.values())
                 objects = sorted(p for p in wanted - here if top(p) == OBJECTS)
-                here |= self._send_objects(f"{step}-objects", verify(objects))
+                here |= self._pass(f"{step}-objects", verify(objects))
                 here |= self._pass(f"{step}-frames", sorted(wanted - here - set(objects)))
                 referenced |= wanted
                 ready = [c.path for c in records if needs.get(c.path, set()) <= here]
@@ -315,9 +275,8 @@ class Session:
 
         done |= self._pass("delete", [c.path for c in plan if c.is_delete and not c.is_object])
         if not {c.path for c in plan if top(c.path) in (META, NAMES) and "/" in c.path} <= done:
-            # Some name or meta record at the destination is not what the plan expected;
-            # it may still point to an object planned for deletion. The next round's
-            # compare plans it afresh.
+            # A record there is not what the plan expected: it may still point to an
+            # object planned for deletion.
             self.result.passes.append(PassRecord("delete-objects-postponed", []))
             return
         kept = referenced | {posixpath.dirname(rel) for rel in referenced}
