@@ -8,12 +8,12 @@ there; everything else by content), written in the order of DESIGN §3's reader 
 and compared again until nothing differs; "verified" comes from `core.judge.judge_copy`.
 `REGISTRY.json`, `.locks/`, temp files and `mirror.log` never travel; each destination's
 run appends one JSON line to the source's `mirror.log`. `rsync` holds the argv builders,
-the runner and the parsers; `report` the results.
+the runner and the parsers.
 """
 
 from __future__ import annotations
 
-from prefixreg.verbs.mirror.report import DestinationResult, MirrorReport, PassRecord
-from prefixreg.verbs.mirror.run import ENV_SSH_OPTS, ENV_TO, mirror
+from prefixreg.verbs.mirror.run import ENV_SSH_OPTS, ENV_TO, MirrorReport, mirror
+from prefixreg.verbs.mirror.session import DestinationResult, PassRecord
 
 __all__ = ["ENV_SSH_OPTS", "ENV_TO", "DestinationResult", "MirrorReport", "PassRecord", "mirror"]

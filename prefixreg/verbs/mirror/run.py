@@ -21,6 +21,7 @@ import shutil
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePosixPath
 from typing import Final
 
@@ -36,12 +37,35 @@ from prefixreg.verbs.mirror.plan import (
     objects_to_verify,
     referenced_objects,
 )
-from prefixreg.verbs.mirror.report import DestinationResult, MirrorReport, PassRecord
 from prefixreg.verbs.mirror.rsync import Destination, parse_destination, parse_ssh_options
-from prefixreg.verbs.mirror.session import Session
+from prefixreg.verbs.mirror.session import DestinationResult, PassRecord, Session
 
 ENV_TO: Final = "PREFIXREG_MIRROR_TO"
 ENV_SSH_OPTS: Final = "PREFIXREG_SSH_OPTS"
+
+
+@dataclass(slots=True)
+class MirrorReport:
+    """The whole run: `objects_verified` counts source objects re-hashed before sending."""
+
+    source: str
+    dry_run: bool
+    full_verify: bool
+    objects_verified: int = 0
+    results: list[DestinationResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def failed(self) -> list[str]:
+        return [r.destination for r in self.results if not r.ok]
+
+    def to_dict(self) -> dict[str, object]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "results"}
+        results = [r.to_dict() for r in self.results]
+        return {**out, "ok": self.ok, "failed": self.failed, "destinations": results}
 
 
 def check_source(reg: Registry) -> None:

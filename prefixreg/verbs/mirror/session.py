@@ -6,6 +6,8 @@ Invariants:
 - The plan is two itemized dry runs, objects by size and mtime, everything else by content
   (`--checksum`), and the sweep: the sha256 of every object at the destination, taken
   there; an object whose bytes do not hash to its name, or cannot be read, is sent again.
+- `content` is `judge_copy`'s verdict and `verified` is read from it only; `log_record`
+  is the `mirror.log` line of a destination (one short line: no changes list).
 - Objects travel first, regular files only, each hashed at the destination after sending
   and before any record that points to it is sent; names travel under the registry lock;
   deletions come last, objects' last of all.
@@ -20,29 +22,79 @@ import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
 from prefixreg.core.errors import IntegrityError, MirrorError
 from prefixreg.core.jsonio import loads_object
-from prefixreg.core.judge import judge_copy
+from prefixreg.core.judge import CopyVerdict, judge_copy
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.layout import FRAMES, MARKER, META, NAMES, OBJECTS
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.verbs.mirror import rsync
 from prefixreg.verbs.mirror.plan import Verify, objects_to_verify, referenced_objects, top
-from prefixreg.verbs.mirror.report import DestinationResult, PassRecord
 from prefixreg.verbs.mirror.rsync import VANISHED, Change, Destination, Mode, build_rsync_argv
 
 _RECORD_TREES: Final = (OBJECTS, META, FRAMES, NAMES)
 # The plan entry of an object the sweep found changed in place: a file to send again.
 _CHANGED: Final = ">fc" + "." * 8
+_UNLOGGED: Final = {"log": False}  # fields the mirror.log line leaves out
 
 
-def _missing(exc: MirrorError) -> bool:
-    """rsync's answer for a path that does not exist, or has a file where a directory is."""
-    stderr = exc.stderr or ""
-    return exc.returncode == 23 and ("No such file" in stderr or "Not a directory" in stderr)
+@dataclass(slots=True)
+class PassRecord:
+    """One rsync step of a run, with what it did (kept for the ordering tests and --debug)."""
+
+    kind: str
+    changes: list[Change]
+
+
+@dataclass(slots=True)
+class DestinationResult:
+    """What happened at one destination.
+
+    `hashed`: objects hashed at the destination that matched their names (the sweep of
+    what was there, the read-back of what was sent); `changed_in_place`: objects there
+    whose bytes did not (sent again); `read_back`: objects sent, then hashed there.
+    """
+
+    destination: str
+    result: str = "failed"
+    sent: int = 0
+    deleted: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    content: CopyVerdict = "unchecked"
+    hashed: int = 0
+    changed_in_place: int = 0
+    rounds: int = 0
+    read_back: int = 0
+    new: bool = field(default=False, metadata=_UNLOGGED)
+    error: str | None = field(default=None, metadata=_UNLOGGED)
+    changes: list[Change] = field(default_factory=list, metadata=_UNLOGGED)
+    passes: list[PassRecord] = field(default_factory=list, metadata=_UNLOGGED)
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("ok", "dry-run")
+
+    @property
+    def verified(self) -> bool:
+        return self.content == "verified"
+
+    def _fields(self) -> dict[str, object]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata != _UNLOGGED}
+        return {**out, "seconds": round(self.seconds, 3), "verified": self.verified}
+
+    def log_record(self, objects_verified: int) -> dict[str, object]:
+        record = {"at": iso_utc(utc_now()), **self._fields(), "objects_verified": objects_verified}
+        return record if self.error is None else {**record, "error": self.error}
+
+    def to_dict(self) -> dict[str, object]:
+        """The `--json` form: the log fields, whether it was new, the error, what changed."""
+        extra = {"ok": self.ok, "new": self.new, "error": self.error}
+        return {**self._fields(), **extra, "changes": [str(c) for c in self.changes]}
 
 
 class Session:
@@ -52,8 +104,8 @@ class Session:
         self, reg: Registry, dest: Destination, *, ssh_options: Sequence[str], bwlimit: int | None
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="prxm-")  # removed by `close`
-        workdir = Path(self._tmp.name)
-        self.reg, self.dest, self.bwlimit, self.workdir = reg, dest, bwlimit, workdir
+        self.reg, self.dest, self.bwlimit = reg, dest, bwlimit
+        self.workdir = workdir = Path(self._tmp.name)
         self.source = f"{reg.root}/"
         self.result = DestinationResult(destination=dest.raw)
         # One ssh connection per run, opened by its first command (BatchMode: a failed login
@@ -67,71 +119,71 @@ class Session:
         self._started = time.monotonic()
 
     def close(self) -> None:
-        """Stop the run's ssh connection, if one was opened; never raises."""
+        """Stop the run's ssh connection, if one was opened; remove the work directory."""
         if self.rsh is not None and self.control.exists():
             with contextlib.suppress(MirrorError):
-                rsync.run(
-                    ["ssh", "-o", f"ControlPath={self.control}", "-O", "exit", self.dest.ssh_host]
-                )
+                exit_master = ["-o", f"ControlPath={self.control}", "-O", "exit"]
+                rsync.run(["ssh", *exit_master, self.dest.ssh_host])
+        self._tmp.cleanup()
 
     def _rsync(self, mode: Mode, source: str, dest: str, **options: Any) -> bytes:
         # Exit 24: a file vanished at the source while rsync walked it (a concurrent gc).
         ok = (0,) if mode in ("list", "fetch", "marker") else (0, VANISHED)
         return rsync.run(build_rsync_argv(mode, source, dest, rsh=self.rsh, **options), ok_codes=ok)
 
+    def _refused(self, why: str, hint: str | None = None) -> MirrorError:
+        return MirrorError(f"destination {self.dest.raw} {why}; refusing", hint=hint)
+
+    def _probe(self, mode: Mode, target: str, local: str = "") -> bytes | None:
+        """A `list` or `fetch` of `target`; None when rsync says there is no such path (or
+        a file where a directory belongs)."""
+        try:
+            return self._rsync(mode, target, local)
+        except MirrorError as exc:
+            stderr = exc.stderr or ""
+            if exc.returncode == 23 and ("No such file" in stderr or "Not a directory" in stderr):
+                return None
+            raise
+
+    def _entries(self, listing: bytes) -> dict[str, str]:
+        """{name: mode} of a `list`, read fail-closed: a line it cannot parse refuses."""
+        entries = {}
+        for line in filter(str.strip, listing.decode("utf-8", "replace").splitlines()):
+            if (m := rsync.LIST_LINE_RE.fullmatch(line)) is None:
+                why = f"cannot be inspected (rsync's listing says {line[:80]!r}), nothing deleted"
+                raise self._refused(why)
+            entries[m.group(2)] = m.group(1)
+        return entries
+
     def inspect(self) -> None:
         """Refuse anything but a missing directory in an existing parent, an empty one, or a
         mirror. The marker is fetched first (for an existing mirror, the whole inspection);
-        only without one is the top level listed, and read fail-closed."""
+        only without one is the top level listed: empty only on a positive answer."""
         local = self.workdir / "dest-marker.json"
-        try:
-            self._rsync("fetch", self.dest.target(MARKER), str(local))
-        except MirrorError as exc:
-            if not _missing(exc):
-                raise
+        self._probe("fetch", self.dest.target(MARKER), str(local))  # no -l: a link is skipped
         if local.exists():
             return self._check_marker(local)
-        try:
-            listing = self._rsync("list", self.dest.target(), "")
-        except MirrorError as exc:
-            if not _missing(exc):
-                raise
-            try:
-                self._rsync("list", self.dest.parent.target(), "")
-            except MirrorError as parent_exc:
-                if not _missing(parent_exc):
-                    raise
-                raise MirrorError(
-                    f"destination {self.dest.raw}: its parent directory {self.dest.parent.path} "
-                    "does not exist (or is not a directory); create it first (the mirror "
-                    "creates only the last directory)"
-                ) from None
-            if "Not a directory" in (exc.stderr or ""):
-                raise MirrorError(f"destination {self.dest.raw} is not a directory") from None
+        listing = self._probe("list", self.dest.target())
+        if listing is None:
+            parent = self._probe("list", self.dest.parent.target())
+            if parent is None:
+                hint = "create it first: the mirror creates only the last directory"
+                parent_dir = self.dest.parent.path
+                raise self._refused(
+                    f"needs its parent directory {parent_dir}: it does not exist", hint=hint
+                )
+            if posixpath.basename(self.dest.path.rstrip("/")) in self._entries(parent):
+                raise self._refused("is not a directory")
             self.result.new = True
             return None
-        # Empty only on a positive answer: the listing shows the directory and nothing else.
-        entries: dict[str, str] = {}
-        for line in filter(str.strip, listing.decode("utf-8", "replace").splitlines()):
-            m = rsync.LIST_LINE_RE.fullmatch(line)
-            if m is None:
-                raise MirrorError(
-                    f"destination {self.dest.raw}: cannot read rsync's listing ({line[:80]!r}); "
-                    "refusing, nothing deleted"
-                )
-            entries[m.group(2)] = m.group(1)
+        entries = self._entries(listing)
         if not entries.pop(".", "").startswith("d"):
-            raise MirrorError(
-                f"destination {self.dest.raw}: rsync's listing does not show the directory "
-                "itself; refusing, nothing deleted"
-            )
+            raise self._refused("cannot be inspected (no '.' in rsync's listing), nothing deleted")
         if MARKER in entries:
-            raise MirrorError(f"destination {self.dest.raw}: {MARKER} is not a regular file")
+            raise self._refused(f"has a {MARKER} that is not a regular file")
         if entries:
-            raise MirrorError(
-                f"destination {self.dest.raw} holds files but is not a prefixreg mirror "
-                f"(no {MARKER}); refusing, nothing deleted"
-            )
+            why = f"holds files but is not a prefixreg mirror (no {MARKER}), nothing deleted"
+            raise self._refused(why)
         self.result.new = True
         return None
 
@@ -139,17 +191,15 @@ class Session:
         try:
             marker = loads_object(fsutil.read_nofollow(local), path=local)
         except IntegrityError as exc:
-            raise MirrorError(f"destination {self.dest.raw}: unreadable {MARKER} ({exc})") from None
+            raise self._refused(f"has an unreadable {MARKER} ({exc})") from None
         role = marker.get("role")
         if layout.marker_problem(marker) is not None:
-            raise MirrorError(f"destination {self.dest.raw}: not a prefixreg {MARKER}; refusing")
+            raise self._refused(f"has no prefixreg {MARKER}")
         if role == "origin":
-            raise MirrorError(
-                f"destination {self.dest.raw} is an origin registry; refusing to mirror onto it",
-                hint="mirrors flow from the coordinator's origin to workers only",
-            )
+            hint = "mirrors flow from the coordinator's origin to workers only"
+            raise self._refused("is an origin registry", hint=hint)
         if role != "mirror":
-            raise MirrorError(f"destination {self.dest.raw}: role {role!r} is not a mirror")
+            raise self._refused(f"has role {role!r}, not a mirror")
 
     def write_marker(self) -> None:
         """Make a new destination a mirror before anything else arrives in it."""
