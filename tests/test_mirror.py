@@ -1232,29 +1232,29 @@ def test_an_object_that_turns_into_a_directory_after_the_check_never_travels(
 def test_an_object_that_arrives_wrong_is_caught_by_the_read_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After the objects pass, each object sent is fetched back and hashed: a worker copy
-    that does not hash to its name fails the destination before its name is sent."""
+    """Each object sent is hashed at the destination right after its pass: a worker copy
+    that does not hash to its name fails the destination before its name is sent, and the
+    verdict is "mismatch"; the next plain run finds and repairs it."""
     reg = make_origin(tmp_path / "reg", count=2)
     dest = tmp_path / "m"
     assert mirror(reg, [str(dest)]).ok
     fresh = reg.add("arrives damaged", name="fresh")
-    real_pass = Session._pass
+    real_read_back = Session.read_back
 
-    def hooked(self: Session, kind: str, paths: Sequence[str]) -> set[str]:
-        out = real_pass(self, kind, paths)
-        if kind == "objects":
-            flip_byte(dest / "objects" / fresh[:2] / f"{fresh}.txt")
-        return out
+    def damaged_in_transit(self: Session, paths: Sequence[str]) -> None:
+        flip_byte(dest / "objects" / fresh[:2] / f"{fresh}.txt")
+        real_read_back(self, paths)
 
-    monkeypatch.setattr(Session, "_pass", hooked)
+    monkeypatch.setattr(Session, "read_back", damaged_in_transit)
     report = mirror(reg, [str(dest)])
     (r,) = report.results
-    assert r.result == "failed" and not r.verified
+    assert r.result == "failed" and not r.verified and r.content == "mismatch"
     assert "hashes to" in (r.error or "") and fresh in (r.error or "")
     assert not (dest / "names" / "fresh").exists()
     assert log_lines(reg)[-1]["result"] == "failed"
+    assert log_lines(reg)[-1]["content"] == "mismatch"
     monkeypatch.undo()
-    assert mirror(reg, [str(dest)], full_verify=True).ok  # the next run repairs it
+    assert mirror(reg, [str(dest)]).ok  # the next plain run repairs it
     assert content(dest) == content(reg.root)
 
 

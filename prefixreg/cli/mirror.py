@@ -13,16 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from prefixreg.cli._common import (
-    DebugOpt,
-    ExitCode,
-    JsonOpt,
-    RegistryOpt,
-    cli_errors,
-    emit_json,
-    info,
-    open_registry_from,
-)
+from prefixreg.cli import _common
+from prefixreg.cli._common import DebugOpt, JsonOpt, RegistryOpt
 
 if TYPE_CHECKING:
     from prefixreg.verbs.mirror import DestinationResult
@@ -99,7 +91,7 @@ def mirror_command(
     symlink, FIFO or device, a directory where a file belongs): nothing sent anywhere; 2 no
     destination; 7 another mirror holds the lock. Each run and destination: a mirror.log line.
     """
-    with cli_errors(debug):
+    with _common.cli_errors(debug):
         from prefixreg.core.errors import MirrorError, RegistryLocationError
         from prefixreg.verbs.mirror import ENV_SSH_OPTS, ENV_TO, mirror
 
@@ -107,7 +99,7 @@ def mirror_command(
         destinations = to or os.environ.get(ENV_TO, "").split()
         options = [*(ssh_option or []), *os.environ.get(ENV_SSH_OPTS, "").split()]
         try:
-            reg = open_registry_from(registry)
+            reg = _common.open_registry_from(registry)
         except RegistryLocationError as exc:
             # An unmarked source is a refused mirror (exit 6), not a usage slip.
             raise MirrorError(f"source is not a registry: {exc}", hint=exc.hint) from None
@@ -118,10 +110,10 @@ def mirror_command(
             full_verify=full_verify,
             ssh_options=options,
             bwlimit=bwlimit,
-            on_result=lambda r: info(_summary(r)),
+            on_result=lambda r: _common.info(_summary(r)),
         )
         if json_out:
-            emit_json(report.to_dict())
+            _common.emit_json(report.to_dict())
         elif dry_run:
             for r in report.results:
                 if r.ok:
@@ -130,7 +122,7 @@ def mirror_command(
             sys.stdout.flush()
         if not report.ok:
             # Each failure already has its line on stderr (and is listed in --json).
-            raise typer.Exit(int(ExitCode.MIRROR))
+            raise typer.Exit(int(_common.ExitCode.MIRROR))
 
 
 def register(app: typer.Typer) -> None:

@@ -17,12 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from prefixreg.core.errors import (
-    CorruptRecordError,
-    IntegrityError,
-    InvalidNameError,
-    RefNotFoundError,
-)
+from prefixreg.core import errors
+from prefixreg.core.errors import IntegrityError, RefNotFoundError
 from prefixreg.core.frame import Frame
 from prefixreg.registry import layout
 from prefixreg.registry.layout import FRAMES, META, NAMES, OBJECTS, object_relpath
@@ -96,12 +92,11 @@ class SourceVerifier:
         return len(self.done)
 
     def __call__(self, paths: Iterable[str]) -> list[str]:
-        """The paths that verified; one removed at the source since the plan (a gc) is
-        left out (not sent; the confirm pass sees the rest).
+        """The paths that verified, less those a gc removed since the plan (not sent).
 
         Raises:
-            IntegrityError: a path in objects/ that is not an object file (a symlink, a
-                directory, a FIFO, a stray name), or bytes that do not hash to its name.
+            IntegrityError: a path that is not an object file, or not a regular file (a
+                symlink, a directory, a FIFO), or whose bytes do not hash to its name.
         """
         ok = []
         for rel in paths:
@@ -127,7 +122,7 @@ def _points_to(reg: Registry, path: str, *, recheck: bool = False) -> str | None
     if kind == NAMES:
         try:
             return reg.read_name(entry)
-        except InvalidNameError:
+        except errors.InvalidNameError:
             raise _refused(reg.root / path, "not a valid name") from None
     sha = layout.meta_sha(path)
     try:
@@ -135,7 +130,7 @@ def _points_to(reg: Registry, path: str, *, recheck: bool = False) -> str | None
             reg.meta(sha)
     except RefNotFoundError:
         return None
-    except CorruptRecordError:
+    except errors.CorruptRecordError:
         pass  # there, if unreadable: it still points to its object
     return sha
 
@@ -143,15 +138,11 @@ def _points_to(reg: Registry, path: str, *, recheck: bool = False) -> str | None
 def referenced_objects(
     reg: Registry, changes: Sequence[Change], verify: Verify
 ) -> dict[str, set[str]]:
-    """What each meta, frame and name record in `changes` needs at the destination first,
-    read at the source now: {record path: the object paths (and, for a name of a frame, the
-    frame record's path) it points to}.
-
-    A frame stands for its parts (system and tools objects). Each object is verified
-    (`verify`) before it counts. A record removed at the source since the plan is left out
-    (it will not be sent), and so is one whose object and record were both pruned meanwhile
-    (gc removes the record first, so a record without its object is only ever seen
-    mid-removal) or a name that moved meanwhile.
+    """{path of each meta, frame and name record in `changes`: what it needs at the
+    destination first}, read at the source now: the objects it points to, verified (a frame
+    stands for its parts; a name of a frame needs the frame record too). A record gone since
+    the plan is left out, and so is one pruned with its object meanwhile (gc removes the
+    record first) or a name that moved meanwhile.
 
     Raises:
         IntegrityError: a record path that is not a regular file, a name that does not

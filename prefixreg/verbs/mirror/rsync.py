@@ -49,6 +49,9 @@ _REMOTE_PATH_RE = re.compile(r"[A-Za-z0-9._/~+@%,=:-]+")
 LIST_LINE_RE = re.compile(r"(\S{10})\s+[\d,.]+ \S+ \S+ (.+)")
 _SSH_OPT_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*=\S.*")
 _DEFAULT_SSH_OPTS: Final = ("ConnectTimeout=20", "ServerAliveInterval=15", "ServerAliveCountMax=4")
+# One connection per run, opened by its first command (BatchMode: a failed login is that
+# command's one-line error); ControlPersist ends one a killed run leaked after a minute.
+_SHARED: Final = ("ControlMaster=auto", "ControlPersist=60")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +61,6 @@ class Destination:
     raw: str
     host: str | None
     path: str
-
-    @property
-    def is_remote(self) -> bool:
-        return self.host is not None
 
     @property
     def ssh_host(self) -> str:
@@ -104,21 +103,18 @@ def _problem(text: str, remote: re.Match[str] | None) -> str | None:
     home directory (rsync resolves a relative remote path against it, so empty, `.`, `~`,
     `~user` and `a/..` all name it, and --delete would empty it), its parent, or `/`."""
     host, path = remote.groups() if remote is not None else ("", "")
-    norm = posixpath.normpath(path or ".")
+    norm, far = posixpath.normpath(path or "."), remote is not None
     home = (norm.startswith("~") and "/" not in norm) or set(norm.split("/")) <= {".", ".."}
     problems = {
         "is empty": not text,
         "contains control characters": any(ord(c) < 32 or ord(c) == 127 for c in text),
-        "starts with '-'": text.startswith("-"),
-        "is an rsync daemon destination (use host:path)": text.startswith("rsync://")
-        or path.startswith(":"),
-        f"has {host!r}, not a host name": remote is not None and not _HOST_RE.fullmatch(host),
-        "has no path after ':' (the remote home directory)": remote is not None and not path,
-        "has a path that starts with '-'": path.startswith("-"),
-        "has characters remote paths may not use (only letters, digits and ._/~+@%,=:-)": (
-            remote is not None and not _REMOTE_PATH_RE.fullmatch(path)
-        ),
-        "names a remote home directory (or its parent, or /)": remote is not None
+        "starts with '-'": text.startswith("-") or path.startswith("-"),
+        "is an rsync daemon destination": text.startswith("rsync://") or path[:1] == ":",
+        f"has {host!r}, not a host name": far and not _HOST_RE.fullmatch(host),
+        "has no path after ':' (the remote home directory)": far and not path,
+        "uses what remote paths may not (only letters, digits, ._/~+@%,=:-)": far
+        and not _REMOTE_PATH_RE.fullmatch(path),
+        "names a remote home directory (or its parent, or /)": far
         and (home or norm in ("/", "//")),
     }
     return next((why for why, bad in problems.items() if bad), None)
@@ -136,16 +132,14 @@ def parse_ssh_options(values: Sequence[str]) -> list[str]:
 
 
 def build_ssh_command(options: Sequence[str], *, control_path: str | None) -> list[str]:
-    """The ssh argv (without host) rsync, the hasher and the control master use.
-
-    BatchMode comes first because ssh keeps the first value it sees: nothing may turn a
-    nightly job into a password prompt. User options come next so they override our
-    defaults (timeouts, keep-alives); the control socket options come last.
-    """
+    """The ssh argv (without host) of every command. BatchMode first (ssh keeps the first
+    value it sees: nothing may turn a nightly job into a password prompt), then the user's
+    options (overriding our timeouts and keep-alives), then the control socket."""
     argv = ["ssh", "-o", "BatchMode=yes"]
-    for opt in [*options, *_DEFAULT_SSH_OPTS]:
+    control = () if control_path is None else (f"ControlPath={control_path}", *_SHARED)
+    for opt in [*options, *_DEFAULT_SSH_OPTS, *control]:
         argv += ["-o", opt]
-    return argv if control_path is None else [*argv, "-o", f"ControlPath={control_path}"]
+    return argv
 
 
 Mode = Literal["compare-objects", "compare-records", "send", "delete", "list", "fetch", "marker"]
@@ -267,10 +261,8 @@ def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> bytes:
 def first_error(stderr: str) -> str:
     """The most telling line of rsync/ssh stderr, for a one-line error."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    for ln in lines:
-        if not ln.startswith("rsync error:") and "write error: Broken pipe" not in ln:
-            return ln
-    return lines[0] if lines else "no message"
+    telling = [ln for ln in lines if not ln.startswith("rsync error:") and "Broken pipe" not in ln]
+    return (telling or lines or ["no message"])[0]
 
 
 _KINDS: Final = {"f": "file", "d": "dir", "L": "symlink", "D": "device", "S": "special"}
@@ -313,11 +305,8 @@ class Change(NamedTuple):
 
 
 def parse_itemized(stdout: bytes) -> list[Change]:
-    """Parse `--out-format=%i|%b|%n` output; other lines ("created directory") are skipped.
-
-    rsync escapes unprintable bytes in names as `\\#ooo`; they are restored, so a path can
-    be handed back to rsync (in a NUL-separated `--files-from`) exactly.
-    """
+    """Parse `--out-format=%i|%b|%n` output (other lines are skipped), restoring the bytes
+    rsync escapes as `\\#ooo`, so a path goes back to rsync (`--files-from`) exactly."""
     out = []
     for line in stdout.split(b"\n"):
         size, sep, raw = line[12:].partition(b"|")

@@ -31,12 +31,7 @@ from prefixreg.core.jsonio import dumps_canonical
 from prefixreg.core.judge import judge_copy
 from prefixreg.registry.layout import MARKER, object_relpath
 from prefixreg.registry.store import Registry
-from prefixreg.verbs.mirror.plan import (
-    SourceVerifier,
-    check_shapes,
-    objects_to_verify,
-    referenced_objects,
-)
+from prefixreg.verbs.mirror import plan
 from prefixreg.verbs.mirror.rsync import Destination, parse_destination, parse_ssh_options
 from prefixreg.verbs.mirror.session import DestinationResult, PassRecord, Session
 
@@ -58,14 +53,11 @@ class MirrorReport:
     def ok(self) -> bool:
         return all(r.ok for r in self.results)
 
-    @property
-    def failed(self) -> list[str]:
-        return [r.destination for r in self.results if not r.ok]
-
     def to_dict(self) -> dict[str, object]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "results"}
         results = [r.to_dict() for r in self.results]
-        return {**out, "ok": self.ok, "failed": self.failed, "destinations": results}
+        failed = [r.destination for r in self.results if not r.ok]
+        return {**out, "ok": self.ok, "failed": failed, "destinations": results}
 
 
 def check_source(reg: Registry) -> None:
@@ -74,14 +66,10 @@ def check_source(reg: Registry) -> None:
         role = reg.role
     except (errors.RegistryLocationError, IntegrityError) as exc:
         raise MirrorError(f"source {reg.root} is not a usable registry: {exc}") from None
-    if role is None:
-        raise MirrorError(f"source {reg.root} is not a registry (no {MARKER}); refusing")
     if role != "origin":
-        raise MirrorError(
-            f"source {reg.root} is a {role}, not an origin registry; mirrors only flow "
-            "from the coordinator's origin",
-            hint="run the mirror on the coordinator, with --registry pointing at the origin",
-        )
+        what = f"not a registry (no {MARKER})" if role is None else f"a {role}, not an origin"
+        hint = "mirrors flow one way: run it on the coordinator, --registry at the origin"
+        raise MirrorError(f"source {reg.root} is {what}; refusing", hint=hint)
     if next(reg.iter_shas(), None) is None:
         raise MirrorError(f"source {reg.root} holds no objects; refusing to mirror (--delete)")
 
@@ -104,7 +92,7 @@ def _guard_destinations(source: Path, parsed: Sequence[Destination]) -> list[Des
         out[dest.host, path] = dest
     for dest in out.values():
         src, dst = source.resolve(), Path(dest.path).resolve()
-        if not dest.is_remote and (src.is_relative_to(dst) or dst.is_relative_to(src)):
+        if dest.host is None and (src.is_relative_to(dst) or dst.is_relative_to(src)):
             raise MirrorError(f"destination {dest.raw} overlaps the source {source}; refusing")
     return list(out.values())
 
@@ -146,7 +134,7 @@ def mirror(
     check_source(reg)
     report = MirrorReport(source=str(reg.root), dry_run=dry_run, full_verify=full_verify)
     log_lock = threading.Lock()
-    verifier = SourceVerifier(reg)
+    verifier = plan.SourceVerifier(reg)
 
     def log(result: DestinationResult, *, announce: bool = True) -> None:
         if not dry_run:
@@ -162,27 +150,27 @@ def mirror(
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=len(sessions)))
 
         # 1. Inspect, compare and hash every destination; read-only everywhere.
-        def plan(session: Session) -> DestinationResult | None:
+        def prepare(session: Session) -> bool:
             try:
                 session.inspect()
                 session.plan = session.compare(sweep=not session.result.new)
             except (MirrorError, OSError) as exc:
-                return session.finish("failed", str(exc))
-            return None
+                session.finish("failed", str(exc))
+                return False
+            return True
 
-        planned = list(pool.map(plan, sessions))
-        live = [s for s, failure in zip(sessions, planned, strict=True) if failure is None]
-        failed = [r for r in planned if r is not None]
+        live = [s for s, ok in zip(sessions, pool.map(prepare, sessions), strict=True) if ok]
+        failed = [s.result for s in sessions if s not in live]
 
         # 2. Check what is about to travel, for all destinations, before touching any.
         try:
             for s in live:
-                check_shapes(reg.root, s.plan)
+                plan.check_shapes(reg.root, s.plan)
             if full_verify:
                 verifier(map(object_relpath, reg.iter_shas()))
-            verifier(objects_to_verify(c for s in live for c in s.plan))
+            verifier(plan.objects_to_verify(c for s in live for c in s.plan))
             for s in live:
-                referenced_objects(reg, s.plan, verifier)
+                plan.referenced_objects(reg, s.plan, verifier)
         except IntegrityError as exc:
             for s in live:
                 s.finish("refused", str(exc))
@@ -217,22 +205,22 @@ def mirror(
     return report
 
 
-def _transfer(session: Session, verify: SourceVerifier, max_rounds: int) -> None:
+def _transfer(session: Session, verify: plan.SourceVerifier, max_rounds: int) -> None:
     """Apply and confirm, round after round (each plan type-checked), until nothing differs."""
-    plan = session.plan
-    if plan and session.result.new:
+    changes = session.plan
+    if changes and session.result.new:
         session.write_marker()
-    while plan:
+    while changes:
         if session.result.rounds >= max_rounds:
             raise MirrorError(
                 f"{session.dest.raw} still differs from the source after {max_rounds} rounds "
-                f"({len(plan)} changes, e.g. {plan[0]}); is the origin being written to?"
+                f"({len(changes)} changes, e.g. {changes[0]}); is the origin being written to?"
             )
         session.result.rounds += 1
-        check_shapes(session.reg.root, plan)
-        session.apply(plan, verify)
-        plan = session.compare()
-        session.result.passes.append(PassRecord("confirm", plan))
+        plan.check_shapes(session.reg.root, changes)
+        session.apply(changes, verify)
+        changes = session.compare()
+        session.result.passes.append(PassRecord("confirm", changes))
     # Every object that stayed was hashed by the sweep (a new destination had none), every
     # object sent by its read-back; the last compare found no difference.
     session.result.content = judge_copy(session.swept or session.result.new, True)

@@ -52,12 +52,9 @@ class PassRecord:
 
 @dataclass(slots=True)
 class DestinationResult:
-    """What happened at one destination.
-
-    `hashed`: objects hashed at the destination that matched their names (the sweep of
-    what was there, the read-back of what was sent); `changed_in_place`: objects there
-    whose bytes did not (sent again); `read_back`: objects sent, then hashed there.
-    """
+    """What happened at one destination. `hashed`: objects hashed there that matched their
+    names (by the sweep or the read-back); `changed_in_place`: objects there that did not
+    (sent again); `read_back`: objects sent, then hashed there."""
 
     destination: str
     result: str = "failed"
@@ -91,8 +88,7 @@ class DestinationResult:
         record = {"at": iso_utc(utc_now()), **self._fields(), "objects_verified": objects_verified}
         return record if self.error is None else {**record, "error": self.error}
 
-    def to_dict(self) -> dict[str, object]:
-        """The `--json` form: the log fields, whether it was new, the error, what changed."""
+    def to_dict(self) -> dict[str, object]:  # the --json form
         extra = {"ok": self.ok, "new": self.new, "error": self.error}
         return {**self._fields(), **extra, "changes": [str(c) for c in self.changes]}
 
@@ -108,12 +104,9 @@ class Session:
         self.workdir = workdir = Path(self._tmp.name)
         self.source = f"{reg.root}/"
         self.result = DestinationResult(destination=dest.raw)
-        # One ssh connection per run, opened by its first command (BatchMode: a failed login
-        # is that command's one-line error); ControlPersist ends one a killed run leaked.
-        self.control = workdir / "cm"
-        options = ["-o", "ControlMaster=auto", "-o", "ControlPersist=60"]
-        ssh = rsync.build_ssh_command(ssh_options, control_path=str(self.control)) + options
-        self.rsh = ssh if dest.is_remote else None
+        self.control = workdir / "cm"  # the run's one ssh connection (`build_ssh_command`)
+        ssh = rsync.build_ssh_command(ssh_options, control_path=str(self.control))
+        self.rsh = ssh if dest.host is not None else None
         self.plan: list[Change] = []
         self.swept = False  # every object at the destination was hashed there
         self._started = time.monotonic()
@@ -212,16 +205,14 @@ class Session:
         self._rsync("marker", f"{stage}/", self.dest.target())
 
     def compare(self, *, sweep: bool = False) -> list[Change]:
-        """The plan: both itemized dry runs and, with `sweep`, the hash of every object at
-        the destination, all three at once. An object there that does not hash to its name
-        is planned to be sent again: rsync's quick check cannot see a change in place."""
+        """The plan: both dry runs and, with `sweep`, every object hashed at the destination,
+        at once; one that does not hash to its name is sent again (a change in place)."""
         with ThreadPoolExecutor(3) as pool:
             modes: tuple[Mode, ...] = ("compare-objects", "compare-records")
             runs = [pool.submit(self._rsync, m, self.source, self.dest.target()) for m in modes]
             hashing = pool.submit(self.hash_objects, [OBJECTS]) if sweep else None
-            plan = list(
-                {c.path: c for r in runs for c in rsync.parse_itemized(r.result())}.values()
-            )
+            # Both list the root directory when it differs: one entry each path.
+            plan = list(dict.fromkeys(c for r in runs for c in rsync.parse_itemized(r.result())))
             if hashing is None:
                 return plan
             listed, hashes = hashing.result()
@@ -263,14 +254,10 @@ class Session:
             )
 
     def _pass(self, kind: str, paths: Sequence[str]) -> set[str]:
-        """One `--files-from` step; returns the paths rsync itemized: for a send, every
-        listed path now at the destination (sent or already equal, thanks to `-ii`); for a
-        delete, every path it deleted. Only real changes are recorded and counted; every
-        object it sent (or turned into anything else) is then read back.
-
-        Passes other than "dirs" and "rest" send regular files only: a path that turned into
-        anything else at the source since it was checked never replaces a good file.
-        """
+        """One `--files-from` step; returns the paths rsync itemized (a send: every listed
+        path now at the destination, thanks to `-ii`; a delete: every path it deleted). Real
+        changes are recorded and counted, and every object sent is read back. Passes but
+        "dirs" and "rest" send regular files only: nothing else replaces a good file."""
         if not paths:
             return set()
         listing = self.workdir / f"{kind}.list"
