@@ -373,18 +373,22 @@ def test_a_worker_object_that_is_a_symlink_to_good_bytes_is_not_hashed_but_repla
     assert content(dest) == content(reg.root)
 
 
-def test_parse_hashes_counts_a_listed_file_without_a_hash_and_ignores_strays() -> None:
-    a, b = "a" * 64, "b" * 64
+def test_check_hashes_judges_each_listed_object_and_ignores_strays() -> None:
+    a, b, c = "a" * 64, "b" * 64, "c" * 64
     out = (
         f"objects/aa/{a}.txt\n{a}  objects/aa/{a}.txt\n"
         f"objects/bb/{b}.txt\n"  # listed, but sha256sum could not read it
-        f"\\{a}  objects/aa/x\\ny.txt\n{a}  objects/aa/{a}.txt/inner.txt\n"
+        f"objects/cc/{c}.txt\n{a}  objects/cc/{c}.txt\n"  # other bytes
+        f"\\{a}  objects/aa/x\\ny.txt\n{a}  objects/aa/{a}.txt/inner.txt\n"  # strays
+        f"{b}  objects/aa/{b}.txt\n"  # not under its own fan directory
     ).encode()
-    listed, hashes = rsync.parse_hashes(out)
-    assert listed == {f"objects/aa/{a}.txt", f"objects/bb/{b}.txt"}
-    assert hashes == {f"objects/aa/{a}.txt": a}
-    twice = rsync.parse_hashes(f"{a}  objects/aa/{a}.txt\n{a}  objects/aa/{a}.txt\n".encode())
-    assert twice[1] == {f"objects/aa/{a}.txt": ""}  # hashed twice: matches no name
+    assert rsync.check_hashes(out) == {
+        f"objects/aa/{a}.txt": None,
+        f"objects/bb/{b}.txt": "cannot be read",
+        f"objects/cc/{c}.txt": f"hashes to {a}",
+    }
+    twice = rsync.check_hashes(f"{a}  objects/aa/{a}.txt\n{a}  objects/aa/{a}.txt\n".encode())
+    assert twice == {f"objects/aa/{a}.txt": "hashed twice"}
 
 
 def test_full_verify_rehashes_every_source_object(tmp_path: Path) -> None:
@@ -529,6 +533,48 @@ def test_rsync_missing_is_one_line_exit_6(tmp_path: Path) -> None:
     assert res.returncode == 6
     assert "rsync" in one_error_line(res)
     assert not (tmp_path / "m").exists()
+
+
+# -- the nightly job (#24) ----------------------------------------------------------------
+
+
+def _unit(path: Path) -> dict[str, list[str]]:
+    """{key: its values} of a systemd unit file (keys repeat, e.g. Environment=)."""
+    out: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def test_the_example_units_write_their_local_destination_and_verify_fully_weekly(
+    tmp_path: Path,
+) -> None:
+    """ProtectSystem=strict leaves only ReadWritePaths writable: the registry and every local
+    destination are listed (before, a local destination was read-only to the unit); a weekly
+    timer runs --full-verify; systemd's own parser accepts all four units."""
+    examples = ROOT / "examples"
+    for name in ("prefix-mirror.service", "prefix-mirror-full.service"):
+        unit = _unit(examples / name)
+        env = dict(v.strip('"').split("=", 1) for v in unit["Environment"])
+        writable = [Path(p) for value in unit["ReadWritePaths"] for p in value.split()]
+        local = [Path(d) for d in env["PREFIXREG_MIRROR_TO"].split() if d.startswith("/")]
+        assert local and unit["ProtectSystem"] == ["strict"], name
+        for path in [Path(env["PREFIXREG_HOME"]), *local]:
+            assert any(path.is_relative_to(w) for w in writable), (name, path)
+    assert _unit(examples / "prefix-mirror.service")["ExecStart"] == ["/usr/bin/prefix-mirror"]
+    full = _unit(examples / "prefix-mirror-full.service")["ExecStart"]
+    assert full == ["/usr/bin/prefix-mirror --full-verify"]
+    assert _unit(examples / "prefix-mirror-full.timer")["OnCalendar"] == ["Sun *-*-* 05:00:00"]
+    names = ["prefix-mirror.service", "prefix-mirror-full.service"]
+    names += ["prefix-mirror.timer", "prefix-mirror-full.timer"]
+    for name in names:  # ExecStart pointed at this checkout's command, which systemd checks
+        text = (examples / name).read_text().replace("/usr/bin/prefix-mirror", str(BIN))
+        (tmp_path / name).write_text(text)
+    argv = ["systemd-analyze", "verify", "--man=no", *(str(tmp_path / n) for n in names)]
+    res = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert res.returncode == 0 and not res.stderr.strip(), res.stderr
 
 
 # -- the ordering promise -------------------------------------------------------------------

@@ -126,5 +126,4 @@ def mirror_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the `mirror` command to `app`."""
     app.command("mirror")(mirror_command)

@@ -1,9 +1,7 @@
-"""The transport of the mirror: destinations, ssh options, rsync argv, the runner, its output.
+"""The transport of the mirror: destinations, ssh options, argv builders, the runner, parsers.
 
-Pure where it can be: `parse_destination`, `parse_ssh_options`, `build_ssh_command`,
-`build_rsync_argv`, `hash_argv`, `parse_itemized` and `parse_hashes` do no I/O; `run` is the
-one runner (an argv list, never a local shell, the C locale so messages and listing formats
-are stable). `session` decides what to send and in which order.
+Everything here but `run` is pure; `run` is the one runner (an argv list, never a local
+shell, the C locale so messages and listing formats are stable).
 """
 
 from __future__ import annotations
@@ -17,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, NamedTuple
 
+from prefixreg.core.digest import is_full_sha
 from prefixreg.core.errors import MirrorError
-from prefixreg.registry.layout import LOCKS, MARKER, MIRROR_LOG, OBJECTS, TMP_SUFFIX, object_sha
+from prefixreg.registry import layout
+from prefixreg.registry.layout import LOCKS, MARKER, MIRROR_LOG, OBJECTS, TMP_SUFFIX
 
 # Anchored (leading /) where only the top level is meant. Excluded paths are also protected
 # from --delete on the receiver, so the destination's own marker survives every pass.
@@ -33,8 +33,6 @@ _HASH_SCRIPT: Final = (
     '>/dev/null 2>&1 || {{ echo "find or sha256sum is not installed" >&2; exit 127; }}; '
     'find {starts} -type f -name "*.txt" -print -exec sha256sum -- {{}} + 2>/dev/null; exit 0'
 )
-_OBJECT_DIR = re.compile(rf"{OBJECTS}(/[0-9a-f]{{2}})?")
-_HASH_LINE = re.compile(rb"([0-9a-f]{64}) [ *](\S+)")
 _ESCAPE = re.compile(rb"\\#([0-7]{3})")
 # `host:path`, `user@host:path`, `[v6]:path`, `user@[v6]:path` (the colons inside the
 # brackets are the address's); no `/` before the first colon, as rsync reads it.
@@ -208,34 +206,41 @@ def build_rsync_argv(
     return [*argv, "--", source, dest]
 
 
-def hash_argv(dest: Destination, rsh: Sequence[str] | None, starts: Sequence[str]) -> list[str]:
-    """The argv that hashes every object file below `starts` (`objects` or its fan
-    directories) at the destination: over the run's ssh connection, or a local `sh`."""
-    if not starts or any(_OBJECT_DIR.fullmatch(s) is None for s in starts):
-        raise ValueError(f"not object directories: {starts}")
-    local = dest.host is None
-    script = _HASH_SCRIPT.format(path='"$1"' if local else dest.path, starts=" ".join(starts))
-    if local:
+def hash_argv(
+    dest: Destination, rsh: Sequence[str] | None, objects: Sequence[str] = ()
+) -> list[str]:
+    """The argv that hashes, at the destination, every object file there (or, given object
+    paths, every one in their fan directories): over the run's ssh connection, or `sh`."""
+    if any(layout.object_sha(p) is None for p in objects):  # they go into a shell command
+        raise ValueError(f"not object paths: {objects}")
+    starts = " ".join(sorted({posixpath.dirname(p) for p in objects})) or OBJECTS
+    script = _HASH_SCRIPT.format(path='"$1"' if dest.host is None else dest.path, starts=starts)
+    if dest.host is None:
         return ["sh", "-c", script, "sh", dest.path]
     # One argument for the remote login shell, whatever it is; the path needs no quoting.
     return [*(rsh or ()), dest.ssh_host, f"sh -c '{script}'"]
 
 
-def parse_hashes(stdout: bytes) -> tuple[set[str], dict[str, str]]:
-    """(every object path the hasher listed, {path: sha256 of its bytes}); other paths do
-    not count, and a path hashed twice maps to "" (it matches no name)."""
-    listed: set[str] = set()
-    hashes: dict[str, str] = {}
-    for line in stdout.split(b"\n"):
-        m = _HASH_LINE.fullmatch(line)
-        path = (m.group(2) if m else line).decode("ascii", "replace")
-        if object_sha(path) is None:
-            continue
-        if m is None:
-            listed.add(path)
-        else:
-            hashes[path] = "" if path in hashes else m.group(1).decode()
-    return listed, hashes
+def check_hashes(stdout: bytes) -> dict[str, str | None]:
+    """{object path the hasher listed: None when its bytes hash to its name, else what is
+    wrong ("hashes to <sha>", "cannot be read", "hashed twice")}; other paths do not count
+    (a stray name, or one sha256sum escaped: that line starts with a backslash)."""
+    found: dict[str, str | None] = {}
+    listed = []
+    for line in stdout.decode("ascii", "replace").split("\n"):
+        digest, rel = line[:64], line[66:]
+        if line[64:66] not in ("  ", " *"):  # " *": sha256sum's binary mode
+            listed.append(line)
+        elif rel in found:
+            found[rel] = "hashed twice"
+        elif rel == layout.object_relpath_valid(digest) and is_full_sha(digest):
+            found[rel] = None  # the fast path: the path is the one its bytes' sha names
+        elif layout.object_sha(rel) is not None:
+            found[rel] = f"hashes to {digest}"
+    found |= {
+        rel: "cannot be read" for rel in listed if rel not in found and layout.object_sha(rel)
+    }
+    return found
 
 
 def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> bytes:

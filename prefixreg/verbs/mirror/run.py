@@ -125,9 +125,8 @@ def mirror(
     """
     parsed = _guard_destinations(reg.root, [parse_destination(text) for text in destinations])
     if not parsed:
-        raise errors.UsageError(
-            "no mirror destination", hint=f"pass --to HOST:PATH or PATH, or set {ENV_TO}"
-        )
+        hint = f"pass --to HOST:PATH or PATH, or set {ENV_TO}"
+        raise errors.UsageError("no mirror destination", hint=hint)
     options = parse_ssh_options(ssh_options)
     if shutil.which("rsync") is None:
         raise MirrorError("rsync is not installed (not found on PATH)", hint="install rsync")

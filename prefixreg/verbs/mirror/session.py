@@ -44,7 +44,7 @@ _UNLOGGED: Final = {"log": False}  # fields the mirror.log line leaves out
 
 @dataclass(slots=True)
 class PassRecord:
-    """One rsync step of a run, with what it did (kept for the ordering tests and --debug)."""
+    """One rsync step of a run and what it changed (what the ordering tests read)."""
 
     kind: str
     changes: list[Change]
@@ -128,8 +128,7 @@ class Session:
         return MirrorError(f"destination {self.dest.raw} {why}; refusing", hint=hint)
 
     def _probe(self, mode: Mode, target: str, local: str = "") -> bytes | None:
-        """A `list` or `fetch` of `target`; None when rsync says there is no such path (or
-        a file where a directory belongs)."""
+        """A `list` or `fetch` of `target`; None when rsync finds no such directory there."""
         try:
             return self._rsync(mode, target, local)
         except MirrorError as exc:
@@ -161,10 +160,8 @@ class Session:
             parent = self._probe("list", self.dest.parent.target())
             if parent is None:
                 hint = "create it first: the mirror creates only the last directory"
-                parent_dir = self.dest.parent.path
-                raise self._refused(
-                    f"needs its parent directory {parent_dir}: it does not exist", hint=hint
-                )
+                why = f"needs its parent directory {self.dest.parent.path}: it does not exist"
+                raise self._refused(why, hint=hint)
             if posixpath.basename(self.dest.path.rstrip("/")) in self._entries(parent):
                 raise self._refused("is not a directory")
             self.result.new = True
@@ -210,26 +207,25 @@ class Session:
         with ThreadPoolExecutor(3) as pool:
             modes: tuple[Mode, ...] = ("compare-objects", "compare-records")
             runs = [pool.submit(self._rsync, m, self.source, self.dest.target()) for m in modes]
-            hashing = pool.submit(self.hash_objects, [OBJECTS]) if sweep else None
+            hashing = pool.submit(self.hash_objects) if sweep else None
             # Both list the root directory when it differs: one entry each path.
             plan = list(dict.fromkeys(c for r in runs for c in rsync.parse_itemized(r.result())))
             if hashing is None:
                 return plan
-            listed, hashes = hashing.result()
+            found = hashing.result()
         planned = {c.path for c in plan}
-        for rel in sorted(listed | hashes.keys()):
-            matched = hashes.get(rel) == layout.object_sha(rel)
-            self.result.hashed += matched
-            self.result.changed_in_place += not matched
-            if not matched and rel not in planned:
+        for rel, problem in sorted(found.items()):
+            self.result.hashed += problem is None
+            self.result.changed_in_place += problem is not None
+            if problem is not None and rel not in planned:
                 plan.append(Change(_CHANGED, 0, rel))
         self.swept = True
         return plan
 
-    def hash_objects(self, starts: Sequence[str]) -> tuple[set[str], dict[str, str]]:
-        """(object paths listed, {path: sha256}) below `starts`, hashed at the destination."""
+    def hash_objects(self, objects: Sequence[str] = ()) -> dict[str, str | None]:
+        """`rsync.check_hashes` of `rsync.hash_argv`: hashed at the destination."""
         try:
-            return rsync.parse_hashes(rsync.run(rsync.hash_argv(self.dest, self.rsh, starts)))
+            return rsync.check_hashes(rsync.run(rsync.hash_argv(self.dest, self.rsh, objects)))
         except MirrorError as exc:
             reason = rsync.first_error(exc.stderr or str(exc))
             raise MirrorError(f"{self.dest.raw}: cannot hash the objects there: {reason}") from None
@@ -237,21 +233,16 @@ class Session:
     def read_back(self, paths: Sequence[str]) -> None:
         """Hash the objects `paths`, just sent, at the destination; `MirrorError` when one
         is not a regular file there whose bytes hash to its name."""
-        listed, hashes = self.hash_objects(sorted({posixpath.dirname(p) for p in paths}))
-        problems = []
-        for rel in paths:
-            if (got := hashes.get(rel)) != layout.object_sha(rel):
-                what = "cannot be read" if rel in listed else "is not a regular file"
-                problems.append(f"{rel} hashes to {got}" if got else f"{rel} {what}")
+        found = self.hash_objects(paths)
+        missing = "is not a regular file"
+        problems = [f"{rel} {found.get(rel, missing)}" for rel in paths if found.get(rel, missing)]
         self.result.read_back += len(paths)
         self.result.hashed += len(paths) - len(problems)
         if problems:
             self.result.content = judge_copy(hashed=True, matched=False)
-            raise MirrorError(
-                f"{self.dest.raw}: after sending, {problems[0]} at the destination"
-                + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-                + "; names and records pointing to it were not sent"
-            )
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            why = f"{problems[0]} at the destination{more}; nothing pointing to it was sent"
+            raise MirrorError(f"{self.dest.raw}: after sending, {why}")
 
     def _pass(self, kind: str, paths: Sequence[str]) -> set[str]:
         """One `--files-from` step; returns the paths rsync itemized (a send: every listed
