@@ -1,12 +1,14 @@
 """`prefixreg mirror` with the real rsync, locally and over a real sshd on 127.0.0.1.
 
 What is proven here: byte-identical trees; a no-change run sends nothing and still
-verifies; changes at the origin arrive and worker-side additions disappear; every guard
-refuses with one line, the right exit code, and the destination tree unchanged; the
-ordering promise (no name or meta record before its object, deletions last) both from the
-passes' own itemized output and from a reader polling the worker during a slow transfer
-while the origin is being written to; an interrupted transfer is repaired by the next run
-and recorded in mirror.log.
+verifies, every object hashed at the destination; an object or record changed there in
+place (size and mtime kept) is found by the plain run and repaired; changes at the origin
+arrive and worker-side additions disappear; every guard refuses with one line, the right
+exit code, and the destination tree unchanged; the ordering promise (no name or meta record
+before its object, deletions last) both from the passes' own itemized output and from a
+reader polling the worker during a slow transfer while the origin is being written to; an
+interrupted transfer is repaired by the next run and recorded in mirror.log; the example
+systemd units.
 """
 
 from __future__ import annotations
