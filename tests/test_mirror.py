@@ -603,7 +603,7 @@ def sent_names(monkeypatch: pytest.MonkeyPatch) -> SentNames:
             recorded[id(record)] = {
                 c.path: (Path(self.dest.path) / c.path).read_text().strip()
                 for c in record.changes
-                if c.path.startswith("names/") and c.is_file and not c.is_delete
+                if c.path.startswith("names/") and c.kind == "file" and not c.is_delete
             }
         return out
 
@@ -626,14 +626,14 @@ def _assert_pass_order(passes: list[PassRecord], arrived: set[str], sent: SentNa
             assert not seen_delete, f"a send after a deletion: {kinds}"
         for c in p.changes:
             if c.is_delete:
-                if c.is_object and c.is_file:
+                if c.is_object and c.kind == "file":
                     arrived.discard(c.path.split("/")[-1].removesuffix(".txt"))
                 continue
-            if c.is_object and c.is_file:
+            if c.is_object and c.kind == "file":
                 arrived.add(c.path.split("/")[-1].removesuffix(".txt"))
-            elif c.path.startswith("meta/") and c.is_file:
+            elif c.path.startswith("meta/") and c.kind == "file":
                 assert c.path[5:-5] in arrived, f"meta before object: {c.path} in {kinds}"
-            elif c.path.startswith("names/") and c.is_file:
+            elif c.path.startswith("names/") and c.kind == "file":
                 target = sent[id(p)][c.path]
                 assert target in arrived, f"name before object: {c.path} in {kinds}"
     deletes = [p.kind for p in passes if p.kind.startswith("delete") and p.changes]
@@ -1025,7 +1025,9 @@ def test_a_gc_between_plan_and_send_is_no_failure(
     real_compare = Session.compare
     pruned: list[int] = []
 
-    def compare(self: Session, *, sweep: bool = False) -> list[Change]:
+    def compare(
+        self: Session, *, sweep: bool = False
+    ) -> tuple[list[Change], dict[str, str | None]]:
         plan = real_compare(self, sweep=sweep)
         if not pruned:
             report = collect_garbage(reg, grace_s=0, prune_unnamed=True, min_age_s=0)

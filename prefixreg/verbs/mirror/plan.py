@@ -76,7 +76,7 @@ def check_shapes(root: Path, plan: Iterable[Change]) -> None:
 def objects_to_verify(changes: Iterable[Change]) -> list[str]:
     """Every object-path entry about to be sent that is not a directory (a symlink or FIFO
     in objects/ must reach the verifier, which refuses it, instead of travelling)."""
-    return sorted({c.path for c in changes if c.is_object and not c.is_delete and not c.is_dir})
+    return sorted({c.path for c in changes if c.is_object and not c.is_delete and c.kind != "dir"})
 
 
 class SourceVerifier:
@@ -152,12 +152,12 @@ def referenced_objects(
     needs: dict[str, set[str]] = {}
     for c in changes:
         kind, _, entry = c.path.partition("/")
-        if c.is_delete or c.is_dir or kind not in (META, NAMES, FRAMES) or "/" in entry:
+        if c.is_delete or c.kind == "dir" or kind not in (META, NAMES, FRAMES) or "/" in entry:
             continue
         if kind == NAMES and layout.is_temp_name(entry):
             continue
         where = reg.root / c.path
-        if not c.is_file:
+        if not c.kind == "file":
             raise _refused(where, "not a regular file")
         if (sha := _points_to(reg, c.path)) is None:
             continue  # removed since the plan: it will not be sent

@@ -290,14 +290,6 @@ class Change(NamedTuple):
         return _KINDS.get(self.code[1], "unknown")
 
     @property
-    def is_file(self) -> bool:
-        return self.kind == "file"
-
-    @property
-    def is_dir(self) -> bool:
-        return self.kind == "dir"
-
-    @property
     def is_unchanged(self) -> bool:
         return self.code[0] == "." and not self.code[2:].strip(" .")
 

@@ -151,8 +151,7 @@ def mirror(
         # 1. Inspect, compare and hash every destination; read-only everywhere.
         def prepare(session: Session) -> bool:
             try:
-                session.inspect()
-                session.plan = session.compare(sweep=not session.result.new)
+                session.prepare()
             except (MirrorError, OSError) as exc:
                 session.finish("failed", str(exc))
                 return False
@@ -218,7 +217,7 @@ def _transfer(session: Session, verify: plan.SourceVerifier, max_rounds: int) ->
         session.result.rounds += 1
         plan.check_shapes(session.reg.root, changes)
         session.apply(changes, verify)
-        changes = session.compare()
+        changes = session.compare()[0]
         session.result.passes.append(PassRecord("confirm", changes))
     # Every object that stayed was hashed by the sweep (a new destination had none), every
     # object sent by its read-back; the last compare found no difference.

@@ -201,26 +201,34 @@ class Session:
         stage.chmod(self.reg.root.stat().st_mode & 0o7777)
         self._rsync("marker", f"{stage}/", self.dest.target())
 
-    def compare(self, *, sweep: bool = False) -> list[Change]:
-        """The plan: both dry runs and, with `sweep`, every object hashed at the destination,
-        at once; one that does not hash to its name is sent again (a change in place)."""
+    def compare(self, *, sweep: bool = False) -> tuple[list[Change], dict[str, str | None]]:
+        """Both dry runs and, with `sweep`, every object hashed at the destination, at once."""
         with ThreadPoolExecutor(3) as pool:
             modes: tuple[Mode, ...] = ("compare-objects", "compare-records")
             runs = [pool.submit(self._rsync, m, self.source, self.dest.target()) for m in modes]
             hashing = pool.submit(self.hash_objects) if sweep else None
             # Both list the root directory when it differs: one entry each path.
             plan = list(dict.fromkeys(c for r in runs for c in rsync.parse_itemized(r.result())))
-            if hashing is None:
-                return plan
-            found = hashing.result()
-        planned = {c.path for c in plan}
+            return plan, {} if hashing is None else hashing.result()
+
+    def prepare(self) -> None:
+        """Inspect and plan. The plan's dry runs and sweep (read-only) run while the marker is
+        fetched, and count only once it passed; a new destination is planned unswept. An
+        object there that does not hash to its name is sent again (a change in place)."""
+        with ThreadPoolExecutor(1) as pool:
+            planned = pool.submit(self.compare, sweep=True)
+            self.inspect()
+            if self.result.new:
+                self.plan = self.compare()[0]
+                return
+            self.plan, found = planned.result()
+        planned_paths = {c.path for c in self.plan}
         for rel, problem in sorted(found.items()):
             self.result.hashed += problem is None
             self.result.changed_in_place += problem is not None
-            if problem is not None and rel not in planned:
-                plan.append(Change(_CHANGED, 0, rel))
+            if problem is not None and rel not in planned_paths:
+                self.plan.append(Change(_CHANGED, 0, rel))
         self.swept = True
-        return plan
 
     def hash_objects(self, objects: Sequence[str] = ()) -> dict[str, str | None]:
         """`rsync.check_hashes` of `rsync.hash_argv`: hashed at the destination."""
@@ -261,7 +269,7 @@ class Session:
         self.result.passes.append(PassRecord(kind, changes))
         for c in changes:
             self.result.deleted += c.is_delete
-            self.result.sent += c.is_file and not c.is_delete
+            self.result.sent += c.kind == "file" and not c.is_delete
             self.result.bytes += c.bytes
         sent = [c.path for c in changes if not c.is_delete and layout.object_sha(c.path)]
         if sent:
@@ -278,13 +286,13 @@ class Session:
         and those only when every planned record change happened (else the next round
         plans afresh), never of an object a record sent in this round points to."""
         sends = [c for c in plan if not c.is_delete]
-        dirs = sorted(c.path for c in sends if c.is_dir and top(c.path) in _RECORD_TREES)
+        dirs = sorted(c.path for c in sends if c.kind == "dir" and top(c.path) in _RECORD_TREES)
         here = self._pass("dirs", dirs)
         here |= self._pass("objects", verify(objects_to_verify(sends)))
         referenced: set[str] = set()
         done: set[str] = set()
         for step, trees in (("meta", (META, FRAMES)), ("names", (NAMES,))):
-            records = [c for c in sends if top(c.path) in trees and not c.is_dir]
+            records = [c for c in sends if top(c.path) in trees and c.kind != "dir"]
             if not records:
                 continue
             # Names only move under the registry lock (and gc only removes under it): the
