@@ -1022,19 +1022,16 @@ def test_a_gc_between_plan_and_send_is_no_failure(
     dest = tmp_path / "m"
     assert mirror(reg, [str(dest)]).ok
     reg.add("unnamed, soon pruned")
-    real_compare = Session.compare
+    real_prepare = Session.prepare
     pruned: list[int] = []
 
-    def compare(
-        self: Session, *, sweep: bool = False
-    ) -> tuple[list[Change], dict[str, str | None]]:
-        plan = real_compare(self, sweep=sweep)
+    def prepare(self: Session) -> None:
+        real_prepare(self)
         if not pruned:
             report = collect_garbage(reg, grace_s=0, prune_unnamed=True, min_age_s=0)
             pruned.append(len(report.removed))
-        return plan
 
-    monkeypatch.setattr(Session, "compare", compare)
+    monkeypatch.setattr(Session, "prepare", prepare)
     report = mirror(reg, [str(dest)])
     assert pruned == [2]
     assert report.ok, report.results[0].error

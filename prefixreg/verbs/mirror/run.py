@@ -217,7 +217,7 @@ def _transfer(session: Session, verify: plan.SourceVerifier, max_rounds: int) ->
         session.result.rounds += 1
         plan.check_shapes(session.reg.root, changes)
         session.apply(changes, verify)
-        changes = session.compare()[0]
+        changes = session.compare()
         session.result.passes.append(PassRecord("confirm", changes))
     # Every object that stayed was hashed by the sweep (a new destination had none), every
     # object sent by its read-back; the last compare found no difference.

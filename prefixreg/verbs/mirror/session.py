@@ -201,32 +201,34 @@ class Session:
         stage.chmod(self.reg.root.stat().st_mode & 0o7777)
         self._rsync("marker", f"{stage}/", self.dest.target())
 
-    def compare(self, *, sweep: bool = False) -> tuple[list[Change], dict[str, str | None]]:
-        """Both dry runs and, with `sweep`, every object hashed at the destination, at once."""
-        with ThreadPoolExecutor(3) as pool:
+    def compare(self) -> list[Change]:
+        """Both itemized dry runs, at once (one entry per path: both list a differing root)."""
+        with ThreadPoolExecutor(2) as pool:
             modes: tuple[Mode, ...] = ("compare-objects", "compare-records")
             runs = [pool.submit(self._rsync, m, self.source, self.dest.target()) for m in modes]
-            hashing = pool.submit(self.hash_objects) if sweep else None
-            # Both list the root directory when it differs: one entry each path.
-            plan = list(dict.fromkeys(c for r in runs for c in rsync.parse_itemized(r.result())))
-            return plan, {} if hashing is None else hashing.result()
+            return list(dict.fromkeys(c for r in runs for c in rsync.parse_itemized(r.result())))
 
     def prepare(self) -> None:
-        """Inspect and plan. The plan's dry runs and sweep (read-only) run while the marker is
-        fetched, and count only once it passed; a new destination is planned unswept. An
-        object there that does not hash to its name is sent again (a change in place)."""
-        with ThreadPoolExecutor(1) as pool:
-            planned = pool.submit(self.compare, sweep=True)
+        """Inspect and plan. The dry run of objects/ and the sweep (read-only, and of objects/
+        only) run while the marker is fetched, and count only once it passed; a new
+        destination is planned unswept. An object there that does not hash to its name is
+        sent again: rsync's quick check cannot see a change in place."""
+        with ThreadPoolExecutor(2) as pool:
+            objects = pool.submit(self._rsync, "compare-objects", self.source, self.dest.target())
+            hashing = pool.submit(self.hash_objects)
             self.inspect()
             if self.result.new:
-                self.plan = self.compare()[0]
+                self.plan = self.compare()
                 return
-            self.plan, found = planned.result()
-        planned_paths = {c.path for c in self.plan}
+            records = self._rsync("compare-records", self.source, self.dest.target())
+            outputs = (objects.result(), records)
+            self.plan = list(dict.fromkeys(c for out in outputs for c in rsync.parse_itemized(out)))
+            found = hashing.result()
+        planned = {c.path for c in self.plan}
         for rel, problem in sorted(found.items()):
             self.result.hashed += problem is None
             self.result.changed_in_place += problem is not None
-            if problem is not None and rel not in planned_paths:
+            if problem is not None and rel not in planned:
                 self.plan.append(Change(_CHANGED, 0, rel))
         self.swept = True
 
