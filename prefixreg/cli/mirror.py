@@ -1,15 +1,8 @@
 """`prefixreg mirror` / `prefix-mirror`: one-way verified rsync to the workers.
 
-Destinations come from `--to` (repeatable) or, when none is given, `$PREFIXREG_MIRROR_TO`
-(space-separated); ssh options from `--ssh-option` and `$PREFIXREG_SSH_OPTS` (flags first:
-ssh keeps the first value it sees). Each destination gets one summary line on stderr as it
-finishes; `--json` prints the whole report on stdout. Exit codes: 0 every destination ok,
-6 any destination failed or the mirror was refused (the failed ones are named; this
-includes an object that, read back from a destination after sending, is not a regular file
-with the right hash), 3 a source entry about to travel is not what the layout says (an
-object that does not hash to its name, a symlink, FIFO or device, a directory where an
-object or record file belongs: nothing sent anywhere), 2 no destination, 7 another mirror
-holds the lock. `prefixreg.verbs.mirror` is imported inside the command so `--help` stays cheap.
+One summary line per destination on stderr as it finishes, its content word the report's
+(`judge_copy`'s verdict); `--json` prints the report on stdout. `prefixreg.verbs.mirror` is
+imported inside the command so `--help` stays cheap.
 """
 
 from __future__ import annotations
@@ -20,48 +13,29 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from prefixreg.cli._common import (
-    DebugOpt,
-    ExitCode,
-    JsonOpt,
-    RegistryOpt,
-    cli_errors,
-    emit_json,
-    info,
-    open_registry_from,
-)
+from prefixreg.cli import _common
+from prefixreg.cli._common import DebugOpt, JsonOpt, RegistryOpt
 
 if TYPE_CHECKING:
     from prefixreg.verbs.mirror import DestinationResult
 
-__all__ = ["mirror_command", "register"]
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"  # pragma: no cover
-
 
 def _summary(r: DestinationResult) -> str:
-    """The one stderr line per destination."""
+    """The one stderr line per destination; the content word is the judge's verdict."""
+    content = f"{r.content} ({r.hashed} objects hashed there"
+    content += f", {r.changed_in_place} changed in place)" if r.changed_in_place else ")"
     if r.result == "dry-run":
-        return f"dry-run {r.destination}: {len(r.changes)} changes" + (
-            " (new mirror)" if r.new else ""
-        )
+        new = " (new mirror)" if r.new else ""
+        return f"dry-run {r.destination}: {len(r.changes)} changes{new}, content {content}"
     if not r.ok:
-        # One line per failed destination, naming it (the reason usually does already).
         reason = r.error or r.result
         return (
             f"error: {reason}" if r.destination in reason else f"error: {r.destination}: {reason}"
         )
     rounds = f", {r.rounds} rounds" if r.rounds > 1 else ""
-    check = "checksum-verified" if r.checksum else "verified"
     return (
-        f"ok      {r.destination}: sent {r.sent} files ({_size(r.bytes)}), deleted "
-        f"{r.deleted}, {check}{rounds}, {r.seconds:.2f}s"
+        f"ok      {r.destination}: sent {r.sent} files ({r.bytes:,} bytes), deleted "
+        f"{r.deleted}, {content}{rounds}, {r.seconds:.2f}s"
     )
 
 
@@ -71,20 +45,20 @@ def mirror_command(
         typer.Option(
             "--to",
             help="Destination PATH or [user@]HOST:PATH (repeatable; default: "
-            "$PREFIXREG_MIRROR_TO, space-separated).",
+            "$PREFIXREG_MIRROR_TO, space-separated). Its parent directory must exist.",
             show_default=False,
         ),
     ] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print what would change (itemized); change nothing.")
+        bool,
+        typer.Option("--dry-run", help="Print what would change (itemized); change nothing."),
     ] = False,
     full_verify: Annotated[
         bool,
         typer.Option(
             "--full-verify",
-            help="Re-hash every source object, and compare with rsync --checksum. Without "
-            "it, 'verified' means an itemized rsync dry run found no size/mtime difference "
-            "(objects sent are still re-hashed before, and read back and hashed after).",
+            help="Also re-hash every object at the origin (without it, only the objects "
+            "about to be sent). Run it weekly: examples/prefix-mirror-full.timer.",
         ),
     ] = False,
     ssh_option: Annotated[
@@ -105,30 +79,27 @@ def mirror_command(
 ) -> None:
     """Mirror the origin registry to workers: rsync -a --delete, one way, verified.
 
-    Objects travel before the names and meta records that point to them (each object sent
-    is read back from the destination and hashed first), deletions come last, and each
-    destination is confirmed equal to the source afterwards: without --full-verify,
-    "verified" means an itemized rsync dry run found no size/mtime difference; with it, no
-    content difference. Refuses a source that is not an origin registry with objects, a
-    source entry that is not a regular file or directory where the layout wants one (exit
-    3), and a destination that is neither empty nor a mirror. One line per run and
-    destination goes to the registry's mirror.log.
+    Objects travel before the records that point to them, deletions last. Every run hashes
+    every object at each destination, there (sha256sum, over ssh for a remote one), and
+    compares every other file by content: a file changed in place is sent again. "verified"
+    means every object there hashed to its name and every other file matched (the judge's
+    rule for a copy, see the README's evidence section); else "mismatch" or "unchecked".
+
+    Exit codes: 0 every destination ok; 6 a destination failed or was refused, named on its
+    line (ssh, rsync, a missing parent directory, an object that hashes wrong after
+    sending); 3 a source entry about to travel is not what the layout says (a bad hash, a
+    symlink, FIFO or device, a directory where a file belongs): nothing sent anywhere; 2 no
+    destination; 7 another mirror holds the lock. Each run and destination: a mirror.log line.
     """
-    with cli_errors(debug):
-        from prefixreg.verbs.mirror import (
-            ENV_SSH_OPTS,
-            ENV_TO,
-            destinations_from_env,
-            mirror,
-            ssh_options_from_env,
-        )
-
-        destinations = list(to or destinations_from_env(os.environ.get(ENV_TO)))
-        options = [*(ssh_option or []), *ssh_options_from_env(os.environ.get(ENV_SSH_OPTS))]
+    with _common.cli_errors(debug):
         from prefixreg.core.errors import MirrorError, RegistryLocationError
+        from prefixreg.verbs.mirror import ENV_SSH_OPTS, ENV_TO, mirror
 
+        # Space-separated in the environment; flags first (ssh keeps the first value).
+        destinations = to or os.environ.get(ENV_TO, "").split()
+        options = [*(ssh_option or []), *os.environ.get(ENV_SSH_OPTS, "").split()]
         try:
-            reg = open_registry_from(registry)
+            reg = _common.open_registry_from(registry)
         except RegistryLocationError as exc:
             # An unmarked source is a refused mirror (exit 6), not a usage slip.
             raise MirrorError(f"source is not a registry: {exc}", hint=exc.hint) from None
@@ -139,10 +110,10 @@ def mirror_command(
             full_verify=full_verify,
             ssh_options=options,
             bwlimit=bwlimit,
-            on_result=lambda r: info(_summary(r)),
+            on_result=lambda r: _common.info(_summary(r)),
         )
         if json_out:
-            emit_json(report.to_dict())
+            _common.emit_json(report.to_dict())
         elif dry_run:
             for r in report.results:
                 if r.ok:
@@ -151,9 +122,8 @@ def mirror_command(
             sys.stdout.flush()
         if not report.ok:
             # Each failure already has its line on stderr (and is listed in --json).
-            raise typer.Exit(int(ExitCode.MIRROR))
+            raise typer.Exit(int(_common.ExitCode.MIRROR))
 
 
 def register(app: typer.Typer) -> None:
-    """Add the `mirror` command to `app`."""
     app.command("mirror")(mirror_command)

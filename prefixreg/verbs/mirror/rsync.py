@@ -1,9 +1,7 @@
-"""The rsync layer of the mirror: destinations, ssh options, argv, the runner, itemized output.
+"""The transport of the mirror: destinations, ssh options, argv builders, the runner, parsers.
 
-Pure where it can be: `parse_destination`, `parse_ssh_options`, `build_ssh_command`,
-`build_rsync_argv` and `parse_itemized` do no I/O and are tested on their own; `run_rsync`
-is the one thin runner (an argv list, never a shell, the C locale so messages and listing
-formats are stable). `prefixreg.verbs.mirror` decides what to send and in which order.
+Everything here but `run` is pure; `run` is the one runner (an argv list, never a local
+shell, the C locale so messages and listing formats are stable).
 """
 
 from __future__ import annotations
@@ -17,51 +15,41 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, NamedTuple
 
+from prefixreg.core.digest import is_full_sha
 from prefixreg.core.errors import MirrorError
+from prefixreg.registry import layout
 from prefixreg.registry.layout import LOCKS, MARKER, MIRROR_LOG, OBJECTS, TMP_SUFFIX
-
-__all__ = [
-    "EXCLUDES",
-    "LIST_LINE_RE",
-    "OUT_FORMAT",
-    "VANISHED",
-    "Change",
-    "Destination",
-    "Mode",
-    "RsyncRun",
-    "build_rsync_argv",
-    "build_ssh_command",
-    "first_error",
-    "parse_destination",
-    "parse_itemized",
-    "parse_ssh_options",
-    "run_rsync",
-]
 
 # Anchored (leading /) where only the top level is meant. Excluded paths are also protected
 # from --delete on the receiver, so the destination's own marker survives every pass.
 EXCLUDES: Final = (f"/{MARKER}", f"/{MIRROR_LOG}", f"/{LOCKS}/", f".*{TMP_SUFFIX}")
-# One line per change: 11-char itemize code, bytes actually sent, path (last: may hold '|').
-OUT_FORMAT: Final = "%i|%b|%n"
 # Exit 24 = "some files vanished": a file removed at the origin (a gc) while rsync walked
 # it; the confirm pass catches what it means, so it is no failure of the compare or a pass.
 VANISHED: Final = 24
-_RSYNC_ESCAPE = re.compile(rb"\\#([0-7]{3})")
+# The far side's hasher: every regular `*.txt` file below the start directories (find never
+# follows a link), its path (-print) and its sha256; a path without a hash was unreadable.
+_HASH_SCRIPT: Final = (
+    "cd -- {path} || exit 2; command -v find >/dev/null 2>&1 && command -v sha256sum "
+    '>/dev/null 2>&1 || {{ echo "find or sha256sum is not installed" >&2; exit 127; }}; '
+    'find {starts} -type f -name "*.txt" -print -exec sha256sum -- {{}} + 2>/dev/null; exit 0'
+)
+_ESCAPE = re.compile(rb"\\#([0-7]{3})")
+# `host:path`, `user@host:path`, `[v6]:path`, `user@[v6]:path` (the colons inside the
+# brackets are the address's); no `/` before the first colon, as rsync reads it.
+_REMOTE_RE = re.compile(r"((?:[^@/\[\]:]+@)?\[[^\]/]*\]|[^/:]*):(.*)")
 _HOST_RE = re.compile(
     r"(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])"
 )
-# `[v6]:path` or `user@[v6]:path`: the colons inside the brackets are the address's.
-_BRACKET_HOST_RE = re.compile(r"((?:[^@/\[\]:]+@)?\[[^\]/]*\]):")
-# Remote paths go through the remote shell on old rsyncs: keep them to characters that
-# need no quoting anywhere.
+# Remote paths go through the remote shell (rsync's and the hasher's): keep them to
+# characters that need no quoting anywhere.
 _REMOTE_PATH_RE = re.compile(r"[A-Za-z0-9._/~+@%,=:-]+")
 # One `--list-only` line in the C locale: mode, size (grouped with , or .), date, time, name.
 LIST_LINE_RE = re.compile(r"(\S{10})\s+[\d,.]+ \S+ \S+ (.+)")
 _SSH_OPT_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*=\S.*")
 _DEFAULT_SSH_OPTS: Final = ("ConnectTimeout=20", "ServerAliveInterval=15", "ServerAliveCountMax=4")
-
-
-# -- destinations and options ------------------------------------------------------------
+# One connection per run, opened by its first command (BatchMode: a failed login is that
+# command's one-line error); ControlPersist ends one a killed run leaked after a minute.
+_SHARED: Final = ("ControlMaster=auto", "ControlPersist=60")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,126 +61,86 @@ class Destination:
     path: str
 
     @property
-    def is_remote(self) -> bool:
-        return self.host is not None
-
-    @property
     def ssh_host(self) -> str:
         """The host as ssh wants it (IPv6 brackets are rsync's syntax, not ssh's)."""
         user, _, name = (self.host or "").rpartition("@")
         name = name.removeprefix("[").removesuffix("]")
         return f"{user}@{name}" if user else name
 
+    @property
+    def parent(self) -> Destination:
+        """The directory the destination is created in (a relative remote one: `.`)."""
+        return Destination(self.raw, self.host, posixpath.dirname(self.path.rstrip("/")) or ".")
+
     def target(self, sub: str = "") -> str:
         """The rsync operand for the destination directory (with `/`) or a path in it."""
-        base = self.path.rstrip("/") or "/"
-        joined = f"{base}/{sub}" if base != "/" else f"/{sub}"
-        return f"{self.host}:{joined}" if self.host is not None else joined
+        base = self.path.rstrip("/")
+        return f"{self.host}:{base}/{sub}" if self.host is not None else f"{base}/{sub}"
 
 
 def parse_destination(text: str) -> Destination:
-    """Parse `PATH` or `[user@]host:PATH` the way rsync reads an operand.
-
-    A local path is made absolute and resolved (so `/m`, `/m/` and `/x/../m` are one
-    destination). An IPv6 host is written in brackets, with or without a user
-    (`[::1]:/p`, `user@[::1]:/p`).
+    """Parse `PATH` or `[user@]host:PATH` the way rsync reads an operand; a local path is
+    made absolute and resolved (so `/m`, `/m/` and `/x/../m` are one destination).
 
     Raises:
-        MirrorError: empty, starts with `-`, an rsync daemon or URL form, a bad host, a
-            remote path that names the remote home directory (empty, `.`, `~`, `./`, `~user`)
-            or the remote root, control characters.
+        MirrorError: see `_problem`.
     """
-    if not text:
-        raise MirrorError("empty mirror destination")
-    if text.startswith("-"):
-        raise MirrorError(f"mirror destination {text!r} starts with '-'; refusing")
-    if any(ord(c) < 32 or ord(c) == 127 for c in text):
-        raise MirrorError(f"mirror destination {text!r} contains control characters")
-    if text.startswith("rsync://"):
-        raise MirrorError(f"{text!r}: rsync daemon destinations are not supported; use host:path")
-    bracketed = _BRACKET_HOST_RE.match(text)
-    if bracketed is not None:  # [v6addr]:path or user@[v6addr]:path
-        head, colon, rest = bracketed.group(1), ":", text[bracketed.end() :]
-    else:
-        head, colon, rest = text.partition(":")
-    if colon and "/" not in head:
-        if rest.startswith(":"):
-            raise MirrorError(f"{text!r}: rsync daemon destinations are not supported")
-        if not head or _HOST_RE.fullmatch(head) is None or head.startswith("-"):
-            raise MirrorError(f"mirror destination {text!r}: {head!r} is not a host name")
-        if not rest:
-            raise MirrorError(
-                f"mirror destination {text!r} has no path after ':'; refusing to mirror "
-                "into a remote home directory"
-            )
-        if rest.startswith("-"):
-            raise MirrorError(f"mirror destination {text!r}: path starts with '-'; refusing")
-        if _REMOTE_PATH_RE.fullmatch(rest) is None:
-            raise MirrorError(
-                f"mirror destination {text!r}: remote paths may only use letters, digits and "
-                "._/~+@%,=:-"
-            )
-        _check_remote_path(text, rest)
-        return Destination(raw=text, host=head, path=rest)
-    return Destination(raw=text, host=None, path=str(Path(text).resolve()))
+    remote = _REMOTE_RE.fullmatch(text)
+    problem = _problem(text, remote)
+    if problem is not None:
+        hint = "give a directory of its own, e.g. host:prefix-mirror or host:/srv/prefix-mirror"
+        raise MirrorError(f"mirror destination {text!r} {problem}; refusing", hint=hint)
+    if remote is None:
+        return Destination(raw=text, host=None, path=str(Path(text).resolve()))
+    return Destination(text, remote.group(1), remote.group(2))
 
 
-def _check_remote_path(text: str, rest: str) -> None:
-    """Refuse a remote path that is the remote home (or its parent, or `/`).
-
-    rsync resolves a relative remote path against the login's home directory, so `.`,
-    `./`, `~`, `~/`, `~user` and `a/..` all name a home directory, which `--delete`
-    would empty. Only the spelling is judged here: the destination inspection still
-    refuses any directory that holds files and is not a mirror.
-    """
-    norm = posixpath.normpath(rest)
-    first = norm.split("/", 1)[0]
-    tilde_only = first.startswith("~") and norm == first
-    if tilde_only or norm in (".", "/", "//") or all(p == ".." for p in norm.split("/")):
-        raise MirrorError(
-            f"mirror destination {text!r} names a remote home directory (or its parent, "
-            "or /); refusing",
-            hint="give a directory of its own, e.g. host:prefix-mirror or host:/srv/prefix-mirror",
-        )
+def _problem(text: str, remote: re.Match[str] | None) -> str | None:
+    """Why `text` is no destination: empty, control characters, starts with `-`, an rsync
+    daemon or URL form, a bad host, a remote path that needs quoting or names the remote
+    home directory (rsync resolves a relative remote path against it, so empty, `.`, `~`,
+    `~user` and `a/..` all name it, and --delete would empty it), its parent, or `/`."""
+    host, path = remote.groups() if remote is not None else ("", "")
+    norm, far = posixpath.normpath(path or "."), remote is not None
+    home = (norm.startswith("~") and "/" not in norm) or set(norm.split("/")) <= {".", ".."}
+    problems = {
+        "is empty": not text,
+        "contains control characters": any(ord(c) < 32 or ord(c) == 127 for c in text),
+        "starts with '-'": text.startswith("-") or path.startswith("-"),
+        "is an rsync daemon destination": text.startswith("rsync://") or path[:1] == ":",
+        f"has {host!r}, not a host name": far and not _HOST_RE.fullmatch(host),
+        "has no path after ':' (the remote home directory)": far and not path,
+        "uses what remote paths may not (only letters, digits, ._/~+@%,=:-)": far
+        and not _REMOTE_PATH_RE.fullmatch(path),
+        "names a remote home directory (or its parent, or /)": far
+        and (home or norm in ("/", "//")),
+    }
+    return next((why for why, bad in problems.items() if bad), None)
 
 
 def parse_ssh_options(values: Sequence[str]) -> list[str]:
-    """Validate `Key=Value` ssh options (each becomes `-o Key=Value`).
-
-    Raises:
-        MirrorError: not `Key=Value`, or a quote character (the `-e` string is split by rsync).
-    """
-    out = []
+    """Validate `Key=Value` ssh options (each becomes `-o Key=Value`); `MirrorError` for
+    another form, or a quote character (the `-e` string is split by rsync)."""
     for value in values:
         if _SSH_OPT_RE.fullmatch(value) is None:
             raise MirrorError(f"ssh option {value!r} is not Key=Value (e.g. Port=2222)")
         if any(c in value for c in "'\"\\\n"):
             raise MirrorError(f"ssh option {value!r}: quotes and backslashes are not supported")
-        out.append(value)
-    return out
+    return list(values)
 
 
 def build_ssh_command(options: Sequence[str], *, control_path: str | None) -> list[str]:
-    """The ssh argv (without host) rsync and the control master use.
-
-    BatchMode comes first because ssh keeps the first value it sees: nothing may turn a
-    nightly job into a password prompt. User options come next so they override our
-    defaults (timeouts, keep-alives); the control socket options come last.
-    """
+    """The ssh argv (without host) of every command. BatchMode first (ssh keeps the first
+    value it sees: nothing may turn a nightly job into a password prompt), then the user's
+    options (overriding our timeouts and keep-alives), then the control socket."""
     argv = ["ssh", "-o", "BatchMode=yes"]
-    for opt in [*options, *_DEFAULT_SSH_OPTS]:
+    control = () if control_path is None else (f"ControlPath={control_path}", *_SHARED)
+    for opt in [*options, *_DEFAULT_SSH_OPTS, *control]:
         argv += ["-o", opt]
-    if control_path is not None:
-        argv += ["-o", f"ControlPath={control_path}"]
     return argv
 
 
-def _rsh_string(argv: Sequence[str]) -> str:
-    """Join an ssh argv into the `-e` string rsync splits itself (whitespace, 'quotes')."""
-    return " ".join(f"'{a}'" if any(c.isspace() for c in a) or not a else a for a in argv)
-
-
-Mode = Literal["compare", "send", "delete", "list", "fetch", "marker", "readback"]
+Mode = Literal["compare-objects", "compare-records", "send", "delete", "list", "fetch", "marker"]
 
 
 def build_rsync_argv(
@@ -201,141 +149,133 @@ def build_rsync_argv(
     dest: str,
     *,
     rsh: Sequence[str] | None = None,
-    checksum: bool = False,
     files_from: str | None = None,
     bwlimit: int | None = None,
     regular_only: bool = False,
 ) -> list[str]:
-    """The rsync argv for one step of a mirror run (pure: no I/O).
+    """The rsync argv for one step of a mirror run (pure).
 
-    Modes:
-        compare: itemized `-a --delete` dry run of the whole tree (the plan and the check).
-        send: `-a` of the NUL-separated paths in `files_from` (no recursion, no deletion);
-            paths missing at the source are skipped; every path sent *or already equal* is
-            itemized (`-ii`), so the output confirms what is at the destination.
-        delete: delete the `files_from` paths that no longer exist at the source; never
-            sends anything (a path that came back at the source is left alone).
-        list: `--list-only` of the top level of `source` (the destination, for inspection).
-        fetch: copy one regular file (the destination's marker) to a local path.
-        marker: copy the staged marker directory to a new destination.
-        readback: copy the `files_from` paths from `source` (a destination) to a local
-            directory, regular files only (no -l, -D or -r: a symlink, device or FIFO is
-            skipped, a directory arrives empty), so what arrived can be hashed here.
-
-    A send never sends a symlink, device or FIFO (they are skipped); with `regular_only` it
-    sends only the regular files listed, skipping a listed path that is a directory at the
-    source (the parent directories of the files sent are still created).
+    Modes: `compare-objects` and `compare-records`, itemized `-a --delete` dry runs of
+    `objects/` by size and mtime (their bytes are hashed at the destination: `hash_argv`)
+    and of everything else by content; `send` of the NUL-separated paths in `files_from`
+    (skipping those gone at the source; itemizing every path sent *or already equal*, so
+    the output confirms what is at the destination; never a symlink, device or FIFO; with
+    `regular_only` no directory either, though parents are still created); `delete` of
+    the `files_from` paths still missing at the source (never sending one that came back);
+    `list` (the destination's top level), `fetch` (its marker, to a local path; no -l: a
+    symlink is skipped, never followed) and `marker` (the staged marker of a new one).
 
     `-O` (omit directory times) everywhere: directory mtimes mean nothing in a registry
     and would otherwise show up as differences after every targeted pass.
     """
     argv = ["rsync"]
-    if rsh is not None:
-        argv += ["-e", _rsh_string(rsh)]
-    if mode == "list":
-        return [*argv, "--list-only", "--dirs", "--", source]
-    if mode == "fetch":
-        # No -l/-L: a symlinked marker is skipped, never followed.
-        return [*argv, "--", source, dest]
-    if mode == "marker":
-        return [*argv, "-a", "-O", "--", source, dest]
-    if mode == "readback":
-        if files_from is None:
-            raise ValueError("mode readback needs files_from")
-        return [
-            *argv,
-            f"--files-from={files_from}",
-            "--from0",
-            "--ignore-missing-args",
-            "--",
-            source,
-            dest,
-        ]
+    if rsh is not None:  # rsync splits the -e string itself, at whitespace outside quotes
+        argv += ["-e", " ".join(f"'{a}'" if any(c.isspace() for c in a) else a for a in rsh)]
+    if mode in ("list", "fetch", "marker"):
+        flags = {"list": ["--list-only", "--dirs"], "fetch": [], "marker": ["-a", "-O"]}[mode]
+        return [*argv, *flags, "--", source] + ([] if mode == "list" else [dest])
     # --modify-window=-1: compare mtimes to the nanosecond. The default compares whole
     # seconds, and a name is always 65 bytes: a name moved within the second of the last
-    # mirror would look unchanged to the quick check and never travel.
-    argv += ["-a", "-O", "--modify-window=-1", f"--out-format={OUT_FORMAT}"]
+    # mirror would look unchanged to the quick check and never travel. The out-format is
+    # the itemize code, the bytes sent and the path (last: it may hold a '|').
+    argv += ["-a", "-O", "--modify-window=-1", "--out-format=%i|%b|%n"]
     argv += [f"--exclude={pattern}" for pattern in EXCLUDES]
     if bwlimit is not None:
         argv.append(f"--bwlimit={int(bwlimit)}")
-    if checksum:
-        # The compare found a difference the quick check (size + mtime) cannot see; the
-        # send must look at content too, or it would skip the very file it was told about.
-        argv.append("--checksum")
-    if mode == "compare":
-        argv += ["--delete", "--dry-run"]
+    if mode == "compare-objects":
+        argv += [f"--include=/{OBJECTS}/***", "--exclude=*", "--delete", "--dry-run"]
+    elif mode == "compare-records":
+        argv += ["--checksum", f"--exclude=/{OBJECTS}/", "--delete", "--dry-run"]
+    elif files_from is None:
+        raise ValueError(f"mode {mode} needs files_from")
+    elif mode == "delete":
+        # --delete-missing-args alone would *send* a path that came back at the source
+        # since the plan (a name could then arrive before its object). With --existing
+        # (create nothing new) and --ignore-existing (update nothing there) rsync only
+        # deletes what is still missing at the source, and never sends anything.
+        argv += [f"--files-from={files_from}", "--from0", "--force", "--delete-missing-args"]
+        argv += ["--existing", "--ignore-existing"]
     else:
-        if files_from is None:
-            raise ValueError(f"mode {mode} needs files_from")
-        # --force: a directory where the source has a file is replaced, not an error.
-        argv += [f"--files-from={files_from}", "--from0", "--force"]
-        if mode == "delete":
-            # --delete-missing-args alone would *send* a path that came back at the source
-            # since the plan (a name could then arrive before its object). With --existing
-            # (create nothing new) and --ignore-existing (update nothing there) rsync only
-            # deletes what is still missing at the source, and never sends anything.
-            argv += ["--delete-missing-args", "--existing", "--ignore-existing"]
-        else:
-            # A listed path removed at the source since the plan (gc) is skipped, not an
-            # error; -ii itemizes unchanged files too, so the output names every listed
-            # path that is now at the destination (what the ordering steps rely on).
-            argv += ["--ignore-missing-args", "-ii"]
-            # A registry holds regular files and directories only; whatever else turned up
-            # at the source since the plan was checked is skipped, never sent (-a brings
-            # -l and -D).
-            argv += ["--no-links", "--no-devices", "--no-specials"]
-            if regular_only:
-                # --files-from implies --dirs: switch it off too (parents still arrive).
-                argv.append("--no-dirs")
+        # --checksum: a file changed in place keeps its size and mtime. A listed path
+        # removed at the source since the plan (gc) is skipped; -ii names every listed path
+        # now at the destination; --force replaces a directory where a file belongs; what
+        # turned into other than a file or directory at the source is never sent.
+        argv += [f"--files-from={files_from}", "--from0", "--force", "--checksum"]
+        argv += ["--ignore-missing-args", "-ii", "--no-links", "--no-devices", "--no-specials"]
+        argv += ["--no-dirs"] if regular_only else []  # --files-from implies --dirs
     return [*argv, "--", source, dest]
 
 
-class RsyncRun(NamedTuple):
-    returncode: int
-    stdout: bytes
-    stderr: str
+def hash_argv(
+    dest: Destination, rsh: Sequence[str] | None, objects: Sequence[str] = ()
+) -> list[str]:
+    """The argv that hashes, at the destination, every object file there (or, given object
+    paths, every one in their fan directories): over the run's ssh connection, or `sh`."""
+    if any(layout.object_sha(p) is None for p in objects):  # they go into a shell command
+        raise ValueError(f"not object paths: {objects}")
+    starts = " ".join(sorted({posixpath.dirname(p) for p in objects})) or OBJECTS
+    script = _HASH_SCRIPT.format(path='"$1"' if dest.host is None else dest.path, starts=starts)
+    if dest.host is None:
+        return ["sh", "-c", script, "sh", dest.path]
+    # One argument for the remote login shell, whatever it is; the path needs no quoting.
+    return [*(rsh or ()), dest.ssh_host, f"sh -c '{script}'"]
 
 
-def run_rsync(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> RsyncRun:
-    """Run rsync (argv list, never a shell); a return code not in `ok_codes` is `MirrorError`.
+def check_hashes(stdout: bytes) -> dict[str, str | None]:
+    """{object path the hasher listed: None when its bytes hash to its name, else what is
+    wrong ("hashes to <sha>", "cannot be read", "hashed twice")}; other paths do not count
+    (a stray name, or one sha256sum escaped: that line starts with a backslash)."""
+    found: dict[str, str | None] = {}
+    listed = []
+    for line in stdout.decode("ascii", "replace").split("\n"):
+        digest, rel = line[:64], line[66:]
+        if line[64:66] not in ("  ", " *"):  # " *": sha256sum's binary mode
+            listed.append(line)
+        elif rel in found:
+            found[rel] = "hashed twice"
+        elif rel == layout.object_relpath_valid(digest) and is_full_sha(digest):
+            found[rel] = None  # the fast path: the path is the one its bytes' sha names
+        elif layout.object_sha(rel) is not None:
+            found[rel] = f"hashes to {digest}"
+    found |= {
+        rel: "cannot be read" for rel in listed if rel not in found and layout.object_sha(rel)
+    }
+    return found
 
-    rsync runs in the C locale: its error messages and `--list-only` format are matched
-    below, and names with non-ASCII bytes come back `\\#ooo`-escaped (restored exactly).
+
+def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> bytes:
+    """Run rsync, ssh or sh (an argv list) in the C locale, whose messages and listing
+    format are matched here (and names come back `\\#ooo`-escaped); return its stdout.
+
+    Raises:
+        MirrorError: the program is missing, or exits with a code not in `ok_codes` (the
+            error carries the code and stderr).
     """
     env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
     try:
         proc = subprocess.run(list(argv), capture_output=True, check=False, env=env)
     except FileNotFoundError:
-        raise MirrorError(
-            "rsync is not installed (not found on PATH)", hint="install the rsync package"
-        ) from None
-    stderr = proc.stderr.decode("utf-8", "replace")
+        raise MirrorError(f"{argv[0]} is not installed (not found on PATH)") from None
     if proc.returncode not in ok_codes:
-        raise MirrorError(
-            f"rsync failed (exit {proc.returncode}): {first_error(stderr)}",
-            returncode=proc.returncode,
-            stderr=stderr,
-        )
-    return RsyncRun(proc.returncode, proc.stdout, stderr)
+        stderr = proc.stderr.decode("utf-8", "replace")
+        message = f"{argv[0]} failed (exit {proc.returncode}): {first_error(stderr)}"
+        raise MirrorError(message, returncode=proc.returncode, stderr=stderr)
+    return proc.stdout
 
 
 def first_error(stderr: str) -> str:
     """The most telling line of rsync/ssh stderr, for a one-line error."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    for ln in lines:
-        if not ln.startswith("rsync error:") and "write error: Broken pipe" not in ln:
-            return ln
-    return lines[0] if lines else "no message"
-
-
-# -- itemized output -------------------------------------------------------------------
+    telling = [ln for ln in lines if not ln.startswith("rsync error:") and "Broken pipe" not in ln]
+    return (telling or lines or ["no message"])[0]
 
 
 _KINDS: Final = {"f": "file", "d": "dir", "L": "symlink", "D": "device", "S": "special"}
 
 
 class Change(NamedTuple):
-    """One itemized line: rsync's 11-character code, bytes sent, the relative path."""
+    """One itemized line: rsync's 11-character code, bytes sent, the relative path. `kind`
+    is what it is at the sender; `is_unchanged`, an `-ii` line for a path already equal."""
 
     code: str
     bytes: int
@@ -346,48 +286,31 @@ class Change(NamedTuple):
         return self.code.startswith("*deleting")
 
     @property
-    def is_file(self) -> bool:
-        return self.code[1] == "f"
-
-    @property
-    def is_dir(self) -> bool:
-        return self.code[1] == "d"
-
-    @property
     def kind(self) -> str:
-        """What the entry is at its sender: file, dir, symlink, device or special."""
         return _KINDS.get(self.code[1], "unknown")
 
     @property
     def is_unchanged(self) -> bool:
-        """An `-ii` line for a path that was already equal (nothing sent or changed)."""
-        return self.code[0] == "." and self.code[2:].strip(" .") == ""
+        return self.code[0] == "." and not self.code[2:].strip(" .")
 
     @property
     def is_object(self) -> bool:
-        return self.path == OBJECTS or self.path.startswith(f"{OBJECTS}/")
+        return self.path.split("/", 1)[0] == OBJECTS
 
     def __str__(self) -> str:
         return f"{self.code} {self.path}"
 
 
 def parse_itemized(stdout: bytes) -> list[Change]:
-    """Parse `--out-format=%i|%b|%n` output; other lines ("created directory") are skipped.
-
-    rsync escapes unprintable bytes in names as `\\#ooo`; they are restored, so a path can
-    be handed back to rsync (in a NUL-separated `--files-from`) exactly.
-    """
+    """Parse `--out-format=%i|%b|%n` output (other lines are skipped), restoring the bytes
+    rsync escapes as `\\#ooo`, so a path goes back to rsync (`--files-from`) exactly."""
     out = []
     for line in stdout.split(b"\n"):
-        if len(line) < 13 or line[11:12] != b"|":
-            continue
-        code = line[:11].decode("ascii", "replace")
         size, sep, raw = line[12:].partition(b"|")
-        if not sep or not size.isdigit():
+        if len(line) < 13 or line[11:12] != b"|" or not sep or not size.isdigit():
             continue
-        raw = _RSYNC_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), raw)
-        path = os.fsdecode(raw).rstrip("/") or "."
-        if path.startswith("./") and path != "./":
-            path = path[2:]
-        out.append(Change(code=code, bytes=int(size), path=path))
+        path = os.fsdecode(_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), raw))
+        path = path.rstrip("/") or "."
+        path = path[2:] if path.startswith("./") else path
+        out.append(Change(code=line[:11].decode("ascii", "replace"), bytes=int(size), path=path))
     return out

@@ -1,45 +1,100 @@
-"""The mirror use case: guard, plan every destination, verify what travels, transfer, log.
-
-Role: drive one `Session` per destination (in parallel) through the phases of a run and
-write one `mirror.log` line per destination (through `Registry.append_mirror_log`).
+"""The mirror use case: guard, plan every destination, check what travels, transfer, log.
 
 Invariants:
-- Nothing is written at any destination before every destination's plan has passed the
-  source checks: each entry's type fits its place in the layout (`plan.check_shapes`),
-  every object about to travel (every object, with `full_verify`) re-hashes to its name,
-  and every name and meta record about to travel points to an object present at the
-  source. One failure refuses the whole run (`IntegrityError`, exit 3, "refused" lines).
-- One destination failing (exit 6) never stops the others; each gets its log line.
-- A destination is "verified" only when the final compare dry run lists nothing, and
-  every object sent was read back from it and hashed.
+- The source is an origin registry holding objects; destinations are de-duplicated (local
+  paths resolved first), never nested, and no local one is, holds or lies inside the source.
+- Nothing is written anywhere before every destination's plan passed the source checks:
+  each entry's type fits its place (`plan.check_shapes`), every object about to travel
+  (every object, with `full_verify`) re-hashes to its name, every record about to travel
+  points to objects present. One failure refuses the run (`IntegrityError`, exit 3).
+- One destination failing (exit 6) never stops the others; each gets its `mirror.log` line.
+- `content` is `judge_copy`'s verdict: "verified" only when every object at the
+  destination was hashed there and matched its name (the sweep of what stayed, the
+  read-back of what was sent) and the last compare, records by content, listed nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import posixpath
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from dataclasses import dataclass, field, fields
+from pathlib import Path, PurePosixPath
 from typing import Final
 
-from prefixreg.core.errors import IntegrityError, MirrorError, PrefixregError, UsageError
+from prefixreg.core import errors
+from prefixreg.core.errors import IntegrityError, MirrorError
 from prefixreg.core.jsonio import dumps_canonical
-from prefixreg.registry.layout import object_relpath
+from prefixreg.core.judge import judge_copy
+from prefixreg.registry.layout import MARKER, object_relpath
 from prefixreg.registry.store import Registry
-from prefixreg.verbs.mirror.guards import check_overlap, check_source, dedupe
-from prefixreg.verbs.mirror.plan import check_shapes, objects_to_verify, referenced_objects
-from prefixreg.verbs.mirror.report import DestinationResult, MirrorReport, PassRecord
-from prefixreg.verbs.mirror.rsync import parse_destination, parse_ssh_options
-from prefixreg.verbs.mirror.session import Session
-from prefixreg.verbs.mirror.verifier import SourceVerifier
-
-__all__ = ["ENV_SSH_OPTS", "ENV_TO", "destinations_from_env", "mirror", "ssh_options_from_env"]
+from prefixreg.verbs.mirror import plan
+from prefixreg.verbs.mirror.rsync import Destination, parse_destination, parse_ssh_options
+from prefixreg.verbs.mirror.session import DestinationResult, PassRecord, Session
 
 ENV_TO: Final = "PREFIXREG_MIRROR_TO"
 ENV_SSH_OPTS: Final = "PREFIXREG_SSH_OPTS"
+
+
+@dataclass(slots=True)
+class MirrorReport:
+    """The whole run: `objects_verified` counts source objects re-hashed before sending."""
+
+    source: str
+    dry_run: bool
+    full_verify: bool
+    objects_verified: int = 0
+    results: list[DestinationResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    def to_dict(self) -> dict[str, object]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "results"}
+        results = [r.to_dict() for r in self.results]
+        failed = [r.destination for r in self.results if not r.ok]
+        return {**out, "ok": self.ok, "failed": failed, "destinations": results}
+
+
+def check_source(reg: Registry) -> None:
+    """Refuse a source that is not an origin registry holding objects (`MirrorError`)."""
+    try:
+        role = reg.role
+    except (errors.RegistryLocationError, IntegrityError) as exc:
+        raise MirrorError(f"source {reg.root} is not a usable registry: {exc}") from None
+    if role != "origin":
+        what = f"not a registry (no {MARKER})" if role is None else f"a {role}, not an origin"
+        hint = "mirrors flow one way: run it on the coordinator, --registry at the origin"
+        raise MirrorError(f"source {reg.root} is {what}; refusing", hint=hint)
+    if next(reg.iter_shas(), None) is None:
+        raise MirrorError(f"source {reg.root} holds no objects; refusing to mirror (--delete)")
+
+
+def _guard_destinations(source: Path, parsed: Sequence[Destination]) -> list[Destination]:
+    """Drop repeated destinations (two rsyncs into one directory at once); refuse nested
+    ones (the outer `--delete` would delete the inner) and a local one that is, contains or
+    lies inside the source (`/` too)."""
+    out: dict[tuple[str | None, PurePosixPath], Destination] = {}
+    for dest in parsed:
+        path = PurePosixPath(posixpath.normpath(dest.path))
+        if (dest.host, path) in out:
+            continue
+        for (host, other), seen in out.items():
+            if host == dest.host and (path.is_relative_to(other) or other.is_relative_to(path)):
+                raise MirrorError(
+                    f"mirror destinations {seen.raw} and {dest.raw} are nested; refusing",
+                    hint="give each worker its own directory",
+                )
+        out[dest.host, path] = dest
+    for dest in out.values():
+        src, dst = source.resolve(), Path(dest.path).resolve()
+        if dest.host is None and (src.is_relative_to(dst) or dst.is_relative_to(src)):
+            raise MirrorError(f"destination {dest.raw} overlaps the source {source}; refusing")
+    return list(out.values())
 
 
 def mirror(
@@ -53,95 +108,68 @@ def mirror(
     max_rounds: int = 3,
     on_result: Callable[[DestinationResult], None] | None = None,
 ) -> MirrorReport:
-    """Mirror the origin registry `reg` to every destination (in parallel).
+    """Mirror the origin registry `reg` to `destinations` (`PATH` or `[user@]host:PATH`),
+    in parallel; a failed destination has `ok` False in the report, the others still ran.
 
-    Args:
-        destinations: `PATH` or `[user@]host:PATH` strings (duplicates, after resolving
-            local paths, are dropped; nested destinations are refused).
-        dry_run: compare only; the report's `changes` say what would change.
-        full_verify: re-hash every source object first, and compare with `--checksum`.
-            Without it a destination is "verified" when an itemized dry run finds no
-            size or mtime difference (the objects sent are still re-hashed first, and
-            read back from the destination and hashed after).
-        ssh_options: `Key=Value` ssh options for remote destinations.
-        bwlimit: rsync `--bwlimit` (KiB/s) for the transfer passes.
-        max_rounds: how many apply + confirm rounds a changing origin may take.
-        on_result: called with each destination's result as it finishes (progress lines).
-
-    Returns:
-        The report; a destination that failed has `ok` False (the others still ran).
+    `dry_run` compares and hashes only (`changes` says what would change); `full_verify`
+    also re-hashes every source object first, not only those about to travel (the
+    destination side is the same either way). `max_rounds` bounds the apply + confirm
+    rounds a changing origin may take; `on_result` gets each result as it finishes.
 
     Raises:
-        UsageError: no destination. MirrorError: a refused source or a malformed
-        destination or option (nothing touched). IntegrityError: a source entry about to
-        be sent is not a regular file or directory where the layout wants one, or an
-        object fails verification (nothing sent). LockTimeoutError: another mirror runs.
+        UsageError: no destination. MirrorError: a refused source or destination, or a
+        malformed destination or option (nothing touched). IntegrityError: a source entry
+        about to travel is not a regular file or directory where the layout wants one, or
+        a source object or frame fails verification (nothing sent). LockTimeoutError:
+        another mirror runs.
     """
-    parsed = dedupe([parse_destination(text) for text in destinations])
+    parsed = _guard_destinations(reg.root, [parse_destination(text) for text in destinations])
     if not parsed:
-        raise UsageError(
-            "no mirror destination", hint=f"pass --to HOST:PATH or PATH, or set {ENV_TO}"
-        )
+        hint = f"pass --to HOST:PATH or PATH, or set {ENV_TO}"
+        raise errors.UsageError("no mirror destination", hint=hint)
     options = parse_ssh_options(ssh_options)
     if shutil.which("rsync") is None:
         raise MirrorError("rsync is not installed (not found on PATH)", hint="install rsync")
     check_source(reg)
-    for dest in parsed:
-        check_overlap(reg.root, dest)
     report = MirrorReport(source=str(reg.root), dry_run=dry_run, full_verify=full_verify)
     log_lock = threading.Lock()
-    verifier = SourceVerifier(reg)
+    verifier = plan.SourceVerifier(reg)
 
     def log(result: DestinationResult, *, announce: bool = True) -> None:
         if not dry_run:
             with log_lock:
-                line = dumps_canonical(result.log_record(verifier.count))
-                reg.append_mirror_log(line)
+                reg.append_mirror_log(dumps_canonical(result.log_record(verifier.count)))
         if announce and on_result is not None:
             on_result(result)
 
     with reg.lock("mirror"), contextlib.ExitStack() as stack:
-        sessions = []
-        for dest in parsed:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="prxm-")))
-            session = Session(
-                reg,
-                dest,
-                ssh_options=options,
-                full_verify=full_verify,
-                bwlimit=bwlimit,
-                workdir=workdir,
-            )
+        sessions = [Session(reg, dest, ssh_options=options, bwlimit=bwlimit) for dest in parsed]
+        for session in sessions:
             stack.callback(session.close)
-            sessions.append(session)
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=len(sessions)))
 
-        # 1. Inspect and plan every destination; read-only everywhere.
-        def plan(session: Session) -> DestinationResult | None:
+        # 1. Inspect, compare and hash every destination; read-only everywhere.
+        def prepare(session: Session) -> bool:
             try:
-                session.open()
-                session.inspect()
-                session.plan = session.compare()
+                session.prepare()
             except (MirrorError, OSError) as exc:
-                return session.finish("failed", str(exc))
-            return None
+                session.finish("failed", str(exc))
+                return False
+            return True
 
-        planned = list(pool.map(plan, sessions))
-        live = [s for s, failed in zip(sessions, planned, strict=True) if failed is None]
+        live = [s for s, ok in zip(sessions, pool.map(prepare, sessions), strict=True) if ok]
+        failed = [s.result for s in sessions if s not in live]
 
         # 2. Check what is about to travel, for all destinations, before touching any.
-        failed = [r for r in planned if r is not None]
         try:
             for s in live:
-                check_shapes(reg.root, s.plan)
+                plan.check_shapes(reg.root, s.plan)
             if full_verify:
                 verifier(map(object_relpath, reg.iter_shas()))
-            else:
-                verifier(objects_to_verify(c for s in live for c in s.plan))
+            verifier(plan.objects_to_verify(c for s in live for c in s.plan))
             for s in live:
-                referenced_objects(reg, s.plan, verifier)
+                plan.referenced_objects(reg, s.plan, verifier)
         except IntegrityError as exc:
-            report.objects_verified = verifier.count
             for s in live:
                 s.finish("refused", str(exc))
             for s in sessions:
@@ -152,59 +180,45 @@ def mirror(
             # An unreadable source file fails every destination (exit 6), with a log line.
             failed += [s.finish("failed", f"cannot read the source: {exc}") for s in live]
             live = []
-        report.objects_verified = verifier.count
         for failed_result in failed:
             log(failed_result)
 
-        if dry_run:
-            for s in live:
-                s.result.changes = list(s.plan)
-                s.result.verified = not s.plan
-                log(s.finish("dry-run"))
-        else:
-
-            def transfer(session: Session) -> None:
-                try:
-                    _transfer(session, verifier, max_rounds)
-                except (PrefixregError, OSError) as exc:
-                    # One destination failing never stops the others; the log says why.
-                    log(session.finish("failed", str(exc)))
+        def transfer(session: Session) -> None:
+            try:
+                if dry_run:
+                    session.result.changes = list(session.plan)
+                    session.result.content = judge_copy(session.swept, not session.plan)
+                    log(session.finish("dry-run"))
                     return
-                log(session.finish("ok"))
+                _transfer(session, verifier, max_rounds)
+            except (errors.PrefixregError, OSError) as exc:
+                # One destination failing never stops the others; the log says why.
+                log(session.finish("failed", str(exc)))
+                return
+            log(session.finish("ok"))
 
-            list(pool.map(transfer, live))
-            report.objects_verified = verifier.count
+        list(pool.map(transfer, live))
+        report.objects_verified = verifier.count
         report.results = [s.result for s in sessions]
     return report
 
 
-def _transfer(session: Session, verify: SourceVerifier, max_rounds: int) -> None:
-    """Apply the plan and confirm, round after round, until the destination equals the source.
-
-    Each later round's plan passes the same type checks as the first one's.
-    """
-    plan = session.plan
-    if plan and session.result.new:
+def _transfer(session: Session, verify: plan.SourceVerifier, max_rounds: int) -> None:
+    """Apply and confirm, round after round (each plan type-checked), until nothing differs."""
+    changes = session.plan
+    if changes and session.result.new:
         session.write_marker()
-    while plan:
+    while changes:
         if session.result.rounds >= max_rounds:
             raise MirrorError(
                 f"{session.dest.raw} still differs from the source after {max_rounds} rounds "
-                f"({len(plan)} changes, e.g. {plan[0]}); is the origin being written to?"
+                f"({len(changes)} changes, e.g. {changes[0]}); is the origin being written to?"
             )
         session.result.rounds += 1
-        check_shapes(session.reg.root, plan)
-        session.apply(plan, verify)
-        plan = session.compare()
-        session.result.passes.append(PassRecord("confirm", plan))
-    session.result.verified = True
-
-
-def destinations_from_env(value: str | None) -> list[str]:
-    """Destinations from `PREFIXREG_MIRROR_TO` (space-separated)."""
-    return value.split() if value else []
-
-
-def ssh_options_from_env(value: str | None) -> list[str]:
-    """ssh options from `PREFIXREG_SSH_OPTS` (space-separated `Key=Value`)."""
-    return value.split() if value else []
+        plan.check_shapes(session.reg.root, changes)
+        session.apply(changes, verify)
+        changes = session.compare()
+        session.result.passes.append(PassRecord("confirm", changes))
+    # Every object that stayed was hashed by the sweep (a new destination had none), every
+    # object sent by its read-back; the last compare found no difference.
+    session.result.content = judge_copy(session.swept or session.result.new, True)

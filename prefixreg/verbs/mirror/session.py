@@ -1,183 +1,195 @@
-"""One destination's run: inspect it, compare, apply a plan in the reader-safe order, confirm.
-
-Role: the per-destination state machine of a mirror run (`verbs.mirror.run` drives it and
-runs destinations in parallel). Every rsync goes through `verbs.rsync` (argv builder, one
-runner); paths and parses come from `registry.layout`.
+"""One destination's run (the state machine `run` drives): inspect, compare, apply, confirm.
 
 Invariants:
-- A destination is written only when it is missing, empty, or a mirror (its own marker
-  says role `mirror`); a new one gets its marker before anything else.
-- Objects travel first, regular files only, and each object sent is read back from the
-  destination and hashed before any name or meta record that points to it is sent.
-- A name or meta record travels only once its object is confirmed at the destination;
-  names travel under the registry lock; deletions come last, objects' last of all.
+- A destination is written only when it is missing (its parent present), empty, or a
+  mirror (its own marker says role `mirror`); a new one gets its marker before anything.
+- The plan is two itemized dry runs, objects by size and mtime, everything else by content
+  (`--checksum`), and the sweep: the sha256 of every object at the destination, taken
+  there; an object whose bytes do not hash to its name, or cannot be read, is sent again.
+- `content` is `judge_copy`'s verdict and `verified` is read from it only; `log_record`
+  is the `mirror.log` line of a destination (one short line: no changes list).
+- Objects travel first, regular files only, each hashed at the destination after sending
+  and before any record that points to it is sent; names travel under the registry lock;
+  deletions come last, objects' last of all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
-import shutil
+import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from prefixreg.core.errors import IntegrityError, MirrorError
 from prefixreg.core.jsonio import loads_object
+from prefixreg.core.judge import CopyVerdict, judge_copy
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.layout import (
-    FRAMES,
-    MARKER,
-    META,
-    NAMES,
-    OBJECTS,
-    frame_relpath,
-    frame_sha,
-    meta_sha,
-    object_relpath,
-    object_sha,
-)
+from prefixreg.registry.layout import FRAMES, MARKER, META, NAMES, OBJECTS
 from prefixreg.registry.store import Registry, iso_utc, utc_now
-from prefixreg.verbs.mirror.plan import (
-    Verify,
-    frame_parts_of,
-    objects_to_verify,
-    referenced_objects,
-    top,
-)
-from prefixreg.verbs.mirror.report import DestinationResult, PassRecord
-from prefixreg.verbs.mirror.rsync import (
-    LIST_LINE_RE,
-    VANISHED,
-    Change,
-    Destination,
-    Mode,
-    build_rsync_argv,
-    parse_itemized,
-    run_rsync,
-)
-from prefixreg.verbs.mirror.ssh import ControlMaster
-from prefixreg.verbs.mirror.verifier import check_read_back
+from prefixreg.verbs.mirror import rsync
+from prefixreg.verbs.mirror.plan import Verify, objects_to_verify, referenced_objects, top
+from prefixreg.verbs.mirror.rsync import VANISHED, Change, Destination, Mode, build_rsync_argv
 
-__all__ = ["OBJECT_PASSES", "REGULAR_PASSES", "Session"]
-
-# Passes that send object files: each object they send is read back afterwards.
-OBJECT_PASSES: Final = frozenset({"objects", "meta-objects", "frame-objects", "referenced-objects"})
-# Passes that send regular files only (their directories travel first, in "dirs").
-REGULAR_PASSES: Final = OBJECT_PASSES | {"meta", "frames", "referenced-frames", "names"}
 _RECORD_TREES: Final = (OBJECTS, META, FRAMES, NAMES)
+# The plan entry of an object the sweep found changed in place: a file to send again.
+_CHANGED: Final = ">fc" + "." * 8
+_UNLOGGED: Final = {"log": False}  # fields the mirror.log line leaves out
+
+
+@dataclass(slots=True)
+class PassRecord:
+    """One rsync step of a run and what it changed (what the ordering tests read)."""
+
+    kind: str
+    changes: list[Change]
+
+
+@dataclass(slots=True)
+class DestinationResult:
+    """What happened at one destination. `hashed`: objects hashed there that matched their
+    names (by the sweep or the read-back); `changed_in_place`: objects there that did not
+    (sent again); `read_back`: objects sent, then hashed there."""
+
+    destination: str
+    result: str = "failed"
+    sent: int = 0
+    deleted: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    content: CopyVerdict = "unchecked"
+    hashed: int = 0
+    changed_in_place: int = 0
+    rounds: int = 0
+    read_back: int = 0
+    new: bool = field(default=False, metadata=_UNLOGGED)
+    error: str | None = field(default=None, metadata=_UNLOGGED)
+    changes: list[Change] = field(default_factory=list, metadata=_UNLOGGED)
+    passes: list[PassRecord] = field(default_factory=list, metadata=_UNLOGGED)
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("ok", "dry-run")
+
+    @property
+    def verified(self) -> bool:
+        return self.content == "verified"
+
+    def _fields(self) -> dict[str, object]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata != _UNLOGGED}
+        return {**out, "seconds": round(self.seconds, 3), "verified": self.verified}
+
+    def log_record(self, objects_verified: int) -> dict[str, object]:
+        record = {"at": iso_utc(utc_now()), **self._fields(), "objects_verified": objects_verified}
+        return record if self.error is None else {**record, "error": self.error}
+
+    def to_dict(self) -> dict[str, object]:  # the --json form
+        extra = {"ok": self.ok, "new": self.new, "error": self.error}
+        return {**self._fields(), **extra, "changes": [str(c) for c in self.changes]}
 
 
 class Session:
-    """Everything one destination's run needs: its rsh, its control master, its passes."""
+    """One destination's run: its ssh connection, its plan, its passes, its result."""
 
     def __init__(
-        self,
-        reg: Registry,
-        dest: Destination,
-        *,
-        ssh_options: Sequence[str],
-        full_verify: bool,
-        bwlimit: int | None,
-        workdir: Path,
+        self, reg: Registry, dest: Destination, *, ssh_options: Sequence[str], bwlimit: int | None
     ) -> None:
-        self.reg = reg
-        self.dest = dest
-        self.full_verify = full_verify
-        self.bwlimit = bwlimit
-        self.workdir = workdir
+        self._tmp = tempfile.TemporaryDirectory(prefix="prxm-")  # removed by `close`
+        self.reg, self.dest, self.bwlimit = reg, dest, bwlimit
+        self.workdir = workdir = Path(self._tmp.name)
         self.source = f"{reg.root}/"
-        self.result = DestinationResult(destination=dest.raw, checksum=full_verify)
-        self.master = ControlMaster(dest, ssh_options, workdir) if dest.is_remote else None
-        self.rsh: list[str] | None = None
+        self.result = DestinationResult(destination=dest.raw)
+        self.control = workdir / "cm"  # the run's one ssh connection (`build_ssh_command`)
+        ssh = rsync.build_ssh_command(ssh_options, control_path=str(self.control))
+        self.rsh = ssh if dest.host is not None else None
         self.plan: list[Change] = []
-        self._read_backs = 0
+        self.swept = False  # every object at the destination was hashed there
         self._started = time.monotonic()
 
-    def open(self) -> None:
-        """Start the shared ssh connection; this is where "cannot authenticate" surfaces."""
-        if self.master is not None:
-            self.rsh = self.master.open()
-
     def close(self) -> None:
-        if self.master is not None:
-            self.master.close()
+        """Stop the run's ssh connection, if one was opened; remove the work directory."""
+        if self.rsh is not None and self.control.exists():
+            with contextlib.suppress(MirrorError):
+                exit_master = ["-o", f"ControlPath={self.control}", "-O", "exit"]
+                rsync.run(["ssh", *exit_master, self.dest.ssh_host])
+        self._tmp.cleanup()
 
-    # inspection -------------------------------------------------------------------------
+    def _rsync(self, mode: Mode, source: str, dest: str, **options: Any) -> bytes:
+        # Exit 24: a file vanished at the source while rsync walked it (a concurrent gc).
+        ok = (0,) if mode in ("list", "fetch", "marker") else (0, VANISHED)
+        return rsync.run(build_rsync_argv(mode, source, dest, rsh=self.rsh, **options), ok_codes=ok)
 
-    def inspect(self) -> None:
-        """Refuse anything but a missing or empty directory or a mirror registry.
+    def _refused(self, why: str, hint: str | None = None) -> MirrorError:
+        return MirrorError(f"destination {self.dest.raw} {why}; refusing", hint=hint)
 
-        The marker is fetched first: for an existing mirror (every run but the first) that
-        one small rsync is the whole inspection. Only without a readable marker is the top
-        level listed, to tell a missing or empty directory from one holding other things.
-        """
-        local = self.workdir / "dest-marker.json"
+    def _probe(self, mode: Mode, target: str, local: str = "") -> bytes | None:
+        """A `list` or `fetch` of `target`; None when rsync finds no such directory there."""
         try:
-            # No -l: a symlinked marker is skipped (and then refused below), never followed.
-            run_rsync(build_rsync_argv("fetch", self.dest.target(MARKER), str(local), rsh=self.rsh))
-        except MirrorError as exc:
-            if not (exc.returncode == 23 and "No such file or directory" in (exc.stderr or "")):
-                raise
-        if local.exists():
-            self._check_marker(local)
-            return
-        argv = build_rsync_argv("list", self.dest.target(), "", rsh=self.rsh)
-        try:
-            listing = run_rsync(argv)
+            return self._rsync(mode, target, local)
         except MirrorError as exc:
             stderr = exc.stderr or ""
-            if exc.returncode == 23 and "No such file or directory" in stderr:
-                self.result.new = True
-                return
-            if exc.returncode == 23 and "Not a directory" in stderr:
-                raise MirrorError(f"destination {self.dest.raw} is not a directory") from None
+            if exc.returncode == 23 and ("No such file" in stderr or "Not a directory" in stderr):
+                return None
             raise
-        # Fail closed: the directory counts as empty only on a positive answer, i.e. the
-        # listing parsed line by line shows the directory itself and nothing else.
-        entries: dict[str, str] = {}
-        for line in listing.stdout.decode("utf-8", "replace").splitlines():
-            if not line.strip():
-                continue
-            m = LIST_LINE_RE.fullmatch(line)
-            if m is None:
-                raise MirrorError(
-                    f"destination {self.dest.raw}: cannot read rsync's listing ({line[:80]!r}); "
-                    "refusing, nothing deleted"
-                )
+
+    def _entries(self, listing: bytes) -> dict[str, str]:
+        """{name: mode} of a `list`, read fail-closed: a line it cannot parse refuses."""
+        entries = {}
+        for line in filter(str.strip, listing.decode("utf-8", "replace").splitlines()):
+            if (m := rsync.LIST_LINE_RE.fullmatch(line)) is None:
+                why = f"cannot be inspected (rsync's listing says {line[:80]!r}), nothing deleted"
+                raise self._refused(why)
             entries[m.group(2)] = m.group(1)
-        if not entries.get(".", "").startswith("d"):
-            raise MirrorError(
-                f"destination {self.dest.raw}: rsync's listing does not show the directory "
-                "itself; refusing, nothing deleted"
-            )
-        del entries["."]
-        if not entries:
+        return entries
+
+    def inspect(self) -> None:
+        """Refuse anything but a missing directory in an existing parent, an empty one, or a
+        mirror. The marker is fetched first (for an existing mirror, the whole inspection);
+        only without one is the top level listed: empty only on a positive answer."""
+        local = self.workdir / "dest-marker.json"
+        self._probe("fetch", self.dest.target(MARKER), str(local))  # no -l: a link is skipped
+        if local.exists():
+            return self._check_marker(local)
+        listing = self._probe("list", self.dest.target())
+        if listing is None:
+            parent = self._probe("list", self.dest.parent.target())
+            if parent is None:
+                hint = "create it first: the mirror creates only the last directory"
+                why = f"needs its parent directory {self.dest.parent.path}: it does not exist"
+                raise self._refused(why, hint=hint)
+            if posixpath.basename(self.dest.path.rstrip("/")) in self._entries(parent):
+                raise self._refused("is not a directory")
             self.result.new = True
-            return
+            return None
+        entries = self._entries(listing)
+        if not entries.pop(".", "").startswith("d"):
+            raise self._refused("cannot be inspected (no '.' in rsync's listing), nothing deleted")
         if MARKER in entries:
-            raise MirrorError(f"destination {self.dest.raw}: {MARKER} is not a regular file")
-        raise MirrorError(
-            f"destination {self.dest.raw} holds files but is not a prefixreg mirror "
-            f"(no {MARKER}); refusing, nothing deleted"
-        )
+            raise self._refused(f"has a {MARKER} that is not a regular file")
+        if entries:
+            why = f"holds files but is not a prefixreg mirror (no {MARKER}), nothing deleted"
+            raise self._refused(why)
+        self.result.new = True
+        return None
 
     def _check_marker(self, local: Path) -> None:
         try:
             marker = loads_object(fsutil.read_nofollow(local), path=local)
         except IntegrityError as exc:
-            raise MirrorError(f"destination {self.dest.raw}: unreadable {MARKER} ({exc})") from None
-        if layout.marker_problem(marker) is not None:
-            raise MirrorError(f"destination {self.dest.raw}: not a prefixreg {MARKER}; refusing")
+            raise self._refused(f"has an unreadable {MARKER} ({exc})") from None
         role = marker.get("role")
+        if layout.marker_problem(marker) is not None:
+            raise self._refused(f"has no prefixreg {MARKER}")
         if role == "origin":
-            raise MirrorError(
-                f"destination {self.dest.raw} is an origin registry; refusing to mirror onto it",
-                hint="mirrors flow from the coordinator's origin to workers only",
-            )
+            hint = "mirrors flow from the coordinator's origin to workers only"
+            raise self._refused("is an origin registry", hint=hint)
         if role != "mirror":
-            raise MirrorError(f"destination {self.dest.raw}: role {role!r} is not a mirror")
+            raise self._refused(f"has role {role!r}, not a mirror")
 
     def write_marker(self) -> None:
         """Make a new destination a mirror before anything else arrives in it."""
@@ -187,191 +199,129 @@ class Session:
         (stage / MARKER).chmod(0o644)
         # The new root takes the source root's mode, so the first compare finds it equal.
         stage.chmod(self.reg.root.stat().st_mode & 0o7777)
-        run_rsync(build_rsync_argv("marker", f"{stage}/", self.dest.target(), rsh=self.rsh))
-
-    # passes ---------------------------------------------------------------------------
+        self._rsync("marker", f"{stage}/", self.dest.target())
 
     def compare(self) -> list[Change]:
-        argv = build_rsync_argv(
-            "compare", self.source, self.dest.target(), rsh=self.rsh, checksum=self.full_verify
-        )
-        # Exit 24: a file vanished at the source while rsync walked it (a concurrent gc).
-        return parse_itemized(run_rsync(argv, ok_codes=(0, VANISHED)).stdout)
+        """Both itemized dry runs, at once (one entry per path: both list a differing root)."""
+        with ThreadPoolExecutor(2) as pool:
+            modes: tuple[Mode, ...] = ("compare-objects", "compare-records")
+            runs = [pool.submit(self._rsync, m, self.source, self.dest.target()) for m in modes]
+            return list(dict.fromkeys(c for r in runs for c in rsync.parse_itemized(r.result())))
 
-    def _listing(self, kind: str, paths: Sequence[str]) -> Path:
-        listing = self.workdir / f"{kind}.list"
-        listing.write_bytes(b"".join(os.fsencode(p) + b"\0" for p in paths))
-        return listing
+    def prepare(self) -> None:
+        """Inspect and plan. The dry run of objects/ and the sweep (read-only, and of objects/
+        only) run while the marker is fetched, and count only once it passed; a new
+        destination is planned unswept. An object there that does not hash to its name is
+        sent again: rsync's quick check cannot see a change in place."""
+        with ThreadPoolExecutor(2) as pool:
+            objects = pool.submit(self._rsync, "compare-objects", self.source, self.dest.target())
+            hashing = pool.submit(self.hash_objects)
+            self.inspect()
+            if self.result.new:
+                self.plan = self.compare()
+                return
+            records = self._rsync("compare-records", self.source, self.dest.target())
+            outputs = (objects.result(), records)
+            self.plan = list(dict.fromkeys(c for out in outputs for c in rsync.parse_itemized(out)))
+            found = hashing.result()
+        planned = {c.path for c in self.plan}
+        for rel, problem in sorted(found.items()):
+            self.result.hashed += problem is None
+            self.result.changed_in_place += problem is not None
+            if problem is not None and rel not in planned:
+                self.plan.append(Change(_CHANGED, 0, rel))
+        self.swept = True
+
+    def hash_objects(self, objects: Sequence[str] = ()) -> dict[str, str | None]:
+        """`rsync.check_hashes` of `rsync.hash_argv`: hashed at the destination."""
+        try:
+            return rsync.check_hashes(rsync.run(rsync.hash_argv(self.dest, self.rsh, objects)))
+        except MirrorError as exc:
+            reason = rsync.first_error(exc.stderr or str(exc))
+            raise MirrorError(f"{self.dest.raw}: cannot hash the objects there: {reason}") from None
+
+    def read_back(self, paths: Sequence[str]) -> None:
+        """Hash the objects `paths`, just sent, at the destination; `MirrorError` when one
+        is not a regular file there whose bytes hash to its name."""
+        found = self.hash_objects(paths)
+        missing = "is not a regular file"
+        problems = [f"{rel} {found.get(rel, missing)}" for rel in paths if found.get(rel, missing)]
+        self.result.read_back += len(paths)
+        self.result.hashed += len(paths) - len(problems)
+        if problems:
+            self.result.content = judge_copy(hashed=True, matched=False)
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            why = f"{problems[0]} at the destination{more}; nothing pointing to it was sent"
+            raise MirrorError(f"{self.dest.raw}: after sending, {why}")
 
     def _pass(self, kind: str, paths: Sequence[str]) -> set[str]:
-        """One `--files-from` step; returns the paths rsync itemized.
-
-        For a send that is every listed path now at the destination (sent or already
-        equal, thanks to `-ii`); for a delete, every path it deleted. Only real changes
-        are recorded in `passes` and counted. An object, meta or names pass sends regular
-        files only: a path that turned into anything else at the source since it was
-        checked is skipped, so it never replaces a good file at the destination.
-        """
+        """One `--files-from` step; returns the paths rsync itemized (a send: every listed
+        path now at the destination, thanks to `-ii`; a delete: every path it deleted). Real
+        changes are recorded and counted, and every object sent is read back. Passes but
+        "dirs" and "rest" send regular files only: nothing else replaces a good file."""
         if not paths:
             return set()
+        listing = self.workdir / f"{kind}.list"
+        listing.write_bytes(b"".join(os.fsencode(p) + b"\0" for p in paths))
         mode: Mode = "delete" if kind.startswith("delete") else "send"
-        argv = build_rsync_argv(
-            mode,
-            self.source,
-            self.dest.target(),
-            rsh=self.rsh,
-            files_from=str(self._listing(kind, paths)),
-            bwlimit=self.bwlimit,
-            checksum=self.full_verify,
-            regular_only=kind in REGULAR_PASSES,
-        )
-        itemized = parse_itemized(run_rsync(argv, ok_codes=(0, VANISHED)).stdout)
+        files = {"files_from": str(listing), "regular_only": kind not in ("dirs", "rest")}
+        out = self._rsync(mode, self.source, self.dest.target(), bwlimit=self.bwlimit, **files)
+        itemized = rsync.parse_itemized(out)
         changes = [c for c in itemized if not c.is_unchanged]
         self.result.passes.append(PassRecord(kind, changes))
         for c in changes:
-            if c.is_delete:
-                self.result.deleted += 1
-            elif c.is_file:
-                self.result.sent += 1
-                self.result.bytes += c.bytes
+            self.result.deleted += c.is_delete
+            self.result.sent += c.kind == "file" and not c.is_delete
+            self.result.bytes += c.bytes
+        sent = [c.path for c in changes if not c.is_delete and layout.object_sha(c.path)]
+        if sent:
+            self.read_back(sorted(sent))
         return {c.path for c in itemized}
 
-    def _send_objects(self, kind: str, paths: Sequence[str]) -> set[str]:
-        """An object pass, then the read-back of every object it sent or changed."""
-        first = len(self.result.passes)
-        here = self._pass(kind, paths)
-        sent = sorted(
-            {
-                c.path
-                for record in self.result.passes[first:]
-                for c in record.changes
-                # Any kind: a directory arriving at an object's path fails the read-back.
-                if not c.is_delete and object_sha(c.path) is not None
-            }
-        )
-        self.read_back(sent)
-        return here
-
-    def read_back(self, paths: Sequence[str]) -> None:
-        """Fetch the objects `paths` back from the destination and hash them here.
-
-        Raises:
-            MirrorError: one of them is not, at the destination, a regular file whose
-                bytes hash to its name (nothing that points to it is sent).
-        """
-        if not paths:
-            return
-        self._read_backs += 1
-        local = self.workdir / f"read-back-{self._read_backs}"
-        local.mkdir()
-        try:
-            listing = self._listing("read-back", paths)
-            argv = build_rsync_argv(
-                "readback", self.dest.target(), f"{local}/", rsh=self.rsh, files_from=str(listing)
-            )
-            run_rsync(argv)
-            problems = check_read_back(local, paths)
-        finally:
-            shutil.rmtree(local, ignore_errors=True)
-        self.result.read_back += len(paths)
-        if problems:
-            raise MirrorError(
-                f"{self.dest.raw}: after sending, {problems[0]} at the destination"
-                + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-                + "; names and records pointing to it were not sent"
-            )
-
     def apply(self, plan: Sequence[Change], verify: Verify) -> None:
-        """One round, in the order that keeps DESIGN §3's reader promise.
-
-        1. the directories of objects/, meta/ and names/, then objects (verified first,
-           regular files only; an object gc removed since the plan is left out), each read
-           back from the destination and hashed;
-        2. meta records, each only once its object is confirmed at the destination (sent
-           now, already equal, or sent by a step for the objects the records point to);
-        3. under the registry lock (names only move under it, and gc only removes under
-           it): the objects the names point to *now*, then the names: the names read
-           are the names sent, so every object they point to is there first;
-        4. everything else (measurements, probes, journals), outside the lock so a slow
-           link never holds up an agent loop's `add(name=...)`;
-        5. deletions of non-objects, then of objects, each only of paths still missing at
-           the source. Object deletions wait for the next round when a planned name or
-           meta change did not happen as planned (a name came back, a record vanished),
-           and never remove an object a record sent in this round points to.
-        """
+        """One round, in the order that keeps DESIGN §3's reader promise: 1. the record
+        directories, then objects (verified first; one gc removed since the plan is left
+        out); 2. meta and frame records, each once what it points to is at the destination;
+        3. the same for names, under the registry lock, reading what they point to *now*;
+        4. everything else, outside the lock (a slow link never holds up an agent loop's
+        `add(name=...)`); 5. deletions of paths still missing at the source, objects last,
+        and those only when every planned record change happened (else the next round
+        plans afresh), never of an object a record sent in this round points to."""
         sends = [c for c in plan if not c.is_delete]
-        dirs = sorted(c.path for c in sends if c.is_dir and top(c.path) in _RECORD_TREES)
+        dirs = sorted(c.path for c in sends if c.kind == "dir" and top(c.path) in _RECORD_TREES)
         here = self._pass("dirs", dirs)
-        here |= self._send_objects("objects", verify(objects_to_verify(sends)))
-
-        meta = [c for c in sends if top(c.path) == META and not c.is_dir]
-        names = [c for c in sends if top(c.path) == NAMES and not c.is_dir]
-        rest = [c.path for c in sends if top(c.path) not in _RECORD_TREES]
+        here |= self._pass("objects", verify(objects_to_verify(sends)))
         referenced: set[str] = set()
         done: set[str] = set()
-        if meta:
-            shas = referenced_objects(self.reg, meta, verify)
-            referenced |= {object_relpath(sha) for sha in shas}
-            here |= self._send_objects("meta-objects", verify(sorted(referenced - here)))
-            ready = [
-                c.path
-                for c in meta
-                if (sha := meta_sha(c.path)) is None or object_relpath(sha) in here
-            ]
-            done |= self._pass("meta", ready)
-        frame_records = [c for c in sends if top(c.path) == FRAMES and not c.is_dir]
-        if frame_records:
-            # A frame record travels only after its parts are confirmed at the destination.
-            parts: set[str] = set()
-            for c in frame_records:
-                sha = frame_sha(c.path)
-                found = None if sha is None else frame_parts_of(self.reg, sha)
-                parts |= {object_relpath(p) for p in found or ()}
-            here |= self._send_objects("frame-objects", verify(sorted(parts - here)))
-            referenced |= parts
-            if parts <= here:
-                here |= self._pass("frames", [c.path for c in frame_records])
-        if names:
-            with self.reg.lock("registry"):
-                named_frames: set[str] = set()
-                shas = referenced_objects(self.reg, names, verify, named_frames)
-                needed = sorted({object_relpath(sha) for sha in shas} - here)
-                here |= self._send_objects("referenced-objects", verify(needed))
-                frame_files = sorted({frame_relpath(f) for f in named_frames} - here)
-                here |= self._pass("referenced-frames", frame_files)
-                missing = [rel for rel in [*needed, *frame_files] if rel not in here]
-                if missing:
-                    raise MirrorError(
-                        f"{self.dest.raw}: {missing[0]} did not arrive; names not sent"
-                    )
-                referenced |= {object_relpath(sha) for sha in shas}
-                done |= self._pass("names", [c.path for c in names])
-        self._pass("rest", rest)
+        for step, trees in (("meta", (META, FRAMES)), ("names", (NAMES,))):
+            records = [c for c in sends if top(c.path) in trees and c.kind != "dir"]
+            if not records:
+                continue
+            # Names only move under the registry lock (and gc only removes under it): the
+            # names read now are the names sent, so everything they point to is there first.
+            lock = self.reg.lock("registry") if step == "names" else contextlib.nullcontext()
+            with lock:
+                needs = referenced_objects(self.reg, records, verify)
+                wanted = set().union(*needs.values())
+                objects = sorted(p for p in wanted - here if top(p) == OBJECTS)
+                here |= self._pass(f"{step}-objects", verify(objects))
+                here |= self._pass(f"{step}-frames", sorted(wanted - here - set(objects)))
+                referenced |= wanted
+                ready = [c.path for c in records if needs.get(c.path, set()) <= here]
+                done |= self._pass(step, ready)
+        self._pass("rest", [c.path for c in sends if top(c.path) not in _RECORD_TREES])
 
-        deletions = [c.path for c in plan if c.is_delete and not c.is_object]
-        done |= self._pass("delete", deletions)
-        records = {c.path for c in plan if top(c.path) in (META, NAMES) and c.path != top(c.path)}
-        if not records <= done:
-            # Some name or meta record at the destination is not what the plan expected;
-            # it may still point to an object planned for deletion. The next round's
-            # compare plans it afresh.
+        done |= self._pass("delete", [c.path for c in plan if c.is_delete and not c.is_object])
+        if not {c.path for c in plan if top(c.path) in (META, NAMES) and "/" in c.path} <= done:
+            # A record there is not what the plan expected: it may still point to an
+            # object planned for deletion.
             self.result.passes.append(PassRecord("delete-objects-postponed", []))
             return
-        kept_dirs = {posixpath.dirname(rel) for rel in referenced}
-        self._pass(
-            "delete-objects",
-            [
-                c.path
-                for c in plan
-                if c.is_delete
-                and c.is_object
-                and c.path not in referenced
-                and c.path not in kept_dirs
-            ],
-        )
+        kept = referenced | {posixpath.dirname(rel) for rel in referenced}
+        doomed = [c.path for c in plan if c.is_delete and c.is_object and c.path not in kept]
+        self._pass("delete-objects", doomed)
 
     def finish(self, result: str, error: str | None = None) -> DestinationResult:
-        self.result.result = result
-        self.result.error = error
+        self.result.result, self.result.error = result, error
         self.result.seconds = time.monotonic() - self._started
         return self.result
