@@ -233,7 +233,7 @@ def check_hashes(stdout: bytes) -> dict[str, str | None]:
             listed.append(line)
         elif rel in found:
             found[rel] = "hashed twice"
-        elif rel == layout.object_relpath_valid(digest) and is_full_sha(digest):
+        elif is_full_sha(digest) and rel == layout.object_relpath(digest):
             found[rel] = None  # the fast path: the path is the one its bytes' sha names
         elif layout.object_sha(rel) is not None:
             found[rel] = f"hashes to {digest}"
