@@ -28,8 +28,8 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.audit.read import AuditCall, read_outputs
-from prefixreg.verbs.audit.report import DEFAULT_DECODE_TPS, DEFAULT_PREFILL_TPS
-from prefixreg.verbs.audit.run import PrefixSpan, audit_calls, match_prefix, run_audit
+from prefixreg.verbs.audit.report import DEFAULT_DECODE_TPS, DEFAULT_PREFILL_TPS, PrefixSpan
+from prefixreg.verbs.audit.run import audit_calls, match_prefix, run_audit
 from prefixreg.verbs.measure.warm import WarmResult
 from prefixreg.verbs.measure.warm import warm as warm_head
 from tests.conftest import run_cli

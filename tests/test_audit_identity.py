@@ -20,7 +20,8 @@ import pytest
 from prefixreg.registry.store import Registry
 from prefixreg.verbs.audit.identity import system_prompt
 from prefixreg.verbs.audit.read import MAX_DOCUMENT, AuditInput, read_outputs
-from prefixreg.verbs.audit.run import Known, PrefixSpan, audit_calls
+from prefixreg.verbs.audit.report import PrefixSpan
+from prefixreg.verbs.audit.run import Known, audit_calls
 from tests.test_audit import Row, _call, response
 
 SYSTEM = "You are a careful coding agent. Ünïcode kept byte for byte.\n" * 50

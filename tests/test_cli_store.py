@@ -146,13 +146,12 @@ def test_prefix_add_console_script_and_bin_wrapper(tmp_path: Path, reg: Path) ->
 
 def test_frames_go_wherever_a_prefix_goes(tmp_path: Path, reg: Path) -> None:
     """show, cat, ls and name take a frame as they take a prefix (#21)."""
-    from prefixreg.registry.frames import write_frame
     from prefixreg.registry.store import Registry
 
     registry = Registry(reg)
     system = registry.add("You are a coding agent.\n", name="sys")
     tools = '[{"type":"function","function":{"name":"grep","parameters":{"z":1,"a":2}}}]'
-    frame = write_frame(registry, system, tools=tools, settings={"tool_choice": "auto"})
+    frame = registry.add_frame(system, tools=tools, settings={"tool_choice": "auto"})
     root = ["--registry", str(reg)]
     shown = run_cli("show", frame[:10], *root)
     assert shown.returncode == 0, shown.stderr

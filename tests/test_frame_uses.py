@@ -12,7 +12,6 @@ import pytest
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.frame import Frame
-from prefixreg.registry.frames import get_frame
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimServer
@@ -56,7 +55,7 @@ def test_a_kept_frame_keeps_resuming_its_span_under_foreign_traffic(
     sim: SimServer,  # noqa: F811
     reg: Registry,  # noqa: F811
 ) -> None:
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     with Worker(sim.url) as w:
         assert warm(reg, reg.head("loop"), w).verdict == "resumed"
         judge = LoopJudge.for_worker(reg, frame, w)
@@ -94,7 +93,7 @@ def test_keepalive_sends_the_frame_head_byte_for_byte(
     sim: SimServer,  # noqa: F811
     reg: Registry,  # noqa: F811
 ) -> None:
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     wire = Recording()
     with Worker(sim.url, timeout=2.0, transport=wire) as kw:
         KeepAlive(kw, [frame], registry=reg).step()
@@ -121,7 +120,7 @@ def test_cli_keepalive_takes_a_frame_and_fails_closed_on_a_tampered_part(
     )
     assert res.returncode == 0, res.stderr
     assert orjson.loads(res.stdout)["rewarms"] >= 1
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     assert {m.body.get("frame") for m in reg.measurements() if m.kind == "keepalive"} == {
         frame.sha256
     }
@@ -134,7 +133,7 @@ def test_cli_keepalive_takes_a_frame_and_fails_closed_on_a_tampered_part(
 
 def loop_batch(url: str, reg: Registry, *, flip_at: int) -> list[dict[str, Any]]:  # noqa: F811
     """A warmed loop's request+response pairs as logged; tool_choice "none" from `flip_at`."""
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     with Worker(url) as w:
         warm(reg, reg.head("loop"), w)
     history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
@@ -156,7 +155,7 @@ def test_audit_names_a_tool_choice_flip_mid_loop_with_the_cold_calls(
     reg: Registry,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     batch = tmp_path / "batch.jsonl"
     batch.write_bytes(
         b"".join(orjson.dumps(p) + b"\n" for p in loop_batch(sim.url, reg, flip_at=3))
@@ -187,7 +186,7 @@ def test_audit_names_changed_tools_and_a_dropped_setting_in_bare_request_bodies(
     reg: Registry,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
     same = frame.body(history, model="m")
     fewer = frame.body(history, model="m") | {"tools": (frame.tools or [])[:2]}
@@ -217,7 +216,7 @@ def test_audit_frame_fails_closed_on_a_tampered_part(
     reg: Registry,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     batch = tmp_path / "requests.jsonl"
     batch.write_bytes(orjson.dumps(frame.body([{"role": "user", "content": "go"}])) + b"\n")
     flip_byte(reg.object_path(frame.tools_sha256 or ""))

@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from prefixreg.core.errors import IntegrityError, UsageError
-from prefixreg.registry.frames import get_frame, write_frame
 from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 from prefixreg.server.evidence import evidence_from_response
@@ -51,7 +50,7 @@ def sim() -> Iterator[SimServer]:
 def reg(tmp_path: Path) -> Registry:
     reg = Registry(tmp_path / "reg")
     reg.add(SYSTEM, name="system")
-    write_frame(reg, "system", tools=json.dumps(TOOLS, indent=1), settings=SETTINGS, name="loop")
+    reg.add_frame("system", tools=json.dumps(TOOLS, indent=1), settings=SETTINGS, name="loop")
     return reg
 
 
@@ -103,7 +102,7 @@ def run_loop(
 
 
 def test_frame_record_is_canonical_and_named_by_its_own_bytes(reg: Registry) -> None:
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     raw = (reg.root / "frames" / f"{frame.sha256}.json").read_bytes()
     assert hashlib.sha256(raw).hexdigest() == frame.sha256
     record = json.loads(raw)
@@ -117,17 +116,17 @@ def test_frame_record_is_canonical_and_named_by_its_own_bytes(reg: Registry) -> 
     assert reg.read_verified(frame.tools_sha256 or "") == json.dumps(TOOLS, indent=1).encode()
     assert frame.tools == TOOLS and frame.settings == SETTINGS
     # Idempotent, named like a prefix, and `verify` knows the frames directory.
-    again = write_frame(reg, "system", tools=json.dumps(TOOLS, indent=1), settings=SETTINGS)
+    again = reg.add_frame("system", tools=json.dumps(TOOLS, indent=1), settings=SETTINGS)
     assert again == frame.sha256 and reg.read_name("loop") == frame.sha256
     assert verify_registry(reg).ok
     with pytest.raises(UsageError, match="not a prompt setting"):
-        write_frame(reg, "system", settings={"temperature": 0})
+        reg.add_frame("system", settings={"temperature": 0})
 
 
 def test_body_puts_verified_head_before_history_and_refuses_a_conflicting_part(
     reg: Registry,
 ) -> None:
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
     turn(history, 0)
     body = frame.body(history, model="m", max_tokens=8)
@@ -149,7 +148,7 @@ def test_loop_with_tools_resumes_the_frame_span_on_every_call(
         result = warm(reg, reg.head("loop"), w)
         assert result.verdict == "resumed"
         assert result.measurement.body["frame"] == reg.read_name("loop")
-        judge = LoopJudge.for_worker(reg, get_frame(reg, "loop"), w)
+        judge = LoopJudge.for_worker(reg, reg.frame("loop"), w)
         span = judge.span
         assert span is not None and span > 0
         calls = run_loop(w, judge)
@@ -161,7 +160,7 @@ def test_loop_with_tools_resumes_the_frame_span_on_every_call(
 def test_bare_system_warm_is_a_frame_mismatch_never_resumed(sim: SimServer, reg: Registry) -> None:
     with Worker(sim.url) as w:
         assert warm(reg, reg.head("system"), w).verdict == "resumed"
-        judge = LoopJudge.for_worker(reg, get_frame(reg, "loop"), w)
+        judge = LoopJudge.for_worker(reg, reg.frame("loop"), w)
         calls = run_loop(w, judge)
     assert [v for _, _, v in calls] == ["head-mismatch"] * TURNS
     assert calls[0][1] == "cold"  # the tools changed the prefix: the warm bought nothing
@@ -173,11 +172,11 @@ def test_tool_choice_flip_mid_loop_is_named_as_drift_with_the_cold_calls(
 ) -> None:
     with Worker(sim.url) as w:
         warm(reg, reg.head("loop"), w)
-        judge = LoopJudge.for_worker(reg, get_frame(reg, "loop"), w)
+        judge = LoopJudge.for_worker(reg, reg.frame("loop"), w)
         calls = run_loop(w, judge, flip_at=3)
     assert [v for _, _, v in calls] == ["resumed"] * 3 + ["drift"] * 3
     assert "tool_choice" in judge.calls[3][1] and "removes the tools" in judge.calls[3][1]
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     events = drift_events([(tuple(frame.drift(b)), s) for b, s, _ in calls])
     assert len(events) == 1
     event = events[0]
@@ -189,10 +188,10 @@ def test_tool_choice_flip_mid_loop_is_named_as_drift_with_the_cold_calls(
 def test_tampered_tools_object_fails_closed_and_sends_nothing(
     sim: SimServer, reg: Registry
 ) -> None:
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     flip_byte(reg.object_path(frame.tools_sha256 or ""))
     with pytest.raises(IntegrityError):
-        get_frame(reg, "loop")
+        reg.frame("loop")
     res = run_cli("warm", "loop", "--worker", sim.url, "--registry", str(reg.root))
     assert res.returncode == 3, res.stderr
     assert res.stdout == b""
@@ -238,7 +237,7 @@ def test_openai_sdk_sends_the_api_body_unchanged(sim: SimServer, reg: Registry) 
         if request.url.path.endswith("/chat/completions"):
             sent.append(request.read())
 
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
     turn(history, 0)
     with Worker(sim.url) as w:
@@ -259,7 +258,7 @@ def test_openai_sdk_sends_the_api_body_unchanged(sim: SimServer, reg: Registry) 
 
 
 def test_sim_renders_tools_into_the_system_part(sim: SimServer, reg: Registry) -> None:
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     with Worker(sim.url) as w:
         _, bare = w.chat(frame.system, "hi", max_tokens=1)
         _, tooled = w.chat(frame.system, "hi", tools=TOOLS, max_tokens=1)
@@ -286,7 +285,7 @@ def test_tools_and_settings_that_cannot_travel_byte_for_byte_are_usage_errors(
 def test_gc_refuses_to_guess_the_parts_of_a_frame_record_it_cannot_read(reg: Registry) -> None:
     from prefixreg.registry.gc import collect_garbage
 
-    frame = get_frame(reg, "loop")
+    frame = reg.frame("loop")
     record = reg.root / "frames" / f"{frame.sha256}.json"
     record.chmod(0o644)
     record.write_bytes(b"{broken")

@@ -31,7 +31,6 @@ import orjson
 import pytest
 
 from prefixreg.core.frame import Frame
-from prefixreg.registry.frames import get_frame, write_frame
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.loop import LoopJudge
@@ -167,8 +166,8 @@ def test_history_through_the_api_resumes_the_frames_head(
     reg_path = tmp_path / "reg"
     reg = Registry(reg_path)
     reg.add(system_prompt(), name="system")
-    write_frame(reg, "system", tools=json.dumps(TOOLS), settings=SETTINGS, name="loop")
-    frame: Frame = get_frame(reg, "loop")
+    reg.add_frame("system", tools=json.dumps(TOOLS), settings=SETTINGS, name="loop")
+    frame: Frame = reg.frame("loop")
 
     # What the server makes of the frame, measured with its own template and tokenizer.
     probe_a = frame.body([{"role": "user", "content": "Alpha: start."}])

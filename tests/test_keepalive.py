@@ -22,7 +22,8 @@ from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.keepalive.run import KeepAlive
 from prefixreg.verbs.loop import LoopStats
-from prefixreg.verbs.probe.run import ProbeOptions, run_probe
+from prefixreg.verbs.probe.options import ProbeOptions
+from prefixreg.verbs.probe.run import run_probe
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, Request
 

@@ -140,3 +140,26 @@ def test_a_snapshot_that_does_not_verify_is_reported_and_re_warmed(
     assert snap is not None and snap["verdict"] == "integrity"
     assert "not readable" in str(snap["reason"])
     assert (keeper.summary.restored, keeper.summary.restore_misses) == (0, 1)
+
+
+def test_a_frame_lost_to_a_restart_comes_back_from_its_snapshot(
+    reg: Registry, tmp_path: Path
+) -> None:
+    tools = '[{"type": "function", "function": {"name": "read_file"}}]'
+    frame_sha = reg.add_frame("p1", tools=tools, name="loop")
+    state = {"task": 50}
+    with FakeServer() as srv:
+        _server(srv, state, _chat(0), _chat(990))
+        record = saved_record(reg, srv.url, tmp_path / "slots", ref="loop")
+        assert record.sha256 == frame_sha
+        with Worker(srv.url) as w:
+            keeper = KeepAlive(w, [reg.head("loop")], registry=reg, budget=4, poll_s=0.01)
+            assert [r.verdict for r in keeper.step()] == ["cold"]
+            state["task"] = 1  # a restart
+            keeper.step()
+        chats = [r.json for r in srv.requests if r.path == "/v1/chat/completions"]
+        slot_posts = [r.json for r in srv.requests if r.path == "/slots/0"]
+    assert slot_posts == [{}, {"filename": record.file}]  # erase, then restore
+    assert chats[1]["tools"] == [{"type": "function", "function": {"name": "read_file"}}]
+    rewarm = keeper.history[-1]
+    assert rewarm.verdict == "resumed" and dict(rewarm.snapshot or {})["verdict"] == "restored"

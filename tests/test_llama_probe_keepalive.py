@@ -28,7 +28,8 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.keepalive.run import KeepAlive
 from prefixreg.verbs.loop import LoopStats
-from prefixreg.verbs.probe.run import ProbeOptions, run_probe
+from prefixreg.verbs.probe.options import ProbeOptions
+from prefixreg.verbs.probe.run import run_probe
 from tests.conftest import run_cli
 from tests.peer.llama_peer import PeerServer
 

@@ -291,17 +291,16 @@ def test_changes_at_the_origin_arrive_and_worker_side_files_disappear(tmp_path: 
 
 
 def test_a_named_frame_travels_with_its_parts_before_its_name(tmp_path: Path) -> None:
-    from prefixreg.registry.frames import get_frame, write_frame
     from prefixreg.registry.verify import verify_registry
 
     reg = make_origin(tmp_path / "reg")
     tools = '[{"type":"function","function":{"name":"read_file","parameters":{}}}]'
-    sha = write_frame(reg, "p1", tools=tools, settings={"tool_choice": "auto"}, name="head")
+    sha = reg.add_frame("p1", tools=tools, settings={"tool_choice": "auto"}, name="head")
     dest = tmp_path / "m"
     report = mirror(reg, [str(dest)])
     assert report.ok, report.results[0].error
     worker = Registry(dest)
-    frame = get_frame(worker, "head")  # verified there: record and both parts arrived
+    frame = worker.frame("head")  # verified there: record and both parts arrived
     assert frame.sha256 == sha and frame.tools_data == tools.encode()
     assert verify_registry(worker).ok
     (r,) = report.results
@@ -311,10 +310,10 @@ def test_a_named_frame_travels_with_its_parts_before_its_name(tmp_path: Path) ->
     assert kinds.index(frames) < kinds.index("names"), kinds
 
     # A frame named later, whose record the plan never saw, still travels with its name.
-    later = write_frame(reg, "p2", settings={"tool_choice": "none"})
+    later = reg.add_frame("p2", settings={"tool_choice": "none"})
     reg.move_name("later", later)
     assert mirror(reg, [str(dest)]).ok
-    assert get_frame(Registry(dest), "later").sha256 == later
+    assert Registry(dest).frame("later").sha256 == later
 
 
 def _change_in_place(path: Path) -> None:

@@ -15,7 +15,6 @@ import pytest
 
 from prefixreg.core.errors import PrefixregError, UsageError
 from prefixreg.core.prefix import fresh_tail
-from prefixreg.registry.frames import write_frame
 from prefixreg.registry.store import Registry
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.pool.live import Pool, served_by
@@ -436,9 +435,7 @@ def test_pool_warm_takes_a_frame_and_keeps_its_placement_beside_the_registry(
     home = tmp_path / "home-reg"
     reg = Registry(home)
     reg.add(_brief(0), name="system")
-    write_frame(
-        reg, "system", tools=json.dumps(TOOLS), settings={"tool_choice": "auto"}, name="loop"
-    )
+    reg.add_frame("system", tools=json.dumps(TOOLS), settings={"tool_choice": "auto"}, name="loop")
     frame = reg.head("loop")
     with SimServer(SimConfig(speed=8000)) as sim:
         env = {"PREFIXREG_HOME": str(home)}

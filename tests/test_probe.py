@@ -28,13 +28,8 @@ from prefixreg.registry.verify import verify_registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
-from prefixreg.verbs.probe.run import (
-    ProbeOptions,
-    ProbeReport,
-    check_sizes,
-    parse_sizes,
-    run_probe,
-)
+from prefixreg.verbs.probe.options import ProbeOptions
+from prefixreg.verbs.probe.run import ProbeReport, check_sizes, parse_sizes, run_probe
 from tests.conftest import run_cli
 
 
@@ -171,6 +166,25 @@ def test_refuses_a_busy_worker_unless_forced(registry: Registry) -> None:
                 run_probe(registry, w, ProbeOptions(sizes=(4000,)))
         slow.join(timeout=30)
     assert registry.measurements() == []
+
+
+@pytest.mark.parametrize("processing", ["yes", 1, None])
+def test_a_slot_whose_is_processing_is_not_a_boolean_counts_as_busy(
+    registry: Registry, processing: object
+) -> None:
+    from tests.fakeserver import FakeServer, Reply
+    from tests.test_snapshots import PROPS
+
+    slot: dict[str, object] = {"id": 0, "n_ctx": 8192, "id_task": 3}
+    if processing is not None:
+        slot["is_processing"] = processing
+    with FakeServer() as srv:
+        srv.route("GET", "/health", Reply(json={"status": "ok"}))
+        srv.route("GET", "/props", Reply(json=PROPS))
+        srv.route("GET", "/slots", Reply(json=[slot]))
+        with Worker(srv.url) as w, pytest.raises(UsageError, match="in flight"):
+            run_probe(registry, w, ProbeOptions(sizes=(4000,)))
+        assert not any(r.path == "/v1/chat/completions" for r in srv.requests)
 
 
 def test_two_probes_from_one_registry_never_overlap(flash: SimServer, tmp_path: Path) -> None:

@@ -17,11 +17,11 @@ import pytest
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.frame import Frame
-from prefixreg.registry.frames import write_frame
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.probe.run import ProbeOptions, check_sizes, run_probe
+from prefixreg.verbs.probe.options import ProbeOptions
+from prefixreg.verbs.probe.run import check_sizes, run_probe
 from tests.conftest import run_cli
 from tests.test_store import flip_byte
 
@@ -55,7 +55,7 @@ def sim() -> Iterator[SimServer]:
 def reg(tmp_path: Path) -> Registry:
     reg = Registry(tmp_path / "reg")
     reg.add("You are a coding agent.\n" * 10, name="system")
-    write_frame(reg, "system", tools=json.dumps(TOOLS), settings=SETTINGS, name="loop")
+    reg.add_frame("system", tools=json.dumps(TOOLS), settings=SETTINGS, name="loop")
     return reg
 
 

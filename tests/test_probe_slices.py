@@ -19,8 +19,10 @@ from prefixreg.registry.verify import verify_registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.audit.identity import PromptSeen, check_identity, system_prompt
-from prefixreg.verbs.audit.run import Known, PrefixSpan, match_prefix, run_audit
-from prefixreg.verbs.probe.run import ProbeOptions, ProbeReport, run_probe
+from prefixreg.verbs.audit.report import PrefixSpan
+from prefixreg.verbs.audit.run import Known, match_prefix, run_audit
+from prefixreg.verbs.probe.options import ProbeOptions
+from prefixreg.verbs.probe.run import ProbeReport, run_probe
 from tests.conftest import run_cli
 from tests.test_audit import Row, _call, response
 

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from prefixreg.core.errors import IntegrityError, PrefixregError
 from prefixreg.registry import fsutil
-from prefixreg.registry.frames import get_frame, read_frame, write_frame
 from prefixreg.registry.gc import collect_garbage, parse_grace
 from prefixreg.registry.snapshots import list_snapshots, read_snapshot, write_snapshot
 from prefixreg.registry.store import Registry
@@ -160,7 +159,7 @@ def test_a_frame_record_nested_100k_deep_fails_closed_everywhere(registry: Regis
     with pytest.raises(IntegrityError):
         registry.head(sha)
     with pytest.raises(IntegrityError):
-        read_frame(registry, sha)
+        registry.frame(sha)
     report = verify_registry(registry)
     assert ("bad_record", f"frames/{sha}.json") in {(f.kind, f.path) for f in report.findings}
     assert run("verify", "--registry", root).returncode == 1
@@ -240,10 +239,8 @@ def test_wrong_types_raise_a_prefixreg_error(
         lambda: reg.write_probe_receipt(value, lambda _j, _m: (b"", b"")),
         lambda: reg.init(role=value),
         lambda: reg.lock(value).__enter__(),
-        lambda: get_frame(reg, value),
-        lambda: get_frame(value, "n"),
-        lambda: read_frame(reg, value),
-        lambda: write_frame(reg, value),
+        lambda: reg.frame(value),
+        lambda: reg.add_frame(value),
         lambda: read_snapshot(reg, value, "0" * 16),
         lambda: read_snapshot(reg, sha, value),
         lambda: write_snapshot(reg, value),
@@ -255,13 +252,13 @@ def test_wrong_types_raise_a_prefixreg_error(
             lambda: reg.add("y\n", note=value),
             lambda: reg.measurements(value),
             lambda: reg.move_name("m", sha, expect=value),
-            lambda: write_frame(reg, sha, tools=value),
+            lambda: reg.add_frame(sha, tools=value),
             lambda: list_snapshots(reg, value),
         ]
     if not isinstance(value, bytes):  # bytes are content
         calls.append(lambda: reg.add(value))
     if not isinstance(value, dict | None):  # a mapping is settings
-        calls.append(lambda: write_frame(reg, sha, settings=value))
+        calls.append(lambda: reg.add_frame(sha, settings=value))
     if not (type(value) in (int, float) and math.isfinite(value) and value >= 0):
         calls.append(lambda: Registry(reg.root, lock_timeout=value))
         calls.append(lambda: collect_garbage(reg, grace_s=value))
@@ -276,7 +273,7 @@ def test_the_examples_of_the_issue(registry: Registry) -> None:
     for call in (
         lambda: Registry(bad),
         lambda: registry.get(bad),
-        lambda: get_frame(registry, bad),
+        lambda: registry.frame(bad),
     ):
         with pytest.raises(PrefixregError):
             call()

@@ -112,10 +112,9 @@ def test_an_interrupted_move_is_reported_and_repair_completes_it(registry: Regis
 
 
 def test_repair_completes_an_interrupted_move_to_a_frame(registry: Registry) -> None:
-    from prefixreg.registry.frames import write_frame
 
     a = registry.add("system a\n", name="head")
-    frame = write_frame(registry, a, settings={"tool_choice": "none"})
+    frame = registry.add_frame(a, settings={"tool_choice": "none"})
     with (registry.root / "names.log").open("ab") as log:
         log.write(_journal_line("head", a, frame))
     report = repair_registry(registry)

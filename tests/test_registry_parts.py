@@ -8,7 +8,6 @@ import pytest
 from prefixreg.core import frame as frame_mod
 from prefixreg.core.errors import AmbiguousRefError, RefNotFoundError
 from prefixreg.core.frame import Frame
-from prefixreg.registry.frames import get_frame, write_frame
 from prefixreg.registry.store import NameConflictError, Registry
 
 TOOLS = '[{"type":"function","function":{"name":"grep","parameters":{}}}]'
@@ -16,7 +15,7 @@ TOOLS = '[{"type":"function","function":{"name":"grep","parameters":{}}}]'
 
 def test_one_resolver_for_prefixes_and_frames(registry: Registry) -> None:
     system = registry.add("system\n", name="sys")
-    frame = write_frame(registry, system, tools=TOOLS, name="loop")
+    frame = registry.add_frame(system, tools=TOOLS, name="loop")
     assert registry.resolve("loop") == frame and registry.resolve(frame[:9]) == frame
     head = registry.head(frame[:9])
     assert isinstance(head, Frame) and head.sha256 == frame and head.system.sha256 == system
@@ -24,7 +23,7 @@ def test_one_resolver_for_prefixes_and_frames(registry: Registry) -> None:
     with pytest.raises(RefNotFoundError, match="names frame"):
         registry.get("loop")  # get is prefixes only, through the same resolution
     with pytest.raises(RefNotFoundError):
-        get_frame(registry, "sys")
+        registry.frame("sys")
     # An abbreviation both an object and a frame share is ambiguous, whoever asks.
     twin = frame[:8] + ("0" if frame[8] != "0" else "1") + frame[9:]
     registry.object_path(twin).parent.mkdir(exist_ok=True)
@@ -36,11 +35,11 @@ def test_one_resolver_for_prefixes_and_frames(registry: Registry) -> None:
 
 def test_a_name_changes_kind_only_when_forced(registry: Registry) -> None:
     system = registry.add("system\n", name="head")
-    frame = write_frame(registry, system, settings={"tool_choice": "none"})
+    frame = registry.add_frame(system, settings={"tool_choice": "none"})
     with pytest.raises(NameConflictError, match="changes what the loop sends"):
         registry.move_name("head", frame)
     with pytest.raises(NameConflictError, match="changes what the loop sends"):
-        write_frame(registry, system, settings={"tool_choice": "none"}, name="head")
+        registry.add_frame(system, settings={"tool_choice": "none"}, name="head")
     assert registry.move_name("head", frame, force=True) is not None
     with pytest.raises(NameConflictError):
         registry.move_name("head", system)
@@ -55,7 +54,7 @@ def test_file_system_primitives_are_not_on_the_registry(registry: Registry) -> N
 
 def test_a_frame_parses_its_tools_once(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
     system = registry.add("system\n")
-    frame = write_frame(registry, system, tools=TOOLS, settings={"tool_choice": "auto"})
+    frame = registry.add_frame(system, tools=TOOLS, settings={"tool_choice": "auto"})
     calls = []
     real = frame_mod.parse_tools
 

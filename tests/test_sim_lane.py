@@ -30,7 +30,8 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
-from prefixreg.verbs.probe.run import DEFAULT_SIZES, ProbeOptions, run_probe
+from prefixreg.verbs.probe.options import DEFAULT_SIZES, ProbeOptions
+from prefixreg.verbs.probe.run import run_probe
 
 MEASURED_PROMPT = {4000: 2593, 16000: 11374}
 MEASURED_A1 = {4000: (3.38, 3.38), 16000: (9.81, 9.81)}

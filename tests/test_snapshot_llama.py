@@ -24,7 +24,6 @@ from typing import Any
 import orjson
 import pytest
 
-from prefixreg.registry.frames import write_frame
 from prefixreg.registry.snapshots import digest_snapshot_file, read_snapshot, write_snapshot
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
@@ -272,8 +271,8 @@ def test_a_frames_head_is_saved_and_restored_after_a_restart(tmp_path: Path) -> 
     flags = flags_for(slots, "-v", "--jinja", "--chat-template-file", str(template))
     reg = Registry(tmp_path / "reg")
     reg.add(prose(33, 900), name="sys")
-    frame = write_frame(
-        reg, "sys", tools=orjson.dumps(TOOLS), settings={"tool_choice": "auto"}, name="loop"
+    frame = reg.add_frame(
+        "sys", tools=orjson.dumps(TOOLS), settings={"tool_choice": "auto"}, name="loop"
     )
     where = ("--registry", str(reg.root), "--json")
     server = start(flags, paths=peer_paths(), log_dir=tmp_path)

@@ -21,7 +21,8 @@ from prefixreg.core.records import CallEvidence
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.probe.run import ProbeOptions, run_probe
+from prefixreg.verbs.probe.options import ProbeOptions
+from prefixreg.verbs.probe.run import run_probe
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, Request, sse_frames
 from tests.test_worker import HALOGEN_CACHE, HALOGEN_HEALTH

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import orjson
 
-from prefixreg.registry.frames import write_frame
 from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 from prefixreg.sim import SimConfig, SimServer
@@ -136,7 +135,7 @@ def test_warm_restore_of_a_frame_restores_the_frames_own_snapshot(
     reg: Registry, tmp_path: Path
 ) -> None:
     """#21: a frame's head has its own snapshot record, keyed by the frame's sha."""
-    frame = write_frame(reg, "p1", settings={"reasoning_effort": "low"}, name="loop")
+    frame = reg.add_frame("p1", settings={"reasoning_effort": "low"}, name="loop")
     with FakeServer() as srv:
         _llama(srv, restore=Reply(json=RESTORED), cached=990)
         record = saved_record(reg, srv.url, tmp_path / "slots", ref="loop")

@@ -16,7 +16,8 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.measure.warm import WarmResult, warm
-from prefixreg.verbs.probe.run import ProbeOptions, ProbeReport, run_probe
+from prefixreg.verbs.probe.options import ProbeOptions
+from prefixreg.verbs.probe.run import ProbeReport, run_probe
 
 SAMPLE_NAME = "coding-agent"
 

@@ -75,15 +75,13 @@ def frame_command(
 
     Prints the frame's sha256 (of its record, `frames/<sha>.json`).
     """
-    from prefixreg.registry.frames import write_frame
-
     with cli_errors(debug):
         reg = open_registry_from(registry)
         data = None
         if tools is not None:
             data = read_user_file(tools)
-        sha = write_frame(
-            reg, system, tools=data, settings=_settings(settings or []), name=name, force=force
+        sha = reg.add_frame(
+            system, tools=data, settings=_settings(settings or []), name=name, force=force
         )
         if json_out:
             emit_json({"frame": sha, "name": name})

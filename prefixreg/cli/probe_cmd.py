@@ -71,7 +71,8 @@ def probe_command(
     the server build; the run is written to probes/<ts>.json and probes/<ts>.md.
     """
     from prefixreg.core.frame import Frame
-    from prefixreg.verbs.probe.run import Legs, ProbeOptions, parse_sizes, run_probe
+    from prefixreg.verbs.probe.options import Legs, ProbeOptions
+    from prefixreg.verbs.probe.run import parse_sizes, run_probe
 
     with c.cli_errors(debug):
         if public and not json_out:

@@ -36,7 +36,6 @@ from typing import Final, Literal
 from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.frames import frame_parts
 from prefixreg.registry.records import receipt_refs
 from prefixreg.registry.snapshots import prune_snapshot_records, snapshot_prefix_shas
 from prefixreg.registry.store import Registry
@@ -178,7 +177,7 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
     # journalled `to` of each name counts as named too (an interrupted move), and a frame
     # keeps its parts.
     last_to = {move.name: move.to_sha for move in reg.name_log()}
-    named = set(reg.names().values()) | set(last_to.values()) | frame_parts(reg)
+    named = set(reg.names().values()) | set(last_to.values()) | reg._frames.parts()
     recent = _recent_measurements(reg, cutoff)
     receipts = reg.probe_receipts()
     by_receipt, receipt_unread = receipt_refs(raw for _path, raw in receipts)

@@ -26,8 +26,13 @@ from prefixreg.core.errors import CorruptRecordError, IntegrityError, UsageError
 from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.core.snapshots import SnapshotRecord, validate_file_name
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.frames import _registry
 from prefixreg.registry.store import Registry
+
+
+def _registry(reg: object) -> Registry:
+    if not isinstance(reg, Registry):
+        raise UsageError(f"not a Registry: {type(reg).__name__}")
+    return reg
 
 
 def snapshot_record_path(registry: Registry, sha256: str, build_id: str) -> Path:

@@ -2,9 +2,10 @@
 
 Parts: `disk.Disk` (the root, its marker and lock, no-follow access by `layout` path; private
 to this package), `objects.Objects` (objects and meta, verified at use), `names.Names` (name
-files and their write-ahead journal) and the records (`records.Records`: measurements, probe
-receipts, the mirror log; `frames`; `snapshots`). `Registry` resolves references: one
-resolver behind `head`, `get`, `resolve` and `move_name`.
+files and their write-ahead journal), the records (`records.Records`: measurements, probe
+receipts, the mirror log) and `frames.Frames`; `snapshots` and the use cases (verify, gc,
+migrate) sit above. `Registry` resolves references: one resolver behind `head`, `frame`,
+`get`, `resolve` and `move_name`.
 
 Invariants:
 - Arguments are checked before anything is written, types included; a bad one raises a
@@ -22,15 +23,17 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from prefixreg.core import errors
 from prefixreg.core.digest import is_full_sha, looks_like_sha, parse_abbrev, sha256_hex
+from prefixreg.core.frame import Frame, encode_frame_record, parse_tools
 from prefixreg.core.prefix import Prefix
 from prefixreg.registry import layout
 from prefixreg.registry.disk import Disk
+from prefixreg.registry.frames import Frames
 from prefixreg.registry.layout import iso_utc as iso_utc
 from prefixreg.registry.layout import stamp_utc as stamp_utc
 from prefixreg.registry.layout import utc_now as utc_now
@@ -48,7 +51,6 @@ from prefixreg.registry.objects import (
 from prefixreg.registry.records import Records
 
 if TYPE_CHECKING:
-    from prefixreg.core.frame import Frame
     from prefixreg.core.records import Measurement, Meta, NameMove
 
 
@@ -75,6 +77,7 @@ class Registry:
         self._objects = Objects(self._disk)
         self._names = Names(self._disk, self.lock)
         self._records = Records(self._disk)
+        self._frames = Frames(self._disk, self._objects)
 
     def __repr__(self) -> str:
         return f"Registry({str(self.root)!r})"
@@ -135,10 +138,8 @@ class Registry:
         abbrev = parse_abbrev(ref)
         if len(abbrev) == 64:
             return abbrev, None
-        from prefixreg.registry.frames import frame_shas
-
         objects = set(self._objects.shas(regular_only=True, prefix=abbrev))
-        found = sorted(objects.union(s for s in frame_shas(self) if s.startswith(abbrev)))
+        found = sorted(objects.union(s for s in self._frames.shas() if s.startswith(abbrev)))
         if not found:
             raise errors.RefNotFoundError(f"no prefix or frame matches {ref!r}")
         if len(found) > 1:
@@ -166,9 +167,7 @@ class Registry:
 
     def _head(self, sha: str, name: str | None = None) -> Prefix | Frame:
         if self._names.is_frame(sha):
-            from prefixreg.registry.frames import read_frame
-
-            return read_frame(self, sha, name=name)
+            return self._frames.read(sha, name=name)
         return Prefix(sha, self._read(sha, name), name)
 
     def head(self, ref: str) -> Prefix | Frame:
@@ -181,6 +180,14 @@ class Registry:
                 or a part fail verification, or a name points at something missing.
         """
         return self._head(*self._find(ref))
+
+    def frame(self, ref: str) -> Frame:
+        """The verified frame `ref` names; a prefix is refused (`RefNotFoundError`). Raises
+        as `head`."""
+        head = self.head(ref)
+        if not isinstance(head, Frame):
+            raise errors.RefNotFoundError(f"no frame {ref!r} ({head.sha256[:12]} is a prefix)")
+        return head
 
     def get(self, ref: str) -> Prefix:
         """The verified prefix `ref` names; a frame is refused (`head` takes both). Raises as
@@ -240,18 +247,37 @@ class Registry:
         system: str,
         *,
         tools: str | bytes | None = None,
-        settings: dict[str, object] | None = None,
+        settings: Mapping[str, object] | None = None,
         name: str | None = None,
         note: str | None = None,
         force: bool = False,
     ) -> str:
-        """Register a frame (the system prefix `system` names, the tools JSON as exact bytes,
-        the prompt settings) and return its sha; see `registry.frames.write_frame`."""
-        from prefixreg.registry.frames import write_frame
+        """Register a frame and return its sha (idempotent): `system` names the system prefix
+        (verified first), `tools` is the tools JSON text (stored as its exact bytes: a list of
+        tool objects), `settings` the prompt settings (`core.frame.PROMPT_SETTINGS`); `name`
+        optionally points at it (one that holds a prefix moves only with `force`).
 
-        return write_frame(
-            self, system, tools=tools, settings=settings, name=name, note=note, force=force
-        )
+        Raises:
+            UsageError: bad tools JSON, an unknown setting, a bad name or argument, or a mirror.
+            IntegrityError: a part, or an existing record of the same sha, does not verify.
+        """
+        if name is not None:
+            layout.validate_name(name)
+        given: tuple[object, object] = (tools, settings)  # the API boundary: anything may come
+        if not isinstance(given[0], str | bytes | None) or not isinstance(given[1], Mapping | None):
+            raise errors.UsageError("tools must be JSON text (str or bytes) and settings a mapping")
+        self.init()
+        self.refuse_on_mirror("register a frame")
+        system_sha = self.get(system).sha256  # verified
+        tools_sha = None
+        if tools is not None:
+            data = tools.encode("utf-8") if isinstance(tools, str) else tools
+            parse_tools(data)
+            tools_sha = self.add(data, source="tools", note=note)
+        sha = self._frames.publish(encode_frame_record(system_sha, tools_sha, settings or {}))
+        if name is not None:
+            self.move_name(name, sha, force=force)
+        return sha
 
     def add_probe_slice(self, content: bytes | str, *, run_id: str) -> str:
         """Store a slice probe run `run_id` sends, as `add` does, its meta marked as a probe
@@ -333,9 +359,7 @@ class Registry:
             slice_ = is_probe_source(m.source, m.note)
             out.append(ObjectInfo(sha, m.bytes, m.created, m.note, names, slice_))
         if frames:
-            from prefixreg.registry.frames import frame_rows
-
-            out += frame_rows(self, by_sha)
+            out += self._frames.rows(by_sha)
         return sorted(out, key=lambda o: (o.created or "", o.sha256))
 
     def names(self) -> dict[str, str]:

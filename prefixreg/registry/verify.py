@@ -27,7 +27,6 @@ from typing import Final, Literal
 
 from prefixreg.core.errors import IntegrityError
 from prefixreg.registry import layout
-from prefixreg.registry.frames import verify_frames
 from prefixreg.registry.snapshots import check_snapshot_entry
 from prefixreg.registry.store import Registry
 
@@ -93,7 +92,7 @@ def verify_registry(reg: Registry) -> VerifyReport:
     for entry, kind in tree.get(layout.PROBES, []):
         if kind != "file":
             report.add("unexpected", f"{layout.PROBES}/{entry}", "not a probe receipt file")
-    for rel, message in verify_frames(reg):
+    for rel, message in reg._frames.problems():
         report.add("bad_record", rel, message)
     for entry, kind in tree.get(layout.SNAPSHOTS, []):
         for what, message in check_snapshot_entry(reg, entry, kind):

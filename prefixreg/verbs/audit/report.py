@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Literal
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
@@ -23,8 +23,47 @@ from prefixreg.core.records import CallEvidence
 from prefixreg.verbs.audit.identity import FrameAudit, IdentityReport, listing
 from prefixreg.verbs.audit.read import AuditCall, Malformed
 
-if TYPE_CHECKING:
-    from prefixreg.verbs.audit.run import SharedHead
+Method = Literal["identity", "records", "coverage"]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixSpan:
+    """A head's measured span on one build: its latest resumed measurement."""
+
+    sha256: str
+    build_id: str
+    span_tokens: int
+    alignment: int
+    at: str
+    kind: str
+    frame: str | None = None
+
+    @property
+    def head(self) -> str:
+        """The head's id: the frame's sha for a frame, else the prefix's."""
+        return self.frame or self.sha256
+
+
+@dataclass(frozen=True, slots=True)
+class SharedHead:
+    """The head a batch shares, how it was named (`support` of `of` requests or calls back
+    it), and its measured span on the batch's build, if any."""
+
+    sha256: str
+    frame: str | None
+    names: tuple[str, ...]
+    method: Method
+    registered: bool | None
+    support: int
+    of: int
+    build_known: bool
+    span: PrefixSpan | None
+
+    def label(self) -> str:
+        kind = "frame " if self.frame else ""
+        head, name = self.frame or self.sha256, ", ".join(self.names)
+        return f"{kind}{name} ({head[:12]})" if name else f"{kind}{head}"
+
 
 # The measured Halogen Flash lane (the simulator's defaults model the same lane).
 DEFAULT_PREFILL_TPS: Final = 1180.0

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 from prefixreg.core.errors import RefNotFoundError, UsageError
 from prefixreg.core.frame import Head
@@ -27,27 +27,7 @@ from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
 from prefixreg.verbs.audit.identity import FrameAudit, IdentityReport, Lookup, check_identity
 from prefixreg.verbs.audit.read import AuditCall, AuditInput, read_outputs
-from prefixreg.verbs.audit.report import STATES, AuditReport, rates
-
-Method = Literal["identity", "records", "coverage"]
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixSpan:
-    """A head's measured span on one build: its latest resumed measurement."""
-
-    sha256: str
-    build_id: str
-    span_tokens: int
-    alignment: int
-    at: str
-    kind: str
-    frame: str | None = None
-
-    @property
-    def head(self) -> str:
-        """The head's id: the frame's sha for a frame, else the prefix's."""
-        return self.frame or self.sha256
+from prefixreg.verbs.audit.report import STATES, AuditReport, Method, PrefixSpan, SharedHead, rates
 
 
 def prefix_spans(
@@ -85,27 +65,6 @@ class Known:
 
 
 NO_REGISTRY: Final = Known()
-
-
-@dataclass(frozen=True, slots=True)
-class SharedHead:
-    """The head a batch shares, how it was named (`support` of `of` requests or calls back
-    it), and its measured span on the batch's build, if any."""
-
-    sha256: str
-    frame: str | None
-    names: tuple[str, ...]
-    method: Method
-    registered: bool | None
-    support: int
-    of: int
-    build_known: bool
-    span: PrefixSpan | None
-
-    def label(self) -> str:
-        kind = "frame " if self.frame else ""
-        head, name = self.frame or self.sha256, ", ".join(self.names)
-        return f"{kind}{name} ({head[:12]})" if name else f"{kind}{head}"
 
 
 def _against(ev: CallEvidence, span: PrefixSpan, known: Known) -> Judgement:

@@ -233,11 +233,10 @@ class KeepAlive:
     def _rewarm(self, kept: _Kept, since: float | None) -> Rewarm:
         counter, head, snap = self._counter, kept.head, None
         if kept.lost and self.registry is not None and self.build.profile == "llamacpp":
-            # Lost to a restart: restore its snapshot (a bare prefix's only) into a slot no
-            # other kept head holds.
+            # Lost to a restart: restore its snapshot (a prefix's or a frame's head) into a
+            # slot no other kept head holds.
             taken = {k.slot for k in self._kept.values() if k.slot is not None and not k.lost}
-            if isinstance(head, Prefix):
-                snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
+            snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
         verdict: Verdict
         if snap is not None and snap.check is not None:
             # The judge's `restored` (judge_restore) stands on a resumed pinned check.

@@ -15,15 +15,13 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal
 
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import alignment_shaped
 from prefixreg.core.records import ServerBuild
 from prefixreg.verbs.probe.checks import CheckResult, ProbeCall
-
-if TYPE_CHECKING:
-    from prefixreg.verbs.probe.run import ProbeOptions
+from prefixreg.verbs.probe.options import ProbeOptions
 
 Outcome = Literal["ok", "check_failed", "unverified"]
 ANSWERS: Final = {
