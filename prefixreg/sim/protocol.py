@@ -9,11 +9,11 @@ a ``drafter`` the profile lacks; on Flash, a ``chat_template_kwargs`` key not in
 system turn after its content (a snapshot at `system_end` covers them); ``tool_choice: "none"``
 renders none (alternating it with "auto" costs a miss); `tool_calls` after their turn's content.
 
-Replies: errors ``{"error": {"message", "type", "param": null, "code"}}`` (``code``
-``"engine_busy"`` for 503); usage with ``prompt_tokens_details: {cached_tokens}`` only when
-cached > 0; Flash ``timings`` beside it (``cache_n`` always there), dense none. Streams: content
-frames, a finish frame (empty delta / text, Flash ``timings``), with ``include_usage`` a
-``choices: []`` frame carrying ``usage`` (earlier frames ``"usage": null``), ``data: [DONE]``.
+Replies: errors ``{"error": {"message", "type", "param": null, "code"}}``; usage with
+``prompt_tokens_details: {cached_tokens}`` only when cached > 0; Flash ``timings`` beside it
+(``cache_n`` always there), dense none. Streams: content frames, a finish frame (empty delta /
+text, Flash ``timings``), with ``include_usage`` a ``choices: []`` frame carrying ``usage``
+(earlier frames ``"usage": null``), ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -155,21 +155,6 @@ def _token_budget(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> int
     return value
 
 
-def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
-    stream = False if body.get("stream") is None else body["stream"]
-    if not isinstance(stream, bool):
-        raise invalid("body.stream", "must be a boolean")
-    options = body.get("stream_options")
-    if options is None:
-        return stream, False
-    if not isinstance(options, dict):
-        raise invalid("body.stream_options", "must be an object")
-    include_usage = options.get("include_usage", False)
-    if not isinstance(include_usage, bool):
-        raise invalid("body.stream_options.include_usage", "must be a boolean")
-    return stream, include_usage
-
-
 def _options(body: Mapping[str, Any], profile: str) -> tuple[bool, bool]:
     """Sampling ranges, the stream flags and the documented 400s (see the module docstring),
     checked in the server's order; returns (stream, include_usage)."""
@@ -180,7 +165,15 @@ def _options(body: Mapping[str, Any], profile: str) -> tuple[bool, bool]:
     top_k = body.get("top_k")
     if top_k is not None and (type(top_k) is not int or top_k < 0):
         raise invalid("body.top_k", "must be an integer >= 0")
-    stream, include_usage = _stream_flags(body)
+    stream = False if body.get("stream") is None else body["stream"]
+    if not isinstance(stream, bool):
+        raise invalid("body.stream", "must be a boolean")
+    options = {} if body.get("stream_options") is None else body["stream_options"]
+    if not isinstance(options, dict):
+        raise invalid("body.stream_options", "must be an object")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise invalid("body.stream_options.include_usage", "must be a boolean")
     if body.get("top_logprobs") is not None:
         raise invalid("body.top_logprobs", "is not supported")
     logprobs = bool(body.get("logprobs"))
@@ -263,7 +256,6 @@ def result(config: SimConfig, call: Call, found: tuple[int, int, float]) -> Resu
     cached, disk_n, disk_s = found
     answer = answer_tokens(call.prompt, config.answer_tokens)
     pieces = tuple(answer[: call.max_tokens])
-    prefill = config.prefill_s(prompt=call.prompt.n, cached=cached)
     return Result(
         call=call,
         config=config,
@@ -272,19 +264,17 @@ def result(config: SimConfig, call: Call, found: tuple[int, int, float]) -> Resu
         pieces=pieces,
         finish_reason="stop" if len(pieces) == len(answer) else "length",
         cached=cached,
-        prompt_s=(prefill + disk_s) / config.speed,
+        prompt_s=(config.prefill_s(prompt=call.prompt.n, cached=cached) + disk_s) / config.speed,
         decode_s=len(pieces) / config.decode_tps / config.speed,
         disk_n=disk_n,
         disk_s=disk_s / config.speed,
     )
 
 
-def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+def error_body(err: ApiError) -> dict[str, Any]:
     """The OpenAI error envelope Halogen uses."""
-    if code is None and status == 503:
-        code = "engine_busy"
-    kind = _ERROR_TYPES.get(status, "server_error")
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    kind = _ERROR_TYPES.get(err.status, "server_error")
+    return {"error": {"message": err.message, "type": kind, "param": None, "code": err.code}}
 
 
 def usage(result: Result) -> dict[str, Any]:
@@ -317,7 +307,7 @@ def timings(result: Result) -> dict[str, Any]:
     return body
 
 
-def _body(result: Result, finish: str | None, text: str | None, *, chunk: bool) -> dict[str, Any]:
+def reply(result: Result, finish: str | None, text: str | None, *, chunk: bool) -> dict[str, Any]:
     """The envelope with one choice: a message (chat), a delta (chat stream) or a text
     (completions); `text` None is a stream's finish frame."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
@@ -342,26 +332,21 @@ def _body(result: Result, finish: str | None, text: str | None, *, chunk: bool) 
 
 def response_body(result: Result) -> dict[str, Any]:
     """The non-streaming reply."""
-    body = _body(result, result.finish_reason, "".join(result.pieces), chunk=False)
+    body = reply(result, result.finish_reason, "".join(result.pieces), chunk=False)
     body["usage"] = usage(result)
     if result.config.flash:
         body["timings"] = timings(result)
     return body
 
 
-def content_frame(result: Result, piece: str) -> bytes:
-    """One streamed piece of the answer."""
-    return sse(_body(result, None, piece, chunk=True))
-
-
 def final_frames(result: Result) -> bytes:
     """The finish frame (with flash `timings`), the usage frame if asked for, and [DONE]."""
-    finish = _body(result, result.finish_reason, None, chunk=True)
+    finish = reply(result, result.finish_reason, None, chunk=True)
     if result.config.flash:
         finish["timings"] = timings(result)
     frames = [sse(finish)]
     if result.call.include_usage:
-        last = _body(result, None, None, chunk=True) | {"choices": [], "usage": usage(result)}
+        last = reply(result, None, None, chunk=True) | {"choices": [], "usage": usage(result)}
         frames.append(sse(last))
     return b"".join(frames) + b"data: [DONE]\n\n"
 

@@ -83,9 +83,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _send_error(self, err: ApiError) -> None:
-        self._send(err.status, protocol.error_body(err.status, err.message, err.code))
-
     def _authorized(self) -> bool:
         key = self.sim.config.api_key
         scheme, _, given = self.headers.get("Authorization", "").partition(" ")
@@ -111,7 +108,8 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length)
 
     def _route(self, method: str) -> str:
-        self.sim._log_request(method, self.path)
+        with self.sim._requests_lock:
+            self.sim._requests.append(LoggedRequest(method, self.path))
         return self.path.split("?", 1)[0]
 
     def do_GET(self) -> None:
@@ -126,7 +124,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(401, "invalid or missing API key")
             self._send(200, body(self.sim._engine))
         except ApiError as err:
-            self._send_error(err)
+            self._send(err.status, protocol.error_body(err))
 
     def do_POST(self) -> None:
         path = self._route("POST")
@@ -160,7 +158,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self._send(200, protocol.response_body(result))
                 self.sim._log_call(result, time.monotonic() - started)
         except ApiError as err:
-            self._send_error(err)
+            self._send(err.status, protocol.error_body(err))
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away; nothing to answer
 
@@ -186,7 +184,7 @@ class _Handler(BaseHTTPRequestHandler):
         for i, piece in enumerate(result.pieces):
             if not self.sim._engine.sleep(t0 + (i + 1) * per_piece - time.monotonic()):
                 return False
-            self.wfile.write(protocol.content_frame(result, piece))
+            self.wfile.write(protocol.sse(protocol.reply(result, None, piece, chunk=True)))
         self.wfile.write(protocol.final_frames(result))
         return True
 
@@ -212,9 +210,8 @@ class SimServer:
 
     def start(self) -> SimServer:
         if self._thread is None:
-            serve = {"poll_interval": 0.05}
             self._thread = threading.Thread(
-                target=self._httpd.serve_forever, kwargs=serve, daemon=True
+                target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
             )
             self._thread.start()
         return self
@@ -242,10 +239,6 @@ class SimServer:
     def clear_requests(self) -> None:
         with self._requests_lock:
             self._requests.clear()
-
-    def _log_request(self, method: str, path: str) -> None:
-        with self._requests_lock:
-            self._requests.append(LoggedRequest(method, path))
 
     def _log_call(self, result: Result, wall_s: float) -> None:
         if self._log is not None:  # the shape of Halogen's request log line
