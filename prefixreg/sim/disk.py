@@ -2,17 +2,17 @@
 outlive the process. Not thread-safe: the engine serialises calls.
 
 Each snapshot the memory cache stores is also a JSON file under ``<cache_dir>/<build>/`` (one
-subtree per template, model id and slot size, as on Flash), written to a temporary file renamed
-into place: a crash leaves the whole record or none; a failed write (full disk, directory gone)
-leaves no temporary file and counts as skipped. On start the subtree is read back least
-recently used first (file mtime; a restore touches the file), so entries survive a restart
-exactly; a file not regular, not JSON, or not named after its tokens is ignored. A record
-models ``tokens * disk_token_bytes``; least recently used records are evicted to stay within
-``disk_gib``, one larger than all of it is skipped. A lookup finds the longest record that is
-an exact prefix of the prompt. `/cache.disk` (halogen-api.md §1.3): ``hits`` restores,
-``misses`` lookups that found nothing where memory had nothing either, ``persisted``,
-``skipped`` (held already, over budget, failed); ``lineages`` (records extending no other) and
-``branches`` (the rest) are the simulator's definitions: the reference has none.
+subtree per template, model id and slot size), written to a temporary file renamed into place:
+a crash leaves the whole record or none; a failed write (full disk, directory gone) leaves no
+temporary file and counts as skipped. On start the subtree is read back least recently used
+first (file mtime; a restore touches the file), so entries survive a restart exactly; a file
+not regular, not JSON, or not named after its tokens is ignored. A record models ``tokens *
+disk_token_bytes``; least recently used records are evicted to stay within ``disk_gib``, one
+larger than all of it is skipped. A lookup restores the longest record that is an exact prefix
+of the prompt. `/cache.disk` (halogen-api.md §1.3): ``hits`` restores, ``misses`` lookups that
+found nothing where memory had nothing either, ``persisted``, ``skipped`` (held already, over
+budget, failed); ``lineages`` (records extending no other) and ``branches`` (the rest) are the
+simulator's own definitions.
 """
 
 from __future__ import annotations
@@ -47,12 +47,9 @@ class DiskTier:
     def __init__(self, config: SimConfig, cache_dir: str) -> None:
         ident = f"{TEMPLATE_SHA256}\n{config.model_id}\n{config.slot_ctx}\n".encode()
         self.dir = Path(cache_dir) / hashlib.sha256(ident).hexdigest()[:16]
-        self.budget_bytes = int(config.disk_gib * GIB)
-        self.token_bytes = config.disk_token_bytes
-        self.read_bytes_per_s = config.disk_read_mbps * 1e6
+        self.config, self.budget_bytes = config, int(config.disk_gib * GIB)
         self.counters = dict.fromkeys(("hits", "misses", "persisted", "evicted", "skipped"), 0)
-        self.restore_ms_total, self.restored_bytes = 0.0, 0
-        self._records: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self.restored_bytes = 0
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             paths = list(self.dir.iterdir())
@@ -73,12 +70,11 @@ class DiskTier:
             tokens = tuple(str(t) for t in listed) if isinstance(listed, list) else ()
             if tokens and _record_name(tokens) == path.name:
                 found.append((mtime, path.name, tokens))
-        for _, name, tokens in sorted(found):
-            self._records[name] = tokens
+        self._records = OrderedDict((name, tokens) for _, name, tokens in sorted(found))
 
     @property
     def bytes(self) -> int:
-        return sum(len(t) for t in self._records.values()) * self.token_bytes
+        return sum(len(t) for t in self._records.values()) * self.config.disk_token_bytes
 
     def resume(self, tokens: tuple[str, ...], cached: int) -> tuple[int, float]:
         """Restore the longest record that is a prefix of `tokens` and resumes more than the
@@ -95,19 +91,18 @@ class DiskTier:
         self._records.move_to_end(name)
         with contextlib.suppress(OSError):
             os.utime(self.dir / name)  # recency survives a restart
-        size = best * self.token_bytes
-        seconds = size / self.read_bytes_per_s
+        size = best * self.config.disk_token_bytes
         self.counters["hits"] += 1
         self.restored_bytes += size
-        self.restore_ms_total += seconds * 1000
-        return best, seconds
+        return best, size / (self.config.disk_read_mbps * 1e6)
 
     def persist(self, snapshot: tuple[str, ...]) -> None:
         """Write `snapshot` (atomically), then evict least-recently-used records over budget."""
         name = _record_name(snapshot)
-        if name in self._records or len(snapshot) * self.token_bytes > self.budget_bytes:
+        held = name in self._records
+        if held or len(snapshot) * self.config.disk_token_bytes > self.budget_bytes:
             self.counters["skipped"] += 1
-            if name in self._records:
+            if held:
                 self._records.move_to_end(name)
             return
         tmp = self.dir / f".{name}.{os.getpid()}.tmp"
@@ -143,6 +138,6 @@ class DiskTier:
             "bytes": self.bytes,
             "budget_bytes": self.budget_bytes,
             **self.counters,
-            "restore_ms_total": round(self.restore_ms_total, 1),
+            "restore_ms_total": round(self.restored_bytes / self.config.disk_read_mbps / 1000, 1),
             "restored_bytes": self.restored_bytes,
         }

@@ -177,14 +177,13 @@ class Engine:
         config = self.config
         with self.lock:
             c, disk = self.cache.counters(), None if self.disk is None else self.disk.body()
-        values = dataclasses.asdict(c) | {
+        values = c | {
             "max_entries": config.max_entries,
-            "reserved_bytes": c.bytes,
+            "reserved_bytes": c["bytes"],
             "cap_bytes": config.cap_mb * MIB,
             "rows_copied": 0,
             "rows_copied_ms": 0.0,
             "disk": disk,
-            "hit_rate": c.hit_rate,
         }
         keys = _FLASH_CACHE if config.flash else _DENSE_CACHE
         return {k: values[k] for k in keys if not (k == "disk" and disk is None)}
