@@ -1,5 +1,5 @@
 """The simulator's HTTP server: Halogen's routes on a stdlib `ThreadingHTTPServer`, one thread
-per connection, a listen backlog of ``LISTEN_BACKLOG`` (connects never wait for SYN retransmits).
+per connection, a listen backlog of 128 (connects never wait for SYN retransmits).
 
 A completion, as on the real server: authenticate, validate (400s before queueing), wait for a
 slot (503 ``engine_busy`` after ``queue_timeout``), look up, sleep the modelled prefill, store
@@ -24,9 +24,8 @@ from typing import Any, NamedTuple
 from prefixreg.sim import protocol
 from prefixreg.sim.config import SimConfig
 from prefixreg.sim.engine import Engine
-from prefixreg.sim.protocol import ApiError, Call, Kind, Result, parse_request
+from prefixreg.sim.protocol import ApiError, Kind, Result, parse_request
 
-LISTEN_BACKLOG = 128
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 MAX_BODY = 64 * 1024 * 1024
 _POST_ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
@@ -48,7 +47,7 @@ class LoggedRequest(NamedTuple):
 class _HTTPServer(ThreadingHTTPServer):
     # socketserver's default backlog is 5: a burst of connects beyond it waits ~1 s for a SYN
     # retransmit, which would swamp the modelled times of concurrent calls.
-    request_queue_size = LISTEN_BACKLOG
+    request_queue_size = 128
     daemon_threads = True
 
 
@@ -147,11 +146,7 @@ class _Handler(BaseHTTPRequestHandler):
                 result = protocol.result(self.sim.config, call, engine.lookup(call))
                 if call.stream:  # headers once a slot is held, then keepalives while prefilling
                     self._send(200, None)
-                ok = self._prefill(result.prompt_s - work - (time.monotonic() - started), call)
-                if ok:
-                    engine.store(call)  # the snapshots exist only once the prefill has run
-                    ok = self._stream(result) if call.stream else engine.sleep(result.decode_s)
-                if not ok:
+                if not self._run(result, result.prompt_s - work - (time.monotonic() - started)):
                     self.close_connection = True
                     return
                 if not call.stream:
@@ -162,27 +157,26 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away; nothing to answer
 
-    def _prefill(self, seconds: float, call: Call) -> bool:
-        """Sleep the prefill left, a stream with a keepalive comment after each interval of
-        silence; False if the server stopped meanwhile."""
-        config = self.sim.config
+    def _run(self, result: Result, prefill_s: float) -> bool:
+        """Sleep the prefill left (a stream: a keepalive comment after each interval of
+        silence), store the snapshots (they exist only once the prefill has run), then decode
+        (a stream: pieces paced against a deadline so sleeps do not drift, then the final
+        frames); False if the server stopped meanwhile."""
+        engine, config, call = self.sim._engine, self.sim.config, result.call
         interval = config.keepalive / config.speed if call.stream else 0.0
-        while seconds > 0:
-            step = min(seconds, interval) if interval > 0 else seconds
-            if not self.sim._engine.sleep(step):
+        while prefill_s > 0:
+            step = min(prefill_s, interval) if interval > 0 else prefill_s
+            if not engine.sleep(step):
                 return False
-            seconds -= step
-            if seconds > 0:
+            prefill_s -= step
+            if prefill_s > 0:
                 self.wfile.write(protocol.KEEPALIVE)
-        return True
-
-    def _stream(self, result: Result) -> bool:
-        """Decode, pieces paced against a deadline so sleeps do not drift, then the final
-        frames; False if the server stopped before the end."""
-        t0 = time.monotonic()
-        per_piece = result.decode_s / len(result.pieces) if result.pieces else 0.0
+        engine.store(call)
+        if not call.stream:
+            return engine.sleep(result.decode_s)
+        t0, per_piece = time.monotonic(), result.decode_s / len(result.pieces)
         for i, piece in enumerate(result.pieces):
-            if not self.sim._engine.sleep(t0 + (i + 1) * per_piece - time.monotonic()):
+            if not engine.sleep(t0 + (i + 1) * per_piece - time.monotonic()):
                 return False
             self.wfile.write(protocol.sse(protocol.reply(result, None, piece, chunk=True)))
         self.wfile.write(protocol.final_frames(result))
