@@ -123,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(401, "invalid or missing API key")
             self._send(200, body(self.sim._engine))
         except ApiError as err:
-            self._send(err.status, protocol.error_body(err))
+            self._send(err.status, err.body())
 
     def do_POST(self) -> None:
         path = self._route("POST")
@@ -143,17 +143,17 @@ class _Handler(BaseHTTPRequestHandler):
             work = time.monotonic() - t0  # tokenizing and the lookup count against the prefill
             with engine.slot(call):  # its 503 is the last error: nothing was sent before it
                 started = time.monotonic()
-                result = protocol.result(self.sim.config, call, engine.lookup(call))
+                result = Result(self.sim.config, call, engine.lookup(call))
                 if call.stream:  # headers once a slot is held, then keepalives while prefilling
                     self._send(200, None)
                 if not self._run(result, result.prompt_s - work - (time.monotonic() - started)):
                     self.close_connection = True
                     return
                 if not call.stream:
-                    self._send(200, protocol.response_body(result))
+                    self._send(200, result.response_body())
                 self.sim._log_call(result, time.monotonic() - started)
         except ApiError as err:
-            self._send(err.status, protocol.error_body(err))
+            self._send(err.status, err.body())
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away; nothing to answer
 
@@ -178,8 +178,8 @@ class _Handler(BaseHTTPRequestHandler):
         for i, piece in enumerate(result.pieces):
             if not engine.sleep(t0 + (i + 1) * per_piece - time.monotonic()):
                 return False
-            self.wfile.write(protocol.sse(protocol.reply(result, None, piece, chunk=True)))
-        self.wfile.write(protocol.final_frames(result))
+            self.wfile.write(protocol.sse(result.reply(None, piece, chunk=True)))
+        self.wfile.write(result.final_frames())
         return True
 
 
