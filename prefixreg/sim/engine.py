@@ -1,8 +1,6 @@
 """The simulator's engine, shared by the handler threads (every method takes the lock): slots
 and queue, the memory cache, the disk tier, the running totals, and what `/health`, `/cache`
-and `/metrics` report (halogen-api.md §1.2-§1.4): dense's fields (``cap_bytes``, no ``version``,
-no ``/metrics``) or Flash's (``max_entries``, ``last_entry_bytes``, ``version``,
-``chat_template``, a ``disk`` block with the disk tier, ``prompt_cache.cap_mb`` one slab).
+and `/metrics` report (halogen-api.md §1.2-§1.4) in dense's or Flash's fields.
 
 A request looks up once it holds a slot (memory, then the disk tier when that resumes more) and
 stores only after its modelled prefill: of identical cold requests at once, none is served from
@@ -145,18 +143,16 @@ class Engine:
         body |= {"decode": "greedy", "drafters_available": list(DRAFTERS[config.profile])}
         body["drafter_default"] = "serial"
         # Flash's cap_mb is one entry's size in MiB (116389652 B -> 110), not a budget.
-        cache: dict[str, Any] = {"enabled": enabled, "cap_mb": config.slab_bytes // MIB}
-        if flash:
-            cache["mode"] = 2 if enabled else 0
-        else:
-            cache["cap_mb"] = config.cap_mb
+        cap_mb = config.slab_bytes // MIB if flash else config.cap_mb
+        cache: dict[str, Any] = {"enabled": enabled, "cap_mb": cap_mb}
+        cache |= {"mode": 2 if enabled else 0} if flash else {}
         cache["snapshot_align"] = config.snapshot_align
         cache["bitwise_identical_to_cold"] = not flash and config.snapshot_align == 2048
         body["prompt_cache"] = cache
         if flash:
             body["chat_template_kwargs"] = sorted(CHAT_TEMPLATE_KWARGS)
-        options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-        del options["api_key"]  # never shown
+        # api_key (repr=False) is never shown
+        options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.repr}
         return body | {
             "supported": SUPPORTED,
             "token_budget_aliases": list(TOKEN_BUDGET_ALIASES),
@@ -200,7 +196,7 @@ class Engine:
                  "Number of prompt tokens processed."),
                 ("llamacpp:requests_total", "counter", self.requests_total,
                  "Requests that reached the engine."),
-                ("llamacpp:kv_cache_usage_ratio", "gauge", round(held / pool, 6) if pool else 0.0,
+                ("llamacpp:kv_cache_usage_ratio", "gauge", round(held / pool, 6),
                  "KV-cache usage: positions held over the pool."),
                 ("halogen:kv_pool_positions", "gauge", pool, "Positions in the KV pool."),
                 ("halogen:kv_pool_reserved_tokens", "gauge", reserved,

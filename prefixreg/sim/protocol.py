@@ -39,7 +39,7 @@ DRAFTERS = {"flash": ("serial", "mtp"), "dense": ("serial", "mtp", "dflash2", "n
 # names: the template's own switches among the documented request fields].
 CHAT_TEMPLATE_KWARGS = frozenset({"enable_thinking", "preserve_thinking", "reasoning_effort"})
 TOOLS_HEADER = "\n\n# Tools\n\nYou may call one or more of these functions:\n<tools>\n"
-TOOL_CHOICES = ("auto", "none", "required")
+TOOL_CHOICES = ("auto", "none", "required")  # a tuple: `in` must take a list too
 _RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0)}
 KEEPALIVE = b": keepalive\n\n"
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
@@ -115,9 +115,7 @@ def _messages(body: Mapping[str, Any]) -> list[tuple[str, str]]:
         content += "".join(f"\n<tool_call>\n{_compact(c)}\n</tool_call>" for c in calls or ())
         out.append((role, content))
     tools, choice = body.get("tools"), body.get("tool_choice")
-    if not (
-        choice is None or isinstance(choice, dict) or choice in TOOL_CHOICES
-    ):  # a tuple: lists are unhashable
+    if not (choice is None or isinstance(choice, dict) or choice in TOOL_CHOICES):
         raise invalid("body.tool_choice", f"must be one of {list(TOOL_CHOICES)} or an object")
     if tools is not None and not (
         isinstance(tools, list) and all(isinstance(t, dict) for t in tools)

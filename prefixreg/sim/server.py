@@ -3,10 +3,10 @@ per connection, a listen backlog of 128 (connects never wait for SYN retransmits
 
 A completion, as on the real server: authenticate, validate (400s before queueing), wait for a
 slot (503 ``engine_busy`` after ``queue_timeout``), look up, sleep the modelled prefill, store
-the snapshots (their state exists only now), sleep the decode; every duration divided by
-``speed``. A stream sends headers once it holds a slot, ``: keepalive`` lines while the prefill
-outlasts the keepalive interval, then the frames. ``/health`` (no key), ``/cache`` and
-``/metrics`` never wait for a slot. Every request line received is logged (`requests`).
+the snapshots, sleep the decode; every duration divided by ``speed``. A stream sends headers
+once it holds a slot, ``: keepalive`` lines while the prefill outlasts the keepalive interval,
+then the frames. ``/health`` (no key), ``/cache`` and ``/metrics`` never wait for a slot. Every
+request line received is logged (`requests`).
 """
 
 from __future__ import annotations
