@@ -80,11 +80,7 @@ class SimConfig:
         dense=1,
     )
     snapshot_align: int = knob(  # dense: HALOGEN_CACHE_ALIGN's default
-        0,
-        "Snapshot places round down to this many tokens; 0 = exact.",
-        "measured",
-        ge=0,
-        dense=2048,
+        0, "Snapshot places round down to this multiple; 0 = exact.", "measured", ge=0, dense=2048
     )
     # Flash: the measured `last_entry_bytes`, whatever the prompt size; dense: "whole
     # full-context entries of ~18.4 GB at 262K".

@@ -41,9 +41,7 @@ CHAT_TEMPLATE_KWARGS = frozenset({"enable_thinking", "preserve_thinking", "reaso
 TOOLS_HEADER = "\n\n# Tools\n\nYou may call one or more of these functions:\n<tools>\n"
 TOOL_CHOICES = ("auto", "none", "required")  # a tuple: `in` must take a list too
 _RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0)}
-KEEPALIVE = b": keepalive\n\n"
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
-_ERROR_TYPES |= {404: "not_found_error", 429: "rate_limit_error"}
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
 
 
 class ApiError(Exception):

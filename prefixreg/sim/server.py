@@ -170,7 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return False
             prefill_s -= step
             if prefill_s > 0:
-                self.wfile.write(protocol.KEEPALIVE)
+                self.wfile.write(b": keepalive\n\n")
         engine.store(call)
         if not call.stream:
             return engine.sleep(result.decode_s)
