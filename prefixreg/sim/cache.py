@@ -33,10 +33,9 @@ def _align_down(value: int, align: int) -> int:
 
 
 def snapshot_places(prompt: RenderedPrompt, config: SimConfig) -> list[int]:
-    """The places this request stores, ascending, each in 1..n. Flash: the first
-    ``entries_per_request`` of (system end, history end, last message start, prompt end) that
-    exist, aligned down; dense: the last ``entries_per_request`` multiples of the alignment
-    strictly below the prompt length."""
+    """The places a request stores, ascending, in 1..n: Flash the first ``entries_per_request``
+    of (system end, history end, last message start, prompt end) that exist, aligned down; dense
+    the last ``entries_per_request`` multiples of the alignment strictly below the length."""
     n, k, align = prompt.n, config.entries_per_request, config.snapshot_align
     if not config.flash:
         top = _align_down(n - 1, align) if n > 0 else 0

@@ -38,11 +38,8 @@ def _record_name(tokens: tuple[str, ...]) -> str:
 
 
 class DiskTier:
-    """Records on disk plus their in-memory index (name -> tokens, least recent first).
-
-    Raises:
-        UsageError: the build's subtree cannot be created or read.
-    """
+    """Records on disk plus their index (name -> tokens, least recent first). Raises
+    `UsageError` if the build's subtree cannot be created or read."""
 
     def __init__(self, config: SimConfig, cache_dir: str) -> None:
         ident = f"{TEMPLATE_SHA256}\n{config.model_id}\n{config.slot_ctx}\n".encode()

@@ -1,10 +1,6 @@
 """The simulator's engine, shared by the handler threads (every method takes the lock): slots
 and queue, the memory cache, the disk tier, the running totals, and what `/health`, `/cache`
 and `/metrics` report (halogen-api.md §1.2-§1.4) in dense's or Flash's fields.
-
-A request looks up once it holds a slot (memory, then the disk tier when that resumes more) and
-stores only after its modelled prefill: of identical cold requests at once, none is served from
-a snapshot, since the first exists only once the first prefill completes.
 """
 
 from __future__ import annotations

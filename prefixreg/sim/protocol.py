@@ -232,9 +232,8 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
 
 
 class Result:
-    """One served call, from what its lookup found (`Engine.lookup`): its answer, the tokens it
-    resumed (``disk_n`` of them from the disk tier), its durations in real (scaled) seconds; and
-    its replies."""
+    """A served call from what its lookup found (`Engine.lookup`): answer, tokens resumed
+    (``disk_n`` from the disk tier), durations in real (scaled) seconds, and its replies."""
 
     def __init__(self, config: SimConfig, call: Call, found: tuple[int, int, float]) -> None:
         self.config, self.call = config, call

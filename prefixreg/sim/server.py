@@ -2,11 +2,12 @@
 per connection, a listen backlog of 128 (connects never wait for SYN retransmits).
 
 A completion, as on the real server: authenticate, validate (400s before queueing), wait for a
-slot (503 ``engine_busy`` after ``queue_timeout``), look up, sleep the modelled prefill, store
-the snapshots, sleep the decode; every duration divided by ``speed``. A stream sends headers
-once it holds a slot, ``: keepalive`` lines while the prefill outlasts the keepalive interval,
-then the frames. ``/health`` (no key), ``/cache`` and ``/metrics`` never wait for a slot. Every
-request line received is logged (`requests`).
+slot (503 ``engine_busy`` after ``queue_timeout``), look up (memory, then the disk tier when that
+resumes more), sleep the modelled prefill, store the snapshots (so of identical cold requests at
+once none is served from a snapshot), sleep the decode; every duration divided by ``speed``. A
+stream sends headers once it holds a slot, ``: keepalive`` lines while the prefill outlasts the
+keepalive interval, then the frames. ``/health`` (no key), ``/cache`` and ``/metrics`` never
+wait for a slot. Every request line received is logged (`requests`).
 """
 
 from __future__ import annotations
@@ -158,10 +159,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client went away; nothing to answer
 
     def _run(self, result: Result, prefill_s: float) -> bool:
-        """Sleep the prefill left (a stream: a keepalive comment after each interval of
-        silence), store the snapshots (they exist only once the prefill has run), then decode
-        (a stream: pieces paced against a deadline so sleeps do not drift, then the final
-        frames); False if the server stopped meanwhile."""
+        """Sleep the prefill left (a stream: a keepalive after each interval of silence), store
+        the snapshots, decode (a stream: pieces paced against a deadline so sleeps do not drift,
+        then the final frames); False if the server stopped meanwhile."""
         engine, config, call = self.sim._engine, self.sim.config, result.call
         interval = config.keepalive / config.speed if call.stream else 0.0
         while prefill_s > 0:
@@ -229,10 +229,6 @@ class SimServer:
         """Every request line received so far, oldest first (a copy)."""
         with self._requests_lock:
             return list(self._requests)
-
-    def clear_requests(self) -> None:
-        with self._requests_lock:
-            self._requests.clear()
 
     def _log_call(self, result: Result, wall_s: float) -> None:
         if self._log is not None:  # the shape of Halogen's request log line

@@ -1,25 +1,24 @@
 """The simulator's tokenizer, chat template and answer generator. Pure: no I/O.
 
-A raw token is one match of ``TOKEN_RE``: a word (``\\w+``) or one punctuation character, each
-with at most one leading space, or a run of whitespace. Words are split into pieces so the count
-tracks ``DENSITY`` (pieces per word character by offset in the message), fitted within 0.5% to
-the lane's 2,593 / 11,374 / 21,337 / 43,538 prompt tokens for the probe corpus's 4k/16k/32k/64k
-slices (`prefixreg.verbs.probe.corpus`); the first ``PLAIN_CHARS`` characters of a message keep
-one token a word, so short messages (a probe header, ``fresh_tail()``) count simply.
+A raw token is one match of ``TOKEN_RE``: a word or one punctuation character, each with at most
+one leading space, or a run of whitespace. Past a message's first ``PLAIN_CHARS`` characters
+(one token a word, so a probe header or ``fresh_tail()`` counts simply) words split into pieces
+tracking ``DENSITY`` (pieces per word character by offset), fitted within 0.5% to the lane's
+2,593 / 11,374 / 21,337 / 43,538 prompt tokens for the probe corpus's 4k/16k/32k/64k slices.
 Invariants: ``"".join(tokenize(s)) == s``; a message's tokens depend on its own characters
 only, and a prefix of a text tokenizes as the text up to the last word the prefix cuts; a word
 never splits into more pieces than it has word characters.
 
-Chat template (Qwen-like), ``2 + len(tokenize(content)) + 1`` tokens a message whatever its
-neighbours, then the six-token generation prompt::
+Chat template (Qwen-like): a message is ``2 + len(tokenize(content)) + 1`` tokens whatever its
+neighbours; the prompt ends with a six-token generation prompt::
 
     "<|im_start|>" "{role}\\n" <content tokens> "<|im_end|>\\n"      per message
     "<|im_start|>" "assistant\\n" "<think>" "\\n\\n" "</think>" "\\n\\n"   generation prompt
 
-Snapshot places: ``system_end`` (end of ``messages[0]`` when a system/developer turn),
-``last_message_start``, ``history_end`` (``HISTORY_TAIL`` = 7 tokens before the end, also for
-raw `/v1/completions` prompts). So an identical repeat resumes all but 7 tokens, and the same
-system bytes with a new ``fresh_tail()`` (10 content tokens) all but 2 + 10 + 1 + 6 = 19.
+Snapshot places: ``system_end`` (end of a system/developer ``messages[0]``),
+``last_message_start``, ``history_end`` (``HISTORY_TAIL`` = 7 tokens before the end, also on
+`/v1/completions`). So an identical repeat resumes all but 7 tokens, and the same system bytes
+with a new ``fresh_tail()`` (10 content tokens) all but 2 + 10 + 1 + 6 = 19.
 """
 
 from __future__ import annotations
