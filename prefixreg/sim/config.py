@@ -32,7 +32,6 @@ Profile = Literal["flash", "dense"]
 PROFILES: tuple[str, ...] = get_args(Profile)
 
 MIB = 1 << 20
-GIB = 1 << 30
 T = TypeVar("T")
 
 

@@ -12,9 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from prefixreg.sim.cache import PromptCache
+from prefixreg.sim.cache import DiskTier, PromptCache
 from prefixreg.sim.config import MIB, SimConfig
-from prefixreg.sim.disk import DiskTier
 from prefixreg.sim.protocol import (
     CHAT_TEMPLATE_KWARGS,
     DRAFTERS,

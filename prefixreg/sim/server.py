@@ -76,9 +76,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         text = isinstance(body, str)
         data = body.encode() if text else json.dumps(body, separators=(",", ":")).encode()
-        self.send_header(
-            "Content-Type", "text/plain; version=0.0.4" if text else "application/json"
-        )
+        kind = "text/plain; version=0.0.4" if text else "application/json"
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
