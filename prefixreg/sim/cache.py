@@ -9,8 +9,8 @@ mid-way); dense any common prefix rounded down to ``snapshot_align``, below the 
 `store` (once the prefill has finished: never before its state exists) makes each place the
 most recent entry, evicting the least recent over capacity; Flash 0.7.0 stores even equal
 snapshots, dense (``dedupe_snapshots``) refreshes an equal one instead. The wall: a place
-needing more than its slab (``t * token_bytes`` for t tokens), or any when capacity is 0, is
-``refused``; the lane held 43,531 tokens in 111 MiB, 2,048 B puts the wall at 56,830 tokens.
+needing more than its slab (``t * token_bytes`` for t tokens; 2,048 B puts it at 56,830 tokens),
+or any when capacity is 0, is ``refused``.
 Invariants: ``0 <= entries <= capacity``; ``stores - evicted == entries``; cached <= prompt
 length (< for dense); counters only grow.
 

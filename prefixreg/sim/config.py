@@ -5,9 +5,8 @@ Each field carries its option's metadata (`knob`): help, ``note`` (where the def
 from), bound (``ge`` / ``gt``, ``why``), ``dense`` default and CLI extras (``shown``,
 ``cli_default``, ``env``); `prefixreg sim` builds its options from them. A value of the wrong
 type or out of bounds is a `UsageError` naming the field. The `dense` profile (Halogen dense
-0.1.x) differs where the reference says: 2048-aligned snapshots with partial resume, one request
-at a time, whole full-context entries, no counter lag, no duplicate snapshots, no `timings`, no
-`/metrics`, no disk tier.
+0.1.x) differs where the reference says: each field's ``dense``, no `timings`, `/metrics` or
+disk tier.
 
 The time model, fitted to the lane's probe (A1 cold, A2 identical repeat, B fresh tail;
 ``max_tokens`` 1) at 2,593 / 11,374 / 21,337 / 43,538 prompt tokens. Prefill: ``u`` uncached
@@ -179,10 +178,9 @@ class SimConfig:
         unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
         if unknown:
             raise UsageError(f"simulator: unknown option(s) {', '.join(unknown)}")
-        values = {f.name: f.metadata["dense"] for f in fields(cls) if "dense" in f.metadata}
-        values = values if profile == "dense" else {}
-        values |= {k: v for k, v in overrides.items() if v is not None}
-        return cls(**(values | {"profile": profile}))
+        dense = {f.name: f.metadata["dense"] for f in fields(cls) if "dense" in f.metadata}
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return cls(**((dense if profile == "dense" else {}) | given | {"profile": profile}))
 
     @property
     def model_id(self) -> str:
