@@ -94,7 +94,7 @@ class PromptCache:
         config, tokens = self.config, prompt.tokens
         while len(self._pending) > max(config.counter_lag - 1, 0):
             self._apply(self._pending.popleft())
-        if not config.cache_enabled:
+        if config.max_entries == 0:
             return 0
         best, best_index = 0, -1
         for index, entry in enumerate(self._entries):
@@ -126,7 +126,7 @@ class PromptCache:
         """Store this request's places (call once its prefill has finished); returns the
         places now held (stored, or refreshed when deduplicated)."""
         config, counts = self.config, self._counts
-        if not config.cache_enabled:
+        if config.max_entries == 0:
             return ()
         held: list[int] = []
         for place in snapshot_places(prompt, config):

@@ -197,10 +197,6 @@ class SimConfig:
         return self.cap_mb * MIB if self.flash and self.cap_mb > 0 else self.entry_bytes
 
     @property
-    def cache_enabled(self) -> bool:
-        return self.max_entries > 0
-
-    @property
     def capacity(self) -> int:
         """Entries the cache can hold: `max_entries`, cut by the dense budget (`cap_mb`)."""
         budget = self.max_entries if self.flash else self.cap_mb * MIB // self.slab_bytes

@@ -12,22 +12,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from prefixreg.sim import protocol
 from prefixreg.sim.cache import DiskTier, PromptCache
 from prefixreg.sim.config import MIB, SimConfig
-from prefixreg.sim.protocol import (
-    CHAT_TEMPLATE_KWARGS,
-    DRAFTERS,
-    MAX_TOKENS_DEFAULT,
-    TOKEN_BUDGET_ALIASES,
-    ApiError,
-    Call,
-)
+from prefixreg.sim.protocol import ApiError, Call
 from prefixreg.sim.tokenizer import TEMPLATE_SHA256
 
 API_VERSION = "0.7.0"  # the Flash release the defaults were measured on
 SUPPORTED = [
-    "model", "messages", "prompt", *TOKEN_BUDGET_ALIASES, "stream", "stream_options", "stop",
-    "temperature", "top_p", "top_k", "min_p", "seed", "drafter",
+    "model", "messages", "prompt", *protocol.TOKEN_BUDGET_ALIASES, "stream", "stream_options",
+    "stop", "temperature", "top_p", "top_k", "min_p", "seed", "drafter",
 ]  # fmt: skip
 _TIMING = ["store_ms_total", "restore_ms_total", "last_store_ms", "last_restore_ms"]
 _FLASH_CACHE = [
@@ -113,7 +107,7 @@ class Engine:
 
     def health(self) -> dict[str, Any]:
         """`/health`: identity, load (never waits for a slot), the cache's shape, options."""
-        config, flash, enabled = self.config, self.config.flash, self.config.cache_enabled
+        config, flash, enabled = self.config, self.config.flash, self.config.max_entries > 0
         with self.lock:
             in_flight, queued = len(self._holds), self._queued
             oldest = min((h[0] for h in self._holds), default=None)
@@ -135,7 +129,7 @@ class Engine:
         }
         if flash:  # Flash 0.17.3 reports 524288 for 4 slots of 262144: two slots' worth
             body["kv_pool_positions"] = 2 * config.slot_ctx
-        body |= {"decode": "greedy", "drafters_available": list(DRAFTERS[config.profile])}
+        body |= {"decode": "greedy", "drafters_available": list(protocol.DRAFTERS[config.profile])}
         body["drafter_default"] = "serial"
         # Flash's cap_mb is one entry's size in MiB (116389652 B -> 110), not a budget.
         cap_mb = config.slab_bytes // MIB if flash else config.cap_mb
@@ -145,13 +139,13 @@ class Engine:
         cache["bitwise_identical_to_cold"] = not flash and config.snapshot_align == 2048
         body["prompt_cache"] = cache
         if flash:
-            body["chat_template_kwargs"] = sorted(CHAT_TEMPLATE_KWARGS)
+            body["chat_template_kwargs"] = sorted(protocol.CHAT_TEMPLATE_KWARGS)
         # api_key (repr=False) is never shown
         options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.repr}
         return body | {
             "supported": SUPPORTED,
-            "token_budget_aliases": list(TOKEN_BUDGET_ALIASES),
-            "max_tokens_default": MAX_TOKENS_DEFAULT["chat"],
+            "token_budget_aliases": list(protocol.TOKEN_BUDGET_ALIASES),
+            "max_tokens_default": protocol.MAX_TOKENS_DEFAULT["chat"],
             "error_format": "openai",
             "accepted_but_ignored": ["n"],
             "max_tokens_cap": config.max_tokens_cap,
