@@ -23,7 +23,9 @@ def admit(cache: PromptCache, prompt: RenderedPrompt) -> Admitted:
     cache.count(cached)
     cache.store(prompt)
     after = cache.counters()
-    return Admitted(cached, after.stores - before.stores, after.refused - before.refused)
+    return Admitted(
+        cached, after["stores"] - before["stores"], after["refused"] - before["refused"]
+    )
 
 
 def flash(**kw: Any) -> PromptCache:
@@ -58,7 +60,7 @@ def test_a_hit_refreshes_recency() -> None:
     for i in range(3):
         admit(cache, prompt(f"foreign {i}"))
         assert admit(cache, prompt("the prefix")).cached > 0  # each check refreshes it
-    assert cache.counters().entries == 8
+    assert cache.counters()["entries"] == 8
 
 
 def test_once_full_every_store_evicts_and_entries_stay_at_capacity() -> None:
@@ -67,28 +69,28 @@ def test_once_full_every_store_evicts_and_entries_stay_at_capacity() -> None:
         before = cache.counters()
         out = admit(cache, prompt(f"p{i % 5}"))
         after = cache.counters()
-        assert out.stored == after.stores - before.stores == 2
-        if before.entries == 8:
-            assert after.evicted - before.evicted == after.stores - before.stores
-        assert after.entries == min(2 * (i + 1), 8)
-        assert after.stores - after.evicted == after.entries
-        assert after.refused == 0
-        assert after.last_entry_bytes == 116389652
-        assert after.bytes == after.entries * 116389652
+        assert out.stored == after["stores"] - before["stores"] == 2
+        if before["entries"] == 8:
+            assert after["evicted"] - before["evicted"] == after["stores"] - before["stores"]
+        assert after["entries"] == min(2 * (i + 1), 8)
+        assert after["stores"] - after["evicted"] == after["entries"]
+        assert after["refused"] == 0
+        assert after["last_entry_bytes"] == 116389652
+        assert after["bytes"] == after["entries"] * 116389652
 
 
 def test_counter_lag_delays_hits_misses_and_saved_by_one_request() -> None:
     cache = flash(counter_lag=1)
     p = prompt("lagged")
     admit(cache, p)
-    assert (cache.counters().hits, cache.counters().misses) == (0, 0)
-    assert cache.counters().stores == 2  # stores are not lagged
+    assert (cache.counters()["hits"], cache.counters()["misses"]) == (0, 0)
+    assert cache.counters()["stores"] == 2  # stores are not lagged
     saved = admit(cache, p).cached
     c = cache.counters()
-    assert (c.hits, c.misses, c.prompt_tokens_saved) == (0, 1, 0)
+    assert (c["hits"], c["misses"], c["prompt_tokens_saved"]) == (0, 1, 0)
     admit(cache, prompt("other"))
     c = cache.counters()
-    assert (c.hits, c.misses, c.prompt_tokens_saved) == (1, 1, saved)
+    assert (c["hits"], c["misses"], c["prompt_tokens_saved"]) == (1, 1, saved)
 
 
 def test_counter_lag_zero_is_immediate() -> None:
@@ -97,8 +99,8 @@ def test_counter_lag_zero_is_immediate() -> None:
     admit(cache, p)
     saved = admit(cache, p).cached
     c = cache.counters()
-    assert (c.hits, c.misses, c.prompt_tokens_saved) == (1, 1, saved)
-    assert c.hit_rate == 0.5
+    assert (c["hits"], c["misses"], c["prompt_tokens_saved"]) == (1, 1, saved)
+    assert c["hit_rate"] == 0.5
 
 
 def test_flash_entries_per_request_adds_full_entry() -> None:
@@ -137,7 +139,7 @@ def test_dense_prompt_under_2048_never_hits() -> None:
     assert p.n < 2048
     for _ in range(3):
         assert admit(cache, p).cached == 0
-    assert cache.counters().stores == 0
+    assert cache.counters()["stores"] == 0
 
 
 def test_zero_entries_disables_the_cache() -> None:
@@ -145,7 +147,7 @@ def test_zero_entries_disables_the_cache() -> None:
     p = prompt("off")
     admit(cache, p)
     assert admit(cache, p).cached == 0
-    assert cache.counters().stores == 0
+    assert cache.counters()["stores"] == 0
 
 
 def test_a_dense_hit_moves_the_matched_snapshot_to_most_recent() -> None:
@@ -186,13 +188,13 @@ def test_a_snapshot_the_slab_cannot_take_is_refused() -> None:
     out = admit(cache, p)
     assert (out.stored, out.refused) == (1, 1)
     c = cache.counters()
-    assert (c.stores, c.refused, c.entries) == (1, 1, 1)
+    assert (c["stores"], c["refused"], c["entries"]) == (1, 1, 1)
     assert admit(cache, prompt(words("w", 200))).cached == places[0]
     # A slab too small for either: everything refused, nothing resumes.
     tiny = flash(token_bytes=10, entry_bytes=10)
     admit(tiny, p)
     assert admit(tiny, p).cached == 0
-    assert (tiny.counters().stores, tiny.counters().refused) == (0, 4)
+    assert (tiny.counters()["stores"], tiny.counters()["refused"]) == (0, 4)
 
 
 def test_a_budget_without_room_for_one_entry_refuses_every_store() -> None:
@@ -200,7 +202,7 @@ def test_a_budget_without_room_for_one_entry_refuses_every_store() -> None:
     p = prompt(words("d", 3000))
     admit(cache, p)
     assert admit(cache, p).cached == 0
-    assert (cache.counters().stores, cache.counters().refused) == (0, 2)
+    assert (cache.counters()["stores"], cache.counters()["refused"]) == (0, 2)
 
 
 def test_dense_keeps_no_duplicate_snapshots_and_flash_does() -> None:
@@ -208,8 +210,8 @@ def test_dense_keeps_no_duplicate_snapshots_and_flash_does() -> None:
     deduped = dense(dedupe_snapshots=True)
     for _ in range(3):
         admit(deduped, p)
-    assert (deduped.counters().entries, deduped.counters().stores) == (1, 1)
+    assert (deduped.counters()["entries"], deduped.counters()["stores"]) == (1, 1)
     plain = flash()
     for _ in range(3):
         admit(plain, p)
-    assert (plain.counters().entries, plain.counters().stores) == (6, 6)  # measured on 0.7.0
+    assert (plain.counters()["entries"], plain.counters()["stores"]) == (6, 6)  # measured on 0.7.0

@@ -71,6 +71,7 @@ BAD_REQUESTS = [
         {"chat_template_kwargs": {"enable_thinking": False}, "enable_thinking": True},
         "body.chat_template_kwargs.enable_thinking",
     ),
+    ({"tool_choice": ["auto"]}, "body.tool_choice"),  # a list, not a crash
 ]
 
 
@@ -94,6 +95,7 @@ GOOD_REQUESTS = [
     {"drafter": "mtp"},
     {"chat_template_kwargs": {"enable_thinking": False}},
     {"chat_template_kwargs": {"enable_thinking": False}, "enable_thinking": False},
+    {"tool_choice": {"type": "function", "function": {"name": "f"}}},  # OpenAI's object form
 ]
 
 

@@ -1,31 +1,23 @@
 """`SimConfig`: every knob of the simulator, its default the measured Halogen Flash lane (API
 0.7.0), and the time model the knobs drive. Pure.
 
-Each field carries its option's metadata (`knob`): help text, where the default comes from
-(``note``), its bound (``ge`` / ``gt``, with ``why``), its ``dense`` default, and CLI extras
-(``shown``, ``cli_default``, ``env``); `prefixreg sim` builds its options from them. A value of
-the wrong type or out of bounds is a `UsageError` naming the field.
+Each field carries its option's metadata (`knob`): help, ``note`` (where the default comes
+from), bound (``ge`` / ``gt``, ``why``), ``dense`` default and CLI extras (``shown``,
+``cli_default``, ``env``); `prefixreg sim` builds its options from them. A value of the wrong
+type or out of bounds is a `UsageError` naming the field. The `dense` profile (Halogen dense
+0.1.x) differs where the reference says: each field's ``dense``, no `timings`, `/metrics` or
+disk tier.
 
-The wall: a snapshot of t tokens needs ``t * token_bytes`` of its slab (Flash: ``cap_mb`` MiB
-when set, else ``entry_bytes``) or is refused (`/cache` `refused`); on dense ``cap_mb`` is the
-whole budget, cut into whole entries (61,440 MiB -> 3 of ~18.4 GB, halogen-api.md §2.1). The
-lane held 43,531 tokens in a 111 MiB slab (at most 2,673 B a token); 2,048 puts the default wall
-at 56,830 tokens. The `dense` profile (Halogen dense 0.1.x, `SimConfig.for_profile("dense")`)
-differs where the reference says: 2048-aligned snapshots with partial resume, one request at a
-time, whole full-context entries, no counter lag, no duplicate snapshots, no `timings`, no
-`/metrics`, no disk tier.
-
-The time model, fitted to the lane's probe (legs A1 cold, A2 identical repeat, B fresh tail;
+The time model, fitted to the lane's probe (A1 cold, A2 identical repeat, B fresh tail;
 ``max_tokens`` 1) at 2,593 / 11,374 / 21,337 / 43,538 prompt tokens. Prefill: ``u`` uncached
 tokens of an ``n``-token prompt take the cheaper of stepping, ``u * step(n)`` with ``step(n) =
 step_ms + n / 1000 * step_ms_per_kctx`` (a short pass is latency-bound like decode), and a
 batched pass, ``prefill_setup_s + u / prefill_tps``; the two cross near 75 tokens. Decode:
-``completion / decode_tps``. Disk restore: ``bytes / (disk_read_mbps * 10^6)``. With the
-defaults: A1 3.38 / 9.79 / 17.06 / 33.26 s (measured 3.38 / 9.81 / 17.16 / 33.26); A2 (7 tokens)
-0.160-0.185 s (measured 0.12-0.19); B (19 tokens) 0.406-0.473 s (measured 0.4-0.69). No model
-linear in the uncached tokens reaches the measured B/A2 ratio (3.3-3.6 > 19/7), so A2 sits high
-in its range and B low in its own. `speed` divides every modelled duration (prefill, decode,
-disk restores, queue timeout, keepalive interval): tests run in milliseconds, ratios hold.
+``completion / decode_tps``. Disk restore: ``bytes / (disk_read_mbps * 10^6)``. Defaults: A1
+3.38 / 9.79 / 17.06 / 33.26 s (measured 3.38 / 9.81 / 17.16 / 33.26); A2 (7 tokens) 0.160-0.185 s
+(measured 0.12-0.19); B (19 tokens) 0.406-0.473 s (measured 0.4-0.69): no model linear in the
+uncached tokens reaches the measured B/A2 ratio (3.3-3.6 > 19/7). `speed` divides every modelled
+duration (prefill, decode, disk restores, queue timeout, keepalive interval): ratios hold.
 """
 
 from __future__ import annotations
@@ -39,12 +31,6 @@ Profile = Literal["flash", "dense"]
 PROFILES: tuple[str, ...] = get_args(Profile)
 
 MIB = 1 << 20
-GIB = 1 << 30
-FLASH_ENTRY_BYTES = 116_389_652  # measured `last_entry_bytes`, whatever the prompt size
-DENSE_ENTRY = 18_400_000_000  # "whole full-context entries of ~18.4 GB at 262K"
-DENSE_CAP_MB = 61_440  # 64.4 GB: the documented AUTO budget that gives 3 entries
-
-
 T = TypeVar("T")
 
 
@@ -72,15 +58,13 @@ class SimConfig:
         "2048-aligned snapshots, no timings).",
     )
     host: str = knob("127.0.0.1", "Address to bind.", "loopback only")
-    port: int = knob(  # 0 here: an ephemeral port (tests)
-        0, "Port to bind; 0 picks a free one.", "Halogen's API port", cli_default=8731
-    )
-    api_key: str | None = knob(
+    port: int = knob(0, "Port to bind; 0 picks a free one.", "Halogen's API port", cli_default=8731)
+    api_key: str | None = knob(  # repr=False: never shown
         None,
         "Require 'Authorization: Bearer KEY' (401 otherwise; /health stays open).",
         shown="$PREFIXREG_SIM_API_KEY, else no key",
         env="PREFIXREG_SIM_API_KEY",
-        repr=False,  # never shown
+        repr=False,
     )
     model: str | None = knob(None, "Model id reported.", shown="prefixreg-sim-<profile>")
     # dense: "3 x 262144-token entries" (the halogen-server issue #5 startup line)
@@ -93,31 +77,29 @@ class SimConfig:
         ge=1,
         dense=1,
     )
-    snapshot_align: int = knob(
-        0,
-        "Snapshot places are rounded down to this many tokens; 0 = exact.",
-        "measured",
-        ge=0,
-        dense=2048,  # HALOGEN_CACHE_ALIGN's default
+    snapshot_align: int = knob(  # dense: HALOGEN_CACHE_ALIGN's default
+        0, "Snapshot places round down to this multiple; 0 = exact.", "measured", ge=0, dense=2048
     )
+    # Flash: the measured `last_entry_bytes`, whatever the prompt size; dense: "whole
+    # full-context entries of ~18.4 GB at 262K".
     entry_bytes: int = knob(
-        FLASH_ENTRY_BYTES, "Size of one entry (slab) in bytes.", "measured", ge=1, dense=DENSE_ENTRY
+        116_389_652, "Size of one entry (slab) in bytes.", "measured", ge=1, dense=18_400_000_000
     )
-    cap_mb: int = knob(
+    cap_mb: int = knob(  # dense: 64.4 GB, the documented AUTO budget that gives 3 entries
         0,
         "The cache-size option (cacheMb -> HALOGEN_CACHE_MB), in MiB. Flash: the size of one "
         "entry's slab (0 = --entry-bytes); dense: the whole budget, cut into whole entries.",
         ge=0,
-        dense=DENSE_CAP_MB,
+        dense=61_440,
     )
-    token_bytes: int = knob(
+    token_bytes: int = knob(  # dense: a whole full-context entry, no per-token wall
         2048,
         "Bytes of its slab a snapshot needs per token; a snapshot over the slab is refused. "
         "0 = no per-token wall.",
         "not measured: the lane stored 43,531 tokens in a 111 MiB slab",
         ge=0,
         why="0: no per-token wall",
-        dense=0,  # a dense entry is a whole full-context entry: no per-token wall
+        dense=0,
     )
     counter_lag: int = knob(
         1,
@@ -133,19 +115,13 @@ class SimConfig:
         dense=True,
     )
     prefill_tps: float = knob(1370.0, "Batched prefill throughput, tokens/s.", "fitted", gt=0)
-    prefill_setup_s: float = knob(
-        1.4706, "Fixed seconds of a batched prefill pass.", "fitted", ge=0
-    )
-    step_ms: float = knob(
-        20.28, "Milliseconds to process one token on its own (short passes).", "fitted", gt=0
-    )
+    prefill_setup_s: float = knob(1.4706, "Seconds of a batched prefill pass.", "fitted", ge=0)
+    step_ms: float = knob(20.28, "Milliseconds to step one token (short passes).", "fitted", gt=0)
     step_ms_per_kctx: float = knob(
         0.0855, "Extra milliseconds per stepped token per 1,000 tokens of context.", "fitted", ge=0
     )
     decode_tps: float = knob(60.0, "Decode speed, tokens/s.", "measured", gt=0)
-    slots: int = knob(  # dense: batch-1
-        4, "Requests served at once; more wait in the queue.", "measured", ge=1, dense=1
-    )
+    slots: int = knob(4, "Requests served at once; more wait.", "measured", ge=1, dense=1)
     slot_ctx: int = knob(262_144, "Tokens per slot; a longer prompt is a 400.", "measured", ge=1)
     max_tokens_cap: int = knob(65_536, "Largest max_tokens accepted; more is a 400.", ge=1)
     queue_timeout: float = knob(
@@ -161,9 +137,7 @@ class SimConfig:
         ge=0,
         why="0 disables it",
     )
-    answer_tokens: int = knob(
-        24, "Length of the deterministic answer in tokens (less if max_tokens is smaller).", ge=1
-    )
+    answer_tokens: int = knob(24, "Answer length in tokens (less if max_tokens is smaller).", ge=1)
     cache_dir: str | None = knob(
         None,
         "Flash disk tier (HALOGEN_CACHE_DIR): snapshots persist here across restarts and are "
@@ -171,9 +145,7 @@ class SimConfig:
         "no disk tier",
     )
     disk_gib: float = knob(64.0, "Disk tier budget in GiB (HALOGEN_CACHE_DISK_GIB).", gt=0)
-    disk_token_bytes: int = knob(
-        27 * 1024, "Modelled bytes of a disk record per token.", "~27 KiB", ge=1
-    )
+    disk_token_bytes: int = knob(27 * 1024, "Modelled disk bytes per token.", "~27 KiB", ge=1)
     disk_read_mbps: float = knob(2000.0, "Modelled disk read speed for restores, MB/s.", gt=0)
     speed: float = knob(1.0, "Time compression: every modelled duration is divided by this.", gt=0)
 
@@ -206,10 +178,9 @@ class SimConfig:
         unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
         if unknown:
             raise UsageError(f"simulator: unknown option(s) {', '.join(unknown)}")
-        values = {f.name: f.metadata["dense"] for f in fields(cls) if "dense" in f.metadata}
-        values = values if profile == "dense" else {}
-        values |= {k: v for k, v in overrides.items() if v is not None}
-        return cls(**(values | {"profile": profile}))
+        dense = {f.name: f.metadata["dense"] for f in fields(cls) if "dense" in f.metadata}
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return cls(**((dense if profile == "dense" else {}) | given | {"profile": profile}))
 
     @property
     def model_id(self) -> str:
@@ -224,10 +195,6 @@ class SimConfig:
     def slab_bytes(self) -> int:
         """Bytes of one entry: the Flash slab (`cap_mb` MiB when set), or the dense entry."""
         return self.cap_mb * MIB if self.flash and self.cap_mb > 0 else self.entry_bytes
-
-    @property
-    def cache_enabled(self) -> bool:
-        return self.max_entries > 0
 
     @property
     def capacity(self) -> int:

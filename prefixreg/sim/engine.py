@@ -1,12 +1,6 @@
 """The simulator's engine, shared by the handler threads (every method takes the lock): slots
 and queue, the memory cache, the disk tier, the running totals, and what `/health`, `/cache`
-and `/metrics` report (halogen-api.md §1.2-§1.4): dense's fields (``cap_bytes``, no ``version``,
-no ``/metrics``) or Flash's (``max_entries``, ``last_entry_bytes``, ``version``,
-``chat_template``, a ``disk`` block with the disk tier, ``prompt_cache.cap_mb`` one slab).
-
-A request looks up once it holds a slot (memory, then the disk tier when that resumes more) and
-stores only after its modelled prefill: of identical cold requests at once, none is served from
-a snapshot, since the first exists only once the first prefill completes.
+and `/metrics` report (halogen-api.md §1.2-§1.4) in dense's or Flash's fields.
 """
 
 from __future__ import annotations
@@ -18,23 +12,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from prefixreg.sim.cache import PromptCache
+from prefixreg.sim import protocol
+from prefixreg.sim.cache import DiskTier, PromptCache
 from prefixreg.sim.config import MIB, SimConfig
-from prefixreg.sim.disk import DiskTier
-from prefixreg.sim.protocol import (
-    CHAT_TEMPLATE_KWARGS,
-    DRAFTERS,
-    MAX_TOKENS_DEFAULT,
-    TOKEN_BUDGET_ALIASES,
-    ApiError,
-    Call,
-)
+from prefixreg.sim.protocol import ApiError, Call
 from prefixreg.sim.tokenizer import TEMPLATE_SHA256
 
 API_VERSION = "0.7.0"  # the Flash release the defaults were measured on
 SUPPORTED = [
-    "model", "messages", "prompt", *TOKEN_BUDGET_ALIASES, "stream", "stream_options", "stop",
-    "temperature", "top_p", "top_k", "min_p", "seed", "drafter",
+    "model", "messages", "prompt", *protocol.TOKEN_BUDGET_ALIASES, "stream", "stream_options",
+    "stop", "temperature", "top_p", "top_k", "min_p", "seed", "drafter",
 ]  # fmt: skip
 _TIMING = ["store_ms_total", "restore_ms_total", "last_store_ms", "last_restore_ms"]
 _FLASH_CACHE = [
@@ -120,7 +107,7 @@ class Engine:
 
     def health(self) -> dict[str, Any]:
         """`/health`: identity, load (never waits for a slot), the cache's shape, options."""
-        config, flash, enabled = self.config, self.config.flash, self.config.cache_enabled
+        config, flash, enabled = self.config, self.config.flash, self.config.max_entries > 0
         with self.lock:
             in_flight, queued = len(self._holds), self._queued
             oldest = min((h[0] for h in self._holds), default=None)
@@ -142,25 +129,23 @@ class Engine:
         }
         if flash:  # Flash 0.17.3 reports 524288 for 4 slots of 262144: two slots' worth
             body["kv_pool_positions"] = 2 * config.slot_ctx
-        body |= {"decode": "greedy", "drafters_available": list(DRAFTERS[config.profile])}
+        body |= {"decode": "greedy", "drafters_available": list(protocol.DRAFTERS[config.profile])}
         body["drafter_default"] = "serial"
         # Flash's cap_mb is one entry's size in MiB (116389652 B -> 110), not a budget.
-        cache: dict[str, Any] = {"enabled": enabled, "cap_mb": config.slab_bytes // MIB}
-        if flash:
-            cache["mode"] = 2 if enabled else 0
-        else:
-            cache["cap_mb"] = config.cap_mb
+        cap_mb = config.slab_bytes // MIB if flash else config.cap_mb
+        cache: dict[str, Any] = {"enabled": enabled, "cap_mb": cap_mb}
+        cache |= {"mode": 2 if enabled else 0} if flash else {}
         cache["snapshot_align"] = config.snapshot_align
         cache["bitwise_identical_to_cold"] = not flash and config.snapshot_align == 2048
         body["prompt_cache"] = cache
         if flash:
-            body["chat_template_kwargs"] = sorted(CHAT_TEMPLATE_KWARGS)
-        options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-        del options["api_key"]  # never shown
+            body["chat_template_kwargs"] = sorted(protocol.CHAT_TEMPLATE_KWARGS)
+        # api_key (repr=False) is never shown
+        options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.repr}
         return body | {
             "supported": SUPPORTED,
-            "token_budget_aliases": list(TOKEN_BUDGET_ALIASES),
-            "max_tokens_default": MAX_TOKENS_DEFAULT["chat"],
+            "token_budget_aliases": list(protocol.TOKEN_BUDGET_ALIASES),
+            "max_tokens_default": protocol.MAX_TOKENS_DEFAULT["chat"],
             "error_format": "openai",
             "accepted_but_ignored": ["n"],
             "max_tokens_cap": config.max_tokens_cap,
@@ -177,14 +162,13 @@ class Engine:
         config = self.config
         with self.lock:
             c, disk = self.cache.counters(), None if self.disk is None else self.disk.body()
-        values = dataclasses.asdict(c) | {
+        values = c | {
             "max_entries": config.max_entries,
-            "reserved_bytes": c.bytes,
+            "reserved_bytes": c["bytes"],
             "cap_bytes": config.cap_mb * MIB,
             "rows_copied": 0,
             "rows_copied_ms": 0.0,
             "disk": disk,
-            "hit_rate": c.hit_rate,
         }
         keys = _FLASH_CACHE if config.flash else _DENSE_CACHE
         return {k: values[k] for k in keys if not (k == "disk" and disk is None)}
@@ -201,7 +185,7 @@ class Engine:
                  "Number of prompt tokens processed."),
                 ("llamacpp:requests_total", "counter", self.requests_total,
                  "Requests that reached the engine."),
-                ("llamacpp:kv_cache_usage_ratio", "gauge", round(held / pool, 6) if pool else 0.0,
+                ("llamacpp:kv_cache_usage_ratio", "gauge", round(held / pool, 6),
                  "KV-cache usage: positions held over the pool."),
                 ("halogen:kv_pool_positions", "gauge", pool, "Positions in the KV pool."),
                 ("halogen:kv_pool_reserved_tokens", "gauge", reserved,

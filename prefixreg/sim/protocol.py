@@ -9,11 +9,11 @@ a ``drafter`` the profile lacks; on Flash, a ``chat_template_kwargs`` key not in
 system turn after its content (a snapshot at `system_end` covers them); ``tool_choice: "none"``
 renders none (alternating it with "auto" costs a miss); `tool_calls` after their turn's content.
 
-Replies: errors ``{"error": {"message", "type", "param": null, "code"}}`` (``code``
-``"engine_busy"`` for 503); usage with ``prompt_tokens_details: {cached_tokens}`` only when
-cached > 0; Flash ``timings`` beside it (``cache_n`` always there), dense none. Streams: content
-frames, a finish frame (empty delta / text, Flash ``timings``), with ``include_usage`` a
-``choices: []`` frame carrying ``usage`` (earlier frames ``"usage": null``), ``data: [DONE]``.
+Replies: errors ``{"error": {"message", "type", "param": null, "code"}}``; usage with
+``prompt_tokens_details: {cached_tokens}`` only when cached > 0; Flash ``timings`` beside it
+(``cache_n`` always there), dense none. Streams: content frames, a finish frame (empty delta /
+text, Flash ``timings``), with ``include_usage`` a ``choices: []`` frame carrying ``usage``
+(earlier frames ``"usage": null``), ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal
 
 from prefixreg.core import jsonio
 from prefixreg.core.errors import CorruptRecordError
@@ -39,11 +39,9 @@ DRAFTERS = {"flash": ("serial", "mtp"), "dense": ("serial", "mtp", "dflash2", "n
 # names: the template's own switches among the documented request fields].
 CHAT_TEMPLATE_KWARGS = frozenset({"enable_thinking", "preserve_thinking", "reasoning_effort"})
 TOOLS_HEADER = "\n\n# Tools\n\nYou may call one or more of these functions:\n<tools>\n"
-TOOL_CHOICES = frozenset({"none", "auto", "required"})
+TOOL_CHOICES = ("auto", "none", "required")  # a tuple: `in` must take a list too
 _RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0)}
-KEEPALIVE = b": keepalive\n\n"
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
-_ERROR_TYPES |= {404: "not_found_error", 429: "rate_limit_error"}
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
 
 
 class ApiError(Exception):
@@ -52,6 +50,11 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error envelope Halogen uses."""
+        kind = _ERROR_TYPES.get(self.status, "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": None, "code": self.code}}
 
 
 def invalid(loc: str, msg: str) -> ApiError:
@@ -70,19 +73,13 @@ class Call:
     include_usage: bool
 
 
-def _is_number(value: object) -> TypeGuard[float]:
-    return type(value) in (int, float)
-
-
 def _compact(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _content_text(content: object, loc: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
+    if content is None or isinstance(content, str):
+        return content or ""
     if not isinstance(content, list):
         raise invalid(loc, "must be a string, a list of text parts, or null")
     parts: list[str] = []
@@ -116,8 +113,8 @@ def _messages(body: Mapping[str, Any]) -> list[tuple[str, str]]:
         content += "".join(f"\n<tool_call>\n{_compact(c)}\n</tool_call>" for c in calls or ())
         out.append((role, content))
     tools, choice = body.get("tools"), body.get("tool_choice")
-    if choice is not None and not (choice in TOOL_CHOICES or isinstance(choice, dict)):
-        raise invalid("body.tool_choice", f"must be one of {sorted(TOOL_CHOICES)} or an object")
+    if not (choice is None or isinstance(choice, dict) or choice in TOOL_CHOICES):
+        raise invalid("body.tool_choice", f"must be one of {list(TOOL_CHOICES)} or an object")
     if tools is not None and not (
         isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
     ):
@@ -155,39 +152,32 @@ def _token_budget(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> int
     return value
 
 
-def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
-    stream = False if body.get("stream") is None else body["stream"]
-    if not isinstance(stream, bool):
-        raise invalid("body.stream", "must be a boolean")
-    options = body.get("stream_options")
-    if options is None:
-        return stream, False
-    if not isinstance(options, dict):
-        raise invalid("body.stream_options", "must be an object")
-    include_usage = options.get("include_usage", False)
-    if not isinstance(include_usage, bool):
-        raise invalid("body.stream_options.include_usage", "must be a boolean")
-    return stream, include_usage
-
-
 def _options(body: Mapping[str, Any], profile: str) -> tuple[bool, bool]:
     """Sampling ranges, the stream flags and the documented 400s (see the module docstring),
     checked in the server's order; returns (stream, include_usage)."""
     for name, (low, high) in _RANGES.items():
         value = body.get(name)
-        if value is not None and (not _is_number(value) or not low <= value <= high):
+        if value is not None and (type(value) not in (int, float) or not low <= value <= high):
             raise invalid(f"body.{name}", f"must be a number in {low}..{high}")
     top_k = body.get("top_k")
     if top_k is not None and (type(top_k) is not int or top_k < 0):
         raise invalid("body.top_k", "must be an integer >= 0")
-    stream, include_usage = _stream_flags(body)
+    stream = False if body.get("stream") is None else body["stream"]
+    if not isinstance(stream, bool):
+        raise invalid("body.stream", "must be a boolean")
+    options = {} if body.get("stream_options") is None else body["stream_options"]
+    if not isinstance(options, dict):
+        raise invalid("body.stream_options", "must be an object")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise invalid("body.stream_options.include_usage", "must be a boolean")
     if body.get("top_logprobs") is not None:
         raise invalid("body.top_logprobs", "is not supported")
     logprobs = bool(body.get("logprobs"))
     if logprobs and stream:
         raise invalid("body.logprobs", "cannot be combined with stream")
-    temperature = body.get("temperature")
-    if not (_is_number(temperature) and temperature > 0):
+    temperature = body.get("temperature") or 0
+    if not (type(temperature) in (int, float) and temperature > 0):
         sampled_only = ("presence_penalty", "frequency_penalty", "logit_bias")
         for name in (*sampled_only, *(("logprobs",) if logprobs else ())):
             if body.get(name) is not None:
@@ -241,129 +231,90 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
     return Call(kind, prompt, min(max_tokens, config.slot_ctx - prompt.n), stream, include_usage)
 
 
-@dataclass(frozen=True, slots=True)
 class Result:
-    """One served call: its answer, what it resumed, its durations in real (scaled) seconds."""
+    """A served call from what its lookup found (`Engine.lookup`): answer, tokens resumed
+    (``disk_n`` from the disk tier), durations in real (scaled) seconds, and its replies."""
 
-    call: Call
-    config: SimConfig
-    id: str
-    created: int
-    pieces: tuple[str, ...]
-    finish_reason: str
-    cached: int
-    prompt_s: float
-    decode_s: float
-    disk_n: int  # of `cached`, restored from the disk tier
-    disk_s: float
+    def __init__(self, config: SimConfig, call: Call, found: tuple[int, int, float]) -> None:
+        self.config, self.call = config, call
+        self.cached, self.disk_n, disk_s = found
+        answer = answer_tokens(call.prompt, config.answer_tokens)
+        self.pieces = tuple(answer[: call.max_tokens])
+        self.finish_reason = "stop" if len(self.pieces) == len(answer) else "length"
+        self.id = ("chatcmpl-" if call.kind == "chat" else "cmpl-") + secrets.token_hex(12)
+        self.created = int(time.time())
+        prefill_s = config.prefill_s(prompt=call.prompt.n, cached=self.cached)
+        self.prompt_s = (prefill_s + disk_s) / config.speed
+        self.decode_s = len(self.pieces) / config.decode_tps / config.speed
+        self.disk_s = disk_s / config.speed
 
+    def usage(self) -> dict[str, Any]:
+        """The usage object; `prompt_tokens_details` only when something was cached."""
+        n, k = self.call.prompt.n, len(self.pieces)
+        body: dict[str, Any] = {"prompt_tokens": n, "completion_tokens": k, "total_tokens": n + k}
+        if self.cached > 0:
+            body["prompt_tokens_details"] = {"cached_tokens": self.cached}
+        return body
 
-def result(config: SimConfig, call: Call, found: tuple[int, int, float]) -> Result:
-    """Model a call from what its lookup `found` (`Engine.lookup`)."""
-    cached, disk_n, disk_s = found
-    answer = answer_tokens(call.prompt, config.answer_tokens)
-    pieces = tuple(answer[: call.max_tokens])
-    prefill = config.prefill_s(prompt=call.prompt.n, cached=cached)
-    return Result(
-        call=call,
-        config=config,
-        id=("chatcmpl-" if call.kind == "chat" else "cmpl-") + secrets.token_hex(12),
-        created=int(time.time()),
-        pieces=pieces,
-        finish_reason="stop" if len(pieces) == len(answer) else "length",
-        cached=cached,
-        prompt_s=(prefill + disk_s) / config.speed,
-        decode_s=len(pieces) / config.decode_tps / config.speed,
-        disk_n=disk_n,
-        disk_s=disk_s / config.speed,
-    )
+    def timings(self) -> dict[str, Any]:
+        """Flash `timings`: llama.cpp-style, `prompt_n` is what was actually prefilled."""
+        prompt_n, predicted_n = self.call.prompt.n - self.cached, len(self.pieces)
+        body: dict[str, Any] = {
+            "prompt_n": prompt_n,
+            "prompt_ms": round(self.prompt_s * 1000, 3),
+            "prompt_per_second": round(prompt_n / self.prompt_s, 3) if self.prompt_s else 0.0,
+            "predicted_n": predicted_n,
+            "predicted_ms": round(self.decode_s * 1000, 3),
+            "predicted_per_second": round(predicted_n / self.decode_s, 3) if self.decode_s else 0.0,
+            "cache_n": self.cached,
+            "draft_n": 0,
+            "draft_n_accepted": 0,
+        }
+        if self.config.cache_dir is not None:  # the disk tier is on
+            body["disk_restore_n"] = self.disk_n
+            body["disk_restore_ms"] = round(self.disk_s * 1000, 3)
+        return body
 
+    def reply(self, finish: str | None, text: str | None, *, chunk: bool) -> dict[str, Any]:
+        """The envelope with one choice: a message (chat), a delta (chat stream) or a text
+        (completions); `text` None is a stream's finish frame."""
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if self.call.kind == "completion":
+            choice["text"] = text or ""
+        elif chunk:
+            choice["delta"] = {} if text is None else {"content": text}
+        else:
+            choice["message"] = {"role": "assistant", "content": text}
+        kind = "chat.completion.chunk" if chunk else "chat.completion"
+        body: dict[str, Any] = {
+            "id": self.id,
+            "created": self.created,
+            "model": self.config.model_id,
+            "object": "text_completion" if self.call.kind == "completion" else kind,
+            "choices": [choice],
+        }
+        if chunk and self.call.include_usage:
+            body["usage"] = None
+        return body
 
-def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
-    """The OpenAI error envelope Halogen uses."""
-    if code is None and status == 503:
-        code = "engine_busy"
-    kind = _ERROR_TYPES.get(status, "server_error")
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    def response_body(self) -> dict[str, Any]:
+        """The non-streaming reply."""
+        body = self.reply(self.finish_reason, "".join(self.pieces), chunk=False)
+        body["usage"] = self.usage()
+        if self.config.flash:
+            body["timings"] = self.timings()
+        return body
 
-
-def usage(result: Result) -> dict[str, Any]:
-    """The usage object; `prompt_tokens_details` only when something was cached."""
-    n, k = result.call.prompt.n, len(result.pieces)
-    body: dict[str, Any] = {"prompt_tokens": n, "completion_tokens": k, "total_tokens": n + k}
-    if result.cached > 0:
-        body["prompt_tokens_details"] = {"cached_tokens": result.cached}
-    return body
-
-
-def timings(result: Result) -> dict[str, Any]:
-    """Flash `timings`: llama.cpp-style, `prompt_n` is what was actually prefilled."""
-    prompt_n, prompt_s = result.call.prompt.n - result.cached, result.prompt_s
-    predicted_n, decode_s = len(result.pieces), result.decode_s
-    body: dict[str, Any] = {
-        "prompt_n": prompt_n,
-        "prompt_ms": round(prompt_s * 1000, 3),
-        "prompt_per_second": round(prompt_n / prompt_s, 3) if prompt_s else 0.0,
-        "predicted_n": predicted_n,
-        "predicted_ms": round(decode_s * 1000, 3),
-        "predicted_per_second": round(predicted_n / decode_s, 3) if decode_s else 0.0,
-        "cache_n": result.cached,
-        "draft_n": 0,
-        "draft_n_accepted": 0,
-    }
-    if result.config.cache_dir is not None:  # the disk tier is on
-        body["disk_restore_n"] = result.disk_n
-        body["disk_restore_ms"] = round(result.disk_s * 1000, 3)
-    return body
-
-
-def _body(result: Result, finish: str | None, text: str | None, *, chunk: bool) -> dict[str, Any]:
-    """The envelope with one choice: a message (chat), a delta (chat stream) or a text
-    (completions); `text` None is a stream's finish frame."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
-    if result.call.kind == "completion":
-        choice["text"] = text or ""
-    elif chunk:
-        choice["delta"] = {} if text is None else {"content": text}
-    else:
-        choice["message"] = {"role": "assistant", "content": text}
-    kind = "chat.completion.chunk" if chunk else "chat.completion"
-    body: dict[str, Any] = {
-        "id": result.id,
-        "created": result.created,
-        "model": result.config.model_id,
-        "object": "text_completion" if result.call.kind == "completion" else kind,
-        "choices": [choice],
-    }
-    if chunk and result.call.include_usage:
-        body["usage"] = None
-    return body
-
-
-def response_body(result: Result) -> dict[str, Any]:
-    """The non-streaming reply."""
-    body = _body(result, result.finish_reason, "".join(result.pieces), chunk=False)
-    body["usage"] = usage(result)
-    if result.config.flash:
-        body["timings"] = timings(result)
-    return body
-
-
-def content_frame(result: Result, piece: str) -> bytes:
-    """One streamed piece of the answer."""
-    return sse(_body(result, None, piece, chunk=True))
-
-
-def final_frames(result: Result) -> bytes:
-    """The finish frame (with flash `timings`), the usage frame if asked for, and [DONE]."""
-    finish = _body(result, result.finish_reason, None, chunk=True)
-    if result.config.flash:
-        finish["timings"] = timings(result)
-    frames = [sse(finish)]
-    if result.call.include_usage:
-        last = _body(result, None, None, chunk=True) | {"choices": [], "usage": usage(result)}
-        frames.append(sse(last))
-    return b"".join(frames) + b"data: [DONE]\n\n"
+    def final_frames(self) -> bytes:
+        """The finish frame (with flash `timings`), the usage frame if asked for, and [DONE]."""
+        finish = self.reply(self.finish_reason, None, chunk=True)
+        if self.config.flash:
+            finish["timings"] = self.timings()
+        frames = [sse(finish)]
+        if self.call.include_usage:
+            last = self.reply(None, None, chunk=True) | {"choices": [], "usage": self.usage()}
+            frames.append(sse(last))
+        return b"".join(frames) + b"data: [DONE]\n\n"
 
 
 def sse(payload: Mapping[str, Any]) -> bytes:

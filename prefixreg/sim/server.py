@@ -1,12 +1,13 @@
 """The simulator's HTTP server: Halogen's routes on a stdlib `ThreadingHTTPServer`, one thread
-per connection, a listen backlog of ``LISTEN_BACKLOG`` (connects never wait for SYN retransmits).
+per connection, a listen backlog of 128 (connects never wait for SYN retransmits).
 
 A completion, as on the real server: authenticate, validate (400s before queueing), wait for a
-slot (503 ``engine_busy`` after ``queue_timeout``), look up, sleep the modelled prefill, store
-the snapshots (their state exists only now), sleep the decode; every duration divided by
-``speed``. A stream sends headers once it holds a slot, ``: keepalive`` lines while the prefill
-outlasts the keepalive interval, then the frames. ``/health`` (no key), ``/cache`` and
-``/metrics`` never wait for a slot. Every request line received is logged (`requests`).
+slot (503 ``engine_busy`` after ``queue_timeout``), look up (memory, then the disk tier when that
+resumes more), sleep the modelled prefill, store the snapshots (so of identical cold requests at
+once none is served from a snapshot), sleep the decode; every duration divided by ``speed``. A
+stream sends headers once it holds a slot, ``: keepalive`` lines while the prefill outlasts the
+keepalive interval, then the frames. ``/health`` (no key), ``/cache`` and ``/metrics`` never
+wait for a slot. Every request line received is logged (`requests`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ from typing import Any, NamedTuple
 from prefixreg.sim import protocol
 from prefixreg.sim.config import SimConfig
 from prefixreg.sim.engine import Engine
-from prefixreg.sim.protocol import ApiError, Call, Kind, Result, parse_request
+from prefixreg.sim.protocol import ApiError, Kind, Result, parse_request
 
-LISTEN_BACKLOG = 128
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 MAX_BODY = 64 * 1024 * 1024
 _POST_ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
@@ -48,7 +48,7 @@ class LoggedRequest(NamedTuple):
 class _HTTPServer(ThreadingHTTPServer):
     # socketserver's default backlog is 5: a burst of connects beyond it waits ~1 s for a SYN
     # retransmit, which would swamp the modelled times of concurrent calls.
-    request_queue_size = LISTEN_BACKLOG
+    request_queue_size = 128
     daemon_threads = True
 
 
@@ -76,15 +76,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         text = isinstance(body, str)
         data = body.encode() if text else json.dumps(body, separators=(",", ":")).encode()
-        self.send_header(
-            "Content-Type", "text/plain; version=0.0.4" if text else "application/json"
-        )
+        kind = "text/plain; version=0.0.4" if text else "application/json"
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-
-    def _send_error(self, err: ApiError) -> None:
-        self._send(err.status, protocol.error_body(err.status, err.message, err.code))
 
     def _authorized(self) -> bool:
         key = self.sim.config.api_key
@@ -111,7 +107,8 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length)
 
     def _route(self, method: str) -> str:
-        self.sim._log_request(method, self.path)
+        with self.sim._requests_lock:
+            self.sim._requests.append(LoggedRequest(method, self.path))
         return self.path.split("?", 1)[0]
 
     def do_GET(self) -> None:
@@ -126,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(401, "invalid or missing API key")
             self._send(200, body(self.sim._engine))
         except ApiError as err:
-            self._send_error(err)
+            self._send(err.status, err.body())
 
     def do_POST(self) -> None:
         path = self._route("POST")
@@ -146,48 +143,42 @@ class _Handler(BaseHTTPRequestHandler):
             work = time.monotonic() - t0  # tokenizing and the lookup count against the prefill
             with engine.slot(call):  # its 503 is the last error: nothing was sent before it
                 started = time.monotonic()
-                result = protocol.result(self.sim.config, call, engine.lookup(call))
+                result = Result(self.sim.config, call, engine.lookup(call))
                 if call.stream:  # headers once a slot is held, then keepalives while prefilling
                     self._send(200, None)
-                ok = self._prefill(result.prompt_s - work - (time.monotonic() - started), call)
-                if ok:
-                    engine.store(call)  # the snapshots exist only once the prefill has run
-                    ok = self._stream(result) if call.stream else engine.sleep(result.decode_s)
-                if not ok:
+                if not self._run(result, result.prompt_s - work - (time.monotonic() - started)):
                     self.close_connection = True
                     return
                 if not call.stream:
-                    self._send(200, protocol.response_body(result))
+                    self._send(200, result.response_body())
                 self.sim._log_call(result, time.monotonic() - started)
         except ApiError as err:
-            self._send_error(err)
+            self._send(err.status, err.body())
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away; nothing to answer
 
-    def _prefill(self, seconds: float, call: Call) -> bool:
-        """Sleep the prefill left, a stream with a keepalive comment after each interval of
-        silence; False if the server stopped meanwhile."""
-        config = self.sim.config
+    def _run(self, result: Result, prefill_s: float) -> bool:
+        """Sleep the prefill left (a stream: a keepalive after each interval of silence), store
+        the snapshots, decode (a stream: pieces paced against a deadline so sleeps do not drift,
+        then the final frames); False if the server stopped meanwhile."""
+        engine, config, call = self.sim._engine, self.sim.config, result.call
         interval = config.keepalive / config.speed if call.stream else 0.0
-        while seconds > 0:
-            step = min(seconds, interval) if interval > 0 else seconds
-            if not self.sim._engine.sleep(step):
+        while prefill_s > 0:
+            step = min(prefill_s, interval) if interval > 0 else prefill_s
+            if not engine.sleep(step):
                 return False
-            seconds -= step
-            if seconds > 0:
-                self.wfile.write(protocol.KEEPALIVE)
-        return True
-
-    def _stream(self, result: Result) -> bool:
-        """Decode, pieces paced against a deadline so sleeps do not drift, then the final
-        frames; False if the server stopped before the end."""
-        t0 = time.monotonic()
-        per_piece = result.decode_s / len(result.pieces) if result.pieces else 0.0
+            prefill_s -= step
+            if prefill_s > 0:
+                self.wfile.write(b": keepalive\n\n")
+        engine.store(call)
+        if not call.stream:
+            return engine.sleep(result.decode_s)
+        t0, per_piece = time.monotonic(), result.decode_s / len(result.pieces)
         for i, piece in enumerate(result.pieces):
-            if not self.sim._engine.sleep(t0 + (i + 1) * per_piece - time.monotonic()):
+            if not engine.sleep(t0 + (i + 1) * per_piece - time.monotonic()):
                 return False
-            self.wfile.write(protocol.content_frame(result, piece))
-        self.wfile.write(protocol.final_frames(result))
+            self.wfile.write(protocol.sse(result.reply(None, piece, chunk=True)))
+        self.wfile.write(result.final_frames())
         return True
 
 
@@ -212,9 +203,8 @@ class SimServer:
 
     def start(self) -> SimServer:
         if self._thread is None:
-            serve = {"poll_interval": 0.05}
             self._thread = threading.Thread(
-                target=self._httpd.serve_forever, kwargs=serve, daemon=True
+                target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
             )
             self._thread.start()
         return self
@@ -238,14 +228,6 @@ class SimServer:
         """Every request line received so far, oldest first (a copy)."""
         with self._requests_lock:
             return list(self._requests)
-
-    def clear_requests(self) -> None:
-        with self._requests_lock:
-            self._requests.clear()
-
-    def _log_request(self, method: str, path: str) -> None:
-        with self._requests_lock:
-            self._requests.append(LoggedRequest(method, path))
 
     def _log_call(self, result: Result, wall_s: float) -> None:
         if self._log is not None:  # the shape of Halogen's request log line

@@ -1,30 +1,24 @@
 """The simulator's tokenizer, chat template and answer generator. Pure: no I/O.
 
-A raw token is one match of ``TOKEN_RE``: a word (``\\w+``) or one punctuation character, each
-with at most one leading space, or a run of whitespace. The lane's tokenizer gives the probe
-corpus's 4k/16k/32k/64k-character slices (`prefixreg.verbs.probe.corpus`) 2,593 / 11,374 /
-21,337 / 43,538 prompt tokens (about 1.5 characters a token, not on one line); the simulator
-reproduces those counts, not that tokenizer: words are split into pieces that track
-``DENSITY``, pieces per word character by character offset in the message, fitted to the four
-slices (within 0.5%). The first ``PLAIN_CHARS`` characters of a message keep one token a word,
-so short messages (a probe header, ``prefixreg.core.prefix.fresh_tail()``) count simply.
+A raw token is one match of ``TOKEN_RE``: a word or one punctuation character, each with at most
+one leading space, or a run of whitespace. Past a message's first ``PLAIN_CHARS`` characters
+(one token a word, so a probe header or ``fresh_tail()`` counts simply) words split into pieces
+tracking ``DENSITY`` (pieces per word character by offset), fitted within 0.5% to the lane's
+2,593 / 11,374 / 21,337 / 43,538 prompt tokens for the probe corpus's 4k/16k/32k/64k slices.
 Invariants: ``"".join(tokenize(s)) == s``; a message's tokens depend on its own characters
 only, and a prefix of a text tokenizes as the text up to the last word the prefix cuts; a word
 never splits into more pieces than it has word characters.
 
-Chat template (Qwen-like): each message is two fixed header tokens, its content tokenized on
-its own, one fixed footer token (so it counts ``2 + len(tokenize(content)) + 1`` whatever its
-neighbours); the prompt ends with the six-token generation prompt::
+Chat template (Qwen-like): a message is ``2 + len(tokenize(content)) + 1`` tokens whatever its
+neighbours; the prompt ends with a six-token generation prompt::
 
     "<|im_start|>" "{role}\\n" <content tokens> "<|im_end|>\\n"      per message
     "<|im_start|>" "assistant\\n" "<think>" "\\n\\n" "</think>" "\\n\\n"   generation prompt
 
-Snapshot places (the cache decides which are stored): ``system_end``, the end of
-``messages[0]`` when a system/developer turn; ``last_message_start``; ``history_end``,
-``HISTORY_TAIL`` = 7 fixed tokens before the end (also for raw `/v1/completions` prompts). That
-gives the measured Flash shapes from the template alone: an identical repeat resumes all but 7
-tokens; the same system bytes with a new ``fresh_tail()`` (always 10 content tokens) resume at
-``system_end``, 2 + 10 + 1 + 6 = 19 tokens before the end.
+Snapshot places: ``system_end`` (end of a system/developer ``messages[0]``),
+``last_message_start``, ``history_end`` (``HISTORY_TAIL`` = 7 tokens before the end, also on
+`/v1/completions`). So an identical repeat resumes all but 7 tokens, and the same system bytes
+with a new ``fresh_tail()`` (10 content tokens) all but 2 + 10 + 1 + 6 = 19.
 """
 
 from __future__ import annotations
@@ -33,11 +27,11 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 TOKEN_RE = re.compile(r" ?\w+| ?[^\w\s]|\s+")
 
-# Calibration (see the module docstring): (first character offset, word pieces per word
-# character) from that offset on, fitted to the lane's counts of the probe corpus slices.
+# (first character offset, word pieces per word character from there on), fitted to the lane.
 PLAIN_CHARS = 64
 DENSITY = ((0, 0.0), (PLAIN_CHARS, 0.7383), (4000, 0.8512), (16000, 0.7126), (32000, 0.8016))
 
@@ -47,8 +41,7 @@ GENERATION_PROMPT = (IM_START, "assistant\n", "<think>", "\n\n", "</think>", "\n
 # Footer of the last message plus the generation prompt: the tokens after `history_end`.
 HISTORY_TAIL = 1 + len(GENERATION_PROMPT)
 
-# What identifies this template; published as /health `chat_template.sha256`, so a change of
-# tokenizer or template changes the build identity prefixreg records.
+# Published as /health `chat_template.sha256`: a new tokenizer or template is a new build.
 _TEMPLATE_SPEC = (
     f"prefixreg.sim template v2\ntoken_re={TOKEN_RE.pattern}\ndensity={DENSITY!r}\n"
     f"message={IM_START!r} '{{role}}\\n' content {IM_END!r}\n"
@@ -68,17 +61,13 @@ _WORDS = (
 
 
 def _split(token: str, pieces: int) -> list[str]:
-    """`token` (a word, maybe with one leading space) in `pieces` near-equal parts."""
-    lead = 1 if token[0] == " " else 0
+    """`token` (a word, maybe with one leading space) in `pieces` near-equal parts (at most one a
+    word character)."""
+    lead = int(token[0] == " ")
     size = len(token) - lead
-    if pieces >= size:
-        parts = list(token[lead:])
-    else:
-        cuts = [lead + (i * size + pieces // 2) // pieces for i in range(pieces + 1)]
-        parts = [token[cuts[i] : cuts[i + 1]] for i in range(pieces)]
-    if lead:
-        parts[0] = " " + parts[0]
-    return parts
+    pieces = min(pieces, size)
+    cuts = [0] + [lead + (i * size + pieces // 2) // pieces for i in range(1, pieces + 1)]
+    return [token[a:b] for a, b in pairwise(cuts)]
 
 
 def tokenize(text: str) -> list[str]:
@@ -86,27 +75,15 @@ def tokenize(text: str) -> list[str]:
     if len(text) <= PLAIN_CHARS:
         return TOKEN_RE.findall(text)
     out: list[str] = []
-    target = 0.0  # word pieces the schedule asks for so far (calibrated region only)
-    emitted = 0  # word pieces given so far (calibrated region only)
-    segment, density = 0, DENSITY[0][1]
-    next_start = DENSITY[1][0]
+    target, emitted = 0.0, 0  # word pieces asked for and given so far (calibrated region)
     for match in TOKEN_RE.finditer(text):
         token, start = match.group(), match.start()
-        while start >= next_start:
-            segment += 1
-            density = DENSITY[segment][1]
-            next_start = DENSITY[segment + 1][0] if segment + 1 < len(DENSITY) else len(text) + 1
-        last = token[-1]
-        if density <= 0 or not (last.isalnum() or last == "_"):
+        density = next(d for first, d in reversed(DENSITY) if start >= first)
+        if density <= 0 or not (token[-1].isalnum() or token[-1] == "_"):
             out.append(token)
             continue
         target += (len(token) - (token[0] == " ")) * density
-        pieces = round(target - emitted)
-        if pieces <= 1:
-            out.append(token)
-            emitted += 1
-            continue
-        parts = _split(token, pieces)
+        parts = _split(token, max(round(target - emitted), 1))
         emitted += len(parts)
         out.extend(parts)
     return out
@@ -158,10 +135,6 @@ def render_completion(prompt: str) -> RenderedPrompt:
 def answer_tokens(prompt: RenderedPrompt, length: int) -> list[str]:
     """The answer, a pure function of the prompt and `length`: raw tokens (words chosen by hash,
     then "."). A short one (within ``PLAIN_CHARS``) re-tokenizes to the same tokens."""
-    if length <= 0:
-        return []
     stream = hashlib.shake_256(token_digest(prompt.tokens)).digest(length)
     words = [_WORDS[b % len(_WORDS)] for b in stream[: length - 1]]
-    out = [(" " if i else "") + (w.capitalize() if i == 0 else w) for i, w in enumerate(words)]
-    out.append(".")
-    return out
+    return [f" {w}" if i else w.capitalize() for i, w in enumerate(words)] + ["."]
