@@ -57,10 +57,6 @@ class AuditCall:
     head_bytes: int | None = None
     rest_bytes: int | None = None
 
-    @property
-    def wall_s(self) -> float | None:
-        return self.evidence.wall_s
-
 
 @dataclass(slots=True)
 class AuditInput:
@@ -117,15 +113,12 @@ def _find_request(value: Mapping[str, object]) -> tuple[dict[str, Any] | None, b
 
 
 def _text_bytes(value: object) -> int:
-    """UTF-8 bytes of every string in `value`: what a template renders, less JSON syntax."""
-    stack, total = [value], 0
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            total += len(item.encode("utf-8", "replace"))
-        elif isinstance(item, dict | list):
-            stack.extend(item.values() if isinstance(item, dict) else item)
-    return total
+    """UTF-8 bytes of every string in `value`: what a template renders, less JSON syntax
+    (recursive: `jsonio.loads` caps the depth)."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "replace"))
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return sum(map(_text_bytes, items))
 
 
 def _lines(fh: BinaryIO) -> Iterator[bytes | None]:

@@ -153,8 +153,8 @@ class AuditReport:
             for key, (_, source) in t.items():
                 sources[key][source] += 1
             if t["prefill"][0] is not None and t["decode"][0] is not None:
-                model.append((c.wall_s, t["prefill"][0], t["decode"][0]))
-        walls = [c.wall_s for c in self.calls if c.wall_s is not None]
+                model.append((c.evidence.wall_s, t["prefill"][0], t["decode"][0]))
+        walls = [c.evidence.wall_s for c in self.calls if c.evidence.wall_s is not None]
         both = [(w, p + d) for w, p, d in model if w is not None]
         prefill, decode = sum(p for _, p, _ in model), sum(d for _, _, d in model)
         share = _share(prefill, prefill + decode)
@@ -234,11 +234,8 @@ class AuditReport:
             lines.append(
                 f"cached share   {d['cached_share']:.1%} of prompt tokens (verified calls)"
             )
-        lines.append(
-            f"wall time      {_secs(t['wall_s'])} over {t['wall_calls']:,} calls"
-            if t["wall_calls"]
-            else "wall time      -"
-        )
+        wall = f"{_secs(t['wall_s'])} over {t['wall_calls']:,} calls" if t["wall_calls"] else "-"
+        lines.append(f"wall time      {wall}")
         if t["prefill_share"] is not None:
             prefill, decode = _secs(t["prefill_s"]), _secs(t["decode_s"])
             lines.append(
@@ -278,13 +275,11 @@ class AuditReport:
             return f"{p.label()} (byte identity: {p.support:,} of {p.of:,} requests send it{state})"
         if p.method == "records" or p.span is None:
             return f"{p.label()} (named by the measurement records read{state})"
-        build = f"build {p.span.build_id}" + (
-            "" if p.build_known else ", the batch's build unknown"
-        )
+        unknown = "" if p.build_known else ", the batch's build unknown"
         return (
             f"{p.label()}: {p.support:,} of {p.of:,} calls read alone cover its measured span "
-            f"of {p.span.span_tokens:,} tokens on {build} (a token-count likeness, not byte "
-            f"identity{state})"
+            f"of {p.span.span_tokens:,} tokens on build {p.span.build_id}{unknown} (a "
+            f"token-count likeness, not byte identity{state})"
         )
 
 

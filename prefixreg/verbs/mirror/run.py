@@ -110,18 +110,17 @@ def mirror(
 ) -> MirrorReport:
     """Mirror the origin registry `reg` to `destinations` (`PATH` or `[user@]host:PATH`),
     in parallel; a failed destination has `ok` False in the report, the others still ran.
-
     `dry_run` compares and hashes only (`changes` says what would change); `full_verify`
-    also re-hashes every source object first, not only those about to travel (the
-    destination side is the same either way). `max_rounds` bounds the apply + confirm
-    rounds a changing origin may take; `on_result` gets each result as it finishes.
+    also re-hashes every source object first, not only those about to travel. `max_rounds`
+    bounds the apply + confirm rounds a changing origin may take; `on_result` gets each
+    result as it finishes.
 
     Raises:
-        UsageError: no destination. MirrorError: a refused source or destination, or a
-        malformed destination or option (nothing touched). IntegrityError: a source entry
-        about to travel is not a regular file or directory where the layout wants one, or
-        a source object or frame fails verification (nothing sent). LockTimeoutError:
-        another mirror runs.
+        UsageError: no destination.
+        MirrorError: a refused source or destination, a malformed destination or option.
+        IntegrityError: a source entry about to travel is not a regular file or directory
+            where the layout wants one, or a source object or frame fails verification.
+        LockTimeoutError: another mirror runs.
     """
     parsed = _guard_destinations(reg.root, [parse_destination(text) for text in destinations])
     if not parsed:
@@ -138,7 +137,7 @@ def mirror(
     def log(result: DestinationResult, *, announce: bool = True) -> None:
         if not dry_run:
             with log_lock:
-                reg.append_mirror_log(dumps_canonical(result.log_record(verifier.count)))
+                reg.append_mirror_log(dumps_canonical(result.to_dict(log=len(verifier.done))))
         if announce and on_result is not None:
             on_result(result)
 
@@ -185,27 +184,28 @@ def mirror(
 
         def transfer(session: Session) -> None:
             try:
-                if dry_run:
-                    session.result.changes = list(session.plan)
-                    session.result.content = judge_copy(session.swept, not session.plan)
-                    log(session.finish("dry-run"))
-                    return
-                _transfer(session, verifier, max_rounds)
+                _transfer(session, verifier, max_rounds, dry_run=dry_run)
             except (errors.PrefixregError, OSError) as exc:
                 # One destination failing never stops the others; the log says why.
                 log(session.finish("failed", str(exc)))
                 return
-            log(session.finish("ok"))
+            log(session.finish("dry-run" if dry_run else "ok"))
 
         list(pool.map(transfer, live))
-        report.objects_verified = verifier.count
+        report.objects_verified = len(verifier.done)
         report.results = [s.result for s in sessions]
     return report
 
 
-def _transfer(session: Session, verify: plan.SourceVerifier, max_rounds: int) -> None:
+def _transfer(
+    session: Session, verify: plan.SourceVerifier, max_rounds: int, *, dry_run: bool
+) -> None:
     """Apply and confirm, round after round (each plan type-checked), until nothing differs."""
     changes = session.plan
+    if dry_run:
+        session.result.changes = list(changes)
+        session.result.content = judge_copy(session.swept, not changes)
+        return
     if changes and session.result.new:
         session.write_marker()
     while changes:
