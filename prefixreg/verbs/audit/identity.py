@@ -223,8 +223,8 @@ class FrameAudit:
         cls, frame: Head, prompts: Sequence[PromptSeen], states: Mapping[str, str]
     ) -> FrameAudit:
         """The requests read with `frame`; `states`: call source -> the judge's state."""
-        rows = [(p.source, p.drift, states.get(p.source)) for p in prompts]
-        return cls(frame, tuple((s, d, st) for s, d, st in rows if d is not None))
+        rows = [(p.source, p.drift, states.get(p.source)) for p in prompts if p.drift is not None]
+        return cls(frame, tuple(rows))
 
     def events(self) -> list[DriftEvent]:
         return drift_events([(drift, state) for _, drift, state in self.rows])

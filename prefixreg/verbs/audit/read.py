@@ -85,14 +85,11 @@ def _wall(obj: Mapping[str, object]) -> float | None:
 
 def _is_response(obj: Mapping[str, object]) -> bool:
     """A chat/completions reply (or an error reply in its place), not a wrapper around one."""
-    kind = obj.get("object")
-    if any(k in obj for k in _RESPONSE_KEYS) or (
-        isinstance(kind, str) and kind.startswith(("chat.completion", "text_completion"))
-    ):
+    reply = str(obj.get("object")).startswith(("chat.completion", "text_completion"))
+    if reply or any(k in obj for k in _RESPONSE_KEYS):
         return True
-    return obj.get("error") is not None and not any(
-        isinstance(obj.get(k), dict) for k in WRAPPER_KEYS
-    )
+    wrapped = any(isinstance(obj.get(k), dict) for k in WRAPPER_KEYS)
+    return obj.get("error") is not None and not wrapped
 
 
 def _is_request(obj: object) -> bool:
@@ -171,9 +168,7 @@ class _Reader:
             self.bad(source, "a list inside a list is not a call output")
         elif not isinstance(value, dict):
             self.bad(source, "not a JSON object or a list of them")
-        elif all(k in value for k in ("sha256", "kind", "build")) and isinstance(
-            value.get("body"), dict
-        ):
+        elif isinstance(value.get("body"), dict) and {"sha256", "kind", "build"} <= value.keys():
             self.take_measurement(value, source)
         else:
             request, paired = _find_request(value)

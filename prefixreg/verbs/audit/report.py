@@ -89,9 +89,8 @@ def call_time(ev: CallEvidence, prefill_tps: float, decode_tps: float) -> dict[s
 
 def rates(prefill_tps: float | None, decode_tps: float | None) -> tuple[float, float]:
     """The rates, defaults applied. Raises `UsageError`: a rate is not a positive number."""
-    return _rate(prefill_tps, DEFAULT_PREFILL_TPS, "prefill"), _rate(
-        decode_tps, DEFAULT_DECODE_TPS, "decode"
-    )
+    prefill = _rate(prefill_tps, DEFAULT_PREFILL_TPS, "prefill")
+    return prefill, _rate(decode_tps, DEFAULT_DECODE_TPS, "decode")
 
 
 def _rate(rate: object, default: float, what: str) -> float:
@@ -262,15 +261,13 @@ class AuditReport:
         return "\n".join(lines) + "\n"
 
     def _prefix_text(self) -> str:
-        p = self.prefix
-        if p is None:
+        if (p := self.prefix) is None:
             return (
                 "none named (no registered head the requests send byte-identically, and no "
                 "measured span on the batch's build that the calls read alone cover)"
             )
-        state = {None: "; registry not consulted", True: ""}.get(
-            p.registered, "; NOT registered in this registry"
-        )
+        unregistered = "; NOT registered in this registry"
+        state = {None: "; registry not consulted", True: ""}.get(p.registered, unregistered)
         if p.method == "identity":
             return f"{p.label()} (byte identity: {p.support:,} of {p.of:,} requests send it{state})"
         if p.method == "records" or p.span is None:

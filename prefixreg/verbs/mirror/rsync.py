@@ -94,10 +94,8 @@ def parse_destination(text: str) -> Destination:
 
 
 def _problem(text: str, remote: re.Match[str] | None) -> str | None:
-    """Why `text` is no destination: empty, control characters, starts with `-`, an rsync
-    daemon or URL form, a bad host, a remote path that needs quoting or names the remote
-    home directory (rsync resolves a relative remote path against it, so empty, `.`, `~`,
-    `~user` and `a/..` all name it, and --delete would empty it), its parent, or `/`."""
+    """Why `text` is no destination, or None. A relative remote path is resolved against the
+    remote home directory: empty, `.`, `~`, `~user` and `a/..` name it (--delete empties it)."""
     host, path = remote.groups() if remote is not None else ("", "")
     norm, far = posixpath.normpath(path or "."), remote is not None
     home = (norm.startswith("~") and "/" not in norm) or set(norm.split("/")) <= {".", ".."}
@@ -131,11 +129,9 @@ def build_ssh_command(options: Sequence[str], *, control_path: str | None) -> li
     """The ssh argv (without host) of every command. BatchMode first (ssh keeps the first
     value it sees: nothing may turn a nightly job into a password prompt), then the user's
     options (overriding our timeouts and keep-alives), then the control socket."""
-    argv = ["ssh", "-o", "BatchMode=yes"]
     control = () if control_path is None else (f"ControlPath={control_path}", *_SHARED)
-    for opt in [*options, *_DEFAULT_SSH_OPTS, *control]:
-        argv += ["-o", opt]
-    return argv
+    opts = ["BatchMode=yes", *options, *_DEFAULT_SSH_OPTS, *control]
+    return ["ssh", *(arg for opt in opts for arg in ("-o", opt))]
 
 
 Mode = Literal["compare-objects", "compare-records", "send", "delete", "list", "fetch", "marker"]
@@ -236,12 +232,11 @@ def check_hashes(stdout: bytes) -> dict[str, str | None]:
 
 
 def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> bytes:
-    """Run rsync, ssh or sh (an argv list) in the C locale, whose messages and listing
-    format are matched here (and names come back `\\#ooo`-escaped); return its stdout.
+    """The stdout of rsync, ssh or sh (an argv list) run in the C locale, whose messages and
+    listing format are matched here (and names come back `\\#ooo`-escaped).
 
     Raises:
-        MirrorError: the program is missing, or exits with a code not in `ok_codes` (the
-            error carries the code and stderr).
+        MirrorError: the program is missing, or exits with a code not in `ok_codes` (with it).
     """
     env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
     try:

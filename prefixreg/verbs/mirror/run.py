@@ -3,14 +3,14 @@
 Invariants:
 - The source is an origin registry holding objects; destinations are de-duplicated (local
   paths resolved first), never nested, and no local one is, holds or lies inside the source.
-- Nothing is written anywhere before every destination's plan passed the source checks:
-  each entry's type fits its place (`plan.check_shapes`), every object about to travel
-  (every object, with `full_verify`) re-hashes to its name, every record about to travel
-  points to objects present. One failure refuses the run (`IntegrityError`, exit 3).
+- Nothing is written anywhere before every destination's plan passed the source checks
+  (`plan`: entry types, objects re-hashed, all of them with `full_verify`, records' objects
+  present); one failure refuses the run (`IntegrityError`, exit 3).
 - One destination failing (exit 6) never stops the others; each gets its `mirror.log` line.
-- `content` is `judge_copy`'s verdict: "verified" only when every object at the
-  destination was hashed there and matched its name (the sweep of what stayed, the
-  read-back of what was sent) and the last compare, records by content, listed nothing.
+- Apply and compare repeat until the compare lists nothing; `content` is `judge_copy`'s
+  verdict: "verified" only when every object there was hashed there and matched its name
+  (the sweep of what stayed, the read-back of what was sent) and the last compare, records
+  by content, listed nothing.
 """
 
 from __future__ import annotations
