@@ -138,9 +138,8 @@ class IdentityReport:
         lines = [f"system prefix  none of {n:,} requests has a text first message"]
         if self.batch_sha is not None:
             registered, names = self.registered(self.batch_sha)
-            state = {None: "no registry consulted", True: "registered, bytes verified"}.get(
-                registered, "NOT registered in this registry"
-            )
+            states = {None: "no registry consulted", True: "registered, bytes verified"}
+            state = states.get(registered, "NOT registered in this registry")
             if self.batch_probe_slice:
                 state = "a probe slice, not one of the registry's prefixes"
             label = f"{', '.join(names)} " if names else ""

@@ -233,13 +233,12 @@ class _Reader:
             return
         head = (record.sha256, record.build.build_id, record.outcome.frame)
         for i, call in enumerate(calls):
+            where = f"{source}#calls[{i}]"
             raw = call.get("evidence") if isinstance(call, dict) else None
             try:
-                self.out.calls.append(
-                    AuditCall(f"{source}#calls[{i}]", CallEvidence.from_dict(raw), *head)
-                )
+                self.out.calls.append(AuditCall(where, CallEvidence.from_dict(raw), *head))
             except CorruptRecordError as exc:
-                self.bad(f"{source}#calls[{i}]", f"corrupt call evidence: {exc}")
+                self.bad(where, f"corrupt call evidence: {exc}")
 
     def read_file(self, path: Path, *, follow: bool) -> None:
         """Read one file: opened non-blocking (a FIFO never waits for a writer), then
@@ -287,11 +286,9 @@ class _Reader:
                 self.skip(where, f"a line over {MAX_DOCUMENT:,} bytes: read past, not parsed")
                 continue
             try:
-                value = loads(line)
+                self.take(loads(line), where)
             except CorruptRecordError as exc:
                 self.bad(where, str(exc))
-                continue
-            self.take(value, where)
         if not seen:
             self.bad(source, "empty file")
 

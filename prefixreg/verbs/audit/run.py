@@ -15,6 +15,7 @@ Never a mean of cached counts; never a probe slice (marked, or with a probe leg'
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -224,11 +225,9 @@ def _known(registry: Registry, data: AuditInput, frame: Head | None) -> Known:
     registered = {o.sha256 for o in objects}
     frames = {s.frame for s in prefix_spans(data.measurements, spans) if s.frame}
     for sha in sorted(frames | ({frame.sha256} if frame is not None else set())):
-        try:
+        with contextlib.suppress(RefNotFoundError):
             sizes[sha] = registry.head(sha).head_bytes  # verified: a tampered part raises
-        except RefNotFoundError:
-            continue
-        registered.add(sha)
+            registered.add(sha)
 
     def lookup(sha: str, size: int) -> tuple[str, ...] | None:
         """Byte identity: the object read verified (re-hashed by the store), its length the

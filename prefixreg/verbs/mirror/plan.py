@@ -133,16 +133,15 @@ def _points_to(reg: Registry, path: str, *, recheck: bool = False) -> str | None
 def referenced_objects(
     reg: Registry, changes: Sequence[Change], verify: Verify
 ) -> dict[str, set[str]]:
-    """{path of each meta, frame and name record in `changes`: what it needs at the
-    destination first}, read at the source now: the objects it points to, verified (a frame
-    stands for its parts; a name of a frame needs the frame record too). Left out: a record
-    gone since the plan, one pruned with its object meanwhile (gc removes the record
-    first), a name that moved meanwhile.
+    """{path of each meta, frame and name record in `changes` (type-checked: `check_shapes`):
+    what it needs at the destination first}, read at the source now: the objects it points
+    to, verified (a frame stands for its parts; a name of a frame needs the frame record
+    too). Left out: a record gone since the plan, one pruned with its object meanwhile (gc
+    removes the record first), a name that moved meanwhile.
 
     Raises:
-        IntegrityError: a record path that is not a regular file, a name that does not
-            parse, a frame or object that fails verification, or a record whose object is
-            missing at the source while the record stays.
+        IntegrityError: a name that does not parse, a frame or object that fails
+            verification, or a record whose object is missing at the source while it stays.
     """
     needs: dict[str, set[str]] = {}
     for c in changes:
@@ -151,8 +150,6 @@ def referenced_objects(
             continue
         if kind == NAMES and layout.is_temp_name(entry):
             continue
-        if c.kind != "file":
-            raise _refused(reg.root / c.path, "not a regular file")
         if (sha := _points_to(reg, c.path)) is None:
             continue  # removed since the plan: it will not be sent
         try:

@@ -21,7 +21,7 @@ import shutil
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path, PurePosixPath
 from typing import Final
 
@@ -46,8 +46,8 @@ class MirrorReport:
     source: str
     dry_run: bool
     full_verify: bool
-    objects_verified: int = 0
-    results: list[DestinationResult] = field(default_factory=list)
+    objects_verified: int
+    results: list[DestinationResult]
 
     @property
     def ok(self) -> bool:
@@ -130,7 +130,6 @@ def mirror(
     if shutil.which("rsync") is None:
         raise MirrorError("rsync is not installed (not found on PATH)", hint="install rsync")
     check_source(reg)
-    report = MirrorReport(source=str(reg.root), dry_run=dry_run, full_verify=full_verify)
     log_lock = threading.Lock()
     verifier = plan.SourceVerifier(reg)
 
@@ -192,9 +191,8 @@ def mirror(
             log(session.finish("dry-run" if dry_run else "ok"))
 
         list(pool.map(transfer, live))
-        report.objects_verified = len(verifier.done)
-        report.results = [s.result for s in sessions]
-    return report
+    results = [s.result for s in sessions]
+    return MirrorReport(str(reg.root), dry_run, full_verify, len(verifier.done), results)
 
 
 def _transfer(

@@ -206,10 +206,10 @@ class Session:
             return list(dict.fromkeys([*objects.result(), *records]))
 
     def prepare(self) -> None:
-        """Inspect and plan. The dry run of objects/ and the sweep (read-only, and of objects/
-        only) run while the marker is fetched, and count only once it passed; a new
-        destination is planned unswept. An object there that does not hash to its name is
-        sent again: rsync's quick check cannot see a change in place."""
+        """Inspect and plan: the objects/ dry run and the sweep (read-only) run during the
+        marker fetch and count once it passed (a new destination is planned unswept). An
+        object there that does not hash to its name is sent again (rsync's quick check
+        cannot see a change in place)."""
         with ThreadPoolExecutor(2) as pool:
             objects = pool.submit(self._dry_run, "compare-objects")
             hashing = pool.submit(self.hash_objects)
@@ -249,10 +249,10 @@ class Session:
             raise MirrorError(f"{self.dest.raw}: after sending, {why}")
 
     def _pass(self, kind: str, paths: Sequence[str]) -> set[str]:
-        """One `--files-from` step; returns the paths rsync itemized (a send: every listed
-        path now at the destination, thanks to `-ii`; a delete: every path it deleted). Real
-        changes are recorded and counted, and every object sent is read back. Passes but
-        "dirs" and "rest" send regular files only: nothing else replaces a good file."""
+        """One `--files-from` step: the paths rsync itemized (a send: every listed path now
+        there, by `-ii`; a delete: every path deleted); changes are recorded and counted, and
+        every object sent is read back. Only "dirs" and "rest" may send other than regular
+        files: nothing else replaces a good file."""
         if not paths:
             return set()
         listing = self.workdir / f"{kind}.list"
