@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from prefixreg.core.errors import IntegrityError, MirrorError
 from prefixreg.core.jsonio import loads_object
@@ -37,14 +37,10 @@ from prefixreg.verbs.mirror.plan import Verify, objects_to_verify, referenced_ob
 from prefixreg.verbs.mirror.rsync import VANISHED, Change, Destination, Mode, build_rsync_argv
 
 _RECORD_TREES: Final = (OBJECTS, META, FRAMES, NAMES)
-# The plan entry of an object the sweep found changed in place: a file to send again.
-_CHANGED: Final = ">fc" + "." * 8
 _UNLOGGED: Final = {"log": False}  # fields the mirror.log line leaves out
-_MISSING: Final = ("No such file", "Not a directory")  # rsync's words for a missing target
 
 
-@dataclass(slots=True)
-class PassRecord:
+class PassRecord(NamedTuple):
     """One rsync step of a run and what it changed (what the ordering tests read)."""
 
     kind: str
@@ -131,7 +127,8 @@ class Session:
         try:
             return self._rsync(mode, target, local)
         except MirrorError as exc:
-            if exc.returncode == 23 and any(s in (exc.stderr or "") for s in _MISSING):
+            stderr = exc.stderr or ""
+            if exc.returncode == 23 and ("No such file" in stderr or "Not a directory" in stderr):
                 return None
             raise
 
@@ -223,7 +220,7 @@ class Session:
             self.result.hashed += problem is None
             self.result.changed_in_place += problem is not None
             if problem is not None and rel not in planned:
-                self.plan.append(Change(_CHANGED, 0, rel))
+                self.plan.append(Change(code=">fc........", bytes=0, path=rel))  # send it again
         self.swept = True
 
     def hash_objects(self, objects: Sequence[str] = ()) -> dict[str, str | None]:
