@@ -153,7 +153,8 @@ class Session:
         if (listing := self._probe("list", self.dest.target())) is not None:
             entries = self._entries(listing)
             if not entries.pop(".", "").startswith("d"):
-                raise self._refused("cannot be inspected (no '.' listed), nothing deleted")
+                why = "cannot be inspected (no '.' in rsync's listing), nothing deleted"
+                raise self._refused(why)
             if MARKER in entries:
                 raise self._refused(f"has a {MARKER} that is not a regular file")
             if entries:
