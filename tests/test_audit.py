@@ -423,7 +423,7 @@ def test_wall_keys_and_wrappers(tmp_path: Path) -> None:
     path = tmp_path / "w.ndjson"
     path.write_bytes(b"\n".join(orjson.dumps(d) for d in docs))
     data = read_outputs([path])
-    assert [c.wall_s for c in data.calls] == [2.0, 1.5, None, None, 0.5]
+    assert [c.evidence.wall_s for c in data.calls] == [2.0, 1.5, None, None, 0.5]
     assert data.malformed == []
 
 

@@ -21,11 +21,11 @@ from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import JSONObject, JSONValue
 from prefixreg.core.prefix import Drift
 
+# (sha, byte length) -> the names of the registered object with exactly those bytes (maybe
+# none), or None when the registry holds no such object.
 Lookup = Callable[[str, int], "tuple[str, ...] | None"]
-"""(sha, byte length) -> the names of the registered object with exactly those bytes
-(maybe none), or None when the registry holds no such object."""
-
 Status = Literal["identical", "drifted", "no_text"]
+_PAD = " " * 15  # the text report's label column
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +101,7 @@ class IdentityReport:
         names = self.found.get(sha)
         return names is not None, names or ()
 
-    def describe(self, p: PromptSeen) -> str:
+    def _describe(self, p: PromptSeen) -> str:
         if p.system.sha256 is None:
             return p.system.problem or "no text first message"
         registered, names = self.registered(p.system.sha256)
@@ -110,16 +110,16 @@ class IdentityReport:
         return f"sha {p.system.sha256[:12]}, {p.system.bytes or 0:,} bytes, {where}"
 
     def to_dict(self) -> JSONObject:
-        size = next((p.system.bytes for p in self.of("identical")), None)
-        registered, names = self.registered(self.batch_sha)
         calls: list[JSONValue] = []
         for p in self.prompts:
-            is_reg, its_names = self.registered(p.system.sha256)
-            row = {"source": p.source, "status": self.status(p), "names": list(its_names)}
-            calls.append(row | asdict(p.system) | {"registered": is_reg})
+            registered, names = self.registered(p.system.sha256)
+            row = {"source": p.source, "status": self.status(p), "names": list(names)}
+            calls.append(row | asdict(p.system) | {"registered": registered})
+        registered, names = self.registered(self.batch_sha)
+        identical = self.of("identical")
         batch: JSONObject = {
             "sha256": self.batch_sha,
-            "bytes": size,
+            "bytes": identical[0].system.bytes if identical else None,
             "names": list(names),
             "registered": registered,
             "probe_slice": self.batch_probe_slice,
@@ -127,33 +127,31 @@ class IdentityReport:
         return {
             "requests": len(self.prompts),
             "batch_prefix": None if self.batch_sha is None else batch,
-            "identical": len(self.of("identical")),
+            "identical": len(identical),
             "drifted": [p.source for p in self.of("drifted")],
             "no_text": [p.source for p in self.of("no_text")],
             "calls": calls,
         }
 
     def text_lines(self, *, limit: int = 10) -> list[str]:
-        n = len(self.prompts)
+        n, identical = len(self.prompts), self.of("identical")
         lines = [f"system prefix  none of {n:,} requests has a text first message"]
         if self.batch_sha is not None:
             registered, names = self.registered(self.batch_sha)
-            state = {None: "no registry consulted", True: "registered, bytes verified"}.get(
-                registered, "NOT registered in this registry"
-            )
+            states = {None: "no registry consulted", True: "registered, bytes verified"}
+            state = states.get(registered, "NOT registered in this registry")
             if self.batch_probe_slice:
                 state = "a probe slice, not one of the registry's prefixes"
             label = f"{', '.join(names)} " if names else ""
-            size = next((p.system.bytes for p in self.of("identical")), 0) or 0
+            size = identical[0].system.bytes or 0
             lines = [
-                f"system prefix  {len(self.of('identical')):,} of {n:,} requests byte-identical "
-                f"to {label}sha {self.batch_sha} ({size:,} bytes; {state})"
+                f"system prefix  {len(identical):,} of {n:,} requests byte-identical to "
+                f"{label}sha {self.batch_sha} ({size:,} bytes; {state})"
             ]
-        for status, title in (("drifted", "drifted"), ("no_text", "without a text message")):
-            items = [
-                f"{p.source}: {self.describe(p)}" for p in self.prompts if self.status(p) == status
-            ]
-            lines += listing(title, items, limit, " " * 15)
+        titles: dict[Status, str] = {"drifted": "drifted", "no_text": "without a text message"}
+        for status, title in titles.items():
+            items = [f"{p.source}: {self._describe(p)}" for p in self.of(status)]
+            lines += listing(title, items, limit, _PAD)
         return lines
 
 
@@ -163,13 +161,12 @@ def check_identity(
     """Judge every request's first message; None when no request was read."""
     if not prompts:
         return None
-    sizes: dict[str, int] = {}
+    sizes: dict[str, int] = {}  # once per distinct prefix, in first-seen order
     for p in prompts:
         if p.system.sha256 is not None and p.system.bytes is not None:
             sizes.setdefault(p.system.sha256, p.system.bytes)
-    # Once per distinct prefix, in first-seen order.
     found = None if lookup is None else {sha: lookup(sha, n) for sha, n in sizes.items()}
-    counts = Counter(p.system.sha256 for p in prompts if p.system.sha256 is not None)
+    counts = Counter(p.system.sha256 for p in prompts)
     own = [sha for sha in sizes if sha not in probe_slices]
     pool = [sha for sha in own if (found or {}).get(sha) is not None] or own or list(sizes)
     batch = max(pool, key=lambda sha: counts[sha]) if pool else None  # the first of equals
@@ -225,8 +222,11 @@ class FrameAudit:
         cls, frame: Head, prompts: Sequence[PromptSeen], states: Mapping[str, str]
     ) -> FrameAudit:
         """The requests read with `frame`; `states`: call source -> the judge's state."""
-        rows = [(p.source, p.drift, states.get(p.source)) for p in prompts]
-        return cls(frame, tuple((s, d, st) for s, d, st in rows if d is not None))
+        rows = [(p.source, p.drift, states.get(p.source)) for p in prompts if p.drift is not None]
+        return cls(frame, tuple(rows))
+
+    def events(self) -> list[DriftEvent]:
+        return drift_events([(drift, state) for _, drift, state in self.rows])
 
     def to_dict(self) -> JSONObject:
         drifted = sum(1 for _, drift, _ in self.rows if drift)
@@ -240,13 +240,12 @@ class FrameAudit:
             "requests": len(self.rows),
             "in_line": len(self.rows) - drifted,
             "drifted": drifted,
-            "events": [asdict(e) for e in drift_events([(d, st) for _, d, st in self.rows])],
+            "events": [asdict(e) for e in self.events()],
             "calls": calls,
         }
 
     def text_lines(self, *, limit: int = 10) -> list[str]:
-        pad, name = " " * 15, f"{self.frame.name} " if self.frame.name else ""
-        events = [str(e) for e in drift_events([(d, st) for _, d, st in self.rows])]
+        name = f"{self.frame.name} " if self.frame.name else ""
         drifted = [
             f"{s}: {', '.join(d.part for d in drift)}" + (f" [{st}]" if st else "")
             for s, drift, st in self.rows
@@ -255,6 +254,6 @@ class FrameAudit:
         return [
             f"frame          {len(self.rows) - len(drifted):,} of {len(self.rows):,} requests "
             f"in line with frame {name}{self.frame.sha256[:16]}",
-            *listing("drift changes", events, limit, pad),
-            *listing("drifted requests", drifted, limit, pad),
+            *listing("drift changes", [str(e) for e in self.events()], limit, _PAD),
+            *listing("drifted requests", drifted, limit, _PAD),
         ]

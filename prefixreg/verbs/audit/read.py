@@ -57,10 +57,6 @@ class AuditCall:
     head_bytes: int | None = None
     rest_bytes: int | None = None
 
-    @property
-    def wall_s(self) -> float | None:
-        return self.evidence.wall_s
-
 
 @dataclass(slots=True)
 class AuditInput:
@@ -89,14 +85,11 @@ def _wall(obj: Mapping[str, object]) -> float | None:
 
 def _is_response(obj: Mapping[str, object]) -> bool:
     """A chat/completions reply (or an error reply in its place), not a wrapper around one."""
-    kind = obj.get("object")
-    if any(k in obj for k in _RESPONSE_KEYS) or (
-        isinstance(kind, str) and kind.startswith(("chat.completion", "text_completion"))
-    ):
+    reply = str(obj.get("object")).startswith(("chat.completion", "text_completion"))
+    if reply or any(k in obj for k in _RESPONSE_KEYS):
         return True
-    return obj.get("error") is not None and not any(
-        isinstance(obj.get(k), dict) for k in WRAPPER_KEYS
-    )
+    wrapped = any(isinstance(obj.get(k), dict) for k in WRAPPER_KEYS)
+    return obj.get("error") is not None and not wrapped
 
 
 def _is_request(obj: object) -> bool:
@@ -117,15 +110,12 @@ def _find_request(value: Mapping[str, object]) -> tuple[dict[str, Any] | None, b
 
 
 def _text_bytes(value: object) -> int:
-    """UTF-8 bytes of every string in `value`: what a template renders, less JSON syntax."""
-    stack, total = [value], 0
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            total += len(item.encode("utf-8", "replace"))
-        elif isinstance(item, dict | list):
-            stack.extend(item.values() if isinstance(item, dict) else item)
-    return total
+    """UTF-8 bytes of every string in `value`: what a template renders, less JSON syntax
+    (recursive: `jsonio.loads` caps the depth)."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "replace"))
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return sum(map(_text_bytes, items))
 
 
 def _lines(fh: BinaryIO) -> Iterator[bytes | None]:
@@ -178,9 +168,7 @@ class _Reader:
             self.bad(source, "a list inside a list is not a call output")
         elif not isinstance(value, dict):
             self.bad(source, "not a JSON object or a list of them")
-        elif all(k in value for k in ("sha256", "kind", "build")) and isinstance(
-            value.get("body"), dict
-        ):
+        elif isinstance(value.get("body"), dict) and {"sha256", "kind", "build"} <= value.keys():
             self.take_measurement(value, source)
         else:
             request, paired = _find_request(value)
@@ -245,13 +233,12 @@ class _Reader:
             return
         head = (record.sha256, record.build.build_id, record.outcome.frame)
         for i, call in enumerate(calls):
+            where = f"{source}#calls[{i}]"
             raw = call.get("evidence") if isinstance(call, dict) else None
             try:
-                self.out.calls.append(
-                    AuditCall(f"{source}#calls[{i}]", CallEvidence.from_dict(raw), *head)
-                )
+                self.out.calls.append(AuditCall(where, CallEvidence.from_dict(raw), *head))
             except CorruptRecordError as exc:
-                self.bad(f"{source}#calls[{i}]", f"corrupt call evidence: {exc}")
+                self.bad(where, f"corrupt call evidence: {exc}")
 
     def read_file(self, path: Path, *, follow: bool) -> None:
         """Read one file: opened non-blocking (a FIFO never waits for a writer), then
@@ -299,11 +286,9 @@ class _Reader:
                 self.skip(where, f"a line over {MAX_DOCUMENT:,} bytes: read past, not parsed")
                 continue
             try:
-                value = loads(line)
+                self.take(loads(line), where)
             except CorruptRecordError as exc:
                 self.bad(where, str(exc))
-                continue
-            self.take(value, where)
         if not seen:
             self.bad(source, "empty file")
 

@@ -89,9 +89,8 @@ def call_time(ev: CallEvidence, prefill_tps: float, decode_tps: float) -> dict[s
 
 def rates(prefill_tps: float | None, decode_tps: float | None) -> tuple[float, float]:
     """The rates, defaults applied. Raises `UsageError`: a rate is not a positive number."""
-    return _rate(prefill_tps, DEFAULT_PREFILL_TPS, "prefill"), _rate(
-        decode_tps, DEFAULT_DECODE_TPS, "decode"
-    )
+    prefill = _rate(prefill_tps, DEFAULT_PREFILL_TPS, "prefill")
+    return prefill, _rate(decode_tps, DEFAULT_DECODE_TPS, "decode")
 
 
 def _rate(rate: object, default: float, what: str) -> float:
@@ -153,8 +152,8 @@ class AuditReport:
             for key, (_, source) in t.items():
                 sources[key][source] += 1
             if t["prefill"][0] is not None and t["decode"][0] is not None:
-                model.append((c.wall_s, t["prefill"][0], t["decode"][0]))
-        walls = [c.wall_s for c in self.calls if c.wall_s is not None]
+                model.append((c.evidence.wall_s, t["prefill"][0], t["decode"][0]))
+        walls = [c.evidence.wall_s for c in self.calls if c.evidence.wall_s is not None]
         both = [(w, p + d) for w, p, d in model if w is not None]
         prefill, decode = sum(p for _, p, _ in model), sum(d for _, _, d in model)
         share = _share(prefill, prefill + decode)
@@ -234,11 +233,8 @@ class AuditReport:
             lines.append(
                 f"cached share   {d['cached_share']:.1%} of prompt tokens (verified calls)"
             )
-        lines.append(
-            f"wall time      {_secs(t['wall_s'])} over {t['wall_calls']:,} calls"
-            if t["wall_calls"]
-            else "wall time      -"
-        )
+        wall = f"{_secs(t['wall_s'])} over {t['wall_calls']:,} calls" if t["wall_calls"] else "-"
+        lines.append(f"wall time      {wall}")
         if t["prefill_share"] is not None:
             prefill, decode = _secs(t["prefill_s"]), _secs(t["decode_s"])
             lines.append(
@@ -265,26 +261,22 @@ class AuditReport:
         return "\n".join(lines) + "\n"
 
     def _prefix_text(self) -> str:
-        p = self.prefix
-        if p is None:
+        if (p := self.prefix) is None:
             return (
                 "none named (no registered head the requests send byte-identically, and no "
                 "measured span on the batch's build that the calls read alone cover)"
             )
-        state = {None: "; registry not consulted", True: ""}.get(
-            p.registered, "; NOT registered in this registry"
-        )
+        unregistered = "; NOT registered in this registry"
+        state = {None: "; registry not consulted", True: ""}.get(p.registered, unregistered)
         if p.method == "identity":
             return f"{p.label()} (byte identity: {p.support:,} of {p.of:,} requests send it{state})"
         if p.method == "records" or p.span is None:
             return f"{p.label()} (named by the measurement records read{state})"
-        build = f"build {p.span.build_id}" + (
-            "" if p.build_known else ", the batch's build unknown"
-        )
+        unknown = "" if p.build_known else ", the batch's build unknown"
         return (
             f"{p.label()}: {p.support:,} of {p.of:,} calls read alone cover its measured span "
-            f"of {p.span.span_tokens:,} tokens on {build} (a token-count likeness, not byte "
-            f"identity{state})"
+            f"of {p.span.span_tokens:,} tokens on build {p.span.build_id}{unknown} (a "
+            f"token-count likeness, not byte identity{state})"
         )
 
 

@@ -15,6 +15,7 @@ Never a mean of cached counts; never a probe slice (marked, or with a probe leg'
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -68,8 +69,7 @@ NO_REGISTRY: Final = Known()
 
 
 def _against(ev: CallEvidence, span: PrefixSpan, known: Known) -> Judgement:
-    """A response read alone, against a head's measured `span` (a prompt shorter than the
-    span cannot hold the head)."""
+    """A response read alone, against a head's measured `span` (which a shorter prompt lacks)."""
     if ev.prompt_tokens is not None and ev.prompt_tokens < span.span_tokens:
         return judge_unknown_head(ev, f"its prompt is shorter than {span.head[:12]}'s span")
     size = known.sizes.get(span.head, 0)
@@ -88,19 +88,15 @@ def match_prefix(
     the batch's requests are in line with."""
     probes = set(known.probe_slices) | {s.head for s in spans if s.kind.startswith("probe-")}
     builds = {c.build_id for c in calls if c.build_id is not None}
-    ours = [
-        s
-        for s in spans
-        if (not builds or s.build_id in builds) and {s.sha256, s.head}.isdisjoint(probes)
-    ]
+    ours = [s for s in spans if not builds or s.build_id in builds]
+    ours = [s for s in ours if {s.sha256, s.head}.isdisjoint(probes)]
+    heads = {(c.sha256 or "", c.frame) for c in calls}
     found: tuple[str, str | None, Method, int, int, PrefixSpan | None]
     if identity is not None and identity.batch_sha and identity.registered(identity.batch_sha)[0]:
         n = len(identity.of("identical"))
         found = (identity.batch_sha, frame, "identity", n, len(identity.prompts), None)
-    elif (
-        calls and all(c.build_id for c in calls) and len({(c.sha256, c.frame) for c in calls}) == 1
-    ):
-        found = (calls[0].sha256 or "", calls[0].frame, "records", len(calls), len(calls), None)
+    elif len(heads) == 1 and all(c.build_id for c in calls):
+        found = (*heads.pop(), "records", len(calls), len(calls), None)
     else:
         alone = [c for c in calls if c.sha256 is None and c.evidence.cache_state != "unverified"]
         covered = {s: sum(_against(c.evidence, s, known).resumed for c in alone) for s in ours}
@@ -199,8 +195,8 @@ def run_audit(
     frame: Head | None = None,
 ) -> AuditReport:
     """Read `paths`, judge and account for them. `registry` (when it exists) supplies spans,
-    names, sizes, which heads are registered and the verified bytes for byte identity;
-    `frame` (verified: `Registry.head`) names each request's drift from it.
+    names, sizes, registered heads and verified bytes; `frame` (`Registry.head`) names each
+    request's drift from it.
 
     Raises:
         UsageError: a rate is not a positive number; an argument of the wrong type.
@@ -229,11 +225,9 @@ def _known(registry: Registry, data: AuditInput, frame: Head | None) -> Known:
     registered = {o.sha256 for o in objects}
     frames = {s.frame for s in prefix_spans(data.measurements, spans) if s.frame}
     for sha in sorted(frames | ({frame.sha256} if frame is not None else set())):
-        try:
+        with contextlib.suppress(RefNotFoundError):
             sizes[sha] = registry.head(sha).head_bytes  # verified: a tampered part raises
-        except RefNotFoundError:
-            continue
-        registered.add(sha)
+            registered.add(sha)
 
     def lookup(sha: str, size: int) -> tuple[str, ...] | None:
         """Byte identity: the object read verified (re-hashed by the store), its length the

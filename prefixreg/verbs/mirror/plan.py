@@ -54,11 +54,11 @@ def shape_problem(change: Change) -> str | None:
         if layout.object_sha(change.path) is None:
             return "not an object file"
         return None if kind == "file" else "a directory where an object file belongs"
-    if parts[0] in (META, NAMES, FRAMES):
-        if len(parts) > 2:
-            return f"not a {parts[0]} record"
-        return None if kind == "file" else f"a directory where a {parts[0]} record belongs"
-    return None
+    if parts[0] not in (META, NAMES, FRAMES):
+        return None
+    if len(parts) > 2:
+        return f"not a {parts[0]} record"
+    return None if kind == "file" else f"a directory where a {parts[0]} record belongs"
 
 
 def check_shapes(root: Path, plan: Iterable[Change]) -> None:
@@ -81,27 +81,22 @@ def objects_to_verify(changes: Iterable[Change]) -> list[str]:
 
 class SourceVerifier:
     """Re-hashes source objects before they travel (`Registry.read_verified`: no-follow,
-    regular files only); shared by a run's destinations. `count`: objects it hashed."""
+    regular files only); shared by a run's destinations. `done`: the paths it hashed."""
 
     def __init__(self, reg: Registry) -> None:
         self.reg = reg
         self.done: set[str] = set()  # set.add is atomic: destinations' threads share it
 
-    @property
-    def count(self) -> int:
-        return len(self.done)
-
     def __call__(self, paths: Iterable[str]) -> list[str]:
         """The paths that verified, less those a gc removed since the plan (not sent).
 
         Raises:
-            IntegrityError: a path that is not an object file, or not a regular file (a
-                symlink, a directory, a FIFO), or whose bytes do not hash to its name.
+            IntegrityError: a path that is not an object file, or not a regular file, or
+                whose bytes do not hash to its name.
         """
         ok = []
         for rel in paths:
-            sha = layout.object_sha(rel)
-            if sha is None:
+            if (sha := layout.object_sha(rel)) is None:
                 raise _refused(self.reg.root / rel, "not an object file")
             if rel not in self.done:
                 try:
@@ -138,16 +133,15 @@ def _points_to(reg: Registry, path: str, *, recheck: bool = False) -> str | None
 def referenced_objects(
     reg: Registry, changes: Sequence[Change], verify: Verify
 ) -> dict[str, set[str]]:
-    """{path of each meta, frame and name record in `changes`: what it needs at the
-    destination first}, read at the source now: the objects it points to, verified (a frame
-    stands for its parts; a name of a frame needs the frame record too). A record gone since
-    the plan is left out, and so is one pruned with its object meanwhile (gc removes the
-    record first) or a name that moved meanwhile.
+    """{path of each meta, frame and name record in `changes` (type-checked: `check_shapes`):
+    what it needs at the destination first}, read at the source now: the objects it points
+    to, verified (a frame stands for its parts; a name of a frame needs the frame record
+    too). Left out: a record gone since the plan, one pruned with its object meanwhile (gc
+    removes the record first), a name that moved meanwhile.
 
     Raises:
-        IntegrityError: a record path that is not a regular file, a name that does not
-            parse, a frame or object that fails verification, or a record whose object is
-            missing at the source while the record stays.
+        IntegrityError: a name that does not parse, a frame or object that fails
+            verification, or a record whose object is missing at the source while it stays.
     """
     needs: dict[str, set[str]] = {}
     for c in changes:
@@ -156,9 +150,6 @@ def referenced_objects(
             continue
         if kind == NAMES and layout.is_temp_name(entry):
             continue
-        where = reg.root / c.path
-        if not c.kind == "file":
-            raise _refused(where, "not a regular file")
         if (sha := _points_to(reg, c.path)) is None:
             continue  # removed since the plan: it will not be sent
         try:
@@ -176,5 +167,5 @@ def referenced_objects(
             needs[c.path] = {object_relpath(sha)}
         elif _points_to(reg, c.path, recheck=True) == sha and not verify([object_relpath(sha)]):
             # Still there and still pointing to it: the source itself is broken.
-            raise _refused(where, f"points to {sha}, which is not in the registry")
+            raise _refused(reg.root / c.path, f"points to {sha}, which is not in the registry")
     return needs

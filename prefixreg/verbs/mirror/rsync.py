@@ -63,9 +63,8 @@ class Destination:
     @property
     def ssh_host(self) -> str:
         """The host as ssh wants it (IPv6 brackets are rsync's syntax, not ssh's)."""
-        user, _, name = (self.host or "").rpartition("@")
-        name = name.removeprefix("[").removesuffix("]")
-        return f"{user}@{name}" if user else name
+        user, at, name = (self.host or "").rpartition("@")
+        return f"{user}{at}{name.strip('[]')}"
 
     @property
     def parent(self) -> Destination:
@@ -83,11 +82,10 @@ def parse_destination(text: str) -> Destination:
     made absolute and resolved (so `/m`, `/m/` and `/x/../m` are one destination).
 
     Raises:
-        MirrorError: see `_problem`.
+        MirrorError: `text` is no destination (`_problem` says why).
     """
     remote = _REMOTE_RE.fullmatch(text)
-    problem = _problem(text, remote)
-    if problem is not None:
+    if (problem := _problem(text, remote)) is not None:
         hint = "give a directory of its own, e.g. host:prefix-mirror or host:/srv/prefix-mirror"
         raise MirrorError(f"mirror destination {text!r} {problem}; refusing", hint=hint)
     if remote is None:
@@ -96,10 +94,8 @@ def parse_destination(text: str) -> Destination:
 
 
 def _problem(text: str, remote: re.Match[str] | None) -> str | None:
-    """Why `text` is no destination: empty, control characters, starts with `-`, an rsync
-    daemon or URL form, a bad host, a remote path that needs quoting or names the remote
-    home directory (rsync resolves a relative remote path against it, so empty, `.`, `~`,
-    `~user` and `a/..` all name it, and --delete would empty it), its parent, or `/`."""
+    """Why `text` is no destination, or None. A relative remote path is resolved against the
+    remote home directory: empty, `.`, `~`, `~user` and `a/..` name it (--delete empties it)."""
     host, path = remote.groups() if remote is not None else ("", "")
     norm, far = posixpath.normpath(path or "."), remote is not None
     home = (norm.startswith("~") and "/" not in norm) or set(norm.split("/")) <= {".", ".."}
@@ -133,11 +129,9 @@ def build_ssh_command(options: Sequence[str], *, control_path: str | None) -> li
     """The ssh argv (without host) of every command. BatchMode first (ssh keeps the first
     value it sees: nothing may turn a nightly job into a password prompt), then the user's
     options (overriding our timeouts and keep-alives), then the control socket."""
-    argv = ["ssh", "-o", "BatchMode=yes"]
     control = () if control_path is None else (f"ControlPath={control_path}", *_SHARED)
-    for opt in [*options, *_DEFAULT_SSH_OPTS, *control]:
-        argv += ["-o", opt]
-    return argv
+    opts = ["BatchMode=yes", *options, *_DEFAULT_SSH_OPTS, *control]
+    return ["ssh", *(arg for opt in opts for arg in ("-o", opt))]
 
 
 Mode = Literal["compare-objects", "compare-records", "send", "delete", "list", "fetch", "marker"]
@@ -153,20 +147,13 @@ def build_rsync_argv(
     bwlimit: int | None = None,
     regular_only: bool = False,
 ) -> list[str]:
-    """The rsync argv for one step of a mirror run (pure).
-
-    Modes: `compare-objects` and `compare-records`, itemized `-a --delete` dry runs of
-    `objects/` by size and mtime (their bytes are hashed at the destination: `hash_argv`)
-    and of everything else by content; `send` of the NUL-separated paths in `files_from`
-    (skipping those gone at the source; itemizing every path sent *or already equal*, so
-    the output confirms what is at the destination; never a symlink, device or FIFO; with
-    `regular_only` no directory either, though parents are still created); `delete` of
-    the `files_from` paths still missing at the source (never sending one that came back);
-    `list` (the destination's top level), `fetch` (its marker, to a local path; no -l: a
-    symlink is skipped, never followed) and `marker` (the staged marker of a new one).
-
-    `-O` (omit directory times) everywhere: directory mtimes mean nothing in a registry
-    and would otherwise show up as differences after every targeted pass.
+    """The rsync argv for one step of a mirror run (pure). Modes: `compare-objects` and
+    `compare-records`, itemized `-a --delete` dry runs of `objects/` by size and mtime (their
+    bytes are hashed at the destination: `hash_argv`) and of the rest by content; `send` and
+    `delete` of the NUL-separated paths in `files_from` (see below); `list` (the top level),
+    `fetch` (the marker, to a local path; no -l: a symlink is skipped, never followed) and
+    `marker` (the staged marker of a new destination). `-O` (omit directory times)
+    everywhere: directory mtimes mean nothing in a registry and would differ after every pass.
     """
     argv = ["rsync"]
     if rsh is not None:  # rsync splits the -e string itself, at whitespace outside quotes
@@ -198,11 +185,12 @@ def build_rsync_argv(
     else:
         # --checksum: a file changed in place keeps its size and mtime. A listed path
         # removed at the source since the plan (gc) is skipped; -ii names every listed path
-        # now at the destination; --force replaces a directory where a file belongs; what
-        # turned into other than a file or directory at the source is never sent.
+        # now at the destination (sent or already equal); --force replaces a directory where
+        # a file belongs; never a symlink, device or FIFO; with `regular_only` no directory
+        # either (--files-from implies --dirs; parents are still created).
         argv += [f"--files-from={files_from}", "--from0", "--force", "--checksum"]
         argv += ["--ignore-missing-args", "-ii", "--no-links", "--no-devices", "--no-specials"]
-        argv += ["--no-dirs"] if regular_only else []  # --files-from implies --dirs
+        argv += ["--no-dirs"] if regular_only else []
     return [*argv, "--", source, dest]
 
 
@@ -244,12 +232,11 @@ def check_hashes(stdout: bytes) -> dict[str, str | None]:
 
 
 def run(argv: Sequence[str], *, ok_codes: Sequence[int] = (0,)) -> bytes:
-    """Run rsync, ssh or sh (an argv list) in the C locale, whose messages and listing
-    format are matched here (and names come back `\\#ooo`-escaped); return its stdout.
+    """The stdout of rsync, ssh or sh (an argv list) run in the C locale, whose messages and
+    listing format are matched here (and names come back `\\#ooo`-escaped).
 
     Raises:
-        MirrorError: the program is missing, or exits with a code not in `ok_codes` (the
-            error carries the code and stderr).
+        MirrorError: the program is missing, or exits with a code not in `ok_codes` (with it).
     """
     env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
     try:

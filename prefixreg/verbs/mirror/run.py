@@ -3,14 +3,14 @@
 Invariants:
 - The source is an origin registry holding objects; destinations are de-duplicated (local
   paths resolved first), never nested, and no local one is, holds or lies inside the source.
-- Nothing is written anywhere before every destination's plan passed the source checks:
-  each entry's type fits its place (`plan.check_shapes`), every object about to travel
-  (every object, with `full_verify`) re-hashes to its name, every record about to travel
-  points to objects present. One failure refuses the run (`IntegrityError`, exit 3).
+- Nothing is written anywhere before every destination's plan passed the source checks
+  (`plan`: entry types, objects re-hashed, all of them with `full_verify`, records' objects
+  present); one failure refuses the run (`IntegrityError`, exit 3).
 - One destination failing (exit 6) never stops the others; each gets its `mirror.log` line.
-- `content` is `judge_copy`'s verdict: "verified" only when every object at the
-  destination was hashed there and matched its name (the sweep of what stayed, the
-  read-back of what was sent) and the last compare, records by content, listed nothing.
+- Apply and compare repeat until the compare lists nothing; `content` is `judge_copy`'s
+  verdict: "verified" only when every object there was hashed there and matched its name
+  (the sweep of what stayed, the read-back of what was sent) and the last compare, records
+  by content, listed nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import shutil
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path, PurePosixPath
 from typing import Final
 
@@ -46,8 +46,8 @@ class MirrorReport:
     source: str
     dry_run: bool
     full_verify: bool
-    objects_verified: int = 0
-    results: list[DestinationResult] = field(default_factory=list)
+    objects_verified: int
+    results: list[DestinationResult]
 
     @property
     def ok(self) -> bool:
@@ -110,18 +110,17 @@ def mirror(
 ) -> MirrorReport:
     """Mirror the origin registry `reg` to `destinations` (`PATH` or `[user@]host:PATH`),
     in parallel; a failed destination has `ok` False in the report, the others still ran.
-
     `dry_run` compares and hashes only (`changes` says what would change); `full_verify`
-    also re-hashes every source object first, not only those about to travel (the
-    destination side is the same either way). `max_rounds` bounds the apply + confirm
-    rounds a changing origin may take; `on_result` gets each result as it finishes.
+    also re-hashes every source object first, not only those about to travel. `max_rounds`
+    bounds the apply + confirm rounds a changing origin may take; `on_result` gets each
+    result as it finishes.
 
     Raises:
-        UsageError: no destination. MirrorError: a refused source or destination, or a
-        malformed destination or option (nothing touched). IntegrityError: a source entry
-        about to travel is not a regular file or directory where the layout wants one, or
-        a source object or frame fails verification (nothing sent). LockTimeoutError:
-        another mirror runs.
+        UsageError: no destination.
+        MirrorError: a refused source or destination, a malformed destination or option.
+        IntegrityError: a source entry about to travel is not a regular file or directory
+            where the layout wants one, or a source object or frame fails verification.
+        LockTimeoutError: another mirror runs.
     """
     parsed = _guard_destinations(reg.root, [parse_destination(text) for text in destinations])
     if not parsed:
@@ -131,14 +130,13 @@ def mirror(
     if shutil.which("rsync") is None:
         raise MirrorError("rsync is not installed (not found on PATH)", hint="install rsync")
     check_source(reg)
-    report = MirrorReport(source=str(reg.root), dry_run=dry_run, full_verify=full_verify)
     log_lock = threading.Lock()
     verifier = plan.SourceVerifier(reg)
 
     def log(result: DestinationResult, *, announce: bool = True) -> None:
         if not dry_run:
             with log_lock:
-                reg.append_mirror_log(dumps_canonical(result.log_record(verifier.count)))
+                reg.append_mirror_log(dumps_canonical(result.to_dict(log=len(verifier.done))))
         if announce and on_result is not None:
             on_result(result)
 
@@ -185,27 +183,27 @@ def mirror(
 
         def transfer(session: Session) -> None:
             try:
-                if dry_run:
-                    session.result.changes = list(session.plan)
-                    session.result.content = judge_copy(session.swept, not session.plan)
-                    log(session.finish("dry-run"))
-                    return
-                _transfer(session, verifier, max_rounds)
+                _transfer(session, verifier, max_rounds, dry_run=dry_run)
             except (errors.PrefixregError, OSError) as exc:
                 # One destination failing never stops the others; the log says why.
                 log(session.finish("failed", str(exc)))
                 return
-            log(session.finish("ok"))
+            log(session.finish("dry-run" if dry_run else "ok"))
 
         list(pool.map(transfer, live))
-        report.objects_verified = verifier.count
-        report.results = [s.result for s in sessions]
-    return report
+    results = [s.result for s in sessions]
+    return MirrorReport(str(reg.root), dry_run, full_verify, len(verifier.done), results)
 
 
-def _transfer(session: Session, verify: plan.SourceVerifier, max_rounds: int) -> None:
+def _transfer(
+    session: Session, verify: plan.SourceVerifier, max_rounds: int, *, dry_run: bool
+) -> None:
     """Apply and confirm, round after round (each plan type-checked), until nothing differs."""
     changes = session.plan
+    if dry_run:
+        session.result.changes = list(changes)
+        session.result.content = judge_copy(session.swept, not changes)
+        return
     if changes and session.result.new:
         session.write_marker()
     while changes:

@@ -6,8 +6,8 @@ Invariants:
 - The plan is two itemized dry runs, objects by size and mtime, everything else by content
   (`--checksum`), and the sweep: the sha256 of every object at the destination, taken
   there; an object whose bytes do not hash to its name, or cannot be read, is sent again.
-- `content` is `judge_copy`'s verdict and `verified` is read from it only; `log_record`
-  is the `mirror.log` line of a destination (one short line: no changes list).
+- `content` is `judge_copy`'s verdict and `verified` is read from it only; a destination's
+  `mirror.log` line is one short line (`to_dict(log=...)`: no changes list).
 - Objects travel first, regular files only, each hashed at the destination after sending
   and before any record that points to it is sent; names travel under the registry lock;
   deletions come last, objects' last of all.
@@ -21,10 +21,10 @@ import posixpath
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from prefixreg.core.errors import IntegrityError, MirrorError
 from prefixreg.core.jsonio import loads_object
@@ -37,13 +37,10 @@ from prefixreg.verbs.mirror.plan import Verify, objects_to_verify, referenced_ob
 from prefixreg.verbs.mirror.rsync import VANISHED, Change, Destination, Mode, build_rsync_argv
 
 _RECORD_TREES: Final = (OBJECTS, META, FRAMES, NAMES)
-# The plan entry of an object the sweep found changed in place: a file to send again.
-_CHANGED: Final = ">fc" + "." * 8
 _UNLOGGED: Final = {"log": False}  # fields the mirror.log line leaves out
 
 
-@dataclass(slots=True)
-class PassRecord:
+class PassRecord(NamedTuple):
     """One rsync step of a run and what it changed (what the ordering tests read)."""
 
     kind: str
@@ -80,17 +77,15 @@ class DestinationResult:
     def verified(self) -> bool:
         return self.content == "verified"
 
-    def _fields(self) -> dict[str, object]:
+    def to_dict(self, *, log: int | None = None) -> dict[str, object]:
+        """The --json form; with `log` (the run's objects verified), the `mirror.log` line."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata != _UNLOGGED}
-        return {**out, "seconds": round(self.seconds, 3), "verified": self.verified}
-
-    def log_record(self, objects_verified: int) -> dict[str, object]:
-        record = {"at": iso_utc(utc_now()), **self._fields(), "objects_verified": objects_verified}
-        return record if self.error is None else {**record, "error": self.error}
-
-    def to_dict(self) -> dict[str, object]:  # the --json form
-        extra = {"ok": self.ok, "new": self.new, "error": self.error}
-        return {**self._fields(), **extra, "changes": [str(c) for c in self.changes]}
+        out |= {"seconds": round(self.seconds, 3), "verified": self.verified}
+        if log is not None:
+            error = {} if self.error is None else {"error": self.error}
+            return {"at": iso_utc(utc_now()), **out, "objects_verified": log, **error}
+        changes = [str(c) for c in self.changes]
+        return out | {"ok": self.ok, "new": self.new, "error": self.error, "changes": changes}
 
 
 class Session:
@@ -101,10 +96,10 @@ class Session:
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="prxm-")  # removed by `close`
         self.reg, self.dest, self.bwlimit = reg, dest, bwlimit
-        self.workdir = workdir = Path(self._tmp.name)
+        self.workdir = Path(self._tmp.name)
         self.source = f"{reg.root}/"
         self.result = DestinationResult(destination=dest.raw)
-        self.control = workdir / "cm"  # the run's one ssh connection (`build_ssh_command`)
+        self.control = self.workdir / "cm"  # the run's one ssh connection
         ssh = rsync.build_ssh_command(ssh_options, control_path=str(self.control))
         self.rsh = ssh if dest.host is not None else None
         self.plan: list[Change] = []
@@ -155,25 +150,22 @@ class Session:
         self._probe("fetch", self.dest.target(MARKER), str(local))  # no -l: a link is skipped
         if local.exists():
             return self._check_marker(local)
-        listing = self._probe("list", self.dest.target())
-        if listing is None:
-            parent = self._probe("list", self.dest.parent.target())
-            if parent is None:
-                hint = "create it first: the mirror creates only the last directory"
-                why = f"needs its parent directory {self.dest.parent.path}: it does not exist"
-                raise self._refused(why, hint=hint)
-            if posixpath.basename(self.dest.path.rstrip("/")) in self._entries(parent):
-                raise self._refused("is not a directory")
-            self.result.new = True
-            return None
-        entries = self._entries(listing)
-        if not entries.pop(".", "").startswith("d"):
-            raise self._refused("cannot be inspected (no '.' in rsync's listing), nothing deleted")
-        if MARKER in entries:
-            raise self._refused(f"has a {MARKER} that is not a regular file")
-        if entries:
-            why = f"holds files but is not a prefixreg mirror (no {MARKER}), nothing deleted"
-            raise self._refused(why)
+        if (listing := self._probe("list", self.dest.target())) is not None:
+            entries = self._entries(listing)
+            if not entries.pop(".", "").startswith("d"):
+                why = "cannot be inspected (no '.' in rsync's listing), nothing deleted"
+                raise self._refused(why)
+            if MARKER in entries:
+                raise self._refused(f"has a {MARKER} that is not a regular file")
+            if entries:
+                why = f"holds files but is not a prefixreg mirror (no {MARKER}), nothing deleted"
+                raise self._refused(why)
+        elif (parent := self._probe("list", self.dest.parent.target())) is None:
+            hint = "create it first: the mirror creates only the last directory"
+            why = f"needs its parent directory {self.dest.parent.path}: it does not exist"
+            raise self._refused(why, hint=hint)
+        elif posixpath.basename(self.dest.path.rstrip("/")) in self._entries(parent):
+            raise self._refused("is not a directory")
         self.result.new = True
         return None
 
@@ -182,10 +174,9 @@ class Session:
             marker = loads_object(fsutil.read_nofollow(local), path=local)
         except IntegrityError as exc:
             raise self._refused(f"has an unreadable {MARKER} ({exc})") from None
-        role = marker.get("role")
         if layout.marker_problem(marker) is not None:
             raise self._refused(f"has no prefixreg {MARKER}")
-        if role == "origin":
+        if (role := marker.get("role")) == "origin":
             hint = "mirrors flow from the coordinator's origin to workers only"
             raise self._refused("is an origin registry", hint=hint)
         if role != "mirror":
@@ -201,35 +192,36 @@ class Session:
         stage.chmod(self.reg.root.stat().st_mode & 0o7777)
         self._rsync("marker", f"{stage}/", self.dest.target())
 
-    def compare(self) -> list[Change]:
-        """Both itemized dry runs, at once (one entry per path: both list a differing root)."""
-        with ThreadPoolExecutor(2) as pool:
-            modes: tuple[Mode, ...] = ("compare-objects", "compare-records")
-            runs = [pool.submit(self._rsync, m, self.source, self.dest.target()) for m in modes]
-            return list(dict.fromkeys(c for r in runs for c in rsync.parse_itemized(r.result())))
+    def _dry_run(self, mode: Mode) -> list[Change]:
+        return rsync.parse_itemized(self._rsync(mode, self.source, self.dest.target()))
+
+    def compare(self, objects: Future[list[Change]] | None = None) -> list[Change]:
+        """Both itemized dry runs (of objects/: `objects`, when started), at once; one entry
+        per path (both list a differing root)."""
+        with ThreadPoolExecutor(1) as pool:
+            objects = objects or pool.submit(self._dry_run, "compare-objects")
+            records = self._dry_run("compare-records")
+            return list(dict.fromkeys([*objects.result(), *records]))
 
     def prepare(self) -> None:
-        """Inspect and plan. The dry run of objects/ and the sweep (read-only, and of objects/
-        only) run while the marker is fetched, and count only once it passed; a new
-        destination is planned unswept. An object there that does not hash to its name is
-        sent again: rsync's quick check cannot see a change in place."""
+        """Inspect and plan: the objects/ dry run and the sweep (read-only) run during the
+        marker fetch and count once it passed (a new destination is planned unswept). An
+        object there that does not hash to its name is sent again (rsync's quick check
+        cannot see a change in place)."""
         with ThreadPoolExecutor(2) as pool:
-            objects = pool.submit(self._rsync, "compare-objects", self.source, self.dest.target())
+            objects = pool.submit(self._dry_run, "compare-objects")
             hashing = pool.submit(self.hash_objects)
             self.inspect()
+            self.plan = self.compare(None if self.result.new else objects)
             if self.result.new:
-                self.plan = self.compare()
                 return
-            records = self._rsync("compare-records", self.source, self.dest.target())
-            outputs = (objects.result(), records)
-            self.plan = list(dict.fromkeys(c for out in outputs for c in rsync.parse_itemized(out)))
             found = hashing.result()
         planned = {c.path for c in self.plan}
         for rel, problem in sorted(found.items()):
             self.result.hashed += problem is None
             self.result.changed_in_place += problem is not None
             if problem is not None and rel not in planned:
-                self.plan.append(Change(_CHANGED, 0, rel))
+                self.plan.append(Change(code=">fc........", bytes=0, path=rel))  # send it again
         self.swept = True
 
     def hash_objects(self, objects: Sequence[str] = ()) -> dict[str, str | None]:
@@ -255,10 +247,10 @@ class Session:
             raise MirrorError(f"{self.dest.raw}: after sending, {why}")
 
     def _pass(self, kind: str, paths: Sequence[str]) -> set[str]:
-        """One `--files-from` step; returns the paths rsync itemized (a send: every listed
-        path now at the destination, thanks to `-ii`; a delete: every path it deleted). Real
-        changes are recorded and counted, and every object sent is read back. Passes but
-        "dirs" and "rest" send regular files only: nothing else replaces a good file."""
+        """One `--files-from` step: the paths rsync itemized (a send: every listed path now
+        there, by `-ii`; a delete: every path deleted); changes are recorded and counted, and
+        every object sent is read back. Only "dirs" and "rest" may send other than regular
+        files: nothing else replaces a good file."""
         if not paths:
             return set()
         listing = self.workdir / f"{kind}.list"
@@ -299,8 +291,7 @@ class Session:
                 continue
             # Names only move under the registry lock (and gc only removes under it): the
             # names read now are the names sent, so everything they point to is there first.
-            lock = self.reg.lock("registry") if step == "names" else contextlib.nullcontext()
-            with lock:
+            with self.reg.lock("registry") if step == "names" else contextlib.nullcontext():
                 needs = referenced_objects(self.reg, records, verify)
                 wanted = set().union(*needs.values())
                 objects = sorted(p for p in wanted - here if top(p) == OBJECTS)
@@ -310,7 +301,6 @@ class Session:
                 ready = [c.path for c in records if needs.get(c.path, set()) <= here]
                 done |= self._pass(step, ready)
         self._pass("rest", [c.path for c in sends if top(c.path) not in _RECORD_TREES])
-
         done |= self._pass("delete", [c.path for c in plan if c.is_delete and not c.is_object])
         if not {c.path for c in plan if top(c.path) in (META, NAMES) and "/" in c.path} <= done:
             # A record there is not what the plan expected: it may still point to an
