@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -34,6 +35,17 @@ def strict_count(value: object) -> int | None:
     if type(value) is int and value >= 0:
         return value
     return None
+
+
+def strict_number(value: object) -> float | None:
+    """A finite number >= 0 as a float, else None (a bool or a numeric string is no number)."""
+    if type(value) is not int and type(value) is not float:
+        return None
+    try:
+        number = float(cast(float, value))
+    except OverflowError:  # an int beyond any float
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
 
 
 def obj(value: object, what: str) -> JSONObject:

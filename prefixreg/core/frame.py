@@ -23,6 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
@@ -30,7 +31,7 @@ from typing import Any, Final, cast
 from prefixreg.core.digest import is_full_sha, sha256_hex
 from prefixreg.core.errors import CorruptRecordError, IntegrityError, UsageError
 from prefixreg.core.jsonio import dumps_canonical, dumps_ordered, loads
-from prefixreg.core.prefix import Drift, Prefix, system_drift
+from prefixreg.core.prefix import Drift, Prefix, check_history, system_drift
 
 FRAME_FORMAT: Final = "prefix-frame"
 FRAME_VERSION: Final = 1
@@ -50,7 +51,7 @@ _RECORD_KEYS: Final = frozenset({"format", "version", "system", "tools", "settin
 
 
 def _ordered(value: object) -> str:
-    """JSON text that keeps key order: tools render in the order they are written."""
+    """`dumps_ordered`, a `UsageError` for what is not JSON."""
     try:
         return dumps_ordered(value)
     except (TypeError, ValueError) as exc:
@@ -75,13 +76,6 @@ def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
     return cast(list[dict[str, Any]], value)
 
 
-def _copy(value: Any) -> Any:
-    """A fresh copy of parsed JSON (depth-capped by the parse, so the recursion is bounded)."""
-    if isinstance(value, dict):
-        return {key: _copy(item) for key, item in value.items()}
-    return [_copy(item) for item in value] if isinstance(value, list) else value
-
-
 def _check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
     unknown = sorted(set(settings) - set(PROMPT_SETTINGS))
     if unknown:
@@ -104,28 +98,21 @@ def _check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
 def encode_frame_record(system: str, tools: str | None, settings: Mapping[str, object]) -> bytes:
     """The exact bytes of a frame record (canonical JSON and a newline); its sha names it.
 
-    Raises:
-        UsageError: a part is not a sha, or a setting is not one of `PROMPT_SETTINGS`.
+    Raises UsageError: a part is not a sha, or a setting is not one of `PROMPT_SETTINGS`.
     """
     for part in (system, tools):
         if part is not None and not is_full_sha(part):
             raise UsageError(f"not a sha256: {part!r}")
-    record = {
-        "format": FRAME_FORMAT,
-        "version": FRAME_VERSION,
-        "system": system,
-        "tools": tools,
-        "settings": _check_settings(settings),
-    }
+    record = {"format": FRAME_FORMAT, "version": FRAME_VERSION, "system": system}
+    record |= {"tools": tools, "settings": _check_settings(settings)}
     return dumps_canonical(record) + b"\n"
 
 
 def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str, Any]]:
     """(system sha, tools sha or None, settings) of a frame record, after checking its sha.
 
-    Raises:
-        IntegrityError: the bytes do not hash to `sha`.
-        CorruptRecordError: they do, but are not the canonical record of a frame.
+    Raises IntegrityError: the bytes do not hash to `sha`; CorruptRecordError: they do, but
+    are not the canonical record of a frame.
     """
     actual = sha256_hex(raw)
     if actual != sha:
@@ -137,21 +124,17 @@ def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str,
     try:
         record = loads(raw, exact=True)
     except CorruptRecordError:
-        raise CorruptRecordError(
-            f"frame {sha}: record is not JSON by the project's rules"
-        ) from None
+        raise CorruptRecordError(f"frame {sha}: not JSON by the project's rules") from None
     if not isinstance(record, dict) or set(record) != _RECORD_KEYS:
         raise CorruptRecordError(f"frame {sha}: not a frame record")
     if record["format"] != FRAME_FORMAT or record["version"] != FRAME_VERSION:
         raise CorruptRecordError(f"frame {sha}: unknown frame format or version")
     system, tools, settings = record["system"], record["tools"], record["settings"]
-    if not (isinstance(system, str) and is_full_sha(system)):
-        raise CorruptRecordError(f"frame {sha}: 'system' is not a sha256")
-    if tools is not None and not (isinstance(tools, str) and is_full_sha(tools)):
-        raise CorruptRecordError(f"frame {sha}: 'tools' is not a sha256 or null")
+    if not isinstance(system, str) or not isinstance(tools, str | None):
+        raise CorruptRecordError(f"frame {sha}: 'system' or 'tools' is not a sha256")
     if not isinstance(settings, dict):
         raise CorruptRecordError(f"frame {sha}: 'settings' is not an object")
-    try:
+    try:  # the parts' shas and the settings are checked as when the record was written
         canonical = encode_frame_record(system, tools, settings)
     except UsageError as exc:
         raise CorruptRecordError(f"frame {sha}: {exc}") from None
@@ -179,8 +162,8 @@ class Frame:
 
     def __post_init__(self) -> None:
         if self.tools_data is not None:
-            parsed = parse_tools(self.tools_data, where=f"tools {self.tools_sha256}")
-            object.__setattr__(self, "_tools", parsed)
+            tools = parse_tools(self.tools_data, where=f"tools {self.tools_sha256}")
+            object.__setattr__(self, "_tools", tools)
 
     @property
     def kind(self) -> str:
@@ -188,15 +171,13 @@ class Frame:
 
     @property
     def settings(self) -> dict[str, Any]:
-        """The prompt settings the frame sends (a fresh copy)."""
         value = loads(self.settings_json)
         assert isinstance(value, dict)  # noqa: S101 -- canonical JSON of a dict, made here
         return value
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:
-        """The tools list (parsed once from the verified bytes; a fresh copy), or None."""
-        return None if self._tools is None else cast(list[dict[str, Any]], _copy(self._tools))
+        return copy.deepcopy(self._tools)
 
     @property
     def renders_tools(self) -> bool:
@@ -211,31 +192,18 @@ class Frame:
 
     def head(self) -> dict[str, Any]:
         """The request fields the frame fixes, `messages` aside: tools and settings."""
-        out: dict[str, Any] = self.settings
         tools = self.tools
-        if tools is not None:
-            out["tools"] = tools
-        return out
+        return self.settings if tools is None else {**self.settings, "tools": tools}
 
     def messages(self, history: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The verified system message, then the loop's own history (copied, unchanged)."""
-        given: object = history  # callers outside the type checker pass anything
-        if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
-            raise UsageError("history must be a list of message objects")
-        out: list[dict[str, Any]] = [{"role": "system", "content": self.system.text}]
-        items: Sequence[object] = given
-        for i, message in enumerate(items):
-            if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-                raise UsageError(f"history[{i}]: must be a message object with a 'role'")
-            out.append(dict(message))
-        return out
+        return [{"role": "system", "content": self.system.text}, *check_history(history)]
 
     def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
         """The full chat body the loop sends: `params` (model, max_tokens, ...), the frame's
         tools and settings, and `messages` = system + history.
 
-        Raises:
-            UsageError: `params` sets `messages`, or sets a frame part to another value.
+        Raises UsageError: `params` sets `messages`, or sets a frame part to another value.
         """
         if "messages" in params:
             raise UsageError("body() builds 'messages' itself; pass the history instead")
@@ -262,11 +230,8 @@ class Frame:
 
     def drift(self, body: Mapping[str, Any]) -> list[Drift]:
         """Which parts of a request `body` differ from this frame (empty: none drifted)."""
-        if not isinstance(body, Mapping):
-            raise UsageError(f"drift() reads a request body (a mapping), not {type(body).__name__}")
         out = system_drift(self.system, body)
-        sent_tools = body.get("tools")
-        mine = self.tools
+        sent_tools, mine = body.get("tools"), self._tools
         if sent_tools is None and mine is not None:
             out.append(Drift("tools", f"dropped (frame has {len(mine)} tools)"))
         elif sent_tools is not None and mine is None:

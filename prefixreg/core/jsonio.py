@@ -98,8 +98,7 @@ def loads(
 ) -> JSONValue:
     """Parse JSON by the project's rules (see the module invariants).
 
-    Raises:
-        CorruptRecordError: not JSON, or JSON the project refuses; names `path`.
+    Raises CorruptRecordError: not JSON, or JSON the project refuses; names `path`.
     """
     where = f"{path}: " if path is not None else ""
     try:

@@ -35,7 +35,6 @@ class Prefix(NamedTuple):
 
     @property
     def text(self) -> str:
-        """The prefix as a string (the registry only stores valid UTF-8)."""
         try:
             return self.data.decode("utf-8")
         except UnicodeDecodeError:
@@ -43,7 +42,6 @@ class Prefix(NamedTuple):
 
     @property
     def size(self) -> int:
-        """Length in bytes of the UTF-8 content."""
         return len(self.data)
 
     # The head protocol, shared with `Frame`: what every verb needs of the head it sends.
@@ -63,18 +61,13 @@ class Prefix(NamedTuple):
 
     def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
         """The chat body a loop sends: `params`, then `messages` = this prefix + history."""
-        given: object = history  # callers outside the type checker pass anything
-        if isinstance(given, str | bytes) or not isinstance(given, Sequence):
-            raise UsageError("history must be a list of message objects")
         if "messages" in params:
             raise UsageError("body() builds 'messages' itself; pass the history instead")
         system = {"role": "system", "content": self.text}
-        return {**params, "messages": [system, *(dict(m) for m in history)]}
+        return {**params, "messages": [system, *check_history(history)]}
 
     def drift(self, body: Mapping[str, Any]) -> list[Drift]:
         """Whether a request `body` sent this prefix as `messages[0]` (empty: it did)."""
-        if not isinstance(body, Mapping):
-            raise UsageError(f"drift() reads a request body (a mapping), not {type(body).__name__}")
         return system_drift(self, body)
 
     def messages(self, tail: str, *, role: str = "system") -> list[dict[str, str]]:
@@ -99,6 +92,19 @@ def check_text(value: object, what: str) -> str:
     return value
 
 
+def check_history(history: object) -> list[dict[str, Any]]:
+    """A copy of a loop's `history`, a list of message objects each with a string `role`.
+
+    Raises UsageError: not a list of such objects (callers outside the type checker).
+    """
+    if isinstance(history, str | bytes) or not isinstance(history, Sequence):
+        raise UsageError("history must be a list of message objects")
+    for i, message in enumerate(history):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise UsageError(f"history[{i}] must be a message object with a string 'role'")
+    return [dict(m) for m in history]
+
+
 def fresh_tail(nonce: str | None = None) -> str:
     """A short user tail that the server has never seen (a new random nonce each call).
 
@@ -121,7 +127,12 @@ class Drift:
 
 
 def system_drift(system: Prefix, body: Mapping[str, Any]) -> list[Drift]:
-    """The drift of a request's `messages[0]` from `system` (a list of at most one)."""
+    """The drift of a request's `messages[0]` from `system` (a list of at most one).
+
+    Raises UsageError: `body` is not a mapping.
+    """
+    if not isinstance(body, Mapping):
+        raise UsageError(f"drift() reads a request body (a mapping), not {type(body).__name__}")
     messages = body.get("messages")
     first = messages[0] if isinstance(messages, list) and messages else None
     if not isinstance(first, Mapping) or first.get("role") not in ("system", "developer"):
@@ -134,10 +145,5 @@ def system_drift(system: Prefix, body: Mapping[str, Any]) -> list[Drift]:
     data = content.encode("utf-8", "surrogatepass") if isinstance(content, str) else b""
     if data == system.data:
         return []
-    return [
-        Drift(
-            "system",
-            f"messages[0] is {hashlib.sha256(data).hexdigest()[:12]}, "
-            f"the head has {system.sha256[:12]}",
-        )
-    ]
+    digest = hashlib.sha256(data).hexdigest()[:12]
+    return [Drift("system", f"messages[0] is {digest}, the head has {system.sha256[:12]}")]

@@ -8,9 +8,10 @@ tail text or output text: only counts, hashes and labels.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import ClassVar, Final, Literal, Self
 
 from prefixreg.core.digest import build_id as compute_build_id
 from prefixreg.core.digest import is_full_sha
@@ -23,66 +24,63 @@ from prefixreg.core.jsonio import JSONObject, JSONValue
 CacheState = Literal["cold", "reused", "unverified"]
 
 
-def _shas(record: object, what: str, *names: str) -> None:
-    """Refuse a sha field that is not 64 lowercase hex digits (None passes)."""
-    for name in names:
-        value = getattr(record, name)
-        if value is not None and not is_full_sha(value):
-            raise CorruptRecordError(f"{what}: field {name!r} is not a sha256")
+class _Record:
+    """A record read by `fields.decode` and written by `fields.encode`."""
+
+    __slots__ = ()
+    WHAT: ClassVar[str]
+    KEYS: ClassVar[Mapping[str, str] | None] = None  # field name -> JSON key, where they differ
+    SHAS: ClassVar[tuple[str, ...]] = ()  # fields that must hold a sha256 (None passes)
+
+    def __post_init__(self) -> None:
+        for name in self.SHAS:
+            value = getattr(self, name)
+            if value is not None and not is_full_sha(value):
+                raise CorruptRecordError(f"{self.WHAT}: field {name!r} is not a sha256")
+
+    @classmethod
+    def from_dict(cls, data: object) -> Self:
+        return decode(cls, data, cls.WHAT, keys=cls.KEYS)
+
+    def to_dict(self) -> JSONObject:
+        return encode(self, keys=self.KEYS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Meta:
+class Meta(_Record):
     """`meta/<sha256>.json`: what an object is, never what it contains."""
 
+    WHAT: ClassVar[str] = "meta record"
+    SHAS: ClassVar[tuple[str, ...]] = ("sha256",)
     sha256: str
     bytes: int
     created: str
     source: str
     note: str | None = None
 
-    def __post_init__(self) -> None:
-        _shas(self, "meta record", "sha256")
-
-    @classmethod
-    def from_dict(cls, data: object) -> Meta:
-        return decode(cls, data, "meta record")
-
-    def to_dict(self) -> JSONObject:
-        return encode(self)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class NameMove:
+class NameMove(_Record):
     """One line of `names.log`: a name moved from one sha (or nothing) to another."""
 
+    WHAT: ClassVar[str] = "names.log line"
+    KEYS: ClassVar[Mapping[str, str] | None] = {"from_sha": "from", "to_sha": "to"}
+    SHAS: ClassVar[tuple[str, ...]] = ("from_sha", "to_sha")
     at: str
     name: str
     from_sha: str | None
     to_sha: str
 
-    def __post_init__(self) -> None:
-        _shas(self, "names.log line", "from_sha", "to_sha")
-
-    @classmethod
-    def from_dict(cls, data: object) -> NameMove:
-        return decode(cls, data, "names.log line", keys=_MOVE_KEYS)
-
-    def to_dict(self) -> JSONObject:
-        return encode(self, keys=_MOVE_KEYS)
-
-
-_MOVE_KEYS: Final = {"from_sha": "from", "to_sha": "to"}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ServerBuild:
+class ServerBuild(_Record):
     """The identity of the server a measurement was taken on.
 
     `identity` holds the fields the profile defines (DESIGN §4); `build_id` is derived from
     profile + identity and re-checked when a record is loaded.
     """
 
+    WHAT: ClassVar[str] = "server build"
     profile: str
     identity: JSONObject
     build_id: str = field(default="")
@@ -101,10 +99,6 @@ class ServerBuild:
                 f"server build: build_id {self.build_id} does not match its identity ({expected})"
             )
 
-    @classmethod
-    def from_dict(cls, data: object) -> ServerBuild:
-        return decode(cls, data, "server build")
-
     @property
     def snapshot_align(self) -> int:
         """Halogen's `prompt_cache.snapshot_align` (cached counts round down to it), else 0."""
@@ -114,14 +108,8 @@ class ServerBuild:
 
     def to_dict(self, *, public: bool = False) -> JSONObject:
         """The record form; `public` gives the receipt form (see `public_identity`)."""
-        if public:
-            return {
-                "profile": self.profile,
-                "identity": public_identity(self.identity),
-                "build_id": self.build_id,
-                "public": True,
-            }
-        return {"profile": self.profile, "identity": self.identity, "build_id": self.build_id}
+        out = encode(self)
+        return out | {"identity": public_identity(self.identity), "public": True} if public else out
 
 
 # Identity fields a public receipt keeps: release strings, hashes, sizes and the cache's
@@ -174,27 +162,14 @@ def public_identity(identity: Mapping[str, JSONValue]) -> JSONObject:
     return out
 
 
-CACHE_COUNTER_FIELDS: tuple[str, ...] = (
-    "entries",
-    "max_entries",
-    "bytes",
-    "last_entry_bytes",
-    "hits",
-    "misses",
-    "stores",
-    "evicted",
-    "refused",
-    "superseded",
-    "prompt_tokens_saved",
-)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CacheCounters:
+class CacheCounters(_Record):
     """A snapshot of a Halogen `/cache` reply: only strictly valid counts survive.
 
     A field the server did not send, or sent as a non-integer, is None: never zero.
     """
+
+    WHAT: ClassVar[str] = "cache counters"
 
     entries: int | None = None
     max_entries: int | None = None
@@ -213,16 +188,12 @@ class CacheCounters:
         """Build from a server reply, dropping (to None) anything not a strict count."""
         return cls(**{name: strict_count(data.get(name)) for name in CACHE_COUNTER_FIELDS})
 
-    @classmethod
-    def from_dict(cls, data: object) -> CacheCounters:
-        return decode(cls, data, "cache counters")
 
-    def to_dict(self) -> JSONObject:
-        return encode(self)
+CACHE_COUNTER_FIELDS: Final = tuple(f.name for f in dataclasses.fields(CacheCounters))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CallEvidence:
+class CallEvidence(_Record):
     """What the server reported about one call (DESIGN §4), and what that proves.
 
     `error` is a short reason code of ours (for example "incomplete_stream"), never the
@@ -231,6 +202,7 @@ class CallEvidence:
     disk tier (`timings.disk_restore_*`); records written before they existed read as None.
     """
 
+    WHAT: ClassVar[str] = "call evidence"
     prompt_tokens: int | None
     cached_tokens: int | None
     completion_tokens: int | None
@@ -248,16 +220,9 @@ class CallEvidence:
     error: str | None = None
     reason: str | None = None
 
-    @classmethod
-    def from_dict(cls, data: object) -> CallEvidence:
-        return decode(cls, data, "call evidence")
-
-    def to_dict(self) -> JSONObject:
-        return encode(self)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Measurement:
+class Measurement(_Record):
     """`measurements/<sha256>-<ts>.json`: one warm or probe leg, bound to a server build.
 
     `body` holds the use case's own fields (calls, counter snapshots, verdict); the store
@@ -265,6 +230,8 @@ class Measurement:
     without its host-identifying fields (`ServerBuild.to_dict(public=True)`).
     """
 
+    WHAT: ClassVar[str] = "measurement"
+    SHAS: ClassVar[tuple[str, ...]] = ("sha256",)
     sha256: str
     at: str
     kind: str
@@ -273,30 +240,14 @@ class Measurement:
     worker: str | None = None
     model: str | None = None
 
-    def __post_init__(self) -> None:
-        _shas(self, "measurement", "sha256")
-
-    @classmethod
-    def from_dict(cls, data: object) -> Measurement:
-        return decode(cls, data, "measurement")
-
     @property
     def outcome(self) -> Outcome:
         """The judged part of the body, typed (what later verbs read back)."""
         return Outcome.from_body(self.body)
 
     def to_dict(self, *, public: bool = False) -> JSONObject:
-        out: dict[str, JSONValue] = {
-            "sha256": self.sha256,
-            "at": self.at,
-            "kind": self.kind,
-            "build": self.build.to_dict(public=public),
-            "body": self.body,
-        }
-        if not public:
-            out["worker"] = self.worker
-            out["model"] = self.model
-        return out
+        out = encode(self) | {"build": self.build.to_dict(public=public)}
+        return {k: v for k, v in out.items() if k not in ("worker", "model")} if public else out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,13 +31,13 @@ Invariants (DESIGN §4 as code):
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
-from typing import Final, cast
+from typing import Final
 
 from prefixreg.core.digest import output_digest
 from prefixreg.core.errors import UsageError
+from prefixreg.core.fields import strict_number
 from prefixreg.core.records import CacheState, CallEvidence, strict_count
 from prefixreg.server.replies import ReplyReader, to_plain
 from prefixreg.server.sse import SSEStream, parse_sse
@@ -57,17 +57,6 @@ def _why_invalid(name: str, value: object) -> str:
     kinds = (*_KINDS, (list, "a list"), (dict, "an object"))
     kind = next((words for t, words in kinds if isinstance(value, t)), None)
     return f"{name} is {kind or 'a ' + type(value).__name__}"
-
-
-def _number(value: object) -> float | None:
-    """A finite number >= 0 as a float, else None (a bool or a numeric string is no number)."""
-    if type(value) is not int and type(value) is not float:
-        return None
-    try:
-        number = float(cast(float, value))
-    except OverflowError:  # an int beyond any float
-        return None
-    return number if math.isfinite(number) and number >= 0 else None
 
 
 def _reported(usage: Mapping[str, object], timings: object) -> tuple[int | None, str | None, str]:
@@ -112,7 +101,6 @@ def _judge(reply: ReplyReader, *, wall_s: float | None, ttft_s: float | None) ->
     usage: Mapping[str, object] = usage_obj if isinstance(usage_obj, dict) else {}
     prompt = strict_count(usage.get("prompt_tokens"))
     cached, source, cached_reason, restored = _cached(usage, reply.timings)
-
     reason: str | None
     state: CacheState = "unverified"
     if not reply.complete:
@@ -130,7 +118,6 @@ def _judge(reply: ReplyReader, *, wall_s: float | None, ttft_s: float | None) ->
     else:
         reason = None
         state = "cold" if cached == 0 else "reused"
-
     timings: Mapping[str, object] = reply.timings if isinstance(reply.timings, dict) else {}
     sha = reply.runtime.get("token_sha") if isinstance(reply.runtime, dict) else None
     token_sha = sha if isinstance(sha, str) and _TOKEN_SHA.fullmatch(sha) else None
@@ -147,10 +134,10 @@ def _judge(reply: ReplyReader, *, wall_s: float | None, ttft_s: float | None) ->
         token_sha=token_sha if complete else None,
         ttft_s=ttft_s if complete else None,
         wall_s=wall_s,
-        prompt_ms=_number(timings.get("prompt_ms")),
-        predicted_ms=_number(timings.get("predicted_ms")),
+        prompt_ms=strict_number(timings.get("prompt_ms")),
+        predicted_ms=strict_number(timings.get("predicted_ms")),
         disk_restore_tokens=restored,
-        disk_restore_ms=_number(timings.get("disk_restore_ms")),
+        disk_restore_ms=strict_number(timings.get("disk_restore_ms")),
         error=reply.error,
         reason=reason,
     )
@@ -181,7 +168,7 @@ def _read(resp: object, done: object) -> ReplyReader:
 
 def _seconds(name: str, value: object) -> float | None:
     """A caller's `wall_s` or `ttft_s`: None, or a finite number of seconds >= 0."""
-    number = _number(value)
+    number = strict_number(value)
     if value is not None and number is None:
         raise UsageError(f"{name} is None or a finite number of seconds >= 0")
     return number
@@ -201,10 +188,9 @@ def evidence_from_response(
     is complete only with `done=True`, which says the stream ended with `[DONE]` (an SDK
     stream iterated to its end did); anything else is a truncated stream.
 
-    Raises:
-        UsageError: `done` is not a bool or None, or `wall_s`/`ttft_s` not None or a
-            finite number of seconds >= 0. Nothing in `resp` raises: a reply that cannot
-            be read is unverified evidence that says why.
+    Raises UsageError: `done` is not a bool or None, or `wall_s`/`ttft_s` not None or a
+    finite number of seconds >= 0. Nothing in `resp` raises: a reply that cannot be read is
+    unverified evidence that says why.
     """
     wall, ttft = _seconds("wall_s", wall_s), _seconds("ttft_s", ttft_s)
     return _judge(_read(resp, done), wall_s=wall, ttft_s=ttft)
