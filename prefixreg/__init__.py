@@ -12,56 +12,55 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefixreg.core.errors import (
-    AmbiguousRefError,
-    CorruptRecordError,
-    EngineBusyError,
-    EvidenceUnverifiedError,
-    IntegrityError,
-    InvalidContentError,
-    InvalidDigestError,
-    InvalidNameError,
-    LockTimeoutError,
-    MalformedResponseError,
-    MirrorError,
-    PrefixregError,
-    RefNotFoundError,
-    RegistryLocationError,
-    ReplyTooLargeError,
-    UsageError,
-    WorkerError,
-    WorkerHTTPError,
-    WorkerTimeoutError,
-    WorkerUnreachableError,
-)
+from prefixreg.core.errors import AmbiguousRefError as AmbiguousRefError
+from prefixreg.core.errors import CorruptRecordError as CorruptRecordError
+from prefixreg.core.errors import EngineBusyError as EngineBusyError
+from prefixreg.core.errors import EvidenceUnverifiedError as EvidenceUnverifiedError
+from prefixreg.core.errors import IntegrityError as IntegrityError
+from prefixreg.core.errors import InvalidContentError as InvalidContentError
+from prefixreg.core.errors import InvalidDigestError as InvalidDigestError
+from prefixreg.core.errors import InvalidNameError as InvalidNameError
+from prefixreg.core.errors import LockTimeoutError as LockTimeoutError
+from prefixreg.core.errors import MalformedResponseError as MalformedResponseError
+from prefixreg.core.errors import MirrorError as MirrorError
+from prefixreg.core.errors import PrefixregError as PrefixregError
+from prefixreg.core.errors import RefNotFoundError as RefNotFoundError
+from prefixreg.core.errors import RegistryLocationError as RegistryLocationError
+from prefixreg.core.errors import ReplyTooLargeError as ReplyTooLargeError
+from prefixreg.core.errors import UsageError as UsageError
+from prefixreg.core.errors import WorkerError as WorkerError
+from prefixreg.core.errors import WorkerHTTPError as WorkerHTTPError
+from prefixreg.core.errors import WorkerTimeoutError as WorkerTimeoutError
+from prefixreg.core.errors import WorkerUnreachableError as WorkerUnreachableError
 
 if TYPE_CHECKING:
-    from prefixreg.core.frame import Frame, Head
-    from prefixreg.core.judge import (
-        Judgement,
-        judge,
-        judge_copy,
-        judge_resident,
-        judge_restore,
-    )
-    from prefixreg.core.prefix import Prefix, fresh_tail
-    from prefixreg.core.records import (
-        CacheCounters,
-        CallEvidence,
-        Measurement,
-        Meta,
-        NameMove,
-        ServerBuild,
-    )
-    from prefixreg.registry.names import NameConflictError
-    from prefixreg.registry.store import Registry
-    from prefixreg.server.evidence import evidence_from_response
-    from prefixreg.server.worker import Worker
-    from prefixreg.verbs.keepalive.run import KeepAlive
-    from prefixreg.verbs.loop import LoopJudge, LoopStats
-    from prefixreg.verbs.measure.warm import WarmResult, warm
-    from prefixreg.verbs.pool.live import Pool
-    from prefixreg.verbs.snapshot.run import restore_and_prove, save_snapshot
+    from prefixreg.core.frame import Frame as Frame
+    from prefixreg.core.frame import Head as Head
+    from prefixreg.core.judge import Judgement as Judgement
+    from prefixreg.core.judge import judge as judge
+    from prefixreg.core.judge import judge_copy as judge_copy
+    from prefixreg.core.judge import judge_resident as judge_resident
+    from prefixreg.core.judge import judge_restore as judge_restore
+    from prefixreg.core.prefix import Prefix as Prefix
+    from prefixreg.core.prefix import fresh_tail as fresh_tail
+    from prefixreg.core.records import CacheCounters as CacheCounters
+    from prefixreg.core.records import CallEvidence as CallEvidence
+    from prefixreg.core.records import Measurement as Measurement
+    from prefixreg.core.records import Meta as Meta
+    from prefixreg.core.records import NameMove as NameMove
+    from prefixreg.core.records import ServerBuild as ServerBuild
+    from prefixreg.registry.names import NameConflictError as NameConflictError
+    from prefixreg.registry.store import Registry as Registry
+    from prefixreg.server.evidence import evidence_from_response as evidence_from_response
+    from prefixreg.server.worker import Worker as Worker
+    from prefixreg.verbs.keepalive.run import KeepAlive as KeepAlive
+    from prefixreg.verbs.loop import LoopJudge as LoopJudge
+    from prefixreg.verbs.loop import LoopStats as LoopStats
+    from prefixreg.verbs.measure.warm import WarmResult as WarmResult
+    from prefixreg.verbs.measure.warm import warm as warm
+    from prefixreg.verbs.pool.live import Pool as Pool
+    from prefixreg.verbs.snapshot.run import restore_and_prove as restore_and_prove
+    from prefixreg.verbs.snapshot.run import save_snapshot as save_snapshot
 
     __version__: str
 
@@ -87,58 +86,16 @@ _LAZY = {
     "Pool": "prefixreg.verbs.pool.live",
     **dict.fromkeys(["restore_and_prove", "save_snapshot"], "prefixreg.verbs.snapshot.run"),
 }
-
-__all__ = [
-    "AmbiguousRefError",
-    "CacheCounters",
-    "CallEvidence",
-    "CorruptRecordError",
-    "EngineBusyError",
-    "EvidenceUnverifiedError",
-    "Frame",
-    "Head",
-    "IntegrityError",
-    "InvalidContentError",
-    "InvalidDigestError",
-    "InvalidNameError",
-    "Judgement",
-    "KeepAlive",
-    "LockTimeoutError",
-    "LoopJudge",
-    "LoopStats",
-    "MalformedResponseError",
-    "Measurement",
-    "Meta",
-    "MirrorError",
-    "NameConflictError",
-    "NameMove",
-    "Pool",
-    "Prefix",
-    "PrefixregError",
-    "RefNotFoundError",
-    "Registry",
-    "RegistryLocationError",
-    "ReplyTooLargeError",
-    "ServerBuild",
-    "UsageError",
-    "WarmResult",
-    "Worker",
-    "WorkerError",
-    "WorkerHTTPError",
-    "WorkerTimeoutError",
-    "WorkerUnreachableError",
-    "__version__",
-    "evidence_from_response",
-    "fresh_tail",
-    "judge",
-    "judge_copy",
-    "judge_resident",
-    "judge_restore",
-    "open_registry",
-    "restore_and_prove",
-    "save_snapshot",
-    "warm",
-]
+# The face: every error of the tree (imported above), every lazy name, the version and
+# `open_registry`.
+__all__ = sorted(
+    [
+        *(n for n, v in globals().items() if isinstance(v, type) and issubclass(v, PrefixregError)),
+        *_LAZY,
+        "__version__",
+        "open_registry",
+    ]
+)
 
 
 def open_registry(path: Path | str | None = None) -> Registry:

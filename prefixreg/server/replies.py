@@ -6,7 +6,6 @@ never with the number of frames), finish reason, usage, timings, runtime block, 
 whether the reply is complete, with the first problem found (`error` code, `reason` words).
 
 Invariants:
-
 - Complete means the server proved the reply is whole. A stream: `[DONE]` arrived, every
   event was JSON, no frame carried an `error`, every text piece was a string. A non-streamed
   response: a JSON object without `error`, whose `object` is not a `*.chunk`, no choice of
@@ -30,11 +29,8 @@ _MAX_DEPTH: Final = 64
 
 
 def to_plain(obj: object, _depth: int = 0) -> object:
-    """Turn an SDK object (pydantic `model_dump()`, `to_dict()`, `__dict__`) into plain data.
-
-    Dicts, lists, strings, numbers, bools and None pass through (tuples become lists).
-    Anything this cannot read is returned unchanged and later judged malformed.
-    """
+    """An SDK object (pydantic `model_dump()`, `to_dict()`, `__dict__`) as plain data; JSON
+    values pass through (tuples become lists), anything else is returned to be judged."""
     if _depth > _MAX_DEPTH:
         return None
     if obj is None or isinstance(obj, str | int | float | bool):
@@ -101,16 +97,15 @@ class ReplyReader:
         return self._take_choices(frame, key="delta")
 
     def end_stream(self, *, done: bool, malformed: str | None) -> None:
-        """The stream is over: `done` says whether `[DONE]` arrived; `malformed` is why a
-        line could not be read (see `SSEStream`)."""
+        """The stream is over: `done` says whether `[DONE]` arrived; `malformed` why a line
+        could not be read."""
         if malformed is not None:
             self.fail("malformed_stream", str(malformed))
         if done is not True:
             self.fail("incomplete_stream", "stream ended without [DONE]")
 
     def take_response(self, resp: object) -> None:
-        """Fold a whole non-streamed response, decoded or as the bytes that arrived (see the
-        completeness rule above)."""
+        """Fold a whole non-streamed response, decoded or as the bytes that arrived."""
         if isinstance(resp, bytes):
             try:
                 resp = loads(resp)
@@ -191,8 +186,7 @@ class ReplyReader:
 
     def view(self) -> JSONObject:
         """A flat, response-like view for the caller, never for a record (it holds the output
-        text): `content`, `reasoning` (None when empty), `finish_reason`, `usage`, `timings`,
-        `model`, `id`."""
+        text); `reasoning` is None when empty."""
         return {
             "content": self.content.decode("utf-8", "surrogatepass"),
             "reasoning": self.reasoning.decode("utf-8", "surrogatepass") or None,

@@ -68,8 +68,7 @@ def check_max_bytes(value: object) -> int:
 
 
 def display_url(url: str) -> str:
-    """The URL without user info, query or fragment: safe to print. `UsageError` when it is
-    not a string or its port cannot be read."""
+    """The URL without user info, query or fragment: safe to print (else `UsageError`)."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -113,8 +112,8 @@ class _ExpiredError(Exception):
 
 
 class _Deadline:
-    """One call's deadline: a timer that shuts the call's socket down when the time is up,
-    which wakes a read blocked on it. `trace` (an httpcore hook) learns the socket."""
+    """One call's deadline: a timer shuts the call's socket (learnt by `trace`, an httpcore
+    hook) down when the time is up, which wakes a read blocked on it."""
 
     def __init__(self, seconds: float) -> None:
         self.at = time.monotonic() + seconds
@@ -192,9 +191,7 @@ class _Call:
 
 class Transport:
     """The HTTP side of a `Worker`: calls with deadlines, capped bodies, mapped errors.
-
-    Raises `UsageError` for a URL that is not a worker's (http(s)://host[:port]).
-    """
+    Raises `UsageError` for a URL that is not a worker's (http(s)://host[:port])."""
 
     def __init__(self, url: str, *, key: str | None, max_bytes: object, transport: object) -> None:
         base = _base_url(url)
@@ -220,9 +217,6 @@ class Transport:
     def close(self) -> None:
         self._client.close()
 
-    def where(self, method: str, path: str) -> str:
-        return f"{method} {path} on {self.url}"
-
     def scrub(self, text: str) -> str:
         """Remove the API key from text we did not write (a server echoing a header)."""
         return text.replace(self._key, "***") if self._key else text
@@ -236,9 +230,11 @@ class Transport:
         seconds: float,
         content: bytes | None = None,
         headers: dict[str, str] | None = None,
+        missing: frozenset[int] = frozenset(),
     ) -> Iterator[_Call]:
-        """Open one call bounded by `seconds` in all; errors come out as the error tree."""
-        where = self.where(method, path)
+        """Open one call bounded by `seconds` in all, a non-2xx status not in `missing` raised;
+        errors come out as the error tree."""
+        where = f"{method} {path} on {self.url}"
         deadline = _Deadline(seconds)
         timed_out = errors.WorkerTimeoutError(
             f"{where}: timed out (no complete reply within {seconds:g} s)",
@@ -254,7 +250,10 @@ class Transport:
                 timeout=httpx.Timeout(seconds),
                 extensions={"trace": deadline.trace},
             ) as resp:
-                yield _Call(resp, deadline, self.max_bytes)
+                call = _Call(resp, deadline, self.max_bytes)
+                if call.status not in missing:
+                    self._raise_for_status(where, call)
+                yield call
         except (httpx.TimeoutException, _ExpiredError):
             raise timed_out from None
         except errors.ReplyTooLargeError:
@@ -281,9 +280,9 @@ class Transport:
         finally:
             deadline.cancel()
 
-    def raise_for_status(self, method: str, path: str, call: _Call) -> None:
+    def _raise_for_status(self, where: str, call: _Call) -> None:
         """Raise the error tree for a non-2xx answer (its body read under the cap)."""
-        where, status = self.where(method, path), call.status
+        status = call.status
         if status < 300:
             return
         if status < 400:
@@ -321,10 +320,11 @@ class Transport:
         status is in `missing`."""
         method = "GET" if content is None else "POST"
         headers = None if content is None else {"Content-Type": "application/json"}
-        with self.call(method, path, seconds=seconds, content=content, headers=headers) as call:
+        with self.call(
+            method, path, seconds=seconds, content=content, headers=headers, missing=missing
+        ) as call:
             if call.status in missing:
                 return None
-            self.raise_for_status(method, path, call)
             raw, ctype = call.read(), call.content_type
         value: object = raw
         if kind is not bytes:
@@ -335,7 +335,7 @@ class Transport:
         if not isinstance(value, kind):
             what = {"dict": "object"}.get(kind.__name__, kind.__name__)
             raise errors.MalformedResponseError(
-                f"{self.where(method, path)}: the reply is not a JSON {what} "
+                f"{method} {path} on {self.url}: the reply is not a JSON {what} "
                 f"({one_line(ctype or 'no content type', 60)})",
                 url=self.url,
             )

@@ -51,12 +51,9 @@ _HEADER: Final = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+)\n([ -~]*)")
 
 
 class Worker:
-    """A client for one worker URL (the server root; a trailing `/v1` is dropped).
-
-    Use as a context manager, or call `close()`. `profile` forces a server profile instead
-    of detecting it; `model` is sent as the chat `model` unless a call passes its own;
-    `max_bytes` caps every reply; `transport` is for tests (an `httpx` transport).
-    """
+    """A client for one worker URL (the server root; a trailing `/v1` is dropped); a context
+    manager. `profile` forces a server profile; `model` is the chat `model` unless a call
+    passes its own; `max_bytes` caps every reply; `transport` is for tests (an `httpx` one)."""
 
     def __init__(
         self,
@@ -105,7 +102,6 @@ class Worker:
         self._http.close()
 
     def _get(self, path: str, missing: frozenset[int] = _NO_ROUTE) -> JSONObject | None:
-        """GET `path` as a JSON object; None when its status is in `missing`."""
         return self._http.fetch(dict, path, seconds=self._small, missing=missing)
 
     def _try(self, path: str) -> JSONObject | None:
@@ -118,8 +114,8 @@ class Worker:
     def post_json(
         self, path: str, body: JSONObject, *, seconds: float, missing: frozenset[int] = _NEVER
     ) -> JSONObject | None:
-        """POST a JSON body to a small route (llama.cpp's slot actions) within `seconds` in
-        all; the reply as a JSON object, or None when its status is in `missing`."""
+        """POST a JSON body to a small route (llama.cpp's slot actions) within `seconds`: the
+        reply, a JSON object, or None when its status is in `missing`."""
         given: tuple[object, ...] = (path, body, missing)
         if not isinstance(given[0], str) or not path.startswith("/") or not path.isprintable():
             raise UsageError(f"post_json(): a path on the worker (/...), not {shown(path)}")
@@ -130,15 +126,13 @@ class Worker:
         return self._http.fetch(dict, path, seconds=seconds, content=content, missing=missing)
 
     def health(self) -> JSONObject:
-        """GET /health, as the server sent it."""
         return self._get("/health", _NEVER) or {}  # never None: no status is `missing`
 
     def models(self) -> JSONObject:
-        """GET /v1/models, as the server sent it."""
         return self._get("/v1/models", _NEVER) or {}
 
     def cache_raw(self) -> JSONObject | None:
-        """GET /cache as sent; None when the server has no /cache (404, 405, 501)."""
+        """GET /cache as sent; None when the server has none (404, 405, 501)."""
         return self._get("/cache")
 
     def cache(self) -> CacheCounters | None:
@@ -147,7 +141,6 @@ class Worker:
         return None if raw is None else CacheCounters.from_server(raw)
 
     def props(self) -> JSONObject | None:
-        """GET /props (llama.cpp); None when the server has no such route."""
         return self._get("/props")
 
     def slots(self) -> list[JSONObject] | None:
@@ -157,14 +150,13 @@ class Worker:
         return None if body is None else [s for s in body if isinstance(s, dict)]
 
     def metrics(self) -> dict[str, float] | None:
-        """GET /metrics (Prometheus text; llama.cpp serves it only with `--metrics`):
-        samples by name (`counters.parse_prometheus`); None when the route is off."""
+        """GET /metrics (llama.cpp's `--metrics`) as samples by name; None when it is off."""
         raw = self._http.fetch(bytes, "/metrics", seconds=self._small, missing=_NO_ROUTE)
         return None if raw is None else parse_prometheus(raw)
 
     def template_tokens(self, body: Mapping[str, Any]) -> int | None:
-        """llama.cpp: how many tokens the prompt its chat template renders for `body` has
-        (`/apply-template`, then `/tokenize`); None when the server cannot say."""
+        """llama.cpp: the tokens of the prompt its template renders for `body` (`/apply-template`,
+        then `/tokenize`); None when the server cannot say."""
         if not isinstance(body, Mapping):
             raise UsageError(f"template_tokens() reads a chat body, not {type(body).__name__}")
         try:
@@ -203,11 +195,10 @@ class Worker:
         return "generic", health, None
 
     def detect_profile(self) -> str:
-        """One of `PROFILES` (the forced `profile=` if one was given)."""
         return self._detect()[0]
 
     def server_build(self) -> ServerBuild:
-        """The identity of the server right now (DESIGN §4), read fresh on every call."""
+        """The identity of the server right now (DESIGN §4)."""
         profile, health, body = self._detect()
         if profile == "halogen":
             identity = ids.halogen_identity(health or self.health())
@@ -295,7 +286,6 @@ class Worker:
         with self._http.call(
             "POST", _CHAT, seconds=self.read_timeout, content=content, headers=headers
         ) as call:
-            self._http.raise_for_status("POST", _CHAT, call)
             if stream and call.content_type.startswith("text/event-stream"):
                 parser = SSEParser(keep=False)  # frames are folded as they come, not kept
                 for piece in call.pieces(drop_ok=True):
