@@ -32,9 +32,7 @@ T = TypeVar("T")
 
 def strict_count(value: object) -> int | None:
     """A count is valid only if its type is exactly int and it is >= 0 (bool is refused)."""
-    if type(value) is int and value >= 0:
-        return value
-    return None
+    return value if type(value) is int and value >= 0 else None
 
 
 def strict_number(value: object) -> float | None:
@@ -93,10 +91,8 @@ def _fields(cls: type) -> tuple[tuple[str, Any, bool], ...]:
 
 
 def decode(cls: type[T], data: object, what: str, *, keys: Mapping[str, str] | None = None) -> T:
-    """A `cls` record from a JSON object, each field read strictly by its annotation.
-
-    `keys` maps a field name to its JSON key where they differ (`from_sha` -> `from`).
-    """
+    """A `cls` record from a JSON object, each field read strictly by its annotation; `keys`
+    maps a field name to its JSON key where they differ (`from_sha` -> `from`)."""
     d = obj(data, what)
     values: dict[str, object] = {}
     for name, kind, optional in _fields(cast(type, cls)):

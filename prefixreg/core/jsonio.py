@@ -65,13 +65,13 @@ def check_value(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
 
 
 def dumps_canonical(value: Any) -> bytes:
-    """Serialise `value` canonically (sorted keys, compact, UTF-8)."""
+    """Sorted keys, compact, UTF-8."""
     check_value(value)
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 def dumps_pretty(value: Any) -> bytes:
-    """Serialise for people and `--json` output: sorted keys, indented, trailing newline."""
+    """For people and `--json` output: sorted keys, indented, trailing newline."""
     check_value(value)
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n"
 
@@ -82,7 +82,7 @@ def dumps_ordered(value: Any) -> str:
     return orjson.dumps(value).decode("utf-8")
 
 
-def _refuse_constant(name: str) -> object:
+def _refuse_constant(name: str) -> object:  # NaN, Infinity
     raise ValueError(f"{name} is not a JSON value")
 
 

@@ -1,31 +1,27 @@
 """Evidence: what a server's reply proves about one call (DESIGN §4). Pure: no I/O.
 
 One entry point, `evidence_from_response`, for whatever the caller holds: a non-streamed
-response (a dict, or an OpenAI SDK object read by duck typing: `model_dump()`, `to_dict()`
-or `__dict__`), a list of stream chunks (dicts or SDK objects), a raw SSE body (bytes or
-text), an `SSEStream`, or a `ReplyReader` already folded (the worker's stream path).
-Anything else reads as a malformed response: unverified evidence, never an exception.
+response (a dict, or an SDK object read by `model_dump()`, `to_dict()` or `__dict__`), a
+list of stream chunks, a raw SSE body (bytes or text), an `SSEStream`, or a folded
+`ReplyReader` (the worker's path). Anything else is a malformed response: unverified
+evidence, never an exception.
 
 Invariants (DESIGN §4 as code):
-
-- A count is valid only if its type is exactly `int` and it is >= 0 (`strict_count`); a
-  missing count is never zero.
+- A count is valid only as an exact `int` >= 0 (`strict_count`); a missing count is never 0.
 - `cached_tokens` comes from `usage.prompt_tokens_details.cached_tokens`, else from
-  `timings.cache_n`; `cached_source` names the one used. A source that is present but
-  malformed (8.0, "8", true, -1, a list) makes the call unverified: the next source is not
-  consulted to paper over it.
-- The disk tier: tokens restored from the server's disk (`timings.disk_restore_n`, with
-  `disk_restore_ms`) were not prefilled, so they are resumed tokens. When the restore count
-  exceeds the cached count read above (or that count is missing), it is the cached count
-  and `cached_source` says so. The two are never added: whether a server counts disk
-  restores inside `cache_n` is not documented, and the larger is a lower bound either way.
-- `cold` = complete, valid prompt and cached counts, cached == 0; `reused` = complete,
-  0 < cached <= prompt; anything else is `unverified`, with `reason` in words.
-  Completeness is `ReplyReader`'s rule: a finished stream or a final response, never one
-  mid-stream chunk. An incomplete call has no `output_sha256`, `token_sha` or `ttft_s`.
-- `error` is a short code of ours; the server's error text is never kept, nor the output
-  text: only `output_sha256` = sha256(sha256(content) || sha256(reasoning)) over the UTF-8
-  bytes of the concatenated pieces, whatever the chunk boundaries.
+  `timings.cache_n`, and `cached_source` names it. A source present but malformed (8.0,
+  "8", true, -1, a list) makes the call unverified: the next source never papers over it.
+- Disk tier: tokens restored from the server's disk (`timings.disk_restore_n`) were not
+  prefilled, so they are resumed tokens; when they exceed the cached count read above (or
+  it is missing) they are the cached count, and `cached_source` says so. The two are never
+  added (whether `cache_n` counts disk restores is undocumented; the larger is a lower bound).
+- `cold` = complete, valid counts, cached == 0; `reused` = complete, 0 < cached <= prompt;
+  anything else is `unverified`, with `reason` in words. Completeness is `ReplyReader`'s
+  rule (a finished stream or a final response, never one mid-stream chunk); an incomplete
+  call has no `output_sha256`, `token_sha` or `ttft_s`.
+- `error` is a short code of ours; neither the server's error text nor the output text is
+  kept: only `output_sha256` = sha256(sha256(content) || sha256(reasoning)) over the UTF-8
+  bytes of the joined pieces, whatever the chunk boundaries.
 - `token_sha` is read only from `tensorfold.token_sha`, as 12 or 64 lowercase hex digits.
 """
 

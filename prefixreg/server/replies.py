@@ -1,17 +1,16 @@
 """Reading one reply into its parts, frame by frame. Pure: no I/O.
 
-`ReplyReader` folds a non-streamed response, or the frames of a stream one at a time, into
-what evidence and callers need: the text (as UTF-8 bytes, so memory grows with the text and
-never with the number of frames), finish reason, usage, timings, runtime block, model, id, and
-whether the reply is complete, with the first problem found (`error` code, `reason` words).
+`ReplyReader` folds a non-streamed response, or a stream's frames one at a time, into what
+evidence and callers need: the text (as UTF-8 bytes: memory grows with the text, never with
+the number of frames), finish reason, usage, timings, runtime block, model, id, and whether
+the reply is complete, with the first problem found (`error` code, `reason` words).
 
 Invariants:
-- Complete means the server proved the reply is whole. A stream: `[DONE]` arrived, every
-  event was JSON, no frame carried an `error`, every text piece was a string. A non-streamed
-  response: a JSON object without `error`, whose `object` is not a `*.chunk`, no choice of
-  which carries a stream `delta`, and whose first choice has a `message` (or completions
-  `text`) and a `finish_reason` that is a string or absent (an explicit null says the reply
-  is not finished). One mid-stream chunk handed over as a response is never complete.
+- Complete means the server proved the reply whole. A stream: `[DONE]` arrived, every event
+  was JSON, no frame carried an `error`, every text piece was a string. A response: a JSON
+  object without `error`, not a `*.chunk`, no choice with a stream `delta`, and a first
+  choice with a `message` (or completions `text`) and a `finish_reason` that is a string or
+  absent (an explicit null: not finished). One mid-stream chunk is never complete.
 - Only the first choice (index 0) is read for text: n > 1 is not how calls are made.
 - The server's own error text is never kept; `error` is a short code of ours.
 """

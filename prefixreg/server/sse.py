@@ -1,24 +1,21 @@
 """Server-sent events, read by the WHATWG event-stream rules. Pure: no I/O.
 
-An OpenAI-compatible stream is a sequence of events whose `data` is one JSON document each,
-ended by the event `data: [DONE]`. How a body becomes events (the spec, as code):
+An OpenAI-compatible stream is events whose `data` is one JSON document each, ended by
+`data: [DONE]`. The spec, as code:
+- Lines end with CRLF, LF or CR (a CRLF may be cut between pieces); a leading BOM is dropped.
+  Bytes are split into lines before decoding (CR and LF never occur inside a UTF-8
+  sequence), so a character cut between pieces is whole again in its line.
+- `field: value` (one space after the colon dropped); no colon: the value is empty. `data`
+  lines of one event are joined with "\\n"; a blank line ends the event. Comments are
+  skipped; `id`, `retry` (reconnection never happens here) and unknown fields are ignored.
+- `event: error` fails the call whatever its data (its text is not kept); other event
+  names are judged by their data. An event still open at the end of the body is discarded,
+  so `data: [DONE]` without its dispatching blank line did not end the stream properly.
 
-- Lines end with CRLF, LF or CR, including a CRLF cut between two pieces; a leading BOM is
-  dropped. Bytes are split into lines before decoding (CR and LF never occur inside a UTF-8
-  sequence), so a character cut between pieces is whole again when its line is decoded.
-- `field: value` (one space after the colon is dropped); a line without a colon is a field
-  with an empty value. `data` lines of one event are joined with "\\n"; a blank line ends the
-  event. Comments (`: keepalive`) are skipped; `id` and `retry` (reconnection, which never
-  happens here) and unknown fields are read and ignored, as the spec says.
-- `event: error` marks the call failed whatever its data (the data text is not kept); other
-  event names are judged by their data like unnamed ones.
-- An event still open when the body ends is discarded (spec): a stream whose last bytes are
-  `data: [DONE]` without the blank line that dispatches it did not end properly.
-
-Invariants: each byte is scanned a bounded number of times (pieces of an unfinished line are
-kept in a list and joined once, so a long line fed byte by byte stays linear); a line that is
-not UTF-8 or an event whose data is not JSON (`core.jsonio`'s rules) marks the stream
-`malformed`, never a guess; after `[DONE]` nothing more is read.
+Invariants: each byte is scanned a bounded number of times (an unfinished line's pieces are
+joined once, so a long line fed byte by byte stays linear); a line that is not UTF-8 or an
+event whose data is not JSON (`core.jsonio`'s rules) marks the stream `malformed`, never a
+guess; after `[DONE]` nothing more is read.
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
 """HTTP for one worker: every call has a deadline and every reply a size cap.
 
 What a hostile or broken server can do, and what stops it:
-
-- Trickle (headers or body, a byte a second) or go silent: one deadline bounds each call
-  whole, from connect to last byte, streams included. httpx's timeouts apply per read, so a
-  timer also shuts the call's socket down when its time is up (the socket comes from
-  httpcore's connect trace event; connections are not kept alive, so every call has its
-  own), and the time left is checked between pieces: past it the call raises
-  `WorkerTimeoutError` within a fraction of a second.
-- Send more than any real reply: bodies are streamed and counted after content decoding
-  (memory is what the cap protects); past `max_bytes`, or at once from a `Content-Length`
-  over it, the call raises `ReplyTooLargeError`. An unbounded body is never read whole.
-- Fail: connection refused -> `WorkerUnreachableError`; 503 `engine_busy` ->
-  `EngineBusyError`; other 3xx/4xx/5xx -> `WorkerHTTPError` carrying the server's own message
-  (one line, <= 200 characters, API key scrubbed); a body that is not the JSON promised
-  (`core.jsonio`'s rules) -> `MalformedResponseError`. Messages name the method, the path
-  and the URL without user info.
+- Trickle (a byte a second) or go silent: one deadline bounds each call whole, connect to
+  last byte, streams included. httpx's timeouts are per read, so a timer also shuts the
+  call's socket down (learnt from httpcore's connect trace; no keep-alive, so each call has
+  its own) and the time left is checked between pieces: `WorkerTimeoutError` within a
+  fraction of a second.
+- Send more than any real reply: bodies are streamed and counted after content decoding;
+  past `max_bytes`, or at once from a `Content-Length` over it, `ReplyTooLargeError`. An
+  unbounded body is never read whole.
+- Fail: refused -> `WorkerUnreachableError`; 503 `engine_busy` -> `EngineBusyError`; other
+  3xx/4xx/5xx -> `WorkerHTTPError` with the server's own message (one line, <= 200
+  characters, API key scrubbed); a body that is not the JSON promised (`core.jsonio`'s
+  rules) -> `MalformedResponseError`. Messages name the method, path and URL (no user info).
 
 Invariants: the API key is sent as `Authorization: Bearer` and nowhere else; redirects are
 not followed; proxies come from the environment only if the user set them.
