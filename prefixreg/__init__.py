@@ -64,34 +64,35 @@ if TYPE_CHECKING:
 
     __version__: str
 
-# Public name -> the module that defines it, imported on first access.
+# The module (under prefixreg.) of each public name not imported above, imported on first use.
 _LAZY = {
-    **dict.fromkeys(["Frame", "Head"], "prefixreg.core.frame"),
-    **dict.fromkeys(["Prefix", "fresh_tail"], "prefixreg.core.prefix"),
-    **dict.fromkeys(
-        ["Judgement", "judge", "judge_copy", "judge_resident", "judge_restore"],
-        "prefixreg.core.judge",
+    "core.frame": ("Frame", "Head"),
+    "core.judge": ("Judgement", "judge", "judge_copy", "judge_resident", "judge_restore"),
+    "core.prefix": ("Prefix", "fresh_tail"),
+    "core.records": (
+        "CacheCounters",
+        "CallEvidence",
+        "Measurement",
+        "Meta",
+        "NameMove",
+        "ServerBuild",
     ),
-    **dict.fromkeys(
-        ["CacheCounters", "CallEvidence", "Measurement", "Meta", "NameMove", "ServerBuild"],
-        "prefixreg.core.records",
-    ),
-    "NameConflictError": "prefixreg.registry.names",
-    "Registry": "prefixreg.registry.store",
-    "evidence_from_response": "prefixreg.server.evidence",
-    "Worker": "prefixreg.server.worker",
-    "KeepAlive": "prefixreg.verbs.keepalive.run",
-    **dict.fromkeys(["LoopJudge", "LoopStats"], "prefixreg.verbs.loop"),
-    **dict.fromkeys(["WarmResult", "warm"], "prefixreg.verbs.measure.warm"),
-    "Pool": "prefixreg.verbs.pool.live",
-    **dict.fromkeys(["restore_and_prove", "save_snapshot"], "prefixreg.verbs.snapshot.run"),
+    "registry.names": ("NameConflictError",),
+    "registry.store": ("Registry",),
+    "server.evidence": ("evidence_from_response",),
+    "server.worker": ("Worker",),
+    "verbs.keepalive.run": ("KeepAlive",),
+    "verbs.loop": ("LoopJudge", "LoopStats"),
+    "verbs.measure.warm": ("WarmResult", "warm"),
+    "verbs.pool.live": ("Pool",),
+    "verbs.snapshot.run": ("restore_and_prove", "save_snapshot"),
 }
 # The face: every error of the tree (imported above), every lazy name, the version and
 # `open_registry`.
 __all__ = sorted(
     [
         *(n for n, v in globals().items() if isinstance(v, type) and issubclass(v, PrefixregError)),
-        *_LAZY,
+        *(name for names in _LAZY.values() for name in names),
         "__version__",
         "open_registry",
     ]
@@ -111,9 +112,9 @@ def __getattr__(name: str) -> Any:
         from prefixreg.core.version import package_version
 
         return package_version()
-    module = _LAZY.get(name)
+    module = next((m for m, names in _LAZY.items() if name in names), None)
     if module is None:
         raise AttributeError(f"module 'prefixreg' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(f"prefixreg.{module}"), name)
     globals()[name] = value
     return value

@@ -1,20 +1,19 @@
 """`Frame`: the verified head of the request a loop sends, and the drift of a call from it. Pure.
 
 A prompt cache keys on the *rendered* token prefix, and the server renders more than
-`messages[0]` into it: the tool definitions, and the settings its chat template reads
-(`tool_choice: "none"` removes the tools; `enable_thinking`, `reasoning_effort`,
-`chat_template_kwargs` change the template's output). A frame names all of them together:
+`messages[0]` into it: the tools, and the settings its chat template reads (`tool_choice:
+"none"` removes the tools; `enable_thinking`, `reasoning_effort`, `chat_template_kwargs`
+change the output). A frame names them all:
 
     {"format": "prefix-frame", "version": 1, "system": <sha>, "tools": <sha> | null,
      "settings": {<prompt setting>: <JSON value>, ...}}
 
-stored as its canonical JSON (sorted keys, no spaces) plus a newline; the frame's sha is the
+stored as its canonical JSON (sorted keys, no spaces) and a newline; the frame's sha is the
 sha256 of exactly those bytes, so `sha256sum frames/<sha>.json` prints its own name.
 
 Invariants:
-- A `Frame` is only built from a record and parts that were just verified (the registry's
-  `frames.read_frame`); it keeps the exact system and tools bytes it checked, so the bytes
-  checked are the bytes sent.
+- A `Frame` is only built from a record and parts just verified (the registry's frames
+  part); it keeps the exact system and tools bytes it checked: those are the bytes sent.
 - `body()` never lets a caller's keyword silently override a frame part: a conflicting
   `tools`, `tool_choice`, ... is a `UsageError` (send it through another frame instead).
 - `drift()` compares only what changes the rendered prefix: `messages[0]`, the tools (in

@@ -74,11 +74,8 @@ class NameMove(_Record):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerBuild(_Record):
-    """The identity of the server a measurement was taken on.
-
-    `identity` holds the fields the profile defines (DESIGN §4); `build_id` is derived from
-    profile + identity and re-checked when a record is loaded.
-    """
+    """The identity of the server a measurement was taken on: `identity` holds the fields
+    its profile defines (DESIGN §4); `build_id`, derived from both, is re-checked on load."""
 
     WHAT: ClassVar[str] = "server build"
     profile: str
@@ -89,9 +86,7 @@ class ServerBuild(_Record):
         try:
             expected = compute_build_id({"profile": self.profile, "identity": self.identity})
         except (TypeError, ValueError) as exc:  # NaN, ints beyond 64 bits: not canonical JSON
-            raise CorruptRecordError(
-                f"server build: identity is not canonical JSON ({exc})"
-            ) from None
+            raise CorruptRecordError(f"server build: identity is not JSON ({exc})") from None
         if not self.build_id:
             object.__setattr__(self, "build_id", expected)
         elif self.build_id != expected:
@@ -112,45 +107,38 @@ class ServerBuild(_Record):
         return out | {"identity": public_identity(self.identity), "public": True} if public else out
 
 
-# Identity fields a public receipt keeps: release strings, hashes, sizes and the cache's
-# settings. Everything else (the model id or alias, a model file path, the served model ids,
-# any field a server may add) is dropped: an allowlist, so a new field is private by default.
-PUBLIC_IDENTITY_FIELDS: Final = frozenset(
-    {
-        "version",  # halogen: {api, engine, match}; vllm: a release string
-        "chat_template_sha256",
-        "checkpoint_format",
-        "context",
-        "slots",
-        "slot_ctx",
-        "prompt_cache",
-        "build_info",  # llama.cpp: build number and commit
-        "n_ctx",
-        "total_slots",
-    }
-)
-_PUBLIC_NESTED: Final = {
-    "version": frozenset({"api", "engine", "match"}),
+# Identity fields a public receipt keeps (with the keys kept inside an object): release
+# strings, hashes, sizes and the cache's settings. Everything else (the model id or alias, a
+# model file path, the served model ids, any field a server may add) is dropped: an
+# allowlist, so a new field is private by default.
+PUBLIC_IDENTITY: Final[Mapping[str, frozenset[str] | None]] = {
+    "version": frozenset({"api", "engine", "match"}),  # halogen's; vllm: a release string
+    "chat_template_sha256": None,
+    "checkpoint_format": None,
+    "context": None,
+    "slots": None,
+    "slot_ctx": None,
     "prompt_cache": frozenset(
         {"enabled", "cap_mb", "mode", "snapshot_align", "bitwise_identical_to_cold"}
     ),
+    "build_info": None,  # llama.cpp: build number and commit
+    "n_ctx": None,
+    "total_slots": None,
 }
 _PUBLIC_SCALARS = (str, int, float, bool, type(None))
 
 
 def public_identity(identity: Mapping[str, JSONValue]) -> JSONObject:
-    """`identity` without the model id and every host-identifying field.
+    """`identity` without the model id and every host-identifying field: `PUBLIC_IDENTITY`
+    with scalar values, and only the listed keys inside an object.
 
-    Keeps only `PUBLIC_IDENTITY_FIELDS` with scalar values, and inside `version` and
-    `prompt_cache` only their documented keys. The `build_id` of a public build is the one
-    computed over the full identity: it still links receipts of one build, but a reader
-    cannot recompute it, so public receipts are marked `"public": true` and are never loaded
-    back as records.
+    A public build keeps the `build_id` computed over the full identity: it still links
+    receipts of one build, but a reader cannot recompute it, so public receipts are marked
+    `"public": true` and are never loaded back as records.
     """
     out: JSONObject = {}
-    for key in sorted(PUBLIC_IDENTITY_FIELDS & identity.keys()):
-        value = identity[key]
-        nested = _PUBLIC_NESTED.get(key)
+    for key in sorted(PUBLIC_IDENTITY.keys() & identity.keys()):
+        value, nested = identity[key], PUBLIC_IDENTITY[key]
         if isinstance(value, dict) and nested is not None:
             out[key] = {
                 k: v
@@ -164,13 +152,10 @@ def public_identity(identity: Mapping[str, JSONValue]) -> JSONObject:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CacheCounters(_Record):
-    """A snapshot of a Halogen `/cache` reply: only strictly valid counts survive.
-
-    A field the server did not send, or sent as a non-integer, is None: never zero.
-    """
+    """A snapshot of a Halogen `/cache` reply: only strictly valid counts survive; a field
+    the server did not send, or sent as a non-integer, is None, never zero."""
 
     WHAT: ClassVar[str] = "cache counters"
-
     entries: int | None = None
     max_entries: int | None = None
     bytes: int | None = None
@@ -196,10 +181,9 @@ CACHE_COUNTER_FIELDS: Final = tuple(f.name for f in dataclasses.fields(CacheCoun
 class CallEvidence(_Record):
     """What the server reported about one call (DESIGN §4), and what that proves.
 
-    `error` is a short reason code of ours (for example "incomplete_stream"), never the
-    server's message text; `reason` says in words why a call is unverified.
-    `disk_restore_tokens`/`disk_restore_ms` are what the server said it restored from its
-    disk tier (`timings.disk_restore_*`); records written before they existed read as None.
+    `error` is a short code of ours ("incomplete_stream"), never the server's text; `reason`
+    says in words why a call is unverified. `disk_restore_*` is what the server said it
+    restored from its disk tier (None in records written before they existed).
     """
 
     WHAT: ClassVar[str] = "call evidence"
@@ -225,9 +209,8 @@ class CallEvidence(_Record):
 class Measurement(_Record):
     """`measurements/<sha256>-<ts>.json`: one warm or probe leg, bound to a server build.
 
-    `body` holds the use case's own fields (calls, counter snapshots, verdict); the store
-    checks only the envelope. Public receipts drop `worker` and `model` and show the build
-    without its host-identifying fields (`ServerBuild.to_dict(public=True)`).
+    `body` holds the use case's own fields (the store checks only the envelope). Public
+    receipts drop `worker` and `model`, and the build's host-identifying fields.
     """
 
     WHAT: ClassVar[str] = "measurement"
@@ -242,7 +225,7 @@ class Measurement(_Record):
 
     @property
     def outcome(self) -> Outcome:
-        """The judged part of the body, typed (what later verbs read back)."""
+        """The judged part of the body, typed."""
         return Outcome.from_body(self.body)
 
     def to_dict(self, *, public: bool = False) -> JSONObject:

@@ -1,18 +1,18 @@
 """llama.cpp's slot API on a `Worker`: `/slots`, and save, restore or erase a slot's KV state.
 
-llama-server started with `--slot-save-path DIR` answers `POST /slots/{id}?action=save|
-restore` with `{"filename": NAME}` (a bare name inside DIR) and `action=erase` with `{}`;
-the replies carry `n_saved`/`n_restored`/`n_erased`, bytes (`n_written`/`n_read`) and
+llama-server with `--slot-save-path DIR` answers `POST /slots/{id}?action=save|restore`
+with `{"filename": NAME}` (a bare name inside DIR) and `action=erase` with `{}`; replies
+carry `n_saved`/`n_restored`/`n_erased`, bytes (`n_written`/`n_read`) and
 `timings.save_ms`/`restore_ms`. A chat call is pinned to a slot with `id_slot`.
 
 Invariants:
 - Only the `llamacpp` profile has a slot API: any other gets a `UsageError` (exit 2) before
   a slot request is sent, never a silent fallback that would look like a restore.
 - Fields are read strictly: a slot is idle only when `is_processing` is exactly `false`
-  (`"yes"`, `1` or missing is unknown, never idle); a count is `strict_count` (missing or
-  malformed is None, never zero). A reply's counts are reported, never proof that a
-  restore resumes anything (`core.judge.judge_restore` needs a pinned check).
-- Errors are the worker's own tree; a server without `--slot-save-path` answers 501, a
+  (`"yes"`, `1` or missing is unknown); a count is `strict_count` (missing or malformed is
+  None, never zero). A reply's counts are never proof that a restore resumes anything
+  (`core.judge.judge_restore` needs a pinned check).
+- Errors are the worker's own tree; a server without `--slot-save-path` answers 501: a
   `UsageError` with a hint.
 """
 
