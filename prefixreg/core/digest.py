@@ -36,10 +36,8 @@ def looks_like_sha(text: str) -> bool:
 
 
 def parse_abbrev(text: str) -> str:
-    """A sha or an abbreviation of at least 8 hex digits, in lower case.
-
-    Raises InvalidDigestError: fewer than 8 digits, more than 64, or a non-hex character.
-    """
+    """A sha or an abbreviation of at least 8 hex digits, in lower case. Raises
+    InvalidDigestError: fewer than 8 digits, more than 64, or a non-hex character."""
     if _ABBREV.fullmatch(text) is None:
         raise InvalidDigestError(f"not a sha256 or an abbreviation of 8+ hex digits: {text!r}")
     return text.lower()

@@ -58,11 +58,8 @@ def _ordered(value: object) -> str:
 
 
 def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
-    """The tools list that `data` (UTF-8 JSON text) holds; `UsageError` if it is not one.
-
-    A list of objects, each naming its `type` (OpenAI shape: `{"type": "function",
-    "function": {...}}`). Key order is kept.
-    """
+    """The tools list (objects each naming a `type`, key order kept) that `data` holds, else
+    `UsageError`."""
     try:
         value = loads(data, exact=True)
     except CorruptRecordError as exc:
@@ -96,9 +93,7 @@ def _check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
 
 def encode_frame_record(system: str, tools: str | None, settings: Mapping[str, object]) -> bytes:
     """The exact bytes of a frame record (canonical JSON and a newline); its sha names it.
-
-    Raises UsageError: a part is not a sha, or a setting is not one of `PROMPT_SETTINGS`.
-    """
+    Raises UsageError: a part is not a sha, or a setting is not one of `PROMPT_SETTINGS`."""
     for part in (system, tools):
         if part is not None and not is_full_sha(part):
             raise UsageError(f"not a sha256: {part!r}")
@@ -109,10 +104,8 @@ def encode_frame_record(system: str, tools: str | None, settings: Mapping[str, o
 
 def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str, Any]]:
     """(system sha, tools sha or None, settings) of a frame record, after checking its sha.
-
     Raises IntegrityError: the bytes do not hash to `sha`; CorruptRecordError: they do, but
-    are not the canonical record of a frame.
-    """
+    are not the canonical record of a frame."""
     actual = sha256_hex(raw)
     if actual != sha:
         raise IntegrityError(
@@ -144,12 +137,9 @@ def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str,
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """A verified frame: its sha, the system prefix, the tools bytes, the prompt settings.
-
-    `settings_json` is the canonical JSON of the settings, so the frame stays immutable;
-    `settings` and `tools` hand out fresh copies on each access. The tools are parsed once,
-    when the frame is built (`UsageError` if they are not a tools list).
-    """
+    """A verified frame: its sha, the system prefix, the tools bytes, the prompt settings
+    (canonical JSON, so the frame stays immutable). The tools are parsed once, when it is
+    built; `settings` and `tools` hand out fresh copies on each access."""
 
     sha256: str
     system: Prefix
@@ -199,11 +189,9 @@ class Frame:
         return [{"role": "system", "content": self.system.text}, *check_history(history)]
 
     def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
-        """The full chat body the loop sends: `params` (model, max_tokens, ...), the frame's
-        tools and settings, and `messages` = system + history.
-
-        Raises UsageError: `params` sets `messages`, or sets a frame part to another value.
-        """
+        """The full chat body: `params` (model, max_tokens, ...), the frame's tools and
+        settings, and `messages` = system + history. Raises UsageError: `params` sets
+        `messages`, or a frame part to another value."""
         if "messages" in params:
             raise UsageError("body() builds 'messages' itself; pass the history instead")
         head = self.head()
@@ -217,9 +205,8 @@ class Frame:
         return {**params, **head, "messages": self.messages(history)}
 
     def openai_kwargs(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
-        """Keyword arguments for `openai.OpenAI().chat.completions.create`: the same body,
-        with the fields the SDK does not name (`enable_thinking`, `chat_template_kwargs`,
-        ...) in `extra_body`, which the SDK merges into the JSON it sends."""
+        """Keyword arguments for `openai.OpenAI().chat.completions.create`: the same body, the
+        fields the SDK does not name in `extra_body` (which it merges into the JSON it sends)."""
         body = self.body(history, **params)
         named = {"messages", "model", "stream", *OPENAI_NAMED}
         extra = {k: body.pop(k) for k in list(body) if k in PROMPT_SETTINGS and k not in named}

@@ -96,10 +96,8 @@ def _exact_int(text: str) -> int:
 def loads(
     data: bytes | str, *, path: Path | None = None, max_depth: int = MAX_DEPTH, exact: bool = False
 ) -> JSONValue:
-    """Parse JSON by the project's rules (see the module invariants).
-
-    Raises CorruptRecordError: not JSON, or JSON the project refuses; names `path`.
-    """
+    """Parse JSON by the project's rules. Raises CorruptRecordError: not JSON, or JSON the
+    project refuses; names `path`."""
     where = f"{path}: " if path is not None else ""
     try:
         value: JSONValue = orjson.loads(data)

@@ -17,12 +17,9 @@ from prefixreg.core.errors import CorruptRecordError, UsageError
 
 
 class Prefix(NamedTuple):
-    """A verified prefix: its sha256, its exact bytes, and the name it was reached by.
-
-    Immutable. `text` decodes the bytes on each access; holding bytes (in a tuple, the
-    cheapest immutable record to build) keeps `Registry.get` as cheap as the read and the
-    hash it must do anyway.
-    """
+    """A verified prefix: its sha256, its exact bytes, the name it was reached by. A tuple of
+    bytes (the cheapest immutable record to build) keeps `Registry.get` as cheap as the read
+    and hash it must do anyway; `text` decodes them on each access."""
 
     sha256: str
     data: bytes
@@ -30,7 +27,7 @@ class Prefix(NamedTuple):
 
     @classmethod
     def from_text(cls, sha256: str, text: str, name: str | None = None) -> Prefix:
-        """Build from text (for callers that hold the text of a sha they verified)."""
+        """For callers that hold the text of a sha they verified."""
         return cls(sha256=sha256, data=text.encode("utf-8"), name=name)
 
     @property
@@ -51,12 +48,10 @@ class Prefix(NamedTuple):
 
     @property
     def system(self) -> Prefix:
-        """The system prefix this head sends (a bare prefix is its own)."""
-        return self
+        return self  # a bare prefix is its own system prefix
 
     @property
     def head_bytes(self) -> int:
-        """Bytes of the rendered head this prefix owns: its content."""
         return len(self.data)
 
     def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
@@ -72,11 +67,8 @@ class Prefix(NamedTuple):
 
     def messages(self, tail: str, *, role: str = "system") -> list[dict[str, str]]:
         """The chat messages for one call: this prefix as `messages[0]`, then the user tail."""
-        tail = check_text(tail, "the tail")
-        return [
-            {"role": check_text(role, "the role"), "content": self.text},
-            {"role": "user", "content": tail},
-        ]
+        system = {"role": check_text(role, "the role"), "content": self.text}
+        return [system, {"role": "user", "content": check_text(tail, "the tail")}]
 
 
 def check_text(value: object, what: str) -> str:
@@ -93,10 +85,8 @@ def check_text(value: object, what: str) -> str:
 
 
 def check_history(history: object) -> list[dict[str, Any]]:
-    """A copy of a loop's `history`, a list of message objects each with a string `role`.
-
-    Raises UsageError: not a list of such objects (callers outside the type checker).
-    """
+    """A copy of `history`, a list of message objects each with a string `role` (else
+    `UsageError`: callers outside the type checker pass anything)."""
     if isinstance(history, str | bytes) or not isinstance(history, Sequence):
         raise UsageError("history must be a list of message objects")
     for i, message in enumerate(history):
@@ -106,11 +96,8 @@ def check_history(history: object) -> list[dict[str, Any]]:
 
 
 def fresh_tail(nonce: str | None = None) -> str:
-    """A short user tail that the server has never seen (a new random nonce each call).
-
-    Its shape is fixed, so on a deterministic tokenizer it always has the same token count;
-    only the nonce (16 hex digits) changes.
-    """
+    """A short user tail the server has never seen (a new random nonce each call); only the
+    nonce (16 hex digits) changes, so on a deterministic tokenizer its token count is fixed."""
     token = nonce if nonce is not None else os.urandom(8).hex()
     return f"prefixreg resume check {token}. Reply with one word."
 
@@ -127,10 +114,8 @@ class Drift:
 
 
 def system_drift(system: Prefix, body: Mapping[str, Any]) -> list[Drift]:
-    """The drift of a request's `messages[0]` from `system` (a list of at most one).
-
-    Raises UsageError: `body` is not a mapping.
-    """
+    """The drift of a request's `messages[0]` from `system` (a list of at most one);
+    `UsageError` when `body` is not a mapping."""
     if not isinstance(body, Mapping):
         raise UsageError(f"drift() reads a request body (a mapping), not {type(body).__name__}")
     messages = body.get("messages")

@@ -130,12 +130,9 @@ _PUBLIC_SCALARS = (str, int, float, bool, type(None))
 
 def public_identity(identity: Mapping[str, JSONValue]) -> JSONObject:
     """`identity` without the model id and every host-identifying field: `PUBLIC_IDENTITY`
-    with scalar values, and only the listed keys inside an object.
-
-    A public build keeps the `build_id` computed over the full identity: it still links
-    receipts of one build, but a reader cannot recompute it, so public receipts are marked
-    `"public": true` and are never loaded back as records.
-    """
+    with scalar values, and only the listed keys inside an object. A public build keeps the
+    `build_id` of the full identity (it links receipts of one build, but cannot be
+    recomputed), so public receipts are marked `"public": true` and never loaded back."""
     out: JSONObject = {}
     for key in sorted(PUBLIC_IDENTITY.keys() & identity.keys()):
         value, nested = identity[key], PUBLIC_IDENTITY[key]
@@ -179,12 +176,9 @@ CACHE_COUNTER_FIELDS: Final = tuple(f.name for f in dataclasses.fields(CacheCoun
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallEvidence(_Record):
-    """What the server reported about one call (DESIGN §4), and what that proves.
-
-    `error` is a short code of ours ("incomplete_stream"), never the server's text; `reason`
-    says in words why a call is unverified. `disk_restore_*` is what the server said it
-    restored from its disk tier (None in records written before they existed).
-    """
+    """What the server reported about one call (DESIGN §4), and what that proves. `error` is a
+    short code of ours, never the server's text; `reason` says why a call is unverified;
+    `disk_restore_*`, what it restored from its disk tier (None in older records)."""
 
     WHAT: ClassVar[str] = "call evidence"
     prompt_tokens: int | None
@@ -207,11 +201,9 @@ class CallEvidence(_Record):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Measurement(_Record):
-    """`measurements/<sha256>-<ts>.json`: one warm or probe leg, bound to a server build.
-
-    `body` holds the use case's own fields (the store checks only the envelope). Public
-    receipts drop `worker` and `model`, and the build's host-identifying fields.
-    """
+    """`measurements/<sha256>-<ts>.json`: one warm or probe leg, bound to a server build;
+    `body` holds the use case's own fields. Public receipts drop `worker`, `model` and the
+    build's host-identifying fields."""
 
     WHAT: ClassVar[str] = "measurement"
     SHAS: ClassVar[tuple[str, ...]] = ("sha256",)

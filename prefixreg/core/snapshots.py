@@ -68,11 +68,9 @@ _NESTED: Final = {
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotRecord:
-    """One saved KV snapshot of a registered head on one server build.
-
-    sha256 names the file for copies between hosts; blake3, as strong and several times
-    faster, is what a restore re-checks. `n_written` is the server's own byte count.
-    """
+    """One saved KV snapshot of a registered head on one server build: sha256 names the file
+    for copies between hosts, blake3 (as strong, several times faster) is what a restore
+    re-checks; `n_written` is the server's own byte count."""
 
     sha256: str
     build: ServerBuild

@@ -177,15 +177,12 @@ def evidence_from_response(
     wall_s: float | None = None,
     ttft_s: float | None = None,
 ) -> CallEvidence:
-    """Evidence from what a call returned (any input the module docstring names).
-
-    A non-streamed response is complete only as a final response (see `server.replies`):
-    one stream chunk passed here is never complete, never `cold`. A list of stream chunks
-    is complete only with `done=True`, which says the stream ended with `[DONE]` (an SDK
-    stream iterated to its end did); anything else is a truncated stream.
+    """Evidence from what a call returned (any input the module docstring names). One stream
+    chunk is never complete, never `cold`; a list of chunks is complete only with
+    `done=True` (the stream ended with `[DONE]`, as an SDK stream iterated to its end did).
 
     Raises UsageError: `done` is not a bool or None, or `wall_s`/`ttft_s` not None or a
-    finite number of seconds >= 0. Nothing in `resp` raises: a reply that cannot be read is
+    finite number of seconds >= 0. Nothing in `resp` raises: what cannot be read is
     unverified evidence that says why.
     """
     wall, ttft = _seconds("wall_s", wall_s), _seconds("ttft_s", ttft_s)

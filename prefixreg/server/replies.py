@@ -139,9 +139,9 @@ class ReplyReader:
         for key, attr in (("usage", "usage"), ("timings", "timings"), ("tensorfold", "runtime")):
             if frame.get(key) is not None:
                 setattr(self, attr, frame[key])
-        model, ident = frame.get("model"), frame.get("id")
-        self.model = model if isinstance(model, str) else self.model
-        self.id = ident if isinstance(ident, str) else self.id
+        for key in ("model", "id"):
+            if isinstance(frame.get(key), str):
+                setattr(self, key, frame[key])
 
     def _take_piece(self, target: bytearray, value: object, what: str) -> bool:
         if value is None:

@@ -50,10 +50,7 @@ def check_seconds(name: str, value: object) -> float:
     """A timeout given at the boundary: a finite number of seconds in (0, `MAX_SECONDS`]."""
     number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
     if number is None or not 0 < number <= MAX_SECONDS:
-        raise UsageError(
-            f"{name} must be a number of seconds above 0 and at most {MAX_SECONDS:g}, "
-            f"not {shown(value)}"
-        )
+        raise UsageError(f"{name} must be 0 < seconds <= {MAX_SECONDS:g}, not {shown(value)}")
     return float(number)
 
 
@@ -105,7 +102,7 @@ def _shut(sock: socket.socket) -> None:
 
 
 class _ExpiredError(Exception):
-    """Internal: the deadline passed between two pieces."""
+    """The deadline passed between two pieces."""
 
 
 class _Deadline:
@@ -162,15 +159,12 @@ class _Call:
         length = self.resp.headers.get("content-length", "")
         if length.isascii() and length.isdigit() and int(length) > self.max_bytes:
             raise errors.ReplyTooLargeError("")
-        received = 0
-        body = self.resp.iter_bytes()
+        received, body = 0, self.resp.iter_bytes()
         while True:
             try:
                 piece = next(body, None)
-            except httpx.TimeoutException:
-                raise
-            except httpx.TransportError:
-                if not drop_ok or self.deadline.passed():
+            except httpx.TransportError as exc:
+                if isinstance(exc, httpx.TimeoutException) or not drop_ok or self.deadline.passed():
                     raise
                 piece = None
             if self.deadline.passed():
@@ -262,9 +256,8 @@ class Transport:
                 hint="a real reply is far smaller; raise max_bytes only if this one is real",
             ) from None
         except httpx.DecodingError:
-            raise errors.MalformedResponseError(
-                f"{where}: the reply body could not be decoded", url=self.url
-            ) from None
+            why = f"{where}: the reply body could not be decoded"
+            raise errors.MalformedResponseError(why, url=self.url) from None
         except httpx.TransportError as exc:
             if deadline.passed():
                 raise timed_out from None
@@ -292,16 +285,10 @@ class Transport:
         message, code = _error_message(call.read())
         # The reason phrase is the server's text too: scrub it like the body.
         text = one_line(self.scrub(message or call.resp.reason_phrase or "")) or "no message"
-        full = f"{where}: HTTP {status}: {text}"
-        if status == 503 and code == "engine_busy":
-            raise errors.EngineBusyError(
-                full,
-                status_code=503,
-                code=code,
-                url=self.url,
-                hint="the worker serves one request at a time; retry when it is idle",
-            )
-        raise errors.WorkerHTTPError(full, status_code=status, code=code, url=self.url)
+        full, busy = f"{where}: HTTP {status}: {text}", status == 503 and code == "engine_busy"
+        kind = errors.EngineBusyError if busy else errors.WorkerHTTPError
+        hint = "the worker serves one request at a time; retry when it is idle" if busy else None
+        raise kind(full, status_code=status, code=code, url=self.url, hint=hint)
 
     def fetch(
         self,

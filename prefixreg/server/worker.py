@@ -68,9 +68,7 @@ class Worker:
         transport: object = None,
     ) -> None:
         if profile is not None and profile not in PROFILES:
-            raise UsageError(
-                f"unknown server profile {shown(profile)}; one of {', '.join(PROFILES)}"
-            )
+            raise UsageError(f"unknown profile {shown(profile)}; one of {', '.join(PROFILES)}")
         for what, value in (("api_key", api_key), ("model", model)):
             if value is not None and not isinstance(value, str):
                 raise UsageError(f"{what} must be a string, not {type(value).__name__}")
@@ -245,25 +243,21 @@ class Worker:
             if reserved in params:
                 raise UsageError(f"chat() sets {reserved!r} itself; do not pass it")
         if not isinstance(prefix, Prefix | Frame | str):
-            raise UsageError(
-                f"chat() sends a Prefix, a Frame or a str, not {type(prefix).__name__}"
-            )
+            raise UsageError(f"chat() sends a Prefix, Frame or str, not {type(prefix).__name__}")
         given: tuple[object, ...] = (stream, tools)  # callers outside the type checker
         if not isinstance(given[0], bool) or not isinstance(given[1], list | None):
             raise UsageError("chat(): stream is True or False, tools a list or None")
         if (tail is None) == (history is None):
             raise UsageError("chat() takes a tail or a history, exactly one of them")
-        turns = (
-            [{"role": "user", "content": check_text(tail, "the tail")}]
-            if history is None
-            else check_history(history)
-        )
+        if history is None:
+            history = [{"role": "user", "content": check_text(tail, "the tail")}]
         if tools is not None:
             params["tools"] = tools  # a Frame refuses tools other than its own
         if isinstance(prefix, str):
-            body = {**params, "messages": [{"role": "system", "content": prefix}, *turns]}
+            system = {"role": "system", "content": prefix}
+            body = {**params, "messages": [system, *check_history(history)]}
         else:
-            body = prefix.body(turns, **params)
+            body = prefix.body(history, **params)
         body["stream"] = stream
         if stream:
             options = body.get("stream_options")
