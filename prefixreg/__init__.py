@@ -12,133 +12,91 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefixreg.core.errors import (
-    AmbiguousRefError,
-    CorruptRecordError,
-    EngineBusyError,
-    EvidenceUnverifiedError,
-    IntegrityError,
-    InvalidContentError,
-    InvalidDigestError,
-    InvalidNameError,
-    LockTimeoutError,
-    MalformedResponseError,
-    MirrorError,
-    PrefixregError,
-    RefNotFoundError,
-    RegistryLocationError,
-    ReplyTooLargeError,
-    UsageError,
-    WorkerError,
-    WorkerHTTPError,
-    WorkerTimeoutError,
-    WorkerUnreachableError,
-)
+from prefixreg.core.errors import AmbiguousRefError as AmbiguousRefError
+from prefixreg.core.errors import CorruptRecordError as CorruptRecordError
+from prefixreg.core.errors import EngineBusyError as EngineBusyError
+from prefixreg.core.errors import EvidenceUnverifiedError as EvidenceUnverifiedError
+from prefixreg.core.errors import IntegrityError as IntegrityError
+from prefixreg.core.errors import InvalidContentError as InvalidContentError
+from prefixreg.core.errors import InvalidDigestError as InvalidDigestError
+from prefixreg.core.errors import InvalidNameError as InvalidNameError
+from prefixreg.core.errors import LockTimeoutError as LockTimeoutError
+from prefixreg.core.errors import MalformedResponseError as MalformedResponseError
+from prefixreg.core.errors import MirrorError as MirrorError
+from prefixreg.core.errors import PrefixregError as PrefixregError
+from prefixreg.core.errors import RefNotFoundError as RefNotFoundError
+from prefixreg.core.errors import RegistryLocationError as RegistryLocationError
+from prefixreg.core.errors import ReplyTooLargeError as ReplyTooLargeError
+from prefixreg.core.errors import UsageError as UsageError
+from prefixreg.core.errors import WorkerError as WorkerError
+from prefixreg.core.errors import WorkerHTTPError as WorkerHTTPError
+from prefixreg.core.errors import WorkerTimeoutError as WorkerTimeoutError
+from prefixreg.core.errors import WorkerUnreachableError as WorkerUnreachableError
 
 if TYPE_CHECKING:
-    from prefixreg.core.frame import Frame, Head
-    from prefixreg.core.judge import (
-        Judgement,
-        judge,
-        judge_copy,
-        judge_resident,
-        judge_restore,
-    )
-    from prefixreg.core.prefix import Prefix, fresh_tail
-    from prefixreg.core.records import (
-        CacheCounters,
-        CallEvidence,
-        Measurement,
-        Meta,
-        NameMove,
-        ServerBuild,
-    )
-    from prefixreg.registry.names import NameConflictError
-    from prefixreg.registry.store import Registry
-    from prefixreg.server.evidence import evidence_from_response
-    from prefixreg.server.worker import Worker
-    from prefixreg.verbs.keepalive.run import KeepAlive
-    from prefixreg.verbs.loop import LoopJudge, LoopStats
-    from prefixreg.verbs.measure.warm import WarmResult, warm
-    from prefixreg.verbs.pool.live import Pool
-    from prefixreg.verbs.snapshot.run import restore_and_prove, save_snapshot
+    from prefixreg.core.frame import Frame as Frame
+    from prefixreg.core.frame import Head as Head
+    from prefixreg.core.judge import Judgement as Judgement
+    from prefixreg.core.judge import judge as judge
+    from prefixreg.core.judge import judge_copy as judge_copy
+    from prefixreg.core.judge import judge_resident as judge_resident
+    from prefixreg.core.judge import judge_restore as judge_restore
+    from prefixreg.core.prefix import Prefix as Prefix
+    from prefixreg.core.prefix import fresh_tail as fresh_tail
+    from prefixreg.core.records import CacheCounters as CacheCounters
+    from prefixreg.core.records import CallEvidence as CallEvidence
+    from prefixreg.core.records import Measurement as Measurement
+    from prefixreg.core.records import Meta as Meta
+    from prefixreg.core.records import NameMove as NameMove
+    from prefixreg.core.records import ServerBuild as ServerBuild
+    from prefixreg.registry.names import NameConflictError as NameConflictError
+    from prefixreg.registry.store import Registry as Registry
+    from prefixreg.server.evidence import evidence_from_response as evidence_from_response
+    from prefixreg.server.worker import Worker as Worker
+    from prefixreg.verbs.keepalive.run import KeepAlive as KeepAlive
+    from prefixreg.verbs.loop import LoopJudge as LoopJudge
+    from prefixreg.verbs.loop import LoopStats as LoopStats
+    from prefixreg.verbs.measure.warm import WarmResult as WarmResult
+    from prefixreg.verbs.measure.warm import warm as warm
+    from prefixreg.verbs.pool.live import Pool as Pool
+    from prefixreg.verbs.snapshot.run import restore_and_prove as restore_and_prove
+    from prefixreg.verbs.snapshot.run import save_snapshot as save_snapshot
 
     __version__: str
 
-# Public name -> the module that defines it, imported on first access.
+# The module (under prefixreg.) of each public name not imported above, imported on first use.
 _LAZY = {
-    **dict.fromkeys(["Frame", "Head"], "prefixreg.core.frame"),
-    **dict.fromkeys(["Prefix", "fresh_tail"], "prefixreg.core.prefix"),
-    **dict.fromkeys(
-        ["Judgement", "judge", "judge_copy", "judge_resident", "judge_restore"],
-        "prefixreg.core.judge",
+    "core.frame": ("Frame", "Head"),
+    "core.judge": ("Judgement", "judge", "judge_copy", "judge_resident", "judge_restore"),
+    "core.prefix": ("Prefix", "fresh_tail"),
+    "core.records": (
+        "CacheCounters",
+        "CallEvidence",
+        "Measurement",
+        "Meta",
+        "NameMove",
+        "ServerBuild",
     ),
-    **dict.fromkeys(
-        ["CacheCounters", "CallEvidence", "Measurement", "Meta", "NameMove", "ServerBuild"],
-        "prefixreg.core.records",
-    ),
-    "NameConflictError": "prefixreg.registry.names",
-    "Registry": "prefixreg.registry.store",
-    "evidence_from_response": "prefixreg.server.evidence",
-    "Worker": "prefixreg.server.worker",
-    "KeepAlive": "prefixreg.verbs.keepalive.run",
-    **dict.fromkeys(["LoopJudge", "LoopStats"], "prefixreg.verbs.loop"),
-    **dict.fromkeys(["WarmResult", "warm"], "prefixreg.verbs.measure.warm"),
-    "Pool": "prefixreg.verbs.pool.live",
-    **dict.fromkeys(["restore_and_prove", "save_snapshot"], "prefixreg.verbs.snapshot.run"),
+    "registry.names": ("NameConflictError",),
+    "registry.store": ("Registry",),
+    "server.evidence": ("evidence_from_response",),
+    "server.worker": ("Worker",),
+    "verbs.keepalive.run": ("KeepAlive",),
+    "verbs.loop": ("LoopJudge", "LoopStats"),
+    "verbs.measure.warm": ("WarmResult", "warm"),
+    "verbs.pool.live": ("Pool",),
+    "verbs.snapshot.run": ("restore_and_prove", "save_snapshot"),
 }
-
-__all__ = [
-    "AmbiguousRefError",
-    "CacheCounters",
-    "CallEvidence",
-    "CorruptRecordError",
-    "EngineBusyError",
-    "EvidenceUnverifiedError",
-    "Frame",
-    "Head",
-    "IntegrityError",
-    "InvalidContentError",
-    "InvalidDigestError",
-    "InvalidNameError",
-    "Judgement",
-    "KeepAlive",
-    "LockTimeoutError",
-    "LoopJudge",
-    "LoopStats",
-    "MalformedResponseError",
-    "Measurement",
-    "Meta",
-    "MirrorError",
-    "NameConflictError",
-    "NameMove",
-    "Pool",
-    "Prefix",
-    "PrefixregError",
-    "RefNotFoundError",
-    "Registry",
-    "RegistryLocationError",
-    "ReplyTooLargeError",
-    "ServerBuild",
-    "UsageError",
-    "WarmResult",
-    "Worker",
-    "WorkerError",
-    "WorkerHTTPError",
-    "WorkerTimeoutError",
-    "WorkerUnreachableError",
-    "__version__",
-    "evidence_from_response",
-    "fresh_tail",
-    "judge",
-    "judge_copy",
-    "judge_resident",
-    "judge_restore",
-    "open_registry",
-    "restore_and_prove",
-    "save_snapshot",
-    "warm",
-]
+# The face: every error of the tree (imported above), every lazy name, the version and
+# `open_registry`.
+__all__ = sorted(
+    [
+        *(n for n, v in globals().items() if isinstance(v, type) and issubclass(v, PrefixregError)),
+        *(name for names in _LAZY.values() for name in names),
+        "__version__",
+        "open_registry",
+    ]
+)
 
 
 def open_registry(path: Path | str | None = None) -> Registry:
@@ -154,9 +112,9 @@ def __getattr__(name: str) -> Any:
         from prefixreg.core.version import package_version
 
         return package_version()
-    module = _LAZY.get(name)
+    module = next((m for m, names in _LAZY.items() if name in names), None)
     if module is None:
         raise AttributeError(f"module 'prefixreg' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(f"prefixreg.{module}"), name)
     globals()[name] = value
     return value

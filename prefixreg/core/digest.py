@@ -16,14 +16,12 @@ import re
 from prefixreg.core.errors import InvalidDigestError
 from prefixreg.core.jsonio import JSONValue, dumps_canonical
 
-MIN_ABBREV = 8
 _FULL = re.compile(r"[0-9a-f]{64}")
 _ABBREV = re.compile(r"[0-9a-fA-F]{8,64}")
 _HEXISH = re.compile(r"[0-9a-fA-F]+")
 
 
 def sha256_hex(data: bytes) -> str:
-    """Return the lowercase hex sha256 of `data`."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -37,35 +35,17 @@ def looks_like_sha(text: str) -> bool:
     return _HEXISH.fullmatch(text) is not None
 
 
-def parse_sha(text: str) -> str:
-    """Validate a full sha256 id and return it.
-
-    Raises:
-        InvalidDigestError: not exactly 64 lowercase hex digits.
-    """
-    if not is_full_sha(text):
-        raise InvalidDigestError(f"not a sha256 id (64 lowercase hex digits): {text!r}")
-    return text
-
-
 def parse_abbrev(text: str) -> str:
-    """Validate a sha or an abbreviation of at least 8 hex digits; return it in lower case.
-
-    Raises:
-        InvalidDigestError: fewer than 8 digits, more than 64, or a non-hex character.
-    """
+    """A sha or an abbreviation of at least 8 hex digits, in lower case. Raises
+    InvalidDigestError: fewer than 8 digits, more than 64, or a non-hex character."""
     if _ABBREV.fullmatch(text) is None:
-        raise InvalidDigestError(
-            f"not a sha256 or an abbreviation of {MIN_ABBREV}+ hex digits: {text!r}"
-        )
+        raise InvalidDigestError(f"not a sha256 or an abbreviation of 8+ hex digits: {text!r}")
     return text.lower()
 
 
 def output_digest(content: bytes, reasoning: bytes) -> str:
     """sha256(sha256(content) || sha256(reasoning)): independent of chunk boundaries."""
-    return hashlib.sha256(
-        hashlib.sha256(content).digest() + hashlib.sha256(reasoning).digest()
-    ).hexdigest()
+    return sha256_hex(hashlib.sha256(content).digest() + hashlib.sha256(reasoning).digest())
 
 
 def build_id(identity: JSONValue) -> str:

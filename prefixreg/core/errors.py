@@ -34,10 +34,7 @@ from pathlib import Path
 
 
 class PrefixregError(Exception):
-    """Base of every error prefixreg raises.
-
-    `hint` is an optional second line telling the user what to do next.
-    """
+    """Base of every error prefixreg raises; `hint` is an optional second line: what to do next."""
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
@@ -79,8 +76,7 @@ class RegistryLocationError(UsageError):
 class IntegrityError(PrefixregError):
     """Stored bytes do not hash to their name, or a record is not what it must be.
 
-    Nothing that depends on the bytes is done after this is raised: no output, no request.
-    """
+    Nothing that depends on the bytes is done after this is raised: no output, no request."""
 
     def __init__(
         self,

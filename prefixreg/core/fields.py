@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -31,9 +32,18 @@ T = TypeVar("T")
 
 def strict_count(value: object) -> int | None:
     """A count is valid only if its type is exactly int and it is >= 0 (bool is refused)."""
-    if type(value) is int and value >= 0:
-        return value
-    return None
+    return value if type(value) is int and value >= 0 else None
+
+
+def strict_number(value: object) -> float | None:
+    """A finite number >= 0 as a float, else None (a bool or a numeric string is no number)."""
+    if type(value) is not int and type(value) is not float:
+        return None
+    try:
+        number = float(cast(float, value))
+    except OverflowError:  # an int beyond any float
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
 
 
 def obj(value: object, what: str) -> JSONObject:
@@ -81,10 +91,8 @@ def _fields(cls: type) -> tuple[tuple[str, Any, bool], ...]:
 
 
 def decode(cls: type[T], data: object, what: str, *, keys: Mapping[str, str] | None = None) -> T:
-    """A `cls` record from a JSON object, each field read strictly by its annotation.
-
-    `keys` maps a field name to its JSON key where they differ (`from_sha` -> `from`).
-    """
+    """A `cls` record from a JSON object, each field read strictly by its annotation; `keys`
+    maps a field name to its JSON key where they differ (`from_sha` -> `from`)."""
     d = obj(data, what)
     values: dict[str, object] = {}
     for name, kind, optional in _fields(cast(type, cls)):

@@ -1,20 +1,19 @@
 """`Frame`: the verified head of the request a loop sends, and the drift of a call from it. Pure.
 
 A prompt cache keys on the *rendered* token prefix, and the server renders more than
-`messages[0]` into it: the tool definitions, and the settings its chat template reads
-(`tool_choice: "none"` removes the tools; `enable_thinking`, `reasoning_effort`,
-`chat_template_kwargs` change the template's output). A frame names all of them together:
+`messages[0]` into it: the tools, and the settings its chat template reads (`tool_choice:
+"none"` removes the tools; `enable_thinking`, `reasoning_effort`, `chat_template_kwargs`
+change the output). A frame names them all:
 
     {"format": "prefix-frame", "version": 1, "system": <sha>, "tools": <sha> | null,
      "settings": {<prompt setting>: <JSON value>, ...}}
 
-stored as its canonical JSON (sorted keys, no spaces) plus a newline; the frame's sha is the
+stored as its canonical JSON (sorted keys, no spaces) and a newline; the frame's sha is the
 sha256 of exactly those bytes, so `sha256sum frames/<sha>.json` prints its own name.
 
 Invariants:
-- A `Frame` is only built from a record and parts that were just verified (the registry's
-  `frames.read_frame`); it keeps the exact system and tools bytes it checked, so the bytes
-  checked are the bytes sent.
+- A `Frame` is only built from a record and parts just verified (the registry's frames
+  part); it keeps the exact system and tools bytes it checked: those are the bytes sent.
 - `body()` never lets a caller's keyword silently override a frame part: a conflicting
   `tools`, `tool_choice`, ... is a `UsageError` (send it through another frame instead).
 - `drift()` compares only what changes the rendered prefix: `messages[0]`, the tools (in
@@ -23,6 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
@@ -30,7 +30,7 @@ from typing import Any, Final, cast
 from prefixreg.core.digest import is_full_sha, sha256_hex
 from prefixreg.core.errors import CorruptRecordError, IntegrityError, UsageError
 from prefixreg.core.jsonio import dumps_canonical, dumps_ordered, loads
-from prefixreg.core.prefix import Drift, Prefix, system_drift
+from prefixreg.core.prefix import Drift, Prefix, check_history, system_drift
 
 FRAME_FORMAT: Final = "prefix-frame"
 FRAME_VERSION: Final = 1
@@ -50,7 +50,7 @@ _RECORD_KEYS: Final = frozenset({"format", "version", "system", "tools", "settin
 
 
 def _ordered(value: object) -> str:
-    """JSON text that keeps key order: tools render in the order they are written."""
+    """`dumps_ordered`, a `UsageError` for what is not JSON."""
     try:
         return dumps_ordered(value)
     except (TypeError, ValueError) as exc:
@@ -58,11 +58,8 @@ def _ordered(value: object) -> str:
 
 
 def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
-    """The tools list that `data` (UTF-8 JSON text) holds; `UsageError` if it is not one.
-
-    A list of objects, each naming its `type` (OpenAI shape: `{"type": "function",
-    "function": {...}}`). Key order is kept.
-    """
+    """The tools list (objects each naming a `type`, key order kept) that `data` holds, else
+    `UsageError`."""
     try:
         value = loads(data, exact=True)
     except CorruptRecordError as exc:
@@ -73,13 +70,6 @@ def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
         if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
             raise UsageError(f"{where}[{i}]: must be an object with a string 'type'")
     return cast(list[dict[str, Any]], value)
-
-
-def _copy(value: Any) -> Any:
-    """A fresh copy of parsed JSON (depth-capped by the parse, so the recursion is bounded)."""
-    if isinstance(value, dict):
-        return {key: _copy(item) for key, item in value.items()}
-    return [_copy(item) for item in value] if isinstance(value, list) else value
 
 
 def _check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
@@ -103,30 +93,19 @@ def _check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
 
 def encode_frame_record(system: str, tools: str | None, settings: Mapping[str, object]) -> bytes:
     """The exact bytes of a frame record (canonical JSON and a newline); its sha names it.
-
-    Raises:
-        UsageError: a part is not a sha, or a setting is not one of `PROMPT_SETTINGS`.
-    """
+    Raises UsageError: a part is not a sha, or a setting is not one of `PROMPT_SETTINGS`."""
     for part in (system, tools):
         if part is not None and not is_full_sha(part):
             raise UsageError(f"not a sha256: {part!r}")
-    record = {
-        "format": FRAME_FORMAT,
-        "version": FRAME_VERSION,
-        "system": system,
-        "tools": tools,
-        "settings": _check_settings(settings),
-    }
+    record = {"format": FRAME_FORMAT, "version": FRAME_VERSION, "system": system}
+    record |= {"tools": tools, "settings": _check_settings(settings)}
     return dumps_canonical(record) + b"\n"
 
 
 def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str, Any]]:
     """(system sha, tools sha or None, settings) of a frame record, after checking its sha.
-
-    Raises:
-        IntegrityError: the bytes do not hash to `sha`.
-        CorruptRecordError: they do, but are not the canonical record of a frame.
-    """
+    Raises IntegrityError: the bytes do not hash to `sha`; CorruptRecordError: they do, but
+    are not the canonical record of a frame."""
     actual = sha256_hex(raw)
     if actual != sha:
         raise IntegrityError(
@@ -137,21 +116,17 @@ def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str,
     try:
         record = loads(raw, exact=True)
     except CorruptRecordError:
-        raise CorruptRecordError(
-            f"frame {sha}: record is not JSON by the project's rules"
-        ) from None
+        raise CorruptRecordError(f"frame {sha}: not JSON by the project's rules") from None
     if not isinstance(record, dict) or set(record) != _RECORD_KEYS:
         raise CorruptRecordError(f"frame {sha}: not a frame record")
     if record["format"] != FRAME_FORMAT or record["version"] != FRAME_VERSION:
         raise CorruptRecordError(f"frame {sha}: unknown frame format or version")
     system, tools, settings = record["system"], record["tools"], record["settings"]
-    if not (isinstance(system, str) and is_full_sha(system)):
-        raise CorruptRecordError(f"frame {sha}: 'system' is not a sha256")
-    if tools is not None and not (isinstance(tools, str) and is_full_sha(tools)):
-        raise CorruptRecordError(f"frame {sha}: 'tools' is not a sha256 or null")
+    if not isinstance(system, str) or not isinstance(tools, str | None):
+        raise CorruptRecordError(f"frame {sha}: 'system' or 'tools' is not a sha256")
     if not isinstance(settings, dict):
         raise CorruptRecordError(f"frame {sha}: 'settings' is not an object")
-    try:
+    try:  # the parts' shas and the settings are checked as when the record was written
         canonical = encode_frame_record(system, tools, settings)
     except UsageError as exc:
         raise CorruptRecordError(f"frame {sha}: {exc}") from None
@@ -162,12 +137,9 @@ def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str,
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """A verified frame: its sha, the system prefix, the tools bytes, the prompt settings.
-
-    `settings_json` is the canonical JSON of the settings, so the frame stays immutable;
-    `settings` and `tools` hand out fresh copies on each access. The tools are parsed once,
-    when the frame is built (`UsageError` if they are not a tools list).
-    """
+    """A verified frame: its sha, the system prefix, the tools bytes, the prompt settings
+    (canonical JSON, so the frame stays immutable). The tools are parsed once, when it is
+    built; `settings` and `tools` hand out fresh copies on each access."""
 
     sha256: str
     system: Prefix
@@ -179,8 +151,8 @@ class Frame:
 
     def __post_init__(self) -> None:
         if self.tools_data is not None:
-            parsed = parse_tools(self.tools_data, where=f"tools {self.tools_sha256}")
-            object.__setattr__(self, "_tools", parsed)
+            tools = parse_tools(self.tools_data, where=f"tools {self.tools_sha256}")
+            object.__setattr__(self, "_tools", tools)
 
     @property
     def kind(self) -> str:
@@ -188,15 +160,13 @@ class Frame:
 
     @property
     def settings(self) -> dict[str, Any]:
-        """The prompt settings the frame sends (a fresh copy)."""
         value = loads(self.settings_json)
         assert isinstance(value, dict)  # noqa: S101 -- canonical JSON of a dict, made here
         return value
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:
-        """The tools list (parsed once from the verified bytes; a fresh copy), or None."""
-        return None if self._tools is None else cast(list[dict[str, Any]], _copy(self._tools))
+        return copy.deepcopy(self._tools)
 
     @property
     def renders_tools(self) -> bool:
@@ -211,32 +181,17 @@ class Frame:
 
     def head(self) -> dict[str, Any]:
         """The request fields the frame fixes, `messages` aside: tools and settings."""
-        out: dict[str, Any] = self.settings
         tools = self.tools
-        if tools is not None:
-            out["tools"] = tools
-        return out
+        return self.settings if tools is None else {**self.settings, "tools": tools}
 
     def messages(self, history: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The verified system message, then the loop's own history (copied, unchanged)."""
-        given: object = history  # callers outside the type checker pass anything
-        if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
-            raise UsageError("history must be a list of message objects")
-        out: list[dict[str, Any]] = [{"role": "system", "content": self.system.text}]
-        items: Sequence[object] = given
-        for i, message in enumerate(items):
-            if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-                raise UsageError(f"history[{i}]: must be a message object with a 'role'")
-            out.append(dict(message))
-        return out
+        return [{"role": "system", "content": self.system.text}, *check_history(history)]
 
     def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
-        """The full chat body the loop sends: `params` (model, max_tokens, ...), the frame's
-        tools and settings, and `messages` = system + history.
-
-        Raises:
-            UsageError: `params` sets `messages`, or sets a frame part to another value.
-        """
+        """The full chat body: `params` (model, max_tokens, ...), the frame's tools and
+        settings, and `messages` = system + history. Raises UsageError: `params` sets
+        `messages`, or a frame part to another value."""
         if "messages" in params:
             raise UsageError("body() builds 'messages' itself; pass the history instead")
         head = self.head()
@@ -250,9 +205,8 @@ class Frame:
         return {**params, **head, "messages": self.messages(history)}
 
     def openai_kwargs(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
-        """Keyword arguments for `openai.OpenAI().chat.completions.create`: the same body,
-        with the fields the SDK does not name (`enable_thinking`, `chat_template_kwargs`,
-        ...) in `extra_body`, which the SDK merges into the JSON it sends."""
+        """Keyword arguments for `openai.OpenAI().chat.completions.create`: the same body, the
+        fields the SDK does not name in `extra_body` (which it merges into the JSON it sends)."""
         body = self.body(history, **params)
         named = {"messages", "model", "stream", *OPENAI_NAMED}
         extra = {k: body.pop(k) for k in list(body) if k in PROMPT_SETTINGS and k not in named}
@@ -262,11 +216,8 @@ class Frame:
 
     def drift(self, body: Mapping[str, Any]) -> list[Drift]:
         """Which parts of a request `body` differ from this frame (empty: none drifted)."""
-        if not isinstance(body, Mapping):
-            raise UsageError(f"drift() reads a request body (a mapping), not {type(body).__name__}")
         out = system_drift(self.system, body)
-        sent_tools = body.get("tools")
-        mine = self.tools
+        sent_tools, mine = body.get("tools"), self._tools
         if sent_tools is None and mine is not None:
             out.append(Drift("tools", f"dropped (frame has {len(mine)} tools)"))
         elif sent_tools is not None and mine is None:

@@ -65,13 +65,13 @@ def check_value(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
 
 
 def dumps_canonical(value: Any) -> bytes:
-    """Serialise `value` canonically (sorted keys, compact, UTF-8)."""
+    """Sorted keys, compact, UTF-8."""
     check_value(value)
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 def dumps_pretty(value: Any) -> bytes:
-    """Serialise for people and `--json` output: sorted keys, indented, trailing newline."""
+    """For people and `--json` output: sorted keys, indented, trailing newline."""
     check_value(value)
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n"
 
@@ -82,7 +82,7 @@ def dumps_ordered(value: Any) -> str:
     return orjson.dumps(value).decode("utf-8")
 
 
-def _refuse_constant(name: str) -> object:
+def _refuse_constant(name: str) -> object:  # NaN, Infinity
     raise ValueError(f"{name} is not a JSON value")
 
 
@@ -96,11 +96,8 @@ def _exact_int(text: str) -> int:
 def loads(
     data: bytes | str, *, path: Path | None = None, max_depth: int = MAX_DEPTH, exact: bool = False
 ) -> JSONValue:
-    """Parse JSON by the project's rules (see the module invariants).
-
-    Raises:
-        CorruptRecordError: not JSON, or JSON the project refuses; names `path`.
-    """
+    """Parse JSON by the project's rules. Raises CorruptRecordError: not JSON, or JSON the
+    project refuses; names `path`."""
     where = f"{path}: " if path is not None else ""
     try:
         value: JSONValue = orjson.loads(data)

@@ -163,8 +163,8 @@ def judge(
 
 def judge_unknown_head(evidence: CallEvidence, why: str) -> Judgement:
     """A call whose head is not known (a response read without its request): `cold` when
-    the server counted the prompt and cached none of it; a cached count has no span to be
-    compared with, so it is `unverified` with `why`. Never resumed, never partial."""
+    nothing of a counted prompt was cached, else `unverified` with `why` (a cached count has
+    no span to compare with). Never resumed, never partial."""
     prompt, cached = evidence.prompt_tokens, evidence.cached_tokens
     if evidence.cache_state == "unverified" or prompt is None or cached is None:
         why = evidence.reason or "the server did not report prompt and cached counts"
@@ -193,10 +193,8 @@ def judge_restore(
         return "restored", f"{n_restored:,} tokens restored; {check.reason}"
     if check.verdict == "unverified":
         return "unverified", check.reason
-    return (
-        "not_restored",
-        f"the restored slot did not resume the head ({check.verdict}: {check.reason})",
-    )
+    why = f"the restored slot did not resume the head ({check.verdict}: {check.reason})"
+    return "not_restored", why
 
 
 def judge_resident(proof: Judgement, touched_after: int) -> tuple[bool, str]:

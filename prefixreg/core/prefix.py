@@ -17,12 +17,9 @@ from prefixreg.core.errors import CorruptRecordError, UsageError
 
 
 class Prefix(NamedTuple):
-    """A verified prefix: its sha256, its exact bytes, and the name it was reached by.
-
-    Immutable. `text` decodes the bytes on each access; holding bytes (in a tuple, the
-    cheapest immutable record to build) keeps `Registry.get` as cheap as the read and the
-    hash it must do anyway.
-    """
+    """A verified prefix: its sha256, its exact bytes, the name it was reached by. A tuple of
+    bytes (the cheapest immutable record to build) keeps `Registry.get` as cheap as the read
+    and hash it must do anyway; `text` decodes them on each access."""
 
     sha256: str
     data: bytes
@@ -30,12 +27,11 @@ class Prefix(NamedTuple):
 
     @classmethod
     def from_text(cls, sha256: str, text: str, name: str | None = None) -> Prefix:
-        """Build from text (for callers that hold the text of a sha they verified)."""
+        """For callers that hold the text of a sha they verified."""
         return cls(sha256=sha256, data=text.encode("utf-8"), name=name)
 
     @property
     def text(self) -> str:
-        """The prefix as a string (the registry only stores valid UTF-8)."""
         try:
             return self.data.decode("utf-8")
         except UnicodeDecodeError:
@@ -43,7 +39,6 @@ class Prefix(NamedTuple):
 
     @property
     def size(self) -> int:
-        """Length in bytes of the UTF-8 content."""
         return len(self.data)
 
     # The head protocol, shared with `Frame`: what every verb needs of the head it sends.
@@ -53,37 +48,27 @@ class Prefix(NamedTuple):
 
     @property
     def system(self) -> Prefix:
-        """The system prefix this head sends (a bare prefix is its own)."""
-        return self
+        return self  # a bare prefix is its own system prefix
 
     @property
     def head_bytes(self) -> int:
-        """Bytes of the rendered head this prefix owns: its content."""
         return len(self.data)
 
     def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
         """The chat body a loop sends: `params`, then `messages` = this prefix + history."""
-        given: object = history  # callers outside the type checker pass anything
-        if isinstance(given, str | bytes) or not isinstance(given, Sequence):
-            raise UsageError("history must be a list of message objects")
         if "messages" in params:
             raise UsageError("body() builds 'messages' itself; pass the history instead")
         system = {"role": "system", "content": self.text}
-        return {**params, "messages": [system, *(dict(m) for m in history)]}
+        return {**params, "messages": [system, *check_history(history)]}
 
     def drift(self, body: Mapping[str, Any]) -> list[Drift]:
         """Whether a request `body` sent this prefix as `messages[0]` (empty: it did)."""
-        if not isinstance(body, Mapping):
-            raise UsageError(f"drift() reads a request body (a mapping), not {type(body).__name__}")
         return system_drift(self, body)
 
     def messages(self, tail: str, *, role: str = "system") -> list[dict[str, str]]:
         """The chat messages for one call: this prefix as `messages[0]`, then the user tail."""
-        tail = check_text(tail, "the tail")
-        return [
-            {"role": check_text(role, "the role"), "content": self.text},
-            {"role": "user", "content": tail},
-        ]
+        system = {"role": check_text(role, "the role"), "content": self.text}
+        return [system, {"role": "user", "content": check_text(tail, "the tail")}]
 
 
 def check_text(value: object, what: str) -> str:
@@ -99,12 +84,20 @@ def check_text(value: object, what: str) -> str:
     return value
 
 
-def fresh_tail(nonce: str | None = None) -> str:
-    """A short user tail that the server has never seen (a new random nonce each call).
+def check_history(history: object) -> list[dict[str, Any]]:
+    """A copy of `history`, a list of message objects each with a string `role` (else
+    `UsageError`: callers outside the type checker pass anything)."""
+    if isinstance(history, str | bytes) or not isinstance(history, Sequence):
+        raise UsageError("history must be a list of message objects")
+    for i, message in enumerate(history):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise UsageError(f"history[{i}] must be a message object with a string 'role'")
+    return [dict(m) for m in history]
 
-    Its shape is fixed, so on a deterministic tokenizer it always has the same token count;
-    only the nonce (16 hex digits) changes.
-    """
+
+def fresh_tail(nonce: str | None = None) -> str:
+    """A short user tail the server has never seen (a new random nonce each call); only the
+    nonce (16 hex digits) changes, so on a deterministic tokenizer its token count is fixed."""
     token = nonce if nonce is not None else os.urandom(8).hex()
     return f"prefixreg resume check {token}. Reply with one word."
 
@@ -121,7 +114,10 @@ class Drift:
 
 
 def system_drift(system: Prefix, body: Mapping[str, Any]) -> list[Drift]:
-    """The drift of a request's `messages[0]` from `system` (a list of at most one)."""
+    """The drift of a request's `messages[0]` from `system` (a list of at most one);
+    `UsageError` when `body` is not a mapping."""
+    if not isinstance(body, Mapping):
+        raise UsageError(f"drift() reads a request body (a mapping), not {type(body).__name__}")
     messages = body.get("messages")
     first = messages[0] if isinstance(messages, list) and messages else None
     if not isinstance(first, Mapping) or first.get("role") not in ("system", "developer"):
@@ -134,10 +130,5 @@ def system_drift(system: Prefix, body: Mapping[str, Any]) -> list[Drift]:
     data = content.encode("utf-8", "surrogatepass") if isinstance(content, str) else b""
     if data == system.data:
         return []
-    return [
-        Drift(
-            "system",
-            f"messages[0] is {hashlib.sha256(data).hexdigest()[:12]}, "
-            f"the head has {system.sha256[:12]}",
-        )
-    ]
+    digest = hashlib.sha256(data).hexdigest()[:12]
+    return [Drift("system", f"messages[0] is {digest}, the head has {system.sha256[:12]}")]

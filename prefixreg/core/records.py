@@ -8,9 +8,10 @@ tail text or output text: only counts, hashes and labels.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import ClassVar, Final, Literal, Self
 
 from prefixreg.core.digest import build_id as compute_build_id
 from prefixreg.core.digest import is_full_sha
@@ -23,66 +24,60 @@ from prefixreg.core.jsonio import JSONObject, JSONValue
 CacheState = Literal["cold", "reused", "unverified"]
 
 
-def _shas(record: object, what: str, *names: str) -> None:
-    """Refuse a sha field that is not 64 lowercase hex digits (None passes)."""
-    for name in names:
-        value = getattr(record, name)
-        if value is not None and not is_full_sha(value):
-            raise CorruptRecordError(f"{what}: field {name!r} is not a sha256")
+class _Record:
+    """A record read by `fields.decode` and written by `fields.encode`."""
+
+    __slots__ = ()
+    WHAT: ClassVar[str]
+    KEYS: ClassVar[Mapping[str, str] | None] = None  # field name -> JSON key, where they differ
+    SHAS: ClassVar[tuple[str, ...]] = ()  # fields that must hold a sha256 (None passes)
+
+    def __post_init__(self) -> None:
+        for name in self.SHAS:
+            value = getattr(self, name)
+            if value is not None and not is_full_sha(value):
+                raise CorruptRecordError(f"{self.WHAT}: field {name!r} is not a sha256")
+
+    @classmethod
+    def from_dict(cls, data: object) -> Self:
+        return decode(cls, data, cls.WHAT, keys=cls.KEYS)
+
+    def to_dict(self) -> JSONObject:
+        return encode(self, keys=self.KEYS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Meta:
+class Meta(_Record):
     """`meta/<sha256>.json`: what an object is, never what it contains."""
 
+    WHAT: ClassVar[str] = "meta record"
+    SHAS: ClassVar[tuple[str, ...]] = ("sha256",)
     sha256: str
     bytes: int
     created: str
     source: str
     note: str | None = None
 
-    def __post_init__(self) -> None:
-        _shas(self, "meta record", "sha256")
-
-    @classmethod
-    def from_dict(cls, data: object) -> Meta:
-        return decode(cls, data, "meta record")
-
-    def to_dict(self) -> JSONObject:
-        return encode(self)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class NameMove:
+class NameMove(_Record):
     """One line of `names.log`: a name moved from one sha (or nothing) to another."""
 
+    WHAT: ClassVar[str] = "names.log line"
+    KEYS: ClassVar[Mapping[str, str] | None] = {"from_sha": "from", "to_sha": "to"}
+    SHAS: ClassVar[tuple[str, ...]] = ("from_sha", "to_sha")
     at: str
     name: str
     from_sha: str | None
     to_sha: str
 
-    def __post_init__(self) -> None:
-        _shas(self, "names.log line", "from_sha", "to_sha")
-
-    @classmethod
-    def from_dict(cls, data: object) -> NameMove:
-        return decode(cls, data, "names.log line", keys=_MOVE_KEYS)
-
-    def to_dict(self) -> JSONObject:
-        return encode(self, keys=_MOVE_KEYS)
-
-
-_MOVE_KEYS: Final = {"from_sha": "from", "to_sha": "to"}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ServerBuild:
-    """The identity of the server a measurement was taken on.
+class ServerBuild(_Record):
+    """The identity of the server a measurement was taken on: `identity` holds the fields
+    its profile defines (DESIGN §4); `build_id`, derived from both, is re-checked on load."""
 
-    `identity` holds the fields the profile defines (DESIGN §4); `build_id` is derived from
-    profile + identity and re-checked when a record is loaded.
-    """
-
+    WHAT: ClassVar[str] = "server build"
     profile: str
     identity: JSONObject
     build_id: str = field(default="")
@@ -91,19 +86,13 @@ class ServerBuild:
         try:
             expected = compute_build_id({"profile": self.profile, "identity": self.identity})
         except (TypeError, ValueError) as exc:  # NaN, ints beyond 64 bits: not canonical JSON
-            raise CorruptRecordError(
-                f"server build: identity is not canonical JSON ({exc})"
-            ) from None
+            raise CorruptRecordError(f"server build: identity is not JSON ({exc})") from None
         if not self.build_id:
             object.__setattr__(self, "build_id", expected)
         elif self.build_id != expected:
             raise CorruptRecordError(
                 f"server build: build_id {self.build_id} does not match its identity ({expected})"
             )
-
-    @classmethod
-    def from_dict(cls, data: object) -> ServerBuild:
-        return decode(cls, data, "server build")
 
     @property
     def snapshot_align(self) -> int:
@@ -114,55 +103,39 @@ class ServerBuild:
 
     def to_dict(self, *, public: bool = False) -> JSONObject:
         """The record form; `public` gives the receipt form (see `public_identity`)."""
-        if public:
-            return {
-                "profile": self.profile,
-                "identity": public_identity(self.identity),
-                "build_id": self.build_id,
-                "public": True,
-            }
-        return {"profile": self.profile, "identity": self.identity, "build_id": self.build_id}
+        out = encode(self)
+        return out | {"identity": public_identity(self.identity), "public": True} if public else out
 
 
-# Identity fields a public receipt keeps: release strings, hashes, sizes and the cache's
-# settings. Everything else (the model id or alias, a model file path, the served model ids,
-# any field a server may add) is dropped: an allowlist, so a new field is private by default.
-PUBLIC_IDENTITY_FIELDS: Final = frozenset(
-    {
-        "version",  # halogen: {api, engine, match}; vllm: a release string
-        "chat_template_sha256",
-        "checkpoint_format",
-        "context",
-        "slots",
-        "slot_ctx",
-        "prompt_cache",
-        "build_info",  # llama.cpp: build number and commit
-        "n_ctx",
-        "total_slots",
-    }
-)
-_PUBLIC_NESTED: Final = {
-    "version": frozenset({"api", "engine", "match"}),
+# Identity fields a public receipt keeps (with the keys kept inside an object): release
+# strings, hashes, sizes and the cache's settings. Everything else (the model id or alias, a
+# model file path, the served model ids, any field a server may add) is dropped: an
+# allowlist, so a new field is private by default.
+PUBLIC_IDENTITY: Final[Mapping[str, frozenset[str] | None]] = {
+    "version": frozenset({"api", "engine", "match"}),  # halogen's; vllm: a release string
+    "chat_template_sha256": None,
+    "checkpoint_format": None,
+    "context": None,
+    "slots": None,
+    "slot_ctx": None,
     "prompt_cache": frozenset(
         {"enabled", "cap_mb", "mode", "snapshot_align", "bitwise_identical_to_cold"}
     ),
+    "build_info": None,  # llama.cpp: build number and commit
+    "n_ctx": None,
+    "total_slots": None,
 }
 _PUBLIC_SCALARS = (str, int, float, bool, type(None))
 
 
 def public_identity(identity: Mapping[str, JSONValue]) -> JSONObject:
-    """`identity` without the model id and every host-identifying field.
-
-    Keeps only `PUBLIC_IDENTITY_FIELDS` with scalar values, and inside `version` and
-    `prompt_cache` only their documented keys. The `build_id` of a public build is the one
-    computed over the full identity: it still links receipts of one build, but a reader
-    cannot recompute it, so public receipts are marked `"public": true` and are never loaded
-    back as records.
-    """
+    """`identity` without the model id and every host-identifying field: `PUBLIC_IDENTITY`
+    with scalar values, and only the listed keys inside an object. A public build keeps the
+    `build_id` of the full identity (it links receipts of one build, but cannot be
+    recomputed), so public receipts are marked `"public": true` and never loaded back."""
     out: JSONObject = {}
-    for key in sorted(PUBLIC_IDENTITY_FIELDS & identity.keys()):
-        value = identity[key]
-        nested = _PUBLIC_NESTED.get(key)
+    for key in sorted(PUBLIC_IDENTITY.keys() & identity.keys()):
+        value, nested = identity[key], PUBLIC_IDENTITY[key]
         if isinstance(value, dict) and nested is not None:
             out[key] = {
                 k: v
@@ -174,28 +147,12 @@ def public_identity(identity: Mapping[str, JSONValue]) -> JSONObject:
     return out
 
 
-CACHE_COUNTER_FIELDS: tuple[str, ...] = (
-    "entries",
-    "max_entries",
-    "bytes",
-    "last_entry_bytes",
-    "hits",
-    "misses",
-    "stores",
-    "evicted",
-    "refused",
-    "superseded",
-    "prompt_tokens_saved",
-)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CacheCounters:
-    """A snapshot of a Halogen `/cache` reply: only strictly valid counts survive.
+class CacheCounters(_Record):
+    """A snapshot of a Halogen `/cache` reply: only strictly valid counts survive; a field
+    the server did not send, or sent as a non-integer, is None, never zero."""
 
-    A field the server did not send, or sent as a non-integer, is None: never zero.
-    """
-
+    WHAT: ClassVar[str] = "cache counters"
     entries: int | None = None
     max_entries: int | None = None
     bytes: int | None = None
@@ -213,24 +170,17 @@ class CacheCounters:
         """Build from a server reply, dropping (to None) anything not a strict count."""
         return cls(**{name: strict_count(data.get(name)) for name in CACHE_COUNTER_FIELDS})
 
-    @classmethod
-    def from_dict(cls, data: object) -> CacheCounters:
-        return decode(cls, data, "cache counters")
 
-    def to_dict(self) -> JSONObject:
-        return encode(self)
+CACHE_COUNTER_FIELDS: Final = tuple(f.name for f in dataclasses.fields(CacheCounters))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CallEvidence:
-    """What the server reported about one call (DESIGN §4), and what that proves.
+class CallEvidence(_Record):
+    """What the server reported about one call (DESIGN §4), and what that proves. `error` is a
+    short code of ours, never the server's text; `reason` says why a call is unverified;
+    `disk_restore_*`, what it restored from its disk tier (None in older records)."""
 
-    `error` is a short reason code of ours (for example "incomplete_stream"), never the
-    server's message text; `reason` says in words why a call is unverified.
-    `disk_restore_tokens`/`disk_restore_ms` are what the server said it restored from its
-    disk tier (`timings.disk_restore_*`); records written before they existed read as None.
-    """
-
+    WHAT: ClassVar[str] = "call evidence"
     prompt_tokens: int | None
     cached_tokens: int | None
     completion_tokens: int | None
@@ -248,23 +198,15 @@ class CallEvidence:
     error: str | None = None
     reason: str | None = None
 
-    @classmethod
-    def from_dict(cls, data: object) -> CallEvidence:
-        return decode(cls, data, "call evidence")
-
-    def to_dict(self) -> JSONObject:
-        return encode(self)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Measurement:
-    """`measurements/<sha256>-<ts>.json`: one warm or probe leg, bound to a server build.
+class Measurement(_Record):
+    """`measurements/<sha256>-<ts>.json`: one warm or probe leg, bound to a server build;
+    `body` holds the use case's own fields. Public receipts drop `worker`, `model` and the
+    build's host-identifying fields."""
 
-    `body` holds the use case's own fields (calls, counter snapshots, verdict); the store
-    checks only the envelope. Public receipts drop `worker` and `model` and show the build
-    without its host-identifying fields (`ServerBuild.to_dict(public=True)`).
-    """
-
+    WHAT: ClassVar[str] = "measurement"
+    SHAS: ClassVar[tuple[str, ...]] = ("sha256",)
     sha256: str
     at: str
     kind: str
@@ -273,30 +215,14 @@ class Measurement:
     worker: str | None = None
     model: str | None = None
 
-    def __post_init__(self) -> None:
-        _shas(self, "measurement", "sha256")
-
-    @classmethod
-    def from_dict(cls, data: object) -> Measurement:
-        return decode(cls, data, "measurement")
-
     @property
     def outcome(self) -> Outcome:
-        """The judged part of the body, typed (what later verbs read back)."""
+        """The judged part of the body, typed."""
         return Outcome.from_body(self.body)
 
     def to_dict(self, *, public: bool = False) -> JSONObject:
-        out: dict[str, JSONValue] = {
-            "sha256": self.sha256,
-            "at": self.at,
-            "kind": self.kind,
-            "build": self.build.to_dict(public=public),
-            "body": self.body,
-        }
-        if not public:
-            out["worker"] = self.worker
-            out["model"] = self.model
-        return out
+        out = encode(self) | {"build": self.build.to_dict(public=public)}
+        return {k: v for k, v in out.items() if k not in ("worker", "model")} if public else out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

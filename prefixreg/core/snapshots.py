@@ -1,9 +1,9 @@
 """`SnapshotRecord`: which head a saved KV-cache file holds, on which server build. Pure.
 
 A record, `snapshots/<sha256>-<build_id>.json` (DESIGN §3), ties a head (a prefix's or a
-frame's sha) to the build its state was saved on and to the file the server wrote
-(`--slot-save-path DIR/<file>`), with the file's sha256, blake3 and size, so a restore
-refuses a changed file before any request is sent.
+frame's sha) to the build its state was saved on and the file the server wrote
+(`--slot-save-path DIR/<file>`), with its sha256, blake3 and size, so a restore refuses a
+changed file before any request is sent.
 
 Invariants (checked on every construction, so on every load; `CorruptRecordError` else):
 - Every field has its exact JSON type; the build's `build_id` is re-derived from its identity.
@@ -16,14 +16,13 @@ Invariants (checked on every construction, so on every load; `CorruptRecordError
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Final
 
 from prefixreg.core.errors import CorruptRecordError, UsageError
-from prefixreg.core.fields import obj, strict_count
+from prefixreg.core.fields import obj, strict_count, strict_number
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.records import ServerBuild
 
@@ -52,10 +51,6 @@ def _hex(value: object, digits: int) -> bool:
     return isinstance(value, str) and re.fullmatch(f"[0-9a-f]{{{digits}}}", value) is not None
 
 
-def _absolute(value: object) -> bool:
-    return isinstance(value, str) and PurePath(value).is_absolute()
-
-
 # The on-disk form: top-level fields, and the nested groups' keys -> field names.
 _TOP: Final = ("sha256", "n_saved", "save_ms", "created", "worker")
 _NESTED: Final = {
@@ -73,11 +68,9 @@ _NESTED: Final = {
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotRecord:
-    """One saved KV snapshot of a registered head on one server build.
-
-    sha256 names the file for copies between hosts; blake3, as strong and several times
-    faster, is what a restore re-checks. `n_written` is the server's own byte count.
-    """
+    """One saved KV snapshot of a registered head on one server build: sha256 names the file
+    for copies between hosts, blake3 (as strong, several times faster) is what a restore
+    re-checks; `n_written` is the server's own byte count."""
 
     sha256: str
     build: ServerBuild
@@ -105,14 +98,14 @@ class SnapshotRecord:
         expected = snapshot_file_name(self.sha256, self.build.build_id)
         if self.file != expected:
             raise bad(f"file {self.file!r} is not {expected!r}, the name of its head and build")
-        if not _absolute(self.slot_dir):
+        slot_dir: object = self.slot_dir  # callers outside the type checker pass anything
+        if not (isinstance(slot_dir, str) and PurePath(slot_dir).is_absolute()):
             raise bad(f"'slot_dir' {self.slot_dir!r} is not an absolute directory")
         for key in ("file_bytes", "n_saved", "slot_id", "n_written", "slot_ctx"):
             value = getattr(self, key)
             if strict_count(value) is None and (value is not None or key in _REQUIRED):
                 raise bad(f"{key!r} must be a non-negative integer")
-        ms = self.save_ms
-        if ms is not None and (type(ms) not in (int, float) or not 0 <= ms < math.inf):
+        if self.save_ms is not None and strict_number(self.save_ms) is None:
             raise bad("'save_ms' must be a non-negative number")
         text: tuple[object, object] = (self.created, self.worker)
         if not isinstance(text[0], str) or not isinstance(text[1], str | None):

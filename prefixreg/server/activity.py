@@ -2,13 +2,12 @@
 
 - `StoresCounter`: Halogen's `/cache` `stores`, the entries written since the server started
   (exact, and what an LRU of entries evicts by).
-- `PromptCounter`: llama.cpp has no `/cache`; it counts prompts from `/slots` (each slot's
-  `id_task` changes when the slot starts a completion; a slot counts once it is idle
-  again, since llama.cpp's LRU goes by when a slot was last used) or, with `/slots` off,
-  from `/metrics` (a poll window in which the prompt-token counters moved is one prompt).
-  Both are lower bounds, exact when polls come faster than prompts finish. The raw
-  `id_task` values are no count: one chat consumes three task ids and every `/slots` or
-  `/metrics` read consumes more (measured), so `max(id_task)` deltas mostly count polls.
+- `PromptCounter`: llama.cpp has no `/cache`; it counts prompts from `/slots` (a slot's
+  `id_task` changes when it starts a completion; it counts once the slot is idle again, as
+  llama.cpp's LRU goes by last use) or, with `/slots` off, from `/metrics` (a poll window in
+  which the prompt-token counters moved is one prompt). Both are lower bounds, exact when
+  polls come faster than prompts finish. Raw `id_task` values are no count: one chat uses
+  three task ids and every `/slots` or `/metrics` read more (measured).
 
 `read()` returns the running count and whether the server restarted since the last read
 (a counter went backwards: every prefix is gone), or None when the poll gave nothing usable.
@@ -98,10 +97,9 @@ class PromptCounter:
                 self.busy.add(sid)
             if sid is None or task is None:
                 continue
-            # Count a prompt once its slot is done with it: llama.cpp picks the least recently
-            # used slot by when it was last used, so a re-warm that finishes before a foreign
-            # prompt does still leaves the prefix's slot the older one. This also keeps the
-            # loop's own call in flight from counting before its `touch` arrives.
+            # Count a prompt once its slot is done with it (llama.cpp's LRU goes by last use, so
+            # a re-warm finishing before a foreign prompt leaves the prefix's slot the older
+            # one); the loop's own call in flight does not count before its `touch` arrives.
             now[sid] = last[sid] if busy and last is not None and sid in last else task
         self._slots = now
         if last is None:

@@ -15,10 +15,8 @@ MEASURED_ENTRIES_PER_REQUEST = 2
 
 
 def counter_deltas(before: CacheCounters, after: CacheCounters) -> dict[str, int | None]:
-    """after - before for every counter; None where either snapshot lacks the field.
-
-    A negative delta on a cumulative counter means the server restarted in between.
-    """
+    """after - before for every counter; None where either snapshot lacks the field. A
+    negative delta on a cumulative counter means the server restarted in between."""
     given: tuple[object, ...] = (before, after)  # callers outside the type checker
     if not all(isinstance(snapshot, CacheCounters) for snapshot in given):
         raise UsageError("counter deltas are taken between two CacheCounters snapshots")
@@ -50,17 +48,15 @@ def is_interleaved(before: CacheCounters, after: CacheCounters, calls: int) -> b
 
 
 def parse_prometheus(raw: bytes) -> dict[str, float]:
-    """Prometheus text as samples by name (a sample's labels stay part of its name);
-    comment lines and unparsable values are skipped."""
+    """Prometheus text as samples by name (labels stay part of the name); comments and
+    unparsable values are skipped (llama.cpp sends neither labels nor timestamps)."""
     if not isinstance(raw, bytes):
         raise UsageError(f"parse_prometheus() reads bytes, not {type(raw).__name__}")
     samples: dict[str, float] = {}
     for line in raw.decode("utf-8", errors="replace").splitlines():
-        # `name{labels} value [timestamp]`; llama.cpp sends neither labels nor timestamps.
-        parts = line.split() if not line.startswith("#") else []
-        if len(parts) >= 2:
-            try:
-                samples[parts[0]] = float(parts[1])
-            except ValueError:
-                continue
+        parts = line.split() if not line.startswith("#") else []  # name{labels} value [time]
+        try:
+            samples[parts[0]] = float(parts[1])
+        except (IndexError, ValueError):
+            continue
     return samples

@@ -1,43 +1,39 @@
 """Evidence: what a server's reply proves about one call (DESIGN §4). Pure: no I/O.
 
 One entry point, `evidence_from_response`, for whatever the caller holds: a non-streamed
-response (a dict, or an OpenAI SDK object read by duck typing: `model_dump()`, `to_dict()`
-or `__dict__`), a list of stream chunks (dicts or SDK objects), a raw SSE body (bytes or
-text), an `SSEStream`, or a `ReplyReader` already folded (the worker's stream path).
-Anything else reads as a malformed response: unverified evidence, never an exception.
+response (a dict, or an SDK object read by `model_dump()`, `to_dict()` or `__dict__`), a
+list of stream chunks, a raw SSE body (bytes or text), an `SSEStream`, or a folded
+`ReplyReader` (the worker's path). Anything else is a malformed response: unverified
+evidence, never an exception.
 
 Invariants (DESIGN §4 as code):
-
-- A count is valid only if its type is exactly `int` and it is >= 0 (`strict_count`); a
-  missing count is never zero.
+- A count is valid only as an exact `int` >= 0 (`strict_count`); a missing count is never 0.
 - `cached_tokens` comes from `usage.prompt_tokens_details.cached_tokens`, else from
-  `timings.cache_n`; `cached_source` names the one used. A source that is present but
-  malformed (8.0, "8", true, -1, a list) makes the call unverified: the next source is not
-  consulted to paper over it.
-- The disk tier: tokens restored from the server's disk (`timings.disk_restore_n`, with
-  `disk_restore_ms`) were not prefilled, so they are resumed tokens. When the restore count
-  exceeds the cached count read above (or that count is missing), it is the cached count
-  and `cached_source` says so. The two are never added: whether a server counts disk
-  restores inside `cache_n` is not documented, and the larger is a lower bound either way.
-- `cold` = complete, valid prompt and cached counts, cached == 0; `reused` = complete,
-  0 < cached <= prompt; anything else is `unverified`, with `reason` in words.
-  Completeness is `ReplyReader`'s rule: a finished stream or a final response, never one
-  mid-stream chunk. An incomplete call has no `output_sha256`, `token_sha` or `ttft_s`.
-- `error` is a short code of ours; the server's error text is never kept, nor the output
-  text: only `output_sha256` = sha256(sha256(content) || sha256(reasoning)) over the UTF-8
-  bytes of the concatenated pieces, whatever the chunk boundaries.
+  `timings.cache_n`, and `cached_source` names it. A source present but malformed (8.0,
+  "8", true, -1, a list) makes the call unverified: the next source never papers over it.
+- Disk tier: tokens restored from the server's disk (`timings.disk_restore_n`) were not
+  prefilled, so they are resumed tokens; when they exceed the cached count read above (or
+  it is missing) they are the cached count, and `cached_source` says so. The two are never
+  added (whether `cache_n` counts disk restores is undocumented; the larger is a lower bound).
+- `cold` = complete, valid counts, cached == 0; `reused` = complete, 0 < cached <= prompt;
+  anything else is `unverified`, with `reason` in words. Completeness is `ReplyReader`'s
+  rule (a finished stream or a final response, never one mid-stream chunk); an incomplete
+  call has no `output_sha256`, `token_sha` or `ttft_s`.
+- `error` is a short code of ours; neither the server's error text nor the output text is
+  kept: only `output_sha256` = sha256(sha256(content) || sha256(reasoning)) over the UTF-8
+  bytes of the joined pieces, whatever the chunk boundaries.
 - `token_sha` is read only from `tensorfold.token_sha`, as 12 or 64 lowercase hex digits.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
-from typing import Final, cast
+from typing import Final
 
 from prefixreg.core.digest import output_digest
 from prefixreg.core.errors import UsageError
+from prefixreg.core.fields import strict_number
 from prefixreg.core.records import CacheState, CallEvidence, strict_count
 from prefixreg.server.replies import ReplyReader, to_plain
 from prefixreg.server.sse import SSEStream, parse_sse
@@ -57,17 +53,6 @@ def _why_invalid(name: str, value: object) -> str:
     kinds = (*_KINDS, (list, "a list"), (dict, "an object"))
     kind = next((words for t, words in kinds if isinstance(value, t)), None)
     return f"{name} is {kind or 'a ' + type(value).__name__}"
-
-
-def _number(value: object) -> float | None:
-    """A finite number >= 0 as a float, else None (a bool or a numeric string is no number)."""
-    if type(value) is not int and type(value) is not float:
-        return None
-    try:
-        number = float(cast(float, value))
-    except OverflowError:  # an int beyond any float
-        return None
-    return number if math.isfinite(number) and number >= 0 else None
 
 
 def _reported(usage: Mapping[str, object], timings: object) -> tuple[int | None, str | None, str]:
@@ -112,7 +97,6 @@ def _judge(reply: ReplyReader, *, wall_s: float | None, ttft_s: float | None) ->
     usage: Mapping[str, object] = usage_obj if isinstance(usage_obj, dict) else {}
     prompt = strict_count(usage.get("prompt_tokens"))
     cached, source, cached_reason, restored = _cached(usage, reply.timings)
-
     reason: str | None
     state: CacheState = "unverified"
     if not reply.complete:
@@ -130,7 +114,6 @@ def _judge(reply: ReplyReader, *, wall_s: float | None, ttft_s: float | None) ->
     else:
         reason = None
         state = "cold" if cached == 0 else "reused"
-
     timings: Mapping[str, object] = reply.timings if isinstance(reply.timings, dict) else {}
     sha = reply.runtime.get("token_sha") if isinstance(reply.runtime, dict) else None
     token_sha = sha if isinstance(sha, str) and _TOKEN_SHA.fullmatch(sha) else None
@@ -147,10 +130,10 @@ def _judge(reply: ReplyReader, *, wall_s: float | None, ttft_s: float | None) ->
         token_sha=token_sha if complete else None,
         ttft_s=ttft_s if complete else None,
         wall_s=wall_s,
-        prompt_ms=_number(timings.get("prompt_ms")),
-        predicted_ms=_number(timings.get("predicted_ms")),
+        prompt_ms=strict_number(timings.get("prompt_ms")),
+        predicted_ms=strict_number(timings.get("predicted_ms")),
         disk_restore_tokens=restored,
-        disk_restore_ms=_number(timings.get("disk_restore_ms")),
+        disk_restore_ms=strict_number(timings.get("disk_restore_ms")),
         error=reply.error,
         reason=reason,
     )
@@ -181,7 +164,7 @@ def _read(resp: object, done: object) -> ReplyReader:
 
 def _seconds(name: str, value: object) -> float | None:
     """A caller's `wall_s` or `ttft_s`: None, or a finite number of seconds >= 0."""
-    number = _number(value)
+    number = strict_number(value)
     if value is not None and number is None:
         raise UsageError(f"{name} is None or a finite number of seconds >= 0")
     return number
@@ -194,17 +177,13 @@ def evidence_from_response(
     wall_s: float | None = None,
     ttft_s: float | None = None,
 ) -> CallEvidence:
-    """Evidence from what a call returned (any input the module docstring names).
+    """Evidence from what a call returned (any input the module docstring names). One stream
+    chunk is never complete, never `cold`; a list of chunks is complete only with
+    `done=True` (the stream ended with `[DONE]`, as an SDK stream iterated to its end did).
 
-    A non-streamed response is complete only as a final response (see `server.replies`):
-    one stream chunk passed here is never complete, never `cold`. A list of stream chunks
-    is complete only with `done=True`, which says the stream ended with `[DONE]` (an SDK
-    stream iterated to its end did); anything else is a truncated stream.
-
-    Raises:
-        UsageError: `done` is not a bool or None, or `wall_s`/`ttft_s` not None or a
-            finite number of seconds >= 0. Nothing in `resp` raises: a reply that cannot
-            be read is unverified evidence that says why.
+    Raises UsageError: `done` is not a bool or None, or `wall_s`/`ttft_s` not None or a
+    finite number of seconds >= 0. Nothing in `resp` raises: what cannot be read is
+    unverified evidence that says why.
     """
     wall, ttft = _seconds("wall_s", wall_s), _seconds("ttft_s", ttft_s)
     return _judge(_read(resp, done), wall_s=wall, ttft_s=ttft)

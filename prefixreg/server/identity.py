@@ -1,21 +1,19 @@
 """Server profiles: what each can prove per call, and its build identity. Pure: no I/O.
 
-- halogen: usage (cached only when > 0) and `timings.cache_n` (Flash), and `/cache`
-  counters: the only profile that proves counter-level facts (hits, misses, evictions).
-  Identity: `version.*`, model, chat_template.sha256, checkpoint_format, context, slots,
-  slot_ctx, the whole `prompt_cache` block.
+- halogen: usage (cached only when > 0), `timings.cache_n` (Flash) and `/cache` counters:
+  the only profile that proves counter-level facts (hits, misses, evictions). Identity:
+  `version`, model, chat template sha256, checkpoint format, context, slots, the
+  `prompt_cache` block.
 - llamacpp: usage (an explicit 0) and `timings.cache_n`. Identity: /props `build_info`,
-  model_path, n_ctx, total_slots, the sha256 of `chat_template`.
-- vllm: `usage.prompt_tokens_details` only with the server's
-  `--enable-prompt-tokens-details`. Identity: /version's version, each /v1/models id with
-  its `max_model_len`.
-- generic: usage, if the server sends it. Identity: the sorted /v1/models ids (None when
-  the route is missing).
+  model path, n_ctx, total slots, the sha256 of `chat_template`.
+- vllm: `usage.prompt_tokens_details` only with `--enable-prompt-tokens-details`.
+  Identity: /version's version, each /v1/models id with its `max_model_len`.
+- generic: usage, if sent. Identity: the sorted /v1/models ids (None without the route).
 
 A count the server did not send is never read as zero (DESIGN §4). An identity says *what*
-is serving, never how loaded it is: load fields (`in_flight`, `busy`, `queued`, ...) never
-enter it, so an idle and a busy server have the same build id. What a public receipt shows
-of an identity is `records.public_identity`.
+is serving, never how loaded it is: load fields (`in_flight`, `busy`, ...) never enter it,
+so an idle and a busy server have the same build id. A public receipt shows only
+`records.public_identity` of it.
 """
 
 from __future__ import annotations
@@ -53,24 +51,20 @@ def halogen_identity(health: Mapping[str, JSONValue]) -> JSONObject:
         "chat_template_sha256": template.get("sha256") if isinstance(template, dict) else None,
         "prompt_cache": body.get("prompt_cache"),
     }
-    identity.update((key, body.get(key)) for key in _HALOGEN_IDENTITY)
-    return identity
+    return identity | {key: body.get(key) for key in _HALOGEN_IDENTITY}
 
 
 def llamacpp_identity(props: Mapping[str, JSONValue]) -> JSONObject:
     body = _reply(props, "/props")
-    settings = body.get("default_generation_settings")
-    template = body.get("chat_template")
+    settings, template = body.get("default_generation_settings"), body.get("chat_template")
+    if isinstance(template, str):
+        template = hashlib.sha256(template.encode("utf-8", "surrogatepass")).hexdigest()
     return {
         "build_info": body.get("build_info"),
         "model_path": body.get("model_path"),
         "n_ctx": settings.get("n_ctx") if isinstance(settings, dict) else None,
         "total_slots": body.get("total_slots"),
-        "chat_template_sha256": (
-            hashlib.sha256(template.encode("utf-8", "surrogatepass")).hexdigest()
-            if isinstance(template, str)
-            else None
-        ),
+        "chat_template_sha256": template if isinstance(template, str) else None,
     }
 
 
@@ -95,7 +89,6 @@ def generic_identity(models: Mapping[str, JSONValue] | None) -> JSONObject:
 def vllm_identity(
     version: Mapping[str, JSONValue] | None, models: Mapping[str, JSONValue] | None
 ) -> JSONObject:
-    """vLLM: its version, and each served model id with its `max_model_len`, by id."""
     raw = _reply(version, "/version", optional=True).get("version")
     served = _served(models)
     listed: list[JSONValue] | None = None

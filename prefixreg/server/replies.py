@@ -1,18 +1,16 @@
 """Reading one reply into its parts, frame by frame. Pure: no I/O.
 
-`ReplyReader` folds a non-streamed response, or the frames of a stream one at a time, into
-what evidence and callers need: the text (as UTF-8 bytes, so memory grows with the text and
-never with the number of frames), finish reason, usage, timings, runtime block, model, id, and
-whether the reply is complete, with the first problem found (`error` code, `reason` words).
+`ReplyReader` folds a non-streamed response, or a stream's frames one at a time, into what
+evidence and callers need: the text (as UTF-8 bytes: memory grows with the text, never with
+the number of frames), finish reason, usage, timings, runtime block, model, id, and whether
+the reply is complete, with the first problem found (`error` code, `reason` words).
 
 Invariants:
-
-- Complete means the server proved the reply is whole. A stream: `[DONE]` arrived, every
-  event was JSON, no frame carried an `error`, every text piece was a string. A non-streamed
-  response: a JSON object without `error`, whose `object` is not a `*.chunk`, no choice of
-  which carries a stream `delta`, and whose first choice has a `message` (or completions
-  `text`) and a `finish_reason` that is a string or absent (an explicit null says the reply
-  is not finished). One mid-stream chunk handed over as a response is never complete.
+- Complete means the server proved the reply whole. A stream: `[DONE]` arrived, every event
+  was JSON, no frame carried an `error`, every text piece was a string. A response: a JSON
+  object without `error`, not a `*.chunk`, no choice with a stream `delta`, and a first
+  choice with a `message` (or completions `text`) and a `finish_reason` that is a string or
+  absent (an explicit null: not finished). One mid-stream chunk is never complete.
 - Only the first choice (index 0) is read for text: n > 1 is not how calls are made.
 - The server's own error text is never kept; `error` is a short code of ours.
 """
@@ -30,11 +28,8 @@ _MAX_DEPTH: Final = 64
 
 
 def to_plain(obj: object, _depth: int = 0) -> object:
-    """Turn an SDK object (pydantic `model_dump()`, `to_dict()`, `__dict__`) into plain data.
-
-    Dicts, lists, strings, numbers, bools and None pass through (tuples become lists).
-    Anything this cannot read is returned unchanged and later judged malformed.
-    """
+    """An SDK object (pydantic `model_dump()`, `to_dict()`, `__dict__`) as plain data; JSON
+    values pass through (tuples become lists), anything else is returned to be judged."""
     if _depth > _MAX_DEPTH:
         return None
     if obj is None or isinstance(obj, str | int | float | bool):
@@ -101,16 +96,15 @@ class ReplyReader:
         return self._take_choices(frame, key="delta")
 
     def end_stream(self, *, done: bool, malformed: str | None) -> None:
-        """The stream is over: `done` says whether `[DONE]` arrived; `malformed` is why a
-        line could not be read (see `SSEStream`)."""
+        """The stream is over: `done` says whether `[DONE]` arrived; `malformed` why a line
+        could not be read."""
         if malformed is not None:
             self.fail("malformed_stream", str(malformed))
         if done is not True:
             self.fail("incomplete_stream", "stream ended without [DONE]")
 
     def take_response(self, resp: object) -> None:
-        """Fold a whole non-streamed response, decoded or as the bytes that arrived (see the
-        completeness rule above)."""
+        """Fold a whole non-streamed response, decoded or as the bytes that arrived."""
         if isinstance(resp, bytes):
             try:
                 resp = loads(resp)
@@ -145,9 +139,9 @@ class ReplyReader:
         for key, attr in (("usage", "usage"), ("timings", "timings"), ("tensorfold", "runtime")):
             if frame.get(key) is not None:
                 setattr(self, attr, frame[key])
-        model, ident = frame.get("model"), frame.get("id")
-        self.model = model if isinstance(model, str) else self.model
-        self.id = ident if isinstance(ident, str) else self.id
+        for key in ("model", "id"):
+            if isinstance(frame.get(key), str):
+                setattr(self, key, frame[key])
 
     def _take_piece(self, target: bytearray, value: object, what: str) -> bool:
         if value is None:
@@ -191,8 +185,7 @@ class ReplyReader:
 
     def view(self) -> JSONObject:
         """A flat, response-like view for the caller, never for a record (it holds the output
-        text): `content`, `reasoning` (None when empty), `finish_reason`, `usage`, `timings`,
-        `model`, `id`."""
+        text); `reasoning` is None when empty."""
         return {
             "content": self.content.decode("utf-8", "surrogatepass"),
             "reasoning": self.reasoning.decode("utf-8", "surrogatepass") or None,

@@ -1,34 +1,32 @@
 """llama.cpp's slot API on a `Worker`: `/slots`, and save, restore or erase a slot's KV state.
 
-llama-server started with `--slot-save-path DIR` answers `POST /slots/{id}?action=save|
-restore` with `{"filename": NAME}` (a bare name inside DIR) and `action=erase` with `{}`;
-the replies carry `n_saved`/`n_restored`/`n_erased`, bytes (`n_written`/`n_read`) and
+llama-server with `--slot-save-path DIR` answers `POST /slots/{id}?action=save|restore`
+with `{"filename": NAME}` (a bare name inside DIR) and `action=erase` with `{}`; replies
+carry `n_saved`/`n_restored`/`n_erased`, bytes (`n_written`/`n_read`) and
 `timings.save_ms`/`restore_ms`. A chat call is pinned to a slot with `id_slot`.
 
 Invariants:
 - Only the `llamacpp` profile has a slot API: any other gets a `UsageError` (exit 2) before
   a slot request is sent, never a silent fallback that would look like a restore.
 - Fields are read strictly: a slot is idle only when `is_processing` is exactly `false`
-  (`"yes"`, `1` or missing is unknown, never idle); a count is `strict_count` (missing or
-  malformed is None, never zero). A reply's counts are reported, never proof that a
-  restore resumes anything (`core.judge.judge_restore` needs a pinned check).
-- Errors are the worker's own tree; a server without `--slot-save-path` answers 501, a
+  (`"yes"`, `1` or missing is unknown); a count is `strict_count` (missing or malformed is
+  None, never zero). A reply's counts are never proof that a restore resumes anything
+  (`core.judge.judge_restore` needs a pinned check).
+- Errors are the worker's own tree; a server without `--slot-save-path` answers 501: a
   `UsageError` with a hint.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Final
 
 from prefixreg.core.errors import MalformedResponseError, UsageError, WorkerHTTPError
+from prefixreg.core.fields import strict_number
 from prefixreg.core.records import ServerBuild, strict_count
 from prefixreg.server.worker import Worker
 
-# Saving or reading a snapshot is disk I/O on the server (tens of MB): more than a small route.
-_SLOT_IO_TIMEOUT: Final = 120.0
 # action -> the reply's (tokens, bytes, server ms) fields.
 _FIELDS: Final = {
     "save": ("n_saved", "n_written", "save_ms"),
@@ -54,7 +52,7 @@ class SlotInfo:
 @dataclass(frozen=True, slots=True)
 class SlotTransfer:
     """A save, restore or erase reply: tokens and bytes moved, the server's own time, and
-    the client's wall time for the request."""
+    the client's wall time."""
 
     action: str
     slot_id: int
@@ -107,13 +105,11 @@ def idle_slot(worker: Worker, prefer: int | None = None) -> SlotInfo:
 def slot_action(worker: Worker, slot_id: int, action: str, filename: str = "") -> SlotTransfer:
     """POST `action` (save, restore or erase) for slot `slot_id`; save and restore name the
     bare `filename` inside the server's slot directory."""
-    path = f"/slots/{slot_id}?action={action}"
-    started = time.perf_counter()
-    # The worker's own transport: one deadline, one size cap, one error tree for all routes.
-    reply = worker.post_json(
+    path, started = f"/slots/{slot_id}?action={action}", time.perf_counter()
+    reply = worker.post_json(  # the worker's transport: its deadline, size cap, error tree
         path,
         {"filename": filename} if filename else {},
-        seconds=max(worker.timeout, _SLOT_IO_TIMEOUT),
+        seconds=max(worker.timeout, 120.0),  # disk I/O of tens of MB on the server
         missing=frozenset({501}),
     )
     wall = time.perf_counter() - started
@@ -125,11 +121,5 @@ def slot_action(worker: Worker, slot_id: int, action: str, filename: str = "") -
     tokens, size, ms = _FIELDS[action]
     timings = reply.get("timings")
     n_tokens, n_bytes = strict_count(reply.get(tokens)), strict_count(reply.get(size))
-    server_ms = _ms(timings.get(ms) if isinstance(timings, dict) else None)
+    server_ms = strict_number(timings.get(ms) if isinstance(timings, dict) else None)
     return SlotTransfer(action, slot_id, filename, n_tokens, n_bytes, server_ms, wall)
-
-
-def _ms(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-        return None
-    return float(value)

@@ -1,25 +1,21 @@
 """Server-sent events, read by the WHATWG event-stream rules. Pure: no I/O.
 
-An OpenAI-compatible stream is a sequence of events whose `data` is one JSON document each,
-ended by the event `data: [DONE]`. How a body becomes events (the spec, as code):
+An OpenAI-compatible stream is events whose `data` is one JSON document each, ended by
+`data: [DONE]`. The spec, as code:
+- Lines end with CRLF, LF or CR (a CRLF may be cut between pieces); a leading BOM is dropped.
+  Bytes are split into lines before decoding (CR and LF never occur inside a UTF-8
+  sequence), so a character cut between pieces is whole again in its line.
+- `field: value` (one space after the colon dropped); no colon: the value is empty. `data`
+  lines of one event are joined with "\\n"; a blank line ends the event. Comments are
+  skipped; `id`, `retry` (reconnection never happens here) and unknown fields are ignored.
+- `event: error` fails the call whatever its data (its text is not kept); other event
+  names are judged by their data. An event still open at the end of the body is discarded,
+  so `data: [DONE]` without its dispatching blank line did not end the stream properly.
 
-- Lines end with CRLF, LF or CR, including a CRLF cut between two pieces; a leading BOM is
-  dropped. Bytes are split into lines before decoding (CR and LF never occur inside a UTF-8
-  sequence), so a character cut between pieces is whole again when its line is decoded.
-- `field: value` (one space after the colon is dropped); a line without a colon is a field
-  with an empty value. `data` lines of one event are joined with "\\n"; a blank line ends the
-  event. Comments (`: keepalive`) are skipped; `id` and `retry` only steer reconnection,
-  which never happens here (a call is never resumed), so they are read and ignored; other
-  field names are ignored, as the spec says.
-- `event: error` marks the call failed whatever its data (the data text is not kept). Other
-  event names are judged by their data like unnamed ones.
-- An event still open when the body ends is discarded (spec): a stream whose last bytes are
-  `data: [DONE]` without the blank line that dispatches it did not end properly.
-
-Invariants: each byte is scanned a bounded number of times (pieces of an unfinished line are
-kept in a list and joined once, so a long line fed byte by byte stays linear); a line that is
-not UTF-8 or an event whose data is not JSON (`core.jsonio`'s rules) marks the stream
-`malformed`, never a guess; after `[DONE]` nothing more is read.
+Invariants: each byte is scanned a bounded number of times (an unfinished line's pieces are
+joined once, so a long line fed byte by byte stays linear); a line that is not UTF-8 or an
+event whose data is not JSON (`core.jsonio`'s rules) marks the stream `malformed`, never a
+guess; after `[DONE]` nothing more is read.
 """
 
 from __future__ import annotations
@@ -33,17 +29,13 @@ from prefixreg.core.jsonio import loads
 
 _LINE_END: Final = re.compile(rb"\r\n|\r|\n")
 _BOM: Final = b"\xef\xbb\xbf"
-ERROR_EVENT_FRAME: Final = {"error": {"event": "error"}}  # an `event: error`, no server text
 
 
 @dataclass(slots=True)
 class SSEStream:
-    """The decoded events of one stream.
-
-    `chunks` holds each event's JSON value in order (a non-object value is kept and judged
-    later; empty when the parser was told not to keep them). `done` is True once
-    `data: [DONE]` arrived. `malformed` is the first reason the stream could not be read.
-    """
+    """The decoded events of one stream: `chunks`, each event's JSON value in order (a
+    non-object is kept and judged later; empty when the parser keeps none); `done` once
+    `data: [DONE]` arrived; `malformed`, the first reason the stream could not be read."""
 
     chunks: list[object] = field(default_factory=list)
     done: bool = False
@@ -51,11 +43,9 @@ class SSEStream:
 
 
 class SSEParser:
-    """Incremental event-stream reader: `feed` it the body's bytes as they arrive.
-
-    `feed` returns the JSON values of the events its bytes completed. With `keep=False` the
-    values are only returned, not also kept in `stream.chunks`: a caller that folds each
-    frame as it comes (the worker) then holds no per-frame memory.
+    """Incremental event-stream reader: `feed` it the body's bytes as they arrive; it returns
+    the JSON values of the events they completed. With `keep=False` they are not also kept
+    in `stream.chunks`, so a caller that folds each frame as it comes holds no per-frame memory.
     """
 
     def __init__(self, *, keep: bool = True) -> None:
@@ -68,7 +58,6 @@ class SSEParser:
         self.stream = SSEStream()
 
     def feed(self, data: bytes | bytearray) -> list[object]:
-        """Take the next bytes of the body; return the frames completed by them."""
         given: object = data  # callers outside the type checker pass anything
         if not isinstance(given, bytes | bytearray):
             raise UsageError(f"an event stream is fed bytes, not {type(data).__name__}")
@@ -98,7 +87,7 @@ class SSEParser:
         return self.stream
 
     def _line(self, line: bytes) -> object | None:
-        """Take one line (without its line ending); return the frame it completed, if any."""
+        """Take one line (without its line ending); the frame it completed, if any."""
         if self.stream.done:
             return None
         if not self._started:
@@ -129,7 +118,7 @@ class SSEParser:
         if not data or (event != "error" and not payload.strip()):
             return None  # no data, or `data:` with nothing in it: no claim either way
         if event == "error":
-            frame: object = dict(ERROR_EVENT_FRAME)
+            frame: object = {"error": {"event": "error"}}  # no server text is kept
         elif payload.strip() == "[DONE]":
             self.stream.done = True
             return None
@@ -144,8 +133,7 @@ class SSEParser:
         return frame
 
     def _malformed(self, reason: str) -> None:
-        if self.stream.malformed is None:
-            self.stream.malformed = reason
+        self.stream.malformed = self.stream.malformed or reason
 
 
 def parse_sse(data: bytes | bytearray | str) -> SSEStream:

@@ -1,21 +1,18 @@
 """HTTP for one worker: every call has a deadline and every reply a size cap.
 
 What a hostile or broken server can do, and what stops it:
-
-- Trickle (headers or body, a byte a second) or go silent: one deadline bounds each call
-  whole, from connect to last byte, streams included. httpx's timeouts apply per read, so a
-  timer also shuts the call's socket down when its time is up (the socket comes from
-  httpcore's connect trace event; connections are not kept alive, so every call has its
-  own), and the time left is checked between pieces: past it the call raises
-  `WorkerTimeoutError` within a fraction of a second.
-- Send more than any real reply: bodies are streamed and counted after content decoding
-  (memory is what the cap protects); past `max_bytes`, or at once from a `Content-Length`
-  over it, the call raises `ReplyTooLargeError`. An unbounded body is never read whole.
-- Fail: connection refused -> `WorkerUnreachableError`; 503 `engine_busy` ->
-  `EngineBusyError`; other 3xx/4xx/5xx -> `WorkerHTTPError` carrying the server's own message
-  (one line, <= 200 characters, API key scrubbed); a body that is not the JSON promised
-  (`core.jsonio`'s rules) -> `MalformedResponseError`. Messages name the method, the path
-  and the URL without user info.
+- Trickle (a byte a second) or go silent: one deadline bounds each call whole, connect to
+  last byte, streams included. httpx's timeouts are per read, so a timer also shuts the
+  call's socket down (learnt from httpcore's connect trace; no keep-alive, so each call has
+  its own) and the time left is checked between pieces: `WorkerTimeoutError` within a
+  fraction of a second.
+- Send more than any real reply: bodies are streamed and counted after content decoding;
+  past `max_bytes`, or at once from a `Content-Length` over it, `ReplyTooLargeError`. An
+  unbounded body is never read whole.
+- Fail: refused -> `WorkerUnreachableError`; 503 `engine_busy` -> `EngineBusyError`; other
+  3xx/4xx/5xx -> `WorkerHTTPError` with the server's own message (one line, <= 200
+  characters, API key scrubbed); a body that is not the JSON promised (`core.jsonio`'s
+  rules) -> `MalformedResponseError`. Messages name the method, path and URL (no user info).
 
 Invariants: the API key is sent as `Authorization: Bearer` and nowhere else; redirects are
 not followed; proxies come from the environment only if the user set them.
@@ -53,10 +50,7 @@ def check_seconds(name: str, value: object) -> float:
     """A timeout given at the boundary: a finite number of seconds in (0, `MAX_SECONDS`]."""
     number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
     if number is None or not 0 < number <= MAX_SECONDS:
-        raise UsageError(
-            f"{name} must be a number of seconds above 0 and at most {MAX_SECONDS:g}, "
-            f"not {shown(value)}"
-        )
+        raise UsageError(f"{name} must be 0 < seconds <= {MAX_SECONDS:g}, not {shown(value)}")
     return float(number)
 
 
@@ -68,8 +62,7 @@ def check_max_bytes(value: object) -> int:
 
 
 def display_url(url: str) -> str:
-    """The URL without user info, query or fragment: safe to print. `UsageError` when it is
-    not a string or its port cannot be read."""
+    """The URL without user info, query or fragment: safe to print (else `UsageError`)."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -109,12 +102,12 @@ def _shut(sock: socket.socket) -> None:
 
 
 class _ExpiredError(Exception):
-    """Internal: the deadline passed between two pieces."""
+    """The deadline passed between two pieces."""
 
 
 class _Deadline:
-    """One call's deadline: a timer that shuts the call's socket down when the time is up,
-    which wakes a read blocked on it. `trace` (an httpcore hook) learns the socket."""
+    """One call's deadline: a timer shuts the call's socket (learnt by `trace`, an httpcore
+    hook) down when the time is up, which wakes a read blocked on it."""
 
     def __init__(self, seconds: float) -> None:
         self.at = time.monotonic() + seconds
@@ -166,15 +159,12 @@ class _Call:
         length = self.resp.headers.get("content-length", "")
         if length.isascii() and length.isdigit() and int(length) > self.max_bytes:
             raise errors.ReplyTooLargeError("")
-        received = 0
-        body = self.resp.iter_bytes()
+        received, body = 0, self.resp.iter_bytes()
         while True:
             try:
                 piece = next(body, None)
-            except httpx.TimeoutException:
-                raise
-            except httpx.TransportError:
-                if not drop_ok or self.deadline.passed():
+            except httpx.TransportError as exc:
+                if isinstance(exc, httpx.TimeoutException) or not drop_ok or self.deadline.passed():
                     raise
                 piece = None
             if self.deadline.passed():
@@ -192,9 +182,7 @@ class _Call:
 
 class Transport:
     """The HTTP side of a `Worker`: calls with deadlines, capped bodies, mapped errors.
-
-    Raises `UsageError` for a URL that is not a worker's (http(s)://host[:port]).
-    """
+    Raises `UsageError` for a URL that is not a worker's (http(s)://host[:port])."""
 
     def __init__(self, url: str, *, key: str | None, max_bytes: object, transport: object) -> None:
         base = _base_url(url)
@@ -220,9 +208,6 @@ class Transport:
     def close(self) -> None:
         self._client.close()
 
-    def where(self, method: str, path: str) -> str:
-        return f"{method} {path} on {self.url}"
-
     def scrub(self, text: str) -> str:
         """Remove the API key from text we did not write (a server echoing a header)."""
         return text.replace(self._key, "***") if self._key else text
@@ -236,9 +221,11 @@ class Transport:
         seconds: float,
         content: bytes | None = None,
         headers: dict[str, str] | None = None,
+        missing: frozenset[int] = frozenset(),
     ) -> Iterator[_Call]:
-        """Open one call bounded by `seconds` in all; errors come out as the error tree."""
-        where = self.where(method, path)
+        """Open one call bounded by `seconds` in all, a non-2xx status not in `missing` raised;
+        errors come out as the error tree."""
+        where = f"{method} {path} on {self.url}"
         deadline = _Deadline(seconds)
         timed_out = errors.WorkerTimeoutError(
             f"{where}: timed out (no complete reply within {seconds:g} s)",
@@ -254,7 +241,10 @@ class Transport:
                 timeout=httpx.Timeout(seconds),
                 extensions={"trace": deadline.trace},
             ) as resp:
-                yield _Call(resp, deadline, self.max_bytes)
+                call = _Call(resp, deadline, self.max_bytes)
+                if call.status not in missing:
+                    self._raise_for_status(where, call)
+                yield call
         except (httpx.TimeoutException, _ExpiredError):
             raise timed_out from None
         except errors.ReplyTooLargeError:
@@ -266,9 +256,8 @@ class Transport:
                 hint="a real reply is far smaller; raise max_bytes only if this one is real",
             ) from None
         except httpx.DecodingError:
-            raise errors.MalformedResponseError(
-                f"{where}: the reply body could not be decoded", url=self.url
-            ) from None
+            why = f"{where}: the reply body could not be decoded"
+            raise errors.MalformedResponseError(why, url=self.url) from None
         except httpx.TransportError as exc:
             if deadline.passed():
                 raise timed_out from None
@@ -281,9 +270,9 @@ class Transport:
         finally:
             deadline.cancel()
 
-    def raise_for_status(self, method: str, path: str, call: _Call) -> None:
+    def _raise_for_status(self, where: str, call: _Call) -> None:
         """Raise the error tree for a non-2xx answer (its body read under the cap)."""
-        where, status = self.where(method, path), call.status
+        status = call.status
         if status < 300:
             return
         if status < 400:
@@ -296,16 +285,10 @@ class Transport:
         message, code = _error_message(call.read())
         # The reason phrase is the server's text too: scrub it like the body.
         text = one_line(self.scrub(message or call.resp.reason_phrase or "")) or "no message"
-        full = f"{where}: HTTP {status}: {text}"
-        if status == 503 and code == "engine_busy":
-            raise errors.EngineBusyError(
-                full,
-                status_code=503,
-                code=code,
-                url=self.url,
-                hint="the worker serves one request at a time; retry when it is idle",
-            )
-        raise errors.WorkerHTTPError(full, status_code=status, code=code, url=self.url)
+        full, busy = f"{where}: HTTP {status}: {text}", status == 503 and code == "engine_busy"
+        kind = errors.EngineBusyError if busy else errors.WorkerHTTPError
+        hint = "the worker serves one request at a time; retry when it is idle" if busy else None
+        raise kind(full, status_code=status, code=code, url=self.url, hint=hint)
 
     def fetch(
         self,
@@ -321,10 +304,11 @@ class Transport:
         status is in `missing`."""
         method = "GET" if content is None else "POST"
         headers = None if content is None else {"Content-Type": "application/json"}
-        with self.call(method, path, seconds=seconds, content=content, headers=headers) as call:
+        with self.call(
+            method, path, seconds=seconds, content=content, headers=headers, missing=missing
+        ) as call:
             if call.status in missing:
                 return None
-            self.raise_for_status(method, path, call)
             raw, ctype = call.read(), call.content_type
         value: object = raw
         if kind is not bytes:
@@ -335,7 +319,7 @@ class Transport:
         if not isinstance(value, kind):
             what = {"dict": "object"}.get(kind.__name__, kind.__name__)
             raise errors.MalformedResponseError(
-                f"{self.where(method, path)}: the reply is not a JSON {what} "
+                f"{method} {path} on {self.url}: the reply is not a JSON {what} "
                 f"({one_line(ctype or 'no content type', 60)})",
                 url=self.url,
             )

@@ -5,23 +5,21 @@ names its prompt cache), llamacpp (/props has `build_info`), vllm (/version answ
 version string), generic. What each can prove, and its build identity: `server.identity`.
 
 Invariants:
-
-- Every call has a deadline that bounds it whole (connect to last byte, streams included)
-  and every reply a size cap (`max_bytes`, default 64 MiB); see `server.transport`.
-  `timeout` (default 10 s) is the deadline of each small-route call, `read_timeout`
-  (default 1800 s, since a cold prefill can take minutes) that of each chat call; a small
-  route never waits longer than `read_timeout` either.
+- Every call has a deadline that bounds it whole and every reply a size cap (`max_bytes`,
+  default 64 MiB; see `server.transport`): `timeout` (default 10 s) for each small route,
+  `read_timeout` (default 1800 s: a cold prefill can take minutes) for each chat call; a
+  small route never waits longer than `read_timeout` either.
 - Every argument is checked before a byte is sent; a wrong type or value is a `UsageError`
   (a timeout must be finite, above 0 and at most one day).
 - No state is kept between calls: the build identity is read fresh on every
-  `server_build()` (DESIGN §3 rule 3); only the model `/v1/models` lists first is read once
+  `server_build()` (DESIGN §3 rule 3); only the first model `/v1/models` lists is read once
   per client (`default_model`).
 - The API key (`api_key=`, else env `PREFIXREG_API_KEY`) is sent as `Authorization: Bearer`
   and nowhere else: not in `repr`, not in an exception message, not in a log line.
-- A chat call that got a 200 never raises for what its body then says: an error frame, a
-  truncated stream, a malformed line, or a non-streamed body that is not a final JSON
-  response give evidence `unverified` with an `error` code, so the call can be recorded.
-  Past the deadline or over the cap it raises (`WorkerTimeoutError`, `ReplyTooLargeError`).
+- A chat call that got a 200 never raises for what its body then says (an error frame, a
+  truncated stream, a malformed line, a body that is not a final JSON response): its
+  evidence is `unverified` with an `error` code, so the call can be recorded. Past the
+  deadline or over the cap it raises (`WorkerTimeoutError`, `ReplyTooLargeError`).
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from typing import Any, Final
 from prefixreg.core.errors import MalformedResponseError, UsageError, WorkerHTTPError
 from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject, dumps_ordered
-from prefixreg.core.prefix import Prefix, check_text
+from prefixreg.core.prefix import Prefix, check_history, check_text
 from prefixreg.core.records import CacheCounters, CallEvidence, ServerBuild
 from prefixreg.server import identity as ids
 from prefixreg.server.counters import parse_prometheus
@@ -53,12 +51,9 @@ _HEADER: Final = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+)\n([ -~]*)")
 
 
 class Worker:
-    """A client for one worker URL (the server root; a trailing `/v1` is dropped).
-
-    Use as a context manager, or call `close()`. `profile` forces a server profile instead
-    of detecting it; `model` is sent as the chat `model` unless a call passes its own;
-    `max_bytes` caps every reply; `transport` is for tests (an `httpx` transport).
-    """
+    """A client for one worker URL (the server root; a trailing `/v1` is dropped); a context
+    manager. `profile` forces a server profile; `model` is the chat `model` unless a call
+    passes its own; `max_bytes` caps every reply; `transport` is for tests (an `httpx` one)."""
 
     def __init__(
         self,
@@ -73,9 +68,7 @@ class Worker:
         transport: object = None,
     ) -> None:
         if profile is not None and profile not in PROFILES:
-            raise UsageError(
-                f"unknown server profile {shown(profile)}; one of {', '.join(PROFILES)}"
-            )
+            raise UsageError(f"unknown profile {shown(profile)}; one of {', '.join(PROFILES)}")
         for what, value in (("api_key", api_key), ("model", model)):
             if value is not None and not isinstance(value, str):
                 raise UsageError(f"{what} must be a string, not {type(value).__name__}")
@@ -104,11 +97,9 @@ class Worker:
         self.close()
 
     def close(self) -> None:
-        """Close the connection pool."""
         self._http.close()
 
     def _get(self, path: str, missing: frozenset[int] = _NO_ROUTE) -> JSONObject | None:
-        """GET `path` as a JSON object; None when its status is in `missing`."""
         return self._http.fetch(dict, path, seconds=self._small, missing=missing)
 
     def _try(self, path: str) -> JSONObject | None:
@@ -121,8 +112,8 @@ class Worker:
     def post_json(
         self, path: str, body: JSONObject, *, seconds: float, missing: frozenset[int] = _NEVER
     ) -> JSONObject | None:
-        """POST a JSON body to a small route (llama.cpp's slot actions) within `seconds` in
-        all; the reply as a JSON object, or None when its status is in `missing`."""
+        """POST a JSON body to a small route (llama.cpp's slot actions) within `seconds`: the
+        reply, a JSON object, or None when its status is in `missing`."""
         given: tuple[object, ...] = (path, body, missing)
         if not isinstance(given[0], str) or not path.startswith("/") or not path.isprintable():
             raise UsageError(f"post_json(): a path on the worker (/...), not {shown(path)}")
@@ -133,43 +124,37 @@ class Worker:
         return self._http.fetch(dict, path, seconds=seconds, content=content, missing=missing)
 
     def health(self) -> JSONObject:
-        """GET /health, as the server sent it."""
         return self._get("/health", _NEVER) or {}  # never None: no status is `missing`
 
     def models(self) -> JSONObject:
-        """GET /v1/models, as the server sent it."""
         return self._get("/v1/models", _NEVER) or {}
 
     def cache_raw(self) -> JSONObject | None:
-        """GET /cache as sent; None when the server has no /cache (404, 405, 501)."""
+        """GET /cache as sent; None when the server has none (404, 405, 501)."""
         return self._get("/cache")
 
     def cache(self) -> CacheCounters | None:
         """GET /cache as strict counters; None when the server has no /cache."""
-        raw = self._get("/cache")
+        raw = self.cache_raw()
         return None if raw is None else CacheCounters.from_server(raw)
 
     def props(self) -> JSONObject | None:
-        """GET /props (llama.cpp); None when the server has no such route."""
         return self._get("/props")
 
     def slots(self) -> list[JSONObject] | None:
-        """GET /slots (llama.cpp): one object per slot; None when the route is off (501
-        with `--no-slots`). A slot that has served a task carries `id_task`, which changes
-        with every completion the slot serves (and only then: `/slots`, `/metrics`, `/props`
-        and `/tokenize` do not touch it)."""
+        """GET /slots (llama.cpp): one object per slot; None when the route is off (501 with
+        `--no-slots`). A slot's `id_task` changes with every completion it serves."""
         body = self._http.fetch(list, "/slots", seconds=self._small, missing=_NO_ROUTE)
         return None if body is None else [s for s in body if isinstance(s, dict)]
 
     def metrics(self) -> dict[str, float] | None:
-        """GET /metrics (Prometheus text; llama.cpp serves it only with `--metrics`):
-        samples by name (`counters.parse_prometheus`); None when the route is off."""
+        """GET /metrics (llama.cpp's `--metrics`) as samples by name; None when it is off."""
         raw = self._http.fetch(bytes, "/metrics", seconds=self._small, missing=_NO_ROUTE)
         return None if raw is None else parse_prometheus(raw)
 
     def template_tokens(self, body: Mapping[str, Any]) -> int | None:
-        """llama.cpp: how many tokens the prompt its chat template renders for `body` has
-        (`/apply-template`, then `/tokenize`); None when the server cannot say."""
+        """llama.cpp: the tokens of the prompt its template renders for `body` (`/apply-template`,
+        then `/tokenize`); None when the server cannot say."""
         if not isinstance(body, Mapping):
             raise UsageError(f"template_tokens() reads a chat body, not {type(body).__name__}")
         try:
@@ -187,12 +172,10 @@ class Worker:
         return len(found) if isinstance(found, list) else None
 
     def _detect(self) -> tuple[str, JSONObject | None, JSONObject | None]:
-        """(profile, /health body, /props or /version body), each read at most once.
-
-        A /health that is missing or not JSON matches nothing; one that errors (503 while
-        loading, a timeout, an oversized reply) raises: guessing a profile from a sick
-        server would bind measurements to the wrong identity.
-        """
+        """(profile, /health body, /props or /version body), each read at most once. A /health
+        that is missing or not JSON matches nothing; one that errors (503 while loading, a
+        timeout, an oversized reply) raises: a profile guessed from a sick server would bind
+        measurements to the wrong identity."""
         try:
             health = self._get("/health")
         except MalformedResponseError:
@@ -210,11 +193,10 @@ class Worker:
         return "generic", health, None
 
     def detect_profile(self) -> str:
-        """One of `PROFILES` (the forced `profile=` if one was given)."""
         return self._detect()[0]
 
     def server_build(self) -> ServerBuild:
-        """The identity of the server right now (DESIGN §4), read fresh on every call."""
+        """The identity of the server right now (DESIGN §4)."""
         profile, health, body = self._detect()
         if profile == "halogen":
             identity = ids.halogen_identity(health or self.health())
@@ -227,9 +209,8 @@ class Worker:
         return ServerBuild(profile=profile, identity=identity)
 
     def default_model(self) -> str | None:
-        """The model a chat sends when neither the call nor `model=` names one: the first id
-        of `/v1/models` (vLLM, SGLang and most OpenAI-compatible servers need one), read
-        once per client and kept; None when the server lists none."""
+        """The model a chat sends when neither the call nor `model=` names one (vLLM and SGLang
+        need one): the first id of `/v1/models`, read once per client; None if it lists none."""
         if self._default_model is False:
             ids_listed = ids.generic_identity(self._try("/v1/models")).get("model_ids")
             first = ids_listed[0] if isinstance(ids_listed, list) and ids_listed else None
@@ -247,37 +228,36 @@ class Worker:
         headers: Mapping[str, str] | None = None,
         **params: Any,
     ) -> tuple[JSONObject, CallEvidence]:
-        """One chat call: `messages = prefix.messages(tail)` plus `params` (max_tokens, ...).
+        """One chat call, `messages = prefix.messages(tail)` and `params` (max_tokens, ...): the
+        reply (`ReplyReader.view`) and the call's evidence.
 
-        `history` (OpenAI-shaped messages: turns, tool calls, tool results) replaces the
-        one-line `tail`; `tools` adds tool definitions. A `Frame` sends its verified system
-        bytes, tools and settings (`Frame.body`); a plain `str` prefix is sent as is: nothing
-        verifies it. `headers` go with this call only (a router's routing key). Streams ask
-        for `stream_options.include_usage`. Returns the reply (`ReplyReader.view`) and the
-        call's evidence.
+        `history` (OpenAI-shaped messages) replaces the one-line `tail`; `tools` adds tool
+        definitions. A `Frame` sends its verified system bytes, tools and settings; a `str`
+        prefix is sent as is (nothing verifies it). `headers` go with this call only (a
+        router's routing key). Streams ask for `stream_options.include_usage`.
 
-        Raises:
-            UsageError: a wrong argument, or a body that is not JSON by the project's rules
-                (finite numbers, 64-bit integers, UTF-8 text, depth 64); nothing is sent.
-            WorkerError: HTTP errors, the deadline and the reply cap (see the module).
+        Raises UsageError: a wrong argument, or a body that is not JSON by the project's rules
+        (nothing is sent); WorkerError: HTTP errors, the deadline, the reply cap.
         """
         for reserved in ("messages", "stream"):
             if reserved in params:
                 raise UsageError(f"chat() sets {reserved!r} itself; do not pass it")
         if not isinstance(prefix, Prefix | Frame | str):
-            raise UsageError(
-                f"chat() sends a Prefix, a Frame or a str, not {type(prefix).__name__}"
-            )
+            raise UsageError(f"chat() sends a Prefix, Frame or str, not {type(prefix).__name__}")
         given: tuple[object, ...] = (stream, tools)  # callers outside the type checker
         if not isinstance(given[0], bool) or not isinstance(given[1], list | None):
             raise UsageError("chat(): stream is True or False, tools a list or None")
-        turns = _turns(tail, history)
+        if (tail is None) == (history is None):
+            raise UsageError("chat() takes a tail or a history, exactly one of them")
+        if history is None:
+            history = [{"role": "user", "content": check_text(tail, "the tail")}]
         if tools is not None:
             params["tools"] = tools  # a Frame refuses tools other than its own
         if isinstance(prefix, str):
-            body = {**params, "messages": [{"role": "system", "content": prefix}, *turns]}
+            system = {"role": "system", "content": prefix}
+            body = {**params, "messages": [system, *check_history(history)]}
         else:
-            body = prefix.body(turns, **params)
+            body = prefix.body(history, **params)
         body["stream"] = stream
         if stream:
             options = body.get("stream_options")
@@ -296,14 +276,10 @@ class Worker:
         headers = {**extra, "Content-Type": "application/json"}
         if stream:
             headers["Accept"] = "text/event-stream"
-        reply = ReplyReader()
-        first: float | None = None
-        started = time.perf_counter()
-        seconds = self.read_timeout
+        reply, first, started = ReplyReader(), None, time.perf_counter()
         with self._http.call(
-            "POST", _CHAT, seconds=seconds, content=content, headers=headers
+            "POST", _CHAT, seconds=self.read_timeout, content=content, headers=headers
         ) as call:
-            self._http.raise_for_status("POST", _CHAT, call)
             if stream and call.content_type.startswith("text/event-stream"):
                 parser = SSEParser(keep=False)  # frames are folded as they come, not kept
                 for piece in call.pieces(drop_ok=True):
@@ -322,24 +298,8 @@ class Worker:
         return reply.view(), evidence_from_response(reply, wall_s=wall, ttft_s=ttft)
 
 
-def _turns(tail: object, history: object) -> list[dict[str, Any]]:
-    """The messages after the system one: the one-line `tail`, or a copy of `history`."""
-    if (tail is None) == (history is None):
-        raise UsageError("chat() takes a tail or a history, exactly one of them")
-    if history is None:
-        return [{"role": "user", "content": check_text(tail, "the tail")}]
-    if isinstance(history, str | bytes) or not isinstance(history, Sequence):
-        raise UsageError("history must be a list of message objects")
-    for i, message in enumerate(history):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-            raise UsageError(f"history[{i}] must be a message object with a string 'role'")
-    return [dict(m) for m in history]
-
-
 def _check_body(body: object, what: str = "chat()") -> bytes:
-    """A request body as the bytes to send, if it travels as JSON by the project's rules
-    (JSON types, finite numbers, 64-bit integers, UTF-8 text, depth 64); anything else is
-    the caller's error (`UsageError`), before a byte is sent."""
+    """The bytes of a body that is JSON by the project's rules, else `UsageError`."""
     try:
         return dumps_ordered(body).encode("utf-8")
     except (TypeError, ValueError) as exc:  # orjson's encode error is a TypeError
