@@ -36,7 +36,6 @@ from typing import Final, Literal
 from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.records import receipt_refs
 from prefixreg.registry.snapshots import prune_snapshot_records, snapshot_prefix_shas
 from prefixreg.registry.store import Registry
 
@@ -140,17 +139,10 @@ def _collect_strays(reg: Registry, report: GcReport, *, cutoff: float, now: floa
     for rel, kind in reg._disk.walk():
         if kind != "file" or rel.startswith(f"{layout.LOCKS}/"):
             continue
-        if not layout.is_temp_name(rel.rsplit("/", 1)[-1]):
-            continue
-        st = reg._disk.lstat(rel)
-        if st is None or not stat.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
-            continue  # gone (its writer finished), or young: may be a write in flight
-        if not report.dry_run:
-            try:
-                reg._disk.path(rel).unlink()
-            except FileNotFoundError:
-                continue
-        report.removed.append(GcItem("stray", rel, now - st.st_mtime))
+        if layout.is_temp_name(rel.rsplit("/", 1)[-1]):
+            mtime = reg._disk.remove_old(rel, cutoff, dry_run=report.dry_run)
+            if mtime is not None:
+                report.removed.append(GcItem("stray", rel, now - mtime))
 
 
 def _recent_measurements(reg: Registry, cutoff: float) -> set[str]:
@@ -179,12 +171,7 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
     last_to = {move.name: move.to_sha for move in reg.name_log()}
     named = set(reg.names().values()) | set(last_to.values()) | reg._frames.parts()
     recent = _recent_measurements(reg, cutoff)
-    receipts = reg.probe_receipts()
-    by_receipt, receipt_unread = receipt_refs(raw for _path, raw in receipts)
-    # A receipt that could not even be read (probe_receipts skips it) keeps every slice too.
-    listed = [n for n, kind in reg._disk.entries(layout.PROBES) if kind == "file"]
-    listed = [n for n in listed if n.endswith(".json") and not layout.is_temp_name(n)]
-    receipt_unread = receipt_unread or len(listed) > len(receipts)
+    by_receipt, receipt_unread = reg._records.receipt_refs()
     snapped = snapshot_prefix_shas(reg)
     for sha in list(reg._objects.shas()):
         if sha in named:

@@ -83,11 +83,9 @@ def stamp_utc(moment: float) -> str:
 
 
 def encode_marker(role: str, created: str) -> bytes:
-    """The bytes of `REGISTRY.json` for a new root of `role` (origin or mirror)."""
+    """The bytes of `REGISTRY.json` for a new root of `role` (checked by the caller)."""
     from prefixreg.core.jsonio import dumps_canonical
 
-    if role not in ("origin", "mirror"):
-        raise UsageError(f"a registry role is origin or mirror, not {role!r}")
     marker = {"format": FORMAT, "version": FORMAT_VERSION, "role": role, "created": created}
     return dumps_canonical(marker) + b"\n"
 

@@ -40,11 +40,12 @@ class NameConflictError(errors.UsageError):
 
 @dataclass(frozen=True, slots=True)
 class JournalDisagreement:
-    """A name whose value is not the `to` of its last `names.log` line."""
+    """A name whose value (`current`, None: no file) is not the `to` of its last journal line
+    (`last`, None: never journalled)."""
 
     name: str
-    current: str | None  # what names/<name> holds (None: no such file)
-    last: NameMove | None  # its last journal line (None: never journalled)
+    current: str | None
+    last: NameMove | None
 
     @property
     def interrupted(self) -> bool:
@@ -54,13 +55,14 @@ class JournalDisagreement:
     def describe(self) -> str:
         if self.last is None:
             return f"points to {self.current} but names.log has no move of it"
+        held = self.current or "nothing"
         if self.interrupted:
             return (
                 f"interrupted move: names.log moves it to {self.last.to_sha} but it still "
-                f"holds {self.current or 'nothing'}; run verify --repair to complete it"
+                f"holds {held}; run verify --repair to complete it"
             )
         return (
-            f"holds {self.current or 'nothing'}, names.log's last move says {self.last.to_sha}; "
+            f"holds {held}, names.log's last move says {self.last.to_sha}; "
             "run verify --repair to journal its current value"
         )
 
@@ -78,10 +80,9 @@ class Names:
         CorruptRecordError (not a sha line), IntegrityError (a symlink, not a regular file)."""
         rel = layout.name_relpath(name)
         try:
-            raw = self._disk.read(rel)
+            sha = layout.parse_name_file(self._disk.read(rel))
         except FileNotFoundError:
             return None
-        sha = layout.parse_name_file(raw)
         if sha is None:
             path = self._disk.path(rel)
             raise errors.CorruptRecordError(f"{path}: not a sha256 line", path=path)
@@ -121,8 +122,8 @@ class Names:
     def move(
         self, name: str, sha: str, check: Check, *, expect: object = UNSET, force: bool = False
     ) -> NameMove | None:
-        """Point `name` at `sha` (which `check` verified; checked again under the lock: gc
-        removes objects only under it). The move, or None if the name already pointed there.
+        """Point `name` at `sha`, which `check` verifies again under the lock (gc removes
+        objects only under it); None if the name already pointed there.
 
         Raises:
             NameConflictError: `expect` is not what the name holds, or the move changes the
@@ -145,31 +146,30 @@ class Names:
                     hint="pass --force (force=True) to move it anyway",
                 )
             check(sha)
-            return self._journalled_move(name, current, sha)
-
-    def _journalled_move(self, name: str, current: str | None, sha: str) -> NameMove:
-        from prefixreg.core.records import NameMove
-
-        self._disk.mkdir(layout.NAMES)
-        at = layout.iso_utc(layout.utc_now())
-        move = NameMove(at=at, name=name, from_sha=current, to_sha=sha)
-        start = self._append(move, what=f"{name} not moved")
-        try:
-            self._write(name, sha)
-        except BaseException:
-            if self.read(name) == current:  # not moved: the line goes too, under the lock
-                fsutil.truncate(self._log, start, root=self._disk.root)
-            raise
-        return move
+            move, start = self._append(name, current, sha, what=f"{name} not moved")
+            try:
+                self._write(name, sha)
+            except BaseException:
+                if self.read(name) == current:  # not moved: the line goes too, under the lock
+                    fsutil.truncate(self._log, start, root=self._disk.root)
+                raise
+            return move
 
     def _write(self, name: str, sha: str) -> None:
         path = self._disk.mkdir(layout.NAMES) / name
         fsutil.replace_atomic(path, layout.encode_name_file(sha), mode=0o644)
 
-    def _append(self, move: NameMove, *, what: str) -> int:
+    def _append(
+        self, name: str, from_sha: str | None, to_sha: str, *, what: str
+    ) -> tuple[NameMove, int]:
+        """Journal a move now: the move and the offset its line starts at."""
+        from prefixreg.core.records import NameMove
+
+        at = layout.iso_utc(layout.utc_now())
+        move = NameMove(at=at, name=name, from_sha=from_sha, to_sha=to_sha)
         try:
             line = dumps_canonical(move.to_dict())
-            return fsutil.append_line(self._log, line, root=self._disk.root)
+            return move, fsutil.append_line(self._log, line, root=self._disk.root)
         except errors.IntegrityError as exc:
             refused = errors.IntegrityError(f"{exc}; {what}", path=self._log)
             refused.hint = exc.hint
@@ -199,8 +199,6 @@ class Names:
         `to` passes `check`; otherwise, and for any other disagreement, the name's current
         value is journalled (the name file is what readers use).
         """
-        from prefixreg.core.records import NameMove
-
         done: list[str] = []
         with self._lock():
             torn = self._disk.cut_tail(layout.NAMES_LOG)
@@ -219,9 +217,7 @@ class Names:
                         continue
                 if d.current is None:
                     done.append(f"{d.name}: not repaired ({target} is missing or corrupt)")
-                    continue
-                at = layout.iso_utc(layout.utc_now())
-                move = NameMove(at=at, name=d.name, from_sha=target, to_sha=d.current)
-                self._append(move, what=f"{d.name} not repaired")
-                done.append(f"{d.name}: journalled its current value {d.current}")
+                else:
+                    self._append(d.name, target, d.current, what=f"{d.name} not repaired")
+                    done.append(f"{d.name}: journalled its current value {d.current}")
         return done

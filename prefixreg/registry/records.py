@@ -1,5 +1,5 @@
 """`Records`: the history verbs keep in a registry: measurements, probe receipts, the mirror
-log. (Frame records live in `frames`, KV snapshot records in `snapshots`.)
+log. (Frame records live with the objects, KV snapshot records in `snapshots`.)
 
 Invariants:
 - Measurements and probe receipts are published with no-overwrite links (mode 0444), never
@@ -13,7 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,12 +64,9 @@ class Records:
         from prefixreg.core.records import Measurement
 
         rel = f"{layout.MEASUREMENTS}/{filename}"
-        path = self._disk.path(rel)
-        try:
-            record = Measurement.from_dict(loads_object(self._disk.read(rel), path=path))
-        except CorruptRecordError as exc:
-            raise CorruptRecordError(f"{path}: {exc}", path=path) from None
+        record = self._disk.record(rel, Measurement.from_dict)
         if layout.measurement_sha(filename) != record.sha256:
+            path = self._disk.path(rel)
             raise CorruptRecordError(f"{path}: records sha {record.sha256}", path=path)
         return record
 
@@ -88,24 +85,32 @@ class Records:
             md_path.unlink()  # the receipt's name was taken: its verdict goes with it
         raise PrefixregError(f"no free probe receipt name for {stamp}")
 
-    def probe_receipts(self) -> list[tuple[Path, bytes]]:
-        out = []
+    def _receipts(self) -> Iterator[tuple[Path, bytes | None]]:
+        """Every receipt file, newest first, with its bytes (None: unreadable)."""
         for entry, kind in reversed(self._disk.entries(layout.PROBES)):
             if kind == "file" and not layout.is_temp_name(entry) and entry.endswith(".json"):
                 rel = f"{layout.PROBES}/{entry}"
                 try:
-                    out.append((self._disk.path(rel), self._disk.read(rel)))
+                    raw: bytes | None = self._disk.read(rel)
                 except (OSError, PrefixregError):
-                    continue
-        return out
+                    raw = None
+                yield self._disk.path(rel), raw
+
+    def probe_receipts(self) -> list[tuple[Path, bytes]]:
+        return [(path, raw) for path, raw in self._receipts() if raw is not None]
+
+    def receipt_refs(self) -> tuple[set[str], bool]:
+        """(every sha the receipts' calls name, whether some receipt could not be read or
+        parsed: a caller deciding what to delete must then keep every probe slice)."""
+        found = [None if raw is None else receipt_shas(raw) for _path, raw in self._receipts()]
+        return set().union(*(shas for shas in found if shas is not None)), None in found
 
     def append_mirror_log(self, line: bytes) -> None:
         fsutil.append_line(self._disk.path(layout.MIRROR_LOG), line, root=self._disk.root)
 
 
 def receipt_shas(raw: bytes) -> set[str] | None:
-    """The shas a probe receipt's calls name, or None when it does not parse (a caller
-    deciding what to delete must then treat the receipt as unknown)."""
+    """The shas a probe receipt's calls name, or None when it does not parse."""
     try:
         calls = loads_object(raw).get("calls")
     except CorruptRecordError:
@@ -114,14 +119,3 @@ def receipt_shas(raw: bytes) -> set[str] | None:
         return None
     shas = (call.get("sha256") if isinstance(call, dict) else None for call in calls)
     return {sha for sha in shas if isinstance(sha, str) and is_full_sha(sha)}
-
-
-def receipt_refs(receipts: Iterable[bytes]) -> tuple[set[str], bool]:
-    """(every sha the receipts' calls name, whether some receipt did not parse)."""
-    shas: set[str] = set()
-    unread = False
-    for raw in receipts:
-        found = receipt_shas(raw)
-        unread = unread or found is None
-        shas |= found or set()
-    return shas, unread

@@ -1,11 +1,9 @@
 """`Registry`: one registry on disk, composed of parts; the face every verb and command uses.
 
-Parts: `disk.Disk` (the root, its marker and lock, no-follow access by `layout` path; private
-to this package), `objects.Objects` (objects and meta, verified at use), `names.Names` (name
-files and their write-ahead journal), the records (`records.Records`: measurements, probe
-receipts, the mirror log) and `frames.Frames`; `snapshots` and the use cases (verify, gc,
-migrate) sit above. `Registry` resolves references: one resolver behind `head`, `frame`,
-`get`, `resolve` and `move_name`.
+Parts: `Disk` (root, marker, lock, no-follow access; private to this package), `Objects`
+(objects and meta, verified at use), `Names` (name files and their journal), `Records`
+(measurements, probe receipts, the mirror log) and `Frames`; `snapshots`, verify, gc and
+migrate sit above. One resolver is behind `head`, `frame`, `get`, `resolve` and `move_name`.
 
 Invariants:
 - Arguments are checked before anything is written, types included; a bad one raises a
@@ -33,7 +31,6 @@ from prefixreg.core.frame import Frame, encode_frame_record, parse_tools
 from prefixreg.core.prefix import Prefix
 from prefixreg.registry import layout
 from prefixreg.registry.disk import Disk
-from prefixreg.registry.frames import Frames
 from prefixreg.registry.layout import iso_utc as iso_utc
 from prefixreg.registry.layout import stamp_utc as stamp_utc
 from prefixreg.registry.layout import utc_now as utc_now
@@ -42,6 +39,7 @@ from prefixreg.registry.names import UNSET, Names
 from prefixreg.registry.names import NameConflictError as NameConflictError
 from prefixreg.registry.objects import (
     PROBE_SOURCE_PREFIX,
+    Frames,
     ObjectInfo,
     Objects,
     check_text,
@@ -55,8 +53,8 @@ if TYPE_CHECKING:
 
 
 class Registry:
-    """The registry at `root` (a str or path); nothing is created until the first write.
-    `lock_timeout`: seconds to wait for the registry lock before `LockTimeoutError`.
+    """The registry at `root`; nothing is created until the first write. `lock_timeout`:
+    seconds to wait for the registry lock before `LockTimeoutError`.
 
     Raises:
         UsageError: `root` is not a path, or `lock_timeout` not a finite number >= 0.
@@ -118,7 +116,7 @@ class Registry:
             yield
 
     def _find(self, ref: str) -> tuple[str, str | None]:
-        """(sha, the name it was reached by): whether a prefix or a frame is the reader's."""
+        """(sha, the name it was reached by) of a prefix or a frame."""
         given: object = ref  # the API boundary: callers may pass anything
         if not isinstance(given, str):
             raise errors.UsageError(f"a reference is a string, not {type(given).__name__}")
@@ -171,8 +169,8 @@ class Registry:
         return Prefix(sha, self._read(sha, name), name)
 
     def head(self, ref: str) -> Prefix | Frame:
-        """The verified head `ref` names, resolved once: a frame (record and parts re-hashed,
-        tools parsed) or a prefix. What every verb sends.
+        """The verified head `ref` names, resolved once: a prefix, or a frame (record and
+        parts re-hashed, tools parsed). What every verb sends.
 
         Raises:
             UsageError: not a string. RefNotFoundError, AmbiguousRefError,
@@ -182,16 +180,14 @@ class Registry:
         return self._head(*self._find(ref))
 
     def frame(self, ref: str) -> Frame:
-        """The verified frame `ref` names; a prefix is refused (`RefNotFoundError`). Raises
-        as `head`."""
+        """The verified frame `ref` names (a prefix: `RefNotFoundError`). Raises as `head`."""
         head = self.head(ref)
         if not isinstance(head, Frame):
             raise errors.RefNotFoundError(f"no frame {ref!r} ({head.sha256[:12]} is a prefix)")
         return head
 
     def get(self, ref: str) -> Prefix:
-        """The verified prefix `ref` names; a frame is refused (`head` takes both). Raises as
-        `head`."""
+        """The verified prefix `ref` names (a frame: `RefNotFoundError`). Raises as `head`."""
         # A full sha needs no lookup: the verified read itself says whether it exists.
         sha, name = (ref, None) if type(ref) is str and is_full_sha(ref) else self._find(ref)
         return Prefix(sha, self._read(sha, name, ref), name)
@@ -221,9 +217,8 @@ class Registry:
         source: str = "api",
     ) -> str:
         """Store `content` (exact bytes, valid UTF-8) under its sha256 and return the sha
-        (idempotent); optionally point `name` at it (a journalled move) and keep `note` in
-        its meta record; `source` labels where it came from (a file name, "stdin"). Content
-        a probe registered becomes the user's object.
+        (idempotent), optionally point `name` at it; `source` labels where it came from (a
+        file name, "stdin"). Content a probe registered becomes the user's object.
 
         Raises:
             InvalidContentError: empty, not bytes or str, or not UTF-8.
@@ -253,9 +248,9 @@ class Registry:
         force: bool = False,
     ) -> str:
         """Register a frame and return its sha (idempotent): `system` names the system prefix
-        (verified first), `tools` is the tools JSON text (stored as its exact bytes: a list of
-        tool objects), `settings` the prompt settings (`core.frame.PROMPT_SETTINGS`); `name`
-        optionally points at it (one that holds a prefix moves only with `force`).
+        (verified first), `tools` is a JSON list of tool objects (stored as its exact bytes),
+        `settings` the prompt settings (`core.frame.PROMPT_SETTINGS`); a `name` that holds a
+        prefix moves to it only with `force`.
 
         Raises:
             UsageError: bad tools JSON, an unknown setting, a bad name or argument, or a mirror.
@@ -280,8 +275,8 @@ class Registry:
         return sha
 
     def add_probe_slice(self, content: bytes | str, *, run_id: str) -> str:
-        """Store a slice probe run `run_id` sends, as `add` does, its meta marked as a probe
-        slice (see `objects`; an existing object is left as it is). Raises as `add`."""
+        """Store a slice probe run `run_id` sends, its meta marked as a probe slice (see
+        `objects`). Raises as `add`."""
         label = PROBE_SOURCE_PREFIX + check_text(run_id, "the probe run id")
         data = content_bytes(content)
         return self._store(data, note=f"probe {run_id}", source=label, what="add probe slices")
@@ -297,10 +292,9 @@ class Registry:
     def move_name(
         self, name: str, ref: str, *, expect: object = UNSET, force: bool = False
     ) -> NameMove | None:
-        """Point `name` at the prefix or frame `ref` names (verified first, and again under
-        the lock), journal first; None if it already pointed there. `expect`: the sha (None:
-        unset) the name must hold now (compare-and-swap). `force`: move a name that holds a
-        prefix to a frame, or back.
+        """Point `name` at the head `ref` names (verified, again under the lock), journal
+        first; None if it already pointed there. `expect`: the sha (None: unset) the name
+        must hold now. `force`: move a name that holds a prefix to a frame, or back.
 
         Raises:
             InvalidNameError: not a valid name for a new move (8-64 hex digits included).
@@ -342,9 +336,8 @@ class Registry:
         return is_probe_source(meta.source, meta.note)
 
     def list_objects(self, *, frames: bool = False) -> list[ObjectInfo]:
-        """Every object with its meta and names (with `frames`, every frame record too),
-        oldest first; bytes are not read. Raises: IntegrityError (a symlinked directory, or
-        an object that is not a regular file)."""
+        """Every object (with `frames`, every frame) with its meta and names, oldest first;
+        bytes are not read. Raises: IntegrityError (a symlink, an object not a file)."""
         by_sha: dict[str, list[str]] = {}
         for name, sha in self.names().items():
             by_sha.setdefault(sha, []).append(name)
@@ -376,12 +369,12 @@ class Registry:
 
     def measurements(self, sha: str | None = None) -> list[Measurement]:
         """Measurement records (of one prefix, or all), oldest first. Raises:
-        CorruptRecordError (fail closed), IntegrityError (a symlink, not a regular file)."""
+        CorruptRecordError (fail closed), IntegrityError."""
         return self._records.measurements(sha)
 
     def write_measurement(self, measurement: Measurement) -> Path:
-        """Write one measurement record; never overwrites one. Raises: UsageError (not a
-        `Measurement`, or a mirror), IntegrityError (a symlinked `measurements/`)."""
+        """Write one measurement record, never overwriting. Raises: UsageError (not a
+        `Measurement`, or a mirror), IntegrityError."""
         self.init()
         self.refuse_on_mirror("write a measurement")
         return self._records.write_measurement(measurement)
@@ -390,16 +383,15 @@ class Registry:
         self, stamp: str, render: Callable[[Path, Path], tuple[bytes, bytes]]
     ) -> tuple[Path, Path]:
         """Publish a probe's receipt (`probes/<ts>.json`) and verdict (`<ts>.md`), never
-        overwriting: a taken stamp is retried with a fresh one. `render(json_path, md_path)`
-        gives (receipt, verdict) bytes for the paths chosen (a receipt names its own files);
-        the verdict lands first, so a receipt means both are there. Raises: UsageError (not a
-        UTC stamp), IntegrityError (a symlinked `probes/`)."""
+        overwriting (a taken stamp is retried with a fresh one); `render(json_path, md_path)`
+        gives their bytes. The verdict lands first, so a receipt means both are there.
+        Raises: UsageError (not a UTC stamp), IntegrityError."""
         self.init()
         return self._records.write_probe_receipt(stamp, render)
 
     def probe_receipts(self) -> list[tuple[Path, bytes]]:
-        """Every probe receipt, newest first, as (path, raw bytes); unreadable ones skipped
-        (a receipt is history, not a budget). Raises: IntegrityError (a symlinked `probes/`)."""
+        """Every readable probe receipt, newest first, as (path, raw bytes). Raises:
+        IntegrityError (a symlinked `probes/`)."""
         return self._records.probe_receipts()
 
     def append_mirror_log(self, line: bytes) -> None:

@@ -51,8 +51,8 @@ def write_order(rel: str) -> tuple[int, str]:
 
 
 def list_tree(root: Path) -> tuple[list[str], list[str]]:
-    """(directories, files) below `root`, relative, files in write order; lock files and
-    stray temp files are skipped. Raises `IntegrityError` on a symlink or special file."""
+    """(directories, files) below `root`, relative, files in write order, lock and temp
+    files skipped. Raises: IntegrityError (a symlink or special file)."""
     dirs: list[str] = []
     files: list[str] = []
     for rel, kind in Disk(root).walk():
@@ -79,13 +79,9 @@ def stats(root: Path, files: Iterable[str]) -> dict[str, Stat]:
     return out
 
 
-def read_in(path: Path, root: Path) -> bytes:
-    return fsutil.read_nofollow(path, root=root)
-
-
 def check_verifies(reg: Registry, what: str) -> list[str]:
-    """Verify `reg`; raise on a problem, return the insecure-mode messages as warnings
-    (directory modes travel with the registry and are the user's to fix)."""
+    """Verify `reg`: raise on a problem; the insecure-mode messages as warnings (modes
+    travel with the registry and are the user's to fix)."""
     findings = verify_registry(reg).findings
     problems = [f for f in findings if f.severity == "problem" and f.kind != "insecure_mode"]
     if problems:
@@ -100,7 +96,7 @@ def check_verifies(reg: Registry, what: str) -> list[str]:
 def check_copies(dest: Path, digests: dict[str, str]) -> None:
     """Re-read every file written at the target and compare with what the source held."""
     for rel, expected in digests.items():
-        actual = hashlib.sha256(read_in(dest / rel, dest)).hexdigest()
+        actual = hashlib.sha256(fsutil.read_nofollow(dest / rel, root=dest)).hexdigest()
         if actual != expected:
             raise IntegrityError(
                 f"{dest / rel}: copy hashes to {actual}, the source to {expected}",
@@ -162,7 +158,11 @@ def sync(
             digests[rel] = hashlib.sha256(fsutil.copy_durable(src, dst, root=source)).hexdigest()
             undo.added.append(dst)
             continue
-        ours, theirs, src_st = read_in(src, source), read_in(dst, target), src.lstat()
+        ours, theirs = (
+            fsutil.read_nofollow(src, root=source),
+            fsutil.read_nofollow(dst, root=target),
+        )
+        src_st = src.lstat()
         if ours == theirs:
             if src_st.st_mtime_ns > dst.lstat().st_mtime_ns:
                 os.utime(dst, ns=(src_st.st_atime_ns, src_st.st_mtime_ns), follow_symlinks=False)
@@ -192,9 +192,8 @@ def sync(
 def catch_up(
     source: Path, target: Path, before: dict[str, Stat], target_state: dict[str, Stat]
 ) -> list[str]:
-    """One round: bring what is new or changed at `source` since `before` to `target`
-    (`sync`), verified; `before` and `target_state` move on, so the next round sees only
-    newer writes. The relative paths written, in write order."""
+    """One round: bring what changed at `source` since `before` to `target` (`sync`),
+    verified; the paths written, in write order. `before` and `target_state` move on."""
     dirs, files = list_tree(source)
     now = stats(source, files)
     changed = [rel for rel in files if rel not in OWN and now.get(rel) != before.get(rel)]
