@@ -29,7 +29,7 @@ import re
 import secrets
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
@@ -83,9 +83,7 @@ class GcReport:
     kept: dict[str, str] = field(default_factory=dict)  # sha -> reason
 
     def to_dict(self) -> JSONObject:
-        flags = ("dry_run", "grace_s", "prune_unnamed", "prune_snapshots")
-        out: JSONObject = {"root": self.root, **{k: getattr(self, k) for k in flags}}
-        return out | {"removed": [i.to_dict() for i in self.removed], "kept": dict(self.kept)}
+        return asdict(self) | {"removed": [item.to_dict() for item in self.removed]}
 
 
 def collect_garbage(
@@ -99,8 +97,8 @@ def collect_garbage(
     min_age_s: float = MIN_AGE_S,
 ) -> GcReport:
     """Remove stray temp files and, when asked, old unnamed objects and orphan snapshot
-    records (see the module docstring). `now` is the clock (tests); `min_age_s` the age
-    below which nothing is touched (tests lower it; it must exceed the longest `add`).
+    records (module docstring). `now` is the clock; `min_age_s` the age below which nothing
+    is touched (tests lower it; it must exceed the longest `add`).
 
     Raises:
         UsageError: a grace that is not a finite number >= 0, or pruning a mirror.
@@ -199,42 +197,33 @@ def _prune_one(reg: Registry, report: GcReport, sha: str, *, cutoff: float, now:
         return
     meta_st = reg._disk.lstat(meta_rel)
     has_meta = meta_st is not None and stat.S_ISREG(meta_st.st_mode)
-    age = now - st.st_mtime
-    if report.dry_run:
-        report.removed.append(GcItem("object", obj_rel, age))
-        if has_meta:
-            report.removed.append(GcItem("meta", meta_rel, age))
-        return
-    obj, meta = reg._disk.path(obj_rel), reg._disk.path(meta_rel)
-    # Meta first (reverse write order): a crash from here on leaves an object without meta
-    # (a warning that `add` repairs), never a meta record without its object.
-    meta_claim = _claim(meta) if has_meta else None
-    obj_claim = _claim(obj)
-    if obj_claim is None:
-        if meta_claim is not None:
-            _restore(meta_claim, meta)
-        return
-    claimed_st = obj_claim.lstat()
-    if claimed_st.st_mtime_ns != st.st_mtime_ns:
-        # A concurrent add re-used the object between our look and the claim: keep it.
-        _restore(obj_claim, obj)
-        if meta_claim is not None:
-            _restore(meta_claim, meta)
-        fsutil.fsync_dir(obj.parent)
-        report.kept[sha] = "re-added while gc ran"
-        return
-    obj_claim.unlink()
-    fsutil.fsync_dir(obj.parent)
-    report.removed.append(GcItem("object", obj_rel, now - claimed_st.st_mtime))
-    if meta_claim is not None:
-        meta_claim.unlink()
-        fsutil.fsync_dir(meta.parent)
-        report.removed.append(GcItem("meta", meta_rel, now - claimed_st.st_mtime))
+    if not report.dry_run:
+        obj, meta = reg._disk.path(obj_rel), reg._disk.path(meta_rel)
+        # Meta first (reverse write order): a crash from here on leaves an object without meta
+        # (a warning that `add` repairs), never a meta record without its object.
+        meta_claim = _claim(meta) if has_meta else None
+        obj_claim = _claim(obj)
+        if obj_claim is None or obj_claim.lstat().st_mtime_ns != st.st_mtime_ns:
+            # Gone, or a concurrent add re-used it between our look and the claim: keep it.
+            for claim, path in ((obj_claim, obj), (meta_claim, meta)):
+                if claim is not None:
+                    _restore(claim, path)
+            if obj_claim is not None:
+                fsutil.fsync_dir(obj.parent)
+                report.kept[sha] = "re-added while gc ran"
+            return
+        for claim in (obj_claim, meta_claim):
+            if claim is not None:
+                claim.unlink()
+                fsutil.fsync_dir(claim.parent)
+        has_meta = meta_claim is not None
+    report.removed.append(GcItem("object", obj_rel, now - st.st_mtime))
+    if has_meta:
+        report.removed.append(GcItem("meta", meta_rel, now - st.st_mtime))
 
 
 def _claim(path: Path) -> Path | None:
-    """Rename `path` to a temp name in its directory (so an interrupted gc leaves a stray,
-    which verify reports as a warning); None if it is already gone."""
+    """Rename `path` to a temp name (an interrupted gc leaves a stray); None if it is gone."""
     claimed = path.with_name(f".{path.name}.gc{secrets.token_hex(4)}{layout.TMP_SUFFIX}")
     try:
         path.rename(claimed)
