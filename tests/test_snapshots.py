@@ -33,7 +33,6 @@ from prefixreg.registry.snapshots import (
     digest_snapshot_file,
     list_snapshots,
     read_snapshot,
-    snapshot_record_path,
     write_snapshot,
 )
 from prefixreg.registry.store import Registry
@@ -57,6 +56,11 @@ PROPS = {
 ERASED = {"id_slot": 0, "n_erased": 0}
 RESTORED = {"id_slot": 0, "n_restored": 1153, "n_read": 11, "timings": {"restore_ms": 4.2}}
 IDLE = [{"id": 0, "n_ctx": 8192, "is_processing": False}]
+
+
+def snapshot_record_path(reg: Registry, sha: str, build_id: str) -> Path:
+    """Where the record of `sha` on `build_id` lives (DESIGN §3)."""
+    return reg.root / "snapshots" / f"{sha}-{build_id}.json"
 
 
 def make_record(sha: str, build: ServerBuild = BUILD, **kw: Any) -> SnapshotRecord:

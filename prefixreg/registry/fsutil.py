@@ -2,18 +2,17 @@
 and the capped reader of files a user names.
 
 Invariants:
-- A published file is complete: data goes to a temp file in the target directory, is fsynced
-  (created with its final mode, so the umask applies and nothing reads or sets it), then
-  renamed (or hard-linked, for no-overwrite publishes), then the directory is fsynced. A crash
-  leaves at most a temp file `.<name>.<random>.tmp`, which `verify` reports and `gc` removes.
-- A journal append lands whole or not at all: one write of the whole line at the end, and on a
-  short or failed write (a full disk) the file is truncated back to where it was. An append
-  never glues its line onto a torn tail: that is refused until `verify --repair` heals it.
-- Nothing below a registry root is reached through a symlink: every component below the root
-  is resolved by the kernel with symlinks refused (`openat2` RESOLVE_NO_SYMLINKS, else one
-  `O_NOFOLLOW` open per component relative to its parent), so a symlinked directory (`names`,
-  `objects/ab`) is refused before anything is opened through it. The root itself may be a
-  symlink: that is the user's choice. Writes check their directories the same way first.
+- A published file is complete: a temp file in the target directory (created with its final
+  mode, so the umask applies) is written and fsynced, then renamed (or hard-linked, never
+  overwriting), then the directory is fsynced. A crash leaves at most a temp file
+  `.<name>.<random>.tmp`, which `verify` reports and `gc` removes.
+- A journal append lands whole or not at all: one write of the line at the end; a short or
+  failed write (a full disk) truncates the file back. An append never glues its line onto a
+  torn tail: that is refused until `verify --repair` heals it.
+- Nothing below a registry root is reached through a symlink: each component is resolved with
+  symlinks refused (`openat2` RESOLVE_NO_SYMLINKS, else one `O_NOFOLLOW` open per component),
+  so a symlinked `names` or `objects/ab` is refused before anything is opened through it. The
+  root itself may be a symlink (the user's choice). Writes check their directories first.
 - A file a user names is read only if it is a regular file, and only up to a size cap.
 """
 
@@ -92,8 +91,7 @@ def replace_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
 
 
 def publish_new(path: Path, data: bytes, *, mode: int = 0o444) -> bool:
-    """Publish `data` at `path` only if nothing is there yet; never overwrite. True if this
-    call created the file (the caller decides what an existing one means)."""
+    """Publish `data` at `path` unless something is there (never overwritten); True if so."""
     return _publish(path, data, mode, replace=False)
 
 
@@ -144,9 +142,8 @@ def _refused(exc: OSError, where: Path | str, *, last: bool = True) -> Exception
 
 
 def open_below(root: str, rel: str, flags: int) -> int:
-    """Open `root/rel` without following a symlink at any component of `rel`. Raises:
-    FileNotFoundError; IntegrityError (a component, named, is a symlink or a file where a
-    directory should be, or `rel` leaves `root`)."""
+    """Open `root/rel`, following no symlink in `rel`. Raises: FileNotFoundError;
+    IntegrityError (naming a symlink or non-directory on the way, or `rel` leaving `root`)."""
     flags |= os.O_NOFOLLOW | os.O_CLOEXEC
     openat2 = _openat2() if "/" in rel else None  # an entry of the root: the walk is one open
     if openat2 is not None:
@@ -311,10 +308,9 @@ def _open_journal(path: Path, root: Path | None, flags: int) -> int:
 
 
 def append_line(path: Path, line: bytes, *, root: Path | None = None) -> int:
-    """Append one line to a journal, whole or not at all (module invariants); the offset it
-    starts at, so a caller holding the journal's lock can take it back with `truncate`.
-    Raises: IntegrityError (a symlink or non-file on the way, or a torn last line);
-    OSError (not written, nothing of it left)."""
+    """Append one line to a journal, whole or not at all; the offset it starts at (to take it
+    back with `truncate` under the journal's lock). Raises: IntegrityError (a symlink or
+    non-file on the way, or a torn last line); OSError (not written, nothing of it left)."""
     fd = _open_journal(path, root, os.O_APPEND | os.O_CREAT)
     try:
         start = os.fstat(fd).st_size

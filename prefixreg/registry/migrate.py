@@ -1,12 +1,11 @@
-"""`prefixreg migrate`: move a registry to a new path (by default the standard location), and
-find the lines that still name the old one (`--scan`).
+"""`prefixreg migrate`: move a registry to a new path (default: the XDG state directory, where
+`~/prefix-registry` of the old layout belongs), and find lines still naming the old one.
 
-The old layout kept the registry at `~/prefix-registry`; the standard location is the XDG
-state directory (`location`). A move is a `rename` (one filesystem, no registry at the
-target: renamed back if the target does not verify), a `copy` (into a hidden staging
-directory next to the target, compared with what was read, verified, then renamed into
-place) or a `merge` (the target holds a partial copy of this registry, byte-identical where
-it has the file, journals possibly a prefix: what it lacks is added in write order).
+A move is a `rename` (one filesystem, no registry at the target: renamed back if the target
+does not verify), a `copy` (into a hidden staging directory next to the target, compared with
+what was read, verified, then renamed into place) or a `merge` (the target holds a partial
+copy of this registry, byte-identical where it has the file, journals possibly a prefix:
+what it lacks is added in write order).
 
 Invariants:
 - A target holding a different registry, or files without `REGISTRY.json`, is refused.
@@ -17,9 +16,9 @@ Invariants:
   new root gains one line per move.
 - A symlinked source root is resolved: the directory moves, the link is left dangling. The
   old tree is removed only after the target verified, names first, then meta.
-- The scan only reads the user's own files, iteratively, never descending into a symlinked
-  directory; binary files (a NUL in the first 8 KiB), files over 8 MiB, VCS directories and
-  the registries themselves are skipped.
+- The scan reads only the user's files, iteratively, never into a symlinked directory,
+  skipping binary files (a NUL in the first 8 KiB), files over 8 MiB, VCS directories and
+  the registries themselves.
 """
 
 from __future__ import annotations
@@ -93,14 +92,10 @@ def migrate_registry(
 ) -> MigrationReport:
     """Move the registry at `old` to `new` (default: the standard location), verified, and
     list the lines under `scan` (directories or files) still naming `old`; `dry_run` only
-    decides and reports.
-
-    Raises:
-        UsageError / RegistryLocationError: no registry at `old`, same or nested paths, a
-            target that holds a different registry or unmarked files.
-        IntegrityError: the source (or the result) does not verify, or holds a symlink.
-        LockTimeoutError: another process holds the source's (or target's) lock.
-    """
+    decides and reports. Raises: UsageError, RegistryLocationError (no registry at `old`,
+    same or nested paths, a target holding another registry or unmarked files);
+    IntegrityError (the source or the result does not verify, or holds a symlink);
+    LockTimeoutError."""
     given = Path(old).expanduser().absolute()
     # A symlinked root: move the directory it names (a rename would move only the link).
     source = given.resolve() if given.is_symlink() else given

@@ -2,15 +2,14 @@
 
 Invariants:
 - A name moves with compare-and-swap under the registry lock, journal first: the line
-  `{"at","name","from","to"}` is durable before the name file is replaced. A journal append
-  lands whole or not at all (`fsutil.append_line`); if the name file cannot be written after
-  it (a full disk), the line is taken back while the lock is held: the move did not happen.
-- A line is committed once its newline is durable: `log` skips an unterminated last line (a
-  write interrupted mid-line) and `repair` cuts it off.
-- After any crash each name equals the `to` of its last journal line, except for a move
-  interrupted between its line and its rename: the name still holds that line's `from`.
-  `disagreements` lists every such name; `repair` completes an interrupted move when its
-  target verifies, or journals the name's current value.
+  `{"at","name","from","to"}` (appended whole or not at all) is durable before the name file
+  is replaced; if that write fails (a full disk), the line is taken back under the lock.
+- A line is committed once its newline is durable: `log` skips an unterminated last line and
+  `repair` cuts it off.
+- After any crash each name equals the `to` of its last journal line, except after a move
+  interrupted between its line and its rename (the name still holds the line's `from`).
+  `disagreements` lists such names; `repair` completes an interrupted move whose target
+  verifies, or journals the name's current value.
 - A name that holds a prefix is not moved to a frame, nor back, unless forced: the loop
   reading it would send another kind of head.
 """
@@ -76,8 +75,8 @@ class Names:
         self._log = disk.path(layout.NAMES_LOG)
 
     def read(self, name: str) -> str | None:
-        """The sha `names/<name>` holds, or None. Raises: InvalidNameError (not a name),
-        CorruptRecordError (not a sha line), IntegrityError (a symlink, not a regular file)."""
+        """The sha `names/<name>` holds, or None. Raises: InvalidNameError; CorruptRecordError
+        (not a sha line); IntegrityError (a symlink, not a regular file)."""
         rel = layout.name_relpath(name)
         try:
             sha = layout.parse_name_file(self._disk.read(rel))
@@ -123,13 +122,9 @@ class Names:
         self, name: str, sha: str, check: Check, *, expect: object = UNSET, force: bool = False
     ) -> NameMove | None:
         """Point `name` at `sha`, which `check` verifies again under the lock (gc removes
-        objects only under it); None if the name already pointed there.
-
-        Raises:
-            NameConflictError: `expect` is not what the name holds, or the move changes the
-                kind of head the name holds and `force` is not given.
-            IntegrityError / PrefixregError: the journal could not be written (not moved).
-        """
+        objects only under it); None if it already pointed there. Raises: NameConflictError
+        (`expect` does not hold, or a kind change without `force`); IntegrityError,
+        PrefixregError (the journal could not be written: not moved)."""
         with self._lock():
             current = self.read(name)
             if expect is not UNSET and current != expect:
@@ -180,8 +175,7 @@ class Names:
             ) from None
 
     def disagreements(self) -> list[JournalDisagreement]:
-        """Every name whose value is not the `to` of its last `names.log` line (and every
-        journalled name whose file is gone), sorted by name."""
+        """Every name (file or journalled) whose value is not its last line's `to`, sorted."""
         last = {move.name: move for move in self.log()}
         current = self.all()
         out = []
@@ -192,13 +186,10 @@ class Names:
         return out
 
     def repair(self, check: Check) -> list[str]:
-        """Make every name agree with its journal again, under the lock; what was done.
-
-        A torn last line is cut off. An interrupted move (the name still holds its last
-        line's `from`), or a journalled name whose file is gone, is completed when the line's
-        `to` passes `check`; otherwise, and for any other disagreement, the name's current
-        value is journalled (the name file is what readers use).
-        """
+        """Make every name agree with its journal again, under the lock; what was done. A torn
+        last line is cut off; an interrupted move, or a journalled name whose file is gone,
+        is completed when the line's `to` passes `check`; otherwise the name's current value
+        is journalled (the name file is what readers use)."""
         done: list[str] = []
         with self._lock():
             torn = self._disk.cut_tail(layout.NAMES_LOG)

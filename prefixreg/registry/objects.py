@@ -1,23 +1,22 @@
 """`Objects` and `Frames`: the objects, meta and frame records of a registry, verified at use.
 
 Invariants:
-- Every read of an object re-hashes the bytes it returns; a mismatch raises `IntegrityError`
-  and nothing is returned. No flag skips it. The bytes hashed are the bytes returned.
+- Every read of an object re-hashes the bytes it returns (the bytes hashed are the bytes
+  returned); a mismatch raises `IntegrityError` and nothing is returned. No flag skips it.
 - Content is non-empty bytes or str of valid UTF-8 (it travels as a JSON string).
 - Objects are published with no-overwrite links and never rewritten; publishing existing
   content re-verifies the object and refreshes its mtime (so age-based gc sees it used).
+  A meta record is written after its object.
 - Listing never follows a symlink: a symlinked `objects/` or fan-out directory, or (when
   asked) an object entry that is not a regular file, raises `IntegrityError`.
-- A meta record is written after its object.
-- Probe slices are objects whose meta `source` is `probe/<run id>` (`Registry.add_probe_slice`;
-  reserved: `add` refuses it, and the CLI labels content with a file's base name, which has no
-  `/`), or, as earlier releases wrote, `probe` with a note `probe ...`. A user's add of the
-  same bytes rewrites the meta record as theirs (their source and note); a probe never does.
-- A frame record (`frames/<sha>.json`, format: `prefixreg.core.frame`) names a system prefix
-  and a tools object, both ordinary objects (so verify, gc and the mirror treat them like any
-  prefix); it is published once (mode 0444) under the sha of its exact bytes, after its parts
-  and before its name. `Frames.read` re-hashes the record and every part and parses the
-  tools once before it returns a `Frame`; a mismatch, a missing part or a record out of
+- Probe slices are objects whose meta `source` is `probe/<run id>` (reserved: `add` refuses
+  it; the CLI's labels, a file's base name, have no `/`), or, as earlier releases wrote,
+  `probe` with a note `probe ...`. A user's add of the same bytes makes the meta record
+  theirs (their source and note); a probe never rewrites one.
+- A frame record (`frames/<sha>.json`, format `prefixreg.core.frame`) names a system prefix
+  and a tools object, both ordinary objects; it is published once (0444) under the sha of
+  its exact bytes, after its parts, before its name. `Frames.read` re-hashes the record and
+  every part and parses the tools once; a mismatch, a missing part or a record out of
   canonical form raises `IntegrityError`, so nothing is sent.
 """
 
@@ -100,8 +99,8 @@ class Objects:
         self._disk = disk
 
     def read(self, sha: str) -> bytes:
-        """The bytes of object `sha` (validated by the caller), re-hashed and compared. Raises:
-        RefNotFoundError (none); IntegrityError (a mismatch, a symlink, not a regular file)."""
+        """The verified bytes of object `sha` (checked by the caller). Raises: RefNotFoundError;
+        IntegrityError (a mismatch, a symlink, not a regular file)."""
         rel = f"{layout.OBJECTS}/{sha[:2]}/{sha}.txt"
         try:
             data = fsutil.read_below(self._disk.root_s, rel)
@@ -119,8 +118,7 @@ class Objects:
         return data
 
     def meta(self, sha: str) -> Meta:
-        """The meta record of `sha`, parsed strictly. Raises: RefNotFoundError (none),
-        CorruptRecordError (unreadable or wrong)."""
+        """The meta record of `sha`. Raises: RefNotFoundError; CorruptRecordError."""
         from prefixreg.core.records import Meta
 
         rel = layout.meta_relpath(sha)
@@ -135,8 +133,7 @@ class Objects:
 
     def shas(self, *, regular_only: bool = False, prefix: str = "") -> Iterator[str]:
         """Every object sha present starting with `prefix` (by file name; not verified).
-        Raises `IntegrityError`: a symlinked `objects/` or fan-out, or (`regular_only`) an
-        object entry that is not a regular file."""
+        Raises: IntegrityError (see the module invariants)."""
         fans = [prefix[:2]] if len(prefix) >= 2 else []
         for fan, kind in [] if fans else self._disk.entries(layout.OBJECTS):
             if kind == "link":
@@ -155,8 +152,7 @@ class Objects:
                     yield sha
 
     def put(self, sha: str, data: bytes) -> None:
-        """Publish `data` as object `sha` (hashed by the caller), or re-verify and refresh
-        the object already there."""
+        """Publish `data` as object `sha`, or re-verify and refresh the one already there."""
         rel = layout.object_relpath(sha)
         path = self._disk.mkdir(rel.rsplit("/", 1)[0]) / rel.rsplit("/", 1)[1]
         for attempt in range(3):
@@ -175,8 +171,8 @@ class Objects:
                     raise
 
     def write_meta(self, sha: str, size: int, *, note: str | None, source: str) -> None:
-        """Write the meta record of a new object. An existing one gets a new note, or, for a
-        probe slice a user adds, the user's source and note; a probe never rewrites one."""
+        """Write the meta record of an object; an existing one only gets a new note, or
+        becomes the user's (see the module invariants)."""
         path = self._disk.mkdir(layout.META) / f"{sha}.json"
         record: dict[str, object] = {"sha256": sha, "bytes": size, "source": source, "note": note}
         if not os.path.lexists(path):  # meta/ was just checked
@@ -227,8 +223,8 @@ class Frames:
             raise type(exc)(where, path=path, expected=exc.expected, actual=exc.actual) from None
 
     def read(self, sha: str, *, name: str | None = None) -> Frame:
-        """The verified frame `sha` (see the module invariants). Raises: RefNotFoundError (no
-        such frame), IntegrityError (the record or a part fails verification, or is missing)."""
+        """The verified frame `sha`. Raises: RefNotFoundError (no such frame), IntegrityError
+        (the record or a part fails verification, or is missing)."""
         system_sha, tools_sha, settings = self._parse(layout.need_sha(sha))
         path = self._disk.path(layout.frame_relpath(sha))
         try:

@@ -34,11 +34,6 @@ def _registry(reg: object) -> Registry:
     return reg
 
 
-def snapshot_record_path(registry: Registry, sha256: str, build_id: str) -> Path:
-    """Where the record of `sha256` on `build_id` lives (whether or not it exists)."""
-    return registry.root / layout.SNAPSHOTS / layout.snapshot_filename(sha256, build_id)
-
-
 def write_snapshot(registry: Registry, record: SnapshotRecord) -> Path:
     """Write (or replace) the record of `record.sha256` on its build; its path. Raises:
     UsageError (not a `SnapshotRecord`, or a mirror), IntegrityError (a symlinked directory)."""

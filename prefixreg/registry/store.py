@@ -6,14 +6,13 @@ Parts: `Disk` (root, marker, lock, no-follow access; private to this package), `
 migrate sit above. One resolver is behind `head`, `frame`, `get`, `resolve` and `move_name`.
 
 Invariants:
-- Arguments are checked before anything is written, types included; a bad one raises a
-  `UsageError` and writes nothing.
+- Arguments, types included, are checked before anything is written (`UsageError`).
 - Write order is object, meta, name: a crash leaves at worst an object without meta (verify
   warns; adding again repairs it) or a temp file, never a meta record or a name whose object
   is missing. A mirror (role `mirror`) is written only by `prefixreg mirror`.
 - A reference is a name, a full sha or a unique abbreviation of 8+ hex digits (a name wins
   over an abbreviation spelt the same) of a prefix or a frame. A name whose target is
-  missing is an integrity failure (`IntegrityError`), never an unknown reference.
+  missing is an `IntegrityError`, never an unknown reference.
 """
 
 from __future__ import annotations
@@ -53,14 +52,10 @@ if TYPE_CHECKING:
 
 
 class Registry:
-    """The registry at `root`; nothing is created until the first write. `lock_timeout`:
-    seconds to wait for the registry lock before `LockTimeoutError`.
-
-    Raises:
-        UsageError: `root` is not a path, or `lock_timeout` not a finite number >= 0.
-        RegistryLocationError: `root` is a file, a non-empty directory without
-            `REGISTRY.json`, or a registry of a newer format.
-    """
+    """The registry at `root`, created at the first write; `lock_timeout`: seconds to wait
+    for the lock. Raises: UsageError (`root` not a path, `lock_timeout` not a finite number
+    >= 0); RegistryLocationError (a file, a non-empty directory without `REGISTRY.json`, or
+    a registry of a newer format)."""
 
     def __init__(self, root: Path | str, *, lock_timeout: float = 30.0) -> None:
         path: object = os.fspath(root) if isinstance(root, os.PathLike) else root
@@ -148,7 +143,7 @@ class Registry:
         return found[0], None
 
     def _read(self, sha: str, name: str | None, ref: object = None) -> bytes:
-        """The verified bytes of object `sha`, reached by `name` (see the invariants)."""
+        """The verified bytes of object `sha`, reached by `name`."""
         try:
             return self._objects.read(sha)
         except errors.RefNotFoundError:
@@ -169,14 +164,10 @@ class Registry:
         return Prefix(sha, self._read(sha, name), name)
 
     def head(self, ref: str) -> Prefix | Frame:
-        """The verified head `ref` names, resolved once: a prefix, or a frame (record and
-        parts re-hashed, tools parsed). What every verb sends.
-
-        Raises:
-            UsageError: not a string. RefNotFoundError, AmbiguousRefError,
-                InvalidDigestError: a bad reference. IntegrityError: the bytes, the record
-                or a part fail verification, or a name points at something missing.
-        """
+        """The verified prefix or frame (record and parts re-hashed, tools parsed) `ref`
+        names, resolved once: what every verb sends. Raises: UsageError (not a string);
+        RefNotFoundError, AmbiguousRefError, InvalidDigestError (a bad reference);
+        IntegrityError (something fails verification, or a name's target is missing)."""
         return self._head(*self._find(ref))
 
     def frame(self, ref: str) -> Frame:
@@ -204,8 +195,8 @@ class Registry:
         return sha
 
     def read_verified(self, sha: str) -> bytes:
-        """The bytes of object `sha` (a full sha), re-hashed and compared. Raises:
-        UsageError (not a sha), RefNotFoundError (none), IntegrityError (a mismatch)."""
+        """The bytes of object `sha`, re-hashed and compared. Raises: UsageError (not a
+        sha), RefNotFoundError (none), IntegrityError (a mismatch)."""
         return self._objects.read(layout.need_sha(sha))
 
     def add(
@@ -218,13 +209,10 @@ class Registry:
     ) -> str:
         """Store `content` (exact bytes, valid UTF-8) under its sha256 and return the sha
         (idempotent), optionally point `name` at it; `source` labels where it came from (a
-        file name, "stdin"). Content a probe registered becomes the user's object.
-
-        Raises:
-            InvalidContentError: empty, not bytes or str, or not UTF-8.
-            InvalidNameError: bad name. UsageError: a note or source that is not UTF-8
-                text, or a mirror. IntegrityError: an existing object no longer verifies.
-        """
+        file name, "stdin"). Content a probe registered becomes the user's object. Raises:
+        InvalidContentError (empty, not bytes or str, not UTF-8); InvalidNameError;
+        UsageError (a note or source not UTF-8 text, or a mirror); IntegrityError (an
+        existing object no longer verifies)."""
         data = content_bytes(content)
         if note is not None:
             check_text(note, "the note")
@@ -250,12 +238,8 @@ class Registry:
         """Register a frame and return its sha (idempotent): `system` names the system prefix
         (verified first), `tools` is a JSON list of tool objects (stored as its exact bytes),
         `settings` the prompt settings (`core.frame.PROMPT_SETTINGS`); a `name` that holds a
-        prefix moves to it only with `force`.
-
-        Raises:
-            UsageError: bad tools JSON, an unknown setting, a bad name or argument, or a mirror.
-            IntegrityError: a part, or an existing record of the same sha, does not verify.
-        """
+        prefix moves to it only with `force`. Raises: UsageError (bad tools JSON, setting,
+        name or argument, or a mirror); IntegrityError (a part or an existing record)."""
         if name is not None:
             layout.validate_name(name)
         given: tuple[object, object] = (tools, settings)  # the API boundary: anything may come
@@ -382,16 +366,14 @@ class Registry:
     def write_probe_receipt(
         self, stamp: str, render: Callable[[Path, Path], tuple[bytes, bytes]]
     ) -> tuple[Path, Path]:
-        """Publish a probe's receipt (`probes/<ts>.json`) and verdict (`<ts>.md`), never
-        overwriting (a taken stamp is retried with a fresh one); `render(json_path, md_path)`
-        gives their bytes. The verdict lands first, so a receipt means both are there.
-        Raises: UsageError (not a UTC stamp), IntegrityError."""
+        """Publish a probe's receipt (`probes/<ts>.json`) and verdict (`<ts>.md`) whose bytes
+        `render(json_path, md_path)` gives, verdict first, never overwriting (a taken stamp
+        is retried). Raises: UsageError (not a UTC stamp), IntegrityError."""
         self.init()
         return self._records.write_probe_receipt(stamp, render)
 
     def probe_receipts(self) -> list[tuple[Path, bytes]]:
-        """Every readable probe receipt, newest first, as (path, raw bytes). Raises:
-        IntegrityError (a symlinked `probes/`)."""
+        """Every readable probe receipt, newest first, as (path, raw bytes)."""
         return self._records.probe_receipts()
 
     def append_mirror_log(self, line: bytes) -> None:
