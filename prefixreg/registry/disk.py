@@ -163,13 +163,14 @@ class Disk:
             return 0
         return len(raw) - raw.rfind(b"\n") - 1
 
-    def cut_tail(self, rel: str) -> int:
-        """Cut a torn tail off the journal `rel` (the caller holds its lock); bytes cut."""
+    def cut_tail(self, rel: str) -> list[str]:
+        """Cut a torn tail off the journal `rel` (the caller holds its lock); what was done."""
         torn = self.torn_tail(rel)
-        if torn:
-            path = self.path(rel)
-            fsutil.truncate(path, path.stat().st_size - torn, root=self.root)
-        return torn
+        if not torn:
+            return []
+        path = self.path(rel)
+        fsutil.truncate(path, path.stat().st_size - torn, root=self.root)
+        return [f"{rel}: cut off a torn last line ({torn} bytes)"]
 
     @contextlib.contextmanager
     def lock(self, name: str, timeout: float) -> Iterator[None]:

@@ -99,10 +99,8 @@ def marker_problem(data: Mapping[str, object]) -> tuple[str, str] | None:
     if type(version) is not int:
         return "corrupt", "'version' must be an integer"
     if version > FORMAT_VERSION:
-        return (
-            "newer",
-            f"registry format {version} is newer than this prefixreg's ({FORMAT_VERSION})",
-        )
+        newer = f"registry format {version} is newer than this prefixreg's ({FORMAT_VERSION})"
+        return "newer", newer
     if data.get("role") not in ("origin", "mirror"):
         return "corrupt", "'role' must be origin or mirror"
     return None

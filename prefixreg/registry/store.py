@@ -34,7 +34,7 @@ from prefixreg.registry.layout import iso_utc as iso_utc
 from prefixreg.registry.layout import stamp_utc as stamp_utc
 from prefixreg.registry.layout import utc_now as utc_now
 from prefixreg.registry.layout import validate_name as validate_name
-from prefixreg.registry.names import UNSET, Names
+from prefixreg.registry.names import UNSET, Names, Records
 from prefixreg.registry.names import NameConflictError as NameConflictError
 from prefixreg.registry.objects import (
     PROBE_SOURCE_PREFIX,
@@ -45,7 +45,6 @@ from prefixreg.registry.objects import (
     content_bytes,
     is_probe_source,
 )
-from prefixreg.registry.records import Records
 
 if TYPE_CHECKING:
     from prefixreg.core.records import Measurement, Meta, NameMove
