@@ -341,9 +341,8 @@ def truncate(path: Path, size: int, *, root: Path | None = None) -> None:
 
 
 def read_user_file(path: Path | str, *, limit: int = MAX_INPUT_BYTES) -> bytes:
-    """The bytes of a file a user named (`-`: standard input), at most `limit`. A FIFO, a
-    device or a directory is refused before it is opened and again on the descriptor, so
-    nothing hangs or fills memory; a symlink the user names is followed (their own file).
+    """The bytes of a file a user named (`-`: stdin), refused before it is opened and again
+    on the descriptor unless a regular file (a symlink they name is theirs to follow).
     Raises: UsageError (missing, unreadable, not a regular file, or larger than `limit`)."""
     try:
         if os.fspath(path) == "-":

@@ -46,8 +46,8 @@ _STAMP_RE: Final = re.compile(r"-(\d{8}T\d{6})\.(\d{6})Z\.json$")
 
 
 def parse_grace(text: str) -> float:
-    """Seconds in a grace period: `14d`, `12h`, `30m`, `45s`, `2w`, or `0` (a bare number
-    other than 0 could mean days or seconds); anything else is a `UsageError`."""
+    """Seconds in a grace period (`14d`, `12h`, `30m`, `45s`, `2w`, `0`), else `UsageError`:
+    a bare number other than 0 could mean days or seconds."""
     given: object = text
     match = _GRACE_RE.fullmatch(given.strip()) if isinstance(given, str) else None
     if match is None:
@@ -97,14 +97,10 @@ def collect_garbage(
     min_age_s: float = MIN_AGE_S,
 ) -> GcReport:
     """Remove stray temp files and, when asked, old unnamed objects and orphan snapshot
-    records (module docstring). `now` is the clock; `min_age_s` the age below which nothing
-    is touched (tests lower it; it must exceed the longest `add`).
-
-    Raises:
-        UsageError: a grace that is not a finite number >= 0, or pruning a mirror.
-        IntegrityError: a symlink below the root or an object that is not a regular file
-            (nothing is removed). LockTimeoutError: another process holds the lock.
-    """
+    records (module docstring); `min_age_s`: nothing younger is touched (tests lower it; it
+    must exceed the longest `add`). Raises: UsageError (a grace not a finite number >= 0, or
+    pruning a mirror); IntegrityError (a symlink below the root or an object not a regular
+    file: nothing is removed); LockTimeoutError."""
     given: object = grace_s
     if not isinstance(given, int | float) or isinstance(given, bool) or not math.isfinite(given):
         raise UsageError(f"the grace period must be a finite number, not {grace_s!r}")

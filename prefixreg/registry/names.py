@@ -10,8 +10,9 @@ Invariants:
   `repair` cuts it off.
 - After any crash each name equals the `to` of its last journal line, except after a move
   interrupted between its line and its rename (the name still holds the line's `from`).
-  `disagreements` lists such names; `repair` completes an interrupted move whose target
-  verifies, or journals the name's current value.
+  `disagreements` lists such names; `repair` completes an interrupted move (or restores a
+  journalled name whose file is gone) when its target verifies, else journals the name's
+  current value.
 - A name that holds a prefix is not moved to a frame, nor back, unless forced: the loop
   reading it would send another kind of head.
 - Measurements and probe receipts are published with no-overwrite links (mode 0444), never
@@ -50,8 +51,7 @@ class NameConflictError(errors.UsageError):
 
 @dataclass(frozen=True, slots=True)
 class JournalDisagreement:
-    """A name whose value (`current`, None: no file) is not the `to` of its last journal line
-    (`last`, None: never journalled)."""
+    """A name whose value (`current`, None: no file) is not the `to` of its `last` line."""
 
     name: str
     current: str | None
@@ -133,9 +133,7 @@ class Names:
         self, name: str, sha: str, check: Check, *, expect: object = UNSET, force: bool = False
     ) -> NameMove | None:
         """Point `name` at `sha`, which `check` verifies again under the lock (gc removes
-        objects only under it); None if it already pointed there. Raises: NameConflictError
-        (`expect` does not hold, or a kind change without `force`); IntegrityError,
-        PrefixregError (the journal could not be written: not moved)."""
+        objects only under it); None if it already pointed there. Raises as `Registry.move_name`."""
         with self._lock():
             current = self.read(name)
             if expect is not UNSET and current != expect:
@@ -197,10 +195,8 @@ class Names:
         return out
 
     def repair(self, check: Check) -> list[str]:
-        """Make every name agree with its journal again, under the lock; what was done. A torn
-        last line is cut off; an interrupted move, or a journalled name whose file is gone,
-        is completed when the line's `to` passes `check`; otherwise the name's current value
-        is journalled (the name file is what readers use)."""
+        """Make every name agree with its journal (module invariants), under the lock; what
+        was done. Otherwise the name's current value is journalled (readers use the file)."""
         with self._lock():
             done = self._disk.cut_tail(layout.NAMES_LOG)
             for d in self.disagreements():
@@ -254,8 +250,8 @@ class Records:
         return sorted(out, key=lambda m: m.at)
 
     def load_measurement(self, filename: str) -> Measurement:
-        """One record by its file name in `measurements/`, parsed strictly. Raises:
-        CorruptRecordError (see the module invariants), IntegrityError (not a regular file)."""
+        """One record by its file name in `measurements/`. Raises: IntegrityError (module
+        invariants)."""
         from prefixreg.core.records import Measurement
 
         rel = f"{layout.MEASUREMENTS}/{filename}"

@@ -95,9 +95,7 @@ def snapshot_prefix_shas(registry: Registry) -> set[str]:
 
 
 def check_snapshot_entry(registry: Registry, name: str, kind: str) -> list[tuple[str, str]]:
-    """`verify`'s findings for the entry `name` of `snapshots/` as (kind, message) pairs:
-    `unexpected` (not a record file or name), `bad_record` (does not parse strictly, or
-    names another prefix or build), `dangling` (its head is not there)."""
+    """`verify`'s (kind, message) findings for the entry `name` of `snapshots/`."""
     if kind != "file" or layout.SNAPSHOT_RECORD.fullmatch(name) is None:
         return [("unexpected", "not a snapshot record (<sha256>-<build id>.json)")]
     try:
@@ -114,9 +112,8 @@ def check_snapshot_entry(registry: Registry, name: str, kind: str) -> list[tuple
 def prune_snapshot_records(
     registry: Registry, *, cutoff: float, dry_run: bool
 ) -> list[tuple[str, float]]:
-    """Remove the records whose head is gone and whose mtime is before `cutoff`; (relative
-    path, mtime) of each removed (or, dry, that would be). The caller holds the registry
-    lock (gc); a record is judged by its name, parsed or not."""
+    """Remove the records, parsed or not, whose head is gone and whose mtime is before
+    `cutoff` (the caller holds the registry lock); (relative path, mtime) of each."""
     disk = registry._disk
     removed = []
     for name, sha in _record_entries(registry):
@@ -139,10 +136,9 @@ class FileDigests(NamedTuple):
 
 
 def digest_snapshot_file(directory: Path | str, name: str, *, sha256: bool = True) -> FileDigests:
-    """Hash the snapshot file `name` in the server's directory `directory` (blake3, and with
-    `sha256` sha256 too) in one pass, through an `O_NOFOLLOW` descriptor that must be a
-    regular file. Raises: FileNotFoundError (none), IntegrityError (a symlink or not a
-    regular file), UsageError (not a snapshot file name)."""
+    """Hash the snapshot file `name` in the server's `directory` (blake3, and sha256 if
+    asked) in one no-follow pass. Raises: FileNotFoundError; IntegrityError (a symlink or
+    not a regular file); UsageError (not a snapshot file name)."""
     import blake3  # native, imported only where a snapshot file is hashed
 
     path = Path(directory) / validate_file_name(name)

@@ -102,8 +102,8 @@ class Registry:
 
     @contextlib.contextmanager
     def lock(self, name: str = "registry") -> Iterator[None]:
-        """Hold the exclusive lock `.locks/<name>.lock` (`registry`: gc and name moves).
-        Raises: LockTimeoutError; IntegrityError (a symlinked `.locks/` or lock file)."""
+        """Hold `.locks/<name>.lock` (`registry`: gc and name moves). Raises: LockTimeoutError;
+        IntegrityError (a symlinked `.locks/` or lock file)."""
         layout.validate_name(name)
         self.init()
         with self._disk.lock(name, self.lock_timeout):
@@ -194,8 +194,8 @@ class Registry:
         return sha
 
     def read_verified(self, sha: str) -> bytes:
-        """The bytes of object `sha`, re-hashed and compared. Raises: UsageError (not a
-        sha), RefNotFoundError (none), IntegrityError (a mismatch)."""
+        """The bytes of object `sha`, re-hashed. Raises: UsageError, RefNotFoundError,
+        IntegrityError."""
         return self._objects.read(layout.need_sha(sha))
 
     def add(
@@ -258,8 +258,7 @@ class Registry:
         return sha
 
     def add_probe_slice(self, content: bytes | str, *, run_id: str) -> str:
-        """Store a slice probe run `run_id` sends, its meta marked as a probe slice (see
-        `objects`). Raises as `add`."""
+        """Store a slice probe run `run_id` sends, marked as a probe slice. Raises as `add`."""
         label = PROBE_SOURCE_PREFIX + check_text(run_id, "the probe run id")
         data = content_bytes(content)
         return self._store(data, note=f"probe {run_id}", source=label, what="add probe slices")
@@ -277,15 +276,11 @@ class Registry:
     ) -> NameMove | None:
         """Point `name` at the head `ref` names (verified, again under the lock), journal
         first; None if it already pointed there. `expect`: the sha (None: unset) the name
-        must hold now. `force`: move a name that holds a prefix to a frame, or back.
-
-        Raises:
-            InvalidNameError: not a valid name for a new move (8-64 hex digits included).
-            NameConflictError: `expect` does not hold, or a kind change without `force`.
-            UsageError: a bad reference or argument, or a mirror. IntegrityError: the target
-                fails verification, or `names.log`, `names/` or `.locks/` is a symlink.
-            PrefixregError: the journal could not be written (the name is not moved).
-        """
+        must hold now; `force`: move a name that holds a prefix to a frame, or back. Raises:
+        InvalidNameError (8-64 hex digits too); NameConflictError (`expect` does not hold, or
+        a kind change without `force`); UsageError (a bad reference or argument, a mirror);
+        IntegrityError (the target fails verification, or a symlinked `names.log`, `names/`
+        or `.locks/`); PrefixregError (the journal could not be written: not moved)."""
         layout.validate_name(name)
         if expect is not UNSET and expect is not None:
             layout.need_sha(expect)
@@ -351,13 +346,11 @@ class Registry:
         return self._names.log()
 
     def measurements(self, sha: str | None = None) -> list[Measurement]:
-        """Measurement records (of one prefix, or all), oldest first. Raises:
-        CorruptRecordError (fail closed), IntegrityError."""
+        """Measurement records (of one prefix, or all), oldest first. Raises: IntegrityError."""
         return self._records.measurements(sha)
 
     def write_measurement(self, measurement: Measurement) -> Path:
-        """Write one measurement record, never overwriting. Raises: UsageError (not a
-        `Measurement`, or a mirror), IntegrityError."""
+        """Write one measurement record, never overwriting. Raises: UsageError, IntegrityError."""
         self.init()
         self.refuse_on_mirror("write a measurement")
         return self._records.write_measurement(measurement)

@@ -200,8 +200,7 @@ def catch_up(
 
 def retire_source(source: Path, target: Path, before: dict[str, Stat]) -> tuple[list[str], Path]:
     """Catch the target up with late writes, rename the source aside (a writer still using
-    it fails from then on), catch up once more; (paths copied, where the source now is, to
-    be removed). A source that cannot be renamed (a mount point) stays after a quiet round."""
+    it fails from then on), catch up once more; (paths copied, where the source now is)."""
     target_state = stats(target, list_tree(target)[1])
     late: list[str] = []
     for _ in range(10):  # catch-up rounds before the source counts as never quiet

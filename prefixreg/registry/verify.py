@@ -99,9 +99,8 @@ def verify_registry(reg: Registry) -> VerifyReport:
 
 
 def repair_registry(reg: Registry) -> VerifyReport:
-    """Cut torn journal tails, make every name agree with `names.log` (`Names.repair`), then
-    verify again; everything else is only reported. Raises: UsageError (a mirror),
-    LockTimeoutError."""
+    """Cut torn journal tails, make every name agree with `names.log`, then verify again.
+    Raises: UsageError (a mirror), LockTimeoutError."""
     reg.refuse_on_mirror("repair names")
     with reg.lock("mirror"):
         repaired = reg._disk.cut_tail(layout.MIRROR_LOG)
