@@ -1,10 +1,10 @@
 """`prefixreg gc`: remove the debris of interrupted writes and, only if asked, old unnamed prefixes.
 
 Under the registry lock (the one name moves take) it removes stray temp files older than the
-grace; with `prune_unnamed`, objects (and their meta) nothing refers to whose mtime (every
-re-add refreshes it) is older than the grace; with `prune_snapshots`, snapshot records whose
-prefix object is gone (never the snapshot files). Nothing younger than `MIN_AGE_S` is
-touched, whatever the grace: it may be a write in flight.
+grace; with `prune_unnamed`, objects (and meta) nothing refers to whose mtime (every re-add
+refreshes it) is older than the grace; with `prune_snapshots`, snapshot records whose head is
+gone (never the snapshot files). Nothing younger than `MIN_AGE_S` is touched, whatever the
+grace: it may be a write in flight.
 
 Invariants:
 - Nothing is followed: a symlink below the root, or an object that is not a regular file,

@@ -152,7 +152,7 @@ def migrate_registry(
             if retired is not None:
                 remove_tree(retired)
     report.files = len(files)
-    report.objects = _objects(files)
+    report.objects = sum(1 for f in files if layout.object_sha(f) is not None)
     report.copied = len(files) if report.method == "copy" else report.copied + len(late)
     if source != given:
         report.warnings.append(
@@ -161,10 +161,6 @@ def migrate_registry(
         )
     report.stale = scan_references(given, scan, skip=(target,))
     return report
-
-
-def _objects(files: Sequence[str]) -> int:
-    return sum(1 for f in files if layout.object_sha(f) is not None)
 
 
 def _migrated_from(target: Path, source: Path) -> bool:
@@ -307,7 +303,7 @@ def _journal(source: Path, target: Path, method: Method, files: Sequence[str]) -
         "from": str(source),
         "to": str(target),
         "method": method,
-        "objects": _objects(files),
+        "objects": sum(1 for f in files if layout.object_sha(f) is not None),
         "files": len(files),
         "prefixreg": package_version(),
     }
