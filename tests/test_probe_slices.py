@@ -12,8 +12,8 @@ import pytest
 
 from prefixreg.core.errors import UsageError
 from prefixreg.registry.gc import collect_garbage
+from prefixreg.registry.names import receipt_shas
 from prefixreg.registry.objects import is_probe_source
-from prefixreg.registry.records import receipt_shas
 from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 from prefixreg.server.worker import Worker

@@ -17,11 +17,11 @@ from pathlib import Path
 import orjson
 
 from prefixreg.registry.gc import collect_garbage
-from prefixreg.registry.snapshots import snapshot_record_path, write_snapshot
+from prefixreg.registry.snapshots import write_snapshot
 from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 from tests.conftest import run_cli
-from tests.test_snapshots import BUILD, make_record
+from tests.test_snapshots import BUILD, make_record, snapshot_record_path
 
 DAY = 86400.0
 

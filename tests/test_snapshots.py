@@ -31,10 +31,8 @@ from prefixreg.core.records import ServerBuild
 from prefixreg.core.snapshots import SnapshotRecord, snapshot_file_name
 from prefixreg.registry.snapshots import (
     digest_snapshot_file,
-    hash_snapshot_file,
     list_snapshots,
     read_snapshot,
-    snapshot_record_path,
     write_snapshot,
 )
 from prefixreg.registry.store import Registry
@@ -58,6 +56,11 @@ PROPS = {
 ERASED = {"id_slot": 0, "n_erased": 0}
 RESTORED = {"id_slot": 0, "n_restored": 1153, "n_read": 11, "timings": {"restore_ms": 4.2}}
 IDLE = [{"id": 0, "n_ctx": 8192, "is_processing": False}]
+
+
+def snapshot_record_path(reg: Registry, sha: str, build_id: str) -> Path:
+    """Where the record of `sha` on `build_id` lives (DESIGN §3)."""
+    return reg.root / "snapshots" / f"{sha}-{build_id}.json"
 
 
 def make_record(sha: str, build: ServerBuild = BUILD, **kw: Any) -> SnapshotRecord:
@@ -184,15 +187,12 @@ def test_symlinks_are_refused(reg: Registry, tmp_path: Path) -> None:
     (tmp_path / "real.bin").write_bytes(b"kv" * 100)
     (elsewhere / "link.bin").symlink_to(tmp_path / "real.bin")
     with pytest.raises(IntegrityError):
-        hash_snapshot_file(elsewhere, "link.bin")
-    assert hash_snapshot_file(tmp_path, "real.bin") == (
-        hashlib.sha256(b"kv" * 100).hexdigest(),
-        200,
-    )
+        digest_snapshot_file(elsewhere, "link.bin")
     got = digest_snapshot_file(tmp_path, "real.bin")
-    assert got.blake3 == blake3.blake3(b"kv" * 100).hexdigest() and got.size == 200
+    assert got.sha256 == hashlib.sha256(b"kv" * 100).hexdigest() and got.size == 200
+    assert got.blake3 == blake3.blake3(b"kv" * 100).hexdigest()
     with pytest.raises(UsageError):
-        hash_snapshot_file(tmp_path, "../real.bin")
+        digest_snapshot_file(tmp_path, "../real.bin")
 
 
 def test_a_mirror_gets_no_snapshot_record(tmp_path: Path) -> None:

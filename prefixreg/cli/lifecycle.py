@@ -1,9 +1,8 @@
 """Lifecycle commands: `migrate` (move a registry, verified) and `gc` (remove debris).
 
-Data goes to stdout (`--json` for machines): stale references as `file:line: text` for
-migrate, one line per removed file for gc; the summary goes to stderr. Exit codes follow
-DESIGN §5: a refused target is a usage error (2), a registry that does not verify an
-integrity failure (3), a held lock 7.
+Data goes to stdout (`--json` for machines): stale references as `file:line: text`, one line
+per removed file; the summary goes to stderr. Exit codes (DESIGN §5): a refused target 2, a
+registry that does not verify 3, a held lock 7.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Registry commands: add, cat, show, ls, name, names, verify.
 
-Each command parses its options, resolves a reference once (`Registry.head`: a prefix or a
-frame, verified), calls the registry and renders the result. Whatever takes a prefix takes a
-frame. Files the user names are read through `fsutil.read_user_file` (regular files only,
-size-capped). The library is imported inside the functions so `--help` stays cheap.
+Each resolves a reference once (`Registry.head`: a verified prefix or frame; whatever takes a
+prefix takes a frame), calls the registry and renders the result. Files the user names are
+read by `fsutil.read_user_file` (regular files only, size-capped). The library is imported
+inside the functions so `--help` stays cheap.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ RefArg = Annotated[
 
 
 def _safe(text: str) -> str:
-    """`text` with control characters (ANSI escapes, newlines, ...) shown as escapes, so a
-    note, source or name can never move the cursor, recolour or forge a line."""
+    """`text` with control characters shown as escapes: a note, source or name can never move
+    the cursor, recolour or forge a line."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
@@ -114,9 +114,8 @@ def show_command(
         reg = open_registry_from(registry)
         head = reg.head(ref)
         sha, system = head.sha256, head.system
-        frame = head if isinstance(head, Frame) else None
         names = sorted(n for n, s in reg.names().items() if s == sha)
-        of = sha if frame is not None else None  # a frame's measurements, or the bare prefix's
+        of = sha if isinstance(head, Frame) else None  # a frame's measurements, or the prefix's
         measurements = [m for m in reg.measurements(system.sha256) if m.outcome.frame == of]
         latest = measurements[-1].build.build_id if measurements else None
         if worker is not None:
@@ -124,17 +123,18 @@ def show_command(
 
             with Worker(worker) as w:
                 latest = w.server_build().build_id
-        if frame is None:
+        if isinstance(head, Frame):
+            path = reg.root / frame_relpath(sha)
+            tools, settings = head.tools_sha256, head.settings
+            fields: dict[str, object] = {"system": system.sha256, "tools": tools}
+            fields["settings"] = settings
+            rows = {"system": f"{system.sha256} ({system.size} bytes)", "tools": tools or "-"}
+            rows["settings"] = head.settings_json.decode()
+        else:
             meta, path = reg.meta(sha), reg.object_path(sha)
-            fields: dict[str, object] = {"meta": meta.to_dict()}
+            fields = {"meta": meta.to_dict()}
             rows = {"bytes": str(meta.bytes), "created": meta.created, "source": meta.source}
             rows |= {"note": meta.note} if meta.note else {}
-        else:
-            path = reg.root / frame_relpath(sha)
-            fields = {"system": system.sha256, "tools": frame.tools_sha256}
-            fields["settings"] = frame.settings
-            rows = {"system": f"{system.sha256} ({system.size} bytes)"}
-            rows |= {"tools": frame.tools_sha256 or "-", "settings": frame.settings_json.decode()}
         if json_out:
             emit_json(
                 {"sha256": sha, "kind": head.kind, "path": str(path), "names": names, **fields}
@@ -285,13 +285,6 @@ def verify_command(
 
 def register(app: typer.Typer) -> None:
     """Add the registry commands to `app`."""
-    for name, command in (
-        ("add", add_command),
-        ("cat", cat_command),
-        ("show", show_command),
-        ("ls", ls_command),
-        ("name", name_command),
-        ("names", names_command),
-        ("verify", verify_command),
-    ):
-        app.command(name)(command)
+    commands = (add_command, cat_command, show_command, ls_command, name_command, names_command)
+    for command in (*commands, verify_command):
+        app.command(command.__name__.removesuffix("_command"))(command)

@@ -1,11 +1,10 @@
 """`Disk`: a registry root, its marker and lock, and no-follow access below it by layout path.
-Package-private: the registry's parts (objects, names, records) and its use cases (verify,
-gc, migrate) reach files only through it; nothing outside `prefixreg.registry` sees these.
+Package-private: the registry's parts and use cases reach files only through it.
 
 Invariants:
-- Reads and listings resolve a layout path with no symlink followed below the root
-  (`fsutil.open_below`); writes check or create their directories with `fsutil.ensure_dir`,
-  which refuses a symlink on the way. The root itself may be a symlink (a user's choice).
+- Reads and listings follow no symlink below the root (`fsutil.open_below`); writes check or
+  create their directories with `fsutil.ensure_dir`, which refuses a symlink on the way. The
+  root itself may be a symlink (a user's choice).
 - A directory is only written into if it is empty or carries `REGISTRY.json`, which is
   published first, so a concurrent opener never sees files without it.
 - The lock file is a regular file in a real `.locks/` directory: a symlink in either place
@@ -16,9 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from os import stat_result
 from pathlib import Path
+from typing import TypeVar
 
 from prefixreg.core.errors import (
     CorruptRecordError,
@@ -26,8 +26,10 @@ from prefixreg.core.errors import (
     LockTimeoutError,
     RegistryLocationError,
 )
-from prefixreg.core.jsonio import loads_object
+from prefixreg.core.jsonio import JSONObject, loads_object
 from prefixreg.registry import fsutil, layout
+
+T = TypeVar("T")
 
 _README = """\
 # prefix registry
@@ -91,9 +93,17 @@ class Disk:
         return self.root / rel
 
     def read(self, rel: str) -> bytes:
-        """A regular file's bytes. Raises: FileNotFoundError; IntegrityError (a symlink on
-        the way, or not a regular file)."""
+        """A regular file's bytes. Raises: FileNotFoundError; IntegrityError."""
         return fsutil.read_below(self.root_s, rel)
+
+    def record(self, rel: str, parse: Callable[[JSONObject], T]) -> T:
+        """The JSON record at `rel`, depth-capped, parsed by `parse`; errors name the path.
+        Raises: FileNotFoundError; CorruptRecordError; IntegrityError."""
+        path = self.root / rel
+        try:
+            return parse(loads_object(self.read(rel), path=path))
+        except CorruptRecordError as exc:
+            raise CorruptRecordError(f"{path}: {exc}", path=path) from None
 
     def entries(self, rel: str = "") -> list[tuple[str, str]]:
         """Sorted (name, kind) pairs of a directory ("" the root); see `fsutil.list_below`."""
@@ -101,7 +111,7 @@ class Disk:
 
     def walk(self, rel: str = "") -> Iterator[tuple[str, str]]:
         """Every entry below `rel` as (relative path, kind), parents first; a symlink is
-        yielded (kind `link`), never descended into. Iterative: any depth is safe."""
+        yielded, never descended into. Iterative: any depth is safe."""
         pending = [rel]
         while pending:
             current = pending.pop()
@@ -112,8 +122,7 @@ class Disk:
                     pending.append(child)
 
     def refuse_links(self) -> None:
-        """Raise `IntegrityError` naming the first symlink below the root (gc and migrate
-        refuse to run on such a registry)."""
+        """Raise `IntegrityError` naming the first symlink below the root (gc refuses it)."""
         for rel, kind in self.walk():
             if kind == "link":
                 path = self.root / rel
@@ -128,27 +137,40 @@ class Disk:
         except FileNotFoundError:
             return None
 
+    def remove_old(self, rel: str, cutoff: float, *, dry_run: bool) -> float | None:
+        """Remove the regular file `rel` if its mtime is before `cutoff` (not when `dry_run`);
+        its mtime, or None: gone, not a file, or young (may be a write in flight)."""
+        st = self.lstat(rel)
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
+            return None
+        if not dry_run:
+            try:
+                self.path(rel).unlink()
+            except FileNotFoundError:
+                return None
+        return st.st_mtime
+
     def mkdir(self, rel: str) -> Path:
         """Create the directory `rel` if needed and return its path; never through a link."""
         fsutil.ensure_dir(self.root, self.root / rel)
         return self.root / rel
 
     def torn_tail(self, rel: str) -> int:
-        """Bytes of the journal `rel` after its last newline: an interrupted write, never a
-        committed line (0: none, or no such journal)."""
+        """Bytes of the journal `rel` after its last newline: an interrupted write (0: none)."""
         try:
             raw = self.read(rel)
         except FileNotFoundError:
             return 0
         return len(raw) - raw.rfind(b"\n") - 1
 
-    def cut_tail(self, rel: str) -> int:
-        """Cut a torn tail off the journal `rel` (the caller holds its lock); bytes cut."""
+    def cut_tail(self, rel: str) -> list[str]:
+        """Cut a torn tail off the journal `rel` (the caller holds its lock); what was done."""
         torn = self.torn_tail(rel)
-        if torn:
-            path = self.path(rel)
-            fsutil.truncate(path, path.stat().st_size - torn, root=self.root)
-        return torn
+        if not torn:
+            return []
+        path = self.path(rel)
+        fsutil.truncate(path, path.stat().st_size - torn, root=self.root)
+        return [f"{rel}: cut off a torn last line ({torn} bytes)"]
 
     @contextlib.contextmanager
     def lock(self, name: str, timeout: float) -> Iterator[None]:

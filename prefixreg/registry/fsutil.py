@@ -2,18 +2,17 @@
 and the capped reader of files a user names.
 
 Invariants:
-- A published file is complete: data goes to a temp file in the target directory, is fsynced
-  (created with its final mode, so the umask applies and nothing reads or sets it), then
-  renamed (or hard-linked, for no-overwrite publishes), then the directory is fsynced. A crash
-  leaves at most a temp file `.<name>.<random>.tmp`, which `verify` reports and `gc` removes.
-- A journal append lands whole or not at all: one write of the whole line at the end, and on a
-  short or failed write (a full disk) the file is truncated back to where it was. An append
-  never glues its line onto a torn tail: that is refused until `verify --repair` heals it.
-- Nothing below a registry root is reached through a symlink: every component below the root
-  is resolved by the kernel with symlinks refused (`openat2` RESOLVE_NO_SYMLINKS, else one
-  `O_NOFOLLOW` open per component relative to its parent), so a symlinked directory (`names`,
-  `objects/ab`) is refused before anything is opened through it. The root itself may be a
-  symlink: that is the user's choice. Writes check their directories the same way first.
+- A published file is complete: a temp file in the target directory (created with its final
+  mode, so the umask applies) is written and fsynced, then renamed (or hard-linked, never
+  overwriting), then the directory is fsynced. A crash leaves at most a temp file
+  `.<name>.<random>.tmp`, which `verify` reports and `gc` removes.
+- A journal append lands whole or not at all: one write of the line at the end; a short or
+  failed write (a full disk) truncates the file back. An append never glues its line onto a
+  torn tail: that is refused until `verify --repair` heals it.
+- Nothing below a registry root is reached through a symlink: each component is resolved with
+  symlinks refused (`openat2` RESOLVE_NO_SYMLINKS, else one `O_NOFOLLOW` open per component),
+  so a symlinked `names` or `objects/ab` is refused before anything is opened through it. The
+  root itself may be a symlink (the user's choice). Writes check their directories first.
 - A file a user names is read only if it is a regular file, and only up to a size cap.
 """
 
@@ -92,8 +91,7 @@ def replace_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
 
 
 def publish_new(path: Path, data: bytes, *, mode: int = 0o444) -> bool:
-    """Publish `data` at `path` only if nothing is there yet; never overwrite. True if this
-    call created the file (the caller decides what an existing one means)."""
+    """Publish `data` at `path` unless something is there (never overwritten); True if so."""
     return _publish(path, data, mode, replace=False)
 
 
@@ -104,9 +102,8 @@ _WALKS = [0]  # walks so far: a short-lived command never pays for importing cty
 
 
 def _openat2() -> Callable[[int, str, int], int] | None:
-    """`openat2(dirfd, rel, flags)` resolving with RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
-    (Linux 5.6+), loaded once a process has walked 32 paths; None before that, or where the
-    kernel or a sandbox lacks it (the walk is used then: same answers, a few opens more)."""
+    """`openat2(dirfd, rel, flags)` with RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH (Linux 5.6+),
+    loaded after 32 walks; None before, or where the kernel or a sandbox lacks it."""
     if "fn" in _OPENAT2:
         return _OPENAT2["fn"]
     _WALKS[0] += 1
@@ -137,8 +134,7 @@ def _openat2() -> Callable[[int, str, int], int] | None:
 
 
 def _refused(exc: OSError, where: Path | str, *, last: bool = True) -> Exception:
-    """What a failed no-follow open of `where` raises: a symlink (ELOOP: nothing is followed)
-    or a file where a directory should be is an `IntegrityError`, the rest an `OSError`."""
+    """A symlink (ELOOP) or a file where a directory should be: `IntegrityError`; else OSError."""
     if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and not last):
         what = "is a symlink" if exc.errno == errno.ELOOP else "not a directory"
         return IntegrityError(f"{where}: {what}; refused", path=Path(where))
@@ -146,9 +142,8 @@ def _refused(exc: OSError, where: Path | str, *, last: bool = True) -> Exception
 
 
 def open_below(root: str, rel: str, flags: int) -> int:
-    """Open `root/rel` without following a symlink at any component of `rel`. Raises:
-    FileNotFoundError; IntegrityError (a component, named, is a symlink or a file where a
-    directory should be, or `rel` leaves `root`)."""
+    """Open `root/rel`, following no symlink in `rel`. Raises: FileNotFoundError;
+    IntegrityError (naming a symlink or non-directory on the way, or `rel` leaving `root`)."""
     flags |= os.O_NOFOLLOW | os.O_CLOEXEC
     openat2 = _openat2() if "/" in rel else None  # an entry of the root: the walk is one open
     if openat2 is not None:
@@ -184,8 +179,7 @@ def open_below(root: str, rel: str, flags: int) -> int:
 
 
 def _read_fd(fd: int, where: Path | str, limit: int = 1 << 62) -> tuple[bytes, os.stat_result]:
-    """A regular file's bytes from `fd` (closed here) in one read of its known size, reading
-    on only if it grew; more than `limit` bytes are not read (the caller refuses them)."""
+    """A regular file's bytes from `fd` (closed here), at most `limit` + 1 of them."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -216,14 +210,14 @@ def _open_path(path: Path | str, root: Path | str | None, flags: int) -> int:
 
 
 def read_nofollow(path: Path | str, *, root: Path | str | None = None) -> bytes:
-    """Read a regular file without following a symlink at it (or, given the registry `root`
-    it lies under, below that root). Raises: FileNotFoundError; IntegrityError."""
+    """A regular file's bytes, no symlink followed at it (or below `root`, if given). Raises:
+    FileNotFoundError; IntegrityError."""
     return _read_fd(_open_path(path, root, _READ), path)[0]
 
 
 def read_chunks(path: Path) -> Iterator[bytes]:
     """A regular file's bytes in 1 MiB chunks, never through a symlink at `path`. Raises:
-    FileNotFoundError; IntegrityError (a symlink or not a regular file)."""
+    FileNotFoundError; IntegrityError."""
     fd = _open_path(path, None, _READ)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -240,9 +234,8 @@ def read_below(root: str, rel: str) -> bytes:
 
 
 def list_below(root: str, rel: str) -> list[tuple[str, str]]:
-    """The entries of `root/rel` ("" for the root) as sorted (name, kind) pairs, kind one of
-    `file`, `dir`, `link`, `other`; nothing followed; a missing directory is empty. Raises
-    `IntegrityError`: the directory (or one on the way) is a symlink or not a directory."""
+    """Sorted (name, kind) entries of `root/rel` ("" the root), kind `file`, `dir`, `link` or
+    `other`, nothing followed; a missing directory is empty. Raises: IntegrityError."""
     try:
         fd = os.open(root, _DIR) if not rel else open_below(root, rel, _DIR)
     except FileNotFoundError:
@@ -267,8 +260,7 @@ def list_below(root: str, rel: str) -> list[tuple[str, str]]:
 
 def ensure_dir(root: Path, directory: Path, *, create: bool = True) -> None:
     """Check (with `create`, make) every directory from `root` down to `directory`; a missing
-    one ends a check. Raises `IntegrityError` for a symlink or a non-directory on the way:
-    nothing is created outside the root."""
+    one ends a check. Raises: IntegrityError (a symlink or non-directory on the way)."""
     current = root
     for part in directory.relative_to(root).parts:
         current = current / part
@@ -286,13 +278,9 @@ def ensure_dir(root: Path, directory: Path, *, create: bool = True) -> None:
 
 
 def copy_durable(src: Path, dst: Path, *, root: Path | None = None) -> bytes:
-    """Copy a regular file to `dst` (which must not exist) durably with its mode and mtime:
-    read once without following symlinks (below `root`, if given), temp file, fsync, link
-    (no overwrite), directory fsync. Returns the bytes copied, to compare the target with.
-
-    Raises:
-        FileExistsError: `dst` exists. IntegrityError: `src` is a symlink or not a file.
-    """
+    """Copy a regular file (read once, no-follow below `root`) durably to `dst` with its mode
+    and mtime, never overwriting; the bytes copied, to compare the target with. Raises:
+    FileExistsError (`dst` exists); IntegrityError (`src` is a symlink or not a file)."""
     data, st = _read_fd(_open_path(src, root, _READ), src)
     tmp = _write_temp(dst.parent, dst.name, data, 0o600)
     try:
@@ -320,15 +308,9 @@ def _open_journal(path: Path, root: Path | None, flags: int) -> int:
 
 
 def append_line(path: Path, line: bytes, *, root: Path | None = None) -> int:
-    """Append one line to a journal, whole or not at all, durably; the offset it starts at
-    (so a caller holding the journal's lock can take it back with `truncate`). One write at
-    the end (O_APPEND); a short or failed write or fsync truncates the file back.
-
-    Raises:
-        IntegrityError: the journal (or a directory below `root`) is a symlink or not a
-            regular file, or it ends in a torn line (`verify --repair` heals it).
-        OSError: the line could not be written (nothing of it is left).
-    """
+    """Append one line to a journal, whole or not at all; the offset it starts at (to take it
+    back with `truncate` under the journal's lock). Raises: IntegrityError (a symlink or
+    non-file on the way, or a torn last line); OSError (not written, nothing of it left)."""
     fd = _open_journal(path, root, os.O_APPEND | os.O_CREAT)
     try:
         start = os.fstat(fd).st_size
@@ -359,14 +341,9 @@ def truncate(path: Path, size: int, *, root: Path | None = None) -> None:
 
 
 def read_user_file(path: Path | str, *, limit: int = MAX_INPUT_BYTES) -> bytes:
-    """The bytes of a file a user named (`-`: standard input), at most `limit` of them. One
-    that is not a regular file (a FIFO, a device such as /dev/zero, a directory) is refused
-    before it is opened, and again on the descriptor: nothing hangs or fills memory. A
-    symlink the user names is followed: it is their own file.
-
-    Raises:
-        UsageError: missing, unreadable, not a regular file, or larger than `limit`.
-    """
+    """The bytes of a file a user named (`-`: stdin), refused before it is opened and again
+    on the descriptor unless a regular file (a symlink they name is theirs to follow).
+    Raises: UsageError (missing, unreadable, not a regular file, or larger than `limit`)."""
     try:
         if os.fspath(path) == "-":
             data = sys.stdin.buffer.read(limit + 1)

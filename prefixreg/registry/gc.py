@@ -1,10 +1,10 @@
 """`prefixreg gc`: remove the debris of interrupted writes and, only if asked, old unnamed prefixes.
 
 Under the registry lock (the one name moves take) it removes stray temp files older than the
-grace; with `prune_unnamed`, objects (and their meta) nothing refers to whose mtime (every
-re-add refreshes it) is older than the grace; with `prune_snapshots`, snapshot records whose
-prefix object is gone (never the snapshot files). Nothing younger than `MIN_AGE_S` is
-touched, whatever the grace: it may be a write in flight.
+grace; with `prune_unnamed`, objects (and meta) nothing refers to whose mtime (every re-add
+refreshes it) is older than the grace; with `prune_snapshots`, snapshot records whose head is
+gone (never the snapshot files). Nothing younger than `MIN_AGE_S` is touched, whatever the
+grace: it may be a write in flight.
 
 Invariants:
 - Nothing is followed: a symlink below the root, or an object that is not a regular file,
@@ -29,14 +29,13 @@ import re
 import secrets
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.records import receipt_refs
 from prefixreg.registry.snapshots import prune_snapshot_records, snapshot_prefix_shas
 from prefixreg.registry.store import Registry
 
@@ -47,8 +46,8 @@ _STAMP_RE: Final = re.compile(r"-(\d{8}T\d{6})\.(\d{6})Z\.json$")
 
 
 def parse_grace(text: str) -> float:
-    """Seconds in a grace period: `14d`, `12h`, `30m`, `45s`, `2w`, or `0` (a bare number
-    other than 0 could mean days or seconds); anything else is a `UsageError`."""
+    """Seconds in a grace period (`14d`, `12h`, `30m`, `45s`, `2w`, `0`), else `UsageError`:
+    a bare number other than 0 could mean days or seconds."""
     given: object = text
     match = _GRACE_RE.fullmatch(given.strip()) if isinstance(given, str) else None
     if match is None:
@@ -84,9 +83,7 @@ class GcReport:
     kept: dict[str, str] = field(default_factory=dict)  # sha -> reason
 
     def to_dict(self) -> JSONObject:
-        flags = ("dry_run", "grace_s", "prune_unnamed", "prune_snapshots")
-        out: JSONObject = {"root": self.root, **{k: getattr(self, k) for k in flags}}
-        return out | {"removed": [i.to_dict() for i in self.removed], "kept": dict(self.kept)}
+        return asdict(self) | {"removed": [item.to_dict() for item in self.removed]}
 
 
 def collect_garbage(
@@ -100,14 +97,10 @@ def collect_garbage(
     min_age_s: float = MIN_AGE_S,
 ) -> GcReport:
     """Remove stray temp files and, when asked, old unnamed objects and orphan snapshot
-    records (see the module docstring). `now` is the clock (tests); `min_age_s` the age
-    below which nothing is touched (tests lower it; it must exceed the longest `add`).
-
-    Raises:
-        UsageError: a grace that is not a finite number >= 0, or pruning a mirror.
-        IntegrityError: a symlink below the root or an object that is not a regular file
-            (nothing is removed). LockTimeoutError: another process holds the lock.
-    """
+    records (module docstring); `min_age_s`: nothing younger is touched (tests lower it; it
+    must exceed the longest `add`). Raises: UsageError (a grace not a finite number >= 0, or
+    pruning a mirror); IntegrityError (a symlink below the root or an object not a regular
+    file: nothing is removed); LockTimeoutError."""
     given: object = grace_s
     if not isinstance(given, int | float) or isinstance(given, bool) or not math.isfinite(given):
         raise UsageError(f"the grace period must be a finite number, not {grace_s!r}")
@@ -140,17 +133,10 @@ def _collect_strays(reg: Registry, report: GcReport, *, cutoff: float, now: floa
     for rel, kind in reg._disk.walk():
         if kind != "file" or rel.startswith(f"{layout.LOCKS}/"):
             continue
-        if not layout.is_temp_name(rel.rsplit("/", 1)[-1]):
-            continue
-        st = reg._disk.lstat(rel)
-        if st is None or not stat.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
-            continue  # gone (its writer finished), or young: may be a write in flight
-        if not report.dry_run:
-            try:
-                reg._disk.path(rel).unlink()
-            except FileNotFoundError:
-                continue
-        report.removed.append(GcItem("stray", rel, now - st.st_mtime))
+        if layout.is_temp_name(rel.rsplit("/", 1)[-1]):
+            mtime = reg._disk.remove_old(rel, cutoff, dry_run=report.dry_run)
+            if mtime is not None:
+                report.removed.append(GcItem("stray", rel, now - mtime))
 
 
 def _recent_measurements(reg: Registry, cutoff: float) -> set[str]:
@@ -179,12 +165,7 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
     last_to = {move.name: move.to_sha for move in reg.name_log()}
     named = set(reg.names().values()) | set(last_to.values()) | reg._frames.parts()
     recent = _recent_measurements(reg, cutoff)
-    receipts = reg.probe_receipts()
-    by_receipt, receipt_unread = receipt_refs(raw for _path, raw in receipts)
-    # A receipt that could not even be read (probe_receipts skips it) keeps every slice too.
-    listed = [n for n, kind in reg._disk.entries(layout.PROBES) if kind == "file"]
-    listed = [n for n in listed if n.endswith(".json") and not layout.is_temp_name(n)]
-    receipt_unread = receipt_unread or len(listed) > len(receipts)
+    by_receipt, receipt_unread = reg._records.receipt_refs()
     snapped = snapshot_prefix_shas(reg)
     for sha in list(reg._objects.shas()):
         if sha in named:
@@ -212,42 +193,33 @@ def _prune_one(reg: Registry, report: GcReport, sha: str, *, cutoff: float, now:
         return
     meta_st = reg._disk.lstat(meta_rel)
     has_meta = meta_st is not None and stat.S_ISREG(meta_st.st_mode)
-    age = now - st.st_mtime
-    if report.dry_run:
-        report.removed.append(GcItem("object", obj_rel, age))
-        if has_meta:
-            report.removed.append(GcItem("meta", meta_rel, age))
-        return
-    obj, meta = reg._disk.path(obj_rel), reg._disk.path(meta_rel)
-    # Meta first (reverse write order): a crash from here on leaves an object without meta
-    # (a warning that `add` repairs), never a meta record without its object.
-    meta_claim = _claim(meta) if has_meta else None
-    obj_claim = _claim(obj)
-    if obj_claim is None:
-        if meta_claim is not None:
-            _restore(meta_claim, meta)
-        return
-    claimed_st = obj_claim.lstat()
-    if claimed_st.st_mtime_ns != st.st_mtime_ns:
-        # A concurrent add re-used the object between our look and the claim: keep it.
-        _restore(obj_claim, obj)
-        if meta_claim is not None:
-            _restore(meta_claim, meta)
-        fsutil.fsync_dir(obj.parent)
-        report.kept[sha] = "re-added while gc ran"
-        return
-    obj_claim.unlink()
-    fsutil.fsync_dir(obj.parent)
-    report.removed.append(GcItem("object", obj_rel, now - claimed_st.st_mtime))
-    if meta_claim is not None:
-        meta_claim.unlink()
-        fsutil.fsync_dir(meta.parent)
-        report.removed.append(GcItem("meta", meta_rel, now - claimed_st.st_mtime))
+    if not report.dry_run:
+        obj, meta = reg._disk.path(obj_rel), reg._disk.path(meta_rel)
+        # Meta first (reverse write order): a crash from here on leaves an object without meta
+        # (a warning that `add` repairs), never a meta record without its object.
+        meta_claim = _claim(meta) if has_meta else None
+        obj_claim = _claim(obj)
+        if obj_claim is None or obj_claim.lstat().st_mtime_ns != st.st_mtime_ns:
+            # Gone, or a concurrent add re-used it between our look and the claim: keep it.
+            for claim, path in ((obj_claim, obj), (meta_claim, meta)):
+                if claim is not None:
+                    _restore(claim, path)
+            if obj_claim is not None:
+                fsutil.fsync_dir(obj.parent)
+                report.kept[sha] = "re-added while gc ran"
+            return
+        for claim in (obj_claim, meta_claim):
+            if claim is not None:
+                claim.unlink()
+                fsutil.fsync_dir(claim.parent)
+        has_meta = meta_claim is not None
+    report.removed.append(GcItem("object", obj_rel, now - st.st_mtime))
+    if has_meta:
+        report.removed.append(GcItem("meta", meta_rel, now - st.st_mtime))
 
 
 def _claim(path: Path) -> Path | None:
-    """Rename `path` to a temp name in its directory (so an interrupted gc leaves a stray,
-    which verify reports as a warning); None if it is already gone."""
+    """Rename `path` to a temp name (an interrupted gc leaves a stray); None if it is gone."""
     claimed = path.with_name(f".{path.name}.gc{secrets.token_hex(4)}{layout.TMP_SUFFIX}")
     try:
         path.rename(claimed)

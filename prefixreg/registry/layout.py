@@ -83,11 +83,9 @@ def stamp_utc(moment: float) -> str:
 
 
 def encode_marker(role: str, created: str) -> bytes:
-    """The bytes of `REGISTRY.json` for a new root of `role` (origin or mirror)."""
+    """The bytes of `REGISTRY.json` for a new root of `role` (checked by the caller)."""
     from prefixreg.core.jsonio import dumps_canonical
 
-    if role not in ("origin", "mirror"):
-        raise UsageError(f"a registry role is origin or mirror, not {role!r}")
     marker = {"format": FORMAT, "version": FORMAT_VERSION, "role": role, "created": created}
     return dumps_canonical(marker) + b"\n"
 
@@ -101,10 +99,8 @@ def marker_problem(data: Mapping[str, object]) -> tuple[str, str] | None:
     if type(version) is not int:
         return "corrupt", "'version' must be an integer"
     if version > FORMAT_VERSION:
-        return (
-            "newer",
-            f"registry format {version} is newer than this prefixreg's ({FORMAT_VERSION})",
-        )
+        newer = f"registry format {version} is newer than this prefixreg's ({FORMAT_VERSION})"
+        return "newer", newer
     if data.get("role") not in ("origin", "mirror"):
         return "corrupt", "'role' must be origin or mirror"
     return None

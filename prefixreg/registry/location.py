@@ -1,11 +1,8 @@
-"""Where the registry lives: `--registry` flag, then `$PREFIXREG_HOME`, then the XDG state dir.
+"""Where the registry lives: `--registry` flag, then `$PREFIXREG_HOME`, then the XDG state dir
+(`~/.local/state/prefix-registry` on Linux); the old layout kept it at `~/prefix-registry`.
 
-Resolution only computes a path; it never creates or inspects anything, so it is safe to
-call from any command. The default on Linux is `~/.local/state/prefix-registry`.
-
-The old layout kept the registry at `~/prefix-registry` (`legacy_registry_path`).
-`migration_hint` looks (read-only: two stats) whether the default location is still empty
-while the old one exists, so commands can tell the user to run `prefixreg migrate`.
+Invariant: resolving only computes a path, never creating or inspecting anything, so any
+command may call it; `migration_hint` only stats (read-only) the default and old locations.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ from pathlib import Path
 
 from prefixreg.registry.layout import MARKER
 
-ENV_HOME = "PREFIXREG_HOME"
 LEGACY_DIRNAME = "prefix-registry"
 
 
@@ -30,10 +26,8 @@ def resolve_registry_path(flag: Path | str | None = None) -> Path:
     """Pick the registry directory: explicit flag > $PREFIXREG_HOME > XDG state directory."""
     if flag is not None and str(flag) != "":
         return Path(flag).expanduser()
-    env = os.environ.get(ENV_HOME)
-    if env:
-        return Path(env).expanduser()
-    return default_registry_path()
+    env = os.environ.get("PREFIXREG_HOME")
+    return Path(env).expanduser() if env else default_registry_path()
 
 
 def legacy_registry_path() -> Path:
@@ -51,7 +45,7 @@ def display_path(path: Path) -> str:
 
 def migration_hint(path: Path) -> str | None:
     """A one-line hint when `path` is the default location, holds no registry yet, and the
-    old location `~/prefix-registry` does; otherwise None. Never creates anything."""
+    old location `~/prefix-registry` does; otherwise None."""
     legacy = legacy_registry_path()
     # Cheapest test first: without an old registry there is nothing to hint (and no need
     # to import platformdirs on a command that was given --registry).

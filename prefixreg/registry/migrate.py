@@ -1,11 +1,11 @@
-"""`prefixreg migrate`: move a registry to a new path (by default the standard location).
+"""`prefixreg migrate`: move a registry to a new path (default: the XDG state directory, where
+`~/prefix-registry` of the old layout belongs), and find lines still naming the old one.
 
-The old layout kept the registry at `~/prefix-registry`; the standard location is the XDG
-state directory (`location`). A move is a `rename` (one filesystem, no registry at the
-target: renamed back if the target does not verify), a `copy` (into a hidden staging
-directory next to the target, compared with what was read, verified, then renamed into
-place) or a `merge` (the target holds a partial copy of this registry, byte-identical where
-it has the file, journals possibly a prefix: what it lacks is added in write order).
+A move is a `rename` (one filesystem, no registry at the target: renamed back if the target
+does not verify), a `copy` (into a hidden staging directory next to the target, compared with
+what was read, verified, then renamed into place) or a `merge` (the target holds a partial
+copy of this registry, byte-identical where it has the file, journals possibly a prefix:
+what it lacks is added in write order).
 
 Invariants:
 - A target holding a different registry, or files without `REGISTRY.json`, is refused.
@@ -16,25 +16,28 @@ Invariants:
   new root gains one line per move.
 - A symlinked source root is resolved: the directory moves, the link is left dangling. The
   old tree is removed only after the target verified, names first, then meta.
+- The scan reads only the user's files, iteratively, never into a symlinked directory,
+  skipping binary files (a NUL in the first 8 KiB), files over 8 MiB, VCS directories and
+  the registries themselves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
+import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from prefixreg.core.errors import PrefixregError, RegistryLocationError, UsageError
-from prefixreg.core.jsonio import JSONObject, dumps_canonical, loads_object
+from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.layout import MARKER
-from prefixreg.registry.layout import MIGRATIONS_LOG as MIGRATIONS_LOG
+from prefixreg.registry.layout import MARKER, MIGRATIONS_LOG
 from prefixreg.registry.location import default_registry_path
-from prefixreg.registry.refscan import StaleReference
-from prefixreg.registry.refscan import scan_references as scan_references
 from prefixreg.registry.store import Registry
 from prefixreg.registry.treecopy import (
     OWN,
@@ -42,7 +45,6 @@ from prefixreg.registry.treecopy import (
     check_copies,
     check_verifies,
     list_tree,
-    read_in,
     remove_tree,
     retire_source,
     stats,
@@ -50,6 +52,18 @@ from prefixreg.registry.treecopy import (
 )
 
 Method = Literal["rename", "copy", "merge", "none"]
+_SKIP_DIRS: Final = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__"})
+
+
+@dataclass(frozen=True, slots=True)
+class StaleReference:
+    """One line of a file that still names the old registry path."""
+
+    path: str
+    line: int
+    text: str
+
+    to_dict = asdict
 
 
 @dataclass(slots=True)
@@ -66,8 +80,7 @@ class MigrationReport:
     stale: list[StaleReference] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> JSONObject:
-        return asdict(self)
+    to_dict = asdict
 
 
 def migrate_registry(
@@ -77,18 +90,12 @@ def migrate_registry(
     scan: Sequence[Path | str] = (),
     dry_run: bool = False,
 ) -> MigrationReport:
-    """Move the registry at `old` to `new` (default: the standard location), verified.
-
-    Args:
-        scan: directories (or files) to search for lines still naming `old`.
-        dry_run: decide and report what would happen; change nothing.
-
-    Raises:
-        UsageError / RegistryLocationError: no registry at `old`, same or nested paths, a
-            target that holds a different registry or unmarked files.
-        IntegrityError: the source (or the result) does not verify, or holds a symlink.
-        LockTimeoutError: another process holds the source's (or target's) lock.
-    """
+    """Move the registry at `old` to `new` (default: the standard location), verified, and
+    list the lines under `scan` (directories or files) still naming `old`; `dry_run` only
+    decides and reports. Raises: UsageError, RegistryLocationError (no registry at `old`,
+    same or nested paths, a target holding another registry or unmarked files);
+    IntegrityError (the source or the result does not verify, or holds a symlink);
+    LockTimeoutError."""
     given = Path(old).expanduser().absolute()
     # A symlinked root: move the directory it names (a rename would move only the link).
     source = given.resolve() if given.is_symlink() else given
@@ -115,7 +122,7 @@ def migrate_registry(
     if dry_run:
         files = list_tree(source)[1]
         report.method = _plan(source, target, files)
-        report.warnings.extend(source_warnings)
+        report.warnings = source_warnings
     else:
         with src.lock():
             dirs, files = list_tree(source)
@@ -141,7 +148,7 @@ def migrate_registry(
                 # which `add` (no lock) may have written to the source.
                 late, retired = retire_source(source, target, before)
                 files = list(dict.fromkeys([*files, *late]))
-            _journal(given, target, report, files)
+            _journal(given, target, report.method, files)
             if retired is not None:
                 remove_tree(retired)
     report.files = len(files)
@@ -163,11 +170,9 @@ def _migrated_from(target: Path, source: Path) -> bool:
     except (OSError, PrefixregError):
         return False
     for line in raw.splitlines():
-        try:
+        with contextlib.suppress(PrefixregError):
             if loads_object(line).get("from") == str(source):
                 return True
-        except PrefixregError:
-            continue
     return False
 
 
@@ -182,7 +187,8 @@ def _conflicts(source: Path, target: Path, files: Sequence[str]) -> list[str]:
         if rel not in known:
             why.append(f"{rel} is not in the source")
             continue
-        theirs, ours = read_in(target / rel, target), read_in(source / rel, source)
+        theirs = fsutil.read_nofollow(target / rel, root=target)
+        ours = fsutil.read_nofollow(source / rel, root=source)
         if theirs != ours and not (rel in layout.JOURNALS and ours.startswith(theirs)):
             why.append(f"{rel} differs from the source's")
     return why
@@ -283,22 +289,87 @@ def _merge_migrations_log(source: Path, target: Path) -> None:
     if not dst_log.exists():
         fsutil.copy_durable(src_log, dst_log, root=source)
         return
-    have = set(read_in(dst_log, target).splitlines())
-    for line in read_in(src_log, source).splitlines():
+    have = set(fsutil.read_nofollow(dst_log, root=target).splitlines())
+    for line in fsutil.read_nofollow(src_log, root=source).splitlines():
         if line.strip() and line not in have:
             fsutil.append_line(dst_log, line)
 
 
-def _journal(source: Path, target: Path, report: MigrationReport, files: Sequence[str]) -> None:
+def _journal(source: Path, target: Path, method: Method, files: Sequence[str]) -> None:
     from prefixreg.core.version import package_version
 
     line = {
         "at": layout.iso_utc(layout.utc_now()),
         "from": str(source),
         "to": str(target),
-        "method": report.method,
+        "method": method,
         "objects": sum(1 for f in files if layout.object_sha(f) is not None),
         "files": len(files),
         "prefixreg": package_version(),
     }
     fsutil.append_line(target / MIGRATIONS_LOG, dumps_canonical(line))
+
+
+def scan_references(
+    old: Path | str, dirs: Sequence[Path | str], *, skip: Sequence[Path | str] = ()
+) -> list[StaleReference]:
+    """Every file:line under `dirs` (directories or files) that still names `old`."""
+    if not dirs:
+        return []
+    old = Path(old).expanduser().absolute()
+    # The spellings a config file might use for `old` (`~/`, `$HOME/`, systemd's `%h/`).
+    forms = {str(old)}
+    with contextlib.suppress(OSError):
+        forms.add(str(old.resolve()))
+    for base in {Path.home(), Path.home().resolve()}:
+        with contextlib.suppress(ValueError):
+            rel = old.relative_to(base)
+            forms.update(f"{prefix}/{rel}" for prefix in ("~", "$HOME", "${HOME}", "%h"))
+    # Not followed by another path-name character: `~/prefix-registry-old` is another path.
+    spelt = "|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True))
+    pattern = re.compile(f"(?:{spelt})" + r"(?![\w-]|\.\w)")
+    skipped = {Path(p).expanduser().resolve() for p in skip} | {old.resolve()}
+    found: list[StaleReference] = []
+    for start in map(Path, dirs):
+        start = start.expanduser()
+        for path in [start] if start.is_file() else _files(start, skipped):
+            found.extend(_scan_file(path, pattern))
+    return found
+
+
+def _files(start: Path, skip: set[Path]) -> Iterator[Path]:
+    """Every file below `start`, sorted per directory, without recursion or following links."""
+    pending = [start]
+    while pending:
+        directory = pending.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue  # unreadable: not ours to judge
+        subdirs = []
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                path = Path(entry.path)
+                if entry.name not in _SKIP_DIRS and path.resolve() not in skip:
+                    subdirs.append(path)
+            elif not entry.is_dir():
+                yield Path(entry.path)
+        pending.extend(reversed(subdirs))
+
+
+def _scan_file(path: Path, pattern: re.Pattern[str]) -> list[StaleReference]:
+    try:
+        if not path.is_file() or path.stat().st_size > 8 << 20:
+            return []
+        data = path.read_bytes()
+    except OSError:
+        return []  # unreadable: not ours to judge
+    if b"\0" in data[:8192]:
+        return []
+    text = data.decode("utf-8", errors="replace")
+    return [
+        StaleReference(str(path), lineno, line.strip()[:300])
+        for lineno, line in enumerate(text.splitlines(), 1)
+        if pattern.search(line)
+    ]

@@ -1,34 +1,45 @@
-"""`Names`: name files and the write-ahead name journal (`names.log`).
+"""`Names` and `Records`: name files and their write-ahead journal (`names.log`), and the
+history verbs keep: measurements, probe receipts, the mirror log. (Frame records live with
+the objects, KV snapshot records in `snapshots`.)
 
 Invariants:
 - A name moves with compare-and-swap under the registry lock, journal first: the line
-  `{"at","name","from","to"}` is durable before the name file is replaced. A journal append
-  lands whole or not at all (`fsutil.append_line`); if the name file cannot be written after
-  it (a full disk), the line is taken back while the lock is held: the move did not happen.
-- A line is committed once its newline is durable: `log` skips an unterminated last line (a
-  write interrupted mid-line) and `repair` cuts it off.
-- After any crash each name equals the `to` of its last journal line, except for a move
-  interrupted between its line and its rename: the name still holds that line's `from`.
-  `disagreements` lists every such name; `repair` completes an interrupted move when its
-  target verifies, or journals the name's current value.
+  `{"at","name","from","to"}` (appended whole or not at all) is durable before the name file
+  is replaced; if that write fails (a full disk), the line is taken back under the lock.
+- A line is committed once its newline is durable: `log` skips an unterminated last line and
+  `repair` cuts it off.
+- After any crash each name equals the `to` of its last journal line, except after a move
+  interrupted between its line and its rename (the name still holds the line's `from`).
+  `disagreements` lists such names; `repair` completes an interrupted move (or restores a
+  journalled name whose file is gone) when its target verifies, else journals the name's
+  current value.
 - A name that holds a prefix is not moved to a frame, nor back, unless forced: the loop
   reading it would send another kind of head.
+- Measurements and probe receipts are published with no-overwrite links (mode 0444), never
+  through a symlinked directory; a taken name is retried with a fresh stamp, never replaced.
+- A measurement is read strictly, with the depth-capped JSON reader: a record whose file name
+  disagrees with its sha, or that does not parse, is a `CorruptRecordError` (fail closed).
+- `mirror.log` lines are appended whole or not at all (`fsutil.append_line`).
+- A probe receipt lists every call with the sha256 of what it sent: `receipt_refs` reads
+  them, so `gc --prune-unnamed` keeps the slices a receipt names, as it keeps a name's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from prefixreg.core import errors
+from prefixreg.core.digest import is_full_sha
 from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.disk import Disk
 
 if TYPE_CHECKING:
-    from prefixreg.core.records import NameMove
+    from prefixreg.core.records import Measurement, NameMove
 
 UNSET: Final = object()
 Check = Callable[[str], object]  # verifies a target sha, raising to refuse it
@@ -40,11 +51,11 @@ class NameConflictError(errors.UsageError):
 
 @dataclass(frozen=True, slots=True)
 class JournalDisagreement:
-    """A name whose value is not the `to` of its last `names.log` line."""
+    """A name whose value (`current`, None: no file) is not the `to` of its `last` line."""
 
     name: str
-    current: str | None  # what names/<name> holds (None: no such file)
-    last: NameMove | None  # its last journal line (None: never journalled)
+    current: str | None
+    last: NameMove | None
 
     @property
     def interrupted(self) -> bool:
@@ -54,13 +65,14 @@ class JournalDisagreement:
     def describe(self) -> str:
         if self.last is None:
             return f"points to {self.current} but names.log has no move of it"
+        held = self.current or "nothing"
         if self.interrupted:
             return (
                 f"interrupted move: names.log moves it to {self.last.to_sha} but it still "
-                f"holds {self.current or 'nothing'}; run verify --repair to complete it"
+                f"holds {held}; run verify --repair to complete it"
             )
         return (
-            f"holds {self.current or 'nothing'}, names.log's last move says {self.last.to_sha}; "
+            f"holds {held}, names.log's last move says {self.last.to_sha}; "
             "run verify --repair to journal its current value"
         )
 
@@ -74,14 +86,13 @@ class Names:
         self._log = disk.path(layout.NAMES_LOG)
 
     def read(self, name: str) -> str | None:
-        """The sha `names/<name>` holds, or None. Raises: InvalidNameError (not a name),
-        CorruptRecordError (not a sha line), IntegrityError (a symlink, not a regular file)."""
+        """The sha `names/<name>` holds, or None. Raises: InvalidNameError; CorruptRecordError
+        (not a sha line); IntegrityError (a symlink, not a regular file)."""
         rel = layout.name_relpath(name)
         try:
-            raw = self._disk.read(rel)
+            sha = layout.parse_name_file(self._disk.read(rel))
         except FileNotFoundError:
             return None
-        sha = layout.parse_name_file(raw)
         if sha is None:
             path = self._disk.path(rel)
             raise errors.CorruptRecordError(f"{path}: not a sha256 line", path=path)
@@ -121,14 +132,8 @@ class Names:
     def move(
         self, name: str, sha: str, check: Check, *, expect: object = UNSET, force: bool = False
     ) -> NameMove | None:
-        """Point `name` at `sha` (which `check` verified; checked again under the lock: gc
-        removes objects only under it). The move, or None if the name already pointed there.
-
-        Raises:
-            NameConflictError: `expect` is not what the name holds, or the move changes the
-                kind of head the name holds and `force` is not given.
-            IntegrityError / PrefixregError: the journal could not be written (not moved).
-        """
+        """Point `name` at `sha`, which `check` verifies again under the lock (gc removes
+        objects only under it); None if it already pointed there. Raises as `Registry.move_name`."""
         with self._lock():
             current = self.read(name)
             if expect is not UNSET and current != expect:
@@ -145,31 +150,30 @@ class Names:
                     hint="pass --force (force=True) to move it anyway",
                 )
             check(sha)
-            return self._journalled_move(name, current, sha)
-
-    def _journalled_move(self, name: str, current: str | None, sha: str) -> NameMove:
-        from prefixreg.core.records import NameMove
-
-        self._disk.mkdir(layout.NAMES)
-        at = layout.iso_utc(layout.utc_now())
-        move = NameMove(at=at, name=name, from_sha=current, to_sha=sha)
-        start = self._append(move, what=f"{name} not moved")
-        try:
-            self._write(name, sha)
-        except BaseException:
-            if self.read(name) == current:  # not moved: the line goes too, under the lock
-                fsutil.truncate(self._log, start, root=self._disk.root)
-            raise
-        return move
+            move, start = self._append(name, current, sha, what=f"{name} not moved")
+            try:
+                self._write(name, sha)
+            except BaseException:
+                if self.read(name) == current:  # not moved: the line goes too, under the lock
+                    fsutil.truncate(self._log, start, root=self._disk.root)
+                raise
+            return move
 
     def _write(self, name: str, sha: str) -> None:
         path = self._disk.mkdir(layout.NAMES) / name
         fsutil.replace_atomic(path, layout.encode_name_file(sha), mode=0o644)
 
-    def _append(self, move: NameMove, *, what: str) -> int:
+    def _append(
+        self, name: str, from_sha: str | None, to_sha: str, *, what: str
+    ) -> tuple[NameMove, int]:
+        """Journal a move now: the move and the offset its line starts at."""
+        from prefixreg.core.records import NameMove
+
+        at = layout.iso_utc(layout.utc_now())
+        move = NameMove(at=at, name=name, from_sha=from_sha, to_sha=to_sha)
         try:
             line = dumps_canonical(move.to_dict())
-            return fsutil.append_line(self._log, line, root=self._disk.root)
+            return move, fsutil.append_line(self._log, line, root=self._disk.root)
         except errors.IntegrityError as exc:
             refused = errors.IntegrityError(f"{exc}; {what}", path=self._log)
             refused.hint = exc.hint
@@ -180,8 +184,7 @@ class Names:
             ) from None
 
     def disagreements(self) -> list[JournalDisagreement]:
-        """Every name whose value is not the `to` of its last `names.log` line (and every
-        journalled name whose file is gone), sorted by name."""
+        """Every name (file or journalled) whose value is not its last line's `to`, sorted."""
         last = {move.name: move for move in self.log()}
         current = self.all()
         out = []
@@ -192,20 +195,10 @@ class Names:
         return out
 
     def repair(self, check: Check) -> list[str]:
-        """Make every name agree with its journal again, under the lock; what was done.
-
-        A torn last line is cut off. An interrupted move (the name still holds its last
-        line's `from`), or a journalled name whose file is gone, is completed when the line's
-        `to` passes `check`; otherwise, and for any other disagreement, the name's current
-        value is journalled (the name file is what readers use).
-        """
-        from prefixreg.core.records import NameMove
-
-        done: list[str] = []
+        """Make every name agree with its journal (module invariants), under the lock; what
+        was done. Otherwise the name's current value is journalled (readers use the file)."""
         with self._lock():
-            torn = self._disk.cut_tail(layout.NAMES_LOG)
-            if torn:
-                done.append(f"{layout.NAMES_LOG}: cut off a torn last line ({torn} bytes)")
+            done = self._disk.cut_tail(layout.NAMES_LOG)
             for d in self.disagreements():
                 target = d.last.to_sha if d.last is not None else None
                 if target is not None and (d.interrupted or d.current is None):
@@ -219,9 +212,101 @@ class Names:
                         continue
                 if d.current is None:
                     done.append(f"{d.name}: not repaired ({target} is missing or corrupt)")
-                    continue
-                at = layout.iso_utc(layout.utc_now())
-                move = NameMove(at=at, name=d.name, from_sha=target, to_sha=d.current)
-                self._append(move, what=f"{d.name} not repaired")
-                done.append(f"{d.name}: journalled its current value {d.current}")
+                else:
+                    self._append(d.name, target, d.current, what=f"{d.name} not repaired")
+                    done.append(f"{d.name}: journalled its current value {d.current}")
         return done
+
+
+class Records:
+    """Measurements, probe receipts and the mirror log below a `Disk` (see `Registry`)."""
+
+    def __init__(self, disk: Disk) -> None:
+        self._disk = disk
+
+    def write_measurement(self, measurement: Measurement) -> Path:
+        from prefixreg.core.records import Measurement
+
+        if not isinstance(measurement, Measurement):
+            raise errors.UsageError(f"not a Measurement: {type(measurement).__name__}")
+        directory = self._disk.mkdir(layout.MEASUREMENTS)
+        data = dumps_canonical(measurement.to_dict()) + b"\n"
+        for _ in range(100):
+            stamp = layout.stamp_utc(layout.utc_now())
+            path = directory / layout.measurement_filename(measurement.sha256, stamp)
+            if fsutil.publish_new(path, data, mode=0o444):
+                return path
+        raise errors.PrefixregError(f"no free measurement file name for {measurement.sha256}")
+
+    def measurements(self, sha: str | None = None) -> list[Measurement]:
+        if sha is not None:
+            layout.need_sha(sha)
+        out = [
+            self.load_measurement(entry)
+            for entry, _kind in self._disk.entries(layout.MEASUREMENTS)
+            if not layout.is_temp_name(entry) and entry.endswith(".json")
+            if sha is None or layout.measurement_sha(entry) == sha
+        ]
+        return sorted(out, key=lambda m: m.at)
+
+    def load_measurement(self, filename: str) -> Measurement:
+        """One record by its file name in `measurements/`. Raises: IntegrityError (module
+        invariants)."""
+        from prefixreg.core.records import Measurement
+
+        rel = f"{layout.MEASUREMENTS}/{filename}"
+        record = self._disk.record(rel, Measurement.from_dict)
+        if layout.measurement_sha(filename) != record.sha256:
+            path = self._disk.path(rel)
+            raise errors.CorruptRecordError(f"{path}: records sha {record.sha256}", path=path)
+        return record
+
+    def write_probe_receipt(
+        self, stamp: str, render: Callable[[Path, Path], tuple[bytes, bytes]]
+    ) -> tuple[Path, Path]:
+        directory = self._disk.mkdir(layout.PROBES)
+        for attempt in range(100):
+            name = stamp if attempt == 0 else layout.stamp_utc(layout.utc_now())
+            json_path, md_path = (directory / n for n in layout.probe_filenames(name))
+            receipt, verdict = render(json_path, md_path)
+            if not fsutil.publish_new(md_path, verdict, mode=0o444):
+                continue
+            if fsutil.publish_new(json_path, receipt, mode=0o444):
+                return json_path, md_path
+            md_path.unlink()  # the receipt's name was taken: its verdict goes with it
+        raise errors.PrefixregError(f"no free probe receipt name for {stamp}")
+
+    def _receipts(self) -> Iterator[tuple[Path, bytes | None]]:
+        """Every receipt file, newest first, with its bytes (None: unreadable)."""
+        for entry, kind in reversed(self._disk.entries(layout.PROBES)):
+            if kind == "file" and not layout.is_temp_name(entry) and entry.endswith(".json"):
+                rel = f"{layout.PROBES}/{entry}"
+                try:
+                    raw: bytes | None = self._disk.read(rel)
+                except (OSError, errors.PrefixregError):
+                    raw = None
+                yield self._disk.path(rel), raw
+
+    def probe_receipts(self) -> list[tuple[Path, bytes]]:
+        return [(path, raw) for path, raw in self._receipts() if raw is not None]
+
+    def receipt_refs(self) -> tuple[set[str], bool]:
+        """(every sha the receipts' calls name, whether some receipt could not be read or
+        parsed: a caller deciding what to delete must then keep every probe slice)."""
+        found = [None if raw is None else receipt_shas(raw) for _path, raw in self._receipts()]
+        return set().union(*(shas for shas in found if shas is not None)), None in found
+
+    def append_mirror_log(self, line: bytes) -> None:
+        fsutil.append_line(self._disk.path(layout.MIRROR_LOG), line, root=self._disk.root)
+
+
+def receipt_shas(raw: bytes) -> set[str] | None:
+    """The shas a probe receipt's calls name, or None when it does not parse."""
+    try:
+        calls = loads_object(raw).get("calls")
+    except errors.CorruptRecordError:
+        return None
+    if not isinstance(calls, list):
+        return None
+    shas = (call.get("sha256") if isinstance(call, dict) else None for call in calls)
+    return {sha for sha in shas if isinstance(sha, str) and is_full_sha(sha)}

@@ -1,29 +1,37 @@
-"""`Objects`: the objects and meta records of a registry, verified at every read.
+"""`Objects` and `Frames`: the objects, meta and frame records of a registry, verified at use.
 
 Invariants:
-- Every read of an object re-hashes the bytes it returns; a mismatch raises `IntegrityError`
-  and nothing is returned. No flag skips it. The bytes hashed are the bytes returned.
+- Every read of an object re-hashes the bytes it returns (the bytes hashed are the bytes
+  returned); a mismatch raises `IntegrityError` and nothing is returned. No flag skips it.
 - Content is non-empty bytes or str of valid UTF-8 (it travels as a JSON string).
 - Objects are published with no-overwrite links and never rewritten; publishing existing
   content re-verifies the object and refreshes its mtime (so age-based gc sees it used).
+  A meta record is written after its object.
 - Listing never follows a symlink: a symlinked `objects/` or fan-out directory, or (when
   asked) an object entry that is not a regular file, raises `IntegrityError`.
-- A meta record is written after its object.
-- Probe slices are objects whose meta `source` is `probe/<run id>` (`Registry.add_probe_slice`;
-  reserved: `add` refuses it, and the CLI labels content with a file's base name, which has no
-  `/`), or, as earlier releases wrote, `probe` with a note `probe ...`. A user's add of the
-  same bytes rewrites the meta record as theirs (their source and note); a probe never does.
+- Probe slices are objects whose meta `source` is `probe/<run id>` (reserved: `add` refuses
+  it; the CLI's labels, a file's base name, have no `/`), or, as earlier releases wrote,
+  `probe` with a note `probe ...`. A user's add of the same bytes makes the meta record
+  theirs (their source and note); a probe never rewrites one.
+- A frame record (`frames/<sha>.json`, format `prefixreg.core.frame`) names a system prefix
+  and a tools object, both ordinary objects; it is published once (0444) under the sha of
+  its exact bytes, after its parts, before its name. `Frames.read` re-hashes the record and
+  every part and parses the tools once; a mismatch, a missing part or a record out of
+  canonical form raises `IntegrityError`, so nothing is sent.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Final, NamedTuple
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from prefixreg.core import errors
-from prefixreg.core.jsonio import dumps_canonical, loads_object
+from prefixreg.core.digest import sha256_hex
+from prefixreg.core.frame import Frame, parse_frame_record
+from prefixreg.core.jsonio import dumps_canonical
+from prefixreg.core.prefix import Prefix
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.disk import Disk
 
@@ -91,8 +99,8 @@ class Objects:
         self._disk = disk
 
     def read(self, sha: str) -> bytes:
-        """The bytes of object `sha` (validated by the caller), re-hashed and compared. Raises:
-        RefNotFoundError (none); IntegrityError (a mismatch, a symlink, not a regular file)."""
+        """The verified bytes of object `sha` (checked by the caller). Raises: RefNotFoundError;
+        IntegrityError (a mismatch, a symlink, not a regular file)."""
         rel = f"{layout.OBJECTS}/{sha[:2]}/{sha}.txt"
         try:
             data = fsutil.read_below(self._disk.root_s, rel)
@@ -110,26 +118,22 @@ class Objects:
         return data
 
     def meta(self, sha: str) -> Meta:
-        """The meta record of `sha`, parsed strictly. Raises: RefNotFoundError (none),
-        CorruptRecordError (unreadable or wrong)."""
+        """The meta record of `sha`. Raises: RefNotFoundError; CorruptRecordError."""
         from prefixreg.core.records import Meta
 
         rel = layout.meta_relpath(sha)
-        path = self._disk.path(rel)
         try:
-            meta = Meta.from_dict(loads_object(self._disk.read(rel), path=path))
+            meta = self._disk.record(rel, Meta.from_dict)
         except FileNotFoundError:
             raise errors.RefNotFoundError(f"no meta record for {sha}") from None
-        except errors.CorruptRecordError as exc:
-            raise errors.CorruptRecordError(f"{path}: {exc}", path=path) from None
         if meta.sha256 != sha:
+            path = self._disk.path(rel)
             raise errors.CorruptRecordError(f"{path}: records sha {meta.sha256}", path=path)
         return meta
 
     def shas(self, *, regular_only: bool = False, prefix: str = "") -> Iterator[str]:
         """Every object sha present starting with `prefix` (by file name; not verified).
-        Raises `IntegrityError`: a symlinked `objects/` or fan-out, or (`regular_only`) an
-        object entry that is not a regular file."""
+        Raises: IntegrityError (see the module invariants)."""
         fans = [prefix[:2]] if len(prefix) >= 2 else []
         for fan, kind in [] if fans else self._disk.entries(layout.OBJECTS):
             if kind == "link":
@@ -148,8 +152,7 @@ class Objects:
                     yield sha
 
     def put(self, sha: str, data: bytes) -> None:
-        """Publish `data` as object `sha` (hashed by the caller), or re-verify and refresh
-        the object already there."""
+        """Publish `data` as object `sha`, or re-verify and refresh the one already there."""
         rel = layout.object_relpath(sha)
         path = self._disk.mkdir(rel.rsplit("/", 1)[0]) / rel.rsplit("/", 1)[1]
         for attempt in range(3):
@@ -168,8 +171,8 @@ class Objects:
                     raise
 
     def write_meta(self, sha: str, size: int, *, note: str | None, source: str) -> None:
-        """Write the meta record of a new object. An existing one gets a new note, or, for a
-        probe slice a user adds, the user's source and note; a probe never rewrites one."""
+        """Write the meta record of an object; an existing one only gets a new note, or
+        becomes the user's (see the module invariants)."""
         path = self._disk.mkdir(layout.META) / f"{sha}.json"
         record: dict[str, object] = {"sha256": sha, "bytes": size, "source": source, "note": note}
         if not os.path.lexists(path):  # meta/ was just checked
@@ -185,3 +188,97 @@ class Objects:
             record = {**old.to_dict(), "note": note}
         record["created"] = old.created
         fsutil.replace_atomic(path, dumps_canonical(record) + b"\n", mode=0o444)
+
+
+class Frames:
+    """The frame records below a `Disk`, their parts read through `Objects`."""
+
+    def __init__(self, disk: Disk, objects: Objects) -> None:
+        self._disk = disk
+        self._objects = objects
+
+    def shas(self) -> list[str]:
+        """Every frame sha present (by file name; not verified), sorted."""
+        entries = self._disk.entries(layout.FRAMES)
+        shas = (layout.frame_sha(f"{layout.FRAMES}/{e}") for e, kind in entries if kind == "file")
+        return [sha for sha in shas if sha is not None]
+
+    def publish(self, raw: bytes) -> str:
+        """Publish record bytes under their sha (an existing record is re-verified); the sha."""
+        sha = sha256_hex(raw)
+        if not fsutil.publish_new(self._disk.mkdir(layout.FRAMES) / f"{sha}.json", raw, mode=0o444):
+            self.read(sha)
+        return sha
+
+    def _parse(self, sha: str) -> tuple[str, str | None, dict[str, Any]]:
+        """(system, tools, settings) of record `sha`, its bytes re-hashed; errors name the path."""
+        rel = layout.frame_relpath(sha)
+        path = self._disk.path(rel)
+        try:
+            return parse_frame_record(sha, self._disk.read(rel))
+        except FileNotFoundError:
+            raise errors.RefNotFoundError(f"no frame {sha}") from None
+        except errors.IntegrityError as exc:
+            where = f"{path}: {exc}"
+            raise type(exc)(where, path=path, expected=exc.expected, actual=exc.actual) from None
+
+    def read(self, sha: str, *, name: str | None = None) -> Frame:
+        """The verified frame `sha`. Raises: RefNotFoundError (no such frame), IntegrityError
+        (the record or a part fails verification, or is missing)."""
+        system_sha, tools_sha, settings = self._parse(layout.need_sha(sha))
+        path = self._disk.path(layout.frame_relpath(sha))
+        try:
+            system = Prefix(system_sha, self._objects.read(system_sha))
+            tools = None if tools_sha is None else self._objects.read(tools_sha)
+            return Frame(sha, system, tools_sha, tools, dumps_canonical(settings), name=name)
+        except errors.RefNotFoundError as exc:
+            why = f"a part is missing ({exc})"
+        except errors.UsageError as exc:  # the tools do not parse (once, as the frame is built)
+            why = str(exc)
+        raise errors.IntegrityError(f"frame {sha}: {why}", path=path) from None
+
+    def _checked(self) -> dict[str, tuple[str, str | None] | str]:
+        """Every frame record: its (system, tools) shas, or why it cannot be read."""
+        out: dict[str, tuple[str, str | None] | str] = {}
+        for sha in self.shas():
+            try:
+                out[sha] = self._parse(sha)[:2]
+            except (OSError, errors.RefNotFoundError, errors.IntegrityError) as exc:
+                out[sha] = str(exc)
+        return out
+
+    def parts(self) -> set[str]:
+        """The object shas the frame records name, for gc. Raises `IntegrityError` for a
+        record that does not parse: gc must not guess what it keeps."""
+        out: set[str] = set()
+        for sha, parts in self._checked().items():
+            if isinstance(parts, str):
+                path = self._disk.path(layout.frame_relpath(sha))
+                why = f"{path}: cannot tell which objects this frame keeps ({parts}); refused"
+                raise errors.IntegrityError(why, path=path)
+            out.update(p for p in parts if p is not None)
+        return out
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(relative path, problem) for every frame record that fails `read`."""
+        problems = []
+        for sha in self.shas():
+            try:
+                self.read(sha)
+            except (errors.IntegrityError, errors.RefNotFoundError) as exc:
+                problems.append((layout.frame_relpath(sha), str(exc)))
+        return problems
+
+    def rows(self, by_sha: Mapping[str, list[str]]) -> list[ObjectInfo]:
+        """`ls` rows of the frame records: the record's age, its parts as the note."""
+        rows = []
+        for sha, parts in self._checked().items():
+            st = self._disk.lstat(layout.frame_relpath(sha))
+            if isinstance(parts, str):
+                note = "a record that does not verify (run prefixreg verify)"
+            else:
+                note = f"system {parts[0][:12]}" + (f" tools {parts[1][:12]}" if parts[1] else "")
+            created = None if st is None else layout.iso_utc(st.st_mtime)
+            names = tuple(sorted(by_sha.get(sha, ())))
+            rows.append(ObjectInfo(sha, None, created, note, names, kind="frame"))
+        return rows

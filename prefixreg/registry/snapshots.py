@@ -7,10 +7,10 @@ Invariants:
   reader, never through a symlink.
 - Writes are durable (`fsutil.replace_atomic`): saving the same prefix on the same build
   again replaces its record whole. A mirror is never written.
-- For `verify` and `gc`: a record keeps its prefix object as a name does (read from the
-  record *file names*, so even a record that no longer parses keeps its prefix); a record is
-  removed only by `prune_snapshot_records` (gc `--prune-snapshots`), only when its prefix
-  object is gone and the record is older than the cutoff. Snapshot files live in the
+- For `verify` and `gc`: a record keeps its head (a prefix object or a frame record) as a
+  name does, read from the record *file names*, so even a record that no longer parses keeps
+  it; a record is removed only by `prune_snapshot_records` (gc `--prune-snapshots`), only
+  when its head is gone and the record is older than the cutoff. Snapshot files live in the
   server's directory, outside the registry, and are never touched here; they are hashed
   through a no-follow descriptor that must be a regular file.
 """
@@ -18,12 +18,11 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-import stat
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from prefixreg.core.errors import CorruptRecordError, IntegrityError, UsageError
-from prefixreg.core.jsonio import dumps_canonical, loads_object
+from prefixreg.core.jsonio import dumps_canonical
 from prefixreg.core.snapshots import SnapshotRecord, validate_file_name
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.store import Registry
@@ -33,11 +32,6 @@ def _registry(reg: object) -> Registry:
     if not isinstance(reg, Registry):
         raise UsageError(f"not a Registry: {type(reg).__name__}")
     return reg
-
-
-def snapshot_record_path(registry: Registry, sha256: str, build_id: str) -> Path:
-    """Where the record of `sha256` on `build_id` lives (whether or not it exists)."""
-    return registry.root / layout.SNAPSHOTS / layout.snapshot_filename(sha256, build_id)
 
 
 def write_snapshot(registry: Registry, record: SnapshotRecord) -> Path:
@@ -56,12 +50,9 @@ def write_snapshot(registry: Registry, record: SnapshotRecord) -> Path:
 
 def _load(registry: Registry, name: str) -> SnapshotRecord:
     rel = f"{layout.SNAPSHOTS}/{name}"
-    path = registry._disk.path(rel)
-    try:
-        record = SnapshotRecord.from_dict(loads_object(registry._disk.read(rel), path=path))
-    except CorruptRecordError as exc:
-        raise CorruptRecordError(f"{path}: {exc}", path=path) from None
+    record = registry._disk.record(rel, SnapshotRecord.from_dict)
     if name != layout.snapshot_filename(record.sha256, record.build_id):
+        path = registry._disk.path(rel)
         why = f"{path}: records prefix {record.sha256[:12]} on build {record.build_id}"
         raise CorruptRecordError(why, path=path)
     return record
@@ -77,40 +68,34 @@ def read_snapshot(registry: Registry, sha256: str, build_id: str) -> SnapshotRec
 
 
 def _record_entries(registry: Registry) -> list[tuple[str, str]]:
-    """(file name, prefix sha) of every entry of `snapshots/` named like a record."""
+    """(file name, head sha) of every entry of `snapshots/` named like a record."""
     entries = _registry(registry)._disk.entries(layout.SNAPSHOTS)
     matches = ((n, layout.SNAPSHOT_RECORD.fullmatch(n)) for n, kind in entries if kind == "file")
     return [(name, match.group(1)) for name, match in matches if match is not None]
 
 
 def list_snapshots(registry: Registry, sha256: str | None = None) -> list[SnapshotRecord]:
-    """Every snapshot record (of one prefix, or all), oldest first. Raises:
+    """Every snapshot record (of one head, or all), oldest first. Raises:
     CorruptRecordError (a record that does not parse: fail closed), IntegrityError."""
     if sha256 is not None:
         layout.need_sha(sha256)
     out = [_load(registry, n) for n, sha in _record_entries(registry) if sha256 in (None, sha)]
-    out.sort(key=lambda r: (r.created, r.sha256, r.build_id))
-    return out
+    return sorted(out, key=lambda r: (r.created, r.sha256, r.build_id))
 
 
 def _head_missing(registry: Registry, sha: str) -> bool:
-    """Neither a prefix object nor a frame record has this sha (a record's head is either)."""
-    disk = registry._disk
-    return all(
-        disk.lstat(rel(sha)) is None for rel in (layout.object_relpath, layout.frame_relpath)
-    )
+    """Neither a prefix object nor a frame record has this sha."""
+    rels = (layout.object_relpath(sha), layout.frame_relpath(sha))
+    return all(registry._disk.lstat(rel) is None for rel in rels)
 
 
 def snapshot_prefix_shas(registry: Registry) -> set[str]:
-    """The prefixes snapshot records point to, by file name (parsed or not)."""
+    """The heads snapshot records point to, by file name (parsed or not)."""
     return {sha for _name, sha in _record_entries(registry)}
 
 
 def check_snapshot_entry(registry: Registry, name: str, kind: str) -> list[tuple[str, str]]:
-    """`verify`'s findings for the entry `name` of `snapshots/`, as (kind, message) pairs:
-    `unexpected` (not a record file or name), `bad_record` (does not parse strictly, or
-    names another prefix or build), `dangling` (neither its prefix object nor its frame
-    record is there)."""
+    """`verify`'s (kind, message) findings for the entry `name` of `snapshots/`."""
     if kind != "file" or layout.SNAPSHOT_RECORD.fullmatch(name) is None:
         return [("unexpected", "not a snapshot record (<sha256>-<build id>.json)")]
     try:
@@ -121,66 +106,47 @@ def check_snapshot_entry(registry: Registry, name: str, kind: str) -> list[tuple
         missing = _head_missing(registry, record.sha256)
     except IntegrityError:
         return []  # behind a symlinked objects/ or frames/: the walk reports it
-    if missing:
-        return [("dangling", f"snapshot record of missing head {record.sha256}")]
-    return []
+    return [("dangling", f"snapshot record of missing head {record.sha256}")] if missing else []
 
 
 def prune_snapshot_records(
     registry: Registry, *, cutoff: float, dry_run: bool
 ) -> list[tuple[str, float]]:
-    """Remove the records whose prefix object is gone and whose mtime is before `cutoff`;
-    (relative path, mtime) of each removed (or, dry, that would be). The caller holds the
-    registry lock (gc); a record is judged by its name, parsed or not."""
+    """Remove the records, parsed or not, whose head is gone and whose mtime is before
+    `cutoff` (the caller holds the registry lock); (relative path, mtime) of each."""
     disk = registry._disk
     removed = []
     for name, sha in _record_entries(registry):
-        rel = f"{layout.SNAPSHOTS}/{name}"
-        st = disk.lstat(rel)
-        if not _head_missing(registry, sha) or st is None:
-            continue  # its head is there (or the record is gone)
-        if not stat.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
-            continue
-        if not dry_run:
-            try:
-                disk.path(rel).unlink()
-            except FileNotFoundError:
-                continue
-        removed.append((rel, st.st_mtime))
+        if _head_missing(registry, sha):
+            rel = f"{layout.SNAPSHOTS}/{name}"
+            mtime = disk.remove_old(rel, cutoff, dry_run=dry_run)
+            if mtime is not None:
+                removed.append((rel, mtime))
     if removed and not dry_run:
         fsutil.fsync_dir(disk.path(layout.SNAPSHOTS))
     return removed
 
 
 class FileDigests(NamedTuple):
-    """Digests of one snapshot file (None: not computed) and its size in bytes."""
+    """Digests of one snapshot file (sha256 None: not computed) and its size in bytes."""
 
     sha256: str | None
-    blake3: str | None
+    blake3: str
     size: int
 
 
-def digest_snapshot_file(
-    directory: Path | str, name: str, *, sha256: bool = True, blake3: bool = True
-) -> FileDigests:
-    """Hash the snapshot file `name` in the server's directory `directory`, in one pass,
-    through an `O_NOFOLLOW` descriptor that must be a regular file. Raises:
-    FileNotFoundError (none), IntegrityError (a symlink or not a regular file)."""
-    import blake3 as b3  # native, imported only where a snapshot file is hashed
+def digest_snapshot_file(directory: Path | str, name: str, *, sha256: bool = True) -> FileDigests:
+    """Hash the snapshot file `name` in the server's `directory` (blake3, and sha256 if
+    asked) in one no-follow pass. Raises: FileNotFoundError; IntegrityError (a symlink or
+    not a regular file); UsageError (not a snapshot file name)."""
+    import blake3  # native, imported only where a snapshot file is hashed
 
     path = Path(directory) / validate_file_name(name)
-    digests: list[Any] = [hashlib.sha256() if sha256 else None, b3.blake3() if blake3 else None]
+    b3, sha = blake3.blake3(), hashlib.sha256() if sha256 else None
     size = 0
     for chunk in fsutil.read_chunks(path):
         size += len(chunk)
-        for digest in digests:
-            if digest is not None:
-                digest.update(chunk)
-    hexes = [None if d is None else str(d.hexdigest()) for d in digests]
-    return FileDigests(hexes[0], hexes[1], size)
-
-
-def hash_snapshot_file(directory: Path | str, name: str) -> tuple[str, int]:
-    """(sha256, size) of a snapshot file (see `digest_snapshot_file`)."""
-    got = digest_snapshot_file(directory, name, blake3=False)
-    return got.sha256 or "", got.size
+        b3.update(chunk)
+        if sha is not None:
+            sha.update(chunk)
+    return FileDigests(None if sha is None else sha.hexdigest(), str(b3.hexdigest()), size)

@@ -1,21 +1,18 @@
 """`Registry`: one registry on disk, composed of parts; the face every verb and command uses.
 
-Parts: `disk.Disk` (the root, its marker and lock, no-follow access by `layout` path; private
-to this package), `objects.Objects` (objects and meta, verified at use), `names.Names` (name
-files and their write-ahead journal), the records (`records.Records`: measurements, probe
-receipts, the mirror log) and `frames.Frames`; `snapshots` and the use cases (verify, gc,
-migrate) sit above. `Registry` resolves references: one resolver behind `head`, `frame`,
-`get`, `resolve` and `move_name`.
+Parts: `Disk` (root, marker, lock, no-follow access; private to this package), `Objects`
+(objects and meta, verified at use), `Names` (name files and their journal), `Records`
+(measurements, probe receipts, the mirror log) and `Frames`; `snapshots`, verify, gc and
+migrate sit above. One resolver is behind `head`, `frame`, `get`, `resolve` and `move_name`.
 
 Invariants:
-- Arguments are checked before anything is written, types included; a bad one raises a
-  `UsageError` and writes nothing.
+- Arguments, types included, are checked before anything is written (`UsageError`).
 - Write order is object, meta, name: a crash leaves at worst an object without meta (verify
   warns; adding again repairs it) or a temp file, never a meta record or a name whose object
   is missing. A mirror (role `mirror`) is written only by `prefixreg mirror`.
 - A reference is a name, a full sha or a unique abbreviation of 8+ hex digits (a name wins
   over an abbreviation spelt the same) of a prefix or a frame. A name whose target is
-  missing is an integrity failure (`IntegrityError`), never an unknown reference.
+  missing is an `IntegrityError`, never an unknown reference.
 """
 
 from __future__ import annotations
@@ -33,36 +30,31 @@ from prefixreg.core.frame import Frame, encode_frame_record, parse_tools
 from prefixreg.core.prefix import Prefix
 from prefixreg.registry import layout
 from prefixreg.registry.disk import Disk
-from prefixreg.registry.frames import Frames
 from prefixreg.registry.layout import iso_utc as iso_utc
 from prefixreg.registry.layout import stamp_utc as stamp_utc
 from prefixreg.registry.layout import utc_now as utc_now
 from prefixreg.registry.layout import validate_name as validate_name
-from prefixreg.registry.names import UNSET, Names
+from prefixreg.registry.names import UNSET, Names, Records
 from prefixreg.registry.names import NameConflictError as NameConflictError
 from prefixreg.registry.objects import (
     PROBE_SOURCE_PREFIX,
+    Frames,
     ObjectInfo,
     Objects,
     check_text,
     content_bytes,
     is_probe_source,
 )
-from prefixreg.registry.records import Records
 
 if TYPE_CHECKING:
     from prefixreg.core.records import Measurement, Meta, NameMove
 
 
 class Registry:
-    """The registry at `root` (a str or path); nothing is created until the first write.
-    `lock_timeout`: seconds to wait for the registry lock before `LockTimeoutError`.
-
-    Raises:
-        UsageError: `root` is not a path, or `lock_timeout` not a finite number >= 0.
-        RegistryLocationError: `root` is a file, a non-empty directory without
-            `REGISTRY.json`, or a registry of a newer format.
-    """
+    """The registry at `root`, created at the first write; `lock_timeout`: seconds to wait
+    for the lock. Raises: UsageError (`root` not a path, `lock_timeout` not a finite number
+    >= 0); RegistryLocationError (a file, a non-empty directory without `REGISTRY.json`, or
+    a registry of a newer format)."""
 
     def __init__(self, root: Path | str, *, lock_timeout: float = 30.0) -> None:
         path: object = os.fspath(root) if isinstance(root, os.PathLike) else root
@@ -110,15 +102,15 @@ class Registry:
 
     @contextlib.contextmanager
     def lock(self, name: str = "registry") -> Iterator[None]:
-        """Hold the exclusive lock `.locks/<name>.lock` (`registry`: gc and name moves).
-        Raises: LockTimeoutError; IntegrityError (a symlinked `.locks/` or lock file)."""
+        """Hold `.locks/<name>.lock` (`registry`: gc and name moves). Raises: LockTimeoutError;
+        IntegrityError (a symlinked `.locks/` or lock file)."""
         layout.validate_name(name)
         self.init()
         with self._disk.lock(name, self.lock_timeout):
             yield
 
     def _find(self, ref: str) -> tuple[str, str | None]:
-        """(sha, the name it was reached by): whether a prefix or a frame is the reader's."""
+        """(sha, the name it was reached by) of a prefix or a frame."""
         given: object = ref  # the API boundary: callers may pass anything
         if not isinstance(given, str):
             raise errors.UsageError(f"a reference is a string, not {type(given).__name__}")
@@ -150,7 +142,7 @@ class Registry:
         return found[0], None
 
     def _read(self, sha: str, name: str | None, ref: object = None) -> bytes:
-        """The verified bytes of object `sha`, reached by `name` (see the invariants)."""
+        """The verified bytes of object `sha`, reached by `name`."""
         try:
             return self._objects.read(sha)
         except errors.RefNotFoundError:
@@ -171,27 +163,21 @@ class Registry:
         return Prefix(sha, self._read(sha, name), name)
 
     def head(self, ref: str) -> Prefix | Frame:
-        """The verified head `ref` names, resolved once: a frame (record and parts re-hashed,
-        tools parsed) or a prefix. What every verb sends.
-
-        Raises:
-            UsageError: not a string. RefNotFoundError, AmbiguousRefError,
-                InvalidDigestError: a bad reference. IntegrityError: the bytes, the record
-                or a part fail verification, or a name points at something missing.
-        """
+        """The verified prefix or frame (record and parts re-hashed, tools parsed) `ref`
+        names, resolved once: what every verb sends. Raises: UsageError (not a string);
+        RefNotFoundError, AmbiguousRefError, InvalidDigestError (a bad reference);
+        IntegrityError (something fails verification, or a name's target is missing)."""
         return self._head(*self._find(ref))
 
     def frame(self, ref: str) -> Frame:
-        """The verified frame `ref` names; a prefix is refused (`RefNotFoundError`). Raises
-        as `head`."""
+        """The verified frame `ref` names (a prefix: `RefNotFoundError`). Raises as `head`."""
         head = self.head(ref)
         if not isinstance(head, Frame):
             raise errors.RefNotFoundError(f"no frame {ref!r} ({head.sha256[:12]} is a prefix)")
         return head
 
     def get(self, ref: str) -> Prefix:
-        """The verified prefix `ref` names; a frame is refused (`head` takes both). Raises as
-        `head`."""
+        """The verified prefix `ref` names (a frame: `RefNotFoundError`). Raises as `head`."""
         # A full sha needs no lookup: the verified read itself says whether it exists.
         sha, name = (ref, None) if type(ref) is str and is_full_sha(ref) else self._find(ref)
         return Prefix(sha, self._read(sha, name, ref), name)
@@ -208,8 +194,8 @@ class Registry:
         return sha
 
     def read_verified(self, sha: str) -> bytes:
-        """The bytes of object `sha` (a full sha), re-hashed and compared. Raises:
-        UsageError (not a sha), RefNotFoundError (none), IntegrityError (a mismatch)."""
+        """The bytes of object `sha`, re-hashed. Raises: UsageError, RefNotFoundError,
+        IntegrityError."""
         return self._objects.read(layout.need_sha(sha))
 
     def add(
@@ -221,15 +207,11 @@ class Registry:
         source: str = "api",
     ) -> str:
         """Store `content` (exact bytes, valid UTF-8) under its sha256 and return the sha
-        (idempotent); optionally point `name` at it (a journalled move) and keep `note` in
-        its meta record; `source` labels where it came from (a file name, "stdin"). Content
-        a probe registered becomes the user's object.
-
-        Raises:
-            InvalidContentError: empty, not bytes or str, or not UTF-8.
-            InvalidNameError: bad name. UsageError: a note or source that is not UTF-8
-                text, or a mirror. IntegrityError: an existing object no longer verifies.
-        """
+        (idempotent), optionally point `name` at it; `source` labels where it came from (a
+        file name, "stdin"). Content a probe registered becomes the user's object. Raises:
+        InvalidContentError (empty, not bytes or str, not UTF-8); InvalidNameError;
+        UsageError (a note or source not UTF-8 text, or a mirror); IntegrityError (an
+        existing object no longer verifies)."""
         data = content_bytes(content)
         if note is not None:
             check_text(note, "the note")
@@ -253,14 +235,10 @@ class Registry:
         force: bool = False,
     ) -> str:
         """Register a frame and return its sha (idempotent): `system` names the system prefix
-        (verified first), `tools` is the tools JSON text (stored as its exact bytes: a list of
-        tool objects), `settings` the prompt settings (`core.frame.PROMPT_SETTINGS`); `name`
-        optionally points at it (one that holds a prefix moves only with `force`).
-
-        Raises:
-            UsageError: bad tools JSON, an unknown setting, a bad name or argument, or a mirror.
-            IntegrityError: a part, or an existing record of the same sha, does not verify.
-        """
+        (verified first), `tools` is a JSON list of tool objects (stored as its exact bytes),
+        `settings` the prompt settings (`core.frame.PROMPT_SETTINGS`); a `name` that holds a
+        prefix moves to it only with `force`. Raises: UsageError (bad tools JSON, setting,
+        name or argument, or a mirror); IntegrityError (a part or an existing record)."""
         if name is not None:
             layout.validate_name(name)
         given: tuple[object, object] = (tools, settings)  # the API boundary: anything may come
@@ -280,8 +258,7 @@ class Registry:
         return sha
 
     def add_probe_slice(self, content: bytes | str, *, run_id: str) -> str:
-        """Store a slice probe run `run_id` sends, as `add` does, its meta marked as a probe
-        slice (see `objects`; an existing object is left as it is). Raises as `add`."""
+        """Store a slice probe run `run_id` sends, marked as a probe slice. Raises as `add`."""
         label = PROBE_SOURCE_PREFIX + check_text(run_id, "the probe run id")
         data = content_bytes(content)
         return self._store(data, note=f"probe {run_id}", source=label, what="add probe slices")
@@ -297,18 +274,13 @@ class Registry:
     def move_name(
         self, name: str, ref: str, *, expect: object = UNSET, force: bool = False
     ) -> NameMove | None:
-        """Point `name` at the prefix or frame `ref` names (verified first, and again under
-        the lock), journal first; None if it already pointed there. `expect`: the sha (None:
-        unset) the name must hold now (compare-and-swap). `force`: move a name that holds a
-        prefix to a frame, or back.
-
-        Raises:
-            InvalidNameError: not a valid name for a new move (8-64 hex digits included).
-            NameConflictError: `expect` does not hold, or a kind change without `force`.
-            UsageError: a bad reference or argument, or a mirror. IntegrityError: the target
-                fails verification, or `names.log`, `names/` or `.locks/` is a symlink.
-            PrefixregError: the journal could not be written (the name is not moved).
-        """
+        """Point `name` at the head `ref` names (verified, again under the lock), journal
+        first; None if it already pointed there. `expect`: the sha (None: unset) the name
+        must hold now; `force`: move a name that holds a prefix to a frame, or back. Raises:
+        InvalidNameError (8-64 hex digits too); NameConflictError (`expect` does not hold, or
+        a kind change without `force`); UsageError (a bad reference or argument, a mirror);
+        IntegrityError (the target fails verification, or a symlinked `names.log`, `names/`
+        or `.locks/`); PrefixregError (the journal could not be written: not moved)."""
         layout.validate_name(name)
         if expect is not UNSET and expect is not None:
             layout.need_sha(expect)
@@ -342,9 +314,8 @@ class Registry:
         return is_probe_source(meta.source, meta.note)
 
     def list_objects(self, *, frames: bool = False) -> list[ObjectInfo]:
-        """Every object with its meta and names (with `frames`, every frame record too),
-        oldest first; bytes are not read. Raises: IntegrityError (a symlinked directory, or
-        an object that is not a regular file)."""
+        """Every object (with `frames`, every frame) with its meta and names, oldest first;
+        bytes are not read. Raises: IntegrityError (a symlink, an object not a file)."""
         by_sha: dict[str, list[str]] = {}
         for name, sha in self.names().items():
             by_sha.setdefault(sha, []).append(name)
@@ -375,13 +346,11 @@ class Registry:
         return self._names.log()
 
     def measurements(self, sha: str | None = None) -> list[Measurement]:
-        """Measurement records (of one prefix, or all), oldest first. Raises:
-        CorruptRecordError (fail closed), IntegrityError (a symlink, not a regular file)."""
+        """Measurement records (of one prefix, or all), oldest first. Raises: IntegrityError."""
         return self._records.measurements(sha)
 
     def write_measurement(self, measurement: Measurement) -> Path:
-        """Write one measurement record; never overwrites one. Raises: UsageError (not a
-        `Measurement`, or a mirror), IntegrityError (a symlinked `measurements/`)."""
+        """Write one measurement record, never overwriting. Raises: UsageError, IntegrityError."""
         self.init()
         self.refuse_on_mirror("write a measurement")
         return self._records.write_measurement(measurement)
@@ -389,17 +358,14 @@ class Registry:
     def write_probe_receipt(
         self, stamp: str, render: Callable[[Path, Path], tuple[bytes, bytes]]
     ) -> tuple[Path, Path]:
-        """Publish a probe's receipt (`probes/<ts>.json`) and verdict (`<ts>.md`), never
-        overwriting: a taken stamp is retried with a fresh one. `render(json_path, md_path)`
-        gives (receipt, verdict) bytes for the paths chosen (a receipt names its own files);
-        the verdict lands first, so a receipt means both are there. Raises: UsageError (not a
-        UTC stamp), IntegrityError (a symlinked `probes/`)."""
+        """Publish a probe's receipt (`probes/<ts>.json`) and verdict (`<ts>.md`) whose bytes
+        `render(json_path, md_path)` gives, verdict first, never overwriting (a taken stamp
+        is retried). Raises: UsageError (not a UTC stamp), IntegrityError."""
         self.init()
         return self._records.write_probe_receipt(stamp, render)
 
     def probe_receipts(self) -> list[tuple[Path, bytes]]:
-        """Every probe receipt, newest first, as (path, raw bytes); unreadable ones skipped
-        (a receipt is history, not a budget). Raises: IntegrityError (a symlinked `probes/`)."""
+        """Every readable probe receipt, newest first, as (path, raw bytes)."""
         return self._records.probe_receipts()
 
     def append_mirror_log(self, line: bytes) -> None:

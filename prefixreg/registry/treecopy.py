@@ -1,17 +1,16 @@
 """Registry trees for `migrate`: list, bring across (copy, merge, catch up), verify, remove.
 
 Invariants:
-- Listing is no-follow: a symlink anywhere below the root, or an entry that is neither a file
-  nor a directory, raises `IntegrityError`, so nothing outside a registry is read or copied.
-- `sync` is the one way a file crosses: copied durably (temp file, fsync, the source's mode
-  and mtime, no-overwrite link, directory fsync) when the target lacks it; replaced only
-  where that is a known kind of write (a journal the target holds a prefix of, a meta
-  record the target left alone); otherwise a difference stops the move. Every file written
-  is re-read and compared with the bytes read from the source (`check_copies`).
+- Listing is no-follow: a symlink below the root, or an entry neither a file nor a directory,
+  raises `IntegrityError`, so nothing outside a registry is read or copied.
+- `sync` is the one way a file crosses: copied durably (`fsutil.copy_durable`, with the
+  source's mode and mtime) when the target lacks it; replaced only for a known kind of write
+  (a journal the target holds a prefix of, a meta record the target left alone); any other
+  difference stops the move. Every file written is re-read and compared with the source's.
 - Nothing written to the source during a copy or merge is lost (`retire_source`): it is
-  listed again under its lock and caught up until a round finds nothing new, renamed aside,
-  caught up once more, and only then removed; a file changed at both ends, an object whose
-  bytes changed, or a source that keeps changing stops the move with the source kept.
+  caught up until a round finds nothing new, renamed aside, caught up once more, and only
+  then removed; a file changed at both ends, an object whose bytes changed, or a source that
+  keeps changing stops the move with the source kept.
 - `remove_tree` removes names first, then meta, then the rest, so an interrupted removal
   never leaves a name or meta record without its object.
 """
@@ -37,7 +36,6 @@ from prefixreg.registry.verify import verify_registry
 
 # Files that belong to the target registry itself, never compared with the source's.
 OWN: Final = frozenset({layout.MARKER, layout.README, layout.MIGRATIONS_LOG})
-CATCH_UP_ROUNDS: Final = 10
 Stat = tuple[int, int, int]  # size, mtime_ns, inode: any write changes at least one
 
 
@@ -51,8 +49,8 @@ def write_order(rel: str) -> tuple[int, str]:
 
 
 def list_tree(root: Path) -> tuple[list[str], list[str]]:
-    """(directories, files) below `root`, relative, files in write order; lock files and
-    stray temp files are skipped. Raises `IntegrityError` on a symlink or special file."""
+    """(directories, files) below `root`, relative, files in write order, lock and temp
+    files skipped. Raises: IntegrityError (a symlink or special file)."""
     dirs: list[str] = []
     files: list[str] = []
     for rel, kind in Disk(root).walk():
@@ -79,13 +77,9 @@ def stats(root: Path, files: Iterable[str]) -> dict[str, Stat]:
     return out
 
 
-def read_in(path: Path, root: Path) -> bytes:
-    return fsutil.read_nofollow(path, root=root)
-
-
 def check_verifies(reg: Registry, what: str) -> list[str]:
-    """Verify `reg`; raise on a problem, return the insecure-mode messages as warnings
-    (directory modes travel with the registry and are the user's to fix)."""
+    """Verify `reg`: raise on a problem; the insecure-mode messages as warnings (modes
+    travel with the registry and are the user's to fix)."""
     findings = verify_registry(reg).findings
     problems = [f for f in findings if f.severity == "problem" and f.kind != "insecure_mode"]
     if problems:
@@ -100,7 +94,7 @@ def check_verifies(reg: Registry, what: str) -> list[str]:
 def check_copies(dest: Path, digests: dict[str, str]) -> None:
     """Re-read every file written at the target and compare with what the source held."""
     for rel, expected in digests.items():
-        actual = hashlib.sha256(read_in(dest / rel, dest)).hexdigest()
+        actual = hashlib.sha256(fsutil.read_nofollow(dest / rel, root=dest)).hexdigest()
         if actual != expected:
             raise IntegrityError(
                 f"{dest / rel}: copy hashes to {actual}, the source to {expected}",
@@ -143,13 +137,10 @@ def sync(
     undo: Undo | None = None,
 ) -> dict[str, str]:
     """Bring `files` (in write order) from `source` to `target`; {rel: sha256 written}.
-
-    Missing at the target: copied, its directories made (with the source's modes, set last).
-    Identical: left alone (a newer source mtime carried over: a re-add). Different: replaced
-    if it is a journal the target holds a prefix of, or a meta record (a new note) whose
-    target copy is as it was in `untouched`; an object is an `IntegrityError`, anything else
-    a conflict (`PrefixregError`). `undo` records what was written, for a merge to take back.
-    """
+    Missing: copied, directories made (the source's modes set last). Identical: left alone
+    (a newer source mtime carried over). Different: replaced if a journal the target holds a
+    prefix of, or a meta record whose target copy is as in `untouched`; else an object is an
+    `IntegrityError`, anything else a conflict (`PrefixregError`). `undo` records writes."""
     undo = undo if undo is not None else Undo()
     made = [rel for rel in dirs if not (target / rel).exists()]
     for rel in made:
@@ -162,7 +153,8 @@ def sync(
             digests[rel] = hashlib.sha256(fsutil.copy_durable(src, dst, root=source)).hexdigest()
             undo.added.append(dst)
             continue
-        ours, theirs, src_st = read_in(src, source), read_in(dst, target), src.lstat()
+        ours = fsutil.read_nofollow(src, root=source)
+        theirs, src_st = fsutil.read_nofollow(dst, root=target), src.lstat()
         if ours == theirs:
             if src_st.st_mtime_ns > dst.lstat().st_mtime_ns:
                 os.utime(dst, ns=(src_st.st_atime_ns, src_st.st_mtime_ns), follow_symlinks=False)
@@ -192,9 +184,8 @@ def sync(
 def catch_up(
     source: Path, target: Path, before: dict[str, Stat], target_state: dict[str, Stat]
 ) -> list[str]:
-    """One round: bring what is new or changed at `source` since `before` to `target`
-    (`sync`), verified; `before` and `target_state` move on, so the next round sees only
-    newer writes. The relative paths written, in write order."""
+    """One round: bring what changed at `source` since `before` to `target` (`sync`),
+    verified; the paths written, in write order. `before` and `target_state` move on."""
     dirs, files = list_tree(source)
     now = stats(source, files)
     changed = [rel for rel in files if rel not in OWN and now.get(rel) != before.get(rel)]
@@ -208,13 +199,11 @@ def catch_up(
 
 
 def retire_source(source: Path, target: Path, before: dict[str, Stat]) -> tuple[list[str], Path]:
-    """Catch the target up with what was written to the source during the move, rename the
-    source aside (a writer still using the old path fails from then on), catch up a last
-    time; (paths copied across, where the source now is, to be removed). A source that
-    cannot be renamed (a mount point) is removed in place after the quiet round."""
+    """Catch the target up with late writes, rename the source aside (a writer still using
+    it fails from then on), catch up once more; (paths copied, where the source now is)."""
     target_state = stats(target, list_tree(target)[1])
     late: list[str] = []
-    for _ in range(CATCH_UP_ROUNDS):
+    for _ in range(10):  # catch-up rounds before the source counts as never quiet
         copied = catch_up(source, target, before, target_state)
         late += copied
         if not copied:

@@ -1,9 +1,7 @@
 """`prefixreg verify`: an fsck of the registry. Reads everything, changes nothing (except
 `repair_registry`, which only cuts torn journal tails and moves names through the journal).
-
-Nothing is followed: every directory is listed and every file read with the registry's
-no-follow primitives, every JSON record with the depth-capped reader (a record nested 100k
-deep is a bad record, never a crash).
+Nothing is followed; every JSON record is read with the depth-capped reader (a record nested
+100k deep is a bad record, never a crash).
 
 Problems (verify exits 1): an object whose bytes do not hash to its name or that is not a
 regular file (`corrupt`); a symlink anywhere below the root (`symlink`); an entry that is
@@ -101,15 +99,11 @@ def verify_registry(reg: Registry) -> VerifyReport:
 
 
 def repair_registry(reg: Registry) -> VerifyReport:
-    """Cut torn journal tails, make every name agree with `names.log` (`Names.repair`), then
-    verify again; everything else is only reported. Raises: UsageError (a mirror),
-    LockTimeoutError."""
+    """Cut torn journal tails, make every name agree with `names.log`, then verify again.
+    Raises: UsageError (a mirror), LockTimeoutError."""
     reg.refuse_on_mirror("repair names")
-    repaired = []
     with reg.lock("mirror"):
-        torn = reg._disk.cut_tail(layout.MIRROR_LOG)
-        if torn:
-            repaired.append(f"{layout.MIRROR_LOG}: cut off a torn last line ({torn} bytes)")
+        repaired = reg._disk.cut_tail(layout.MIRROR_LOG)
     repaired += reg._names.repair(reg._head)
     report = verify_registry(reg)
     report.repaired = repaired
@@ -117,8 +111,7 @@ def repair_registry(reg: Registry) -> VerifyReport:
 
 
 def _group_is_private(st: os.stat_result) -> bool:
-    """True when the entry's group is its owner's private group (a user-private-group
-    system with umask 002): group write then grants nobody else anything."""
+    """Is the entry's group its owner's private group (umask 002)? Then group write is safe."""
     try:
         group = grp.getgrgid(st.st_gid)
         owner = pwd.getpwuid(st.st_uid)
