@@ -1,10 +1,8 @@
 """`keepalive`: keep heads (prefixes or frames) resumable on a worker whose small LRU foreign
-traffic churns, re-warming each one before one more foreign prompt could evict it.
-
-It counts what the server counts (`prefixreg.server.activity`): `stores` on `/cache`
-(Halogen), *prompts* on llama.cpp (`/slots`, else `/metrics`), else time. The budget policy is
-`prefixreg.verbs.measure.budget`; the records, `.rewarm`; a prefix lost to a llama.cpp restart
-comes back from its proven KV snapshot for the current build (`.restore`).
+traffic churns, re-warming each one before one more foreign prompt could evict it. It counts
+what the server counts (`server.activity`): `stores` on `/cache` (Halogen), prompts on
+llama.cpp (`/slots`, else `/metrics`), else time; the budget is `measure.budget`'s; the
+records and the restore of a head lost to a llama.cpp restart are `.rewarm`'s.
 
 Invariants:
 - One request at a time: polls and re-warms run in one thread (`step`); the loop's `touch`
@@ -14,8 +12,8 @@ Invariants:
 - Every interval is a finite number of seconds above 0 (`UsageError`): a NaN poll would
   spin, an infinite interval would never re-warm.
 - A poll too busy to answer is skipped and the next waits longer; a 503 on a re-warm backs
-  off exponentially; five worker errors with no answered poll between them stop the
-  keeper, and so does anything else that goes wrong in its thread (`stopped_because`).
+  off exponentially; five worker errors with no answered poll between them stop the keeper,
+  and so does anything else that goes wrong in its thread (`stopped_because`).
 - Only foreign activity counts: a head is never due before a foreign prompt has stored (or
   run); the keeper's own re-warms are taken off the other kept heads' counts, and each
   stores budget is reduced by the entries the other kept heads hold instead.
@@ -40,8 +38,7 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
 from prefixreg.server.transport import check_seconds
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.keepalive.restore import restore_for_keepalive
-from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm
+from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm, restore_for_keepalive
 from prefixreg.verbs.measure.budget import budget_for
 from prefixreg.verbs.measure.calls import (
     CallRecord,
@@ -57,8 +54,9 @@ MAX_BACKOFF_S: Final = 30.0
 
 def positive_seconds(name: str, value: object) -> float:
     """`value` as a finite number of seconds above 0, else a `UsageError`."""
-    real = not isinstance(value, bool) and isinstance(value, int | float)
-    if not (real and isinstance(value, int | float) and math.isfinite(value) and value > 0):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise UsageError(f"{name} must be a finite number of seconds above 0, not {value!r}")
+    if value <= 0:
         raise UsageError(f"{name} must be a finite number of seconds above 0, not {value!r}")
     return float(value)
 
@@ -120,12 +118,10 @@ class KeepAlive:
         self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
         self._backoff_until = 0.0
         self.build = build = worker.server_build()
-        self._kept = {
-            h.sha256: _Kept(
-                h, None if registry is None else measured_span(registry, h, build.build_id)
-            )
-            for h in prefixes
-        }
+        self._kept: dict[str, _Kept] = {}
+        for h in prefixes:
+            span = None if registry is None else measured_span(registry, h, build.build_id)
+            self._kept[h.sha256] = _Kept(h, span)
         counters = worker.cache() if build.profile == "halogen" else None
         self._counter: Counter | None = None
         if counters is not None and counters.stores is not None:
@@ -242,16 +238,10 @@ class KeepAlive:
             # The judge's `restored` (judge_restore) stands on a resumed pinned check.
             record, verdict = snap.check, "resumed"
         else:
-            tail = fresh_tail()
-            stores = counter if isinstance(counter, StoresCounter) else None
-            last = None if stores is None else stores.last
+            tail, stores = fresh_tail(), isinstance(counter, StoresCounter)
+            last = counter.last if isinstance(counter, StoresCounter) else None
             record = measured_call(
-                self.worker,
-                head,
-                phase="keepalive",
-                tail=tail,
-                with_cache=stores is not None,
-                before=last,
+                self.worker, head, phase="keepalive", tail=tail, with_cache=stores, before=last
             )
             align = self.build.snapshot_align
             verdict = judge_check(
@@ -265,11 +255,7 @@ class KeepAlive:
         report = None if snap is None else snap.to_dict()
         b = self.budget
         rewarm = Rewarm(head.system.sha256, since, verdict, record, b.limit, b.unit, frame, report)
-        if snap is not None:
-            self.summary.saw_restore(
-                snap.restored, snap.restore_s, snap.prefill_tokens, snap.prefill_s
-            )
-        self.summary.count(rewarm)
+        self.summary.count(rewarm, snap)
         self.history.append(rewarm)
         if self.registry is not None:
             body = rewarm.measurement_body(b.to_dict())
