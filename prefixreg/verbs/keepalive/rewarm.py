@@ -2,20 +2,19 @@
 llama.cpp the restore of a head lost to a server restart (`restore_for_keepalive`).
 
 Invariants:
-- A re-warm's verdict is the judge's; it is *kept* only when the judge says resumed. A
-  partial re-warm (a few cached tokens of a long head) is not kept and is counted as
-  partial, never as resumed or cold; an unverified one is counted as such.
+- A re-warm's verdict is the judge's; it is *kept* only when resumed. A partial re-warm (a
+  few cached tokens of a long head) is not kept and counts as partial, never as resumed or
+  cold; an unverified one counts as such.
 - A re-warm *succeeded* when the judge could read its counts (resumed, partial or cold: a
-  first warm is cold by nature); a run in which none succeeded proved nothing, and the CLI
-  exits non-zero for it. Tokens are added up from verified counts only.
+  first warm is cold by nature); a run in which none succeeded proved nothing (the CLI exits
+  non-zero). Tokens are added up from verified counts only.
 - After a restart every slot is empty: a head with a snapshot for the worker's *current*
   build is restored (`measure.slots.restore_head`, never a warm) into a slot no other kept
   head is known to hold, and the pinned check is the re-warm's call. Only `restored`
   replaces the re-warm; anything else (no snapshot for this build, refused, not proven, a
   record or file that does not verify) is reported, then a normal re-warm.
-- A restore's `SnapshotRewarm` sets its cost (server time plus the check's wall time and
-  uncached tokens) against a re-prefill's (the head's tokens, and the newest cold call of it
-  on this build, None when none was); the summary adds these up.
+- A restore's cost (server time plus the check's wall time and uncached tokens) is set
+  against a re-prefill's (the head's tokens; the newest cold call of it on this build).
 """
 
 from __future__ import annotations
@@ -39,9 +38,8 @@ from prefixreg.verbs.measure.slots import restore_head
 
 @dataclass(frozen=True, slots=True)
 class Rewarm:
-    """One re-warm: which head (a frame's names its system prefix in `sha256`, the frame in
-    `frame`), the foreign activity since its last use (the budget's unit; None for a first
-    warm), and the judge's verdict on the call."""
+    """One re-warm: its head (`sha256` the system prefix, `frame` a frame's sha), the foreign
+    activity since its last use (the budget's unit; None: a first warm), the judge's verdict."""
 
     sha256: str
     since: float | None
@@ -74,8 +72,8 @@ class Rewarm:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotRewarm:
-    """One attempt to restore a lost head: the verdict, and tokens and seconds each way;
-    `check` is the pinned resume check when `restored` (the keeper's re-warm call)."""
+    """One attempt to restore a lost head: the verdict, tokens and seconds each way, and
+    `check`, the pinned resume check when `restored` (the keeper's re-warm call)."""
 
     verdict: str
     reason: str
@@ -117,7 +115,7 @@ class KeepAliveSummary:
 
     def count(self, rewarm: Rewarm, snap: SnapshotRewarm | None = None) -> None:
         """Add one re-warm by the judge's verdict (a missing count is never zero), and the
-        restore attempt it followed (a miss is re-warmed normally, and counted as such)."""
+        restore attempt before it (a miss was re-warmed normally)."""
         ev, verdict = rewarm.record.evidence, rewarm.verdict
         self.rewarms += 1
         setattr(self, verdict, getattr(self, verdict) + 1)  # one counter per verdict
@@ -195,8 +193,8 @@ def _last_cold_s(registry: Registry, sha: str, build_id: str) -> float | None:
 def restore_for_keepalive(
     registry: Registry, worker: Worker, head: Head, *, taken: Collection[int] = ()
 ) -> SnapshotRewarm | None:
-    """Restore `head`'s snapshot for the worker's current build and prove it; never warms
-    (the keeper does). None, and no request sent, when the head has no snapshot record.
+    """Restore `head`'s snapshot for the worker's current build and prove it; never warms.
+    None, and no request sent, when the head has no snapshot record.
 
     Raises:
         WorkerError: the worker failed outside the restore requests (the keeper's error path).
@@ -207,8 +205,7 @@ def restore_for_keepalive(
         result = restore_head(registry, worker, head, slot=_free_slot(worker, taken))
     except IntegrityError as exc:  # a record or file that does not verify: nothing was sent
         return SnapshotRewarm("integrity", str(exc))
-    ev = None if result.check is None else result.check.evidence
-    t = result.transfer
+    ev, t = None if result.check is None else result.check.evidence, result.transfer
     restore_s = uncached = None
     if t is not None and t.server_ms is not None and ev is not None and ev.wall_s is not None:
         restore_s = t.server_ms / 1000 + ev.wall_s

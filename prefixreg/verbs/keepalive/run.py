@@ -54,11 +54,10 @@ MAX_BACKOFF_S: Final = 30.0
 
 def positive_seconds(name: str, value: object) -> float:
     """`value` as a finite number of seconds above 0, else a `UsageError`."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    number = value if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    if not (math.isfinite(number) and number > 0):
         raise UsageError(f"{name} must be a finite number of seconds above 0, not {value!r}")
-    if value <= 0:
-        raise UsageError(f"{name} must be a finite number of seconds above 0, not {value!r}")
-    return float(value)
+    return float(number)
 
 
 @dataclass(slots=True)
@@ -74,7 +73,7 @@ class _Kept:
 class KeepAlive:
     """Keep `prefixes` (heads) resumable on `worker` (a short `timeout`: polls must not
     hang); `step()` yourself or `start()` a thread, and `touch(sha)` after each own call.
-    `registry` receives one measurement per re-warm and supplies a probe's survival.
+    `registry` gets one measurement per re-warm and supplies a probe's survival.
 
     Raises:
         UsageError: a wrong type or value (nothing is sent then).
@@ -155,15 +154,14 @@ class KeepAlive:
     def _read(self, counter: Counter) -> float | None:
         """The counter now (None: skip this round); a restart forgets every baseline."""
         self.summary.polls += 1
+        got = None
         try:
             got = counter.read()
         except (WorkerTimeoutError, EngineBusyError):  # a long prefill holds the queue:
             self._poll_misses += 1  # wait longer each time, so polls cannot pile up
             self._backoff(self._poll_misses)
-            got = None
         except WorkerError:
             self._error(backoff=True)
-            got = None
         if got is None:
             self.summary.skipped_polls += 1
             return None
@@ -187,9 +185,8 @@ class KeepAlive:
             if sha in touched and self._counter is not None:
                 kept.baseline = self._counter.total
             if kept.slot is not None and kept.slot in busy:
-                # Its slot is serving a prompt, most likely the loop's own call on this
-                # head: a re-warm now would find the slot taken and prefill the whole head
-                # cold in another one. Decide on the next poll.
+                # Its slot serves a prompt (most likely the loop's own call on this head): a
+                # re-warm now would prefill it cold in another slot. Decide on the next poll.
                 continue
             since = self._since(kept, now)
             if since is None or self.budget.due(since):
@@ -229,8 +226,6 @@ class KeepAlive:
     def _rewarm(self, kept: _Kept, since: float | None) -> Rewarm:
         counter, head, snap = self._counter, kept.head, None
         if kept.lost and self.registry is not None and self.build.profile == "llamacpp":
-            # Lost to a restart: restore its snapshot (a prefix's or a frame's head) into a
-            # slot no other kept head holds.
             taken = {k.slot for k in self._kept.values() if k.slot is not None and not k.lost}
             snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
         verdict: Verdict
@@ -267,10 +262,9 @@ class KeepAlive:
         return rewarm
 
     def _rebase(self, kept: _Kept, counter: Counter, record: CallRecord) -> None:
-        """After a re-warm: this head counts from now, and the counter units our own
-        request added are not foreign activity for the other kept heads (their entries
-        were allowed for in the budget; counting them too would make the keeper re-warm
-        its heads in turn forever)."""
+        """After a re-warm: this head counts from now, and what our own request added is not
+        foreign activity for the other kept heads (the budget allowed for their entries;
+        counting it too would make the keeper re-warm its heads in turn forever)."""
         before = counter.total
         if isinstance(counter, StoresCounter):
             own = float(self.budget.per_request)
@@ -286,13 +280,13 @@ class KeepAlive:
                 kept.baseline = before + own
         else:
             # Our own prompt is the one change we expect; any other prompt that landed
-            # during the re-warm is counted against the head (which of the two slots is
-            # the least recently used is then unknown: assume the worse).
-            own, kept.baseline = 1.0, before + 1
+            # meanwhile counts against the head (which slot is least recently used is then
+            # unknown: assume the worse).
+            own, kept.baseline, got = 1.0, before + 1, None
             try:
                 got = counter.read()
             except WorkerError:
-                got = None  # the next poll sees our prompt and lands on since 0
+                pass  # the next poll sees our prompt and lands on since 0
             if got is not None:
                 kept.baseline = min(got[0], before + 1)
                 landed = counter.changed
@@ -326,20 +320,17 @@ class KeepAlive:
 
     @property
     def alive(self) -> bool:
-        """Whether the keeper's thread is running."""
         return self._thread is not None and self._thread.is_alive()
 
     def run(self, duration_s: float | None = None) -> KeepAliveSummary:
-        """Step every `poll_s` until `stop()`, `duration_s` (finite, above 0), or too many
-        errors."""
+        """Step every `poll_s` until `stop()`, `duration_s` (finite, above 0) or too many errors."""
         span = None if duration_s is None else positive_seconds("duration_s", duration_s)
         end = None if span is None else time.monotonic() + span
         while not self._stop.is_set():
             try:
                 self.step()
             except Exception as exc:  # noqa: BLE001 -- a keeper thread must never die mute
-                # Not the worker's doing (a measurement that cannot be written, a failing
-                # callback): stop and say why rather than let the thread die with a traceback.
+                # Not the worker's doing (a record not written, a failing callback): say why.
                 self.summary.stopped_because = f"{type(exc).__name__}: {exc}"
                 self._stop.set()
                 break
