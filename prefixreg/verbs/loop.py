@@ -25,7 +25,7 @@ from prefixreg.core.prefix import Prefix
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.measure.calls import sent_head
+from prefixreg.verbs.measure.calls import build_warms, sent_head
 
 LoopVerdict = Literal["resumed", "partial", "cold", "unverified", "drift", "head-mismatch"]
 VERDICTS: tuple[LoopVerdict, ...] = get_args(LoopVerdict)
@@ -136,11 +136,7 @@ class LoopJudge:
         if not isinstance(head, Prefix | Frame):
             raise UsageError(f"LoopJudge takes a Prefix or a Frame, not {type(head).__name__}")
         build = worker.server_build()
-        warms = [
-            m
-            for m in registry.measurements(head.system.sha256)
-            if m.kind == "warm" and m.build.build_id == build.build_id
-        ]
+        warms = build_warms(registry, head.system.sha256, build.build_id)
         return cls(head, build.build_id, build.snapshot_align, warms[-1] if warms else None)
 
     @property

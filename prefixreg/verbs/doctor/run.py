@@ -251,19 +251,14 @@ def _receipt_reach(path: Path, raw: bytes, build_id: str) -> ProbeReach | None:
     if not (valid := [n for n in counts if n is not None]):
         return None
     sizes = options.get("sizes") if isinstance(options, dict) else None
-    at = receipt.get("at")
-    return ProbeReach(
-        cmax=max(valid),
-        whole=all(c.get("verdict") == "resumed" for c in legs),
-        at=at if isinstance(at, str) else "?",
-        sizes=tuple(s for s in sizes if type(s) is int) if isinstance(sizes, list) else (),
-    )
+    at, whole = receipt.get("at"), all(c.get("verdict") == "resumed" for c in legs)
+    ints = tuple(s for s in sizes if type(s) is int) if isinstance(sizes, list) else ()
+    return ProbeReach(max(valid), whole, at if isinstance(at, str) else "?", ints)
 
 
 def best_reach(registry: Registry, build_id: str) -> ProbeReach | None:
     """The best Cmax evidence of `build_id` over all its probe receipts."""
-    receipts = registry.probe_receipts()
-    found = [r for path, raw in receipts if (r := _receipt_reach(path, raw, build_id))]
+    found = [r for p, raw in registry.probe_receipts() if (r := _receipt_reach(p, raw, build_id))]
     best = max(found, key=lambda r: (r.cmax, not r.whole), default=None)
     return None if best is None else replace(best, receipts=len(found))
 
@@ -288,11 +283,7 @@ def head_spans(registry: Registry, build_id: str) -> list[HeadSpan]:
 
 
 def diagnose_reach(
-    d: Diagnosis,
-    probe: ProbeReach | None,
-    spans: list[HeadSpan],
-    build_id: str,
-    alignment: int = 0,
+    d: Diagnosis, probe: ProbeReach | None, spans: list[HeadSpan], build_id: str, alignment: int = 0
 ) -> None:
     """Cmax of this build's best probe against the registered heads (pure)."""
     d.numbers["cmax"] = None if probe is None else probe.cmax
@@ -334,8 +325,8 @@ def diagnose_reach(
 
 
 def doctor(worker: Worker, registry: Registry | None = None) -> Diagnosis:
-    """Read `/health` (and `/cache` on Halogen) and diagnose; with a registry, also weigh
-    this build's probe receipts against the registered heads.
+    """Read `/health` (and `/cache` on Halogen) and diagnose; with a registry, also weigh this
+    build's probe receipts against the registered heads.
 
     Raises:
         UsageError: `worker` is not a `Worker`, or `registry` not a `Registry` or None.

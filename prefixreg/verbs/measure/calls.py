@@ -101,15 +101,18 @@ def record_measurement(
     return measurement, registry.write_measurement(measurement)
 
 
+def build_warms(registry: Registry, system_sha: str, build_id: str) -> list[Measurement]:
+    """This build's warm measurements filed under a system prefix (of any head), oldest first."""
+    warms = registry.measurements(system_sha)
+    return [m for m in warms if m.kind == "warm" and m.build.build_id == build_id]
+
+
 def head_warms(registry: Registry, head: Head, build_id: str) -> list[Measurement]:
-    """This build's warm measurements of `head` (of this very head: a frame's, or the bare
-    prefix's, never another head sharing its system bytes), oldest first."""
+    """This build's warm measurements of this very head (a frame's, or the bare prefix's,
+    never another head sharing its system bytes), oldest first."""
     frame = head.sha256 if head.kind == "frame" else None
-    return [
-        m
-        for m in registry.measurements(head.system.sha256)
-        if m.kind == "warm" and m.build.build_id == build_id and m.outcome.frame == frame
-    ]
+    warms = build_warms(registry, head.system.sha256, build_id)
+    return [m for m in warms if m.outcome.frame == frame]
 
 
 def measured_span(registry: Registry, head: Head, build_id: str) -> int | None:

@@ -33,6 +33,7 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import (
     CallRecord,
+    build_warms,
     head_warms,
     judge_check,
     measured_call,
@@ -284,10 +285,7 @@ def diagnose(registry: Registry, head: Head, build: ServerBuild, verdict: str) -
     mine = [m for m in head_warms(registry, head, build.build_id) if "warm" in m.outcome.phases]
     if mine:
         return f"the server lost it: the frame was warmed at {mine[-1].at} and is gone since"
-    others = [
-        m
-        for m in registry.measurements(head.system.sha256)
-        if m.kind == "warm" and m.build.build_id == build.build_id and "warm" in m.outcome.phases
-    ]
+    warms = build_warms(registry, head.system.sha256, build.build_id)
+    others = [m for m in warms if "warm" in m.outcome.phases]
     other = f" (the last warm here sent {sent_head(others[-1])})" if others else ""
     return f"the frame lost it: frame {head.sha256[:12]} was never warmed on this build{other}"
