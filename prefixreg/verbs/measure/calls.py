@@ -1,7 +1,5 @@
-"""Measured calls: one chat call bracketed by `/cache` snapshots (`measured_call`), that call
-as stored (`CallRecord`), the judge applied to a resume check of a head (`judge_check`), the
-head's span as this build's last resumed warm measured it (`measured_span`), and one
-measurement bound to the build, written through the store (`record_measurement`).
+"""Measured calls: one chat call bracketed by `/cache` snapshots, its record, the judge applied
+to a head's resume check, and measurements bound to the build, written through the store.
 
 Invariants:
 - A verdict comes from `core.judge` only, from server-reported counts, never text length.

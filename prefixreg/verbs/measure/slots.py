@@ -1,8 +1,6 @@
-"""KV snapshot calls on one llama.cpp slot, and the restore with its proof, for any verb:
-`warm_and_locate` warms a head and finds its slot; `pinned_check` is a judged fresh-tail
-check pinned to a slot; `restore_head` verifies the record for the worker's build and its
-file, erases the chosen slot (the baseline), restores, checks, and records the verdict of
-`core.judge.judge_restore` as one `restore` measurement.
+"""KV snapshot calls on one llama.cpp slot (a warm that finds its slot, a pinned check), and
+the restore with its proof: verify the record and its file, erase the slot (the baseline),
+restore, check, and record `core.judge.judge_restore`'s verdict as a `restore` measurement.
 
 Invariants:
 - A check is pinned with `id_slot`, so its cached count speaks of that slot alone.

@@ -1,10 +1,10 @@
 """`warm`: put a head (a prefix or a frame) into a worker's prompt cache and prove it resumes.
 
-Sequence (DESIGN §4): the caller resolves and verifies the head once (`Registry.head`: an
-`IntegrityError` there sends nothing); read the build from a fresh `/health`, snapshot
+Sequence (DESIGN §4), after the caller verified the head (`Registry.head`; an
+`IntegrityError` there sends nothing): read the build from a fresh `/health`, snapshot
 `/cache`, send the warm call (the head, a short tail, `max_tokens` 1, temperature 0),
 snapshot, send the resume check with a fresh never-seen tail, snapshot, re-read the build,
-write one measurement filed under the system sha (a frame's also names the frame).
+write one measurement under the system sha (a frame's also names the frame).
 
 The check's verdict is the judge's (`core.judge`): the cached count must cover the head's
 span (measured on this build when it was, else its share of the prompt by bytes) less the

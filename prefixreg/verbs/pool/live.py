@@ -1,11 +1,9 @@
 """`Pool`: a configured pool (`.spec`) with live clients, for loops and verbs.
 
-`survey()` reads each worker's build (fresh, DESIGN §3 rule 3), its size (llama.cpp
-`total_slots`; Halogen `max_entries` over the entries one request stores), the latest
-verified `probe --survival` for that build, and its capacity. `worker_for`, `headers_for`
-(the router's routing header) and `chat` (through the router with its key, else direct)
-take a head or a reference they resolve. `served_marks()` fingerprints what each worker
-served (`/slots` `id_task`, else `/cache` hits + misses): the router hides its workers.
+`survey()` reads each worker's build fresh (DESIGN §3 rule 3), its size, its latest verified
+`probe --survival` and its capacity; `worker_for`, `headers_for` and `chat` take a head or a
+reference they resolve; `served_marks()` fingerprints what each worker served (`/slots`
+`id_task`, else `/cache` hits + misses), since the router hides its workers.
 
 Invariants: a head not in the placement has no worker (`UsageError`, never a guess); the
 kept placement is read once and each placed head resolved once, and an entry whose head

@@ -1,5 +1,4 @@
-"""What a probe measures (`ProbeOptions`, checked at construction) and its text: a built-in
-deterministic corpus, and slices of it. Pure.
+"""What a probe measures (`ProbeOptions`) and its text (a built-in corpus, slices of it). Pure.
 
 Invariants: sizes are whole numbers of characters within `MAX_SIZE_CHARS`, a corpus is text
 UTF-8 can carry and long enough for every size, a frame is a verified `Frame` (never a

@@ -1,6 +1,5 @@
-"""`ProbeReport`: every call a probe made, its six counter checks and survival search, as the
-JSON receipt (`to_dict`), the verdict a person reads (`to_markdown`) and what the numbers
-mean (`follows`). Pure.
+"""`ProbeReport`: a probe's calls, checks and survival search, as the JSON receipt, the
+Markdown a person reads, and what the numbers mean (`follows`). Pure.
 
 Invariants:
 - Every verdict is the judge's (`core.judge`); nothing here compares a cached count with a
