@@ -131,15 +131,18 @@ class PoolSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _read_small(path: Path) -> bytes | None:
+def _read_small(path: Path, what: str) -> bytes | None:
     """A small regular file the user named (None: it does not exist). Raises: UsageError."""
     try:
         path.stat()
     except FileNotFoundError:
         return None
     except OSError:
-        pass  # read_user_file says why, as a UsageError
-    return read_user_file(path.absolute(), limit=MAX_FILE_BYTES)  # never `-` (stdin)
+        pass  # read_user_file says why
+    try:
+        return read_user_file(path.absolute(), limit=MAX_FILE_BYTES)  # never `-` (stdin)
+    except UsageError as exc:
+        raise UsageError(f"{what} {exc}") from None
 
 
 def parse_pool_file(path: Path | str) -> PoolSpec:
@@ -148,7 +151,7 @@ def parse_pool_file(path: Path | str) -> PoolSpec:
     if not isinstance(given, Path | str):
         raise UsageError(f"a pool file is a path, not {type(given).__name__}")
     path = Path(path)
-    if (raw := _read_small(path)) is None:
+    if (raw := _read_small(path, "pool file")) is None:
         raise UsageError(f"cannot read pool file {path}: no such file")
     try:
         data = tomllib.loads(raw.decode()) if path.suffix == ".toml" else loads(raw)
@@ -305,7 +308,7 @@ def load_placement(path: Path) -> tuple[dict[str, Assignment], list[str]]:
     Raises:
         UsageError: the file is not a placement file (it is never overwritten then).
     """
-    if (raw := _read_small(path)) is None:
+    if (raw := _read_small(path, "placement file")) is None:
         return {}, []
     try:
         data = loads(raw, path=path)
