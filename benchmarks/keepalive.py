@@ -41,7 +41,7 @@ from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.keepalive.run import KeepAlive
 from prefixreg.verbs.loop import LoopStats
-from prefixreg.verbs.probe.corpus import builtin_corpus
+from prefixreg.verbs.probe.options import builtin_corpus
 
 
 @dataclass

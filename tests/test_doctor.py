@@ -18,8 +18,7 @@ from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.doctor.run import diagnose, doctor
 from prefixreg.verbs.measure.warm import warm
-from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
-from prefixreg.verbs.probe.options import ProbeOptions
+from prefixreg.verbs.probe.options import ProbeOptions, builtin_corpus, probe_slice
 from prefixreg.verbs.probe.run import run_probe
 from tests.conftest import run_cli
 from tests.test_store import flip_byte

@@ -27,8 +27,7 @@ from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
-from prefixreg.verbs.probe.options import ProbeOptions
+from prefixreg.verbs.probe.options import ProbeOptions, builtin_corpus, probe_slice
 from prefixreg.verbs.probe.run import ProbeReport, check_sizes, parse_sizes, run_probe
 from tests.conftest import run_cli
 

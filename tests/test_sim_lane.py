@@ -29,8 +29,7 @@ from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
-from prefixreg.verbs.probe.options import DEFAULT_SIZES, ProbeOptions
+from prefixreg.verbs.probe.options import DEFAULT_SIZES, ProbeOptions, builtin_corpus, probe_slice
 from prefixreg.verbs.probe.run import run_probe
 
 MEASURED_PROMPT = {4000: 2593, 16000: 11374}

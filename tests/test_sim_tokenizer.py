@@ -17,7 +17,7 @@ from prefixreg.sim.tokenizer import (
     render_completion,
     tokenize,
 )
-from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
+from prefixreg.verbs.probe.options import builtin_corpus, probe_slice
 from tests.test_sim_cache import admit
 
 FLASH = SimConfig(counter_lag=0, token_bytes=0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.frame import Frame, Head
@@ -25,16 +25,10 @@ from prefixreg.core.prefix import Prefix
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
+from prefixreg.verbs.measure.calls import build_warms, sent_head
 
 LoopVerdict = Literal["resumed", "partial", "cold", "unverified", "drift", "head-mismatch"]
-VERDICTS: tuple[LoopVerdict, ...] = (
-    "resumed",
-    "partial",
-    "cold",
-    "unverified",
-    "drift",
-    "head-mismatch",
-)
+VERDICTS: tuple[LoopVerdict, ...] = get_args(LoopVerdict)
 
 
 def _evidence(value: object) -> CallEvidence:
@@ -45,11 +39,8 @@ def _evidence(value: object) -> CallEvidence:
 
 @dataclass(slots=True)
 class LoopStats:
-    """Running totals over a loop's calls: each call counted under the judge's verdict.
-
-    `head` (optional) lets `add` judge a call itself when no verdict is given: the call sent
-    the head and `rest_bytes` of other message content after it (a `LoopJudge`, which knows
-    the head's measured span, judges better and passes its verdict in)."""
+    """Running totals over a loop's calls, each counted under the judge's verdict; with
+    `head`, `add` judges a call itself when given no verdict (a `LoopJudge` judges better)."""
 
     head: Head | None = None
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERDICTS, 0))
@@ -61,9 +52,8 @@ class LoopStats:
     def add(
         self, evidence: CallEvidence, verdict: LoopVerdict | None = None, *, rest_bytes: int = 0
     ) -> CallEvidence:
-        """Count one call under `verdict` (else the judge's against `head`; with neither, a
-        cached call cannot be called resumed: `unverified`). Returns the evidence, so a loop
-        can write `stats.add(ev)` inline."""
+        """Count one call under `verdict`, else the judge's against `head` (with neither, a
+        cached call is `unverified`); returns the evidence, for `stats.add(ev)` inline."""
         evidence = _evidence(evidence)
         if verdict is None:
             if self.head is None:
@@ -129,11 +119,6 @@ class LoopStats:
         )
 
 
-def _sent(measurement: Measurement) -> str:
-    sha = measurement.outcome.frame
-    return f"frame {sha[:12]}" if sha else "the bare system prompt"
-
-
 @dataclass(slots=True)
 class LoopJudge:
     """Judges a loop's calls against `head`, from its last warm on the worker's build."""
@@ -151,17 +136,13 @@ class LoopJudge:
         if not isinstance(head, Prefix | Frame):
             raise UsageError(f"LoopJudge takes a Prefix or a Frame, not {type(head).__name__}")
         build = worker.server_build()
-        warms = [
-            m
-            for m in registry.measurements(head.system.sha256)
-            if m.kind == "warm" and m.build.build_id == build.build_id
-        ]
+        warms = build_warms(registry, head.system.sha256, build.build_id)
         return cls(head, build.build_id, build.snapshot_align, warms[-1] if warms else None)
 
     @property
     def span(self) -> int | None:
-        """The head's span in tokens as its last warm here measured it (None: this build's
-        last warm sent another head, or none)."""
+        """The head's span as its last warm here measured it (None: that warm sent another
+        head, or there is none)."""
         frame = self.head.sha256 if isinstance(self.head, Frame) else None
         if self.baseline is None or self.baseline.outcome.frame != frame:
             return None
@@ -170,8 +151,7 @@ class LoopJudge:
     def observe(
         self, evidence: CallEvidence, body: Mapping[str, Any] | None = None
     ) -> tuple[LoopVerdict, str]:
-        """Judge one call (its server evidence, and its request body when known), count it
-        in `stats`, and return (verdict, why)."""
+        """Judge one call (and its request body when known), count it; (verdict, why)."""
         evidence = _evidence(evidence)
         if body is not None and not isinstance(body, Mapping):
             raise UsageError(f"body must be a request body (a mapping), not {type(body)}")
@@ -192,13 +172,10 @@ class LoopJudge:
         if span is None:
             return (
                 "head-mismatch",
-                f"this build's last warm sent {_sent(self.baseline)}, not {self.head.kind} "
+                f"this build's last warm sent {sent_head(self.baseline)}, not {self.head.kind} "
                 f"{self.head.sha256[:12]} (what the loop sends was never warmed)",
             )
         j = judge(
-            evidence,
-            head_bytes=self.head.head_bytes,
-            alignment=self.alignment,
-            measured_span=span,
+            evidence, head_bytes=self.head.head_bytes, alignment=self.alignment, measured_span=span
         )
         return j.verdict, j.reason

@@ -1,20 +1,17 @@
 """`doctor`: what a worker's own `/health` and `/cache` say about its prompt cache, and how far
 its cache reaches against the registered heads.
 
-`diagnose` is pure: it reads the two replies into findings in plain words, each quoting the
-worker's fields and numbers, plus what to change. When the entries are fixed-size slabs
-(Flash: ``last_entry_bytes`` is ``prompt_cache.cap_mb`` MiB whatever the prompt) a bigger or
-longer-lived cache comes from the cache-size option, ``cacheMb`` (env ``HALOGEN_CACHE_MB``),
-not from more entries (``HALOGEN_CACHE_ENTRIES``), and every piece of advice says so.
-
-`diagnose_reach` is pure too: Cmax against each registered head's span (its latest warm on
-this build, a resumed one first). Cmax is the largest cached count a fresh-tail call (leg B)
-was served, of the B legs the judge did not call unverified, over *every* probe receipt of
-this build: the best evidence wins, so a later, smaller probe never lowers what an earlier
-one proved (at equal Cmax a ceiling beats a lower bound). When every B leg of that receipt
-resumed, Cmax is a lower bound. Whether a head fits is the judge's (`judge_fit`); where the
-engine's alignment shapes Cmax or a fit, the text names it. Below ``URGENT_CMAX`` tokens the
-design does not reach past the system prompt: that is urgent.
+`diagnose` (pure) reads the two replies into findings in plain words, each quoting the
+worker's fields and numbers, plus what to change. When entries are fixed-size slabs (Flash:
+`last_entry_bytes` is `prompt_cache.cap_mb` MiB whatever the prompt) a bigger or longer-lived
+cache comes from `cacheMb` (env HALOGEN_CACHE_MB), not from more entries, and all advice
+says so. `diagnose_reach` (pure) sets Cmax against each registered head's span (its latest
+warm on this build, a resumed one first). Cmax is the largest cached count a leg B was
+served, of the B legs the judge did not call unverified, over *every* probe receipt of the
+build: the best evidence wins (a later, smaller probe never lowers it; at equal Cmax a
+ceiling beats a lower bound); when every B leg of that receipt resumed, Cmax is a lower
+bound. A fit is the judge's (`judge_fit`); where the alignment shapes Cmax or a fit, the
+text names it. Below `URGENT_CMAX` tokens the cache does not reach past the system prompt.
 
 Nothing here guesses a number the server did not send: a missing field is said to be missing.
 Receipts and measurements are read through the store; an unreadable receipt proves nothing.
@@ -44,7 +41,6 @@ ENTRIES_SETTING: Final = "HALOGEN_CACHE_ENTRIES"
 DENSE_BYTES_PER_POSITION: Final = 64 * 1024
 THRASH_RATIO: Final = 0.9
 THRASH_HIT_RATE: Final = 0.5
-# What each other profile can prove.
 CAN_PROVE: Final = {
     "llamacpp": "per-call cached_tokens (an explicit 0 when cold) and its build from /props; "
     "llama.cpp has no cache-entry counters, so capacity, survival and eviction are only "
@@ -94,7 +90,7 @@ class Diagnosis:
 @dataclass(frozen=True, slots=True)
 class ProbeReach:
     """A build's best probe receipt: Cmax, whether every B leg resumed whole (Cmax is then a
-    lower bound), when, which sizes, and how many of the build's receipts were weighed."""
+    lower bound), when, its sizes, and how many of the build's receipts were weighed."""
 
     cmax: int
     whole: bool
@@ -114,9 +110,8 @@ class HeadSpan:
 
 
 def _raise_setting(slab: bool) -> str:
-    if slab:
-        return f"raise {CACHE_SIZE_SETTING}, not {ENTRIES_SETTING} (entries are fixed slabs)"
-    return f"raise {ENTRIES_SETTING}"
+    fixed = f"{CACHE_SIZE_SETTING}, not {ENTRIES_SETTING} (entries are fixed slabs)"
+    return f"raise {fixed if slab else ENTRIES_SETTING}"
 
 
 def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONValue]) -> None:
@@ -256,19 +251,14 @@ def _receipt_reach(path: Path, raw: bytes, build_id: str) -> ProbeReach | None:
     if not (valid := [n for n in counts if n is not None]):
         return None
     sizes = options.get("sizes") if isinstance(options, dict) else None
-    at = receipt.get("at")
-    return ProbeReach(
-        cmax=max(valid),
-        whole=all(c.get("verdict") == "resumed" for c in legs),
-        at=at if isinstance(at, str) else "?",
-        sizes=tuple(s for s in sizes if type(s) is int) if isinstance(sizes, list) else (),
-    )
+    at, whole = receipt.get("at"), all(c.get("verdict") == "resumed" for c in legs)
+    ints = tuple(s for s in sizes if type(s) is int) if isinstance(sizes, list) else ()
+    return ProbeReach(max(valid), whole, at if isinstance(at, str) else "?", ints)
 
 
 def best_reach(registry: Registry, build_id: str) -> ProbeReach | None:
     """The best Cmax evidence of `build_id` over all its probe receipts."""
-    receipts = registry.probe_receipts()
-    found = [r for path, raw in receipts if (r := _receipt_reach(path, raw, build_id))]
+    found = [r for p, raw in registry.probe_receipts() if (r := _receipt_reach(p, raw, build_id))]
     best = max(found, key=lambda r: (r.cmax, not r.whole), default=None)
     return None if best is None else replace(best, receipts=len(found))
 
@@ -293,11 +283,7 @@ def head_spans(registry: Registry, build_id: str) -> list[HeadSpan]:
 
 
 def diagnose_reach(
-    d: Diagnosis,
-    probe: ProbeReach | None,
-    spans: list[HeadSpan],
-    build_id: str,
-    alignment: int = 0,
+    d: Diagnosis, probe: ProbeReach | None, spans: list[HeadSpan], build_id: str, alignment: int = 0
 ) -> None:
     """Cmax of this build's best probe against the registered heads (pure)."""
     d.numbers["cmax"] = None if probe is None else probe.cmax
@@ -339,8 +325,8 @@ def diagnose_reach(
 
 
 def doctor(worker: Worker, registry: Registry | None = None) -> Diagnosis:
-    """Read `/health` (and `/cache` on Halogen) and diagnose; with a registry, also weigh
-    this build's probe receipts against the registered heads.
+    """Read `/health` (and `/cache` on Halogen) and diagnose; with a registry, also weigh this
+    build's probe receipts against the registered heads.
 
     Raises:
         UsageError: `worker` is not a `Worker`, or `registry` not a `Registry` or None.

@@ -1,32 +1,45 @@
-"""What a keeper did: one `Rewarm` per re-warm call, and the run's `KeepAliveSummary`.
+"""What a keeper did (one `Rewarm` per re-warm call, the run's `KeepAliveSummary`), and on
+llama.cpp the restore of a head lost to a server restart (`restore_for_keepalive`).
 
 Invariants:
-- A re-warm's verdict is the judge's; it is *kept* only when the judge says resumed. A
-  partial re-warm (a few cached tokens of a long head) is not kept and is counted as
-  partial, never as resumed or cold; an unverified one is counted as such.
+- A re-warm's verdict is the judge's; it is *kept* only when resumed. A partial re-warm (a
+  few cached tokens of a long head) is not kept and counts as partial, never as resumed or
+  cold; an unverified one counts as such.
 - A re-warm *succeeded* when the judge could read its counts (resumed, partial or cold: a
-  first warm is cold by nature); a run in which none succeeded proved nothing, and the CLI
-  exits non-zero for it. Tokens are added up from verified counts only.
-- A re-warm done by restoring a snapshot carries its `snapshot` report; the summary sets
-  the restores' seconds against the head tokens they did not prefill and the measured cold
-  seconds of those heads.
+  first warm is cold by nature); a run in which none succeeded proved nothing (the CLI exits
+  non-zero). Tokens are added up from verified counts only.
+- After a restart every slot is empty: a head with a snapshot for the worker's *current*
+  build is restored (`measure.slots.restore_head`, never a warm) into a slot no other kept
+  head is known to hold, and the pinned check is the re-warm's call. Only `restored`
+  replaces the re-warm; anything else (no snapshot for this build, refused, not proven, a
+  record or file that does not verify) is reported, then a normal re-warm.
+- A restore's cost (server time plus the check's wall time and uncached tokens) is set
+  against a re-prefill's (the head's tokens; the newest cold call of it on this build).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 
+from prefixreg.core.errors import CorruptRecordError, IntegrityError, WorkerError
+from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import Verdict
+from prefixreg.core.records import CallEvidence
+from prefixreg.registry.snapshots import list_snapshots
+from prefixreg.registry.store import Registry
+from prefixreg.server.slots import list_slots
+from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.budget import Unit
 from prefixreg.verbs.measure.calls import CallRecord
+from prefixreg.verbs.measure.slots import restore_head
 
 
 @dataclass(frozen=True, slots=True)
 class Rewarm:
-    """One re-warm: which head (a frame's names its system prefix in `sha256`, the frame in
-    `frame`), the foreign activity since its last use (the budget's unit; None for a first
-    warm), and the judge's verdict on the call."""
+    """One re-warm: its head (`sha256` the system prefix, `frame` a frame's sha), the foreign
+    activity since its last use (the budget's unit; None: a first warm), the judge's verdict."""
 
     sha256: str
     since: float | None
@@ -57,6 +70,26 @@ class Rewarm:
         return body
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotRewarm:
+    """One attempt to restore a lost head: the verdict, tokens and seconds each way, and
+    `check`, the pinned resume check when `restored` (the keeper's re-warm call)."""
+
+    verdict: str
+    reason: str
+    slot: int | None = None
+    restore_s: float | None = None  # the server's restore time plus the check's wall time
+    restore_tokens: int | None = None  # tokens the check computed (its uncached part)
+    prefill_tokens: int | None = None  # head tokens a re-prefill would have computed
+    prefill_s: float | None = None  # the newest cold call of this head on this build
+    check: CallRecord | None = None
+
+    def to_dict(self) -> JSONObject:
+        out = asdict(self)
+        del out["check"]
+        return out
+
+
 @dataclass(slots=True)
 class KeepAliveSummary:
     """What a keeper did: re-warms by verdict, tokens spent and kept warm, polls, errors."""
@@ -80,34 +113,24 @@ class KeepAliveSummary:
     prefill_tokens_avoided: int = 0  # the head tokens those restores did not prefill
     prefill_s_avoided: float = 0.0  # the measured cold seconds of those heads (if known)
 
-    def count(self, rewarm: Rewarm) -> None:
-        """Add one re-warm by the judge's verdict (a missing count is never zero)."""
+    def count(self, rewarm: Rewarm, snap: SnapshotRewarm | None = None) -> None:
+        """Add one re-warm by the judge's verdict (a missing count is never zero), and the
+        restore attempt before it (a miss was re-warmed normally)."""
         ev, verdict = rewarm.record.evidence, rewarm.verdict
         self.rewarms += 1
+        setattr(self, verdict, getattr(self, verdict) + 1)  # one counter per verdict
         if verdict == "resumed":
-            self.resumed += 1
             self.tokens_saved += ev.cached_tokens or 0
-        elif verdict == "partial":
-            self.partial += 1
-        elif verdict == "cold":
-            self.cold += 1
-        else:
-            self.unverified += 1
         if verdict != "unverified" and ev.prompt_tokens is not None:
             self.tokens_spent += ev.prompt_tokens - (ev.cached_tokens or 0)
             self.tokens_spent += ev.completion_tokens or 0
-
-    def saw_restore(
-        self, restored: bool, restore_s: float | None, tokens: int | None, cold_s: float | None
-    ) -> None:
-        """Count one restore attempt (a miss is re-warmed normally, and counted as such)."""
-        if not restored:
+        if snap is not None and snap.check is None:
             self.restore_misses += 1
-            return
-        self.restored += 1
-        self.restore_s += restore_s or 0.0
-        self.prefill_tokens_avoided += tokens or 0
-        self.prefill_s_avoided += cold_s or 0.0
+        elif snap is not None:
+            self.restored += 1
+            self.restore_s += snap.restore_s or 0.0
+            self.prefill_tokens_avoided += snap.prefill_tokens or 0
+            self.prefill_s_avoided += snap.prefill_s or 0.0
 
     @property
     def kept(self) -> int:
@@ -142,3 +165,59 @@ class KeepAliveSummary:
         if self.restore_misses:
             text += f"; {self.restore_misses} restores not proven"
         return text
+
+
+def _free_slot(worker: Worker, taken: Collection[int]) -> int | None:
+    """The first idle slot not `taken` by another kept head (None: let the server pick)."""
+    try:
+        free = [s.id for s in list_slots(worker) if s.idle and s.id not in taken]
+    except WorkerError:
+        return None
+    return free[0] if free else None
+
+
+def _last_cold_s(registry: Registry, sha: str, build_id: str) -> float | None:
+    """Wall seconds of the newest cold call of `sha` measured on `build_id`, or None."""
+    for m in reversed(registry.measurements(sha)):
+        calls = m.body.get("calls") if m.build.build_id == build_id else None
+        for call in calls if isinstance(calls, list) else []:
+            try:
+                ev = CallEvidence.from_dict(call.get("evidence") if isinstance(call, dict) else 0)
+            except CorruptRecordError:
+                continue
+            if ev.cache_state == "cold" and ev.wall_s is not None:
+                return ev.wall_s
+    return None
+
+
+def restore_for_keepalive(
+    registry: Registry, worker: Worker, head: Head, *, taken: Collection[int] = ()
+) -> SnapshotRewarm | None:
+    """Restore `head`'s snapshot for the worker's current build and prove it; never warms.
+    None, and no request sent, when the head has no snapshot record.
+
+    Raises:
+        WorkerError: the worker failed outside the restore requests (the keeper's error path).
+    """
+    try:
+        if not list_snapshots(registry, head.sha256):
+            return None
+        result = restore_head(registry, worker, head, slot=_free_slot(worker, taken))
+    except IntegrityError as exc:  # a record or file that does not verify: nothing was sent
+        return SnapshotRewarm("integrity", str(exc))
+    ev, t = None if result.check is None else result.check.evidence, result.transfer
+    restore_s = uncached = None
+    if t is not None and t.server_ms is not None and ev is not None and ev.wall_s is not None:
+        restore_s = t.server_ms / 1000 + ev.wall_s
+    if ev is not None and ev.prompt_tokens is not None and ev.cached_tokens is not None:
+        uncached = ev.prompt_tokens - ev.cached_tokens
+    return SnapshotRewarm(
+        result.verdict,
+        result.reason,
+        slot=None if t is None else t.slot_id,
+        restore_s=restore_s,
+        restore_tokens=uncached,
+        prefill_tokens=None if ev is None else ev.cached_tokens,
+        prefill_s=_last_cold_s(registry, head.system.sha256, result.build.build_id),
+        check=result.check if result.verdict == "restored" else None,
+    )

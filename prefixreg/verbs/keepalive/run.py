@@ -1,10 +1,8 @@
 """`keepalive`: keep heads (prefixes or frames) resumable on a worker whose small LRU foreign
-traffic churns, re-warming each one before one more foreign prompt could evict it.
-
-It counts what the server counts (`prefixreg.server.activity`): `stores` on `/cache`
-(Halogen), *prompts* on llama.cpp (`/slots`, else `/metrics`), else time. The budget policy is
-`prefixreg.verbs.measure.budget`; the records, `.rewarm`; a prefix lost to a llama.cpp restart
-comes back from its proven KV snapshot for the current build (`.restore`).
+traffic churns, re-warming each one before one more foreign prompt could evict it. It counts
+what the server counts (`server.activity`): `stores` on `/cache` (Halogen), prompts on
+llama.cpp (`/slots`, else `/metrics`), else time; the budget is `measure.budget`'s; the
+records and the restore of a head lost to a llama.cpp restart are `.rewarm`'s.
 
 Invariants:
 - One request at a time: polls and re-warms run in one thread (`step`); the loop's `touch`
@@ -14,8 +12,8 @@ Invariants:
 - Every interval is a finite number of seconds above 0 (`UsageError`): a NaN poll would
   spin, an infinite interval would never re-warm.
 - A poll too busy to answer is skipped and the next waits longer; a 503 on a re-warm backs
-  off exponentially; five worker errors with no answered poll between them stop the
-  keeper, and so does anything else that goes wrong in its thread (`stopped_because`).
+  off exponentially; five worker errors with no answered poll between them stop the keeper,
+  and so does anything else that goes wrong in its thread (`stopped_because`).
 - Only foreign activity counts: a head is never due before a foreign prompt has stored (or
   run); the keeper's own re-warms are taken off the other kept heads' counts, and each
   stores budget is reduced by the entries the other kept heads hold instead.
@@ -40,8 +38,7 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
 from prefixreg.server.transport import check_seconds
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.keepalive.restore import restore_for_keepalive
-from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm
+from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm, restore_for_keepalive
 from prefixreg.verbs.measure.budget import budget_for
 from prefixreg.verbs.measure.calls import (
     CallRecord,
@@ -57,10 +54,10 @@ MAX_BACKOFF_S: Final = 30.0
 
 def positive_seconds(name: str, value: object) -> float:
     """`value` as a finite number of seconds above 0, else a `UsageError`."""
-    real = not isinstance(value, bool) and isinstance(value, int | float)
-    if not (real and isinstance(value, int | float) and math.isfinite(value) and value > 0):
+    number = value if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    if not (math.isfinite(number) and number > 0):
         raise UsageError(f"{name} must be a finite number of seconds above 0, not {value!r}")
-    return float(value)
+    return float(number)
 
 
 @dataclass(slots=True)
@@ -76,7 +73,7 @@ class _Kept:
 class KeepAlive:
     """Keep `prefixes` (heads) resumable on `worker` (a short `timeout`: polls must not
     hang); `step()` yourself or `start()` a thread, and `touch(sha)` after each own call.
-    `registry` receives one measurement per re-warm and supplies a probe's survival.
+    `registry` gets one measurement per re-warm and supplies a probe's survival.
 
     Raises:
         UsageError: a wrong type or value (nothing is sent then).
@@ -120,12 +117,10 @@ class KeepAlive:
         self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
         self._backoff_until = 0.0
         self.build = build = worker.server_build()
-        self._kept = {
-            h.sha256: _Kept(
-                h, None if registry is None else measured_span(registry, h, build.build_id)
-            )
-            for h in prefixes
-        }
+        self._kept: dict[str, _Kept] = {}
+        for h in prefixes:
+            span = None if registry is None else measured_span(registry, h, build.build_id)
+            self._kept[h.sha256] = _Kept(h, span)
         counters = worker.cache() if build.profile == "halogen" else None
         self._counter: Counter | None = None
         if counters is not None and counters.stores is not None:
@@ -159,15 +154,14 @@ class KeepAlive:
     def _read(self, counter: Counter) -> float | None:
         """The counter now (None: skip this round); a restart forgets every baseline."""
         self.summary.polls += 1
+        got = None
         try:
             got = counter.read()
         except (WorkerTimeoutError, EngineBusyError):  # a long prefill holds the queue:
             self._poll_misses += 1  # wait longer each time, so polls cannot pile up
             self._backoff(self._poll_misses)
-            got = None
         except WorkerError:
             self._error(backoff=True)
-            got = None
         if got is None:
             self.summary.skipped_polls += 1
             return None
@@ -191,9 +185,8 @@ class KeepAlive:
             if sha in touched and self._counter is not None:
                 kept.baseline = self._counter.total
             if kept.slot is not None and kept.slot in busy:
-                # Its slot is serving a prompt, most likely the loop's own call on this
-                # head: a re-warm now would find the slot taken and prefill the whole head
-                # cold in another one. Decide on the next poll.
+                # Its slot serves a prompt (most likely the loop's own call on this head): a
+                # re-warm now would prefill it cold in another slot. Decide on the next poll.
                 continue
             since = self._since(kept, now)
             if since is None or self.budget.due(since):
@@ -233,8 +226,6 @@ class KeepAlive:
     def _rewarm(self, kept: _Kept, since: float | None) -> Rewarm:
         counter, head, snap = self._counter, kept.head, None
         if kept.lost and self.registry is not None and self.build.profile == "llamacpp":
-            # Lost to a restart: restore its snapshot (a prefix's or a frame's head) into a
-            # slot no other kept head holds.
             taken = {k.slot for k in self._kept.values() if k.slot is not None and not k.lost}
             snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
         verdict: Verdict
@@ -242,16 +233,10 @@ class KeepAlive:
             # The judge's `restored` (judge_restore) stands on a resumed pinned check.
             record, verdict = snap.check, "resumed"
         else:
-            tail = fresh_tail()
-            stores = counter if isinstance(counter, StoresCounter) else None
-            last = None if stores is None else stores.last
+            tail, stores = fresh_tail(), isinstance(counter, StoresCounter)
+            last = counter.last if isinstance(counter, StoresCounter) else None
             record = measured_call(
-                self.worker,
-                head,
-                phase="keepalive",
-                tail=tail,
-                with_cache=stores is not None,
-                before=last,
+                self.worker, head, phase="keepalive", tail=tail, with_cache=stores, before=last
             )
             align = self.build.snapshot_align
             verdict = judge_check(
@@ -265,11 +250,7 @@ class KeepAlive:
         report = None if snap is None else snap.to_dict()
         b = self.budget
         rewarm = Rewarm(head.system.sha256, since, verdict, record, b.limit, b.unit, frame, report)
-        if snap is not None:
-            self.summary.saw_restore(
-                snap.restored, snap.restore_s, snap.prefill_tokens, snap.prefill_s
-            )
-        self.summary.count(rewarm)
+        self.summary.count(rewarm, snap)
         self.history.append(rewarm)
         if self.registry is not None:
             body = rewarm.measurement_body(b.to_dict())
@@ -281,10 +262,9 @@ class KeepAlive:
         return rewarm
 
     def _rebase(self, kept: _Kept, counter: Counter, record: CallRecord) -> None:
-        """After a re-warm: this head counts from now, and the counter units our own
-        request added are not foreign activity for the other kept heads (their entries
-        were allowed for in the budget; counting them too would make the keeper re-warm
-        its heads in turn forever)."""
+        """After a re-warm: this head counts from now, and what our own request added is not
+        foreign activity for the other kept heads (the budget allowed for their entries;
+        counting it too would make the keeper re-warm its heads in turn forever)."""
         before = counter.total
         if isinstance(counter, StoresCounter):
             own = float(self.budget.per_request)
@@ -300,13 +280,13 @@ class KeepAlive:
                 kept.baseline = before + own
         else:
             # Our own prompt is the one change we expect; any other prompt that landed
-            # during the re-warm is counted against the head (which of the two slots is
-            # the least recently used is then unknown: assume the worse).
-            own, kept.baseline = 1.0, before + 1
+            # meanwhile counts against the head (which slot is least recently used is then
+            # unknown: assume the worse).
+            own, kept.baseline, got = 1.0, before + 1, None
             try:
                 got = counter.read()
             except WorkerError:
-                got = None  # the next poll sees our prompt and lands on since 0
+                pass  # the next poll sees our prompt and lands on since 0
             if got is not None:
                 kept.baseline = min(got[0], before + 1)
                 landed = counter.changed
@@ -340,20 +320,17 @@ class KeepAlive:
 
     @property
     def alive(self) -> bool:
-        """Whether the keeper's thread is running."""
         return self._thread is not None and self._thread.is_alive()
 
     def run(self, duration_s: float | None = None) -> KeepAliveSummary:
-        """Step every `poll_s` until `stop()`, `duration_s` (finite, above 0), or too many
-        errors."""
+        """Step every `poll_s` until `stop()`, `duration_s` (finite, above 0) or too many errors."""
         span = None if duration_s is None else positive_seconds("duration_s", duration_s)
         end = None if span is None else time.monotonic() + span
         while not self._stop.is_set():
             try:
                 self.step()
             except Exception as exc:  # noqa: BLE001 -- a keeper thread must never die mute
-                # Not the worker's doing (a measurement that cannot be written, a failing
-                # callback): stop and say why rather than let the thread die with a traceback.
+                # Not the worker's doing (a record not written, a failing callback): say why.
                 self.summary.stopped_because = f"{type(exc).__name__}: {exc}"
                 self._stop.set()
                 break

@@ -32,9 +32,8 @@ Unit = Literal["stores", "prompts", "seconds"]
 
 @dataclass(slots=True)
 class Budget:
-    """How long a just-used head survives: `limit` in `unit`. `per_request` is what one
-    request adds to the counter (the entries a prompt stores; 1 prompt); `counter` names
-    the source of the count."""
+    """How long a just-used head survives: `limit` in `unit`; `per_request` is what one
+    request adds to the `counter` (the entries a prompt stores; 1 prompt)."""
 
     limit: float
     unit: Unit
@@ -76,12 +75,10 @@ def latest_survival(registry: Registry, build: ServerBuild) -> tuple[int, int | 
             receipt = loads_object(raw, path=path)
         except PrefixregError:
             continue  # an unreadable receipt is not a budget; the next one may be
-        rb = receipt.get("build")
-        survival = strict_count(receipt.get("survival"))
-        if not isinstance(rb, dict) or rb.get("build_id") != build.build_id or survival is None:
-            continue
-        run = receipt.get("run_id")
-        return survival, strict_count(receipt.get("stores_per_prompt")), str(run)
+        rb, survival = receipt.get("build"), strict_count(receipt.get("survival"))
+        if isinstance(rb, dict) and rb.get("build_id") == build.build_id and survival is not None:
+            per = strict_count(receipt.get("stores_per_prompt"))
+            return survival, per, str(receipt.get("run_id"))
     return None
 
 
@@ -104,11 +101,9 @@ def budget_for(
             why = "default: a re-warm after every foreign prompt (no probe --survival)"
             return Budget(1, "prompts", 1, why, prompt_counter)
         survival, _, run = found
-        source = f"probe {run} (survival {survival})"
-        if survival == 0:
-            # Nothing to wait for: re-warm after every prompt; the re-warms will show
-            # (cold) that this server keeps no head through a foreign prompt.
-            source += ": the prefix survives no foreign prompt"
+        # Survival 0: re-warm after every prompt; the (cold) re-warms will show it.
+        none = ": the prefix survives no foreign prompt" if survival == 0 else ""
+        source = f"probe {run} (survival {survival}){none}"
         return Budget(max(1, survival), "prompts", 1, source, prompt_counter)
     seconds = interval_s or DEFAULT_INTERVAL_S
     if counters is None:

@@ -1,14 +1,5 @@
-"""Measured calls: one chat call bracketed by `/cache` snapshots, its record, its judgement.
-
-The one module verbs share besides the judge (`prefixreg.core.judge`); no verb imports
-another:
-
-- `measured_call` sends one call with a head and keeps the `/cache` snapshots around it;
-- `CallRecord` is that call as stored: evidence, snapshots, deltas, `interleaved`;
-- `judge_check` judges a resume check of a head (the judge, with the head's measured span
-  on this build and the bytes of the tail it was sent with);
-- `measured_span` is a head's span as this build's last resumed warm of it measured it;
-- `record_measurement` writes one measurement, bound to the server build, through the store.
+"""Measured calls: one chat call bracketed by `/cache` snapshots, its record, the judge applied
+to a head's resume check, and measurements bound to the build, written through the store.
 
 Invariants:
 - A verdict comes from `core.judge` only, from server-reported counts, never text length.
@@ -76,12 +67,9 @@ def measured_call(
     before: CacheCounters | None = None,
     **params: Any,
 ) -> CallRecord:
-    """Send one chat call bracketed by `/cache` snapshots (when the server has `/cache`).
-
-    `before` reuses the previous call's closing snapshot, so back-to-back calls cost one
-    `/cache` read each. A closing snapshot the server fails to give is recorded as missing
-    (its window then counts for nothing): the call was made and its evidence must not be lost.
-    """
+    """Send one chat call bracketed by `/cache` snapshots (when `with_cache`). `before` reuses
+    the previous call's closing snapshot; a closing snapshot the server fails to give is
+    recorded as missing (its window counts for nothing), never losing the call's evidence."""
     if with_cache and before is None:
         before = worker.cache()
     _, evidence = worker.chat(head, tail, **{**WARM_PARAMS, **params})
@@ -90,14 +78,9 @@ def measured_call(
         try:
             after = worker.cache()
         except WorkerError:
-            after = None
-    return CallRecord(
-        phase=phase,
-        tail_sha256=hashlib.sha256(tail.encode("utf-8")).hexdigest(),
-        evidence=evidence,
-        before=before,
-        after=after,
-    )
+            pass
+    tail_sha = hashlib.sha256(tail.encode("utf-8")).hexdigest()
+    return CallRecord(phase, tail_sha, evidence, before, after)
 
 
 def record_measurement(
@@ -116,15 +99,18 @@ def record_measurement(
     return measurement, registry.write_measurement(measurement)
 
 
+def build_warms(registry: Registry, system_sha: str, build_id: str) -> list[Measurement]:
+    """This build's warm measurements filed under a system prefix (of any head), oldest first."""
+    warms = registry.measurements(system_sha)
+    return [m for m in warms if m.kind == "warm" and m.build.build_id == build_id]
+
+
 def head_warms(registry: Registry, head: Head, build_id: str) -> list[Measurement]:
-    """This build's warm measurements of `head` (of this very head: a frame's, or the bare
-    prefix's, never another head sharing its system bytes), oldest first."""
+    """This build's warm measurements of this very head (a frame's, or the bare prefix's,
+    never another head sharing its system bytes), oldest first."""
     frame = head.sha256 if head.kind == "frame" else None
-    return [
-        m
-        for m in registry.measurements(head.system.sha256)
-        if m.kind == "warm" and m.build.build_id == build_id and m.outcome.frame == frame
-    ]
+    warms = build_warms(registry, head.system.sha256, build_id)
+    return [m for m in warms if m.outcome.frame == frame]
 
 
 def measured_span(registry: Registry, head: Head, build_id: str) -> int | None:
@@ -133,6 +119,12 @@ def measured_span(registry: Registry, head: Head, build_id: str) -> int | None:
         if m.outcome.verdict == "resumed" and m.outcome.span_tokens:
             return m.outcome.span_tokens
     return None
+
+
+def sent_head(warm: Measurement) -> str:
+    """What a warm measurement sent: `frame <sha>` or `the bare system prompt`."""
+    sha = warm.outcome.frame
+    return f"frame {sha[:12]}" if sha else "the bare system prompt"
 
 
 def judge_check(

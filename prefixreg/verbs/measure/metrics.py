@@ -1,18 +1,16 @@
-"""Prometheus metrics in the node_exporter textfile format (`--metrics-file`), for operators
-who keep heads warm overnight and want a graph of it.
-
-`Metrics` collects samples; `write_metrics` renders them (text exposition format 0.0.4) and
-replaces the file atomically, so node_exporter's textfile collector never reads half a file.
+"""Prometheus metrics in the node_exporter textfile format (`--metrics-file`): `Metrics`
+collects samples; `write_metrics` renders them (exposition format 0.0.4) and replaces the file.
 
 Invariants:
-- Names and units follow Prometheus conventions: a `prefixreg_` prefix, base units
-  (`_seconds`, `_tokens`), `_total` on counters; every metric has one HELP and one TYPE
-  line, its samples grouped under them, sorted, so a file is the same for the same numbers.
+- Names follow Prometheus conventions: a `prefixreg_` prefix, base units (`_seconds`,
+  `_tokens`), `_total` on counters; one HELP and one TYPE line per metric, its samples
+  grouped under them, sorted, so a file is the same for the same numbers.
 - Label values are escaped (backslash, quote, newline); names are checked against the
   exposition grammar; a value is a finite number. A bad name or value is a `UsageError`
-  (a bug of ours, caught by the tests), never a file node_exporter would reject.
+  (a bug of ours), never a file node_exporter would reject.
 - The file is written with the registry's durable writer (temp, fsync, rename, directory
-  fsync); a path whose directory does not exist is a `UsageError` before anything runs.
+  fsync), so the collector never reads half a file; a path whose directory does not exist
+  is a `UsageError` before anything runs.
 """
 
 from __future__ import annotations
@@ -59,14 +57,10 @@ class Metrics:
         if kind == "counter" and not name.endswith("_total"):
             raise UsageError(f"a counter's name ends in _total: {name!r}")
         given: object = value  # callers outside the type checker pass anything
-        if (
-            isinstance(given, bool)
-            or not isinstance(given, int | float)
-            or not math.isfinite(given)
-        ):
+        real = isinstance(given, int | float) and not isinstance(given, bool)
+        if not real or not math.isfinite(value):
             raise UsageError(f"metric {name}: not a finite number: {value!r}")
-        bad = [k for k in labels if not _LABEL.fullmatch(k) or k.startswith("__")]
-        if bad:
+        if bad := [k for k in labels if not _LABEL.fullmatch(k) or k.startswith("__")]:
             raise UsageError(f"metric {name}: bad label name(s) {bad}")
         self.meta.setdefault(name, (help_text, kind))
         self.samples.setdefault(name, {})[tuple(sorted(labels.items()))] = float(value)

@@ -1,16 +1,12 @@
-"""KV snapshot calls on one llama.cpp slot, and the restore with its proof, for any verb.
-
-`warm_and_locate` warms a head and finds its slot; `pinned_check` is a judged fresh-tail
-check pinned to a slot; `restore_head` verifies the record for the worker's build and its
-file, erases the chosen slot (the baseline), restores, checks, and records the verdict of
-`core.judge.judge_restore` as one `restore` measurement.
+"""KV snapshot calls on one llama.cpp slot (a warm that finds its slot, a pinned check), and
+the restore with its proof: verify the record and its file, erase the slot (the baseline),
+restore, check, and record `core.judge.judge_restore`'s verdict as a `restore` measurement.
 
 Invariants:
 - A check is pinned with `id_slot`, so its cached count speaks of that slot alone.
-- `restored` needs the erase (the slot held nothing of the head before; an erase reply
-  without its count is no baseline: `unverified`), `n_restored` > 0 and a resumed pinned
-  check; `n_restored` alone is never evidence. An erase does not clear llama-server's
-  host-RAM prompt cache: with `--cache-ram` on, the check may resume from there.
+- `restored` needs the erase (an erase reply without its count is no baseline:
+  `unverified`), `n_restored` > 0 and a resumed pinned check; `n_restored` alone is never
+  evidence. An erase does not clear llama-server's host-RAM prompt cache (`--cache-ram`).
 - Nothing is sent before the record and its file verify: a record of another build is never
   used (the reason names the identity fields that differ); the file is re-hashed (blake3,
   size) in `--slot-dir` or the record's directory; unreadable, missing or changed is an
@@ -51,8 +47,7 @@ Progress = Callable[[str], None] | None
 def pinned_check(
     worker: Worker, build: ServerBuild, head: Head, slot_id: int
 ) -> tuple[CallRecord, Judgement]:
-    """A fresh-tail resume check pinned to `slot_id`, and the judge's verdict on it (a frame
-    whose tools add no prompt tokens on this server is not resumed for its tools)."""
+    """A fresh-tail resume check pinned to `slot_id`, and the judge's verdict on it."""
     tail = fresh_tail()
     call = measured_call(worker, head, phase="check", tail=tail, with_cache=False, id_slot=slot_id)
     tools = tools_tokens(worker, build, head) if isinstance(head, Frame) else None
@@ -173,7 +168,7 @@ def restore_head(
     progress: Progress = None,
 ) -> RestoreResult:
     """Restore `head`'s snapshot for the worker's build into an idle slot (`slot` if it is)
-    and prove it (see the module docstring). Never warms.
+    and prove it (module docstring). Never warms.
 
     Raises:
         IntegrityError: the record or the snapshot file does not verify (nothing sent).
@@ -205,9 +200,8 @@ def restore_head(
         verdict, reason = "restore_failed", f"the server refused the restore: {exc}"
     else:
         check, judged = pinned_check(worker, build, head, chosen.id)
-        baseline = None
-        if erased.n_tokens is None:
-            baseline = Judgement("unverified", "the erase reply did not say what it erased")
+        no_count = Judgement("unverified", "the erase reply did not say what it erased")
+        baseline = no_count if erased.n_tokens is None else None
         verdict, reason = judge_restore(baseline, transfer.n_tokens, judged)
         if worker.server_build().build_id != build.build_id:
             verdict, reason = "unverified", "the server build changed during the restore"

@@ -1,21 +1,18 @@
 """`warm`: put a head (a prefix or a frame) into a worker's prompt cache and prove it resumes.
 
-Sequence (DESIGN §4): the caller resolves and verifies the head once (`Registry.head`: an
-`IntegrityError` there means no request is sent); read the server build from a fresh
-`/health`, snapshot `/cache`, send the warm call (the head, a short tail, `max_tokens` 1,
-temperature 0), snapshot, send the resume check with a fresh never-seen tail, snapshot,
-re-read the build, and write one measurement record, filed under the system sha (a frame's
-records also name the frame).
+Sequence (DESIGN §4), after the caller verified the head (`Registry.head`; an
+`IntegrityError` there sends nothing): read the build from a fresh `/health`, snapshot
+`/cache`, send the warm call (the head, a short tail, `max_tokens` 1, temperature 0),
+snapshot, send the resume check with a fresh never-seen tail, snapshot, re-read the build,
+write one measurement under the system sha (a frame's also names the frame).
 
-The verdict of the resume check is the judge's (`core.judge`): the cached count must cover
-the head's span (its measured span on this build when there is one, else its share of the
-prompt by bytes) less the engine's allowance. A frame whose tools add no prompt tokens on
-this server (llama.cpp: `/apply-template` + `/tokenize` with and without them) is not
-resumed for its tools. `--check-only` of a frame also says who lost it, frame or server.
-
-A measurement during which `/cache` saw foreign calls keeps its verdict but is marked
-`interleaved` and not `clean` ("COLD — foreign calls interleaved; not a clean
-measurement"); `show` prefers clean measurements.
+The check's verdict is the judge's (`core.judge`): the cached count must cover the head's
+span (measured on this build when it was, else its share of the prompt by bytes) less the
+engine's allowance. A frame whose tools add no prompt tokens on this server (llama.cpp:
+`/apply-template` + `/tokenize` with and without them) is not resumed for its tools.
+`--check-only` of a frame also says who lost it, frame or server. A measurement during
+which `/cache` saw foreign calls keeps its verdict but is `interleaved`, not `clean`
+("COLD — foreign calls interleaved; not a clean measurement"); `show` prefers clean ones.
 
 Records hold counts and hashes only: never the key, the tail text or the output text.
 """
@@ -36,15 +33,15 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import (
     CallRecord,
+    build_warms,
     head_warms,
     judge_check,
     measured_call,
     measured_span,
     record_measurement,
+    sent_head,
 )
 from prefixreg.verbs.measure.metrics import Metrics
-
-INTERLEAVED_NOTE = "foreign calls interleaved; not a clean measurement"
 
 
 def _fmt(n: int | None) -> str:
@@ -96,27 +93,23 @@ class WarmResult:
     @property
     def headline(self) -> str:
         """`COLD`, or `COLD — foreign calls interleaved; not a clean measurement`."""
-        head = self.verdict.upper()
-        return head if self.clean else f"{head} — {INTERLEAVED_NOTE}"
+        note = "" if self.clean else " — foreign calls interleaved; not a clean measurement"
+        return self.verdict.upper() + note
 
     def summary(self) -> str:
         """The text a person reads: the head, the worker, each call, the verdict."""
-        result = self
-        p, frame = result.prefix, result.frame
-        ident = result.build.identity
-        version = ident.get("version")
+        p, frame, build = self.prefix, self.frame, self.build
+        version = build.identity.get("version")
         api = version.get("api") if isinstance(version, dict) else None
-        lines = (
-            [f"frame    {frame.name + ' ' if frame.name else ''}{frame.sha256[:16]}"]
-            if frame
-            else []
-        )
+        lines: list[str] = []
+        if frame:
+            lines.append(f"frame    {frame.name + ' ' if frame.name else ''}{frame.sha256[:16]}")
         lines += [
             f"prefix   {p.name + ' ' if p.name else ''}{p.sha256[:16]} ({p.size:,} bytes)",
-            f"worker   {result.worker_url}  {result.build.profile} build {result.build.build_id}"
+            f"worker   {self.worker_url}  {build.profile} build {build.build_id}"
             + (f" (api {api})" if api else ""),
         ]
-        for call, label in zip(result.calls, result.labels, strict=True):
+        for call, label in zip(self.calls, self.labels, strict=True):
             ev = call.evidence
             wall = "-" if ev.wall_s is None else f"{ev.wall_s:.3f} s"
             src = f" from {ev.cached_source}" if ev.cached_source else ""
@@ -124,12 +117,12 @@ class WarmResult:
                 f"{call.phase:<8} prompt {_fmt(ev.prompt_tokens)}, cached {_fmt(ev.cached_tokens)}"
                 f"{src} ({label}), {wall}"
             )
-        span = "" if result.span_tokens is None else f"; prefix span ~{result.span_tokens:,} tokens"
-        cov = "" if result.coverage is None else f", coverage {result.coverage:.1%}"
-        lines.append(f"verdict  {result.headline}: {result.reason}{span}{cov}")
-        lines.append(f"record   {result.record_path}")
-        if result.diagnosis:
-            lines.append(f"why      {result.diagnosis}")
+        span = "" if self.span_tokens is None else f"; prefix span ~{self.span_tokens:,} tokens"
+        cov = "" if self.coverage is None else f", coverage {self.coverage:.1%}"
+        lines.append(f"verdict  {self.headline}: {self.reason}{span}{cov}")
+        lines.append(f"record   {self.record_path}")
+        if self.diagnosis:
+            lines.append(f"why      {self.diagnosis}")
         return "\n".join(lines) + "\n"
 
     def metrics(self) -> Metrics:
@@ -189,11 +182,11 @@ def warm(
     send_warm: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> WarmResult:
-    """Warm `head` on `worker`, then (unless `check` is False) prove a fresh call resumes it.
-
-    `send_warm=False` sends the resume check alone: is the head still resumable right now?
+    """Warm `head` on `worker`, then (unless `check` is False) prove a fresh call resumes it;
+    `send_warm=False` sends the resume check alone (is the head still resumable right now?).
 
     Raises:
+        UsageError: neither call asked for, not a head, or the registry is a mirror.
         WorkerError: the worker could not be reached or answered an HTTP error.
     """
     if not (send_warm or check):
@@ -206,32 +199,28 @@ def warm(
     with_cache = build.profile == "halogen"
     say(f"warming {head.sha256[:12]} on {worker.url} ({build.profile}, build {build.build_id})")
     calls: list[CallRecord] = []
-    measured = measured_span(registry, head, build.build_id)
     tails: list[str] = []
-    if send_warm:
+    align, measured = build.snapshot_align, measured_span(registry, head, build.build_id)
+    for phase in [p for p, asked in (("warm", send_warm), ("check", check)) if asked]:
+        if phase == "check":
+            say("resume check with a fresh tail")
         tails.append(fresh_tail())
-        calls.append(
-            measured_call(worker, head, phase="warm", tail=tails[-1], with_cache=with_cache)
+        before = calls[-1].after if calls else None
+        call = measured_call(
+            worker, head, phase=phase, tail=tails[-1], with_cache=with_cache, before=before
         )
+        calls.append(call)
     judgement: Judgement | None = None
     verdict: str
     if check:
-        say("resume check with a fresh tail")
-        tail = fresh_tail()
-        tails.append(tail)
-        before = calls[-1].after if calls else None
-        calls.append(
-            measured_call(
-                worker, head, phase="check", tail=tail, with_cache=with_cache, before=before
-            )
-        )
+        tools = tools_tokens(worker, build, head) if isinstance(head, Frame) else None
         judgement = judge_check(
             calls[-1].evidence,
             head,
-            tail=tail,
-            alignment=build.snapshot_align,
+            tail=tails[-1],
+            alignment=align,
             measured=measured,
-            tools_tokens=tools_tokens(worker, build, head) if isinstance(head, Frame) else None,
+            tools_tokens=tools,
         )
         verdict, reason = judgement.verdict, judgement.reason
     else:
@@ -241,12 +230,9 @@ def warm(
     if worker.server_build().build_id != build.build_id:
         verdict, reason = "unverified", "the server build changed during the measurement"
     labels = tuple(
-        judge_check(
-            c.evidence, head, tail=t, alignment=build.snapshot_align, measured=measured
-        ).verdict
+        judge_check(c.evidence, head, tail=t, alignment=align, measured=measured).verdict
         for c, t in zip(calls, tails, strict=True)
     )
-    diagnosis = diagnose(registry, head, build, verdict) if not send_warm else ""
     last = calls[-1].evidence
     # Foreign traffic in any window: the counts are still the server's, but what they say
     # about *this* head may be someone else's doing (an eviction, a shared snapshot).
@@ -262,11 +248,12 @@ def warm(
         "head_bytes": head.head_bytes,
         "prompt_tokens": last.prompt_tokens,
         "cached_tokens": last.cached_tokens,
-        "alignment": build.snapshot_align,
+        "alignment": align,
         "calls": [c.to_dict() for c in calls],
     }
     if isinstance(head, Frame):
         body["frame"] = head.sha256
+    diagnosis = "" if send_warm else diagnose(registry, head, build, verdict)
     measurement, path = record_measurement(
         registry, worker, build, head.system.sha256, "warm", body
     )
@@ -298,14 +285,7 @@ def diagnose(registry: Registry, head: Head, build: ServerBuild, verdict: str) -
     mine = [m for m in head_warms(registry, head, build.build_id) if "warm" in m.outcome.phases]
     if mine:
         return f"the server lost it: the frame was warmed at {mine[-1].at} and is gone since"
-    others = [
-        m
-        for m in registry.measurements(head.system.sha256)
-        if m.kind == "warm" and m.build.build_id == build.build_id and "warm" in m.outcome.phases
-    ]
-    other = ""
-    if others:
-        sha = others[-1].outcome.frame
-        sent = f"frame {sha[:12]}" if sha else "the bare system prompt"
-        other = f" (the last warm here sent {sent})"
+    warms = build_warms(registry, head.system.sha256, build.build_id)
+    others = [m for m in warms if "warm" in m.outcome.phases]
+    other = f" (the last warm here sent {sent_head(others[-1])})" if others else ""
     return f"the frame lost it: frame {head.sha256[:12]} was never warmed on this build{other}"

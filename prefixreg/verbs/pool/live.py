@@ -1,12 +1,9 @@
 """`Pool`: a configured pool (`.spec`) with live clients, for loops and verbs.
 
-`survey()` reads each worker's build (fresh, DESIGN §3 rule 3), its size (llama.cpp
-`total_slots`; Halogen `/cache` `max_entries` over the entries one request stores), the
-latest verified `probe --survival` for that build, and its capacity. `worker_for(head)`,
-`headers_for(head)` (the router's routing header) and `chat(head, tail)` (through the router
-with its key, else direct) take a `Prefix` or `Frame`, or a reference they resolve.
-`served_marks()` fingerprints what each worker served (llama.cpp `/slots` `id_task`, else
-Halogen `/cache` hits + misses): the router hides its workers, so a call is traced that way.
+`survey()` reads each worker's build fresh (DESIGN §3 rule 3), its size, its latest verified
+`probe --survival` and its capacity; `worker_for`, `headers_for` and `chat` take a head or a
+reference they resolve; `served_marks()` fingerprints what each worker served (`/slots`
+`id_task`, else `/cache` hits + misses), since the router hides its workers.
 
 Invariants: a head not in the placement has no worker (`UsageError`, never a guess); the
 kept placement is read once and each placed head resolved once, and an entry whose head
@@ -88,8 +85,7 @@ class Pool:
             raise UsageError("Pool takes a PoolSpec and a Registry")
         check_seconds("timeout", timeout)
         check_seconds("read_timeout", read_timeout)
-        self.spec = spec
-        self.registry = registry
+        self.spec, self.registry = spec, registry
         self.placement_path = spec.placement_path or default_placement(registry.root, spec.pool_id)
         placement, self.warnings = load_placement(self.placement_path)
         self.heads: dict[str, Head] = {}  # each placed head, resolved once
@@ -100,14 +96,10 @@ class Pool:
                 self.warnings.append(f"{sha[:12]} left the registry: dropped from the placement")
         self.placement = {s: a for s, a in placement.items() if s in self.heads}
         opts: dict[str, Any] = {"api_key": api_key, "timeout": timeout}
-        self.workers = {
-            w.url: Worker(w.url, read_timeout=read_timeout, **opts) for w in spec.workers
-        }
-        self.router = (
-            None
-            if spec.router is None
-            else Worker(spec.router, read_timeout=read_timeout, profile="generic", **opts)
-        )
+        opts["read_timeout"] = read_timeout
+        self.workers = {w.url: Worker(w.url, **opts) for w in spec.workers}
+        router = spec.router
+        self.router = None if router is None else Worker(router, profile="generic", **opts)
 
     def __enter__(self) -> Pool:
         return self
@@ -118,10 +110,8 @@ class Pool:
         self.close()
 
     def close(self) -> None:
-        for worker in self.workers.values():
+        for worker in [*self.workers.values(), *([self.router] if self.router else [])]:
             worker.close()
-        if self.router is not None:
-            self.router.close()
 
     def survey(self) -> list[WorkerState]:
         """Each worker's build, size, measured survival and capacity, read now."""
@@ -198,9 +188,7 @@ def _mark(worker: Worker) -> Mark:
         counters = worker.cache_raw()
     except PrefixregError:
         return None
-    if isinstance(counters, Mapping):
-        return (counters.get("hits"), counters.get("misses"))
-    return None
+    return (counters.get("hits"), counters.get("misses")) if isinstance(counters, Mapping) else None
 
 
 def served_by(before: Mapping[str, Mark], after: Mapping[str, Mark]) -> str | None:

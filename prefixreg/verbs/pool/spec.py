@@ -17,7 +17,8 @@ Invariants:
 - A head's routing key is its sha (`x-smg-routing-key`), `<sha>.<n>` once re-keyed. The
   placement (head -> worker, key, build) is a JSON file outside the registry, written whole
   by the registry's durable writer; an entry that does not parse is dropped with a warning,
-  a file that is not a placement is refused (never overwritten).
+  a file that is not a placement is refused (never overwritten). A pool or placement file
+  is a small regular file (`fsutil.read_user_file`): a FIFO or a directory is refused.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import functools
 import hashlib
 import os
 import socket
-import stat
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 from prefixreg.core.digest import is_full_sha
 from prefixreg.core.errors import PrefixregError, UsageError
 from prefixreg.core.jsonio import dumps_pretty, loads
-from prefixreg.registry.fsutil import replace_atomic
+from prefixreg.registry.fsutil import read_user_file, replace_atomic
 from prefixreg.server.transport import display_url
 
 WORKERS_ENV: Final = "PREFIXREG_WORKERS"
@@ -105,7 +105,6 @@ class PoolSpec:
     workers: tuple[WorkerSpec, ...]
     router: str | None = None
     placement_path: Path | None = None
-    source: str = "flags"
 
     def __post_init__(self) -> None:
         given: object = self.workers
@@ -132,22 +131,18 @@ class PoolSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def read_small(path: Path, what: str) -> bytes | None:
-    """A small regular file the user named (None: it does not exist); else a UsageError."""
+def _read_small(path: Path, what: str) -> bytes | None:
+    """A small regular file the user named (None: it does not exist). Raises: UsageError."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not hang the open
+        path.stat()
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UsageError(f"{what} {path} is not a regular file")
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise UsageError(f"{what} {path} is over {MAX_FILE_BYTES >> 10} KiB")
-    return data
+    except OSError:
+        pass  # read_user_file says why
+    try:
+        return read_user_file(path.absolute(), limit=MAX_FILE_BYTES)  # never `-` (stdin)
+    except UsageError as exc:
+        raise UsageError(f"{what} {exc}") from None
 
 
 def parse_pool_file(path: Path | str) -> PoolSpec:
@@ -156,8 +151,7 @@ def parse_pool_file(path: Path | str) -> PoolSpec:
     if not isinstance(given, Path | str):
         raise UsageError(f"a pool file is a path, not {type(given).__name__}")
     path = Path(path)
-    raw = read_small(path, "pool file")
-    if raw is None:
+    if (raw := _read_small(path, "pool file")) is None:
         raise UsageError(f"cannot read pool file {path}: no such file")
     try:
         data = tomllib.loads(raw.decode()) if path.suffix == ".toml" else loads(raw)
@@ -175,7 +169,7 @@ def parse_pool_file(path: Path | str) -> PoolSpec:
             raise UsageError("`placement` must be a path")
         workers = tuple(_worker_entry(e) for e in entries)
         at = path.parent / (placement or path.name + ".placement.json")
-        return PoolSpec(workers, data.get("router"), at, str(path))  # type: ignore[arg-type]
+        return PoolSpec(workers, data.get("router"), at)  # type: ignore[arg-type]
     except UsageError as exc:
         raise UsageError(f"pool file {path}: {exc}") from None
 
@@ -214,7 +208,7 @@ def pool_spec(
         urls = [u.strip() for u in listed.split(",")]
         if not all(urls):
             raise UsageError(f"{WORKERS_ENV} has a blank entry: {listed!r}")
-        spec = PoolSpec(tuple(WorkerSpec(u) for u in urls), source="env")
+        spec = PoolSpec(tuple(WorkerSpec(u) for u in urls))
     else:
         raise UsageError(f"no pool: give --worker URL (repeated), --pool FILE, or {WORKERS_ENV}")
     return spec if router is None else replace(spec, router=router)
@@ -222,8 +216,7 @@ def pool_spec(
 
 def default_placement(registry_root: Path, pool_id: str) -> Path:
     """Where a pool from flags or the environment keeps its placement: beside the registry
-    whose heads it names (`<registry>.pools/<pool id>.json`), so it follows the registry's
-    location rule (`--registry`, `$PREFIXREG_HOME`, the XDG state directory)."""
+    whose heads it names (`<registry>.pools/<pool id>.json`), following its location rule."""
     return registry_root.with_name(registry_root.name + ".pools") / f"{pool_id}.json"
 
 
@@ -315,8 +308,7 @@ def load_placement(path: Path) -> tuple[dict[str, Assignment], list[str]]:
     Raises:
         UsageError: the file is not a placement file (it is never overwritten then).
     """
-    raw = read_small(path, "placement file")
-    if raw is None:
+    if (raw := _read_small(path, "placement file")) is None:
         return {}, []
     try:
         data = loads(raw, path=path)
@@ -326,7 +318,7 @@ def load_placement(path: Path) -> tuple[dict[str, Assignment], list[str]]:
         raise UsageError(f"{path} is not a prefixreg placement file", hint="move it away")
     entries = data.get("entries") or []
     out: dict[str, Assignment] = {}
-    warnings: list[str] = []
+    warnings = []
     for n, entry in enumerate(entries if isinstance(entries, list) else [entries]):
         try:
             a = _assignment(entry)

@@ -1,13 +1,13 @@
 """`pool warm` and `pool doctor`: heads (prefixes or frames) on a pool, each proven resident
 on the worker that holds it.
 
-`warm_pool`: survey the workers and plan (`place`): placed heads keep their worker while it
-has room, what fits nowhere is refused before anything is sent. With a router, each new
+`warm_pool` surveys the workers and plans (`place`): placed heads keep their worker while it
+has room; what fits nowhere is refused before anything is sent. With a router, each new
 head's first call goes through it with its routing key and the serving worker is traced
-(`served_marks`); a key that lands on a full worker is re-keyed (at most `MAX_REKEY`
-tries). Then, per worker, rounds of fresh-tail checks *directly* on it (`warm`, check
-alone: the measurement is bound to that worker's build); a check that misses prefills, so
-warms, its head, and the rounds repeat until one prefills nothing (at most `PROOF_ROUNDS`).
+(`served_marks`); a key that lands on a full worker is re-keyed (at most `MAX_REKEY` tries).
+Then, per worker, rounds of fresh-tail checks *directly* on it (`warm`, check alone, bound
+to that worker's build); a check that misses prefills (warms) its head, and the rounds
+repeat until one prefills nothing (at most `PROOF_ROUNDS`).
 
 Invariants: a head is resident (`judge_resident`) only when its proof resumed and nothing
 prefilled on its worker after it (a missed check may evict a head proven earlier); any
@@ -74,12 +74,8 @@ class PoolReport:
         """Every head asked for is placed and resident, and every worker answered: a head
         with no proof at all (untraced, out of re-keys, its check failed) is never ok."""
         resident = {p.sha256 for p in self.proofs if p.resident}
-        return (
-            all(p.resident for p in self.proofs)
-            and all(sha in resident for sha in self.asked)
-            and not self.refused
-            and all(w.error is None for w in self.workers)
-        )
+        every = all(p.resident for p in self.proofs) and resident.issuperset(self.asked)
+        return every and not self.refused and all(w.error is None for w in self.workers)
 
     @property
     def unverified(self) -> bool:
@@ -126,8 +122,8 @@ def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None)
     kept = [sha for sha in pool.placement if sha not in asked]
     current = {sha: a.worker for sha, a in pool.placement.items()}
     plan = place([*kept, *asked], capacity, current)
+    report.refused += plan.refused
     for sha in plan.refused:
-        report.refused.append(sha)
         report.notes.append(
             f"{sha[:12]} refused: the pool keeps {sum(capacity.values())} heads and they are "
             "taken (nothing was sent; add a worker or drop a head)"
@@ -143,8 +139,7 @@ def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None)
     for sha in [s for s in plan.assigned if s not in placed]:  # through the router
         old = pool.placement.get(sha)
         start = 0 if old is None else _attempt_of(old.key) + 1
-        got = _route_first_call(pool, sha, start, capacity, load, report, say)
-        if got is not None:
+        if got := _route_first_call(pool, sha, start, capacity, load, report, say):
             placed[sha] = got
             load[got.worker] += 1
     _prove(pool, placed, report, say, warm_missing=True)
@@ -234,19 +229,12 @@ def _prove(
                 break
         for sha, (result, at) in last.items():
             resident, why = _standing(result, prefills - at)
-            check = result.check
+            cached = None if result.check is None else result.check.evidence.cached_tokens
+            key, build_id = placed[sha].key, result.build.build_id
             proofs[sha] = Proof(
-                sha,
-                url,
-                placed[sha].key,
-                result.verdict,
-                resident,
-                why,
-                None if check is None else check.evidence.cached_tokens,
-                result.span_tokens,
-                result.build.build_id,
+                sha, url, key, result.verdict, resident, why, cached, result.span_tokens, build_id
             )
-            placed[sha] = Assignment(sha, url, placed[sha].key, result.build.build_id)
+            placed[sha] = Assignment(sha, url, key, build_id)
     report.proofs = [proofs[s] for s in placed if s in proofs]
 
 

@@ -23,7 +23,7 @@ from prefixreg.server.counters import counter_deltas
 from prefixreg.verbs.measure.calls import CallRecord
 
 Status = Literal["pass", "fail", "n/a", "info"]
-LAGS: Final = (1, 2)
+Expect = Callable[["ProbeCall"], dict[str, int] | None]
 TITLES: Final = {
     1: "prompt_tokens_saved delta across A2 equals its cached_tokens",
     2: "hits +1 / misses +0 across A2 and B, misses +1 across A1",
@@ -36,8 +36,8 @@ TITLES: Final = {
 
 @dataclass(frozen=True, slots=True)
 class ProbeCall:
-    """One call the probe made: which leg, which size, what was sent (by hash), what was
-    seen, and the judge's verdict on it (None for foreign prompts, which are not judged)."""
+    """One call the probe made: its leg and size, what was sent (by hash), what was seen, and
+    the judge's verdict on it (None for foreign prompts, which are not judged)."""
 
     leg: str
     size: int | None
@@ -88,13 +88,10 @@ def _result(number: int, status: Status, detail: str, lag: int | None = None) ->
     return CheckResult(number, TITLES[number], status, status, lag, detail)
 
 
-Expect = Callable[[ProbeCall], dict[str, int] | None]
-
-
 def _attributed(
     calls: Sequence[ProbeCall], targets: Sequence[int], expect: Expect, lag: int
 ) -> tuple[int, list[str]]:
-    """(calls compared, mismatches) when each target's expectation is credited to the window
+    """(calls compared, mismatches) with each target's expectation credited to the window
     `lag` calls after it. Interleaved windows and unverified calls are left out, not passed."""
     compared, notes = 0, []
     for i in targets:
@@ -119,7 +116,7 @@ def _lagged_check(
     compared, notes = _attributed(calls, targets, expect, 0)
     if compared and not notes:
         return _result(number, "pass", f"{compared} calls, per call", 0)
-    for lag in LAGS:
+    for lag in (1, 2):
         n_lag, lag_notes = _attributed(calls, targets, expect, lag)
         if n_lag and not lag_notes:
             late = "one call" if lag == 1 else f"{lag} calls"

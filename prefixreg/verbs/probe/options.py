@@ -1,19 +1,21 @@
-"""What a probe measures (`ProbeOptions`) and its bounds: checked at construction.
+"""What a probe measures (`ProbeOptions`) and its text (a built-in corpus, slices of it). Pure.
 
 Invariants: sizes are whole numbers of characters within `MAX_SIZE_CHARS`, a corpus is text
 UTF-8 can carry and long enough for every size, a frame is a verified `Frame` (never a
-reference); anything else is a `UsageError` before a request is made.
+reference); anything else is a `UsageError` before a request is made. The built-in text
+reads like a system prompt (instructions, file names, identifiers), so tokenizers split it
+as they split real prefixes; the same seed gives the same characters on every machine.
 """
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.frame import Frame
-from prefixreg.verbs.probe.corpus import whole
 
 DEFAULT_SIZES: Final = (4000, 16000, 32000, 64000)
 # The largest size (characters): beyond any context, small enough that a typo allocates
@@ -26,6 +28,58 @@ MAX_FOREIGN: Final = 10_000
 SURVIVAL_CAP: Final = 64
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 Legs = Literal["all", "report"]
+# The order is part of the corpus: the simulator's tokenizer is calibrated on this text.
+_WORDS: Final = """agent repository module function test commit branch review patch refactor
+error type value index cache prefix token worker server request response stream buffer config
+option default parse render record measure verify hash object name journal lock write read
+file path directory build release version schema field count state always never before after
+when unless every each only the a of to in for with on keep check run report explain prefer
+avoid return raise handle log retry fail close""".split()  # noqa: SIM905 -- prose, in order
+_FILES: Final = ("store.py", "worker.py", "README.md", "tests/test_store.py", "pyproject.toml")
+
+
+def whole(value: object, high: int) -> bool:
+    """Is `value` an int (never a bool) from 1 to `high`?"""
+    return type(value) is int and 1 <= value <= high
+
+
+def builtin_corpus(n_chars: int, *, seed: int = 20261129) -> str:
+    """At least `n_chars` characters of deterministic system-prompt-like text.
+
+    Raises:
+        UsageError: `n_chars` is not a whole number from 1 to 10^9, or `seed` not an int.
+    """
+    if not whole(n_chars, 10**9) or type(seed) is not int:
+        raise UsageError("builtin_corpus takes 1 to 10^9 characters and an integer seed")
+    rng = random.Random(seed)  # noqa: S311 -- reproducible filler text, not a secret
+    parts: list[str] = []
+    size = 0
+    while size < n_chars:
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(8, 18))]
+        if rng.random() < 0.25:
+            words.insert(rng.randrange(len(words)), f"`{rng.choice(_FILES)}`")
+        if rng.random() < 0.15:
+            words.append(f"(id {rng.getrandbits(32):08x})")
+        parts.append(f"{len(parts) + 1}. " + " ".join(words).capitalize() + ".\n")
+        size += len(parts[-1])
+    return "".join(parts)
+
+
+def probe_slice(corpus: str, n_chars: int, *, header: str, offset: int = 0) -> str:
+    """`header` then `n_chars` characters of `corpus` from `offset` (wrapping around). The
+    header makes each probe prefix distinct, so no leg resumes another's snapshot by accident.
+
+    Raises:
+        UsageError: an empty corpus or a header that is not text, or a bad count.
+    """
+    given: list[object] = [corpus, header]
+    if not (isinstance(given[0], str) and corpus and isinstance(given[1], str)):
+        raise UsageError("probe_slice takes a non-empty text corpus and a text header")
+    if not whole(n_chars, 10**9) or type(offset) is not int or offset < 0:
+        raise UsageError("probe_slice takes 1 to 10^9 characters from an offset of 0 or more")
+    offset %= len(corpus)
+    body = (corpus * (1 + (offset + n_chars) // len(corpus)))[offset : offset + n_chars]
+    return f"{header}\n{body}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +122,7 @@ class ProbeOptions:
         corpus: object = self.corpus
         if corpus is not None and (not isinstance(corpus, str) or _SURROGATE.search(corpus)):
             raise UsageError("the corpus must be text that UTF-8 can carry (no lone surrogate)")
-        if isinstance(corpus, str) and len(corpus) < max(self.sizes):
-            need = max(self.sizes)
+        if isinstance(corpus, str) and len(corpus) < (need := max(self.sizes)):
             raise UsageError(f"the corpus has {len(corpus):,} characters; a size needs {need:,}")
 
     @property

@@ -1,10 +1,9 @@
-"""`ProbeReport`: every call a probe made, its six counter checks and survival search, read
-as the JSON receipt (`to_dict`), the verdict a person reads (`to_markdown`) and what the
-numbers mean (`follows`). Pure.
+"""`ProbeReport`: a probe's calls, checks and survival search, as the JSON receipt, the
+Markdown a person reads, and what the numbers mean (`follows`). Pure.
 
 Invariants:
-- Every verdict is the judge's (`prefixreg.core.judge`); nothing here compares a cached
-  count with a span. Where the engine's alignment let a count pass, the text names it.
+- Every verdict is the judge's (`core.judge`); nothing here compares a cached count with a
+  span. Where the engine's alignment let a count pass, the text names it.
 - Every number shown is a server-reported count or a wall time the client measured; a value
   the server did not report is shown as `-` or said to be unverified, never as zero.
 - `outcome` is `ok` only when something was verified: a judged leg (A1 aside) the judge
@@ -57,8 +56,9 @@ class ProbeReport:
     def cmax(self) -> int | None:
         """The largest cached count a fresh-tail call (B) was served, of the B legs whose
         counts the judge took (not unverified): the measured Cmax."""
-        judged = [c for c in self.legs("B") if c.verdict != "unverified"]
-        counts = [c.record.evidence.cached_tokens for c in judged]
+        counts = [
+            c.record.evidence.cached_tokens for c in self.legs("B") if c.verdict != "unverified"
+        ]
         return max((n for n in counts if n is not None), default=None)
 
     @property
@@ -88,9 +88,8 @@ class ProbeReport:
         """`unverified` when a leg that answers a question (all but A1) or a survival trial
         is unverified, or the counter checks compared nothing on a server with `/cache`;
         `check_failed` when a check failed beyond the lag explanation."""
-        if any(c.verdict == "unverified" and c.leg != "A1" for c in self.calls):
-            return "unverified"
-        if self.survival_unverified or self.checks_unverified:
+        legs = any(c.verdict == "unverified" and c.leg != "A1" for c in self.calls)
+        if legs or self.survival_unverified or self.checks_unverified:
             return "unverified"
         return "check_failed" if any(c.failed for c in self.checks) else "ok"
 
@@ -103,7 +102,6 @@ class ProbeReport:
         return {leg: out[leg] for leg in ANSWERS if leg in out}
 
     def _aligned(self) -> str:
-        """How the alignment shapes Cmax, when there is one (empty otherwise)."""
         return f" (counted in multiples of {self.alignment:,})" if self.alignment > 1 else ""
 
     def follows(self) -> list[str]:
@@ -148,10 +146,8 @@ class ProbeReport:
                 "proven cold (a missing count is never zero)."
             )
         if align > 1:
-            say(
-                f"Cached counts are multiples of {align}: "
-                f"prompts under {align} tokens never resume."
-            )
+            never = f"prompts under {align} tokens never resume"
+            say(f"Cached counts are multiples of {align}: {never}.")
         if self.survival_unverified:
             open_n = [n for n, ok in self.survival_trials if ok is None]
             after = f" after {open_n[0]} foreign prompts" if open_n else ""
@@ -163,11 +159,8 @@ class ProbeReport:
             few = self.survival <= 3
             advice = ": a loop that pauses while other jobs run needs `prefixreg keepalive`"
             say(f"A prefix survives {self.survival} foreign prompts{advice if few else ''}.")
-        # Checks that failed per call but passed over lagged windows.
-        lags = sorted(
-            {c.lag for c in self.checks if c.lag and c.per_call == "fail" and not c.failed}
-        )
-        if lags:
+        lagged = [c.lag for c in self.checks if c.lag and c.per_call == "fail" and not c.failed]
+        if lags := sorted(set(lagged)):  # failed per call, passed over lagged windows
             late = " or ".join("one call" if lag == 1 else f"{lag} calls" for lag in lags)
             say(f"The /cache counters land {late} late: compare deltas over windows, not per call.")
         if self.checks and not self.has_cache:
@@ -281,8 +274,7 @@ def _sizes(calls: list[ProbeCall]) -> str:
 
 
 def _result(c: ProbeCall, alignment: int) -> str:
-    """A leg's verdict as the table shows it: with its coverage when partial, and naming the
-    alignment when that is what let the count pass."""
+    """A leg's verdict in the table: its coverage when partial, the alignment when it let pass."""
     j = c.judgement
     if j is None:
         return "-"

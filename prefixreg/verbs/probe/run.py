@@ -8,9 +8,8 @@ or with `legs="report"` at the one nearest 16k. `survival=True` then searches th
 foreign prompts a prefix survives; a trial the server did not verify leaves it unverified.
 
 Invariants:
-- Options are checked when built (a wrong type or value is a `UsageError`) and sizes
-  against the worker's context (a frame's tools counted) before any text is made; a frame
-  is a verified `Frame` (`Registry.head`), never a reference.
+- Options are checked when built (`UsageError`), sizes against the worker's context (a
+  frame's tools counted) before any text is made.
 - Every leg is judged by `core.judge.judge` against the head it sent (the slice, plus the
   frame's tools when they render) with the engine's alignment; foreign prompts are bare.
 - Each foreign prompt starts with its own nonce: llama.cpp's similarity-based slot choice
@@ -36,12 +35,13 @@ from prefixreg.registry.store import Registry, iso_utc, stamp_utc, utc_now
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import measured_call, record_measurement
 from prefixreg.verbs.probe.checks import ProbeCall, run_checks
-from prefixreg.verbs.probe.corpus import builtin_corpus, probe_slice
 from prefixreg.verbs.probe.options import (
     MAX_CHARS_PER_TOKEN,
     MAX_SIZE_CHARS,
     SURVIVAL_CAP,
     ProbeOptions,
+    builtin_corpus,
+    probe_slice,
 )
 from prefixreg.verbs.probe.report import ProbeReport as ProbeReport  # the verb's result
 
@@ -52,13 +52,12 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     """`4k,16k,32k` -> (4000, 16000, 32000): characters of prefix text, k = 1000.
 
     Raises:
-        UsageError: not text, or a size that is not a whole number of characters from 1 to
-            `MAX_SIZE_CHARS` (refused before any text is made).
+        UsageError: not text, or a size not a whole number from 1 to `MAX_SIZE_CHARS`.
     """
     given: object = text
     if not isinstance(given, str):
         raise UsageError(f"sizes must be text like 4k,16k, not {type(given).__name__}")
-    sizes = []
+    sizes = set()
     for part in text.split(","):
         item = part.strip().lower()
         digits = item.removesuffix("k")
@@ -70,14 +69,13 @@ def parse_sizes(text: str) -> tuple[int, ...]:
             raise UsageError(f"bad size {part.strip()!r}: use characters like 4000 or 4k")
         if n > MAX_SIZE_CHARS:
             raise UsageError(f"size {part.strip()!r} is over {MAX_SIZE_CHARS:,} characters")
-        sizes.append(n)
-    return tuple(sorted(set(sizes)))
+        sizes.add(n)
+    return tuple(sorted(sizes))
 
 
 def check_sizes(options: ProbeOptions, build: ServerBuild) -> None:
-    """Refuse sizes (and a foreign prompt size) the worker's context surely cannot hold: N
-    characters are at least N / `MAX_CHARS_PER_TOKEN` tokens. (Shorter ones may still be too
-    long: the server then answers with its own error.)
+    """Refuse sizes (and the foreign prompt size) the worker's context surely cannot hold: N
+    characters are at least N / `MAX_CHARS_PER_TOKEN` tokens (the server refuses the rest).
 
     Raises:
         UsageError: a size is too large, or the arguments are of the wrong types.
@@ -114,7 +112,7 @@ class _Prober:
         need = max(opts.sizes) + opts.foreign_chars
         self.corpus = opts.corpus if opts.corpus is not None else builtin_corpus(need)
         self.foreign_count = 0
-        # The frame's tools and settings, sent with every leg but the foreign prompts.
+        # The frame's tools and settings go with every leg but the foreign prompts.
         self.frame_params = opts.frame.head() if opts.frame is not None else {}
 
     def call(self, leg: str, size: int | None, prefix: Prefix, tail: str) -> ProbeCall:
@@ -155,7 +153,7 @@ class _Prober:
             self.call("foreign", None, Prefix.from_text(sha, text), fresh_tail())
 
     def leg(self, leg: str, size: int, prefix: Prefix, tail: str) -> None:
-        """One answering leg, called and written as a measurement bound to the build."""
+        """One answering leg, written as a measurement bound to the build."""
         call = self.call(leg, size, prefix, tail)
         ev, judged = call.record.evidence, call.judgement.to_dict() if call.judgement else {}
         body: JSONObject = {"probe": self.report.run_id, "leg": leg, "size_chars": size, **judged}
@@ -180,8 +178,8 @@ class _Prober:
 
     def survival(self, prefix: Prefix, c_survived: bool | None) -> int | None:
         """Largest n such that the prefix survives n foreign prompts: gallop up until an
-        eviction bounds the search, then bisect. None when a trial's answer was unverified:
-        the search cannot place it, and a number built on it would be a guess."""
+        eviction bounds the search, then bisect. None when a trial's answer was unverified
+        (a number built on it would be a guess)."""
         self.call("S-warm", None, prefix, fresh_tail())  # make it the most recent entry
         foreign = self.options.foreign
         lo, hi = (foreign, None) if c_survived else (0, None if c_survived is None else foreign)
@@ -199,8 +197,7 @@ class _Prober:
 
 
 def _survived(call: ProbeCall | None) -> bool | None:
-    """Did the prefix survive? The judge's resumed, else no; None when the judge could not
-    say (a missing count is never zero, so an unverified check is no eviction)."""
+    """The judge's resumed, else no; None when it could not say (unverified is no eviction)."""
     if call is None or call.verdict in (None, "unverified"):
         return None
     return call.verdict == "resumed"
@@ -241,7 +238,7 @@ def run_probe(
         raise UsageError("run_probe takes a Registry and a Worker")
     if not isinstance(given[2], ProbeOptions):
         raise UsageError(f"options must be ProbeOptions, not {type(given[2]).__name__}")
-    if given[3] is not None and not callable(given[3]):
+    if not (given[3] is None or callable(given[3])):
         raise UsageError("progress must be a callable (label, calls) or None")
     registry.refuse_on_mirror("register probe prefixes")
     with registry.lock("probe"):
@@ -250,8 +247,10 @@ def run_probe(
         if not options.force:
             _refuse_if_busy(worker, build)
         now = utc_now()
-        run, at, align = secrets.token_hex(4), iso_utc(now), build.snapshot_align
-        report = ProbeReport(run, at, worker.url, build, options, alignment=align)
+        align = build.snapshot_align
+        report = ProbeReport(
+            secrets.token_hex(4), iso_utc(now), worker.url, build, options, alignment=align
+        )
         prober = _Prober(registry, worker, report, progress or (lambda _label, _n: None))
         prefixes = {size: prober.size(size) for size in options.sizes}
         # Survival is searched on the smallest size a fresh call resumed (on an aligned

@@ -1,9 +1,9 @@
 """`snapshot`: save a head's llama.cpp KV state; restore it, proven, or warm instead.
 
-`save_snapshot`: warm the head (a prefix or a frame) in the slot already holding it, else an
-idle one; prove with a pinned fresh-tail check that the slot holds it; save the slot as the
-file named by the head's sha and the build id; hash it in the server's directory as seen
-from here; write the record and a `snapshot-save` measurement. `restore_and_prove`:
+`save_snapshot` warms the head in the slot already holding it, else an idle one; proves with
+a pinned fresh-tail check that the slot holds it; saves the slot as the file named by the
+head's sha and the build id; hashes it in the server's directory as seen from here; writes
+the record and a `snapshot-save` measurement. `restore_and_prove` is
 `measure.slots.restore_head`, then a normal warm unless `restored`.
 
 Invariants: nothing is saved without the proven check, and nothing recorded when the server
@@ -45,13 +45,12 @@ def save_snapshot(
     slot: int | None = None,
     progress: Progress = None,
 ) -> tuple[SnapshotRecord, JSONObject]:
-    """Save `head`'s KV state on `worker` and record it; the file is hashed in `slot_dir`
-    (the server's `--slot-save-path` as seen from here). Returns the record and the receipt
-    (the `snapshot-save` measurement's body).
+    """Save `head`'s KV state on `worker` and record it, the file hashed in `slot_dir` (the
+    server's `--slot-save-path` as seen from here); the record and the `snapshot-save` body.
 
     Raises:
-        UsageError: not a head; a mirror; no slot API; `slot_dir` not a readable
-            directory or not holding the saved file.
+        UsageError: not a head; a mirror; no slot API; `slot_dir` not a readable directory
+            or not holding the saved file.
         EvidenceUnverifiedError: the slot could not be shown to hold the head, the server
             saved no tokens, or the build changed (nothing recorded).
         WorkerError: the worker failed.
@@ -84,10 +83,11 @@ def save_snapshot(
             f"the server reported saving {transfer.n_tokens} tokens from slot {chosen.id}; "
             "nothing recorded"
         )
+    digests = None
     try:
         digests = digest_snapshot_file(slot_dir, name)
     except FileNotFoundError:
-        digests = None
+        pass
     if digests is None or transfer.n_bytes not in (None, digests.size):
         raise UsageError(
             f"{slot_dir} does not hold {name} as the server just saved it ({transfer.n_bytes} "
