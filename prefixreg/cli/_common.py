@@ -1,4 +1,5 @@
-"""What every command shares: the error-to-exit-code table, stderr messages, `--json` output.
+"""What every command shares: the error-to-exit-code table, stderr messages, `--json` output,
+the options several commands take.
 
 This is the one place that maps errors to exit codes (DESIGN §5). Commands run their body
 inside `cli_errors(debug)`: a `PrefixregError` becomes `error: <message>` (and a hint line)
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import IntEnum
 from pathlib import Path
@@ -48,7 +49,25 @@ EXIT_CODES: tuple[tuple[type[errors.PrefixregError], ExitCode], ...] = (
     (errors.MirrorError, ExitCode.MIRROR),
     (errors.LockTimeoutError, ExitCode.LOCK_TIMEOUT),
 )
+# Outcomes the library reports (warm verdicts, probe outcomes), mapped here with the errors'.
+EXIT_BY_OUTCOME: dict[str, ExitCode] = {
+    "resumed": ExitCode.OK,
+    "warmed": ExitCode.OK,
+    "partial": ExitCode.NO,
+    "cold": ExitCode.NO,
+    "unverified": ExitCode.UNVERIFIED,
+    "ok": ExitCode.OK,
+    "check_failed": ExitCode.NO,
+}
+# The settings of every Typer app and command group the CLI builds.
+APP_SETTINGS: dict[str, Any] = {
+    "add_completion": False,
+    "pretty_exceptions_enable": False,
+    "rich_markup_mode": None,
+    "context_settings": {"help_option_names": ["-h", "--help"]},
+}
 
+RefArg = Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")]
 RegistryOpt = Annotated[
     Path | None,
     typer.Option(
@@ -62,25 +81,43 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 WorkerOpt = Annotated[
     str | None,
     typer.Option(
-        "--worker",
-        help="Worker base URL (default: $PREFIXREG_WORKER).",
+        "--worker", help="Worker base URL (default: $PREFIXREG_WORKER).", show_default=False
+    ),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="Model id to send (default: the server's; generic servers: "
+        "the first id of /v1/models).",
+    ),
+]
+TimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout",
+        help="Seconds to wait for a reply to a chat call (a cold prefill "
+        "of a large prefix takes minutes).",
+        min=0.1,
+    ),
+]
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--profile",
+        help="Force the server profile: halogen, llamacpp, vllm or generic "
+        "(default: detected from what the server answers: /health, /props, /version).",
+    ),
+]
+MetricsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--metrics-file",
+        help="Also write Prometheus metrics to this file (node_exporter textfile format, "
+        "replaced atomically), e.g. /var/lib/node_exporter/textfile/prefixreg.prom.",
         show_default=False,
     ),
 ]
-
-
-# Outcomes the library reports, mapped to exit codes here, with the errors' (DESIGN §5).
-EXIT_BY_OUTCOME: dict[str, ExitCode] = {
-    # warm verdicts
-    "resumed": ExitCode.OK,
-    "warmed": ExitCode.OK,
-    "partial": ExitCode.NO,
-    "cold": ExitCode.NO,
-    "unverified": ExitCode.UNVERIFIED,
-    # probe outcomes
-    "ok": ExitCode.OK,
-    "check_failed": ExitCode.NO,
-}
 
 
 def exit_code_for(exc: BaseException) -> ExitCode:
@@ -95,6 +132,11 @@ def info(message: str) -> None:
     """A message for the person at the shell: stderr, never stdout."""
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
+
+
+def progress_for(json_out: bool) -> Callable[[str], None] | None:
+    """Where long work reports its steps: stderr when it is a terminal and no JSON is asked."""
+    return info if sys.stderr.isatty() and not json_out else None
 
 
 def fail(message: str, code: ExitCode, *, hint: str | None = None) -> NoReturn:
@@ -130,16 +172,6 @@ def cli_errors(debug: bool) -> Iterator[None]:
         fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), ExitCode.NO)
 
 
-def read_user_file(path: Path | str, *, limit: int | None = None) -> bytes:
-    """A file the user named (`-`: stdin): regular files only, size-capped (the registry's
-    one reader, `fsutil.read_user_file`)."""
-    from prefixreg.registry import fsutil
-
-    if limit is None:
-        return fsutil.read_user_file(path)
-    return fsutil.read_user_file(path, limit=limit)
-
-
 def emit_json(value: Any) -> None:
     """Write `value` as indented JSON on stdout."""
     from prefixreg.core.jsonio import dumps_pretty
@@ -168,33 +200,6 @@ def worker_url(flag: str | None) -> str:
     return url
 
 
-ModelOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--model",
-        help="Model id to send (default: the server's; generic servers: "
-        "the first id of /v1/models).",
-    ),
-]
-TimeoutOpt = Annotated[
-    float,
-    typer.Option(
-        "--timeout",
-        help="Seconds to wait for a reply to a chat call (a cold prefill "
-        "of a large prefix takes minutes).",
-        min=0.1,
-    ),
-]
-ProfileOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--profile",
-        help="Force the server profile: halogen, llamacpp, vllm or generic "
-        "(default: detected from what the server answers: /health, /props, /version).",
-    ),
-]
-
-
 def open_worker(
     url: str | None, *, model: str | None, timeout: float, profile: str | None
 ) -> Worker:
@@ -202,14 +207,3 @@ def open_worker(
     from prefixreg.server.worker import Worker
 
     return Worker(worker_url(url), model=model, read_timeout=timeout, profile=profile)
-
-
-MetricsOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--metrics-file",
-        help="Also write Prometheus metrics to this file (node_exporter textfile format, "
-        "replaced atomically), e.g. /var/lib/node_exporter/textfile/prefixreg.prom.",
-        show_default=False,
-    ),
-]

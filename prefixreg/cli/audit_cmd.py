@@ -15,15 +15,7 @@ from typing import Annotated
 
 import typer
 
-from prefixreg.cli._common import (
-    DebugOpt,
-    JsonOpt,
-    RegistryOpt,
-    cli_errors,
-    emit_json,
-    info,
-    open_registry_from,
-)
+from prefixreg.cli import _common as c
 
 
 def audit_command(
@@ -51,9 +43,9 @@ def audit_command(
             "each request's drift from it and the cold calls after."
         ),
     ] = None,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Count prompt, cached and completion tokens over a batch of call outputs, model its
     prefill and decode time (default rates: the measured Halogen Flash lane), and say which
@@ -67,12 +59,12 @@ def audit_command(
     head is named by byte identity (each request's `messages[0].content` hashed and looked
     up), else by the measured span most calls cover.
     """
-    with cli_errors(debug):
+    with c.cli_errors(debug):
         from prefixreg.core.errors import RegistryLocationError, UsageError
         from prefixreg.verbs.audit.run import run_audit
 
         try:
-            reg = open_registry_from(registry)
+            reg = c.open_registry_from(registry)
         except RegistryLocationError:
             if registry is not None:
                 raise
@@ -91,14 +83,14 @@ def audit_command(
         )
         if not report.calls and report.identity is None:
             for m in (*report.malformed, *report.skipped)[:10]:
-                info(f"{m.source}: {m.reason}")
+                c.info(f"{m.source}: {m.reason}")
             raise UsageError(
                 "no call outputs or requests read",
                 hint="give response or request JSON, JSON lines, a directory of them, "
                 "or measurement records",
             )
         if json_out:
-            emit_json(report.to_dict())
+            c.emit_json(report.to_dict())
         else:
             sys.stdout.write(report.to_text())
 

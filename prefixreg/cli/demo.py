@@ -1,23 +1,27 @@
-"""`prefixreg demo`'s work, for a newcomer: start the simulator in-process on a free loopback
-port, add the sample coding-agent system prompt to a registry (a fresh temporary one unless
-given), warm it (cold call, then a resume check with a fresh tail), run a short probe, stop.
-Everything reported comes from the simulated server's own numbers.
+"""`prefixreg demo`, for a newcomer: start the simulator in-process on a free loopback port,
+add the sample coding-agent system prompt to a registry (a fresh temporary one unless given),
+warm it (cold call, then a resume check with a fresh tail), run a short probe, stop.
+Everything reported comes from the simulated server's own numbers. The library is imported
+inside the functions, so registering the command (`prefixreg --help`) stays cheap.
 """
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
-from prefixreg.registry.store import Registry
-from prefixreg.server.worker import Worker
-from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.measure.warm import WarmResult, warm
-from prefixreg.verbs.probe.options import ProbeOptions
-from prefixreg.verbs.probe.run import ProbeReport, run_probe
+import typer
+
+from prefixreg.cli import _common as c
+
+if TYPE_CHECKING:
+    from prefixreg.verbs.measure.warm import WarmResult
+    from prefixreg.verbs.probe.run import ProbeReport
 
 SAMPLE_NAME = "coding-agent"
 
@@ -41,6 +45,13 @@ class DemoResult:
 
 def run_demo(registry_path: Path | None, *, speed: float, say: Callable[[str], None]) -> DemoResult:
     """Run the demo; `speed` compresses the simulator's modelled time (100 = 100x faster)."""
+    from prefixreg.registry.store import Registry
+    from prefixreg.server.worker import Worker
+    from prefixreg.sim import SimConfig, SimServer
+    from prefixreg.verbs.measure.warm import warm
+    from prefixreg.verbs.probe.options import ProbeOptions
+    from prefixreg.verbs.probe.run import run_probe
+
     root = registry_path or Path(tempfile.mkdtemp(prefix="prefixreg-demo-")) / "registry"
     reg = Registry(root)
     sha = reg.add(sample_prompt(), name=SAMPLE_NAME, source="examples/system-prompt.txt")
@@ -91,3 +102,35 @@ def text_report(result: DemoResult) -> str:
         f"next     prefixreg show {warm.prefix.name} --registry {result.registry}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def demo_command(
+    registry: Annotated[
+        Path | None,
+        typer.Option("--registry", help="Registry to use (default: a fresh temporary directory)."),
+    ] = None,
+    speed: Annotated[
+        float,
+        typer.Option(
+            "--speed", help="Simulator time compression (1 = the measured lane).", min=0.01
+        ),
+    ] = 100.0,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
+) -> None:
+    """Show the main job in a minute: start a simulated Halogen worker in-process, add the
+    sample system prompt, warm it, prove it resumes, run a short probe, and stop."""
+    with c.cli_errors(debug):
+        result = run_demo(registry, speed=speed, say=(lambda _m: None) if json_out else c.info)
+        if json_out:
+            warm, probe = result.warm.receipt(), result.probe.to_dict()
+            c.emit_json({"registry": str(result.registry), "warm": warm, "probe": probe})
+        else:
+            sys.stdout.write(text_report(result))
+        code = max(c.EXIT_BY_OUTCOME[result.warm.verdict], c.EXIT_BY_OUTCOME[result.probe.outcome])
+        raise typer.Exit(int(code))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `demo` to `app`."""
+    app.command("demo")(demo_command)

@@ -1,8 +1,4 @@
-"""`prefixreg frame`: register a frame (system prefix + tools + prompt settings).
-
-Exit codes: 0 ok; 2 usage (bad tools JSON, unknown setting, bad name or reference);
-3 integrity (a part fails verification: nothing written, nothing sent).
-"""
+"""`prefixreg frame`: register a frame (system prefix + tools + prompt settings)."""
 
 from __future__ import annotations
 
@@ -12,15 +8,7 @@ from typing import Annotated
 
 import typer
 
-from prefixreg.cli._common import (
-    DebugOpt,
-    JsonOpt,
-    RegistryOpt,
-    cli_errors,
-    emit_json,
-    open_registry_from,
-    read_user_file,
-)
+from prefixreg.cli import _common as c
 from prefixreg.core.errors import UsageError
 
 
@@ -67,24 +55,26 @@ def frame_command(
         bool,
         typer.Option("--force", help="Move --name even when it now points at a bare prefix."),
     ] = False,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Register a frame: the head a loop sends (system prefix, tools, prompt settings).
 
-    Prints the frame's sha256 (of its record, `frames/<sha>.json`).
+    Prints the frame's sha256 (of its record, `frames/<sha>.json`). Exit 0 ok; 2 usage (bad
+    tools JSON, unknown setting, bad name or reference); 3 integrity (a part fails
+    verification: nothing written, nothing sent).
     """
-    with cli_errors(debug):
-        reg = open_registry_from(registry)
-        data = None
-        if tools is not None:
-            data = read_user_file(tools)
+    from prefixreg.registry.fsutil import read_user_file
+
+    with c.cli_errors(debug):
+        reg = c.open_registry_from(registry)
+        data = None if tools is None else read_user_file(tools)
         sha = reg.add_frame(
             system, tools=data, settings=_settings(settings or []), name=name, force=force
         )
         if json_out:
-            emit_json({"frame": sha, "name": name})
+            c.emit_json({"frame": sha, "name": name})
         else:
             sys.stdout.write(f"{sha}\n")
 

@@ -20,6 +20,7 @@ stderr only silences messages (exit codes still tell). File descriptors 0-2 are 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import os
@@ -30,33 +31,21 @@ from typing import Annotated, Any, Final
 
 import typer
 
+from prefixreg.cli._common import APP_SETTINGS, ExitCode
+from prefixreg.core.errors import UsageError
+
 HELP = (
     "A content-addressed registry of LLM prompt prefixes, and the tools that make "
     "an inference server's prompt cache resume them.\n\n"
     "Exit codes: 0 ok, 1 the answer is no, 2 usage (also: stdout closed), "
     "3 integrity, 4 unverified evidence, 5 worker error, 6 mirror failure, 7 lock timeout."
 )
-_SETTINGS: dict[str, Any] = {
-    "add_completion": False,
-    "pretty_exceptions_enable": False,
-    "rich_markup_mode": None,
-    "context_settings": {"help_option_names": ["-h", "--help"]},
-}
 # Command -> the module under prefixreg.cli that registers it, in the order `--help` lists
-# them. tests/test_cli_startup.py checks it against what the modules register.
+# them. tests/test_cli_main.py checks it against what the modules register.
 COMMAND_MODULES: Final[dict[str, str]] = {
-    "add": "store_cmds",
-    "cat": "store_cmds",
-    "show": "store_cmds",
-    "ls": "store_cmds",
-    "name": "store_cmds",
-    "names": "store_cmds",
-    "verify": "store_cmds",
+    **dict.fromkeys(("add", "cat", "show", "ls", "name", "names", "verify"), "store_cmds"),
     "frame": "frame_cmd",
-    "warm": "warm_cmd",
-    "doctor": "doctor_cmd",
-    "probe": "probe_cmd",
-    "keepalive": "keepalive_cmd",
+    **dict.fromkeys(("warm", "doctor", "probe", "keepalive"), "worker_cmds"),
     "audit": "audit_cmd",
     "pool": "pool_cmd",
     "snapshot": "snapshot_cmd",
@@ -64,9 +53,8 @@ COMMAND_MODULES: Final[dict[str, str]] = {
     "migrate": "lifecycle",
     "gc": "lifecycle",
     "sim": "sim",
-    "demo": "demo_cmd",
+    "demo": "demo",
 }
-EXIT_USAGE: Final = 2
 
 
 # Every command that prints a verdict points to the one rule behind it.
@@ -104,7 +92,7 @@ def _print_version(value: bool) -> None:
 
 
 def _new_app() -> typer.Typer:
-    new = typer.Typer(name="prefixreg", help=HELP, no_args_is_help=True, **_SETTINGS)
+    new = typer.Typer(name="prefixreg", help=HELP, no_args_is_help=True, **APP_SETTINGS)
 
     @new.callback()
     def _main(
@@ -135,7 +123,7 @@ def full_app() -> typer.Typer:
 
 def _stand_in(help_text: str | None) -> Callable[[], None]:
     def command() -> None:  # never run: only listed by the top-level --help
-        raise typer.Exit(EXIT_USAGE)
+        raise typer.Exit(ExitCode.USAGE)
 
     command.__doc__ = help_text
     return command
@@ -171,8 +159,6 @@ class _ClosedInput(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        from prefixreg.core.errors import UsageError
-
         raise UsageError("standard input is closed", hint="give a FILE, or redirect stdin")
 
 
@@ -194,7 +180,7 @@ def guard_stdio() -> None:
     if "output" in closed:
         sys.stderr.write("error: standard output is closed\n")
         sys.stderr.flush()
-        raise SystemExit(EXIT_USAGE)
+        raise SystemExit(ExitCode.USAGE)
     if "input" in closed:
         sys.stdin = io.TextIOWrapper(io.BufferedReader(_ClosedInput()))
 
@@ -205,33 +191,16 @@ def run() -> None:
     app_for(sys.argv[1:])(prog_name="prefixreg")
 
 
-def _single(module: str, command: str, prog_name: str) -> None:
+def _single(name: str) -> None:
     """Run one command as its own program (`prefix-add` is `prefixreg add`)."""
     guard_stdio()
-    single = typer.Typer(**_SETTINGS)
-    single.command(epilog=JUDGE_NOTE if command != "add_command" else None)(
-        getattr(_module(module), command)
-    )
-    single(prog_name=prog_name)
+    single = typer.Typer(**APP_SETTINGS)
+    command = getattr(_module(COMMAND_MODULES[name]), f"{name}_command")
+    single.command(epilog=JUDGE_NOTE if name in _JUDGED else None)(command)
+    single(prog_name=f"prefix-{name}")
 
 
-def run_add() -> None:
-    """Entry point of `prefix-add`."""
-    _single("store_cmds", "add_command", "prefix-add")
-
-
-def run_warm() -> None:
-    """Entry point of `prefix-warm`."""
-    _single("warm_cmd", "warm_command", "prefix-warm")
-
-
-def run_mirror() -> None:
-    """Entry point of `prefix-mirror`."""
-    _single("mirror", "mirror_command", "prefix-mirror")
-
-
-def __getattr__(name: str) -> Any:
-    # `prefixreg.cli.main.app`, the full app, built on first use only (start-up cost).
-    if name == "app":
-        return full_app()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The console scripts `prefix-add`, `prefix-warm` and `prefix-mirror` (pyproject.toml).
+run_add = functools.partial(_single, "add")
+run_warm = functools.partial(_single, "warm")
+run_mirror = functools.partial(_single, "mirror")

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from prefixreg.cli import _common
-from prefixreg.cli._common import DebugOpt, JsonOpt, RegistryOpt
+from prefixreg.cli import _common as c
 
 if TYPE_CHECKING:
     from prefixreg.verbs.mirror import DestinationResult
@@ -73,9 +72,9 @@ def mirror_command(
         int | None,
         typer.Option("--bwlimit", min=1, help="Limit each transfer to this many KiB/s."),
     ] = None,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Mirror the origin registry to workers: rsync -a --delete, one way, verified.
 
@@ -91,7 +90,7 @@ def mirror_command(
     symlink, FIFO or device, a directory where a file belongs): nothing sent anywhere; 2 no
     destination; 7 another mirror holds the lock. Each run and destination: a mirror.log line.
     """
-    with _common.cli_errors(debug):
+    with c.cli_errors(debug):
         from prefixreg.core.errors import MirrorError, RegistryLocationError
         from prefixreg.verbs.mirror import ENV_SSH_OPTS, ENV_TO, mirror
 
@@ -99,7 +98,7 @@ def mirror_command(
         destinations = to or os.environ.get(ENV_TO, "").split()
         options = [*(ssh_option or []), *os.environ.get(ENV_SSH_OPTS, "").split()]
         try:
-            reg = _common.open_registry_from(registry)
+            reg = c.open_registry_from(registry)
         except RegistryLocationError as exc:
             # An unmarked source is a refused mirror (exit 6), not a usage slip.
             raise MirrorError(f"source is not a registry: {exc}", hint=exc.hint) from None
@@ -110,10 +109,10 @@ def mirror_command(
             full_verify=full_verify,
             ssh_options=options,
             bwlimit=bwlimit,
-            on_result=lambda r: _common.info(_summary(r)),
+            on_result=lambda r: c.info(_summary(r)),
         )
         if json_out:
-            _common.emit_json(report.to_dict())
+            c.emit_json(report.to_dict())
         elif dry_run:
             for r in report.results:
                 if r.ok:
@@ -122,7 +121,7 @@ def mirror_command(
             sys.stdout.flush()
         if not report.ok:
             # Each failure already has its line on stderr (and is listed in --json).
-            raise typer.Exit(int(_common.ExitCode.MIRROR))
+            raise typer.Exit(int(c.ExitCode.MIRROR))
 
 
 def register(app: typer.Typer) -> None:

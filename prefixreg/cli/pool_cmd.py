@@ -16,17 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from prefixreg.cli._common import (
-    DebugOpt,
-    ExitCode,
-    JsonOpt,
-    RegistryOpt,
-    TimeoutOpt,
-    cli_errors,
-    emit_json,
-    info,
-    open_registry_from,
-)
+from prefixreg.cli import _common as c
 
 if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
@@ -65,7 +55,7 @@ pool_app = typer.Typer(
     help="Keep registered heads resident on a pool of workers, one worker each, proven per "
     "worker (a proof stands only if nothing prefilled on its worker after it).",
     no_args_is_help=True,
-    rich_markup_mode=None,
+    **c.APP_SETTINGS,
 )
 
 
@@ -79,7 +69,7 @@ def _open(
     from prefixreg.verbs.pool.live import Pool
     from prefixreg.verbs.pool.spec import pool_spec
 
-    reg = open_registry_from(registry)
+    reg = c.open_registry_from(registry)
     spec = pool_spec(workers or (), pool_file=pool_file, router=router)
     return reg, Pool(spec, reg, read_timeout=timeout)
 
@@ -87,9 +77,9 @@ def _open(
 def _show(report: PoolReport, reg: Registry, json_out: bool, title: str, **extra: Any) -> None:
     """Warnings on stderr; the report as JSON (with `extra`) or as text on stdout."""
     for warning in report.warnings:
-        info(f"warning: {warning}")
+        c.info(f"warning: {warning}")
     if json_out:
-        emit_json({**report.to_dict(), **extra})
+        c.emit_json({**report.to_dict(), **extra})
         return
     names: dict[str, str] = {}
     for name, sha in sorted(reg.names().items()):
@@ -132,10 +122,10 @@ def pool_warm_command(
     worker: WorkersOpt = None,
     pool: PoolOpt = None,
     router: RouterOpt = None,
-    timeout: TimeoutOpt = 1800.0,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    timeout: c.TimeoutOpt = 1800.0,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Place each head on one worker within its capacity, warm it, prove it there.
 
@@ -147,11 +137,11 @@ def pool_warm_command(
     """
     from prefixreg.verbs.pool.warm import warm_pool
 
-    with cli_errors(debug):
+    with c.cli_errors(debug):
         reg, live = _open(worker, pool, router, registry, timeout)
         with live:
             heads = [reg.head(ref) for ref in refs]  # verified once, before anything is sent
-            progress = info if sys.stderr.isatty() and not json_out else None
+            progress = c.progress_for(json_out)
             report = warm_pool(live, heads, progress=progress)
         _show(report, reg, json_out, "pool warm")
         raise typer.Exit(int(_exit_code(report)))
@@ -165,9 +155,9 @@ def pool_doctor_command(
     no_prove: Annotated[
         bool, typer.Option("--no-prove", help="Do not send the fresh-tail checks.")
     ] = False,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Per worker: build, slots, measured survival, capacity, and which registered heads
     it holds, each proven by a fresh-tail check on that worker.
@@ -177,13 +167,13 @@ def pool_doctor_command(
     """
     from prefixreg.verbs.pool.warm import doctor_pool
 
-    with cli_errors(debug):
+    with c.cli_errors(debug):
         reg, live = _open(worker, pool, router, registry)
         with live:
             report = doctor_pool(live, prove=not no_prove)
         _show(report, reg, json_out, "pool doctor")
         healthy = report.ok and not report.builds_differ and not report.notes
-        raise typer.Exit(int(ExitCode.OK if healthy else ExitCode.NO))
+        raise typer.Exit(int(c.ExitCode.OK if healthy else c.ExitCode.NO))
 
 
 @pool_app.command("status")
@@ -191,14 +181,14 @@ def pool_status_command(
     worker: WorkersOpt = None,
     pool: PoolOpt = None,
     router: RouterOpt = None,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """The pool's workers and the kept placement, without sending any chat call."""
     from prefixreg.verbs.pool.warm import doctor_pool
 
-    with cli_errors(debug):
+    with c.cli_errors(debug):
         reg, live = _open(worker, pool, router, registry)
         with live:
             report = doctor_pool(live, prove=False)
@@ -211,13 +201,13 @@ def register(app: typer.Typer) -> None:
     app.add_typer(pool_app, name="pool")
 
 
-def _exit_code(report: PoolReport) -> ExitCode:
+def _exit_code(report: PoolReport) -> c.ExitCode:
     """0 ok; 5 when no worker answered; 4 when only unverified counts stand in the way;
     else 1 (a head refused, unplaced, not resumed or unproven, a worker down)."""
     if report.ok:
-        return ExitCode.OK
+        return c.ExitCode.OK
     if report.workers and all(w.error is not None for w in report.workers):
-        return ExitCode.WORKER
+        return c.ExitCode.WORKER
     if report.unverified and not report.refused:
-        return ExitCode.UNVERIFIED
-    return ExitCode.NO
+        return c.ExitCode.UNVERIFIED
+    return c.ExitCode.NO

@@ -13,29 +13,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from prefixreg.cli._common import (
-    EXIT_BY_OUTCOME,
-    DebugOpt,
-    ExitCode,
-    JsonOpt,
-    ModelOpt,
-    ProfileOpt,
-    RegistryOpt,
-    TimeoutOpt,
-    WorkerOpt,
-    cli_errors,
-    emit_json,
-    info,
-    open_registry_from,
-    open_worker,
-)
+from prefixreg.cli import _common as c
 
 if TYPE_CHECKING:
     from prefixreg.core.frame import Head
     from prefixreg.registry.store import Registry
     from prefixreg.server.worker import Worker
 
-RefArg = Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")]
 SlotDirOpt = Annotated[
     Path | None,
     typer.Option(
@@ -57,10 +41,7 @@ snapshot_app = typer.Typer(
     "restore it after a restart, and prove the restore with the server's own counts (the "
     "judge's rule: README, evidence).",
     no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    **c.APP_SETTINGS,
 )
 
 
@@ -81,20 +62,20 @@ def warm_restore_cli(
     `resumed_by` (`restore`, `warm` or null)."""
     from prefixreg.verbs.snapshot.run import restore_and_prove
 
-    progress = info if sys.stderr.isatty() and not json_out else None
+    progress = c.progress_for(json_out)
     result = restore_and_prove(
         reg, head, worker, slot_dir=slot_dir, slot=slot, fallback_warm=fallback, progress=progress
     )
     fb, restored = result.fallback, result.verdict == "restored"
-    code = ExitCode.UNVERIFIED if result.verdict == "unverified" else ExitCode.NO
+    code = c.ExitCode.UNVERIFIED if result.verdict == "unverified" else c.ExitCode.NO
     if restored or (as_warm and fb is not None):
-        code = ExitCode.OK if fb is None else EXIT_BY_OUTCOME[fb.verdict]
+        code = c.ExitCode.OK if fb is None else c.EXIT_BY_OUTCOME[fb.verdict]
     if json_out:
         out = result.to_dict()
         if as_warm:
-            by = "restore" if restored else ("warm" if code == ExitCode.OK else None)
+            by = "restore" if restored else ("warm" if code == c.ExitCode.OK else None)
             out |= {"outcome": result.verdict if fb is None else fb.verdict, "resumed_by": by}
-        emit_json(out)
+        c.emit_json(out)
         return int(code)
     t, call = result.transfer, result.check
     lines = [f"{result.head.kind:<8} {result.head.sha256[:16]} on build {result.build.build_id}"]
@@ -122,16 +103,16 @@ def warm_restore_cli(
 
 @snapshot_app.command("save")
 def save_command(
-    ref: RefArg,
-    worker: WorkerOpt = None,
+    ref: c.RefArg,
+    worker: c.WorkerOpt = None,
     slot_dir: SlotDirOpt = None,
     slot: SlotOpt = None,
-    model: ModelOpt = None,
-    timeout: TimeoutOpt = 1800.0,
-    profile: ProfileOpt = None,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    model: c.ModelOpt = None,
+    timeout: c.TimeoutOpt = 1800.0,
+    profile: c.ProfileOpt = None,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Warm a head (in the slot already holding it, else an idle one), prove with a fresh
     tail pinned to that slot that it holds the head, save the slot as a file named by the
@@ -143,18 +124,18 @@ def save_command(
     from prefixreg.core.errors import UsageError
     from prefixreg.verbs.snapshot.run import save_snapshot
 
-    with cli_errors(debug):
+    with c.cli_errors(debug):
         if slot_dir is None:
             raise UsageError("snapshot save needs --slot-dir: the file's hashes go in the record")
-        reg = open_registry_from(registry)
+        reg = c.open_registry_from(registry)
         head = reg.head(ref)  # resolved and verified once, before a connection is opened
-        progress = info if sys.stderr.isatty() and not json_out else None
-        with open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
+        progress = c.progress_for(json_out)
+        with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
             rec, receipt = save_snapshot(
                 reg, head, w, slot_dir=slot_dir, slot=slot, progress=progress
             )
         if json_out:
-            emit_json(receipt)
+            c.emit_json(receipt)
             return
         sys.stdout.write(
             f"saved    {head.kind} {rec.sha256[:16]} on build {rec.build_id}: {rec.n_saved:,} "
@@ -165,20 +146,20 @@ def save_command(
 
 @snapshot_app.command("restore")
 def restore_command(
-    ref: RefArg,
-    worker: WorkerOpt = None,
+    ref: c.RefArg,
+    worker: c.WorkerOpt = None,
     slot_dir: SlotDirOpt = None,
     slot: SlotOpt = None,
     no_warm: Annotated[
         bool,
         typer.Option("--no-warm", help="Do not fall back to a normal warm when not restored."),
     ] = False,
-    model: ModelOpt = None,
-    timeout: TimeoutOpt = 1800.0,
-    profile: ProfileOpt = None,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    model: c.ModelOpt = None,
+    timeout: c.TimeoutOpt = 1800.0,
+    profile: c.ProfileOpt = None,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Restore a head's snapshot for the worker's current build, and prove it.
 
@@ -188,10 +169,10 @@ def restore_command(
     normal warm unless --no-warm), 3 the record or the snapshot file does not verify (no
     restore sent), 4 unverified, 2 no slot API or a bad --slot-dir, 5 worker.
     """
-    with cli_errors(debug):
-        reg = open_registry_from(registry)
+    with c.cli_errors(debug):
+        reg = c.open_registry_from(registry)
         head = reg.head(ref)
-        with open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
+        with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
             code = warm_restore_cli(
                 reg,
                 head,
@@ -208,18 +189,18 @@ def restore_command(
 @snapshot_app.command("ls")
 def ls_command(
     ref: Annotated[str | None, typer.Argument(help="Only this head's snapshots.")] = None,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """List snapshot records: head, build id, tokens saved, file and its sha256."""
     from prefixreg.registry.snapshots import list_snapshots
 
-    with cli_errors(debug):
-        reg = open_registry_from(registry)
+    with c.cli_errors(debug):
+        reg = c.open_registry_from(registry)
         records = list_snapshots(reg, None if ref is None else reg.head(ref).sha256)
         if json_out:
-            emit_json([r.to_dict() for r in records])
+            c.emit_json([r.to_dict() for r in records])
             return
         for r in records:
             sys.stdout.write(
