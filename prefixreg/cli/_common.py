@@ -120,14 +120,6 @@ MetricsOpt = Annotated[
 ]
 
 
-def exit_code_for(exc: BaseException) -> ExitCode:
-    """Map an exception to its exit code; anything unknown is a generic failure (1)."""
-    for cls, code in EXIT_CODES:
-        if isinstance(exc, cls):
-            return code
-    return ExitCode.NO
-
-
 def info(message: str) -> None:
     """A message for the person at the shell: stderr, never stdout."""
     sys.stderr.write(message + "\n")
@@ -149,7 +141,8 @@ def fail(message: str, code: ExitCode, *, hint: str | None = None) -> NoReturn:
 
 @contextmanager
 def cli_errors(debug: bool) -> Iterator[None]:
-    """Turn prefixreg errors into one clear line and the mapped exit code."""
+    """Turn prefixreg errors into one clear line and the mapped exit code (`EXIT_CODES`; a
+    prefixreg error not listed there, like any other failure, exits 1)."""
     try:
         yield
     except typer.Exit:
@@ -157,14 +150,14 @@ def cli_errors(debug: bool) -> Iterator[None]:
     except errors.PrefixregError as exc:
         if debug:
             traceback.print_exc()
-        fail(str(exc), exit_code_for(exc), hint=exc.hint)
+        code = next((code for cls, code in EXIT_CODES if isinstance(exc, cls)), ExitCode.NO)
+        fail(str(exc), code, hint=exc.hint)
     except KeyboardInterrupt:
         info("interrupted")
         raise typer.Exit(130) from None
     except BrokenPipeError:
         # stdout closed early (`prefixreg cat x | head`): not an error of ours.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(int(ExitCode.OK)) from None
     except OSError as exc:
         if debug:

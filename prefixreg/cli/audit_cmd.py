@@ -1,21 +1,19 @@
 """`prefixreg audit PATH...`: token and time accounting over call outputs, each call judged
 against the head it sends, and the byte identity of each request's system prefix.
-
-Exit codes: 0 at least one call or request was read (malformed inputs, skipped files and
-lines, unverified calls are listed, not fatal); 2 nothing readable, bad rates, or a
-`--frame` that names nothing; 3 a registry record, object or the `--frame` (or one of its
-parts) fails verification (the store fails closed).
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from prefixreg.cli import _common as c
+
+if TYPE_CHECKING:
+    from prefixreg.registry.store import Registry
 
 
 def audit_command(
@@ -58,28 +56,31 @@ def audit_command(
     bytes, its record's head, or for a response read alone the batch's head). The batch's
     head is named by byte identity (each request's `messages[0].content` hashed and looked
     up), else by the measured span most calls cover.
+
+    Exit 0 at least one call or request was read (malformed inputs, skipped files and lines,
+    unverified calls are listed, not fatal); 2 nothing readable, bad rates, or a --frame
+    that names nothing; 3 a registry record, object or the --frame (or one of its parts)
+    fails verification (the store fails closed).
     """
     with c.cli_errors(debug):
         from prefixreg.core.errors import RegistryLocationError, UsageError
         from prefixreg.verbs.audit.run import run_audit
 
         try:
-            reg = c.open_registry_from(registry)
+            reg: Registry | None = c.open_registry_from(registry)
         except RegistryLocationError:
             if registry is not None:
                 raise
             reg = None  # the default registry only adds names and spans
-        if registry is not None and reg is not None and not reg.exists:
-            raise UsageError(f"{registry}: not a registry")
-        if frame is not None and (reg is None or not reg.exists):
+        if reg is not None and not reg.exists:
+            if registry is not None:
+                raise UsageError(f"{registry}: not a registry")
+            reg = None
+        if frame is not None and reg is None:
             raise UsageError("--frame needs a registry that holds the frame")
         head = None if frame is None or reg is None else reg.head(frame)  # resolved once
         report = run_audit(
-            paths,
-            registry=reg if reg is not None and reg.exists else None,
-            prefill_tps=prefill_tps,
-            decode_tps=decode_tps,
-            frame=head,
+            paths, registry=reg, prefill_tps=prefill_tps, decode_tps=decode_tps, frame=head
         )
         if not report.calls and report.identity is None:
             for m in (*report.malformed, *report.skipped)[:10]:

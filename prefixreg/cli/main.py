@@ -1,15 +1,11 @@
 """The `prefixreg` Typer app and the per-command console scripts.
 
 Each command module under `prefixreg.cli` exposes `register(app)`; this module only wires
-them together. Start-up is kept close to importing typer itself:
-
-- `COMMAND_MODULES` maps each command to the module that registers it, so running a
-  command (`prefixreg add`, `prefix-add`) imports that one module and builds only that
-  command (typer builds a command by inspecting every parameter's annotation, about 2 ms
-  each); no other command module, and no verb, is imported;
-- the top-level `--help` (or no arguments, or an unknown name) builds parameterless
-  stand-ins that carry each command's help;
-- command modules import the library inside their functions.
+them together, keeping start-up close to importing typer itself: running a command
+(`prefixreg add`, `prefix-add`) imports the one module `COMMAND_MODULES` names and builds only
+that command (typer inspects every parameter's annotation, about 2 ms each), no verb; the
+top-level `--help` (or no arguments, or an unknown name) builds parameterless stand-ins that
+carry each command's help; command modules import the library inside their functions.
 
 Standard streams: a closed stdout (`prefixreg ls >&-`) is a usage error (exit 2, one line on
 stderr) before anything runs, since a command's data would be lost; a closed stdin is an
@@ -53,7 +49,7 @@ COMMAND_MODULES: Final[dict[str, str]] = {
     "migrate": "lifecycle",
     "gc": "lifecycle",
     "sim": "sim",
-    "demo": "demo",
+    "demo": "sim",
 }
 
 
@@ -113,14 +109,6 @@ def _new_app() -> typer.Typer:
     return new
 
 
-def full_app() -> typer.Typer:
-    """The app with every command registered and built in full (imports every module)."""
-    new = _new_app()
-    for module in dict.fromkeys(COMMAND_MODULES.values()):
-        _register(module, new)
-    return new
-
-
 def _stand_in(help_text: str | None) -> Callable[[], None]:
     def command() -> None:  # never run: only listed by the top-level --help
         raise typer.Exit(ExitCode.USAGE)
@@ -140,7 +128,9 @@ def app_for(argv: Sequence[str]) -> typer.Typer:
         lean.registered_commands = [i for i in scratch.registered_commands if i.name == name]
         lean.registered_groups = [g for g in scratch.registered_groups if g.name == name]
         return lean
-    full = full_app()
+    full = _new_app()  # every module imported, every command registered
+    for module in dict.fromkeys(COMMAND_MODULES.values()):
+        _register(module, full)
     for info in full.registered_commands:
         doc = info.help or (info.callback.__doc__ if info.callback is not None else None)
         lean.command(info.name)(_stand_in(doc))

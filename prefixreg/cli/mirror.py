@@ -117,7 +117,7 @@ def mirror_command(
             for r in report.results:
                 if r.ok:
                     sys.stdout.write(f"# {r.destination}\n")
-                    sys.stdout.writelines(f"{c}\n" for c in r.changes)
+                    sys.stdout.writelines(f"{change}\n" for change in r.changes)
             sys.stdout.flush()
         if not report.ok:
             # Each failure already has its line on stderr (and is listed in --json).

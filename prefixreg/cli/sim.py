@@ -1,9 +1,16 @@
-"""`prefixreg sim`: run the Halogen-compatible simulator in the foreground.
+"""`prefixreg sim` and `prefixreg demo`: the Halogen-compatible simulator in the foreground,
+and the main job run on it in-process for a newcomer.
 
-One option per `SimConfig` field, from its metadata (`prefixreg.sim.config.knob`): named after
-it, typed by its default, with its help and defaults. Options default to None (the profile's
-default applies) unless the field names a ``cli_default``; ``env`` names a fallback variable.
-Typer builds them with the command, so registering it (`prefixreg --help`) imports no simulator.
+`sim` has one option per `SimConfig` field, from its metadata (`prefixreg.sim.config.knob`):
+named after it, typed by its default, with its help and defaults. Options default to None (the
+profile's default applies) unless the field names a ``cli_default``; ``env`` names a fallback
+variable. Typer builds them with the command, so registering it (`prefixreg --help`) imports no
+simulator.
+
+`demo` starts the simulator on a free loopback port, adds the sample coding-agent system
+prompt to a registry (a fresh temporary one unless given), warms it (cold call, then a resume
+check with a fresh tail), runs a short probe and stops. Everything reported comes from the
+simulated server's own numbers. The library is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -12,12 +19,21 @@ import dataclasses
 import functools
 import inspect
 import os
+import sys
+import tempfile
 import threading
-from typing import Annotated, Any
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from prefixreg.cli._common import DebugOpt, cli_errors, info
+from prefixreg.cli import _common as c
+
+if TYPE_CHECKING:
+    from prefixreg.verbs.measure.warm import WarmResult
+    from prefixreg.verbs.probe.run import ProbeReport
 
 _HELP = (
     "Run a Halogen-compatible worker simulator in the foreground until Ctrl-C.\n\n"
@@ -76,21 +92,21 @@ class _SimCommand:
     def __signature__(self) -> inspect.Signature:
         from prefixreg.sim.config import SimConfig
 
-        own = [("quiet", QuietOpt), ("debug", DebugOpt)]  # not simulator fields
+        own = [("quiet", QuietOpt), ("debug", c.DebugOpt)]  # not simulator fields
         params = [inspect.Parameter(name, _KW, default=False, annotation=a) for name, a in own]
         return inspect.Signature([*map(_option, dataclasses.fields(SimConfig)), *params])
 
     def __call__(self, *, quiet: bool, debug: bool, **options: Any) -> None:
-        with cli_errors(debug):
+        with c.cli_errors(debug):
             from prefixreg.sim import SimConfig, SimServer
 
             for f in dataclasses.fields(SimConfig):
                 if "env" in f.metadata and options[f.name] is None:
                     options[f.name] = os.environ.get(f.metadata["env"]) or None
             config = SimConfig.for_profile(options.pop("profile") or "flash", **options)
-            server = SimServer(config, log=None if quiet else info)
+            server = SimServer(config, log=None if quiet else c.info)
             auth = ", API key required" if config.api_key else ""
-            info(
+            c.info(
                 f"prefixreg sim ({config.profile}, speed {config.speed:g}{auth}) listening on "
                 f"{server.url}  (Ctrl-C to stop)"
             )
@@ -98,11 +114,115 @@ class _SimCommand:
                 server.start()
                 threading.Event().wait()  # until Ctrl-C
             except KeyboardInterrupt:
-                info("stopping")
+                c.info("stopping")
             finally:
                 server.stop()
 
 
+SAMPLE_NAME = "coding-agent"
+
+
+def sample_prompt() -> bytes:
+    """The sample system prompt: `examples/system-prompt.txt` in a checkout, or its packaged
+    copy in an installed wheel."""
+    checkout = Path(__file__).resolve().parents[2] / "examples" / "system-prompt.txt"
+    if checkout.is_file():
+        return checkout.read_bytes()
+    return (resources.files("prefixreg") / "_examples" / "system-prompt.txt").read_bytes()
+
+
+def run_demo(
+    registry_path: Path | None, *, speed: float, say: Callable[[str], None]
+) -> tuple[Path, WarmResult, ProbeReport]:
+    """Run the demo; `speed` compresses the simulator's modelled time (100 = 100x faster).
+    Returns the registry's path, the warm and the probe."""
+    from prefixreg.registry.store import Registry
+    from prefixreg.server.worker import Worker
+    from prefixreg.sim import SimConfig, SimServer
+    from prefixreg.verbs.measure.warm import warm
+    from prefixreg.verbs.probe.options import ProbeOptions
+    from prefixreg.verbs.probe.run import run_probe
+
+    root = registry_path or Path(tempfile.mkdtemp(prefix="prefixreg-demo-")) / "registry"
+    reg = Registry(root)
+    sha = reg.add(sample_prompt(), name=SAMPLE_NAME, source="examples/system-prompt.txt")
+    say(f"added the sample system prompt as {SAMPLE_NAME} ({sha[:16]}) to {root}")
+    with SimServer(SimConfig(speed=speed)) as sim, Worker(sim.url) as worker:
+        say(f"started the simulated Halogen worker at {sim.url} (Flash lane defaults, x{speed:g})")
+        warm_result = warm(reg, reg.head(SAMPLE_NAME), worker)
+        say("warmed it and checked that a fresh call resumes it")
+        options = ProbeOptions(sizes=(4000, 16000), foreign=9, survival=True)
+        report = run_probe(reg, worker, options)
+        say("ran a short probe (2 sizes, survival search)")
+    return root, warm_result, report
+
+
+def text_report(root: Path, warm: WarmResult, probe: ProbeReport) -> str:
+    """What each step did, in the simulated server's own numbers."""
+    lines = [
+        "prefixreg demo: add -> warm -> probe on the built-in Halogen simulator",
+        "",
+        f"1. add    {warm.prefix.name} {warm.prefix.sha256[:16]} ({warm.prefix.size:,} bytes)",
+    ]
+    cold = next((c.evidence for c in warm.calls if c.phase == "warm"), None)
+    if cold is not None and warm.check is not None:
+        check = warm.check.evidence
+        speedup = (
+            f", {cold.wall_s / check.wall_s:.0f}x faster" if cold.wall_s and check.wall_s else ""
+        )
+        lines += [
+            f"2. warm   cold call: {cold.prompt_tokens:,} prompt tokens, "
+            f"{cold.cached_tokens} cached, {cold.wall_s or 0:.3f} s",
+            f"         resume check with a fresh tail: {check.cached_tokens:,} of "
+            f"{check.prompt_tokens:,} tokens cached ({check.cached_source}), "
+            f"{check.wall_s or 0:.3f} s{speedup}",
+            f"         verdict: {warm.verdict.upper()} ({warm.reason})",
+        ]
+    status = ", ".join(
+        f"{c.number} {c.per_call if c.per_call == c.windowed else c.windowed + f' (lag {c.lag})'}"
+        for c in probe.checks
+    )
+    lines += [
+        f"3. probe  Cmax {probe.cmax:,} tokens; a prefix survives {probe.survival} foreign prompts",
+        f"         counter checks: {status}",
+        *(f"         - {line}" for line in probe.follows()),
+        "",
+        f"registry {root}",
+        f"records  {root / 'measurements'} and {probe.md_path}",
+        f"next     prefixreg show {warm.prefix.name} --registry {root}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def demo_command(
+    registry: Annotated[
+        Path | None,
+        typer.Option("--registry", help="Registry to use (default: a fresh temporary directory)."),
+    ] = None,
+    speed: Annotated[
+        float,
+        typer.Option(
+            "--speed", help="Simulator time compression (1 = the measured lane).", min=0.01
+        ),
+    ] = 100.0,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
+) -> None:
+    """Show the main job in a minute: start a simulated Halogen worker in-process, add the
+    sample system prompt, warm it, prove it resumes, run a short probe, and stop."""
+    with c.cli_errors(debug):
+        root, warm, probe = run_demo(
+            registry, speed=speed, say=(lambda _m: None) if json_out else c.info
+        )
+        if json_out:
+            c.emit_json({"registry": str(root), "warm": warm.receipt(), "probe": probe.to_dict()})
+        else:
+            sys.stdout.write(text_report(root, warm, probe))
+        code = max(c.EXIT_BY_OUTCOME[warm.verdict], c.EXIT_BY_OUTCOME[probe.outcome])
+        raise typer.Exit(int(code))
+
+
 def register(app: typer.Typer) -> None:
-    """Add the `sim` command to `app`."""
+    """Add `sim` and `demo` to `app`."""
     app.command("sim", help=_HELP)(_SimCommand())
+    app.command("demo")(demo_command)
