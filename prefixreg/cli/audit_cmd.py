@@ -94,8 +94,3 @@ def audit_command(
             c.emit_json(report.to_dict())
         else:
             sys.stdout.write(report.to_text())
-
-
-def register(app: typer.Typer) -> None:
-    """Add the `audit` command to `app`."""
-    app.command("audit")(audit_command)

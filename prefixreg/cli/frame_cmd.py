@@ -77,8 +77,3 @@ def frame_command(
             c.emit_json({"frame": sha, "name": name})
         else:
             sys.stdout.write(f"{sha}\n")
-
-
-def register(app: typer.Typer) -> None:
-    """Add `frame` to `app`."""
-    app.command("frame")(frame_command)

@@ -1,11 +1,12 @@
 """The `prefixreg` Typer app and the per-command console scripts.
 
-Each command module under `prefixreg.cli` exposes `register(app)`; this module only wires
-them together, keeping start-up close to importing typer itself: running a command
-(`prefixreg add`, `prefix-add`) imports the one module `COMMAND_MODULES` names and builds only
-that command (typer inspects every parameter's annotation, about 2 ms each), no verb; the
-top-level `--help` (or no arguments, or an unknown name) builds parameterless stand-ins that
-carry each command's help; command modules import the library inside their functions.
+Each command module under `prefixreg.cli` names a command `<name>_command` (a command group
+`<name>_app`); this module wires them up, keeping start-up close to importing typer itself:
+running a command (`prefixreg add`, `prefix-add`) imports the one module `COMMAND_MODULES`
+names and builds only that command (typer inspects every parameter's annotation, about 2 ms
+each), no verb; the top-level `--help` (or no arguments, or an unknown name) builds
+parameterless stand-ins that carry each command's help; command modules import the library
+inside their functions.
 
 Standard streams: a closed stdout (`prefixreg ls >&-`) is a usage error (exit 2, one line on
 stderr) before anything runs, since a command's data would be lost; a closed stdin is an
@@ -37,7 +38,7 @@ HELP = (
     "3 integrity, 4 unverified evidence, 5 worker error, 6 mirror failure, 7 lock timeout."
 )
 # Command -> the module under prefixreg.cli that registers it, in the order `--help` lists
-# them. tests/test_cli_main.py checks it against what the modules register.
+# them. tests/test_cli_main.py checks it against what the modules define.
 COMMAND_MODULES: Final[dict[str, str]] = {
     **dict.fromkeys(("add", "cat", "show", "ls", "name", "names", "verify"), "store_cmds"),
     "frame": "frame_cmd",
@@ -68,15 +69,18 @@ def _module(name: str) -> ModuleType:
 
 
 def _register(module: str, app: typer.Typer) -> None:
-    """Register a command module's commands on `app`, the judge's note on those that judge."""
-    _module(module).register(app)
-    for info in app.registered_commands:
-        if info.name in _JUDGED and info.epilog is None:
-            info.epilog = JUDGE_NOTE
-    for group in app.registered_groups:
-        if group.name in _JUDGED and group.typer_instance is not None:
-            for sub in group.typer_instance.registered_commands:
-                sub.epilog = sub.epilog or JUDGE_NOTE
+    """Add a command module's commands to `app` (`<name>_command`, or `<name>_app` for a
+    command group), with the judge's note on those that judge."""
+    found = vars(_module(module))
+    for name in (name for name, where in COMMAND_MODULES.items() if where == module):
+        epilog = JUDGE_NOTE if name in _JUDGED else None
+        group = found.get(f"{name}_app")
+        if group is None:
+            app.command(name, epilog=epilog)(found[f"{name}_command"])
+            continue
+        app.add_typer(group, name=name)
+        for sub in group.registered_commands:
+            sub.epilog = sub.epilog or epilog
 
 
 def _print_version(value: bool) -> None:

@@ -122,7 +122,3 @@ def mirror_command(
         if not report.ok:
             # Each failure already has its line on stderr (and is listed in --json).
             raise typer.Exit(int(c.ExitCode.MIRROR))
-
-
-def register(app: typer.Typer) -> None:
-    app.command("mirror")(mirror_command)

@@ -196,11 +196,6 @@ def pool_status_command(
         _show(report, reg, json_out, "pool status", placement=[a.to_dict() for a in placement])
 
 
-def register(app: typer.Typer) -> None:
-    """Add the `pool` command group to `app`."""
-    app.add_typer(pool_app, name="pool")
-
-
 def _exit_code(report: PoolReport) -> c.ExitCode:
     """0 ok; 5 when no worker answered; 4 when only unverified counts stand in the way;
     else 1 (a head refused, unplaced, not resumed or unproven, a worker down)."""

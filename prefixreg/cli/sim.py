@@ -35,22 +35,6 @@ if TYPE_CHECKING:
     from prefixreg.verbs.measure.warm import WarmResult
     from prefixreg.verbs.probe.run import ProbeReport
 
-_HELP = (
-    "Run a Halogen-compatible worker simulator in the foreground until Ctrl-C.\n\n"
-    "It serves /health, /cache, /metrics, /v1/models, /v1/chat/completions and "
-    "/v1/completions on 127.0.0.1 and models the prompt cache measured on the Halogen Flash "
-    "lane (API 0.7.0). A peer for demos and tests, not a measurement of Halogen.\n\n"
-    "Tokens: calibrated so the probe corpus's 4k/16k/32k/64k-character slices give the "
-    "lane's 2,593/11,374/21,337/43,538 prompt tokens (about 1.5 characters a token).\n\n"
-    "Time model (fitted to the lane's probe; every duration divided by --speed): the u "
-    "uncached tokens of an n-token prompt prefill in min(u x step(n), prefill-setup-s + "
-    "u / prefill-tps) seconds, step(n) = step-ms + n/1000 x step-ms-per-kctx milliseconds; "
-    "decode takes tokens / decode-tps. Defaults give cold 3.38/9.79/17.06/33.26 s at the four "
-    "sizes, an identical repeat 0.16-0.19 s and a fresh tail 0.41-0.47 s (measured: "
-    "3.38/9.81/17.16/33.26, 0.12-0.19, 0.4-0.69).\n\n"
-    "Wall: a snapshot of t tokens needs t x token-bytes of its slab (cap-mb MiB when set, "
-    "else entry-bytes); one the slab cannot take is refused (/cache refused)."
-)
 _KW = inspect.Parameter.KEYWORD_ONLY
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Do not print a line per request.")]
 
@@ -82,8 +66,28 @@ def _option(f: dataclasses.Field[Any]) -> inspect.Parameter:
 
 
 class _SimCommand:
-    """The `sim` callback. Typer reads its signature when it builds the command: made from
-    `SimConfig` then, not when the command is registered."""
+    """Run a Halogen-compatible worker simulator in the foreground until Ctrl-C.
+
+    It serves /health, /cache, /metrics, /v1/models, /v1/chat/completions and /v1/completions
+    on 127.0.0.1 and models the prompt cache measured on the Halogen Flash lane (API 0.7.0). A
+    peer for demos and tests, not a measurement of Halogen.
+
+    Tokens: calibrated so the probe corpus's 4k/16k/32k/64k-character slices give the lane's
+    2,593/11,374/21,337/43,538 prompt tokens (about 1.5 characters a token).
+
+    Time model (fitted to the lane's probe; every duration divided by --speed): the u uncached
+    tokens of an n-token prompt prefill in min(u x step(n), prefill-setup-s + u / prefill-tps)
+    seconds, step(n) = step-ms + n/1000 x step-ms-per-kctx milliseconds; decode takes tokens /
+    decode-tps. Defaults give cold 3.38/9.79/17.06/33.26 s at the four sizes, an identical
+    repeat 0.16-0.19 s and a fresh tail 0.41-0.47 s (measured: 3.38/9.81/17.16/33.26,
+    0.12-0.19, 0.4-0.69).
+
+    Wall: a snapshot of t tokens needs t x token-bytes of its slab (cap-mb MiB when set, else
+    entry-bytes); one the slab cannot take is refused (/cache refused).
+    """
+
+    # The `sim` callback (its docstring is the command's help). Typer reads its signature when
+    # it builds the command: made from `SimConfig` then, not when the command is registered.
 
     def __init__(self) -> None:
         self.__annotations__: dict[str, Any] = {}  # typer's hints are in the signature
@@ -119,6 +123,7 @@ class _SimCommand:
                 server.stop()
 
 
+sim_command = _SimCommand()
 SAMPLE_NAME = "coding-agent"
 
 
@@ -220,9 +225,3 @@ def demo_command(
             sys.stdout.write(text_report(root, warm, probe))
         code = max(c.EXIT_BY_OUTCOME[warm.verdict], c.EXIT_BY_OUTCOME[probe.outcome])
         raise typer.Exit(int(code))
-
-
-def register(app: typer.Typer) -> None:
-    """Add `sim` and `demo` to `app`."""
-    app.command("sim", help=_HELP)(_SimCommand())
-    app.command("demo")(demo_command)

@@ -207,8 +207,3 @@ def ls_command(
                 f"{r.sha256[:16]}  {r.build_id}  {r.n_saved:>7,} tokens  {r.created}  "
                 f"{r.file}  {r.file_sha256[:16]}\n"
             )
-
-
-def register(app: typer.Typer) -> None:
-    """Add `snapshot` as a command group to `app`."""
-    app.add_typer(snapshot_app, name="snapshot")

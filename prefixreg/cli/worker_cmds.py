@@ -339,9 +339,3 @@ def keepalive_command(
             why = f"{summary.errors} worker errors" if summary.errors else "no verified counts"
             c.info(f"no re-warm succeeded in this run ({why})")
             raise typer.Exit(int(c.ExitCode.WORKER if summary.errors else c.ExitCode.UNVERIFIED))
-
-
-def register(app: typer.Typer) -> None:
-    """Add `warm`, `doctor`, `probe` and `keepalive` to `app`."""
-    for command in (warm_command, doctor_command, probe_command, keepalive_command):
-        app.command(command.__name__.removesuffix("_command"))(command)
