@@ -173,6 +173,14 @@ def emit_json(value: Any) -> None:
     sys.stdout.flush()
 
 
+def emit(json_out: bool, value: Any, text: str) -> None:
+    """The data on stdout: `value` as indented JSON with `--json`, else `text`."""
+    if json_out:
+        emit_json(value)
+    else:
+        sys.stdout.write(text)
+
+
 def open_registry_from(flag: Path | None) -> Registry:
     """Open the registry named by `--registry`, `$PREFIXREG_HOME` or the XDG default."""
     from prefixreg.registry.location import migration_hint, resolve_registry_path

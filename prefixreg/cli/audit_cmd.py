@@ -4,7 +4,6 @@ against the head it sends, and the byte identity of each request's system prefix
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -90,7 +89,4 @@ def audit_command(
                 hint="give response or request JSON, JSON lines, a directory of them, "
                 "or measurement records",
             )
-        if json_out:
-            c.emit_json(report.to_dict())
-        else:
-            sys.stdout.write(report.to_text())
+        c.emit(json_out, report.to_dict(), report.to_text())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -73,7 +72,4 @@ def frame_command(
         sha = reg.add_frame(
             system, tools=data, settings=_settings(settings or []), name=name, force=force
         )
-        if json_out:
-            c.emit_json({"frame": sha, "name": name})
-        else:
-            sys.stdout.write(f"{sha}\n")
+        c.emit(json_out, {"frame": sha, "name": name}, f"{sha}\n")

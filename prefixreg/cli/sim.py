@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import inspect
 import os
-import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -219,9 +218,7 @@ def demo_command(
         root, warm, probe = run_demo(
             registry, speed=speed, say=(lambda _m: None) if json_out else c.info
         )
-        if json_out:
-            c.emit_json({"registry": str(root), "warm": warm.receipt(), "probe": probe.to_dict()})
-        else:
-            sys.stdout.write(text_report(root, warm, probe))
+        receipt = {"registry": str(root), "warm": warm.receipt(), "probe": probe.to_dict()}
+        c.emit(json_out, receipt, text_report(root, warm, probe))
         code = max(c.EXIT_BY_OUTCOME[warm.verdict], c.EXIT_BY_OUTCOME[probe.outcome])
         raise typer.Exit(int(code))

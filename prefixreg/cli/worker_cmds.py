@@ -105,10 +105,7 @@ def warm_command(
             )
         if metrics_file is not None:
             write_metrics(metrics_file, result.metrics())
-        if json_out:
-            c.emit_json(result.receipt(public=public))
-        else:
-            sys.stdout.write(result.summary())
+        c.emit(json_out, result.receipt(public=public), result.summary())
         raise typer.Exit(int(c.EXIT_BY_OUTCOME[result.verdict]))
 
 
@@ -131,11 +128,9 @@ def doctor_command(
         reg = c.open_registry_from(registry)
         with c.open_worker(worker, model=None, timeout=30.0, profile=profile) as w:
             diagnosis = doctor(w, reg)
-        if json_out:
-            c.emit_json({"worker": w.url, **diagnosis.to_dict()})
-        else:
-            sys.stdout.write(f"worker {w.url} ({diagnosis.profile})\n")
-            sys.stdout.writelines(f"  [{f.level}] {f.text}\n" for f in diagnosis.findings)
+        lines = [f"worker {w.url} ({diagnosis.profile})"]
+        lines += [f"  [{f.level}] {f.text}" for f in diagnosis.findings]
+        c.emit(json_out, {"worker": w.url, **diagnosis.to_dict()}, "\n".join(lines) + "\n")
         raise typer.Exit(int(c.ExitCode.OK if diagnosis.healthy else c.ExitCode.NO))
 
 
@@ -228,11 +223,8 @@ def probe_command(
             _progress_bar(sys.stderr.isatty()) as step,
         ):
             report = run_probe(reg, w, options, progress=step)
-        if json_out:
-            c.emit_json(report.to_dict(public=public))
-        else:
-            sys.stdout.write(report.to_markdown())
-            sys.stdout.write(f"\nreceipt: {report.json_path}\nverdict: {report.md_path}\n")
+        paths = f"\nreceipt: {report.json_path}\nverdict: {report.md_path}\n"
+        c.emit(json_out, report.to_dict(public=public), report.to_markdown() + paths)
         raise typer.Exit(int(c.EXIT_BY_OUTCOME[report.outcome]))
 
 
@@ -325,11 +317,8 @@ def keepalive_command(
                 summary = keeper.run(seconds)
             except KeyboardInterrupt:
                 summary = keeper.summary
-        if json_out:
-            c.emit_json({"budget": b.to_dict(), **summary.to_dict()})
-        else:
-            lines = [str(summary), *(f"  {change}" for change in summary.budget_changes)]
-            sys.stdout.write("\n".join(lines) + "\n")
+        lines = [str(summary), *(f"  {change}" for change in summary.budget_changes)]
+        c.emit(json_out, {"budget": b.to_dict(), **summary.to_dict()}, "\n".join(lines) + "\n")
         if summary.stopped_because:
             c.info(f"stopped: {summary.stopped_because}")
             raise typer.Exit(int(c.ExitCode.WORKER if summary.stopped_by_worker else c.ExitCode.NO))
