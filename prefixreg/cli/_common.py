@@ -109,6 +109,16 @@ ProfileOpt = Annotated[
         "(default: detected from what the server answers: /health, /props, /version).",
     ),
 ]
+SlotDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--slot-dir",
+        help="The server's --slot-save-path as seen from here, where the snapshot file is "
+        "hashed (snapshot save: required; a restore, also warm --restore: re-checked, nothing "
+        "sent on a mismatch; default the directory recorded at save).",
+        show_default=False,
+    ),
+]
 MetricsOpt = Annotated[
     Path | None,
     typer.Option(

@@ -7,10 +7,8 @@ profile's default applies) unless the field names a ``cli_default``; ``env`` nam
 variable. Typer builds them with the command, so registering it (`prefixreg --help`) imports no
 simulator.
 
-`demo` starts the simulator on a free loopback port, adds the sample coding-agent system
-prompt to a registry (a fresh temporary one unless given), warms it (cold call, then a resume
-check with a fresh tail), runs a short probe and stops. Everything reported comes from the
-simulated server's own numbers. The library is imported inside the functions.
+`demo` runs the simulator in-process on a free loopback port; everything it reports comes from
+the simulated server's own numbers. The library is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ import inspect
 import os
 import tempfile
 import threading
-from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -135,32 +132,6 @@ def sample_prompt() -> bytes:
     return (resources.files("prefixreg") / "_examples" / "system-prompt.txt").read_bytes()
 
 
-def run_demo(
-    registry_path: Path | None, *, speed: float, say: Callable[[str], None]
-) -> tuple[Path, WarmResult, ProbeReport]:
-    """Run the demo; `speed` compresses the simulator's modelled time (100 = 100x faster).
-    Returns the registry's path, the warm and the probe."""
-    from prefixreg.registry.store import Registry
-    from prefixreg.server.worker import Worker
-    from prefixreg.sim import SimConfig, SimServer
-    from prefixreg.verbs.measure.warm import warm
-    from prefixreg.verbs.probe.options import ProbeOptions
-    from prefixreg.verbs.probe.run import run_probe
-
-    root = registry_path or Path(tempfile.mkdtemp(prefix="prefixreg-demo-")) / "registry"
-    reg = Registry(root)
-    sha = reg.add(sample_prompt(), name=SAMPLE_NAME, source="examples/system-prompt.txt")
-    say(f"added the sample system prompt as {SAMPLE_NAME} ({sha[:16]}) to {root}")
-    with SimServer(SimConfig(speed=speed)) as sim, Worker(sim.url) as worker:
-        say(f"started the simulated Halogen worker at {sim.url} (Flash lane defaults, x{speed:g})")
-        warm_result = warm(reg, reg.head(SAMPLE_NAME), worker)
-        say("warmed it and checked that a fresh call resumes it")
-        options = ProbeOptions(sizes=(4000, 16000), foreign=9, survival=True)
-        report = run_probe(reg, worker, options)
-        say("ran a short probe (2 sizes, survival search)")
-    return root, warm_result, report
-
-
 def text_report(root: Path, warm: WarmResult, probe: ProbeReport) -> str:
     """What each step did, in the simulated server's own numbers."""
     lines = [
@@ -168,7 +139,7 @@ def text_report(root: Path, warm: WarmResult, probe: ProbeReport) -> str:
         "",
         f"1. add    {warm.prefix.name} {warm.prefix.sha256[:16]} ({warm.prefix.size:,} bytes)",
     ]
-    cold = next((c.evidence for c in warm.calls if c.phase == "warm"), None)
+    cold = next((call.evidence for call in warm.calls if call.phase == "warm"), None)
     if cold is not None and warm.check is not None:
         check = warm.check.evidence
         speedup = (
@@ -183,8 +154,8 @@ def text_report(root: Path, warm: WarmResult, probe: ProbeReport) -> str:
             f"         verdict: {warm.verdict.upper()} ({warm.reason})",
         ]
     status = ", ".join(
-        f"{c.number} {c.per_call if c.per_call == c.windowed else c.windowed + f' (lag {c.lag})'}"
-        for c in probe.checks
+        f"{k.number} {k.per_call if k.per_call == k.windowed else k.windowed + f' (lag {k.lag})'}"
+        for k in probe.checks
     )
     lines += [
         f"3. probe  Cmax {probe.cmax:,} tokens; a prefix survives {probe.survival} foreign prompts",
@@ -214,11 +185,33 @@ def demo_command(
 ) -> None:
     """Show the main job in a minute: start a simulated Halogen worker in-process, add the
     sample system prompt, warm it, prove it resumes, run a short probe, and stop."""
+    from prefixreg.registry.store import Registry
+    from prefixreg.server.worker import Worker
+    from prefixreg.sim import SimConfig, SimServer
+    from prefixreg.verbs.measure.warm import warm
+    from prefixreg.verbs.probe.options import ProbeOptions
+    from prefixreg.verbs.probe.run import run_probe
+
+    def say(message: str) -> None:
+        if not json_out:
+            c.info(message)
+
     with c.cli_errors(debug):
-        root, warm, probe = run_demo(
-            registry, speed=speed, say=(lambda _m: None) if json_out else c.info
-        )
-        receipt = {"registry": str(root), "warm": warm.receipt(), "probe": probe.to_dict()}
-        c.emit(json_out, receipt, text_report(root, warm, probe))
-        code = max(c.EXIT_BY_OUTCOME[warm.verdict], c.EXIT_BY_OUTCOME[probe.outcome])
-        raise typer.Exit(int(code))
+        root = registry or Path(tempfile.mkdtemp(prefix="prefixreg-demo-")) / "registry"
+        reg = Registry(root)
+        sha = reg.add(sample_prompt(), name=SAMPLE_NAME, source="examples/system-prompt.txt")
+        say(f"added the sample system prompt as {SAMPLE_NAME} ({sha[:16]}) to {root}")
+        with SimServer(SimConfig(speed=speed)) as sim, Worker(sim.url) as worker:
+            say(
+                f"started the simulated Halogen worker at {sim.url} (Flash lane defaults, "
+                f"x{speed:g})"
+            )
+            warmed = warm(reg, reg.head(SAMPLE_NAME), worker)
+            say("warmed it and checked that a fresh call resumes it")
+            probe = run_probe(
+                reg, worker, ProbeOptions(sizes=(4000, 16000), foreign=9, survival=True)
+            )
+            say("ran a short probe (2 sizes, survival search)")
+        receipt = {"registry": str(root), "warm": warmed.receipt(), "probe": probe.to_dict()}
+        c.emit(json_out, receipt, text_report(root, warmed, probe))
+        raise typer.Exit(max(c.EXIT_BY_OUTCOME[warmed.verdict], c.EXIT_BY_OUTCOME[probe.outcome]))

@@ -20,16 +20,6 @@ if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
     from prefixreg.server.worker import Worker
 
-SlotDirOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--slot-dir",
-        help="The server's --slot-save-path as seen from here, where the snapshot file is "
-        "hashed (save: required; restore: re-checked, nothing sent on a mismatch; default "
-        "the directory recorded at save).",
-        show_default=False,
-    ),
-]
 SlotOpt = Annotated[
     int | None,
     typer.Option("--slot", help="Use this slot id if it is idle (default: the first idle).", min=0),
@@ -105,7 +95,7 @@ def warm_restore_cli(
 def save_command(
     ref: c.RefArg,
     worker: c.WorkerOpt = None,
-    slot_dir: SlotDirOpt = None,
+    slot_dir: c.SlotDirOpt = None,
     slot: SlotOpt = None,
     model: c.ModelOpt = None,
     timeout: c.TimeoutOpt = 1800.0,
@@ -148,7 +138,7 @@ def save_command(
 def restore_command(
     ref: c.RefArg,
     worker: c.WorkerOpt = None,
-    slot_dir: SlotDirOpt = None,
+    slot_dir: c.SlotDirOpt = None,
     slot: SlotOpt = None,
     no_warm: Annotated[
         bool,

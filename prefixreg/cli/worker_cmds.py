@@ -45,15 +45,7 @@ def warm_command(
             " does not resume, a normal warm follows (see `prefixreg snapshot`).",
         ),
     ] = False,
-    slot_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--slot-dir",
-            help="With --restore: the server's --slot-save-path as seen from here, where the"
-            " snapshot file is re-hashed (default: the directory recorded at save).",
-            show_default=False,
-        ),
-    ] = None,
+    slot_dir: c.SlotDirOpt = None,
     public: Annotated[
         bool,
         typer.Option(
@@ -75,6 +67,7 @@ def warm_command(
     0 when the snapshot is proven `restored`, else the normal warm that follows decides;
     3 when the snapshot file changed (no restore sent); 2 a server without a slot API.
     """
+    from prefixreg.cli.snapshot_cmd import warm_restore_cli
     from prefixreg.verbs.measure.metrics import check_metrics_path, write_metrics
     from prefixreg.verbs.measure.warm import warm
 
@@ -95,8 +88,6 @@ def warm_command(
         progress = c.progress_for(json_out)
         with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
             if restore:
-                from prefixreg.cli.snapshot_cmd import warm_restore_cli
-
                 raise typer.Exit(
                     warm_restore_cli(reg, head, w, slot_dir=slot_dir, json_out=json_out)
                 )
