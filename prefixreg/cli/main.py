@@ -23,7 +23,6 @@ import io
 import os
 import sys
 from collections.abc import Callable, Sequence
-from types import ModuleType
 from typing import Annotated, Any, Final
 
 import typer
@@ -64,23 +63,22 @@ _JUDGED: Final = frozenset(
 )
 
 
-def _module(name: str) -> ModuleType:
-    return importlib.import_module(f"prefixreg.cli.{name}")
+def _found(name: str) -> tuple[Any, typer.Typer | None]:
+    """Command `name` in its module: `<name>_command`, or `<name>_app` for a command group."""
+    found = vars(importlib.import_module(f"prefixreg.cli.{COMMAND_MODULES[name]}"))
+    return found.get(f"{name}_command"), found.get(f"{name}_app")
 
 
-def _register(module: str, app: typer.Typer) -> None:
-    """Add a command module's commands to `app` (`<name>_command`, or `<name>_app` for a
-    command group), with the judge's note on those that judge."""
-    found = vars(_module(module))
-    for name in (name for name, where in COMMAND_MODULES.items() if where == module):
-        epilog = JUDGE_NOTE if name in _JUDGED else None
-        group = found.get(f"{name}_app")
-        if group is None:
-            app.command(name, epilog=epilog)(found[f"{name}_command"])
-            continue
-        app.add_typer(group, name=name)
-        for sub in group.registered_commands:
-            sub.epilog = sub.epilog or epilog
+def _register(app: typer.Typer, name: str) -> None:
+    """Add command `name` to `app`, with the judge's note if it judges."""
+    command, group = _found(name)
+    epilog = JUDGE_NOTE if name in _JUDGED else None
+    if group is None:
+        app.command(name, epilog=epilog)(command)
+        return
+    app.add_typer(group, name=name)
+    for sub in group.registered_commands:
+        sub.epilog = sub.epilog or epilog
 
 
 def _print_version(value: bool) -> None:
@@ -106,10 +104,8 @@ def _new_app() -> typer.Typer:
             ),
         ] = False,
     ) -> None:
-        # A callback keeps this a command group even when it holds a single command.
-        pass
+        """A callback keeps this a command group even when it holds a single command."""
 
-    _main.__doc__ = HELP
     return new
 
 
@@ -125,25 +121,14 @@ def app_for(argv: Sequence[str]) -> typer.Typer:
     """An app holding just what `argv` needs: the one command it names, built in full, or
     (for `--help`, no arguments or an unknown name) stand-ins listing every command."""
     name = next((a for a in argv if not a.startswith("-")), None)
-    lean = _new_app()
+    app = _new_app()
     if name in COMMAND_MODULES:
-        scratch = typer.Typer()
-        _register(COMMAND_MODULES[name], scratch)
-        lean.registered_commands = [i for i in scratch.registered_commands if i.name == name]
-        lean.registered_groups = [g for g in scratch.registered_groups if g.name == name]
-        return lean
-    full = _new_app()  # every module imported, every command registered
-    for module in dict.fromkeys(COMMAND_MODULES.values()):
-        _register(module, full)
-    for info in full.registered_commands:
-        doc = info.help or (info.callback.__doc__ if info.callback is not None else None)
-        lean.command(info.name)(_stand_in(doc))
-    for group in full.registered_groups:  # `pool`: a command with subcommands
-        sub = group.typer_instance
-        lean.command(group.name)(_stand_in(None if sub is None else str(sub.info.help)))
-    order = list(COMMAND_MODULES)
-    lean.registered_commands.sort(key=lambda i: order.index(i.name) if i.name in order else 0)
-    return lean
+        _register(app, name)
+        return app
+    for each in COMMAND_MODULES:  # every command module imported, for its help
+        command, group = _found(each)
+        app.command(each)(_stand_in(command.__doc__ if group is None else str(group.info.help)))
+    return app
 
 
 class _ClosedInput(io.RawIOBase):
@@ -189,8 +174,7 @@ def _single(name: str) -> None:
     """Run one command as its own program (`prefix-add` is `prefixreg add`)."""
     guard_stdio()
     single = typer.Typer(**APP_SETTINGS)
-    command = getattr(_module(COMMAND_MODULES[name]), f"{name}_command")
-    single.command(epilog=JUDGE_NOTE if name in _JUDGED else None)(command)
+    _register(single, name)
     single(prog_name=f"prefix-{name}")
 
 

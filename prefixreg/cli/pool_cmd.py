@@ -2,10 +2,7 @@
 
 The pool: `--worker URL` repeated, else `--pool FILE` (TOML or JSON; see
 `prefixreg.verbs.pool.spec`), else `$PREFIXREG_WORKERS` (comma-separated); `--router URL` puts
-sglang-router (`--policy manual`) in front. Exit codes: 0 every head placed and proven
-resident (doctor: and builds agree, no worker overloaded), 1 a head refused (the pool is too
-small), not resumed or unproven, or builds differ, 2 usage, 3 integrity (nothing sent), 4
-only unverified counts stand in the way, 5 no worker answered.
+sglang-router (`--policy manual`) in front. Each command's help gives its exit codes.
 """
 
 from __future__ import annotations
@@ -132,8 +129,11 @@ def pool_warm_command(
     Through a router, a head's first call carries its routing key (its sha) and the worker
     that served it is traced; a key the router put on a full worker is re-keyed. Each head
     is then proven by fresh-tail checks directly on its worker, repeated until a round
-    prefills nothing. A head beyond the pool's capacity is refused and nothing is sent for
-    it: exit 1.
+    prefills nothing. A head beyond the pool's capacity is refused and nothing is sent for it.
+
+    Exit 0 every head placed and proven resident; 1 a head refused (the pool is too small),
+    unplaced, not resumed or unproven, or a worker down; 2 usage; 3 integrity (nothing
+    sent); 4 only unverified counts stand in the way; 5 no worker answered.
     """
     from prefixreg.verbs.pool.warm import warm_pool
 
@@ -141,8 +141,7 @@ def pool_warm_command(
         reg, live = _open(worker, pool, router, registry, timeout)
         with live:
             heads = [reg.head(ref) for ref in refs]  # verified once, before anything is sent
-            progress = c.progress_for(json_out)
-            report = warm_pool(live, heads, progress=progress)
+            report = warm_pool(live, heads, progress=c.progress_for(json_out))
         _show(report, reg, json_out, "pool warm")
         raise typer.Exit(int(_exit_code(report)))
 
@@ -197,8 +196,7 @@ def pool_status_command(
 
 
 def _exit_code(report: PoolReport) -> c.ExitCode:
-    """0 ok; 5 when no worker answered; 4 when only unverified counts stand in the way;
-    else 1 (a head refused, unplaced, not resumed or unproven, a worker down)."""
+    """`pool warm`'s exit code (see its help)."""
     if report.ok:
         return c.ExitCode.OK
     if report.workers and all(w.error is not None for w in report.workers):
