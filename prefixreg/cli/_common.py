@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -141,27 +141,14 @@ def progress_for(json_out: bool) -> Callable[[str], None] | None:
     return info if sys.stderr.isatty() and not json_out else None
 
 
-def fail(message: str, code: ExitCode, *, hint: str | None = None) -> NoReturn:
-    """Print a one-line error (and an optional hint) and exit with `code`."""
-    info(f"error: {message}")
-    if hint:
-        info(f"hint: {hint}")
-    raise typer.Exit(int(code))
-
-
 @contextmanager
 def cli_errors(debug: bool) -> Iterator[None]:
-    """Turn prefixreg errors into one clear line and the mapped exit code (`EXIT_CODES`; a
-    prefixreg error not listed there, like any other failure, exits 1)."""
+    """Turn an error into `error: <message>` (and a `hint:` line) on stderr and its exit code:
+    a prefixreg error's from `EXIT_CODES`, 1 for one not listed there and for an OSError."""
     try:
         yield
     except typer.Exit:
         raise
-    except errors.PrefixregError as exc:
-        if debug:
-            traceback.print_exc()
-        code = next((code for cls, code in EXIT_CODES if isinstance(exc, cls)), ExitCode.NO)
-        fail(str(exc), code, hint=exc.hint)
     except KeyboardInterrupt:
         info("interrupted")
         raise typer.Exit(130) from None
@@ -169,10 +156,19 @@ def cli_errors(debug: bool) -> Iterator[None]:
         # stdout closed early (`prefixreg cat x | head`): not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(int(ExitCode.OK)) from None
-    except OSError as exc:
+    except (errors.PrefixregError, OSError) as exc:
         if debug:
             traceback.print_exc()
-        fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), ExitCode.NO)
+        if isinstance(exc, errors.PrefixregError):
+            code = next((code for cls, code in EXIT_CODES if isinstance(exc, cls)), ExitCode.NO)
+            message, hint = str(exc), exc.hint
+        else:
+            code, hint = ExitCode.NO, None
+            message = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
+        info(f"error: {message}")
+        if hint:
+            info(f"hint: {hint}")
+        raise typer.Exit(int(code)) from None
 
 
 def emit_json(value: Any) -> None:
