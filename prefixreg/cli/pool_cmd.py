@@ -78,9 +78,8 @@ def _show(report: PoolReport, reg: Registry, json_out: bool, title: str, **extra
     if json_out:
         c.emit_json({**report.to_dict(), **extra})
         return
-    names: dict[str, str] = {}
-    for name, sha in sorted(reg.names().items()):
-        names.setdefault(sha, name)
+    # Each sha shown with its first name in order: the later ones are overwritten.
+    names = {sha: name for name, sha in sorted(reg.names().items(), reverse=True)}
     capacity = sum(w.capacity for w in report.workers)
     router = f", router {report.router}" if report.router else ""
     lines = [f"{title}: {len(report.workers)} workers, capacity {capacity}{router}"]

@@ -2,7 +2,7 @@
 
 Each reference is resolved once (`Registry.head`: a prefix or a frame) and verified before
 a connection is opened; each command's help gives its exit codes. `warm --restore` runs the
-same restore (`warm_restore_cli`): 0 for `restored`, else the warm that follows decides.
+same restore (`warm_restore_cli`).
 """
 
 from __future__ import annotations

@@ -219,14 +219,11 @@ def probe_command(
         raise typer.Exit(int(c.EXIT_BY_OUTCOME[report.outcome]))
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
 def parse_duration(text: str) -> float:
     """`90`, `30s`, `10m`, `2h`, `1d` -> seconds (above 0)."""
-    match = _DURATION.fullmatch(text.strip().lower())
-    seconds = 0.0 if match is None else float(match.group(1)) * _UNITS[match.group(2)]
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip().lower())
+    units = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    seconds = 0.0 if match is None else float(match.group(1)) * units[match.group(2)]
     if seconds <= 0:
         raise UsageError(f"bad duration {text!r}: seconds above 0, or a number with s, m, h, d")
     return seconds
