@@ -51,8 +51,7 @@ def frame_command(
         str | None, typer.Option("--name", help="Point this name at the frame.")
     ] = None,
     force: Annotated[
-        bool,
-        typer.Option("--force", help="Move --name even when it now points at a bare prefix."),
+        bool, typer.Option("--force", help="Move --name even when it now points at a bare prefix.")
     ] = False,
     registry: c.RegistryOpt = None,
     json_out: c.JsonOpt = False,

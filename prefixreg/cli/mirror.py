@@ -49,8 +49,7 @@ def mirror_command(
         ),
     ] = None,
     dry_run: Annotated[
-        bool,
-        typer.Option("--dry-run", help="Print what would change (itemized); change nothing."),
+        bool, typer.Option("--dry-run", help="Print what would change (itemized); change nothing.")
     ] = False,
     full_verify: Annotated[
         bool,
@@ -69,8 +68,7 @@ def mirror_command(
         ),
     ] = None,
     bwlimit: Annotated[
-        int | None,
-        typer.Option("--bwlimit", min=1, help="Limit each transfer to this many KiB/s."),
+        int | None, typer.Option("--bwlimit", min=1, help="Limit each transfer to this many KiB/s.")
     ] = None,
     registry: c.RegistryOpt = None,
     json_out: c.JsonOpt = False,

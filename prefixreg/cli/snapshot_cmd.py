@@ -141,8 +141,7 @@ def restore_command(
     slot_dir: c.SlotDirOpt = None,
     slot: SlotOpt = None,
     no_warm: Annotated[
-        bool,
-        typer.Option("--no-warm", help="Do not fall back to a normal warm when not restored."),
+        bool, typer.Option("--no-warm", help="Do not fall back to a normal warm when not restored.")
     ] = False,
     model: c.ModelOpt = None,
     timeout: c.TimeoutOpt = 1800.0,
