@@ -40,12 +40,12 @@ HELP = (
 # them. tests/test_cli_main.py checks it against what the modules define.
 COMMAND_MODULES: Final[dict[str, str]] = {
     **dict.fromkeys(("add", "cat", "show", "ls", "name", "names", "verify"), "store_cmds"),
-    "frame": "frame_cmd",
+    "frame": "loop_cmds",
     **dict.fromkeys(("warm", "doctor", "probe", "keepalive"), "worker_cmds"),
-    "audit": "audit_cmd",
-    "pool": "pool_cmd",
+    "audit": "loop_cmds",
+    "pool": "fleet_cmds",
     "snapshot": "snapshot_cmd",
-    "mirror": "mirror",
+    "mirror": "fleet_cmds",
     "migrate": "lifecycle",
     "gc": "lifecycle",
     "sim": "sim",

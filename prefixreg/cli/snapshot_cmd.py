@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from prefixreg.cli import _common as c
+from prefixreg.core.errors import UsageError
 
 if TYPE_CHECKING:
     from prefixreg.core.frame import Head
@@ -111,7 +112,6 @@ def save_command(
     Exit 0 saved, 3 integrity (nothing sent), 4 not proven (nothing recorded), 2 no slot
     API or no --slot-dir, 5 worker.
     """
-    from prefixreg.core.errors import UsageError
     from prefixreg.verbs.snapshot.run import save_snapshot
 
     with c.cli_errors(debug):

@@ -1,5 +1,7 @@
-"""`prefixreg audit PATH...`: token and time accounting over call outputs, each call judged
-against the head it sends, and the byte identity of each request's system prefix.
+"""The commands around an agent loop's head: `frame` registers it (system prefix, tools,
+prompt settings); `audit PATH...` accounts tokens and time over the loop's call outputs, judges
+each call against the head it sends, and names each request's system prefix by byte identity.
+Each command's help gives its exit codes.
 """
 
 from __future__ import annotations
@@ -10,9 +12,72 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from prefixreg.cli import _common as c
+from prefixreg.core.errors import CorruptRecordError, RegistryLocationError, UsageError
 
 if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
+
+
+def _settings(pairs: list[str]) -> dict[str, object]:
+    """`--set KEY=JSON` pairs: a bare word is a string; a value is never empty, never a
+    non-finite number, and a key is given once."""
+    from prefixreg.core.jsonio import loads  # lazily: `--help` lists every command
+
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not value.strip():
+            raise UsageError(f"--set {pair!r}: use KEY=JSON (e.g. tool_choice='\"auto\"')")
+        if key in out:
+            raise UsageError(f"--set {key} is given twice; a setting has one value")
+        try:
+            out[key] = loads(value, exact=True)
+        except CorruptRecordError as exc:
+            if value.strip()[:1] in set('[{"-0123456789') or value in ("NaN", "Infinity"):
+                raise UsageError(f"--set {key}: {exc}") from None
+            out[key] = value  # a bare word is a string: tool_choice=auto
+    return out
+
+
+def frame_command(
+    system: Annotated[str, typer.Argument(help="The system prefix: a name or sha.")],
+    tools: Annotated[
+        Path | None,
+        typer.Option("--tools", help="A JSON file with the tools list, stored as exact bytes."),
+    ] = None,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="A prompt setting KEY=JSON (tool_choice, enable_thinking, reasoning_effort, "
+            "chat_template_kwargs, parallel_tool_calls, preserve_thinking); repeatable.",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Point this name at the frame.")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Move --name even when it now points at a bare prefix.")
+    ] = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
+) -> None:
+    """Register a frame: the head a loop sends (system prefix, tools, prompt settings).
+
+    Prints the frame's sha256 (of its record, `frames/<sha>.json`). Exit 0 ok; 2 usage (bad
+    tools JSON, unknown setting, bad name or reference); 3 integrity (a part fails
+    verification: nothing written, nothing sent).
+    """
+    from prefixreg.registry.fsutil import read_user_file
+
+    with c.cli_errors(debug):
+        reg = c.open_registry_from(registry)
+        data = None if tools is None else read_user_file(tools)
+        sha = reg.add_frame(
+            system, tools=data, settings=_settings(settings or []), name=name, force=force
+        )
+        c.emit(json_out, {"frame": sha, "name": name}, f"{sha}\n")
 
 
 def audit_command(
@@ -62,7 +127,6 @@ def audit_command(
     fails verification (the store fails closed).
     """
     with c.cli_errors(debug):
-        from prefixreg.core.errors import RegistryLocationError, UsageError
         from prefixreg.verbs.audit.run import run_audit
 
         try:
