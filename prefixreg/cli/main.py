@@ -22,7 +22,7 @@ import importlib
 import io
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Any, Final
 
 import typer
@@ -109,12 +109,9 @@ def _new_app() -> typer.Typer:
     return new
 
 
-def _stand_in(help_text: str | None) -> Callable[[], None]:
-    def command() -> None:  # never run: only listed by the top-level --help
-        raise typer.Exit(ExitCode.USAGE)
-
-    command.__doc__ = help_text
-    return command
+def _stand_in() -> None:
+    """Never run: a command's stand-in, only listed by the top-level --help."""
+    raise typer.Exit(ExitCode.USAGE)
 
 
 def app_for(argv: Sequence[str]) -> typer.Typer:
@@ -127,7 +124,8 @@ def app_for(argv: Sequence[str]) -> typer.Typer:
         return app
     for each in COMMAND_MODULES:  # every command module imported, for its help
         command, group = _found(each)
-        app.command(each)(_stand_in(command.__doc__ if group is None else str(group.info.help)))
+        doc = command.__doc__ if group is None else str(group.info.help)
+        app.command(each, help=doc)(_stand_in)
     return app
 
 

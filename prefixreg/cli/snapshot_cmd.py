@@ -40,9 +40,9 @@ def warm_restore_cli(
     reg: Registry,
     head: Head,
     worker: Worker,
-    *,
     slot_dir: Path | None,
     json_out: bool,
+    *,
     slot: int | None = None,
     fallback: bool = True,
     as_warm: bool = True,
@@ -163,14 +163,7 @@ def restore_command(
         head = reg.head(ref)
         with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
             code = warm_restore_cli(
-                reg,
-                head,
-                w,
-                slot_dir=slot_dir,
-                json_out=json_out,
-                slot=slot,
-                fallback=not no_warm,
-                as_warm=False,
+                reg, head, w, slot_dir, json_out, slot=slot, fallback=not no_warm, as_warm=False
             )
         raise typer.Exit(code)
 

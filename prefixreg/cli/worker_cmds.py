@@ -88,9 +88,7 @@ def warm_command(
         progress = c.progress_for(json_out)
         with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
             if restore:
-                raise typer.Exit(
-                    warm_restore_cli(reg, head, w, slot_dir=slot_dir, json_out=json_out)
-                )
+                raise typer.Exit(warm_restore_cli(reg, head, w, slot_dir, json_out))
             result = warm(
                 reg, head, w, check=not no_check, send_warm=not check_only, progress=progress
             )
