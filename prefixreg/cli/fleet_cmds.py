@@ -1,13 +1,10 @@
 """The commands over many workers: `pool warm | doctor | status` keeps registered heads on a
-pool of workers; `mirror` (also `prefix-mirror`) copies the registry to the workers, one-way
-verified rsync. Each command's help gives its exit codes; the library is imported inside the
-commands so `--help` stays cheap.
+pool of workers; `mirror` (also `prefix-mirror`) copies the registry to them, one-way verified
+rsync, with one line per destination on stderr whose content word is `judge_copy`'s verdict.
 
 The pool: `--worker URL` repeated, else `--pool FILE` (TOML or JSON; see
 `prefixreg.verbs.pool.spec`), else `$PREFIXREG_WORKERS` (comma-separated); `--router URL` puts
-sglang-router (`--policy manual`) in front. A mirror prints one summary line per destination
-on stderr as it finishes, its content word the report's (`judge_copy`'s verdict); `--json`
-prints the report on stdout.
+sglang-router (`--policy manual`) in front. Each command's help gives its exit codes.
 """
 
 from __future__ import annotations

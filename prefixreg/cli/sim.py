@@ -1,14 +1,12 @@
-"""`prefixreg sim` and `prefixreg demo`: the Halogen-compatible simulator in the foreground,
-and the main job run on it in-process for a newcomer.
+"""`prefixreg sim`: the Halogen-compatible simulator in the foreground; `prefixreg demo`: the
+main job run on it in-process for a newcomer, everything reported from the simulated server's
+own numbers. The library is imported inside the functions.
 
 `sim` has one option per `SimConfig` field, from its metadata (`prefixreg.sim.config.knob`):
 named after it, typed by its default, with its help and defaults. Options default to None (the
 profile's default applies) unless the field names a ``cli_default``; ``env`` names a fallback
 variable. Typer builds them with the command, so registering it (`prefixreg --help`) imports no
 simulator.
-
-`demo` runs the simulator in-process on a free loopback port; everything it reports comes from
-the simulated server's own numbers. The library is imported inside the functions.
 """
 
 from __future__ import annotations
