@@ -89,24 +89,15 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-def _new_app() -> typer.Typer:
-    new = typer.Typer(name="prefixreg", help=HELP, no_args_is_help=True, **APP_SETTINGS)
-
-    @new.callback()
-    def _main(
-        version: Annotated[
-            bool,
-            typer.Option(
-                "--version",
-                help="Print the version and exit.",
-                is_eager=True,
-                callback=_print_version,
-            ),
-        ] = False,
-    ) -> None:
-        """A callback keeps this a command group even when it holds a single command."""
-
-    return new
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", is_eager=True, callback=_print_version
+        ),
+    ] = False,
+) -> None:
+    """The app's callback: it keeps the app a command group even with a single command."""
 
 
 def _stand_in() -> None:
@@ -118,7 +109,8 @@ def app_for(argv: Sequence[str]) -> typer.Typer:
     """An app holding just what `argv` needs: the one command it names, built in full, or
     (for `--help`, no arguments or an unknown name) stand-ins listing every command."""
     name = next((a for a in argv if not a.startswith("-")), None)
-    app = _new_app()
+    app = typer.Typer(name="prefixreg", help=HELP, no_args_is_help=True, **APP_SETTINGS)
+    app.callback()(_main)
     if name in COMMAND_MODULES:
         _register(app, name)
         return app
