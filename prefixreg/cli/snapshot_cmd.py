@@ -124,14 +124,12 @@ def save_command(
             rec, receipt = save_snapshot(
                 reg, head, w, slot_dir=slot_dir, slot=slot, progress=progress
             )
-        if json_out:
-            c.emit_json(receipt)
-            return
-        sys.stdout.write(
+        text = (
             f"saved    {head.kind} {rec.sha256[:16]} on build {rec.build_id}: {rec.n_saved:,} "
             f"tokens, {rec.file_bytes:,} bytes, {rec.save_ms or 0:.1f} ms (slot {rec.slot_id})\n"
             f"file     {rec.file}, sha256 {rec.file_sha256}\nrecord   {receipt['record']}\n"
         )
+        c.emit(json_out, receipt, text)
 
 
 @snapshot_app.command("restore")
@@ -181,11 +179,9 @@ def ls_command(
     with c.cli_errors(debug):
         reg = c.open_registry_from(registry)
         records = list_snapshots(reg, None if ref is None else reg.head(ref).sha256)
-        if json_out:
-            c.emit_json([r.to_dict() for r in records])
-            return
-        for r in records:
-            sys.stdout.write(
-                f"{r.sha256[:16]}  {r.build_id}  {r.n_saved:>7,} tokens  {r.created}  "
-                f"{r.file}  {r.file_sha256[:16]}\n"
-            )
+        rows = (
+            f"{r.sha256[:16]}  {r.build_id}  {r.n_saved:>7,} tokens  {r.created}  "
+            f"{r.file}  {r.file_sha256[:16]}\n"
+            for r in records
+        )
+        c.emit(json_out, [r.to_dict() for r in records], "".join(rows))
