@@ -51,13 +51,9 @@ EXIT_CODES: tuple[tuple[type[errors.PrefixregError], ExitCode], ...] = (
 )
 # Outcomes the library reports (warm verdicts, probe outcomes), mapped here with the errors'.
 EXIT_BY_OUTCOME: dict[str, ExitCode] = {
-    "resumed": ExitCode.OK,
-    "warmed": ExitCode.OK,
-    "partial": ExitCode.NO,
-    "cold": ExitCode.NO,
+    **dict.fromkeys(("resumed", "warmed", "ok"), ExitCode.OK),
+    **dict.fromkeys(("partial", "cold", "check_failed"), ExitCode.NO),
     "unverified": ExitCode.UNVERIFIED,
-    "ok": ExitCode.OK,
-    "check_failed": ExitCode.NO,
 }
 # The settings of every Typer app and command group the CLI builds.
 APP_SETTINGS: dict[str, Any] = {
