@@ -147,7 +147,12 @@ def pool_warm_command(
             heads = [reg.head(ref) for ref in refs]  # verified once, before anything is sent
             report = warm_pool(live, heads, progress=c.progress_for(json_out))
         _show(report, reg, json_out, "pool warm")
-        raise typer.Exit(int(_exit_code(report)))
+        if report.ok:
+            raise typer.Exit(c.ExitCode.OK)
+        if report.workers and all(w.error is not None for w in report.workers):
+            raise typer.Exit(c.ExitCode.WORKER)
+        unverified = report.unverified and not report.refused
+        raise typer.Exit(c.ExitCode.UNVERIFIED if unverified else c.ExitCode.NO)
 
 
 @pool_app.command("doctor")
@@ -197,17 +202,6 @@ def pool_status_command(
             report = doctor_pool(live, prove=False)
         placement = sorted(live.placement.values(), key=lambda a: a.worker)
         _show(report, reg, json_out, "pool status", placement=[a.to_dict() for a in placement])
-
-
-def _exit_code(report: PoolReport) -> c.ExitCode:
-    """`pool warm`'s exit code (see its help)."""
-    if report.ok:
-        return c.ExitCode.OK
-    if report.workers and all(w.error is not None for w in report.workers):
-        return c.ExitCode.WORKER
-    if report.unverified and not report.refused:
-        return c.ExitCode.UNVERIFIED
-    return c.ExitCode.NO
 
 
 def _summary(r: DestinationResult) -> str:

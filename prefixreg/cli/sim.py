@@ -53,9 +53,11 @@ def _option(f: dataclasses.Field[Any]) -> inspect.Parameter:
     kind, name = kind_of(f.default), f.name.replace("_", "-")
     decls = f"--{name}/--no-{name}" if kind is bool else f"--{name}"
     option = typer.Option(decls, help=option_help(f), show_default=False)
-    default = f.metadata.get("cli_default")
     return inspect.Parameter(
-        f.name, _KW, default=default, annotation=Annotated[kind | None, option]
+        f.name,
+        _KW,
+        default=f.metadata.get("cli_default"),
+        annotation=Annotated[kind | None, option],
     )
 
 
@@ -206,9 +208,8 @@ def demo_command(
             )
             warmed = warm(reg, reg.head(SAMPLE_NAME), worker)
             say("warmed it and checked that a fresh call resumes it")
-            probe = run_probe(
-                reg, worker, ProbeOptions(sizes=(4000, 16000), foreign=9, survival=True)
-            )
+            options = ProbeOptions(sizes=(4000, 16000), foreign=9, survival=True)
+            probe = run_probe(reg, worker, options)
             say("ran a short probe (2 sizes, survival search)")
         receipt = {"registry": str(root), "warm": warmed.receipt(), "probe": probe.to_dict()}
         c.emit(json_out, receipt, text_report(root, warmed, probe))
