@@ -67,7 +67,6 @@ def warm_command(
     0 when the snapshot is proven `restored`, else the normal warm that follows decides;
     3 when the snapshot file changed (no restore sent); 2 a server without a slot API.
     """
-    from prefixreg.cli.snapshot_cmd import warm_restore_cli
     from prefixreg.verbs.measure.metrics import check_metrics_path, write_metrics
     from prefixreg.verbs.measure.warm import warm
 
@@ -87,7 +86,9 @@ def warm_command(
         head = reg.head(ref)  # resolved and verified once, before a connection is opened
         progress = c.progress_for(json_out)
         with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
-            if restore:
+            if restore:  # the one import of another command module, only when needed
+                from prefixreg.cli.snapshot_cmd import warm_restore_cli
+
                 raise typer.Exit(warm_restore_cli(reg, head, w, slot_dir, json_out))
             result = warm(
                 reg, head, w, check=not no_check, send_warm=not check_only, progress=progress
