@@ -143,8 +143,6 @@ def cli_errors(debug: bool) -> Iterator[None]:
     a prefixreg error's from `EXIT_CODES`, 1 for one not listed there and for an OSError."""
     try:
         yield
-    except typer.Exit:
-        raise
     except KeyboardInterrupt:
         info("interrupted")
         raise typer.Exit(130) from None

@@ -46,10 +46,8 @@ COMMAND_MODULES: Final[dict[str, str]] = {
     "pool": "fleet_cmds",
     "snapshot": "snapshot_cmd",
     "mirror": "fleet_cmds",
-    "migrate": "lifecycle",
-    "gc": "lifecycle",
-    "sim": "sim",
-    "demo": "sim",
+    **dict.fromkeys(("migrate", "gc"), "lifecycle"),
+    **dict.fromkeys(("sim", "demo"), "sim"),
 }
 
 
