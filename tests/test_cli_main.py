@@ -90,7 +90,7 @@ def test_prefixreg_add_and_help_import_no_verb(tmp_path: Path) -> None:
     f = tmp_path / "p.txt"
     f.write_text("a prefix\n")
     add = modules_after(["prefixreg", "add", str(f)], "run", tmp_path)
-    assert not [m for m in add if m.startswith((*HEAVY, "prefixreg.cli.audit_cmd"))]
+    assert not [m for m in add if m.startswith((*HEAVY, "prefixreg.cli.loop_cmds"))]
     helped = modules_after(["prefixreg", "--help"], "run", tmp_path)
     assert not [m for m in helped if m.startswith(HEAVY)]
     assert "prefixreg.registry.store" not in helped
