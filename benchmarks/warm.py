@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from prefixreg.cli.demo import sample_prompt
+from prefixreg.cli.sim import sample_prompt
 from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker

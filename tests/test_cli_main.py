@@ -6,6 +6,7 @@ exactly as a user or a supervisor would do it.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -32,17 +33,24 @@ def shell(
     )
 
 
-def test_command_table_matches_what_the_modules_register() -> None:
-    seen: dict[str, str] = {}
+def test_command_table_matches_what_the_modules_define() -> None:
+    """Every command a module defines (`<name>_command`, a group's `<name>_app`; not a
+    group's subcommands) is in the table under that module, and registers from it alone."""
+    defined: dict[str, str] = {}
     for module in dict.fromkeys(main.COMMAND_MODULES.values()):
+        found = vars(importlib.import_module(f"prefixreg.cli.{module}"))
+        groups = [v for v in found.values() if isinstance(v, typer.Typer)]
+        subcommands = [i.callback for g in groups for i in g.registered_commands]
+        for attr, value in found.items():
+            group = attr.endswith("_app") and isinstance(value, typer.Typer)
+            if group or (attr.endswith("_command") and value not in subcommands):
+                defined[attr.rsplit("_", 1)[0]] = module
+    assert defined == main.COMMAND_MODULES, "update COMMAND_MODULES in prefixreg/cli/main.py"
+    for name in main.COMMAND_MODULES:
         scratch = typer.Typer()
-        main._module(module).register(scratch)
-        groups = [g.name for g in scratch.registered_groups]
-        for name in [*(i.name for i in scratch.registered_commands), *groups]:
-            assert name is not None
-            seen[name] = module
-    assert seen == main.COMMAND_MODULES, "update COMMAND_MODULES in prefixreg/cli/main.py"
-    assert list(seen) == list(main.COMMAND_MODULES)
+        main._register(scratch, name)
+        registered = [i.name for i in scratch.registered_commands]
+        assert [*registered, *(g.name for g in scratch.registered_groups)] == [name]
 
 
 def modules_after(argv: list[str], entry: str, tmp_path: Path) -> set[str]:
@@ -82,7 +90,7 @@ def test_prefixreg_add_and_help_import_no_verb(tmp_path: Path) -> None:
     f = tmp_path / "p.txt"
     f.write_text("a prefix\n")
     add = modules_after(["prefixreg", "add", str(f)], "run", tmp_path)
-    assert not [m for m in add if m.startswith((*HEAVY, "prefixreg.cli.audit_cmd"))]
+    assert not [m for m in add if m.startswith((*HEAVY, "prefixreg.cli.loop_cmds"))]
     helped = modules_after(["prefixreg", "--help"], "run", tmp_path)
     assert not [m for m in helped if m.startswith(HEAVY)]
     assert "prefixreg.registry.store" not in helped
@@ -195,8 +203,8 @@ def test_user_named_inputs_must_be_regular_files(tmp_path: Path, kind: str) -> N
 
 
 def test_a_user_file_over_the_cap_is_refused(tmp_path: Path) -> None:
-    from prefixreg.cli._common import read_user_file
     from prefixreg.core.errors import UsageError
+    from prefixreg.registry.fsutil import read_user_file
 
     big = tmp_path / "big.txt"
     big.write_bytes(b"x" * 1001)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import orjson
 
-from prefixreg.cli.demo import sample_prompt
+from prefixreg.cli.sim import sample_prompt
 from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 from tests.conftest import run_cli

@@ -30,7 +30,7 @@ APP_SOURCE = (
     "import typer\n"
     "from prefixreg.cli import sim\n"
     "app = typer.Typer(add_completion=False, rich_markup_mode=None)\n"
-    "sim.register(app)\n"
+    "app.command('sim')(sim.sim_command)\n"
     "app.command('noop')(lambda: None)\n"
     "app()\n"
 )
@@ -38,7 +38,7 @@ APP_SOURCE = (
 
 def make_app() -> typer.Typer:
     app = typer.Typer(add_completion=False, rich_markup_mode=None)  # as prefixreg.cli.main
-    sim_cli.register(app)
+    app.command("sim")(sim_cli.sim_command)
     app.command("noop")(lambda: None)
     return app
 

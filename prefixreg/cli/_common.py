@@ -1,4 +1,5 @@
-"""What every command shares: the error-to-exit-code table, stderr messages, `--json` output.
+"""What every command shares: the error-to-exit-code table, stderr messages, `--json` output,
+the options several commands take.
 
 This is the one place that maps errors to exit codes (DESIGN §5). Commands run their body
 inside `cli_errors(debug)`: a `PrefixregError` becomes `error: <message>` (and a hint line)
@@ -11,11 +12,11 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -48,7 +49,21 @@ EXIT_CODES: tuple[tuple[type[errors.PrefixregError], ExitCode], ...] = (
     (errors.MirrorError, ExitCode.MIRROR),
     (errors.LockTimeoutError, ExitCode.LOCK_TIMEOUT),
 )
+# Outcomes the library reports (warm verdicts, probe outcomes), mapped here with the errors'.
+EXIT_BY_OUTCOME: dict[str, ExitCode] = {
+    **dict.fromkeys(("resumed", "warmed", "ok"), ExitCode.OK),
+    **dict.fromkeys(("partial", "cold", "check_failed"), ExitCode.NO),
+    "unverified": ExitCode.UNVERIFIED,
+}
+# The settings of every Typer app and command group the CLI builds.
+APP_SETTINGS: dict[str, Any] = {
+    "add_completion": False,
+    "pretty_exceptions_enable": False,
+    "rich_markup_mode": None,
+    "context_settings": {"help_option_names": ["-h", "--help"]},
+}
 
+RefArg = Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")]
 RegistryOpt = Annotated[
     Path | None,
     typer.Option(
@@ -62,112 +77,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 WorkerOpt = Annotated[
     str | None,
     typer.Option(
-        "--worker",
-        help="Worker base URL (default: $PREFIXREG_WORKER).",
-        show_default=False,
+        "--worker", help="Worker base URL (default: $PREFIXREG_WORKER).", show_default=False
     ),
 ]
-
-
-# Outcomes the library reports, mapped to exit codes here, with the errors' (DESIGN §5).
-EXIT_BY_OUTCOME: dict[str, ExitCode] = {
-    # warm verdicts
-    "resumed": ExitCode.OK,
-    "warmed": ExitCode.OK,
-    "partial": ExitCode.NO,
-    "cold": ExitCode.NO,
-    "unverified": ExitCode.UNVERIFIED,
-    # probe outcomes
-    "ok": ExitCode.OK,
-    "check_failed": ExitCode.NO,
-}
-
-
-def exit_code_for(exc: BaseException) -> ExitCode:
-    """Map an exception to its exit code; anything unknown is a generic failure (1)."""
-    for cls, code in EXIT_CODES:
-        if isinstance(exc, cls):
-            return code
-    return ExitCode.NO
-
-
-def info(message: str) -> None:
-    """A message for the person at the shell: stderr, never stdout."""
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
-
-
-def fail(message: str, code: ExitCode, *, hint: str | None = None) -> NoReturn:
-    """Print a one-line error (and an optional hint) and exit with `code`."""
-    info(f"error: {message}")
-    if hint:
-        info(f"hint: {hint}")
-    raise typer.Exit(int(code))
-
-
-@contextmanager
-def cli_errors(debug: bool) -> Iterator[None]:
-    """Turn prefixreg errors into one clear line and the mapped exit code."""
-    try:
-        yield
-    except typer.Exit:
-        raise
-    except errors.PrefixregError as exc:
-        if debug:
-            traceback.print_exc()
-        fail(str(exc), exit_code_for(exc), hint=exc.hint)
-    except KeyboardInterrupt:
-        info("interrupted")
-        raise typer.Exit(130) from None
-    except BrokenPipeError:
-        # stdout closed early (`prefixreg cat x | head`): not an error of ours.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        raise typer.Exit(int(ExitCode.OK)) from None
-    except OSError as exc:
-        if debug:
-            traceback.print_exc()
-        fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), ExitCode.NO)
-
-
-def read_user_file(path: Path | str, *, limit: int | None = None) -> bytes:
-    """A file the user named (`-`: stdin): regular files only, size-capped (the registry's
-    one reader, `fsutil.read_user_file`)."""
-    from prefixreg.registry import fsutil
-
-    if limit is None:
-        return fsutil.read_user_file(path)
-    return fsutil.read_user_file(path, limit=limit)
-
-
-def emit_json(value: Any) -> None:
-    """Write `value` as indented JSON on stdout."""
-    from prefixreg.core.jsonio import dumps_pretty
-
-    sys.stdout.buffer.write(dumps_pretty(value))
-    sys.stdout.flush()
-
-
-def open_registry_from(flag: Path | None) -> Registry:
-    """Open the registry named by `--registry`, `$PREFIXREG_HOME` or the XDG default."""
-    from prefixreg.registry.location import migration_hint, resolve_registry_path
-    from prefixreg.registry.store import Registry
-
-    path = resolve_registry_path(flag)
-    hint = migration_hint(path)  # an empty default location while ~/prefix-registry exists
-    if hint is not None:
-        info(f"hint: {hint}")
-    return Registry(path)
-
-
-def worker_url(flag: str | None) -> str:
-    """The worker URL from `--worker` or `$PREFIXREG_WORKER`, or a usage error."""
-    url = flag or os.environ.get("PREFIXREG_WORKER")
-    if not url:
-        raise errors.UsageError("no worker given", hint="pass --worker URL or set PREFIXREG_WORKER")
-    return url
-
-
 ModelOpt = Annotated[
     str | None,
     typer.Option(
@@ -193,17 +105,16 @@ ProfileOpt = Annotated[
         "(default: detected from what the server answers: /health, /props, /version).",
     ),
 ]
-
-
-def open_worker(
-    url: str | None, *, model: str | None, timeout: float, profile: str | None
-) -> Worker:
-    """A `Worker` for `--worker`/`$PREFIXREG_WORKER` (key from `$PREFIXREG_API_KEY`)."""
-    from prefixreg.server.worker import Worker
-
-    return Worker(worker_url(url), model=model, read_timeout=timeout, profile=profile)
-
-
+SlotDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--slot-dir",
+        help="The server's --slot-save-path as seen from here, where the snapshot file is "
+        "hashed (snapshot save: required; a restore, also warm --restore: re-checked, nothing "
+        "sent on a mismatch; default the directory recorded at save).",
+        show_default=False,
+    ),
+]
 MetricsOpt = Annotated[
     Path | None,
     typer.Option(
@@ -213,3 +124,87 @@ MetricsOpt = Annotated[
         show_default=False,
     ),
 ]
+
+
+def info(message: str) -> None:
+    """A message for the person at the shell: stderr, never stdout."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def progress_for(json_out: bool) -> Callable[[str], None] | None:
+    """Where long work reports its steps: stderr when it is a terminal and no JSON is asked."""
+    return info if sys.stderr.isatty() and not json_out else None
+
+
+@contextmanager
+def cli_errors(debug: bool) -> Iterator[None]:
+    """Turn an error into `error: <message>` (and a `hint:` line) on stderr and its exit code:
+    a prefixreg error's from `EXIT_CODES`, 1 for one not listed there and for an OSError."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        info("interrupted")
+        raise typer.Exit(130) from None
+    except BrokenPipeError:
+        # stdout closed early (`prefixreg cat x | head`): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(int(ExitCode.OK)) from None
+    except (errors.PrefixregError, OSError) as exc:
+        if debug:
+            traceback.print_exc()
+        if isinstance(exc, errors.PrefixregError):
+            code = next((code for cls, code in EXIT_CODES if isinstance(exc, cls)), ExitCode.NO)
+            message, hint = str(exc), exc.hint
+        else:
+            code, hint = ExitCode.NO, None
+            message = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
+        info(f"error: {message}")
+        if hint:
+            info(f"hint: {hint}")
+        raise typer.Exit(int(code)) from None
+
+
+def emit_json(value: Any) -> None:
+    """Write `value` as indented JSON on stdout."""
+    from prefixreg.core.jsonio import dumps_pretty
+
+    sys.stdout.buffer.write(dumps_pretty(value))
+    sys.stdout.flush()
+
+
+def emit(json_out: bool, value: Any, text: str) -> None:
+    """The data on stdout: `value` as indented JSON with `--json`, else `text`."""
+    if json_out:
+        emit_json(value)
+    else:
+        sys.stdout.write(text)
+
+
+def open_registry_from(flag: Path | None) -> Registry:
+    """Open the registry named by `--registry`, `$PREFIXREG_HOME` or the XDG default."""
+    from prefixreg.registry.location import migration_hint, resolve_registry_path
+    from prefixreg.registry.store import Registry
+
+    path = resolve_registry_path(flag)
+    hint = migration_hint(path)  # an empty default location while ~/prefix-registry exists
+    if hint is not None:
+        info(f"hint: {hint}")
+    return Registry(path)
+
+
+def worker_url(flag: str | None) -> str:
+    """The worker URL from `--worker` or `$PREFIXREG_WORKER`, or a usage error."""
+    url = flag or os.environ.get("PREFIXREG_WORKER")
+    if not url:
+        raise errors.UsageError("no worker given", hint="pass --worker URL or set PREFIXREG_WORKER")
+    return url
+
+
+def open_worker(
+    url: str | None, *, model: str | None, timeout: float, profile: str | None
+) -> Worker:
+    """A `Worker` for `--worker`/`$PREFIXREG_WORKER` (key from `$PREFIXREG_API_KEY`)."""
+    from prefixreg.server.worker import Worker
+
+    return Worker(worker_url(url), model=model, read_timeout=timeout, profile=profile)

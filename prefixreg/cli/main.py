@@ -1,15 +1,12 @@
 """The `prefixreg` Typer app and the per-command console scripts.
 
-Each command module under `prefixreg.cli` exposes `register(app)`; this module only wires
-them together. Start-up is kept close to importing typer itself:
-
-- `COMMAND_MODULES` maps each command to the module that registers it, so running a
-  command (`prefixreg add`, `prefix-add`) imports that one module and builds only that
-  command (typer builds a command by inspecting every parameter's annotation, about 2 ms
-  each); no other command module, and no verb, is imported;
-- the top-level `--help` (or no arguments, or an unknown name) builds parameterless
-  stand-ins that carry each command's help;
-- command modules import the library inside their functions.
+Each command module under `prefixreg.cli` names a command `<name>_command` (a command group
+`<name>_app`); this module wires them up, keeping start-up close to importing typer itself:
+running a command (`prefixreg add`, `prefix-add`) imports the one module `COMMAND_MODULES`
+names and builds only that command (typer inspects every parameter's annotation, about 2 ms
+each), no verb; the top-level `--help` (or no arguments, or an unknown name) builds
+parameterless stand-ins that carry each command's help; command modules import the library
+inside their functions.
 
 Standard streams: a closed stdout (`prefixreg ls >&-`) is a usage error (exit 2, one line on
 stderr) before anything runs, since a command's data would be lost; a closed stdin is an
@@ -20,15 +17,18 @@ stderr only silences messages (exit codes still tell). File descriptors 0-2 are 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import os
 import sys
-from collections.abc import Callable, Sequence
-from types import ModuleType
+from collections.abc import Sequence
 from typing import Annotated, Any, Final
 
 import typer
+
+from prefixreg.cli._common import APP_SETTINGS, ExitCode
+from prefixreg.core.errors import UsageError
 
 HELP = (
     "A content-addressed registry of LLM prompt prefixes, and the tools that make "
@@ -36,37 +36,19 @@ HELP = (
     "Exit codes: 0 ok, 1 the answer is no, 2 usage (also: stdout closed), "
     "3 integrity, 4 unverified evidence, 5 worker error, 6 mirror failure, 7 lock timeout."
 )
-_SETTINGS: dict[str, Any] = {
-    "add_completion": False,
-    "pretty_exceptions_enable": False,
-    "rich_markup_mode": None,
-    "context_settings": {"help_option_names": ["-h", "--help"]},
-}
 # Command -> the module under prefixreg.cli that registers it, in the order `--help` lists
-# them. tests/test_cli_startup.py checks it against what the modules register.
+# them. tests/test_cli_main.py checks it against what the modules define.
 COMMAND_MODULES: Final[dict[str, str]] = {
-    "add": "store_cmds",
-    "cat": "store_cmds",
-    "show": "store_cmds",
-    "ls": "store_cmds",
-    "name": "store_cmds",
-    "names": "store_cmds",
-    "verify": "store_cmds",
-    "frame": "frame_cmd",
-    "warm": "warm_cmd",
-    "doctor": "doctor_cmd",
-    "probe": "probe_cmd",
-    "keepalive": "keepalive_cmd",
-    "audit": "audit_cmd",
-    "pool": "pool_cmd",
+    **dict.fromkeys(("add", "cat", "show", "ls", "name", "names", "verify"), "store_cmds"),
+    "frame": "loop_cmds",
+    **dict.fromkeys(("warm", "doctor", "probe", "keepalive"), "worker_cmds"),
+    "audit": "loop_cmds",
+    "pool": "fleet_cmds",
     "snapshot": "snapshot_cmd",
-    "mirror": "mirror",
-    "migrate": "lifecycle",
-    "gc": "lifecycle",
-    "sim": "sim",
-    "demo": "demo_cmd",
+    "mirror": "fleet_cmds",
+    **dict.fromkeys(("migrate", "gc"), "lifecycle"),
+    **dict.fromkeys(("sim", "demo"), "sim"),
 }
-EXIT_USAGE: Final = 2
 
 
 # Every command that prints a verdict points to the one rule behind it.
@@ -79,20 +61,22 @@ _JUDGED: Final = frozenset(
 )
 
 
-def _module(name: str) -> ModuleType:
-    return importlib.import_module(f"prefixreg.cli.{name}")
+def _found(name: str) -> tuple[Any, typer.Typer | None]:
+    """Command `name` in its module: `<name>_command`, or `<name>_app` for a command group."""
+    found = vars(importlib.import_module(f"prefixreg.cli.{COMMAND_MODULES[name]}"))
+    return found.get(f"{name}_command"), found.get(f"{name}_app")
 
 
-def _register(module: str, app: typer.Typer) -> None:
-    """Register a command module's commands on `app`, the judge's note on those that judge."""
-    _module(module).register(app)
-    for info in app.registered_commands:
-        if info.name in _JUDGED and info.epilog is None:
-            info.epilog = JUDGE_NOTE
-    for group in app.registered_groups:
-        if group.name in _JUDGED and group.typer_instance is not None:
-            for sub in group.typer_instance.registered_commands:
-                sub.epilog = sub.epilog or JUDGE_NOTE
+def _register(app: typer.Typer, name: str) -> None:
+    """Add command `name` to `app`, with the judge's note if it judges."""
+    command, group = _found(name)
+    epilog = JUDGE_NOTE if name in _JUDGED else None
+    if group is None:
+        app.command(name, epilog=epilog)(command)
+        return
+    app.add_typer(group, name=name)
+    for sub in group.registered_commands:
+        sub.epilog = sub.epilog or epilog
 
 
 def _print_version(value: bool) -> None:
@@ -103,65 +87,36 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-def _new_app() -> typer.Typer:
-    new = typer.Typer(name="prefixreg", help=HELP, no_args_is_help=True, **_SETTINGS)
-
-    @new.callback()
-    def _main(
-        version: Annotated[
-            bool,
-            typer.Option(
-                "--version",
-                help="Print the version and exit.",
-                is_eager=True,
-                callback=_print_version,
-            ),
-        ] = False,
-    ) -> None:
-        # A callback keeps this a command group even when it holds a single command.
-        pass
-
-    _main.__doc__ = HELP
-    return new
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", is_eager=True, callback=_print_version
+        ),
+    ] = False,
+) -> None:
+    """The app's callback: it keeps the app a command group even with a single command."""
 
 
-def full_app() -> typer.Typer:
-    """The app with every command registered and built in full (imports every module)."""
-    new = _new_app()
-    for module in dict.fromkeys(COMMAND_MODULES.values()):
-        _register(module, new)
-    return new
-
-
-def _stand_in(help_text: str | None) -> Callable[[], None]:
-    def command() -> None:  # never run: only listed by the top-level --help
-        raise typer.Exit(EXIT_USAGE)
-
-    command.__doc__ = help_text
-    return command
+def _stand_in() -> None:
+    """Never run: a command's stand-in, only listed by the top-level --help."""
+    raise typer.Exit(ExitCode.USAGE)
 
 
 def app_for(argv: Sequence[str]) -> typer.Typer:
     """An app holding just what `argv` needs: the one command it names, built in full, or
     (for `--help`, no arguments or an unknown name) stand-ins listing every command."""
     name = next((a for a in argv if not a.startswith("-")), None)
-    lean = _new_app()
+    app = typer.Typer(name="prefixreg", help=HELP, no_args_is_help=True, **APP_SETTINGS)
+    app.callback()(_main)
     if name in COMMAND_MODULES:
-        scratch = typer.Typer()
-        _register(COMMAND_MODULES[name], scratch)
-        lean.registered_commands = [i for i in scratch.registered_commands if i.name == name]
-        lean.registered_groups = [g for g in scratch.registered_groups if g.name == name]
-        return lean
-    full = full_app()
-    for info in full.registered_commands:
-        doc = info.help or (info.callback.__doc__ if info.callback is not None else None)
-        lean.command(info.name)(_stand_in(doc))
-    for group in full.registered_groups:  # `pool`: a command with subcommands
-        sub = group.typer_instance
-        lean.command(group.name)(_stand_in(None if sub is None else str(sub.info.help)))
-    order = list(COMMAND_MODULES)
-    lean.registered_commands.sort(key=lambda i: order.index(i.name) if i.name in order else 0)
-    return lean
+        _register(app, name)
+        return app
+    for each in COMMAND_MODULES:  # every command module imported, for its help
+        command, group = _found(each)
+        doc = command.__doc__ if group is None else str(group.info.help)
+        app.command(each, help=doc)(_stand_in)
+    return app
 
 
 class _ClosedInput(io.RawIOBase):
@@ -171,8 +126,6 @@ class _ClosedInput(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        from prefixreg.core.errors import UsageError
-
         raise UsageError("standard input is closed", hint="give a FILE, or redirect stdin")
 
 
@@ -194,7 +147,7 @@ def guard_stdio() -> None:
     if "output" in closed:
         sys.stderr.write("error: standard output is closed\n")
         sys.stderr.flush()
-        raise SystemExit(EXIT_USAGE)
+        raise SystemExit(ExitCode.USAGE)
     if "input" in closed:
         sys.stdin = io.TextIOWrapper(io.BufferedReader(_ClosedInput()))
 
@@ -205,33 +158,15 @@ def run() -> None:
     app_for(sys.argv[1:])(prog_name="prefixreg")
 
 
-def _single(module: str, command: str, prog_name: str) -> None:
+def _single(name: str) -> None:
     """Run one command as its own program (`prefix-add` is `prefixreg add`)."""
     guard_stdio()
-    single = typer.Typer(**_SETTINGS)
-    single.command(epilog=JUDGE_NOTE if command != "add_command" else None)(
-        getattr(_module(module), command)
-    )
-    single(prog_name=prog_name)
+    single = typer.Typer(**APP_SETTINGS)
+    _register(single, name)
+    single(prog_name=f"prefix-{name}")
 
 
-def run_add() -> None:
-    """Entry point of `prefix-add`."""
-    _single("store_cmds", "add_command", "prefix-add")
-
-
-def run_warm() -> None:
-    """Entry point of `prefix-warm`."""
-    _single("warm_cmd", "warm_command", "prefix-warm")
-
-
-def run_mirror() -> None:
-    """Entry point of `prefix-mirror`."""
-    _single("mirror", "mirror_command", "prefix-mirror")
-
-
-def __getattr__(name: str) -> Any:
-    # `prefixreg.cli.main.app`, the full app, built on first use only (start-up cost).
-    if name == "app":
-        return full_app()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The console scripts `prefix-add`, `prefix-warm` and `prefix-mirror` (pyproject.toml).
+run_add = functools.partial(_single, "add")
+run_warm = functools.partial(_single, "warm")
+run_mirror = functools.partial(_single, "mirror")

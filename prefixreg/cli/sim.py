@@ -1,9 +1,12 @@
-"""`prefixreg sim`: run the Halogen-compatible simulator in the foreground.
+"""`prefixreg sim`: the Halogen-compatible simulator in the foreground; `prefixreg demo`: the
+main job run on it in-process for a newcomer, everything reported from the simulated server's
+own numbers. The library is imported inside the functions.
 
-One option per `SimConfig` field, from its metadata (`prefixreg.sim.config.knob`): named after
-it, typed by its default, with its help and defaults. Options default to None (the profile's
-default applies) unless the field names a ``cli_default``; ``env`` names a fallback variable.
-Typer builds them with the command, so registering it (`prefixreg --help`) imports no simulator.
+`sim` has one option per `SimConfig` field, from its metadata (`prefixreg.sim.config.knob`):
+named after it, typed by its default, with its help and defaults. Options default to None (the
+profile's default applies) unless the field names a ``cli_default``; ``env`` names a fallback
+variable. Typer builds them with the command, so registering it (`prefixreg --help`) imports no
+simulator.
 """
 
 from __future__ import annotations
@@ -12,29 +15,20 @@ import dataclasses
 import functools
 import inspect
 import os
+import tempfile
 import threading
-from typing import Annotated, Any
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from prefixreg.cli._common import DebugOpt, cli_errors, info
+from prefixreg.cli import _common as c
 
-_HELP = (
-    "Run a Halogen-compatible worker simulator in the foreground until Ctrl-C.\n\n"
-    "It serves /health, /cache, /metrics, /v1/models, /v1/chat/completions and "
-    "/v1/completions on 127.0.0.1 and models the prompt cache measured on the Halogen Flash "
-    "lane (API 0.7.0). A peer for demos and tests, not a measurement of Halogen.\n\n"
-    "Tokens: calibrated so the probe corpus's 4k/16k/32k/64k-character slices give the "
-    "lane's 2,593/11,374/21,337/43,538 prompt tokens (about 1.5 characters a token).\n\n"
-    "Time model (fitted to the lane's probe; every duration divided by --speed): the u "
-    "uncached tokens of an n-token prompt prefill in min(u x step(n), prefill-setup-s + "
-    "u / prefill-tps) seconds, step(n) = step-ms + n/1000 x step-ms-per-kctx milliseconds; "
-    "decode takes tokens / decode-tps. Defaults give cold 3.38/9.79/17.06/33.26 s at the four "
-    "sizes, an identical repeat 0.16-0.19 s and a fresh tail 0.41-0.47 s (measured: "
-    "3.38/9.81/17.16/33.26, 0.12-0.19, 0.4-0.69).\n\n"
-    "Wall: a snapshot of t tokens needs t x token-bytes of its slab (cap-mb MiB when set, "
-    "else entry-bytes); one the slab cannot take is refused (/cache refused)."
-)
+if TYPE_CHECKING:
+    from prefixreg.verbs.measure.warm import WarmResult
+    from prefixreg.verbs.probe.run import ProbeReport
+
 _KW = inspect.Parameter.KEYWORD_ONLY
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Do not print a line per request.")]
 
@@ -59,15 +53,37 @@ def _option(f: dataclasses.Field[Any]) -> inspect.Parameter:
     kind, name = kind_of(f.default), f.name.replace("_", "-")
     decls = f"--{name}/--no-{name}" if kind is bool else f"--{name}"
     option = typer.Option(decls, help=option_help(f), show_default=False)
-    default = f.metadata.get("cli_default")
     return inspect.Parameter(
-        f.name, _KW, default=default, annotation=Annotated[kind | None, option]
+        f.name,
+        _KW,
+        default=f.metadata.get("cli_default"),
+        annotation=Annotated[kind | None, option],
     )
 
 
 class _SimCommand:
-    """The `sim` callback. Typer reads its signature when it builds the command: made from
-    `SimConfig` then, not when the command is registered."""
+    """Run a Halogen-compatible worker simulator in the foreground until Ctrl-C.
+
+    It serves /health, /cache, /metrics, /v1/models, /v1/chat/completions and /v1/completions
+    on 127.0.0.1 and models the prompt cache measured on the Halogen Flash lane (API 0.7.0). A
+    peer for demos and tests, not a measurement of Halogen.
+
+    Tokens: calibrated so the probe corpus's 4k/16k/32k/64k-character slices give the lane's
+    2,593/11,374/21,337/43,538 prompt tokens (about 1.5 characters a token).
+
+    Time model (fitted to the lane's probe; every duration divided by --speed): the u uncached
+    tokens of an n-token prompt prefill in min(u x step(n), prefill-setup-s + u / prefill-tps)
+    seconds, step(n) = step-ms + n/1000 x step-ms-per-kctx milliseconds; decode takes tokens /
+    decode-tps. Defaults give cold 3.38/9.79/17.06/33.26 s at the four sizes, an identical
+    repeat 0.16-0.19 s and a fresh tail 0.41-0.47 s (measured: 3.38/9.81/17.16/33.26,
+    0.12-0.19, 0.4-0.69).
+
+    Wall: a snapshot of t tokens needs t x token-bytes of its slab (cap-mb MiB when set, else
+    entry-bytes); one the slab cannot take is refused (/cache refused).
+    """
+
+    # The `sim` callback (its docstring is the command's help). Typer reads its signature when
+    # it builds the command: made from `SimConfig` then, not when the command is registered.
 
     def __init__(self) -> None:
         self.__annotations__: dict[str, Any] = {}  # typer's hints are in the signature
@@ -76,21 +92,21 @@ class _SimCommand:
     def __signature__(self) -> inspect.Signature:
         from prefixreg.sim.config import SimConfig
 
-        own = [("quiet", QuietOpt), ("debug", DebugOpt)]  # not simulator fields
+        own = [("quiet", QuietOpt), ("debug", c.DebugOpt)]  # not simulator fields
         params = [inspect.Parameter(name, _KW, default=False, annotation=a) for name, a in own]
         return inspect.Signature([*map(_option, dataclasses.fields(SimConfig)), *params])
 
     def __call__(self, *, quiet: bool, debug: bool, **options: Any) -> None:
-        with cli_errors(debug):
+        with c.cli_errors(debug):
             from prefixreg.sim import SimConfig, SimServer
 
             for f in dataclasses.fields(SimConfig):
                 if "env" in f.metadata and options[f.name] is None:
                     options[f.name] = os.environ.get(f.metadata["env"]) or None
             config = SimConfig.for_profile(options.pop("profile") or "flash", **options)
-            server = SimServer(config, log=None if quiet else info)
+            server = SimServer(config, log=None if quiet else c.info)
             auth = ", API key required" if config.api_key else ""
-            info(
+            c.info(
                 f"prefixreg sim ({config.profile}, speed {config.speed:g}{auth}) listening on "
                 f"{server.url}  (Ctrl-C to stop)"
             )
@@ -98,11 +114,103 @@ class _SimCommand:
                 server.start()
                 threading.Event().wait()  # until Ctrl-C
             except KeyboardInterrupt:
-                info("stopping")
+                c.info("stopping")
             finally:
                 server.stop()
 
 
-def register(app: typer.Typer) -> None:
-    """Add the `sim` command to `app`."""
-    app.command("sim", help=_HELP)(_SimCommand())
+sim_command = _SimCommand()
+SAMPLE_NAME = "coding-agent"
+
+
+def sample_prompt() -> bytes:
+    """The sample system prompt: `examples/system-prompt.txt` in a checkout, or its packaged
+    copy in an installed wheel."""
+    checkout = Path(__file__).resolve().parents[2] / "examples" / "system-prompt.txt"
+    if checkout.is_file():
+        return checkout.read_bytes()
+    return (resources.files("prefixreg") / "_examples" / "system-prompt.txt").read_bytes()
+
+
+def text_report(root: Path, warm: WarmResult, probe: ProbeReport) -> str:
+    """What each step did, in the simulated server's own numbers."""
+    lines = [
+        "prefixreg demo: add -> warm -> probe on the built-in Halogen simulator",
+        "",
+        f"1. add    {warm.prefix.name} {warm.prefix.sha256[:16]} ({warm.prefix.size:,} bytes)",
+    ]
+    cold = next((call.evidence for call in warm.calls if call.phase == "warm"), None)
+    if cold is not None and warm.check is not None:
+        check = warm.check.evidence
+        speedup = (
+            f", {cold.wall_s / check.wall_s:.0f}x faster" if cold.wall_s and check.wall_s else ""
+        )
+        lines += [
+            f"2. warm   cold call: {cold.prompt_tokens:,} prompt tokens, "
+            f"{cold.cached_tokens} cached, {cold.wall_s or 0:.3f} s",
+            f"         resume check with a fresh tail: {check.cached_tokens:,} of "
+            f"{check.prompt_tokens:,} tokens cached ({check.cached_source}), "
+            f"{check.wall_s or 0:.3f} s{speedup}",
+            f"         verdict: {warm.verdict.upper()} ({warm.reason})",
+        ]
+    status = ", ".join(
+        f"{k.number} {k.per_call if k.per_call == k.windowed else k.windowed + f' (lag {k.lag})'}"
+        for k in probe.checks
+    )
+    lines += [
+        f"3. probe  Cmax {probe.cmax:,} tokens; a prefix survives {probe.survival} foreign prompts",
+        f"         counter checks: {status}",
+        *(f"         - {line}" for line in probe.follows()),
+        "",
+        f"registry {root}",
+        f"records  {root / 'measurements'} and {probe.md_path}",
+        f"next     prefixreg show {warm.prefix.name} --registry {root}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def demo_command(
+    registry: Annotated[
+        Path | None,
+        typer.Option("--registry", help="Registry to use (default: a fresh temporary directory)."),
+    ] = None,
+    speed: Annotated[
+        float,
+        typer.Option(
+            "--speed", help="Simulator time compression (1 = the measured lane).", min=0.01
+        ),
+    ] = 100.0,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
+) -> None:
+    """Show the main job in a minute: start a simulated Halogen worker in-process, add the
+    sample system prompt, warm it, prove it resumes, run a short probe, and stop."""
+    from prefixreg.registry.store import Registry
+    from prefixreg.server.worker import Worker
+    from prefixreg.sim import SimConfig, SimServer
+    from prefixreg.verbs.measure.warm import warm
+    from prefixreg.verbs.probe.options import ProbeOptions
+    from prefixreg.verbs.probe.run import run_probe
+
+    def say(message: str) -> None:
+        if not json_out:
+            c.info(message)
+
+    with c.cli_errors(debug):
+        root = registry or Path(tempfile.mkdtemp(prefix="prefixreg-demo-")) / "registry"
+        reg = Registry(root)
+        sha = reg.add(sample_prompt(), name=SAMPLE_NAME, source="examples/system-prompt.txt")
+        say(f"added the sample system prompt as {SAMPLE_NAME} ({sha[:16]}) to {root}")
+        with SimServer(SimConfig(speed=speed)) as sim, Worker(sim.url) as worker:
+            say(
+                f"started the simulated Halogen worker at {sim.url} (Flash lane defaults, "
+                f"x{speed:g})"
+            )
+            warmed = warm(reg, reg.head(SAMPLE_NAME), worker)
+            say("warmed it and checked that a fresh call resumes it")
+            options = ProbeOptions(sizes=(4000, 16000), foreign=9, survival=True)
+            probe = run_probe(reg, worker, options)
+            say("ran a short probe (2 sizes, survival search)")
+        receipt = {"registry": str(root), "warm": warmed.receipt(), "probe": probe.to_dict()}
+        c.emit(json_out, receipt, text_report(root, warmed, probe))
+        raise typer.Exit(max(c.EXIT_BY_OUTCOME[warmed.verdict], c.EXIT_BY_OUTCOME[probe.outcome]))

@@ -2,7 +2,7 @@
 
 Each reference is resolved once (`Registry.head`: a prefix or a frame) and verified before
 a connection is opened; each command's help gives its exit codes. `warm --restore` runs the
-same restore (`warm_restore_cli`): 0 for `restored`, else the warm that follows decides.
+same restore (`warm_restore_cli`).
 """
 
 from __future__ import annotations
@@ -13,39 +13,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from prefixreg.cli._common import (
-    EXIT_BY_OUTCOME,
-    DebugOpt,
-    ExitCode,
-    JsonOpt,
-    ModelOpt,
-    ProfileOpt,
-    RegistryOpt,
-    TimeoutOpt,
-    WorkerOpt,
-    cli_errors,
-    emit_json,
-    info,
-    open_registry_from,
-    open_worker,
-)
+from prefixreg.cli import _common as c
+from prefixreg.core.errors import UsageError
 
 if TYPE_CHECKING:
     from prefixreg.core.frame import Head
     from prefixreg.registry.store import Registry
     from prefixreg.server.worker import Worker
 
-RefArg = Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")]
-SlotDirOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--slot-dir",
-        help="The server's --slot-save-path as seen from here, where the snapshot file is "
-        "hashed (save: required; restore: re-checked, nothing sent on a mismatch; default "
-        "the directory recorded at save).",
-        show_default=False,
-    ),
-]
 SlotOpt = Annotated[
     int | None,
     typer.Option("--slot", help="Use this slot id if it is idle (default: the first idle).", min=0),
@@ -57,10 +32,7 @@ snapshot_app = typer.Typer(
     "restore it after a restart, and prove the restore with the server's own counts (the "
     "judge's rule: README, evidence).",
     no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    **c.APP_SETTINGS,
 )
 
 
@@ -68,9 +40,9 @@ def warm_restore_cli(
     reg: Registry,
     head: Head,
     worker: Worker,
-    *,
     slot_dir: Path | None,
     json_out: bool,
+    *,
     slot: int | None = None,
     fallback: bool = True,
     as_warm: bool = True,
@@ -81,20 +53,20 @@ def warm_restore_cli(
     `resumed_by` (`restore`, `warm` or null)."""
     from prefixreg.verbs.snapshot.run import restore_and_prove
 
-    progress = info if sys.stderr.isatty() and not json_out else None
+    progress = c.progress_for(json_out)
     result = restore_and_prove(
         reg, head, worker, slot_dir=slot_dir, slot=slot, fallback_warm=fallback, progress=progress
     )
     fb, restored = result.fallback, result.verdict == "restored"
-    code = ExitCode.UNVERIFIED if result.verdict == "unverified" else ExitCode.NO
+    code = c.ExitCode.UNVERIFIED if result.verdict == "unverified" else c.ExitCode.NO
     if restored or (as_warm and fb is not None):
-        code = ExitCode.OK if fb is None else EXIT_BY_OUTCOME[fb.verdict]
+        code = c.ExitCode.OK if fb is None else c.EXIT_BY_OUTCOME[fb.verdict]
     if json_out:
         out = result.to_dict()
         if as_warm:
-            by = "restore" if restored else ("warm" if code == ExitCode.OK else None)
+            by = "restore" if restored else ("warm" if code == c.ExitCode.OK else None)
             out |= {"outcome": result.verdict if fb is None else fb.verdict, "resumed_by": by}
-        emit_json(out)
+        c.emit_json(out)
         return int(code)
     t, call = result.transfer, result.check
     lines = [f"{result.head.kind:<8} {result.head.sha256[:16]} on build {result.build.build_id}"]
@@ -122,16 +94,16 @@ def warm_restore_cli(
 
 @snapshot_app.command("save")
 def save_command(
-    ref: RefArg,
-    worker: WorkerOpt = None,
-    slot_dir: SlotDirOpt = None,
+    ref: c.RefArg,
+    worker: c.WorkerOpt = None,
+    slot_dir: c.SlotDirOpt = None,
     slot: SlotOpt = None,
-    model: ModelOpt = None,
-    timeout: TimeoutOpt = 1800.0,
-    profile: ProfileOpt = None,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    model: c.ModelOpt = None,
+    timeout: c.TimeoutOpt = 1800.0,
+    profile: c.ProfileOpt = None,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Warm a head (in the slot already holding it, else an idle one), prove with a fresh
     tail pinned to that slot that it holds the head, save the slot as a file named by the
@@ -140,45 +112,41 @@ def save_command(
     Exit 0 saved, 3 integrity (nothing sent), 4 not proven (nothing recorded), 2 no slot
     API or no --slot-dir, 5 worker.
     """
-    from prefixreg.core.errors import UsageError
     from prefixreg.verbs.snapshot.run import save_snapshot
 
-    with cli_errors(debug):
+    with c.cli_errors(debug):
         if slot_dir is None:
             raise UsageError("snapshot save needs --slot-dir: the file's hashes go in the record")
-        reg = open_registry_from(registry)
+        reg = c.open_registry_from(registry)
         head = reg.head(ref)  # resolved and verified once, before a connection is opened
-        progress = info if sys.stderr.isatty() and not json_out else None
-        with open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
+        progress = c.progress_for(json_out)
+        with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
             rec, receipt = save_snapshot(
                 reg, head, w, slot_dir=slot_dir, slot=slot, progress=progress
             )
-        if json_out:
-            emit_json(receipt)
-            return
-        sys.stdout.write(
+        text = (
             f"saved    {head.kind} {rec.sha256[:16]} on build {rec.build_id}: {rec.n_saved:,} "
             f"tokens, {rec.file_bytes:,} bytes, {rec.save_ms or 0:.1f} ms (slot {rec.slot_id})\n"
             f"file     {rec.file}, sha256 {rec.file_sha256}\nrecord   {receipt['record']}\n"
         )
+        c.emit(json_out, receipt, text)
 
 
 @snapshot_app.command("restore")
 def restore_command(
-    ref: RefArg,
-    worker: WorkerOpt = None,
-    slot_dir: SlotDirOpt = None,
+    ref: c.RefArg,
+    worker: c.WorkerOpt = None,
+    slot_dir: c.SlotDirOpt = None,
     slot: SlotOpt = None,
     no_warm: Annotated[
-        bool,
-        typer.Option("--no-warm", help="Do not fall back to a normal warm when not restored."),
+        bool, typer.Option("--no-warm", help="Do not fall back to a normal warm when not restored.")
     ] = False,
-    model: ModelOpt = None,
-    timeout: TimeoutOpt = 1800.0,
-    profile: ProfileOpt = None,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    model: c.ModelOpt = None,
+    timeout: c.TimeoutOpt = 1800.0,
+    profile: c.ProfileOpt = None,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Restore a head's snapshot for the worker's current build, and prove it.
 
@@ -188,19 +156,12 @@ def restore_command(
     normal warm unless --no-warm), 3 the record or the snapshot file does not verify (no
     restore sent), 4 unverified, 2 no slot API or a bad --slot-dir, 5 worker.
     """
-    with cli_errors(debug):
-        reg = open_registry_from(registry)
+    with c.cli_errors(debug):
+        reg = c.open_registry_from(registry)
         head = reg.head(ref)
-        with open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
+        with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
             code = warm_restore_cli(
-                reg,
-                head,
-                w,
-                slot_dir=slot_dir,
-                json_out=json_out,
-                slot=slot,
-                fallback=not no_warm,
-                as_warm=False,
+                reg, head, w, slot_dir, json_out, slot=slot, fallback=not no_warm, as_warm=False
             )
         raise typer.Exit(code)
 
@@ -208,26 +169,19 @@ def restore_command(
 @snapshot_app.command("ls")
 def ls_command(
     ref: Annotated[str | None, typer.Argument(help="Only this head's snapshots.")] = None,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """List snapshot records: head, build id, tokens saved, file and its sha256."""
     from prefixreg.registry.snapshots import list_snapshots
 
-    with cli_errors(debug):
-        reg = open_registry_from(registry)
+    with c.cli_errors(debug):
+        reg = c.open_registry_from(registry)
         records = list_snapshots(reg, None if ref is None else reg.head(ref).sha256)
-        if json_out:
-            emit_json([r.to_dict() for r in records])
-            return
-        for r in records:
-            sys.stdout.write(
-                f"{r.sha256[:16]}  {r.build_id}  {r.n_saved:>7,} tokens  {r.created}  "
-                f"{r.file}  {r.file_sha256[:16]}\n"
-            )
-
-
-def register(app: typer.Typer) -> None:
-    """Add `snapshot` as a command group to `app`."""
-    app.add_typer(snapshot_app, name="snapshot")
+        rows = (
+            f"{r.sha256[:16]}  {r.build_id}  {r.n_saved:>7,} tokens  {r.created}  "
+            f"{r.file}  {r.file_sha256[:16]}\n"
+            for r in records
+        )
+        c.emit(json_out, [r.to_dict() for r in records], "".join(rows))

@@ -1,0 +1,317 @@
+"""The commands that talk to one worker: `warm` (also `prefix-warm`), `doctor`, `probe` and
+`keepalive`. A reference is resolved once (`Registry.head`: a prefix or a frame) and verified
+before a connection is opened; each command's help gives its exit codes.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, cast
+
+import typer
+
+from prefixreg.cli import _common as c
+from prefixreg.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from prefixreg.verbs.keepalive.rewarm import Rewarm
+
+
+def warm_command(
+    ref: c.RefArg,
+    worker: c.WorkerOpt = None,
+    no_check: Annotated[
+        bool, typer.Option("--no-check", help="Send the warm call only; skip the resume check.")
+    ] = False,
+    check_only: Annotated[
+        bool,
+        typer.Option(
+            "--check-only", help="Send the resume check only: is the prefix still resumable?"
+        ),
+    ] = False,
+    model: c.ModelOpt = None,
+    timeout: c.TimeoutOpt = 1800.0,
+    profile: c.ProfileOpt = None,
+    restore: Annotated[
+        bool,
+        typer.Option(
+            "--restore",
+            help="llama.cpp: restore the prefix's KV snapshot for the worker's current build"
+            " and prove it with a fresh tail pinned to that slot; when there is none, or it"
+            " does not resume, a normal warm follows (see `prefixreg snapshot`).",
+        ),
+    ] = False,
+    slot_dir: c.SlotDirOpt = None,
+    public: Annotated[
+        bool,
+        typer.Option(
+            "--public",
+            help="With --json: drop the worker address, model id and host-identifying build"
+            " fields (refused without --json).",
+        ),
+    ] = False,
+    metrics_file: c.MetricsOpt = None,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
+) -> None:
+    """Warm a prefix on a worker, then prove with a fresh tail that the worker resumes it.
+
+    The prefix's bytes are verified first; on a mismatch nothing is sent (exit 3). One
+    measurement record is written, bound to the server build read from /health. Exit 0
+    resumed, 1 cold or partial, 4 unverified evidence, 5 worker error. With --restore: exit
+    0 when the snapshot is proven `restored`, else the normal warm that follows decides;
+    3 when the snapshot file changed (no restore sent); 2 a server without a slot API.
+    """
+    from prefixreg.verbs.measure.metrics import check_metrics_path, write_metrics
+    from prefixreg.verbs.measure.warm import warm
+
+    with c.cli_errors(debug):
+        if public and not json_out:
+            raise UsageError("--public shapes the --json receipt; add --json")
+        if no_check and check_only:
+            raise typer.BadParameter("--no-check and --check-only exclude each other")
+        if slot_dir is not None and not restore:
+            raise UsageError("--slot-dir is for --restore; add --restore")
+        if restore and (no_check or check_only or public):
+            raise UsageError(
+                "--restore always proves with a check; drop --no-check/--check-only/--public"
+            )
+        check_metrics_path(metrics_file)
+        reg = c.open_registry_from(registry)
+        head = reg.head(ref)  # resolved and verified once, before a connection is opened
+        progress = c.progress_for(json_out)
+        with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
+            if restore:  # the one import of another command module, only when needed
+                from prefixreg.cli.snapshot_cmd import warm_restore_cli
+
+                raise typer.Exit(warm_restore_cli(reg, head, w, slot_dir, json_out))
+            result = warm(
+                reg, head, w, check=not no_check, send_warm=not check_only, progress=progress
+            )
+        if metrics_file is not None:
+            write_metrics(metrics_file, result.metrics())
+        c.emit(json_out, result.receipt(public=public), result.summary())
+        raise typer.Exit(int(c.EXIT_BY_OUTCOME[result.verdict]))
+
+
+def doctor_command(
+    worker: c.WorkerOpt = None,
+    profile: c.ProfileOpt = None,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
+) -> None:
+    """Say what a worker's /health and /cache tell about its prompt cache, and what to change.
+
+    With the registry it also weighs Cmax, the best that this build's probe receipts prove,
+    against the registered prefixes' token spans; Cmax under 4,000 tokens is urgent. Exit 0
+    when nothing needs changing, 1 when a finding says what to change, 5 worker error.
+    """
+    from prefixreg.verbs.doctor.run import doctor
+
+    with c.cli_errors(debug):
+        reg = c.open_registry_from(registry)
+        with c.open_worker(worker, model=None, timeout=30.0, profile=profile) as w:
+            diagnosis = doctor(w, reg)
+        lines = [f"worker {w.url} ({diagnosis.profile})"]
+        lines += [f"  [{f.level}] {f.text}" for f in diagnosis.findings]
+        c.emit(json_out, {"worker": w.url, **diagnosis.to_dict()}, "\n".join(lines) + "\n")
+        raise typer.Exit(int(c.ExitCode.OK if diagnosis.healthy else c.ExitCode.NO))
+
+
+@contextmanager
+def _progress_bar(enabled: bool) -> Iterator[Callable[[str, int], None] | None]:
+    """A progress bar on stderr when it is a terminal (the leg being measured)."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("probe", total=None)
+        yield lambda label, n: bar.update(task, advance=n, description=f"probe: {label}")
+
+
+Flag = typer.Option
+
+
+def probe_command(
+    worker: c.WorkerOpt = None,
+    sizes: Annotated[str, Flag(help="Prefix sizes in characters (k = 1000).")] = "4k,16k,32k,64k",
+    foreign: Annotated[int, Flag(help="Distinct foreign prompts before leg C.")] = 9,
+    foreign_chars: Annotated[int, Flag(help="Characters of each foreign prompt.")] = 2000,
+    corpus: Annotated[Path | None, Flag(help="UTF-8 text to slice (a file, - for stdin).")] = None,
+    survival: Annotated[
+        bool, Flag("--survival", help="Also find how many foreign prompts a prefix survives.")
+    ] = False,
+    force: Annotated[bool, Flag("--force", help="Probe even a worker that is busy.")] = False,
+    legs: Annotated[str, Flag(help="all: leg C at every size; report: nearest 16k only.")] = "all",
+    frame: Annotated[
+        str | None,
+        Flag(help="A frame whose tools and settings go with each prefix (verified first)."),
+    ] = None,
+    model: c.ModelOpt = None,
+    timeout: c.TimeoutOpt = 1800.0,
+    profile: c.ProfileOpt = None,
+    public: Annotated[
+        bool, Flag("--public", help="With --json: drop what identifies the worker and host.")
+    ] = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
+) -> None:
+    """Measure a worker's prompt cache: Cmax, LRU survival, and whether /cache can be trusted.
+
+    Per size: A1 cold baseline, A2 identical repeat, B same prefix with a fresh tail, C after
+    --foreign foreign prompts. Each leg is a registered probe slice and a measurement bound to
+    the server build; the run is written to probes/<ts>.json and probes/<ts>.md.
+
+    Exit 0 every leg verified and no check failed beyond the lag explanation; 1 a check
+    failed; 2 bad options (sizes over the worker's context, a --frame's tools counted; a
+    --corpus that is not a regular file or is too large; a --frame that names a prefix); 3 a
+    --frame that fails verification (nothing sent); 4 evidence unverified (a leg, a survival
+    trial, or counter checks that could compare nothing); 5 worker error; 7 another probe
+    holds the lock.
+    """
+    from prefixreg.core.frame import Frame
+    from prefixreg.registry.fsutil import read_user_file
+    from prefixreg.verbs.probe.options import Legs, ProbeOptions
+    from prefixreg.verbs.probe.run import parse_sizes, run_probe
+
+    with c.cli_errors(debug):
+        if public and not json_out:
+            raise UsageError("--public shapes the --json receipt; add --json")
+        parsed = parse_sizes(sizes)  # a usage error before the registry is opened
+        text = None
+        if corpus is not None:
+            try:
+                text = read_user_file(corpus).decode("utf-8")
+            except UnicodeDecodeError:
+                raise UsageError(f"{corpus}: the corpus is not UTF-8 text") from None
+        reg = c.open_registry_from(registry)
+        head = None if frame is None else reg.head(frame)  # verified once, before any call
+        if head is not None and not isinstance(head, Frame):
+            raise UsageError(f"--frame {frame}: names a prefix, not a frame (no tools to send)")
+        options = ProbeOptions(
+            sizes=parsed,
+            foreign=foreign,
+            foreign_chars=foreign_chars,
+            corpus=text,
+            survival=survival,
+            force=force,
+            legs=cast(Legs, legs),  # checked by ProbeOptions
+            frame=head,
+        )
+        with (
+            c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w,
+            _progress_bar(sys.stderr.isatty()) as step,
+        ):
+            report = run_probe(reg, w, options, progress=step)
+        paths = f"\nreceipt: {report.json_path}\nverdict: {report.md_path}\n"
+        c.emit(json_out, report.to_dict(public=public), report.to_markdown() + paths)
+        raise typer.Exit(int(c.EXIT_BY_OUTCOME[report.outcome]))
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `30s`, `10m`, `2h`, `1d` -> seconds (above 0)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip().lower())
+    units = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    seconds = 0.0 if match is None else float(match.group(1)) * units[match.group(2)]
+    if seconds <= 0:
+        raise UsageError(f"bad duration {text!r}: seconds above 0, or a number with s, m, h, d")
+    return seconds
+
+
+def _say(rewarm: Rewarm) -> None:
+    ev = rewarm.record.evidence
+    since = "first warm" if rewarm.since is None else f"after {rewarm.since:g} {rewarm.unit}"
+    what = rewarm.sha256[:12] if rewarm.frame is None else f"frame {rewarm.frame[:12]}"
+    kept = "kept" if rewarm.verdict == "resumed" else "not kept"
+    c.info(
+        f"re-warmed {what} ({since}): {rewarm.verdict} ({kept}), cached {ev.cached_tokens}/"
+        f"{ev.prompt_tokens}"
+    )
+
+
+def keepalive_command(
+    refs: Annotated[list[str], typer.Argument(help="Prefixes or frames (names or shas).")],
+    worker: c.WorkerOpt = None,
+    interval: Annotated[
+        float | None,
+        typer.Option("--interval", help="Seconds between re-warms without /cache (default 60)."),
+    ] = None,
+    budget: Annotated[
+        int | None,
+        typer.Option(
+            "--budget",
+            help="Stores (llama.cpp: prompts) a just-used head survives (default: the latest "
+            "probe --survival for this build, else max_entries less the entries per request; "
+            "llama.cpp: 1, a re-warm after every foreign prompt).",
+            min=1,
+        ),
+    ] = None,
+    duration: Annotated[
+        str | None,
+        typer.Option("--duration", help="Stop after this long (30s, 10m, 2h); default: Ctrl-C."),
+    ] = None,
+    poll: Annotated[float, typer.Option("--poll", help="Seconds between counter polls.")] = 0.5,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
+) -> None:
+    """Keep heads resumable under foreign traffic, using the server's own counters.
+
+    It polls /cache (llama.cpp: /slots, else /metrics), counts stores (prompts) since each
+    head was last used, and re-warms a head before one more foreign prompt could evict it;
+    servers with neither are re-warmed on a time interval. A frame keeps its whole head
+    warm. A re-warm is kept only when the judge says resumed; one that comes back partial
+    or cold tightens the budget. Every re-warm is recorded as a measurement.
+
+    Ctrl-C (or --duration) stops it and prints the summary. Exit 0 when stopped normally
+    after at least one re-warm whose counts the judge could read; 5 when repeated worker
+    errors stopped it, or none succeeded and worker errors were why; 4 when none succeeded
+    and the server never reported the counts; 1 when something else stopped it (a
+    measurement that could not be written); 2 a bad argument (an interval that is not
+    finite seconds above 0, ...).
+    """
+    from prefixreg.server.worker import Worker
+    from prefixreg.verbs.keepalive.run import KeepAlive
+
+    with c.cli_errors(debug):
+        seconds = None if duration is None else parse_duration(duration)
+        reg = c.open_registry_from(registry)
+        heads = [reg.head(ref) for ref in refs]  # resolved and verified once, before sending
+        with Worker(c.worker_url(worker), timeout=5.0) as w:
+            keeper = KeepAlive(
+                w,
+                heads,
+                registry=reg,
+                budget=budget,
+                interval_s=interval,
+                poll_s=poll,
+                on_rewarm=None if json_out else _say,
+            )
+            b = keeper.budget
+            if not json_out:
+                c.info(f"keeping {len(heads)} heads on {w.url}; budget {b.describe()} ({b.source})")
+            try:
+                summary = keeper.run(seconds)
+            except KeyboardInterrupt:
+                summary = keeper.summary
+        lines = [str(summary), *(f"  {change}" for change in summary.budget_changes)]
+        c.emit(json_out, {"budget": b.to_dict(), **summary.to_dict()}, "\n".join(lines) + "\n")
+        if summary.stopped_because:
+            c.info(f"stopped: {summary.stopped_because}")
+            raise typer.Exit(int(c.ExitCode.WORKER if summary.stopped_by_worker else c.ExitCode.NO))
+        if summary.succeeded == 0:
+            # The keeper's claim is "these heads were kept warm": a run in which not one
+            # re-warm came back with counts the judge could read proved nothing of the kind.
+            why = f"{summary.errors} worker errors" if summary.errors else "no verified counts"
+            c.info(f"no re-warm succeeded in this run ({why})")
+            raise typer.Exit(int(c.ExitCode.WORKER if summary.errors else c.ExitCode.UNVERIFIED))
