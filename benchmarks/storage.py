@@ -12,7 +12,9 @@ the numbers hold on a noisy machine. Run: `python benchmarks/storage.py [--quick
   Target <= 1.2x.
 - start-up: `prefixreg --help` and `prefix-add FILE` vs `python3 -c "import typer"`, whole
   processes run in turn by the same interpreter; the median of the pair-by-pair ratios of
-  wall time and of CPU time (user + system). Target <= 1.3x.
+  wall time and of CPU time (user + system). Targets: the CLI's start (`--help`) <= 1.2x;
+  `prefix-add FILE`, which also imports hashlib and orjson and does a verified add of an
+  existing object, <= 1.4x.
 """
 
 from __future__ import annotations
@@ -190,8 +192,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         for label, kinds in bench_startup(tmp, 6 * scale).items():
+            target = 1.2 if label.endswith("--help") else 1.4
             for kind, (ours, floor, ratio) in kinds.items():
-                results.append(report(f"start-up {kind}: {label}", ours, floor, 1.3, ratio))
+                results.append(report(f"start-up {kind}: {label}", ours, floor, target, ratio))
         if args.startup_only:
             print("all targets met" if all(results) else "some targets missed")
             return 0 if all(results) else 1
