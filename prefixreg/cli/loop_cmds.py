@@ -110,12 +110,15 @@ def audit_command(
     debug: c.DebugOpt = False,
 ) -> None:
     """Count prompt, cached and completion tokens over a batch of call outputs, model its
-    prefill and decode time (default rates: the measured Halogen Flash lane), and say which
-    dominates and which registered head the batch shares.
+    prefill and decode time (default rates: the measured Halogen Flash lane), say what
+    caching saved (tokens and seconds against a cold run: the server's timings where given,
+    else the rates), where the uncached tokens went (new history, drift from --frame, misses
+    of the head) and so whether caching is the lever, and which registered head it shares.
 
     Reads chat responses (bare, or under `response`/`body`, a `wall_s` beside them), request
-    bodies, `{"request", "response"}` pairs and measurement records; a line or .json
-    document over 16 MiB is skipped. Each call is reused, partial, cold or unverified:
+    bodies, `{"request", "response"}` pairs, measurement records and aiperf's per-request
+    exports (`profile_export.jsonl`, `profile_export_raw.jsonl`: wall time is then the
+    batch's span, with its concurrency); a line or .json document over 16 MiB is skipped. Each call is reused, partial, cold or unverified:
     reused only when its cached count covers the span of the head it sends (its request's
     bytes, its record's head, or for a response read alone the batch's head). The batch's
     head is named by byte identity (each request's `messages[0].content` hashed and looked
