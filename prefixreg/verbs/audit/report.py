@@ -310,7 +310,8 @@ def _saving_lines(s: dict[str, Any]) -> list[str]:
     tok, sec, u = s["tokens"], s["seconds"], s["uncached"]
     rate = s["cold_rate"]["tokens_per_s"]
     how = f"the server's {rate:,.0f} tok/s on cold prefills" if rate else "the rates"
-    parts = "".join(f"; {k} {n:,}" for k, n in s["drift_parts"].items())
+    parts = ", ".join(f"{k} {n:,}" for k, n in s["drift_parts"].items())
+    parts = f" ({parts})" if parts else ""
     return [
         f"if cold        {tok['cold']:,} prompt tokens, prefill {_secs(sec['cold'])} ({how})",
         f"caching saved  {tok['saved']:,} tokens, {_secs(max(sec['saved'], 0))} of prefill "

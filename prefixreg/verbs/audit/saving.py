@@ -112,6 +112,7 @@ def saving(
         else:
             one = CallSaving(c.source, p, k, p / prefill_tps, (p - k) / prefill_tps)
         drift = (drifts or {}).get(c.source) or ()
+        one.drifted = ", ".join(sorted({d.part for d in drift})) or None
         span = v.span if v.span else None
         if drift and frame_bytes:
             span = estimate_span(p, frame_bytes, c.rest_bytes or 0)
@@ -120,8 +121,8 @@ def saving(
         else:
             head = max(0, min(span, p) - k)
             one.new_history = p - k - head
-            if drift:
-                one.drift, one.drifted = head, ", ".join(sorted({d.part for d in drift}))
+            if one.drifted:
+                one.drift = head
                 out.drift_parts[one.drifted] = out.drift_parts.get(one.drifted, 0) + head
             else:
                 one.miss = head
