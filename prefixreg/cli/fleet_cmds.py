@@ -302,6 +302,7 @@ def mirror_command(
             ssh_options=options,
             bwlimit=bwlimit,
             on_result=lambda r: c.info(_summary(r)),
+            progress=c.progress_for(json_out),
         )
         if json_out:
             c.emit_json(report.to_dict())
