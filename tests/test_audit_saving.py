@@ -220,7 +220,7 @@ def test_aiperf_exports_give_the_batchs_span_and_concurrency() -> None:
         assert out["tokens"]["prompt"]["total"] == 5116
         assert out["tokens"]["cached"]["total"] == 3408
         assert round(out["cached_share"] * 100, 2) == 66.61  # aiperf's own cache read %
-        assert "500 Internal Server Error" in out["unverified"][-1]["reason"]
+        assert out["unverified"][-1]["reason"] == "aiperf: the request failed (HTTP 500)"
     both = audit_json(str(FIXTURES))
     assert len(both["skipped"]) == 5  # the records file's lines: read from the raw export
     assert all("profile_export.jsonl" in s["source"] for s in both["skipped"])
@@ -244,3 +244,31 @@ def test_aiperf_older_nulls_warmup_and_a_missing_cache_count(tmp_path: Path) -> 
     assert out["tokens"]["cached"] == {"total": 0, "mean": 0.0, "calls": 1}
     text = run_cli("audit", str(FIXTURES / "profile_export.jsonl")).stdout.decode()
     assert "the batch's span over 5 calls (concurrency peak 2, mean 1.73" in text
+
+
+def test_hostile_aiperf_records_are_unverified_calls_never_a_crash(tmp_path: Path) -> None:
+    raw = orjson.loads((FIXTURES / "profile_export_raw.jsonl").read_bytes().splitlines()[0])
+    meta = raw["metadata"]
+    bad: list[dict[str, Any]] = [
+        {**raw, "responses": [{"perf_ns": 1, "packets": 5}]},  # packets not a list
+        {**raw, "responses": "data: {}"},  # responses not a list
+        {**raw, "responses": [7, None, {"packets": [{"name": "data", "value": "{not json"}]}]},
+        {**raw, "responses": [{"perf_ns": 1, "text": '{"choices": ['}]},  # a broken body
+        {**raw, "error": {"code": "500", "type": "<script>", "message": "secret text"}},
+        {"metadata": {**meta, "request_start_ns": -5, "request_end_ns": True}, "metrics": {}},
+        {"metadata": {**meta, "request_end_ns": meta["request_start_ns"] - 1}, "metrics": []},
+    ]
+    path = tmp_path / "profile_export_raw.jsonl"
+    path.write_bytes(
+        b"\n".join(
+            orjson.dumps({**b, "metadata": {**b["metadata"], "x_request_id": str(i)}})
+            for i, b in enumerate(bad)
+        )
+    )
+    res = run_cli("audit", str(path), "--json")
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert out["calls"] == len(bad) and out["states"]["unverified"] == len(bad)
+    assert out["time"]["span_calls"] == 5  # the two records without a valid interval: none
+    assert b"secret text" not in res.stdout and b"<script>" not in res.stdout
+    assert "aiperf: the request failed" in {u["reason"] for u in out["unverified"]}

@@ -294,11 +294,15 @@ def keepalive_command(
         with Worker(c.worker_url(worker), timeout=5.0) as w:
 
             def on_rewarm(rewarm: Rewarm) -> None:
-                """Say it (not with --json); the counters so far to --metrics-file."""
+                """Say it (not with --json); the counters so far to --metrics-file (a file
+                that cannot be written is a warning: the heads are what is kept)."""
                 if not json_out:
                     _say(rewarm)
-                if metrics_file is not None:
-                    write_metrics(metrics_file, keeper.summary.metrics({"worker": w.url}))
+                try:
+                    if metrics_file is not None:
+                        write_metrics(metrics_file, keeper.summary.metrics({"worker": w.url}))
+                except OSError as exc:
+                    c.info(f"warning: --metrics-file {metrics_file}: {exc.strerror or exc}")
 
             keeper = KeepAlive(
                 w,

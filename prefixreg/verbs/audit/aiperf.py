@@ -58,7 +58,8 @@ def _sse(responses: list[Any]) -> object:
                 return whole
             except CorruptRecordError:
                 return r["text"].encode("utf-8", "surrogatepass")  # judged malformed later
-        for p in r.get("packets") or () if isinstance(r, dict) else ():
+        packets = r.get("packets") if isinstance(r, dict) else None
+        for p in packets if isinstance(packets, list) else ():
             if isinstance(p, dict) and p.get("name") == "data" and isinstance(p.get("value"), str):
                 lines += [*(f"data: {line}" for line in p["value"].split("\n")), ""]
     return "\n".join([*lines, ""]).encode("utf-8", "surrogatepass")
@@ -78,15 +79,16 @@ def read_aiperf(value: Mapping[str, Any]) -> AiperfCall | str:
     rid = meta.get("x_request_id") if isinstance(meta.get("x_request_id"), str) else None
     raw = "responses" in value
     error = value.get("error")
-    if isinstance(error, dict):
-        words = " ".join(str(error.get(k)) for k in ("code", "type") if error.get(k) is not None)
-        reply: object = {"error": {"code": error.get("code")}}
-        return AiperfCall(rid, raw, reply, _payload(value), start, end, f"aiperf: {words}")
+    if isinstance(error, dict):  # the status only: the server's text is never kept
+        code = strict_count(error.get("code"))
+        why = "aiperf: the request failed" + ("" if code is None else f" (HTTP {code})")
+        return AiperfCall(rid, raw, {"error": {"code": code}}, _payload(value), start, end, why)
     if raw:
         responses = value.get("responses")
         body = _sse(responses if isinstance(responses, list) else [])
         return AiperfCall(rid, True, body, _payload(value), start, end)
     m = value.get("metrics")
+    reply: object
     usage: dict[str, object] = {
         "prompt_tokens": _metric(m, "usage_prompt_tokens"),
         "completion_tokens": _metric(m, "usage_completion_tokens"),
