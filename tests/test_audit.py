@@ -268,6 +268,19 @@ def test_json_totals_match_an_independent_count(batch: Batch) -> None:
     pct = round((1 - exp["prefill_share"]) * 100)
     assert out["summary"].startswith(f"decode dominates: {pct}% of modelled time")
 
+    # What caching saved: the uncached tokens split by the head's measured span (every call
+    # here is judged against it), the lever decided from that split, not from the time.
+    span = batch.warm.span_tokens
+    assert span is not None
+    counted = [(r.prompt, r.cached) for r in batch.rows if r.prompt is not None]
+    miss = sum(max(0, min(span, p) - c) for p, c in counted if c is not None)
+    uncached = sum(p - c for p, c in counted if c is not None)
+    s = out["saving"]
+    assert s["tokens"] == {"cold": exp["prompt"][0], "saved": exp["cached"][0]}
+    assert s["uncached"] == {"new_history": uncached - miss, "drift": 0, "miss": miss, "unknown": 0}
+    assert miss > uncached - miss and s["lever"]["verdict"] == "lever"
+    assert out["summary"].endswith("prompt caching is the lever: " + s["lever"]["reason"])
+
     # The shared prefix: the measured span (on the record's build) that the responses read
     # alone cover, through the judge: 5 of the 6 with counts (the sixth is cold).
     p = out["shared_prefix"]
@@ -290,7 +303,7 @@ def test_text_report_names_the_prefix_and_the_dominant_share(batch: Batch) -> No
     exp = expected(batch.rows, DEFAULT_PREFILL_TPS, DEFAULT_DECODE_TPS)
     assert f"calls          {exp['calls']} from 7 files" in text
     assert f"loop ({batch.warm.prefix.sha256[:12]})" in text
-    assert "decode dominates:" in text and "not the lever" in text
+    assert "decode dominates:" in text and "prompt caching is the lever:" in text
     assert "malformed (3):" in text and "broken.json: not valid JSON" in text
     assert "usage missing" in text
 
@@ -305,9 +318,7 @@ def test_slow_prefill_rate_makes_prefill_dominate(batch: Batch) -> None:
     assert out["time"]["dominant"] == "prefill"
     assert out["time"]["rates"]["given"] is True
     pct = round(exp["prefill_share"] * 100)
-    assert (
-        out["summary"] == f"prefill dominates: {pct}% of modelled time; prompt caching is the lever"
-    )
+    assert out["summary"].startswith(f"prefill dominates: {pct}% of modelled time; ")
 
 
 def test_without_registry_the_record_still_names_the_prefix_by_sha(batch: Batch) -> None:

@@ -21,6 +21,7 @@ from prefixreg.cli._common import (
     emit_json,
     info,
     open_registry_from,
+    progress_for,
 )
 
 DryRunOpt = Annotated[
@@ -54,7 +55,8 @@ def migrate_command(
         from prefixreg.registry.location import display_path
         from prefixreg.registry.migrate import migrate_registry
 
-        report = migrate_registry(old, to, scan=scan or (), dry_run=dry_run)
+        progress = progress_for(json_out)
+        report = migrate_registry(old, to, scan=scan or (), dry_run=dry_run, progress=progress)
         if json_out:
             emit_json(report.to_dict())
         for ref in [] if json_out else report.stale:

@@ -105,19 +105,32 @@ def audit_command(
             "each request's drift from it and the cold calls after."
         ),
     ] = None,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            help="Also write the report as one self-contained HTML page with plots (needs "
+            "the report extra: pip install 'prefixreg[report]').",
+            metavar="FILE",
+        ),
+    ] = None,
     registry: c.RegistryOpt = None,
     json_out: c.JsonOpt = False,
     debug: c.DebugOpt = False,
 ) -> None:
     """Count prompt, cached and completion tokens over a batch of call outputs, model its
-    prefill and decode time (default rates: the measured Halogen Flash lane), and say which
-    dominates and which registered head the batch shares.
+    prefill and decode time (default rates: the measured Halogen Flash lane), say what
+    caching saved (tokens and seconds against a cold run: the server's timings where given,
+    else the rates), where the uncached tokens went (new history, drift from --frame, misses
+    of the head) and so whether caching is the lever, and which registered head it shares.
 
     Reads chat responses (bare, or under `response`/`body`, a `wall_s` beside them), request
-    bodies, `{"request", "response"}` pairs and measurement records; a line or .json
-    document over 16 MiB is skipped. Each call is reused, partial, cold or unverified:
-    reused only when its cached count covers the span of the head it sends (its request's
-    bytes, its record's head, or for a response read alone the batch's head). The batch's
+    bodies, `{"request", "response"}` pairs, measurement records and aiperf's per-request
+    exports (`profile_export.jsonl`, `profile_export_raw.jsonl`: wall time is then the
+    batch's span, with its concurrency); a line or .json document over 16 MiB is skipped.
+    Each call is reused, partial, cold or unverified: reused only when its cached count
+    covers the span of the head it sends (its request's bytes, its record's head, or for a
+    response read alone the batch's head). The batch's
     head is named by byte identity (each request's `messages[0].content` hashed and looked
     up), else by the measured span most calls cover.
 
@@ -141,6 +154,8 @@ def audit_command(
             reg = None
         if frame is not None and reg is None:
             raise UsageError("--frame needs a registry that holds the frame")
+        if html is not None and not html.parent.is_dir():
+            raise UsageError(f"--html {html}: the directory {html.parent} does not exist")
         head = None if frame is None or reg is None else reg.head(frame)  # resolved once
         report = run_audit(
             paths, registry=reg, prefill_tps=prefill_tps, decode_tps=decode_tps, frame=head
@@ -153,4 +168,9 @@ def audit_command(
                 hint="give response or request JSON, JSON lines, a directory of them, "
                 "or measurement records",
             )
+        if html is not None:
+            from prefixreg.registry.fsutil import replace_atomic
+            from prefixreg.verbs.audit.html import render_html
+
+            replace_atomic(html, render_html(report), mode=0o644)
         c.emit(json_out, report.to_dict(), report.to_text())

@@ -261,6 +261,7 @@ def keepalive_command(
         typer.Option("--duration", help="Stop after this long (30s, 10m, 2h); default: Ctrl-C."),
     ] = None,
     poll: Annotated[float, typer.Option("--poll", help="Seconds between counter polls.")] = 0.5,
+    metrics_file: c.MetricsOpt = None,
     registry: c.RegistryOpt = None,
     json_out: c.JsonOpt = False,
     debug: c.DebugOpt = False,
@@ -273,7 +274,8 @@ def keepalive_command(
     warm. A re-warm is kept only when the judge says resumed; one that comes back partial
     or cold tightens the budget. Every re-warm is recorded as a measurement.
 
-    Ctrl-C (or --duration) stops it and prints the summary. Exit 0 when stopped normally
+    Ctrl-C (or --duration) stops it and prints the summary; --metrics-file gets its
+    counters after every re-warm and at the end. Exit 0 when stopped normally
     after at least one re-warm whose counts the judge could read; 5 when repeated worker
     errors stopped it, or none succeeded and worker errors were why; 4 when none succeeded
     and the server never reported the counts; 1 when something else stopped it (a
@@ -282,12 +284,26 @@ def keepalive_command(
     """
     from prefixreg.server.worker import Worker
     from prefixreg.verbs.keepalive.run import KeepAlive
+    from prefixreg.verbs.measure.metrics import check_metrics_path, write_metrics
 
     with c.cli_errors(debug):
         seconds = None if duration is None else parse_duration(duration)
+        check_metrics_path(metrics_file)
         reg = c.open_registry_from(registry)
         heads = [reg.head(ref) for ref in refs]  # resolved and verified once, before sending
         with Worker(c.worker_url(worker), timeout=5.0) as w:
+
+            def on_rewarm(rewarm: Rewarm) -> None:
+                """Say it (not with --json); the counters so far to --metrics-file (a file
+                that cannot be written is a warning: the heads are what is kept)."""
+                if not json_out:
+                    _say(rewarm)
+                try:
+                    if metrics_file is not None:
+                        write_metrics(metrics_file, keeper.summary.metrics({"worker": w.url}))
+                except OSError as exc:
+                    c.info(f"warning: --metrics-file {metrics_file}: {exc.strerror or exc}")
+
             keeper = KeepAlive(
                 w,
                 heads,
@@ -295,7 +311,7 @@ def keepalive_command(
                 budget=budget,
                 interval_s=interval,
                 poll_s=poll,
-                on_rewarm=None if json_out else _say,
+                on_rewarm=on_rewarm,
             )
             b = keeper.budget
             if not json_out:
@@ -304,6 +320,8 @@ def keepalive_command(
                 summary = keeper.run(seconds)
             except KeyboardInterrupt:
                 summary = keeper.summary
+            if metrics_file is not None:
+                write_metrics(metrics_file, summary.metrics({"worker": w.url}))
         lines = [str(summary), *(f"  {change}" for change in summary.budget_changes)]
         c.emit(json_out, {"budget": b.to_dict(), **summary.to_dict()}, "\n".join(lines) + "\n")
         if summary.stopped_because:

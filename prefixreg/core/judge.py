@@ -241,3 +241,33 @@ def judge_fit(
         return "not_proven", why + f" (Cmax at least {cmax:,})"
     why = f"a fresh call resumes at most {cmax:,} of its {span:,} tokens"
     return "does_not_fit", why + (f", short by more than {aligned}" if alignment > 1 else "")
+
+
+LeverVerdict = Literal["lever", "not_lever", "unverified"]
+
+
+def judge_lever(
+    *, cached: int, new_history: int, drift: int, miss: int, unknown: int = 0
+) -> tuple[LeverVerdict, str]:
+    """Is prompt caching the lever for a batch? Decided from where its prompt tokens went,
+    never from time, so every engine gets the same verdict for the same split: the `lever`
+    when the uncached tokens a cache could have held (the head's `drift` and `miss`) are at
+    least the `new_history` no cache holds; `unverified` when the tokens no head could be
+    compared with (`unknown`) outnumber both; else `not_lever`."""
+    head, uncached = drift + miss, drift + miss + new_history + unknown
+    if min(cached, new_history, drift, miss, unknown) < 0:
+        return "unverified", "a token count is negative"
+    if uncached + cached == 0:
+        return "unverified", "no call reported prompt and cached counts"
+    if unknown > head + new_history:
+        return "unverified", f"{unknown:,} of {uncached:,} uncached tokens have no head to compare"
+    if uncached == 0:
+        return "not_lever", f"all {cached:,} prompt tokens came from the cache"
+    if head and head >= new_history:
+        return "lever", (
+            f"{head:,} of {uncached:,} uncached tokens were the head (drift {drift:,}, missed "
+            f"{miss:,}): keeping it warm and in line saves them"
+        )
+    return "not_lever", (
+        f"{new_history:,} of {uncached:,} uncached tokens are new history, which no cache holds"
+    )

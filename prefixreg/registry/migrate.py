@@ -28,7 +28,7 @@ import errno
 import os
 import re
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final, Literal
@@ -52,6 +52,7 @@ from prefixreg.registry.treecopy import (
 )
 
 Method = Literal["rename", "copy", "merge", "none"]
+Say = Callable[[str], None]
 _SKIP_DIRS: Final = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__"})
 
 
@@ -89,11 +90,13 @@ def migrate_registry(
     *,
     scan: Sequence[Path | str] = (),
     dry_run: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> MigrationReport:
     """Move the registry at `old` to `new` (default: the standard location), verified, and
     list the lines under `scan` (directories or files) still naming `old`; `dry_run` only
-    decides and reports. Raises: UsageError, RegistryLocationError (no registry at `old`,
-    same or nested paths, a target holding another registry or unmarked files);
+    decides and reports; `progress` hears each step. Raises: UsageError,
+    RegistryLocationError (no registry at `old`, same or nested paths, a target holding
+    another registry or unmarked files);
     IntegrityError (the source or the result does not verify, or holds a symlink);
     LockTimeoutError."""
     given = Path(old).expanduser().absolute()
@@ -116,7 +119,8 @@ def migrate_registry(
     if target.is_symlink() and target.is_dir():
         target = target.resolve()  # the user pointed the location elsewhere: move there
         report.target = str(target)
-    src = Registry(source)
+    src, say = Registry(source), progress or (lambda _msg: None)
+    say(f"verifying the registry at {source}")
     source_warnings = check_verifies(src, "the source registry")
     late: list[str] = []
     if dry_run:
@@ -128,14 +132,16 @@ def migrate_registry(
             dirs, files = list_tree(source)
             before = stats(source, files)  # what later writes are told apart from
             report.method = _plan(source, target, files)
+            say(f"moving {len(files)} files to {target} by {report.method}")
             if report.method == "rename" and not _move_by_rename(source, target):
                 report.method = "copy"  # EXDEV after all (a bind mount, an overlay)
             if report.method == "copy":
-                report.warnings += _move_by_copy(source, target, dirs, files)
+                report.warnings += _move_by_copy(source, target, dirs, files, say)
             else:
                 if report.method == "merge":
                     with Registry(target).lock():
-                        report.copied = _move_by_merge(source, target, dirs, files)
+                        report.copied = _move_by_merge(source, target, dirs, files, say)
+                say(f"verifying the registry at {target}")
                 try:
                     report.warnings += check_verifies(Registry(target), "the migrated registry")
                 except BaseException:
@@ -159,6 +165,8 @@ def migrate_registry(
             f"{given} is a symlink to {source}: moved {source}; the link now dangles "
             "(remove it once nothing uses it)"
         )
+    if scan:
+        say(f"scanning {', '.join(map(str, scan))} for lines naming {given}")
     report.stale = scan_references(given, scan, skip=(target,))
     return report
 
@@ -243,15 +251,16 @@ def _move_by_rename(source: Path, target: Path) -> bool:
 
 
 def _move_by_copy(
-    source: Path, target: Path, dirs: Sequence[str], files: Sequence[str]
+    source: Path, target: Path, dirs: Sequence[str], files: Sequence[str], say: Say
 ) -> list[str]:
     """Copy into a staging directory, verify it, rename it into place; its mode warnings."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f".{target.name}.migrating-{secrets.token_hex(4)}"
     staging.mkdir()
     try:
-        check_copies(staging, sync(source, staging, files, dirs=dirs))
+        check_copies(staging, sync(source, staging, files, dirs=dirs, progress=say))
         staging.chmod(source.stat().st_mode & 0o7777)
+        say(f"verifying the copy at {staging}")
         warnings = check_verifies(Registry(staging), "the copied registry")
         # rename(2) replaces an empty target directory atomically; a target that gained
         # files meanwhile makes it fail with ENOTEMPTY and nothing is lost.
@@ -263,7 +272,9 @@ def _move_by_copy(
     return warnings
 
 
-def _move_by_merge(source: Path, target: Path, dirs: Sequence[str], files: Sequence[str]) -> int:
+def _move_by_merge(
+    source: Path, target: Path, dirs: Sequence[str], files: Sequence[str], say: Say
+) -> int:
     """Add what the target lacks (and extend its journals); undo all of it on failure."""
     wanted = [
         rel
@@ -272,7 +283,7 @@ def _move_by_merge(source: Path, target: Path, dirs: Sequence[str], files: Seque
     ]
     undo = Undo()
     try:
-        digests = sync(source, target, wanted, dirs=dirs, undo=undo)
+        digests = sync(source, target, wanted, dirs=dirs, undo=undo, progress=say)
         _merge_migrations_log(source, target)
         check_copies(target, digests)
     except BaseException:

@@ -36,6 +36,7 @@ from prefixreg.registry.verify import verify_registry
 
 # Files that belong to the target registry itself, never compared with the source's.
 OWN: Final = frozenset({layout.MARKER, layout.README, layout.MIGRATIONS_LOG})
+PROGRESS_EVERY: Final = 500  # files between two progress lines of `sync`
 Stat = tuple[int, int, int]  # size, mtime_ns, inode: any write changes at least one
 
 
@@ -135,19 +136,23 @@ def sync(
     dirs: Sequence[str] = (),
     untouched: dict[str, Stat] | None = None,
     undo: Undo | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, str]:
     """Bring `files` (in write order) from `source` to `target`; {rel: sha256 written}.
     Missing: copied, directories made (the source's modes set last). Identical: left alone
     (a newer source mtime carried over). Different: replaced if a journal the target holds a
     prefix of, or a meta record whose target copy is as in `untouched`; else an object is an
-    `IntegrityError`, anything else a conflict (`PrefixregError`). `undo` records writes."""
+    `IntegrityError`, anything else a conflict (`PrefixregError`). `undo` records writes;
+    `progress` hears the file it is at every `PROGRESS_EVERY` files, and the last."""
     undo = undo if undo is not None else Undo()
     made = [rel for rel in dirs if not (target / rel).exists()]
     for rel in made:
         (target / rel).mkdir()
         undo.added.append(target / rel)
     digests: dict[str, str] = {}
-    for rel in files:
+    for done, rel in enumerate(files, 1):
+        if progress is not None and (done % PROGRESS_EVERY == 0 or done == len(files)):
+            progress(f"file {done:,} of {len(files):,}")
         src, dst = source / rel, target / rel
         if not dst.exists():
             digests[rel] = hashlib.sha256(fsutil.copy_durable(src, dst, root=source)).hexdigest()

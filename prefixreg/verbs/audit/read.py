@@ -17,7 +17,7 @@ import math
 import os
 import stat
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
@@ -27,6 +27,7 @@ from prefixreg.core.jsonio import JSONValue, loads
 from prefixreg.core.prefix import Drift, Prefix
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.server.evidence import evidence_from_response
+from prefixreg.verbs.audit.aiperf import is_aiperf, read_aiperf
 from prefixreg.verbs.audit.identity import PromptSeen, system_prompt
 
 WALL_KEYS: Final = ("wall_s", "elapsed_s", "duration_s", "latency_s")
@@ -56,6 +57,8 @@ class AuditCall:
     frame: str | None = None
     head_bytes: int | None = None
     rest_bytes: int | None = None
+    start_ns: int | None = None  # epoch ns, when the input timed the call (aiperf)
+    end_ns: int | None = None
 
 
 @dataclass(slots=True)
@@ -149,6 +152,7 @@ class _Reader:
     def __init__(self, frame: Head | None) -> None:
         self.out = AuditInput()
         self.frame = frame
+        self.aiperf: dict[str, tuple[bool, AuditCall, PromptSeen | None]] = {}
 
     def bad(self, source: str, reason: str) -> None:
         self.out.malformed.append(Malformed(source, reason))
@@ -170,6 +174,8 @@ class _Reader:
             self.bad(source, "not a JSON object or a list of them")
         elif isinstance(value.get("body"), dict) and {"sha256", "kind", "build"} <= value.keys():
             self.take_measurement(value, source)
+        elif is_aiperf(value):
+            self.take_aiperf(value, source)
         else:
             request, paired = _find_request(value)
             sent = {} if request is None else self.take_request(request, source)
@@ -219,6 +225,36 @@ class _Reader:
                 return
             obj, wall = inner, wall if wall is not None else _wall(inner)
         self.bad(source, "not a call output (wrapped too deep)")
+
+    def take_aiperf(self, value: dict[str, Any], source: str) -> None:
+        """An aiperf record; one request read from both exports counts once, from the raw
+        export (the server's own lines)."""
+        got = read_aiperf(value)
+        if isinstance(got, str):
+            self.skip(source, got)
+            return
+        sent, prompt = {}, None
+        if got.request is not None:
+            sent = self.take_request(got.request, source)
+            prompt = self.out.prompts.pop()
+        wall = None if got.start_ns is None or got.end_ns is None else got.end_ns - got.start_ns
+        ev = evidence_from_response(got.reply, wall_s=None if wall is None else wall / 1e9)
+        ev = ev if got.error is None else replace(ev, reason=got.error)
+        call = AuditCall(source, ev, **sent, start_ns=got.start_ns, end_ns=got.end_ns)
+        seen = self.aiperf.get(key := got.request_id or source)
+        if seen is not None and (seen[0] or not got.raw):
+            self.skip(source, f"the same aiperf request as {seen[1].source}")
+            return
+        if seen is not None:
+            self.skip(seen[1].source, f"the same aiperf request as {source} (raw export)")
+        self.aiperf[key] = (got.raw, call, prompt)
+
+    def finish(self) -> AuditInput:
+        """The aiperf calls join the rest in start order (the raw export is not)."""
+        for _, call, prompt in sorted(self.aiperf.values(), key=lambda t: t[1].start_ns or 0):
+            self.out.calls.append(call)
+            self.out.prompts.extend([prompt] if prompt is not None else [])
+        return self.out
 
     def take_measurement(self, value: dict[str, JSONValue], source: str) -> None:
         try:
@@ -340,13 +376,13 @@ def read_outputs(paths: Iterable[Path | str], *, frame: Head | None = None) -> A
         raise UsageError(f"frame must be a head (Registry.head), not {type(frame).__name__}")
     reader = _Reader(frame)
     for item in paths:
-        path, before = Path(item), reader.out.seen
+        path, before = Path(item), reader.out.seen + len(reader.aiperf)
         if path.is_dir():
             reader.walk(path)
-            if reader.out.seen == before:
+            if reader.out.seen + len(reader.aiperf) == before:
                 reader.bad(str(path), "no .json or .jsonl files in this directory")
         elif path.exists():
             reader.read_file(path, follow=True)
         else:
             reader.bad(str(path), "no such file or directory")
-    return reader.out
+    return reader.finish()

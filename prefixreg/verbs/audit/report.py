@@ -22,6 +22,7 @@ from prefixreg.core.judge import Judgement
 from prefixreg.core.records import CallEvidence
 from prefixreg.verbs.audit.identity import FrameAudit, IdentityReport, listing
 from prefixreg.verbs.audit.read import AuditCall, Malformed
+from prefixreg.verbs.audit.saving import Saving, batch_wall, saving
 
 Method = Literal["identity", "records", "coverage"]
 
@@ -153,14 +154,11 @@ class AuditReport:
                 sources[key][source] += 1
             if t["prefill"][0] is not None and t["decode"][0] is not None:
                 model.append((c.evidence.wall_s, t["prefill"][0], t["decode"][0]))
-        walls = [c.evidence.wall_s for c in self.calls if c.evidence.wall_s is not None]
         both = [(w, p + d) for w, p, d in model if w is not None]
         prefill, decode = sum(p for _, p, _ in model), sum(d for _, _, d in model)
         share = _share(prefill, prefill + decode)
         dominant = None if share is None else "prefill" if share > 0.5 else "decode"
-        return {
-            "wall_s": sum(walls) if walls else None,
-            "wall_calls": len(walls),
+        return batch_wall(self.calls) | {
             "modelled_calls": len(model),
             "prefill_s": prefill if model else None,
             "decode_s": decode if model else None,
@@ -177,22 +175,34 @@ class AuditReport:
             },
         }
 
-    def summary(self, time: dict[str, Any] | None = None) -> str:
-        """One sentence: which share dominates, and whether caching is the lever."""
+    def saved(self) -> Saving:
+        """The counterfactual: what the batch would have cost cold, and the uncached split."""
+        rows = self.frame.rows if self.frame else ()
+        drifts = {source: drift for source, drift, _ in rows}
+        size = self.frame.frame.head_bytes if self.frame else None
+        return saving(
+            self.calls, self.verdicts, prefill_tps=self.prefill_tps, drifts=drifts, frame_bytes=size
+        )
+
+    def summary(self, time: dict[str, Any] | None = None, lever: Saving | None = None) -> str:
+        """One sentence: which share of the time dominates, then whether caching is the
+        lever (the judge's, from the uncached split: the same on every engine)."""
         t = time or self._time()
+        verdict, why = (lever or self.saved()).lever()
+        words = {"lever": "the lever", "not_lever": "not the lever", "unverified": "unverified"}
+        said = f"prompt caching is {words[verdict]}: {why}"
         if t["dominant"] is None:
-            return "no call reported the counts or timings needed to model its time"
+            return f"no call reported the counts or timings needed to model its time; {said}"
         if t["dominant"] == "even":
-            return "prefill and decode are even: 50% of modelled time each"
+            return f"prefill and decode are even: 50% of modelled time each; {said}"
         pct = round(t[f"{t['dominant']}_share"] * 100)
-        lever = "the lever" if t["dominant"] == "prefill" else "not the lever for this batch"
-        return f"{t['dominant']} dominates: {pct}% of modelled time; prompt caching is {lever}"
+        return f"{t['dominant']} dominates: {pct}% of modelled time; {said}"
 
     def to_dict(self) -> JSONObject:
         evs = [c.evidence for c in self.calls]
         ok = [e for e in evs if e.cache_state != "unverified"]
         reused = [c.evidence for c, v in zip(self.calls, self.verdicts, strict=True) if v.resumed]
-        time = self._time()
+        time, saved = self._time(), self.saved()
         return {
             "files": self.files,
             "calls": len(self.calls),
@@ -208,7 +218,8 @@ class AuditReport:
                 sum(e.cached_tokens or 0 for e in ok), sum(e.prompt_tokens or 0 for e in ok)
             ),
             "time": time,
-            "summary": self.summary(time),
+            "saving": saved.to_dict(),
+            "summary": self.summary(time, saved),
             "shared_prefix": None if self.prefix is None else asdict(self.prefix),
             "system_prefix": None if self.identity is None else self.identity.to_dict(),
             "frame": None if self.frame is None else self.frame.to_dict(),
@@ -233,8 +244,7 @@ class AuditReport:
             lines.append(
                 f"cached share   {d['cached_share']:.1%} of prompt tokens (verified calls)"
             )
-        wall = f"{_secs(t['wall_s'])} over {t['wall_calls']:,} calls" if t["wall_calls"] else "-"
-        lines.append(f"wall time      {wall}")
+        lines += [f"wall time      {_wall_text(t)}", *_saving_lines(d["saving"])]
         if t["prefill_share"] is not None:
             prefill, decode = _secs(t["prefill_s"]), _secs(t["decode_s"])
             lines.append(
@@ -278,6 +288,37 @@ class AuditReport:
             f"of {p.span.span_tokens:,} tokens on build {p.span.build_id}{unknown} (a "
             f"token-count likeness, not byte identity{state})"
         )
+
+
+def _wall_text(t: dict[str, Any]) -> str:
+    if not t["wall_calls"]:
+        return "-"
+    if t["span_s"] is None:
+        return f"{_secs(t['wall_s'])}: {t['wall_calls']:,} call times summed (no start times)"
+    rest = t["wall_calls"] - t["span_calls"]
+    more = f", plus {rest:,} untimed calls summed" if rest else ""
+    return (
+        f"{_secs(t['wall_s'])}: the batch's span over {t['span_calls']:,} calls{more} "
+        f"(concurrency peak {t['concurrency_peak']}, mean {t['concurrency_mean'] or 0:.2f}; "
+        f"calls summed {_secs(t['summed_s'])})"
+    )
+
+
+def _saving_lines(s: dict[str, Any]) -> list[str]:
+    if not s["calls"]:
+        return []
+    tok, sec, u = s["tokens"], s["seconds"], s["uncached"]
+    rate = s["cold_rate"]["tokens_per_s"]
+    how = f"the server's {rate:,.0f} tok/s on cold prefills" if rate else "the rates"
+    parts = ", ".join(f"{k} {n:,}" for k, n in s["drift_parts"].items())
+    parts = f" ({parts})" if parts else ""
+    return [
+        f"if cold        {tok['cold']:,} prompt tokens, prefill {_secs(sec['cold'])} ({how})",
+        f"caching saved  {tok['saved']:,} tokens, {_secs(max(sec['saved'], 0))} of prefill "
+        f"(took {_secs(sec['actual'])}) over {s['calls']:,} calls",
+        f"uncached       new history {u['new_history']:,}, drift {u['drift']:,}{parts}, "
+        f"head missed {u['miss']:,}, unknown {u['unknown']:,}",
+    ]
 
 
 def _sources(counts: dict[str, int], tps: float) -> str:

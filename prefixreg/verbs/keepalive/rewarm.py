@@ -19,7 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 
 from prefixreg.core.errors import CorruptRecordError, IntegrityError, WorkerError
@@ -33,6 +33,7 @@ from prefixreg.server.slots import list_slots
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.budget import Unit
 from prefixreg.verbs.measure.calls import CallRecord
+from prefixreg.verbs.measure.metrics import Metrics
 from prefixreg.verbs.measure.slots import restore_head
 
 
@@ -147,6 +148,30 @@ class KeepAliveSummary:
         restores = ("restored", "restore_misses", "restore_s", "prefill_tokens_avoided")
         snapshots = {k: out.pop(k) for k in (*restores, "prefill_s_avoided")}
         return out | {"kept": self.kept, "succeeded": self.succeeded, "snapshots": snapshots}
+
+    def metrics(self, labels: Mapping[str, str] | None = None) -> Metrics:
+        """This run's counters (`--metrics-file`), the same numbers as `to_dict`."""
+        out, base = Metrics(), dict(labels or {})
+
+        def counter(name: str, value: float, help_text: str, **more: str) -> None:
+            out.set(f"prefixreg_{name}_total", value, help_text, base | more, kind="counter")
+
+        for verdict in ("resumed", "partial", "cold", "unverified"):
+            what = "Re-warms by the judge's verdict (resumed: the head was kept warm)"
+            counter("rewarms", getattr(self, verdict), what, outcome=verdict)
+        counter("resumed_tokens", self.tokens_saved, "Prefix tokens resumed by kept re-warms")
+        counter("rewarm_spent_tokens", self.tokens_spent, "Uncached prompt plus output tokens")
+        counter("counter_polls", self.polls, "Polls of the server's cache counters")
+        counter("counter_polls_skipped", self.skipped_polls, "Polls that could not be read")
+        counter("worker_errors", self.errors, "Worker errors met by the keeper")
+        for outcome, n in (("restored", self.restored), ("not_proven", self.restore_misses)):
+            counter("snapshot_restores", n, "Snapshot restores of lost heads", outcome=outcome)
+        counter("snapshot_restore_seconds", self.restore_s, "Seconds the proven restores took")
+        avoided = self.prefill_tokens_avoided
+        counter("prefill_avoided_tokens", avoided, "Head tokens restores did not prefill")
+        seconds = self.prefill_s_avoided
+        counter("prefill_avoided_seconds", seconds, "Measured cold seconds restores avoided")
+        return out
 
     def __str__(self) -> str:
         text = (

@@ -107,13 +107,14 @@ def mirror(
     bwlimit: int | None = None,
     max_rounds: int = 3,
     on_result: Callable[[DestinationResult], None] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> MirrorReport:
     """Mirror the origin registry `reg` to `destinations` (`PATH` or `[user@]host:PATH`),
     in parallel; a failed destination has `ok` False in the report, the others still ran.
     `dry_run` compares and hashes only (`changes` says what would change); `full_verify`
     also re-hashes every source object first, not only those about to travel. `max_rounds`
     bounds the apply + confirm rounds a changing origin may take; `on_result` gets each
-    result as it finishes.
+    result as it finishes; `progress` each step of a long run, in words.
 
     Raises:
         UsageError: no destination.
@@ -132,6 +133,7 @@ def mirror(
     check_source(reg)
     log_lock = threading.Lock()
     verifier = plan.SourceVerifier(reg)
+    say = progress or (lambda _msg: None)
 
     def log(result: DestinationResult, *, announce: bool = True) -> None:
         if not dry_run:
@@ -148,6 +150,7 @@ def mirror(
 
         # 1. Inspect, compare and hash every destination; read-only everywhere.
         def prepare(session: Session) -> bool:
+            say(f"{session.dest.raw}: comparing, hashing the objects there")
             try:
                 session.prepare()
             except (MirrorError, OSError) as exc:
@@ -163,8 +166,11 @@ def mirror(
             for s in live:
                 plan.check_shapes(reg.root, s.plan)
             if full_verify:
+                say("re-hashing every object at the origin (--full-verify)")
                 verifier(map(object_relpath, reg.iter_shas()))
-            verifier(plan.objects_to_verify(c for s in live for c in s.plan))
+            travel = plan.objects_to_verify(c for s in live for c in s.plan)
+            say(f"re-hashing the {len(travel)} objects that travel, at the origin")
+            verifier(travel)
             for s in live:
                 plan.referenced_objects(reg, s.plan, verifier)
         except IntegrityError as exc:
@@ -183,7 +189,7 @@ def mirror(
 
         def transfer(session: Session) -> None:
             try:
-                _transfer(session, verifier, max_rounds, dry_run=dry_run)
+                _transfer(session, verifier, max_rounds, dry_run=dry_run, say=say)
             except (errors.PrefixregError, OSError) as exc:
                 # One destination failing never stops the others; the log says why.
                 log(session.finish("failed", str(exc)))
@@ -196,7 +202,12 @@ def mirror(
 
 
 def _transfer(
-    session: Session, verify: plan.SourceVerifier, max_rounds: int, *, dry_run: bool
+    session: Session,
+    verify: plan.SourceVerifier,
+    max_rounds: int,
+    *,
+    dry_run: bool,
+    say: Callable[[str], None],
 ) -> None:
     """Apply and confirm, round after round (each plan type-checked), until nothing differs."""
     changes = session.plan
@@ -213,6 +224,7 @@ def _transfer(
                 f"({len(changes)} changes, e.g. {changes[0]}); is the origin being written to?"
             )
         session.result.rounds += 1
+        say(f"{session.dest.raw}: sending {len(changes)} changes (round {session.result.rounds})")
         plan.check_shapes(session.reg.root, changes)
         session.apply(changes, verify)
         changes = session.compare()

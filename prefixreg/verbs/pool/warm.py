@@ -17,6 +17,7 @@ proves the kept placement once, warms nothing, and flags builds that differ.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,6 +29,7 @@ from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import Judgement, judge_resident
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.verbs.measure.calls import WARM_PARAMS
+from prefixreg.verbs.measure.metrics import Metrics
 from prefixreg.verbs.measure.warm import WarmResult, warm
 from prefixreg.verbs.pool.live import Pool, WorkerState, served_by
 from prefixreg.verbs.pool.spec import ROUTING_KEY_HEADER, Assignment, place, routing_key
@@ -100,6 +102,25 @@ class PoolReport:
             "notes": list(self.notes),
             "warnings": list(self.warnings),
         }
+
+    def metrics(self, command: str) -> Metrics:
+        """This report as gauges (`--metrics-file`): per worker, per head, the pool's state."""
+        out, run = Metrics(), {"command": command}
+        out.set("prefixreg_pool_ok", float(self.ok), "1 when every head is resident", run)
+        out.set("prefixreg_pool_refused_heads", len(self.refused), "Heads beyond capacity", run)
+        out.set("prefixreg_pool_builds_differ", float(self.builds_differ), "1: builds differ", run)
+        now = time.time()
+        out.set("prefixreg_pool_last_run_timestamp_seconds", now, "Unix time of this run", run)
+        for w in self.workers:
+            at = run | {"worker": w.url}
+            out.set("prefixreg_pool_worker_up", float(w.error is None), "1: answered", at)
+            out.set("prefixreg_pool_worker_capacity_heads", w.capacity, "Heads it keeps", at)
+        for p in self.proofs:
+            at = run | {"worker": p.worker, "head": p.sha256[:16], "verdict": p.verdict}
+            out.set("prefixreg_pool_head_resident", float(p.resident), "1: proven resident", at)
+            if p.cached_tokens is not None:
+                out.set("prefixreg_pool_head_cached_tokens", p.cached_tokens, "Its proof's", at)
+        return out
 
 
 def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None) -> PoolReport:

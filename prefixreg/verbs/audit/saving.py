@@ -1,0 +1,161 @@
+"""What caching saved a batch, where its uncached tokens went, and its wall time. Pure.
+
+Counterfactual, over the calls with valid counts (cached <= prompt, evidence not
+unverified): cold, every prompt token is prefilled. A call with server timings costs cold
+`prompt / r`, `r` the server's own prefill rate on the batch's cold prefills (calls whose
+timings cover an uncached share of at least half their prompt: sum prefilled / sum
+seconds), else the given rate; it cost `prompt_ms`. A call without timings costs cold
+`prompt / prefill_tps` and `(prompt - cached) / prefill_tps`. Saved = cold - actual.
+
+Split of a call's uncached tokens: the head's part (its span less cached, within 0 and the
+uncached count) is drift when its request drifted from the frame (then the span is the
+frame's byte estimate, and the drift is named by the parts that drifted), else a miss of
+the head; the rest is new history; a call with no head span is unknown. The lever verdict
+is the judge's (`judge_lever`) on that split.
+
+Wall: the batch's span (last end - first start) over the calls an input timed, plus the
+walls of the calls it did not; concurrency by sweeping the intervals (a zero-length one, an
+HTTP error, counts at its instant): the peak, and the mean (sum of intervals / span).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefixreg.core.judge import Judgement, LeverVerdict, estimate_span, judge_lever
+from prefixreg.core.prefix import Drift
+from prefixreg.verbs.audit.read import AuditCall
+
+COLD_SHARE = 0.5  # a call is a cold prefill when at least this share of its prompt was uncached
+
+
+@dataclass(slots=True)
+class CallSaving:
+    """One call's counterfactual: its tokens, seconds cold and as served, its split."""
+
+    source: str
+    prompt: int
+    cached: int
+    cold_s: float
+    actual_s: float
+    drift: int = 0
+    miss: int = 0
+    new_history: int = 0
+    unknown: int = 0
+    drifted: str | None = None  # the parts that drifted, comma-joined
+
+
+@dataclass(slots=True)
+class Saving:
+    """The batch's counterfactual, summed over `calls`."""
+
+    calls: list[CallSaving]
+    cold_rate: float | None  # the server's rate on cold prefills, None: no timings had one
+    rate_calls: int
+    drift_parts: dict[str, int] = field(default_factory=dict)
+
+    def total(self, key: str) -> Any:
+        return sum(getattr(c, key) for c in self.calls)
+
+    def lever(self) -> tuple[LeverVerdict, str]:
+        keys = ("cached", "new_history", "drift", "miss", "unknown")
+        return judge_lever(**{k: self.total(k) for k in keys})
+
+    def to_dict(self) -> dict[str, Any]:
+        cold, actual = self.total("cold_s"), self.total("actual_s")
+        verdict, why = self.lever()
+        return {
+            "calls": len(self.calls),
+            "tokens": {"cold": self.total("prompt"), "saved": self.total("cached")},
+            "seconds": {"cold": cold, "actual": actual, "saved": cold - actual},
+            "cold_rate": {"tokens_per_s": self.cold_rate, "calls": self.rate_calls},
+            "uncached": {k: self.total(k) for k in ("new_history", "drift", "miss", "unknown")},
+            "drift_parts": dict(self.drift_parts),
+            "lever": {"verdict": verdict, "reason": why},
+        }
+
+
+def saving(
+    calls: Sequence[AuditCall],
+    verdicts: Sequence[Judgement],
+    *,
+    prefill_tps: float,
+    drifts: Mapping[str, tuple[Drift, ...]] | None = None,
+    frame_bytes: int | None = None,
+) -> Saving:
+    """The counterfactual of `calls` (`verdicts[i]` the judge's on `calls[i]`); `drifts`:
+    request source -> its drift from the frame of `frame_bytes` head bytes."""
+    valid = [
+        (c, v)
+        for c, v in zip(calls, verdicts, strict=True)
+        if c.evidence.cache_state != "unverified"
+        and c.evidence.prompt_tokens is not None
+        and c.evidence.cached_tokens is not None
+        and c.evidence.cached_tokens <= c.evidence.prompt_tokens
+    ]
+    cold = [
+        (p - k, c.evidence.prompt_ms / 1000)
+        for c, _ in valid
+        if c.evidence.prompt_ms
+        and (p := c.evidence.prompt_tokens or 0) > 0
+        and (p - (k := c.evidence.cached_tokens or 0)) >= COLD_SHARE * p
+    ]
+    rate = sum(u for u, _ in cold) / sum(s for _, s in cold) if cold else None
+    out = Saving([], rate, len(cold))
+    for c, v in valid:
+        ev = c.evidence
+        p, k = ev.prompt_tokens or 0, ev.cached_tokens or 0
+        if ev.prompt_ms is not None:
+            one = CallSaving(c.source, p, k, p / (rate or prefill_tps), ev.prompt_ms / 1000)
+        else:
+            one = CallSaving(c.source, p, k, p / prefill_tps, (p - k) / prefill_tps)
+        drift = (drifts or {}).get(c.source) or ()
+        one.drifted = ", ".join(sorted({d.part for d in drift})) or None
+        span = v.span if v.span else None
+        if drift and frame_bytes:
+            span = estimate_span(p, frame_bytes, c.rest_bytes or 0)
+        if span is None:
+            one.unknown = p - k
+        else:
+            head = max(0, min(span, p) - k)
+            one.new_history = p - k - head
+            if one.drifted:
+                one.drift = head
+                out.drift_parts[one.drifted] = out.drift_parts.get(one.drifted, 0) + head
+            else:
+                one.miss = head
+        out.calls.append(one)
+    return out
+
+
+def batch_wall(calls: Sequence[AuditCall]) -> dict[str, Any]:
+    """The batch's wall time: its span over the timed calls plus the walls of the rest."""
+    pairs = [
+        (c.start_ns, c.end_ns)
+        for c in calls
+        if c.start_ns is not None and c.end_ns is not None and c.end_ns >= c.start_ns
+    ]
+    loose = [
+        c.evidence.wall_s
+        for c in calls
+        if (c.start_ns is None or c.end_ns is None) and c.evidence.wall_s is not None
+    ]
+    span = (max(e for _, e in pairs) - min(s for s, _ in pairs)) / 1e9 if pairs else None
+    # Sweep: at one instant, ends of others first, then starts, then zero-length ends.
+    events = sorted([(s, 1, 1) for s, _ in pairs] + [(e, 0 if e > s else 2, -1) for s, e in pairs])
+    peak = running = 0
+    for _, _, step in events:
+        running += step
+        peak = max(peak, running)
+    busy = sum(e - s for s, e in pairs) / 1e9
+    return {
+        "wall_s": (span or 0.0) + sum(loose) if pairs or loose else None,
+        "wall_calls": len(pairs) + len(loose),
+        "span_s": span,
+        "span_calls": len(pairs),
+        "summed_s": busy + sum(loose) if pairs or loose else None,
+        "concurrency_peak": peak if pairs else None,
+        "concurrency_mean": busy / span if span else None,
+    }
