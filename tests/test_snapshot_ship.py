@@ -1,0 +1,198 @@
+"""Snapshots travel (#24): a snapshot proven on llama-server A reaches llama-server B (its own
+slot directory) through the mirror layer, over the real sshd on 127.0.0.1 standing for two
+hosts (A's slot directory -> this coordinator -> B's), hashed on arrival at each end; B
+restores it, proven `restored`, in at most 1/10 of B's own cold warm. A file changed at the
+source is refused before anything is sent; one changed after arrival is exit 3 on B with
+nothing sent to B's server; another build's file is never shipped.
+
+The prefix is prose of 1,800 words, about 2,020 Gemma tokens: large enough that B's cold
+warm (about 4 s on two busy cores) dwarfs a restore (about 0.1-0.3 s), small enough to keep
+the module quick. These tests need the engine and sshd: they fail, never skip, without them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from prefixreg.core.records import ServerBuild
+from prefixreg.registry.snapshots import read_snapshot, write_snapshot
+from prefixreg.registry.store import Registry
+from prefixreg.server.slots import list_slots, slot_action
+from prefixreg.server.worker import Worker
+from prefixreg.sim import SimConfig, SimServer
+from prefixreg.verbs.measure.warm import warm
+from prefixreg.verbs.snapshot.run import restore_and_prove
+from tests.peer.fixtures import peer_paths
+from tests.peer.llama_peer import DEFAULT_FLAGS, PeerServer, start
+from tests.sshd import SshServer
+from tests.test_llama_server import prose
+from tests.test_store import flip_byte
+
+pytestmark = pytest.mark.timeout(900)
+
+WORDS = 1800  # about 2,020 prompt tokens on Gemma 3 270M
+RESTORE_MARK = "state_read_meta"  # logged (with -v) when llama-server reads a slot file
+
+
+@dataclasses.dataclass(frozen=True)
+class Fleet:
+    reg: Path
+    a: PeerServer
+    b: PeerServer
+    slots_a: Path
+    slots_b: Path
+    sshd: SshServer
+    sha: str
+    file: str
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "prefixreg", *args], capture_output=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("ship")
+    slots_a, slots_b = root / "slots-a", root / "slots-b"
+    slots_a.mkdir()
+    slots_b.mkdir()
+    reg = Registry(root / "reg")
+    sha = reg.add(prose(41, WORDS), name="loop")
+    sshd = SshServer.start(root / "sshd")
+    servers: list[PeerServer] = []
+    try:
+        for slots, extra in ((slots_a, ()), (slots_b, ("-v",))):
+            flags = (*DEFAULT_FLAGS, "--slot-save-path", str(slots), *extra)
+            servers.append(start(flags, paths=peer_paths(), log_dir=root))
+        a, b = servers
+        saved = cli(
+            "snapshot", "save", "loop", "--worker", a.url, "--slot-dir", str(slots_a),
+            "--registry", str(reg.root), "--json",
+        )  # fmt: skip
+        assert saved.returncode == 0, saved.stderr
+        (file,) = (p.name for p in slots_a.iterdir())
+        yield Fleet(reg.root, a, b, slots_a, slots_b, sshd, sha, file)
+    finally:
+        for server in servers:
+            server.stop()
+        sshd.stop()
+
+
+def ship(f: Fleet, *extra: str) -> subprocess.CompletedProcess[bytes]:
+    options = [arg for opt in f.sshd.ssh_options for arg in ("--ssh-option", opt)]
+    return cli(
+        "snapshot", "ship", "loop", "--registry", str(f.reg),
+        "--from", f.sshd.dest(f.slots_a), "--to", f.sshd.dest(f.slots_b),
+        "--worker", f.b.url, *options, *extra,
+    )  # fmt: skip
+
+
+def restores_seen(server: PeerServer) -> int:
+    return server.log.read_text(errors="replace").count(RESTORE_MARK)
+
+
+def test_a_snapshot_proven_on_a_restores_on_b_in_a_tenth_of_bs_cold_warm(fleet: Fleet) -> None:
+    (fleet.slots_b / fleet.file).unlink(missing_ok=True)
+    shipped = ship(fleet)
+    assert shipped.returncode == 0, shipped.stderr
+    line = shipped.stdout.decode()
+    assert line.startswith(f"shipped  {fleet.sshd.dest(fleet.slots_b)}: {fleet.file}")
+    assert "verified there" in line
+    assert (fleet.slots_b / fleet.file).read_bytes() == (fleet.slots_a / fleet.file).read_bytes()
+
+    reg = Registry(fleet.reg)
+    head = reg.head("loop")
+    with Worker(fleet.b.url, read_timeout=600) as b:
+        for slot in list_slots(b):
+            slot_action(b, slot.id, "erase")
+        began = time.monotonic()
+        cold = warm(reg, head, b)
+        cold_s = time.monotonic() - began
+        began = time.monotonic()
+        restored = restore_and_prove(reg, head, b, slot_dir=fleet.slots_b, fallback_warm=False)
+        restore_s = time.monotonic() - began
+    print(
+        f"\nB cold warm {cold_s:.2f} s ({cold.verdict}); B restore of A's snapshot "
+        f"{restore_s:.2f} s ({restored.verdict}); ratio {restore_s / cold_s:.3f}"
+    )
+    assert cold.verdict == "resumed"
+    assert restored.verdict == "restored", restored.reason
+    assert restored.check is not None and (restored.check.evidence.cached_tokens or 0) > 1900
+    assert restore_s <= cold_s / 10
+
+    # The command a user runs on B: warm --restore, proven, exit 0.
+    seen = restores_seen(fleet.b)
+    res = cli(
+        "warm", "loop", "--restore", "--worker", fleet.b.url, "--slot-dir", str(fleet.slots_b),
+        "--registry", str(fleet.reg), "--json",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert (out["verdict"], out["resumed_by"]) == ("restored", "restore")
+    assert restores_seen(fleet.b) > seen  # B read the shipped file
+
+
+def test_a_file_changed_in_transit_is_exit_3_on_b_with_nothing_sent(fleet: Fleet) -> None:
+    assert ship(fleet).returncode == 0
+    flip_byte(fleet.slots_b / fleet.file, offset=4096)  # changed after it arrived
+    seen = restores_seen(fleet.b)
+    res = cli(
+        "warm", "loop", "--restore", "--worker", fleet.b.url, "--slot-dir", str(fleet.slots_b),
+        "--registry", str(fleet.reg),
+    )  # fmt: skip
+    assert res.returncode == 3, res.stderr
+    assert b"does not match the record" in res.stderr and b"no restore sent" in res.stderr
+    assert restores_seen(fleet.b) == seen  # B's server never read a slot file
+
+    # Changed at the source: refused on arrival at the coordinator, nothing sent to B.
+    (fleet.slots_b / fleet.file).unlink()
+    good = fleet.slots_a / fleet.file
+    kept = fleet.slots_a.parent / "kept.bin"
+    shutil.copyfile(good, kept)
+    try:
+        flip_byte(good, offset=4096)
+        refused = ship(fleet)
+    finally:
+        shutil.copyfile(kept, good)
+    assert refused.returncode == 3, refused.stderr
+    assert b"changed at the source or in transit; nothing sent" in refused.stderr
+    assert not (fleet.slots_b / fleet.file).exists()
+
+
+def test_another_builds_file_is_never_shipped(fleet: Fleet, tmp_path: Path) -> None:
+    reg = Registry(fleet.reg)
+    record = read_snapshot(reg, fleet.sha, fleet.file.split("-")[2].removesuffix(".bin"))
+    assert record is not None
+    identity = {**record.build.identity, "n_ctx": 1}
+    other = ServerBuild(profile=record.build.profile, identity=identity)
+    foreign = dataclasses.replace(
+        record, build=other, file=f"prefixreg-{fleet.sha}-{other.build_id}.bin"
+    )
+    write_snapshot(reg, foreign)
+    shutil.copyfile(fleet.slots_a / fleet.file, fleet.slots_a / foreign.file)
+    (fleet.slots_b / fleet.file).unlink(missing_ok=True)
+    assert ship(fleet).returncode == 0
+    assert sorted(p.name for p in fleet.slots_b.iterdir()) == [fleet.file]
+
+    # A worker of another build (the simulator) gets nothing: exit 1, its directory empty.
+    elsewhere = tmp_path / "sim-slots"
+    elsewhere.mkdir()
+    with SimServer(SimConfig(speed=2000)) as sim:
+        res = cli(
+            "snapshot", "ship", "loop", "--registry", str(fleet.reg),
+            "--to", str(elsewhere), "--worker", sim.url,
+        )  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert res.stdout.decode().startswith(f"no_snapshot {elsewhere}: no snapshot of")
+    assert list(elsewhere.iterdir()) == []
