@@ -212,3 +212,31 @@ def test_the_hint_for_the_seeds_registry_names_repoint(home: Path) -> None:
         "hint: found a registry at ~/prefix-registry; "
         "run prefixreg migrate ~/prefix-registry --repoint"
     ]
+
+
+def test_what_cannot_be_adopted_is_refused_with_nothing_written(home: Path) -> None:
+    seed, _shas = build_seed(home)
+    (seed / "bin" / "link").symlink_to("/etc/passwd")
+    linked = run("migrate", str(seed), "--repoint")
+    assert linked.returncode == 3 and b"symlink" in linked.stderr
+    (seed / "bin" / "link").unlink()
+    new = default_registry_path()
+    Registry(new).add("another registry\n")
+    taken = run("migrate", str(seed), "--repoint")
+    assert taken.returncode == 2 and b"holds a registry" in taken.stderr
+    empty = home / "not-a-registry"
+    (empty / "docs").mkdir(parents=True)
+    plain = run("migrate", str(empty), "--repoint", "--to", str(home / "x"))
+    assert plain.returncode == 2 and b"no objects/ directory" in plain.stderr
+    assert seed.is_dir() and not (seed / "REGISTRY.json").exists()
+
+
+def test_a_corrupt_legacy_manifest_is_a_problem(home: Path) -> None:
+    seed, _shas = build_seed(home)
+    assert run("migrate", str(seed), "--repoint").returncode == 0
+    reg = Registry(default_registry_path())
+    manifest = reg.root / "legacy.json"
+    manifest.chmod(0o644)
+    manifest.write_text('{"format": "prefix-registry-legacy", "records": [], "kept": []}\n')
+    kinds = {f.kind for f in verify_registry(Registry(reg.root)).findings}
+    assert "bad_record" in kinds and "legacy" not in kinds

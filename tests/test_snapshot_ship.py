@@ -30,11 +30,13 @@ from prefixreg.server.slots import list_slots, slot_action
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.measure.warm import warm
+from prefixreg.verbs.mirror.snapshots import ship_snapshot
 from prefixreg.verbs.snapshot.run import restore_and_prove
 from tests.peer.fixtures import peer_paths
 from tests.peer.llama_peer import DEFAULT_FLAGS, PeerServer, start
 from tests.sshd import SshServer
 from tests.test_llama_server import prose
+from tests.test_snapshots import saved_record
 from tests.test_store import flip_byte
 
 pytestmark = pytest.mark.timeout(900)
@@ -196,3 +198,61 @@ def test_another_builds_file_is_never_shipped(fleet: Fleet, tmp_path: Path) -> N
     assert res.returncode == 1, res.stderr
     assert res.stdout.decode().startswith(f"no_snapshot {elsewhere}: no snapshot of")
     assert list(elsewhere.iterdir()) == []
+
+
+# -- without the engine: local directories, the simulator's build -----------------------------
+
+
+@pytest.fixture
+def sim() -> Iterator[SimServer]:
+    with SimServer(SimConfig(speed=2000)) as server:
+        yield server
+
+
+def _saved(tmp_path: Path, url: str) -> tuple[Registry, Path, str]:
+    reg = Registry(tmp_path / "reg")
+    reg.add("a prefix\n" * 50, name="loop")
+    record = saved_record(reg, url, tmp_path / "src", ref="loop")  # and its record
+    return reg, tmp_path / "src", record.file
+
+
+def test_one_destination_failing_never_stops_the_others(sim: SimServer, tmp_path: Path) -> None:
+    reg, _src, file = _saved(tmp_path, sim.url)
+    good, orphan = tmp_path / "good", tmp_path / "missing-parent" / "slots"
+    good.mkdir()
+    with Worker(sim.url) as w:
+        results = ship_snapshot(reg, reg.head("loop"), [(str(orphan), w), (str(good), w)])
+    assert [(r.result, r.content) for r in results] == [
+        ("failed", "unchecked"),
+        ("shipped", "verified"),
+    ]
+    assert "rsync failed" in str(results[0].error)
+    assert (good / file).read_bytes() == (tmp_path / "src" / file).read_bytes()
+    res = cli(
+        "snapshot", "ship", "loop", "--registry", str(reg.root),
+        "--to", str(orphan), "--worker", sim.url, "--to", str(good), "--worker", sim.url,
+    )  # fmt: skip
+    assert res.returncode == 6, res.stderr
+    assert res.stdout.decode().splitlines()[1].startswith(f"shipped  {good}: {file}")
+
+
+def test_a_symlinked_or_changed_source_file_is_never_sent(sim: SimServer, tmp_path: Path) -> None:
+    reg, src, file = _saved(tmp_path, sim.url)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    args = ("snapshot", "ship", "loop", "--registry", str(reg.root), "--to", str(dest))
+    (src / file).rename(tmp_path / "real.bin")
+    (src / file).symlink_to(tmp_path / "real.bin")
+    linked = cli(*args, "--worker", sim.url)
+    assert linked.returncode == 6 and b"not a regular file there" in linked.stderr
+    (src / file).unlink()
+    (tmp_path / "real.bin").rename(src / file)
+    flip_byte(src / file)
+    changed = cli(*args, "--worker", sim.url)
+    assert changed.returncode == 3 and b"nothing sent" in changed.stderr
+    assert list(dest.iterdir()) == []
+
+
+def test_every_destination_needs_its_worker(tmp_path: Path) -> None:
+    res = cli("snapshot", "ship", "loop", "--to", "a", "--to", "b", "--worker", "http://x")
+    assert res.returncode == 2 and b"2 --to but 1 --worker" in res.stderr
