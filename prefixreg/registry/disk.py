@@ -9,6 +9,8 @@ Invariants:
   published first, so a concurrent opener never sees files without it.
 - The lock file is a regular file in a real `.locks/` directory: a symlink in either place
   is refused before anything is created.
+- A record that does not parse is `LegacyRecordError` (history of an adopted registry, in
+  its own shape) only while `legacy.json` lists its path with the sha256 of its bytes.
 """
 
 from __future__ import annotations
@@ -129,15 +131,14 @@ class Disk:
     def legacy(self) -> Legacy:
         """`legacy.json` parsed (empty without one). Raises: CorruptRecordError; IntegrityError."""
         if self._legacy is None:
+            path = self.root / layout.LEGACY
             try:
-                raw = self.read(layout.LEGACY)
+                parsed = layout.parse_legacy(loads_object(self.read(layout.LEGACY), path=path))
             except FileNotFoundError:
-                return {}, frozenset()
-            legacy = layout.parse_legacy(loads_object(raw, path=self.root / layout.LEGACY))
-            if legacy is None:
-                path = self.root / layout.LEGACY
+                parsed = {}, frozenset()
+            if parsed is None:
                 raise CorruptRecordError(f"{path}: not a legacy manifest", path=path)
-            self._legacy = legacy
+            self._legacy = parsed
         return self._legacy
 
     def entries(self, rel: str = "") -> list[tuple[str, str]]:
