@@ -240,3 +240,27 @@ def test_a_corrupt_legacy_manifest_is_a_problem(home: Path) -> None:
     manifest.write_text('{"format": "prefix-registry-legacy", "records": [], "kept": []}\n')
     kinds = {f.kind for f in verify_registry(Registry(reg.root)).findings}
     assert "bad_record" in kinds and "legacy" not in kinds
+
+
+@pytest.mark.parametrize(
+    ("line", "repointed"),
+    [
+        ('remote_path = "~/prefix-registry"', False),  # a worker path, any case
+        ("export REMOTE_DIR=$HOME/prefix-registry", False),
+        ("rsync -a objects/ user@w1:~/prefix-registry/objects/", False),  # host:path
+        ('dest = "w2.lan:/HOME/prefix-registry"', False),
+        ("PATH=/usr/bin:$HOME/prefix-registry/bin", True),  # a PATH list, not a host
+        ('REG="${REG:-~/prefix-registry}"', True),  # a shell default
+        ("see ~/prefix-registry-old and ~/prefix-registry.bak", False),  # other paths
+        ("see ~/prefix-registry/README.md", True),
+    ],
+)
+def test_repoint_rules(tmp_path: Path, home: Path, line: str, repointed: bool) -> None:
+    from prefixreg.registry.refs import repoint
+
+    root = tmp_path / "tree"
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "script").write_text(line.replace("/HOME", str(home)) + "\n")
+    changes = repoint(root, home / "prefix-registry", home / "new-reg", write=True)
+    after = (root / "bin" / "script").read_text()
+    assert bool(changes) == repointed == ("new-reg" in after)

@@ -70,25 +70,19 @@ def path_pattern(forms: Iterable[str]) -> re.Pattern[str]:
     return re.compile(f"(?:{spelt})" + r"(?![\w-]|\.\w)")
 
 
-def repoint_text(text: str, forms: dict[str, str], pattern: re.Pattern[str]) -> str:
-    """`text` with each spelling of the old path replaced by the same spelling of the new,
-    except on a REMOTE assignment's line or after a `host:`."""
+def repoint(root: Path, old: Path, new: Path, *, write: bool) -> list[Repointed]:
+    """Repoint `README.md` and every text file under `bin/` of the tree at `root` from `old`
+    to `new` (`write`: replace each atomically, mode kept); what changed, as diffs."""
+    forms = path_forms(old, new)
+    pattern = path_pattern(forms)
 
-    def swap(line: str) -> str:
+    def swap(line: str) -> str:  # never on a REMOTE assignment's line, nor after a `host:`
         if _REMOTE_ASSIGN.match(line):
             return line
         return pattern.sub(
             lambda m: m[0] if _HOST_BEFORE.search(line[: m.start()]) else forms[m[0]], line
         )
 
-    return "".join(swap(line) for line in text.splitlines(keepends=True))
-
-
-def repoint(root: Path, old: Path, new: Path, *, write: bool) -> list[Repointed]:
-    """Repoint `README.md` and every text file under `bin/` of the tree at `root` from `old`
-    to `new` (`write`: replace each atomically, mode kept); what changed, as diffs."""
-    forms = path_forms(old, new)
-    pattern = path_pattern(forms)
     files = [layout.README] + [rel for rel in list_tree(root)[1] if rel.startswith("bin/")]
     out = []
     for rel in files:
@@ -100,7 +94,7 @@ def repoint(root: Path, old: Path, new: Path, *, write: bool) -> list[Repointed]
         if b"\0" in data[:8192] or len(data) > 8 << 20:
             continue  # binary or huge: not a script or a README
         text = data.decode("utf-8", errors="surrogateescape")
-        new_text = repoint_text(text, forms, pattern)
+        new_text = "".join(map(swap, text.splitlines(keepends=True)))
         if new_text == text:
             continue
         before, after = text.splitlines(keepends=True), new_text.splitlines(keepends=True)
