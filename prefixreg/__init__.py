@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from prefixreg.verbs.loop import LoopStats as LoopStats
     from prefixreg.verbs.measure.warm import WarmResult as WarmResult
     from prefixreg.verbs.measure.warm import warm as warm
+    from prefixreg.verbs.mirror.snapshots import ship_snapshot as ship_snapshot
     from prefixreg.verbs.pool.live import Pool as Pool
     from prefixreg.verbs.snapshot.run import restore_and_prove as restore_and_prove
     from prefixreg.verbs.snapshot.run import save_snapshot as save_snapshot
@@ -84,6 +85,7 @@ _LAZY = {
     "verbs.keepalive.run": ("KeepAlive",),
     "verbs.loop": ("LoopJudge", "LoopStats"),
     "verbs.measure.warm": ("WarmResult", "warm"),
+    "verbs.mirror.snapshots": ("ship_snapshot",),
     "verbs.pool.live": ("Pool",),
     "verbs.snapshot.run": ("restore_and_prove", "save_snapshot"),
 }

@@ -1310,3 +1310,16 @@ def test_send_argv_never_carries_symlinks_devices_or_fifos() -> None:
     assert "--no-dirs" not in send
     assert "--no-dirs" in build_rsync_argv("send", "/r/", "/m/", files_from="/l", regular_only=True)
     assert "--checksum" in send  # a file changed in place keeps its size and mtime
+
+
+def test_pip_installs_prefix_mirror_with_the_other_two_commands() -> None:
+    import importlib
+    import tomllib
+
+    scripts = tomllib.loads(Path("pyproject.toml").read_text())["project"]["scripts"]
+    for command in ("prefixreg", "prefix-add", "prefix-warm", "prefix-mirror"):
+        module, _, attr = scripts[command].partition(":")
+        assert callable(getattr(importlib.import_module(module), attr)), command
+    lines = Path("README.md").read_text().splitlines()
+    install = next(line for line in lines if line.startswith("pip install .  "))
+    assert all(c in install for c in ("prefix-add", "prefix-warm", "prefix-mirror"))

@@ -41,6 +41,14 @@ def migrate_command(
         list[Path] | None,
         typer.Option("--scan", help="List file:line under DIR still naming OLD (repeatable)."),
     ] = None,
+    repoint: Annotated[
+        bool,
+        typer.Option(
+            "--repoint",
+            help="Adopt a hand-built registry (no REGISTRY.json) and repoint its README and "
+            "bin/ to the new path (never a REMOTE variable or host:path).",
+        ),
+    ] = False,
     dry_run: DryRunOpt = False,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -49,16 +57,24 @@ def migrate_command(
 
     Refuses a target that holds a different registry. Every object is verified at the
     target before the old tree is removed; measurements and logs arrive byte-identical;
-    the move is journalled in migrations.log at the new root.
+    the move is journalled in migrations.log at the new root. With --dry-run, each file
+    --repoint would change is printed as a diff.
     """
     with cli_errors(debug):
         from prefixreg.registry.location import display_path
         from prefixreg.registry.migrate import migrate_registry
 
         progress = progress_for(json_out)
-        report = migrate_registry(old, to, scan=scan or (), dry_run=dry_run, progress=progress)
+        report = migrate_registry(
+            old, to, scan=scan or (), dry_run=dry_run, repoint=repoint, progress=progress
+        )
         if json_out:
             emit_json(report.to_dict())
+        for change in [] if json_out else report.repointed:
+            if dry_run:
+                sys.stdout.write(change.diff)
+            else:
+                info(f"repointed {display_path(Path(change.path))} ({change.lines} lines)")
         for ref in [] if json_out else report.stale:
             sys.stdout.write(f"{ref.path}:{ref.line}: {ref.text}\n")
         for warning in report.warnings:
@@ -69,6 +85,8 @@ def migrate_command(
             info(
                 f"{verb} {source} -> {target} by {report.method}: {report.objects} objects"
                 f"{checked}, {report.files} files"
+                + (f", {report.legacy} legacy records kept as they are" if report.legacy else "")
+                + (f", kept as yours: {', '.join(report.kept)}" if report.kept else "")
             )
         if scan:
             info(

@@ -166,6 +166,87 @@ def restore_command(
         raise typer.Exit(code)
 
 
+@snapshot_app.command("ship")
+def ship_command(
+    ref: c.RefArg,
+    to: Annotated[
+        list[str],
+        typer.Option(
+            "--to",
+            help="A destination worker's slot directory, PATH or [user@]HOST:PATH (repeatable, "
+            "each with its --worker, in order).",
+        ),
+    ],
+    workers: Annotated[
+        list[str],
+        typer.Option(
+            "--worker", help="The worker serving that directory: its build picks the file."
+        ),
+    ],
+    source: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="The slot directory the snapshot was saved in, PATH or [user@]HOST:PATH "
+            "(default: the directory recorded at save).",
+            show_default=False,
+        ),
+    ] = None,
+    ssh_option: Annotated[
+        list[str] | None,
+        typer.Option("--ssh-option", help="An ssh option as Key=Value (repeatable)."),
+    ] = None,
+    timeout: c.TimeoutOpt = 60.0,
+    profile: c.ProfileOpt = None,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
+) -> None:
+    """Ship a head's proven snapshot to the workers of the same build: from the saving
+    worker's slot directory to this host (hashed against the record on arrival), then to
+    each destination's slot directory (hashed there). A worker of another build gets
+    nothing. Then `warm --restore` on each destination proves the restore.
+
+    Exit 0 every destination shipped and verified there, 1 a worker's build has no snapshot
+    of the head, 3 the record or the file as fetched does not verify (nothing sent), 6 a
+    destination failed (ssh, rsync, a wrong hash there), 2 --to and --worker do not pair.
+    """
+    import contextlib
+
+    from prefixreg.verbs.mirror.snapshots import ship_snapshot
+
+    with c.cli_errors(debug):
+        if len(to) != len(workers):
+            raise UsageError(f"{len(to)} --to but {len(workers)} --worker: give one worker each")
+        reg = c.open_registry_from(registry)
+        head = reg.head(ref)
+        with contextlib.ExitStack() as stack:
+            ws = [
+                stack.enter_context(c.open_worker(u, model=None, timeout=timeout, profile=profile))
+                for u in workers
+            ]
+            results = ship_snapshot(
+                reg,
+                head,
+                list(zip(to, ws, strict=True)),
+                source=source,
+                ssh_options=ssh_option or (),
+                progress=c.progress_for(json_out),
+            )
+        lines = [
+            f"shipped  {r.destination}: {r.file}, {r.bytes:,} bytes, {r.content} there, "
+            f"{r.seconds:.2f}s"
+            if r.result == "shipped"
+            else f"{r.result:<8} {r.destination}: {r.error}"
+            for r in results
+        ]
+        c.emit(json_out, [r.to_dict() for r in results], "\n".join(lines) + "\n")
+        if any(r.result == "failed" for r in results):
+            raise typer.Exit(int(c.ExitCode.MIRROR))
+        if any(r.result != "shipped" for r in results):
+            raise typer.Exit(int(c.ExitCode.NO))
+
+
 @snapshot_app.command("ls")
 def ls_command(
     ref: Annotated[str | None, typer.Argument(help="Only this head's snapshots.")] = None,

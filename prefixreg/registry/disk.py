@@ -9,11 +9,14 @@ Invariants:
   published first, so a concurrent opener never sees files without it.
 - The lock file is a regular file in a real `.locks/` directory: a symlink in either place
   is refused before anything is created.
+- A record that does not parse is `LegacyRecordError` (history of an adopted registry, in
+  its own shape) only while `legacy.json` lists its path with the sha256 of its bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import stat
 from collections.abc import Callable, Iterator
 from os import stat_result
@@ -30,6 +33,13 @@ from prefixreg.core.jsonio import JSONObject, loads_object
 from prefixreg.registry import fsutil, layout
 
 T = TypeVar("T")
+Legacy = tuple[dict[str, str], frozenset[str]]  # see `layout.parse_legacy`
+
+
+class LegacyRecordError(CorruptRecordError):
+    """A record in an adopted registry's own shape, listed byte for byte in `legacy.json`:
+    history, read as legacy, never as a current record."""
+
 
 _README = """\
 # prefix registry
@@ -45,15 +55,16 @@ class Disk:
     """The root of a registry. Raises `RegistryLocationError`: a file, a dangling link, a
     non-empty directory without `REGISTRY.json`, or a registry of a newer format."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, marked: bool = True) -> None:
         self.root = root
         self.root_s = str(root)  # plain strings on the hot read path
         self.marker: dict[str, object] | None = None
+        self._legacy: Legacy | None = None
         if root.is_symlink() and not root.exists():
             raise RegistryLocationError(f"{root}: dangling symlink")
         if root.exists() and not root.is_dir():  # a symlinked root is followed once
             raise RegistryLocationError(f"{root}: is a file, not a registry directory")
-        if root.is_dir():
+        if root.is_dir() and marked:  # `marked=False`: a hand-built tree, only walked
             self.load_marker()
 
     def load_marker(self) -> dict[str, object] | None:
@@ -99,11 +110,36 @@ class Disk:
     def record(self, rel: str, parse: Callable[[JSONObject], T]) -> T:
         """The JSON record at `rel`, depth-capped, parsed by `parse`; errors name the path.
         Raises: FileNotFoundError; CorruptRecordError; IntegrityError."""
-        path = self.root / rel
+        path, raw = self.root / rel, self.read(rel)
         try:
-            return parse(loads_object(self.read(rel), path=path))
+            return parse(loads_object(raw, path=path))
         except CorruptRecordError as exc:
+            if self.is_legacy(rel, raw):
+                raise LegacyRecordError(f"{path}: a legacy record", path=path) from None
             raise CorruptRecordError(f"{path}: {exc}", path=path) from None
+
+    def is_legacy(self, rel: str, raw: bytes | None = None) -> bool:
+        """Is `rel` a record `legacy.json` lists, its bytes (`raw`, else read) unchanged?"""
+        want = self.legacy()[0].get(rel)
+        if want is None:
+            return False
+        try:
+            return hashlib.sha256(self.read(rel) if raw is None else raw).hexdigest() == want
+        except FileNotFoundError:
+            return False
+
+    def legacy(self) -> Legacy:
+        """`legacy.json` parsed (empty without one). Raises: CorruptRecordError; IntegrityError."""
+        if self._legacy is None:
+            path = self.root / layout.LEGACY
+            try:
+                parsed = layout.parse_legacy(loads_object(self.read(layout.LEGACY), path=path))
+            except FileNotFoundError:
+                parsed = {}, frozenset()
+            if parsed is None:
+                raise CorruptRecordError(f"{path}: not a legacy manifest", path=path)
+            self._legacy = parsed
+        return self._legacy
 
     def entries(self, rel: str = "") -> list[tuple[str, str]]:
         """Sorted (name, kind) pairs of a directory ("" the root); see `fsutil.list_below`."""

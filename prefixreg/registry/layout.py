@@ -28,6 +28,7 @@ README: Final = "README.md"
 NAMES_LOG: Final = "names.log"
 MIRROR_LOG: Final = "mirror.log"
 MIGRATIONS_LOG: Final = "migrations.log"
+LEGACY: Final = "legacy.json"  # an adopted hand-built registry's history records and extras
 OBJECTS: Final = "objects"
 META: Final = "meta"
 NAMES: Final = "names"
@@ -38,7 +39,8 @@ FRAMES: Final = "frames"
 LOCKS: Final = ".locks"
 # What `verify` expects at the root, temp files aside; the store creates each on first write.
 EXPECTED_DIRS: Final = (OBJECTS, META, NAMES, MEASUREMENTS, PROBES, SNAPSHOTS, FRAMES, LOCKS)
-ROOT_FILES: Final = frozenset({MARKER, README, NAMES_LOG, MIRROR_LOG, MIGRATIONS_LOG})
+ROOT_FILES: Final = frozenset({MARKER, README, NAMES_LOG, MIRROR_LOG, MIGRATIONS_LOG, LEGACY})
+FORMAT_DOC: Final = "the README's 'On-disk format' section"  # what errors about the layout cite
 # Append-only journals: a line is committed once its newline is durable.
 JOURNALS: Final = frozenset({NAMES_LOG, MIRROR_LOG, MIGRATIONS_LOG})
 TMP_SUFFIX: Final = ".tmp"  # durable writers' temp files: `.<target>.<random>.tmp`
@@ -104,6 +106,21 @@ def marker_problem(data: Mapping[str, object]) -> tuple[str, str] | None:
     if data.get("role") not in ("origin", "mirror"):
         return "corrupt", "'role' must be origin or mirror"
     return None
+
+
+def parse_legacy(data: Mapping[str, object]) -> tuple[dict[str, str], frozenset[str]] | None:
+    """(record path -> sha256 of its bytes, root entries kept as the user's) of a parsed
+    `legacy.json`, or None when a field is not of its shape."""
+    records, kept = data.get("records"), data.get("kept")
+    if data.get("format") != f"{FORMAT}-legacy" or not isinstance(records, dict):
+        return None
+    if not isinstance(kept, list) or not all(
+        isinstance(k, str) and "/" not in k and k not in ("", ".", "..") for k in kept
+    ):
+        return None
+    if not all(isinstance(s, str) and is_full_sha(s) for s in records.values()):
+        return None
+    return dict(records), frozenset(kept)
 
 
 def object_relpath(sha: str) -> str:

@@ -56,4 +56,5 @@ def migration_hint(path: Path) -> str | None:
     if (path / MARKER).exists() or (path.is_dir() and any(path.iterdir())):
         return None
     shown = display_path(legacy)
-    return f"found a registry at {shown}; run prefixreg migrate {shown}"
+    adopt = "" if (legacy / MARKER).exists() else " --repoint"  # the seed's, hand-built
+    return f"found a registry at {shown}; run prefixreg migrate {shown}{adopt}"

@@ -1,5 +1,5 @@
 """`prefixreg migrate`: move a registry to a new path (default: the XDG state directory, where
-`~/prefix-registry` of the old layout belongs), and find lines still naming the old one.
+`~/prefix-registry` of the old layout belongs), and find or repoint lines naming the old one.
 
 A move is a `rename` (one filesystem, no registry at the target: renamed back if the target
 does not verify), a `copy` (into a hidden staging directory next to the target, compared with
@@ -16,28 +16,28 @@ Invariants:
   new root gains one line per move.
 - A symlinked source root is resolved: the directory moves, the link is left dangling. The
   old tree is removed only after the target verified, names first, then meta.
-- The scan reads only the user's files, iteratively, never into a symlinked directory,
-  skipping binary files (a NUL in the first 8 KiB), files over 8 MiB, VCS directories and
-  the registries themselves.
+- A hand-built registry (no `REGISTRY.json`) is adopted only with `repoint` (`adopt`); the
+  lines naming the old path are listed (`--scan`) or repointed by `refs`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import os
-import re
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Literal
 
 from prefixreg.core.errors import PrefixregError, RegistryLocationError, UsageError
 from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.registry import fsutil, layout
+from prefixreg.registry.adopt import adopt, survey
 from prefixreg.registry.layout import MARKER, MIGRATIONS_LOG
 from prefixreg.registry.location import default_registry_path
+from prefixreg.registry.refs import Repointed, StaleReference, scan_references
+from prefixreg.registry.refs import repoint as repoint_files
 from prefixreg.registry.store import Registry
 from prefixreg.registry.treecopy import (
     OWN,
@@ -51,20 +51,8 @@ from prefixreg.registry.treecopy import (
     sync,
 )
 
-Method = Literal["rename", "copy", "merge", "none"]
+Method = Literal["rename", "copy", "merge", "adopt", "none"]
 Say = Callable[[str], None]
-_SKIP_DIRS: Final = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__"})
-
-
-@dataclass(frozen=True, slots=True)
-class StaleReference:
-    """One line of a file that still names the old registry path."""
-
-    path: str
-    line: int
-    text: str
-
-    to_dict = asdict
 
 
 @dataclass(slots=True)
@@ -80,6 +68,9 @@ class MigrationReport:
     copied: int = 0
     stale: list[StaleReference] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    repointed: list[Repointed] = field(default_factory=list)
+    legacy: int = 0
+    kept: list[str] = field(default_factory=list)
 
     to_dict = asdict
 
@@ -90,27 +81,35 @@ def migrate_registry(
     *,
     scan: Sequence[Path | str] = (),
     dry_run: bool = False,
-    progress: Callable[[str], None] | None = None,
+    repoint: bool = False,
+    progress: Say | None = None,
 ) -> MigrationReport:
     """Move the registry at `old` to `new` (default: the standard location), verified, and
     list the lines under `scan` (directories or files) still naming `old`; `dry_run` only
-    decides and reports; `progress` hears each step. Raises: UsageError,
-    RegistryLocationError (no registry at `old`, same or nested paths, a target holding
-    another registry or unmarked files);
-    IntegrityError (the source or the result does not verify, or holds a symlink);
-    LockTimeoutError."""
+    decides and reports; `progress` hears each step. `repoint`: adopt a hand-built
+    registry (no `REGISTRY.json`; `adopt`) and repoint the registry's own README and `bin/`
+    to `new`. Raises: UsageError, RegistryLocationError (no registry at `old`, same or
+    nested paths, a target holding another registry or unmarked files); IntegrityError
+    (the source or the result does not verify, or holds a symlink); LockTimeoutError."""
     given = Path(old).expanduser().absolute()
     # A symlinked root: move the directory it names (a rename would move only the link).
     source = given.resolve() if given.is_symlink() else given
     target = (Path(new).expanduser() if new is not None else default_registry_path()).absolute()
     report = MigrationReport(source=str(given), target=str(target), method="none", dry_run=dry_run)
-    if not (source / MARKER).exists() and not (source / MARKER).is_symlink():
+    marked = (source / MARKER).exists() or (source / MARKER).is_symlink()
+    if not marked and not (repoint and source.is_dir()):
         if not source.exists() and _migrated_from(target, given):
             # Already moved: the user came back for --scan (or re-ran the command).
             report.warnings.append(f"nothing to move: {given} is gone; {target} is a registry")
             report.stale = scan_references(given, scan, skip=(target,))
             return report
-        raise RegistryLocationError(f"no registry at {given} (no {MARKER})")
+        seed = (source / layout.OBJECTS).is_dir()
+        raise RegistryLocationError(
+            f"no registry at {given} (no {MARKER})",
+            hint=f"a hand-built registry: adopt it with --repoint ({layout.FORMAT_DOC})"
+            if seed
+            else None,
+        )
     src_real, dst_real = source.resolve(), target.resolve()
     if src_real == dst_real:
         raise UsageError(f"{source} and {target} are the same directory")
@@ -119,7 +118,12 @@ def migrate_registry(
     if target.is_symlink() and target.is_dir():
         target = target.resolve()  # the user pointed the location elsewhere: move there
         report.target = str(target)
-    src, say = Registry(source), progress or (lambda _msg: None)
+    say = progress or (lambda _msg: None)
+    if not marked:
+        _adopt(given, source, target, report, progress)
+        report.stale = scan_references(given, scan, skip=(target,))
+        return report
+    src = Registry(source)
     say(f"verifying the registry at {source}")
     source_warnings = check_verifies(src, "the source registry")
     late: list[str] = []
@@ -165,10 +169,46 @@ def migrate_registry(
             f"{given} is a symlink to {source}: moved {source}; the link now dangles "
             "(remove it once nothing uses it)"
         )
+    if repoint:
+        report.repointed = repoint_files(
+            source if dry_run else target, given, target, write=not dry_run
+        )
     if scan:
         say(f"scanning {', '.join(map(str, scan))} for lines naming {given}")
     report.stale = scan_references(given, scan, skip=(target,))
     return report
+
+
+def _adopt(
+    given: Path,
+    source: Path,
+    target: Path,
+    report: MigrationReport,
+    progress: Callable[[str], None] | None,
+) -> None:
+    """Adopt the hand-built registry at `source` at `target` (`adopt`): survey, build,
+    verify, then retire the source as any copy does; a dry run only surveys."""
+    surveyed = survey(source, progress=progress)
+    files = surveyed[1]
+    if (target / MARKER).exists() or (target / MARKER).is_symlink():
+        raise RegistryLocationError(
+            f"{target} holds a registry; refusing to adopt {given} into it",
+            hint="adopt into a new or empty directory with --to",
+        )
+    _plan(source, target, files)  # refuses a file, a dangling link, unmarked files
+    report.method, report.legacy, report.kept = "adopt", len(surveyed[2]), surveyed[3]
+    report.files = len(files)
+    report.objects = sum(1 for f in files if layout.object_sha(f) is not None)
+    if report.dry_run:
+        report.repointed = repoint_files(source, given, target, write=False)
+        return
+    before = stats(source, files)
+    report.warnings, report.repointed = adopt(source, given, target, surveyed)
+    late, retired = retire_source(source, target, before)
+    report.copied = len(files) + len(late)
+    _journal(given, target, "adopt", [*files, *late])
+    if retired is not None:
+        remove_tree(retired)
 
 
 def _migrated_from(target: Path, source: Path) -> bool:
@@ -319,68 +359,3 @@ def _journal(source: Path, target: Path, method: Method, files: Sequence[str]) -
         "prefixreg": package_version(),
     }
     fsutil.append_line(target / MIGRATIONS_LOG, dumps_canonical(line))
-
-
-def scan_references(
-    old: Path | str, dirs: Sequence[Path | str], *, skip: Sequence[Path | str] = ()
-) -> list[StaleReference]:
-    """Every file:line under `dirs` (directories or files) that still names `old`."""
-    if not dirs:
-        return []
-    old = Path(old).expanduser().absolute()
-    # The spellings a config file might use for `old` (`~/`, `$HOME/`, systemd's `%h/`).
-    forms = {str(old)}
-    with contextlib.suppress(OSError):
-        forms.add(str(old.resolve()))
-    for base in {Path.home(), Path.home().resolve()}:
-        with contextlib.suppress(ValueError):
-            rel = old.relative_to(base)
-            forms.update(f"{prefix}/{rel}" for prefix in ("~", "$HOME", "${HOME}", "%h"))
-    # Not followed by another path-name character: `~/prefix-registry-old` is another path.
-    spelt = "|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True))
-    pattern = re.compile(f"(?:{spelt})" + r"(?![\w-]|\.\w)")
-    skipped = {Path(p).expanduser().resolve() for p in skip} | {old.resolve()}
-    found: list[StaleReference] = []
-    for start in map(Path, dirs):
-        start = start.expanduser()
-        for path in [start] if start.is_file() else _files(start, skipped):
-            found.extend(_scan_file(path, pattern))
-    return found
-
-
-def _files(start: Path, skip: set[Path]) -> Iterator[Path]:
-    """Every file below `start`, sorted per directory, without recursion or following links."""
-    pending = [start]
-    while pending:
-        directory = pending.pop()
-        try:
-            with os.scandir(directory) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError:
-            continue  # unreadable: not ours to judge
-        subdirs = []
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                path = Path(entry.path)
-                if entry.name not in _SKIP_DIRS and path.resolve() not in skip:
-                    subdirs.append(path)
-            elif not entry.is_dir():
-                yield Path(entry.path)
-        pending.extend(reversed(subdirs))
-
-
-def _scan_file(path: Path, pattern: re.Pattern[str]) -> list[StaleReference]:
-    try:
-        if not path.is_file() or path.stat().st_size > 8 << 20:
-            return []
-        data = path.read_bytes()
-    except OSError:
-        return []  # unreadable: not ours to judge
-    if b"\0" in data[:8192]:
-        return []
-    text = data.decode("utf-8", errors="replace")
-    return [
-        StaleReference(str(path), lineno, line.strip()[:300])
-        for lineno, line in enumerate(text.splitlines(), 1)
-        if pattern.search(line)
-    ]

@@ -26,6 +26,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from prefixreg.core import errors
 from prefixreg.core.digest import is_full_sha
 from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.disk import Disk
+from prefixreg.registry.disk import Disk, LegacyRecordError
 
 if TYPE_CHECKING:
     from prefixreg.core.records import Measurement, NameMove
@@ -241,12 +242,13 @@ class Records:
     def measurements(self, sha: str | None = None) -> list[Measurement]:
         if sha is not None:
             layout.need_sha(sha)
-        out = [
-            self.load_measurement(entry)
-            for entry, _kind in self._disk.entries(layout.MEASUREMENTS)
-            if not layout.is_temp_name(entry) and entry.endswith(".json")
-            if sha is None or layout.measurement_sha(entry) == sha
-        ]
+        out = []
+        for entry, _kind in self._disk.entries(layout.MEASUREMENTS):
+            if layout.is_temp_name(entry) or not entry.endswith(".json"):
+                continue
+            if sha is None or layout.measurement_sha(entry) == sha:
+                with contextlib.suppress(LegacyRecordError):  # history, bound to no build
+                    out.append(self.load_measurement(entry))
         return sorted(out, key=lambda m: m.at)
 
     def load_measurement(self, filename: str) -> Measurement:

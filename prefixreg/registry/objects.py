@@ -33,7 +33,7 @@ from prefixreg.core.frame import Frame, parse_frame_record
 from prefixreg.core.jsonio import dumps_canonical
 from prefixreg.core.prefix import Prefix
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.disk import Disk
+from prefixreg.registry.disk import Disk, LegacyRecordError
 
 if TYPE_CHECKING:
     from prefixreg.core.records import Meta
@@ -126,6 +126,10 @@ class Objects:
             meta = self._disk.record(rel, Meta.from_dict)
         except FileNotFoundError:
             raise errors.RefNotFoundError(f"no meta record for {sha}") from None
+        except LegacyRecordError:  # history in its own shape: what the object itself says
+            st = self._disk.lstat(layout.object_relpath(sha))
+            size, moment = (st.st_size, st.st_mtime) if st is not None else (0, 0.0)
+            return Meta(sha256=sha, bytes=size, created=layout.iso_utc(moment), source="legacy")
         if meta.sha256 != sha:
             path = self._disk.path(rel)
             raise errors.CorruptRecordError(f"{path}: records sha {meta.sha256}", path=path)

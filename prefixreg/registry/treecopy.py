@@ -54,7 +54,7 @@ def list_tree(root: Path) -> tuple[list[str], list[str]]:
     files skipped. Raises: IntegrityError (a symlink or special file)."""
     dirs: list[str] = []
     files: list[str] = []
-    for rel, kind in Disk(root).walk():
+    for rel, kind in Disk(root, marked=False).walk():
         if kind in ("link", "other"):
             what = "symlink" if kind == "link" else "special file"
             raise IntegrityError(

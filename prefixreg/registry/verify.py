@@ -11,7 +11,8 @@ or snapshot record whose target is missing (`dangling`); a name that is not the 
 last `names.log` line, or a journal ending in a torn line (`journal`); a writable object
 (`bad_mode`); a file or directory other users can write to (`insecure_mode`).
 Warnings: stray temp files, objects without meta (the debris of interrupted or in-flight
-writes, which never hides or corrupts data) and names that read as a sha reference.
+writes, which never hides or corrupts data), names that read as a sha reference, and (once)
+the history records an adopted registry keeps in its own shapes (`legacy.json`, `legacy`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Final, Literal
 
 from prefixreg.core.errors import IntegrityError
 from prefixreg.registry import layout
+from prefixreg.registry.disk import LegacyRecordError
 from prefixreg.registry.snapshots import check_snapshot_entry
 from prefixreg.registry.store import Registry
 
@@ -55,6 +57,7 @@ class VerifyReport:
     meta: int = 0
     names: int = 0
     measurements: int = 0
+    legacy: int = 0
     findings: list[Finding] = field(default_factory=list)
     repaired: list[str] = field(default_factory=list)
 
@@ -68,7 +71,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, object]:
         out = asdict(self)
-        checked = {k: out.pop(k) for k in ("objects", "meta", "names", "measurements")}
+        checked = {k: out.pop(k) for k in ("objects", "meta", "names", "measurements", "legacy")}
         return out | {"ok": self.ok, "checked": checked}
 
 
@@ -85,6 +88,8 @@ def verify_registry(reg: Registry) -> VerifyReport:
         report.measurements += 1
         try:
             reg._records.load_measurement(entry)
+        except LegacyRecordError:
+            report.legacy += 1
         except IntegrityError as exc:
             report.add("bad_record", f"{layout.MEASUREMENTS}/{entry}", str(exc))
     for entry, kind in tree.get(layout.PROBES, []):
@@ -95,6 +100,9 @@ def verify_registry(reg: Registry) -> VerifyReport:
     for entry, kind in tree.get(layout.SNAPSHOTS, []):
         for what, message in check_snapshot_entry(reg, entry, kind):
             report.add(what, f"{layout.SNAPSHOTS}/{entry}", message)
+    if report.legacy:  # once: history in an adopted registry's own shapes is never a problem
+        why = f"{report.legacy} records of the adopted registry are kept in their own shapes"
+        report.add("legacy", layout.LEGACY, why + " (read as legacy history)", "warning")
     return report
 
 
@@ -147,6 +155,11 @@ def _walk(reg: Registry, report: VerifyReport) -> Tree:
     and root entries that are not part of the format."""
     tree: Tree = {}
     _check_mode(reg, report, "", "dir")
+    try:
+        extras = reg._disk.legacy()[1]  # an adopted registry's own root entries (`bin/`)
+    except IntegrityError as exc:
+        report.add("bad_record", layout.LEGACY, str(exc))
+        extras = frozenset()
     pending = [""]
     while pending:
         rel_dir = pending.pop()
@@ -168,8 +181,9 @@ def _walk(reg: Registry, report: VerifyReport) -> Tree:
             if not rel_dir and not (
                 (name in layout.EXPECTED_DIRS and kind == "dir")
                 or (name in layout.ROOT_FILES and kind == "file")
+                or (name in extras and kind in ("file", "dir"))
             ):
-                report.add("unexpected", rel, "not part of a registry (DESIGN §3 layout)")
+                report.add("unexpected", rel, f"not part of a registry ({layout.FORMAT_DOC})")
                 continue
             kept.append((name, kind))
             if kind == "dir":
@@ -223,6 +237,9 @@ def _verify_meta(reg: Registry, report: VerifyReport, tree: Tree) -> None:
             continue
         report.meta += 1
         try:
+            if reg._disk.is_legacy(rel):
+                report.legacy += 1
+                continue
             meta = reg.meta(sha)
         except IntegrityError as exc:
             report.add("bad_record", rel, str(exc))

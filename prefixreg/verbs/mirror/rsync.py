@@ -134,7 +134,9 @@ def build_ssh_command(options: Sequence[str], *, control_path: str | None) -> li
     return ["ssh", *(arg for opt in opts for arg in ("-o", opt))]
 
 
-Mode = Literal["compare-objects", "compare-records", "send", "delete", "list", "fetch", "marker"]
+Mode = Literal[
+    "compare-objects", "compare-records", "send", "delete", "list", "fetch", "marker", "file"
+]
 
 
 def build_rsync_argv(
@@ -152,14 +154,15 @@ def build_rsync_argv(
     bytes are hashed at the destination: `hash_argv`) and of the rest by content; `send` and
     `delete` of the NUL-separated paths in `files_from` (see below); `list` (the top level),
     `fetch` (the marker, to a local path; no -l: a symlink is skipped, never followed) and
-    `marker` (the staged marker of a new destination). `-O` (omit directory times)
+    `marker` (the staged marker of a new destination), `file` (one snapshot file, either
+    way; like `fetch`, never a symlink). `-O` (omit directory times)
     everywhere: directory mtimes mean nothing in a registry and would differ after every pass.
     """
     argv = ["rsync"]
     if rsh is not None:  # rsync splits the -e string itself, at whitespace outside quotes
         argv += ["-e", " ".join(f"'{a}'" if any(c.isspace() for c in a) else a for a in rsh)]
-    if mode in ("list", "fetch", "marker"):
-        flags = {"list": ["--list-only", "--dirs"], "fetch": [], "marker": ["-a", "-O"]}[mode]
+    if mode in ("list", "fetch", "marker", "file"):
+        flags = {"list": ["--list-only", "--dirs"], "marker": ["-a", "-O"]}.get(mode, [])
         return [*argv, *flags, "--", source] + ([] if mode == "list" else [dest])
     # --modify-window=-1: compare mtimes to the nanosecond. The default compares whole
     # seconds, and a name is always 65 bytes: a name moved within the second of the last

@@ -1,0 +1,176 @@
+"""The old path's references: `scan_references` lists the lines of the user's files that still
+name a registry's old path (`migrate --scan`); `repoint` rewrites the registry's own README
+and `bin/` to the new one (`migrate --repoint`).
+
+Invariants:
+- One set of spellings of a path (`path_forms`: absolute, resolved, `~/`, `$HOME/`,
+  `${HOME}/`, systemd's `%h/`), never matched inside a longer path name.
+- The scan reads only the user's files, iteratively, never into a symlinked directory,
+  skipping binary files (a NUL in the first 8 KiB), files over 8 MiB, VCS directories and
+  the registries themselves.
+- Repointing rewrites only those spellings, each to the same spelling of the new path, and
+  never a worker path: a line assigning a variable whose name holds REMOTE, or a
+  `host:path`. Each file is replaced atomically, its mode kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Final
+
+from prefixreg.registry import fsutil, layout
+from prefixreg.registry.treecopy import list_tree
+
+_SKIP_DIRS: Final = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__"})
+_REMOTE_ASSIGN: Final = re.compile(
+    r"^\s*(?:export\s+|readonly\s+|local\s+)?\w*remote\w*\s*:?=", re.I
+)
+_HOST_BEFORE: Final = re.compile(r"(?:^|[\s\"'=(,\[])[\w.-]+(?:@[\w.-]+)?:$")
+
+
+@dataclass(frozen=True, slots=True)
+class Repointed:
+    """One file of the registry's own whose lines named the old path: `diff` is unified."""
+
+    path: str
+    lines: int
+    diff: str
+
+
+def path_forms(old: Path, new: Path | None = None) -> dict[str, str]:
+    """The spellings a file might use for `old` (absolute, resolved, `~/`, `$HOME/`,
+    `${HOME}/`, systemd's `%h/`), each mapped to the same spelling of `new` (absolute when
+    `new` is outside the home directory)."""
+    forms = {str(old): str(new)}
+    with contextlib.suppress(OSError):
+        forms.setdefault(str(old.resolve()), str(new))
+    for base in {Path.home(), Path.home().resolve()}:
+        with contextlib.suppress(ValueError):
+            rel = old.relative_to(base)
+            try:
+                new_rel: Path | None = (new or base).relative_to(base)
+            except ValueError:
+                new_rel = None
+            for prefix in ("~", "$HOME", "${HOME}", "%h"):
+                forms[f"{prefix}/{rel}"] = f"{prefix}/{new_rel}" if new_rel else str(new)
+    return forms
+
+
+def path_pattern(forms: Iterable[str]) -> re.Pattern[str]:
+    """Any of `forms`, not followed by another path-name character (`~/prefix-registry-old`
+    is another path)."""
+    spelt = "|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True))
+    return re.compile(f"(?:{spelt})" + r"(?![\w-]|\.\w)")
+
+
+def repoint(root: Path, old: Path, new: Path, *, write: bool) -> list[Repointed]:
+    """Repoint `README.md` and every text file under `bin/` of the tree at `root` from `old`
+    to `new` (`write`: replace each atomically, mode kept); what changed, as diffs."""
+    forms = path_forms(old, new)
+    pattern = path_pattern(forms)
+
+    def swap(line: str) -> str:  # never on a REMOTE assignment's line, nor after a `host:`
+        if _REMOTE_ASSIGN.match(line):
+            return line
+        return pattern.sub(
+            lambda m: m[0] if _HOST_BEFORE.search(line[: m.start()]) else forms[m[0]], line
+        )
+
+    files = [layout.README] + [rel for rel in list_tree(root)[1] if rel.startswith("bin/")]
+    out = []
+    for rel in files:
+        path = root / rel
+        try:
+            data = fsutil.read_nofollow(path, root=root)
+        except FileNotFoundError:
+            continue
+        if b"\0" in data[:8192] or len(data) > 8 << 20:
+            continue  # binary or huge: not a script or a README
+        text = data.decode("utf-8", errors="surrogateescape")
+        new_text = "".join(map(swap, text.splitlines(keepends=True)))
+        if new_text == text:
+            continue
+        before, after = text.splitlines(keepends=True), new_text.splitlines(keepends=True)
+        diff = "".join(difflib.unified_diff(before, after, f"{old}/{rel}", f"{new}/{rel}"))
+        changed = sum(a != b for a, b in zip(before, after, strict=True))
+        out.append(Repointed(str(new / rel), changed, diff))
+        if write:
+            mode = stat.S_IMODE(path.lstat().st_mode)
+            fsutil.replace_atomic(
+                path, new_text.encode("utf-8", errors="surrogateescape"), mode=mode
+            )
+            os.chmod(path, mode)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class StaleReference:
+    """One line of a file that still names the old registry path."""
+
+    path: str
+    line: int
+    text: str
+
+    to_dict = asdict
+
+
+def scan_references(
+    old: Path | str, dirs: Sequence[Path | str], *, skip: Sequence[Path | str] = ()
+) -> list[StaleReference]:
+    """Every file:line under `dirs` (directories or files) that still names `old`."""
+    if not dirs:
+        return []
+    old = Path(old).expanduser().absolute()
+    pattern = path_pattern(path_forms(old))
+    skipped = {Path(p).expanduser().resolve() for p in skip} | {old.resolve()}
+    found: list[StaleReference] = []
+    for start in map(Path, dirs):
+        start = start.expanduser()
+        for path in [start] if start.is_file() else _files(start, skipped):
+            found.extend(_scan_file(path, pattern))
+    return found
+
+
+def _files(start: Path, skip: set[Path]) -> Iterator[Path]:
+    """Every file below `start`, sorted per directory, without recursion or following links."""
+    pending = [start]
+    while pending:
+        directory = pending.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue  # unreadable: not ours to judge
+        subdirs = []
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                path = Path(entry.path)
+                if entry.name not in _SKIP_DIRS and path.resolve() not in skip:
+                    subdirs.append(path)
+            elif not entry.is_dir():
+                yield Path(entry.path)
+        pending.extend(reversed(subdirs))
+
+
+def _scan_file(path: Path, pattern: re.Pattern[str]) -> list[StaleReference]:
+    try:
+        if not path.is_file() or path.stat().st_size > 8 << 20:
+            return []
+        data = path.read_bytes()
+    except OSError:
+        return []  # unreadable: not ours to judge
+    if b"\0" in data[:8192]:
+        return []
+    text = data.decode("utf-8", errors="replace")
+    return [
+        StaleReference(str(path), lineno, line.strip()[:300])
+        for lineno, line in enumerate(text.splitlines(), 1)
+        if pattern.search(line)
+    ]

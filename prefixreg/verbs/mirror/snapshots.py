@@ -1,0 +1,151 @@
+"""Snapshots travel: a KV snapshot proven on one worker reaches the workers of the same build
+through the mirror's transport (rsync, over ssh for a remote directory): the saving worker's
+slot directory -> the coordinator -> each destination's slot directory. One prefill per
+build per fleet; `warm --restore` on a destination proves the restore as usual.
+
+Invariants:
+- A destination gets only the file of the record for its own worker's build, read now
+  (`registry.snapshots`; the file name holds the head's sha and the build id): a worker of
+  another build gets nothing (`no_snapshot`), so another build's file is never shipped.
+- The file is hashed on arrival at the coordinator (sha256, blake3 and size against the
+  record) before it is sent anywhere: a mismatch is an `IntegrityError`, nothing is sent.
+- At each destination it is hashed again, there (`sha256sum`, over ssh for a remote one);
+  `content` is `judge_copy`'s verdict. rsync writes a temp file and renames it, so a worker
+  never finds a half-written snapshot under its final name.
+- One destination failing (worker, ssh, rsync, a wrong hash there) never stops the others.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from prefixreg.core.errors import IntegrityError, MirrorError, UsageError, WorkerError
+from prefixreg.core.frame import Frame, Head
+from prefixreg.core.judge import CopyVerdict, judge_copy
+from prefixreg.core.prefix import Prefix
+from prefixreg.core.snapshots import SnapshotRecord
+from prefixreg.registry.snapshots import digest_snapshot_file, read_snapshot
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
+from prefixreg.verbs.mirror import rsync
+from prefixreg.verbs.mirror.rsync import Destination, parse_destination
+
+
+@dataclass(slots=True)
+class ShipResult:
+    """One destination: `result` shipped | no_snapshot | failed; `content` the judge's."""
+
+    destination: str
+    worker: str
+    build_id: str | None = None
+    file: str | None = None
+    result: str = "failed"
+    content: CopyVerdict = "unchecked"
+    bytes: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+    to_dict = asdict
+
+
+def ship_snapshot(
+    registry: Registry,
+    head: Head,
+    targets: Sequence[tuple[str, Worker]],
+    *,
+    source: str | None = None,
+    ssh_options: Sequence[str] = (),
+    progress: Callable[[str], None] | None = None,
+) -> list[ShipResult]:
+    """Ship `head`'s snapshot to each (slot directory, its worker) of `targets` from `source`
+    (PATH or [user@]HOST:PATH; default the directory each record was saved in).
+
+    Raises:
+        UsageError: not a head, or no target.
+        CorruptRecordError: a snapshot record does not parse (nothing sent).
+        MirrorError: a bad directory or ssh option, or the file could not be fetched.
+        IntegrityError: the file as fetched does not match its record (nothing sent).
+    """
+    if not isinstance(head, Prefix | Frame):
+        raise UsageError(f"ship takes a Prefix or a Frame (Registry.head), not {head!r:.40}")
+    if not targets:
+        raise UsageError("ship needs a destination: --to DIR with its --worker URL")
+    ssh = rsync.build_ssh_command(rsync.parse_ssh_options(ssh_options), control_path=None)
+    dests = [(parse_destination(d), w) for d, w in targets]
+    results = [ShipResult(dest.raw, w.url) for dest, w in dests]
+    records: dict[str, SnapshotRecord | None] = {}
+    for (_dest, worker), result in zip(dests, results, strict=True):
+        try:
+            result.build_id = worker.server_build().build_id
+        except WorkerError as exc:
+            result.error = f"worker {worker.url}: {exc}"
+            continue
+        records[result.build_id] = read_snapshot(registry, head.sha256, result.build_id)
+    with tempfile.TemporaryDirectory(prefix="prxs-") as staging:
+        for record in filter(None, records.values()):  # all of them, before anything is sent
+            _fetch(record, source, Path(staging), ssh)
+        for (dest, _worker), result in zip(dests, results, strict=True):  # the long loop
+            if progress is not None:
+                progress(f"shipping to {dest.raw}")
+            found = records.get(result.build_id or "")
+            if result.error is None and found is None:
+                result.result = "no_snapshot"
+                result.error = f"no snapshot of {head.sha256[:12]} on build {result.build_id}"
+            elif result.error is None and found is not None:
+                _send(found, dest, Path(staging), ssh, result)
+    return results
+
+
+def _fetch(record: SnapshotRecord, source: str | None, staging: Path, ssh: list[str]) -> None:
+    """Bring the record's file to `staging` and hash it against the record."""
+    src = parse_destination(source or record.slot_dir)
+    rsh = ssh if src.host is not None else None
+    rsync.run(rsync.build_rsync_argv("file", src.target(record.file), str(staging), rsh=rsh))
+    try:
+        got = digest_snapshot_file(staging, record.file)
+    except FileNotFoundError:  # rsync skips a symlink or special file
+        raise MirrorError(f"{src.target(record.file)}: not a regular file there") from None
+    if (got.sha256, got.blake3, got.size) != (
+        record.file_sha256,
+        record.file_blake3,
+        record.file_bytes,
+    ):
+        raise IntegrityError(
+            f"{src.target(record.file)} arrived with sha256 {str(got.sha256)[:16]}… "
+            f"({got.size:,} bytes), its record says {record.file_sha256[:16]}… "
+            f"({record.file_bytes:,} bytes): changed at the source or in transit; nothing sent",
+            path=staging / record.file,
+            expected=record.file_sha256,
+            actual=got.sha256,
+        )
+
+
+def _send(
+    record: SnapshotRecord, dest: Destination, staging: Path, ssh: list[str], result: ShipResult
+) -> None:
+    """Send the checked file to `dest` and hash it there; the outcome goes into `result`."""
+    began, rsh = time.monotonic(), ssh if dest.host is not None else None
+    result.file = record.file
+    try:
+        staged = str(staging / record.file)
+        rsync.run(rsync.build_rsync_argv("file", staged, dest.target(record.file), rsh=rsh))
+        where = f"{dest.path.rstrip('/')}/{record.file}"  # both checked: no shell quoting needed
+        argv = (
+            ["sha256sum", "--", where]
+            if rsh is None
+            else [*rsh, dest.ssh_host, f"sha256sum -- {where}"]
+        )
+        digest = rsync.run(argv)[:64].decode("ascii", "replace")
+    except MirrorError as exc:
+        result.error = str(exc)
+    else:
+        result.content = judge_copy(hashed=True, matched=digest == record.file_sha256)
+        if result.content == "verified":
+            result.result, result.bytes = "shipped", record.file_bytes
+        else:
+            result.error = f"{where} hashes to {digest[:16]}… there, not {record.file_sha256[:16]}…"
+    result.seconds = time.monotonic() - began
