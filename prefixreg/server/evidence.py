@@ -7,7 +7,8 @@ list of stream chunks, a raw SSE body (bytes or text), an `SSEStream`, or a fold
 evidence, never an exception.
 
 Invariants (DESIGN §4 as code):
-- A count is valid only as an exact `int` >= 0 (`strict_count`); a missing count is never 0.
+- A count is valid only as an exact `int` >= 0 (`strict_count`); a missing count is never 0,
+  but where the caller passes the engine's `zero_rule` (its rule, its flag known on).
 - `cached_tokens` comes from `usage.prompt_tokens_details.cached_tokens`, else from
   `timings.cache_n`, and `cached_source` names it. A source present but malformed (8.0,
   "8", true, -1, a list) makes the call unverified: the next source never papers over it.
@@ -92,11 +93,16 @@ def _cached(
     return cached, source, reason, restored
 
 
-def _judge(reply: ReplyReader, *, wall_s: float | None, ttft_s: float | None) -> CallEvidence:
+def _judge(
+    reply: ReplyReader, *, wall_s: float | None, ttft_s: float | None, zero_rule: str | None
+) -> CallEvidence:
     usage_obj = reply.usage
     usage: Mapping[str, object] = usage_obj if isinstance(usage_obj, dict) else {}
     prompt = strict_count(usage.get("prompt_tokens"))
     cached, source, cached_reason, restored = _cached(usage, reply.timings)
+    details = usage.get("prompt_tokens_details")  # null or absent, never `{}`:
+    if cached is None and cached_reason == _MISSING and zero_rule and details is None:
+        cached, source = 0, str(zero_rule)
     reason: str | None
     state: CacheState = "unverified"
     if not reply.complete:
@@ -176,14 +182,20 @@ def evidence_from_response(
     done: bool | None = None,
     wall_s: float | None = None,
     ttft_s: float | None = None,
+    zero_rule: str | None = None,
 ) -> CallEvidence:
     """Evidence from what a call returned (any input the module docstring names). One stream
     chunk is never complete, never `cold`; a list of chunks is complete only with
     `done=True` (the stream ended with `[DONE]`, as an SDK stream iterated to its end did).
+    `zero_rule` (`server.engines.zero_rule`: the engine's rule and its flag, known on) reads
+    a null or absent `prompt_tokens_details` as 0, and is then the `cached_source`.
 
-    Raises UsageError: `done` is not a bool or None, or `wall_s`/`ttft_s` not None or a
+    Raises UsageError: `done` is not a bool or None, `zero_rule` not a str or None, or
+    `wall_s`/`ttft_s` not None or a
     finite number of seconds >= 0. Nothing in `resp` raises: what cannot be read is
     unverified evidence that says why.
     """
     wall, ttft = _seconds("wall_s", wall_s), _seconds("ttft_s", ttft_s)
-    return _judge(_read(resp, done), wall_s=wall, ttft_s=ttft)
+    if zero_rule is not None and not isinstance(zero_rule, str):
+        raise UsageError(f"zero_rule is a str or None, not {type(zero_rule).__name__}")
+    return _judge(_read(resp, done), wall_s=wall, ttft_s=ttft, zero_rule=zero_rule)
