@@ -22,7 +22,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 
-from prefixreg.sim import protocol
+from prefixreg.sim import engines, protocol
 from prefixreg.sim.config import SimConfig
 from prefixreg.sim.engine import Engine
 from prefixreg.sim.protocol import ApiError, Kind, Result, parse_request
@@ -62,6 +62,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         """Silence the stdlib access log; `SimServer(log=...)` gets one line per call."""
+
+    def version_string(self) -> str:
+        """The `Server` header: the simulator's, uvicorn's (vLLM, SGLang, TensorRT-LLM) or
+        none (Ollama's Go server sends none)."""
+        engine = self.sim.config.engine
+        if engine is None:
+            return super().version_string()
+        return "uvicorn" if engine in engines.UVICORN else ""
+
+    def send_header(self, keyword: str, value: str) -> None:
+        if keyword != "Server" or value:
+            super().send_header(keyword, value)
 
     def _send(self, status: int, body: Any) -> None:
         """Status, headers and `body`: JSON, or text (`/metrics`); None starts a stream, whose
@@ -114,6 +126,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self._route("GET")
         config, body = self.sim.config, _GET_ROUTES.get(path)
+        if config.engine is not None:
+            self._engine_get(path, config.engine)
+            return
         try:
             if body is None or (path == "/metrics" and not config.flash):
                 if path in _POST_ROUTES:
@@ -122,6 +137,16 @@ class _Handler(BaseHTTPRequestHandler):
             if path != "/health" and not self._authorized():
                 raise ApiError(401, "invalid or missing API key")
             self._send(200, body(self.sim._engine))
+        except ApiError as err:
+            self._send(err.status, err.body())
+
+    def _engine_get(self, path: str, engine: str) -> None:
+        try:
+            if path not in engines.get_routes(engine):
+                raise ApiError(405 if path in _POST_ROUTES else 404, f"no route {path}")
+            if path not in ("/health", "/") and not self._authorized():
+                raise ApiError(401, "invalid or missing API key")
+            self._send(200, self.sim._engine.engine_get(path))
         except ApiError as err:
             self._send(err.status, err.body())
 
