@@ -338,3 +338,31 @@ def test_zero_rule_is_a_string_or_none() -> None:
 
     with pytest.raises(UsageError):
         evidence_from_response(fixture(SHAPES["sglang"]), zero_rule=True)  # type: ignore[arg-type]
+
+
+@given(
+    st.sampled_from(sorted(engines.METRICS)),
+    st.integers(0, 10**6),
+    st.integers(0, 10**6),
+    st.integers(0, 10**4),
+    st.integers(0, 10**4),
+    st.integers(0, 10**4),
+)
+def test_the_counter_window_is_attributed_only_to_a_call_alone(
+    engine: str, p0: int, c0: int, prompt: int, cached: int, foreign: int
+) -> None:
+    m = engines.METRICS[engine]
+    before = {f'{m.prompt}{{model_name="x"}}': float(p0), m.cached: float(c0)}
+    after = {
+        f'{m.prompt}{{model_name="x"}}': float(p0 + prompt + foreign),
+        m.cached: float(c0 + cached),
+    }
+    seen = engines.window(m, before, after, prompt)
+    assert seen is not None and seen["source"] == m.path
+    assert (seen["prompt_tokens"], seen["cached_tokens"]) == (prompt + foreign, cached)
+    assert seen["attributed"] is (foreign == 0)
+    assert engines.window(m, before, {}, prompt) is None
+    assert engines.window(m, None, after, prompt) is None
+    assert engines.window(m, before, after, None)["attributed"] is False  # type: ignore[index]
+    backwards = engines.window(m, after, before, prompt)  # a restart: never attributed
+    assert backwards is not None and (backwards["attributed"] is False or prompt + foreign == 0)

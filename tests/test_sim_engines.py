@@ -65,6 +65,13 @@ def test_warm_goes_cold_then_resumed(engine: str, reg: Registry) -> None:
     assert states == ["cold", "reused"]  # the zero is read as sent (SGLang: by its flag)
     assert calls[0]["cache_before"] is None  # no /cache on an engine
     assert doctor.returncode == 0, doctor.stdout  # nothing to change
+    # the engine's counters over each call: a second witness that agrees with the call
+    windows = [c.get("counter_window") for c in calls]
+    if engine == "ollama":
+        assert windows == [None, None]  # no Prometheus route
+    else:
+        counted = [(w["cached_tokens"], w["attributed"]) for w in windows]
+        assert counted == [(c["evidence"]["cached_tokens"], True) for c in calls]
     assert again == 0 and isinstance(second["body"], dict)
     assert [c["evidence"]["cache_state"] for c in second["body"]["calls"]] == ["reused"] * 2
 
@@ -78,6 +85,10 @@ def test_reporting_off_is_unverified_and_doctor_names_the_flag(engine: str, reg:
     body = receipt["body"]
     assert isinstance(body, dict) and body["verdict"] == "unverified"
     assert "cached_tokens missing" in str(body["reason"])
+    if engine != "ollama":  # the counters saw the resume the call could not report
+        window = body["calls"][-1]["counter_window"]
+        assert window["attributed"] is True and window["cached_tokens"] > 1000
+        assert "a second witness, no per-call proof" in str(body["reason"])
     assert doctor.returncode == 1, doctor.stdout
     warned = [line for line in doctor.stdout.decode().splitlines() if "[warn]" in line]
     assert any(FLAG[engine] in line for line in warned), doctor.stdout

@@ -142,6 +142,29 @@ def metric_total(samples: Mapping[str, float], name: str) -> float | None:
     return sum(found) if found else None
 
 
+def window(
+    metrics: Metrics,
+    before: Mapping[str, float] | None,
+    after: Mapping[str, float] | None,
+    prompt_tokens: int | None,
+) -> JSONObject | None:
+    """The engine's counters over one call's window, the second witness where the call's own
+    count is absent: the prompt and cached tokens they moved by, and `attributed` when the
+    window is that call's alone (the prompt counter moved by exactly its prompt tokens; a
+    foreign call adds at least one). None when either side lacks a counter. A witness only:
+    a verdict still comes from the call's own count (`core.judge`)."""
+    if before is None or after is None:
+        return None
+    moved: dict[str, int] = {}
+    for key, name in (("prompt_tokens", metrics.prompt), ("cached_tokens", metrics.cached)):
+        start, end = metric_total(before, name), metric_total(after, name)
+        if start is None or end is None or not float(end - start).is_integer():
+            return None
+        moved[key] = int(end - start)
+    ours = moved["prompt_tokens"] == prompt_tokens and moved["cached_tokens"] >= 0
+    return {"source": metrics.path, **moved, "attributed": ours and prompt_tokens is not None}
+
+
 def native_counts(body: object) -> tuple[int | None, int | None]:
     """(prompt, cached) tokens of an engine's native reply: SGLang `/generate`
     `meta_info.{prompt_tokens, cached_tokens}` (always sent), Ollama `/api/chat`

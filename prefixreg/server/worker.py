@@ -91,6 +91,7 @@ class Worker:
         self.url, self.max_bytes = self._http.url, self._http.max_bytes
         self._default_model: str | bool | None = False  # not read yet (see `default_model`)
         self.zero_rule: str | None = None  # set by `server_build` (see `server.engines`)
+        self.counters: engines.Metrics | None = None  # the engine's Prometheus, by `server_build`
 
     def __repr__(self) -> str:
         auth = "set" if self._key is not None else "none"
@@ -221,7 +222,9 @@ class Worker:
         profile, seen = self._detect()
 
         def read(route: str) -> JSONObject | None:
-            return seen[route] if route in seen else self._try(route)
+            """What detection read, else read now: an error raises (a sick server's identity
+            would be another build), a route the server lacks is None."""
+            return seen.get(route) or self._get(route)
 
         if profile == "halogen":
             identity = ids.halogen_identity(seen["/health"] or self.health())
@@ -236,8 +239,9 @@ class Worker:
             version = read("/version" if profile == "trtllm" else "/api/version")
             identity = engines.engine_identity(profile, version, read("/v1/models"))
         else:
-            identity = ids.generic_identity(self._get("/v1/models"))
+            identity = ids.generic_identity(read("/v1/models"))
         self.zero_rule = engines.zero_rule(profile, identity)
+        self.counters = engines.METRICS.get(profile)
         return ServerBuild(profile=profile, identity=identity)
 
     def default_model(self) -> str | None:
