@@ -211,3 +211,24 @@ def test_the_simulator_imports_core_only() -> None:
     for path in root.glob("*.py"):
         imported |= set(re.findall(r"^from (prefixreg\.\w+)", path.read_text(), re.M))
     assert imported <= {"prefixreg.core", "prefixreg.sim"}, imported
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_pool_warms_and_proves_on_engines(engine: str, tmp_path: Path) -> None:
+    reg = tmp_path / "reg"
+    for i in range(2):
+        Registry(reg).add(
+            f"System brief {i}: " + "ledger harbor quartz violet " * 300, name=f"p{i}"
+        )
+    with serve(engine) as one, serve(engine) as two:
+        pool_file = tmp_path / "pool.json"
+        pool_file.write_bytes(orjson.dumps({"workers": [one.url, two.url]}))
+        common = ("--pool", str(pool_file), "--registry", str(reg))
+        warmed = run_cli("pool", "warm", "p0", "p1", *common, "--json")
+        doctor = run_cli("pool", "doctor", *common)
+    assert warmed.returncode == 0, warmed.stdout + warmed.stderr
+    out = orjson.loads(warmed.stdout)
+    assert out["ok"] and [len(w["holds"]) for w in out["workers"]] == [1, 1]
+    assert {w["profile"] for w in out["workers"]} == {engine}
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert doctor.stdout.count(b"RESIDENT") == 2

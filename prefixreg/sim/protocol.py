@@ -13,7 +13,8 @@ Replies: errors ``{"error": {"message", "type", "param": null, "code"}}``; usage
 ``prompt_tokens_details: {cached_tokens}`` only when cached > 0; Flash ``timings`` beside it
 (``cache_n`` always there), dense none. Streams: content frames, a finish frame (empty delta /
 text, Flash ``timings``), with ``include_usage`` a ``choices: []`` frame carrying ``usage``
-(earlier frames ``"usage": null``), ``data: [DONE]``.
+(earlier frames ``"usage": null``), ``data: [DONE]``. An engine's replies (`config.engine`):
+its usage and fields, no ``timings`` (`sim.engines`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ resumes more), sleep the modelled prefill, store the snapshots (so of identical 
 once none is served from a snapshot), sleep the decode; every duration divided by ``speed``. A
 stream sends headers once it holds a slot, ``: keepalive`` lines while the prefill outlasts the
 keepalive interval, then the frames. ``/health`` (no key), ``/cache`` and ``/metrics`` never
-wait for a slot. Every request line received is logged (`requests`).
+wait for a slot. Every request line received is logged (`requests`). With an engine
+(`config.engine`) the GET routes and the `Server` header are that engine's (`sim.engines`).
 """
 
 from __future__ import annotations
