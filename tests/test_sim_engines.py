@@ -232,3 +232,19 @@ def test_pool_warms_and_proves_on_engines(engine: str, tmp_path: Path) -> None:
     assert {w["profile"] for w in out["workers"]} == {engine}
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert doctor.stdout.count(b"RESIDENT") == 2
+
+
+def test_a_client_that_resets_prints_no_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    import socket
+    import struct
+    import time
+
+    with SimServer(SimConfig(engine="vllm")) as sim:
+        sock = socket.create_connection((sim.host, sim.port))
+        sock.sendall(b"GET /props HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.2)  # the 404 is sent; the client closes without reading it: a reset
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        time.sleep(0.2)
+        assert httpx.get(f"{sim.url}/version").json() == {"version": "0.23.0"}
+    assert "Traceback" not in capfd.readouterr().err

@@ -17,6 +17,7 @@ import contextlib
 import hmac
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +52,12 @@ class _HTTPServer(ThreadingHTTPServer):
     # retransmit, which would swamp the modelled times of concurrent calls.
     request_queue_size = 128
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (a reset while idle between requests: a client that closed
+        without reading a 404's body) is no server error; anything else is printed."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
