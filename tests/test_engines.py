@@ -366,3 +366,13 @@ def test_the_counter_window_is_attributed_only_to_a_call_alone(
     assert engines.window(m, before, after, None)["attributed"] is False  # type: ignore[index]
     backwards = engines.window(m, after, before, prompt)  # a restart: never attributed
     assert backwards is not None and (backwards["attributed"] is False or prompt + foreign == 0)
+
+
+def test_the_zero_rule_needs_a_usage_to_read() -> None:
+    body = fixture(SHAPES["sglang"])
+    del body["usage"]
+    ev = evidence_from_response(body, zero_rule=SGLANG_ON)
+    assert (ev.cache_state, ev.cached_tokens, ev.cached_source) == ("unverified", None, None)
+    chunks = [{"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}}]}]
+    ev = evidence_from_response(chunks, done=True, zero_rule=SGLANG_ON)  # no usage chunk
+    assert (ev.cache_state, ev.cached_tokens, ev.reason) == ("unverified", None, "usage missing")

@@ -100,8 +100,8 @@ def _judge(
     usage: Mapping[str, object] = usage_obj if isinstance(usage_obj, dict) else {}
     prompt = strict_count(usage.get("prompt_tokens"))
     cached, source, cached_reason, restored = _cached(usage, reply.timings)
-    details = usage.get("prompt_tokens_details")  # null or absent, never `{}`:
-    if cached is None and cached_reason == _MISSING and zero_rule and details is None:
+    details = usage.get("prompt_tokens_details")  # null or absent in a usage sent, never `{}`
+    if cached is None and cached_reason == _MISSING and zero_rule and details is None and usage:
         cached, source = 0, str(zero_rule)
     reason: str | None
     state: CacheState = "unverified"
