@@ -5,6 +5,7 @@ simulator keeps its Halogen default untouched."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -248,3 +249,15 @@ def test_a_client_that_resets_prints_no_traceback(capfd: pytest.CaptureFixture[s
         time.sleep(0.2)
         assert httpx.get(f"{sim.url}/version").json() == {"version": "0.23.0"}
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_sim_command_serves_an_engine_with_its_flag_off() -> None:
+    from tests.test_sim_cli import foreground
+
+    args = ["--engine", "sglang", "--no-cache-report", "--port", "0", "--speed", "1000"]
+    with foreground(args, dict(os.environ)) as run, Worker(run.url) as w:
+        build = w.server_build()
+        _, ev = w.chat(SYSTEM, "hi", max_tokens=1)
+    assert build.profile == "sglang" and build.identity["enable_cache_report"] is False
+    assert ev.cache_state == "unverified" and w.zero_rule is None
+    assert run.code is not None

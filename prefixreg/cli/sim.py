@@ -111,8 +111,11 @@ class _SimCommand:
             config = SimConfig.for_profile(options.pop("profile") or "flash", **options)
             server = SimServer(config, log=None if quiet else c.info)
             auth = ", API key required" if config.api_key else ""
+            shown = config.profile if config.engine is None else config.engine
+            if config.engine is not None and not config.cache_report:
+                shown += ", cache report off"
             c.info(
-                f"prefixreg sim ({config.profile}, speed {config.speed:g}{auth}) listening on "
+                f"prefixreg sim ({shown}, speed {config.speed:g}{auth}) listening on "
                 f"{server.url}  (Ctrl-C to stop)"
             )
             try:
