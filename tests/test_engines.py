@@ -376,3 +376,34 @@ def test_the_zero_rule_needs_a_usage_to_read() -> None:
     chunks = [{"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}}]}]
     ev = evidence_from_response(chunks, done=True, zero_rule=SGLANG_ON)  # no usage chunk
     assert (ev.cache_state, ev.cached_tokens, ev.reason) == ("unverified", None, "usage missing")
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/server_info", {"enable_cache_report": True, "enable_metrics": True}),  # no version
+        (
+            "/server_info",
+            {
+                "version": "0.5.9",
+                "enable_cache_report": 1,
+                "enable_metrics": True,
+                "disable_radix_cache": False,
+            },
+        ),
+        ("/get_server_info", ["enable_cache_report"]),
+        ("/api/version", {"version": 34}),
+        ("/api/version", {"version": "0.34.4", "extra": True}),
+    ],
+)
+def test_a_lying_or_malformed_signal_is_not_the_engine(
+    fake: FakeServer, route: str, body: object
+) -> None:
+    fake.route("GET", route, Reply(json=body))
+    cold = fixture("sglang/chat.cache-report-on.cold.json")
+    fake.route("POST", "/v1/chat/completions", Reply(json=cold))
+    with Worker(fake.url) as w:
+        build = w.server_build()
+        _, ev = w.chat("You are terse.", "hi", stream=False)
+    assert build.profile == "generic" and w.zero_rule is None
+    assert ev.cache_state == "unverified"  # a null never becomes 0 on a claim not proven
