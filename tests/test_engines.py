@@ -407,3 +407,34 @@ def test_a_lying_or_malformed_signal_is_not_the_engine(
         _, ev = w.chat("You are terse.", "hi", stream=False)
     assert build.profile == "generic" and w.zero_rule is None
     assert ev.cache_state == "unverified"  # a null never becomes 0 on a claim not proven
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("sglang/generate.json", ("reused", 64, 63, "meta_info.cached_tokens")),
+        ("sglang/generate.cold.json", ("cold", 64, 0, "meta_info.cached_tokens")),
+        ("ollama/chat.json", ("reused", 64, 63, "prompt_eval_cached_count")),
+        ("ollama/chat.cold.json", ("cold", 64, 0, "prompt_eval_cached_count")),
+        ("ollama/chat.stream-final.json", ("reused", 64, 63, "prompt_eval_cached_count")),
+        ("ollama/chat.pre-0.33.3.json", ("unverified", 64, None, None)),
+    ],
+)
+def test_native_replies_are_evidence(name: str, expected: tuple[object, ...]) -> None:
+    ev = evidence_from_response(fixture(name), zero_rule=SGLANG_ON)  # no rule reaches them
+    assert (ev.cache_state, ev.prompt_tokens, ev.cached_tokens, ev.cached_source) == expected
+    assert ev.complete and ev.output_sha256 is not None
+
+
+def test_a_native_reply_not_finished_or_malformed_is_unverified() -> None:
+    line = fixture("ollama/chat.json") | {"done": False}  # a stream line before the last
+    assert evidence_from_response(line).cache_state == "unverified"
+    gen = fixture("sglang/generate.json")
+    for bad in (63.0, "63", True, -1, None):
+        body = copy.deepcopy(gen)
+        body["meta_info"]["cached_tokens"] = bad
+        ev = evidence_from_response(body)
+        assert ev.cache_state == "unverified" and ev.cached_tokens is None, bad
+    body = copy.deepcopy(gen)
+    body["meta_info"]["cached_tokens"] = 65  # more than the prompt
+    assert evidence_from_response(body).cache_state == "unverified"

@@ -261,3 +261,24 @@ def test_sim_command_serves_an_engine_with_its_flag_off() -> None:
     assert build.profile == "sglang" and build.identity["enable_cache_report"] is False
     assert ev.cache_state == "unverified" and w.zero_rule is None
     assert run.code is not None
+
+
+def test_audit_reads_native_replies(tmp_path: Path) -> None:
+    fixtures = Path(__file__).parent / "fixtures" / "engines"
+    names = ("sglang/generate.json", "sglang/generate.cold.json", "ollama/chat.json")
+    lines = [orjson.dumps(orjson.loads((fixtures / n).read_bytes())) for n in names]
+    lines.append(
+        orjson.dumps(orjson.loads((fixtures / "ollama/chat.pre-0.33.3.json").read_bytes()))
+    )
+    batch = tmp_path / "native.jsonl"
+    batch.write_bytes(b"\n".join(lines) + b"\n")
+    res = run_cli("audit", str(batch), "--json")
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert out["calls"] == 4 and out["tokens"]["cached"]["total"] == 63 + 0 + 63
+    assert out["tokens"]["prompt"]["total"] == 4 * 64
+    # counts without a head to measure them against are unverified (audit's rule); the cold
+    # one is cold; the count older Ollama never sent is missing, never 0
+    assert out["states"] == {"cold": 1, "partial": 0, "reused": 0, "unverified": 3}
+    missing = [u for u in out["unverified"] if u["source"].endswith(":4")]
+    assert len(missing) == 1 and "cached_tokens missing" in missing[0]["reason"]
