@@ -282,3 +282,34 @@ def test_audit_reads_native_replies(tmp_path: Path) -> None:
     assert out["states"] == {"cold": 1, "partial": 0, "reused": 0, "unverified": 3}
     missing = [u for u in out["unverified"] if u["source"].endswith(":4")]
     assert len(missing) == 1 and "cached_tokens missing" in missing[0]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "path", "body", "with_report_off"),
+    [
+        # SGLang's native route reports whatever --enable-cache-report says
+        ("sglang", "/generate", {"text": SYSTEM + "hi", "sampling_params": {"max_new_tokens": 2}},
+         "reused"),
+        # Ollama before 0.33.3 sends no cached count on its native route either
+        ("ollama", "/api/chat", {"messages": [{"role": "system", "content": SYSTEM},
+                                              {"role": "user", "content": "hi"}],
+                                 "stream": False, "options": {"num_predict": 2}},
+         "unverified"),
+    ],
+)  # fmt: skip
+def test_native_routes_answer_in_the_engines_shape(
+    engine: str, path: str, body: dict[str, object], with_report_off: str
+) -> None:
+    from prefixreg.server.evidence import evidence_from_response
+
+    for report, second in ((True, "reused"), (False, with_report_off)):
+        with serve(engine, report=report) as sim:
+            replies = [httpx.post(sim.url + path, json=body) for _ in range(2)]
+            streamed = httpx.post(sim.url + path, json=body | {"stream": True})
+        assert [r.status_code for r in replies] == [200, 200]
+        states = [evidence_from_response(r.json()).cache_state for r in replies]
+        assert states[1] == second, (report, states)
+        assert states[0] == ("cold" if second == "reused" else "unverified")
+        assert streamed.status_code == 400  # native streams are not modelled: said, not faked
+    with serve("vllm") as sim:
+        assert httpx.post(sim.url + path, json=body).status_code == 404

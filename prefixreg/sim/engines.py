@@ -17,17 +17,27 @@ Built from each engine's source, as recorded in tests/fixtures/engines/README.md
   total_tokens`, the details always; `--no-cache-report` serves 0.33.2, which sends none
   (the count ships from 0.33.3); `system_fingerprint` fp_ollama; ids `chatcmpl-<n>`; `GET /`
   `Ollama is running`, `/api/version`, `/api/tags`, `/api/ps`; no Prometheus route.
-No engine sends Halogen's `timings` or `/cache`. Not modelled: native routes (`/generate`,
-`/api/chat`), each engine's error envelope and block granularity (vLLM 16, TensorRT-LLM 32
-tokens): the cache model is Halogen Flash's.
+No engine sends Halogen's `timings` or `/cache`. Native routes, non-streamed only: SGLang
+`POST /generate` (`text`, `sampling_params.max_new_tokens`; `meta_info.cached_tokens` always)
+and Ollama `POST /api/chat` (`stream: false` required; `options.num_predict`;
+`prompt_eval_count` counts the cached tokens too, `prompt_eval_cached_count` from 0.33.3). Not
+modelled: streamed native routes, each engine's error envelope and block granularity (vLLM
+16, TensorRT-LLM 32 tokens): the cache model is Halogen Flash's.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
-from typing import Any, Final
+import time
+from typing import TYPE_CHECKING, Any, Final
 
+from prefixreg.core import jsonio
+from prefixreg.core.errors import CorruptRecordError
 from prefixreg.sim.config import ENGINES as ENGINES
+
+if TYPE_CHECKING:
+    from prefixreg.sim.protocol import Kind, Result
 
 UVICORN: Final = frozenset({"vllm", "sglang", "trtllm"})  # FastAPI under uvicorn; Ollama is Go
 _VERSION: Final = {"vllm": "0.23.0", "sglang": "0.5.9", "trtllm": "1.3.0rc23", "ollama": "0.34.4"}
@@ -189,3 +199,67 @@ def _text(series: Any) -> str:
     for name, labels, value, text in series:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name}{labels} {value}.0"]
     return "\n".join(lines) + "\n"
+
+
+NATIVE: Final[dict[str, dict[str, Kind]]] = {
+    "vllm": {},
+    "sglang": {"/generate": "completion"},
+    "trtllm": {},
+    "ollama": {"/api/chat": "chat"},
+}
+
+
+def native_request(engine: str, raw: bytes) -> bytes:
+    """A native request body as the shared request it stands for (`protocol.parse_request`
+    then validates it); a body that is not a JSON object passes through to be refused."""
+    from prefixreg.sim.protocol import invalid
+
+    try:
+        body = jsonio.loads(raw)
+    except CorruptRecordError:
+        return raw
+    if not isinstance(body, dict):
+        return raw
+    name = "sampling_params" if engine == "sglang" else "options"
+    params = {} if body.get(name) is None else body[name]
+    if not isinstance(params, dict):
+        raise invalid(f"body.{name}", "must be an object")
+    if engine == "sglang":
+        out: dict[str, Any] = {"prompt": body.get("text"), "stream": body.get("stream", False)}
+        budget = params.get("max_new_tokens")
+    else:
+        if body.get("stream") is not False:
+            raise invalid("body.stream", "the simulator serves /api/chat with stream false only")
+        out = {"messages": body.get("messages"), "stream": False}
+        budget = params.get("num_predict")
+    temperature = params.get("temperature")
+    if out["stream"] is not False:
+        raise invalid("body.stream", "the simulator serves native routes non-streamed only")
+    out |= {"max_tokens": budget} if budget is not None else {}
+    out |= {"temperature": temperature} if temperature is not None else {}
+    return json.dumps(out).encode()
+
+
+def native_reply(result: Result) -> dict[str, Any]:
+    """The native reply of a served call: SGLang `/generate` or Ollama `/api/chat`."""
+    engine, text = str(result.engine), "".join(result.pieces)
+    n, k, cached = result.call.prompt.n, len(result.pieces), result.cached
+    if engine == "sglang":
+        finish = {"type": result.finish_reason, "length": k}
+        meta: dict[str, Any] = {
+            "id": secrets.token_hex(16),
+            "finish_reason": finish,
+            "prompt_tokens": n,
+        }
+        meta |= {"weight_version": "default", "total_retractions": 0, "completion_tokens": k}
+        meta |= {"cached_tokens": cached, "cached_tokens_details": None, "dp_rank": None}
+        meta["e2e_latency"] = round(result.prompt_s + result.decode_s, 4)
+        return {"text": text, "output_ids": list(range(k)), "meta_info": meta}
+    model = result.config.model_id
+    created = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime(result.created))
+    message = {"role": "assistant", "content": text}
+    out: dict[str, Any] = {"model": model, "created_at": created, "message": message}
+    out |= {"done": True, "done_reason": result.finish_reason, "prompt_eval_count": n}
+    if result.config.cache_report:  # from 0.33.3
+        out["prompt_eval_cached_count"] = cached
+    return out | {"eval_count": k}

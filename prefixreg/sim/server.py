@@ -160,7 +160,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self._route("POST")
-        kind, engine = _POST_ROUTES.get(path), self.sim._engine
+        kind, engine, native = _POST_ROUTES.get(path), self.sim._engine, None
+        if self.sim.config.engine is not None and path in engines.NATIVE[self.sim.config.engine]:
+            kind, native = engines.NATIVE[self.sim.config.engine][path], self.sim.config.engine
         try:
             if kind is None or not self._authorized():
                 try:  # drain the body so a keep-alive connection stays in sync
@@ -171,6 +173,8 @@ class _Handler(BaseHTTPRequestHandler):
                     raise ApiError(405 if path in _GET_ROUTES else 404, f"no POST route {path}")
                 raise ApiError(401, "invalid or missing API key")
             raw = self._read_body()
+            if native is not None:  # the engine's own route, read into the shared request
+                raw = engines.native_request(native, raw)
             t0 = time.monotonic()
             call = parse_request(raw, kind, self.sim.config)
             work = time.monotonic() - t0  # tokenizing and the lookup count against the prefill
@@ -183,7 +187,8 @@ class _Handler(BaseHTTPRequestHandler):
                     self.close_connection = True
                     return
                 if not call.stream:
-                    self._send(200, result.response_body())
+                    body = result.response_body()
+                    self._send(200, body if native is None else engines.native_reply(result))
                 self.sim._log_call(result, time.monotonic() - started)
         except ApiError as err:
             self._send(err.status, err.body())
