@@ -438,3 +438,31 @@ def test_a_native_reply_not_finished_or_malformed_is_unverified() -> None:
     body = copy.deepcopy(gen)
     body["meta_info"]["cached_tokens"] = 65  # more than the prompt
     assert evidence_from_response(body).cache_state == "unverified"
+
+
+@pytest.mark.parametrize(
+    ("profile", "identity", "level", "named"),
+    [
+        ("sglang", {"enable_cache_report": False, "enable_metrics": False}, "warn",
+         ["--enable-cache-report", "--enable-metrics"]),
+        ("sglang", {"enable_cache_report": True, "enable_metrics": False}, "info",
+         ["--enable-metrics"]),
+        ("trtllm", {"version": "1.3.0rc23"}, "info", ["return_perf_metrics: true"]),
+        ("ollama", {"version": "0.33.2"}, "warn", ["0.33.3", "--cache-ram", "8 GiB"]),
+        ("ollama", {"version": "0.34.4"}, "info", ["--cache-ram"]),
+        ("vllm", {"version": "0.23.0"}, "info", ["--enable-prompt-tokens-details"]),
+    ],
+)  # fmt: skip
+def test_doctor_names_each_engines_flag(
+    profile: str, identity: dict[str, Any], level: str, named: list[str]
+) -> None:
+    from prefixreg.core.records import ServerBuild
+    from prefixreg.verbs.doctor.engines import diagnose_engine
+    from prefixreg.verbs.doctor.run import Diagnosis
+
+    d = Diagnosis(profile=profile)
+    diagnose_engine(d, ServerBuild(profile=profile, identity=identity), None, missing=False)
+    text = " ".join(f.text for f in d.findings)
+    assert all(flag in text for flag in named), text
+    assert ("warn" in {f.level for f in d.findings}) is (level == "warn")
+    assert "counters" not in d.numbers  # no counters read: none said to be 0
