@@ -123,23 +123,6 @@ def test_sglang_null_is_zero_only_with_its_flag_read_on() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "expected"),
-    [
-        ("sglang/generate.json", (64, 63)),
-        ("sglang/generate.cold.json", (64, 0)),
-        ("ollama/chat.json", (64, 63)),
-        ("ollama/chat.cold.json", (64, 0)),
-        ("ollama/chat.stream-final.json", (64, 63)),
-        ("ollama/chat.pre-0.33.3.json", (64, None)),  # unknown, never 0
-    ],
-)
-def test_native_replies_parse_to_their_documented_counts(
-    name: str, expected: tuple[object, ...]
-) -> None:
-    assert engines.native_counts(fixture(name)) == expected
-
-
-@pytest.mark.parametrize(
     ("engine", "name", "prompt", "cached"),
     [
         ("vllm", "vllm/metrics.txt", 128, 48),

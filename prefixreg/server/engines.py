@@ -90,14 +90,6 @@ def ollama_version(body: object) -> str | None:
     return version if isinstance(version, str) else None
 
 
-def version_tuple(version: object) -> tuple[int, ...] | None:
-    """`0.33.3` (or `0.34.4-rc1`) as (0, 33, 3); None when it is no release number."""
-    if not isinstance(version, str):
-        return None
-    parts = version.split("-")[0].split(".")
-    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
-
-
 def sglang_identity(info: Mapping[str, JSONValue], models: JSONValue) -> JSONObject:
     """SGLang's build: version, model path, cache size and the flags (a restart that turns
     reporting off is another build, so a zero read under the flag cannot cross it)."""
@@ -115,7 +107,7 @@ def served_ids(models: JSONValue) -> JSONValue:
     return list[JSONValue](sorted(str(i) for i in found))
 
 
-def engine_identity(profile: str, version: JSONValue, models: JSONValue) -> JSONObject:
+def engine_identity(version: JSONValue, models: JSONValue) -> JSONObject:
     """TensorRT-LLM's and Ollama's build: the version string and the served model ids."""
     raw = version.get("version") if isinstance(version, dict) else None
     return {"version": raw if isinstance(raw, str) else None, "model_ids": served_ids(models)}
@@ -131,8 +123,10 @@ def zero_rule(profile: str, identity: Mapping[str, JSONValue]) -> str | None:
 def ollama_reports(version: object) -> bool | None:
     """Whether this Ollama sends `prompt_eval_cached_count` (v0.33.3 and later); None when
     the version cannot be read."""
-    found = version_tuple(version)
-    return None if found is None else found >= OLLAMA_CACHED_SINCE
+    parts = version.split("-")[0].split(".") if isinstance(version, str) else ["?"]
+    if not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts) >= OLLAMA_CACHED_SINCE
 
 
 def metric_total(samples: Mapping[str, float], name: str) -> float | None:
@@ -163,20 +157,3 @@ def window(
         moved[key] = int(end - start)
     ours = moved["prompt_tokens"] == prompt_tokens and moved["cached_tokens"] >= 0
     return {"source": metrics.path, **moved, "attributed": ours and prompt_tokens is not None}
-
-
-def native_counts(body: object) -> tuple[int | None, int | None]:
-    """(prompt, cached) tokens of an engine's native reply: SGLang `/generate`
-    `meta_info.{prompt_tokens, cached_tokens}` (always sent), Ollama `/api/chat`
-    `prompt_eval_count` (cached tokens included) and `prompt_eval_cached_count` (absent
-    before v0.33.3: unknown, never 0). Counts are read strictly (exact ints >= 0)."""
-
-    def count(value: object) -> int | None:
-        return value if type(value) is int and value >= 0 else None
-
-    if not isinstance(body, dict):
-        return None, None
-    meta = body.get("meta_info")
-    if isinstance(meta, dict):
-        return count(meta.get("prompt_tokens")), count(meta.get("cached_tokens"))
-    return count(body.get("prompt_eval_count")), count(body.get("prompt_eval_cached_count"))

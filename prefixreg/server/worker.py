@@ -237,7 +237,7 @@ class Worker:
             identity = engines.sglang_identity(info, read("/v1/models"))
         elif profile in ("trtllm", "ollama"):
             version = read("/version" if profile == "trtllm" else "/api/version")
-            identity = engines.engine_identity(profile, version, read("/v1/models"))
+            identity = engines.engine_identity(version, read("/v1/models"))
         else:
             identity = ids.generic_identity(read("/v1/models"))
         self.zero_rule = engines.zero_rule(profile, identity)
