@@ -313,3 +313,41 @@ def test_native_routes_answer_in_the_engines_shape(
         assert streamed.status_code == 400  # native streams are not modelled: said, not faked
     with serve("vllm") as sim:
         assert httpx.post(sim.url + path, json=body).status_code == 404
+
+
+FIXTURE_REPLY = {
+    "vllm": ("vllm/chat.details-on.json", "vllm/stream-final.details-on.json"),
+    "sglang": ("sglang/chat.cache-report-on.json", "sglang/stream-final.cache-report-on.json"),
+    "trtllm": ("trtllm/chat.json", "trtllm/stream-final.json"),
+    "ollama": ("ollama/openai-chat.json", "ollama/openai-stream-final.json"),
+}
+
+
+def shape(body: object) -> object:
+    """The keys of a reply, in order, nested (values dropped)."""
+    if isinstance(body, dict):
+        return [(k, shape(v)) for k, v in body.items()]
+    if isinstance(body, list):
+        return [shape(v) for v in body[:1]]
+    return type(body).__name__ if body is not None else None
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_simulators_replies_have_the_recorded_shape(engine: str) -> None:
+    fixtures = Path(__file__).parent / "fixtures" / "engines"
+    chat, final = (orjson.loads((fixtures / n).read_bytes()) for n in FIXTURE_REPLY[engine])
+    request = {
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "q"}]
+    }
+    with serve(engine) as sim, httpx.Client(base_url=sim.url, trust_env=False) as http:
+        http.post("/v1/chat/completions", json=request)  # warm: the next one reports > 0
+        reply = http.post("/v1/chat/completions", json=request).json()
+        stream = http.post(
+            "/v1/chat/completions",
+            json=request | {"stream": True, "stream_options": {"include_usage": True}},
+        ).text
+    frames = [orjson.loads(line[6:]) for line in stream.split("\n\n") if line[6:].startswith("{")]
+    if engine == "sglang":  # the stop token a model matched: the simulator has none
+        reply["choices"][0]["matched_stop"] = chat["choices"][0]["matched_stop"]
+    assert shape(reply) == shape(chat)
+    assert shape(frames[-1]) == shape(final)

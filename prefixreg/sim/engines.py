@@ -76,24 +76,22 @@ _MESSAGE: Final[dict[str, dict[str, Any]]] = {
     "trtllm": {"reasoning_content": "", "reasoning": None, "tool_calls": []},
     "ollama": {},
 }  # fmt: skip
+# A choice's fields after its message, in the engine's order (`finish_reason` comes from the call).
 _CHOICE: Final[dict[str, dict[str, Any]]] = {
-    "vllm": {"logprobs": None, "stop_reason": None, "token_ids": None},
-    "sglang": {"logprobs": None, "matched_stop": None},
-    "trtllm": {"logprobs": None, "stop_reason": None, "mm_embedding_handle": None,
-               "disaggregated_params": None, "avg_decoded_tokens_per_iter": None},
-    "ollama": {},
+    "vllm": {"logprobs": None, "finish_reason": None, "stop_reason": None, "token_ids": None},
+    "sglang": {"logprobs": None, "finish_reason": None, "matched_stop": None},
+    "trtllm": {"logprobs": None, "finish_reason": None, "stop_reason": None,
+               "mm_embedding_handle": None, "disaggregated_params": None,
+               "avg_decoded_tokens_per_iter": None},
+    "ollama": {"finish_reason": None},
 }  # fmt: skip
-_TOP: Final[dict[str, dict[str, Any]]] = {
-    "vllm": {"service_tier": None, "system_fingerprint": None},
-    "sglang": {},
-    "trtllm": {},
-    "ollama": {"system_fingerprint": "fp_ollama"},
-}
+# Top-level fields before and after `choices` (stream chunks: Ollama's before only), and last.
+_BEFORE: Final = {"ollama": {"system_fingerprint": "fp_ollama"}}
+_AFTER: Final = {"vllm": {"service_tier": None, "system_fingerprint": None}}
 _TAIL: Final[dict[str, dict[str, Any]]] = {
     "vllm": {"prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None},
     "sglang": {"metadata": {"weight_version": "default"}},
     "trtllm": {"prompt_token_ids": None},
-    "ollama": {},
 }
 
 
@@ -103,17 +101,18 @@ def dress(engine: str, body: dict[str, Any]) -> dict[str, Any]:
     chunk = str(body.get("object", "")).endswith(".chunk")
     choices = []
     for choice in body["choices"]:
-        choice = dict(choice)
         if "message" in choice:
-            choice["message"] = choice["message"] | _MESSAGE[engine]
-            choice |= {k: v for k, v in _CHOICE[engine].items() if k not in choice}
+            extra = _CHOICE[engine] | {"finish_reason": choice.get("finish_reason")}
+            message = choice["message"] | _MESSAGE[engine]
+            choice = {"index": choice.get("index", 0), "message": message} | extra
         choices.append(choice)
     out = {key: body[key] for key in ("id", "object", "created", "model")}
-    out |= {} if chunk else _TOP[engine]
+    out |= _BEFORE.get(engine, {})
     out["choices"] = choices
+    out |= {} if chunk else _AFTER.get(engine, {})
     if "usage" in body:
         out["usage"] = body["usage"]
-    out |= {} if chunk else _TAIL[engine]
+    out |= {} if chunk else _TAIL.get(engine, {})
     if chunk and engine == "vllm":  # model_dump_json(exclude_unset=True, exclude_none=True)
         usage = out.get("usage")
         out = {k: v for k, v in out.items() if v is not None}
