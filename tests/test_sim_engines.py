@@ -351,3 +351,25 @@ def test_the_simulators_replies_have_the_recorded_shape(engine: str) -> None:
         reply["choices"][0]["matched_stop"] = chat["choices"][0]["matched_stop"]
     assert shape(reply) == shape(chat)
     assert shape(frames[-1]) == shape(final)
+
+
+def test_a_vllm_stream_has_the_recorded_chunk_shapes() -> None:
+    recorded = (
+        Path(__file__).parent / "fixtures/engines/vllm/stream.details-on.sse.txt"
+    ).read_text()
+    request = {
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "q"}]
+    }
+    streamed = request | {"stream": True, "stream_options": {"include_usage": True}}
+    with serve("vllm") as sim, httpx.Client(base_url=sim.url, trust_env=False) as http:
+        http.post("/v1/chat/completions", json=request)
+        ours = http.post("/v1/chat/completions", json=streamed).text
+
+    def chunks(text: str) -> list[object]:
+        return [orjson.loads(e[6:]) for e in text.split("\n\n") if e[6:].startswith("{")]
+
+    mine, theirs = chunks(ours), chunks(recorded)
+    # a content piece, the finish chunk and the usage chunk, in the recorded shapes
+    assert shape(mine[1]) == shape(theirs[1])
+    assert shape(mine[-2]) == shape(theirs[-2]) and shape(mine[-1]) == shape(theirs[-1])
+    assert ours.endswith("data: [DONE]\n\n")

@@ -97,7 +97,8 @@ _TAIL: Final[dict[str, dict[str, Any]]] = {
 
 def dress(engine: str, body: dict[str, Any]) -> dict[str, Any]:
     """A Halogen-shaped reply (`id, created, model, object, choices[, usage]`) in the engine's
-    key order, with its extra fields; a vLLM stream chunk drops its null fields."""
+    key order, with its extra fields (a vLLM stream: no `usage` on a piece, no null in the
+    usage chunk)."""
     chunk = str(body.get("object", "")).endswith(".chunk")
     choices = []
     for choice in body["choices"]:
@@ -105,6 +106,11 @@ def dress(engine: str, body: dict[str, Any]) -> dict[str, Any]:
             extra = _CHOICE[engine] | {"finish_reason": choice.get("finish_reason")}
             message = choice["message"] | _MESSAGE[engine]
             choice = {"index": choice.get("index", 0), "message": message} | extra
+        elif "delta" in choice and engine == "vllm":  # set fields kept, null or not
+            finish = choice.get("finish_reason")
+            delta = choice["delta"] or {"content": ""}  # the finish chunk's empty piece
+            choice = {"index": choice.get("index", 0), "delta": delta, "logprobs": None}
+            choice |= {"finish_reason": finish} | ({"stop_reason": None} if finish else {})
         choices.append(choice)
     out = {key: body[key] for key in ("id", "object", "created", "model")}
     out |= _BEFORE.get(engine, {})
@@ -113,9 +119,8 @@ def dress(engine: str, body: dict[str, Any]) -> dict[str, Any]:
     if "usage" in body:
         out["usage"] = body["usage"]
     out |= {} if chunk else _TAIL.get(engine, {})
-    if chunk and engine == "vllm":  # model_dump_json(exclude_unset=True, exclude_none=True)
-        usage = out.get("usage")
-        out = {k: v for k, v in out.items() if v is not None}
+    if chunk and engine == "vllm":  # usage unset on a piece; the usage chunk: exclude_none
+        usage = out.pop("usage", None)
         if isinstance(usage, dict):
             out["usage"] = {k: v for k, v in usage.items() if v is not None}
     return out
