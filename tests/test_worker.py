@@ -155,7 +155,7 @@ def test_forced_profile_wins(server: FakeServer) -> None:
     with Worker(server.url, profile="generic") as w:
         assert w.detect_profile() == "generic"
     with pytest.raises(UsageError):
-        Worker(server.url, profile="sglang")
+        Worker(server.url, profile="tgi")
 
 
 def test_sick_health_raises_instead_of_guessing(server: FakeServer) -> None:
@@ -603,7 +603,7 @@ def test_warm_accepts_profile_vllm(server: FakeServer, tmp_path: Path) -> None:
     assert receipt["body"]["verdict"] == "unverified"
     posts = [r for r in server.requests if r.method == "POST"]
     assert posts and all(r.json["model"] == "qwen-a" for r in posts)
-    bad = run_cli(*args, "--profile", "sglang")
+    bad = run_cli(*args, "--profile", "tgi")
     assert bad.returncode == 2 and b"vllm" in bad.stderr
 
 

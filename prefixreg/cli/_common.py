@@ -101,8 +101,8 @@ ProfileOpt = Annotated[
     str | None,
     typer.Option(
         "--profile",
-        help="Force the server profile: halogen, llamacpp, vllm or generic "
-        "(default: detected from what the server answers: /health, /props, /version).",
+        help="Force the server profile: halogen, llamacpp, vllm, sglang, trtllm, ollama or "
+        "generic (default: detected from what the server answers, never from its port).",
     ),
 ]
 SlotDirOpt = Annotated[

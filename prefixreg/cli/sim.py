@@ -80,6 +80,11 @@ class _SimCommand:
 
     Wall: a snapshot of t tokens needs t x token-bytes of its slab (cap-mb MiB when set, else
     entry-bytes); one the slab cannot take is refused (/cache refused).
+
+    Engines: --engine vllm|sglang|trtllm|ollama answers as that engine over the same cache
+    model: its reply shapes, routes (no /cache), headers and Prometheus counters, built from
+    its source; --no-cache-report serves vLLM without --enable-prompt-tokens-details, SGLang
+    without --enable-cache-report, Ollama before 0.33.3.
     """
 
     # The `sim` callback (its docstring is the command's help). Typer reads its signature when
@@ -106,8 +111,11 @@ class _SimCommand:
             config = SimConfig.for_profile(options.pop("profile") or "flash", **options)
             server = SimServer(config, log=None if quiet else c.info)
             auth = ", API key required" if config.api_key else ""
+            shown = config.profile if config.engine is None else config.engine
+            if config.engine is not None and not config.cache_report:
+                shown += ", cache report off"
             c.info(
-                f"prefixreg sim ({config.profile}, speed {config.speed:g}{auth}) listening on "
+                f"prefixreg sim ({shown}, speed {config.speed:g}{auth}) listening on "
                 f"{server.url}  (Ctrl-C to stop)"
             )
             try:

@@ -7,7 +7,8 @@
   llama.cpp's LRU goes by last use) or, with `/slots` off, from `/metrics` (a poll window in
   which the prompt-token counters moved is one prompt). Both are lower bounds, exact when
   polls come faster than prompts finish. Raw `id_task` values are no count: one chat uses
-  three task ids and every `/slots` or `/metrics` read more (measured).
+  three task ids and every `/slots` or `/metrics` read more (measured). vLLM, SGLang and
+  TensorRT-LLM count the same way from their Prometheus token counters (`server.engines`).
 
 `read()` returns the running count and whether the server restarted since the last read
 (a counter went backwards: every prefix is gone), or None when the poll gave nothing usable.
@@ -16,9 +17,12 @@
 from __future__ import annotations
 
 import math
+from typing import Final
 
 from prefixreg.core.errors import UsageError, WorkerError
 from prefixreg.core.records import CacheCounters, strict_count
+from prefixreg.server import engines
+from prefixreg.server.engines import metric_total
 from prefixreg.server.transport import shown
 from prefixreg.server.worker import Worker
 
@@ -55,14 +59,29 @@ class StoresCounter:
         return self.total, restarted
 
 
-class PromptCounter:
-    """Prompts the server has started, counted from llama.cpp's `/slots` or `/metrics`."""
+_LLAMACPP: Final = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total")
 
-    def __init__(self, worker: Worker, source: str) -> None:
-        if source not in ("/slots", "/metrics"):
-            raise UsageError(f"a prompt counter reads /slots or /metrics, not {shown(source)}")
+
+def _sources(profile: str) -> tuple[str, ...]:
+    """What a profile counts prompts with: llama.cpp `/slots` then `/metrics`; an engine its
+    Prometheus route (`server.engines.METRICS`); nothing else."""
+    if profile == "llamacpp":
+        return ("/slots", "/metrics")
+    metrics = engines.METRICS.get(profile)
+    return () if metrics is None else (metrics.path,)
+
+
+class PromptCounter:
+    """Prompts the server has started, counted from llama.cpp's `/slots` or `/metrics`, or an
+    engine's Prometheus token counters (a poll window in which they moved is one prompt)."""
+
+    def __init__(self, worker: Worker, source: str, profile: str = "llamacpp") -> None:
+        if source not in _sources(profile):
+            raise UsageError(f"a {profile} prompt counter cannot read {shown(source)}")
         self.worker = _worker(worker)
         self.source = source
+        metrics = engines.METRICS.get(profile)
+        self._names = _LLAMACPP if metrics is None else (metrics.prompt, metrics.cached)
         self.total = 0
         self.busy: set[int] = set()  # slots processing at the last read
         self.changed: set[int] = set()  # slots counted at the last read
@@ -70,10 +89,10 @@ class PromptCounter:
         self._tokens: int | None = None
 
     @classmethod
-    def detect(cls, worker: Worker) -> PromptCounter | None:
+    def detect(cls, worker: Worker, profile: str = "llamacpp") -> PromptCounter | None:
         """The best counter this server offers (`/slots`, else `/metrics`), or None."""
-        for source in ("/slots", "/metrics"):
-            counter = cls(worker, source)
+        for source in _sources(profile):
+            counter = cls(worker, source, profile)
             try:
                 if counter.read() is not None:
                     return counter
@@ -112,9 +131,8 @@ class PromptCounter:
         return self.total, False
 
     def _read_metrics(self) -> tuple[int, bool] | None:
-        samples = self.worker.metrics()
-        done = None if samples is None else samples.get("llamacpp:prompt_tokens_total")
-        cached = None if samples is None else samples.get("llamacpp:prompt_tokens_cached_total")
+        samples = self.worker.metrics(self.source)
+        done, cached = (None if samples is None else metric_total(samples, n) for n in self._names)
         if done is None or cached is None or not math.isfinite(done + cached):
             return None
         tokens = int(done + cached)

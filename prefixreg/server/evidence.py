@@ -2,12 +2,14 @@
 
 One entry point, `evidence_from_response`, for whatever the caller holds: a non-streamed
 response (a dict, or an SDK object read by `model_dump()`, `to_dict()` or `__dict__`), a
-list of stream chunks, a raw SSE body (bytes or text), an `SSEStream`, or a folded
-`ReplyReader` (the worker's path). Anything else is a malformed response: unverified
+list of stream chunks, a raw SSE body (bytes or text), an `SSEStream`, a folded
+`ReplyReader` (the worker's path), or an engine's native final reply (SGLang `/generate`,
+Ollama `/api/chat`: `_native`). Anything else is a malformed response: unverified
 evidence, never an exception.
 
 Invariants (DESIGN §4 as code):
-- A count is valid only as an exact `int` >= 0 (`strict_count`); a missing count is never 0.
+- A count is valid only as an exact `int` >= 0 (`strict_count`); a missing count is never 0,
+  but where the caller passes the engine's `zero_rule` (its rule, its flag known on).
 - `cached_tokens` comes from `usage.prompt_tokens_details.cached_tokens`, else from
   `timings.cache_n`, and `cached_source` names it. A source present but malformed (8.0,
   "8", true, -1, a list) makes the call unverified: the next source never papers over it.
@@ -29,7 +31,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Final
+from dataclasses import replace
+from typing import Any, Final
 
 from prefixreg.core.digest import output_digest
 from prefixreg.core.errors import UsageError
@@ -41,6 +44,8 @@ from prefixreg.server.sse import SSEStream, parse_sse
 SOURCE_USAGE: Final = "usage.prompt_tokens_details.cached_tokens"
 SOURCE_TIMINGS: Final = "timings.cache_n"
 SOURCE_DISK: Final = "timings.disk_restore_n"
+SOURCE_SGLANG: Final = "meta_info.cached_tokens"
+SOURCE_OLLAMA: Final = "prompt_eval_cached_count"
 
 _TOKEN_SHA: Final = re.compile(r"[0-9a-f]{12}|[0-9a-f]{64}")
 _MISSING: Final = "cached_tokens missing (no prompt_tokens_details, no timings.cache_n)"
@@ -92,11 +97,16 @@ def _cached(
     return cached, source, reason, restored
 
 
-def _judge(reply: ReplyReader, *, wall_s: float | None, ttft_s: float | None) -> CallEvidence:
+def _judge(
+    reply: ReplyReader, *, wall_s: float | None, ttft_s: float | None, zero_rule: str | None
+) -> CallEvidence:
     usage_obj = reply.usage
     usage: Mapping[str, object] = usage_obj if isinstance(usage_obj, dict) else {}
     prompt = strict_count(usage.get("prompt_tokens"))
     cached, source, cached_reason, restored = _cached(usage, reply.timings)
+    details = usage.get("prompt_tokens_details")  # null or absent in a usage sent, never `{}`
+    if cached is None and cached_reason == _MISSING and zero_rule and details is None and usage:
+        cached, source = 0, str(zero_rule)
     reason: str | None
     state: CacheState = "unverified"
     if not reply.complete:
@@ -139,6 +149,35 @@ def _judge(reply: ReplyReader, *, wall_s: float | None, ttft_s: float | None) ->
     )
 
 
+def _native(plain: dict[str, Any]) -> tuple[dict[str, object], str] | None:
+    """An engine's native final reply as the response it stands for, and its count's name:
+    SGLang `/generate` (`meta_info`, `cached_tokens` always sent) or Ollama `/api/chat`
+    (`prompt_eval_count` includes the cached tokens; `prompt_eval_cached_count` from
+    v0.33.3, absent before: unverified). Values pass through unread: evidence reads them
+    strictly. Not finished (Ollama `done` not true): no finish reason, so incomplete."""
+    meta = plain.get("meta_info")
+    if isinstance(meta, dict):
+        finish = meta.get("finish_reason")
+        names = ("prompt_tokens", "completion_tokens", "cached_tokens", SOURCE_SGLANG)
+        choice = {"index": 0, "text": plain.get("text")}
+        choice["finish_reason"] = finish.get("type") if isinstance(finish, dict) else None
+    elif "prompt_eval_count" in plain and isinstance(plain.get("message"), dict):
+        meta = plain
+        names = ("prompt_eval_count", "eval_count", "prompt_eval_cached_count", SOURCE_OLLAMA)
+        done = plain.get("done") is True
+        choice = {"index": 0, "message": plain["message"], "finish_reason": None}
+        choice["finish_reason"] = plain.get("done_reason", "stop") if done else None
+    else:
+        return None
+    prompt, completion, cached, source = names
+    details = {"cached_tokens": meta[cached]} if cached in meta else None
+    usage: dict[str, object] = {"prompt_tokens": meta.get(prompt)}
+    usage["completion_tokens"] = meta.get(completion)
+    body: dict[str, object] = {"choices": [choice], "usage": usage}
+    usage["prompt_tokens_details"] = details
+    return body, source
+
+
 def _read(resp: object, done: object) -> ReplyReader:
     """Fold any input `evidence_from_response` takes into a `ReplyReader`."""
     if done is not None and not isinstance(done, bool):
@@ -176,14 +215,24 @@ def evidence_from_response(
     done: bool | None = None,
     wall_s: float | None = None,
     ttft_s: float | None = None,
+    zero_rule: str | None = None,
 ) -> CallEvidence:
     """Evidence from what a call returned (any input the module docstring names). One stream
     chunk is never complete, never `cold`; a list of chunks is complete only with
     `done=True` (the stream ended with `[DONE]`, as an SDK stream iterated to its end did).
+    `zero_rule` (`server.engines.zero_rule`: the engine's rule and its flag, known on) reads
+    a null or absent `prompt_tokens_details` as 0, and is then the `cached_source`.
 
-    Raises UsageError: `done` is not a bool or None, or `wall_s`/`ttft_s` not None or a
+    Raises UsageError: `done` is not a bool or None, `zero_rule` not a str or None, or
+    `wall_s`/`ttft_s` not None or a
     finite number of seconds >= 0. Nothing in `resp` raises: what cannot be read is
     unverified evidence that says why.
     """
     wall, ttft = _seconds("wall_s", wall_s), _seconds("ttft_s", ttft_s)
-    return _judge(_read(resp, done), wall_s=wall, ttft_s=ttft)
+    if zero_rule is not None and not isinstance(zero_rule, str):
+        raise UsageError(f"zero_rule is a str or None, not {type(zero_rule).__name__}")
+    native = _native(resp) if isinstance(resp, dict) else None
+    if native is not None:  # the engine's own route: no rule but its own applies
+        ev = _judge(_read(native[0], done), wall_s=wall, ttft_s=ttft, zero_rule=None)
+        return replace(ev, cached_source=native[1] if ev.cached_source else None)
+    return _judge(_read(resp, done), wall_s=wall, ttft_s=ttft, zero_rule=zero_rule)

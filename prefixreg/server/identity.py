@@ -8,6 +8,7 @@
   model path, n_ctx, total slots, the sha256 of `chat_template`.
 - vllm: `usage.prompt_tokens_details` only with `--enable-prompt-tokens-details`.
   Identity: /version's version, each /v1/models id with its `max_model_len`.
+- sglang, trtllm, ollama (and vllm's detection, zero rule and counters): `server.engines`.
 - generic: usage, if sent. Identity: the sorted /v1/models ids (None without the route).
 
 A count the server did not send is never read as zero (DESIGN §4). An identity says *what*

@@ -1,8 +1,10 @@
 """The client for one worker: /health, /cache, /props, /slots, /metrics, /v1/models, chat.
 
-Server profiles are detected in this order, unless `profile=` forces one: halogen (/health
-names its prompt cache), llamacpp (/props has `build_info`), vllm (/version answers a
-version string), generic. What each can prove, and its build identity: `server.identity`.
+Server profiles are detected in this order from what the server answers (never its port),
+unless `profile=` forces one: halogen (/health names its prompt cache), llamacpp (/props has
+`build_info`), sglang (/server_info), trtllm or vllm (the /v1/models owner), ollama
+(/api/version), vllm (/version answers a version string), generic. What each can prove, and
+its build identity: `server.identity` and `server.engines`.
 
 Invariants:
 - Every call has a deadline that bounds it whole and every reply a size cap (`max_bytes`,
@@ -13,7 +15,8 @@ Invariants:
   (a timeout must be finite, above 0 and at most one day).
 - No state is kept between calls: the build identity is read fresh on every
   `server_build()` (DESIGN §3 rule 3); only the first model `/v1/models` lists is read once
-  per client (`default_model`).
+  per client (`default_model`), and the last build's `zero_rule` (SGLang's reporting flag,
+  part of that identity) is how chats read a missing count; before any build, none is.
 - The API key (`api_key=`, else env `PREFIXREG_API_KEY`) is sent as `Authorization: Bearer`
   and nowhere else: not in `repr`, not in an exception message, not in a log line.
 - A chat call that got a 200 never raises for what its body then says (an error frame, a
@@ -35,6 +38,7 @@ from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject, dumps_ordered
 from prefixreg.core.prefix import Prefix, check_history, check_text
 from prefixreg.core.records import CacheCounters, CallEvidence, ServerBuild
+from prefixreg.server import engines
 from prefixreg.server import identity as ids
 from prefixreg.server.counters import parse_prometheus
 from prefixreg.server.evidence import evidence_from_response
@@ -43,7 +47,8 @@ from prefixreg.server.sse import SSEParser
 from prefixreg.server.transport import DEFAULT_MAX_BYTES, Transport, check_seconds, shown
 
 API_KEY_ENV: Final = "PREFIXREG_API_KEY"
-PROFILES: Final = ("halogen", "llamacpp", "vllm", "generic")
+PROFILES: Final = ("halogen", "llamacpp", *engines.ENGINES, "generic")
+_SGLANG_INFO: Final = ("/server_info", "/get_server_info")
 _CHAT: Final = "/v1/chat/completions"
 _NO_ROUTE: Final = frozenset({404, 405, 501})
 _NEVER: Final[frozenset[int]] = frozenset()
@@ -85,6 +90,8 @@ class Worker:
         self._http = Transport(url, key=self._key, max_bytes=max_bytes, transport=transport)
         self.url, self.max_bytes = self._http.url, self._http.max_bytes
         self._default_model: str | bool | None = False  # not read yet (see `default_model`)
+        self.zero_rule: str | None = None  # set by `server_build` (see `server.engines`)
+        self.counters: engines.Metrics | None = None  # the engine's Prometheus, by `server_build`
 
     def __repr__(self) -> str:
         auth = "set" if self._key is not None else "none"
@@ -147,9 +154,12 @@ class Worker:
         body = self._http.fetch(list, "/slots", seconds=self._small, missing=_NO_ROUTE)
         return None if body is None else [s for s in body if isinstance(s, dict)]
 
-    def metrics(self) -> dict[str, float] | None:
-        """GET /metrics (llama.cpp's `--metrics`) as samples by name; None when it is off."""
-        raw = self._http.fetch(bytes, "/metrics", seconds=self._small, missing=_NO_ROUTE)
+    def metrics(self, path: str = "/metrics") -> dict[str, float] | None:
+        """GET /metrics (llama.cpp's `--metrics`; an engine's `server.engines.METRICS` path)
+        as samples by name; None when it is off."""
+        if path not in ("/metrics", *(m.path for m in engines.METRICS.values())):
+            raise UsageError(f"metrics(): a Prometheus route, not {shown(path)}")
+        raw = self._http.fetch(bytes, path, seconds=self._small, missing=_NO_ROUTE)
         return None if raw is None else parse_prometheus(raw)
 
     def template_tokens(self, body: Mapping[str, Any]) -> int | None:
@@ -171,41 +181,67 @@ class Worker:
         found = None if tokens is None else tokens.get("tokens")
         return len(found) if isinstance(found, list) else None
 
-    def _detect(self) -> tuple[str, JSONObject | None, JSONObject | None]:
-        """(profile, /health body, /props or /version body), each read at most once. A /health
-        that is missing or not JSON matches nothing; one that errors (503 while loading, a
-        timeout, an oversized reply) raises: a profile guessed from a sick server would bind
-        measurements to the wrong identity."""
+    def _detect(self) -> tuple[str, dict[str, JSONObject | None]]:
+        """(profile, the bodies read on the way by route), each route read at most once. A
+        /health that is missing or not JSON matches nothing; one that errors (503 while
+        loading, a timeout, an oversized reply) raises: a profile guessed from a sick server
+        would bind measurements to the wrong identity. Engines: `server.engines`."""
         try:
-            health = self._get("/health")
+            seen: dict[str, JSONObject | None] = {"/health": self._get("/health")}
         except MalformedResponseError:
-            health = None
+            seen = {"/health": None}
+
+        def read(route: str) -> JSONObject | None:
+            if route not in seen:
+                seen[route] = self._try(route)
+            return seen[route]
+
         if self.profile is not None:
-            return self.profile, health, None
-        if ids.is_halogen(health):
-            return "halogen", health, None
-        props = self._try("/props")
-        if props is not None and "build_info" in props:
-            return "llamacpp", health, props
-        version = self._try("/version")
-        if version is not None and isinstance(version.get("version"), str):
-            return "vllm", health, version
-        return "generic", health, None
+            return self.profile, seen
+        if ids.is_halogen(seen["/health"]):
+            return "halogen", seen
+        if "build_info" in (read("/props") or {}):
+            return "llamacpp", seen
+        if any(engines.sglang_info(read(r)) for r in _SGLANG_INFO):
+            return "sglang", seen
+        if (owner := engines.owned_by(read("/v1/models"))) is not None:
+            return owner, seen
+        if engines.ollama_version(read("/api/version")) is not None:
+            return "ollama", seen
+        if isinstance((read("/version") or {}).get("version"), str):
+            return "vllm", seen  # /version alone (TensorRT-LLM lists itself as owner first)
+        return "generic", seen
 
     def detect_profile(self) -> str:
         return self._detect()[0]
 
     def server_build(self) -> ServerBuild:
-        """The identity of the server right now (DESIGN §4)."""
-        profile, health, body = self._detect()
+        """The identity of the server right now (DESIGN §4). It also sets the engine's
+        `zero_rule` the next chats read a missing count by (`server.engines`): the flag it
+        needs is part of the identity, so a check against this build catches a restart."""
+        profile, seen = self._detect()
+
+        def read(route: str) -> JSONObject | None:
+            """What detection read, else read now: an error raises (a sick server's identity
+            would be another build), a route the server lacks is None."""
+            return seen.get(route) or self._get(route)
+
         if profile == "halogen":
-            identity = ids.halogen_identity(health or self.health())
+            identity = ids.halogen_identity(seen["/health"] or self.health())
         elif profile == "llamacpp":
-            identity = ids.llamacpp_identity(body or self.props() or {})
+            identity = ids.llamacpp_identity(read("/props") or {})
         elif profile == "vllm":
-            identity = ids.vllm_identity(body or self._try("/version"), self._get("/v1/models"))
+            identity = ids.vllm_identity(read("/version"), read("/v1/models"))
+        elif profile == "sglang":
+            info = next((i for r in _SGLANG_INFO if (i := engines.sglang_info(read(r)))), {})
+            identity = engines.sglang_identity(info, read("/v1/models"))
+        elif profile in ("trtllm", "ollama"):
+            version = read("/version" if profile == "trtllm" else "/api/version")
+            identity = engines.engine_identity(version, read("/v1/models"))
         else:
-            identity = ids.generic_identity(self._get("/v1/models"))
+            identity = ids.generic_identity(read("/v1/models"))
+        self.zero_rule = engines.zero_rule(profile, identity)
+        self.counters = engines.METRICS.get(profile)
         return ServerBuild(profile=profile, identity=identity)
 
     def default_model(self) -> str | None:
@@ -295,7 +331,8 @@ class Worker:
                 reply.take_response(b"".join(call.pieces(drop_ok=True)))
         wall = time.perf_counter() - started
         ttft = None if first is None else first - started
-        return reply.view(), evidence_from_response(reply, wall_s=wall, ttft_s=ttft)
+        evidence = evidence_from_response(reply, wall_s=wall, ttft_s=ttft, zero_rule=self.zero_rule)
+        return reply.view(), evidence
 
 
 def _check_body(body: object, what: str = "chat()") -> bytes:

@@ -28,6 +28,7 @@ from typing import Any, Literal, NoReturn, TypeVar, get_args
 from prefixreg.core.errors import UsageError
 
 Profile = Literal["flash", "dense"]
+ENGINES: tuple[str, ...] = ("vllm", "sglang", "trtllm", "ollama")  # sim.engines' shapes
 PROFILES: tuple[str, ...] = get_args(Profile)
 
 MIB = 1 << 20
@@ -56,6 +57,18 @@ class SimConfig:
         "flash",
         "flash (the measured Halogen Flash lane, API 0.7.0) or dense (Halogen dense: "
         "2048-aligned snapshots, no timings).",
+    )
+    engine: str | None = knob(
+        None,
+        "Serve as this engine: vllm, sglang, trtllm or ollama (its reply shapes, routes, headers "
+        "and metrics, over the same cache model).",
+        shown="Halogen",
+    )
+    cache_report: bool = knob(
+        True,
+        "With --engine: its per-call cache report is on. --no-cache-report serves vLLM without "
+        "--enable-prompt-tokens-details, SGLang without --enable-cache-report, Ollama before "
+        "0.33.3.",
     )
     host: str = knob("127.0.0.1", "Address to bind.", "loopback only")
     port: int = knob(0, "Port to bind; 0 picks a free one.", "Halogen's API port", cli_default=8731)
@@ -170,6 +183,12 @@ class SimConfig:
             _refuse("the disk tier (cache_dir) is a Flash feature")
         if not 0 <= self.port <= 65535:
             _refuse("port must be in 0..65535")
+        if self.engine is not None and self.engine not in ENGINES:
+            _refuse(f"unknown engine {self.engine!r}; one of {', '.join(ENGINES)}")
+        if self.engine is not None and not self.flash:
+            _refuse("an engine is served over the flash cache model, not dense")
+        if self.engine == "trtllm" and not self.cache_report:
+            _refuse("TensorRT-LLM always reports its cached tokens (PR #7637): no flag to turn off")
 
     @classmethod
     def for_profile(cls, profile: str, **overrides: Any) -> SimConfig:
@@ -184,7 +203,7 @@ class SimConfig:
 
     @property
     def model_id(self) -> str:
-        return self.model or f"prefixreg-sim-{self.profile}"
+        return self.model or f"prefixreg-sim-{self.engine or self.profile}"
 
     @property
     def flash(self) -> bool:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from prefixreg.sim import protocol
+from prefixreg.sim import engines, protocol
 from prefixreg.sim.cache import DiskTier, PromptCache
 from prefixreg.sim.config import MIB, SimConfig
 from prefixreg.sim.protocol import ApiError, Call
@@ -156,6 +156,33 @@ class Engine:
     def models(self) -> dict[str, Any]:
         model = {"id": self.config.model_id, "object": "model", "created": self.started}
         return {"object": "list", "data": [model | {"owned_by": "prefixreg-sim"}]}
+
+    def engine_get(self, path: str) -> Any:
+        """A GET route of the engine served (`sim.engines.get_routes`): JSON, or text."""
+        config, engine = self.config, str(self.config.engine)
+        model, report, ctx = config.model_id, config.cache_report, config.slot_ctx
+        with self.lock:
+            cached, in_flight = self.prompt_tokens_cached_total, len(self._holds)
+            prompt, requests = self.prompt_tokens_total + cached, self.requests_total
+        ollama_model = {"name": model, "model": model, "size": 0, "digest": "0" * 64}
+        bodies: dict[str, Any] = {
+            "/health": "",
+            "/": "Ollama is running",
+            "/version": {"version": engines.version(engine, report)},
+            "/api/version": {"version": engines.version(engine, report)},
+            "/v1/models": engines.models(engine, model, self.started, ctx),
+            "/load": {"server_load": in_flight},
+            "/model_info": {"model_path": model, "tokenizer_path": model, "is_generation": True},
+            "/api/tags": {"models": [ollama_model]},
+            "/api/ps": {"models": [ollama_model | {"context_length": ctx}]},
+        }
+        if path in ("/server_info", "/get_server_info"):
+            return engines.server_info(model, report, ctx, config.max_entries > 0)
+        if path == "/metrics" and engine == "trtllm":
+            return []  # iteration stats (JSON), drained on read; Prometheus is elsewhere
+        if path in bodies:
+            return bodies[path]
+        return engines.metrics(engine, model, prompt, cached, requests)
 
     def cache_body(self) -> dict[str, Any]:
         """`/cache`: the memory cache's counters, and the disk tier's block when it is on."""

@@ -13,7 +13,8 @@ Replies: errors ``{"error": {"message", "type", "param": null, "code"}}``; usage
 ``prompt_tokens_details: {cached_tokens}`` only when cached > 0; Flash ``timings`` beside it
 (``cache_n`` always there), dense none. Streams: content frames, a finish frame (empty delta /
 text, Flash ``timings``), with ``include_usage`` a ``choices: []`` frame carrying ``usage``
-(earlier frames ``"usage": null``), ``data: [DONE]``.
+(earlier frames ``"usage": null``), ``data: [DONE]``. An engine's replies (`config.engine`):
+its usage and fields, no ``timings`` (`sim.engines`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, Literal
 
 from prefixreg.core import jsonio
 from prefixreg.core.errors import CorruptRecordError
+from prefixreg.sim import engines
 from prefixreg.sim.config import SimConfig
 from prefixreg.sim.tokenizer import RenderedPrompt, answer_tokens, render_chat, render_completion
 
@@ -242,6 +244,9 @@ class Result:
         self.pieces = tuple(answer[: call.max_tokens])
         self.finish_reason = "stop" if len(self.pieces) == len(answer) else "length"
         self.id = ("chatcmpl-" if call.kind == "chat" else "cmpl-") + secrets.token_hex(12)
+        self.engine = config.engine
+        if self.engine is not None and call.kind == "chat":
+            self.id = engines.reply_id(self.engine)
         self.created = int(time.time())
         prefill_s = config.prefill_s(prompt=call.prompt.n, cached=self.cached)
         self.prompt_s = (prefill_s + disk_s) / config.speed
@@ -251,6 +256,8 @@ class Result:
     def usage(self) -> dict[str, Any]:
         """The usage object; `prompt_tokens_details` only when something was cached."""
         n, k = self.call.prompt.n, len(self.pieces)
+        if self.engine is not None:
+            return engines.usage(self.engine, self.config.cache_report, n, k, self.cached)
         body: dict[str, Any] = {"prompt_tokens": n, "completion_tokens": k, "total_tokens": n + k}
         if self.cached > 0:
             body["prompt_tokens_details"] = {"cached_tokens": self.cached}
@@ -295,11 +302,13 @@ class Result:
         }
         if chunk and self.call.include_usage:
             body["usage"] = None
-        return body
+        return body if self.engine is None else engines.dress(self.engine, body)
 
     def response_body(self) -> dict[str, Any]:
         """The non-streaming reply."""
         body = self.reply(self.finish_reason, "".join(self.pieces), chunk=False)
+        if self.engine is not None:  # usage before the engine's trailing fields
+            return engines.dress(self.engine, body | {"usage": self.usage()})
         body["usage"] = self.usage()
         if self.config.flash:
             body["timings"] = self.timings()
@@ -308,12 +317,12 @@ class Result:
     def final_frames(self) -> bytes:
         """The finish frame (with flash `timings`), the usage frame if asked for, and [DONE]."""
         finish = self.reply(self.finish_reason, None, chunk=True)
-        if self.config.flash:
+        if self.config.flash and self.engine is None:
             finish["timings"] = self.timings()
         frames = [sse(finish)]
         if self.call.include_usage:
             last = self.reply(None, None, chunk=True) | {"choices": [], "usage": self.usage()}
-            frames.append(sse(last))
+            frames.append(sse(last if self.engine is None else engines.dress(self.engine, last)))
         return b"".join(frames) + b"data: [DONE]\n\n"
 
 

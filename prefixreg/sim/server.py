@@ -7,7 +7,8 @@ resumes more), sleep the modelled prefill, store the snapshots (so of identical 
 once none is served from a snapshot), sleep the decode; every duration divided by ``speed``. A
 stream sends headers once it holds a slot, ``: keepalive`` lines while the prefill outlasts the
 keepalive interval, then the frames. ``/health`` (no key), ``/cache`` and ``/metrics`` never
-wait for a slot. Every request line received is logged (`requests`).
+wait for a slot. Every request line received is logged (`requests`). With an engine
+(`config.engine`) the GET routes and the `Server` header are that engine's (`sim.engines`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import contextlib
 import hmac
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 
-from prefixreg.sim import protocol
+from prefixreg.sim import engines, protocol
 from prefixreg.sim.config import SimConfig
 from prefixreg.sim.engine import Engine
 from prefixreg.sim.protocol import ApiError, Kind, Result, parse_request
@@ -51,6 +53,12 @@ class _HTTPServer(ThreadingHTTPServer):
     request_queue_size = 128
     daemon_threads = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (a reset while idle between requests: a client that closed
+        without reading a 404's body) is no server error; anything else is printed."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -62,6 +70,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         """Silence the stdlib access log; `SimServer(log=...)` gets one line per call."""
+
+    def version_string(self) -> str:
+        """The `Server` header: the simulator's, uvicorn's (vLLM, SGLang, TensorRT-LLM) or
+        none (Ollama's Go server sends none)."""
+        engine = self.sim.config.engine
+        if engine is None:
+            return super().version_string()
+        return "uvicorn" if engine in engines.UVICORN else ""
+
+    def send_header(self, keyword: str, value: str) -> None:
+        if keyword != "Server" or value:
+            super().send_header(keyword, value)
 
     def _send(self, status: int, body: Any) -> None:
         """Status, headers and `body`: JSON, or text (`/metrics`); None starts a stream, whose
@@ -114,6 +134,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self._route("GET")
         config, body = self.sim.config, _GET_ROUTES.get(path)
+        if config.engine is not None:
+            self._engine_get(path, config.engine)
+            return
         try:
             if body is None or (path == "/metrics" and not config.flash):
                 if path in _POST_ROUTES:
@@ -125,9 +148,21 @@ class _Handler(BaseHTTPRequestHandler):
         except ApiError as err:
             self._send(err.status, err.body())
 
+    def _engine_get(self, path: str, engine: str) -> None:
+        try:
+            if path not in engines.get_routes(engine):
+                raise ApiError(405 if path in _POST_ROUTES else 404, f"no route {path}")
+            if path not in ("/health", "/") and not self._authorized():
+                raise ApiError(401, "invalid or missing API key")
+            self._send(200, self.sim._engine.engine_get(path))
+        except ApiError as err:
+            self._send(err.status, err.body())
+
     def do_POST(self) -> None:
         path = self._route("POST")
-        kind, engine = _POST_ROUTES.get(path), self.sim._engine
+        kind, engine, native = _POST_ROUTES.get(path), self.sim._engine, None
+        if self.sim.config.engine is not None and path in engines.NATIVE[self.sim.config.engine]:
+            kind, native = engines.NATIVE[self.sim.config.engine][path], self.sim.config.engine
         try:
             if kind is None or not self._authorized():
                 try:  # drain the body so a keep-alive connection stays in sync
@@ -138,6 +173,8 @@ class _Handler(BaseHTTPRequestHandler):
                     raise ApiError(405 if path in _GET_ROUTES else 404, f"no POST route {path}")
                 raise ApiError(401, "invalid or missing API key")
             raw = self._read_body()
+            if native is not None:  # the engine's own route, read into the shared request
+                raw = engines.native_request(native, raw)
             t0 = time.monotonic()
             call = parse_request(raw, kind, self.sim.config)
             work = time.monotonic() - t0  # tokenizing and the lookup count against the prefill
@@ -150,7 +187,8 @@ class _Handler(BaseHTTPRequestHandler):
                     self.close_connection = True
                     return
                 if not call.stream:
-                    self._send(200, result.response_body())
+                    body = result.response_body()
+                    self._send(200, body if native is None else engines.native_reply(result))
                 self.sim._log_call(result, time.monotonic() - started)
         except ApiError as err:
             self._send(err.status, err.body())

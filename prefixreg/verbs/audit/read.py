@@ -34,7 +34,7 @@ WALL_KEYS: Final = ("wall_s", "elapsed_s", "duration_s", "latency_s")
 WRAPPER_KEYS: Final = ("response", "body")
 SUFFIXES: Final = (".json", ".jsonl", ".ndjson")
 MAX_DOCUMENT: Final = 16 * 2**20  # bytes of one JSON line or one .json document
-_RESPONSE_KEYS: Final = ("choices", "usage", "timings")
+_RESPONSE_KEYS: Final = ("choices", "usage", "timings", "meta_info", "prompt_eval_count")
 
 
 @dataclass(frozen=True, slots=True)

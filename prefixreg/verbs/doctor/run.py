@@ -24,12 +24,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Final, Literal
 
-from prefixreg.core.errors import PrefixregError, UsageError
+from prefixreg.core.errors import (
+    MalformedResponseError,
+    PrefixregError,
+    UsageError,
+    WorkerHTTPError,
+)
 from prefixreg.core.jsonio import JSONObject, JSONValue, loads_object
 from prefixreg.core.judge import judge_fit
 from prefixreg.core.records import CacheCounters, strict_count
 from prefixreg.registry.store import Registry
 from prefixreg.server.counters import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
+from prefixreg.server.engines import ENGINES, METRICS
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import head_warms
 
@@ -47,6 +53,11 @@ CAN_PROVE: Final = {
     "measured with calls (`prefixreg probe`)",
     "vllm": "per-call cached_tokens only with --enable-prompt-tokens-details (without it every "
     "call is unverified, never cold) and its build from /version and /v1/models; no counters",
+    "sglang": "per-call cached_tokens (a null read as 0 only with enable_cache_report on in "
+    "/server_info) and its build, flags included, from /server_info; token counters on /metrics",
+    "trtllm": "per-call cached_tokens (always sent) and its build from /version and /v1/models; "
+    "token counters on /prometheus/metrics",
+    "ollama": "per-call cached_tokens from v0.33.3 and its build from /api/version; no counters",
     "generic": "per-call cached_tokens only if the server sends usage.prompt_tokens_details or "
     "timings.cache_n; its build is only the model ids of /v1/models; no counters",
 }
@@ -324,6 +335,19 @@ def diagnose_reach(
             d.add(level, "fit", f"{label}: {words} in one entry: {why}{advice}")
 
 
+def _count_missing(registry: Registry, build_id: str) -> bool:
+    """Whether a named head's latest warm on this build came back without a cached count."""
+    for name in registry.names():
+        try:
+            warms = head_warms(registry, registry.head(name), build_id)
+        except PrefixregError:
+            continue
+        reason = warms[-1].outcome.reason if warms else None
+        if reason is not None and "cached_tokens missing" in reason:
+            return True
+    return False
+
+
 def doctor(worker: Worker, registry: Registry | None = None) -> Diagnosis:
     """Read `/health` (and `/cache` on Halogen) and diagnose; with a registry, also weigh this
     build's probe receipts against the registered heads.
@@ -338,6 +362,16 @@ def doctor(worker: Worker, registry: Registry | None = None) -> Diagnosis:
     profile = worker.detect_profile()
     health = worker.health() if profile == "halogen" else {}
     diagnosis = diagnose(profile, health, worker.cache_raw() if profile == "halogen" else None)
+    if profile in ENGINES:
+        from prefixreg.verbs.doctor.engines import diagnose_engine
+
+        build, metrics = worker.server_build(), METRICS.get(profile)
+        try:
+            samples = None if metrics is None else worker.metrics(metrics.path)
+        except (WorkerHTTPError, MalformedResponseError):
+            samples = None  # counters that cannot be read are said to be missing
+        missing = registry is not None and _count_missing(registry, build.build_id)
+        diagnose_engine(diagnosis, build, samples, missing=missing)
     if registry is not None:
         build = worker.server_build()
         diagnosis.numbers["build_id"] = build.build_id

@@ -1,8 +1,9 @@
 """`keepalive`: keep heads (prefixes or frames) resumable on a worker whose small LRU foreign
 traffic churns, re-warming each one before one more foreign prompt could evict it. It counts
 what the server counts (`server.activity`): `stores` on `/cache` (Halogen), prompts on
-llama.cpp (`/slots`, else `/metrics`), else time; the budget is `measure.budget`'s; the
-records and the restore of a head lost to a llama.cpp restart are `.rewarm`'s.
+llama.cpp (`/slots`, else `/metrics`) or an engine's Prometheus counters, else time; the
+budget is `measure.budget`'s; the records and the restore of a head lost to a llama.cpp
+restart are `.rewarm`'s.
 
 Invariants:
 - One request at a time: polls and re-warms run in one thread (`step`); the loop's `touch`
@@ -126,9 +127,9 @@ class KeepAlive:
         if counters is not None and counters.stores is not None:
             self._counter = StoresCounter(worker)
             self._counter.saw(counters)
-        elif build.profile == "llamacpp":
-            # llama.cpp has no /cache but counts its tasks: time is only the last resort.
-            self._counter = PromptCounter.detect(worker)
+        elif build.profile != "halogen":
+            # llama.cpp and the engines have no /cache but count prompts: time is the last resort.
+            self._counter = PromptCounter.detect(worker, build.profile)
         self.budget = budget_for(
             build,
             counters,

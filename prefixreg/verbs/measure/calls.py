@@ -20,6 +20,7 @@ from prefixreg.core.judge import Judgement, judge
 from prefixreg.core.records import CacheCounters, CallEvidence, Measurement, ServerBuild
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.server.counters import counter_deltas, is_interleaved
+from prefixreg.server.engines import Metrics, window
 from prefixreg.server.worker import Worker
 
 WARM_PARAMS: Final[dict[str, Any]] = {"max_tokens": 1, "temperature": 0}
@@ -34,6 +35,7 @@ class CallRecord:
     evidence: CallEvidence
     before: CacheCounters | None
     after: CacheCounters | None
+    window: JSONObject | None = None  # an engine's Prometheus over the call (`engines.window`)
 
     @property
     def interleaved(self) -> bool | None:
@@ -46,7 +48,7 @@ class CallRecord:
         deltas: JSONValue = None
         if self.before is not None and self.after is not None:
             deltas = dict(counter_deltas(self.before, self.after))
-        return {
+        out: JSONObject = {
             "phase": self.phase,
             "tail_sha256": self.tail_sha256,
             "evidence": self.evidence.to_dict(),
@@ -55,6 +57,7 @@ class CallRecord:
             "cache_deltas": deltas,
             "interleaved": self.interleaved,
         }
+        return out if self.window is None else out | {"counter_window": self.window}
 
 
 def measured_call(
@@ -67,11 +70,15 @@ def measured_call(
     before: CacheCounters | None = None,
     **params: Any,
 ) -> CallRecord:
-    """Send one chat call bracketed by `/cache` snapshots (when `with_cache`). `before` reuses
-    the previous call's closing snapshot; a closing snapshot the server fails to give is
-    recorded as missing (its window counts for nothing), never losing the call's evidence."""
+    """Send one chat call bracketed by `/cache` snapshots (when `with_cache`), else by the
+    engine's Prometheus counters where the build has them (`Worker.counters`: a witness, never
+    the verdict). `before` reuses the previous call's closing snapshot; a closing snapshot the
+    server fails to give is recorded as missing (its window counts for nothing), never losing
+    the call's evidence."""
     if with_cache and before is None:
         before = worker.cache()
+    metrics = None if with_cache else worker.counters
+    start = _samples(worker, metrics)
     _, evidence = worker.chat(head, tail, **{**WARM_PARAMS, **params})
     after = None
     if with_cache:
@@ -79,8 +86,19 @@ def measured_call(
             after = worker.cache()
         except WorkerError:
             pass
+    seen = None
+    if metrics is not None:
+        seen = window(metrics, start, _samples(worker, metrics), evidence.prompt_tokens)
     tail_sha = hashlib.sha256(tail.encode("utf-8")).hexdigest()
-    return CallRecord(phase, tail_sha, evidence, before, after)
+    return CallRecord(phase, tail_sha, evidence, before, after, seen)
+
+
+def _samples(worker: Worker, metrics: Metrics | None) -> dict[str, float] | None:
+    """An engine's Prometheus samples, or None (no counters, or they cannot be read)."""
+    try:
+        return None if metrics is None else worker.metrics(metrics.path)
+    except WorkerError:
+        return None
 
 
 def record_measurement(

@@ -223,6 +223,12 @@ def warm(
             tools_tokens=tools,
         )
         verdict, reason = judgement.verdict, judgement.reason
+        seen = calls[-1].window
+        if verdict == "unverified" and seen is not None and seen["attributed"] is True:
+            reason += (
+                f"; {seen['source']} counted {seen['cached_tokens']} cached tokens in the "
+                "call's window (a second witness, no per-call proof)"
+            )
     else:
         ev = calls[0].evidence
         verdict = "unverified" if ev.cache_state == "unverified" else "warmed"

@@ -1,0 +1,159 @@
+"""The engines users run: vLLM, SGLang, TensorRT-LLM (`trtllm`) and Ollama. Pure: no I/O.
+
+What each answers, read from its own source (tests/fixtures/engines/README.md cites them):
+- Detection, never from a port: SGLang's `/server_info` (or the older `/get_server_info`) is
+  an object with boolean `enable_cache_report`, `enable_metrics`, `disable_radix_cache` and a
+  string `version`; `/v1/models` cards `owned_by` "tensorrt_llm" (TensorRT-LLM) or "vllm"
+  (vLLM); Ollama's `/api/version` (SGLang's Ollama shim has none). A field of the wrong type
+  is "not this engine".
+- The per-call count is `usage.prompt_tokens_details.cached_tokens` on every engine's OpenAI
+  route. When it is missing, it is a zero only where the engine's own rule makes it one *and*
+  the flag that makes it so is known to be on (`zero_rule`). That holds for SGLang alone:
+  `_details_if_cached` sends the count only when > 0, so with `enable_cache_report` read true
+  from `/server_info` a null is a 0. vLLM (no route tells a client whether
+  `--enable-prompt-tokens-details` is on; builds before #45171 drop a zero, later ones send
+  it: PR #44475, which the issue cites, is not merged), TensorRT-LLM (always sends it, PR
+  #7637) and Ollama (sends it from v0.33.3, PR #17943; older versions never) have none: a
+  missing count stays unverified.
+- Prometheus counters (`METRICS`), the per-window witness where per-call counts are absent:
+  vLLM `/metrics`, SGLang `/metrics` (with `--enable-metrics`), TensorRT-LLM
+  `/prometheus/metrics` (its `/metrics` is a JSON list of iteration stats); Ollama has none.
+- The flags `doctor` names (`FLAGS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final, NamedTuple
+
+from prefixreg.core.jsonio import JSONObject, JSONValue
+
+ENGINES: Final = ("vllm", "sglang", "trtllm", "ollama")
+SGLANG_FLAGS: Final = ("enable_cache_report", "enable_metrics", "disable_radix_cache")
+OLLAMA_CACHED_SINCE: Final = (0, 33, 3)
+
+
+class Metrics(NamedTuple):
+    """Where an engine's Prometheus text is, and its two cumulative token counters: every
+    prompt token served (cached ones included) and the cached ones."""
+
+    path: str
+    prompt: str
+    cached: str
+
+
+METRICS: Final[Mapping[str, Metrics]] = {
+    "vllm": Metrics("/metrics", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
+    "sglang": Metrics("/metrics", "sglang:prompt_tokens_total", "sglang:cached_tokens_total"),
+    "trtllm": Metrics(
+        "/prometheus/metrics", "trtllm_prompt_tokens_total", "trtllm_prompt_cached_tokens_total"
+    ),
+}
+
+# engine -> (the flag that makes each call report its cached count, the counters' flag)
+FLAGS: Final[Mapping[str, tuple[str | None, str | None]]] = {
+    "vllm": ("--enable-prompt-tokens-details", None),
+    "sglang": ("--enable-cache-report", "--enable-metrics"),
+    "trtllm": (None, "return_perf_metrics: true (--config YAML)"),
+    "ollama": (None, None),
+}
+
+
+def sglang_info(body: object) -> JSONObject | None:
+    """SGLang's `/server_info` body when it is one (see the module docstring), else None."""
+    if not isinstance(body, dict) or not isinstance(body.get("version"), str):
+        return None
+    return body if all(type(body.get(flag)) is bool for flag in SGLANG_FLAGS) else None
+
+
+def owned_by(models: object) -> str | None:
+    """The engine `/v1/models` names as owner of every card: vllm (each card with an int
+    `max_model_len` and a `permission` list), trtllm, sglang; else None."""
+    data = models.get("data") if isinstance(models, dict) else None
+    cards = [c for c in data if isinstance(c, dict)] if isinstance(data, list) else []
+    owners = {c.get("owned_by") for c in cards}
+    if not cards or len(owners) != 1:
+        return None
+    owner = owners.pop()
+    if owner == "vllm":
+        vllm = all(type(c.get("max_model_len")) is int and isinstance(c.get("permission"), list)
+                   for c in cards)  # fmt: skip
+        return "vllm" if vllm else None
+    return {"tensorrt_llm": "trtllm", "sglang": "sglang"}.get(str(owner))
+
+
+def ollama_version(body: object) -> str | None:
+    """Ollama's `/api/version` string (`{"version": "0.x.y"}`), else None."""
+    if not isinstance(body, dict) or len(body) != 1:
+        return None
+    version = body.get("version")
+    return version if isinstance(version, str) else None
+
+
+def sglang_identity(info: Mapping[str, JSONValue], models: JSONValue) -> JSONObject:
+    """SGLang's build: version, model path, cache size and the flags (a restart that turns
+    reporting off is another build, so a zero read under the flag cannot cross it)."""
+    keys = ("version", "model_path", "page_size", "max_total_num_tokens")
+    out: JSONObject = {key: info.get(key) for key in (*keys, *SGLANG_FLAGS)}
+    return out | {"model_ids": served_ids(models)}
+
+
+def served_ids(models: JSONValue) -> JSONValue:
+    """The sorted model ids `/v1/models` lists; None without the route."""
+    data = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(data, list):
+        return None
+    found = {c["id"] for c in data if isinstance(c, dict) and isinstance(c.get("id"), str)}
+    return list[JSONValue](sorted(str(i) for i in found))
+
+
+def engine_identity(version: JSONValue, models: JSONValue) -> JSONObject:
+    """TensorRT-LLM's and Ollama's build: the version string and the served model ids."""
+    raw = version.get("version") if isinstance(version, dict) else None
+    return {"version": raw if isinstance(raw, str) else None, "model_ids": served_ids(models)}
+
+
+def zero_rule(profile: str, identity: Mapping[str, JSONValue]) -> str | None:
+    """Why a missing cached count is a zero on this build, or None (it stays unverified)."""
+    if profile == "sglang" and identity.get("enable_cache_report") is True:
+        return "sglang: null prompt_tokens_details with enable_cache_report on is 0"
+    return None
+
+
+def ollama_reports(version: object) -> bool | None:
+    """Whether this Ollama sends `prompt_eval_cached_count` (v0.33.3 and later); None when
+    the version cannot be read."""
+    parts = version.split("-")[0].split(".") if isinstance(version, str) else ["?"]
+    if not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts) >= OLLAMA_CACHED_SINCE
+
+
+def metric_total(samples: Mapping[str, float], name: str) -> float | None:
+    """The sum of every series of `name` (labels summed over: SGLang splits its cached tokens
+    by `cache_source`); None when no series has it."""
+    found = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
+    return sum(found) if found else None
+
+
+def window(
+    metrics: Metrics,
+    before: Mapping[str, float] | None,
+    after: Mapping[str, float] | None,
+    prompt_tokens: int | None,
+) -> JSONObject | None:
+    """The engine's counters over one call's window, the second witness where the call's own
+    count is absent: the prompt and cached tokens they moved by, and `attributed` when the
+    window is that call's alone (the prompt counter moved by exactly its prompt tokens; a
+    foreign call adds at least one). None when either side lacks a counter. A witness only:
+    a verdict still comes from the call's own count (`core.judge`)."""
+    if before is None or after is None:
+        return None
+    moved: dict[str, int] = {}
+    for key, name in (("prompt_tokens", metrics.prompt), ("cached_tokens", metrics.cached)):
+        start, end = metric_total(before, name), metric_total(after, name)
+        if start is None or end is None or not float(end - start).is_integer():
+            return None
+        moved[key] = int(end - start)
+    ours = moved["prompt_tokens"] == prompt_tokens and moved["cached_tokens"] >= 0
+    return {"source": metrics.path, **moved, "attributed": ours and prompt_tokens is not None}

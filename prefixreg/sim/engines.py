@@ -1,0 +1,269 @@
+"""The simulator as the engines users run (`--engine vllm|sglang|trtllm|ollama`): their reply
+shapes, routes, headers and metrics over the one cache model underneath. Pure.
+
+Built from each engine's source, as recorded in tests/fixtures/engines/README.md:
+- vLLM (reports 0.23.0, a build with #45171): usage `prompt_tokens, total_tokens,
+  completion_tokens, prompt_tokens_details`; with `--enable-prompt-tokens-details` (`cache_report`)
+  `{"cached_tokens": N}`, an explicit 0 included, else `null` (a stream's usage chunk drops
+  the key: `exclude_none`). `/health` empty, `/version`, `/v1/models` (`owned_by` vllm,
+  `max_model_len`, `permission`), `/metrics` (`vllm:` counters, labels model_name, engine).
+- SGLang (0.5.9): `prompt_tokens_details` `{"cached_tokens": N}` only with
+  `--enable-cache-report` *and* N > 0, else `null` (`_details_if_cached`); `reasoning_tokens`;
+  a 32-hex id; `/server_info` (and `/get_server_info`) with the flags; `/model_info`;
+  `/metrics` (`--enable-metrics`, on here).
+- TensorRT-LLM (1.3.0rc23): `{"cached_tokens": N}` always (PR #7637); `/metrics` is a JSON list
+  of iteration stats; the Prometheus text is at `/prometheus/metrics`; no flag to turn off.
+- Ollama (0.34.4): usage `prompt_tokens, prompt_tokens_details, completion_tokens,
+  total_tokens`, the details always; `--no-cache-report` serves 0.33.2, which sends none
+  (the count ships from 0.33.3); `system_fingerprint` fp_ollama; ids `chatcmpl-<n>`; `GET /`
+  `Ollama is running`, `/api/version`, `/api/tags`, `/api/ps`; no Prometheus route.
+No engine sends Halogen's `timings` or `/cache`. Native routes, non-streamed only: SGLang
+`POST /generate` (`text`, `sampling_params.max_new_tokens`; `meta_info.cached_tokens` always)
+and Ollama `POST /api/chat` (`stream: false` required; `options.num_predict`;
+`prompt_eval_count` counts the cached tokens too, `prompt_eval_cached_count` from 0.33.3). Not
+modelled: streamed native routes, each engine's error envelope and block granularity (vLLM
+16, TensorRT-LLM 32 tokens): the cache model is Halogen Flash's.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+from prefixreg.core import jsonio
+from prefixreg.core.errors import CorruptRecordError
+from prefixreg.sim.config import ENGINES as ENGINES
+
+if TYPE_CHECKING:
+    from prefixreg.sim.protocol import Kind, Result
+
+UVICORN: Final = frozenset({"vllm", "sglang", "trtllm"})  # FastAPI under uvicorn; Ollama is Go
+_VERSION: Final = {"vllm": "0.23.0", "sglang": "0.5.9", "trtllm": "1.3.0rc23", "ollama": "0.34.4"}
+_NO_REPORT_VERSION: Final = {"ollama": "0.33.2"}
+
+
+def version(engine: str, report: bool) -> str:
+    return _VERSION[engine] if report else _NO_REPORT_VERSION.get(engine, _VERSION[engine])
+
+
+def reply_id(engine: str) -> str:
+    """A reply id: SGLang's bare request id, Ollama's `chatcmpl-<n>`, else `chatcmpl-<hex>`."""
+    if engine == "sglang":
+        return secrets.token_hex(16)
+    return f"chatcmpl-{secrets.randbelow(1000) if engine == 'ollama' else secrets.token_hex(16)}"
+
+
+def usage(engine: str, report: bool, n: int, k: int, cached: int) -> dict[str, Any]:
+    """The engine's usage object for a call of `n` prompt tokens, `k` completion tokens and
+    `cached` resumed ones, its reporting flag on or off (`report`)."""
+    shown = report and (cached > 0 or engine != "sglang")
+    details = {"cached_tokens": cached} if shown else None
+    if engine == "ollama":
+        out: dict[str, Any] = {"prompt_tokens": n}
+        out |= {"prompt_tokens_details": details} if report else {}
+        return out | {"completion_tokens": k, "total_tokens": n + k}
+    out = {"prompt_tokens": n, "total_tokens": n + k, "completion_tokens": k}
+    out["prompt_tokens_details"] = details
+    return out | ({"reasoning_tokens": 0} if engine == "sglang" else {})
+
+
+_MESSAGE: Final[dict[str, dict[str, Any]]] = {
+    "vllm": {"refusal": None, "annotations": None, "audio": None, "function_call": None,
+             "tool_calls": [], "reasoning": None},
+    "sglang": {"reasoning_content": None, "tool_calls": None},
+    "trtllm": {"reasoning_content": "", "reasoning": None, "tool_calls": []},
+    "ollama": {},
+}  # fmt: skip
+# A choice's fields after its message, in the engine's order (`finish_reason` comes from the call).
+_CHOICE: Final[dict[str, dict[str, Any]]] = {
+    "vllm": {"logprobs": None, "finish_reason": None, "stop_reason": None, "token_ids": None},
+    "sglang": {"logprobs": None, "finish_reason": None, "matched_stop": None},
+    "trtllm": {"logprobs": None, "finish_reason": None, "stop_reason": None,
+               "mm_embedding_handle": None, "disaggregated_params": None,
+               "avg_decoded_tokens_per_iter": None},
+    "ollama": {"finish_reason": None},
+}  # fmt: skip
+# Top-level fields before and after `choices` (stream chunks: Ollama's before only), and last.
+_BEFORE: Final = {"ollama": {"system_fingerprint": "fp_ollama"}}
+_AFTER: Final = {"vllm": {"service_tier": None, "system_fingerprint": None}}
+_TAIL: Final[dict[str, dict[str, Any]]] = {
+    "vllm": {"prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None},
+    "sglang": {"metadata": {"weight_version": "default"}},
+    "trtllm": {"prompt_token_ids": None},
+}
+
+
+def dress(engine: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A Halogen-shaped reply (`id, created, model, object, choices[, usage]`) in the engine's
+    key order, with its extra fields (a vLLM stream: no `usage` on a piece, no null in the
+    usage chunk)."""
+    chunk = str(body.get("object", "")).endswith(".chunk")
+    choices = []
+    for choice in body["choices"]:
+        if "message" in choice:
+            extra = _CHOICE[engine] | {"finish_reason": choice.get("finish_reason")}
+            message = choice["message"] | _MESSAGE[engine]
+            choice = {"index": choice.get("index", 0), "message": message} | extra
+        elif "delta" in choice and engine == "vllm":  # set fields kept, null or not
+            finish = choice.get("finish_reason")
+            delta = choice["delta"] or {"content": ""}  # the finish chunk's empty piece
+            choice = {"index": choice.get("index", 0), "delta": delta, "logprobs": None}
+            choice |= {"finish_reason": finish} | ({"stop_reason": None} if finish else {})
+        choices.append(choice)
+    out = {key: body[key] for key in ("id", "object", "created", "model")}
+    out |= _BEFORE.get(engine, {})
+    out["choices"] = choices
+    out |= {} if chunk else _AFTER.get(engine, {})
+    if "usage" in body:
+        out["usage"] = body["usage"]
+    out |= {} if chunk else _TAIL.get(engine, {})
+    if chunk and engine == "vllm":  # usage unset on a piece; the usage chunk: exclude_none
+        usage = out.pop("usage", None)
+        if isinstance(usage, dict):
+            out["usage"] = {k: v for k, v in usage.items() if v is not None}
+    return out
+
+
+def models(engine: str, model: str, created: int, ctx: int) -> dict[str, Any]:
+    """`/v1/models` as the engine lists itself."""
+    card: dict[str, Any] = {"id": model, "object": "model", "created": created}
+    if engine == "vllm":
+        permission = {"id": f"modelperm-{model}", "object": "model_permission", "created": created}
+        card |= {"owned_by": "vllm", "root": model, "parent": None, "max_model_len": ctx}
+        card["permission"] = [permission | {"allow_sampling": True, "organization": "*"}]
+    elif engine == "sglang":
+        card |= {"owned_by": "sglang", "root": model, "max_model_len": ctx}
+    else:
+        card["owned_by"] = "tensorrt_llm" if engine == "trtllm" else "library"
+    return {"object": "list", "data": [card]}
+
+
+def server_info(model: str, report: bool, ctx: int, radix: bool) -> dict[str, Any]:
+    """SGLang's `/server_info`: its server args (the ones that matter here), then its state."""
+    args = {"model_path": model, "tokenizer_path": model, "page_size": 1}
+    args |= {"enable_metrics": True, "served_model_name": model, "enable_cache_report": report}
+    args |= {"enable_hierarchical_cache": False, "disable_radix_cache": not radix}
+    state = {"status": "ready", "max_total_num_tokens": ctx, "max_req_input_len": ctx - 6}
+    internal = [args | {"last_gen_throughput": 0.0, "effective_max_running_requests_per_dp": 1}]
+    return args | state | {"internal_states": internal, "version": _VERSION["sglang"]}
+
+
+def get_routes(engine: str) -> frozenset[str]:
+    """The GET routes the engine answers (each one's body: `Engine.engine_route`)."""
+    common = {"/v1/models"}
+    routes = {
+        "vllm": {"/health", "/version", "/metrics", "/load"},
+        "sglang": {"/health", "/server_info", "/get_server_info", "/model_info", "/metrics"},
+        "trtllm": {"/health", "/version", "/metrics", "/prometheus/metrics"},
+        "ollama": {"/", "/api/version", "/api/tags", "/api/ps"},
+    }[engine]
+    return frozenset(common | routes)
+
+
+PROMETHEUS: Final = {"vllm": "/metrics", "sglang": "/metrics", "trtllm": "/prometheus/metrics"}
+
+
+def metrics(engine: str, model: str, prompt: int, cached: int, requests: int) -> str:
+    """The engine's Prometheus text over the running totals: `prompt` every prompt token
+    (cached ones included), `cached` the resumed ones, `requests` the calls served."""
+    if engine == "vllm":
+        labels = f'{{model_name="{model}",engine="0"}}'
+        series = [
+            ("vllm:prefix_cache_queries", prompt,
+             "Prefix cache queries, in terms of number of queried tokens."),
+            ("vllm:prefix_cache_hits", cached,
+             "Prefix cache hits, in terms of number of cached tokens."),
+            ("vllm:prompt_tokens", prompt, "Number of prefill tokens processed."),
+            ("vllm:prompt_tokens_cached", cached,
+             "Number of cached prompt tokens (local + external)."),
+        ]  # fmt: skip
+        return _text((f"{n}_total", labels, v, h) for n, v, h in series)
+    if engine == "sglang":
+        plain = f'{{model_name="{model}"}}'
+        source = f'{{model_name="{model}",cache_source="device"}}'
+        return _text([
+            ("sglang:prompt_tokens_total", plain, prompt, "Number of prefill tokens processed."),
+            ("sglang:cached_tokens_total", source, cached,
+             "Number of cached prompt tokens by source (device/host/storage)."),
+            ("sglang:num_requests_total", plain, requests, "Number of requests processed."),
+        ])  # fmt: skip
+    labels = f'{{model_name="{model}",engine_type="trtllm"}}'
+    return _text([
+        ("trtllm_prompt_tokens_total", labels, prompt,
+         "Cumulative number of prompt (input) tokens processed."),
+        ("trtllm_prompt_cached_tokens_total", labels, cached,
+         "Total prompt tokens served from KV cache."),
+    ])  # fmt: skip
+
+
+def _text(series: Any) -> str:
+    lines: list[str] = []
+    for name, labels, value, text in series:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name}{labels} {value}.0"]
+    return "\n".join(lines) + "\n"
+
+
+NATIVE: Final[dict[str, dict[str, Kind]]] = {
+    "vllm": {},
+    "sglang": {"/generate": "completion"},
+    "trtllm": {},
+    "ollama": {"/api/chat": "chat"},
+}
+
+
+def native_request(engine: str, raw: bytes) -> bytes:
+    """A native request body as the shared request it stands for (`protocol.parse_request`
+    then validates it); a body that is not a JSON object passes through to be refused."""
+    from prefixreg.sim.protocol import invalid
+
+    try:
+        body = jsonio.loads(raw)
+    except CorruptRecordError:
+        return raw
+    if not isinstance(body, dict):
+        return raw
+    name = "sampling_params" if engine == "sglang" else "options"
+    params = {} if body.get(name) is None else body[name]
+    if not isinstance(params, dict):
+        raise invalid(f"body.{name}", "must be an object")
+    if engine == "sglang":
+        out: dict[str, Any] = {"prompt": body.get("text"), "stream": body.get("stream", False)}
+        budget = params.get("max_new_tokens")
+    else:
+        if body.get("stream") is not False:
+            raise invalid("body.stream", "the simulator serves /api/chat with stream false only")
+        out = {"messages": body.get("messages"), "stream": False}
+        budget = params.get("num_predict")
+    temperature = params.get("temperature")
+    if out["stream"] is not False:
+        raise invalid("body.stream", "the simulator serves native routes non-streamed only")
+    out |= {"max_tokens": budget} if budget is not None else {}
+    out |= {"temperature": temperature} if temperature is not None else {}
+    return json.dumps(out).encode()
+
+
+def native_reply(result: Result) -> dict[str, Any]:
+    """The native reply of a served call: SGLang `/generate` or Ollama `/api/chat`."""
+    engine, text = str(result.engine), "".join(result.pieces)
+    n, k, cached = result.call.prompt.n, len(result.pieces), result.cached
+    if engine == "sglang":
+        finish = {"type": result.finish_reason, "length": k}
+        meta: dict[str, Any] = {
+            "id": secrets.token_hex(16),
+            "finish_reason": finish,
+            "prompt_tokens": n,
+        }
+        meta |= {"weight_version": "default", "total_retractions": 0, "completion_tokens": k}
+        meta |= {"cached_tokens": cached, "cached_tokens_details": None, "dp_rank": None}
+        meta["e2e_latency"] = round(result.prompt_s + result.decode_s, 4)
+        return {"text": text, "output_ids": list(range(k)), "meta_info": meta}
+    model = result.config.model_id
+    created = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime(result.created))
+    message = {"role": "assistant", "content": text}
+    out: dict[str, Any] = {"model": model, "created_at": created, "message": message}
+    out |= {"done": True, "done_reason": result.finish_reason, "prompt_eval_count": n}
+    if result.config.cache_report:  # from 0.33.3
+        out["prompt_eval_cached_count"] = cached
+    return out | {"eval_count": k}

@@ -1,0 +1,94 @@
+"""`doctor` on the engines users run (vLLM, SGLang, TensorRT-LLM, Ollama): the exact flag each
+needs, read against what the server says of itself (`server.engines`).
+
+`diagnose_engine` (pure) names the flag that makes each call report its cached count and
+whether it is on: SGLang says so in `/server_info` (`enable_cache_report`, `enable_metrics`);
+Ollama by its version (the count ships from v0.33.3); vLLM never says, so the flag is a
+warning only when this build's own warm measurements came back with the count missing (else
+it is named as what to check); TensorRT-LLM always reports. The engine's Prometheus counters
+give the cache's hit rate over the server's life; none are read as 0 when absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from prefixreg.core.records import ServerBuild
+from prefixreg.server import engines
+from prefixreg.verbs.doctor.run import Diagnosis
+
+OLLAMA_CACHE_RAM: Final = (
+    "Ollama passes no --cache-ram to its llama.cpp runner, so every runner keeps llama.cpp's "
+    "8 GiB (8192 MiB) host prompt cache (ollama issue #18264): there is nothing to set there; "
+    "OLLAMA_NUM_PARALLEL, OLLAMA_CONTEXT_LENGTH and OLLAMA_KV_CACHE_TYPE are the knobs."
+)
+
+
+def _report_flag(d: Diagnosis, build: ServerBuild, missing: bool) -> None:
+    profile, identity = build.profile, build.identity
+    flag = engines.FLAGS[profile][0]
+    if profile == "sglang":
+        on = identity.get("enable_cache_report")
+        if on is True:
+            text = "/server_info enable_cache_report is true: a null count is read as 0."
+            d.add("ok", "report", text + " Native /generate always sends meta_info.cached_tokens.")
+        else:
+            d.add(
+                "warn",
+                "report",
+                f"/server_info enable_cache_report is {on}: the OpenAI usage carries no cached "
+                f"count, so warm is unverified. Start SGLang with {flag}.",
+            )
+    elif profile == "vllm":
+        said = (
+            f"vLLM sends usage.prompt_tokens_details.cached_tokens only with {flag} (off by "
+            "default) and no route says whether it is on"
+        )
+        if missing:
+            text = f"{said}: this build's warm calls came back without it. Restart vllm serve "
+            d.add("warn", "report", text + f"with {flag}.")
+        else:
+            d.add("info", "report", f"{said}; if warm says 'cached_tokens missing', add {flag}.")
+    elif profile == "ollama":
+        version = identity.get("version")
+        reports = engines.ollama_reports(version)
+        if reports:
+            d.add("ok", "report", f"Ollama {version} sends prompt_eval_cached_count.")
+        else:
+            d.add(
+                "warn",
+                "report",
+                f"Ollama {version} sends no cached count (prompt_eval_cached_count and the "
+                "OpenAI cached_tokens ship from v0.33.3): upgrade Ollama to 0.33.3 or later.",
+            )
+        d.add("info", "cache_ram", OLLAMA_CACHE_RAM)
+    else:
+        d.add("ok", "report", "TensorRT-LLM sends cached_tokens on every call (PR #7637).")
+
+
+def diagnose_engine(
+    d: Diagnosis, build: ServerBuild, samples: Mapping[str, float] | None, *, missing: bool
+) -> None:
+    """The engine's findings (pure): its reporting flag (`missing`: this build's warms came
+    back without a count), then its counters (`samples`: its Prometheus text, None if off)."""
+    _report_flag(d, build, missing)
+    metrics, counters_flag = engines.METRICS.get(build.profile), engines.FLAGS[build.profile][1]
+    if metrics is None:
+        d.add("info", "counters", "Ollama exports no Prometheus counters: calls are the witness.")
+        return
+    prompt = None if samples is None else engines.metric_total(samples, metrics.prompt)
+    cached = None if samples is None else engines.metric_total(samples, metrics.cached)
+    if prompt is None or cached is None:
+        where = f"{metrics.path} has no {metrics.prompt} / {metrics.cached}"
+        turn_on = f": turn them on with {counters_flag}" if counters_flag else ""
+        d.add("info", "counters", f"{where}{turn_on}; keepalive then counts by time alone.")
+        return
+    d.numbers["counters"] = {"prompt_tokens": prompt, "cached_tokens": cached}
+    rate = f" ({cached / prompt:.1%})" if prompt else ""
+    d.add(
+        "info",
+        "counters",
+        f"{metrics.path}: {cached:,.0f} of {prompt:,.0f} prompt tokens came from the cache since "
+        f"the server started{rate}; keepalive counts foreign prompts with them.",
+    )
