@@ -205,6 +205,23 @@ def test_a_legacy_record_changed_after_adoption_is_a_problem(home: Path) -> None
     assert found and "On-disk format" in found[0].message and "DESIGN" not in found[0].message
 
 
+def test_a_note_never_rewrites_a_legacy_meta_record(home: Path, tmp_path: Path) -> None:
+    seed, shas = build_seed(home)
+    assert run("migrate", str(seed), "--repoint").returncode == 0
+    reg = Registry(default_registry_path())
+    meta = reg.root / "meta" / f"{shas[0]}.json"
+    before = meta.read_bytes()
+    src = tmp_path / "p.txt"
+    src.write_text(PREFIXES[0])
+    noted = run("add", str(src), "--note", "mine", "--registry", str(reg.root))
+    assert noted.returncode == 2 and b"legacy record" in noted.stderr
+    assert meta.read_bytes() == before
+    plain = run("add", str(src), "--registry", str(reg.root))  # the same bytes again: a no-op
+    assert plain.returncode == 0 and plain.stdout.decode().strip() == shas[0]
+    assert meta.read_bytes() == before
+    assert run("verify", "--registry", str(reg.root)).returncode == 0
+
+
 def test_the_hint_for_the_seeds_registry_names_repoint(home: Path) -> None:
     build_seed(home)
     hints = [line for line in run("ls").stderr.decode().splitlines() if line.startswith("hint:")]

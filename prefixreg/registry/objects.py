@@ -189,6 +189,11 @@ class Objects:
         if not is_probe_source(old.source, old.note):
             if note is None or old.note == note:
                 return
+            if self._disk.is_legacy(layout.meta_relpath(sha)):  # history stays byte-identical
+                raise errors.UsageError(
+                    f"{path}: a legacy record of the adopted registry, kept as it is; "
+                    "its note cannot change"
+                )
             record = {**old.to_dict(), "note": note}
         record["created"] = old.created
         fsutil.replace_atomic(path, dumps_canonical(record) + b"\n", mode=0o444)
