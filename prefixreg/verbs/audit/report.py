@@ -242,7 +242,8 @@ class AuditReport:
             lines.append(f"  {label:<12} {row['total']:>14,} {mean:>12} {row['calls']:>8,}")
         if d["cached_share"] is not None:
             lines.append(
-                f"cached share   {d['cached_share']:.1%} of prompt tokens (verified calls)"
+                f"cached share   {d['cached_share']:.1%} of prompt tokens "
+                "(calls that reported a count)"
             )
         lines += [f"wall time      {_wall_text(t)}", *_saving_lines(d["saving"])]
         if t["prefill_share"] is not None:

@@ -52,7 +52,8 @@ CAN_PROVE: Final = {
     "llama.cpp has no cache-entry counters, so capacity, survival and eviction are only "
     "measured with calls (`prefixreg probe`)",
     "vllm": "per-call cached_tokens only with --enable-prompt-tokens-details (without it every "
-    "call is unverified, never cold) and its build from /version and /v1/models; no counters",
+    "call is unverified, never cold) and its build from /version and /v1/models; token "
+    "counters on /metrics",
     "sglang": "per-call cached_tokens (a null read as 0 only with enable_cache_report on in "
     "/server_info) and its build, flags included, from /server_info; token counters on /metrics",
     "trtllm": "per-call cached_tokens (always sent) and its build from /version and /v1/models; "
