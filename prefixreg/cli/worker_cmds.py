@@ -6,6 +6,7 @@ before a connection is opened; each command's help gives its exit codes.
 from __future__ import annotations
 
 import re
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -261,6 +262,14 @@ def keepalive_command(
         typer.Option("--duration", help="Stop after this long (30s, 10m, 2h); default: Ctrl-C."),
     ] = None,
     poll: Annotated[float, typer.Option("--poll", help="Seconds between counter polls.")] = 0.5,
+    session: Annotated[
+        Path | None,
+        typer.Option(
+            "--session",
+            help="A file the loop appends each request body to (one JSON line per call, "
+            "after it returns): keep the loop's latest request warm, not only its head.",
+        ),
+    ] = None,
     registry: c.RegistryOpt = None,
     json_out: c.JsonOpt = False,
     debug: c.DebugOpt = False,
@@ -271,14 +280,16 @@ def keepalive_command(
     head was last used, and re-warms a head before one more foreign prompt could evict it;
     servers with neither are re-warmed on a time interval. A frame keeps its whole head
     warm. A re-warm is kept only when the judge says resumed; one that comes back partial
-    or cold tightens the budget. Every re-warm is recorded as a measurement.
+    or cold tightens the budget. Every re-warm is recorded as a measurement. With --session
+    it re-touches the loop's latest request (head and history) instead. When re-warms
+    spend more prefill than they keep warm, it backs off and says why.
 
-    Ctrl-C (or --duration) stops it and prints the summary. Exit 0 when stopped normally
-    after at least one re-warm whose counts the judge could read; 5 when repeated worker
-    errors stopped it, or none succeeded and worker errors were why; 4 when none succeeded
-    and the server never reported the counts; 1 when something else stopped it (a
-    measurement that could not be written); 2 a bad argument (an interval that is not
-    finite seconds above 0, ...).
+    Ctrl-C, SIGTERM (a systemd stop) or --duration stops it and prints the summary. Exit 0
+    when stopped normally after at least one re-warm whose counts the judge could read; 5
+    when repeated worker errors stopped it, or none succeeded and worker errors were why; 4
+    when none succeeded and the server never reported the counts; 1 when something else
+    stopped it (a measurement that could not be written); 2 a bad argument (an interval
+    that is not finite seconds above 0, a --session that is a FIFO, ...).
     """
     from prefixreg.server.worker import Worker
     from prefixreg.verbs.keepalive.run import KeepAlive
@@ -296,14 +307,18 @@ def keepalive_command(
                 interval_s=interval,
                 poll_s=poll,
                 on_rewarm=None if json_out else _say,
+                session=session,
             )
             b = keeper.budget
             if not json_out:
                 c.info(f"keeping {len(heads)} heads on {w.url}; budget {b.describe()} ({b.source})")
+            stopped = signal.signal(signal.SIGTERM, lambda *_: keeper.stop())
             try:
                 summary = keeper.run(seconds)
             except KeyboardInterrupt:
                 summary = keeper.summary
+            finally:
+                signal.signal(signal.SIGTERM, stopped)
         lines = [str(summary), *(f"  {change}" for change in summary.budget_changes)]
         c.emit(json_out, {"budget": b.to_dict(), **summary.to_dict()}, "\n".join(lines) + "\n")
         if summary.stopped_because:

@@ -19,6 +19,12 @@ Invariants:
   stores budget is reduced by the entries the other kept heads hold instead.
 - A kept frame is re-warmed with its whole head, byte for byte as the loop sends it; its
   measurement is filed under the system sha, with `frame` set.
+- A head with a session (`track`, `session=FILE`: the loop's latest request on it) is
+  re-warmed by re-touching that request whole, judged against the session's span
+  (`.session`); a head without one is re-warmed with a fresh tail. The loop's own calls
+  are uses, not foreign prompts: it tracks (or touches) each after it returns.
+- Never slower: a re-warm is sent only while `session.rewarm_pays` says the re-warms keep
+  more tokens warm than they prefill; otherwise the keeper backs off and says why.
 """
 
 from __future__ import annotations
@@ -26,19 +32,21 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from pathlib import Path
+from typing import Any, Final
 
 from prefixreg.core.errors import EngineBusyError, UsageError, WorkerError, WorkerTimeoutError
 from prefixreg.core.frame import Frame, Head
-from prefixreg.core.judge import Verdict
+from prefixreg.core.judge import Verdict, judge
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
 from prefixreg.server.transport import check_seconds
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm, restore_for_keepalive
+from prefixreg.verbs.keepalive.session import CostGate, SessionFile, session_bytes, session_of
 from prefixreg.verbs.measure.budget import budget_for
 from prefixreg.verbs.measure.calls import (
     CallRecord,
@@ -68,11 +76,13 @@ class _Kept:
     last_used: float = 0.0
     slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
     lost: bool = False  # the server restarted since this head was last warmed
+    session: list[dict[str, Any]] | None = None  # the loop's latest history on this head
 
 
 class KeepAlive:
     """Keep `prefixes` (heads) resumable on `worker` (a short `timeout`: polls must not
-    hang); `step()` yourself or `start()` a thread, and `touch(sha)` after each own call.
+    hang); `step()` yourself or `start()` a thread, and `track(body)` (or `touch(sha)`)
+    after each own call; `session` names a file of request bodies another process appends.
     `registry` gets one measurement per re-warm and supplies a probe's survival.
 
     Raises:
@@ -90,6 +100,7 @@ class KeepAlive:
         interval_s: float | None = None,
         poll_s: float = 0.5,
         on_rewarm: Callable[[Rewarm], None] | None = None,
+        session: Path | str | None = None,
     ) -> None:
         heads: object = prefixes
         if not isinstance(heads, list | tuple) or not heads:
@@ -100,6 +111,7 @@ class KeepAlive:
             (registry is None or isinstance(registry, Registry), "registry must be a Registry"),
             (budget is None or (type(budget) is int and budget >= 1), "budget must be >= 1"),
             (on_rewarm is None or callable(on_rewarm), "on_rewarm must be callable"),
+            (session is None or isinstance(session, Path | str), "session is a file's path"),
         ):
             if not ok:
                 raise UsageError(f"KeepAlive: {what}")
@@ -109,6 +121,8 @@ class KeepAlive:
             registry.refuse_on_mirror("record keepalive measurements")
         self.worker, self.registry, self.on_rewarm = worker, registry, on_rewarm
         self.summary = KeepAliveSummary()
+        self.gate = CostGate()
+        self.session_file = None if session is None else SessionFile(session)
         self.history: list[Rewarm] = []
         self._touched: set[str] = set()
         self._lock = threading.Lock()
@@ -140,6 +154,29 @@ class KeepAlive:
         )
         if self.budget.unit == "seconds":
             self._counter = None  # /cache without max_entries (dense): keep time instead
+
+    def track(self, body: Mapping[str, Any]) -> str:
+        """The loop just sent `body` (call it once the call returned): the request of a kept
+        head, which becomes that head's session. Returns the head's sha256.
+
+        Raises:
+            UsageError: `body` sends none of the kept heads unchanged (`Head.drift`).
+        """
+        sha = self._track(body)
+        if sha is None:
+            raise UsageError("track(): the body sends none of the kept heads unchanged")
+        return sha
+
+    def _track(self, body: object) -> str | None:
+        frames_first = sorted(self._kept.values(), key=lambda k: k.head.kind != "frame")
+        for kept in frames_first:
+            history = session_of(kept.head, body)
+            if history is not None:
+                with self._lock:
+                    kept.session = history or None
+                self.touch(kept.head.sha256)
+                return kept.head.sha256
+        return None
 
     def touch(self, sha256: str) -> None:
         """The loop just used the head `sha256`: count its survival from now on."""
@@ -198,16 +235,22 @@ class KeepAlive:
         now = time.monotonic()
         if now < self._backoff_until:
             return []
+        if self.session_file is not None:
+            new, body = self.session_file.read()
+            if new and self._track(body) is None:
+                self.summary.session_skipped += 1
         if self._counter is not None and self._read(self._counter) is None:
             return []
-        done = []
-        for kept in self._due(now):
+        done, due = [], self._due(now)
+        allowed = self.gate.allow(now) if due else 0
+        for kept in due[:allowed]:
             try:
                 done.append(self._rewarm(kept, self._since(kept, time.monotonic())))
             except WorkerError as exc:
                 self._error(backoff=isinstance(exc, EngineBusyError))
                 break
             self._errors_in_row = 0
+        self.summary.backoffs, self.summary.backoff_reason = self.gate.backoffs, self.gate.why
         return done
 
     def _backoff(self, n: int) -> None:
@@ -225,6 +268,7 @@ class KeepAlive:
 
     def _rewarm(self, kept: _Kept, since: float | None) -> Rewarm:
         counter, head, snap = self._counter, kept.head, None
+        first = since is None or kept.lost or not kept.last_used  # cold by nature: no outcome
         if kept.lost and self.registry is not None and self.build.profile == "llamacpp":
             taken = {k.slot for k in self._kept.values() if k.slot is not None and not k.lost}
             snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
@@ -235,22 +279,40 @@ class KeepAlive:
         else:
             tail, stores = fresh_tail(), isinstance(counter, StoresCounter)
             last = counter.last if isinstance(counter, StoresCounter) else None
+            history, align = kept.session, self.build.snapshot_align
             record = measured_call(
-                self.worker, head, phase="keepalive", tail=tail, with_cache=stores, before=last
+                self.worker,
+                head,
+                phase="keepalive",
+                tail=tail,
+                with_cache=stores,
+                before=last,
+                history=history,
             )
-            align = self.build.snapshot_align
-            verdict = judge_check(
-                record.evidence, head, tail=tail, alignment=align, measured=kept.span
-            ).verdict
+            if history is None:
+                verdict = judge_check(
+                    record.evidence, head, tail=tail, alignment=align, measured=kept.span
+                ).verdict
+            else:  # the session's span: its head and history, all of it re-touched
+                hb = session_bytes(head, history)
+                verdict = judge(record.evidence, head_bytes=hb, alignment=align).verdict
         kept.lost, kept.last_used = False, time.monotonic()
         if counter is not None:
             self._rebase(kept, counter, record)
-        self._learn(record, verdict, since)
+        change = self.budget.learn(record.before, record.after, record.interleaved, verdict, since)
+        if change is not None:
+            self.summary.budget_changes.append(change)
+        ev = record.evidence
+        if not first and verdict != "unverified" and ev.prompt_tokens is not None:
+            cached = ev.cached_tokens or 0
+            kept_tokens = cached if verdict == "resumed" else 0
+            spent, now = ev.prompt_tokens - cached, time.monotonic()
+            self.gate.saw(kept_tokens, spent, now, tightened=change is not None)
         frame = head.sha256 if isinstance(head, Frame) else None
         report = None if snap is None else snap.to_dict()
         b = self.budget
         rewarm = Rewarm(head.system.sha256, since, verdict, record, b.limit, b.unit, frame, report)
-        self.summary.count(rewarm, snap)
+        self.summary.count(rewarm, snap, session=kept.session is not None)
         self.history.append(rewarm)
         if self.registry is not None:
             body = rewarm.measurement_body(b.to_dict())
@@ -294,29 +356,6 @@ class KeepAlive:
         for other in self._kept.values():
             if other is not kept and other.baseline is not None:
                 other.baseline += own
-
-    def _learn(self, record: CallRecord, verdict: Verdict, since: float | None) -> None:
-        """Update stores-per-request from our own window; tighten the budget after a miss."""
-        b = self.budget
-        before = None if record.before is None else record.before.stores
-        after = None if record.after is None else record.after.stores
-        clean = b.unit == "stores" and not record.interleaved
-        if clean and before is not None and after is not None and after > before:
-            b.per_request = after - before
-        if since is None or verdict not in ("cold", "partial"):
-            return
-        # Gone after `since` (a lower bound in prompts, exact in stores and seconds): it
-        # survives less, by an unknown amount. Halve: a few misses converge from any
-        # overestimate, and a resumed re-warm is cheap while a cold one is a full prefill.
-        floor = b.per_request if b.unit == "stores" else (1 if b.unit == "prompts" else 0.0)
-        tighter = max(floor, since // 2 if b.unit != "seconds" else since / 2)
-        if tighter < b.limit:
-            b.source = "tightened after a cold re-warm"
-            self.summary.budget_changes.append(
-                f"budget {b.limit:g} -> {tighter:g} {b.unit}: a re-warm after {since:g} "
-                f"{b.unit} came back {verdict}"
-            )
-            b.limit = tighter
 
     @property
     def alive(self) -> bool:

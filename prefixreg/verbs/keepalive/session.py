@@ -1,0 +1,162 @@
+"""A loop's session for the keeper: the latest full request the loop sent on a kept head (the
+head and its history), told in process (`KeepAlive.track(body)`) or across processes
+(`--session FILE`, one JSON request body per line, appended by the loop after each call);
+and the cost rule that keeps the keeper from making the loop slower.
+
+Invariants:
+- A body is a session of a head only when the head's drift check finds nothing (its system
+  message, a frame's tools and settings, byte for byte); its history is copied.
+- A session is re-touched whole (the latest prompt again, one output token): the judge
+  reads it against the session's span (its bytes are the head's and the history's), so a
+  re-touch that finds only the head cached is partial, never resumed.
+- A session file is read through `read_user_file` (a regular file, never a FIFO, capped),
+  each body through `core.jsonio`; only complete lines count (a half-written last line
+  waits), and a line that is not a request body is counted as bad, never a crash.
+- `rewarm_pays` is pure: re-warms go on while the tokens they keep warm exceed the prefill
+  they spend, over a few recent re-warms.
+"""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from prefixreg.core.errors import PrefixregError, UsageError
+from prefixreg.core.frame import Head
+from prefixreg.core.jsonio import dumps_ordered, loads
+from prefixreg.core.prefix import check_history
+from prefixreg.registry.fsutil import read_user_file
+
+# The re-warms the cost rule looks back on, and how many it needs before it may say no.
+WINDOW: Final = 6
+MIN_OUTCOMES: Final = 3
+# The first back-off, in seconds; each probe that is not kept doubles it, up to the cap.
+BACKOFF_S: Final = 10.0
+MAX_BACKOFF_S: Final = 600.0
+
+
+def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
+    """The history of `body` (a request as sent: `Frame.body`, or openai kwargs with
+    `extra_body`) when it sends `head` unchanged; None when it is not a request of `head`."""
+    if not isinstance(body, Mapping) or not isinstance(body.get("messages"), list):
+        return None
+    extra = body.get("extra_body")
+    sent = {**body, **extra} if isinstance(extra, Mapping) else body
+    if head.drift(sent):
+        return None
+    history = check_history(sent["messages"][1:])
+    return history or None
+
+
+def session_bytes(head: Head, history: Sequence[Mapping[str, Any]]) -> int:
+    """The bytes a session's span stands on: the head's and its history's (as JSON)."""
+    return head.head_bytes + len(dumps_ordered(list(history)).encode("utf-8"))
+
+
+def rewarm_pays(outcomes: Sequence[tuple[int, int]]) -> tuple[bool, str]:
+    """Whether re-warming pays, from recent re-warms' (tokens kept warm, tokens spent):
+    the expected saving (the cached tokens a re-warm kept, on average) must exceed the
+    prefill a re-warm spends (its uncached tokens, on average). Too few outcomes: it pays
+    (nothing proves otherwise yet). Returns (pays, why)."""
+    recent = list(outcomes)[-WINDOW:]
+    if len(recent) < MIN_OUTCOMES:
+        return True, f"{len(recent)} re-warms measured"
+    kept, spent = sum(k for k, _ in recent), sum(s for _, s in recent)
+    kept_n = sum(1 for k, _ in recent if k)
+    why = (
+        f"{kept_n} of the last {len(recent)} re-warms kept; {kept:,} tokens kept warm "
+        f"{'>' if kept > spent else '<='} {spent:,} tokens of prefill spent"
+    )
+    return kept > spent, why
+
+
+class CostGate:
+    """The keeper's back-off: re-warms go on while `rewarm_pays`; when it says no, none is
+    sent for `BACKOFF_S` (doubling), then one probe: kept, and the rule starts afresh from
+    it; not kept, a longer back-off. Every back-off is counted and said (`why`)."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[int, int]] = []
+        self.backoffs = 0  # back-offs so far (the summary's)
+        self.why: str | None = None  # the latest back-off's reason
+        self.until = 0.0
+        self.level = 0  # back-offs in a row (0: not backing off; else the next is a probe)
+
+    def allow(self, now: float) -> int:
+        """How many due heads may be re-warmed now (0: backing off; 1: a probe)."""
+        if now < self.until:
+            return 0
+        if self.level:
+            return 1
+        pays, why = rewarm_pays(self.outcomes)
+        if pays:
+            return 1 << 30
+        self._back_off(now, why)
+        return 0
+
+    def saw(self, kept: int, spent: int, now: float, *, tightened: bool = False) -> None:
+        """One re-warm (not a first warm): the tokens it kept warm (0: not kept), and spent.
+        `tightened`: its miss tightened the budget, so the rule starts afresh (what earlier
+        re-warms found speaks of the old budget)."""
+        self.outcomes = [] if tightened else [*self.outcomes[-WINDOW + 1 :], (kept, spent)]
+        if not self.level:
+            return
+        if kept:
+            self.level, self.outcomes = 0, self.outcomes[-1:]
+        else:
+            self._back_off(now, f"the probe after backing off was not kept ({spent:,} spent)")
+
+    def _back_off(self, now: float, why: str) -> None:
+        self.backoffs, self.why = self.backoffs + 1, why
+        self.until = now + min(MAX_BACKOFF_S, BACKOFF_S * 2**self.level)
+        self.level += 1
+
+
+class SessionFile:
+    """The JSON-lines file a loop appends its request bodies to (one per call)."""
+
+    def __init__(self, path: Path | str) -> None:
+        """Raises UsageError: `path` exists and is not a regular file (a FIFO, a directory)."""
+        self.path = Path(path)
+        try:
+            mode = self.path.stat().st_mode
+        except FileNotFoundError:
+            mode = stat.S_IFREG  # the loop has not called yet
+        except OSError as exc:
+            raise UsageError(f"{self.path}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"--session {self.path}: not a regular file; refused")
+        self.lines = 0  # complete lines read so far
+        self.bad = 0  # lines that were not a request body
+        self._seen: tuple[int, int] | None = None  # (size, mtime) at the last read
+
+    def read(self) -> tuple[int, object]:
+        """(requests appended since the last read, the latest body or None). A missing file
+        is a loop that has not called yet; a truncated one starts over.
+
+        Raises:
+            UsageError: not a regular file (a FIFO, a directory), unreadable or too large.
+        """
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return 0, None
+        except OSError as exc:
+            raise UsageError(f"{self.path}: {exc.strerror or exc}") from None
+        if self._seen == (st.st_size, st.st_mtime_ns):
+            return 0, None
+        data = read_user_file(self.path)
+        self._seen = (st.st_size, st.st_mtime_ns)
+        complete = data[: data.rfind(b"\n") + 1].split(b"\n")
+        lines = [line for line in complete if line.strip()]
+        new = len(lines) - self.lines if len(lines) >= self.lines else len(lines)
+        self.lines = len(lines)
+        if new <= 0:
+            return 0, None
+        try:
+            return new, loads(lines[-1], path=self.path)
+        except PrefixregError:
+            self.bad += 1
+            return new, None
