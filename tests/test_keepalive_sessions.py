@@ -1,0 +1,218 @@
+"""keepalive keeps the loop's session (head and history), not only its head (issue 23),
+against the simulator: `track(body)` in process, `--session FILE` across processes, the
+cost rule and its back-off, and the summary on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from prefixreg.core.frame import Head
+from prefixreg.core.records import CallEvidence
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
+from prefixreg.sim import SimConfig, SimServer
+from prefixreg.verbs.keepalive.run import KeepAlive
+from prefixreg.verbs.keepalive.session import SessionFile, rewarm_pays
+from tests.conftest import run_cli
+from tests.test_keepalive import SYSTEM, Foreign
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOL_RESULT = "test_parser.py::test_roundtrip FAILED at line 42: expected 3, got 4\n" * 18
+
+
+@pytest.fixture
+def sim() -> Iterator[SimServer]:
+    with SimServer(SimConfig(speed=5000)) as server:
+        yield server
+
+
+@pytest.fixture
+def reg(tmp_path: Path) -> Registry:
+    registry = Registry(tmp_path / "reg")
+    registry.add(SYSTEM, name="loop")
+    return registry
+
+
+def next_turn(history: list[dict[str, Any]], turn: int) -> None:
+    """The loop's next turn: the assistant's tool call, then the tool's result (~1.2 KB)."""
+    history.append({"role": "assistant", "content": f"Running the tests, step {turn}."})
+    history.append({"role": "user", "content": f"Tool result {turn}:\n{TOOL_RESULT}"})
+
+
+def agent_loop(
+    url: str,
+    head: Head,
+    keeper: KeepAlive | None,
+    *,
+    turns: int,
+    foreign: int,
+    log: Path | None = None,
+) -> list[CallEvidence]:
+    """`turns` loop calls, each with a longer history, `foreign` prompts before each; the
+    keeper steps after each foreign prompt and tracks each call once it returned (or the
+    loop appends its body to `log`)."""
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test."}]
+    out, tenant = [], Foreign(url)
+    try:
+        with Worker(url) as loop:
+            for turn in range(turns):
+                for _ in range(foreign):
+                    tenant.send()
+                    if keeper is not None:
+                        keeper.step()
+                body = head.body(history, max_tokens=4)
+                _, ev = loop.chat(head, history=history, max_tokens=4)
+                out.append(ev)
+                if log is not None:
+                    with log.open("ab") as f:
+                        f.write(orjson.dumps(body) + b"\n")
+                elif keeper is not None:
+                    keeper.track(body)
+                if keeper is not None:
+                    keeper.step()
+                next_turn(history, turn)
+    finally:
+        tenant.close()
+    return out
+
+
+def resumed_share(evs: list[CallEvidence]) -> float:
+    return sum(ev.cached_tokens or 0 for ev in evs) / sum(ev.prompt_tokens or 0 for ev in evs)
+
+
+def test_a_tracked_session_is_kept_whole(sim: SimServer, reg: Registry) -> None:
+    head = reg.get("loop")
+    with Worker(sim.url, timeout=2.0) as kw:
+        without = agent_loop(sim.url, head, None, turns=6, foreign=5)
+        keeper = KeepAlive(kw, [head])
+        keeper.step()
+        evs = agent_loop(sim.url, head, keeper, turns=6, foreign=5)
+    # The session: every call after the first resumes all but the newest turn.
+    for before, ev in pairwise(evs):
+        assert ev.cached_tokens is not None and before.prompt_tokens is not None
+        assert ev.cached_tokens >= before.prompt_tokens - 16, (before, ev)
+    assert resumed_share(evs) > 0.75 > resumed_share(without)
+    s = keeper.summary
+    assert s.sessions >= 5 and s.resumed >= s.rewarms - 1 and s.backoffs == 0, str(s)
+    assert "re-touched the loop's session" in str(s)
+
+
+def test_track_refuses_a_body_of_no_kept_head(sim: SimServer, reg: Registry) -> None:
+    head = reg.get("loop")
+    with Worker(sim.url, timeout=2.0) as kw:
+        keeper = KeepAlive(kw, [head])
+        other = {"messages": [{"role": "system", "content": "another prompt"}]}
+        with pytest.raises(Exception, match="none of the kept heads"):
+            keeper.track(other)
+        assert keeper.track(head.body([{"role": "user", "content": "hi"}])) == head.sha256
+
+
+def test_rewarm_pays_weighs_tokens_kept_warm_against_prefill_spent() -> None:
+    assert rewarm_pays([]) == (True, "0 re-warms measured")
+    assert rewarm_pays([(0, 1400), (0, 1400)])[0]  # too few to say no
+    assert rewarm_pays([(1360, 15)] * 3)[0]
+    pays, why = rewarm_pays([(0, 1400)] * 3)
+    assert not pays and why == (
+        "0 of the last 3 re-warms kept; 0 tokens kept warm <= 4,200 tokens of prefill spent"
+    )
+    assert not rewarm_pays([(1360, 15), (0, 1366)] * 2)[0]  # half partial: more spent
+    assert rewarm_pays([(1360, 15), (1360, 15), (0, 1366)])[0]
+    assert rewarm_pays([(0, 1400)] * 3 + [(1360, 15)] * 6)[0]  # only the last 6 count
+
+
+def test_a_keeper_that_cannot_help_backs_off_and_says_why(sim: SimServer, reg: Registry) -> None:
+    # Foreign prompts flood the 8-entry LRU between two polls: every re-warm comes back
+    # cold, so re-warming only adds prefill. The keeper stops after a few and says why.
+    head = reg.get("loop")
+    with Worker(sim.url, timeout=2.0) as kw:
+        keeper = KeepAlive(kw, [head], budget=2)
+        keeper.step()
+        tenant = Foreign(sim.url)
+        try:
+            for _ in range(12):
+                tenant.send(8)
+                keeper.step()
+        finally:
+            tenant.close()
+    s = keeper.summary
+    assert s.cold == 4 and s.rewarms == 4 and s.backoffs == 1, str(s)
+    assert s.backoff_reason is not None and s.backoff_reason.startswith("0 of the last 3")
+    assert "backed off 1 times (0 of the last 3 re-warms kept" in str(s)
+
+
+def test_session_file_reads_complete_lines_and_refuses_a_fifo(
+    reg: Registry, tmp_path: Path
+) -> None:
+    path = tmp_path / "session.jsonl"
+    sf = SessionFile(path)
+    assert sf.read() == (0, None)  # the loop has not called yet
+    path.write_bytes(b'{"messages": []}\n{"messages": [1]}\n{"half": ')
+    assert sf.read() == (2, {"messages": [1]})
+    assert sf.read() == (0, None)
+    with path.open("ab") as f:
+        f.write(b'"line"}\nnot json\n')
+    assert sf.read() == (2, None) and sf.bad == 1
+    path.write_bytes(b'{"a": 1}\n')  # truncated by the loop: start over
+    assert sf.read() == (1, {"a": 1})
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(Exception, match="not a regular file"):
+        SessionFile(fifo)
+    res = run_cli(
+        *("keepalive", "loop", "--session", str(fifo), "--registry", str(reg.root)),
+        *("--worker", "http://127.0.0.1:9"),  # refused before any connection
+    )
+    assert res.returncode == 2 and b"not a regular file" in res.stderr, res.stderr
+
+
+def test_cli_session_file_keeps_the_session_and_sigterm_prints_the_summary(
+    sim: SimServer, reg: Registry, tmp_path: Path
+) -> None:
+    log = tmp_path / "session.jsonl"
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "prefixreg", "keepalive", "loop", "--worker", sim.url),
+            *("--registry", str(reg.root), "--session", str(log), "--poll", "0.02"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    try:
+        time.sleep(2.0)  # started, first warm sent
+        head = reg.get("loop")
+        # The keeper polls every 20 ms; the loop gives it room between foreign prompts.
+        history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test."}]
+        evs, tenant = [], Foreign(sim.url)
+        with Worker(sim.url) as loop:
+            for turn in range(5):
+                for _ in range(5):
+                    tenant.send()
+                    time.sleep(0.15)
+                _, ev = loop.chat(head, history=history, max_tokens=4)
+                evs.append(ev)
+                with log.open("ab") as f:
+                    f.write(orjson.dumps(head.body(history, max_tokens=4)) + b"\n")
+                time.sleep(0.15)
+                next_turn(history, turn)
+        tenant.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert b"re-touched the loop's session" in out, out
+    assert b"Traceback" not in err
+    for before, ev in pairwise(evs[1:]):
+        assert ev.cached_tokens is not None and before.prompt_tokens is not None
+        assert ev.cached_tokens >= before.prompt_tokens - 16, (before, ev)
