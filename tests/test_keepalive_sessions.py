@@ -14,9 +14,10 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
+from prefixreg import Session
+from prefixreg.core.errors import UsageError
 from prefixreg.core.frame import Head
 from prefixreg.core.records import CallEvidence
 from prefixreg.registry.store import Registry
@@ -64,6 +65,7 @@ def agent_loop(
     loop appends its body to `log`)."""
     history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test."}]
     out, tenant = [], Foreign(url)
+    session = Session(head, keeper=None if log is not None else keeper, log=log)
     try:
         with Worker(url) as loop:
             for turn in range(turns):
@@ -71,14 +73,10 @@ def agent_loop(
                     tenant.send()
                     if keeper is not None:
                         keeper.step()
-                body = head.body(history, max_tokens=4)
+                body = session.body(history, max_tokens=4)
                 _, ev = loop.chat(head, history=history, max_tokens=4)
                 out.append(ev)
-                if log is not None:
-                    with log.open("ab") as f:
-                        f.write(orjson.dumps(body) + b"\n")
-                elif keeper is not None:
-                    keeper.track(body)
+                session.sent(body)
                 if keeper is not None:
                     keeper.step()
                 next_turn(history, turn)
@@ -169,6 +167,10 @@ def test_session_file_reads_complete_lines_and_refuses_a_fifo(
     os.mkfifo(fifo)
     with pytest.raises(Exception, match="not a regular file"):
         SessionFile(fifo)
+    with pytest.raises(UsageError, match="fifo"):  # no reader: refused, never waited on
+        Session(reg.get("loop"), log=fifo).sent({"messages": []})
+    with pytest.raises(UsageError, match="Is a directory"):
+        Session(reg.get("loop"), log=tmp_path).sent({"messages": []})
     res = run_cli(
         *("keepalive", "loop", "--session", str(fifo), "--registry", str(reg.root)),
         *("--worker", "http://127.0.0.1:9"),  # refused before any connection
@@ -202,8 +204,7 @@ def test_cli_session_file_keeps_the_session_and_sigterm_prints_the_summary(
                     time.sleep(0.15)
                 _, ev = loop.chat(head, history=history, max_tokens=4)
                 evs.append(ev)
-                with log.open("ab") as f:
-                    f.write(orjson.dumps(head.body(history, max_tokens=4)) + b"\n")
+                Session(head, log=log).sent(head.body(history, max_tokens=4))
                 time.sleep(0.15)
                 next_turn(history, turn)
         tenant.close()
