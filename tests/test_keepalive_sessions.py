@@ -59,13 +59,14 @@ def agent_loop(
     turns: int,
     foreign: int,
     log: Path | None = None,
+    touch: bool = False,
 ) -> list[CallEvidence]:
     """`turns` loop calls, each with a longer history, `foreign` prompts before each; the
     keeper steps after each foreign prompt and tracks each call once it returned (or the
     loop appends its body to `log`)."""
     history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test."}]
     out, tenant = [], Foreign(url)
-    session = Session(head, keeper=None if log is not None else keeper, log=log)
+    session = Session(head, keeper=None if log is not None or touch else keeper, log=log)
     try:
         with Worker(url) as loop:
             for turn in range(turns):
@@ -77,6 +78,8 @@ def agent_loop(
                 _, ev = loop.chat(head, history=history, max_tokens=4)
                 out.append(ev)
                 session.sent(body)
+                if keeper is not None and touch:
+                    keeper.touch(head.sha256)
                 if keeper is not None:
                     keeper.step()
                 next_turn(history, turn)
@@ -217,3 +220,21 @@ def test_cli_session_file_keeps_the_session_and_sigterm_prints_the_summary(
     for before, ev in pairwise(evs[1:]):
         assert ev.cached_tokens is not None and before.prompt_tokens is not None
         assert ev.cached_tokens >= before.prompt_tokens - 16, (before, ev)
+
+
+def test_on_the_simulator_the_turn_time_stays_flat_with_the_session_kept(
+    reg: Registry,
+) -> None:
+    # Issue 23's acceptance: the loop's turn time from turn 2 to turn 8 grows by at most
+    # 1.5x with its session kept; with its head alone kept, the history is re-prefilled.
+    head = reg.get("loop")
+    walls: dict[str, list[float]] = {}
+    for mode in ("head", "session"):
+        with SimServer(SimConfig(speed=20)) as slow, Worker(slow.url, timeout=5.0) as kw:
+            keeper = KeepAlive(kw, [head])
+            keeper.step()
+            # "head": the loop's calls are uses (touch), its history is not kept.
+            evs = agent_loop(slow.url, head, keeper, turns=8, foreign=5, touch=mode == "head")
+        walls[mode] = [ev.wall_s or 0.0 for ev in evs]
+    assert walls["session"][7] <= 1.5 * walls["session"][1], walls
+    assert walls["head"][7] > 2 * walls["head"][1], walls
