@@ -2,7 +2,7 @@
 traffic churns, re-warming each one before one more foreign prompt could evict it. It counts
 what the server counts (`server.activity`): `stores` on `/cache` (Halogen), prompts on
 llama.cpp (`/slots`, else `/metrics`), else time; the budget is `measure.budget`'s; the
-records and the restore of a head lost to a llama.cpp restart are `.rewarm`'s.
+records and the restore of a head lost to a llama.cpp restart or eviction are `.rewarm`'s.
 
 Invariants:
 - One request at a time: polls and re-warms run in one thread (`step`); the loop's `touch`
@@ -39,22 +39,16 @@ from typing import Any, Final
 
 from prefixreg.core.errors import EngineBusyError, UsageError, WorkerError, WorkerTimeoutError
 from prefixreg.core.frame import Frame, Head
-from prefixreg.core.judge import Verdict, judge
-from prefixreg.core.prefix import Prefix, fresh_tail
+from prefixreg.core.judge import Verdict
+from prefixreg.core.prefix import Prefix
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
 from prefixreg.server.transport import check_seconds
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm, restore_for_keepalive
-from prefixreg.verbs.keepalive.session import CostGate, SessionFile, session_bytes, session_of
+from prefixreg.verbs.keepalive.session import CostGate, SessionFile, rewarm_call, session_of
 from prefixreg.verbs.measure.budget import budget_for
-from prefixreg.verbs.measure.calls import (
-    CallRecord,
-    judge_check,
-    measured_call,
-    measured_span,
-    record_measurement,
-)
+from prefixreg.verbs.measure.calls import CallRecord, measured_span, record_measurement
 
 MAX_ERRORS: Final = 5
 MAX_BACKOFF_S: Final = 30.0
@@ -76,6 +70,7 @@ class _Kept:
     last_used: float = 0.0
     slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
     lost: bool = False  # the server restarted since this head was last warmed
+    evicted: bool = False  # as many foreign prompts as slots landed since its last use
     session: list[dict[str, Any]] | None = None  # the loop's latest history on this head
 
 
@@ -143,6 +138,13 @@ class KeepAlive:
         elif build.profile == "llamacpp":
             # llama.cpp has no /cache but counts its tasks: time is only the last resort.
             self._counter = PromptCounter.detect(worker)
+        # llama.cpp's slots: each holds one prompt, so more heads than slots evict each other,
+        # and as many foreign prompts as slots since a head's last use evicted it.
+        slots = worker.slots() if build.profile == "llamacpp" else None
+        self.slots = len(slots) if slots else None
+        if self.slots is not None and len(self._kept) > self.slots:
+            n = len(self._kept)
+            raise UsageError(f"KeepAlive: {n} heads on {self.slots} slots evict each other")
         self.budget = budget_for(
             build,
             counters,
@@ -220,12 +222,14 @@ class KeepAlive:
         busy = self._counter.busy if self._counter is not None else set()
         for sha, kept in self._kept.items():
             if sha in touched and self._counter is not None:
-                kept.baseline = self._counter.total
+                kept.baseline, kept.evicted = self._counter.total, False
             if kept.slot is not None and kept.slot in busy:
                 # Its slot serves a prompt (most likely the loop's own call on this head): a
                 # re-warm now would prefill it cold in another slot. Decide on the next poll.
                 continue
             since = self._since(kept, now)
+            if self.slots and self.budget.unit == "prompts" and (since or 0) >= self.slots:
+                kept.evicted = True  # restore it (when it has a snapshot), not re-prefill it
             if since is None or self.budget.due(since):
                 due.append(kept)
         return due
@@ -269,34 +273,24 @@ class KeepAlive:
     def _rewarm(self, kept: _Kept, since: float | None) -> Rewarm:
         counter, head, snap = self._counter, kept.head, None
         first = since is None or kept.lost or not kept.last_used  # cold by nature: no outcome
-        if kept.lost and self.registry is not None and self.build.profile == "llamacpp":
-            taken = {k.slot for k in self._kept.values() if k.slot is not None and not k.lost}
+        lost = kept.lost or kept.evicted
+        if lost and self.registry is not None and self.build.profile == "llamacpp":
+            held = [k for k in self._kept.values() if k is not kept and not (k.lost or k.evicted)]
+            taken = {k.slot for k in held if k.slot is not None}
             snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
         verdict: Verdict
         if snap is not None and snap.check is not None:
             # The judge's `restored` (judge_restore) stands on a resumed pinned check.
             record, verdict = snap.check, "resumed"
         else:
-            tail, stores = fresh_tail(), isinstance(counter, StoresCounter)
             last = counter.last if isinstance(counter, StoresCounter) else None
-            history, align = kept.session, self.build.snapshot_align
-            record = measured_call(
-                self.worker,
-                head,
-                phase="keepalive",
-                tail=tail,
-                with_cache=stores,
-                before=last,
-                history=history,
+            align, stores = self.build.snapshot_align, isinstance(counter, StoresCounter)
+            call = (self.worker, head, kept.session)
+            record, verdict = rewarm_call(
+                *call, span=kept.span, before=last, alignment=align, with_cache=stores
             )
-            if history is None:
-                verdict = judge_check(
-                    record.evidence, head, tail=tail, alignment=align, measured=kept.span
-                ).verdict
-            else:  # the session's span: its head and history, all of it re-touched
-                hb = session_bytes(head, history)
-                verdict = judge(record.evidence, head_bytes=hb, alignment=align).verdict
-        kept.lost, kept.last_used = False, time.monotonic()
+        kept.lost = kept.evicted = False
+        kept.last_used = time.monotonic()
         if counter is not None:
             self._rebase(kept, counter, record)
         change = self.budget.learn(record.before, record.after, record.interleaved, verdict, since)

@@ -26,8 +26,12 @@ from typing import Any, Final
 from prefixreg.core.errors import PrefixregError, UsageError
 from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import dumps_ordered, loads
-from prefixreg.core.prefix import check_history
+from prefixreg.core.judge import Verdict, judge
+from prefixreg.core.prefix import check_history, fresh_tail
+from prefixreg.core.records import CacheCounters
 from prefixreg.registry.fsutil import read_user_file
+from prefixreg.server.worker import Worker
+from prefixreg.verbs.measure.calls import CallRecord, judge_check, measured_call
 
 # The re-warms the cost rule looks back on, and how many it needs before it may say no.
 WINDOW: Final = 6
@@ -53,6 +57,35 @@ def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
 def session_bytes(head: Head, history: Sequence[Mapping[str, Any]]) -> int:
     """The bytes a session's span stands on: the head's and its history's (as JSON)."""
     return head.head_bytes + len(dumps_ordered(list(history)).encode("utf-8"))
+
+
+def rewarm_call(
+    worker: Worker,
+    head: Head,
+    session: Sequence[Mapping[str, Any]] | None,
+    *,
+    span: int | None,
+    alignment: int,
+    before: CacheCounters | None,
+    with_cache: bool,
+) -> tuple[CallRecord, Verdict]:
+    """One re-warm and the judge's verdict on it: the session re-touched whole (judged against
+    its span), else the head with a fresh tail (against its `span` measured on this build)."""
+    tail = fresh_tail()
+    record = measured_call(
+        worker,
+        head,
+        phase="keepalive",
+        tail=tail,
+        with_cache=with_cache,
+        before=before,
+        history=session,
+    )
+    if session is None:
+        j = judge_check(record.evidence, head, tail=tail, alignment=alignment, measured=span)
+    else:
+        j = judge(record.evidence, head_bytes=session_bytes(head, session), alignment=alignment)
+    return record, j.verdict
 
 
 def rewarm_pays(outcomes: Sequence[tuple[int, int]]) -> tuple[bool, str]:
