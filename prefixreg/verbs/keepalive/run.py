@@ -15,16 +15,15 @@ Invariants:
   off exponentially; five worker errors with no answered poll between them stop the keeper,
   and so does anything else that goes wrong in its thread (`stopped_because`).
 - Only foreign activity counts: a head is never due before a foreign prompt has stored (or
-  run); the keeper's own re-warms are taken off the other kept heads' counts, and each
+  run); the keeper's re-warms and the loop's calls (tracked or touched) are taken off the
+  other kept heads' counts, and each
   stores budget is reduced by the entries the other kept heads hold instead.
 - A kept frame is re-warmed with its whole head, byte for byte as the loop sends it; its
   measurement is filed under the system sha, with `frame` set.
-- A head with a session (`track`, `session=FILE`: the loop's latest request on it) is
-  re-warmed by re-touching that request whole, judged against the session's span
-  (`.session`); a head without one is re-warmed with a fresh tail. The loop's own calls
-  are uses, not foreign prompts: it tracks (or touches) each after it returns.
-- Never slower: a re-warm is sent only while `session.rewarm_pays` says the re-warms keep
-  more tokens warm than they prefill; otherwise the keeper backs off and says why.
+- A head with a session (`track`, `session=FILE`: the loop's latest request on it, told
+  once the call returned) is re-warmed by re-touching it whole (`.session`), else with a
+  fresh tail. Never slower: re-warms are sent only while `session.rewarm_pays` (they keep
+  more tokens warm than they prefill); else the keeper backs off and says why.
 """
 
 from __future__ import annotations
@@ -170,10 +169,8 @@ class KeepAlive:
         return sha
 
     def _track(self, body: object) -> str | None:
-        frames_first = sorted(self._kept.values(), key=lambda k: k.head.kind != "frame")
-        for kept in frames_first:
-            history = session_of(kept.head, body)
-            if history is not None:
+        for kept in sorted(self._kept.values(), key=lambda k: k.head.kind != "frame"):
+            if (history := session_of(kept.head, body)) is not None:
                 with self._lock:
                     kept.session = history or None
                 self.touch(kept.head.sha256)
@@ -220,9 +217,13 @@ class KeepAlive:
             touched, self._touched = self._touched, set()
         due = []
         busy = self._counter.busy if self._counter is not None else set()
-        for sha, kept in self._kept.items():
-            if sha in touched and self._counter is not None:
+        for sha, kept in self._kept.items():  # the loop's uses first: none is foreign
+            if sha in touched and kept.slot in busy:  # the loop's call still ends there:
+                self.touch(sha)  # take its baseline once the slot has counted it
+            elif sha in touched and self._counter is not None:
                 kept.baseline, kept.evicted = self._counter.total, False
+                self._discount(kept, float(self.budget.per_request))
+        for kept in self._kept.values():
             if kept.slot is not None and kept.slot in busy:
                 # Its slot serves a prompt (most likely the loop's own call on this head): a
                 # re-warm now would prefill it cold in another slot. Decide on the next poll.
@@ -289,8 +290,7 @@ class KeepAlive:
             record, verdict = rewarm_call(
                 *call, span=kept.span, before=last, alignment=align, with_cache=stores
             )
-        kept.lost = kept.evicted = False
-        kept.last_used = time.monotonic()
+        kept.lost, kept.evicted, kept.last_used = False, False, time.monotonic()
         if counter is not None:
             self._rebase(kept, counter, record)
         change = self.budget.learn(record.before, record.after, record.interleaved, verdict, since)
@@ -347,6 +347,10 @@ class KeepAlive:
                 kept.baseline = min(got[0], before + 1)
                 landed = counter.changed
                 kept.slot = next(iter(landed)) if len(landed) == 1 else None
+        self._discount(kept, own)
+
+    def _discount(self, kept: _Kept, own: float) -> None:
+        """A request of ours on `kept` (a re-warm, a loop call) is not foreign to the others."""
         for other in self._kept.values():
             if other is not kept and other.baseline is not None:
                 other.baseline += own
