@@ -130,6 +130,11 @@ def test_rewarm_pays_weighs_tokens_kept_warm_against_prefill_spent() -> None:
     assert not rewarm_pays([(1360, 15), (0, 1366)] * 2)[0]  # half partial: more spent
     assert rewarm_pays([(1360, 15), (1360, 15), (0, 1366)])[0]
     assert rewarm_pays([(0, 1400)] * 3 + [(1360, 15)] * 6)[0]  # only the last 6 count
+    # Known evicted: re-prefilled, it saves the loop's next call at most what it spends.
+    assert rewarm_pays([(1360, 15)] * 6, evicted=True) == (
+        False,
+        "evicted: a re-prefill would spend what the loop's next call saves",
+    )
 
 
 def test_a_keeper_that_cannot_help_backs_off_and_says_why(sim: SimServer, reg: Registry) -> None:

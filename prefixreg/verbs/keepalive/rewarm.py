@@ -115,6 +115,7 @@ class KeepAliveSummary:
     sessions: int = 0  # re-warms that re-touched the loop's session (head and history)
     session_skipped: int = 0  # session lines that sent none of the kept heads
     backoffs: int = 0  # times the cost rule held re-warms back
+    left_to_loop: int = 0  # evicted heads not restored: not re-prefilled (the cost rule)
     backoff_reason: str | None = None  # the latest one's reason
 
     def count(
@@ -175,6 +176,11 @@ class KeepAliveSummary:
             text += f"; {self.sessions} re-touched the loop's session"
         if self.session_skipped:
             text += f"; {self.session_skipped} session lines sent no kept head"
+        if self.left_to_loop:
+            text += (
+                f"; {self.left_to_loop} evicted heads left to the loop (a re-prefill would "
+                "spend what it saves)"
+            )
         if self.backoffs:
             text += f"; backed off {self.backoffs} times ({self.backoff_reason})"
         return text

@@ -32,7 +32,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -44,8 +43,8 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
 from prefixreg.server.transport import check_seconds
 from prefixreg.server.worker import Worker
+from prefixreg.verbs.keepalive import session as ks
 from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm, restore_for_keepalive
-from prefixreg.verbs.keepalive.session import CostGate, SessionFile, rewarm_call, session_of
 from prefixreg.verbs.measure.budget import budget_for
 from prefixreg.verbs.measure.calls import CallRecord, measured_span, record_measurement
 
@@ -59,18 +58,6 @@ def positive_seconds(name: str, value: object) -> float:
     if not (math.isfinite(number) and number > 0):
         raise UsageError(f"{name} must be a finite number of seconds above 0, not {value!r}")
     return float(number)
-
-
-@dataclass(slots=True)
-class _Kept:
-    head: Head  # a frame: its whole head is re-warmed
-    span: int | None  # the head's span as a resumed warm measured it on this build
-    baseline: float | None = None  # the counter when last used; None: never warmed
-    last_used: float = 0.0
-    slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
-    lost: bool = False  # the server restarted since this head was last warmed
-    evicted: bool = False  # as many foreign prompts as slots landed since its last use
-    session: list[dict[str, Any]] | None = None  # the loop's latest history on this head
 
 
 class KeepAlive:
@@ -115,8 +102,8 @@ class KeepAlive:
             registry.refuse_on_mirror("record keepalive measurements")
         self.worker, self.registry, self.on_rewarm = worker, registry, on_rewarm
         self.summary = KeepAliveSummary()
-        self.gate = CostGate()
-        self.session_file = None if session is None else SessionFile(session)
+        self.gate = ks.CostGate()
+        self.session_file = None if session is None else ks.SessionFile(session)
         self.history: list[Rewarm] = []
         self._touched: set[str] = set()
         self._lock = threading.Lock()
@@ -125,10 +112,10 @@ class KeepAlive:
         self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
         self._backoff_until = 0.0
         self.build = build = worker.server_build()
-        self._kept: dict[str, _Kept] = {}
+        self._kept: dict[str, ks.Kept] = {}
         for h in prefixes:
             span = None if registry is None else measured_span(registry, h, build.build_id)
-            self._kept[h.sha256] = _Kept(h, span)
+            self._kept[h.sha256] = ks.Kept(h, span)
         counters = worker.cache() if build.profile == "halogen" else None
         self._counter: Counter | None = None
         if counters is not None and counters.stores is not None:
@@ -170,7 +157,7 @@ class KeepAlive:
 
     def _track(self, body: object) -> str | None:
         for kept in sorted(self._kept.values(), key=lambda k: k.head.kind != "frame"):
-            if (history := session_of(kept.head, body)) is not None:
+            if (history := ks.session_of(kept.head, body)) is not None:
                 with self._lock:
                     kept.session = history or None
                 self.touch(kept.head.sha256)
@@ -207,12 +194,12 @@ class KeepAlive:
             kept.baseline, kept.slot, kept.lost = None, None, True
         return total
 
-    def _since(self, kept: _Kept, now: float) -> float | None:
+    def _since(self, kept: ks.Kept, now: float) -> float | None:
         if self._counter is None:
             return now - kept.last_used
         return None if kept.baseline is None else self._counter.total - kept.baseline
 
-    def _due(self, now: float) -> list[_Kept]:
+    def _due(self, now: float) -> list[ks.Kept]:
         with self._lock:
             touched, self._touched = self._touched, set()
         due = []
@@ -221,15 +208,16 @@ class KeepAlive:
             if sha in touched and kept.slot in busy:  # the loop's call still ends there:
                 self.touch(sha)  # take its baseline once the slot has counted it
             elif sha in touched and self._counter is not None:
-                kept.baseline, kept.evicted = self._counter.total, False
+                kept.baseline, kept.evicted, kept.left = self._counter.total, False, False
                 self._discount(kept, float(self.budget.per_request))
         for kept in self._kept.values():
-            if kept.slot is not None and kept.slot in busy:
+            if kept.left or (kept.slot is not None and kept.slot in busy):
                 # Its slot serves a prompt (most likely the loop's own call on this head): a
                 # re-warm now would prefill it cold in another slot. Decide on the next poll.
                 continue
-            since = self._since(kept, now)
-            if self.slots and self.budget.unit == "prompts" and (since or 0) >= self.slots:
+            since = self._since(kept, now)  # a left head waits for the loop; a busy slot: see
+            gone = max(self.slots or 0, self.budget.limit + 1)  # no survival says longer
+            if self.slots and self.budget.unit == "prompts" and (since or 0) >= gone:
                 kept.evicted = True  # restore it (when it has a snapshot), not re-prefill it
             if since is None or self.budget.due(since):
                 due.append(kept)
@@ -250,7 +238,8 @@ class KeepAlive:
         allowed = self.gate.allow(now) if due else 0
         for kept in due[:allowed]:
             try:
-                done.append(self._rewarm(kept, self._since(kept, time.monotonic())))
+                rewarm = self._rewarm(kept, self._since(kept, time.monotonic()))
+                done += [] if rewarm is None else [rewarm]
             except WorkerError as exc:
                 self._error(backoff=isinstance(exc, EngineBusyError))
                 break
@@ -271,7 +260,7 @@ class KeepAlive:
             self.summary.stopped_by_worker = True
             self._stop.set()
 
-    def _rewarm(self, kept: _Kept, since: float | None) -> Rewarm:
+    def _rewarm(self, kept: ks.Kept, since: float | None) -> Rewarm | None:
         counter, head, snap = self._counter, kept.head, None
         first = since is None or kept.lost or not kept.last_used  # cold by nature: no outcome
         lost = kept.lost or kept.evicted
@@ -280,6 +269,12 @@ class KeepAlive:
             taken = {k.slot for k in held if k.slot is not None}
             snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
         verdict: Verdict
+        if kept.evicted and (snap is None or snap.check is None):
+            kept.left = not ks.rewarm_pays([], evicted=True)[0]  # re-prefilled, it saves nothing
+            self.summary.left_to_loop += kept.left
+            self.summary.restore_misses += snap is not None and kept.left
+            if kept.left:
+                return None
         if snap is not None and snap.check is not None:
             # The judge's `restored` (judge_restore) stands on a resumed pinned check.
             record, verdict = snap.check, "resumed"
@@ -287,7 +282,7 @@ class KeepAlive:
             last = counter.last if isinstance(counter, StoresCounter) else None
             align, stores = self.build.snapshot_align, isinstance(counter, StoresCounter)
             call = (self.worker, head, kept.session)
-            record, verdict = rewarm_call(
+            record, verdict = ks.rewarm_call(
                 *call, span=kept.span, before=last, alignment=align, with_cache=stores
             )
         kept.lost, kept.evicted, kept.last_used = False, False, time.monotonic()
@@ -317,7 +312,7 @@ class KeepAlive:
             self.on_rewarm(rewarm)
         return rewarm
 
-    def _rebase(self, kept: _Kept, counter: Counter, record: CallRecord) -> None:
+    def _rebase(self, kept: ks.Kept, counter: Counter, record: CallRecord) -> None:
         """After a re-warm: this head counts from now, and what our own request added is not
         foreign activity for the other kept heads (the budget allowed for their entries;
         counting it too would make the keeper re-warm its heads in turn forever)."""
@@ -349,7 +344,7 @@ class KeepAlive:
                 kept.slot = next(iter(landed)) if len(landed) == 1 else None
         self._discount(kept, own)
 
-    def _discount(self, kept: _Kept, own: float) -> None:
+    def _discount(self, kept: ks.Kept, own: float) -> None:
         """A request of ours on `kept` (a re-warm, a loop call) is not foreign to the others."""
         for other in self._kept.values():
             if other is not kept and other.baseline is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import stat
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -39,6 +40,21 @@ MIN_OUTCOMES: Final = 3
 # The first back-off, in seconds; each probe that is not kept doubles it, up to the cap.
 BACKOFF_S: Final = 10.0
 MAX_BACKOFF_S: Final = 600.0
+
+
+@dataclass(slots=True)
+class Kept:
+    """What the keeper knows of one kept head: its span, counts, slot and session."""
+
+    head: Head  # a frame: its whole head is re-warmed
+    span: int | None  # the head's span as a resumed warm measured it on this build
+    baseline: float | None = None  # the counter when last used; None: never warmed
+    last_used: float = 0.0
+    slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
+    lost: bool = False  # the server restarted since this head was last warmed
+    evicted: bool = False  # as many foreign prompts as slots landed since its last use
+    left: bool = False  # evicted, not restored: left to the loop's next call
+    session: list[dict[str, Any]] | None = None  # the loop's latest history on this head
 
 
 def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
@@ -88,11 +104,14 @@ def rewarm_call(
     return record, j.verdict
 
 
-def rewarm_pays(outcomes: Sequence[tuple[int, int]]) -> tuple[bool, str]:
+def rewarm_pays(outcomes: Sequence[tuple[int, int]], *, evicted: bool = False) -> tuple[bool, str]:
     """Whether re-warming pays, from recent re-warms' (tokens kept warm, tokens spent):
     the expected saving (the cached tokens a re-warm kept, on average) must exceed the
     prefill a re-warm spends (its uncached tokens, on average). Too few outcomes: it pays
-    (nothing proves otherwise yet). Returns (pays, why)."""
+    (nothing proves otherwise yet). A head known `evicted` never pays: re-prefilled, it
+    saves the loop's next call at most what it spends. Returns (pays, why)."""
+    if evicted:
+        return False, "evicted: a re-prefill would spend what the loop's next call saves"
     recent = list(outcomes)[-WINDOW:]
     if len(recent) < MIN_OUTCOMES:
         return True, f"{len(recent)} re-warms measured"
