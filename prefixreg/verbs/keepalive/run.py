@@ -210,15 +210,17 @@ class KeepAlive:
             elif sha in touched and self._counter is not None:
                 kept.baseline, kept.evicted, kept.left = self._counter.total, False, False
                 self._discount(kept, float(self.budget.per_request))
+        landed = self._counter.changed if isinstance(self._counter, PromptCounter) else set()
         for kept in self._kept.values():
             if kept.left or (kept.slot is not None and kept.slot in busy):
-                # Its slot serves a prompt (most likely the loop's own call on this head): a
-                # re-warm now would prefill it cold in another slot. Decide on the next poll.
-                continue
-            since = self._since(kept, now)  # a left head waits for the loop; a busy slot: see
-            gone = max(self.slots or 0, self.budget.limit + 1)  # no survival says longer
-            if self.slots and self.budget.unit == "prompts" and (since or 0) >= gone:
-                kept.evicted = True  # restore it (when it has a snapshot), not re-prefill it
+                continue  # left to the loop; or its slot serves a prompt (likely the loop's):
+            since = self._since(kept, now)  # a re-warm now would go cold in another slot
+            # Evicted (llama.cpp): a foreign prompt ended in its slot, or more landed than it
+            # survives: restore it (when it has a snapshot), never re-prefill it.
+            taken = kept.slot in landed and kept.head.sha256 not in touched
+            gone = max(self.slots or 0, self.budget.limit + 1)
+            if self.slots and self.budget.unit == "prompts" and (taken or (since or 0) >= gone):
+                kept.evicted = True
             if since is None or self.budget.due(since):
                 due.append(kept)
         return due
@@ -266,6 +268,7 @@ class KeepAlive:
         lost = kept.lost or kept.evicted
         if lost and self.registry is not None and self.build.profile == "llamacpp":
             held = [k for k in self._kept.values() if k is not kept and not (k.lost or k.evicted)]
+            held += [kept] if kept.evicted and not kept.lost else []  # it may be the loop's
             taken = {k.slot for k in held if k.slot is not None}
             snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
         verdict: Verdict
