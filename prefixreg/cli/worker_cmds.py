@@ -103,6 +103,12 @@ def warm_command(
 def doctor_command(
     worker: c.WorkerOpt = None,
     profile: c.ProfileOpt = None,
+    loops: Annotated[
+        int,
+        typer.Option(
+            "--loops", help="llama.cpp: concurrent loop calls the slots must hold.", min=1
+        ),
+    ] = 1,
     registry: c.RegistryOpt = None,
     json_out: c.JsonOpt = False,
     debug: c.DebugOpt = False,
@@ -110,7 +116,8 @@ def doctor_command(
     """Say what a worker's /health and /cache tell about its prompt cache, and what to change.
 
     With the registry it also weighs Cmax, the best that this build's probe receipts prove,
-    against the registered prefixes' token spans; Cmax under 4,000 tokens is urgent. Exit 0
+    against the registered prefixes' token spans; Cmax under 4,000 tokens is urgent. On
+    llama.cpp it weighs the slots against --loops and names --cache-ram. Exit 0
     when nothing needs changing, 1 when a finding says what to change, 5 worker error.
     """
     from prefixreg.verbs.doctor.run import doctor
@@ -118,7 +125,7 @@ def doctor_command(
     with c.cli_errors(debug):
         reg = c.open_registry_from(registry)
         with c.open_worker(worker, model=None, timeout=30.0, profile=profile) as w:
-            diagnosis = doctor(w, reg)
+            diagnosis = doctor(w, reg, loops=loops)
         lines = [f"worker {w.url} ({diagnosis.profile})"]
         lines += [f"  [{f.level}] {f.text}" for f in diagnosis.findings]
         c.emit(json_out, {"worker": w.url, **diagnosis.to_dict()}, "\n".join(lines) + "\n")

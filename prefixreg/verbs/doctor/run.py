@@ -13,6 +13,12 @@ ceiling beats a lower bound); when every B leg of that receipt resumed, Cmax is 
 bound. A fit is the judge's (`judge_fit`); where the alignment shapes Cmax or a fit, the
 text names it. Below `URGENT_CMAX` tokens the cache does not reach past the system prompt.
 
+On llama.cpp `diagnose_slots` (pure) sets `/props` `total_slots` against the loops that
+share the worker (each concurrent loop call needs a slot holding its session, and foreign
+traffic one more), and names `--cache-ram`, the host-RAM prompt cache `/props` does not
+report (0 turns it off: an evicted prompt is gone, only a snapshot restore avoids its
+re-prefill; on, an evicted prompt comes back from RAM and a slot erase does not clear it).
+
 Nothing here guesses a number the server did not send: a missing field is said to be missing.
 Receipts and measurements are read through the store; an unreadable receipt proves nothing.
 """
@@ -324,7 +330,35 @@ def diagnose_reach(
             d.add(level, "fit", f"{label}: {words} in one entry: {why}{advice}")
 
 
-def doctor(worker: Worker, registry: Registry | None = None) -> Diagnosis:
+def diagnose_slots(d: Diagnosis, props: Mapping[str, object] | None, loops: int = 1) -> None:
+    """Add llama.cpp's slots against `loops` concurrent loop calls, and `--cache-ram` (pure)."""
+    slots = None if props is None else strict_count(props.get("total_slots"))
+    d.numbers["total_slots"] = slots
+    if slots is None:
+        d.add("info", "slots", "/props does not say total_slots: slots cannot be weighed.")
+    elif slots < loops + 1:
+        d.add(
+            "warn",
+            "slots",
+            f"total_slots {slots} for {loops} concurrent loop calls: each needs a slot holding "
+            f"its session and foreign traffic one more, so sessions evict each other. Start "
+            f"llama-server with -np {loops + 1} (or more), or keep at most {max(slots - 1, 1)} "
+            "heads (`keepalive` refuses more heads than slots).",
+        )
+    else:
+        text = f"total_slots {slots}: room for {loops} concurrent loop calls and foreign traffic."
+        d.add("ok", "slots", text)
+    d.add(
+        "info",
+        "cache-ram",
+        "--cache-ram (the host-RAM prompt cache, MiB; 0 turns it off) is not reported by "
+        "/props. Off, an evicted prompt is gone: only a snapshot restore (`prefixreg snapshot "
+        "save`) avoids its re-prefill. On, an evicted prompt comes back from RAM, and a slot "
+        "erase does not clear it (probe's eviction counts then overstate the loss).",
+    )
+
+
+def doctor(worker: Worker, registry: Registry | None = None, *, loops: int = 1) -> Diagnosis:
     """Read `/health` (and `/cache` on Halogen) and diagnose; with a registry, also weigh this
     build's probe receipts against the registered heads.
 
@@ -332,12 +366,16 @@ def doctor(worker: Worker, registry: Registry | None = None) -> Diagnosis:
         UsageError: `worker` is not a `Worker`, or `registry` not a `Registry` or None.
         WorkerError: the worker could not be reached or answered an HTTP error.
     """
-    given: list[object] = [worker, registry]
+    given: list[object] = [worker, registry, loops]
     if not isinstance(given[0], Worker) or not isinstance(given[1], (Registry, type(None))):
         raise UsageError("doctor takes a Worker and, optionally, a Registry")
+    if type(given[2]) is not int or loops < 1:
+        raise UsageError(f"doctor: loops must be a whole number >= 1, not {loops!r}")
     profile = worker.detect_profile()
     health = worker.health() if profile == "halogen" else {}
     diagnosis = diagnose(profile, health, worker.cache_raw() if profile == "halogen" else None)
+    if profile == "llamacpp":
+        diagnose_slots(diagnosis, worker.props(), loops)
     if registry is not None:
         build = worker.server_build()
         diagnosis.numbers["build_id"] = build.build_id
