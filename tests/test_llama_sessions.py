@@ -198,3 +198,36 @@ def test_cli_session_file_on_llamacpp_and_sigterm(
     assert b"re-touched the loop's session" in out, out
     pairs = whole(evs)
     assert sum(c is not None and p is not None and c >= p - 4 for c, p in pairs) >= 2, pairs
+
+
+def test_two_copies_keep_two_concurrent_loop_calls_resumed(
+    llama_server_small_cache: PeerServer, reg: Registry
+) -> None:
+    url, head = llama_server_small_cache.url, reg.head("loop")
+
+    def two_at_once() -> list[CallEvidence]:
+        got: list[CallEvidence] = []
+
+        def call() -> None:
+            with Worker(url) as w:
+                got.append(w.chat(head, "What next?", max_tokens=2, temperature=0)[1])
+
+        calls = [threading.Thread(target=call) for _ in range(2)]
+        for t in calls:
+            t.start()
+        for t in calls:
+            t.join()
+        return got
+
+    llama_server_small_cache.erase_slots()
+    with Worker(url, timeout=5.0) as kw:
+        KeepAlive(kw, [head]).step()  # one copy
+        one = two_at_once()
+        llama_server_small_cache.erase_slots()
+        keeper = KeepAlive(kw, [head], copies=2)
+        assert [r.verdict for r in keeper.step()] == ["cold", "cold"]  # one per slot
+        both = two_at_once()
+        with pytest.raises(UsageError, match="2 heads x 2 copies on 2 slots"):
+            KeepAlive(kw, [head, reg.head("other")], copies=2)
+    assert sorted((ev.cached_tokens or 0) >= 400 for ev in one) == [False, True], one
+    assert all((ev.cached_tokens or 0) >= 400 for ev in both), both

@@ -277,6 +277,14 @@ def keepalive_command(
             "after it returns): keep the loop's latest request warm, not only its head.",
         ),
     ] = None,
+    copies: Annotated[
+        int,
+        typer.Option(
+            "--copies",
+            help="llama.cpp: keep each head in this many slots, one per concurrent loop call.",
+            min=1,
+        ),
+    ] = 1,
     registry: c.RegistryOpt = None,
     json_out: c.JsonOpt = False,
     debug: c.DebugOpt = False,
@@ -315,6 +323,7 @@ def keepalive_command(
                 poll_s=poll,
                 on_rewarm=None if json_out else _say,
                 session=session,
+                copies=copies,
             )
             b = keeper.budget
             if not json_out:

@@ -41,12 +41,13 @@ from prefixreg.core.judge import Verdict
 from prefixreg.core.prefix import Prefix
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
+from prefixreg.server.slots import list_slots
 from prefixreg.server.transport import check_seconds
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.keepalive import session as ks
 from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm, restore_for_keepalive
 from prefixreg.verbs.measure.budget import budget_for
-from prefixreg.verbs.measure.calls import CallRecord, measured_span, record_measurement
+from prefixreg.verbs.measure.calls import measured_span, record_measurement
 
 MAX_ERRORS: Final = 5
 MAX_BACKOFF_S: Final = 30.0
@@ -82,6 +83,7 @@ class KeepAlive:
         poll_s: float = 0.5,
         on_rewarm: Callable[[Rewarm], None] | None = None,
         session: Path | str | None = None,
+        copies: int = 1,
     ) -> None:
         heads: object = prefixes
         if not isinstance(heads, list | tuple) or not heads:
@@ -93,6 +95,7 @@ class KeepAlive:
             (budget is None or (type(budget) is int and budget >= 1), "budget must be >= 1"),
             (on_rewarm is None or callable(on_rewarm), "on_rewarm must be callable"),
             (session is None or isinstance(session, Path | str), "session is a file's path"),
+            (type(copies) is int and copies >= 1, "copies must be a whole number >= 1"),
         ):
             if not ok:
                 raise UsageError(f"KeepAlive: {what}")
@@ -112,10 +115,11 @@ class KeepAlive:
         self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
         self._backoff_until = 0.0
         self.build = build = worker.server_build()
-        self._kept: dict[str, ks.Kept] = {}
+        self._kept: dict[str, ks.Kept] = {}  # by sha, and sha/copy for the copies after one
         for h in prefixes:
             span = None if registry is None else measured_span(registry, h, build.build_id)
-            self._kept[h.sha256] = ks.Kept(h, span)
+            for i in range(copies):
+                self._kept[h.sha256 if i == 0 else f"{h.sha256}/{i}"] = ks.Kept(h, span)
         counters = worker.cache() if build.profile == "halogen" else None
         self._counter: Counter | None = None
         if counters is not None and counters.stores is not None:
@@ -126,11 +130,16 @@ class KeepAlive:
             self._counter = PromptCounter.detect(worker)
         # llama.cpp's slots: each holds one prompt, so more heads than slots evict each other,
         # and as many foreign prompts as slots since a head's last use evicted it.
-        slots = worker.slots() if build.profile == "llamacpp" else None
+        # Copies (as many as the loop runs concurrent calls) are each pinned to a slot.
+        slots = list_slots(worker) if build.profile == "llamacpp" and worker.slots() else None
         self.slots = len(slots) if slots else None
+        if copies > 1 and not slots:
+            raise UsageError("KeepAlive: copies are kept one per slot: llama.cpp's /slots only")
         if self.slots is not None and len(self._kept) > self.slots:
-            n = len(self._kept)
-            raise UsageError(f"KeepAlive: {n} heads on {self.slots} slots evict each other")
+            n = f"{len(prefixes)} heads" + (f" x {copies} copies" if copies > 1 else "")
+            raise UsageError(f"KeepAlive: {n} on {self.slots} slots evict each other")
+        for kept, slot in zip(self._kept.values(), slots or [], strict=False):
+            kept.pin = kept.slot = slot.id if copies > 1 else None
         self.budget = budget_for(
             build,
             counters,
@@ -169,9 +178,10 @@ class KeepAlive:
         if not isinstance(sha256, str):
             raise UsageError(f"touch takes a head's sha256, not {type(sha256).__name__}")
         with self._lock:
-            if sha256 in self._kept:
-                self._touched.add(sha256)
-                self._kept[sha256].last_used = time.monotonic()
+            for kept in self._kept.values():
+                if kept.head.sha256 == sha256:  # every copy of it
+                    self._touched.add(sha256)
+                    kept.last_used = time.monotonic()
         self._wake.set()
 
     def _read(self, counter: Counter) -> float | None:
@@ -204,12 +214,13 @@ class KeepAlive:
             touched, self._touched = self._touched, set()
         due = []
         busy = self._counter.busy if self._counter is not None else set()
-        for sha, kept in self._kept.items():  # the loop's uses first: none is foreign
+        for kept in self._kept.values():  # the loop's uses first: none is foreign
+            sha = kept.head.sha256
             if sha in touched and kept.slot in busy:  # the loop's call still ends there:
                 self.touch(sha)  # take its baseline once the slot has counted it
             elif sha in touched and self._counter is not None:
                 kept.baseline, kept.evicted, kept.left = self._counter.total, False, False
-                self._discount(kept, float(self.budget.per_request))
+                ks.discount(kept, self._kept.values(), float(self.budget.per_request))
         landed = self._counter.changed if isinstance(self._counter, PromptCounter) else set()
         for kept in self._kept.values():
             if kept.left or (kept.slot is not None and kept.slot in busy):
@@ -285,12 +296,13 @@ class KeepAlive:
             last = counter.last if isinstance(counter, StoresCounter) else None
             align, stores = self.build.snapshot_align, isinstance(counter, StoresCounter)
             call = (self.worker, head, kept.session)
+            pin: dict[str, Any] = {} if kept.pin is None else {"id_slot": kept.pin}
             record, verdict = ks.rewarm_call(
-                *call, span=kept.span, before=last, alignment=align, with_cache=stores
+                *call, span=kept.span, before=last, alignment=align, with_cache=stores, **pin
             )
         kept.lost, kept.evicted, kept.last_used = False, False, time.monotonic()
         if counter is not None:
-            self._rebase(kept, counter, record)
+            ks.rebase(kept, self._kept.values(), counter, record, self.budget.per_request)
         change = self.budget.learn(record.before, record.after, record.interleaved, verdict, since)
         if change is not None:
             self.summary.budget_changes.append(change)
@@ -314,44 +326,6 @@ class KeepAlive:
         if self.on_rewarm is not None:
             self.on_rewarm(rewarm)
         return rewarm
-
-    def _rebase(self, kept: ks.Kept, counter: Counter, record: CallRecord) -> None:
-        """After a re-warm: this head counts from now, and what our own request added is not
-        foreign activity for the other kept heads (the budget allowed for their entries;
-        counting it too would make the keeper re-warm its heads in turn forever)."""
-        before = counter.total
-        if isinstance(counter, StoresCounter):
-            own = float(self.budget.per_request)
-            after, b = record.after, record.before
-            if after is not None and after.stores is not None:
-                if b is not None and b.stores is not None and not record.interleaved:
-                    own = float(after.stores - b.stores)
-                counter.saw(after)
-                kept.baseline = counter.total
-            else:
-                # No closing snapshot: count from what was there plus our own stores, so
-                # the next poll sees only what others stored since.
-                kept.baseline = before + own
-        else:
-            # Our own prompt is the one change we expect; any other prompt that landed
-            # meanwhile counts against the head (which slot is least recently used is then
-            # unknown: assume the worse).
-            own, kept.baseline, got = 1.0, before + 1, None
-            try:
-                got = counter.read()
-            except WorkerError:
-                pass  # the next poll sees our prompt and lands on since 0
-            if got is not None:
-                kept.baseline = min(got[0], before + 1)
-                landed = counter.changed
-                kept.slot = next(iter(landed)) if len(landed) == 1 else None
-        self._discount(kept, own)
-
-    def _discount(self, kept: ks.Kept, own: float) -> None:
-        """A request of ours on `kept` (a re-warm, a loop call) is not foreign to the others."""
-        for other in self._kept.values():
-            if other is not kept and other.baseline is not None:
-                other.baseline += own
 
     @property
     def alive(self) -> bool:

@@ -19,18 +19,19 @@ Invariants:
 from __future__ import annotations
 
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from prefixreg.core.errors import PrefixregError, UsageError
+from prefixreg.core.errors import PrefixregError, UsageError, WorkerError
 from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import dumps_ordered, loads
 from prefixreg.core.judge import Verdict, judge
 from prefixreg.core.prefix import check_history, fresh_tail
 from prefixreg.core.records import CacheCounters
 from prefixreg.registry.fsutil import read_user_file
+from prefixreg.server.activity import Counter, StoresCounter
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import CallRecord, judge_check, measured_call
 
@@ -55,6 +56,7 @@ class Kept:
     evicted: bool = False  # as many foreign prompts as slots landed since its last use
     left: bool = False  # evicted, not restored: left to the loop's next call
     session: list[dict[str, Any]] | None = None  # the loop's latest history on this head
+    pin: int | None = None  # llama.cpp: the slot this copy is kept in (one per copy)
 
 
 def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
@@ -84,6 +86,7 @@ def rewarm_call(
     alignment: int,
     before: CacheCounters | None,
     with_cache: bool,
+    **params: Any,
 ) -> tuple[CallRecord, Verdict]:
     """One re-warm and the judge's verdict on it: the session re-touched whole (judged against
     its span), else the head with a fresh tail (against its `span` measured on this build)."""
@@ -96,6 +99,7 @@ def rewarm_call(
         with_cache=with_cache,
         before=before,
         history=session,
+        **params,
     )
     if session is None:
         j = judge_check(record.evidence, head, tail=tail, alignment=alignment, measured=span)
@@ -212,3 +216,45 @@ class SessionFile:
         except PrefixregError:
             self.bad += 1
             return new, None
+
+
+def rebase(
+    kept: Kept, all_kept: Iterable[Kept], counter: Counter, record: CallRecord, per_request: int
+) -> None:
+    """After a re-warm of `kept`: it counts from now, and what our own request added is not
+    foreign activity for the other kept heads (the budget allowed for their entries;
+    counting it too would make the keeper re-warm its heads in turn forever)."""
+    before = counter.total
+    if isinstance(counter, StoresCounter):
+        own = float(per_request)
+        after, b = record.after, record.before
+        if after is not None and after.stores is not None:
+            if b is not None and b.stores is not None and not record.interleaved:
+                own = float(after.stores - b.stores)
+            counter.saw(after)
+            kept.baseline = counter.total
+        else:
+            # No closing snapshot: count from what was there plus our own stores, so
+            # the next poll sees only what others stored since.
+            kept.baseline = before + own
+    else:
+        # Our own prompt is the one change we expect; any other prompt that landed
+        # meanwhile counts against the head (which slot is least recently used is then
+        # unknown: assume the worse).
+        own, kept.baseline, got = 1.0, before + 1, None
+        try:
+            got = counter.read()
+        except WorkerError:
+            pass  # the next poll sees our prompt and lands on since 0
+        if got is not None:
+            kept.baseline = min(got[0], before + 1)
+            landed = counter.changed
+            kept.slot = next(iter(landed)) if len(landed) == 1 else kept.pin
+    discount(kept, all_kept, own)
+
+
+def discount(kept: Kept, all_kept: Iterable[Kept], own: float) -> None:
+    """A request of ours on `kept` (a re-warm, a loop call) is not foreign to the others."""
+    for other in all_kept:
+        if other is not kept and other.baseline is not None:
+            other.baseline += own
