@@ -14,6 +14,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from prefixreg import Session
@@ -243,3 +244,31 @@ def test_on_the_simulator_the_turn_time_stays_flat_with_the_session_kept(
         walls[mode] = [ev.wall_s or 0.0 for ev in evs]
     assert walls["session"][7] <= 1.5 * walls["session"][1], walls
     assert walls["head"][7] > 2 * walls["head"][1], walls
+
+
+def test_keepalive_on_a_pool_keeps_each_head_on_the_worker_that_holds_it(
+    reg: Registry, tmp_path: Path
+) -> None:
+    reg.add("Another loop's system prompt, kept on another worker.\n" * 60, name="other")
+    with SimServer(SimConfig(speed=5000)) as one, SimServer(SimConfig(speed=5000)) as two:
+        pool = tmp_path / "pool.json"
+        workers = [{"url": one.url, "capacity": 1}, {"url": two.url, "capacity": 1}]
+        pool.write_bytes(orjson.dumps({"workers": workers}))
+        root = str(reg.root)
+        warmed = run_cli("pool", "warm", "loop", "other", "--pool", str(pool), "--registry", root)
+        assert warmed.returncode == 0, warmed.stdout + warmed.stderr
+        placed = orjson.loads(pool.with_name("pool.json.placement.json").read_bytes())
+        res = run_cli(
+            *("keepalive", "loop", "other", "--pool", str(pool), "--registry", root),
+            *("--duration", "0.5", "--poll", "0.05", "--json"),
+        )
+        missing = run_cli("keepalive", "loop", "--pool", str(tmp_path / "none.json"))
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert sorted(w["worker"] for w in out["workers"]) == sorted([one.url, two.url])
+    assert all(w["rewarms"] >= 1 for w in out["workers"])
+    where = {e["sha256"]: e["worker"] for e in placed["entries"]}
+    kept = [m for m in reg.measurements() if m.kind == "keepalive"]
+    assert {m.sha256 for m in kept} == set(where)
+    assert all(m.worker == where[m.sha256] for m in kept)  # each on the worker holding it
+    assert missing.returncode == 2

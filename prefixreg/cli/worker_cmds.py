@@ -8,10 +8,12 @@ from __future__ import annotations
 import re
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -19,7 +21,10 @@ from prefixreg.cli import _common as c
 from prefixreg.core.errors import UsageError
 
 if TYPE_CHECKING:
+    from prefixreg.core.frame import Head
+    from prefixreg.registry.store import Registry
     from prefixreg.verbs.keepalive.rewarm import Rewarm
+    from prefixreg.verbs.keepalive.run import KeepAlive
 
 
 def warm_command(
@@ -277,6 +282,14 @@ def keepalive_command(
             "after it returns): keep the loop's latest request warm, not only its head.",
         ),
     ] = None,
+    pool: Annotated[
+        Path | None,
+        typer.Option(
+            "--pool",
+            help="A pool file: keep each head on the worker that holds it (its placement "
+            "from `pool warm`), one keeper per worker.",
+        ),
+    ] = None,
     copies: Annotated[
         int,
         typer.Option(
@@ -313,36 +326,83 @@ def keepalive_command(
         seconds = None if duration is None else parse_duration(duration)
         reg = c.open_registry_from(registry)
         heads = [reg.head(ref) for ref in refs]  # resolved and verified once, before sending
-        with Worker(c.worker_url(worker), timeout=5.0) as w:
-            keeper = KeepAlive(
-                w,
-                heads,
-                registry=reg,
-                budget=budget,
-                interval_s=interval,
-                poll_s=poll,
-                on_rewarm=None if json_out else _say,
-                session=session,
-                copies=copies,
-            )
-            b = keeper.budget
-            if not json_out:
-                c.info(f"keeping {len(heads)} heads on {w.url}; budget {b.describe()} ({b.source})")
-            stopped = signal.signal(signal.SIGTERM, lambda *_: keeper.stop())
-            try:
-                summary = keeper.run(seconds)
-            except KeyboardInterrupt:
-                summary = keeper.summary
-            finally:
-                signal.signal(signal.SIGTERM, stopped)
-        lines = [str(summary), *(f"  {change}" for change in summary.budget_changes)]
-        c.emit(json_out, {"budget": b.to_dict(), **summary.to_dict()}, "\n".join(lines) + "\n")
-        if summary.stopped_because:
-            c.info(f"stopped: {summary.stopped_because}")
-            raise typer.Exit(int(c.ExitCode.WORKER if summary.stopped_by_worker else c.ExitCode.NO))
-        if summary.succeeded == 0:
-            # The keeper's claim is "these heads were kept warm": a run in which not one
-            # re-warm came back with counts the judge could read proved nothing of the kind.
-            why = f"{summary.errors} worker errors" if summary.errors else "no verified counts"
-            c.info(f"no re-warm succeeded in this run ({why})")
-            raise typer.Exit(int(c.ExitCode.WORKER if summary.errors else c.ExitCode.UNVERIFIED))
+        groups = _placed(reg, heads, pool) if pool else {c.worker_url(worker): heads}
+        opts: dict[str, Any] = {"registry": reg, "budget": budget, "interval_s": interval}
+        opts |= {"poll_s": poll, "on_rewarm": None if json_out else _say}
+        opts |= {"session": session, "copies": copies}
+        with ExitStack() as stack:
+            keepers = []
+            for url, held in groups.items():
+                w = stack.enter_context(Worker(url, timeout=5.0))
+                keepers.append(KeepAlive(w, held, **opts))
+                b = keepers[-1].budget
+                if not json_out:
+                    c.info(
+                        f"keeping {len(held)} heads on {url}; budget {b.describe()} ({b.source})"
+                    )
+            _run_keepers(keepers, seconds)
+        out = [
+            {"worker": k.worker.url, "budget": k.budget.to_dict(), **k.summary.to_dict()}
+            for k in keepers
+        ]
+        lines = []
+        for k in keepers:
+            lines += [f"{k.worker.url}:"] if pool else []
+            lines += [str(k.summary), *(f"  {change}" for change in k.summary.budget_changes)]
+        body = {"workers": out} if pool else {k: v for k, v in out[0].items() if k != "worker"}
+        c.emit(json_out, body, "\n".join(lines) + "\n")
+        for summary in (k.summary for k in keepers):
+            if summary.stopped_because:
+                c.info(f"stopped: {summary.stopped_because}")
+                code = c.ExitCode.WORKER if summary.stopped_by_worker else c.ExitCode.NO
+                raise typer.Exit(int(code))
+            if summary.succeeded == 0:
+                # The keeper's claim is "these heads were kept warm": a run in which not one
+                # re-warm came back with counts the judge could read proved nothing of it.
+                why = f"{summary.errors} worker errors" if summary.errors else "no verified counts"
+                c.info(f"no re-warm succeeded in this run ({why})")
+                code = c.ExitCode.WORKER if summary.errors else c.ExitCode.UNVERIFIED
+                raise typer.Exit(int(code))
+
+
+def _placed(reg: Registry, heads: list[Head], pool: Path) -> dict[str, list[Head]]:
+    """The heads by the pool worker that holds each (its placement; UsageError: unplaced)."""
+    from prefixreg.verbs.pool.live import Pool
+    from prefixreg.verbs.pool.spec import pool_spec
+
+    groups: dict[str, list[Head]] = {}
+    with Pool(pool_spec((), pool_file=pool), reg) as live:
+        for head in heads:
+            groups.setdefault(live.assignment(head).worker, []).append(head)
+    return groups
+
+
+def _run_keepers(keepers: list[KeepAlive], seconds: float | None) -> None:
+    """Run one keeper here, several in threads, until `seconds`, Ctrl-C or SIGTERM (a
+    systemd stop): each stops after its re-warm in flight, its summary complete."""
+    stop = threading.Event()
+
+    def on_term(*_: object) -> None:
+        stop.set()
+        for k in keepers:
+            k.stop()
+
+    stopped = signal.signal(signal.SIGTERM, on_term)
+    try:
+        if len(keepers) == 1:
+            keepers[0].run(seconds)
+            return
+        for k in keepers:
+            k.start()
+        end = None if seconds is None else time.monotonic() + seconds
+        while any(k.alive for k in keepers) and not stop.is_set():
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            stop.wait(0.2 if left is None else min(0.2, left))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, stopped)
+        for k in keepers:
+            k.stop()
