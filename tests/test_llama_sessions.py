@@ -117,6 +117,29 @@ def test_the_loops_own_calls_trigger_no_rewarm(
     assert all(c is not None and p is not None and c >= p - 4 for c, p in pairs), pairs
 
 
+def test_untracked_loop_calls_that_resume_the_head_are_uses_not_foreign(
+    llama_server_small_cache: PeerServer, reg: Registry
+) -> None:
+    # Issue 23: a benchmark's own calls share the prefix; counted as foreign prompts they
+    # made keepalive re-warm after almost every one. Its slot says they resumed the head.
+    url, head = llama_server_small_cache.url, reg.head("loop")
+    llama_server_small_cache.erase_slots()
+    with Worker(url, timeout=5.0) as kw, Worker(url) as loop:
+        keeper = KeepAlive(kw, [head])
+        keeper.step()
+        evs = []
+        for _ in range(4):  # nobody tells the keeper: it reads the slot
+            evs.append(loop.chat(head, "What next?", max_tokens=2, temperature=0)[1])
+            keeper.step()
+        tenant = Tenant(url, 9100)
+        tenant.send(2)  # two foreign prompts: the second evicts it
+        tenant.close()
+        keeper.step()
+    assert [(ev.cached_tokens or 0) >= 400 for ev in evs] == [True] * 4, evs
+    s = keeper.summary
+    assert s.rewarms == 1 and s.left_to_loop == 1, str(s)  # the first warm; then evicted
+
+
 def test_two_heads_on_two_slots_do_not_thrash_and_a_third_is_refused(
     llama_server_small_cache: PeerServer, reg: Registry
 ) -> None:

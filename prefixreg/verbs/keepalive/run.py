@@ -228,7 +228,13 @@ class KeepAlive:
             since = self._since(kept, now)  # a re-warm now would go cold in another slot
             # Evicted (llama.cpp): a foreign prompt ended in its slot, or more landed than it
             # survives: restore it (when it has a snapshot), never re-prefill it.
-            taken = kept.slot in landed and kept.head.sha256 not in touched
+            use = None
+            if kept.slot in landed and kept.head.sha256 not in touched and self._counter:
+                use = ks.slot_use(self.worker, kept, self.build.snapshot_align)
+            if use:  # an untracked loop call resumed it: a use, not foreign
+                kept.baseline, since = self._counter.total if self._counter else None, 0
+                ks.discount(kept, self._kept.values(), float(self.budget.per_request))
+            taken = use is False  # None: the slot does not say; counted as foreign
             gone = max(self.slots or 0, self.budget.limit + 1)
             if self.slots and self.budget.unit == "prompts" and (taken or (since or 0) >= gone):
                 kept.evicted = True

@@ -29,7 +29,7 @@ from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import dumps_ordered, loads
 from prefixreg.core.judge import Verdict, judge
 from prefixreg.core.prefix import check_history, fresh_tail
-from prefixreg.core.records import CacheCounters
+from prefixreg.core.records import CacheCounters, CacheState, CallEvidence, strict_count
 from prefixreg.registry.fsutil import read_user_file
 from prefixreg.server.activity import Counter, StoresCounter
 from prefixreg.server.worker import Worker
@@ -57,6 +57,31 @@ class Kept:
     left: bool = False  # evicted, not restored: left to the loop's next call
     session: list[dict[str, Any]] | None = None  # the loop's latest history on this head
     pin: int | None = None  # llama.cpp: the slot this copy is kept in (one per copy)
+
+
+def slot_use(worker: Worker, kept: Kept, alignment: int) -> bool | None:
+    """llama.cpp: did the prompt that just ended in `kept`'s slot resume its head (`/slots`
+    `n_prompt_tokens_cache`, judged against the head)? True: a use (an untracked loop
+    call), False: a foreign prompt evicted it, None: the slot does not say."""
+    try:
+        found = [s for s in worker.slots() or [] if s.get("id") == kept.slot]
+    except WorkerError:
+        return None
+    prompt = strict_count(found[0].get("n_prompt_tokens")) if found else None
+    cached = strict_count(found[0].get("n_prompt_tokens_cache")) if found else None
+    if prompt is None or cached is None:
+        return None
+    state: CacheState = "reused" if cached else "cold"
+    ev = CallEvidence(
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=None,
+        cached_source="/slots n_prompt_tokens_cache",
+        cache_state=state,
+        complete=True,
+    )
+    j = judge(ev, head_bytes=kept.head.head_bytes, alignment=alignment, measured_span=kept.span)
+    return j.resumed if j.verdict != "unverified" else None
 
 
 def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
