@@ -1,7 +1,8 @@
 """A loop's session for the keeper: the latest full request the loop sent on a kept head (the
 head and its history), told in process (`KeepAlive.track(body)`) or across processes
 (`--session FILE`, one JSON request body per line, appended by the loop after each call);
-and the cost rule that keeps the keeper from making the loop slower.
+the cost rule that keeps the keeper from making the loop slower; and what the keeper knows
+of each kept head (`Kept`: its counts, slot and session, moved by `rebase` and `discount`).
 
 Invariants:
 - A body is a session of a head only when the head's drift check finds nothing (its system
@@ -13,7 +14,9 @@ Invariants:
   each body through `core.jsonio`; only complete lines count (a half-written last line
   waits), and a line that is not a request body is counted as bad, never a crash.
 - `rewarm_pays` is pure: re-warms go on while the tokens they keep warm exceed the prefill
-  they spend, over a few recent re-warms.
+  they spend, over a few recent re-warms; a head known evicted is never re-prefilled.
+- A prompt that ended in a head's llama.cpp slot is a use only when the judge says its
+  cached count (`/slots` `n_prompt_tokens_cache`) resumed the head (`slot_use`).
 """
 
 from __future__ import annotations
