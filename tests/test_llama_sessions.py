@@ -29,6 +29,7 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.keepalive.run import KeepAlive
 from prefixreg.verbs.snapshot.run import save_snapshot
+from tests.conftest import run_cli
 from tests.peer.llama_peer import PeerServer
 from tests.test_llama_probe_keepalive import Tenant, prose
 
@@ -254,3 +255,10 @@ def test_two_copies_keep_two_concurrent_loop_calls_resumed(
             KeepAlive(kw, [head, reg.head("other")], copies=2)
     assert sorted((ev.cached_tokens or 0) >= 400 for ev in one) == [False, True], one
     assert all((ev.cached_tokens or 0) >= 400 for ev in both), both
+    # `warm --copies 2` does the same before a loop starts.
+    llama_server_small_cache.erase_slots()
+    res = run_cli("warm", "loop", "--copies", "2", "--worker", url, "--registry", str(reg.root))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count(b"copy in slot") == 2 and b": resumed" in res.stdout, res.stdout
+    warmed = two_at_once()
+    assert all((ev.cached_tokens or 0) >= 400 for ev in warmed), warmed

@@ -61,6 +61,15 @@ def warm_command(
         ),
     ] = False,
     metrics_file: c.MetricsOpt = None,
+    copies: Annotated[
+        int,
+        typer.Option(
+            "--copies",
+            help="llama.cpp: also warm and prove a copy in this many slots, one per "
+            "concurrent loop call (exit 1 when one is not resumed).",
+            min=1,
+        ),
+    ] = 1,
     registry: c.RegistryOpt = None,
     json_out: c.JsonOpt = False,
     debug: c.DebugOpt = False,
@@ -74,6 +83,7 @@ def warm_command(
     3 when the snapshot file changed (no restore sent); 2 a server without a slot API.
     """
     from prefixreg.verbs.measure.metrics import check_metrics_path, write_metrics
+    from prefixreg.verbs.measure.slots import warm_copies
     from prefixreg.verbs.measure.warm import warm
 
     with c.cli_errors(debug):
@@ -99,10 +109,18 @@ def warm_command(
             result = warm(
                 reg, head, w, check=not no_check, send_warm=not check_only, progress=progress
             )
+            kept = [] if copies == 1 else warm_copies(w, head, copies)
         if metrics_file is not None:
             write_metrics(metrics_file, result.metrics())
-        c.emit(json_out, result.receipt(public=public), result.summary())
-        raise typer.Exit(int(c.EXIT_BY_OUTCOME[result.verdict]))
+        receipt, text = result.receipt(public=public), result.summary()
+        if kept:
+            receipt["copies"] = [{"slot": i, **j.to_dict()} for i, j in kept]
+            text += "".join(f"copy in slot {i}: {j.verdict} ({j.reason})\n" for i, j in kept)
+        c.emit(json_out, receipt, text)
+        worst = next((j.verdict for _, j in kept if not j.resumed), result.verdict)
+        raise typer.Exit(
+            int(c.EXIT_BY_OUTCOME[worst if result.verdict == "resumed" else result.verdict])
+        )
 
 
 def doctor_command(
