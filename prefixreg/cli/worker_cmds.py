@@ -6,10 +6,7 @@ before a connection is opened; each command's help gives its exit codes.
 from __future__ import annotations
 
 import re
-import signal
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -21,10 +18,7 @@ from prefixreg.cli import _common as c
 from prefixreg.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from prefixreg.core.frame import Head
-    from prefixreg.registry.store import Registry
     from prefixreg.verbs.keepalive.rewarm import Rewarm
-    from prefixreg.verbs.keepalive.run import KeepAlive
 
 
 def warm_command(
@@ -337,6 +331,7 @@ def keepalive_command(
     stopped it (a measurement that could not be written); 2 a bad argument (an interval
     that is not finite seconds above 0, a --session that is a FIFO, ...).
     """
+    from prefixreg.cli.keepers import placed, run_keepers
     from prefixreg.server.worker import Worker
     from prefixreg.verbs.keepalive.run import KeepAlive
 
@@ -344,7 +339,7 @@ def keepalive_command(
         seconds = None if duration is None else parse_duration(duration)
         reg = c.open_registry_from(registry)
         heads = [reg.head(ref) for ref in refs]  # resolved and verified once, before sending
-        groups = _placed(reg, heads, pool) if pool else {c.worker_url(worker): heads}
+        groups = placed(reg, heads, pool) if pool else {c.worker_url(worker): heads}
         opts: dict[str, Any] = {"registry": reg, "budget": budget, "interval_s": interval}
         opts |= {"poll_s": poll, "on_rewarm": None if json_out else _say}
         opts |= {"session": session, "copies": copies}
@@ -358,7 +353,7 @@ def keepalive_command(
                     c.info(
                         f"keeping {len(held)} heads on {url}; budget {b.describe()} ({b.source})"
                     )
-            _run_keepers(keepers, seconds)
+            run_keepers(keepers, seconds)
         out = [
             {"worker": k.worker.url, "budget": k.budget.to_dict(), **k.summary.to_dict()}
             for k in keepers
@@ -381,46 +376,3 @@ def keepalive_command(
                 c.info(f"no re-warm succeeded in this run ({why})")
                 code = c.ExitCode.WORKER if summary.errors else c.ExitCode.UNVERIFIED
                 raise typer.Exit(int(code))
-
-
-def _placed(reg: Registry, heads: list[Head], pool: Path) -> dict[str, list[Head]]:
-    """The heads by the pool worker that holds each (its placement; UsageError: unplaced)."""
-    from prefixreg.verbs.pool.live import Pool
-    from prefixreg.verbs.pool.spec import pool_spec
-
-    groups: dict[str, list[Head]] = {}
-    with Pool(pool_spec((), pool_file=pool), reg) as live:
-        for head in heads:
-            groups.setdefault(live.assignment(head).worker, []).append(head)
-    return groups
-
-
-def _run_keepers(keepers: list[KeepAlive], seconds: float | None) -> None:
-    """Run one keeper here, several in threads, until `seconds`, Ctrl-C or SIGTERM (a
-    systemd stop): each stops after its re-warm in flight, its summary complete."""
-    stop = threading.Event()
-
-    def on_term(*_: object) -> None:
-        stop.set()
-        for k in keepers:
-            k.stop()
-
-    stopped = signal.signal(signal.SIGTERM, on_term)
-    try:
-        if len(keepers) == 1:
-            keepers[0].run(seconds)
-            return
-        for k in keepers:
-            k.start()
-        end = None if seconds is None else time.monotonic() + seconds
-        while any(k.alive for k in keepers) and not stop.is_set():
-            left = None if end is None else end - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            stop.wait(0.2 if left is None else min(0.2, left))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, stopped)
-        for k in keepers:
-            k.stop()
