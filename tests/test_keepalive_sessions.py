@@ -272,3 +272,31 @@ def test_keepalive_on_a_pool_keeps_each_head_on_the_worker_that_holds_it(
     assert {m.sha256 for m in kept} == set(where)
     assert all(m.worker == where[m.sha256] for m in kept)  # each on the worker holding it
     assert missing.returncode == 2
+
+
+def test_a_frames_session_is_kept_whole_through_the_openai_kwargs(
+    sim: SimServer, reg: Registry
+) -> None:
+    tools = [{"type": "function", "function": {"name": "run_tests", "parameters": {}}}]
+    reg.add_frame("loop", tools=orjson.dumps(tools), name="agent")
+    frame = reg.head("agent")
+    with Worker(sim.url, timeout=2.0) as kw:
+        keeper = KeepAlive(kw, [frame, reg.head("loop")])  # the frame is matched first
+        keeper.step()
+        history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test."}]
+        next_turn(history, 0)
+        # As an openai SDK loop sends it: settings the SDK does not name go in extra_body.
+        with Worker(sim.url) as loop:
+            loop.chat(frame, history=history, max_tokens=4)
+        assert keeper.track(frame.openai_kwargs(history, model="m")) == frame.sha256
+        keeper.step()  # the poll after the loop's call
+        done, tenant = [], Foreign(sim.url)
+        for _ in range(4):
+            tenant.send()
+            done += keeper.step()
+        tenant.close()
+    rewarm = next(r for r in done if r.frame == frame.sha256)
+    assert rewarm.verdict == "resumed" and keeper.summary.sessions >= 1
+    assert rewarm.record.evidence.prompt_tokens is not None
+    # The whole session was re-touched: more than the head's tokens came from the cache.
+    assert (rewarm.record.evidence.cached_tokens or 0) > 0.9 * rewarm.record.evidence.prompt_tokens
