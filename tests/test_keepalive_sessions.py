@@ -19,7 +19,7 @@ import pytest
 
 from prefixreg import Session
 from prefixreg.core.errors import UsageError
-from prefixreg.core.frame import Head
+from prefixreg.core.frame import Frame, Head
 from prefixreg.core.records import CallEvidence
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
@@ -117,6 +117,10 @@ def test_track_refuses_a_body_of_no_kept_head(sim: SimServer, reg: Registry) -> 
         other = {"messages": [{"role": "system", "content": "another prompt"}]}
         with pytest.raises(Exception, match="none of the kept heads"):
             keeper.track(other)
+        bad = head.body([]) | {"messages": [*head.body([])["messages"], {"content": "x"}]}
+        with pytest.raises(Exception, match="none of the kept heads"):
+            keeper.track(bad)  # a message without a role: nothing the keeper could re-send
+        assert keeper.track(head.body([])) == head.sha256  # the head alone is a session too
         assert keeper.track(head.body([{"role": "user", "content": "hi"}])) == head.sha256
 
 
@@ -280,6 +284,7 @@ def test_a_frames_session_is_kept_whole_through_the_openai_kwargs(
     tools = [{"type": "function", "function": {"name": "run_tests", "parameters": {}}}]
     reg.add_frame("loop", tools=orjson.dumps(tools), name="agent")
     frame = reg.head("agent")
+    assert isinstance(frame, Frame)
     with Worker(sim.url, timeout=2.0) as kw:
         keeper = KeepAlive(kw, [frame, reg.head("loop")])  # the frame is matched first
         keeper.step()

@@ -290,7 +290,7 @@ class KeepAlive:
             snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
         verdict: Verdict
         if kept.evicted and (snap is None or snap.check is None):
-            kept.left = not ks.rewarm_pays([], evicted=True)[0]  # re-prefilled, it saves nothing
+            kept.left = not ks.rewarm_pays(self.gate.outcomes, evicted=True)[0]
             self.summary.left_to_loop += kept.left
             self.summary.restore_misses += snap is not None and kept.left
             if kept.left:

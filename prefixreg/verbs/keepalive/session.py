@@ -96,8 +96,10 @@ def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
     sent = {**body, **extra} if isinstance(extra, Mapping) else body
     if head.drift(sent):
         return None
-    history = check_history(sent["messages"][1:])
-    return history or None
+    try:
+        return check_history(sent["messages"][1:])
+    except UsageError:  # a message without a role: no request the keeper could re-send
+        return None
 
 
 def session_bytes(head: Head, history: Sequence[Mapping[str, Any]]) -> int:
