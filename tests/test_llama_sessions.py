@@ -134,11 +134,18 @@ def test_untracked_loop_calls_that_resume_the_head_are_uses_not_foreign(
             keeper.step()
         tenant = Tenant(url, 9100)
         tenant.send(2)  # two foreign prompts: the second evicts it
-        tenant.close()
         keeper.step()
-    assert [(ev.cached_tokens or 0) >= 400 for ev in evs] == [True] * 4, evs
+        assert keeper.summary.left_to_loop == 1, str(keeper.summary)  # not re-prefilled
+        for _ in range(2):  # the loop prefills it again, then resumes it: back in a slot
+            evs.append(loop.chat(head, "What next?", max_tokens=2, temperature=0)[1])
+            keeper.step()
+        tenant.send(1)
+        keeper.step()
+        tenant.close()
+    assert [(ev.cached_tokens or 0) >= 400 for ev in evs] == [True] * 4 + [False, True], evs
     s = keeper.summary
-    assert s.rewarms == 1 and s.left_to_loop == 1, str(s)  # the first warm; then evicted
+    # The first warm, and one re-warm (resumed) after the foreign prompt once it was back.
+    assert (s.rewarms, s.resumed, s.left_to_loop) == (2, 1, 1), str(s)
 
 
 def test_two_heads_on_two_slots_do_not_thrash_and_a_third_is_refused(

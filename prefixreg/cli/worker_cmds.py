@@ -322,7 +322,9 @@ def keepalive_command(
     warm. A re-warm is kept only when the judge says resumed; one that comes back partial
     or cold tightens the budget. Every re-warm is recorded as a measurement. With --session
     it re-touches the loop's latest request (head and history) instead. When re-warms
-    spend more prefill than they keep warm, it backs off and says why.
+    spend more prefill than they keep warm, it backs off and says why. On llama.cpp a call
+    that resumed a head in its slot is a use, an evicted head is restored from its snapshot
+    (else left to the loop, never re-prefilled), and more heads than slots are refused.
 
     Ctrl-C, SIGTERM (a systemd stop) or --duration stops it and prints the summary. Exit 0
     when stopped normally after at least one re-warm whose counts the judge could read; 5

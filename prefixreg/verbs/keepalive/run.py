@@ -201,7 +201,7 @@ class KeepAlive:
         self._errors_in_row = self._poll_misses = 0  # an answered poll ends both streaks
         total, restarted = got
         for kept in self._kept.values() if restarted else ():  # nothing is cached now
-            kept.baseline, kept.slot, kept.lost = None, None, True
+            kept.baseline, kept.slot, kept.lost, kept.left = None, kept.pin, True, False
         return total
 
     def _since(self, kept: ks.Kept, now: float) -> float | None:
@@ -222,7 +222,12 @@ class KeepAlive:
                 kept.baseline, kept.evicted, kept.left = self._counter.total, False, False
                 ks.discount(kept, self._kept.values(), float(self.budget.per_request))
         landed = self._counter.changed if isinstance(self._counter, PromptCounter) else set()
+        align = self.build.snapshot_align
         for kept in self._kept.values():
+            for slot in landed if kept.left and self._counter else ():  # back in a slot?
+                if ks.slot_use(self.worker, kept, align, slot):  # an untracked loop call
+                    kept.left, kept.evicted, kept.slot = False, False, slot
+                    kept.baseline = self._counter.total if self._counter else None
             if kept.left or (kept.slot is not None and kept.slot in busy):
                 continue  # left to the loop; or its slot serves a prompt (likely the loop's):
             since = self._since(kept, now)  # a re-warm now would go cold in another slot
@@ -230,7 +235,7 @@ class KeepAlive:
             # survives: restore it (when it has a snapshot), never re-prefill it.
             use = None
             if kept.slot in landed and kept.head.sha256 not in touched and self._counter:
-                use = ks.slot_use(self.worker, kept, self.build.snapshot_align)
+                use = ks.slot_use(self.worker, kept, align)
             if use:  # an untracked loop call resumed it: a use, not foreign
                 kept.baseline, since = self._counter.total if self._counter else None, 0
                 ks.discount(kept, self._kept.values(), float(self.budget.per_request))

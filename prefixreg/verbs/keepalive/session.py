@@ -62,12 +62,14 @@ class Kept:
     pin: int | None = None  # llama.cpp: the slot this copy is kept in (one per copy)
 
 
-def slot_use(worker: Worker, kept: Kept, alignment: int) -> bool | None:
-    """llama.cpp: did the prompt that just ended in `kept`'s slot resume its head (`/slots`
-    `n_prompt_tokens_cache`, judged against the head)? True: a use (an untracked loop
-    call), False: a foreign prompt evicted it, None: the slot does not say."""
+def slot_use(worker: Worker, kept: Kept, alignment: int, slot: int | None = None) -> bool | None:
+    """llama.cpp: did the prompt that just ended in `slot` (default: `kept`'s) resume its
+    head (`/slots` `n_prompt_tokens_cache`, judged against the head)? True: a use (an
+    untracked loop call), False: not (in its slot: a foreign prompt evicted it), None: the
+    slot does not say."""
+    slot = kept.slot if slot is None else slot
     try:
-        found = [s for s in worker.slots() or [] if s.get("id") == kept.slot]
+        found = [s for s in worker.slots() or [] if s.get("id") == slot]
     except WorkerError:
         return None
     prompt = strict_count(found[0].get("n_prompt_tokens")) if found else None
