@@ -118,34 +118,37 @@ def test_the_loops_own_calls_trigger_no_rewarm(
     assert all(c is not None and p is not None and c >= p - 4 for c, p in pairs), pairs
 
 
-def test_untracked_loop_calls_that_resume_the_head_are_uses_not_foreign(
+def test_an_evicted_head_without_a_snapshot_is_left_to_the_loop_not_re_prefilled(
     llama_server_small_cache: PeerServer, reg: Registry
 ) -> None:
-    # Issue 23: a benchmark's own calls share the prefix; counted as foreign prompts they
-    # made keepalive re-warm after almost every one. Its slot says they resumed the head.
+    # Never slower: re-prefilling an evicted head costs what the loop's next call saves.
     url, head = llama_server_small_cache.url, reg.head("loop")
     llama_server_small_cache.erase_slots()
     with Worker(url, timeout=5.0) as kw, Worker(url) as loop:
         keeper = KeepAlive(kw, [head])
-        keeper.step()
+        keeper.step()  # the first warm
+        session = Session(head, keeper=keeper)
+        a, b = Tenant(url, 9100), Tenant(url, 9200)
+        burst = [threading.Thread(target=t.send) for t in (a, b)]  # both slots at once
+        for t in burst:
+            t.start()
+        for t in burst:
+            t.join()
+        assert keeper.step() == [] and keeper.summary.left_to_loop == 1, str(keeper.summary)
         evs = []
-        for _ in range(4):  # nobody tells the keeper: it reads the slot
-            evs.append(loop.chat(head, "What next?", max_tokens=2, temperature=0)[1])
+        for _ in range(2):  # the loop prefills it itself, then resumes it
+            body = session.body([{"role": "user", "content": "What next?"}], max_tokens=2)
+            evs.append(loop.chat(head, "What next?", max_tokens=2)[1])
+            session.sent(body)
             keeper.step()
-        tenant = Tenant(url, 9100)
-        tenant.send(2)  # two foreign prompts: the second evicts it
-        keeper.step()
-        assert keeper.summary.left_to_loop == 1, str(keeper.summary)  # not re-prefilled
-        for _ in range(2):  # the loop prefills it again, then resumes it: back in a slot
-            evs.append(loop.chat(head, "What next?", max_tokens=2, temperature=0)[1])
-            keeper.step()
-        tenant.send(1)
-        keeper.step()
-        tenant.close()
-    assert [(ev.cached_tokens or 0) >= 400 for ev in evs] == [True] * 4 + [False, True], evs
+        a.send()  # one foreign prompt: the head is kept again
+        done = keeper.step()
+        a.close()
+        b.close()
+    assert [(ev.cached_tokens or 0) >= 400 for ev in evs] == [False, True], evs
+    assert [r.verdict for r in done] == ["resumed"], str(keeper.summary)
     s = keeper.summary
-    # The first warm, and one re-warm (resumed) after the foreign prompt once it was back.
-    assert (s.rewarms, s.resumed, s.left_to_loop) == (2, 1, 1), str(s)
+    assert (s.rewarms, s.cold, s.left_to_loop) == (2, 1, 1), str(s)  # first warm; the last
 
 
 def test_two_heads_on_two_slots_do_not_thrash_and_a_third_is_refused(

@@ -114,6 +114,7 @@ class KeepAlive:
         self._thread: threading.Thread | None = None
         self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
         self._backoff_until = 0.0
+        self._told = False
         self.build = build = worker.server_build()
         self._kept: dict[str, ks.Kept] = {}  # by sha, and sha/copy for the copies after one
         for h in prefixes:
@@ -181,6 +182,7 @@ class KeepAlive:
             for kept in self._kept.values():
                 if kept.head.sha256 == sha256:  # every copy of it
                     self._touched.add(sha256)
+                    self._told = True  # the loop tells its calls: the others are foreign
                     kept.last_used = time.monotonic()
         self._wake.set()
 
@@ -201,7 +203,7 @@ class KeepAlive:
         self._errors_in_row = self._poll_misses = 0  # an answered poll ends both streaks
         total, restarted = got
         for kept in self._kept.values() if restarted else ():  # nothing is cached now
-            kept.baseline, kept.slot, kept.lost, kept.left = None, kept.pin, True, False
+            kept.baseline, kept.slot, kept.lost, kept.left = None, kept.pin, True, None
         return total
 
     def _since(self, kept: ks.Kept, now: float) -> float | None:
@@ -214,33 +216,29 @@ class KeepAlive:
             touched, self._touched = self._touched, set()
         due = []
         busy = self._counter.busy if self._counter is not None else set()
+        landed = self._counter.changed if isinstance(self._counter, PromptCounter) else set()
         for kept in self._kept.values():  # the loop's uses first: none is foreign
             sha = kept.head.sha256
             if sha in touched and kept.slot in busy:  # the loop's call still ends there:
                 self.touch(sha)  # take its baseline once the slot has counted it
             elif sha in touched and self._counter is not None:
-                kept.baseline, kept.evicted, kept.left = self._counter.total, False, False
+                kept.baseline, kept.evicted, kept.left = self._counter.total, False, None
                 ks.discount(kept, self._kept.values(), float(self.budget.per_request))
-        landed = self._counter.changed if isinstance(self._counter, PromptCounter) else set()
-        align = self.build.snapshot_align
+                if len(landed) == 1 and kept.pin is None:  # where the loop's call ended
+                    kept.slot = next(iter(landed))
+        gone = max(self.slots or 0, self.budget.limit + 1)
+        total = self._counter.total if self._counter is not None else 0
         for kept in self._kept.values():
-            for slot in landed if kept.left and self._counter else ():  # back in a slot?
-                if ks.slot_use(self.worker, kept, align, slot):  # an untracked loop call
-                    kept.left, kept.evicted, kept.slot = False, False, slot
-                    kept.baseline = self._counter.total if self._counter else None
-            if kept.left or (kept.slot is not None and kept.slot in busy):
+            if kept.left is not None and total - kept.left >= gone:  # as long again as it took
+                kept.left, kept.evicted = None, False  # go: re-warm it (now due, not gone)
+                kept.baseline = total - self.budget.limit
+            if kept.left is not None or (kept.slot is not None and kept.slot in busy):
                 continue  # left to the loop; or its slot serves a prompt (likely the loop's):
             since = self._since(kept, now)  # a re-warm now would go cold in another slot
-            # Evicted (llama.cpp): a foreign prompt ended in its slot, or more landed than it
-            # survives: restore it (when it has a snapshot), never re-prefill it.
-            use = None
-            if kept.slot in landed and kept.head.sha256 not in touched and self._counter:
-                use = ks.slot_use(self.worker, kept, align)
-            if use:  # an untracked loop call resumed it: a use, not foreign
-                kept.baseline, since = self._counter.total if self._counter else None, 0
-                ks.discount(kept, self._kept.values(), float(self.budget.per_request))
-            taken = use is False  # None: the slot does not say; counted as foreign
-            gone = max(self.slots or 0, self.budget.limit + 1)
+            # Evicted (llama.cpp): a foreign prompt ended in its slot (a loop that tells its
+            # calls), or more landed than it survives: restore it (when it has a snapshot),
+            # never re-prefill it.
+            taken = self._told and kept.slot in landed and kept.head.sha256 not in touched
             if self.slots and self.budget.unit == "prompts" and (taken or (since or 0) >= gone):
                 kept.evicted = True
             if since is None or self.budget.due(since):
@@ -294,12 +292,12 @@ class KeepAlive:
             taken = {k.slot for k in held if k.slot is not None}
             snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
         verdict: Verdict
-        if kept.evicted and (snap is None or snap.check is None):
-            kept.left = not ks.rewarm_pays(self.gate.outcomes, evicted=True)[0]
-            self.summary.left_to_loop += kept.left
-            self.summary.restore_misses += snap is not None and kept.left
-            if kept.left:
-                return None
+        restored = snap is not None and snap.check is not None
+        if kept.evicted and not restored and not ks.rewarm_pays([], evicted=True)[0]:
+            kept.left = self._counter.total if self._counter is not None else 0
+            self.summary.left_to_loop += 1  # re-prefilled, it would save what it costs
+            self.summary.restore_misses += snap is not None
+            return None
         if snap is not None and snap.check is not None:
             # The judge's `restored` (judge_restore) stands on a resumed pinned check.
             record, verdict = snap.check, "resumed"

@@ -15,8 +15,6 @@ Invariants:
   waits), and a line that is not a request body is counted as bad, never a crash.
 - `rewarm_pays` is pure: re-warms go on while the tokens they keep warm exceed the prefill
   they spend, over a few recent re-warms; a head known evicted is never re-prefilled.
-- A prompt that ended in a head's llama.cpp slot is a use only when the judge says its
-  cached count (`/slots` `n_prompt_tokens_cache`) resumed the head (`slot_use`).
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import dumps_ordered, loads
 from prefixreg.core.judge import Verdict, judge
 from prefixreg.core.prefix import check_history, fresh_tail
-from prefixreg.core.records import CacheCounters, CacheState, CallEvidence, strict_count
+from prefixreg.core.records import CacheCounters
 from prefixreg.registry.fsutil import read_user_file
 from prefixreg.server.activity import Counter, StoresCounter
 from prefixreg.server.worker import Worker
@@ -57,36 +55,9 @@ class Kept:
     slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
     lost: bool = False  # the server restarted since this head was last warmed
     evicted: bool = False  # as many foreign prompts as slots landed since its last use
-    left: bool = False  # evicted, not restored: left to the loop's next call
+    left: float | None = None  # evicted, not restored: left to the loop since this count
     session: list[dict[str, Any]] | None = None  # the loop's latest history on this head
     pin: int | None = None  # llama.cpp: the slot this copy is kept in (one per copy)
-
-
-def slot_use(worker: Worker, kept: Kept, alignment: int, slot: int | None = None) -> bool | None:
-    """llama.cpp: did the prompt that just ended in `slot` (default: `kept`'s) resume its
-    head (`/slots` `n_prompt_tokens_cache`, judged against the head)? True: a use (an
-    untracked loop call), False: not (in its slot: a foreign prompt evicted it), None: the
-    slot does not say."""
-    slot = kept.slot if slot is None else slot
-    try:
-        found = [s for s in worker.slots() or [] if s.get("id") == slot]
-    except WorkerError:
-        return None
-    prompt = strict_count(found[0].get("n_prompt_tokens")) if found else None
-    cached = strict_count(found[0].get("n_prompt_tokens_cache")) if found else None
-    if prompt is None or cached is None:
-        return None
-    state: CacheState = "reused" if cached else "cold"
-    ev = CallEvidence(
-        prompt_tokens=prompt,
-        cached_tokens=cached,
-        completion_tokens=None,
-        cached_source="/slots n_prompt_tokens_cache",
-        cache_state=state,
-        complete=True,
-    )
-    j = judge(ev, head_bytes=kept.head.head_bytes, alignment=alignment, measured_span=kept.span)
-    return j.resumed if j.verdict != "unverified" else None
 
 
 def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
