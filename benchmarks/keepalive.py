@@ -13,16 +13,16 @@ per rate, from the server's own usage:
 With `--engine llama`, issue 23's agent loop against a real llama.cpp `llama-server` with a
 deliberately small cache (`tests.peer.llama_peer`, `-np 2 --cache-ram 0`: a prompt survives
 one foreign prompt). The loop's head is ~500 tokens; each of its `--turns` (6) appends an
-assistant tool call and a tool result (~600 bytes, ~170 tokens), and 2 foreign prompts
+assistant tool call and a tool result (~1.2 KB, ~340 tokens), and 2 foreign prompts
 (~150 tokens, a leading nonce so slot choice does not herd them) come before each turn,
-`--gap` seconds apart (the loop's tool time). Each scenario runs without and with
-keepalive (a thread polling `/slots` every 50 ms, told each request by a `Session`):
+`--gap` seconds (0.5) apart (the loop's tool time). Each scenario runs without and with
+keepalive (a thread polling `/slots` every 50 ms, told each request by a `Session`), twice
+each in the order without, with, with, without (so drifting machine load weighs on both):
 
 - `2 foreign, one at a time`: keepalive re-touches the session after each; targets: loop
   prompt tokens resumed >= 0.8 and whole-run wall <= 0.6x of no keepalive;
 - `2 foreign at once` (both slots evicted in one go, no snapshot): keepalive cannot help
-  and must not hurt; target: whole-run wall <= 1.05x of no keepalive (two runs each, in
-  the order without, with, with, without, so drifting machine load weighs on both).
+  and must not hurt; target: whole-run wall <= 1.05x of no keepalive.
 
 Run: `python benchmarks/keepalive.py [--calls 20]`, or
 `python benchmarks/keepalive.py --engine llama [--turns 6]` (the peer must install: its
@@ -138,7 +138,7 @@ def llama_engine() -> Iterator[PeerServer]:
         server.stop()
 
 
-TOOL_RESULT = "FAILED tests/test_parser.py::test_roundtrip line 42: expected 3, got 4\n" * 8
+TOOL_RESULT = "FAILED tests/test_parser.py::test_roundtrip line 42: expected 3, got 4\n" * 16
 
 
 @dataclass
@@ -207,9 +207,9 @@ def llama_main(turns: int, gap_s: float) -> bool:
             f"agent loop: {turns} turns, 2 foreign prompts each; llama-server -np 2 --cache-ram 0"
         )
         for burst in (False, True):
-            # Without, with; and for the small effect, with, without again (ABBA): a machine
-            # whose load drifts during the run weighs on both sides alike.
-            order = (False, True, True, False) if burst else (False, True)
+            # Without, with, with, without (ABBA): a machine whose load drifts during the
+            # run weighs on both sides alike.
+            order = (False, True, True, False)
             runs = [
                 agent_run(server, head, keep=keep, burst=burst, turns=turns, gap_s=gap_s)
                 for keep in order
@@ -241,7 +241,7 @@ def main() -> int:
     parser.add_argument("--period", type=float, default=0.25, help="sim: seconds between calls")
     parser.add_argument("--speed", type=float, default=50.0, help="simulator time compression")
     parser.add_argument("--turns", type=int, default=6, help="llama: the agent loop's turns")
-    parser.add_argument("--gap", type=float, default=1.0, help="llama: seconds between prompts")
+    parser.add_argument("--gap", type=float, default=0.5, help="llama: seconds between prompts")
     args = parser.parse_args()
     if args.engine == "llama":
         ok = llama_main(args.turns, args.gap)
