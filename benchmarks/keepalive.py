@@ -12,7 +12,7 @@ per rate, from the server's own usage:
 
 With `--engine llama`, issue 23's agent loop against a real llama.cpp `llama-server` with a
 deliberately small cache (`tests.peer.llama_peer`, `-np 2 --cache-ram 0`: a prompt survives
-one foreign prompt). The loop's head is ~500 tokens; each of its `--turns` (6) appends an
+one foreign prompt). The loop's head is ~1,000 tokens; each of its `--turns` (6) appends an
 assistant tool call and a tool result (~1.2 KB, ~340 tokens), and 2 foreign prompts
 (~150 tokens, a leading nonce so slot choice does not herd them) come before each turn,
 `--gap` seconds (0.5) apart (the loop's tool time). Each scenario runs without and with
@@ -201,7 +201,7 @@ def llama_main(turns: int, gap_s: float) -> bool:
     ok = True
     with tempfile.TemporaryDirectory() as tmp, llama_engine() as server:
         reg = Registry(Path(tmp) / "reg")
-        reg.add(builtin_corpus(2_000), name="loop")
+        reg.add(builtin_corpus(4_000), name="loop")
         head = reg.get("loop")
         print(
             f"agent loop: {turns} turns, 2 foreign prompts each; llama-server -np 2 --cache-ram 0"

@@ -257,6 +257,8 @@ class KeepAlive:
         if self._counter is not None and self._read(self._counter) is None:
             return []
         done, due = [], self._due(now)
+        if self._counter is not None and self._counter.busy:
+            due = []  # llama.cpp: a prompt runs; a re-warm now would race it. Next poll.
         allowed = self.gate.allow(now) if due else 0
         for kept in due[:allowed]:
             try:
