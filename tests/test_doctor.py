@@ -308,9 +308,13 @@ def test_llamacpp_slots_are_weighed_against_the_loops_and_cache_ram_is_named() -
     (ram,) = [f.text for f in one.findings if f.topic == "cache-ram"]
     assert "--cache-ram" in ram and "0 turns it off" in ram and "snapshot" in ram
     two = diagnose("llamacpp", {}, None)
-    diagnose_slots(two, {"total_slots": 2}, loops=2)
-    (warn,) = [f for f in two.findings if f.topic == "slots"]
-    assert warn.level == "warn" and "-np 3" in warn.text and not two.healthy
+    diagnose_slots(two, {"total_slots": 2}, loops=2)  # no slot left for foreign traffic
+    (info,) = [f for f in two.findings if f.topic == "slots"]
+    assert info.level == "info" and "-np 3" in info.text and two.healthy
+    three = diagnose("llamacpp", {}, None)
+    diagnose_slots(three, {"total_slots": 2}, loops=3)  # sessions evict each other
+    (warn,) = [f for f in three.findings if f.topic == "slots"]
+    assert warn.level == "warn" and "-np 4" in warn.text and not three.healthy
     unknown = diagnose("llamacpp", {}, None)
     diagnose_slots(unknown, None)
     assert any("does not say total_slots" in f.text for f in unknown.findings)

@@ -336,14 +336,15 @@ def diagnose_slots(d: Diagnosis, props: Mapping[str, object] | None, loops: int 
     d.numbers["total_slots"] = slots
     if slots is None:
         d.add("info", "slots", "/props does not say total_slots: slots cannot be weighed.")
-    elif slots < loops + 1:
+    elif slots <= loops:
+        level: Level = "warn" if slots < loops else "info"
+        who = "sessions evict each other" if slots < loops else "a foreign prompt evicts one"
         d.add(
-            "warn",
+            level,
             "slots",
             f"total_slots {slots} for {loops} concurrent loop calls: each needs a slot holding "
-            f"its session and foreign traffic one more, so sessions evict each other. Start "
-            f"llama-server with -np {loops + 1} (or more), or keep at most {max(slots - 1, 1)} "
-            "heads (`keepalive` refuses more heads than slots).",
+            f"its session and foreign traffic one more, so {who}. Start llama-server with "
+            f"-np {loops + 1} (or more); `keepalive` refuses more heads than slots.",
         )
     else:
         text = f"total_slots {slots}: room for {loops} concurrent loop calls and foreign traffic."
