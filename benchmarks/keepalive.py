@@ -10,17 +10,23 @@ per rate, from the server's own usage:
 - keepalive's extra prefill tokens (its re-warms' uncached prompt + completion tokens) as a
   share of the prompt tokens it saved the loop (target: <= 5%).
 
-With `--engine llama` the same loop runs against a real llama.cpp `llama-server` with a
-deliberately small cache (`tests.peer.llama_peer`, two slots and no RAM cache: a prefix
-survives one foreign prompt). The loop's prefix is ~1,500 tokens, the tenant's prompts are
-~150 tokens with a leading nonce (so llama.cpp's similarity-based slot choice does not
-herd them into one slot), and the loop calls every `--period` seconds (default 3) with
-about 2 and 4 foreign prompts in between. Keepalive counts prompts from `/slots` and, with
-no probe receipt, re-warms after every foreign prompt. Takes about three minutes.
+With `--engine llama`, issue 23's agent loop against a real llama.cpp `llama-server` with a
+deliberately small cache (`tests.peer.llama_peer`, `-np 2 --cache-ram 0`: a prompt survives
+one foreign prompt). The loop's head is ~1,000 tokens; each of its `--turns` (6) appends an
+assistant tool call and a tool result (~1.2 KB, ~340 tokens), and 2 foreign prompts
+(~150 tokens, a leading nonce so slot choice does not herd them) come before each turn,
+`--gap` seconds (0.5) apart (the loop's tool time). Each scenario runs without and with
+keepalive (a thread polling `/slots` every 50 ms, told each request by a `Session`), twice
+each in the order without, with, with, without (so drifting machine load weighs on both):
+
+- `2 foreign, one at a time`: keepalive re-touches the session after each; targets: loop
+  prompt tokens resumed >= 0.8 and whole-run wall <= 0.6x of no keepalive;
+- `2 foreign at once` (both slots evicted in one go, no snapshot): keepalive cannot help
+  and must not hurt; target: whole-run wall <= 1.05x of no keepalive.
 
 Run: `python benchmarks/keepalive.py [--calls 20]`, or
-`python benchmarks/keepalive.py --engine llama [--calls 8]` (the peer must install: its
-wheel is kept under `~/.cache/prefixreg-peer`).
+`python benchmarks/keepalive.py --engine llama [--turns 6]` (the peer must install: its
+wheel is kept under `~/.cache/prefixreg-peer`). Takes a few minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -34,14 +40,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from prefixreg.core.prefix import fresh_tail
+from prefixreg import Session
+from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
+from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary
 from prefixreg.verbs.keepalive.run import KeepAlive
 from prefixreg.verbs.loop import LoopStats
 from prefixreg.verbs.probe.options import builtin_corpus
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for `tests.peer`
+from tests.peer.llama_peer import PeerServer
 
 
 @dataclass
@@ -115,47 +127,135 @@ def run(
 
 
 @contextmanager
-def llama_engine() -> Iterator[str]:
+def llama_engine() -> Iterator[PeerServer]:
     """The small-cache llama-server of the test peer, stopped by its pid on exit."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for `tests.peer`
     from tests.peer.llama_peer import SMALL_CACHE_FLAGS, start
 
     server = start(SMALL_CACHE_FLAGS)
     try:
-        yield server.url
+        yield server
     finally:
         server.stop()
+
+
+TOOL_RESULT = "FAILED tests/test_parser.py::test_roundtrip line 42: expected 3, got 4\n" * 16
+
+
+@dataclass
+class AgentRun:
+    stats: LoopStats
+    wall_s: float
+    summary: KeepAliveSummary | None
+
+
+def agent_run(
+    server: PeerServer, head: Prefix, *, keep: bool, burst: bool, turns: int, gap_s: float
+) -> AgentRun:
+    """The agent loop of issue 23: `turns` calls, each after 2 foreign prompts (one at a
+    time, `gap_s` apart; or both at once) and appending a tool call and its result."""
+    server.erase_slots()
+    url, stats, seed = server.url, LoopStats(), int(time.monotonic() * 1000)
+    foreign = [Worker(url), Worker(url)]
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test."}]
+    with Worker(url) as loop, Worker(url, timeout=5.0) as poller:
+        keeper = KeepAlive(poller, [head], poll_s=0.05) if keep else None
+        session = Session(head, keeper=keeper)
+        if keeper is None:
+            loop.chat(head, fresh_tail(), max_tokens=1)  # warmed before the run, in both runs
+        else:
+            keeper.step()  # its first warm: it knows the head's slot from the start
+            keeper.start()
+        began = time.monotonic()
+        for turn in range(turns):
+            sends = [
+                threading.Thread(
+                    target=w.chat,
+                    args=(llama_prompt(seed + 2 * turn + i), "go"),
+                    kwargs={"max_tokens": 1},
+                )
+                for i, w in enumerate(foreign)
+            ]
+            for t in sends:
+                t.start()
+                if not burst:
+                    t.join()
+                    time.sleep(gap_s)
+            for t in sends:
+                t.join()
+            if burst:
+                time.sleep(2 * gap_s)
+            body = session.body(history, max_tokens=8)
+            _, ev = loop.chat(head, history=history, max_tokens=8)
+            stats.add(ev)
+            session.sent(body)
+            history.append({"role": "assistant", "content": f"Running the tests, step {turn}."})
+            history.append({"role": "user", "content": f"Tool result {turn}:\n{TOOL_RESULT}"})
+        wall = time.monotonic() - began
+        summary = None if keeper is None else keeper.stop()
+    for w in foreign:
+        w.close()
+    return AgentRun(stats, wall, summary)
+
+
+def llama_main(turns: int, gap_s: float) -> bool:
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp, llama_engine() as server:
+        reg = Registry(Path(tmp) / "reg")
+        reg.add(builtin_corpus(4_000), name="loop")
+        head = reg.get("loop")
+        print(
+            f"agent loop: {turns} turns, 2 foreign prompts each; llama-server -np 2 --cache-ram 0"
+        )
+        for burst in (False, True):
+            # Without, with, with, without (ABBA): a machine whose load drifts during the
+            # run weighs on both sides alike.
+            order = (False, True, True, False)
+            runs = [
+                agent_run(server, head, keep=keep, burst=burst, turns=turns, gap_s=gap_s)
+                for keep in order
+            ]
+            without, with_ka = runs[0], runs[1]
+            f0 = without.stats.resumed_fraction or 0.0
+            f1 = with_ka.stats.resumed_fraction or 0.0
+            walls = [
+                sum(r.wall_s for r, k in zip(runs, order, strict=True) if k is keep)
+                for keep in (False, True)
+            ]
+            ratio = walls[1] / walls[0]
+            target_ok = ratio <= 1.05 if burst else (f1 >= 0.8 and ratio <= 0.6)
+            ok &= target_ok
+            what = "2 foreign at once" if burst else "2 foreign, one at a time"
+            print(
+                f"{what}: loop prompt tokens resumed without {f0:.3f}, with {f1:.3f}; "
+                f"whole-run wall without {walls[0]:.1f} s, with {walls[1]:.1f} s "
+                f"= {ratio:.2f}x ({len(runs) // 2} runs each)  {'ok' if target_ok else 'MISSED'}"
+            )
+            print(f"  keepalive: {with_ka.summary}")
+    return ok
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=("sim", "llama"), default="sim")
-    parser.add_argument("--calls", type=int, default=None, help="loop calls per run (20; 8)")
-    parser.add_argument(
-        "--period", type=float, default=None, help="seconds between loop calls (0.25; 3)"
-    )
+    parser.add_argument("--calls", type=int, default=20, help="sim: loop calls per run")
+    parser.add_argument("--period", type=float, default=0.25, help="sim: seconds between calls")
     parser.add_argument("--speed", type=float, default=50.0, help="simulator time compression")
+    parser.add_argument("--turns", type=int, default=6, help="llama: the agent loop's turns")
+    parser.add_argument("--gap", type=float, default=0.5, help="llama: seconds between prompts")
     args = parser.parse_args()
-    llama = args.engine == "llama"
-    calls = args.calls or (8 if llama else 20)
-    period = args.period or (3.0 if llama else 0.25)
-    # Foreign prompts between two loop calls: 2x and 5x the simulator's survival (3), or
-    # 2x and 4x llama-server's (1 with two slots and no RAM cache).
-    counts = (2, 4) if llama else (6, 16)
-    ok = True
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        llama_engine() if llama else SimServer(SimConfig(speed=args.speed)) as engine,
-    ):
-        url = engine if isinstance(engine, str) else engine.url
+    if args.engine == "llama":
+        ok = llama_main(args.turns, args.gap)
+        print("all targets met" if ok else "some targets missed")
+        return 0 if ok else 1
+    calls, period, ok = args.calls, args.period, True
+    with tempfile.TemporaryDirectory() as tmp, SimServer(SimConfig(speed=args.speed)) as engine:
+        url = engine.url
         reg = Registry(Path(tmp) / "reg")
-        reg.add(builtin_corpus(6_000 if llama else 40_000), name="loop")
-        where = "llama-server -np 2 --cache-ram 0" if llama else f"sim x{args.speed:g}"
-        print(f"loop: one call every {period:g} s, {calls} calls; {where}")
-        prompt = llama_prompt if llama else sim_prompt
-        # Every /slots read is a task on llama-server's queue: poll it at 20 Hz, not 200.
-        poll_s = 0.05 if llama else 0.005
-        for per_call in counts:
+        reg.add(builtin_corpus(40_000), name="loop")
+        print(f"loop: one call every {period:g} s, {calls} calls; sim x{args.speed:g}")
+        prompt, poll_s = sim_prompt, 0.005
+        # Foreign prompts between two loop calls: 2x and 5x the simulator's survival (3).
+        for per_call in (6, 16):
             rate = per_call / period
             without = run(
                 url,

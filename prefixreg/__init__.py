@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from prefixreg.verbs.keepalive.run import KeepAlive as KeepAlive
     from prefixreg.verbs.loop import LoopJudge as LoopJudge
     from prefixreg.verbs.loop import LoopStats as LoopStats
+    from prefixreg.verbs.loop import Session as Session
     from prefixreg.verbs.measure.warm import WarmResult as WarmResult
     from prefixreg.verbs.measure.warm import warm as warm
     from prefixreg.verbs.mirror.snapshots import ship_snapshot as ship_snapshot
@@ -83,7 +84,7 @@ _LAZY = {
     "server.evidence": ("evidence_from_response",),
     "server.worker": ("Worker",),
     "verbs.keepalive.run": ("KeepAlive",),
-    "verbs.loop": ("LoopJudge", "LoopStats"),
+    "verbs.loop": ("LoopJudge", "LoopStats", "Session"),
     "verbs.measure.warm": ("WarmResult", "warm"),
     "verbs.mirror.snapshots": ("ship_snapshot",),
     "verbs.pool.live": ("Pool",),

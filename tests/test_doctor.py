@@ -296,3 +296,38 @@ def test_doctor_functions_refuse_wrong_types() -> None:
             with pytest.raises(UsageError):
                 call()
         assert sim.requests() == []
+
+
+def test_llamacpp_slots_are_weighed_against_the_loops_and_cache_ram_is_named() -> None:
+    from prefixreg.verbs.doctor.engines import diagnose_slots
+
+    one = diagnose("llamacpp", {}, None)
+    diagnose_slots(one, {"total_slots": 2}, loops=1)
+    assert [f.level for f in one.findings if f.topic == "slots"] == ["ok"]
+    assert one.numbers["total_slots"] == 2
+    (ram,) = [f.text for f in one.findings if f.topic == "cache-ram"]
+    assert "--cache-ram" in ram and "0 turns it off" in ram and "snapshot" in ram
+    two = diagnose("llamacpp", {}, None)
+    diagnose_slots(two, {"total_slots": 2}, loops=2)  # no slot left for foreign traffic
+    (info,) = [f for f in two.findings if f.topic == "slots"]
+    assert info.level == "info" and "-np 3" in info.text and two.healthy
+    three = diagnose("llamacpp", {}, None)
+    diagnose_slots(three, {"total_slots": 2}, loops=3)  # sessions evict each other
+    (warn,) = [f for f in three.findings if f.topic == "slots"]
+    assert warn.level == "warn" and "-np 4" in warn.text and not three.healthy
+    unknown = diagnose("llamacpp", {}, None)
+    diagnose_slots(unknown, None)
+    assert any("does not say total_slots" in f.text for f in unknown.findings)
+
+
+def test_doctor_on_llamacpp_reads_the_slots_from_props(tmp_path: Any) -> None:
+    from tests.fakeserver import FakeServer, Reply
+    from tests.test_snapshots import PROPS
+
+    with FakeServer() as srv:
+        srv.route("GET", "/props", Reply(json={**PROPS, "total_slots": 1}))
+        srv.route("GET", "/health", Reply(json={"status": "ok"}))
+        res = run_cli("doctor", "--worker", srv.url, "--loops", "2", "--registry", str(tmp_path))
+    assert res.returncode == 1, res.stderr
+    assert b"total_slots 1 for 2 concurrent loop calls" in res.stdout
+    assert b"--cache-ram" in res.stdout

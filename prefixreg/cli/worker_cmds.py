@@ -8,9 +8,9 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -55,6 +55,15 @@ def warm_command(
         ),
     ] = False,
     metrics_file: c.MetricsOpt = None,
+    copies: Annotated[
+        int,
+        typer.Option(
+            "--copies",
+            help="llama.cpp: also warm and prove a copy in this many slots, one per "
+            "concurrent loop call (exit 1 when one is not resumed).",
+            min=1,
+        ),
+    ] = 1,
     registry: c.RegistryOpt = None,
     json_out: c.JsonOpt = False,
     debug: c.DebugOpt = False,
@@ -68,6 +77,7 @@ def warm_command(
     3 when the snapshot file changed (no restore sent); 2 a server without a slot API.
     """
     from prefixreg.verbs.measure.metrics import check_metrics_path, write_metrics
+    from prefixreg.verbs.measure.slots import warm_copies
     from prefixreg.verbs.measure.warm import warm
 
     with c.cli_errors(debug):
@@ -93,15 +103,29 @@ def warm_command(
             result = warm(
                 reg, head, w, check=not no_check, send_warm=not check_only, progress=progress
             )
+            kept = [] if copies == 1 else warm_copies(w, head, copies)
         if metrics_file is not None:
             write_metrics(metrics_file, result.metrics())
-        c.emit(json_out, result.receipt(public=public), result.summary())
-        raise typer.Exit(int(c.EXIT_BY_OUTCOME[result.verdict]))
+        receipt, text = result.receipt(public=public), result.summary()
+        if kept:
+            receipt["copies"] = [{"slot": i, **j.to_dict()} for i, j in kept]
+            text += "".join(f"copy in slot {i}: {j.verdict} ({j.reason})\n" for i, j in kept)
+        c.emit(json_out, receipt, text)
+        worst = next((j.verdict for _, j in kept if not j.resumed), result.verdict)
+        raise typer.Exit(
+            int(c.EXIT_BY_OUTCOME[worst if result.verdict == "resumed" else result.verdict])
+        )
 
 
 def doctor_command(
     worker: c.WorkerOpt = None,
     profile: c.ProfileOpt = None,
+    loops: Annotated[
+        int,
+        typer.Option(
+            "--loops", help="llama.cpp: concurrent loop calls the slots must hold.", min=1
+        ),
+    ] = 1,
     registry: c.RegistryOpt = None,
     json_out: c.JsonOpt = False,
     debug: c.DebugOpt = False,
@@ -109,7 +133,8 @@ def doctor_command(
     """Say what a worker's /health and /cache tell about its prompt cache, and what to change.
 
     With the registry it also weighs Cmax, the best that this build's probe receipts prove,
-    against the registered prefixes' token spans; Cmax under 4,000 tokens is urgent. Exit 0
+    against the registered prefixes' token spans; Cmax under 4,000 tokens is urgent. On
+    llama.cpp it weighs the slots against --loops and names --cache-ram. Exit 0
     when nothing needs changing, 1 when a finding says what to change, 5 worker error.
     """
     from prefixreg.verbs.doctor.run import doctor
@@ -117,7 +142,7 @@ def doctor_command(
     with c.cli_errors(debug):
         reg = c.open_registry_from(registry)
         with c.open_worker(worker, model=None, timeout=30.0, profile=profile) as w:
-            diagnosis = doctor(w, reg)
+            diagnosis = doctor(w, reg, loops=loops)
         lines = [f"worker {w.url} ({diagnosis.profile})"]
         lines += [f"  [{f.level}] {f.text}" for f in diagnosis.findings]
         c.emit(json_out, {"worker": w.url, **diagnosis.to_dict()}, "\n".join(lines) + "\n")
@@ -262,6 +287,30 @@ def keepalive_command(
     ] = None,
     poll: Annotated[float, typer.Option("--poll", help="Seconds between counter polls.")] = 0.5,
     metrics_file: c.MetricsOpt = None,
+    session: Annotated[
+        Path | None,
+        typer.Option(
+            "--session",
+            help="A file the loop appends each request body to (one JSON line per call, "
+            "after it returns): keep the loop's latest request warm, not only its head.",
+        ),
+    ] = None,
+    pool: Annotated[
+        Path | None,
+        typer.Option(
+            "--pool",
+            help="A pool file: keep each head on the worker that holds it (its placement "
+            "from `pool warm`), one keeper per worker.",
+        ),
+    ] = None,
+    copies: Annotated[
+        int,
+        typer.Option(
+            "--copies",
+            help="llama.cpp: keep each head in this many slots, one per concurrent loop call.",
+            min=1,
+        ),
+    ] = 1,
     registry: c.RegistryOpt = None,
     json_out: c.JsonOpt = False,
     debug: c.DebugOpt = False,
@@ -272,64 +321,71 @@ def keepalive_command(
     head was last used, and re-warms a head before one more foreign prompt could evict it;
     servers with neither are re-warmed on a time interval. A frame keeps its whole head
     warm. A re-warm is kept only when the judge says resumed; one that comes back partial
-    or cold tightens the budget. Every re-warm is recorded as a measurement.
+    or cold tightens the budget. Every re-warm is recorded as a measurement. With --session
+    it re-touches the loop's latest request (head and history) instead. When re-warms
+    spend more prefill than they keep warm, it backs off and says why. On llama.cpp a call
+    that resumed a head in its slot is a use, an evicted head is restored from its snapshot
+    (else left to the loop, never re-prefilled), and more heads than slots are refused.
 
-    Ctrl-C (or --duration) stops it and prints the summary; --metrics-file gets its
-    counters after every re-warm and at the end. Exit 0 when stopped normally
-    after at least one re-warm whose counts the judge could read; 5 when repeated worker
-    errors stopped it, or none succeeded and worker errors were why; 4 when none succeeded
-    and the server never reported the counts; 1 when something else stopped it (a
-    measurement that could not be written); 2 a bad argument (an interval that is not
-    finite seconds above 0, ...).
+    Ctrl-C, SIGTERM (a systemd stop) or --duration stops it and prints the summary;
+    --metrics-file gets its counters after every re-warm and at the end. Exit 0 when
+    stopped normally after at least one re-warm whose counts the judge could read; 5 when
+    repeated worker errors stopped it, or none succeeded and worker errors were why; 4 when
+    none succeeded and the server never reported the counts; 1 when something else stopped
+    it (a measurement that could not be written); 2 a bad argument (an interval that is not
+    finite seconds above 0, a --session that is a FIFO, ...).
     """
+    from prefixreg.cli.keepers import placed, run_keepers, write_keeper_metrics
     from prefixreg.server.worker import Worker
     from prefixreg.verbs.keepalive.run import KeepAlive
-    from prefixreg.verbs.measure.metrics import check_metrics_path, write_metrics
+    from prefixreg.verbs.measure.metrics import check_metrics_path
 
     with c.cli_errors(debug):
         seconds = None if duration is None else parse_duration(duration)
         check_metrics_path(metrics_file)
         reg = c.open_registry_from(registry)
         heads = [reg.head(ref) for ref in refs]  # resolved and verified once, before sending
-        with Worker(c.worker_url(worker), timeout=5.0) as w:
+        groups = placed(reg, heads, pool) if pool else {c.worker_url(worker): heads}
+        keepers: list[KeepAlive] = []
 
-            def on_rewarm(rewarm: Rewarm) -> None:
-                """Say it (not with --json); the counters so far to --metrics-file (a file
-                that cannot be written is a warning: the heads are what is kept)."""
-                if not json_out:
-                    _say(rewarm)
-                try:
-                    if metrics_file is not None:
-                        write_metrics(metrics_file, keeper.summary.metrics({"worker": w.url}))
-                except OSError as exc:
-                    c.info(f"warning: --metrics-file {metrics_file}: {exc.strerror or exc}")
-
-            keeper = KeepAlive(
-                w,
-                heads,
-                registry=reg,
-                budget=budget,
-                interval_s=interval,
-                poll_s=poll,
-                on_rewarm=on_rewarm,
-            )
-            b = keeper.budget
+        def on_rewarm(rewarm: Rewarm) -> None:
             if not json_out:
-                c.info(f"keeping {len(heads)} heads on {w.url}; budget {b.describe()} ({b.source})")
-            try:
-                summary = keeper.run(seconds)
-            except KeyboardInterrupt:
-                summary = keeper.summary
-            if metrics_file is not None:
-                write_metrics(metrics_file, summary.metrics({"worker": w.url}))
-        lines = [str(summary), *(f"  {change}" for change in summary.budget_changes)]
-        c.emit(json_out, {"budget": b.to_dict(), **summary.to_dict()}, "\n".join(lines) + "\n")
-        if summary.stopped_because:
-            c.info(f"stopped: {summary.stopped_because}")
-            raise typer.Exit(int(c.ExitCode.WORKER if summary.stopped_by_worker else c.ExitCode.NO))
-        if summary.succeeded == 0:
-            # The keeper's claim is "these heads were kept warm": a run in which not one
-            # re-warm came back with counts the judge could read proved nothing of the kind.
-            why = f"{summary.errors} worker errors" if summary.errors else "no verified counts"
-            c.info(f"no re-warm succeeded in this run ({why})")
-            raise typer.Exit(int(c.ExitCode.WORKER if summary.errors else c.ExitCode.UNVERIFIED))
+                _say(rewarm)
+            write_keeper_metrics(metrics_file, keepers)
+
+        opts: dict[str, Any] = {"registry": reg, "budget": budget, "interval_s": interval}
+        opts |= {"poll_s": poll, "on_rewarm": on_rewarm}
+        opts |= {"session": session, "copies": copies}
+        with ExitStack() as stack:
+            for url, held in groups.items():
+                w = stack.enter_context(Worker(url, timeout=5.0))
+                keepers.append(KeepAlive(w, held, **opts))
+                b = keepers[-1].budget
+                if not json_out:
+                    c.info(
+                        f"keeping {len(held)} heads on {url}; budget {b.describe()} ({b.source})"
+                    )
+            run_keepers(keepers, seconds)
+            write_keeper_metrics(metrics_file, keepers)
+        out = [
+            {"worker": k.worker.url, "budget": k.budget.to_dict(), **k.summary.to_dict()}
+            for k in keepers
+        ]
+        lines = []
+        for k in keepers:
+            lines += [f"{k.worker.url}:"] if pool else []
+            lines += [str(k.summary), *(f"  {change}" for change in k.summary.budget_changes)]
+        body = {"workers": out} if pool else {k: v for k, v in out[0].items() if k != "worker"}
+        c.emit(json_out, body, "\n".join(lines) + "\n")
+        for summary in (k.summary for k in keepers):
+            if summary.stopped_because:
+                c.info(f"stopped: {summary.stopped_because}")
+                code = c.ExitCode.WORKER if summary.stopped_by_worker else c.ExitCode.NO
+                raise typer.Exit(int(code))
+            if summary.succeeded == 0:
+                # The keeper's claim is "these heads were kept warm": a run in which not one
+                # re-warm came back with counts the judge could read proved nothing of it.
+                why = f"{summary.errors} worker errors" if summary.errors else "no verified counts"
+                c.info(f"no re-warm succeeded in this run ({why})")
+                code = c.ExitCode.WORKER if summary.errors else c.ExitCode.UNVERIFIED
+                raise typer.Exit(int(code))

@@ -8,18 +8,27 @@
 - `LoopStats` keeps the totals: calls by the judge's verdict, and the server's token counts
   over the calls whose counts are verified (a missing count is never zero).
 
+- `Session` is one conversation of a loop on its head: it builds each request body as the
+  head sends it and, once the call returned, tells a keeper (`KeepAlive.track`) or appends
+  the body as one JSON line to a file (`prefixreg keepalive --session FILE`), so the
+  loop's whole request is kept warm, not only its head. The file is opened for appending
+  only if it is a regular file (a FIFO or a directory is refused, never waited on).
+
 Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import stat
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from pathlib import Path
+from typing import Any, Literal, Protocol, get_args
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.frame import Frame, Head
-from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.jsonio import JSONObject, dumps_ordered
 from prefixreg.core.judge import judge
 from prefixreg.core.prefix import Prefix
 from prefixreg.core.records import CallEvidence, Measurement
@@ -179,3 +188,50 @@ class LoopJudge:
             evidence, head_bytes=self.head.head_bytes, alignment=self.alignment, measured_span=span
         )
         return j.verdict, j.reason
+
+
+class Tracker(Protocol):
+    def track(self, body: Mapping[str, Any]) -> str: ...
+
+
+@dataclass(slots=True)
+class Session:
+    """One loop conversation on `head`: `body(history, **params)` builds each request, and
+    `sent(body)`, once the call returned, tells `keeper` (a `KeepAlive`) and appends the
+    body to `log` (a JSON-lines file a `prefixreg keepalive --session` in another process
+    reads). Raises UsageError: not a head; a log that is not a regular file."""
+
+    head: Head
+    keeper: Tracker | None = None
+    log: Path | str | None = None
+    calls: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.head, Prefix | Frame):
+            raise UsageError(f"Session takes a Prefix or a Frame, not {type(self.head).__name__}")
+        if self.keeper is not None and not callable(getattr(self.keeper, "track", None)):
+            raise UsageError("Session: keeper must be a KeepAlive (it has track(body))")
+
+    def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
+        """The request body of the next call: the head, then `history` (`Frame.body`)."""
+        return self.head.body(history, **params)
+
+    def sent(self, body: Mapping[str, Any]) -> None:
+        """The loop sent `body` and the call returned: keep it warm from now on."""
+        self.calls += 1
+        if self.keeper is not None:
+            self.keeper.track(body)
+        if self.log is not None:
+            line = dumps_ordered(dict(body)).encode("utf-8") + b"\n"
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+            try:
+                fd = os.open(self.log, flags, 0o600)
+            except OSError as exc:
+                raise UsageError(f"{self.log}: {exc.strerror or exc}") from None
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise UsageError(f"{self.log}: not a regular file; refused")
+                while line:  # a reader takes only complete lines
+                    line = line[os.write(fd, line) :]
+            finally:
+                os.close(fd)

@@ -1,5 +1,6 @@
 """`doctor` on the engines users run (vLLM, SGLang, TensorRT-LLM, Ollama): the exact flag each
-needs, read against what the server says of itself (`server.engines`).
+needs, read against what the server says of itself (`server.engines`); on llama.cpp,
+`diagnose_slots` weighs its slots against the loop's concurrent calls.
 
 `diagnose_engine` (pure) names the flag that makes each call report its cached count and
 whether it is on: SGLang says so in `/server_info` (`enable_cache_report`, `enable_metrics`);
@@ -14,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from prefixreg.core.records import ServerBuild
+from prefixreg.core.records import ServerBuild, strict_count
 from prefixreg.server import engines
-from prefixreg.verbs.doctor.run import Diagnosis
+from prefixreg.verbs.doctor.run import Diagnosis, Level
 
 OLLAMA_CACHE_RAM: Final = (
     "Ollama passes no --cache-ram to its llama.cpp runner, so every runner keeps llama.cpp's "
@@ -91,4 +92,33 @@ def diagnose_engine(
         "counters",
         f"{metrics.path}: {cached:,.0f} of {prompt:,.0f} prompt tokens came from the cache since "
         f"the server started{rate}; keepalive counts foreign prompts with them.",
+    )
+
+
+def diagnose_slots(d: Diagnosis, props: Mapping[str, object] | None, loops: int = 1) -> None:
+    """Add llama.cpp's slots against `loops` concurrent loop calls, and `--cache-ram` (pure)."""
+    slots = None if props is None else strict_count(props.get("total_slots"))
+    d.numbers["total_slots"] = slots
+    if slots is None:
+        d.add("info", "slots", "/props does not say total_slots: slots cannot be weighed.")
+    elif slots <= loops:
+        level: Level = "warn" if slots < loops else "info"
+        who = "sessions evict each other" if slots < loops else "a foreign prompt evicts one"
+        d.add(
+            level,
+            "slots",
+            f"total_slots {slots} for {loops} concurrent loop calls: each needs a slot holding "
+            f"its session and foreign traffic one more, so {who}. Start llama-server with "
+            f"-np {loops + 1} (or more); `keepalive` refuses more heads than slots.",
+        )
+    else:
+        text = f"total_slots {slots}: room for {loops} concurrent loop calls and foreign traffic."
+        d.add("ok", "slots", text)
+    d.add(
+        "info",
+        "cache-ram",
+        "--cache-ram (the host-RAM prompt cache, MiB; 0 turns it off) is not reported by "
+        "/props. Off, an evicted prompt is gone: only a snapshot restore (`prefixreg snapshot "
+        "save`) avoids its re-prefill. On, an evicted prompt comes back from RAM, and a slot "
+        "erase does not clear it (probe's eviction counts then overstate the loss).",
     )

@@ -13,6 +13,12 @@ ceiling beats a lower bound); when every B leg of that receipt resumed, Cmax is 
 bound. A fit is the judge's (`judge_fit`); where the alignment shapes Cmax or a fit, the
 text names it. Below `URGENT_CMAX` tokens the cache does not reach past the system prompt.
 
+On llama.cpp `engines.diagnose_slots` (pure) sets `/props` `total_slots` against the loops that
+share the worker (each concurrent loop call needs a slot holding its session, and foreign
+traffic one more), and names `--cache-ram`, the host-RAM prompt cache `/props` does not
+report (0 turns it off: an evicted prompt is gone, only a snapshot restore avoids its
+re-prefill; on, an evicted prompt comes back from RAM and a slot erase does not clear it).
+
 Nothing here guesses a number the server did not send: a missing field is said to be missing.
 Receipts and measurements are read through the store; an unreadable receipt proves nothing.
 """
@@ -349,7 +355,7 @@ def _count_missing(registry: Registry, build_id: str) -> bool:
     return False
 
 
-def doctor(worker: Worker, registry: Registry | None = None) -> Diagnosis:
+def doctor(worker: Worker, registry: Registry | None = None, *, loops: int = 1) -> Diagnosis:
     """Read `/health` (and `/cache` on Halogen) and diagnose; with a registry, also weigh this
     build's probe receipts against the registered heads.
 
@@ -357,9 +363,11 @@ def doctor(worker: Worker, registry: Registry | None = None) -> Diagnosis:
         UsageError: `worker` is not a `Worker`, or `registry` not a `Registry` or None.
         WorkerError: the worker could not be reached or answered an HTTP error.
     """
-    given: list[object] = [worker, registry]
+    given: list[object] = [worker, registry, loops]
     if not isinstance(given[0], Worker) or not isinstance(given[1], (Registry, type(None))):
         raise UsageError("doctor takes a Worker and, optionally, a Registry")
+    if type(given[2]) is not int or loops < 1:
+        raise UsageError(f"doctor: loops must be a whole number >= 1, not {loops!r}")
     profile = worker.detect_profile()
     health = worker.health() if profile == "halogen" else {}
     diagnosis = diagnose(profile, health, worker.cache_raw() if profile == "halogen" else None)
@@ -373,6 +381,10 @@ def doctor(worker: Worker, registry: Registry | None = None) -> Diagnosis:
             samples = None  # counters that cannot be read are said to be missing
         missing = registry is not None and _count_missing(registry, build.build_id)
         diagnose_engine(diagnosis, build, samples, missing=missing)
+    if profile == "llamacpp":
+        from prefixreg.verbs.doctor.engines import diagnose_slots
+
+        diagnose_slots(diagnosis, worker.props(), loops)
     if registry is not None:
         build = worker.server_build()
         diagnosis.numbers["build_id"] = build.build_id

@@ -113,12 +113,20 @@ class KeepAliveSummary:
     restore_s: float = 0.0  # their server restore time plus check wall time
     prefill_tokens_avoided: int = 0  # the head tokens those restores did not prefill
     prefill_s_avoided: float = 0.0  # the measured cold seconds of those heads (if known)
+    sessions: int = 0  # re-warms that re-touched the loop's session (head and history)
+    session_skipped: int = 0  # session lines that sent none of the kept heads
+    backoffs: int = 0  # times the cost rule held re-warms back
+    left_to_loop: int = 0  # evicted heads not restored: not re-prefilled (the cost rule)
+    backoff_reason: str | None = None  # the latest one's reason
 
-    def count(self, rewarm: Rewarm, snap: SnapshotRewarm | None = None) -> None:
+    def count(
+        self, rewarm: Rewarm, snap: SnapshotRewarm | None = None, *, session: bool = False
+    ) -> None:
         """Add one re-warm by the judge's verdict (a missing count is never zero), and the
         restore attempt before it (a miss was re-warmed normally)."""
         ev, verdict = rewarm.record.evidence, rewarm.verdict
         self.rewarms += 1
+        self.sessions += session
         setattr(self, verdict, getattr(self, verdict) + 1)  # one counter per verdict
         if verdict == "resumed":
             self.tokens_saved += ev.cached_tokens or 0
@@ -189,6 +197,17 @@ class KeepAliveSummary:
             )
         if self.restore_misses:
             text += f"; {self.restore_misses} restores not proven"
+        if self.sessions:
+            text += f"; {self.sessions} re-touched the loop's session"
+        if self.session_skipped:
+            text += f"; {self.session_skipped} session lines sent no kept head"
+        if self.left_to_loop:
+            text += (
+                f"; {self.left_to_loop} evicted heads left to the loop (a re-prefill would "
+                "spend what it saves)"
+            )
+        if self.backoffs:
+            text += f"; backed off {self.backoffs} times ({self.backoff_reason})"
         return text
 
 

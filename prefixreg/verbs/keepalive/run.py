@@ -3,7 +3,7 @@ traffic churns, re-warming each one before one more foreign prompt could evict i
 what the server counts (`server.activity`): `stores` on `/cache` (Halogen), prompts on
 llama.cpp (`/slots`, else `/metrics`) or an engine's Prometheus counters, else time; the
 budget is `measure.budget`'s; the records and the restore of a head lost to a llama.cpp
-restart are `.rewarm`'s.
+restart or eviction are `.rewarm`'s.
 
 Invariants:
 - One request at a time: polls and re-warms run in one thread (`step`); the loop's `touch`
@@ -16,10 +16,15 @@ Invariants:
   off exponentially; five worker errors with no answered poll between them stop the keeper,
   and so does anything else that goes wrong in its thread (`stopped_because`).
 - Only foreign activity counts: a head is never due before a foreign prompt has stored (or
-  run); the keeper's own re-warms are taken off the other kept heads' counts, and each
+  run); the keeper's re-warms and the loop's calls (tracked or touched) are taken off the
+  other kept heads' counts, and each
   stores budget is reduced by the entries the other kept heads hold instead.
 - A kept frame is re-warmed with its whole head, byte for byte as the loop sends it; its
   measurement is filed under the system sha, with `frame` set.
+- A head with a session (`track`, `session=FILE`: the loop's latest request on it, told
+  once the call returned) is re-warmed by re-touching it whole (`.session`), else with a
+  fresh tail. Never slower: re-warms are sent only while `session.rewarm_pays` (they keep
+  more tokens warm than they prefill); else the keeper backs off and says why.
 """
 
 from __future__ import annotations
@@ -27,27 +32,23 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Final
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
 
 from prefixreg.core.errors import EngineBusyError, UsageError, WorkerError, WorkerTimeoutError
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.judge import Verdict
-from prefixreg.core.prefix import Prefix, fresh_tail
+from prefixreg.core.prefix import Prefix
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
+from prefixreg.server.slots import list_slots
 from prefixreg.server.transport import check_seconds
 from prefixreg.server.worker import Worker
+from prefixreg.verbs.keepalive import session as ks
 from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm, restore_for_keepalive
 from prefixreg.verbs.measure.budget import budget_for
-from prefixreg.verbs.measure.calls import (
-    CallRecord,
-    judge_check,
-    measured_call,
-    measured_span,
-    record_measurement,
-)
+from prefixreg.verbs.measure.calls import measured_span, record_measurement
 
 MAX_ERRORS: Final = 5
 MAX_BACKOFF_S: Final = 30.0
@@ -61,19 +62,10 @@ def positive_seconds(name: str, value: object) -> float:
     return float(number)
 
 
-@dataclass(slots=True)
-class _Kept:
-    head: Head  # a frame: its whole head is re-warmed
-    span: int | None  # the head's span as a resumed warm measured it on this build
-    baseline: float | None = None  # the counter when last used; None: never warmed
-    last_used: float = 0.0
-    slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
-    lost: bool = False  # the server restarted since this head was last warmed
-
-
 class KeepAlive:
     """Keep `prefixes` (heads) resumable on `worker` (a short `timeout`: polls must not
-    hang); `step()` yourself or `start()` a thread, and `touch(sha)` after each own call.
+    hang); `step()` yourself or `start()` a thread, and `track(body)` (or `touch(sha)`)
+    after each own call; `session` names a file of request bodies another process appends.
     `registry` gets one measurement per re-warm and supplies a probe's survival.
 
     Raises:
@@ -91,6 +83,8 @@ class KeepAlive:
         interval_s: float | None = None,
         poll_s: float = 0.5,
         on_rewarm: Callable[[Rewarm], None] | None = None,
+        session: Path | str | None = None,
+        copies: int = 1,
     ) -> None:
         heads: object = prefixes
         if not isinstance(heads, list | tuple) or not heads:
@@ -101,6 +95,8 @@ class KeepAlive:
             (registry is None or isinstance(registry, Registry), "registry must be a Registry"),
             (budget is None or (type(budget) is int and budget >= 1), "budget must be >= 1"),
             (on_rewarm is None or callable(on_rewarm), "on_rewarm must be callable"),
+            (session is None or isinstance(session, Path | str), "session is a file's path"),
+            (type(copies) is int and copies >= 1, "copies must be a whole number >= 1"),
         ):
             if not ok:
                 raise UsageError(f"KeepAlive: {what}")
@@ -110,6 +106,8 @@ class KeepAlive:
             registry.refuse_on_mirror("record keepalive measurements")
         self.worker, self.registry, self.on_rewarm = worker, registry, on_rewarm
         self.summary = KeepAliveSummary()
+        self.gate = ks.CostGate()
+        self.session_file = None if session is None else ks.SessionFile(session)
         self.history: list[Rewarm] = []
         self._touched: set[str] = set()
         self._lock = threading.Lock()
@@ -117,11 +115,13 @@ class KeepAlive:
         self._thread: threading.Thread | None = None
         self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
         self._backoff_until = 0.0
+        self._told = False
         self.build = build = worker.server_build()
-        self._kept: dict[str, _Kept] = {}
+        self._kept: dict[str, ks.Kept] = {}  # by sha, and sha/copy for the copies after one
         for h in prefixes:
             span = None if registry is None else measured_span(registry, h, build.build_id)
-            self._kept[h.sha256] = _Kept(h, span)
+            for i in range(copies):
+                self._kept[h.sha256 if i == 0 else f"{h.sha256}/{i}"] = ks.Kept(h, span)
         counters = worker.cache() if build.profile == "halogen" else None
         self._counter: Counter | None = None
         if counters is not None and counters.stores is not None:
@@ -130,6 +130,18 @@ class KeepAlive:
         elif build.profile != "halogen":
             # llama.cpp and the engines have no /cache but count prompts: time is the last resort.
             self._counter = PromptCounter.detect(worker, build.profile)
+        # llama.cpp's slots: each holds one prompt, so more heads than slots evict each other,
+        # and as many foreign prompts as slots since a head's last use evicted it.
+        # Copies (as many as the loop runs concurrent calls) are each pinned to a slot.
+        slots = list_slots(worker) if build.profile == "llamacpp" and worker.slots() else None
+        self.slots = len(slots) if slots else None
+        if copies > 1 and not slots:
+            raise UsageError("KeepAlive: copies are kept one per slot: llama.cpp's /slots only")
+        if self.slots is not None and len(self._kept) > self.slots:
+            n = f"{len(prefixes)} heads" + (f" x {copies} copies" if copies > 1 else "")
+            raise UsageError(f"KeepAlive: {n} on {self.slots} slots evict each other")
+        for kept, slot in zip(self._kept.values(), slots or [], strict=False):
+            kept.pin = kept.slot = slot.id if copies > 1 else None
         self.budget = budget_for(
             build,
             counters,
@@ -142,14 +154,37 @@ class KeepAlive:
         if self.budget.unit == "seconds":
             self._counter = None  # /cache without max_entries (dense): keep time instead
 
+    def track(self, body: Mapping[str, Any]) -> str:
+        """The loop just sent `body` (call it once the call returned): the request of a kept
+        head, which becomes that head's session. Returns the head's sha256.
+
+        Raises:
+            UsageError: `body` sends none of the kept heads unchanged (`Head.drift`).
+        """
+        sha = self._track(body)
+        if sha is None:
+            raise UsageError("track(): the body sends none of the kept heads unchanged")
+        return sha
+
+    def _track(self, body: object) -> str | None:
+        for kept in sorted(self._kept.values(), key=lambda k: k.head.kind != "frame"):
+            if (history := ks.session_of(kept.head, body)) is not None:
+                with self._lock:
+                    kept.session = history or None
+                self.touch(kept.head.sha256)
+                return kept.head.sha256
+        return None
+
     def touch(self, sha256: str) -> None:
         """The loop just used the head `sha256`: count its survival from now on."""
         if not isinstance(sha256, str):
             raise UsageError(f"touch takes a head's sha256, not {type(sha256).__name__}")
         with self._lock:
-            if sha256 in self._kept:
-                self._touched.add(sha256)
-                self._kept[sha256].last_used = time.monotonic()
+            for kept in self._kept.values():
+                if kept.head.sha256 == sha256:  # every copy of it
+                    self._touched.add(sha256)
+                    self._told = True  # the loop tells its calls: the others are foreign
+                    kept.last_used = time.monotonic()
         self._wake.set()
 
     def _read(self, counter: Counter) -> float | None:
@@ -169,27 +204,44 @@ class KeepAlive:
         self._errors_in_row = self._poll_misses = 0  # an answered poll ends both streaks
         total, restarted = got
         for kept in self._kept.values() if restarted else ():  # nothing is cached now
-            kept.baseline, kept.slot, kept.lost = None, None, True
+            kept.baseline, kept.slot, kept.lost, kept.left = None, kept.pin, True, None
         return total
 
-    def _since(self, kept: _Kept, now: float) -> float | None:
+    def _since(self, kept: ks.Kept, now: float) -> float | None:
         if self._counter is None:
             return now - kept.last_used
         return None if kept.baseline is None else self._counter.total - kept.baseline
 
-    def _due(self, now: float) -> list[_Kept]:
+    def _due(self, now: float) -> list[ks.Kept]:
         with self._lock:
             touched, self._touched = self._touched, set()
         due = []
         busy = self._counter.busy if self._counter is not None else set()
-        for sha, kept in self._kept.items():
-            if sha in touched and self._counter is not None:
-                kept.baseline = self._counter.total
-            if kept.slot is not None and kept.slot in busy:
-                # Its slot serves a prompt (most likely the loop's own call on this head): a
-                # re-warm now would prefill it cold in another slot. Decide on the next poll.
-                continue
-            since = self._since(kept, now)
+        landed = self._counter.changed if isinstance(self._counter, PromptCounter) else set()
+        for kept in self._kept.values():  # the loop's uses first: none is foreign
+            sha = kept.head.sha256
+            if sha in touched and kept.slot in busy:  # the loop's call still ends there:
+                self.touch(sha)  # take its baseline once the slot has counted it
+            elif sha in touched and self._counter is not None:
+                kept.baseline, kept.evicted, kept.left = self._counter.total, False, None
+                ks.discount(kept, self._kept.values(), float(self.budget.per_request))
+                if len(landed) == 1 and kept.pin is None:  # where the loop's call ended
+                    kept.slot = next(iter(landed))
+        gone = max(self.slots or 0, self.budget.limit + 1)
+        total = self._counter.total if self._counter is not None else 0
+        for kept in self._kept.values():
+            if kept.left is not None and total - kept.left >= gone:  # as long again as it took
+                kept.left, kept.evicted = None, False  # go: re-warm it (now due, not gone)
+                kept.baseline = total - self.budget.limit
+            if kept.left is not None or (kept.slot is not None and kept.slot in busy):
+                continue  # left to the loop; or its slot serves a prompt (likely the loop's):
+            since = self._since(kept, now)  # a re-warm now would go cold in another slot
+            # Evicted (llama.cpp): a foreign prompt ended in its slot (a loop that tells its
+            # calls), or more landed than it survives: restore it (when it has a snapshot),
+            # never re-prefill it.
+            taken = self._told and kept.slot in landed and kept.head.sha256 not in touched
+            if self.slots and self.budget.unit == "prompts" and (taken or (since or 0) >= gone):
+                kept.evicted = True
             if since is None or self.budget.due(since):
                 due.append(kept)
         return due
@@ -199,16 +251,25 @@ class KeepAlive:
         now = time.monotonic()
         if now < self._backoff_until:
             return []
+        if self.session_file is not None:
+            new, body = self.session_file.read()
+            if new and self._track(body) is None:
+                self.summary.session_skipped += 1
         if self._counter is not None and self._read(self._counter) is None:
             return []
-        done = []
-        for kept in self._due(now):
+        done, due = [], self._due(now)
+        if self._counter is not None and self._counter.busy:
+            due = []  # llama.cpp: a prompt runs; a re-warm now would race it. Next poll.
+        allowed = self.gate.allow(now) if due else 0
+        for kept in due[:allowed]:
             try:
-                done.append(self._rewarm(kept, self._since(kept, time.monotonic())))
+                rewarm = self._rewarm(kept, self._since(kept, time.monotonic()))
+                done += [] if rewarm is None else [rewarm]
             except WorkerError as exc:
                 self._error(backoff=isinstance(exc, EngineBusyError))
                 break
             self._errors_in_row = 0
+        self.summary.backoffs, self.summary.backoff_reason = self.gate.backoffs, self.gate.why
         return done
 
     def _backoff(self, n: int) -> None:
@@ -224,34 +285,50 @@ class KeepAlive:
             self.summary.stopped_by_worker = True
             self._stop.set()
 
-    def _rewarm(self, kept: _Kept, since: float | None) -> Rewarm:
+    def _rewarm(self, kept: ks.Kept, since: float | None) -> Rewarm | None:
         counter, head, snap = self._counter, kept.head, None
-        if kept.lost and self.registry is not None and self.build.profile == "llamacpp":
-            taken = {k.slot for k in self._kept.values() if k.slot is not None and not k.lost}
+        first = since is None or kept.lost or not kept.last_used  # cold by nature: no outcome
+        lost = kept.lost or kept.evicted
+        if lost and self.registry is not None and self.build.profile == "llamacpp":
+            held = [k for k in self._kept.values() if k is not kept and not (k.lost or k.evicted)]
+            held += [kept] if kept.evicted and not kept.lost else []  # it may be the loop's
+            taken = {k.slot for k in held if k.slot is not None}
             snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
         verdict: Verdict
+        restored = snap is not None and snap.check is not None
+        if kept.evicted and not restored and not ks.rewarm_pays([], evicted=True)[0]:
+            kept.left = self._counter.total if self._counter is not None else 0
+            self.summary.left_to_loop += 1  # re-prefilled, it would save what it costs
+            self.summary.restore_misses += snap is not None
+            return None
         if snap is not None and snap.check is not None:
             # The judge's `restored` (judge_restore) stands on a resumed pinned check.
             record, verdict = snap.check, "resumed"
         else:
-            tail, stores = fresh_tail(), isinstance(counter, StoresCounter)
             last = counter.last if isinstance(counter, StoresCounter) else None
-            record = measured_call(
-                self.worker, head, phase="keepalive", tail=tail, with_cache=stores, before=last
+            align, stores = self.build.snapshot_align, isinstance(counter, StoresCounter)
+            call = (self.worker, head, kept.session)
+            pin: dict[str, Any] = {} if kept.pin is None else {"id_slot": kept.pin}
+            record, verdict = ks.rewarm_call(
+                *call, span=kept.span, before=last, alignment=align, with_cache=stores, **pin
             )
-            align = self.build.snapshot_align
-            verdict = judge_check(
-                record.evidence, head, tail=tail, alignment=align, measured=kept.span
-            ).verdict
-        kept.lost, kept.last_used = False, time.monotonic()
+        kept.lost, kept.evicted, kept.last_used = False, False, time.monotonic()
         if counter is not None:
-            self._rebase(kept, counter, record)
-        self._learn(record, verdict, since)
+            ks.rebase(kept, self._kept.values(), counter, record, self.budget.per_request)
+        change = self.budget.learn(record.before, record.after, record.interleaved, verdict, since)
+        if change is not None:
+            self.summary.budget_changes.append(change)
+        ev = record.evidence
+        if not first and verdict != "unverified" and ev.prompt_tokens is not None:
+            cached = ev.cached_tokens or 0
+            kept_tokens = cached if verdict == "resumed" else 0
+            spent, now = ev.prompt_tokens - cached, time.monotonic()
+            self.gate.saw(kept_tokens, spent, now, tightened=change is not None)
         frame = head.sha256 if isinstance(head, Frame) else None
         report = None if snap is None else snap.to_dict()
         b = self.budget
         rewarm = Rewarm(head.system.sha256, since, verdict, record, b.limit, b.unit, frame, report)
-        self.summary.count(rewarm, snap)
+        self.summary.count(rewarm, snap, session=kept.session is not None)
         self.history.append(rewarm)
         if self.registry is not None:
             body = rewarm.measurement_body(b.to_dict())
@@ -261,63 +338,6 @@ class KeepAlive:
         if self.on_rewarm is not None:
             self.on_rewarm(rewarm)
         return rewarm
-
-    def _rebase(self, kept: _Kept, counter: Counter, record: CallRecord) -> None:
-        """After a re-warm: this head counts from now, and what our own request added is not
-        foreign activity for the other kept heads (the budget allowed for their entries;
-        counting it too would make the keeper re-warm its heads in turn forever)."""
-        before = counter.total
-        if isinstance(counter, StoresCounter):
-            own = float(self.budget.per_request)
-            after, b = record.after, record.before
-            if after is not None and after.stores is not None:
-                if b is not None and b.stores is not None and not record.interleaved:
-                    own = float(after.stores - b.stores)
-                counter.saw(after)
-                kept.baseline = counter.total
-            else:
-                # No closing snapshot: count from what was there plus our own stores, so
-                # the next poll sees only what others stored since.
-                kept.baseline = before + own
-        else:
-            # Our own prompt is the one change we expect; any other prompt that landed
-            # meanwhile counts against the head (which slot is least recently used is then
-            # unknown: assume the worse).
-            own, kept.baseline, got = 1.0, before + 1, None
-            try:
-                got = counter.read()
-            except WorkerError:
-                pass  # the next poll sees our prompt and lands on since 0
-            if got is not None:
-                kept.baseline = min(got[0], before + 1)
-                landed = counter.changed
-                kept.slot = next(iter(landed)) if len(landed) == 1 else None
-        for other in self._kept.values():
-            if other is not kept and other.baseline is not None:
-                other.baseline += own
-
-    def _learn(self, record: CallRecord, verdict: Verdict, since: float | None) -> None:
-        """Update stores-per-request from our own window; tighten the budget after a miss."""
-        b = self.budget
-        before = None if record.before is None else record.before.stores
-        after = None if record.after is None else record.after.stores
-        clean = b.unit == "stores" and not record.interleaved
-        if clean and before is not None and after is not None and after > before:
-            b.per_request = after - before
-        if since is None or verdict not in ("cold", "partial"):
-            return
-        # Gone after `since` (a lower bound in prompts, exact in stores and seconds): it
-        # survives less, by an unknown amount. Halve: a few misses converge from any
-        # overestimate, and a resumed re-warm is cheap while a cold one is a full prefill.
-        floor = b.per_request if b.unit == "stores" else (1 if b.unit == "prompts" else 0.0)
-        tighter = max(floor, since // 2 if b.unit != "seconds" else since / 2)
-        if tighter < b.limit:
-            b.source = "tightened after a cold re-warm"
-            self.summary.budget_changes.append(
-                f"budget {b.limit:g} -> {tighter:g} {b.unit}: a re-warm after {since:g} "
-                f"{b.unit} came back {verdict}"
-            )
-            b.limit = tighter
 
     @property
     def alive(self) -> bool:

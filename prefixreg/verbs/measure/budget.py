@@ -58,6 +58,38 @@ class Budget:
             return since >= self.limit
         return since >= self.per_request and since + self.per_request >= self.limit
 
+    def learn(
+        self,
+        before: CacheCounters | None,
+        after: CacheCounters | None,
+        interleaved: bool | None,
+        verdict: str,
+        since: float | None,
+    ) -> str | None:
+        """After a re-warm (its `/cache` window, the judge's verdict, the activity `since`
+        the head's last use): learn stores-per-request from a clean window, and tighten the
+        limit after a miss. Returns the change, said for a person, or None."""
+        b = None if before is None else before.stores
+        a = None if after is None else after.stores
+        if self.unit == "stores" and not interleaved and b is not None and a is not None and a > b:
+            self.per_request = a - b
+        if since is None or verdict not in ("cold", "partial"):
+            return None
+        # Gone after `since` (a lower bound in prompts, exact in stores and seconds): it
+        # survives less, by an unknown amount. Halve: a few misses converge from any
+        # overestimate, and a resumed re-warm is cheap while a cold one is a full prefill.
+        unit = self.unit
+        floor = self.per_request if unit == "stores" else (1 if unit == "prompts" else 0.0)
+        tighter = max(floor, since // 2 if unit != "seconds" else since / 2)
+        if tighter >= self.limit:
+            return None
+        change = (
+            f"budget {self.limit:g} -> {tighter:g} {unit}: a re-warm after {since:g} {unit} "
+            f"came back {verdict}"
+        )
+        self.source, self.limit = "tightened after a cold re-warm", tighter
+        return change
+
     def describe(self) -> str:
         """`6 stores (/cache)`, `1 prompts (/slots)` or `60 s`, for a person."""
         if self.unit == "seconds":

@@ -9,13 +9,14 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from prefixreg.core.errors import WorkerError
 from prefixreg.core.frame import Head
-from prefixreg.core.jsonio import JSONObject, JSONValue
+from prefixreg.core.jsonio import JSONObject, JSONValue, dumps_ordered
 from prefixreg.core.judge import Judgement, judge
 from prefixreg.core.records import CacheCounters, CallEvidence, Measurement, ServerBuild
 from prefixreg.registry.store import Registry, iso_utc, utc_now
@@ -68,18 +69,21 @@ def measured_call(
     tail: str,
     with_cache: bool,
     before: CacheCounters | None = None,
+    history: Sequence[Mapping[str, Any]] | None = None,
     **params: Any,
 ) -> CallRecord:
     """Send one chat call bracketed by `/cache` snapshots (when `with_cache`), else by the
     engine's Prometheus counters where the build has them (`Worker.counters`: a witness, never
     the verdict). `before` reuses the previous call's closing snapshot; a closing snapshot the
     server fails to give is recorded as missing (its window counts for nothing), never losing
-    the call's evidence."""
+    the call's evidence. `history` (a loop's session) replaces the one-line `tail`; its hash
+    is recorded."""
     if with_cache and before is None:
         before = worker.cache()
     metrics = None if with_cache else worker.counters
     start = _samples(worker, metrics)
-    _, evidence = worker.chat(head, tail, **{**WARM_PARAMS, **params})
+    sent = tail if history is None else None
+    _, evidence = worker.chat(head, sent, history=history, **{**WARM_PARAMS, **params})
     after = None
     if with_cache:
         try:
@@ -89,7 +93,8 @@ def measured_call(
     seen = None
     if metrics is not None:
         seen = window(metrics, start, _samples(worker, metrics), evidence.prompt_tokens)
-    tail_sha = hashlib.sha256(tail.encode("utf-8")).hexdigest()
+    text = tail if history is None else dumps_ordered(list(history))
+    tail_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return CallRecord(phase, tail_sha, evidence, before, after, seen)
 
 

@@ -65,6 +65,12 @@ class Metrics:
         self.meta.setdefault(name, (help_text, kind))
         self.samples.setdefault(name, {})[tuple(sorted(labels.items()))] = float(value)
 
+    def update(self, other: Metrics) -> None:
+        """Add `other`'s samples (several keepers' counters in one file, told apart by label)."""
+        for name, samples in other.samples.items():
+            self.meta.setdefault(name, other.meta[name])
+            self.samples.setdefault(name, {}).update(samples)
+
     def render(self) -> bytes:
         """The text exposition format, one block per metric, sorted."""
         lines: list[str] = []

@@ -75,6 +75,28 @@ def warm_and_locate(worker: Worker, head: Head, slot: int | None) -> tuple[CallR
     return warm, chosen
 
 
+def warm_copies(worker: Worker, head: Head, copies: int) -> list[tuple[int, Judgement]]:
+    """Keep `copies` of `head`, one per llama.cpp slot (one per concurrent loop call): a warm
+    pinned to each of the first `copies` slots, proven by a pinned check there. Returns
+    (slot, the judge's verdict on its check) per copy.
+
+    Raises:
+        UsageError: a profile without slots, or fewer slots than `copies`.
+        WorkerError: the worker failed.
+    """
+    build = worker.server_build()
+    require_slot_api(build)
+    slots = list_slots(worker)
+    if type(copies) is not int or not 1 <= copies <= len(slots):
+        raise UsageError(f"{copies!r} copies on {len(slots)} slots: at most one per slot")
+    out = []
+    for slot in slots[:copies]:
+        tail = fresh_tail()
+        measured_call(worker, head, phase="warm", tail=tail, with_cache=False, id_slot=slot.id)
+        out.append((slot.id, pinned_check(worker, build, head, slot.id)[1]))
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class RestoreResult:
     """What `restore_head` found; `body` is its measurement's (only verdict and reason when

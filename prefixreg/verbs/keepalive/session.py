@@ -1,0 +1,263 @@
+"""A loop's session for the keeper: the latest full request the loop sent on a kept head (the
+head and its history), told in process (`KeepAlive.track(body)`) or across processes
+(`--session FILE`, one JSON request body per line, appended by the loop after each call);
+the cost rule that keeps the keeper from making the loop slower; and what the keeper knows
+of each kept head (`Kept`: its counts, slot and session, moved by `rebase` and `discount`).
+
+Invariants:
+- A body is a session of a head only when the head's drift check finds nothing (its system
+  message, a frame's tools and settings, byte for byte); its history is copied.
+- A session is re-touched whole (the latest prompt again, one output token): the judge
+  reads it against the session's span (its bytes are the head's and the history's), so a
+  re-touch that finds only the head cached is partial, never resumed.
+- A session file is read through `read_user_file` (a regular file, never a FIFO, capped),
+  each body through `core.jsonio`; only complete lines count (a half-written last line
+  waits), and a line that is not a request body is counted as bad, never a crash.
+- `rewarm_pays` is pure: re-warms go on while the tokens they keep warm exceed the prefill
+  they spend, over a few recent re-warms; a head known evicted is never re-prefilled.
+"""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from prefixreg.core.errors import PrefixregError, UsageError, WorkerError
+from prefixreg.core.frame import Head
+from prefixreg.core.jsonio import dumps_ordered, loads
+from prefixreg.core.judge import Verdict, judge
+from prefixreg.core.prefix import check_history, fresh_tail
+from prefixreg.core.records import CacheCounters
+from prefixreg.registry.fsutil import read_user_file
+from prefixreg.server.activity import Counter, StoresCounter
+from prefixreg.server.worker import Worker
+from prefixreg.verbs.measure.calls import CallRecord, judge_check, measured_call
+
+# The re-warms the cost rule looks back on, and how many it needs before it may say no.
+WINDOW: Final = 6
+MIN_OUTCOMES: Final = 3
+# The first back-off, in seconds; each probe that is not kept doubles it, up to the cap.
+BACKOFF_S: Final = 10.0
+MAX_BACKOFF_S: Final = 600.0
+
+
+@dataclass(slots=True)
+class Kept:
+    """What the keeper knows of one kept head: its span, counts, slot and session."""
+
+    head: Head  # a frame: its whole head is re-warmed
+    span: int | None  # the head's span as a resumed warm measured it on this build
+    baseline: float | None = None  # the counter when last used; None: never warmed
+    last_used: float = 0.0
+    slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
+    lost: bool = False  # the server restarted since this head was last warmed
+    evicted: bool = False  # as many foreign prompts as slots landed since its last use
+    left: float | None = None  # evicted, not restored: left to the loop since this count
+    session: list[dict[str, Any]] | None = None  # the loop's latest history on this head
+    pin: int | None = None  # llama.cpp: the slot this copy is kept in (one per copy)
+
+
+def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
+    """The history of `body` (a request as sent: `Frame.body`, or openai kwargs with
+    `extra_body`) when it sends `head` unchanged; None when it is not a request of `head`."""
+    if not isinstance(body, Mapping) or not isinstance(body.get("messages"), list):
+        return None
+    extra = body.get("extra_body")
+    sent = {**body, **extra} if isinstance(extra, Mapping) else body
+    if head.drift(sent):
+        return None
+    try:
+        return check_history(sent["messages"][1:])
+    except UsageError:  # a message without a role: no request the keeper could re-send
+        return None
+
+
+def session_bytes(head: Head, history: Sequence[Mapping[str, Any]]) -> int:
+    """The bytes a session's span stands on: the head's and its history's (as JSON)."""
+    return head.head_bytes + len(dumps_ordered(list(history)).encode("utf-8"))
+
+
+def rewarm_call(
+    worker: Worker,
+    head: Head,
+    session: Sequence[Mapping[str, Any]] | None,
+    *,
+    span: int | None,
+    alignment: int,
+    before: CacheCounters | None,
+    with_cache: bool,
+    **params: Any,
+) -> tuple[CallRecord, Verdict]:
+    """One re-warm and the judge's verdict on it: the session re-touched whole (judged against
+    its span), else the head with a fresh tail (against its `span` measured on this build)."""
+    tail = fresh_tail()
+    record = measured_call(
+        worker,
+        head,
+        phase="keepalive",
+        tail=tail,
+        with_cache=with_cache,
+        before=before,
+        history=session,
+        **params,
+    )
+    if session is None:
+        j = judge_check(record.evidence, head, tail=tail, alignment=alignment, measured=span)
+    else:
+        j = judge(record.evidence, head_bytes=session_bytes(head, session), alignment=alignment)
+    return record, j.verdict
+
+
+def rewarm_pays(outcomes: Sequence[tuple[int, int]], *, evicted: bool = False) -> tuple[bool, str]:
+    """Whether re-warming pays, from recent re-warms' (tokens kept warm, tokens spent):
+    the expected saving (the cached tokens a re-warm kept, on average) must exceed the
+    prefill a re-warm spends (its uncached tokens, on average). Too few outcomes: it pays
+    (nothing proves otherwise yet). A head known `evicted` never pays: re-prefilled, it
+    saves the loop's next call at most what it spends. Returns (pays, why)."""
+    if evicted:
+        return False, "evicted: a re-prefill would spend what the loop's next call saves"
+    recent = list(outcomes)[-WINDOW:]
+    if len(recent) < MIN_OUTCOMES:
+        return True, f"{len(recent)} re-warms measured"
+    kept, spent = sum(k for k, _ in recent), sum(s for _, s in recent)
+    kept_n = sum(1 for k, _ in recent if k)
+    why = (
+        f"{kept_n} of the last {len(recent)} re-warms kept; {kept:,} tokens kept warm "
+        f"{'>' if kept > spent else '<='} {spent:,} tokens of prefill spent"
+    )
+    return kept > spent, why
+
+
+class CostGate:
+    """The keeper's back-off: re-warms go on while `rewarm_pays`; when it says no, none is
+    sent for `BACKOFF_S` (doubling), then one probe: kept, and the rule starts afresh from
+    it; not kept, a longer back-off. Every back-off is counted and said (`why`)."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[int, int]] = []
+        self.backoffs = 0  # back-offs so far (the summary's)
+        self.why: str | None = None  # the latest back-off's reason
+        self.until = 0.0
+        self.level = 0  # back-offs in a row (0: not backing off; else the next is a probe)
+
+    def allow(self, now: float) -> int:
+        """How many due heads may be re-warmed now (0: backing off; 1: a probe)."""
+        if now < self.until:
+            return 0
+        if self.level:
+            return 1
+        pays, why = rewarm_pays(self.outcomes)
+        if pays:
+            return 1 << 30
+        self._back_off(now, why)
+        return 0
+
+    def saw(self, kept: int, spent: int, now: float, *, tightened: bool = False) -> None:
+        """One re-warm (not a first warm): the tokens it kept warm (0: not kept), and spent.
+        `tightened`: its miss tightened the budget, so the rule starts afresh (what earlier
+        re-warms found speaks of the old budget)."""
+        self.outcomes = [] if tightened else [*self.outcomes[-WINDOW + 1 :], (kept, spent)]
+        if not self.level:
+            return
+        if kept:
+            self.level, self.outcomes = 0, self.outcomes[-1:]
+        else:
+            self._back_off(now, f"the probe after backing off was not kept ({spent:,} spent)")
+
+    def _back_off(self, now: float, why: str) -> None:
+        self.backoffs, self.why = self.backoffs + 1, why
+        self.until = now + min(MAX_BACKOFF_S, BACKOFF_S * 2**self.level)
+        self.level += 1
+
+
+class SessionFile:
+    """The JSON-lines file a loop appends its request bodies to (one per call)."""
+
+    def __init__(self, path: Path | str) -> None:
+        """Raises UsageError: `path` exists and is not a regular file (a FIFO, a directory)."""
+        self.path = Path(path)
+        try:
+            mode = self.path.stat().st_mode
+        except FileNotFoundError:
+            mode = stat.S_IFREG  # the loop has not called yet
+        except OSError as exc:
+            raise UsageError(f"{self.path}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"--session {self.path}: not a regular file; refused")
+        self.lines = 0  # complete lines read so far
+        self.bad = 0  # lines that were not a request body
+        self._seen: tuple[int, int] | None = None  # (size, mtime) at the last read
+
+    def read(self) -> tuple[int, object]:
+        """(requests appended since the last read, the latest body or None). A missing file
+        is a loop that has not called yet; a truncated one starts over.
+
+        Raises:
+            UsageError: not a regular file (a FIFO, a directory), unreadable or too large.
+        """
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return 0, None
+        except OSError as exc:
+            raise UsageError(f"{self.path}: {exc.strerror or exc}") from None
+        if self._seen == (st.st_size, st.st_mtime_ns):
+            return 0, None
+        data = read_user_file(self.path)
+        self._seen = (st.st_size, st.st_mtime_ns)
+        complete = data[: data.rfind(b"\n") + 1].split(b"\n")
+        lines = [line for line in complete if line.strip()]
+        new = len(lines) - self.lines if len(lines) >= self.lines else len(lines)
+        self.lines = len(lines)
+        if new <= 0:
+            return 0, None
+        try:
+            return new, loads(lines[-1], path=self.path)
+        except PrefixregError:
+            self.bad += 1
+            return new, None
+
+
+def rebase(
+    kept: Kept, all_kept: Iterable[Kept], counter: Counter, record: CallRecord, per_request: int
+) -> None:
+    """After a re-warm of `kept`: it counts from now, and what our own request added is not
+    foreign activity for the other kept heads (the budget allowed for their entries;
+    counting it too would make the keeper re-warm its heads in turn forever)."""
+    before = counter.total
+    if isinstance(counter, StoresCounter):
+        own = float(per_request)
+        after, b = record.after, record.before
+        if after is not None and after.stores is not None:
+            if b is not None and b.stores is not None and not record.interleaved:
+                own = float(after.stores - b.stores)
+            counter.saw(after)
+            kept.baseline = counter.total
+        else:
+            # No closing snapshot: count from what was there plus our own stores, so
+            # the next poll sees only what others stored since.
+            kept.baseline = before + own
+    else:
+        # Our own prompt is the one change we expect; any other prompt that landed
+        # meanwhile counts against the head (which slot is least recently used is then
+        # unknown: assume the worse).
+        own, kept.baseline, got = 1.0, before + 1, None
+        try:
+            got = counter.read()
+        except WorkerError:
+            pass  # the next poll sees our prompt and lands on since 0
+        if got is not None:
+            kept.baseline = min(got[0], before + 1)
+            landed = counter.changed
+            kept.slot = next(iter(landed)) if len(landed) == 1 else kept.pin
+    discount(kept, all_kept, own)
+
+
+def discount(kept: Kept, all_kept: Iterable[Kept], own: float) -> None:
+    """A request of ours on `kept` (a re-warm, a loop call) is not foreign to the others."""
+    for other in all_kept:
+        if other is not kept and other.baseline is not None:
+            other.baseline += own
