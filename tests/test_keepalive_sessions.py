@@ -262,15 +262,23 @@ def test_keepalive_on_a_pool_keeps_each_head_on_the_worker_that_holds_it(
         warmed = run_cli("pool", "warm", "loop", "other", "--pool", str(pool), "--registry", root)
         assert warmed.returncode == 0, warmed.stdout + warmed.stderr
         placed = orjson.loads(pool.with_name("pool.json.placement.json").read_bytes())
+        prom = tmp_path / "keepalive.prom"
         res = run_cli(
             *("keepalive", "loop", "other", "--pool", str(pool), "--registry", root),
-            *("--duration", "0.5", "--poll", "0.05", "--json"),
+            *("--duration", "0.5", "--poll", "0.05", "--json", "--metrics-file", str(prom)),
         )
         missing = run_cli("keepalive", "loop", "--pool", str(tmp_path / "none.json"))
     assert res.returncode == 0, res.stderr
     out = orjson.loads(res.stdout)
     assert sorted(w["worker"] for w in out["workers"]) == sorted([one.url, two.url])
     assert all(w["rewarms"] >= 1 for w in out["workers"])
+    # One metrics file for every keeper, each worker's counters under its own label.
+    text = prom.read_text()
+    assert text.count("# TYPE prefixreg_rewarms_total counter") == 1
+    for w in out["workers"]:
+        lines = [ln for ln in text.splitlines() if ln.startswith("prefixreg_rewarms_total{")]
+        mine = [ln for ln in lines if f'worker="{w["worker"]}"' in ln]
+        assert sum(float(ln.rsplit(" ", 1)[1]) for ln in mine) == w["rewarms"]
     where = {e["sha256"]: e["worker"] for e in placed["entries"]}
     kept = [m for m in reg.measurements() if m.kind == "keepalive"]
     assert {m.sha256 for m in kept} == set(where)
