@@ -162,6 +162,20 @@ def test_a_keeper_that_cannot_help_backs_off_and_says_why(sim: SimServer, reg: R
     assert "backed off 1 times (0 of the last 3 re-warms kept" in str(s)
 
 
+def test_a_long_loops_session_file_is_read_on_never_whole(tmp_path: Path) -> None:
+    """A file past the 64 MiB user-file cap: each read takes only what was appended."""
+    path = tmp_path / "session.jsonl"
+    sf = SessionFile(path)
+    body = b'{"messages": [{"role": "user", "content": "' + b"x" * (1 << 20) + b'"}]}\n'
+    with path.open("ab") as f:
+        for i in range(70):  # 70 MiB in all, a line at a time, as a loop appends
+            f.write(body)
+            f.flush()
+            new, latest = sf.read()
+            assert new == 1 and isinstance(latest, dict), i
+    assert path.stat().st_size > 64 << 20 and sf.lines == 70 and sf.bad == 0
+
+
 def test_session_file_reads_complete_lines_and_refuses_a_fifo(
     reg: Registry, tmp_path: Path
 ) -> None:

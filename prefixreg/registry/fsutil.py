@@ -340,10 +340,11 @@ def truncate(path: Path, size: int, *, root: Path | None = None) -> None:
         os.close(fd)
 
 
-def read_user_file(path: Path | str, *, limit: int = MAX_INPUT_BYTES) -> bytes:
+def read_user_file(path: Path | str, *, limit: int = MAX_INPUT_BYTES, offset: int = 0) -> bytes:
     """The bytes of a file a user named (`-`: stdin), refused before it is opened and again
-    on the descriptor unless a regular file (a symlink they name is theirs to follow).
-    Raises: UsageError (missing, unreadable, not a regular file, or larger than `limit`)."""
+    on the descriptor unless a regular file (a symlink they name is theirs to follow);
+    `offset`: from there on (a file someone appends to, read on). Raises: UsageError
+    (missing, unreadable, not a regular file, or more than `limit` bytes to read)."""
     try:
         if os.fspath(path) == "-":
             data = sys.stdin.buffer.read(limit + 1)
@@ -351,7 +352,13 @@ def read_user_file(path: Path | str, *, limit: int = MAX_INPUT_BYTES) -> bytes:
             kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
             raise UsageError(f"{path}: {kind}; refused")
         else:
-            data = _read_fd(os.open(path, _READ | os.O_CLOEXEC), path, limit)[0]
+            fd = os.open(path, _READ | os.O_CLOEXEC)
+            try:
+                os.lseek(fd, offset, os.SEEK_SET)
+            except OSError:
+                os.close(fd)
+                raise
+            data = _read_fd(fd, path, limit)[0]
     except IntegrityError:
         raise UsageError(f"{path}: not a regular file; refused") from None
     except OSError as exc:

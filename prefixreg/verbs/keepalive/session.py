@@ -11,8 +11,9 @@ Invariants:
   reads it against the session's span (its bytes are the head's and the history's), so a
   re-touch that finds only the head cached is partial, never resumed.
 - A session file is read through `read_user_file` (a regular file, never a FIFO, capped),
-  each body through `core.jsonio`; only complete lines count (a half-written last line
-  waits), and a line that is not a request body is counted as bad, never a crash.
+  on from the last complete line (a long loop's file is never read whole again), each body
+  through `core.jsonio`; only complete lines count (a half-written last line waits), and a
+  line that is not a request body is counted as bad, never a crash.
 - `rewarm_pays` is pure: re-warms go on while the tokens they keep warm exceed the prefill
   they spend, over a few recent re-warms; a head known evicted is never re-prefilled.
 """
@@ -190,6 +191,8 @@ class SessionFile:
         self.lines = 0  # complete lines read so far
         self.bad = 0  # lines that were not a request body
         self._seen: tuple[int, int] | None = None  # (size, mtime) at the last read
+        self._offset = 0  # the end of the last complete line read: a long loop's file is
+        # read on from there, never whole again (its size bounds no memory, only a line does)
 
     def read(self) -> tuple[int, object]:
         """(requests appended since the last read, the latest body or None). A missing file
@@ -206,13 +209,16 @@ class SessionFile:
             raise UsageError(f"{self.path}: {exc.strerror or exc}") from None
         if self._seen == (st.st_size, st.st_mtime_ns):
             return 0, None
-        data = read_user_file(self.path)
+        if st.st_size < self._offset:  # truncated by the loop: start over
+            self._offset = self.lines = 0
+        data = read_user_file(self.path, offset=self._offset)
         self._seen = (st.st_size, st.st_mtime_ns)
-        complete = data[: data.rfind(b"\n") + 1].split(b"\n")
-        lines = [line for line in complete if line.strip()]
-        new = len(lines) - self.lines if len(lines) >= self.lines else len(lines)
-        self.lines = len(lines)
-        if new <= 0:
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        lines = [line for line in data[:end].split(b"\n") if line.strip()]
+        new = len(lines)
+        self.lines += new
+        if new == 0:
             return 0, None
         try:
             return new, loads(lines[-1], path=self.path)
