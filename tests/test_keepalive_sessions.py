@@ -327,3 +327,53 @@ def test_a_frames_session_is_kept_whole_through_the_openai_kwargs(
     assert rewarm.record.evidence.prompt_tokens is not None
     # The whole session was re-touched: more than the head's tokens came from the cache.
     assert (rewarm.record.evidence.cached_tokens or 0) > 0.9 * rewarm.record.evidence.prompt_tokens
+
+
+def test_a_loop_call_still_running_in_its_slot_is_polled_at_the_poll_interval(
+    reg: Registry,
+) -> None:
+    """llama.cpp: while the loop's own call runs in the head's slot, the keeper waits for the
+    slot to count it at its poll interval; it never polls nonstop (that would slow the call)."""
+    from tests.fakeserver import FakeServer, Reply
+    from tests.test_snapshots import PROPS
+
+    state = {"busy": False, "chats": 0}
+
+    def task(i: int) -> int:  # slot 0 takes every chat: its task id moves on
+        return 50 + i + (state["chats"] if i == 0 else 0)
+
+    def slots(_req: object) -> Reply:
+        busy = state["busy"]
+        return Reply(
+            json=[
+                {"id": i, "n_ctx": 8192, "is_processing": busy and i == 0, "id_task": task(i)}
+                for i in (0, 1)
+            ]
+        )
+
+    def chat(_req: object) -> Reply:
+        state["chats"] += 1
+        usage = {"prompt_tokens": 1000, "completion_tokens": 1, "total_tokens": 1001}
+        choice = {"index": 0, "finish_reason": "length", "message": {"content": "x"}}
+        return Reply(
+            json={
+                "choices": [choice],
+                "usage": usage | {"prompt_tokens_details": {"cached_tokens": 0}},
+                "timings": {"cache_n": 0, "prompt_n": 1000},
+            }
+        )
+
+    with FakeServer() as srv:
+        srv.route("GET", "/health", Reply(json={"status": "ok"}))
+        srv.route("GET", "/props", Reply(json={**PROPS, "total_slots": 2}))
+        srv.route("GET", "/slots", slots)
+        srv.route("POST", "/v1/chat/completions", chat)
+        with Worker(srv.url, timeout=5.0) as w:
+            keeper = KeepAlive(w, [reg.get("loop")], registry=reg, budget=4, poll_s=0.25)
+            keeper.step()  # its first warm lands in slot 0
+            state["busy"] = True  # the loop's own call now runs there
+            keeper.touch(reg.get("loop").sha256)
+            before = sum(r.path == "/slots" for r in srv.requests)
+            keeper.run(1.0)
+            polled = sum(r.path == "/slots" for r in srv.requests) - before
+    assert polled <= 12, polled  # about 4 polls (plus a re-warm's own reads), never hundreds

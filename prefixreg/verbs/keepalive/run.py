@@ -221,7 +221,8 @@ class KeepAlive:
         for kept in self._kept.values():  # the loop's uses first: none is foreign
             sha = kept.head.sha256
             if sha in touched and kept.slot in busy:  # the loop's call still ends there:
-                self.touch(sha)  # take its baseline once the slot has counted it
+                with self._lock:  # take its baseline at a later poll, once the slot has
+                    self._touched.add(sha)  # counted it (no wake: that would poll nonstop)
             elif sha in touched and self._counter is not None:
                 kept.baseline, kept.evicted, kept.left = self._counter.total, False, None
                 ks.discount(kept, self._kept.values(), float(self.budget.per_request))
