@@ -174,6 +174,12 @@ def test_a_long_loops_session_file_is_read_on_never_whole(tmp_path: Path) -> Non
             new, latest = sf.read()
             assert new == 1 and isinstance(latest, dict), i
     assert path.stat().st_size > 64 << 20 and sf.lines == 70 and sf.bad == 0
+    late = SessionFile(path)  # a keeper started (or restarted) on that file: its last lines
+    new, latest = late.read()
+    assert 0 < new < 70 and latest == orjson.loads(body) and late.bad == 0
+    with path.open("ab") as f:
+        f.write(b'{"messages": []}\n')
+    assert late.read() == (1, {"messages": []})
 
 
 def test_session_file_reads_complete_lines_and_refuses_a_fifo(

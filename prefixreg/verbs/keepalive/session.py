@@ -32,7 +32,7 @@ from prefixreg.core.jsonio import dumps_ordered, loads
 from prefixreg.core.judge import Verdict, judge
 from prefixreg.core.prefix import check_history, fresh_tail
 from prefixreg.core.records import CacheCounters
-from prefixreg.registry.fsutil import read_user_file
+from prefixreg.registry.fsutil import MAX_INPUT_BYTES, read_user_file
 from prefixreg.server.activity import Counter, StoresCounter
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import CallRecord, judge_check, measured_call
@@ -211,10 +211,14 @@ class SessionFile:
             return 0, None
         if st.st_size < self._offset:  # truncated by the loop: start over
             self._offset = self.lines = 0
-        data = read_user_file(self.path, offset=self._offset)
+        start = max(self._offset, st.st_size - MAX_INPUT_BYTES)  # only the latest line counts:
+        data = read_user_file(self.path, offset=start)  # a keeper started on a long loop's file
+        if start > self._offset:  # reads its last 64 MiB, from the first line that starts there
+            cut = data.find(b"\n") + 1
+            data, start = data[cut:], start + cut
         self._seen = (st.st_size, st.st_mtime_ns)
         end = data.rfind(b"\n") + 1
-        self._offset += end
+        self._offset = start + end
         lines = [line for line in data[:end].split(b"\n") if line.strip()]
         new = len(lines)
         self.lines += new
