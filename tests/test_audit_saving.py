@@ -228,6 +228,17 @@ def test_aiperf_exports_give_the_batchs_span_and_concurrency() -> None:
     assert both["system_prefix"]["identical"] == 5
 
 
+def test_aiperf_requests_without_an_id_count_once_from_both_exports(tmp_path: Path) -> None:
+    for name in ("profile_export.jsonl", "profile_export_raw.jsonl"):
+        records = [orjson.loads(x) for x in (FIXTURES / name).read_bytes().splitlines()]
+        for r in records:
+            r["metadata"]["x_request_id"] = None
+        (tmp_path / name).write_bytes(b"\n".join(orjson.dumps(r) for r in records))
+    out = audit_json(str(tmp_path))
+    assert out["calls"] == 5 and len(out["skipped"]) == 5
+    assert out["tokens"]["prompt"]["total"] == 5116 and out["time"]["concurrency_peak"] == 2
+
+
 def test_aiperf_older_nulls_warmup_and_a_missing_cache_count(tmp_path: Path) -> None:
     lines = (FIXTURES / "profile_export.jsonl").read_bytes().splitlines()
     first, second, third = (orjson.loads(line) for line in lines[:3])

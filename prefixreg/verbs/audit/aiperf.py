@@ -77,6 +77,9 @@ def read_aiperf(value: Mapping[str, Any]) -> AiperfCall | str:
     if start is None or end is None or end < start:
         start = end = None
     rid = meta.get("x_request_id") if isinstance(meta.get("x_request_id"), str) else None
+    if rid is None and start is not None:  # both exports carry the same metadata: a request
+        corr = meta.get("x_correlation_id")  # without an id is known by its times
+        rid = f"{corr if isinstance(corr, str) else ''}@{start}-{end}"
     raw = "responses" in value
     error = value.get("error")
     if isinstance(error, dict):  # the status only: the server's text is never kept
