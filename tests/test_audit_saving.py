@@ -283,3 +283,22 @@ def test_hostile_aiperf_records_are_unverified_calls_never_a_crash(tmp_path: Pat
     assert out["time"]["span_calls"] == 5  # the two records without a valid interval: none
     assert b"secret text" not in res.stdout and b"<script>" not in res.stdout
     assert "aiperf: the request failed" in {u["reason"] for u in out["unverified"]}
+
+
+def test_a_prefill_that_took_longer_than_cold_is_said_as_a_loss(tmp_path: Path) -> None:
+    def reply(cached: int, prompt_ms: float) -> dict[str, object]:
+        usage = {"prompt_tokens": 1000, "completion_tokens": 1}
+        timings = {"cache_n": cached, "prompt_n": 1000 - cached, "prompt_ms": prompt_ms}
+        return {
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "x"}}],
+            "usage": usage | {"prompt_tokens_details": {"cached_tokens": cached}},
+            "timings": timings | {"predicted_n": 1, "predicted_ms": 10},
+        }
+
+    batch = tmp_path / "calls.jsonl"
+    batch.write_bytes(b"\n".join(orjson.dumps(reply(c, ms)) for c, ms in ((0, 1000), (900, 2000))))
+    out = audit_json(str(batch))
+    assert out["saving"]["seconds"]["saved"] == pytest.approx(-1.0)
+    text = run_cli("audit", str(batch)).stdout.decode()
+    assert "no prefill time (took 3 s; prefill took 1 s more than cold)" in text
+    assert "0 s of prefill" not in text

@@ -313,10 +313,13 @@ def _saving_lines(s: dict[str, Any]) -> list[str]:
     how = f"the server's {rate:,.0f} tok/s on cold prefills" if rate else "the rates"
     parts = ", ".join(f"{k} {n:,}" for k, n in s["drift_parts"].items())
     parts = f" ({parts})" if parts else ""
+    # A loss is said as one, never shown as 0 s saved (the server's timings can show it).
+    saved = f"{_secs(sec['saved'])} of prefill" if sec["saved"] >= 0 else "no prefill time"
+    lost = "" if sec["saved"] >= 0 else f"; prefill took {_secs(-sec['saved'])} more than cold"
     return [
         f"if cold        {tok['cold']:,} prompt tokens, prefill {_secs(sec['cold'])} ({how})",
-        f"caching saved  {tok['saved']:,} tokens, {_secs(max(sec['saved'], 0))} of prefill "
-        f"(took {_secs(sec['actual'])}) over {s['calls']:,} calls",
+        f"caching saved  {tok['saved']:,} tokens, {saved} "
+        f"(took {_secs(sec['actual'])}{lost}) over {s['calls']:,} calls",
         f"uncached       new history {u['new_history']:,}, drift {u['drift']:,}{parts}, "
         f"head missed {u['miss']:,}, unknown {u['unknown']:,}",
     ]
