@@ -270,6 +270,13 @@ def test_a_corrupt_legacy_manifest_is_a_problem(home: Path) -> None:
         ('REG="${REG:-~/prefix-registry}"', True),  # a shell default
         ("see ~/prefix-registry-old and ~/prefix-registry.bak", False),  # other paths
         ("see ~/prefix-registry/README.md", True),
+        ('for h in $HOSTS; do rsync -a "$REG/" "$h:~/prefix-registry/"; done', False),
+        ('rsync -a "$REG/" worker2:"$HOME/prefix-registry/"', False),  # a quoted host:path
+        ("rsync -a objects ${WORKER}:~/prefix-registry/", False),
+        ('REMOTE_PATH: str = os.path.expanduser("~/prefix-registry")', False),  # annotated
+        ('REMOTE_DIR = os.environ.get(\n    "REMOTE_DIR", "~/prefix-registry"\n)', False),
+        ('REMOTE_DIR = get(\n    "x"\n)\nREG = "~/prefix-registry"', True),  # after it ends
+        ("export REMOTE=w1 \\\n  DIR=~/prefix-registry", False),  # a continued line
     ],
 )
 def test_repoint_rules(tmp_path: Path, home: Path, line: str, repointed: bool) -> None:

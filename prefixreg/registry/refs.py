@@ -9,8 +9,9 @@ Invariants:
   skipping binary files (a NUL in the first 8 KiB), files over 8 MiB, VCS directories and
   the registries themselves.
 - Repointing rewrites only those spellings, each to the same spelling of the new path, and
-  never a worker path: a line assigning a variable whose name holds REMOTE, or a
-  `host:path`. Each file is replaced atomically, its mode kept.
+  never a worker path: a line assigning a variable whose name holds REMOTE (and the lines
+  that assignment continues), or a `host:path` (the host a name or a shell variable).
+  Each file is replaced atomically, its mode kept.
 """
 
 from __future__ import annotations
@@ -29,10 +30,15 @@ from prefixreg.registry import fsutil, layout
 from prefixreg.registry.treecopy import list_tree
 
 _SKIP_DIRS: Final = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__"})
+# A worker path: a line assigning a variable whose name holds REMOTE (shell, Python with an
+# annotation or `:=`), and the lines it continues (open brackets, a trailing backslash) ...
 _REMOTE_ASSIGN: Final = re.compile(
-    r"^\s*(?:export\s+|readonly\s+|local\s+)?\w*remote\w*\s*:?=", re.I
+    r"^\s*(?:export\s+|readonly\s+|local\s+)?\w*remote\w*\s*(?::[^=\n]*)?=", re.I
 )
-_HOST_BEFORE: Final = re.compile(r"(?:^|[\s\"'=(,\[])[\w.-]+(?:@[\w.-]+)?:$")
+# ... or a path after `host:` (`w1:`, `user@w1:`, `$h:`, `${WORKER}:`, `w1:"...`).
+_HOST_BEFORE: Final = re.compile(
+    r"(?:^|[\s\"'=(,\[])(?:[\w.-]+@)?(?:\$\{?\w+\}?|[\w.-]+)(?:@[\w.-]+)?:[\"']?$"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +82,21 @@ def repoint(root: Path, old: Path, new: Path, *, write: bool) -> list[Repointed]
     forms = path_forms(old, new)
     pattern = path_pattern(forms)
 
-    def swap(line: str) -> str:  # never on a REMOTE assignment's line, nor after a `host:`
-        if _REMOTE_ASSIGN.match(line):
-            return line
+    def swap(line: str) -> str:  # never after a `host:`
         return pattern.sub(
             lambda m: m[0] if _HOST_BEFORE.search(line[: m.start()]) else forms[m[0]], line
         )
+
+    def swap_all(text: str) -> str:  # never on a REMOTE assignment's lines
+        out, held, continued = [], 0, False
+        for line in text.splitlines(keepends=True):
+            if held or continued or _REMOTE_ASSIGN.match(line):
+                opened = sum(map(line.count, "([{")) - sum(map(line.count, ")]}"))
+                held, continued = max(held + opened, 0), line.rstrip("\r\n").endswith("\\")
+                out.append(line)
+            else:
+                out.append(swap(line))
+        return "".join(out)
 
     files = [layout.README] + [rel for rel in list_tree(root)[1] if rel.startswith("bin/")]
     out = []
@@ -94,7 +109,7 @@ def repoint(root: Path, old: Path, new: Path, *, write: bool) -> list[Repointed]
         if b"\0" in data[:8192] or len(data) > 8 << 20:
             continue  # binary or huge: not a script or a README
         text = data.decode("utf-8", errors="surrogateescape")
-        new_text = "".join(map(swap, text.splitlines(keepends=True)))
+        new_text = swap_all(text)
         if new_text == text:
             continue
         before, after = text.splitlines(keepends=True), new_text.splitlines(keepends=True)
