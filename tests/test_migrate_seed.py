@@ -288,3 +288,31 @@ def test_repoint_rules(tmp_path: Path, home: Path, line: str, repointed: bool) -
     changes = repoint(root, home / "prefix-registry", home / "new-reg", write=True)
     after = (root / "bin" / "script").read_text()
     assert bool(changes) == repointed == ("new-reg" in after)
+
+
+def test_an_adoption_that_fails_at_the_end_leaves_the_source_the_one_copy(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A source that kept changing while the adoption retired it (a fault injected where the
+    real catch-up gives up): nothing adopted, the source as it was, and a re-run adopts it."""
+    from prefixreg.core.errors import PrefixregError
+    from prefixreg.registry import migrate
+
+    seed, _ = build_seed(home)
+    before = _tree(seed, ("objects", "meta", "measurements", "bin", "README.md", "mirror.log"))
+
+    def never_quiet(source: Path, target: Path, _before: object) -> object:
+        raise PrefixregError(f"{source} kept changing during the move")
+
+    monkeypatch.setattr(migrate, "retire_source", never_quiet)
+    with pytest.raises(PrefixregError, match="adopted nothing") as err:
+        migrate.migrate_registry(seed, repoint=True)
+    assert "--repoint again" in (err.value.hint or "")
+    assert not default_registry_path().exists() and seed.exists()
+    assert _tree(seed, ("objects", "meta", "measurements", "bin", "README.md", "mirror.log")) == (
+        before
+    )
+    monkeypatch.undo()
+    again = run("migrate", str(seed), "--repoint")
+    assert again.returncode == 0, again.stderr
+    assert run("verify", "--registry", str(default_registry_path())).returncode == 0

@@ -204,7 +204,16 @@ def _adopt(
         return
     before = stats(source, files)
     report.warnings, report.repointed = adopt(source, given, target, surveyed)
-    late, retired = retire_source(source, target, before)
+    try:
+        late, retired = retire_source(source, target, before)
+    except BaseException as exc:  # the source stays the one copy: a re-run adopts it anew
+        remove_tree(target, ordered=False)
+        if isinstance(exc, PrefixregError):
+            raise PrefixregError(
+                f"{source} kept changing during the adoption; adopted nothing (it is as it was)",
+                hint="stop whatever writes to it, then run migrate --repoint again",
+            ) from None
+        raise
     report.copied = len(files) + len(late)
     _journal(given, target, "adopt", [*files, *late])
     if retired is not None:
