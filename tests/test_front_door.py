@@ -60,3 +60,34 @@ def test_every_public_name_resolves_and_every_error_is_exported() -> None:
     assert issubclass(prefixreg.ReplyTooLargeError, prefixreg.WorkerError)
     with pytest.raises(AttributeError):
         _ = prefixreg.no_such_name
+
+
+def test_the_readme_python_section_runs_against_the_simulator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copied into a script, as a new user would, against the simulator: it runs as written."""
+    import subprocess
+    import sys
+
+    from prefixreg.sim import SimConfig, SimServer
+
+    (tmp_path / "system-prompt.txt").write_text("You are a careful coding agent.\n" * 200)
+    tools = [{"type": "function", "function": {"name": "run_tests", "parameters": {}}}]
+    (tmp_path / "tools.json").write_text(__import__("json").dumps(tools))
+    with SimServer(SimConfig(speed=1000)) as sim:
+        script = _readme_python().replace("http://127.0.0.1:8731", sim.url)
+        env = {**__import__("os").environ, "PREFIXREG_HOME": str(tmp_path / "reg")}
+        env["PYTHONPATH"] = str(ROOT)
+        res = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("RESUMED") and "1 resumed" in lines[1], lines
+    assert lines[-2:] == ["[]", "resumed"], lines  # no drift; the judge on the loop's counts
