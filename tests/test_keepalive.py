@@ -577,3 +577,15 @@ def test_keepalive_api_refuses_wrong_types_and_values_before_sending(
         with pytest.raises(UsageError):
             keeper.touch(None)  # type: ignore[arg-type]
     assert keeper.summary.polls == 0
+
+
+def test_a_budget_tightened_by_a_partial_re_warm_says_partial() -> None:
+    from prefixreg.verbs.measure.budget import Budget
+
+    for verdict in ("partial", "cold"):
+        b = Budget(limit=8, unit="prompts", per_request=1, source="probe")
+        change = b.learn(None, None, None, verdict, since=4)
+        assert change == f"budget 8 -> 2 prompts: a re-warm after 4 prompts came back {verdict}"
+        assert b.source == f"tightened after a {verdict} re-warm" and b.limit == 2
+    kept = Budget(limit=8, unit="prompts", per_request=1, source="probe")
+    assert kept.learn(None, None, None, "resumed", since=4) is None and kept.source == "probe"

@@ -167,7 +167,9 @@ class KeepAliveSummary:
         for verdict in ("resumed", "partial", "cold", "unverified"):
             what = "Re-warms by the judge's verdict (resumed: the head was kept warm)"
             counter("rewarms", getattr(self, verdict), what, outcome=verdict)
-        counter("resumed_tokens", self.tokens_saved, "Prefix tokens resumed by kept re-warms")
+        counter(
+            "resumed_tokens", self.tokens_saved, "Cached tokens (head and session) of kept re-warms"
+        )
         counter("rewarm_spent_tokens", self.tokens_spent, "Uncached prompt plus output tokens")
         counter("counter_polls", self.polls, "Polls of the server's cache counters")
         counter("counter_polls_skipped", self.skipped_polls, "Polls that could not be read")
@@ -185,9 +187,9 @@ class KeepAliveSummary:
         text = (
             f"{self.rewarms} re-warms: {self.kept} kept (resumed), {self.partial + self.cold} "
             f"not kept ({self.partial} partial, {self.cold} cold), {self.unverified} "
-            f"unverified; {self.tokens_spent:,} tokens spent, {self.tokens_saved:,} prefix "
-            f"tokens kept warm; {self.polls} polls ({self.skipped_polls} skipped), "
-            f"{self.errors} errors"
+            f"unverified; {self.tokens_spent:,} tokens spent, {self.tokens_saved:,} cached "
+            f"tokens kept warm (heads and sessions); {self.polls} polls "
+            f"({self.skipped_polls} skipped), {self.errors} errors"
         )
         if self.restored:
             text += (

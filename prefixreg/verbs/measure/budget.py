@@ -87,7 +87,7 @@ class Budget:
             f"budget {self.limit:g} -> {tighter:g} {unit}: a re-warm after {since:g} {unit} "
             f"came back {verdict}"
         )
-        self.source, self.limit = "tightened after a cold re-warm", tighter
+        self.source, self.limit = f"tightened after a {verdict} re-warm", tighter
         return change
 
     def describe(self) -> str:
