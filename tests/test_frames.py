@@ -292,3 +292,27 @@ def test_gc_refuses_to_guess_the_parts_of_a_frame_record_it_cannot_read(reg: Reg
     with pytest.raises(IntegrityError, match="cannot tell which objects"):
         collect_garbage(reg, grace_s=0, prune_unnamed=True, now=time.time() + 90 * 86400)
     assert reg.read_verified(frame.tools_sha256 or "")  # the unnamed tools object survives
+
+
+def test_a_setting_of_the_wrong_json_type_is_refused_for_a_new_frame(
+    tmp_path: Path, reg: Registry
+) -> None:
+    """`--set enable_thinking=False` would store the string "False", which a template reads
+    as true: a new frame's settings take each one's JSON type; a stored frame reads as is."""
+    root = str(reg.root)
+    for pair in ("enable_thinking=False", "parallel_tool_calls=maybe", "reasoning_effort=3"):
+        res = run_cli("frame", "system", "--set", pair, "--registry", root)
+        assert res.returncode == 2 and b"must be" in res.stderr, (pair, res.stderr)
+        assert b"Traceback" not in res.stderr
+    for pair in ("enable_thinking=false", "tool_choice=auto", 'tool_choice={"type": "none"}'):
+        assert run_cli("frame", "system", "--set", pair, "--registry", root).returncode == 0, pair
+    with pytest.raises(UsageError, match="enable_thinking must be true or false"):
+        reg.add_frame("system", settings={"enable_thinking": "False"})
+    # A frame stored before the rule (its record carries a string) still reads as it was.
+    from prefixreg.core.frame import encode_frame_record, parse_frame_record
+
+    raw = encode_frame_record(
+        reg.get("system").sha256, None, {"enable_thinking": "no"}, typed=False
+    )
+    sha = hashlib.sha256(raw).hexdigest()
+    assert parse_frame_record(sha, raw)[2] == {"enable_thinking": "no"}

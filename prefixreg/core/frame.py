@@ -72,7 +72,19 @@ def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
     return cast(list[dict[str, Any]], value)
 
 
-def _check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
+# The JSON type each setting takes (a string "False" would render as true in a template).
+_SETTING_TYPES: Final[dict[str, tuple[type, ...]]] = {
+    "chat_template_kwargs": (dict,),
+    "enable_thinking": (bool,),
+    "parallel_tool_calls": (bool,),
+    "preserve_thinking": (bool,),
+    "reasoning_effort": (str,),
+    "tool_choice": (str, dict),
+}
+_JSON_TYPE: Final = {bool: "true or false", str: "a string", dict: "a JSON object"}
+
+
+def _check_settings(settings: Mapping[str, object], *, typed: bool = True) -> dict[str, Any]:
     unknown = sorted(set(settings) - set(PROMPT_SETTINGS))
     if unknown:
         raise UsageError(
@@ -83,6 +95,10 @@ def _check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
     kwargs = out.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise UsageError("chat_template_kwargs must be a JSON object")
+    for key, value in out.items() if typed else ():  # new frames; a stored one reads as it is
+        if value is not None and not isinstance(value, _SETTING_TYPES[key]):
+            want = " or ".join(_JSON_TYPE[t] for t in _SETTING_TYPES[key])
+            raise UsageError(f"setting {key} must be {want}, not {value!r}")
     # The JSON round trip refuses what cannot travel (NaN, big integers, deep nesting).
     try:
         dumps_canonical(out)
@@ -91,14 +107,17 @@ def _check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
     return out
 
 
-def encode_frame_record(system: str, tools: str | None, settings: Mapping[str, object]) -> bytes:
+def encode_frame_record(
+    system: str, tools: str | None, settings: Mapping[str, object], *, typed: bool = True
+) -> bytes:
     """The exact bytes of a frame record (canonical JSON and a newline); its sha names it.
-    Raises UsageError: a part is not a sha, or a setting is not one of `PROMPT_SETTINGS`."""
+    Raises UsageError: a part is not a sha, a setting is not one of `PROMPT_SETTINGS`, or
+    (`typed`: a new record) not of its JSON type."""
     for part in (system, tools):
         if part is not None and not is_full_sha(part):
             raise UsageError(f"not a sha256: {part!r}")
     record = {"format": FRAME_FORMAT, "version": FRAME_VERSION, "system": system}
-    record |= {"tools": tools, "settings": _check_settings(settings)}
+    record |= {"tools": tools, "settings": _check_settings(settings, typed=typed)}
     return dumps_canonical(record) + b"\n"
 
 
@@ -127,7 +146,7 @@ def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str,
     if not isinstance(settings, dict):
         raise CorruptRecordError(f"frame {sha}: 'settings' is not an object")
     try:  # the parts' shas and the settings are checked as when the record was written
-        canonical = encode_frame_record(system, tools, settings)
+        canonical = encode_frame_record(system, tools, settings, typed=False)
     except UsageError as exc:
         raise CorruptRecordError(f"frame {sha}: {exc}") from None
     if canonical != raw:
