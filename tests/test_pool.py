@@ -240,6 +240,11 @@ def test_pool_cli_warm_doctor_status_and_exit_codes(sims: list[SimServer], tmp_p
     assert res.returncode == 0 and len(orjson.loads(res.stdout)["placement"]) == 2
     res = run_cli("pool", "doctor", "--registry", str(reg))
     assert res.returncode == 2 and b"no pool" in res.stderr
+    # The same workers given by --worker keep their own placement: none yet, and it says so.
+    workers = ("--worker", sims[0].url, "--worker", sims[1].url, "--registry", str(reg))
+    res = run_cli("pool", "doctor", *workers)
+    assert res.returncode == 0 and b"RESIDENT" not in res.stdout, res.stdout + res.stderr
+    assert b"no head is placed on this pool" in res.stdout + res.stderr
 
 
 def test_pool_doctor_flags_workers_whose_builds_differ(tmp_path: Path) -> None:

@@ -64,7 +64,7 @@ class PoolReport:
     proofs: list[Proof] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)  # placement entries dropped
+    warnings: list[str] = field(default_factory=list)  # placement dropped or missing
     asked: list[str] = field(default_factory=list)  # shas `warm_pool` was asked to place
 
     @property
@@ -279,6 +279,12 @@ def doctor_pool(pool: Pool, *, prove: bool = True) -> PoolReport:
             report.notes.append(
                 f"{state.url} holds {len(mine)} heads but keeps {state.capacity}: overloaded"
             )
+    if not pool.placement:  # residency is proven per placed head: say there is none
+        report.warnings.append(
+            f"no head is placed on this pool (no placement at {pool.placement_path}): "
+            "`pool warm REF...` with the same workers places them (a pool file and "
+            "--worker lists each keep their own placement)"
+        )
     if prove:
         live = {s: a for s, a in pool.placement.items() if a.worker in pool.workers}
         try:
