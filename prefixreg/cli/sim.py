@@ -166,7 +166,8 @@ def text_report(root: Path, warm: WarmResult, probe: ProbeReport) -> str:
         for k in probe.checks
     )
     lines += [
-        f"3. probe  Cmax {probe.cmax:,} tokens; a prefix survives {probe.survival} foreign prompts",
+        f"3. probe  Cmax {'at least ' if probe.cmax_floor else ''}{probe.cmax:,} tokens; "
+        f"a prefix survives {probe.survival} foreign prompts",
         f"         counter checks: {status}",
         *(f"         - {line}" for line in probe.follows()),
         "",

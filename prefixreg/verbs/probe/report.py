@@ -104,6 +104,13 @@ class ProbeReport:
     def _aligned(self) -> str:
         return f" (counted in multiples of {self.alignment:,})" if self.alignment > 1 else ""
 
+    @property
+    def cmax_floor(self) -> bool:
+        """Whether Cmax is only a lower bound: every size resumed whole, so none found the
+        cache's reach."""
+        b_legs = self.legs("B")
+        return self.cmax is not None and all(c.verdict == "resumed" for c in b_legs)
+
     def follows(self) -> list[str]:
         """What the numbers mean for prefix caching on this server, in plain words."""
         out: list[str] = []
