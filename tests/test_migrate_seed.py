@@ -304,15 +304,15 @@ def test_an_adoption_that_fails_at_the_end_leaves_the_source_the_one_copy(
     def never_quiet(source: Path, target: Path, _before: object) -> object:
         raise PrefixregError(f"{source} kept changing during the move")
 
-    monkeypatch.setattr(migrate, "retire_source", never_quiet)
-    with pytest.raises(PrefixregError, match="adopted nothing") as err:
+    with monkeypatch.context() as patched, pytest.raises(PrefixregError, match="nothing") as err:
+        patched.setattr(migrate, "retire_source", never_quiet)  # only here: the home stays
         migrate.migrate_registry(seed, repoint=True)
     assert "--repoint again" in (err.value.hint or "")
     assert not default_registry_path().exists() and seed.exists()
     assert _tree(seed, ("objects", "meta", "measurements", "bin", "README.md", "mirror.log")) == (
         before
     )
-    monkeypatch.undo()
+    assert os.environ["XDG_STATE_HOME"].startswith(str(home))  # never the real home's
     again = run("migrate", str(seed), "--repoint")
     assert again.returncode == 0, again.stderr
     assert run("verify", "--registry", str(default_registry_path())).returncode == 0
