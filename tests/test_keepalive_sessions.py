@@ -383,3 +383,35 @@ def test_a_loop_call_still_running_in_its_slot_is_polled_at_the_poll_interval(
             keeper.run(1.0)
             polled = sum(r.path == "/slots" for r in srv.requests) - before
     assert polled <= 12, polled  # about 4 polls (plus a re-warm's own reads), never hundreds
+
+
+def test_a_first_ctrl_c_lets_the_re_warm_in_flight_finish_a_second_interrupts_it(
+    reg: Registry,
+) -> None:
+    """Ctrl-C only sets a flag (the keeper stops after the re-warm in flight); a second one
+    interrupts that call, and the summary still prints, with no traceback."""
+    from tests.fakeserver import FakeServer, Reply
+
+    with FakeServer() as srv:
+        srv.route("GET", "/v1/models", Reply(json={"object": "list", "data": [{"id": "m"}]}))
+        srv.route("POST", "/v1/chat/completions", Reply(json={}, delay=60.0))  # a slow prefill
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "prefixreg", "keepalive", "loop", "--worker", srv.url),
+                *("--registry", str(reg.root), "--interval", "1", "--poll", "0.05"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+        )
+        deadline = time.monotonic() + 30
+        while not any(r.path == "/v1/chat/completions" for r in srv.requests):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)  # the first warm is in flight
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.5)
+        assert proc.poll() is None  # it waits for the re-warm in flight
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)  # the second one interrupts it
+    assert b"Traceback" not in err, err
+    assert b"re-warms:" in out, (out, err)
