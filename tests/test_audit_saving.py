@@ -162,6 +162,26 @@ def test_drift_is_named_by_the_frame(tmp_path: Path) -> None:
     assert "drift " in report.to_text() and " (tools " in report.to_text()
 
 
+def test_without_a_frame_a_call_off_the_batchs_prefix_is_drift_not_a_miss(
+    tmp_path: Path,
+) -> None:
+    """No --frame: the batch's first message is the head; a call whose first message is
+    another is drift of its `system` part, never a miss of the head."""
+    other = SYSTEM.replace("build bot", "test bot")
+    pairs = [
+        {"request": chat(SYSTEM, "a"), "response": response(900, 899, None)},
+        {"request": chat(SYSTEM, "b"), "response": response(900, 899, None)},
+        {"request": chat(other, "c"), "response": response(900, 0, None)},
+    ]
+    path = tmp_path / "calls.jsonl"
+    path.write_bytes(b"\n".join(orjson.dumps(p) for p in pairs))
+    s = audit_json(str(path), "--prefill-tps", "500")["saving"]
+    u = s["uncached"]
+    assert u["miss"] == 0 and u["drift"] > 0 and s["drift_parts"] == {"system": u["drift"]}
+    assert u["drift"] + u["new_history"] == 1 + 1 + 900
+    assert b"(system " in run_cli("audit", str(path), "--prefill-tps", "500").stdout
+
+
 counts = st.integers(min_value=0, max_value=10**9)
 
 

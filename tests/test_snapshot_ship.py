@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -236,6 +237,27 @@ def test_one_destination_failing_never_stops_the_others(sim: SimServer, tmp_path
     )  # fmt: skip
     assert res.returncode == 6, res.stderr
     assert res.stdout.decode().splitlines()[1].startswith(f"shipped  {good}: {file}")
+
+
+def test_a_worker_that_does_not_answer_exits_5_and_the_others_ship(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    reg, _src, file = _saved(tmp_path, sim.url)
+    good, other = tmp_path / "good", tmp_path / "other"
+    good.mkdir()
+    other.mkdir()
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    res = cli(
+        "snapshot", "ship", "loop", "--registry", str(reg.root), "--timeout", "5",
+        "--to", str(other), "--worker", dead, "--to", str(good), "--worker", sim.url,
+    )  # fmt: skip
+    assert res.returncode == 5, res.stderr
+    lines = res.stdout.decode().splitlines()
+    assert lines[0].startswith(f"failed   {other}: worker {dead}")
+    assert lines[1].startswith(f"shipped  {good}: {file}")
+    assert list(other.iterdir()) == []
 
 
 def test_a_symlinked_or_changed_source_file_is_never_sent(sim: SimServer, tmp_path: Path) -> None:

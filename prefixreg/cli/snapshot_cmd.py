@@ -209,7 +209,8 @@ def ship_command(
 
     Exit 0 every destination shipped and verified there, 1 a worker's build has no snapshot
     of the head, 3 the record or the file as fetched does not verify (nothing sent), 6 a
-    destination failed (ssh, rsync, a wrong hash there), 2 --to and --worker do not pair.
+    destination failed (ssh, rsync, a wrong hash there), 5 a worker did not answer (and no
+    destination failed otherwise), 2 --to and --worker do not pair.
     """
     import contextlib
 
@@ -241,8 +242,11 @@ def ship_command(
             for r in results
         ]
         c.emit(json_out, [r.to_dict() for r in results], "\n".join(lines) + "\n")
-        if any(r.result == "failed" for r in results):
+        failed = [r for r in results if r.result == "failed"]
+        if any(r.build_id is not None for r in failed):  # it answered: the copy failed
             raise typer.Exit(int(c.ExitCode.MIRROR))
+        if failed:
+            raise typer.Exit(int(c.ExitCode.WORKER))
         if any(r.result != "shipped" for r in results):
             raise typer.Exit(int(c.ExitCode.NO))
 

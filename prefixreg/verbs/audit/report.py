@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import Judgement
+from prefixreg.core.prefix import Drift
 from prefixreg.core.records import CallEvidence
 from prefixreg.verbs.audit.identity import FrameAudit, IdentityReport, listing
 from prefixreg.verbs.audit.read import AuditCall, Malformed
@@ -179,6 +180,14 @@ class AuditReport:
         """The counterfactual: what the batch would have cost cold, and the uncached split."""
         rows = self.frame.rows if self.frame else ()
         drifts = {source: drift for source, drift, _ in rows}
+        if self.frame is None and self.identity is not None:  # the batch's prefix is the head
+            batch = str(self.identity.batch_sha)[:12]
+            drifts = {
+                p.source: (
+                    Drift("system", f"messages[0] is {str(p.system.sha256)[:12]}, not {batch}"),
+                )
+                for p in self.identity.of("drifted")
+            }
         size = self.frame.frame.head_bytes if self.frame else None
         return saving(
             self.calls, self.verdicts, prefill_tps=self.prefill_tps, drifts=drifts, frame_bytes=size

@@ -9,9 +9,10 @@ seconds), else the given rate; it cost `prompt_ms`. A call without timings costs
 
 Split of a call's uncached tokens: the head's part (its span less cached, within 0 and the
 uncached count) is drift when its request drifted from the frame (then the span is the
-frame's byte estimate, and the drift is named by the parts that drifted), else a miss of
-the head; the rest is new history; a call with no head span is unknown. The lever verdict
-is the judge's (`judge_lever`) on that split.
+frame's byte estimate, and the drift is named by the parts that drifted) or, read without a
+frame, when its first message is not the batch's (`system`), else a miss of the head; the
+rest is new history; a call with no head span is unknown. The lever verdict is the judge's
+(`judge_lever`) on that split.
 
 Wall: the batch's span (last end - first start) over the calls an input timed, plus the
 walls of the calls it did not; concurrency by sweeping the intervals (a zero-length one, an
