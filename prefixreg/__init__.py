@@ -66,40 +66,28 @@ if TYPE_CHECKING:
 
     __version__: str
 
-# The module (under prefixreg.) of each public name not imported above, imported on first use.
+# The module (under prefixreg.) of each public name not imported above (space-separated),
+# imported on first use.
 _LAZY = {
-    "core.frame": ("Frame", "Head"),
-    "core.judge": ("Judgement", "judge", "judge_copy", "judge_resident", "judge_restore"),
-    "core.prefix": ("Prefix", "fresh_tail"),
-    "core.records": (
-        "CacheCounters",
-        "CallEvidence",
-        "Measurement",
-        "Meta",
-        "NameMove",
-        "ServerBuild",
-    ),
-    "registry.names": ("NameConflictError",),
-    "registry.store": ("Registry",),
-    "server.evidence": ("evidence_from_response",),
-    "server.worker": ("Worker",),
-    "verbs.keepalive.run": ("KeepAlive",),
-    "verbs.loop": ("LoopJudge", "LoopStats", "Session"),
-    "verbs.measure.warm": ("WarmResult", "warm"),
-    "verbs.mirror.snapshots": ("ship_snapshot",),
-    "verbs.pool.live": ("Pool",),
-    "verbs.snapshot.run": ("restore_and_prove", "save_snapshot"),
+    "core.frame": "Frame Head",
+    "core.judge": "Judgement judge judge_copy judge_resident judge_restore",
+    "core.prefix": "Prefix fresh_tail",
+    "core.records": "CacheCounters CallEvidence Measurement Meta NameMove ServerBuild",
+    "registry.names": "NameConflictError",
+    "registry.store": "Registry",
+    "server.evidence": "evidence_from_response",
+    "server.worker": "Worker",
+    "verbs.keepalive.run": "KeepAlive",
+    "verbs.loop": "LoopJudge LoopStats Session",
+    "verbs.measure.warm": "WarmResult warm",
+    "verbs.mirror.snapshots": "ship_snapshot",
+    "verbs.pool.live": "Pool",
+    "verbs.snapshot.run": "restore_and_prove save_snapshot",
 }
 # The face: every error of the tree (imported above), every lazy name, the version and
 # `open_registry`.
-__all__ = sorted(
-    [
-        *(n for n, v in globals().items() if isinstance(v, type) and issubclass(v, PrefixregError)),
-        *(name for names in _LAZY.values() for name in names),
-        "__version__",
-        "open_registry",
-    ]
-)
+_ERRORS = [n for n, v in globals().items() if isinstance(v, type) and issubclass(v, PrefixregError)]
+__all__ = sorted([*_ERRORS, *" ".join(_LAZY.values()).split(), "__version__", "open_registry"])
 
 
 def open_registry(path: Path | str | None = None) -> Registry:
@@ -115,7 +103,7 @@ def __getattr__(name: str) -> Any:
         from prefixreg.core.version import package_version
 
         return package_version()
-    module = next((m for m, names in _LAZY.items() if name in names), None)
+    module = next((m for m, names in _LAZY.items() if name in names.split()), None)
     if module is None:
         raise AttributeError(f"module 'prefixreg' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"prefixreg.{module}"), name)

@@ -74,9 +74,8 @@ class RegistryLocationError(UsageError):
 
 
 class IntegrityError(PrefixregError):
-    """Stored bytes do not hash to their name, or a record is not what it must be.
-
-    Nothing that depends on the bytes is done after this is raised: no output, no request."""
+    """Stored bytes do not hash to their name, or a record is not what it must be: nothing that
+    depends on the bytes is done after this is raised (no output, no request)."""
 
     def __init__(
         self,

@@ -99,11 +99,6 @@ def _check_settings(settings: Mapping[str, object], *, typed: bool = True) -> di
         if value is not None and not isinstance(value, _SETTING_TYPES[key]):
             want = " or ".join(_JSON_TYPE[t] for t in _SETTING_TYPES[key])
             raise UsageError(f"setting {key} must be {want}, not {value!r}")
-    # The JSON round trip refuses what cannot travel (NaN, big integers, deep nesting).
-    try:
-        dumps_canonical(out)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"settings are not JSON: {exc}") from None
     return out
 
 
@@ -118,7 +113,10 @@ def encode_frame_record(
             raise UsageError(f"not a sha256: {part!r}")
     record = {"format": FRAME_FORMAT, "version": FRAME_VERSION, "system": system}
     record |= {"tools": tools, "settings": _check_settings(settings, typed=typed)}
-    return dumps_canonical(record) + b"\n"
+    try:  # the settings' JSON round trip refuses what cannot travel (NaN, big ints, depth)
+        return dumps_canonical(record) + b"\n"
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"settings are not JSON: {exc}") from None
 
 
 def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str, Any]]:

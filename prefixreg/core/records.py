@@ -1,9 +1,8 @@
 """Frozen record types and their strict (de)serialisation. Pure: no I/O.
 
 Every `from_dict` validates types exactly and raises `CorruptRecordError` on anything
-unexpected, so a record read from disk is either well-formed or refused. `to_dict` is
-the on-disk form (canonical JSON is applied by `jsonio`). Records never hold credentials,
-tail text or output text: only counts, hashes and labels.
+unexpected: a record read from disk is well-formed or refused. `to_dict` is the on-disk
+form. Records never hold credentials, tail text or output text: only counts, hashes, labels.
 """
 
 from __future__ import annotations
@@ -98,8 +97,7 @@ class ServerBuild(_Record):
     def snapshot_align(self) -> int:
         """Halogen's `prompt_cache.snapshot_align` (cached counts round down to it), else 0."""
         block = self.identity.get("prompt_cache")
-        value = strict_count(block.get("snapshot_align")) if isinstance(block, dict) else None
-        return value or 0
+        return (strict_count(block.get("snapshot_align")) if isinstance(block, dict) else 0) or 0
 
     def to_dict(self, *, public: bool = False) -> JSONObject:
         """The record form; `public` gives the receipt form (see `public_identity`)."""
@@ -137,11 +135,8 @@ def public_identity(identity: Mapping[str, JSONValue]) -> JSONObject:
     for key in sorted(PUBLIC_IDENTITY.keys() & identity.keys()):
         value, nested = identity[key], PUBLIC_IDENTITY[key]
         if isinstance(value, dict) and nested is not None:
-            out[key] = {
-                k: v
-                for k, v in sorted(value.items())
-                if k in nested and isinstance(v, _PUBLIC_SCALARS)
-            }
+            kept = sorted(value.items())
+            out[key] = {k: v for k, v in kept if k in nested and isinstance(v, _PUBLIC_SCALARS)}
         elif isinstance(value, _PUBLIC_SCALARS):
             out[key] = value
     return out
@@ -227,8 +222,8 @@ class Measurement(_Record):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Outcome:
-    """What a measurement's body says it found, read leniently: a field of the wrong type
-    (an older record, a hand edit) reads as None, never as a value it does not hold."""
+    """A measurement body's findings, read leniently: a field of the wrong type (an older
+    record, a hand edit) reads as None, never as a value it does not hold."""
 
     verdict: str | None
     reason: str | None
@@ -247,13 +242,9 @@ class Outcome:
             return value if isinstance(value, str) else None
 
         calls = body.get("calls")
-        phases = tuple(
-            c["phase"]
-            for c in (calls if isinstance(calls, list) else [])
-            if isinstance(c, dict) and isinstance(c.get("phase"), str)
-        )
-        interleaved = body.get("interleaved")
-        frame = text("frame")
+        listed = calls if isinstance(calls, list) else []
+        phases = [c.get("phase") for c in listed if isinstance(c, dict)]
+        interleaved, frame = body.get("interleaved"), text("frame")
         return cls(
             verdict=text("verdict"),
             reason=text("reason"),
@@ -263,5 +254,5 @@ class Outcome:
             cached_tokens=strict_count(body.get("cached_tokens")),
             frame=frame if frame is not None and is_full_sha(frame) else None,
             interleaved=interleaved if isinstance(interleaved, bool) else None,
-            phases=phases,
+            phases=tuple(p for p in phases if isinstance(p, str)),
         )

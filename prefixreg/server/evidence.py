@@ -170,12 +170,9 @@ def _native(plain: dict[str, Any]) -> tuple[dict[str, object], str] | None:
     else:
         return None
     prompt, completion, cached, source = names
-    details = {"cached_tokens": meta[cached]} if cached in meta else None
-    usage: dict[str, object] = {"prompt_tokens": meta.get(prompt)}
-    usage["completion_tokens"] = meta.get(completion)
-    body: dict[str, object] = {"choices": [choice], "usage": usage}
-    usage["prompt_tokens_details"] = details
-    return body, source
+    usage = {"prompt_tokens": meta.get(prompt), "completion_tokens": meta.get(completion)}
+    usage["prompt_tokens_details"] = {"cached_tokens": meta[cached]} if cached in meta else None
+    return {"choices": [choice], "usage": usage}, source
 
 
 def _read(resp: object, done: object) -> ReplyReader:
@@ -224,10 +221,8 @@ def evidence_from_response(
     a null or absent `prompt_tokens_details` as 0, and is then the `cached_source`.
 
     Raises UsageError: `done` is not a bool or None, `zero_rule` not a str or None, or
-    `wall_s`/`ttft_s` not None or a
-    finite number of seconds >= 0. Nothing in `resp` raises: what cannot be read is
-    unverified evidence that says why.
-    """
+    `wall_s`/`ttft_s` not None or a finite number of seconds >= 0. Nothing in `resp` raises:
+    what cannot be read is unverified evidence that says why."""
     wall, ttft = _seconds("wall_s", wall_s), _seconds("ttft_s", ttft_s)
     if zero_rule is not None and not isinstance(zero_rule, str):
         raise UsageError(f"zero_rule is a str or None, not {type(zero_rule).__name__}")

@@ -3,12 +3,12 @@
 What a hostile or broken server can do, and what stops it:
 - Trickle (a byte a second) or go silent: one deadline bounds each call whole, connect to
   last byte, streams included. httpx's timeouts are per read, so a timer also shuts the
-  call's socket down (learnt from httpcore's connect trace; no keep-alive, so each call has
-  its own) and the time left is checked between pieces: `WorkerTimeoutError` within a
-  fraction of a second.
+  call's socket (learnt from httpcore's connect trace; no keep-alive: each call has its own)
+  and the time left is checked between pieces: `WorkerTimeoutError` within a fraction of a
+  second.
 - Send more than any real reply: bodies are streamed and counted after content decoding;
-  past `max_bytes`, or at once from a `Content-Length` over it, `ReplyTooLargeError`. An
-  unbounded body is never read whole.
+  past `max_bytes`, or from a `Content-Length` over it, `ReplyTooLargeError`; an unbounded
+  body is never read whole.
 - Fail: refused -> `WorkerUnreachableError`; 503 `engine_busy` -> `EngineBusyError`; other
   3xx/4xx/5xx -> `WorkerHTTPError` with the server's own message (one line, <= 200
   characters, API key scrubbed); a body that is not the JSON promised (`core.jsonio`'s
@@ -40,7 +40,7 @@ Body = TypeVar("Body", bytes, dict[str, Any], list[Any])
 
 
 def shown(value: object) -> str:
-    """A short rendering of a bad argument for an error message, safe for any value."""
+    """A short, safe rendering of a bad argument for an error message."""
     if isinstance(value, str | float | None) or (isinstance(value, int) and abs(value) < 1 << 64):
         return repr(value)[:40]
     return f"a {type(value).__name__}"
@@ -106,8 +106,8 @@ class _ExpiredError(Exception):
 
 
 class _Deadline:
-    """One call's deadline: a timer shuts the call's socket (learnt by `trace`, an httpcore
-    hook) down when the time is up, which wakes a read blocked on it."""
+    """One call's deadline: at the time, a timer shuts down the call's socket (learnt by the
+    httpcore hook `trace`), which wakes a read blocked on it."""
 
     def __init__(self, seconds: float) -> None:
         self.at = time.monotonic() + seconds
@@ -153,9 +153,8 @@ class _Call:
         self.content_type = str(resp.headers.get("content-type", ""))
 
     def pieces(self, *, drop_ok: bool = False) -> Iterator[bytes]:
-        """The body as it arrives; raises past the deadline or the cap. With `drop_ok` a
-        connection dropped mid-body ends the body quietly (the caller judges it incomplete,
-        as a truncated stream); without it the drop raises as unreachable."""
+        """The body as it arrives; raises past the deadline or the cap. A connection dropped
+        mid-body raises as unreachable, or with `drop_ok` ends the body (judged incomplete)."""
         length = self.resp.headers.get("content-length", "")
         if length.isascii() and length.isdigit() and int(length) > self.max_bytes:
             raise errors.ReplyTooLargeError("")
@@ -223,8 +222,8 @@ class Transport:
         headers: dict[str, str] | None = None,
         missing: frozenset[int] = frozenset(),
     ) -> Iterator[_Call]:
-        """Open one call bounded by `seconds` in all, a non-2xx status not in `missing` raised;
-        errors come out as the error tree."""
+        """Open one call bounded by `seconds` in all; errors, and a non-2xx status not in
+        `missing`, come out as the error tree."""
         where = f"{method} {path} on {self.url}"
         deadline = _Deadline(seconds)
         timed_out = errors.WorkerTimeoutError(
@@ -299,9 +298,8 @@ class Transport:
         content: bytes | None = None,
         missing: frozenset[int] = frozenset(),
     ) -> Body | None:
-        """One small call (a POST of the JSON `content`, else a GET): its 2xx body as `kind`
-        (bytes, or a JSON dict or list, else `MalformedResponseError`); None when its
-        status is in `missing`."""
+        """One small call (POST of the JSON `content`, else GET): its body as `kind` (bytes, a
+        JSON dict or list, else `MalformedResponseError`); None when its status is in `missing`."""
         method = "GET" if content is None else "POST"
         headers = None if content is None else {"Content-Type": "application/json"}
         with self.call(

@@ -3,14 +3,13 @@
 Server profiles are detected in this order from what the server answers (never its port),
 unless `profile=` forces one: halogen (/health names its prompt cache), llamacpp (/props has
 `build_info`), sglang (/server_info), trtllm or vllm (the /v1/models owner), ollama
-(/api/version), vllm (/version answers a version string), generic. What each can prove, and
-its build identity: `server.identity` and `server.engines`.
+(/api/version), vllm (/version answers a version string), generic. What each proves, and its
+build identity: `server.identity` and `server.engines`.
 
 Invariants:
-- Every call has a deadline that bounds it whole and every reply a size cap (`max_bytes`,
-  default 64 MiB; see `server.transport`): `timeout` (default 10 s) for each small route,
-  `read_timeout` (default 1800 s: a cold prefill can take minutes) for each chat call; a
-  small route never waits longer than `read_timeout` either.
+- Every call has a deadline bounding it whole and every reply a size cap (`max_bytes`, 64 MiB
+  by default; `server.transport`): `timeout` (10 s) per small route, `read_timeout` (1800 s:
+  a cold prefill can take minutes) per chat call and at most per small route too.
 - Every argument is checked before a byte is sent; a wrong type or value is a `UsageError`
   (a timeout must be finite, above 0 and at most one day).
 - No state is kept between calls: the build identity is read fresh on every
@@ -119,8 +118,7 @@ class Worker:
     def post_json(
         self, path: str, body: JSONObject, *, seconds: float, missing: frozenset[int] = _NEVER
     ) -> JSONObject | None:
-        """POST a JSON body to a small route (llama.cpp's slot actions) within `seconds`: the
-        reply, a JSON object, or None when its status is in `missing`."""
+        """POST `body` to a small route within `seconds`: the reply; None (status in `missing`)."""
         given: tuple[object, ...] = (path, body, missing)
         if not isinstance(given[0], str) or not path.startswith("/") or not path.isprintable():
             raise UsageError(f"post_json(): a path on the worker (/...), not {shown(path)}")
@@ -149,22 +147,19 @@ class Worker:
         return self._get("/props")
 
     def slots(self) -> list[JSONObject] | None:
-        """GET /slots (llama.cpp): one object per slot; None when the route is off (501 with
-        `--no-slots`). A slot's `id_task` changes with every completion it serves."""
+        """GET /slots (llama.cpp), one object per slot; None when the route is off."""
         body = self._http.fetch(list, "/slots", seconds=self._small, missing=_NO_ROUTE)
         return None if body is None else [s for s in body if isinstance(s, dict)]
 
     def metrics(self, path: str = "/metrics") -> dict[str, float] | None:
-        """GET /metrics (llama.cpp's `--metrics`; an engine's `server.engines.METRICS` path)
-        as samples by name; None when it is off."""
+        """GET /metrics (or an engine's `METRICS` path) as samples by name; None when it is off."""
         if path not in ("/metrics", *(m.path for m in engines.METRICS.values())):
             raise UsageError(f"metrics(): a Prometheus route, not {shown(path)}")
         raw = self._http.fetch(bytes, path, seconds=self._small, missing=_NO_ROUTE)
         return None if raw is None else parse_prometheus(raw)
 
     def template_tokens(self, body: Mapping[str, Any]) -> int | None:
-        """llama.cpp: the tokens of the prompt its template renders for `body` (`/apply-template`,
-        then `/tokenize`); None when the server cannot say."""
+        """llama.cpp: the prompt tokens its template renders for `body`; None if it cannot say."""
         if not isinstance(body, Mapping):
             raise UsageError(f"template_tokens() reads a chat body, not {type(body).__name__}")
         try:
@@ -183,18 +178,15 @@ class Worker:
 
     def _detect(self) -> tuple[str, dict[str, JSONObject | None]]:
         """(profile, the bodies read on the way by route), each route read at most once. A
-        /health that is missing or not JSON matches nothing; one that errors (503 while
-        loading, a timeout, an oversized reply) raises: a profile guessed from a sick server
-        would bind measurements to the wrong identity. Engines: `server.engines`."""
+        /health missing or not JSON matches nothing; one that errors (503 while loading, a
+        timeout, too large) raises: a guess from a sick server binds the wrong identity."""
         try:
             seen: dict[str, JSONObject | None] = {"/health": self._get("/health")}
         except MalformedResponseError:
             seen = {"/health": None}
 
         def read(route: str) -> JSONObject | None:
-            if route not in seen:
-                seen[route] = self._try(route)
-            return seen[route]
+            return seen[route] if route in seen else seen.setdefault(route, self._try(route))
 
         if self.profile is not None:
             return self.profile, seen
@@ -216,14 +208,12 @@ class Worker:
         return self._detect()[0]
 
     def server_build(self) -> ServerBuild:
-        """The identity of the server right now (DESIGN §4). It also sets the engine's
-        `zero_rule` the next chats read a missing count by (`server.engines`): the flag it
-        needs is part of the identity, so a check against this build catches a restart."""
+        """The server's identity now (DESIGN §4); sets the `zero_rule` next chats read a missing
+        count by: its flag is part of the identity, so checking this build catches a restart."""
         profile, seen = self._detect()
 
         def read(route: str) -> JSONObject | None:
-            """What detection read, else read now: an error raises (a sick server's identity
-            would be another build), a route the server lacks is None."""
+            """What detection read, else read now: an error raises, a missing route is None."""
             return seen.get(route) or self._get(route)
 
         if profile == "halogen":
@@ -245,8 +235,8 @@ class Worker:
         return ServerBuild(profile=profile, identity=identity)
 
     def default_model(self) -> str | None:
-        """The model a chat sends when neither the call nor `model=` names one (vLLM and SGLang
-        need one): the first id of `/v1/models`, read once per client; None if it lists none."""
+        """The model a chat sends when neither the call nor `model=` names one: the first id of
+        `/v1/models` (vLLM and SGLang need one), read once per client; None if none is listed."""
         if self._default_model is False:
             ids_listed = ids.generic_identity(self._try("/v1/models")).get("model_ids")
             first = ids_listed[0] if isinstance(ids_listed, list) and ids_listed else None
@@ -264,17 +254,13 @@ class Worker:
         headers: Mapping[str, str] | None = None,
         **params: Any,
     ) -> tuple[JSONObject, CallEvidence]:
-        """One chat call, `messages = prefix.messages(tail)` and `params` (max_tokens, ...): the
-        reply (`ReplyReader.view`) and the call's evidence.
-
-        `history` (OpenAI-shaped messages) replaces the one-line `tail`; `tools` adds tool
-        definitions. A `Frame` sends its verified system bytes, tools and settings; a `str`
-        prefix is sent as is (nothing verifies it). `headers` go with this call only (a
-        router's routing key). Streams ask for `stream_options.include_usage`.
+        """One chat call (`prefix`, then the `tail` or the OpenAI-shaped `history`, `tools`,
+        `params`): the reply (`ReplyReader.view`) and its evidence. A `Frame` sends its verified
+        system bytes, tools and settings; a `str` is sent as is (unverified). `headers` go with
+        this call only (a router's key). Streams ask for `stream_options.include_usage`.
 
         Raises UsageError: a wrong argument, or a body that is not JSON by the project's rules
-        (nothing is sent); WorkerError: HTTP errors, the deadline, the reply cap.
-        """
+        (nothing is sent); WorkerError: HTTP errors, the deadline, the reply cap."""
         for reserved in ("messages", "stream"):
             if reserved in params:
                 raise UsageError(f"chat() sets {reserved!r} itself; do not pass it")
