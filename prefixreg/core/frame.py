@@ -35,15 +35,17 @@ from prefixreg.core.prefix import Drift, Prefix, check_history, system_drift
 FRAME_FORMAT: Final = "prefix-frame"
 FRAME_VERSION: Final = 1
 # Request fields a chat template reads (Halogen dense/flash, llama.cpp --jinja): changing one
-# changes the rendered prompt, hence the cache key. Sampling fields never do.
-PROMPT_SETTINGS: Final = (
-    "chat_template_kwargs",
-    "enable_thinking",
-    "parallel_tool_calls",
-    "preserve_thinking",
-    "reasoning_effort",
-    "tool_choice",
-)
+# changes the rendered prompt, hence the cache key (sampling fields never do); each with the
+# JSON type it takes (a string "False" would render as true in a template).
+_SETTING_TYPES: Final[dict[str, tuple[type, ...]]] = {
+    "chat_template_kwargs": (dict,),
+    "enable_thinking": (bool,),
+    "parallel_tool_calls": (bool,),
+    "preserve_thinking": (bool,),
+    "reasoning_effort": (str,),
+    "tool_choice": (str, dict),
+}
+PROMPT_SETTINGS: Final = tuple(_SETTING_TYPES)
 # Fields the OpenAI SDK's `chat.completions.create` takes by name; the rest go in `extra_body`.
 OPENAI_NAMED: Final = frozenset({"parallel_tool_calls", "reasoning_effort", "tool_choice", "tools"})
 _RECORD_KEYS: Final = frozenset({"format", "version", "system", "tools", "settings"})
@@ -72,15 +74,6 @@ def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
     return cast(list[dict[str, Any]], value)
 
 
-# The JSON type each setting takes (a string "False" would render as true in a template).
-_SETTING_TYPES: Final[dict[str, tuple[type, ...]]] = {
-    "chat_template_kwargs": (dict,),
-    "enable_thinking": (bool,),
-    "parallel_tool_calls": (bool,),
-    "preserve_thinking": (bool,),
-    "reasoning_effort": (str,),
-    "tool_choice": (str, dict),
-}
 _JSON_TYPE: Final = {bool: "true or false", str: "a string", dict: "a JSON object"}
 
 

@@ -6,13 +6,13 @@ for build ids and the on-disk form of every record.
 Invariants (the project's number and shape rules, for everything it reads or writes):
 - Nesting deeper than `MAX_DEPTH` (64) is refused; nothing here recurses, so no input can
   raise `RecursionError` anywhere downstream.
-- Non-finite floats, lone surrogates and non-string keys are refused on write (orjson
-  would silently write `null` for NaN); NaN, Infinity and invalid escapes on read.
+- Non-finite floats, integers beyond 64 bits, lone surrogates and non-string keys are
+  refused on write (orjson would write `null` for NaN); NaN, Infinity, invalid escapes on read.
 - `exact=True` also refuses integers outside the signed/unsigned 64-bit range (orjson would
-  turn them into floats, so the value sent would not be the value stored) and keeps the
-  document's key order: for user JSON that is stored as exact bytes (a frame's tools).
-- A failure is `CorruptRecordError` (a record) naming the path; callers that read user
-  input turn it into a `UsageError`. No orjson or json exception leaves this module.
+  make them floats: the value sent would not be the value stored) and keeps the key order:
+  for user JSON stored as exact bytes (a frame's tools).
+- A failure is `CorruptRecordError` naming the path (callers reading user input turn it
+  into a `UsageError`); no orjson or json exception leaves this module.
 """
 
 from __future__ import annotations
@@ -35,9 +35,8 @@ _INT_MAX: Final = 2**64 - 1
 
 
 def check_value(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
-    """Refuse (ValueError, TypeError) what the project never reads or writes as JSON:
-    deeper than `max_depth`, a non-finite float, an integer beyond 64 bits, a non-string
-    key, a string with a lone surrogate. Iterative: any depth is safe to check."""
+    """Refuse (ValueError, TypeError) what is never read or written as JSON (the module's
+    rules; deeper than `max_depth`). Iterative: any depth is safe to check."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -54,9 +53,8 @@ def check_value(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
                 stack.extend((sub, depth + 1) for sub in item)
         elif isinstance(item, float) and not math.isfinite(item):
             raise ValueError("a non-finite number is not JSON")
-        elif isinstance(item, int) and not isinstance(item, bool):
-            if not _INT_MIN <= item <= _INT_MAX:
-                raise ValueError("an integer beyond 64 bits")
+        elif isinstance(item, int) and not _INT_MIN <= item <= _INT_MAX:  # a bool is in range
+            raise ValueError("an integer beyond 64 bits")
         elif isinstance(item, str):
             try:
                 item.encode("utf-8")

@@ -1,8 +1,8 @@
 """The judge: the one place a verdict is decided, from the server's own numbers. Pure.
 
 Every label prefixreg prints (warm's headline, keepalive's kept, audit's reused, a loop's
-resumed, pool's resident, snapshot's restored, mirror's verified) comes from a function
-here; no other module compares a cached count with a span.
+resumed, pool's resident, snapshot's restored, mirror's verified) comes from here; no other
+module compares a cached count with a span.
 
 The rule, stated once (the README's evidence section quotes it):
 
@@ -89,14 +89,8 @@ class Judgement:
         return self.verdict == "resumed"
 
     def to_dict(self) -> JSONObject:
-        return {
-            "verdict": self.verdict,
-            "reason": self.reason,
-            "span_tokens": self.span,
-            "span_source": self.span_source,
-            "coverage": self.coverage,
-            "alignment": self.alignment,
-        }
+        keys = ("verdict", "reason", "span_source", "coverage", "alignment")
+        return {"span_tokens": self.span, **{key: getattr(self, key) for key in keys}}
 
 
 def judge(
@@ -108,10 +102,9 @@ def judge(
     measured_span: int | None = None,
     tools_tokens: int | None = None,
 ) -> Judgement:
-    """Did this call resume the head (`head_bytes` of it; `rest_bytes` of other message
-    content followed)? `measured_span` is the head's span as a resumed check measured it
-    on this build; `tools_tokens` what the frame's tools add to the prompt (0: the
-    server's template drops them, so a frame cannot be resumed for its tools)."""
+    """Did this call resume the head (`head_bytes`, then `rest_bytes` of other content)?
+    `measured_span`: the head's span a resumed check measured on this build; `tools_tokens`:
+    what the frame's tools add to the prompt (0: the template drops them, never resumed)."""
     prompt, cached = evidence.prompt_tokens, evidence.cached_tokens
     if evidence.cache_state == "unverified" or prompt is None or cached is None:
         why = evidence.reason or "the server did not report prompt and cached counts"
@@ -162,9 +155,8 @@ def judge(
 
 
 def judge_unknown_head(evidence: CallEvidence, why: str) -> Judgement:
-    """A call whose head is not known (a response read without its request): `cold` when
-    nothing of a counted prompt was cached, else `unverified` with `why` (a cached count has
-    no span to compare with). Never resumed, never partial."""
+    """A call whose head is unknown (a response without its request): `cold` when nothing of
+    a counted prompt was cached, else `unverified` with `why`; never resumed nor partial."""
     prompt, cached = evidence.prompt_tokens, evidence.cached_tokens
     if evidence.cache_state == "unverified" or prompt is None or cached is None:
         why = evidence.reason or "the server did not report prompt and cached counts"
@@ -180,9 +172,8 @@ def judge_unknown_head(evidence: CallEvidence, why: str) -> Judgement:
 def judge_restore(
     baseline: Judgement | None, n_restored: int | None, check: Judgement
 ) -> tuple[RestoreVerdict, str]:
-    """A restore into a slot: `baseline` is a pinned check before it (None: the slot was
-    erased first), `n_restored` what the server said it loaded, `check` the pinned check
-    after it. `restored` only when all three say so."""
+    """A restore into a slot: `baseline`, a pinned check before (None: the slot was erased),
+    `n_restored` the server's count, `check` the pinned check after; `restored` when all agree."""
     if baseline is not None and baseline.resumed:
         return "resident", "the slot held the head before the restore: the restore proved nothing"
     if baseline is not None and baseline.verdict == "unverified":
@@ -225,10 +216,9 @@ def alignment_shaped(j: Judgement) -> bool:
 def judge_fit(
     span: int, cmax: int, *, lower_bound: bool, alignment: int = 0
 ) -> tuple[FitVerdict, str]:
-    """Does a head of `span` tokens fit in what one cache entry resumes? `cmax` is a probe's
-    largest fresh-tail cached count on this build; `lower_bound`: every size it probed
-    resumed whole, so the cache may reach further. It `fits` only when `cmax` covers the
-    span less the engine's allowance; past that, a lower bound leaves it `not_proven`."""
+    """Does a head of `span` tokens fit in one cache entry? `cmax`: a probe's largest fresh-tail
+    cached count on this build (`lower_bound`: every size probed resumed whole). It `fits`
+    only when `cmax` covers the span less the allowance; else a lower bound is `not_proven`."""
     if span < 1 or cmax < 0:
         return "unverified", "no span or Cmax to compare"
     short = span - cmax
@@ -249,11 +239,10 @@ LeverVerdict = Literal["lever", "not_lever", "unverified"]
 def judge_lever(
     *, cached: int, new_history: int, drift: int, miss: int, unknown: int = 0
 ) -> tuple[LeverVerdict, str]:
-    """Is prompt caching the lever for a batch? Decided from where its prompt tokens went,
-    never from time, so every engine gets the same verdict for the same split: the `lever`
-    when the uncached tokens a cache could have held (the head's `drift` and `miss`) are at
-    least the `new_history` no cache holds; `unverified` when the tokens no head could be
-    compared with (`unknown`) outnumber both; else `not_lever`."""
+    """Is prompt caching the lever for a batch? From where its prompt tokens went, never time
+    (one split, one verdict on every engine): the `lever` when the head's uncached `drift` and
+    `miss` are at least the `new_history` no cache holds; `unverified` when tokens with no
+    head to compare (`unknown`) outnumber both; else `not_lever`."""
     head, uncached = drift + miss, drift + miss + new_history + unknown
     if min(cached, new_history, drift, miss, unknown) < 0:
         return "unverified", "a token count is negative"

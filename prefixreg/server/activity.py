@@ -3,12 +3,12 @@
 - `StoresCounter`: Halogen's `/cache` `stores`, the entries written since the server started
   (exact, and what an LRU of entries evicts by).
 - `PromptCounter`: llama.cpp has no `/cache`; it counts prompts from `/slots` (a slot's
-  `id_task` changes when it starts a completion; it counts once the slot is idle again, as
-  llama.cpp's LRU goes by last use) or, with `/slots` off, from `/metrics` (a poll window in
-  which the prompt-token counters moved is one prompt). Both are lower bounds, exact when
-  polls come faster than prompts finish. Raw `id_task` values are no count: one chat uses
-  three task ids and every `/slots` or `/metrics` read more (measured). vLLM, SGLang and
-  TensorRT-LLM count the same way from their Prometheus token counters (`server.engines`).
+  `id_task` changes when it starts a completion; counted once the slot is idle again, as
+  llama.cpp's LRU goes by last use) or, with `/slots` off, `/metrics` (a poll window in which
+  the prompt-token counters moved is one prompt). Both are lower bounds, exact when polls
+  come faster than prompts finish. Raw `id_task` values are no count: one chat uses three
+  and every `/slots` or `/metrics` read more (measured). vLLM, SGLang and TensorRT-LLM count
+  the same way from their Prometheus token counters (`server.engines`).
 
 `read()` returns the running count and whether the server restarted since the last read
 (a counter went backwards: every prefix is gone), or None when the poll gave nothing usable.
@@ -63,8 +63,8 @@ _LLAMACPP: Final = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cach
 
 
 def _sources(profile: str) -> tuple[str, ...]:
-    """What a profile counts prompts with: llama.cpp `/slots` then `/metrics`; an engine its
-    Prometheus route (`server.engines.METRICS`); nothing else."""
+    """What a profile counts prompts with: llama.cpp `/slots` then `/metrics`, an engine its
+    Prometheus route (`server.engines.METRICS`), nothing else."""
     if profile == "llamacpp":
         return ("/slots", "/metrics")
     metrics = engines.METRICS.get(profile)

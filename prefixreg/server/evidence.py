@@ -1,11 +1,10 @@
 """Evidence: what a server's reply proves about one call (DESIGN §4). Pure: no I/O.
 
-One entry point, `evidence_from_response`, for whatever the caller holds: a non-streamed
-response (a dict, or an SDK object read by `model_dump()`, `to_dict()` or `__dict__`), a
-list of stream chunks, a raw SSE body (bytes or text), an `SSEStream`, a folded
-`ReplyReader` (the worker's path), or an engine's native final reply (SGLang `/generate`,
-Ollama `/api/chat`: `_native`). Anything else is a malformed response: unverified
-evidence, never an exception.
+One entry point, `evidence_from_response`, for whatever the caller holds: a response (a
+dict, or an SDK object read by `model_dump()`, `to_dict()` or `__dict__`), stream chunks, a
+raw SSE body (bytes or text), an `SSEStream`, a folded `ReplyReader` (the worker's path),
+or an engine's native final reply (SGLang `/generate`, Ollama `/api/chat`: `_native`).
+Anything else is a malformed response: unverified evidence, never an exception.
 
 Invariants (DESIGN §4 as code):
 - A count is valid only as an exact `int` >= 0 (`strict_count`); a missing count is never 0,
@@ -14,13 +13,13 @@ Invariants (DESIGN §4 as code):
   `timings.cache_n`, and `cached_source` names it. A source present but malformed (8.0,
   "8", true, -1, a list) makes the call unverified: the next source never papers over it.
 - Disk tier: tokens restored from the server's disk (`timings.disk_restore_n`) were not
-  prefilled, so they are resumed tokens; when they exceed the cached count read above (or
-  it is missing) they are the cached count, and `cached_source` says so. The two are never
-  added (whether `cache_n` counts disk restores is undocumented; the larger is a lower bound).
+  prefilled: resumed tokens. When they exceed the cached count read above (or it is
+  missing) they are the cached count, as `cached_source` says; the two are never added
+  (whether `cache_n` counts disk restores is undocumented; the larger is a lower bound).
 - `cold` = complete, valid counts, cached == 0; `reused` = complete, 0 < cached <= prompt;
-  anything else is `unverified`, with `reason` in words. Completeness is `ReplyReader`'s
-  rule (a finished stream or a final response, never one mid-stream chunk); an incomplete
-  call has no `output_sha256`, `token_sha` or `ttft_s`.
+  else `unverified`, `reason` in words. Completeness is `ReplyReader`'s rule (a finished
+  stream or a final response, never one mid-stream chunk); an incomplete call has no
+  `output_sha256`, `token_sha` or `ttft_s`.
 - `error` is a short code of ours; neither the server's error text nor the output text is
   kept: only `output_sha256` = sha256(sha256(content) || sha256(reasoning)) over the UTF-8
   bytes of the joined pieces, whatever the chunk boundaries.
@@ -151,10 +150,10 @@ def _judge(
 
 def _native(plain: dict[str, Any]) -> tuple[dict[str, object], str] | None:
     """An engine's native final reply as the response it stands for, and its count's name:
-    SGLang `/generate` (`meta_info`, `cached_tokens` always sent) or Ollama `/api/chat`
-    (`prompt_eval_count` includes the cached tokens; `prompt_eval_cached_count` from
-    v0.33.3, absent before: unverified). Values pass through unread: evidence reads them
-    strictly. Not finished (Ollama `done` not true): no finish reason, so incomplete."""
+    SGLang `/generate` (`meta_info.cached_tokens` always sent) or Ollama `/api/chat`
+    (`prompt_eval_count` includes the cached; `prompt_eval_cached_count` from v0.33.3, absent
+    before: unverified). Values pass unread (evidence reads them strictly); not `done`: no
+    finish reason, so incomplete."""
     meta = plain.get("meta_info")
     if isinstance(meta, dict):
         finish = meta.get("finish_reason")
@@ -214,11 +213,11 @@ def evidence_from_response(
     ttft_s: float | None = None,
     zero_rule: str | None = None,
 ) -> CallEvidence:
-    """Evidence from what a call returned (any input the module docstring names). One stream
-    chunk is never complete, never `cold`; a list of chunks is complete only with
-    `done=True` (the stream ended with `[DONE]`, as an SDK stream iterated to its end did).
-    `zero_rule` (`server.engines.zero_rule`: the engine's rule and its flag, known on) reads
-    a null or absent `prompt_tokens_details` as 0, and is then the `cached_source`.
+    """Evidence from what a call returned (any input the module docstring names). One chunk is
+    never complete, never `cold`; a list of chunks is complete only with `done=True` (ended
+    with `[DONE]`, as an SDK stream iterated to its end). `zero_rule` (`engines.zero_rule`:
+    the engine's rule, its flag known on) reads a null or absent `prompt_tokens_details` as
+    0, and is then the `cached_source`.
 
     Raises UsageError: `done` is not a bool or None, `zero_rule` not a str or None, or
     `wall_s`/`ttft_s` not None or a finite number of seconds >= 0. Nothing in `resp` raises:

@@ -1,9 +1,8 @@
 """Server profiles: what each can prove per call, and its build identity. Pure: no I/O.
 
 - halogen: usage (cached only when > 0), `timings.cache_n` (Flash) and `/cache` counters:
-  the only profile that proves counter-level facts (hits, misses, evictions). Identity:
-  `version`, model, chat template sha256, checkpoint format, context, slots, the
-  `prompt_cache` block.
+  alone proves counter-level facts (hits, misses, evictions). Identity: `version`, model,
+  chat template sha256, checkpoint format, context, slots, the `prompt_cache` block.
 - llamacpp: usage (an explicit 0) and `timings.cache_n`. Identity: /props `build_info`,
   model path, n_ctx, total slots, the sha256 of `chat_template`.
 - vllm: `usage.prompt_tokens_details` only with `--enable-prompt-tokens-details`.
@@ -12,9 +11,9 @@
 - generic: usage, if sent. Identity: the sorted /v1/models ids (None without the route).
 
 A count the server did not send is never read as zero (DESIGN §4). An identity says *what*
-is serving, never how loaded it is: load fields (`in_flight`, `busy`, ...) never enter it,
-so an idle and a busy server have the same build id. A public receipt shows only
-`records.public_identity` of it.
+is serving, never how loaded: load fields (`in_flight`, `busy`, ...) never enter it, so an
+idle and a busy server have one build id. A public receipt shows only its
+`records.public_identity`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Reading one reply into its parts, frame by frame. Pure: no I/O.
 
-`ReplyReader` folds a non-streamed response, or a stream's frames one at a time, into what
-evidence and callers need: the text (as UTF-8 bytes: memory grows with the text, never with
-the number of frames), finish reason, usage, timings, runtime block, model, id, and whether
-the reply is complete, with the first problem found (`error` code, `reason` words).
+`ReplyReader` folds a response, or a stream's frames one at a time, into what evidence and
+callers need: the text (UTF-8 bytes: memory grows with the text, never with the number of
+frames), finish reason, usage, timings, runtime block, model, id, and whether the reply is
+complete, with the first problem found (`error` code, `reason` words).
 
 Invariants:
 - Complete means the server proved the reply whole. A stream: `[DONE]` arrived, every event
@@ -19,18 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
 
 from prefixreg.core.errors import CorruptRecordError
-from prefixreg.core.jsonio import JSONObject, JSONValue, loads
-
-_MAX_DEPTH: Final = 64
+from prefixreg.core.jsonio import MAX_DEPTH, JSONObject, JSONValue, loads
 
 
 def to_plain(obj: object, _depth: int = 0) -> object:
     """An SDK object (pydantic `model_dump()`, `to_dict()`, `__dict__`) as plain data; JSON
     values pass through (tuples become lists), anything else is returned to be judged."""
-    if _depth > _MAX_DEPTH:
+    if _depth > MAX_DEPTH:
         return None
     if obj is None or isinstance(obj, str | int | float | bool):
         return obj
@@ -184,8 +181,7 @@ class ReplyReader:
         return text
 
     def view(self) -> JSONObject:
-        """A flat, response-like view for the caller, never for a record (it holds the output
-        text); `reasoning` is None when empty."""
+        """A flat view for the caller, never for a record (it holds the output text)."""
         return {
             "content": self.content.decode("utf-8", "surrogatepass"),
             "reasoning": self.reasoning.decode("utf-8", "surrogatepass") or None,

@@ -1,16 +1,16 @@
 """llama.cpp's slot API on a `Worker`: `/slots`, and save, restore or erase a slot's KV state.
 
 llama-server with `--slot-save-path DIR` answers `POST /slots/{id}?action=save|restore`
-with `{"filename": NAME}` (a bare name inside DIR) and `action=erase` with `{}`; replies
-carry `n_saved`/`n_restored`/`n_erased`, bytes (`n_written`/`n_read`) and
-`timings.save_ms`/`restore_ms`. A chat call is pinned to a slot with `id_slot`.
+with `{"filename": NAME}` (a bare name in DIR) and `action=erase` with `{}`; replies carry
+`n_saved`/`n_restored`/`n_erased`, bytes (`n_written`/`n_read`), `timings.save_ms`/
+`restore_ms`. A chat call is pinned to a slot with `id_slot`.
 
 Invariants:
 - Only the `llamacpp` profile has a slot API: any other gets a `UsageError` (exit 2) before
   a slot request is sent, never a silent fallback that would look like a restore.
 - Fields are read strictly: a slot is idle only when `is_processing` is exactly `false`
-  (`"yes"`, `1` or missing is unknown); a count is `strict_count` (missing or malformed is
-  None, never zero). A reply's counts are never proof that a restore resumes anything
+  (`"yes"`, `1`, missing: unknown); a count is `strict_count` (missing or malformed: None,
+  never zero). A reply's counts never prove a restore resumes anything
   (`core.judge.judge_restore` needs a pinned check).
 - Errors are the worker's own tree; a server without `--slot-save-path` answers 501: a
   `UsageError` with a hint.
@@ -51,8 +51,7 @@ class SlotInfo:
 
 @dataclass(frozen=True, slots=True)
 class SlotTransfer:
-    """A save, restore or erase reply: tokens and bytes moved, the server's own time, and
-    the client's wall time."""
+    """A save, restore or erase reply: tokens, bytes, the server's time, the client's wall time."""
 
     action: str
     slot_id: int
@@ -103,8 +102,7 @@ def idle_slot(worker: Worker, prefer: int | None = None) -> SlotInfo:
 
 
 def slot_action(worker: Worker, slot_id: int, action: str, filename: str = "") -> SlotTransfer:
-    """POST `action` (save, restore or erase) for slot `slot_id`; save and restore name the
-    bare `filename` inside the server's slot directory."""
+    """POST `action` (save, restore, erase) for a slot; save and restore name a bare `filename`."""
     path, started = f"/slots/{slot_id}?action={action}", time.perf_counter()
     reply = worker.post_json(  # the worker's transport: its deadline, size cap, error tree
         path,

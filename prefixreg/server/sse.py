@@ -3,19 +3,19 @@
 An OpenAI-compatible stream is events whose `data` is one JSON document each, ended by
 `data: [DONE]`. The spec, as code:
 - Lines end with CRLF, LF or CR (a CRLF may be cut between pieces); a leading BOM is dropped.
-  Bytes are split into lines before decoding (CR and LF never occur inside a UTF-8
-  sequence), so a character cut between pieces is whole again in its line.
-- `field: value` (one space after the colon dropped); no colon: the value is empty. `data`
-  lines of one event are joined with "\\n"; a blank line ends the event. Comments are
-  skipped; `id`, `retry` (reconnection never happens here) and unknown fields are ignored.
-- `event: error` fails the call whatever its data (its text is not kept); other event
-  names are judged by their data. An event still open at the end of the body is discarded,
-  so `data: [DONE]` without its dispatching blank line did not end the stream properly.
+  Bytes are split into lines before decoding (CR and LF never occur inside UTF-8), so a
+  character cut between pieces is whole again in its line.
+- `field: value` (one space after the colon dropped; no colon: an empty value). An event's
+  `data` lines are joined with "\\n"; a blank line ends it. Comments, `id`, `retry` (no
+  reconnection here) and unknown fields are ignored.
+- `event: error` fails the call whatever its data (its text is not kept); other events are
+  judged by their data. An event still open at the end of the body is discarded: `[DONE]`
+  without its dispatching blank line did not end the stream properly.
 
 Invariants: each byte is scanned a bounded number of times (an unfinished line's pieces are
-joined once, so a long line fed byte by byte stays linear); a line that is not UTF-8 or an
-event whose data is not JSON (`core.jsonio`'s rules) marks the stream `malformed`, never a
-guess; after `[DONE]` nothing more is read.
+joined once: a long line fed byte by byte stays linear); a line not UTF-8 or an event's
+data not JSON (`core.jsonio`'s rules) marks the stream `malformed`, never a guess; after
+`[DONE]` nothing more is read.
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ _BOM: Final = b"\xef\xbb\xbf"
 
 @dataclass(slots=True)
 class SSEStream:
-    """The decoded events of one stream: `chunks`, each event's JSON value in order (a
-    non-object is kept and judged later; empty when the parser keeps none); `done` once
-    `data: [DONE]` arrived; `malformed`, the first reason the stream could not be read."""
+    """One stream's events: `chunks`, their JSON values in order (a non-object is judged later;
+    none kept with `keep=False`); `done` once `[DONE]` arrived; `malformed`, the first why."""
 
     chunks: list[object] = field(default_factory=list)
     done: bool = False
@@ -43,10 +42,8 @@ class SSEStream:
 
 
 class SSEParser:
-    """Incremental event-stream reader: `feed` it the body's bytes as they arrive; it returns
-    the JSON values of the events they completed. With `keep=False` they are not also kept
-    in `stream.chunks`, so a caller that folds each frame as it comes holds no per-frame memory.
-    """
+    """Incremental reader: `feed` it the body's bytes as they arrive, it returns the JSON values
+    of the events they completed (with `keep=False` not also kept: no per-frame memory)."""
 
     def __init__(self, *, keep: bool = True) -> None:
         self._keep = keep is True
