@@ -12,13 +12,13 @@ import pytest
 from prefixreg.core.errors import CorruptRecordError
 from prefixreg.core.records import CallEvidence, Measurement, ServerBuild, public_identity
 from prefixreg.registry.store import Registry
+from prefixreg.server.engines import generic_identity, llamacpp_identity, vllm_identity
 from prefixreg.server.evidence import (
     SOURCE_DISK,
     SOURCE_TIMINGS,
     SOURCE_USAGE,
     evidence_from_response,
 )
-from prefixreg.server.identity import generic_identity, llamacpp_identity, vllm_identity
 from prefixreg.server.worker import Worker
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, sse_frames
@@ -148,7 +148,7 @@ def test_public_halogen_identity_drops_the_model_and_unknown_fields() -> None:
 
 
 def _halogen(health: dict[str, Any]) -> dict[str, Any]:
-    from prefixreg.server.identity import halogen_identity
+    from prefixreg.server.engines import halogen_identity
 
     return dict(halogen_identity(health))
 

@@ -20,14 +20,14 @@ from prefixreg.server.counters import (
     lru_survival_stores,
     parse_prometheus,
 )
-from prefixreg.server.evidence import evidence_from_response
-from prefixreg.server.identity import (
+from prefixreg.server.engines import (
     generic_identity,
     halogen_identity,
     is_halogen,
     llamacpp_identity,
     vllm_identity,
 )
+from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.sse import SSEParser, parse_sse
 from prefixreg.server.transport import check_max_bytes, check_seconds, display_url
 from prefixreg.server.worker import Worker

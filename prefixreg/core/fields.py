@@ -91,8 +91,7 @@ def _fields(cls: type) -> tuple[tuple[str, Any, bool], ...]:
 
 
 def decode(cls: type[T], data: object, what: str, *, keys: Mapping[str, str] | None = None) -> T:
-    """A `cls` record from a JSON object, each field read strictly by its annotation; `keys`
-    maps a field name to its JSON key where they differ (`from_sha` -> `from`)."""
+    """A `cls` record from a JSON object read strictly; `keys`: field name -> JSON key."""
     d = obj(data, what)
     values: dict[str, object] = {}
     for name, kind, optional in _fields(cast(type, cls)):

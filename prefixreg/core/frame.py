@@ -60,8 +60,7 @@ def _ordered(value: object) -> str:
 
 
 def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
-    """The tools list (objects each naming a `type`, key order kept) that `data` holds, else
-    `UsageError`."""
+    """`data`'s tools list (objects with a string `type`, key order kept), else `UsageError`."""
     try:
         value = loads(data, exact=True)
     except CorruptRecordError as exc:
@@ -77,24 +76,6 @@ def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
 _JSON_TYPE: Final = {bool: "true or false", str: "a string", dict: "a JSON object"}
 
 
-def _check_settings(settings: Mapping[str, object], *, typed: bool = True) -> dict[str, Any]:
-    unknown = sorted(set(settings) - set(PROMPT_SETTINGS))
-    if unknown:
-        raise UsageError(
-            f"not a prompt setting: {', '.join(unknown)}",
-            hint=f"a frame holds what the template renders: {', '.join(PROMPT_SETTINGS)}",
-        )
-    out = dict(settings)
-    kwargs = out.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise UsageError("chat_template_kwargs must be a JSON object")
-    for key, value in out.items() if typed else ():  # new frames; a stored one reads as it is
-        if value is not None and not isinstance(value, _SETTING_TYPES[key]):
-            want = " or ".join(_JSON_TYPE[t] for t in _SETTING_TYPES[key])
-            raise UsageError(f"setting {key} must be {want}, not {value!r}")
-    return out
-
-
 def encode_frame_record(
     system: str, tools: str | None, settings: Mapping[str, object], *, typed: bool = True
 ) -> bytes:
@@ -104,8 +85,21 @@ def encode_frame_record(
     for part in (system, tools):
         if part is not None and not is_full_sha(part):
             raise UsageError(f"not a sha256: {part!r}")
+    unknown = sorted(set(settings) - set(PROMPT_SETTINGS))
+    if unknown:
+        raise UsageError(
+            f"not a prompt setting: {', '.join(unknown)}",
+            hint=f"a frame holds what the template renders: {', '.join(PROMPT_SETTINGS)}",
+        )
+    kwargs = settings.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise UsageError("chat_template_kwargs must be a JSON object")
+    for key, value in settings.items() if typed else ():  # new frames; stored ones read as is
+        if value is not None and not isinstance(value, _SETTING_TYPES[key]):
+            want = " or ".join(_JSON_TYPE[t] for t in _SETTING_TYPES[key])
+            raise UsageError(f"setting {key} must be {want}, not {value!r}")
     record = {"format": FRAME_FORMAT, "version": FRAME_VERSION, "system": system}
-    record |= {"tools": tools, "settings": _check_settings(settings, typed=typed)}
+    record |= {"tools": tools, "settings": dict(settings)}
     try:  # the settings' JSON round trip refuses what cannot travel (NaN, big ints, depth)
         return dumps_canonical(record) + b"\n"
     except (TypeError, ValueError) as exc:
@@ -147,9 +141,8 @@ def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str,
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """A verified frame: its sha, the system prefix, the tools bytes, the prompt settings
-    (canonical JSON, so the frame stays immutable). The tools are parsed once, when it is
-    built; `settings` and `tools` hand out fresh copies on each access."""
+    """A verified frame: its sha, system prefix, tools bytes and prompt settings (canonical JSON:
+    immutable). Tools are parsed once, when built; `settings` and `tools` hand out copies."""
 
     sha256: str
     system: Prefix

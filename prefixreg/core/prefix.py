@@ -17,9 +17,8 @@ from prefixreg.core.errors import CorruptRecordError, UsageError
 
 
 class Prefix(NamedTuple):
-    """A verified prefix: its sha256, its exact bytes, the name it was reached by. A tuple of
-    bytes (the cheapest immutable record to build) keeps `Registry.get` as cheap as the read
-    and hash it must do anyway; `text` decodes them on each access."""
+    """A verified prefix: sha256, exact bytes, the name it was reached by. A tuple (the cheapest
+    immutable record) keeps `Registry.get` as cheap as its read and hash; `text` decodes."""
 
     sha256: str
     data: bytes
@@ -85,8 +84,7 @@ def check_text(value: object, what: str) -> str:
 
 
 def check_history(history: object) -> list[dict[str, Any]]:
-    """A copy of `history`, a list of message objects each with a string `role` (else
-    `UsageError`: callers outside the type checker pass anything)."""
+    """A copy of `history`: message objects each with a string `role`, else `UsageError`."""
     if isinstance(history, str | bytes) or not isinstance(history, Sequence):
         raise UsageError("history must be a list of message objects")
     for i, message in enumerate(history):
@@ -96,8 +94,8 @@ def check_history(history: object) -> list[dict[str, Any]]:
 
 
 def fresh_tail(nonce: str | None = None) -> str:
-    """A short user tail the server has never seen (a new random nonce each call); only the
-    nonce (16 hex digits) changes, so on a deterministic tokenizer its token count is fixed."""
+    """A user tail the server has never seen: only its nonce (16 random hex digits, else
+    `nonce`) changes, so on a deterministic tokenizer its token count is fixed."""
     token = nonce if nonce is not None else os.urandom(8).hex()
     return f"prefixreg resume check {token}. Reply with one word."
 
@@ -114,8 +112,7 @@ class Drift:
 
 
 def system_drift(system: Prefix, body: Mapping[str, Any]) -> list[Drift]:
-    """The drift of a request's `messages[0]` from `system` (a list of at most one);
-    `UsageError` when `body` is not a mapping."""
+    """The drift of a request's `messages[0]` from `system` (at most one); `body` a mapping."""
     if not isinstance(body, Mapping):
         raise UsageError(f"drift() reads a request body (a mapping), not {type(body).__name__}")
     messages = body.get("messages")

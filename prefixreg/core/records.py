@@ -73,8 +73,8 @@ class NameMove(_Record):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerBuild(_Record):
-    """The identity of the server a measurement was taken on: `identity` holds the fields
-    its profile defines (DESIGN §4); `build_id`, derived from both, is re-checked on load."""
+    """A measurement's server: its profile's `identity` fields (DESIGN §4), and `build_id`,
+    derived from both and re-checked on load."""
 
     WHAT: ClassVar[str] = "server build"
     profile: str
@@ -144,8 +144,7 @@ def public_identity(identity: Mapping[str, JSONValue]) -> JSONObject:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CacheCounters(_Record):
-    """A snapshot of a Halogen `/cache` reply: only strictly valid counts survive; a field
-    the server did not send, or sent as a non-integer, is None, never zero."""
+    """A Halogen `/cache` reply: only strict counts survive; one missing or malformed is None."""
 
     WHAT: ClassVar[str] = "cache counters"
     entries: int | None = None
@@ -171,9 +170,9 @@ CACHE_COUNTER_FIELDS: Final = tuple(f.name for f in dataclasses.fields(CacheCoun
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallEvidence(_Record):
-    """What the server reported about one call (DESIGN §4), and what that proves. `error` is a
-    short code of ours, never the server's text; `reason` says why a call is unverified;
-    `disk_restore_*`, what it restored from its disk tier (None in older records)."""
+    """What the server reported about one call, and what it proves (DESIGN §4). `error` is our
+    short code, never the server's text; `reason`, why unverified; `disk_restore_*`, what it
+    restored from its disk tier (None in older records)."""
 
     WHAT: ClassVar[str] = "call evidence"
     prompt_tokens: int | None
@@ -196,9 +195,8 @@ class CallEvidence(_Record):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Measurement(_Record):
-    """`measurements/<sha256>-<ts>.json`: one warm or probe leg, bound to a server build;
-    `body` holds the use case's own fields. Public receipts drop `worker`, `model` and the
-    build's host-identifying fields."""
+    """`measurements/<sha256>-<ts>.json`: one leg bound to a server build, `body` its use case's
+    fields. Public receipts drop `worker`, `model` and the build's host-identifying fields."""
 
     WHAT: ClassVar[str] = "measurement"
     SHAS: ClassVar[tuple[str, ...]] = ("sha256",)

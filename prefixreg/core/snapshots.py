@@ -68,9 +68,8 @@ _NESTED: Final = {
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotRecord:
-    """One saved KV snapshot of a registered head on one server build: sha256 names the file
-    for copies between hosts, blake3 (as strong, several times faster) is what a restore
-    re-checks; `n_written` is the server's own byte count."""
+    """A saved KV snapshot of a head on one build: sha256 names the file between hosts, blake3
+    (as strong, faster) is what a restore re-checks; `n_written` is the server's byte count."""
 
     sha256: str
     build: ServerBuild

@@ -15,8 +15,7 @@ MEASURED_ENTRIES_PER_REQUEST = 2
 
 
 def counter_deltas(before: CacheCounters, after: CacheCounters) -> dict[str, int | None]:
-    """after - before for every counter; None where either snapshot lacks the field. A
-    negative delta on a cumulative counter means the server restarted in between."""
+    """after - before per counter (None where either lacks it; negative: a restart between)."""
     given: tuple[object, ...] = (before, after)  # callers outside the type checker
     if not all(isinstance(snapshot, CacheCounters) for snapshot in given):
         raise UsageError("counter deltas are taken between two CacheCounters snapshots")
@@ -31,8 +30,8 @@ def _count(value: object, what: str) -> int:
 
 
 def lru_survival_stores(max_entries: int, per_request: int) -> int:
-    """Stores a just-used prefix survives in an LRU of `max_entries`: its own `per_request`
-    entries are the newest, so every older entry goes first."""
+    """Stores a just-used prefix survives in an LRU of `max_entries` (its own `per_request`
+    entries are the newest: every older entry goes first)."""
     return max(0, _count(max_entries, "max_entries") - _count(per_request, "per_request"))
 
 
@@ -48,8 +47,7 @@ def is_interleaved(before: CacheCounters, after: CacheCounters, calls: int) -> b
 
 
 def parse_prometheus(raw: bytes) -> dict[str, float]:
-    """Prometheus text as samples by name (labels stay part of the name); comments and
-    unparsable values are skipped (llama.cpp sends neither labels nor timestamps)."""
+    """Prometheus text as samples by name (labels included); comments, bad values skipped."""
     if not isinstance(raw, bytes):
         raise UsageError(f"parse_prometheus() reads bytes, not {type(raw).__name__}")
     samples: dict[str, float] = {}

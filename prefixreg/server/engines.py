@@ -1,6 +1,22 @@
-"""The engines users run: vLLM, SGLang, TensorRT-LLM (`trtllm`) and Ollama. Pure: no I/O.
+"""Server profiles: how each is detected, what it proves per call, its build identity.
+Pure: no I/O.
 
-What each answers, read from its own source (tests/fixtures/engines/README.md cites them):
+- halogen: usage (cached only when > 0), `timings.cache_n` (Flash) and `/cache` counters:
+  alone proves counter-level facts (hits, misses, evictions). Identity: `version`, model,
+  chat template sha256, checkpoint format, context, slots, the `prompt_cache` block.
+- llamacpp: usage (an explicit 0) and `timings.cache_n`. Identity: /props `build_info`,
+  model path, n_ctx, total slots, the sha256 of `chat_template`.
+- vllm: `usage.prompt_tokens_details` only with `--enable-prompt-tokens-details`.
+  Identity: /version's version, each /v1/models id with its `max_model_len`.
+- generic: usage, if sent. Identity: the sorted /v1/models ids (None without the route).
+
+A count the server did not send is never read as zero (DESIGN §4). An identity says *what*
+is serving, never how loaded: load fields (`in_flight`, `busy`, ...) never enter it, so an
+idle and a busy server have one build id. A public receipt shows only its
+`records.public_identity`.
+
+The engines users run, vLLM, SGLang, TensorRT-LLM (`trtllm`) and Ollama, as each answers,
+read from its own source (tests/fixtures/engines/README.md cites them):
 - Detection, never from a port: SGLang's `/server_info` (or the older `/get_server_info`) is
   an object with boolean `enable_cache_report`, `enable_metrics`, `disable_radix_cache` and a
   string `version`; `/v1/models` cards `owned_by` "tensorrt_llm" (TensorRT-LLM) or "vllm"
@@ -23,19 +39,21 @@ What each answers, read from its own source (tests/fixtures/engines/README.md ci
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Final, NamedTuple
 
+from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject, JSONValue
 
 ENGINES: Final = ("vllm", "sglang", "trtllm", "ollama")
 SGLANG_FLAGS: Final = ("enable_cache_report", "enable_metrics", "disable_radix_cache")
 OLLAMA_CACHED_SINCE: Final = (0, 33, 3)
+_HALOGEN_IDENTITY: Final = ("model", "checkpoint_format", "context", "slots", "slot_ctx")
 
 
 class Metrics(NamedTuple):
-    """Where an engine's Prometheus text is, and its two cumulative token counters: every
-    prompt token served (cached ones included) and the cached ones."""
+    """An engine's Prometheus route and its prompt-token (cached included) and cached counters."""
 
     path: str
     prompt: str
@@ -91,8 +109,7 @@ def ollama_version(body: object) -> str | None:
 
 
 def sglang_identity(info: Mapping[str, JSONValue], models: JSONValue) -> JSONObject:
-    """SGLang's build: version, model path, cache size and the flags (a restart that turns
-    reporting off is another build, so a zero read under the flag cannot cross it)."""
+    """SGLang's build, flags included (a restart turning reporting off is another build)."""
     keys = ("version", "model_path", "page_size", "max_total_num_tokens")
     out: JSONObject = {key: info.get(key) for key in (*keys, *SGLANG_FLAGS)}
     return out | {"model_ids": served_ids(models)}
@@ -121,8 +138,7 @@ def zero_rule(profile: str, identity: Mapping[str, JSONValue]) -> str | None:
 
 
 def ollama_reports(version: object) -> bool | None:
-    """Whether this Ollama sends `prompt_eval_cached_count` (v0.33.3 and later); None when
-    the version cannot be read."""
+    """Whether this Ollama sends `prompt_eval_cached_count` (v0.33.3+); None: unreadable."""
     parts = version.split("-")[0].split(".") if isinstance(version, str) else ["?"]
     if not all(p.isdigit() for p in parts):
         return None
@@ -130,8 +146,7 @@ def ollama_reports(version: object) -> bool | None:
 
 
 def metric_total(samples: Mapping[str, float], name: str) -> float | None:
-    """The sum of every series of `name` (labels summed over: SGLang splits its cached tokens
-    by `cache_source`); None when no series has it."""
+    """The sum of `name`'s series over labels (SGLang splits by `cache_source`); None: none."""
     found = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
     return sum(found) if found else None
 
@@ -157,3 +172,72 @@ def window(
         moved[key] = int(end - start)
     ours = moved["prompt_tokens"] == prompt_tokens and moved["cached_tokens"] >= 0
     return {"source": metrics.path, **moved, "attributed": ours and prompt_tokens is not None}
+
+
+def _reply(value: object, what: str, *, optional: bool = False) -> Mapping[str, JSONValue]:
+    """A server's reply as read (a JSON object), or `UsageError` for anything else."""
+    if value is None and optional:
+        return {}
+    if not isinstance(value, Mapping):
+        raise UsageError(f"{what} is a JSON object, not {type(value).__name__}")
+    return value
+
+
+def is_halogen(health: Mapping[str, object] | None) -> bool:
+    """Halogen's /health names its prompt cache (dense) or its /cache route (Flash)."""
+    body = _reply(health, "/health", optional=True)
+    return "prompt_cache" in body or "cache_counters" in body
+
+
+def halogen_identity(health: Mapping[str, JSONValue]) -> JSONObject:
+    body = _reply(health, "/health")
+    template = body.get("chat_template")
+    identity: JSONObject = {
+        "version": body.get("version"),
+        "chat_template_sha256": template.get("sha256") if isinstance(template, dict) else None,
+        "prompt_cache": body.get("prompt_cache"),
+    }
+    return identity | {key: body.get(key) for key in _HALOGEN_IDENTITY}
+
+
+def llamacpp_identity(props: Mapping[str, JSONValue]) -> JSONObject:
+    body = _reply(props, "/props")
+    settings, template = body.get("default_generation_settings"), body.get("chat_template")
+    if isinstance(template, str):
+        template = hashlib.sha256(template.encode("utf-8", "surrogatepass")).hexdigest()
+    return {
+        "build_info": body.get("build_info"),
+        "model_path": body.get("model_path"),
+        "n_ctx": settings.get("n_ctx") if isinstance(settings, dict) else None,
+        "total_slots": body.get("total_slots"),
+        "chat_template_sha256": template if isinstance(template, str) else None,
+    }
+
+
+def _served(models: Mapping[str, JSONValue] | None) -> dict[str, JSONValue] | None:
+    """Each model id /v1/models lists, with its `max_model_len` (None when not an int)."""
+    if models is None:
+        return None
+    data = _reply(models, "/v1/models").get("data")
+    served: dict[str, JSONValue] = {}
+    for model in data if isinstance(data, list) else []:
+        if isinstance(model, dict) and isinstance(model.get("id"), str):
+            length = model.get("max_model_len")
+            served[str(model["id"])] = length if type(length) is int else None
+    return served
+
+
+def generic_identity(models: Mapping[str, JSONValue] | None) -> JSONObject:
+    served = _served(models)
+    return {"model_ids": None if served is None else list[JSONValue](sorted(served))}
+
+
+def vllm_identity(
+    version: Mapping[str, JSONValue] | None, models: Mapping[str, JSONValue] | None
+) -> JSONObject:
+    raw = _reply(version, "/version", optional=True).get("version")
+    served = _served(models)
+    listed: list[JSONValue] | None = None
+    if served is not None:
+        listed = [{"id": name, "max_model_len": served[name]} for name in sorted(served)]
+    return {"version": raw if isinstance(raw, str) else None, "models": listed}

@@ -25,8 +25,8 @@ from prefixreg.core.jsonio import MAX_DEPTH, JSONObject, JSONValue, loads
 
 
 def to_plain(obj: object, _depth: int = 0) -> object:
-    """An SDK object (pydantic `model_dump()`, `to_dict()`, `__dict__`) as plain data; JSON
-    values pass through (tuples become lists), anything else is returned to be judged."""
+    """An SDK object (`model_dump()`, `to_dict()`, `__dict__`) as plain data; JSON passes
+    (tuples become lists); anything else is returned to be judged."""
     if _depth > MAX_DEPTH:
         return None
     if obj is None or isinstance(obj, str | int | float | bool):
@@ -93,8 +93,7 @@ class ReplyReader:
         return self._take_choices(frame, key="delta")
 
     def end_stream(self, *, done: bool, malformed: str | None) -> None:
-        """The stream is over: `done` says whether `[DONE]` arrived; `malformed` why a line
-        could not be read."""
+        """The stream is over: `done`, `[DONE]` arrived; `malformed`, why a line was unreadable."""
         if malformed is not None:
             self.fail("malformed_stream", str(malformed))
         if done is not True:

@@ -70,8 +70,7 @@ class SSEParser:
         lines = _LINE_END.split(data)
         rest = lines.pop()
         self._skip_lf = rest == b"" and data[-1:] == b"\r"
-        if self._pending:
-            lines[0] = b"".join([*self._pending, lines[0]])
+        lines[0] = b"".join([*self._pending, lines[0]])
         self._pending = [bytes(rest)] if rest else []
         frames = [self._line(line) for line in lines]  # lines after [DONE] give None
         return [frame for frame in frames if frame is not None]
@@ -93,7 +92,7 @@ class SSEParser:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError:
-            self._malformed("the stream is not UTF-8")
+            self.stream.malformed = self.stream.malformed or "the stream is not UTF-8"
             return None
         if not text:
             return self._dispatch()
@@ -123,14 +122,11 @@ class SSEParser:
             try:
                 frame = loads(payload)
             except CorruptRecordError:
-                self._malformed("a data: line is not JSON")
+                self.stream.malformed = self.stream.malformed or "a data: line is not JSON"
                 return None
         if self._keep:
             self.stream.chunks.append(frame)
         return frame
-
-    def _malformed(self, reason: str) -> None:
-        self.stream.malformed = self.stream.malformed or reason
 
 
 def parse_sse(data: bytes | bytearray | str) -> SSEStream:

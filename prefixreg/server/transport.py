@@ -180,8 +180,7 @@ class _Call:
 
 
 class Transport:
-    """The HTTP side of a `Worker`: calls with deadlines, capped bodies, mapped errors.
-    Raises `UsageError` for a URL that is not a worker's (http(s)://host[:port])."""
+    """A `Worker`'s HTTP: deadlines, capped bodies, mapped errors (`UsageError`: a bad URL)."""
 
     def __init__(self, url: str, *, key: str | None, max_bytes: object, transport: object) -> None:
         base = _base_url(url)
@@ -325,8 +324,8 @@ class Transport:
 
 
 def _error_message(raw: bytes) -> tuple[str, str | None]:
-    """(message, code) of an error body: OpenAI's `error` (an object or a string), else a
-    `detail` string; the text itself when the body is not a JSON object."""
+    """(message, code) of an error body: OpenAI's `error` (object or string), else `detail`;
+    the text itself when not a JSON object."""
     try:
         body = loads(raw)
     except errors.CorruptRecordError:

@@ -4,7 +4,7 @@ Server profiles are detected in this order from what the server answers (never i
 unless `profile=` forces one: halogen (/health names its prompt cache), llamacpp (/props has
 `build_info`), sglang (/server_info), trtllm or vllm (the /v1/models owner), ollama
 (/api/version), vllm (/version answers a version string), generic. What each proves, and its
-build identity: `server.identity` and `server.engines`.
+build identity: `server.engines`.
 
 Invariants:
 - Every call has a deadline bounding it whole and every reply a size cap (`max_bytes`, 64 MiB
@@ -38,7 +38,6 @@ from prefixreg.core.jsonio import JSONObject, dumps_ordered
 from prefixreg.core.prefix import Prefix, check_history, check_text
 from prefixreg.core.records import CacheCounters, CallEvidence, ServerBuild
 from prefixreg.server import engines
-from prefixreg.server import identity as ids
 from prefixreg.server.counters import parse_prometheus
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.replies import ReplyReader
@@ -55,9 +54,8 @@ _HEADER: Final = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+)\n([ -~]*)")
 
 
 class Worker:
-    """A client for one worker URL (the server root; a trailing `/v1` is dropped); a context
-    manager. `profile` forces a server profile; `model` is the chat `model` unless a call
-    passes its own; `max_bytes` caps every reply; `transport` is for tests (an `httpx` one)."""
+    """A client for one worker URL (its root; a trailing `/v1` is dropped), a context manager:
+    `profile` forced, default chat `model`, reply cap `max_bytes`, an httpx `transport` (tests)."""
 
     def __init__(
         self,
@@ -190,7 +188,7 @@ class Worker:
 
         if self.profile is not None:
             return self.profile, seen
-        if ids.is_halogen(seen["/health"]):
+        if engines.is_halogen(seen["/health"]):
             return "halogen", seen
         if "build_info" in (read("/props") or {}):
             return "llamacpp", seen
@@ -217,11 +215,11 @@ class Worker:
             return seen.get(route) or self._get(route)
 
         if profile == "halogen":
-            identity = ids.halogen_identity(seen["/health"] or self.health())
+            identity = engines.halogen_identity(seen["/health"] or self.health())
         elif profile == "llamacpp":
-            identity = ids.llamacpp_identity(read("/props") or {})
+            identity = engines.llamacpp_identity(read("/props") or {})
         elif profile == "vllm":
-            identity = ids.vllm_identity(read("/version"), read("/v1/models"))
+            identity = engines.vllm_identity(read("/version"), read("/v1/models"))
         elif profile == "sglang":
             info = next((i for r in _SGLANG_INFO if (i := engines.sglang_info(read(r)))), {})
             identity = engines.sglang_identity(info, read("/v1/models"))
@@ -229,7 +227,7 @@ class Worker:
             version = read("/version" if profile == "trtllm" else "/api/version")
             identity = engines.engine_identity(version, read("/v1/models"))
         else:
-            identity = ids.generic_identity(read("/v1/models"))
+            identity = engines.generic_identity(read("/v1/models"))
         self.zero_rule = engines.zero_rule(profile, identity)
         self.counters = engines.METRICS.get(profile)
         return ServerBuild(profile=profile, identity=identity)
@@ -238,7 +236,7 @@ class Worker:
         """The model a chat sends when neither the call nor `model=` names one: the first id of
         `/v1/models` (vLLM and SGLang need one), read once per client; None if none is listed."""
         if self._default_model is False:
-            ids_listed = ids.generic_identity(self._try("/v1/models")).get("model_ids")
+            ids_listed = engines.generic_identity(self._try("/v1/models")).get("model_ids")
             first = ids_listed[0] if isinstance(ids_listed, list) and ids_listed else None
             self._default_model = first if isinstance(first, str) else None
         return self._default_model if isinstance(self._default_model, str) else None
