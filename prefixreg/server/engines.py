@@ -1,5 +1,4 @@
-"""Server profiles: how each is detected, what it proves per call, its build identity.
-Pure: no I/O.
+"""Server profiles: how each is detected, what it proves per call, its identity. Pure.
 
 - halogen: usage (cached only when > 0), `timings.cache_n` (Flash) and `/cache` counters:
   alone proves counter-level facts (hits, misses, evictions). Identity: `version`, model,
@@ -15,26 +14,25 @@ is serving, never how loaded: load fields (`in_flight`, `busy`, ...) never enter
 idle and a busy server have one build id. A public receipt shows only its
 `records.public_identity`.
 
-The engines users run, vLLM, SGLang, TensorRT-LLM (`trtllm`) and Ollama, as each answers,
-read from its own source (tests/fixtures/engines/README.md cites them):
+The engines users run (vLLM, SGLang, TensorRT-LLM `trtllm`, Ollama), as each answers, read
+from its own source (tests/fixtures/engines/README.md cites them):
 - Detection, never from a port: SGLang's `/server_info` (or the older `/get_server_info`) is
   an object with boolean `enable_cache_report`, `enable_metrics`, `disable_radix_cache` and a
-  string `version`; `/v1/models` cards `owned_by` "tensorrt_llm" (TensorRT-LLM) or "vllm"
-  (vLLM); Ollama's `/api/version` (SGLang's Ollama shim has none). A field of the wrong type
-  is "not this engine".
-- The per-call count is `usage.prompt_tokens_details.cached_tokens` on every engine's OpenAI
-  route. When it is missing, it is a zero only where the engine's own rule makes it one *and*
-  the flag that makes it so is known to be on (`zero_rule`). That holds for SGLang alone:
-  `_details_if_cached` sends the count only when > 0, so with `enable_cache_report` read true
-  from `/server_info` a null is a 0. vLLM (no route tells a client whether
-  `--enable-prompt-tokens-details` is on; builds before #45171 drop a zero, later ones send
-  it: PR #44475, which the issue cites, is not merged), TensorRT-LLM (always sends it, PR
-  #7637) and Ollama (sends it from v0.33.3, PR #17943; older versions never) have none: a
-  missing count stays unverified.
+  string `version`; `/v1/models` cards `owned_by` "tensorrt_llm" (TensorRT-LLM) or "vllm";
+  Ollama's `/api/version` (SGLang's Ollama shim has none). A field of the wrong type is "not
+  this engine".
+- The per-call count is `usage.prompt_tokens_details.cached_tokens` on every OpenAI route.
+  Missing, it is a zero only where the engine's own rule makes it one *and* the flag for it
+  is known on (`zero_rule`): SGLang alone (`_details_if_cached` sends it only when > 0, so
+  with `enable_cache_report` read true from `/server_info` a null is a 0). vLLM (no route
+  tells whether `--enable-prompt-tokens-details` is on; builds before #45171 drop a zero,
+  later ones send it: PR #44475, which the issue cites, is not merged), TensorRT-LLM (always
+  sends it, PR #7637) and Ollama (from v0.33.3, PR #17943; older never) have none: a missing
+  count stays unverified.
 - Prometheus counters (`METRICS`), the per-window witness where per-call counts are absent:
   vLLM `/metrics`, SGLang `/metrics` (with `--enable-metrics`), TensorRT-LLM
   `/prometheus/metrics` (its `/metrics` is a JSON list of iteration stats); Ollama has none.
-- The flags `doctor` names (`FLAGS`).
+  And the flags `doctor` names (`FLAGS`).
 """
 
 from __future__ import annotations
@@ -117,11 +115,9 @@ def sglang_identity(info: Mapping[str, JSONValue], models: JSONValue) -> JSONObj
 
 def served_ids(models: JSONValue) -> JSONValue:
     """The sorted model ids `/v1/models` lists; None without the route."""
-    data = models.get("data") if isinstance(models, dict) else None
-    if not isinstance(data, list):
+    if not isinstance(models, dict) or not isinstance(models.get("data"), list):
         return None
-    found = {c["id"] for c in data if isinstance(c, dict) and isinstance(c.get("id"), str)}
-    return list[JSONValue](sorted(str(i) for i in found))
+    return generic_identity(models)["model_ids"]
 
 
 def engine_identity(version: JSONValue, models: JSONValue) -> JSONObject:

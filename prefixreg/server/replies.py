@@ -46,14 +46,6 @@ def to_plain(obj: object, _depth: int = 0) -> object:
     return obj
 
 
-def _first_choice(choices: object) -> dict[str, object] | None:
-    """The choice with index 0 (an absent index reads as 0), if the list has one."""
-    for choice in choices if isinstance(choices, list) else []:
-        if isinstance(choice, dict) and choice.get("index", 0) == 0:
-            return choice
-    return None
-
-
 def _json(value: object) -> JSONValue:
     """Keep a decoded JSON value as such (it came from `core.jsonio` or `to_plain`)."""
     return value if value is None or isinstance(value, str | int | float | dict | list) else None
@@ -122,7 +114,8 @@ class ReplyReader:
         elif any(isinstance(c, dict) and "delta" in c for c in choices):
             self.fail("incomplete_response", "a stream chunk, not a final response")
         self._take_choices(resp, key="message")
-        first = _first_choice(choices)
+        listed = choices if isinstance(choices, list) else []  # index 0 (absent reads as 0)
+        first = next((c for c in listed if isinstance(c, dict) and c.get("index", 0) == 0), None)
         if first is None:
             self.fail("incomplete_response", "no first choice: not a final response")
         elif "finish_reason" in first and not isinstance(first["finish_reason"], str):

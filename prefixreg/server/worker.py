@@ -1,10 +1,9 @@
 """The client for one worker: /health, /cache, /props, /slots, /metrics, /v1/models, chat.
 
-Server profiles are detected in this order from what the server answers (never its port),
-unless `profile=` forces one: halogen (/health names its prompt cache), llamacpp (/props has
+Profiles are detected in this order from what the server answers (never its port) unless
+`profile=` forces one: halogen (/health names its prompt cache), llamacpp (/props has
 `build_info`), sglang (/server_info), trtllm or vllm (the /v1/models owner), ollama
-(/api/version), vllm (/version answers a version string), generic. What each proves, and its
-build identity: `server.engines`.
+(/api/version), vllm (/version answers a version string), generic (`server.engines`).
 
 Invariants:
 - Every call has a deadline bounding it whole and every reply a size cap (`max_bytes`, 64 MiB
@@ -13,15 +12,15 @@ Invariants:
 - Every argument is checked before a byte is sent; a wrong type or value is a `UsageError`
   (a timeout must be finite, above 0 and at most one day).
 - No state is kept between calls: the build identity is read fresh on every
-  `server_build()` (DESIGN §3 rule 3); only the first model `/v1/models` lists is read once
-  per client (`default_model`), and the last build's `zero_rule` (SGLang's reporting flag,
-  part of that identity) is how chats read a missing count; before any build, none is.
+  `server_build()` (DESIGN §3 rule 3); only `default_model` (the first `/v1/models` id) is
+  read once per client, and the last build's `zero_rule` (SGLang's reporting flag, part of
+  that identity) is how chats read a missing count; before any build, none is.
 - The API key (`api_key=`, else env `PREFIXREG_API_KEY`) is sent as `Authorization: Bearer`
-  and nowhere else: not in `repr`, not in an exception message, not in a log line.
+  and nowhere else: not in `repr`, an exception message or a log line.
 - A chat call that got a 200 never raises for what its body then says (an error frame, a
-  truncated stream, a malformed line, a body that is not a final JSON response): its
-  evidence is `unverified` with an `error` code, so the call can be recorded. Past the
-  deadline or over the cap it raises (`WorkerTimeoutError`, `ReplyTooLargeError`).
+  truncated stream, a malformed line, not a final JSON response): its evidence is
+  `unverified` with an `error` code, so the call can be recorded. Past the deadline or over
+  the cap it raises (`WorkerTimeoutError`, `ReplyTooLargeError`).
 """
 
 from __future__ import annotations
