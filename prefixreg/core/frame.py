@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Any, ClassVar, Final, cast
 
 from prefixreg.core.digest import is_full_sha, sha256_hex
 from prefixreg.core.errors import CorruptRecordError, IntegrityError, UsageError
@@ -151,15 +151,12 @@ class Frame:
     settings_json: bytes
     name: str | None = None
     _tools: list[dict[str, Any]] | None = field(default=None, init=False, repr=False, compare=False)
+    kind: ClassVar[str] = "frame"
 
     def __post_init__(self) -> None:
         if self.tools_data is not None:
             tools = parse_tools(self.tools_data, where=f"tools {self.tools_sha256}")
             object.__setattr__(self, "_tools", tools)
-
-    @property
-    def kind(self) -> str:
-        return "frame"
 
     @property
     def settings(self) -> dict[str, Any]:

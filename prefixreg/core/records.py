@@ -106,22 +106,17 @@ class ServerBuild(_Record):
 
 
 # Identity fields a public receipt keeps (with the keys kept inside an object): release
-# strings, hashes, sizes and the cache's settings. Everything else (the model id or alias, a
-# model file path, the served model ids, any field a server may add) is dropped: an
-# allowlist, so a new field is private by default.
+# strings (halogen's `version`, vllm's; llama.cpp's `build_info`: build number and commit),
+# hashes, sizes and the cache's settings. Everything else (the model id or alias, a model
+# file path, the served model ids, any field a server may add) is dropped: an allowlist, so
+# a new field is private by default.
 PUBLIC_IDENTITY: Final[Mapping[str, frozenset[str] | None]] = {
-    "version": frozenset({"api", "engine", "match"}),  # halogen's; vllm: a release string
-    "chat_template_sha256": None,
-    "checkpoint_format": None,
-    "context": None,
-    "slots": None,
-    "slot_ctx": None,
+    **dict.fromkeys(("chat_template_sha256", "checkpoint_format", "context", "slots")),
+    **dict.fromkeys(("slot_ctx", "build_info", "n_ctx", "total_slots")),
+    "version": frozenset({"api", "engine", "match"}),
     "prompt_cache": frozenset(
         {"enabled", "cap_mb", "mode", "snapshot_align", "bitwise_identical_to_cold"}
     ),
-    "build_info": None,  # llama.cpp: build number and commit
-    "n_ctx": None,
-    "total_slots": None,
 }
 _PUBLIC_SCALARS = (str, int, float, bool, type(None))
 
