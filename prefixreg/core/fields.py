@@ -1,8 +1,7 @@
 """Strict reading of records, from their dataclass fields. Pure: no I/O.
 
-`decode(cls, data, what)` builds a frozen record dataclass from a JSON object by reading
-each field by its annotation, and `encode(record)` gives its JSON object back: one codec
-for every record instead of a hand-written pair per class.
+`decode(cls, data, what)` builds a frozen record dataclass from a JSON object, each field
+read by its annotation; `encode(record)` gives the object back: one codec for every record.
 
 Invariants:
 - A count is valid only as an exact non-negative `int` (never bool, float or string); a

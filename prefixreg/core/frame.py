@@ -8,8 +8,8 @@ change the output). A frame names them all:
     {"format": "prefix-frame", "version": 1, "system": <sha>, "tools": <sha> | null,
      "settings": {<prompt setting>: <JSON value>, ...}}
 
-stored as its canonical JSON (sorted keys, no spaces) and a newline; the frame's sha is the
-sha256 of exactly those bytes, so `sha256sum frames/<sha>.json` prints its own name.
+stored as canonical JSON (sorted keys, no spaces) and a newline; its sha is the sha256 of
+exactly those bytes, so `sha256sum frames/<sha>.json` prints its own name.
 
 Invariants:
 - A `Frame` is only built from a record and parts just verified (the registry's frames
@@ -205,8 +205,7 @@ class Frame:
         return {**params, **head, "messages": self.messages(history)}
 
     def openai_kwargs(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
-        """Keyword arguments for `openai.OpenAI().chat.completions.create`: the same body, the
-        fields the SDK does not name in `extra_body` (which it merges into the JSON it sends)."""
+        """`body()` as `OpenAI().chat.completions.create` kwargs, unnamed fields in `extra_body`."""
         body = self.body(history, **params)
         named = {"messages", "model", "stream", *OPENAI_NAMED}
         extra = {k: body.pop(k) for k in list(body) if k in PROMPT_SETTINGS and k not in named}

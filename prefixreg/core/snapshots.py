@@ -1,9 +1,8 @@
 """`SnapshotRecord`: which head a saved KV-cache file holds, on which server build. Pure.
 
-A record, `snapshots/<sha256>-<build_id>.json` (DESIGN §3), ties a head (a prefix's or a
-frame's sha) to the build its state was saved on and the file the server wrote
-(`--slot-save-path DIR/<file>`), with its sha256, blake3 and size, so a restore refuses a
-changed file before any request is sent.
+A record, `snapshots/<sha256>-<build_id>.json` (DESIGN §3), ties a head's sha to the build
+its state was saved on and the file the server wrote (`--slot-save-path DIR/<file>`), with
+its sha256, blake3 and size: a restore refuses a changed file before any request is sent.
 
 Invariants (checked on every construction, so on every load; `CorruptRecordError` else):
 - Every field has its exact JSON type; the build's `build_id` is re-derived from its identity.

@@ -1,7 +1,7 @@
 """Server activity counters that tell keepalive how much foreign traffic a prefix has seen.
 
-- `StoresCounter`: Halogen's `/cache` `stores`, the entries written since the server started
-  (exact, and what an LRU of entries evicts by).
+- `StoresCounter`: Halogen's `/cache` `stores`, entries written since the server started
+  (exact: what an LRU of entries evicts by).
 - `PromptCounter`: llama.cpp has no `/cache`; it counts prompts from `/slots` (a slot's
   `id_task` changes when it starts a completion; counted once the slot is idle again, as
   llama.cpp's LRU goes by last use) or, with `/slots` off, `/metrics` (a poll window in which
@@ -10,8 +10,8 @@
   and every `/slots` or `/metrics` read more (measured). vLLM, SGLang and TensorRT-LLM count
   the same way from their Prometheus token counters (`server.engines`).
 
-`read()` returns the running count and whether the server restarted since the last read
-(a counter went backwards: every prefix is gone), or None when the poll gave nothing usable.
+`read()` returns the running count and whether the server restarted since the last read (a
+counter went backwards: every prefix is gone), or None when the poll gave nothing usable.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def _sources(profile: str) -> tuple[str, ...]:
 
 
 class PromptCounter:
-    """Prompts the server has started, counted from llama.cpp's `/slots` or `/metrics`, or an
-    engine's Prometheus token counters (a poll window in which they moved is one prompt)."""
+    """Prompts the server started, from llama.cpp's `/slots` or `/metrics`, or an engine's
+    Prometheus token counters (see the module docstring)."""
 
     def __init__(self, worker: Worker, source: str, profile: str = "llamacpp") -> None:
         if source not in _sources(profile):

@@ -153,11 +153,10 @@ def window(
     after: Mapping[str, float] | None,
     prompt_tokens: int | None,
 ) -> JSONObject | None:
-    """The engine's counters over one call's window, the second witness where the call's own
-    count is absent: the prompt and cached tokens they moved by, and `attributed` when the
-    window is that call's alone (the prompt counter moved by exactly its prompt tokens; a
-    foreign call adds at least one). None when either side lacks a counter. A witness only:
-    a verdict still comes from the call's own count (`core.judge`)."""
+    """The counters' moves over one call's window (a witness where its own count is absent;
+    verdicts still come from that count), `attributed` when the window is the call's alone
+    (the prompt counter moved by exactly its prompt tokens; a foreign call adds at least
+    one); None when either side lacks a counter."""
     if before is None or after is None:
         return None
     moved: dict[str, int] = {}

@@ -8,9 +8,9 @@ complete, with the first problem found (`error` code, `reason` words).
 Invariants:
 - Complete means the server proved the reply whole. A stream: `[DONE]` arrived, every event
   was JSON, no frame carried an `error`, every text piece was a string. A response: a JSON
-  object without `error`, not a `*.chunk`, no choice with a stream `delta`, and a first
-  choice with a `message` (or completions `text`) and a `finish_reason` that is a string or
-  absent (an explicit null: not finished). One mid-stream chunk is never complete.
+  object without `error`, not a `*.chunk`, no choice with a `delta`, a first choice with a
+  `message` (or completions `text`) and a `finish_reason` string or absent (null: not
+  finished). One mid-stream chunk is never complete.
 - Only the first choice (index 0) is read for text: n > 1 is not how calls are made.
 - The server's own error text is never kept; `error` is a short code of ours.
 """

@@ -3,9 +3,8 @@
 What a hostile or broken server can do, and what stops it:
 - Trickle (a byte a second) or go silent: one deadline bounds each call whole, connect to
   last byte, streams included. httpx's timeouts are per read, so a timer also shuts the
-  call's socket (learnt from httpcore's connect trace; no keep-alive: each call has its own)
-  and the time left is checked between pieces: `WorkerTimeoutError` within a fraction of a
-  second.
+  call's socket (from httpcore's connect trace; no keep-alive: each call has its own) and
+  the time left is checked between pieces: `WorkerTimeoutError` within a fraction of a second.
 - Send more than any real reply: bodies are streamed and counted after content decoding;
   past `max_bytes`, or from a `Content-Length` over it, `ReplyTooLargeError`; an unbounded
   body is never read whole.
@@ -128,9 +127,8 @@ class _Deadline:
         if isinstance(sock, socket.socket):
             with self._lock:
                 self._sockets.append(sock)
-                late = self.expired
-            if late:
-                _shut(sock)
+                if self.expired:
+                    _shut(sock)
 
     def _expire(self) -> None:
         with self._lock:

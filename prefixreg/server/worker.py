@@ -48,7 +48,6 @@ PROFILES: Final = ("halogen", "llamacpp", *engines.ENGINES, "generic")
 _SGLANG_INFO: Final = ("/server_info", "/get_server_info")
 _CHAT: Final = "/v1/chat/completions"
 _NO_ROUTE: Final = frozenset({404, 405, 501})
-_NEVER: Final[frozenset[int]] = frozenset()
 _HEADER: Final = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+)\n([ -~]*)")
 
 
@@ -113,7 +112,7 @@ class Worker:
             return None
 
     def post_json(
-        self, path: str, body: JSONObject, *, seconds: float, missing: frozenset[int] = _NEVER
+        self, path: str, body: JSONObject, *, seconds: float, missing: frozenset[int] = frozenset()
     ) -> JSONObject | None:
         """POST `body` to a small route within `seconds`: the reply; None (status in `missing`)."""
         given: tuple[object, ...] = (path, body, missing)
@@ -126,10 +125,10 @@ class Worker:
         return self._http.fetch(dict, path, seconds=seconds, content=content, missing=missing)
 
     def health(self) -> JSONObject:
-        return self._get("/health", _NEVER) or {}  # never None: no status is `missing`
+        return self._get("/health", frozenset()) or {}  # never None: no status is `missing`
 
     def models(self) -> JSONObject:
-        return self._get("/v1/models", _NEVER) or {}
+        return self._get("/v1/models", frozenset()) or {}
 
     def cache_raw(self) -> JSONObject | None:
         """GET /cache as sent; None when the server has none (404, 405, 501)."""
@@ -232,8 +231,7 @@ class Worker:
         return ServerBuild(profile=profile, identity=identity)
 
     def default_model(self) -> str | None:
-        """The model a chat sends when neither the call nor `model=` names one: the first id of
-        `/v1/models` (vLLM and SGLang need one), read once per client; None if none is listed."""
+        """The chat model when none is named: `/v1/models`' first id (read once), else None."""
         if self._default_model is False:
             ids_listed = engines.generic_identity(self._try("/v1/models")).get("model_ids")
             first = ids_listed[0] if isinstance(ids_listed, list) and ids_listed else None
