@@ -89,8 +89,8 @@ class Judgement:
         return self.verdict == "resumed"
 
     def to_dict(self) -> JSONObject:
-        keys = ("verdict", "reason", "span_source", "coverage", "alignment")
-        return {"span_tokens": self.span, **{key: getattr(self, key) for key in keys}}
+        keys = ("verdict", "reason", "span_tokens", "span_source", "coverage", "alignment")
+        return {key: getattr(self, "span" if key == "span_tokens" else key) for key in keys}
 
 
 def judge(
