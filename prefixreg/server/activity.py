@@ -63,8 +63,7 @@ _LLAMACPP: Final = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cach
 
 
 def _sources(profile: str) -> tuple[str, ...]:
-    """What a profile counts prompts with: llama.cpp `/slots` then `/metrics`, an engine its
-    Prometheus route (`server.engines.METRICS`), nothing else."""
+    """What `profile` counts prompts with: llama.cpp `/slots`, `/metrics`; an engine `METRICS`."""
     if profile == "llamacpp":
         return ("/slots", "/metrics")
     metrics = engines.METRICS.get(profile)

@@ -30,8 +30,7 @@ def _count(value: object, what: str) -> int:
 
 
 def lru_survival_stores(max_entries: int, per_request: int) -> int:
-    """Stores a just-used prefix survives in an LRU of `max_entries` (its own `per_request`
-    entries are the newest: every older entry goes first)."""
+    """Stores a just-used prefix survives in an LRU of `max_entries` (its entries are newest)."""
     return max(0, _count(max_entries, "max_entries") - _count(per_request, "per_request"))
 
 

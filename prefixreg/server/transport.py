@@ -105,8 +105,7 @@ class _ExpiredError(Exception):
 
 
 class _Deadline:
-    """One call's deadline: at the time, a timer shuts down the call's socket (learnt by the
-    httpcore hook `trace`), which wakes a read blocked on it."""
+    """One call's deadline: a timer shuts the call's socket (found by `trace`), waking its read."""
 
     def __init__(self, seconds: float) -> None:
         self.at = time.monotonic() + seconds
@@ -322,8 +321,7 @@ class Transport:
 
 
 def _error_message(raw: bytes) -> tuple[str, str | None]:
-    """(message, code) of an error body: OpenAI's `error` (object or string), else `detail`;
-    the text itself when not a JSON object."""
+    """(message, code) of an error body: OpenAI's `error`, else `detail`, else its text."""
     try:
         body = loads(raw)
     except errors.CorruptRecordError:
