@@ -97,7 +97,7 @@ class ServerBuild(_Record):
     def snapshot_align(self) -> int:
         """Halogen's `prompt_cache.snapshot_align` (cached counts round down to it), else 0."""
         block = self.identity.get("prompt_cache")
-        return (strict_count(block.get("snapshot_align")) if isinstance(block, dict) else 0) or 0
+        return (strict_count(block.get("snapshot_align")) or 0) if isinstance(block, dict) else 0
 
     def to_dict(self, *, public: bool = False) -> JSONObject:
         """The record form; `public` gives the receipt form (see `public_identity`)."""
