@@ -58,11 +58,11 @@ def _write_temp(directory: Path, target_name: str, data: bytes, mode: int) -> Pa
     try:
         _write_all(fd, data)
     except BaseException:
-        os.close(fd)
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    os.close(fd)
+    finally:
+        os.close(fd)
     return tmp
 
 

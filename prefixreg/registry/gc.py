@@ -36,7 +36,7 @@ from typing import Final, Literal
 from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.snapshots import prune_snapshot_records, snapshot_prefix_shas
+from prefixreg.registry.snapshots import prune_snapshot_records, record_entries
 from prefixreg.registry.store import Registry
 
 MIN_AGE_S: Final = 60.0
@@ -131,9 +131,8 @@ def collect_garbage(
 
 def _collect_strays(reg: Registry, report: GcReport, *, cutoff: float, now: float) -> None:
     for rel, kind in reg._disk.walk():
-        if kind != "file" or rel.startswith(f"{layout.LOCKS}/"):
-            continue
-        if layout.is_temp_name(rel.rsplit("/", 1)[-1]):
+        stray = kind == "file" and layout.is_temp_name(rel.rsplit("/", 1)[-1])
+        if stray and not rel.startswith(f"{layout.LOCKS}/"):
             mtime = reg._disk.remove_old(rel, cutoff, dry_run=report.dry_run)
             if mtime is not None:
                 report.removed.append(GcItem("stray", rel, now - mtime))
@@ -166,7 +165,7 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
     named = set(reg.names().values()) | set(last_to.values()) | reg._frames.parts()
     recent = _recent_measurements(reg, cutoff)
     by_receipt, receipt_unread = reg._records.receipt_refs()
-    snapped = snapshot_prefix_shas(reg)
+    snapped = {sha for _name, sha in record_entries(reg)}  # by file name, parsed or not
     for sha in list(reg._objects.shas()):
         if sha in named:
             continue

@@ -1,6 +1,6 @@
 """`Names` and `Records`: name files and their write-ahead journal (`names.log`), and the
-history verbs keep: measurements, probe receipts, the mirror log. (Frame records live with
-the objects, KV snapshot records in `snapshots`.)
+history verbs keep: measurements and probe receipts (frame records live with the objects,
+snapshot records in `snapshots`; `mirror.log` is appended by `fsutil.append_line`).
 
 Invariants:
 - A name moves with compare-and-swap under the registry lock, journal first: the line
@@ -9,17 +9,15 @@ Invariants:
 - A line is committed once its newline is durable: `log` skips an unterminated last line and
   `repair` cuts it off.
 - After any crash each name equals the `to` of its last journal line, except after a move
-  interrupted between its line and its rename (the name still holds the line's `from`).
-  `disagreements` lists such names; `repair` completes an interrupted move (or restores a
-  journalled name whose file is gone) when its target verifies, else journals the name's
-  current value.
+  interrupted between its line and its rename (it still holds the line's `from`), which
+  `disagreements` lists; `repair` completes such a move (or restores a journalled name whose
+  file is gone) when its target verifies, else journals the name's current value.
 - A name that holds a prefix is not moved to a frame, nor back, unless forced: the loop
   reading it would send another kind of head.
 - Measurements and probe receipts are published with no-overwrite links (mode 0444), never
   through a symlinked directory; a taken name is retried with a fresh stamp, never replaced.
-- A measurement is read strictly, with the depth-capped JSON reader: a record whose file name
-  disagrees with its sha, or that does not parse, is a `CorruptRecordError` (fail closed).
-- `mirror.log` lines are appended whole or not at all (`fsutil.append_line`).
+- A measurement is read with the depth-capped JSON reader: one whose file name disagrees with
+  its sha, or that does not parse, is a `CorruptRecordError` (fail closed).
 - A probe receipt lists every call with the sha256 of what it sent: `receipt_refs` reads
   them, so `gc --prune-unnamed` keeps the slices a receipt names, as it keeps a name's.
 """
@@ -278,7 +276,7 @@ class Records:
             md_path.unlink()  # the receipt's name was taken: its verdict goes with it
         raise errors.PrefixregError(f"no free probe receipt name for {stamp}")
 
-    def _receipts(self) -> Iterator[tuple[Path, bytes | None]]:
+    def receipts(self) -> Iterator[tuple[Path, bytes | None]]:
         """Every receipt file, newest first, with its bytes (None: unreadable)."""
         for entry, kind in reversed(self._disk.entries(layout.PROBES)):
             if kind == "file" and not layout.is_temp_name(entry) and entry.endswith(".json"):
@@ -289,17 +287,11 @@ class Records:
                     raw = None
                 yield self._disk.path(rel), raw
 
-    def probe_receipts(self) -> list[tuple[Path, bytes]]:
-        return [(path, raw) for path, raw in self._receipts() if raw is not None]
-
     def receipt_refs(self) -> tuple[set[str], bool]:
         """(every sha the receipts' calls name, whether some receipt could not be read or
         parsed: a caller deciding what to delete must then keep every probe slice)."""
-        found = [None if raw is None else receipt_shas(raw) for _path, raw in self._receipts()]
+        found = [None if raw is None else receipt_shas(raw) for _path, raw in self.receipts()]
         return set().union(*(shas for shas in found if shas is not None)), None in found
-
-    def append_mirror_log(self, line: bytes) -> None:
-        fsutil.append_line(self._disk.path(layout.MIRROR_LOG), line, root=self._disk.root)
 
 
 def receipt_shas(raw: bytes) -> set[str] | None:

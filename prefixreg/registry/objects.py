@@ -1,23 +1,22 @@
 """`Objects` and `Frames`: the objects, meta and frame records of a registry, verified at use.
 
 Invariants:
-- Every read of an object re-hashes the bytes it returns (the bytes hashed are the bytes
-  returned); a mismatch raises `IntegrityError` and nothing is returned. No flag skips it.
+- Every read of an object re-hashes the bytes it returns; a mismatch raises `IntegrityError`
+  and nothing is returned. No flag skips it.
 - Content is non-empty bytes or str of valid UTF-8 (it travels as a JSON string).
-- Objects are published with no-overwrite links and never rewritten; publishing existing
-  content re-verifies the object and refreshes its mtime (so age-based gc sees it used).
-  A meta record is written after its object.
+- Objects are published with no-overwrite links, never rewritten; publishing existing content
+  re-verifies it and refreshes its mtime (age-based gc sees it used). Meta comes after it.
 - Listing never follows a symlink: a symlinked `objects/` or fan-out directory, or (when
   asked) an object entry that is not a regular file, raises `IntegrityError`.
 - Probe slices are objects whose meta `source` is `probe/<run id>` (reserved: `add` refuses
-  it; the CLI's labels, a file's base name, have no `/`), or, as earlier releases wrote,
-  `probe` with a note `probe ...`. A user's add of the same bytes makes the meta record
-  theirs (their source and note); a probe never rewrites one.
+  it; a CLI label, a file's base name, has no `/`), or (earlier releases) `probe` with a note
+  `probe ...`. A user's add of the same bytes makes the meta record theirs; a probe never
+  rewrites one.
 - A frame record (`frames/<sha>.json`, format `prefixreg.core.frame`) names a system prefix
   and a tools object, both ordinary objects; it is published once (0444) under the sha of
-  its exact bytes, after its parts, before its name. `Frames.read` re-hashes the record and
-  every part and parses the tools once; a mismatch, a missing part or a record out of
-  canonical form raises `IntegrityError`, so nothing is sent.
+  its bytes, after its parts, before its name. `Frames.read` re-hashes the record and every
+  part and parses the tools once; a mismatch, a missing part or a non-canonical record
+  raises `IntegrityError`, so nothing is sent.
 """
 
 from __future__ import annotations

@@ -118,9 +118,8 @@ def repoint(root: Path, old: Path, new: Path, *, write: bool) -> list[Repointed]
         out.append(Repointed(str(new / rel), changed, diff))
         if write:
             mode = stat.S_IMODE(path.lstat().st_mode)
-            fsutil.replace_atomic(
-                path, new_text.encode("utf-8", errors="surrogateescape"), mode=mode
-            )
+            data = new_text.encode("utf-8", errors="surrogateescape")
+            fsutil.replace_atomic(path, data, mode=mode)
             os.chmod(path, mode)
     return out
 

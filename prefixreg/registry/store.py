@@ -1,9 +1,8 @@
 """`Registry`: one registry on disk, composed of parts; the face every verb and command uses.
 
-Parts: `Disk` (root, marker, lock, no-follow access; private to this package), `Objects`
-(objects and meta, verified at use), `Names` (name files and their journal), `Records`
-(measurements, probe receipts, the mirror log) and `Frames`; `snapshots`, verify, gc and
-migrate sit above. One resolver is behind `head`, `frame`, `get`, `resolve` and `move_name`.
+Parts: `Disk` (root, marker, lock, no-follow access; package-private), `Objects`, `Frames`,
+`Names` and `Records`; `snapshots`, verify, gc and migrate sit above. One resolver is behind
+`head`, `frame`, `get`, `resolve` and `move_name`.
 
 Invariants:
 - Arguments, types included, are checked before anything is written (`UsageError`).
@@ -28,7 +27,7 @@ from prefixreg.core import errors
 from prefixreg.core.digest import is_full_sha, looks_like_sha, parse_abbrev, sha256_hex
 from prefixreg.core.frame import Frame, encode_frame_record, parse_tools
 from prefixreg.core.prefix import Prefix
-from prefixreg.registry import layout
+from prefixreg.registry import fsutil, layout, objects
 from prefixreg.registry.disk import Disk
 from prefixreg.registry.layout import iso_utc as iso_utc
 from prefixreg.registry.layout import stamp_utc as stamp_utc
@@ -36,15 +35,6 @@ from prefixreg.registry.layout import utc_now as utc_now
 from prefixreg.registry.layout import validate_name as validate_name
 from prefixreg.registry.names import UNSET, Names, Records
 from prefixreg.registry.names import NameConflictError as NameConflictError
-from prefixreg.registry.objects import (
-    PROBE_SOURCE_PREFIX,
-    Frames,
-    ObjectInfo,
-    Objects,
-    check_text,
-    content_bytes,
-    is_probe_source,
-)
 
 if TYPE_CHECKING:
     from prefixreg.core.records import Measurement, Meta, NameMove
@@ -66,10 +56,10 @@ class Registry:
         self.root = Path(root)
         self.lock_timeout = float(lock_timeout)
         self._disk = Disk(self.root)
-        self._objects = Objects(self._disk)
+        self._objects = objects.Objects(self._disk)
         self._names = Names(self._disk, self.lock)
         self._records = Records(self._disk)
-        self._frames = Frames(self._disk, self._objects)
+        self._frames = objects.Frames(self._disk, self._objects)
 
     def __repr__(self) -> str:
         return f"Registry({str(self.root)!r})"
@@ -130,8 +120,8 @@ class Registry:
         abbrev = parse_abbrev(ref)
         if len(abbrev) == 64:
             return abbrev, None
-        objects = set(self._objects.shas(regular_only=True, prefix=abbrev))
-        found = sorted(objects.union(s for s in self._frames.shas() if s.startswith(abbrev)))
+        prefixes = set(self._objects.shas(regular_only=True, prefix=abbrev))
+        found = sorted(prefixes.union(s for s in self._frames.shas() if s.startswith(abbrev)))
         if not found:
             raise errors.RefNotFoundError(f"no prefix or frame matches {ref!r}")
         if len(found) > 1:
@@ -163,10 +153,10 @@ class Registry:
         return Prefix(sha, self._read(sha, name), name)
 
     def head(self, ref: str) -> Prefix | Frame:
-        """The verified prefix or frame (record and parts re-hashed, tools parsed) `ref`
-        names, resolved once: what every verb sends. Raises: UsageError (not a string);
-        RefNotFoundError, AmbiguousRefError, InvalidDigestError (a bad reference);
-        IntegrityError (something fails verification, or a name's target is missing)."""
+        """The verified prefix or frame `ref` names (record and parts re-hashed, tools parsed):
+        what every verb sends. Raises: UsageError (not a string); RefNotFoundError,
+        AmbiguousRefError, InvalidDigestError; IntegrityError (fails verification, or a name's
+        target is missing)."""
         return self._head(*self._find(ref))
 
     def frame(self, ref: str) -> Frame:
@@ -182,10 +172,6 @@ class Registry:
         sha, name = (ref, None) if type(ref) is str and is_full_sha(ref) else self._find(ref)
         return Prefix(sha, self._read(sha, name, ref), name)
 
-    def get_bytes(self, ref: str) -> bytes:
-        """The exact, verified bytes of the prefix `ref` names (see `get`)."""
-        return self.get(ref).data
-
     def resolve(self, ref: str) -> str:
         """The full sha of the prefix or frame `ref` names (not verified). Raises as `head`."""
         sha, name = self._find(ref)
@@ -194,8 +180,7 @@ class Registry:
         return sha
 
     def read_verified(self, sha: str) -> bytes:
-        """The bytes of object `sha`, re-hashed. Raises: UsageError, RefNotFoundError,
-        IntegrityError."""
+        """Object `sha`'s bytes, re-hashed. Raises: UsageError, RefNotFoundError, IntegrityError."""
         return self._objects.read(layout.need_sha(sha))
 
     def add(
@@ -206,16 +191,15 @@ class Registry:
         note: str | None = None,
         source: str = "api",
     ) -> str:
-        """Store `content` (exact bytes, valid UTF-8) under its sha256 and return the sha
-        (idempotent), optionally point `name` at it; `source` labels where it came from (a
-        file name, "stdin"). Content a probe registered becomes the user's object. Raises:
-        InvalidContentError (empty, not bytes or str, not UTF-8); InvalidNameError;
-        UsageError (a note or source not UTF-8 text, or a mirror); IntegrityError (an
-        existing object no longer verifies)."""
-        data = content_bytes(content)
+        """Store `content` (exact bytes, valid UTF-8) under its sha256, idempotent; point `name`
+        at it; `source`: where it came from (a file name, "stdin"). A probe slice becomes the
+        user's. Raises: InvalidContentError (empty, not bytes or str, not UTF-8);
+        InvalidNameError; UsageError (a note or source not UTF-8 text, or a mirror);
+        IntegrityError (an existing object no longer verifies)."""
+        data = objects.content_bytes(content)
         if note is not None:
-            check_text(note, "the note")
-        if check_text(source, "the source label").startswith(PROBE_SOURCE_PREFIX):
+            objects.check_text(note, "the note")
+        if objects.check_text(source, "the source label").startswith(objects.PROBE_SOURCE_PREFIX):
             raise errors.UsageError(f"the source label {source!r} is reserved for probe slices")
         if name is not None:
             layout.validate_name(name)
@@ -259,8 +243,8 @@ class Registry:
 
     def add_probe_slice(self, content: bytes | str, *, run_id: str) -> str:
         """Store a slice probe run `run_id` sends, marked as a probe slice. Raises as `add`."""
-        label = PROBE_SOURCE_PREFIX + check_text(run_id, "the probe run id")
-        data = content_bytes(content)
+        label = objects.PROBE_SOURCE_PREFIX + objects.check_text(run_id, "the probe run id")
+        data = objects.content_bytes(content)
         return self._store(data, note=f"probe {run_id}", source=label, what="add probe slices")
 
     def _store(self, data: bytes, *, note: str | None, source: str, what: str) -> str:
@@ -274,13 +258,13 @@ class Registry:
     def move_name(
         self, name: str, ref: str, *, expect: object = UNSET, force: bool = False
     ) -> NameMove | None:
-        """Point `name` at the head `ref` names (verified, again under the lock), journal
-        first; None if it already pointed there. `expect`: the sha (None: unset) the name
-        must hold now; `force`: move a name that holds a prefix to a frame, or back. Raises:
-        InvalidNameError (8-64 hex digits too); NameConflictError (`expect` does not hold, or
-        a kind change without `force`); UsageError (a bad reference or argument, a mirror);
-        IntegrityError (the target fails verification, or a symlinked `names.log`, `names/`
-        or `.locks/`); PrefixregError (the journal could not be written: not moved)."""
+        """Point `name` at the head `ref` names (verified, again under the lock), journal first;
+        None if already so. `expect`: the sha (None: unset) it must hold; `force`: move it from
+        a prefix to a frame or back. Raises: InvalidNameError (8-64 hex digits too);
+        NameConflictError (`expect` does not hold, or a kind change without `force`);
+        UsageError (a bad reference or argument, a mirror); IntegrityError (the target fails
+        verification, or a symlinked `names.log`, `names/` or `.locks/`); PrefixregError
+        (the journal could not be written: not moved)."""
         layout.validate_name(name)
         if expect is not UNSET and expect is not None:
             layout.need_sha(expect)
@@ -292,10 +276,6 @@ class Registry:
     def object_path(self, sha: str) -> Path:
         """Where the object `sha` lives (whether or not it exists)."""
         return self._disk.path(layout.object_relpath(sha))
-
-    def meta_path(self, sha: str) -> Path:
-        """Where the meta record of `sha` lives."""
-        return self._disk.path(layout.meta_relpath(sha))
 
     def meta(self, sha: str) -> Meta:
         """The meta record of `sha`. Raises: RefNotFoundError (none), CorruptRecordError."""
@@ -311,9 +291,9 @@ class Registry:
             meta = self.meta(sha)
         except errors.RefNotFoundError:
             return False
-        return is_probe_source(meta.source, meta.note)
+        return objects.is_probe_source(meta.source, meta.note)
 
-    def list_objects(self, *, frames: bool = False) -> list[ObjectInfo]:
+    def list_objects(self, *, frames: bool = False) -> list[objects.ObjectInfo]:
         """Every object (with `frames`, every frame) with its meta and names, oldest first;
         bytes are not read. Raises: IntegrityError (a symlink, an object not a file)."""
         by_sha: dict[str, list[str]] = {}
@@ -325,10 +305,10 @@ class Registry:
             try:
                 m = self._objects.meta(sha)
             except errors.RefNotFoundError:
-                out.append(ObjectInfo(sha, None, None, None, names))
+                out.append(objects.ObjectInfo(sha, None, None, None, names))
                 continue
-            slice_ = is_probe_source(m.source, m.note)
-            out.append(ObjectInfo(sha, m.bytes, m.created, m.note, names, slice_))
+            slice_ = objects.is_probe_source(m.source, m.note)
+            out.append(objects.ObjectInfo(sha, m.bytes, m.created, m.note, names, slice_))
         if frames:
             out += self._frames.rows(by_sha)
         return sorted(out, key=lambda o: (o.created or "", o.sha256))
@@ -366,8 +346,8 @@ class Registry:
 
     def probe_receipts(self) -> list[tuple[Path, bytes]]:
         """Every readable probe receipt, newest first, as (path, raw bytes)."""
-        return self._records.probe_receipts()
+        return [(path, raw) for path, raw in self._records.receipts() if raw is not None]
 
     def append_mirror_log(self, line: bytes) -> None:
         """Append one JSON line to `mirror.log`, whole or not at all, never through a link."""
-        self._records.append_mirror_log(line)
+        fsutil.append_line(self._disk.path(layout.MIRROR_LOG), line, root=self._disk.root)

@@ -43,10 +43,8 @@ Stat = tuple[int, int, int]  # size, mtime_ns, inode: any write changes at least
 def write_order(rel: str) -> tuple[int, str]:
     """Objects before what refers to them, names after records, journals last."""
     top = rel.split("/", 1)[0]
-    rank = {layout.OBJECTS: 1, layout.META: 2, layout.NAMES: 5}
-    if top in layout.JOURNALS:
-        return 6, rel
-    return rank.get(top, 4 if top == layout.FRAMES else 3 if "/" in rel else 0), rel
+    rank = {layout.OBJECTS: 1, layout.META: 2, layout.FRAMES: 4, layout.NAMES: 5}
+    return (6 if top in layout.JOURNALS else rank.get(top, 3 if "/" in rel else 0)), rel
 
 
 def list_tree(root: Path) -> tuple[list[str], list[str]]:

@@ -121,8 +121,7 @@ def repair_registry(reg: Registry) -> VerifyReport:
 def _group_is_private(st: os.stat_result) -> bool:
     """Is the entry's group its owner's private group (umask 002)? Then group write is safe."""
     try:
-        group = grp.getgrgid(st.st_gid)
-        owner = pwd.getpwuid(st.st_uid)
+        group, owner = grp.getgrgid(st.st_gid), pwd.getpwuid(st.st_uid)
     except KeyError:
         return False
     return group.gr_name == owner.pw_name and owner.pw_gid == st.st_gid and not group.gr_mem
@@ -142,17 +141,13 @@ def _check_mode(reg: Registry, report: VerifyReport, rel: str, kind: str) -> Non
         why = f"writable by group {st.st_gid}"
     else:
         return
-    report.add(
-        "insecure_mode",
-        rel or ".",
-        f"registry {'directory' if kind == 'dir' else 'file'} is {why} (mode {mode:04o}); "
-        "other users could replace names or plant files: chmod go-w",
-    )
+    what = "directory" if kind == "dir" else "file"
+    fix = "other users could replace names or plant files: chmod go-w"
+    report.add("insecure_mode", rel or ".", f"registry {what} is {why} (mode {mode:04o}); {fix}")
 
 
 def _walk(reg: Registry, report: VerifyReport) -> Tree:
-    """List the whole registry without following anything; report symlinks, strays, modes
-    and root entries that are not part of the format."""
+    """List the registry, following nothing; report symlinks, strays, modes, foreign entries."""
     tree: Tree = {}
     _check_mode(reg, report, "", "dir")
     try:
@@ -261,13 +256,11 @@ def _verify_names(reg: Registry, report: VerifyReport, tree: Tree) -> None:
             continue
         report.names += 1
         if layout.is_sha_like_name(entry):
-            report.add(
-                "sha_like_name",
-                rel,
+            why = (
                 "name reads as a sha reference (8-64 hex digits) and shadows any object it "
-                "abbreviates; new names like it are refused: move what uses it to another name",
-                "warning",
+                "abbreviates; new names like it are refused: move what uses it to another name"
             )
+            report.add("sha_like_name", rel, why, "warning")
         try:
             sha = reg.read_name(entry)
         except IntegrityError as exc:
