@@ -120,22 +120,18 @@ def collect_garbage(
         reg._disk.refuse_links()
         if prune_unnamed:
             list(reg._objects.shas(regular_only=True))  # a non-file object: refuse up front
-        _collect_strays(reg, report, cutoff=cutoff, now=moment)
+        for rel, kind in reg._disk.walk():
+            stray = kind == "file" and layout.is_temp_name(rel.rsplit("/", 1)[-1])
+            if stray and not rel.startswith(f"{layout.LOCKS}/"):
+                mtime = reg._disk.remove_old(rel, cutoff, dry_run=dry_run)
+                if mtime is not None:
+                    report.removed.append(GcItem("stray", rel, moment - mtime))
         if prune_unnamed:
             _prune_unnamed(reg, report, cutoff=cutoff, now=moment)
         if prune_snapshots:
             for rel, mtime in prune_snapshot_records(reg, cutoff=cutoff, dry_run=dry_run):
                 report.removed.append(GcItem("snapshot", rel, moment - mtime))
     return report
-
-
-def _collect_strays(reg: Registry, report: GcReport, *, cutoff: float, now: float) -> None:
-    for rel, kind in reg._disk.walk():
-        stray = kind == "file" and layout.is_temp_name(rel.rsplit("/", 1)[-1])
-        if stray and not rel.startswith(f"{layout.LOCKS}/"):
-            mtime = reg._disk.remove_old(rel, cutoff, dry_run=report.dry_run)
-            if mtime is not None:
-                report.removed.append(GcItem("stray", rel, now - mtime))
 
 
 def _recent_measurements(reg: Registry, cutoff: float) -> set[str]:
@@ -202,7 +198,9 @@ def _prune_one(reg: Registry, report: GcReport, sha: str, *, cutoff: float, now:
             # Gone, or a concurrent add re-used it between our look and the claim: keep it.
             for claim, path in ((obj_claim, obj), (meta_claim, meta)):
                 if claim is not None:
-                    _restore(claim, path)
+                    with contextlib.suppress(FileExistsError):  # never over one a writer put
+                        os.link(claim, path)
+                    claim.unlink()
             if obj_claim is not None:
                 fsutil.fsync_dir(obj.parent)
                 report.kept[sha] = "re-added while gc ran"
@@ -225,10 +223,3 @@ def _claim(path: Path) -> Path | None:
     except FileNotFoundError:
         return None
     return claimed
-
-
-def _restore(claimed: Path, path: Path) -> None:
-    """Put a claimed file back without overwriting one a concurrent writer published."""
-    with contextlib.suppress(FileExistsError):
-        os.link(claimed, path)
-    claimed.unlink()

@@ -16,7 +16,7 @@ Invariants:
   new root gains one line per move.
 - A symlinked source root is resolved: the directory moves, the link is left dangling. The
   old tree is removed only after the target verified, names first, then meta.
-- A hand-built registry (no `REGISTRY.json`) is adopted only with `repoint` (`adopt`); the
+- A hand-built registry (no `REGISTRY.json`) is adopted only with `repoint` (`refs.adopt`); the
   lines naming the old path are listed (`--scan`) or repointed by `refs`.
 """
 
@@ -34,10 +34,9 @@ from typing import Literal
 from prefixreg.core.errors import PrefixregError, RegistryLocationError, UsageError
 from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.registry import fsutil, layout, treecopy
-from prefixreg.registry.adopt import adopt, survey
 from prefixreg.registry.layout import MARKER, MIGRATIONS_LOG
 from prefixreg.registry.location import default_registry_path
-from prefixreg.registry.refs import Repointed, StaleReference, scan_references
+from prefixreg.registry.refs import Repointed, StaleReference, adopt, scan_references, survey
 from prefixreg.registry.refs import repoint as repoint_files
 from prefixreg.registry.store import Registry
 
@@ -76,7 +75,7 @@ def migrate_registry(
 ) -> MigrationReport:
     """Move the registry at `old` to `new` (default: the standard location), verified; list
     the lines under `scan` still naming `old`; `dry_run` only decides and reports.
-    `repoint`: adopt a hand-built registry (`adopt`), repoint its README and `bin/`. Raises:
+    `repoint`: adopt a hand-built registry (`refs.adopt`), repoint its README and `bin/`. Raises:
     UsageError, RegistryLocationError (no registry at `old`, same or nested paths, a target
     holding another registry or unmarked files); IntegrityError (the source or the result
     does not verify, or holds a symlink); LockTimeoutError."""
@@ -133,9 +132,8 @@ def migrate_registry(
                         report.copied = _move_by_merge(source, target, dirs, files, say)
                 say(f"verifying the registry at {target}")
                 try:
-                    report.warnings += treecopy.check_verifies(
-                        Registry(target), "the migrated registry"
-                    )
+                    moved = Registry(target)
+                    report.warnings += treecopy.check_verifies(moved, "the migrated registry")
                 except BaseException:
                     if report.method == "rename":
                         target.rename(source)  # put it back exactly where it was
@@ -170,7 +168,7 @@ def migrate_registry(
 def _adopt(
     given: Path, source: Path, target: Path, report: MigrationReport, progress: Say | None
 ) -> None:
-    """Adopt the hand-built registry at `source` at `target` (`adopt`): survey, build,
+    """Adopt the hand-built registry at `source` at `target` (`refs.adopt`): survey, build,
     verify, then retire the source as any copy does; a dry run only surveys."""
     surveyed = survey(source, progress=progress)
     files = surveyed[1]
@@ -253,12 +251,10 @@ def _plan(source: Path, target: Path, files: Sequence[str]) -> Method:
     if os.path.lexists(target / MARKER):
         why = _conflicts(source, target, files)
         if why:
-            raise RegistryLocationError(
-                f"{target} holds a different registry: "
-                + "; ".join(why[:3])
-                + (f" (and {len(why) - 3} more)" if len(why) > 3 else ""),
-                hint="pick another --to, or move that registry away first",
-            )
+            more = f" (and {len(why) - 3} more)" if len(why) > 3 else ""
+            message = f"{target} holds a different registry: {'; '.join(why[:3])}{more}"
+            hint = "pick another --to, or move that registry away first"
+            raise RegistryLocationError(message, hint=hint)
         return "merge"
     if target.is_dir() and any(target.iterdir()):
         raise RegistryLocationError(
@@ -291,9 +287,8 @@ def _move_by_copy(
     staging = target.parent / f".{target.name}.migrating-{secrets.token_hex(4)}"
     staging.mkdir()
     try:
-        treecopy.check_copies(
-            staging, treecopy.sync(source, staging, files, dirs=dirs, progress=say)
-        )
+        copied = treecopy.sync(source, staging, files, dirs=dirs, progress=say)
+        treecopy.check_copies(staging, copied)
         staging.chmod(source.stat().st_mode & 0o7777)
         say(f"verifying the copy at {staging}")
         warnings = treecopy.check_verifies(Registry(staging), "the copied registry")

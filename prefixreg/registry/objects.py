@@ -108,12 +108,8 @@ class Objects:
         actual = hashlib.sha256(data).hexdigest()
         if actual != sha:
             path = self._disk.path(rel)
-            raise errors.IntegrityError(
-                f"{path}: content hashes to {actual}, expected {sha}; refusing to use it",
-                path=path,
-                expected=sha,
-                actual=actual,
-            )
+            why = f"{path}: content hashes to {actual}, expected {sha}; refusing to use it"
+            raise errors.IntegrityError(why, path=path, expected=sha, actual=actual)
         return data
 
     def meta(self, sha: str) -> Meta:

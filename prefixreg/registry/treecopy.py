@@ -95,12 +95,8 @@ def check_copies(dest: Path, digests: dict[str, str]) -> None:
     for rel, expected in digests.items():
         actual = hashlib.sha256(fsutil.read_nofollow(dest / rel, root=dest)).hexdigest()
         if actual != expected:
-            raise IntegrityError(
-                f"{dest / rel}: copy hashes to {actual}, the source to {expected}",
-                path=dest / rel,
-                expected=expected,
-                actual=actual,
-            )
+            why = f"{dest / rel}: copy hashes to {actual}, the source to {expected}"
+            raise IntegrityError(why, path=dest / rel, expected=expected, actual=actual)
 
 
 def replace_keeping(path: Path, data: bytes, st: os.stat_result) -> None:
@@ -162,9 +158,8 @@ def sync(
             if src_st.st_mtime_ns > dst.lstat().st_mtime_ns:
                 os.utime(dst, ns=(src_st.st_atime_ns, src_st.st_mtime_ns), follow_symlinks=False)
         elif layout.object_sha(rel) is not None:
-            raise IntegrityError(
-                f"{src}: an object's bytes changed during the move; kept {source}", path=src
-            )
+            why = f"{src}: an object's bytes changed during the move; kept {source}"
+            raise IntegrityError(why, path=src)
         elif (rel in layout.JOURNALS and ours.startswith(theirs)) or (
             untouched is not None
             and layout.meta_sha(rel) is not None

@@ -45,8 +45,6 @@ class Finding:
     message: str
     severity: Severity = "problem"
 
-    to_dict = asdict
-
 
 @dataclass(slots=True)
 class VerifyReport:
