@@ -341,10 +341,9 @@ def truncate(path: Path, size: int, *, root: Path | None = None) -> None:
 
 
 def read_user_file(path: Path | str, *, limit: int = MAX_INPUT_BYTES, offset: int = 0) -> bytes:
-    """The bytes of a file a user named (`-`: stdin), refused before it is opened and again
-    on the descriptor unless a regular file (a symlink they name is theirs to follow);
-    `offset`: from there on (a file someone appends to, read on). Raises: UsageError
-    (missing, unreadable, not a regular file, or more than `limit` bytes to read)."""
+    """A file a user named (`-`: stdin; a symlink they name is theirs to follow), from
+    `offset` on, refused before the open and on the descriptor unless a regular file. Raises:
+    UsageError (missing, unreadable, not a regular file, or more than `limit` bytes to read)."""
     try:
         if os.fspath(path) == "-":
             data = sys.stdin.buffer.read(limit + 1)

@@ -96,8 +96,7 @@ def collect_garbage(
     now: float | None = None,
     min_age_s: float = MIN_AGE_S,
 ) -> GcReport:
-    """Remove stray temp files and, when asked, old unnamed objects and orphan snapshot
-    records (module docstring); `min_age_s`: nothing younger is touched (tests lower it; it
+    """See the module docstring; `min_age_s`: nothing younger is touched (tests lower it; it
     must exceed the longest `add`). Raises: UsageError (a grace not a finite number >= 0, or
     pruning a mirror); IntegrityError (a symlink below the root or an object not a regular
     file: nothing is removed); LockTimeoutError."""

@@ -74,8 +74,7 @@ def migrate_registry(
     progress: Say | None = None,
 ) -> MigrationReport:
     """Move the registry at `old` to `new` (default: the standard location), verified; list
-    the lines under `scan` still naming `old`; `dry_run` only decides and reports.
-    `repoint`: adopt a hand-built registry (`refs.adopt`), repoint its README and `bin/`. Raises:
+    the lines under `scan` still naming `old`; `repoint`: adopt a hand-built registry. Raises:
     UsageError, RegistryLocationError (no registry at `old`, same or nested paths, a target
     holding another registry or unmarked files); IntegrityError (the source or the result
     does not verify, or holds a symlink); LockTimeoutError."""

@@ -1,6 +1,6 @@
 """`Names` and `Records`: name files and their write-ahead journal (`names.log`), and the
-history verbs keep: measurements and probe receipts (frame records live with the objects,
-snapshot records in `snapshots`; `mirror.log` is appended by `fsutil.append_line`).
+history verbs keep: measurements and probe receipts, read here, written by `Registry` (frame
+records live with the objects, snapshot records in `snapshots`).
 
 Invariants:
 - A name moves with compare-and-swap under the registry lock, journal first: the line
@@ -14,8 +14,6 @@ Invariants:
   file is gone) when its target verifies, else journals the name's current value.
 - A name that holds a prefix is not moved to a frame, nor back, unless forced: the loop
   reading it would send another kind of head.
-- Measurements and probe receipts are published with no-overwrite links (mode 0444), never
-  through a symlinked directory; a taken name is retried with a fresh stamp, never replaced.
 - A measurement is read with the depth-capped JSON reader: one whose file name disagrees with
   its sha, or that does not parse, is a `CorruptRecordError` (fail closed).
 - A probe receipt lists every call with the sha256 of what it sent: `receipt_refs` reads
@@ -136,9 +134,8 @@ class Names:
         with self._lock():
             current = self.read(name)
             if expect is not UNSET and current != expect:
-                raise NameConflictError(
-                    f"name {name!r} points to {current or 'nothing'}, not {expect or 'nothing'}"
-                )
+                why = f"name {name!r} points to {current or 'nothing'}, not {expect or 'nothing'}"
+                raise NameConflictError(why)
             if current == sha:
                 return None
             if current is not None and not force and self.is_frame(current) != self.is_frame(sha):
@@ -178,9 +175,8 @@ class Names:
             refused.hint = exc.hint
             raise refused from None
         except OSError as exc:
-            raise errors.PrefixregError(
-                f"{self._log}: cannot write the name journal ({exc.strerror or exc}); {what}"
-            ) from None
+            why = f"{self._log}: cannot write the name journal ({exc.strerror or exc}); {what}"
+            raise errors.PrefixregError(why) from None
 
     def disagreements(self) -> list[JournalDisagreement]:
         """Every name (file or journalled) whose value is not its last line's `to`, sorted."""
@@ -223,20 +219,6 @@ class Records:
     def __init__(self, disk: Disk) -> None:
         self._disk = disk
 
-    def write_measurement(self, measurement: Measurement) -> Path:
-        from prefixreg.core.records import Measurement
-
-        if not isinstance(measurement, Measurement):
-            raise errors.UsageError(f"not a Measurement: {type(measurement).__name__}")
-        directory = self._disk.mkdir(layout.MEASUREMENTS)
-        data = dumps_canonical(measurement.to_dict()) + b"\n"
-        for _ in range(100):
-            stamp = layout.stamp_utc(layout.utc_now())
-            path = directory / layout.measurement_filename(measurement.sha256, stamp)
-            if fsutil.publish_new(path, data, mode=0o444):
-                return path
-        raise errors.PrefixregError(f"no free measurement file name for {measurement.sha256}")
-
     def measurements(self, sha: str | None = None) -> list[Measurement]:
         if sha is not None:
             layout.need_sha(sha)
@@ -260,21 +242,6 @@ class Records:
             path = self._disk.path(rel)
             raise errors.CorruptRecordError(f"{path}: records sha {record.sha256}", path=path)
         return record
-
-    def write_probe_receipt(
-        self, stamp: str, render: Callable[[Path, Path], tuple[bytes, bytes]]
-    ) -> tuple[Path, Path]:
-        directory = self._disk.mkdir(layout.PROBES)
-        for attempt in range(100):
-            name = stamp if attempt == 0 else layout.stamp_utc(layout.utc_now())
-            json_path, md_path = (directory / n for n in layout.probe_filenames(name))
-            receipt, verdict = render(json_path, md_path)
-            if not fsutil.publish_new(md_path, verdict, mode=0o444):
-                continue
-            if fsutil.publish_new(json_path, receipt, mode=0o444):
-                return json_path, md_path
-            md_path.unlink()  # the receipt's name was taken: its verdict goes with it
-        raise errors.PrefixregError(f"no free probe receipt name for {stamp}")
 
     def receipts(self) -> Iterator[tuple[Path, bytes | None]]:
         """Every receipt file, newest first, with its bytes (None: unreadable)."""

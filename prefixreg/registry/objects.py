@@ -65,9 +65,8 @@ def check_text(value: object, what: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise errors.UsageError(
-            f"{what} is not valid UTF-8 text (lone surrogate at character {exc.start})"
-        ) from None
+        why = f"{what} is not valid UTF-8 text (lone surrogate at character {exc.start})"
+        raise errors.UsageError(why) from None
     return value
 
 

@@ -68,9 +68,8 @@ class Repointed:
 
 
 def path_forms(old: Path, new: Path | None = None) -> dict[str, str]:
-    """The spellings a file might use for `old` (absolute, resolved, `~/`, `$HOME/`,
-    `${HOME}/`, systemd's `%h/`), each mapped to the same spelling of `new` (absolute when
-    `new` is outside the home directory)."""
+    """Each spelling of `old` (module invariants) mapped to the same spelling of `new`
+    (absolute when `new` is outside the home directory)."""
     forms = {str(old): str(new)}
     with contextlib.suppress(OSError):
         forms.setdefault(str(old.resolve()), str(new))
@@ -227,9 +226,8 @@ Survey = tuple[list[str], list[str], dict[str, str], list[str]]
 
 def survey(source: Path, *, progress: Progress | None = None) -> Survey:
     """(directories, files, legacy records {path: sha256}, kept root entries) of a hand-built
-    registry, every object hashed (`progress` is told each file). Raises:
-    RegistryLocationError (no `objects/`); IntegrityError (objects that do not verify, each
-    named; a symlink or special file)."""
+    registry, every object hashed. Raises: RegistryLocationError (no `objects/`);
+    IntegrityError (objects that do not verify, each named; a symlink or special file)."""
     if not (source / layout.OBJECTS).is_dir() or (source / layout.OBJECTS).is_symlink():
         raise RegistryLocationError(
             f"no registry at {source} (no {layout.MARKER}, no {layout.OBJECTS}/ directory)",

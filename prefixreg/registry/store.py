@@ -6,6 +6,8 @@ Parts: `Disk` (root, marker, lock, no-follow access; package-private), `Objects`
 
 Invariants:
 - Arguments, types included, are checked before anything is written (`UsageError`).
+- Measurements and probe receipts are published with no-overwrite links (mode 0444), never
+  through a symlinked directory; a taken name is retried with a fresh stamp, never replaced.
 - Write order is object, meta, name: a crash leaves at worst an object without meta (verify
   warns; adding again repairs it) or a temp file, never a meta record or a name whose object
   is missing. A mirror (role `mirror`) is written only by `prefixreg mirror`.
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Literal
 from prefixreg.core import errors
 from prefixreg.core.digest import is_full_sha, looks_like_sha, parse_abbrev, sha256_hex
 from prefixreg.core.frame import Frame, encode_frame_record, parse_tools
+from prefixreg.core.jsonio import dumps_canonical
 from prefixreg.core.prefix import Prefix
 from prefixreg.registry import fsutil, layout, objects
 from prefixreg.registry.disk import Disk
@@ -112,9 +115,8 @@ class Registry:
                 return sha, ref
         if not looks_like_sha(ref) or len(ref) < 8:
             if layout.NAME_RE.fullmatch(ref) is None:
-                raise errors.InvalidDigestError(
-                    f"invalid reference {ref!r}: not a name, a sha256, or 8+ hex digits of one"
-                )
+                why = f"invalid reference {ref!r}: not a name, a sha256, or 8+ hex digits of one"
+                raise errors.InvalidDigestError(why)
             hint = "an abbreviated sha needs at least 8 hex digits" if looks_like_sha(ref) else None
             raise errors.RefNotFoundError(f"no prefix or frame named {ref!r}", hint=hint)
         abbrev = parse_abbrev(ref)
@@ -153,10 +155,9 @@ class Registry:
         return Prefix(sha, self._read(sha, name), name)
 
     def head(self, ref: str) -> Prefix | Frame:
-        """The verified prefix or frame `ref` names (record and parts re-hashed, tools parsed):
-        what every verb sends. Raises: UsageError (not a string); RefNotFoundError,
-        AmbiguousRefError, InvalidDigestError; IntegrityError (fails verification, or a name's
-        target is missing)."""
+        """The verified prefix or frame `ref` names: what every verb sends. Raises: UsageError
+        (not a string); RefNotFoundError, AmbiguousRefError, InvalidDigestError;
+        IntegrityError (fails verification, or a name's target is missing)."""
         return self._head(*self._find(ref))
 
     def frame(self, ref: str) -> Frame:
@@ -218,11 +219,10 @@ class Registry:
         note: str | None = None,
         force: bool = False,
     ) -> str:
-        """Register a frame and return its sha (idempotent): `system` names the system prefix
-        (verified first), `tools` is a JSON list of tool objects (stored as its exact bytes),
-        `settings` the prompt settings (`core.frame.PROMPT_SETTINGS`); a `name` that holds a
-        prefix moves to it only with `force`. Raises: UsageError (bad tools JSON, setting,
-        name or argument, or a mirror); IntegrityError (a part or an existing record)."""
+        """Register a frame, idempotent; its sha. `system` names the system prefix, `tools` is
+        a JSON list of tool objects (kept as its bytes), `settings` `core.frame.PROMPT_SETTINGS`;
+        a `name` holding a prefix moves only with `force`. Raises: UsageError (bad tools JSON,
+        setting, name or argument, or a mirror); IntegrityError (a part or existing record)."""
         if name is not None:
             layout.validate_name(name)
         given: tuple[object, object] = (tools, settings)  # the API boundary: anything may come
@@ -331,18 +331,39 @@ class Registry:
 
     def write_measurement(self, measurement: Measurement) -> Path:
         """Write one measurement record, never overwriting. Raises: UsageError, IntegrityError."""
+        from prefixreg.core.records import Measurement
+
         self.init()
         self.refuse_on_mirror("write a measurement")
-        return self._records.write_measurement(measurement)
+        if not isinstance(measurement, Measurement):
+            raise errors.UsageError(f"not a Measurement: {type(measurement).__name__}")
+        directory = self._disk.mkdir(layout.MEASUREMENTS)
+        data = dumps_canonical(measurement.to_dict()) + b"\n"
+        for _ in range(100):
+            stamp = layout.stamp_utc(layout.utc_now())
+            path = directory / layout.measurement_filename(measurement.sha256, stamp)
+            if fsutil.publish_new(path, data, mode=0o444):
+                return path
+        raise errors.PrefixregError(f"no free measurement file name for {measurement.sha256}")
 
     def write_probe_receipt(
         self, stamp: str, render: Callable[[Path, Path], tuple[bytes, bytes]]
     ) -> tuple[Path, Path]:
-        """Publish a probe's receipt (`probes/<ts>.json`) and verdict (`<ts>.md`) whose bytes
-        `render(json_path, md_path)` gives, verdict first, never overwriting (a taken stamp
-        is retried). Raises: UsageError (not a UTC stamp), IntegrityError."""
+        """Publish a probe's receipt (`probes/<ts>.json`) and verdict (`<ts>.md`), as
+        `render(json_path, md_path)` gives them, verdict first; a taken stamp is retried.
+        Raises: UsageError (not a UTC stamp), IntegrityError."""
         self.init()
-        return self._records.write_probe_receipt(stamp, render)
+        directory = self._disk.mkdir(layout.PROBES)
+        for attempt in range(100):
+            name = stamp if attempt == 0 else layout.stamp_utc(layout.utc_now())
+            json_path, md_path = (directory / n for n in layout.probe_filenames(name))
+            receipt, verdict = render(json_path, md_path)
+            if not fsutil.publish_new(md_path, verdict, mode=0o444):
+                continue
+            if fsutil.publish_new(json_path, receipt, mode=0o444):
+                return json_path, md_path
+            md_path.unlink()  # the receipt's name was taken: its verdict goes with it
+        raise errors.PrefixregError(f"no free probe receipt name for {stamp}")
 
     def probe_receipts(self) -> list[tuple[Path, bytes]]:
         """Every readable probe receipt, newest first, as (path, raw bytes)."""
