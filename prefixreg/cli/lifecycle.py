@@ -80,11 +80,9 @@ def migrate_command(
                 + (f", kept as yours: {', '.join(report.kept)}" if report.kept else "")
             )
         if scan:
-            c.info(
-                f"{len(report.stale)} references to {source} left under "
-                f"{', '.join(map(str, scan))}"
-                + ("; repoint them to the new location" if report.stale else "")
-            )
+            where = ", ".join(map(str, scan))
+            todo = "; repoint them to the new location" if report.stale else ""
+            c.info(f"{len(report.stale)} references to {source} left under {where}{todo}")
 
 
 def gc_command(
@@ -126,10 +124,9 @@ def gc_command(
         )
         if json_out:
             c.emit_json(report.to_dict())
+        done = "would remove" if dry_run else "removed"
         for item in [] if json_out else report.removed:
-            sys.stdout.write(
-                f"{'would remove' if dry_run else 'removed'} {item.kind:<6} {item.path}\n"
-            )
+            sys.stdout.write(f"{done} {item.kind:<6} {item.path}\n")
         kinds = ("stray", "object", "meta", "snapshot")
         count = {k: sum(i.kind == k for i in report.removed) for k in kinds}
         c.info(

@@ -67,10 +67,9 @@ class Disk:
         path = self.root / layout.MARKER
         if not path.is_symlink() and not path.exists():
             if any(not p.name.startswith(f".{layout.MARKER}.") for p in self.root.iterdir()):
-                raise errors.RegistryLocationError(
-                    f"{self.root}: holds files but no {layout.MARKER}; refusing to use it",
-                    hint="point --registry or PREFIXREG_HOME at an empty or new directory",
-                )
+                why = f"{self.root}: holds files but no {layout.MARKER}; refusing to use it"
+                fix = "point --registry or PREFIXREG_HOME at an empty or new directory"
+                raise errors.RegistryLocationError(why, hint=fix)
             return None
         data = loads_object(self.read(layout.MARKER), path=path)
         problem = layout.marker_problem(data)

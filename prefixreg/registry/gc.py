@@ -109,10 +109,8 @@ def collect_garbage(
     if not reg.exists:
         return report  # never create a registry just to collect nothing
     if (prune_unnamed or prune_snapshots) and reg.role == "mirror":
-        raise UsageError(
-            "refusing to prune objects on a mirror: the next mirror run decides what it holds",
-            hint="run gc --prune-unnamed on the origin",
-        )
+        why = "refusing to prune objects on a mirror: the next mirror run decides what it holds"
+        raise UsageError(why, hint="run gc --prune-unnamed on the origin")
     with reg.lock():
         moment = time.time() if now is None else now
         cutoff = moment - max(grace_s, min_age_s)
@@ -161,9 +159,7 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
     recent = _recent_measurements(reg, cutoff)
     by_receipt, receipt_unread = reg._records.receipt_refs()
     snapped = {sha for _name, sha in record_entries(reg)}  # by file name, parsed or not
-    for sha in list(reg._objects.shas()):
-        if sha in named:
-            continue
+    for sha in [sha for sha in reg._objects.shas() if sha not in named]:
         if sha in snapped:
             report.kept[sha] = "a snapshot record points to it"
         elif sha in by_receipt or (receipt_unread and reg.is_probe_slice(sha)):

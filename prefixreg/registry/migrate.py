@@ -155,9 +155,8 @@ def migrate_registry(
             "(remove it once nothing uses it)"
         )
     if repoint:
-        report.repointed = repoint_files(
-            source if dry_run else target, given, target, write=not dry_run
-        )
+        where = source if dry_run else target  # a dry run reads what it would repoint
+        report.repointed = repoint_files(where, given, target, write=not dry_run)
     if scan:
         say(f"scanning {', '.join(map(str, scan))} for lines naming {given}")
     report.stale = scan_references(given, scan, skip=(target,))
@@ -172,10 +171,8 @@ def _adopt(
     surveyed = survey(source, progress=progress)
     files = surveyed[1]
     if os.path.lexists(target / MARKER):
-        raise RegistryLocationError(
-            f"{target} holds a registry; refusing to adopt {given} into it",
-            hint="adopt into a new or empty directory with --to",
-        )
+        why = f"{target} holds a registry; refusing to adopt {given} into it"
+        raise RegistryLocationError(why, hint="adopt into a new or empty directory with --to")
     _plan(source, target, files)  # refuses a file, a dangling link, unmarked files
     report.method, report.legacy, report.kept = "adopt", len(surveyed[2]), surveyed[3]
     report.files = len(files)
@@ -190,10 +187,9 @@ def _adopt(
     except BaseException as exc:  # the source stays the one copy: a re-run adopts it anew
         treecopy.remove_tree(target, ordered=False)
         if isinstance(exc, PrefixregError):
-            raise PrefixregError(
-                f"{source} kept changing during the adoption; adopted nothing (it is as it was)",
-                hint="stop whatever writes to it, then run migrate --repoint again",
-            ) from None
+            why = f"{source} kept changing during the adoption; adopted nothing (it is as it was)"
+            hint = "stop whatever writes to it, then run migrate --repoint again"
+            raise PrefixregError(why, hint=hint) from None
         raise
     report.copied = len(files) + len(late)
     _journal(given, target, "adopt", [*files, *late])
@@ -219,9 +215,7 @@ def _conflicts(source: Path, target: Path, files: Sequence[str]) -> list[str]:
     src_role, dst_role = Registry(source).role, Registry(target).role
     why = [] if dst_role == src_role else [f"its role is {dst_role}, the source's is {src_role}"]
     known = set(files)
-    for rel in treecopy.list_tree(target)[1]:
-        if rel in treecopy.OWN:
-            continue
+    for rel in [rel for rel in treecopy.list_tree(target)[1] if rel not in treecopy.OWN]:
         if rel not in known:
             why.append(f"{rel} is not in the source")
             continue
@@ -256,10 +250,8 @@ def _plan(source: Path, target: Path, files: Sequence[str]) -> Method:
             raise RegistryLocationError(message, hint=hint)
         return "merge"
     if target.is_dir() and any(target.iterdir()):
-        raise RegistryLocationError(
-            f"{target}: holds files but no {MARKER}; refusing to migrate into it",
-            hint="pick an empty or new directory with --to",
-        )
+        message = f"{target}: holds files but no {MARKER}; refusing to migrate into it"
+        raise RegistryLocationError(message, hint="pick an empty or new directory with --to")
     return "rename" if _same_filesystem(source, target) else "copy"
 
 
@@ -305,11 +297,8 @@ def _move_by_merge(
     source: Path, target: Path, dirs: Sequence[str], files: Sequence[str], say: Say
 ) -> int:
     """Add what the target lacks (and extend its journals); undo all of it on failure."""
-    wanted = [
-        rel
-        for rel in files
-        if rel not in treecopy.OWN and (rel in layout.JOURNALS or not (target / rel).exists())
-    ]
+    lacking = [rel for rel in files if rel in layout.JOURNALS or not (target / rel).exists()]
+    wanted = [rel for rel in lacking if rel not in treecopy.OWN]
     undo = treecopy.Undo()
     try:
         digests = treecopy.sync(source, target, wanted, dirs=dirs, undo=undo, progress=say)
@@ -338,13 +327,8 @@ def _merge_migrations_log(source: Path, target: Path) -> None:
 def _journal(source: Path, target: Path, method: Method, files: Sequence[str]) -> None:
     from prefixreg.core.version import package_version
 
-    line = {
-        "at": layout.iso_utc(layout.utc_now()),
-        "from": str(source),
-        "to": str(target),
-        "method": method,
-        "objects": sum(1 for f in files if layout.object_sha(f) is not None),
-        "files": len(files),
-        "prefixreg": package_version(),
-    }
+    objects = sum(1 for f in files if layout.object_sha(f) is not None)
+    line: dict[str, object] = {"at": layout.iso_utc(layout.utc_now()), "method": method}
+    line |= {"from": str(source), "to": str(target), "objects": objects, "files": len(files)}
+    line["prefixreg"] = package_version()
     fsutil.append_line(target / MIGRATIONS_LOG, dumps_canonical(line))

@@ -62,16 +62,12 @@ class JournalDisagreement:
     def describe(self) -> str:
         if self.last is None:
             return f"points to {self.current} but names.log has no move of it"
-        held = self.current or "nothing"
+        held, to = self.current or "nothing", self.last.to_sha
         if self.interrupted:
-            return (
-                f"interrupted move: names.log moves it to {self.last.to_sha} but it still "
-                f"holds {held}; run verify --repair to complete it"
-            )
-        return (
-            f"holds {held}, names.log's last move says {self.last.to_sha}; "
-            "run verify --repair to journal its current value"
-        )
+            moved = f"interrupted move: names.log moves it to {to} but it still holds {held}"
+            return f"{moved}; run verify --repair to complete it"
+        fix = "run verify --repair to journal its current value"
+        return f"holds {held}, names.log's last move says {to}; {fix}"
 
 
 class Names:

@@ -229,10 +229,8 @@ def survey(source: Path, *, progress: Progress | None = None) -> Survey:
     registry, every object hashed. Raises: RegistryLocationError (no `objects/`);
     IntegrityError (objects that do not verify, each named; a symlink or special file)."""
     if not (source / layout.OBJECTS).is_dir() or (source / layout.OBJECTS).is_symlink():
-        raise RegistryLocationError(
-            f"no registry at {source} (no {layout.MARKER}, no {layout.OBJECTS}/ directory)",
-            hint=f"see {layout.FORMAT_DOC}",
-        )
+        why = f"no registry at {source} (no {layout.MARKER}, no {layout.OBJECTS}/ directory)"
+        raise RegistryLocationError(why, hint=f"see {layout.FORMAT_DOC}")
     dirs, files = list_tree(source)
     bad, legacy = [], {}
     for rel in files:

@@ -139,10 +139,8 @@ class Registry:
             return self._objects.read(sha)
         except errors.RefNotFoundError:
             if self._names.is_frame(sha):
-                raise errors.RefNotFoundError(
-                    f"{ref or sha!r} names frame {sha[:12]}, not a prefix",
-                    hint="a frame is a head: use head()",
-                ) from None
+                why = f"{ref or sha!r} names frame {sha[:12]}, not a prefix"
+                raise errors.RefNotFoundError(why, hint="a frame is a head: use head()") from None
             if name is None:
                 raise
             path = self._disk.path(layout.name_relpath(name))

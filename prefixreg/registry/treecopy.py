@@ -83,10 +83,8 @@ def check_verifies(reg: Registry, what: str) -> list[str]:
     problems = [f for f in findings if f.severity == "problem" and f.kind != "insecure_mode"]
     if problems:
         first = problems[0]
-        raise IntegrityError(
-            f"{what} {reg.root} does not verify ({len(problems)} problems; first: "
-            f"{first.kind} {first.path}: {first.message})"
-        )
+        why = f"{len(problems)} problems; first: {first.kind} {first.path}: {first.message}"
+        raise IntegrityError(f"{what} {reg.root} does not verify ({why})")
     return [f"{f.path}: {f.message}" for f in findings if f.kind == "insecure_mode"]
 
 
@@ -169,10 +167,8 @@ def sync(
             replace_keeping(dst, ours, src_st)
             digests[rel] = hashlib.sha256(ours).hexdigest()
         else:
-            raise PrefixregError(
-                f"{rel} changed both at {source} and at {target} during the move; kept {source}",
-                hint="compare the two, then run migrate again",
-            )
+            why = f"{rel} changed both at {source} and at {target} during the move; kept {source}"
+            raise PrefixregError(why, hint="compare the two, then run migrate again")
     # Last, deepest first: a read-only source directory must not stop the copy into it.
     for rel in sorted(made, key=lambda d: d.count("/"), reverse=True):
         os.chmod(target / rel, stat.S_IMODE(os.lstat(source / rel).st_mode))
@@ -244,7 +240,5 @@ def remove_tree(root: Path, *, ordered: bool = True) -> None:
     try:
         shutil.rmtree(root, onerror=writable_and_retry)
     except OSError as exc:
-        raise PrefixregError(
-            f"could not remove {root} completely ({exc}); the migrated registry is complete",
-            hint=f"remove {root} by hand",
-        ) from None
+        why = f"could not remove {root} completely ({exc}); the migrated registry is complete"
+        raise PrefixregError(why, hint=f"remove {root} by hand") from None

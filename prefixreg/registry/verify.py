@@ -153,6 +153,8 @@ def _walk(reg: Registry, report: VerifyReport) -> Tree:
     except IntegrityError as exc:
         report.add("bad_record", layout.LEGACY, str(exc))
         extras = frozenset()
+    at_root = {(d, "dir") for d in (*layout.EXPECTED_DIRS, *extras)}  # what the format allows
+    at_root |= {(f, "file") for f in (*layout.ROOT_FILES, *extras)}
     pending = [""]
     while pending:
         rel_dir = pending.pop()
@@ -171,11 +173,7 @@ def _walk(reg: Registry, report: VerifyReport) -> Tree:
                 report.add("symlink", rel, "symlink in the registry; refused")
                 continue
             _check_mode(reg, report, rel, kind)
-            if not rel_dir and not (
-                (name in layout.EXPECTED_DIRS and kind == "dir")
-                or (name in layout.ROOT_FILES and kind == "file")
-                or (name in extras and kind in ("file", "dir"))
-            ):
+            if not rel_dir and (name, kind) not in at_root:
                 report.add("unexpected", rel, f"not part of a registry ({layout.FORMAT_DOC})")
                 continue
             kept.append((name, kind))
