@@ -26,8 +26,7 @@ RefArg = Annotated[
 
 
 def _safe(text: str) -> str:
-    """`text` with control characters shown as escapes: a note, source or name can never move
-    the cursor, recolour or forge a line."""
+    """`text`, control characters escaped: it cannot move the cursor, recolour or forge a line."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)

@@ -102,8 +102,7 @@ _WALKS = [0]  # walks so far: a short-lived command never pays for importing cty
 
 
 def _openat2() -> Callable[[int, str, int], int] | None:
-    """`openat2(dirfd, rel, flags)` with RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH (Linux 5.6+),
-    loaded after 32 walks; None before, or where the kernel or a sandbox lacks it."""
+    """`openat2` (RESOLVE_NO_SYMLINKS|BENEATH, Linux 5.6+) after 32 walks; else None."""
     if "fn" in _OPENAT2:
         return _OPENAT2["fn"]
     _WALKS[0] += 1

@@ -150,10 +150,8 @@ def migrate_registry(
     report.objects = sum(1 for f in files if layout.object_sha(f) is not None)
     report.copied = len(files) if report.method == "copy" else report.copied + len(late)
     if source != given:
-        report.warnings.append(
-            f"{given} is a symlink to {source}: moved {source}; the link now dangles "
-            "(remove it once nothing uses it)"
-        )
+        dangles = "the link now dangles (remove it once nothing uses it)"
+        report.warnings.append(f"{given} is a symlink to {source}: moved {source}; {dangles}")
     if repoint:
         where = source if dry_run else target  # a dry run reads what it would repoint
         report.repointed = repoint_files(where, given, target, write=not dry_run)
@@ -166,8 +164,7 @@ def migrate_registry(
 def _adopt(
     given: Path, source: Path, target: Path, report: MigrationReport, progress: Say | None
 ) -> None:
-    """Adopt the hand-built registry at `source` at `target` (`refs.adopt`): survey, build,
-    verify, then retire the source as any copy does; a dry run only surveys."""
+    """`refs.adopt` at `target`, then retire the source as a copy does; a dry run only surveys."""
     surveyed = survey(source, progress=progress)
     files = surveyed[1]
     if os.path.lexists(target / MARKER):

@@ -136,11 +136,9 @@ class Names:
                 return None
             if current is not None and not force and self.is_frame(current) != self.is_frame(sha):
                 was, kind = ("frame", "prefix") if self.is_frame(current) else ("prefix", "frame")
-                raise NameConflictError(
-                    f"name {name!r} points to {was} {current[:12]}; moving it to a {kind} "
-                    "changes what the loop sends",
-                    hint="pass --force (force=True) to move it anyway",
-                )
+                why = f"name {name!r} points to {was} {current[:12]}; moving it to a {kind}"
+                hint = "pass --force (force=True) to move it anyway"
+                raise NameConflictError(f"{why} changes what the loop sends", hint=hint)
             check(sha)
             move, start = self._append(name, current, sha, what=f"{name} not moved")
             try:
@@ -186,8 +184,7 @@ class Names:
         return out
 
     def repair(self, check: Check) -> list[str]:
-        """Make every name agree with its journal (module invariants), under the lock; what
-        was done. Otherwise the name's current value is journalled (readers use the file)."""
+        """Align every name with its journal, under the lock (module invariants); what was done."""
         with self._lock():
             done = self._disk.cut_tail(layout.NAMES_LOG)
             for d in self.disagreements():
@@ -228,8 +225,7 @@ class Records:
         return sorted(out, key=lambda m: m.at)
 
     def load_measurement(self, filename: str) -> Measurement:
-        """One record by its file name in `measurements/`. Raises: IntegrityError (module
-        invariants)."""
+        """A record by file name in `measurements/`. Raises: IntegrityError (module invariants)."""
         from prefixreg.core.records import Measurement
 
         rel = f"{layout.MEASUREMENTS}/{filename}"

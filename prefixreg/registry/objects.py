@@ -130,8 +130,7 @@ class Objects:
         return meta
 
     def shas(self, *, regular_only: bool = False, prefix: str = "") -> Iterator[str]:
-        """Every object sha present starting with `prefix` (by file name; not verified).
-        Raises: IntegrityError (see the module invariants)."""
+        """Object shas starting with `prefix`, by file name (unverified). Raises: IntegrityError."""
         fans = [prefix[:2]] if len(prefix) >= 2 else []
         for fan, kind in [] if fans else self._disk.entries(layout.OBJECTS):
             if kind == "link":
@@ -169,8 +168,7 @@ class Objects:
                     raise
 
     def write_meta(self, sha: str, size: int, *, note: str | None, source: str) -> None:
-        """Write the meta record of an object; an existing one only gets a new note, or
-        becomes the user's (see the module invariants)."""
+        """Write an object's meta; an existing one only gets a new note or becomes the user's."""
         path = self._disk.mkdir(layout.META) / f"{sha}.json"
         record: dict[str, object] = {"sha256": sha, "bytes": size, "source": source, "note": note}
         if not os.path.lexists(path):  # meta/ was just checked
@@ -184,10 +182,8 @@ class Objects:
             if note is None or old.note == note:
                 return
             if self._disk.is_legacy(layout.meta_relpath(sha)):  # history stays byte-identical
-                raise errors.UsageError(
-                    f"{path}: a legacy record of the adopted registry, kept as it is; "
-                    "its note cannot change"
-                )
+                why = f"{path}: a legacy record of the adopted registry, kept as it is"
+                raise errors.UsageError(f"{why}; its note cannot change")
             record = {**old.to_dict(), "note": note}
         record["created"] = old.created
         fsutil.replace_atomic(path, dumps_canonical(record) + b"\n", mode=0o444)

@@ -247,11 +247,9 @@ def survey(source: Path, *, progress: Progress | None = None) -> Survey:
             if not _current_shape(rel, raw):
                 legacy[rel] = hashlib.sha256(raw).hexdigest()
     if bad:
-        raise IntegrityError(
-            f"{source}: {len(bad)} objects do not verify, nothing adopted (an object is the "
-            f"exact bytes its name hashes: {layout.FORMAT_DOC}): " + "; ".join(bad),
-            path=source,
-        )
+        rule = f"an object is the exact bytes its name hashes: {layout.FORMAT_DOC}"
+        why = f"{source}: {len(bad)} objects do not verify, nothing adopted ({rule}): "
+        raise IntegrityError(why + "; ".join(bad), path=source)
     expected = {*layout.EXPECTED_DIRS, *layout.ROOT_FILES}
     kept = sorted({rel.partition("/")[0] for rel in [*dirs, *files]} - expected)
     return dirs, files, legacy, kept

@@ -87,11 +87,9 @@ class Registry:
     def refuse_on_mirror(self, what: str) -> None:
         """Refuse a write on a mirror (`UsageError`): the next mirror run would delete it."""
         if self.role == "mirror":
-            raise errors.UsageError(
-                f"{self.root} is a mirror; refusing to {what} here (the next mirror run "
-                "would delete it)",
-                hint="write on the origin registry (the coordinator), then run prefixreg mirror",
-            )
+            why = f"{self.root} is a mirror; refusing to {what} here"
+            hint = "write on the origin registry (the coordinator), then run prefixreg mirror"
+            raise errors.UsageError(f"{why} (the next mirror run would delete it)", hint=hint)
 
     @contextlib.contextmanager
     def lock(self, name: str = "registry") -> Iterator[None]:
@@ -127,10 +125,8 @@ class Registry:
         if not found:
             raise errors.RefNotFoundError(f"no prefix or frame matches {ref!r}")
         if len(found) > 1:
-            shown = ", ".join(m[:12] for m in found[:5])
-            raise errors.AmbiguousRefError(
-                f"{ref!r} matches {len(found)} heads: {shown}", candidates=found
-            )
+            why = f"{ref!r} matches {len(found)} heads: {', '.join(m[:12] for m in found[:5])}"
+            raise errors.AmbiguousRefError(why, candidates=found)
         return found[0], None
 
     def _read(self, sha: str, name: str | None, ref: object = None) -> bytes:

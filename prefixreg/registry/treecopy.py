@@ -54,10 +54,8 @@ def list_tree(root: Path) -> tuple[list[str], list[str]]:
     files: list[str] = []
     for rel, kind in Disk(root, marked=False).walk():
         if kind in ("link", "other"):
-            what = "symlink" if kind == "link" else "special file"
-            raise IntegrityError(
-                f"{root / rel}: {what} in the registry; refusing to migrate it", path=root / rel
-            )
+            why = f"{root / rel}: {'symlink' if kind == 'link' else 'special file'} in the registry"
+            raise IntegrityError(f"{why}; refusing to migrate it", path=root / rel)
         parts = rel.split("/")
         if (parts[0] == layout.LOCKS and len(parts) > 1) or any(map(layout.is_temp_name, parts)):
             continue
@@ -77,8 +75,7 @@ def stats(root: Path, files: Iterable[str]) -> dict[str, Stat]:
 
 
 def check_verifies(reg: Registry, what: str) -> list[str]:
-    """Verify `reg`: raise on a problem; the insecure-mode messages as warnings (modes
-    travel with the registry and are the user's to fix)."""
+    """Raise unless `reg` verifies; its insecure-mode findings, as warnings (the user's to fix)."""
     findings = verify_registry(reg).findings
     problems = [f for f in findings if f.severity == "problem" and f.kind != "insecure_mode"]
     if problems:
@@ -203,11 +200,9 @@ def retire_source(source: Path, target: Path, before: dict[str, Stat]) -> tuple[
         if not copied:
             break
     else:
-        raise PrefixregError(
-            f"{source} kept changing during the move; kept it (the copy at {target} is "
-            "complete up to now)",
-            hint="stop whatever writes to it, then run migrate again (it finishes the move)",
-        )
+        kept = f"kept it (the copy at {target} is complete up to now)"
+        hint = "stop whatever writes to it, then run migrate again (it finishes the move)"
+        raise PrefixregError(f"{source} kept changing during the move; {kept}", hint=hint)
     retired = source.with_name(f".{source.name}.migrated-{secrets.token_hex(4)}")
     try:
         source.rename(retired)
