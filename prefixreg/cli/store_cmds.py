@@ -76,10 +76,8 @@ def _measurement_line(m: Measurement, current_build: str | None) -> str:
     mark = "" if current_build is None or m.build.build_id == current_build else " (older build)"
     if out.interleaved:
         mark += " (interleaved: not a clean measurement)"
-    return (
-        f"  {m.at}  {m.kind:<8} {out.verdict or '?':<10} cached {out.cached_tokens}/"
-        f"{out.prompt_tokens}  build {m.build.build_id}{mark}"
-    )
+    hits = f"cached {out.cached_tokens}/{out.prompt_tokens}"
+    return f"  {m.at}  {m.kind:<8} {out.verdict or '?':<10} {hits}  build {m.build.build_id}{mark}"
 
 
 def show_command(
@@ -175,10 +173,9 @@ def ls_command(
             names = _safe(",".join(o.names)) or "-"
             note = f"  {_safe(o.note)}" if o.note else ""
             mark = "  [probe]" if o.probe_slice else ""
-            sys.stdout.write(
-                f"{o.sha256[:12]}  {o.kind:<6}  {size:>9}  {(o.created or '?')[:19]}  "
-                f"{names}{mark}{note}\n"
-            )
+            created = (o.created or "?")[:19]
+            line = f"{o.sha256[:12]}  {o.kind:<6}  {size:>9}  {created}  {names}{mark}{note}"
+            sys.stdout.write(line + "\n")
         if hidden and not probe:
             what = "probe slice" if hidden == 1 else "probe slices"
             c.info(f"{hidden} {what} hidden (ls --all lists them, ls --probe only them)")
@@ -204,8 +201,7 @@ def name_command(
         was: object = UNSET
         if expect is not None:
             was = None if expect.lower() == "none" else reg.resolve(expect)
-        move = reg.move_name(name, ref, expect=was, force=force)
-        if move is None:
+        if (move := reg.move_name(name, ref, expect=was, force=force)) is None:
             c.info(f"{name} already points to {reg.resolve(ref)}")
         else:
             c.info(f"{name}: {move.from_sha or '(new)'} -> {move.to_sha}")

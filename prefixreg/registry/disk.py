@@ -114,8 +114,7 @@ class Disk:
 
     def is_legacy(self, rel: str, raw: bytes | None = None) -> bool:
         """Is `rel` a record `legacy.json` lists, its bytes (`raw`, else read) unchanged?"""
-        want = self.legacy()[0].get(rel)
-        if want is None:
+        if (want := self.legacy()[0].get(rel)) is None:
             return False
         try:
             return hashlib.sha256(self.read(rel) if raw is None else raw).hexdigest() == want

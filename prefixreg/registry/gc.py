@@ -140,8 +140,7 @@ def _recent_measurements(reg: Registry, cutoff: float) -> set[str]:
             continue
         st = reg._disk.lstat(f"{layout.MEASUREMENTS}/{name}")
         newest = st.st_mtime if st is not None else 0.0
-        match = _STAMP_RE.search(name)
-        if match is not None:
+        if (match := _STAMP_RE.search(name)) is not None:
             with contextlib.suppress(ValueError, OverflowError):
                 stamp = calendar.timegm(time.strptime(match.group(1), "%Y%m%dT%H%M%S"))
                 newest = max(newest, stamp + int(match.group(2)) / 1e6)

@@ -159,8 +159,7 @@ def scan_references(
     pattern = path_pattern(path_forms(old))
     skipped = {Path(p).expanduser().resolve() for p in skip} | {old.resolve()}
     found: list[StaleReference] = []
-    for start in map(Path, dirs):
-        start = start.expanduser()
+    for start in (Path(d).expanduser() for d in dirs):
         for path in [start] if start.is_file() else _files(start, skipped):
             found.extend(_scan_file(path, pattern))
     return found
@@ -268,9 +267,8 @@ def adopt(
     try:
         check_copies(staging, sync(source, staging, files, dirs=dirs))
         staging.chmod(stat.S_IMODE(source.stat().st_mode))
-        for rel in files:
-            if layout.object_sha(rel) is not None:
-                os.chmod(staging / rel, stat.S_IMODE((staging / rel).lstat().st_mode) & ~0o222)
+        for rel in [rel for rel in files if layout.object_sha(rel) is not None]:
+            os.chmod(staging / rel, stat.S_IMODE((staging / rel).lstat().st_mode) & ~0o222)
         now = layout.iso_utc(layout.utc_now())
         manifest = {"format": f"{layout.FORMAT}-legacy", "version": 1, "adopted": now}
         manifest |= {"from": str(source), "records": legacy, "kept": kept}

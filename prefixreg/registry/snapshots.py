@@ -114,8 +114,7 @@ def prune_snapshot_records(
     for name, sha in record_entries(registry):
         if _head_missing(registry, sha):
             rel = f"{layout.SNAPSHOTS}/{name}"
-            mtime = disk.remove_old(rel, cutoff, dry_run=dry_run)
-            if mtime is not None:
+            if (mtime := disk.remove_old(rel, cutoff, dry_run=dry_run)) is not None:
                 removed.append((rel, mtime))
     if removed and not dry_run:
         fsutil.fsync_dir(disk.path(layout.SNAPSHOTS))

@@ -198,8 +198,7 @@ def _verify_objects(reg: Registry, report: VerifyReport, tree: Tree) -> None:
             continue
         for entry, kind in tree[fan_rel]:
             rel = f"{fan_rel}/{entry}"
-            sha = layout.object_sha(rel)
-            if sha is None:
+            if (sha := layout.object_sha(rel)) is None:
                 report.add("unexpected", rel, "not an object file")
                 continue
             report.objects += 1
@@ -222,8 +221,7 @@ def _verify_objects(reg: Registry, report: VerifyReport, tree: Tree) -> None:
 def _verify_meta(reg: Registry, report: VerifyReport, tree: Tree) -> None:
     for entry, _kind in tree.get(layout.META, []):
         rel = f"{layout.META}/{entry}"
-        sha = layout.meta_sha(rel)
-        if sha is None:
+        if (sha := layout.meta_sha(rel)) is None:
             report.add("unexpected", rel, "not a meta record")
             continue
         report.meta += 1
