@@ -73,12 +73,10 @@ def migrate_command(
         source, target = display_path(Path(report.source)), display_path(Path(report.target))
         verb, checked = ("would move", "") if dry_run else ("moved", " verified")
         if report.method != "none":
-            c.info(
-                f"{verb} {source} -> {target} by {report.method}: {report.objects} objects"
-                f"{checked}, {report.files} files"
-                + (f", {report.legacy} legacy records kept as they are" if report.legacy else "")
-                + (f", kept as yours: {', '.join(report.kept)}" if report.kept else "")
-            )
+            moved = f"{verb} {source} -> {target} by {report.method}: {report.objects} objects"
+            legacy = f", {report.legacy} legacy records kept as they are" if report.legacy else ""
+            kept = f", kept as yours: {', '.join(report.kept)}" if report.kept else ""
+            c.info(f"{moved}{checked}, {report.files} files{legacy}{kept}")
         if scan:
             where = ", ".join(map(str, scan))
             todo = "; repoint them to the new location" if report.stale else ""
@@ -129,13 +127,11 @@ def gc_command(
             sys.stdout.write(f"{done} {item.kind:<6} {item.path}\n")
         kinds = ("stray", "object", "meta", "snapshot")
         count = {k: sum(i.kind == k for i in report.removed) for k in kinds}
-        c.info(
-            f"{'dry run: would remove' if dry_run else 'removed'} {count['stray']} stray temp "
-            f"files, {count['object']} unnamed objects, {count['meta']} meta records"
-            + (f", {count['snapshot']} snapshot records" if prune_snapshots else "")
-            + f" (grace {grace})"
-            + ("" if prune_unnamed else "; unnamed objects are kept without --prune-unnamed")
-        )
+        removed = "dry run: would remove" if dry_run else "removed"
+        files = f"{count['stray']} stray temp files, {count['object']} unnamed objects"
+        snaps = f", {count['snapshot']} snapshot records" if prune_snapshots else ""
+        kept = "" if prune_unnamed else "; unnamed objects are kept without --prune-unnamed"
+        c.info(f"{removed} {files}, {count['meta']} meta records{snaps} (grace {grace}){kept}")
 
 
 def register(app: typer.Typer) -> None:

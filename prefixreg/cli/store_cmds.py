@@ -259,11 +259,10 @@ def verify_command(
                 line = f"{f.severity:<8} {f.kind:<12} {f.path}: {f.message}"
                 sys.stdout.write(_safe(line) + "\n")
             problems = sum(f.severity == "problem" for f in report.findings)
-            c.info(
-                f"{'ok' if report.ok else 'PROBLEMS FOUND'}: {report.objects} objects, "
-                f"{report.meta} meta, {report.names} names, {report.measurements} measurements"
-                f"; {problems} problems, {len(report.findings) - problems} warnings"
-            )
+            counts = f"{report.objects} objects, {report.meta} meta, {report.names} names"
+            found = f"{problems} problems, {len(report.findings) - problems} warnings"
+            verdict = "ok" if report.ok else "PROBLEMS FOUND"
+            c.info(f"{verdict}: {counts}, {report.measurements} measurements; {found}")
         if not report.ok:
             raise typer.Exit(int(c.ExitCode.NO))
 
