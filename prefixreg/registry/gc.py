@@ -192,7 +192,7 @@ def _prune_one(reg: Registry, report: GcReport, sha: str, *, cutoff: float, now:
             # Gone, or a concurrent add re-used it between our look and the claim: keep it.
             for claim, path in ((obj_claim, obj), (meta_claim, meta)):
                 if claim is not None:
-                    with contextlib.suppress(FileExistsError):  # never over one a writer put
+                    with contextlib.suppress(FileExistsError):  # never replaces a writer's new file
                         os.link(claim, path)
                     claim.unlink()
             if obj_claim is not None:
