@@ -41,7 +41,7 @@ def _assert_consistent(reg: Registry) -> None:
     for name in reg.names():
         reg.get(name)  # no name points nowhere
     for sha in reg.iter_shas():
-        if reg.meta_path(sha).exists():
+        if (reg.root / "meta" / f"{sha}.json").exists():
             assert reg.meta(sha).sha256 == sha
     reg.measurements()  # every measurement record parses
     reg.name_log()  # every journal line parses

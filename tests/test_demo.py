@@ -21,7 +21,7 @@ def test_demo_adds_warms_probes_and_leaves_records(tmp_path: Path) -> None:
     assert out["warm"]["body"]["verdict"] == "resumed"
     assert out["probe"]["survival"] == 3
     reg = Registry(reg_path)
-    assert reg.get_bytes("coding-agent") == sample_prompt()
+    assert reg.get("coding-agent").data == sample_prompt()
     assert len(reg.measurements(reg.resolve("coding-agent"))) == 1
     assert list((reg_path / "probes").glob("*.md"))
     assert verify_registry(reg).ok

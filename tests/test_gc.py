@@ -90,7 +90,7 @@ def test_unnamed_objects_only_go_with_prune_unnamed(registry: Registry) -> None:
         ("meta", f"meta/{unnamed}.json"),
     ]
     assert set(registry.iter_shas()) == {named}
-    assert not registry.meta_path(unnamed).exists()
+    assert not (registry.root / "meta" / f"{unnamed}.json").exists()
     assert verify_registry(registry).findings == []
 
 

@@ -186,7 +186,7 @@ def test_a_rename_that_does_not_verify_is_put_back(
             raise IntegrityError("simulated: the moved registry does not verify")
         return real_check(reg, what)
 
-    monkeypatch.setattr(migrate_mod, "check_verifies", second_fails)
+    monkeypatch.setattr(treecopy, "check_verifies", second_fails)
     with pytest.raises(IntegrityError, match="simulated"):
         migrate_registry(old, new)
     assert _snapshot(old) == before

@@ -296,7 +296,7 @@ def test_an_adoption_that_fails_at_the_end_leaves_the_source_the_one_copy(
     """A source that kept changing while the adoption retired it (a fault injected where the
     real catch-up gives up): nothing adopted, the source as it was, and a re-run adopts it."""
     from prefixreg.core.errors import PrefixregError
-    from prefixreg.registry import migrate
+    from prefixreg.registry import migrate, treecopy
 
     seed, _ = build_seed(home)
     before = _tree(seed, ("objects", "meta", "measurements", "bin", "README.md", "mirror.log"))
@@ -305,7 +305,7 @@ def test_an_adoption_that_fails_at_the_end_leaves_the_source_the_one_copy(
         raise PrefixregError(f"{source} kept changing during the move")
 
     with monkeypatch.context() as patched, pytest.raises(PrefixregError, match="nothing") as err:
-        patched.setattr(migrate, "retire_source", never_quiet)  # only here: the home stays
+        patched.setattr(treecopy, "retire_source", never_quiet)  # only here: the home stays
         migrate.migrate_registry(seed, repoint=True)
     assert "--repoint again" in (err.value.hint or "")
     assert not default_registry_path().exists() and seed.exists()

@@ -251,7 +251,7 @@ def test_local_mirror_is_byte_identical_and_a_second_run_sends_nothing(tmp_path:
     assert content(dest) == {k: v for k, v in content(reg.root).items() if not k.endswith(".tmp")}
     assert role_of(dest) == "mirror" and role_of(reg.root) == "origin"
     assert not (dest / ".locks").exists() and not (dest / "mirror.log").exists()
-    assert Registry(dest).get_bytes("p3").startswith(b"prefix 3")
+    assert Registry(dest).get("p3").data.startswith(b"prefix 3")
     assert b"ok" in first.stderr and b"verified" in first.stderr
 
     before = tree(dest)
@@ -654,7 +654,7 @@ def test_passes_send_objects_before_names_and_meta_and_delete_last(
     reg.add("brand new", name="brand-new")
     os.chmod(reg.object_path(old), 0o644)
     reg.object_path(old).unlink()
-    reg.meta_path(old).unlink()
+    (reg.root / "meta" / f"{old}.json").unlink()
     (reg.root / "names" / "p2").unlink()
     res = mirror(reg, [str(dest)]).results[0]
     assert res.ok and res.deleted == 3
@@ -692,7 +692,7 @@ def test_a_name_deleted_then_recreated_during_the_run_never_arrives_before_its_o
     (reg.root / "names" / "foo").unlink()
     os.chmod(reg.object_path(old), 0o644)
     reg.object_path(old).unlink()
-    reg.meta_path(old).unlink()
+    (reg.root / "meta" / f"{old}.json").unlink()
     checks: list[tuple[str, list[str]]] = []
     real_pass = Session._pass
     injected: list[str] = []

@@ -473,7 +473,7 @@ def test_a_placement_naming_a_pruned_head_or_a_corrupt_entry_is_dropped_with_a_w
         assert run_cli("pool", "warm", "q0", gone, *common).returncode == 0
         # What `gc --prune-unnamed` does to an unnamed object (once its measurements age).
         reg.object_path(gone).unlink()
-        reg.meta_path(gone).unlink()
+        (reg.root / "meta" / f"{gone}.json").unlink()
         path = default_placement(root, pool_spec([sim.url], env={}).pool_id)
         body = orjson.loads(path.read_bytes())
         assert {e["sha256"] for e in body["entries"]} == {kept, gone}

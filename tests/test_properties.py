@@ -110,7 +110,7 @@ class RegistryMachine(RuleBasedStateMachine):
         ref = sha if how == "sha" else sha[:12]
         if sha in self.objects:
             assert self.reg.get(ref).data == self.objects[sha]
-            assert self.reg.get_bytes(ref) == self.objects[sha]
+            assert self.reg.get(ref).data == self.objects[sha]
         else:
             try:
                 self.reg.get(ref)
@@ -154,7 +154,7 @@ class RegistryMachine(RuleBasedStateMachine):
         assert set(self.reg.iter_shas()) == set(self.objects)
         assert len(self.reg.name_log()) == self.journal
         for sha, data in self.objects.items():
-            assert self.reg.get_bytes(sha) == data
+            assert self.reg.get(sha).data == data
             assert self.reg.meta(sha).bytes == len(data)
 
     @invariant()

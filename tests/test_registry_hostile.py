@@ -106,7 +106,7 @@ def test_every_symlinked_component_is_named_either_way(
 def test_a_name_whose_target_is_missing_is_an_integrity_failure(registry: Registry) -> None:
     sha = registry.add("soon gone\n", name="main")
     registry.object_path(sha).unlink()
-    for call in (registry.get, registry.head, registry.resolve, registry.get_bytes):
+    for call in (registry.get, registry.head, registry.resolve):
         with pytest.raises(IntegrityError, match=r"points to .*missing"):
             call("main")
     for command in ("cat", "show"):
@@ -226,7 +226,6 @@ def test_wrong_types_raise_a_prefixreg_error(
         lambda: reg.get(value),
         lambda: reg.head(value),
         lambda: reg.resolve(value),
-        lambda: reg.get_bytes(value),
         lambda: reg.read_verified(value),
         lambda: reg.meta(value),
         lambda: reg.object_path(value),

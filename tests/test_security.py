@@ -186,7 +186,7 @@ def test_symlinked_object_is_refused(registry: Registry, outside: Path) -> None:
 
 def test_symlinked_meta_is_refused(registry: Registry, outside: Path) -> None:
     sha = registry.add("real\n")
-    meta = registry.meta_path(sha)
+    meta = registry.root / "meta" / f"{sha}.json"
     meta.unlink()
     meta.symlink_to(outside)
     with pytest.raises(IntegrityError, match="symlink"):

@@ -52,7 +52,7 @@ def test_add_keeps_exact_bytes_and_object_file_is_named_by_its_sha(registry: Reg
     assert path.read_bytes() == TRICKY
     assert hashlib.sha256(path.read_bytes()).hexdigest() == path.name.removesuffix(".txt") == sha
     assert path.parent.name == sha[:2]
-    assert registry.get_bytes("tricky") == TRICKY
+    assert registry.get("tricky").data == TRICKY
     assert registry.get("tricky").text.encode() == TRICKY
     assert path.stat().st_mode & 0o777 == 0o444
 
@@ -104,7 +104,7 @@ def test_bad_names_are_refused_and_nothing_is_written(registry: Registry, name: 
 def test_flipped_byte_fails_closed_on_every_read_path(registry: Registry) -> None:
     sha = registry.add("the exact prefix", name="p")
     flip_byte(registry.object_path(sha))
-    for call in (registry.get, registry.get_bytes):
+    for call in (registry.get, registry.head):
         with pytest.raises(IntegrityError) as info:
             call("p")
         assert info.value.expected == sha
@@ -199,7 +199,7 @@ def test_newer_format_is_refused(registry: Registry) -> None:
 
 def test_meta_that_is_not_json_is_a_corrupt_record(registry: Registry) -> None:
     sha = registry.add("x")
-    meta = registry.meta_path(sha)
+    meta = registry.root / "meta" / f"{sha}.json"
     os.chmod(meta, 0o644)
     meta.write_text("{not json")
     with pytest.raises(CorruptRecordError):

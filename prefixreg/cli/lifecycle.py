@@ -13,16 +13,7 @@ from typing import Annotated
 
 import typer
 
-from prefixreg.cli._common import (
-    DebugOpt,
-    JsonOpt,
-    RegistryOpt,
-    cli_errors,
-    emit_json,
-    info,
-    open_registry_from,
-    progress_for,
-)
+from prefixreg.cli import _common as c
 
 DryRunOpt = Annotated[
     bool, typer.Option("--dry-run", help="Say what would happen; change nothing.")
@@ -50,8 +41,8 @@ def migrate_command(
         ),
     ] = False,
     dry_run: DryRunOpt = False,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Move a registry to a new path (default: the standard location), verified.
 
@@ -60,40 +51,36 @@ def migrate_command(
     the move is journalled in migrations.log at the new root. With --dry-run, each file
     --repoint would change is printed as a diff.
     """
-    with cli_errors(debug):
+    with c.cli_errors(debug):
         from prefixreg.registry.location import display_path
         from prefixreg.registry.migrate import migrate_registry
 
-        progress = progress_for(json_out)
+        progress = c.progress_for(json_out)
         report = migrate_registry(
             old, to, scan=scan or (), dry_run=dry_run, repoint=repoint, progress=progress
         )
         if json_out:
-            emit_json(report.to_dict())
+            c.emit_json(report.to_dict())
         for change in [] if json_out else report.repointed:
             if dry_run:
                 sys.stdout.write(change.diff)
             else:
-                info(f"repointed {display_path(Path(change.path))} ({change.lines} lines)")
+                c.info(f"repointed {display_path(Path(change.path))} ({change.lines} lines)")
         for ref in [] if json_out else report.stale:
             sys.stdout.write(f"{ref.path}:{ref.line}: {ref.text}\n")
         for warning in report.warnings:
-            info(f"warning: {warning}")
+            c.info(f"warning: {warning}")
         source, target = display_path(Path(report.source)), display_path(Path(report.target))
         verb, checked = ("would move", "") if dry_run else ("moved", " verified")
         if report.method != "none":
-            info(
-                f"{verb} {source} -> {target} by {report.method}: {report.objects} objects"
-                f"{checked}, {report.files} files"
-                + (f", {report.legacy} legacy records kept as they are" if report.legacy else "")
-                + (f", kept as yours: {', '.join(report.kept)}" if report.kept else "")
-            )
+            moved = f"{verb} {source} -> {target} by {report.method}: {report.objects} objects"
+            legacy = f", {report.legacy} legacy records kept as they are" if report.legacy else ""
+            kept = f", kept as yours: {', '.join(report.kept)}" if report.kept else ""
+            c.info(f"{moved}{checked}, {report.files} files{legacy}{kept}")
         if scan:
-            info(
-                f"{len(report.stale)} references to {source} left under "
-                f"{', '.join(map(str, scan))}"
-                + ("; repoint them to the new location" if report.stale else "")
-            )
+            where = ", ".join(map(str, scan))
+            todo = "; repoint them to the new location" if report.stale else ""
+            c.info(f"{len(report.stale)} references to {source} left under {where}{todo}")
 
 
 def gc_command(
@@ -112,9 +99,9 @@ def gc_command(
             help="Also remove snapshot records whose prefix is gone (not the snapshot files).",
         ),
     ] = False,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Remove stray temp files older than the grace period; unnamed objects only if asked.
 
@@ -122,32 +109,29 @@ def gc_command(
     record points to, a measurement, a journal or anything younger than the grace period;
     snapshot records only with --prune-snapshots (and only when their prefix is gone).
     """
-    with cli_errors(debug):
+    with c.cli_errors(debug):
         from prefixreg.registry.gc import collect_garbage, parse_grace
 
         grace_s = parse_grace(grace)
         report = collect_garbage(
-            open_registry_from(registry),
+            c.open_registry_from(registry),
             grace_s=grace_s,
             prune_unnamed=prune_unnamed,
             prune_snapshots=prune_snapshots,
             dry_run=dry_run,
         )
         if json_out:
-            emit_json(report.to_dict())
+            c.emit_json(report.to_dict())
+        done = "would remove" if dry_run else "removed"
         for item in [] if json_out else report.removed:
-            sys.stdout.write(
-                f"{'would remove' if dry_run else 'removed'} {item.kind:<6} {item.path}\n"
-            )
-        count = {k: sum(i.kind == k for i in report.removed) for k in ("stray", "object", "meta")}
-        snapshots = sum(i.kind == "snapshot" for i in report.removed)
-        info(
-            f"{'dry run: would remove' if dry_run else 'removed'} {count['stray']} stray temp "
-            f"files, {count['object']} unnamed objects, {count['meta']} meta records"
-            + (f", {snapshots} snapshot records" if prune_snapshots else "")
-            + f" (grace {grace})"
-            + ("" if prune_unnamed else "; unnamed objects are kept without --prune-unnamed")
-        )
+            sys.stdout.write(f"{done} {item.kind:<6} {item.path}\n")
+        kinds = ("stray", "object", "meta", "snapshot")
+        count = {k: sum(i.kind == k for i in report.removed) for k in kinds}
+        removed = "dry run: would remove" if dry_run else "removed"
+        files = f"{count['stray']} stray temp files, {count['object']} unnamed objects"
+        snaps = f", {count['snapshot']} snapshot records" if prune_snapshots else ""
+        kept = "" if prune_unnamed else "; unnamed objects are kept without --prune-unnamed"
+        c.info(f"{removed} {files}, {count['meta']} meta records{snaps} (grace {grace}){kept}")
 
 
 def register(app: typer.Typer) -> None:

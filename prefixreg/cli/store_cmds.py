@@ -15,16 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from prefixreg.cli._common import (
-    DebugOpt,
-    ExitCode,
-    JsonOpt,
-    RegistryOpt,
-    cli_errors,
-    emit_json,
-    info,
-    open_registry_from,
-)
+from prefixreg.cli import _common as c
 
 if TYPE_CHECKING:
     from prefixreg.core.records import Measurement
@@ -35,8 +26,7 @@ RefArg = Annotated[
 
 
 def _safe(text: str) -> str:
-    """`text` with control characters shown as escapes: a note, source or name can never move
-    the cursor, recolour or forge a line."""
+    """`text`, control characters escaped: it cannot move the cursor, recolour or forge a line."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
@@ -46,11 +36,11 @@ def add_command(
     file: Annotated[str, typer.Argument(help="File to add, or - for standard input.")],
     name: Annotated[str | None, typer.Option("--name", "-n", help="Point this name at it.")] = None,
     note: Annotated[str | None, typer.Option("--note", help="A note for its meta record.")] = None,
-    registry: RegistryOpt = None,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Add a prefix (exact bytes, valid UTF-8) and print its sha256. Idempotent."""
-    with cli_errors(debug):
+    with c.cli_errors(debug):
         from prefixreg.registry.fsutil import read_user_file
         from prefixreg.registry.objects import check_text
 
@@ -60,19 +50,19 @@ def add_command(
         # A file name as a label that is always valid text: bytes that are not UTF-8 (kept by
         # the OS as surrogate escapes) are shown as \xNN escapes.
         label = os.fsencode(Path(file).name).decode("utf-8", errors="backslashreplace")
-        reg = open_registry_from(registry)
+        reg = c.open_registry_from(registry)
         sha = reg.add(data, name=name, note=note, source="stdin" if file == "-" else label)
         sys.stdout.write(sha + "\n")
 
 
-def cat_command(ref: RefArg, registry: RegistryOpt = None, debug: DebugOpt = False) -> None:
+def cat_command(ref: RefArg, registry: c.RegistryOpt = None, debug: c.DebugOpt = False) -> None:
     """Write a prefix's verified bytes to stdout, byte for byte; a frame's head as JSON
     (its system text, tools in their own key order, and settings)."""
-    with cli_errors(debug):
+    with c.cli_errors(debug):
         from prefixreg.core.frame import Frame
         from prefixreg.core.jsonio import dumps_ordered
 
-        head = open_registry_from(registry).head(ref)
+        head = c.open_registry_from(registry).head(ref)
         data = head.system.data
         if isinstance(head, Frame):
             parts = {"system": head.system.text, "tools": head.tools, "settings": head.settings}
@@ -86,10 +76,8 @@ def _measurement_line(m: Measurement, current_build: str | None) -> str:
     mark = "" if current_build is None or m.build.build_id == current_build else " (older build)"
     if out.interleaved:
         mark += " (interleaved: not a clean measurement)"
-    return (
-        f"  {m.at}  {m.kind:<8} {out.verdict or '?':<10} cached {out.cached_tokens}/"
-        f"{out.prompt_tokens}  build {m.build.build_id}{mark}"
-    )
+    hits = f"cached {out.cached_tokens}/{out.prompt_tokens}"
+    return f"  {m.at}  {m.kind:<8} {out.verdict or '?':<10} {hits}  build {m.build.build_id}{mark}"
 
 
 def show_command(
@@ -102,16 +90,16 @@ def show_command(
             "on other builds (default: the newest measured build counts as current).",
         ),
     ] = None,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Show a prefix's or a frame's metadata, names and measurements (after verifying it)."""
-    with cli_errors(debug):
+    with c.cli_errors(debug):
         from prefixreg.core.frame import Frame
         from prefixreg.registry.layout import frame_relpath
 
-        reg = open_registry_from(registry)
+        reg = c.open_registry_from(registry)
         head = reg.head(ref)
         sha, system = head.sha256, head.system
         names = sorted(n for n, s in reg.names().items() if s == sha)
@@ -124,10 +112,9 @@ def show_command(
             with Worker(worker) as w:
                 latest = w.server_build().build_id
         if isinstance(head, Frame):
-            path = reg.root / frame_relpath(sha)
-            tools, settings = head.tools_sha256, head.settings
+            path, tools = reg.root / frame_relpath(sha), head.tools_sha256
             fields: dict[str, object] = {"system": system.sha256, "tools": tools}
-            fields["settings"] = settings
+            fields["settings"] = head.settings
             rows = {"system": f"{system.sha256} ({system.size} bytes)", "tools": tools or "-"}
             rows["settings"] = head.settings_json.decode()
         else:
@@ -136,7 +123,7 @@ def show_command(
             rows = {"bytes": str(meta.bytes), "created": meta.created, "source": meta.source}
             rows |= {"note": meta.note} if meta.note else {}
         if json_out:
-            emit_json(
+            c.emit_json(
                 {"sha256": sha, "kind": head.kind, "path": str(path), "names": names, **fields}
                 | {"current_build": latest, "measurements": [m.to_dict() for m in measurements]}
             )
@@ -163,36 +150,35 @@ def show_command(
 def ls_command(
     show_all: Annotated[bool, typer.Option("--all", "-a", help="Also list probe slices.")] = False,
     probe: Annotated[bool, typer.Option("--probe", help="List only probe slices.")] = False,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """List prefixes and frames: sha, kind, size, creation time, names, note.
 
     The slices a probe registered are hidden (a named one is shown: its name makes it
     yours); the count hidden goes to stderr. --all lists them too, --probe only them.
     """
-    with cli_errors(debug):
-        everything = open_registry_from(registry).list_objects(frames=True)
+    with c.cli_errors(debug):
+        everything = c.open_registry_from(registry).list_objects(frames=True)
         if probe:
             rows = [o for o in everything if o.probe_slice]
         else:
             rows = [o for o in everything if show_all or not o.probe_slice or o.names]
         hidden = len(everything) - len(rows)
         if json_out:
-            emit_json([o._asdict() | {"names": list(o.names)} for o in rows])
+            c.emit_json([o._asdict() | {"names": list(o.names)} for o in rows])
         for o in [] if json_out else rows:
             size = "-" if o.bytes is None else str(o.bytes)
             names = _safe(",".join(o.names)) or "-"
             note = f"  {_safe(o.note)}" if o.note else ""
             mark = "  [probe]" if o.probe_slice else ""
-            sys.stdout.write(
-                f"{o.sha256[:12]}  {o.kind:<6}  {size:>9}  {(o.created or '?')[:19]}  "
-                f"{names}{mark}{note}\n"
-            )
+            created = (o.created or "?")[:19]
+            line = f"{o.sha256[:12]}  {o.kind:<6}  {size:>9}  {created}  {names}{mark}{note}"
+            sys.stdout.write(line + "\n")
         if hidden and not probe:
             what = "probe slice" if hidden == 1 else "probe slices"
-            info(f"{hidden} {what} hidden (ls --all lists them, ls --probe only them)")
+            c.info(f"{hidden} {what} hidden (ls --all lists them, ls --probe only them)")
 
 
 def name_command(
@@ -204,43 +190,42 @@ def name_command(
     force: Annotated[
         bool, typer.Option("--force", help="Move a name from a prefix to a frame, or back.")
     ] = False,
-    registry: RegistryOpt = None,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Point NAME at a prefix or a frame (journalled in names.log)."""
-    with cli_errors(debug):
+    with c.cli_errors(debug):
         from prefixreg.registry.names import UNSET
 
-        reg = open_registry_from(registry)
+        reg = c.open_registry_from(registry)
         was: object = UNSET
         if expect is not None:
             was = None if expect.lower() == "none" else reg.resolve(expect)
-        move = reg.move_name(name, ref, expect=was, force=force)
-        if move is None:
-            info(f"{name} already points to {reg.resolve(ref)}")
+        if (move := reg.move_name(name, ref, expect=was, force=force)) is None:
+            c.info(f"{name} already points to {reg.resolve(ref)}")
         else:
-            info(f"{name}: {move.from_sha or '(new)'} -> {move.to_sha}")
+            c.info(f"{name}: {move.from_sha or '(new)'} -> {move.to_sha}")
 
 
 def names_command(
     log: Annotated[bool, typer.Option("--log", help="Show the journal of name moves.")] = False,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """List names and the sha each points to (or the move journal with --log)."""
-    with cli_errors(debug):
-        reg = open_registry_from(registry)
+    with c.cli_errors(debug):
+        reg = c.open_registry_from(registry)
         if log:
             moves = reg.name_log()
             if json_out:
-                emit_json([m.to_dict() for m in moves])
+                c.emit_json([m.to_dict() for m in moves])
             for m in [] if json_out else moves:
                 sys.stdout.write(f"{m.at}  {_safe(m.name)}  {m.from_sha or '-'} -> {m.to_sha}\n")
             return
         names = reg.names()
         if json_out:
-            emit_json(names)
+            c.emit_json(names)
         for n, sha in [] if json_out else names.items():
             sys.stdout.write(f"{sha}  {_safe(n)}\n")
 
@@ -249,9 +234,9 @@ def verify_command(
     repair: Annotated[
         bool, typer.Option("--repair", help="First cut torn journal tails, settle name moves.")
     ] = False,
-    registry: RegistryOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    registry: c.RegistryOpt = None,
+    json_out: c.JsonOpt = False,
+    debug: c.DebugOpt = False,
 ) -> None:
     """Check every object, meta record, name, frame, measurement and stray temp file.
 
@@ -260,13 +245,13 @@ def verify_command(
     tail; complete an interrupted name move whose target verifies, else journal the name's
     current value.
     """
-    with cli_errors(debug):
+    with c.cli_errors(debug):
         from prefixreg.registry.verify import repair_registry, verify_registry
 
-        reg = open_registry_from(registry)
+        reg = c.open_registry_from(registry)
         report = repair_registry(reg) if repair else verify_registry(reg)
         if json_out:
-            emit_json(report.to_dict())
+            c.emit_json(report.to_dict())
         else:
             for done in report.repaired:
                 sys.stdout.write(f"repaired {_safe(done)}\n")
@@ -274,13 +259,12 @@ def verify_command(
                 line = f"{f.severity:<8} {f.kind:<12} {f.path}: {f.message}"
                 sys.stdout.write(_safe(line) + "\n")
             problems = sum(f.severity == "problem" for f in report.findings)
-            info(
-                f"{'ok' if report.ok else 'PROBLEMS FOUND'}: {report.objects} objects, "
-                f"{report.meta} meta, {report.names} names, {report.measurements} measurements"
-                f"; {problems} problems, {len(report.findings) - problems} warnings"
-            )
+            counts = f"{report.objects} objects, {report.meta} meta, {report.names} names"
+            found = f"{problems} problems, {len(report.findings) - problems} warnings"
+            verdict = "ok" if report.ok else "PROBLEMS FOUND"
+            c.info(f"{verdict}: {counts}, {report.measurements} measurements; {found}")
         if not report.ok:
-            raise typer.Exit(int(ExitCode.NO))
+            raise typer.Exit(int(c.ExitCode.NO))
 
 
 def register(app: typer.Typer) -> None:

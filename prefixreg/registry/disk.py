@@ -23,12 +23,7 @@ from os import stat_result
 from pathlib import Path
 from typing import TypeVar
 
-from prefixreg.core.errors import (
-    CorruptRecordError,
-    IntegrityError,
-    LockTimeoutError,
-    RegistryLocationError,
-)
+from prefixreg.core import errors
 from prefixreg.core.jsonio import JSONObject, loads_object
 from prefixreg.registry import fsutil, layout
 
@@ -36,7 +31,7 @@ T = TypeVar("T")
 Legacy = tuple[dict[str, str], frozenset[str]]  # see `layout.parse_legacy`
 
 
-class LegacyRecordError(CorruptRecordError):
+class LegacyRecordError(errors.CorruptRecordError):
     """A record in an adopted registry's own shape, listed byte for byte in `legacy.json`:
     history, read as legacy, never as a current record."""
 
@@ -61,9 +56,9 @@ class Disk:
         self.marker: dict[str, object] | None = None
         self._legacy: Legacy | None = None
         if root.is_symlink() and not root.exists():
-            raise RegistryLocationError(f"{root}: dangling symlink")
+            raise errors.RegistryLocationError(f"{root}: dangling symlink")
         if root.exists() and not root.is_dir():  # a symlinked root is followed once
-            raise RegistryLocationError(f"{root}: is a file, not a registry directory")
+            raise errors.RegistryLocationError(f"{root}: is a file, not a registry directory")
         if root.is_dir() and marked:  # `marked=False`: a hand-built tree, only walked
             self.load_marker()
 
@@ -72,18 +67,17 @@ class Disk:
         path = self.root / layout.MARKER
         if not path.is_symlink() and not path.exists():
             if any(not p.name.startswith(f".{layout.MARKER}.") for p in self.root.iterdir()):
-                raise RegistryLocationError(
-                    f"{self.root}: holds files but no {layout.MARKER}; refusing to use it",
-                    hint="point --registry or PREFIXREG_HOME at an empty or new directory",
-                )
+                why = f"{self.root}: holds files but no {layout.MARKER}; refusing to use it"
+                fix = "point --registry or PREFIXREG_HOME at an empty or new directory"
+                raise errors.RegistryLocationError(why, hint=fix)
             return None
         data = loads_object(self.read(layout.MARKER), path=path)
         problem = layout.marker_problem(data)
         if problem is not None and problem[0] == "corrupt":
-            raise CorruptRecordError(f"{path}: {problem[1]}", path=path)
+            raise errors.CorruptRecordError(f"{path}: {problem[1]}", path=path)
         if problem is not None:
             hint = "upgrade prefixreg" if problem[0] == "newer" else None
-            raise RegistryLocationError(f"{path}: {problem[1]}", hint=hint)
+            raise errors.RegistryLocationError(f"{path}: {problem[1]}", hint=hint)
         self.marker = dict(data)
         return self.marker
 
@@ -113,15 +107,14 @@ class Disk:
         path, raw = self.root / rel, self.read(rel)
         try:
             return parse(loads_object(raw, path=path))
-        except CorruptRecordError as exc:
+        except errors.CorruptRecordError as exc:
             if self.is_legacy(rel, raw):
                 raise LegacyRecordError(f"{path}: a legacy record", path=path) from None
-            raise CorruptRecordError(f"{path}: {exc}", path=path) from None
+            raise errors.CorruptRecordError(f"{path}: {exc}", path=path) from None
 
     def is_legacy(self, rel: str, raw: bytes | None = None) -> bool:
         """Is `rel` a record `legacy.json` lists, its bytes (`raw`, else read) unchanged?"""
-        want = self.legacy()[0].get(rel)
-        if want is None:
+        if (want := self.legacy()[0].get(rel)) is None:
             return False
         try:
             return hashlib.sha256(self.read(rel) if raw is None else raw).hexdigest() == want
@@ -137,7 +130,7 @@ class Disk:
             except FileNotFoundError:
                 parsed = {}, frozenset()
             if parsed is None:
-                raise CorruptRecordError(f"{path}: not a legacy manifest", path=path)
+                raise errors.CorruptRecordError(f"{path}: not a legacy manifest", path=path)
             self._legacy = parsed
         return self._legacy
 
@@ -162,7 +155,8 @@ class Disk:
         for rel, kind in self.walk():
             if kind == "link":
                 path = self.root / rel
-                raise IntegrityError(f"{path}: a symlink in the registry; refused", path=path)
+                why = f"{path}: a symlink in the registry; refused"
+                raise errors.IntegrityError(why, path=path)
 
     def lstat(self, rel: str) -> stat_result | None:
         """`lstat` of a path (None if missing); no directory above it may be a symlink."""
@@ -216,13 +210,13 @@ class Disk:
         path = self.mkdir(layout.LOCKS) / f"{name}.lock"
         st = self.lstat(f"{layout.LOCKS}/{name}.lock")
         if st is not None and not stat.S_ISREG(st.st_mode):
-            raise IntegrityError(f"{path}: not a regular lock file; refused", path=path)
+            raise errors.IntegrityError(f"{path}: not a regular lock file; refused", path=path)
         lock = filelock.FileLock(str(path))
         try:
             lock.acquire(timeout=timeout)
         except filelock.Timeout as exc:
             message = f"could not take the {name} lock within {timeout:g}s"
-            raise LockTimeoutError(message, path=path) from exc
+            raise errors.LockTimeoutError(message, path=path) from exc
         try:
             yield
         finally:

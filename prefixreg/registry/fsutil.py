@@ -58,11 +58,11 @@ def _write_temp(directory: Path, target_name: str, data: bytes, mode: int) -> Pa
     try:
         _write_all(fd, data)
     except BaseException:
-        os.close(fd)
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    os.close(fd)
+    finally:
+        os.close(fd)
     return tmp
 
 
@@ -102,8 +102,7 @@ _WALKS = [0]  # walks so far: a short-lived command never pays for importing cty
 
 
 def _openat2() -> Callable[[int, str, int], int] | None:
-    """`openat2(dirfd, rel, flags)` with RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH (Linux 5.6+),
-    loaded after 32 walks; None before, or where the kernel or a sandbox lacks it."""
+    """`openat2` (RESOLVE_NO_SYMLINKS|BENEATH, Linux 5.6+) after 32 walks; else None."""
     if "fn" in _OPENAT2:
         return _OPENAT2["fn"]
     _WALKS[0] += 1
@@ -341,10 +340,9 @@ def truncate(path: Path, size: int, *, root: Path | None = None) -> None:
 
 
 def read_user_file(path: Path | str, *, limit: int = MAX_INPUT_BYTES, offset: int = 0) -> bytes:
-    """The bytes of a file a user named (`-`: stdin), refused before it is opened and again
-    on the descriptor unless a regular file (a symlink they name is theirs to follow);
-    `offset`: from there on (a file someone appends to, read on). Raises: UsageError
-    (missing, unreadable, not a regular file, or more than `limit` bytes to read)."""
+    """A file a user named (`-`: stdin; a symlink they name is theirs to follow), from
+    `offset` on, refused before the open and on the descriptor unless a regular file. Raises:
+    UsageError (missing, unreadable, not a regular file, or more than `limit` bytes to read)."""
     try:
         if os.fspath(path) == "-":
             data = sys.stdin.buffer.read(limit + 1)

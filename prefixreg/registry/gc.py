@@ -36,7 +36,7 @@ from typing import Final, Literal
 from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.snapshots import prune_snapshot_records, snapshot_prefix_shas
+from prefixreg.registry.snapshots import prune_snapshot_records, record_entries
 from prefixreg.registry.store import Registry
 
 MIN_AGE_S: Final = 60.0
@@ -96,8 +96,7 @@ def collect_garbage(
     now: float | None = None,
     min_age_s: float = MIN_AGE_S,
 ) -> GcReport:
-    """Remove stray temp files and, when asked, old unnamed objects and orphan snapshot
-    records (module docstring); `min_age_s`: nothing younger is touched (tests lower it; it
+    """See the module docstring; `min_age_s`: nothing younger is touched (tests lower it; it
     must exceed the longest `add`). Raises: UsageError (a grace not a finite number >= 0, or
     pruning a mirror); IntegrityError (a symlink below the root or an object not a regular
     file: nothing is removed); LockTimeoutError."""
@@ -110,33 +109,26 @@ def collect_garbage(
     if not reg.exists:
         return report  # never create a registry just to collect nothing
     if (prune_unnamed or prune_snapshots) and reg.role == "mirror":
-        raise UsageError(
-            "refusing to prune objects on a mirror: the next mirror run decides what it holds",
-            hint="run gc --prune-unnamed on the origin",
-        )
+        why = "refusing to prune objects on a mirror: the next mirror run decides what it holds"
+        raise UsageError(why, hint="run gc --prune-unnamed on the origin")
     with reg.lock():
         moment = time.time() if now is None else now
         cutoff = moment - max(grace_s, min_age_s)
         reg._disk.refuse_links()
         if prune_unnamed:
             list(reg._objects.shas(regular_only=True))  # a non-file object: refuse up front
-        _collect_strays(reg, report, cutoff=cutoff, now=moment)
+        for rel, kind in reg._disk.walk():
+            stray = kind == "file" and layout.is_temp_name(rel.rsplit("/", 1)[-1])
+            if stray and not rel.startswith(f"{layout.LOCKS}/"):
+                mtime = reg._disk.remove_old(rel, cutoff, dry_run=dry_run)
+                if mtime is not None:
+                    report.removed.append(GcItem("stray", rel, moment - mtime))
         if prune_unnamed:
             _prune_unnamed(reg, report, cutoff=cutoff, now=moment)
         if prune_snapshots:
             for rel, mtime in prune_snapshot_records(reg, cutoff=cutoff, dry_run=dry_run):
                 report.removed.append(GcItem("snapshot", rel, moment - mtime))
     return report
-
-
-def _collect_strays(reg: Registry, report: GcReport, *, cutoff: float, now: float) -> None:
-    for rel, kind in reg._disk.walk():
-        if kind != "file" or rel.startswith(f"{layout.LOCKS}/"):
-            continue
-        if layout.is_temp_name(rel.rsplit("/", 1)[-1]):
-            mtime = reg._disk.remove_old(rel, cutoff, dry_run=report.dry_run)
-            if mtime is not None:
-                report.removed.append(GcItem("stray", rel, now - mtime))
 
 
 def _recent_measurements(reg: Registry, cutoff: float) -> set[str]:
@@ -148,8 +140,7 @@ def _recent_measurements(reg: Registry, cutoff: float) -> set[str]:
             continue
         st = reg._disk.lstat(f"{layout.MEASUREMENTS}/{name}")
         newest = st.st_mtime if st is not None else 0.0
-        match = _STAMP_RE.search(name)
-        if match is not None:
+        if (match := _STAMP_RE.search(name)) is not None:
             with contextlib.suppress(ValueError, OverflowError):
                 stamp = calendar.timegm(time.strptime(match.group(1), "%Y%m%dT%H%M%S"))
                 newest = max(newest, stamp + int(match.group(2)) / 1e6)
@@ -166,10 +157,8 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
     named = set(reg.names().values()) | set(last_to.values()) | reg._frames.parts()
     recent = _recent_measurements(reg, cutoff)
     by_receipt, receipt_unread = reg._records.receipt_refs()
-    snapped = snapshot_prefix_shas(reg)
-    for sha in list(reg._objects.shas()):
-        if sha in named:
-            continue
+    snapped = {sha for _name, sha in record_entries(reg)}  # by file name, parsed or not
+    for sha in [sha for sha in reg._objects.shas() if sha not in named]:
         if sha in snapped:
             report.kept[sha] = "a snapshot record points to it"
         elif sha in by_receipt or (receipt_unread and reg.is_probe_slice(sha)):
@@ -203,7 +192,9 @@ def _prune_one(reg: Registry, report: GcReport, sha: str, *, cutoff: float, now:
             # Gone, or a concurrent add re-used it between our look and the claim: keep it.
             for claim, path in ((obj_claim, obj), (meta_claim, meta)):
                 if claim is not None:
-                    _restore(claim, path)
+                    with contextlib.suppress(FileExistsError):  # never replaces a writer's new file
+                        os.link(claim, path)
+                    claim.unlink()
             if obj_claim is not None:
                 fsutil.fsync_dir(obj.parent)
                 report.kept[sha] = "re-added while gc ran"
@@ -226,10 +217,3 @@ def _claim(path: Path) -> Path | None:
     except FileNotFoundError:
         return None
     return claimed
-
-
-def _restore(claimed: Path, path: Path) -> None:
-    """Put a claimed file back without overwriting one a concurrent writer published."""
-    with contextlib.suppress(FileExistsError):
-        os.link(claimed, path)
-    claimed.unlink()

@@ -131,10 +131,9 @@ def object_relpath(sha: str) -> str:
 def object_sha(relpath: str) -> str | None:
     """The sha that `objects/<aa>/<sha>.txt` stands for, or None for any other path."""
     parts = relpath.split("/")
-    if len(parts) != 3 or parts[0] != OBJECTS or not parts[2].endswith(".txt"):
-        return None
-    sha = parts[2].removesuffix(".txt")
-    return sha if is_full_sha(sha) and sha[:2] == parts[1] else None
+    sha = parts[-1].removesuffix(".txt")
+    shaped = len(parts) == 3 and parts[0] == OBJECTS and parts[2].endswith(".txt")
+    return sha if shaped and is_full_sha(sha) and sha[:2] == parts[1] else None
 
 
 def meta_relpath(sha: str) -> str:
@@ -149,10 +148,9 @@ def frame_relpath(sha: str) -> str:
 
 def _record_sha(relpath: str, directory: str) -> str | None:
     parts = relpath.split("/")
-    if len(parts) != 2 or parts[0] != directory or not parts[1].endswith(".json"):
-        return None
-    sha = parts[1].removesuffix(".json")
-    return sha if is_full_sha(sha) else None
+    sha = parts[-1].removesuffix(".json")
+    shaped = len(parts) == 2 and parts[0] == directory and parts[1].endswith(".json")
+    return sha if shaped and is_full_sha(sha) else None
 
 
 def meta_sha(relpath: str) -> str | None:
@@ -169,17 +167,15 @@ def validate_name(name: object) -> str:
     """`name` if a new move may use it, else `InvalidNameError`: not a str, bad characters, a
     leading dot or dash, too long, or 8-64 hex digits (it would read as a sha reference)."""
     if not isinstance(name, str) or NAME_RE.fullmatch(name) is None:
-        raise InvalidNameError(
-            f"invalid name {name!r}: use 1-128 of [A-Za-z0-9._-], starting with a letter or digit"
-        )
+        why = f"invalid name {name!r}: use 1-128 of [A-Za-z0-9._-], starting with a letter or digit"
+        raise InvalidNameError(why)
     if is_sha_like_name(name):
         raise InvalidNameError(f"invalid name {name!r}: 8-64 hex digits read as a sha reference")
     return name
 
 
 def is_sha_like_name(name: str) -> bool:
-    """True for a name that reads as a sha reference (allowed before the rule tightened;
-    still resolved, and reported by verify)."""
+    """True for a name read as a sha reference (older names: still resolved, verify warns)."""
     return _SHA_LIKE.fullmatch(name) is not None
 
 
@@ -208,9 +204,8 @@ def measurement_filename(sha: str, stamp: str) -> str:
 
 def measurement_sha(filename: str) -> str | None:
     """The prefix sha a measurement file name starts with, or None if it is not one."""
-    if not filename.endswith(".json") or len(filename) < 66 or filename[64] != "-":
-        return None
-    return filename[:64] if is_full_sha(filename[:64]) else None
+    shaped = filename.endswith(".json") and len(filename) >= 66 and filename[64] == "-"
+    return filename[:64] if shaped and is_full_sha(filename[:64]) else None
 
 
 def probe_filenames(stamp: str) -> tuple[str, str]:

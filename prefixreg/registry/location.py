@@ -44,8 +44,7 @@ def display_path(path: Path) -> str:
 
 
 def migration_hint(path: Path) -> str | None:
-    """A one-line hint when `path` is the default location, holds no registry yet, and the
-    old location `~/prefix-registry` does; otherwise None."""
+    """A hint when `path` is the default location, still empty, and `~/prefix-registry` is not."""
     legacy = legacy_registry_path()
     # Cheapest test first: without an old registry there is nothing to hint (and no need
     # to import platformdirs on a command that was given --registry).

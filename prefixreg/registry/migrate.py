@@ -16,7 +16,7 @@ Invariants:
   new root gains one line per move.
 - A symlinked source root is resolved: the directory moves, the link is left dangling. The
   old tree is removed only after the target verified, names first, then meta.
-- A hand-built registry (no `REGISTRY.json`) is adopted only with `repoint` (`adopt`); the
+- A hand-built registry (no `REGISTRY.json`) is adopted only with `repoint` (`refs.adopt`); the
   lines naming the old path are listed (`--scan`) or repointed by `refs`.
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,24 +33,12 @@ from typing import Literal
 
 from prefixreg.core.errors import PrefixregError, RegistryLocationError, UsageError
 from prefixreg.core.jsonio import dumps_canonical, loads_object
-from prefixreg.registry import fsutil, layout
-from prefixreg.registry.adopt import adopt, survey
+from prefixreg.registry import fsutil, layout, treecopy
 from prefixreg.registry.layout import MARKER, MIGRATIONS_LOG
 from prefixreg.registry.location import default_registry_path
-from prefixreg.registry.refs import Repointed, StaleReference, scan_references
+from prefixreg.registry.refs import Repointed, StaleReference, adopt, scan_references, survey
 from prefixreg.registry.refs import repoint as repoint_files
 from prefixreg.registry.store import Registry
-from prefixreg.registry.treecopy import (
-    OWN,
-    Undo,
-    check_copies,
-    check_verifies,
-    list_tree,
-    remove_tree,
-    retire_source,
-    stats,
-    sync,
-)
 
 Method = Literal["rename", "copy", "merge", "adopt", "none"]
 Say = Callable[[str], None]
@@ -84,32 +73,27 @@ def migrate_registry(
     repoint: bool = False,
     progress: Say | None = None,
 ) -> MigrationReport:
-    """Move the registry at `old` to `new` (default: the standard location), verified, and
-    list the lines under `scan` (directories or files) still naming `old`; `dry_run` only
-    decides and reports; `progress` hears each step. `repoint`: adopt a hand-built
-    registry (no `REGISTRY.json`; `adopt`) and repoint the registry's own README and `bin/`
-    to `new`. Raises: UsageError, RegistryLocationError (no registry at `old`, same or
-    nested paths, a target holding another registry or unmarked files); IntegrityError
-    (the source or the result does not verify, or holds a symlink); LockTimeoutError."""
+    """Move the registry at `old` to `new` (default: the standard location), verified; list
+    the lines under `scan` still naming `old`; `repoint`: adopt a hand-built registry. Raises:
+    UsageError, RegistryLocationError (no registry at `old`, same or nested paths, a target
+    holding another registry or unmarked files); IntegrityError (the source or the result
+    does not verify, or holds a symlink); LockTimeoutError."""
     given = Path(old).expanduser().absolute()
     # A symlinked root: move the directory it names (a rename would move only the link).
     source = given.resolve() if given.is_symlink() else given
     target = (Path(new).expanduser() if new is not None else default_registry_path()).absolute()
     report = MigrationReport(source=str(given), target=str(target), method="none", dry_run=dry_run)
-    marked = (source / MARKER).exists() or (source / MARKER).is_symlink()
+    marked = os.path.lexists(source / MARKER)
     if not marked and not (repoint and source.is_dir()):
         if not source.exists() and _migrated_from(target, given):
             # Already moved: the user came back for --scan (or re-ran the command).
             report.warnings.append(f"nothing to move: {given} is gone; {target} is a registry")
             report.stale = scan_references(given, scan, skip=(target,))
             return report
-        seed = (source / layout.OBJECTS).is_dir()
-        raise RegistryLocationError(
-            f"no registry at {given} (no {MARKER})",
-            hint=f"a hand-built registry: adopt it with --repoint ({layout.FORMAT_DOC})"
-            if seed
-            else None,
-        )
+        hint: str | None = f"a hand-built registry: adopt it with --repoint ({layout.FORMAT_DOC})"
+        if not (source / layout.OBJECTS).is_dir():
+            hint = None
+        raise RegistryLocationError(f"no registry at {given} (no {MARKER})", hint=hint)
     src_real, dst_real = source.resolve(), target.resolve()
     if src_real == dst_real:
         raise UsageError(f"{source} and {target} are the same directory")
@@ -125,16 +109,16 @@ def migrate_registry(
         return report
     src = Registry(source)
     say(f"verifying the registry at {source}")
-    source_warnings = check_verifies(src, "the source registry")
+    source_warnings = treecopy.check_verifies(src, "the source registry")
     late: list[str] = []
     if dry_run:
-        files = list_tree(source)[1]
+        files = treecopy.list_tree(source)[1]
         report.method = _plan(source, target, files)
         report.warnings = source_warnings
     else:
         with src.lock():
-            dirs, files = list_tree(source)
-            before = stats(source, files)  # what later writes are told apart from
+            dirs, files = treecopy.list_tree(source)
+            before = treecopy.stats(source, files)  # what later writes are told apart from
             report.method = _plan(source, target, files)
             say(f"moving {len(files)} files to {target} by {report.method}")
             if report.method == "rename" and not _move_by_rename(source, target):
@@ -147,7 +131,8 @@ def migrate_registry(
                         report.copied = _move_by_merge(source, target, dirs, files, say)
                 say(f"verifying the registry at {target}")
                 try:
-                    report.warnings += check_verifies(Registry(target), "the migrated registry")
+                    moved = Registry(target)
+                    report.warnings += treecopy.check_verifies(moved, "the migrated registry")
                 except BaseException:
                     if report.method == "rename":
                         target.rename(source)  # put it back exactly where it was
@@ -156,23 +141,20 @@ def migrate_registry(
             if report.method != "rename":
                 # rename(2) moved everything at once; a copy or merge took time, during
                 # which `add` (no lock) may have written to the source.
-                late, retired = retire_source(source, target, before)
+                late, retired = treecopy.retire_source(source, target, before)
                 files = list(dict.fromkeys([*files, *late]))
             _journal(given, target, report.method, files)
             if retired is not None:
-                remove_tree(retired)
+                treecopy.remove_tree(retired)
     report.files = len(files)
     report.objects = sum(1 for f in files if layout.object_sha(f) is not None)
     report.copied = len(files) if report.method == "copy" else report.copied + len(late)
     if source != given:
-        report.warnings.append(
-            f"{given} is a symlink to {source}: moved {source}; the link now dangles "
-            "(remove it once nothing uses it)"
-        )
+        dangles = "the link now dangles (remove it once nothing uses it)"
+        report.warnings.append(f"{given} is a symlink to {source}: moved {source}; {dangles}")
     if repoint:
-        report.repointed = repoint_files(
-            source if dry_run else target, given, target, write=not dry_run
-        )
+        where = source if dry_run else target  # a dry run reads what it would repoint
+        report.repointed = repoint_files(where, given, target, write=not dry_run)
     if scan:
         say(f"scanning {', '.join(map(str, scan))} for lines naming {given}")
     report.stale = scan_references(given, scan, skip=(target,))
@@ -180,21 +162,14 @@ def migrate_registry(
 
 
 def _adopt(
-    given: Path,
-    source: Path,
-    target: Path,
-    report: MigrationReport,
-    progress: Callable[[str], None] | None,
+    given: Path, source: Path, target: Path, report: MigrationReport, progress: Say | None
 ) -> None:
-    """Adopt the hand-built registry at `source` at `target` (`adopt`): survey, build,
-    verify, then retire the source as any copy does; a dry run only surveys."""
+    """`refs.adopt` at `target`, then retire the source as a copy does; a dry run only surveys."""
     surveyed = survey(source, progress=progress)
     files = surveyed[1]
-    if (target / MARKER).exists() or (target / MARKER).is_symlink():
-        raise RegistryLocationError(
-            f"{target} holds a registry; refusing to adopt {given} into it",
-            hint="adopt into a new or empty directory with --to",
-        )
+    if os.path.lexists(target / MARKER):
+        why = f"{target} holds a registry; refusing to adopt {given} into it"
+        raise RegistryLocationError(why, hint="adopt into a new or empty directory with --to")
     _plan(source, target, files)  # refuses a file, a dangling link, unmarked files
     report.method, report.legacy, report.kept = "adopt", len(surveyed[2]), surveyed[3]
     report.files = len(files)
@@ -202,22 +177,21 @@ def _adopt(
     if report.dry_run:
         report.repointed = repoint_files(source, given, target, write=False)
         return
-    before = stats(source, files)
+    before = treecopy.stats(source, files)
     report.warnings, report.repointed = adopt(source, given, target, surveyed)
     try:
-        late, retired = retire_source(source, target, before)
+        late, retired = treecopy.retire_source(source, target, before)
     except BaseException as exc:  # the source stays the one copy: a re-run adopts it anew
-        remove_tree(target, ordered=False)
+        treecopy.remove_tree(target, ordered=False)
         if isinstance(exc, PrefixregError):
-            raise PrefixregError(
-                f"{source} kept changing during the adoption; adopted nothing (it is as it was)",
-                hint="stop whatever writes to it, then run migrate --repoint again",
-            ) from None
+            why = f"{source} kept changing during the adoption; adopted nothing (it is as it was)"
+            hint = "stop whatever writes to it, then run migrate --repoint again"
+            raise PrefixregError(why, hint=hint) from None
         raise
     report.copied = len(files) + len(late)
     _journal(given, target, "adopt", [*files, *late])
     if retired is not None:
-        remove_tree(retired)
+        treecopy.remove_tree(retired)
 
 
 def _migrated_from(target: Path, source: Path) -> bool:
@@ -238,9 +212,7 @@ def _conflicts(source: Path, target: Path, files: Sequence[str]) -> list[str]:
     src_role, dst_role = Registry(source).role, Registry(target).role
     why = [] if dst_role == src_role else [f"its role is {dst_role}, the source's is {src_role}"]
     known = set(files)
-    for rel in list_tree(target)[1]:
-        if rel in OWN:
-            continue
+    for rel in [rel for rel in treecopy.list_tree(target)[1] if rel not in treecopy.OWN]:
         if rel not in known:
             why.append(f"{rel} is not in the source")
             continue
@@ -266,21 +238,17 @@ def _plan(source: Path, target: Path, files: Sequence[str]) -> Method:
         raise RegistryLocationError(f"{target}: a dangling symlink; refusing to write through it")
     if target.exists() and not target.is_dir():
         raise RegistryLocationError(f"{target}: is a file, not a directory")
-    if (target / MARKER).exists() or (target / MARKER).is_symlink():
+    if os.path.lexists(target / MARKER):
         why = _conflicts(source, target, files)
         if why:
-            raise RegistryLocationError(
-                f"{target} holds a different registry: "
-                + "; ".join(why[:3])
-                + (f" (and {len(why) - 3} more)" if len(why) > 3 else ""),
-                hint="pick another --to, or move that registry away first",
-            )
+            more = f" (and {len(why) - 3} more)" if len(why) > 3 else ""
+            message = f"{target} holds a different registry: {'; '.join(why[:3])}{more}"
+            hint = "pick another --to, or move that registry away first"
+            raise RegistryLocationError(message, hint=hint)
         return "merge"
     if target.is_dir() and any(target.iterdir()):
-        raise RegistryLocationError(
-            f"{target}: holds files but no {MARKER}; refusing to migrate into it",
-            hint="pick an empty or new directory with --to",
-        )
+        message = f"{target}: holds files but no {MARKER}; refusing to migrate into it"
+        raise RegistryLocationError(message, hint="pick an empty or new directory with --to")
     return "rename" if _same_filesystem(source, target) else "copy"
 
 
@@ -307,15 +275,16 @@ def _move_by_copy(
     staging = target.parent / f".{target.name}.migrating-{secrets.token_hex(4)}"
     staging.mkdir()
     try:
-        check_copies(staging, sync(source, staging, files, dirs=dirs, progress=say))
+        copied = treecopy.sync(source, staging, files, dirs=dirs, progress=say)
+        treecopy.check_copies(staging, copied)
         staging.chmod(source.stat().st_mode & 0o7777)
         say(f"verifying the copy at {staging}")
-        warnings = check_verifies(Registry(staging), "the copied registry")
+        warnings = treecopy.check_verifies(Registry(staging), "the copied registry")
         # rename(2) replaces an empty target directory atomically; a target that gained
         # files meanwhile makes it fail with ENOTEMPTY and nothing is lost.
         staging.rename(target)
     except BaseException:
-        remove_tree(staging, ordered=False)
+        treecopy.remove_tree(staging, ordered=False)
         raise
     fsutil.fsync_dir(target.parent)
     return warnings
@@ -325,16 +294,13 @@ def _move_by_merge(
     source: Path, target: Path, dirs: Sequence[str], files: Sequence[str], say: Say
 ) -> int:
     """Add what the target lacks (and extend its journals); undo all of it on failure."""
-    wanted = [
-        rel
-        for rel in files
-        if rel not in OWN and (rel in layout.JOURNALS or not (target / rel).exists())
-    ]
-    undo = Undo()
+    lacking = [rel for rel in files if rel in layout.JOURNALS or not (target / rel).exists()]
+    wanted = [rel for rel in lacking if rel not in treecopy.OWN]
+    undo = treecopy.Undo()
     try:
-        digests = sync(source, target, wanted, dirs=dirs, undo=undo, progress=say)
+        digests = treecopy.sync(source, target, wanted, dirs=dirs, undo=undo, progress=say)
         _merge_migrations_log(source, target)
-        check_copies(target, digests)
+        treecopy.check_copies(target, digests)
     except BaseException:
         undo.rollback()
         raise
@@ -358,13 +324,8 @@ def _merge_migrations_log(source: Path, target: Path) -> None:
 def _journal(source: Path, target: Path, method: Method, files: Sequence[str]) -> None:
     from prefixreg.core.version import package_version
 
-    line = {
-        "at": layout.iso_utc(layout.utc_now()),
-        "from": str(source),
-        "to": str(target),
-        "method": method,
-        "objects": sum(1 for f in files if layout.object_sha(f) is not None),
-        "files": len(files),
-        "prefixreg": package_version(),
-    }
+    objects = sum(1 for f in files if layout.object_sha(f) is not None)
+    line: dict[str, object] = {"at": layout.iso_utc(layout.utc_now()), "method": method}
+    line |= {"from": str(source), "to": str(target), "objects": objects, "files": len(files)}
+    line["prefixreg"] = package_version()
     fsutil.append_line(target / MIGRATIONS_LOG, dumps_canonical(line))

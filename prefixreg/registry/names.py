@@ -1,6 +1,6 @@
 """`Names` and `Records`: name files and their write-ahead journal (`names.log`), and the
-history verbs keep: measurements, probe receipts, the mirror log. (Frame records live with
-the objects, KV snapshot records in `snapshots`.)
+history verbs keep: measurements and probe receipts, read here, written by `Registry` (frame
+records live with the objects, snapshot records in `snapshots`).
 
 Invariants:
 - A name moves with compare-and-swap under the registry lock, journal first: the line
@@ -9,17 +9,13 @@ Invariants:
 - A line is committed once its newline is durable: `log` skips an unterminated last line and
   `repair` cuts it off.
 - After any crash each name equals the `to` of its last journal line, except after a move
-  interrupted between its line and its rename (the name still holds the line's `from`).
-  `disagreements` lists such names; `repair` completes an interrupted move (or restores a
-  journalled name whose file is gone) when its target verifies, else journals the name's
-  current value.
+  interrupted between its line and its rename (it still holds the line's `from`), which
+  `disagreements` lists; `repair` completes such a move (or restores a journalled name whose
+  file is gone) when its target verifies, else journals the name's current value.
 - A name that holds a prefix is not moved to a frame, nor back, unless forced: the loop
   reading it would send another kind of head.
-- Measurements and probe receipts are published with no-overwrite links (mode 0444), never
-  through a symlinked directory; a taken name is retried with a fresh stamp, never replaced.
-- A measurement is read strictly, with the depth-capped JSON reader: a record whose file name
-  disagrees with its sha, or that does not parse, is a `CorruptRecordError` (fail closed).
-- `mirror.log` lines are appended whole or not at all (`fsutil.append_line`).
+- A measurement is read with the depth-capped JSON reader: one whose file name disagrees with
+  its sha, or that does not parse, is a `CorruptRecordError` (fail closed).
 - A probe receipt lists every call with the sha256 of what it sent: `receipt_refs` reads
   them, so `gc --prune-unnamed` keeps the slices a receipt names, as it keeps a name's.
 """
@@ -66,16 +62,12 @@ class JournalDisagreement:
     def describe(self) -> str:
         if self.last is None:
             return f"points to {self.current} but names.log has no move of it"
-        held = self.current or "nothing"
+        held, to = self.current or "nothing", self.last.to_sha
         if self.interrupted:
-            return (
-                f"interrupted move: names.log moves it to {self.last.to_sha} but it still "
-                f"holds {held}; run verify --repair to complete it"
-            )
-        return (
-            f"holds {held}, names.log's last move says {self.last.to_sha}; "
-            "run verify --repair to journal its current value"
-        )
+            moved = f"interrupted move: names.log moves it to {to} but it still holds {held}"
+            return f"{moved}; run verify --repair to complete it"
+        fix = "run verify --repair to journal its current value"
+        return f"holds {held}, names.log's last move says {to}; {fix}"
 
 
 class Names:
@@ -138,18 +130,15 @@ class Names:
         with self._lock():
             current = self.read(name)
             if expect is not UNSET and current != expect:
-                raise NameConflictError(
-                    f"name {name!r} points to {current or 'nothing'}, not {expect or 'nothing'}"
-                )
+                why = f"name {name!r} points to {current or 'nothing'}, not {expect or 'nothing'}"
+                raise NameConflictError(why)
             if current == sha:
                 return None
             if current is not None and not force and self.is_frame(current) != self.is_frame(sha):
                 was, kind = ("frame", "prefix") if self.is_frame(current) else ("prefix", "frame")
-                raise NameConflictError(
-                    f"name {name!r} points to {was} {current[:12]}; moving it to a {kind} "
-                    "changes what the loop sends",
-                    hint="pass --force (force=True) to move it anyway",
-                )
+                why = f"name {name!r} points to {was} {current[:12]}; moving it to a {kind}"
+                hint = "pass --force (force=True) to move it anyway"
+                raise NameConflictError(f"{why} changes what the loop sends", hint=hint)
             check(sha)
             move, start = self._append(name, current, sha, what=f"{name} not moved")
             try:
@@ -180,9 +169,8 @@ class Names:
             refused.hint = exc.hint
             raise refused from None
         except OSError as exc:
-            raise errors.PrefixregError(
-                f"{self._log}: cannot write the name journal ({exc.strerror or exc}); {what}"
-            ) from None
+            why = f"{self._log}: cannot write the name journal ({exc.strerror or exc}); {what}"
+            raise errors.PrefixregError(why) from None
 
     def disagreements(self) -> list[JournalDisagreement]:
         """Every name (file or journalled) whose value is not its last line's `to`, sorted."""
@@ -196,8 +184,7 @@ class Names:
         return out
 
     def repair(self, check: Check) -> list[str]:
-        """Make every name agree with its journal (module invariants), under the lock; what
-        was done. Otherwise the name's current value is journalled (readers use the file)."""
+        """Align every name with its journal, under the lock (module invariants); what was done."""
         with self._lock():
             done = self._disk.cut_tail(layout.NAMES_LOG)
             for d in self.disagreements():
@@ -225,20 +212,6 @@ class Records:
     def __init__(self, disk: Disk) -> None:
         self._disk = disk
 
-    def write_measurement(self, measurement: Measurement) -> Path:
-        from prefixreg.core.records import Measurement
-
-        if not isinstance(measurement, Measurement):
-            raise errors.UsageError(f"not a Measurement: {type(measurement).__name__}")
-        directory = self._disk.mkdir(layout.MEASUREMENTS)
-        data = dumps_canonical(measurement.to_dict()) + b"\n"
-        for _ in range(100):
-            stamp = layout.stamp_utc(layout.utc_now())
-            path = directory / layout.measurement_filename(measurement.sha256, stamp)
-            if fsutil.publish_new(path, data, mode=0o444):
-                return path
-        raise errors.PrefixregError(f"no free measurement file name for {measurement.sha256}")
-
     def measurements(self, sha: str | None = None) -> list[Measurement]:
         if sha is not None:
             layout.need_sha(sha)
@@ -252,8 +225,7 @@ class Records:
         return sorted(out, key=lambda m: m.at)
 
     def load_measurement(self, filename: str) -> Measurement:
-        """One record by its file name in `measurements/`. Raises: IntegrityError (module
-        invariants)."""
+        """A record by file name in `measurements/`. Raises: IntegrityError (module invariants)."""
         from prefixreg.core.records import Measurement
 
         rel = f"{layout.MEASUREMENTS}/{filename}"
@@ -263,22 +235,7 @@ class Records:
             raise errors.CorruptRecordError(f"{path}: records sha {record.sha256}", path=path)
         return record
 
-    def write_probe_receipt(
-        self, stamp: str, render: Callable[[Path, Path], tuple[bytes, bytes]]
-    ) -> tuple[Path, Path]:
-        directory = self._disk.mkdir(layout.PROBES)
-        for attempt in range(100):
-            name = stamp if attempt == 0 else layout.stamp_utc(layout.utc_now())
-            json_path, md_path = (directory / n for n in layout.probe_filenames(name))
-            receipt, verdict = render(json_path, md_path)
-            if not fsutil.publish_new(md_path, verdict, mode=0o444):
-                continue
-            if fsutil.publish_new(json_path, receipt, mode=0o444):
-                return json_path, md_path
-            md_path.unlink()  # the receipt's name was taken: its verdict goes with it
-        raise errors.PrefixregError(f"no free probe receipt name for {stamp}")
-
-    def _receipts(self) -> Iterator[tuple[Path, bytes | None]]:
+    def receipts(self) -> Iterator[tuple[Path, bytes | None]]:
         """Every receipt file, newest first, with its bytes (None: unreadable)."""
         for entry, kind in reversed(self._disk.entries(layout.PROBES)):
             if kind == "file" and not layout.is_temp_name(entry) and entry.endswith(".json"):
@@ -289,17 +246,11 @@ class Records:
                     raw = None
                 yield self._disk.path(rel), raw
 
-    def probe_receipts(self) -> list[tuple[Path, bytes]]:
-        return [(path, raw) for path, raw in self._receipts() if raw is not None]
-
     def receipt_refs(self) -> tuple[set[str], bool]:
         """(every sha the receipts' calls name, whether some receipt could not be read or
         parsed: a caller deciding what to delete must then keep every probe slice)."""
-        found = [None if raw is None else receipt_shas(raw) for _path, raw in self._receipts()]
+        found = [None if raw is None else receipt_shas(raw) for _path, raw in self.receipts()]
         return set().union(*(shas for shas in found if shas is not None)), None in found
-
-    def append_mirror_log(self, line: bytes) -> None:
-        fsutil.append_line(self._disk.path(layout.MIRROR_LOG), line, root=self._disk.root)
 
 
 def receipt_shas(raw: bytes) -> set[str] | None:

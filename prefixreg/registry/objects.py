@@ -1,23 +1,22 @@
 """`Objects` and `Frames`: the objects, meta and frame records of a registry, verified at use.
 
 Invariants:
-- Every read of an object re-hashes the bytes it returns (the bytes hashed are the bytes
-  returned); a mismatch raises `IntegrityError` and nothing is returned. No flag skips it.
+- Every read of an object re-hashes the bytes it returns; a mismatch raises `IntegrityError`
+  and nothing is returned. No flag skips it.
 - Content is non-empty bytes or str of valid UTF-8 (it travels as a JSON string).
-- Objects are published with no-overwrite links and never rewritten; publishing existing
-  content re-verifies the object and refreshes its mtime (so age-based gc sees it used).
-  A meta record is written after its object.
+- Objects are published with no-overwrite links, never rewritten; publishing existing content
+  re-verifies it and refreshes its mtime (age-based gc sees it used). Meta comes after it.
 - Listing never follows a symlink: a symlinked `objects/` or fan-out directory, or (when
   asked) an object entry that is not a regular file, raises `IntegrityError`.
 - Probe slices are objects whose meta `source` is `probe/<run id>` (reserved: `add` refuses
-  it; the CLI's labels, a file's base name, have no `/`), or, as earlier releases wrote,
-  `probe` with a note `probe ...`. A user's add of the same bytes makes the meta record
-  theirs (their source and note); a probe never rewrites one.
+  it; a CLI label, a file's base name, has no `/`), or (earlier releases) `probe` with a note
+  `probe ...`. A user's add of the same bytes makes the meta record theirs; a probe never
+  rewrites one.
 - A frame record (`frames/<sha>.json`, format `prefixreg.core.frame`) names a system prefix
   and a tools object, both ordinary objects; it is published once (0444) under the sha of
-  its exact bytes, after its parts, before its name. `Frames.read` re-hashes the record and
-  every part and parses the tools once; a mismatch, a missing part or a record out of
-  canonical form raises `IntegrityError`, so nothing is sent.
+  its bytes, after its parts, before its name. `Frames.read` re-hashes the record and every
+  part and parses the tools once; a mismatch, a missing part or a non-canonical record
+  raises `IntegrityError`, so nothing is sent.
 """
 
 from __future__ import annotations
@@ -66,9 +65,8 @@ def check_text(value: object, what: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise errors.UsageError(
-            f"{what} is not valid UTF-8 text (lone surrogate at character {exc.start})"
-        ) from None
+        why = f"{what} is not valid UTF-8 text (lone surrogate at character {exc.start})"
+        raise errors.UsageError(why) from None
     return value
 
 
@@ -109,12 +107,8 @@ class Objects:
         actual = hashlib.sha256(data).hexdigest()
         if actual != sha:
             path = self._disk.path(rel)
-            raise errors.IntegrityError(
-                f"{path}: content hashes to {actual}, expected {sha}; refusing to use it",
-                path=path,
-                expected=sha,
-                actual=actual,
-            )
+            why = f"{path}: content hashes to {actual}, expected {sha}; refusing to use it"
+            raise errors.IntegrityError(why, path=path, expected=sha, actual=actual)
         return data
 
     def meta(self, sha: str) -> Meta:
@@ -136,8 +130,7 @@ class Objects:
         return meta
 
     def shas(self, *, regular_only: bool = False, prefix: str = "") -> Iterator[str]:
-        """Every object sha present starting with `prefix` (by file name; not verified).
-        Raises: IntegrityError (see the module invariants)."""
+        """Object shas starting with `prefix`, by file name (unverified). Raises: IntegrityError."""
         fans = [prefix[:2]] if len(prefix) >= 2 else []
         for fan, kind in [] if fans else self._disk.entries(layout.OBJECTS):
             if kind == "link":
@@ -175,8 +168,7 @@ class Objects:
                     raise
 
     def write_meta(self, sha: str, size: int, *, note: str | None, source: str) -> None:
-        """Write the meta record of an object; an existing one only gets a new note, or
-        becomes the user's (see the module invariants)."""
+        """Write an object's meta; an existing one only gets a new note or becomes the user's."""
         path = self._disk.mkdir(layout.META) / f"{sha}.json"
         record: dict[str, object] = {"sha256": sha, "bytes": size, "source": source, "note": note}
         if not os.path.lexists(path):  # meta/ was just checked
@@ -190,10 +182,8 @@ class Objects:
             if note is None or old.note == note:
                 return
             if self._disk.is_legacy(layout.meta_relpath(sha)):  # history stays byte-identical
-                raise errors.UsageError(
-                    f"{path}: a legacy record of the adopted registry, kept as it is; "
-                    "its note cannot change"
-                )
+                why = f"{path}: a legacy record of the adopted registry, kept as it is"
+                raise errors.UsageError(f"{why}; its note cannot change")
             record = {**old.to_dict(), "note": note}
         record["created"] = old.created
         fsutil.replace_atomic(path, dumps_canonical(record) + b"\n", mode=0o444)

@@ -1,6 +1,8 @@
-"""The old path's references: `scan_references` lists the lines of the user's files that still
-name a registry's old path (`migrate --scan`); `repoint` rewrites the registry's own README
-and `bin/` to the new one (`migrate --repoint`).
+"""The old path and a hand-built registry: `scan_references` lists the lines of the user's files
+that still name a registry's old path (`migrate --scan`); `repoint` rewrites the registry's own
+README and `bin/` to the new one; `survey` and `adopt` adopt a hand-built registry (the seed's
+layout without `REGISTRY.json`, its records in their own shapes) at a new path (`migrate
+--repoint`).
 
 Invariants:
 - One set of spellings of a path (`path_forms`: absolute, resolved, `~/`, `$HOME/`,
@@ -10,24 +12,39 @@ Invariants:
   the registries themselves.
 - Repointing rewrites only those spellings, each to the same spelling of the new path, and
   never a worker path: a line assigning a variable whose name holds REMOTE (and the lines
-  that assignment continues), or a `host:path` (the host a name or a shell variable).
-  Each file is replaced atomically, its mode kept.
+  that assignment continues), or a `host:path` (the host a name or a shell variable), nor a
+  history record. Each file is replaced atomically, its mode kept.
+- Adopting hashes every object before anything is written; any bad one refuses the
+  adoption, each named. Symlinks and special files are refused (`treecopy.list_tree`).
+- Adopted history stays byte-identical: a meta or measurement record that does not parse as
+  this format is listed with the sha256 of its bytes in `legacy.json` (read as legacy, verify
+  warns once); `mirror.log` travels as it is. Root entries outside the format (`bin/`) are
+  listed there as the user's and kept.
+- The adopted registry is built in a hidden staging directory next to the target (copied and
+  compared, objects made read-only, marker and manifest written, README and `bin/`
+  repointed, verified) and renamed into place; the source goes last, after late writes are
+  caught up, as in any move. On failure the source is untouched and the staging removed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import hashlib
 import os
 import re
+import secrets
 import stat
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from prefixreg.core.errors import CorruptRecordError, IntegrityError, RegistryLocationError
+from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.registry import fsutil, layout
-from prefixreg.registry.treecopy import list_tree
+from prefixreg.registry.store import Registry
+from prefixreg.registry.treecopy import check_copies, check_verifies, list_tree, remove_tree, sync
 
 _SKIP_DIRS: Final = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__"})
 # A worker path: a line assigning a variable whose name holds REMOTE (shell, Python with an
@@ -51,9 +68,8 @@ class Repointed:
 
 
 def path_forms(old: Path, new: Path | None = None) -> dict[str, str]:
-    """The spellings a file might use for `old` (absolute, resolved, `~/`, `$HOME/`,
-    `${HOME}/`, systemd's `%h/`), each mapped to the same spelling of `new` (absolute when
-    `new` is outside the home directory)."""
+    """Each spelling of `old` (module invariants) mapped to the same spelling of `new`
+    (absolute when `new` is outside the home directory)."""
     forms = {str(old): str(new)}
     with contextlib.suppress(OSError):
         forms.setdefault(str(old.resolve()), str(new))
@@ -118,9 +134,8 @@ def repoint(root: Path, old: Path, new: Path, *, write: bool) -> list[Repointed]
         out.append(Repointed(str(new / rel), changed, diff))
         if write:
             mode = stat.S_IMODE(path.lstat().st_mode)
-            fsutil.replace_atomic(
-                path, new_text.encode("utf-8", errors="surrogateescape"), mode=mode
-            )
+            data = new_text.encode("utf-8", errors="surrogateescape")
+            fsutil.replace_atomic(path, data, mode=mode)
             os.chmod(path, mode)
     return out
 
@@ -133,8 +148,6 @@ class StaleReference:
     line: int
     text: str
 
-    to_dict = asdict
-
 
 def scan_references(
     old: Path | str, dirs: Sequence[Path | str], *, skip: Sequence[Path | str] = ()
@@ -146,8 +159,7 @@ def scan_references(
     pattern = path_pattern(path_forms(old))
     skipped = {Path(p).expanduser().resolve() for p in skip} | {old.resolve()}
     found: list[StaleReference] = []
-    for start in map(Path, dirs):
-        start = start.expanduser()
+    for start in (Path(d).expanduser() for d in dirs):
         for path in [start] if start.is_file() else _files(start, skipped):
             found.extend(_scan_file(path, pattern))
     return found
@@ -189,3 +201,84 @@ def _scan_file(path: Path, pattern: re.Pattern[str]) -> list[StaleReference]:
         for lineno, line in enumerate(text.splitlines(), 1)
         if pattern.search(line)
     ]
+
+
+Progress = Callable[[str], None]
+
+
+def _current_shape(rel: str, raw: bytes) -> bool:
+    """Does the meta or measurement record `rel` parse as this format and name its sha?"""
+    from prefixreg.core.records import Measurement, Meta
+
+    try:
+        data = loads_object(raw)
+        if (sha := layout.meta_sha(rel)) is not None:
+            return Meta.from_dict(data).sha256 == sha
+        name = rel.partition("/")[2]
+        return Measurement.from_dict(data).sha256 == layout.measurement_sha(name)
+    except CorruptRecordError:
+        return False
+
+
+Survey = tuple[list[str], list[str], dict[str, str], list[str]]
+
+
+def survey(source: Path, *, progress: Progress | None = None) -> Survey:
+    """(directories, files, legacy records {path: sha256}, kept root entries) of a hand-built
+    registry, every object hashed. Raises: RegistryLocationError (no `objects/`);
+    IntegrityError (objects that do not verify, each named; a symlink or special file)."""
+    if not (source / layout.OBJECTS).is_dir() or (source / layout.OBJECTS).is_symlink():
+        why = f"no registry at {source} (no {layout.MARKER}, no {layout.OBJECTS}/ directory)"
+        raise RegistryLocationError(why, hint=f"see {layout.FORMAT_DOC}")
+    dirs, files = list_tree(source)
+    bad, legacy = [], {}
+    for rel in files:
+        if progress is not None:
+            progress(rel)
+        top = rel.partition("/")[0]
+        if top == layout.OBJECTS:
+            sha = layout.object_sha(rel)
+            raw = fsutil.read_nofollow(source / rel, root=source)
+            if sha is None or hashlib.sha256(raw).hexdigest() != sha:
+                bad.append(f"{rel} ({'not an object file' if sha is None else 'hashes wrong'})")
+        elif top in (layout.META, layout.MEASUREMENTS) and rel.endswith(".json"):
+            raw = fsutil.read_nofollow(source / rel, root=source)
+            if not _current_shape(rel, raw):
+                legacy[rel] = hashlib.sha256(raw).hexdigest()
+    if bad:
+        rule = f"an object is the exact bytes its name hashes: {layout.FORMAT_DOC}"
+        why = f"{source}: {len(bad)} objects do not verify, nothing adopted ({rule}): "
+        raise IntegrityError(why + "; ".join(bad), path=source)
+    expected = {*layout.EXPECTED_DIRS, *layout.ROOT_FILES}
+    kept = sorted({rel.partition("/")[0] for rel in [*dirs, *files]} - expected)
+    return dirs, files, legacy, kept
+
+
+def adopt(
+    source: Path, given: Path, target: Path, surveyed: Survey
+) -> tuple[list[str], list[Repointed]]:
+    """Build the registry at `target` from the hand-built one at `source` (`given`: the
+    path its files name; `surveyed`: its `survey`); (the verifier's warnings, the files
+    repointed). The caller removes the source."""
+    dirs, files, legacy, kept = surveyed
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{target.name}.adopting-{secrets.token_hex(4)}"
+    staging.mkdir()
+    try:
+        check_copies(staging, sync(source, staging, files, dirs=dirs))
+        staging.chmod(stat.S_IMODE(source.stat().st_mode))
+        for rel in [rel for rel in files if layout.object_sha(rel) is not None]:
+            os.chmod(staging / rel, stat.S_IMODE((staging / rel).lstat().st_mode) & ~0o222)
+        now = layout.iso_utc(layout.utc_now())
+        manifest = {"format": f"{layout.FORMAT}-legacy", "version": 1, "adopted": now}
+        manifest |= {"from": str(source), "records": legacy, "kept": kept}
+        fsutil.publish_new(staging / layout.LEGACY, dumps_canonical(manifest) + b"\n")
+        fsutil.publish_new(staging / layout.MARKER, layout.encode_marker("origin", now), mode=0o644)
+        repointed = repoint(staging, given, target, write=True)
+        warnings = check_verifies(Registry(staging), "the adopted registry")
+        staging.rename(target)  # replaces an empty target; one that gained files fails
+    except BaseException:
+        remove_tree(staging, ordered=False)
+        raise
+    fsutil.fsync_dir(target.parent)
+    return warnings, repointed

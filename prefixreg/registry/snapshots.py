@@ -67,7 +67,7 @@ def read_snapshot(registry: Registry, sha256: str, build_id: str) -> SnapshotRec
         return None
 
 
-def _record_entries(registry: Registry) -> list[tuple[str, str]]:
+def record_entries(registry: Registry) -> list[tuple[str, str]]:
     """(file name, head sha) of every entry of `snapshots/` named like a record."""
     entries = _registry(registry)._disk.entries(layout.SNAPSHOTS)
     matches = ((n, layout.SNAPSHOT_RECORD.fullmatch(n)) for n, kind in entries if kind == "file")
@@ -79,7 +79,7 @@ def list_snapshots(registry: Registry, sha256: str | None = None) -> list[Snapsh
     CorruptRecordError (a record that does not parse: fail closed), IntegrityError."""
     if sha256 is not None:
         layout.need_sha(sha256)
-    out = [_load(registry, n) for n, sha in _record_entries(registry) if sha256 in (None, sha)]
+    out = [_load(registry, n) for n, sha in record_entries(registry) if sha256 in (None, sha)]
     return sorted(out, key=lambda r: (r.created, r.sha256, r.build_id))
 
 
@@ -87,11 +87,6 @@ def _head_missing(registry: Registry, sha: str) -> bool:
     """Neither a prefix object nor a frame record has this sha."""
     rels = (layout.object_relpath(sha), layout.frame_relpath(sha))
     return all(registry._disk.lstat(rel) is None for rel in rels)
-
-
-def snapshot_prefix_shas(registry: Registry) -> set[str]:
-    """The heads snapshot records point to, by file name (parsed or not)."""
-    return {sha for _name, sha in _record_entries(registry)}
 
 
 def check_snapshot_entry(registry: Registry, name: str, kind: str) -> list[tuple[str, str]]:
@@ -116,11 +111,10 @@ def prune_snapshot_records(
     `cutoff` (the caller holds the registry lock); (relative path, mtime) of each."""
     disk = registry._disk
     removed = []
-    for name, sha in _record_entries(registry):
+    for name, sha in record_entries(registry):
         if _head_missing(registry, sha):
             rel = f"{layout.SNAPSHOTS}/{name}"
-            mtime = disk.remove_old(rel, cutoff, dry_run=dry_run)
-            if mtime is not None:
+            if (mtime := disk.remove_old(rel, cutoff, dry_run=dry_run)) is not None:
                 removed.append((rel, mtime))
     if removed and not dry_run:
         fsutil.fsync_dir(disk.path(layout.SNAPSHOTS))

@@ -1,12 +1,13 @@
 """`Registry`: one registry on disk, composed of parts; the face every verb and command uses.
 
-Parts: `Disk` (root, marker, lock, no-follow access; private to this package), `Objects`
-(objects and meta, verified at use), `Names` (name files and their journal), `Records`
-(measurements, probe receipts, the mirror log) and `Frames`; `snapshots`, verify, gc and
-migrate sit above. One resolver is behind `head`, `frame`, `get`, `resolve` and `move_name`.
+Parts: `Disk` (root, marker, lock, no-follow access; package-private), `Objects`, `Frames`,
+`Names` and `Records`; `snapshots`, verify, gc and migrate sit above. One resolver is behind
+`head`, `frame`, `get`, `resolve` and `move_name`.
 
 Invariants:
 - Arguments, types included, are checked before anything is written (`UsageError`).
+- Measurements and probe receipts are published with no-overwrite links (mode 0444), never
+  through a symlinked directory; a taken name is retried with a fresh stamp, never replaced.
 - Write order is object, meta, name: a crash leaves at worst an object without meta (verify
   warns; adding again repairs it) or a temp file, never a meta record or a name whose object
   is missing. A mirror (role `mirror`) is written only by `prefixreg mirror`.
@@ -27,8 +28,9 @@ from typing import TYPE_CHECKING, Literal
 from prefixreg.core import errors
 from prefixreg.core.digest import is_full_sha, looks_like_sha, parse_abbrev, sha256_hex
 from prefixreg.core.frame import Frame, encode_frame_record, parse_tools
+from prefixreg.core.jsonio import dumps_canonical
 from prefixreg.core.prefix import Prefix
-from prefixreg.registry import layout
+from prefixreg.registry import fsutil, layout, objects
 from prefixreg.registry.disk import Disk
 from prefixreg.registry.layout import iso_utc as iso_utc
 from prefixreg.registry.layout import stamp_utc as stamp_utc
@@ -36,15 +38,6 @@ from prefixreg.registry.layout import utc_now as utc_now
 from prefixreg.registry.layout import validate_name as validate_name
 from prefixreg.registry.names import UNSET, Names, Records
 from prefixreg.registry.names import NameConflictError as NameConflictError
-from prefixreg.registry.objects import (
-    PROBE_SOURCE_PREFIX,
-    Frames,
-    ObjectInfo,
-    Objects,
-    check_text,
-    content_bytes,
-    is_probe_source,
-)
 
 if TYPE_CHECKING:
     from prefixreg.core.records import Measurement, Meta, NameMove
@@ -66,10 +59,10 @@ class Registry:
         self.root = Path(root)
         self.lock_timeout = float(lock_timeout)
         self._disk = Disk(self.root)
-        self._objects = Objects(self._disk)
+        self._objects = objects.Objects(self._disk)
         self._names = Names(self._disk, self.lock)
         self._records = Records(self._disk)
-        self._frames = Frames(self._disk, self._objects)
+        self._frames = objects.Frames(self._disk, self._objects)
 
     def __repr__(self) -> str:
         return f"Registry({str(self.root)!r})"
@@ -94,11 +87,9 @@ class Registry:
     def refuse_on_mirror(self, what: str) -> None:
         """Refuse a write on a mirror (`UsageError`): the next mirror run would delete it."""
         if self.role == "mirror":
-            raise errors.UsageError(
-                f"{self.root} is a mirror; refusing to {what} here (the next mirror run "
-                "would delete it)",
-                hint="write on the origin registry (the coordinator), then run prefixreg mirror",
-            )
+            why = f"{self.root} is a mirror; refusing to {what} here"
+            hint = "write on the origin registry (the coordinator), then run prefixreg mirror"
+            raise errors.UsageError(f"{why} (the next mirror run would delete it)", hint=hint)
 
     @contextlib.contextmanager
     def lock(self, name: str = "registry") -> Iterator[None]:
@@ -122,23 +113,20 @@ class Registry:
                 return sha, ref
         if not looks_like_sha(ref) or len(ref) < 8:
             if layout.NAME_RE.fullmatch(ref) is None:
-                raise errors.InvalidDigestError(
-                    f"invalid reference {ref!r}: not a name, a sha256, or 8+ hex digits of one"
-                )
+                why = f"invalid reference {ref!r}: not a name, a sha256, or 8+ hex digits of one"
+                raise errors.InvalidDigestError(why)
             hint = "an abbreviated sha needs at least 8 hex digits" if looks_like_sha(ref) else None
             raise errors.RefNotFoundError(f"no prefix or frame named {ref!r}", hint=hint)
         abbrev = parse_abbrev(ref)
         if len(abbrev) == 64:
             return abbrev, None
-        objects = set(self._objects.shas(regular_only=True, prefix=abbrev))
-        found = sorted(objects.union(s for s in self._frames.shas() if s.startswith(abbrev)))
+        prefixes = set(self._objects.shas(regular_only=True, prefix=abbrev))
+        found = sorted(prefixes.union(s for s in self._frames.shas() if s.startswith(abbrev)))
         if not found:
             raise errors.RefNotFoundError(f"no prefix or frame matches {ref!r}")
         if len(found) > 1:
-            shown = ", ".join(m[:12] for m in found[:5])
-            raise errors.AmbiguousRefError(
-                f"{ref!r} matches {len(found)} heads: {shown}", candidates=found
-            )
+            why = f"{ref!r} matches {len(found)} heads: {', '.join(m[:12] for m in found[:5])}"
+            raise errors.AmbiguousRefError(why, candidates=found)
         return found[0], None
 
     def _read(self, sha: str, name: str | None, ref: object = None) -> bytes:
@@ -147,10 +135,8 @@ class Registry:
             return self._objects.read(sha)
         except errors.RefNotFoundError:
             if self._names.is_frame(sha):
-                raise errors.RefNotFoundError(
-                    f"{ref or sha!r} names frame {sha[:12]}, not a prefix",
-                    hint="a frame is a head: use head()",
-                ) from None
+                why = f"{ref or sha!r} names frame {sha[:12]}, not a prefix"
+                raise errors.RefNotFoundError(why, hint="a frame is a head: use head()") from None
             if name is None:
                 raise
             path = self._disk.path(layout.name_relpath(name))
@@ -163,10 +149,9 @@ class Registry:
         return Prefix(sha, self._read(sha, name), name)
 
     def head(self, ref: str) -> Prefix | Frame:
-        """The verified prefix or frame (record and parts re-hashed, tools parsed) `ref`
-        names, resolved once: what every verb sends. Raises: UsageError (not a string);
-        RefNotFoundError, AmbiguousRefError, InvalidDigestError (a bad reference);
-        IntegrityError (something fails verification, or a name's target is missing)."""
+        """The verified prefix or frame `ref` names: what every verb sends. Raises: UsageError
+        (not a string); RefNotFoundError, AmbiguousRefError, InvalidDigestError;
+        IntegrityError (fails verification, or a name's target is missing)."""
         return self._head(*self._find(ref))
 
     def frame(self, ref: str) -> Frame:
@@ -182,10 +167,6 @@ class Registry:
         sha, name = (ref, None) if type(ref) is str and is_full_sha(ref) else self._find(ref)
         return Prefix(sha, self._read(sha, name, ref), name)
 
-    def get_bytes(self, ref: str) -> bytes:
-        """The exact, verified bytes of the prefix `ref` names (see `get`)."""
-        return self.get(ref).data
-
     def resolve(self, ref: str) -> str:
         """The full sha of the prefix or frame `ref` names (not verified). Raises as `head`."""
         sha, name = self._find(ref)
@@ -194,8 +175,7 @@ class Registry:
         return sha
 
     def read_verified(self, sha: str) -> bytes:
-        """The bytes of object `sha`, re-hashed. Raises: UsageError, RefNotFoundError,
-        IntegrityError."""
+        """Object `sha`'s bytes, re-hashed. Raises: UsageError, RefNotFoundError, IntegrityError."""
         return self._objects.read(layout.need_sha(sha))
 
     def add(
@@ -206,16 +186,15 @@ class Registry:
         note: str | None = None,
         source: str = "api",
     ) -> str:
-        """Store `content` (exact bytes, valid UTF-8) under its sha256 and return the sha
-        (idempotent), optionally point `name` at it; `source` labels where it came from (a
-        file name, "stdin"). Content a probe registered becomes the user's object. Raises:
-        InvalidContentError (empty, not bytes or str, not UTF-8); InvalidNameError;
-        UsageError (a note or source not UTF-8 text, or a mirror); IntegrityError (an
-        existing object no longer verifies)."""
-        data = content_bytes(content)
+        """Store `content` (exact bytes, valid UTF-8) under its sha256, idempotent; point `name`
+        at it; `source`: where it came from (a file name, "stdin"). A probe slice becomes the
+        user's. Raises: InvalidContentError (empty, not bytes or str, not UTF-8);
+        InvalidNameError; UsageError (a note or source not UTF-8 text, or a mirror);
+        IntegrityError (an existing object no longer verifies)."""
+        data = objects.content_bytes(content)
         if note is not None:
-            check_text(note, "the note")
-        if check_text(source, "the source label").startswith(PROBE_SOURCE_PREFIX):
+            objects.check_text(note, "the note")
+        if objects.check_text(source, "the source label").startswith(objects.PROBE_SOURCE_PREFIX):
             raise errors.UsageError(f"the source label {source!r} is reserved for probe slices")
         if name is not None:
             layout.validate_name(name)
@@ -234,11 +213,10 @@ class Registry:
         note: str | None = None,
         force: bool = False,
     ) -> str:
-        """Register a frame and return its sha (idempotent): `system` names the system prefix
-        (verified first), `tools` is a JSON list of tool objects (stored as its exact bytes),
-        `settings` the prompt settings (`core.frame.PROMPT_SETTINGS`); a `name` that holds a
-        prefix moves to it only with `force`. Raises: UsageError (bad tools JSON, setting,
-        name or argument, or a mirror); IntegrityError (a part or an existing record)."""
+        """Register a frame, idempotent; its sha. `system` names the system prefix, `tools` is
+        a JSON list of tool objects (kept as its bytes), `settings` `core.frame.PROMPT_SETTINGS`;
+        a `name` holding a prefix moves only with `force`. Raises: UsageError (bad tools JSON,
+        setting, name or argument, or a mirror); IntegrityError (a part or existing record)."""
         if name is not None:
             layout.validate_name(name)
         given: tuple[object, object] = (tools, settings)  # the API boundary: anything may come
@@ -259,8 +237,8 @@ class Registry:
 
     def add_probe_slice(self, content: bytes | str, *, run_id: str) -> str:
         """Store a slice probe run `run_id` sends, marked as a probe slice. Raises as `add`."""
-        label = PROBE_SOURCE_PREFIX + check_text(run_id, "the probe run id")
-        data = content_bytes(content)
+        label = objects.PROBE_SOURCE_PREFIX + objects.check_text(run_id, "the probe run id")
+        data = objects.content_bytes(content)
         return self._store(data, note=f"probe {run_id}", source=label, what="add probe slices")
 
     def _store(self, data: bytes, *, note: str | None, source: str, what: str) -> str:
@@ -274,13 +252,13 @@ class Registry:
     def move_name(
         self, name: str, ref: str, *, expect: object = UNSET, force: bool = False
     ) -> NameMove | None:
-        """Point `name` at the head `ref` names (verified, again under the lock), journal
-        first; None if it already pointed there. `expect`: the sha (None: unset) the name
-        must hold now; `force`: move a name that holds a prefix to a frame, or back. Raises:
-        InvalidNameError (8-64 hex digits too); NameConflictError (`expect` does not hold, or
-        a kind change without `force`); UsageError (a bad reference or argument, a mirror);
-        IntegrityError (the target fails verification, or a symlinked `names.log`, `names/`
-        or `.locks/`); PrefixregError (the journal could not be written: not moved)."""
+        """Point `name` at the head `ref` names (verified, again under the lock), journal first;
+        None if already so. `expect`: the sha (None: unset) it must hold; `force`: move it from
+        a prefix to a frame or back. Raises: InvalidNameError (8-64 hex digits too);
+        NameConflictError (`expect` does not hold, or a kind change without `force`);
+        UsageError (a bad reference or argument, a mirror); IntegrityError (the target fails
+        verification, or a symlinked `names.log`, `names/` or `.locks/`); PrefixregError
+        (the journal could not be written: not moved)."""
         layout.validate_name(name)
         if expect is not UNSET and expect is not None:
             layout.need_sha(expect)
@@ -292,10 +270,6 @@ class Registry:
     def object_path(self, sha: str) -> Path:
         """Where the object `sha` lives (whether or not it exists)."""
         return self._disk.path(layout.object_relpath(sha))
-
-    def meta_path(self, sha: str) -> Path:
-        """Where the meta record of `sha` lives."""
-        return self._disk.path(layout.meta_relpath(sha))
 
     def meta(self, sha: str) -> Meta:
         """The meta record of `sha`. Raises: RefNotFoundError (none), CorruptRecordError."""
@@ -311,9 +285,9 @@ class Registry:
             meta = self.meta(sha)
         except errors.RefNotFoundError:
             return False
-        return is_probe_source(meta.source, meta.note)
+        return objects.is_probe_source(meta.source, meta.note)
 
-    def list_objects(self, *, frames: bool = False) -> list[ObjectInfo]:
+    def list_objects(self, *, frames: bool = False) -> list[objects.ObjectInfo]:
         """Every object (with `frames`, every frame) with its meta and names, oldest first;
         bytes are not read. Raises: IntegrityError (a symlink, an object not a file)."""
         by_sha: dict[str, list[str]] = {}
@@ -325,10 +299,10 @@ class Registry:
             try:
                 m = self._objects.meta(sha)
             except errors.RefNotFoundError:
-                out.append(ObjectInfo(sha, None, None, None, names))
+                out.append(objects.ObjectInfo(sha, None, None, None, names))
                 continue
-            slice_ = is_probe_source(m.source, m.note)
-            out.append(ObjectInfo(sha, m.bytes, m.created, m.note, names, slice_))
+            slice_ = objects.is_probe_source(m.source, m.note)
+            out.append(objects.ObjectInfo(sha, m.bytes, m.created, m.note, names, slice_))
         if frames:
             out += self._frames.rows(by_sha)
         return sorted(out, key=lambda o: (o.created or "", o.sha256))
@@ -351,23 +325,44 @@ class Registry:
 
     def write_measurement(self, measurement: Measurement) -> Path:
         """Write one measurement record, never overwriting. Raises: UsageError, IntegrityError."""
+        from prefixreg.core.records import Measurement
+
         self.init()
         self.refuse_on_mirror("write a measurement")
-        return self._records.write_measurement(measurement)
+        if not isinstance(measurement, Measurement):
+            raise errors.UsageError(f"not a Measurement: {type(measurement).__name__}")
+        directory = self._disk.mkdir(layout.MEASUREMENTS)
+        data = dumps_canonical(measurement.to_dict()) + b"\n"
+        for _ in range(100):
+            stamp = layout.stamp_utc(layout.utc_now())
+            path = directory / layout.measurement_filename(measurement.sha256, stamp)
+            if fsutil.publish_new(path, data, mode=0o444):
+                return path
+        raise errors.PrefixregError(f"no free measurement file name for {measurement.sha256}")
 
     def write_probe_receipt(
         self, stamp: str, render: Callable[[Path, Path], tuple[bytes, bytes]]
     ) -> tuple[Path, Path]:
-        """Publish a probe's receipt (`probes/<ts>.json`) and verdict (`<ts>.md`) whose bytes
-        `render(json_path, md_path)` gives, verdict first, never overwriting (a taken stamp
-        is retried). Raises: UsageError (not a UTC stamp), IntegrityError."""
+        """Publish a probe's receipt (`probes/<ts>.json`) and verdict (`<ts>.md`), as
+        `render(json_path, md_path)` gives them, verdict first; a taken stamp is retried.
+        Raises: UsageError (not a UTC stamp), IntegrityError."""
         self.init()
-        return self._records.write_probe_receipt(stamp, render)
+        directory = self._disk.mkdir(layout.PROBES)
+        for attempt in range(100):
+            name = stamp if attempt == 0 else layout.stamp_utc(layout.utc_now())
+            json_path, md_path = (directory / n for n in layout.probe_filenames(name))
+            receipt, verdict = render(json_path, md_path)
+            if not fsutil.publish_new(md_path, verdict, mode=0o444):
+                continue
+            if fsutil.publish_new(json_path, receipt, mode=0o444):
+                return json_path, md_path
+            md_path.unlink()  # the receipt's name was taken: its verdict goes with it
+        raise errors.PrefixregError(f"no free probe receipt name for {stamp}")
 
     def probe_receipts(self) -> list[tuple[Path, bytes]]:
         """Every readable probe receipt, newest first, as (path, raw bytes)."""
-        return self._records.probe_receipts()
+        return [(path, raw) for path, raw in self._records.receipts() if raw is not None]
 
     def append_mirror_log(self, line: bytes) -> None:
         """Append one JSON line to `mirror.log`, whole or not at all, never through a link."""
-        self._records.append_mirror_log(line)
+        fsutil.append_line(self._disk.path(layout.MIRROR_LOG), line, root=self._disk.root)

@@ -43,10 +43,8 @@ Stat = tuple[int, int, int]  # size, mtime_ns, inode: any write changes at least
 def write_order(rel: str) -> tuple[int, str]:
     """Objects before what refers to them, names after records, journals last."""
     top = rel.split("/", 1)[0]
-    rank = {layout.OBJECTS: 1, layout.META: 2, layout.NAMES: 5}
-    if top in layout.JOURNALS:
-        return 6, rel
-    return rank.get(top, 4 if top == layout.FRAMES else 3 if "/" in rel else 0), rel
+    rank = {layout.OBJECTS: 1, layout.META: 2, layout.FRAMES: 4, layout.NAMES: 5}
+    return (6 if top in layout.JOURNALS else rank.get(top, 3 if "/" in rel else 0)), rel
 
 
 def list_tree(root: Path) -> tuple[list[str], list[str]]:
@@ -56,10 +54,8 @@ def list_tree(root: Path) -> tuple[list[str], list[str]]:
     files: list[str] = []
     for rel, kind in Disk(root, marked=False).walk():
         if kind in ("link", "other"):
-            what = "symlink" if kind == "link" else "special file"
-            raise IntegrityError(
-                f"{root / rel}: {what} in the registry; refusing to migrate it", path=root / rel
-            )
+            why = f"{root / rel}: {'symlink' if kind == 'link' else 'special file'} in the registry"
+            raise IntegrityError(f"{why}; refusing to migrate it", path=root / rel)
         parts = rel.split("/")
         if (parts[0] == layout.LOCKS and len(parts) > 1) or any(map(layout.is_temp_name, parts)):
             continue
@@ -79,16 +75,13 @@ def stats(root: Path, files: Iterable[str]) -> dict[str, Stat]:
 
 
 def check_verifies(reg: Registry, what: str) -> list[str]:
-    """Verify `reg`: raise on a problem; the insecure-mode messages as warnings (modes
-    travel with the registry and are the user's to fix)."""
+    """Raise unless `reg` verifies; its insecure-mode findings, as warnings (the user's to fix)."""
     findings = verify_registry(reg).findings
     problems = [f for f in findings if f.severity == "problem" and f.kind != "insecure_mode"]
     if problems:
         first = problems[0]
-        raise IntegrityError(
-            f"{what} {reg.root} does not verify ({len(problems)} problems; first: "
-            f"{first.kind} {first.path}: {first.message})"
-        )
+        why = f"{len(problems)} problems; first: {first.kind} {first.path}: {first.message}"
+        raise IntegrityError(f"{what} {reg.root} does not verify ({why})")
     return [f"{f.path}: {f.message}" for f in findings if f.kind == "insecure_mode"]
 
 
@@ -97,12 +90,8 @@ def check_copies(dest: Path, digests: dict[str, str]) -> None:
     for rel, expected in digests.items():
         actual = hashlib.sha256(fsutil.read_nofollow(dest / rel, root=dest)).hexdigest()
         if actual != expected:
-            raise IntegrityError(
-                f"{dest / rel}: copy hashes to {actual}, the source to {expected}",
-                path=dest / rel,
-                expected=expected,
-                actual=actual,
-            )
+            why = f"{dest / rel}: copy hashes to {actual}, the source to {expected}"
+            raise IntegrityError(why, path=dest / rel, expected=expected, actual=actual)
 
 
 def replace_keeping(path: Path, data: bytes, st: os.stat_result) -> None:
@@ -164,9 +153,8 @@ def sync(
             if src_st.st_mtime_ns > dst.lstat().st_mtime_ns:
                 os.utime(dst, ns=(src_st.st_atime_ns, src_st.st_mtime_ns), follow_symlinks=False)
         elif layout.object_sha(rel) is not None:
-            raise IntegrityError(
-                f"{src}: an object's bytes changed during the move; kept {source}", path=src
-            )
+            why = f"{src}: an object's bytes changed during the move; kept {source}"
+            raise IntegrityError(why, path=src)
         elif (rel in layout.JOURNALS and ours.startswith(theirs)) or (
             untouched is not None
             and layout.meta_sha(rel) is not None
@@ -176,10 +164,8 @@ def sync(
             replace_keeping(dst, ours, src_st)
             digests[rel] = hashlib.sha256(ours).hexdigest()
         else:
-            raise PrefixregError(
-                f"{rel} changed both at {source} and at {target} during the move; kept {source}",
-                hint="compare the two, then run migrate again",
-            )
+            why = f"{rel} changed both at {source} and at {target} during the move; kept {source}"
+            raise PrefixregError(why, hint="compare the two, then run migrate again")
     # Last, deepest first: a read-only source directory must not stop the copy into it.
     for rel in sorted(made, key=lambda d: d.count("/"), reverse=True):
         os.chmod(target / rel, stat.S_IMODE(os.lstat(source / rel).st_mode))
@@ -214,11 +200,9 @@ def retire_source(source: Path, target: Path, before: dict[str, Stat]) -> tuple[
         if not copied:
             break
     else:
-        raise PrefixregError(
-            f"{source} kept changing during the move; kept it (the copy at {target} is "
-            "complete up to now)",
-            hint="stop whatever writes to it, then run migrate again (it finishes the move)",
-        )
+        kept = f"kept it (the copy at {target} is complete up to now)"
+        hint = "stop whatever writes to it, then run migrate again (it finishes the move)"
+        raise PrefixregError(f"{source} kept changing during the move; {kept}", hint=hint)
     retired = source.with_name(f".{source.name}.migrated-{secrets.token_hex(4)}")
     try:
         source.rename(retired)
@@ -251,7 +235,5 @@ def remove_tree(root: Path, *, ordered: bool = True) -> None:
     try:
         shutil.rmtree(root, onerror=writable_and_retry)
     except OSError as exc:
-        raise PrefixregError(
-            f"could not remove {root} completely ({exc}); the migrated registry is complete",
-            hint=f"remove {root} by hand",
-        ) from None
+        why = f"could not remove {root} completely ({exc}); the migrated registry is complete"
+        raise PrefixregError(why, hint=f"remove {root} by hand") from None

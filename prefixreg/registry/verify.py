@@ -45,8 +45,6 @@ class Finding:
     message: str
     severity: Severity = "problem"
 
-    to_dict = asdict
-
 
 @dataclass(slots=True)
 class VerifyReport:
@@ -121,8 +119,7 @@ def repair_registry(reg: Registry) -> VerifyReport:
 def _group_is_private(st: os.stat_result) -> bool:
     """Is the entry's group its owner's private group (umask 002)? Then group write is safe."""
     try:
-        group = grp.getgrgid(st.st_gid)
-        owner = pwd.getpwuid(st.st_uid)
+        group, owner = grp.getgrgid(st.st_gid), pwd.getpwuid(st.st_uid)
     except KeyError:
         return False
     return group.gr_name == owner.pw_name and owner.pw_gid == st.st_gid and not group.gr_mem
@@ -142,17 +139,13 @@ def _check_mode(reg: Registry, report: VerifyReport, rel: str, kind: str) -> Non
         why = f"writable by group {st.st_gid}"
     else:
         return
-    report.add(
-        "insecure_mode",
-        rel or ".",
-        f"registry {'directory' if kind == 'dir' else 'file'} is {why} (mode {mode:04o}); "
-        "other users could replace names or plant files: chmod go-w",
-    )
+    what = "directory" if kind == "dir" else "file"
+    fix = "other users could replace names or plant files: chmod go-w"
+    report.add("insecure_mode", rel or ".", f"registry {what} is {why} (mode {mode:04o}); {fix}")
 
 
 def _walk(reg: Registry, report: VerifyReport) -> Tree:
-    """List the whole registry without following anything; report symlinks, strays, modes
-    and root entries that are not part of the format."""
+    """List the registry, following nothing; report symlinks, strays, modes, foreign entries."""
     tree: Tree = {}
     _check_mode(reg, report, "", "dir")
     try:
@@ -160,6 +153,8 @@ def _walk(reg: Registry, report: VerifyReport) -> Tree:
     except IntegrityError as exc:
         report.add("bad_record", layout.LEGACY, str(exc))
         extras = frozenset()
+    at_root = {(d, "dir") for d in (*layout.EXPECTED_DIRS, *extras)}  # what the format allows
+    at_root |= {(f, "file") for f in (*layout.ROOT_FILES, *extras)}
     pending = [""]
     while pending:
         rel_dir = pending.pop()
@@ -178,11 +173,7 @@ def _walk(reg: Registry, report: VerifyReport) -> Tree:
                 report.add("symlink", rel, "symlink in the registry; refused")
                 continue
             _check_mode(reg, report, rel, kind)
-            if not rel_dir and not (
-                (name in layout.EXPECTED_DIRS and kind == "dir")
-                or (name in layout.ROOT_FILES and kind == "file")
-                or (name in extras and kind in ("file", "dir"))
-            ):
+            if not rel_dir and (name, kind) not in at_root:
                 report.add("unexpected", rel, f"not part of a registry ({layout.FORMAT_DOC})")
                 continue
             kept.append((name, kind))
@@ -207,8 +198,7 @@ def _verify_objects(reg: Registry, report: VerifyReport, tree: Tree) -> None:
             continue
         for entry, kind in tree[fan_rel]:
             rel = f"{fan_rel}/{entry}"
-            sha = layout.object_sha(rel)
-            if sha is None:
+            if (sha := layout.object_sha(rel)) is None:
                 report.add("unexpected", rel, "not an object file")
                 continue
             report.objects += 1
@@ -231,8 +221,7 @@ def _verify_objects(reg: Registry, report: VerifyReport, tree: Tree) -> None:
 def _verify_meta(reg: Registry, report: VerifyReport, tree: Tree) -> None:
     for entry, _kind in tree.get(layout.META, []):
         rel = f"{layout.META}/{entry}"
-        sha = layout.meta_sha(rel)
-        if sha is None:
+        if (sha := layout.meta_sha(rel)) is None:
             report.add("unexpected", rel, "not a meta record")
             continue
         report.meta += 1
@@ -261,13 +250,11 @@ def _verify_names(reg: Registry, report: VerifyReport, tree: Tree) -> None:
             continue
         report.names += 1
         if layout.is_sha_like_name(entry):
-            report.add(
-                "sha_like_name",
-                rel,
+            why = (
                 "name reads as a sha reference (8-64 hex digits) and shadows any object it "
-                "abbreviates; new names like it are refused: move what uses it to another name",
-                "warning",
+                "abbreviates; new names like it are refused: move what uses it to another name"
             )
+            report.add("sha_like_name", rel, why, "warning")
         try:
             sha = reg.read_name(entry)
         except IntegrityError as exc:
