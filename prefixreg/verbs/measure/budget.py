@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Final, Literal
 
 from prefixreg.core.errors import PrefixregError
-from prefixreg.core.jsonio import JSONObject, loads_object
+from prefixreg.core.jsonio import loads_object
 from prefixreg.core.records import CacheCounters, ServerBuild, strict_count
 from prefixreg.registry.store import Registry
 from prefixreg.server.counters import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
@@ -96,8 +96,7 @@ class Budget:
             return f"{self.limit:g} s"
         return f"{int(self.limit)} {self.unit} ({self.counter})"
 
-    def to_dict(self) -> JSONObject:
-        return asdict(self)
+    to_dict = asdict
 
 
 def latest_survival(registry: Registry, build: ServerBuild) -> tuple[int, int | None, str] | None:

@@ -8,6 +8,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -86,10 +87,8 @@ def measured_call(
     _, evidence = worker.chat(head, sent, history=history, **{**WARM_PARAMS, **params})
     after = None
     if with_cache:
-        try:
+        with contextlib.suppress(WorkerError):
             after = worker.cache()
-        except WorkerError:
-            pass
     seen = None
     if metrics is not None:
         seen = window(metrics, start, _samples(worker, metrics), evidence.prompt_tokens)

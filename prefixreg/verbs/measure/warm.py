@@ -113,10 +113,8 @@ class WarmResult:
             ev = call.evidence
             wall = "-" if ev.wall_s is None else f"{ev.wall_s:.3f} s"
             src = f" from {ev.cached_source}" if ev.cached_source else ""
-            lines.append(
-                f"{call.phase:<8} prompt {_fmt(ev.prompt_tokens)}, cached {_fmt(ev.cached_tokens)}"
-                f"{src} ({label}), {wall}"
-            )
+            counts = f"prompt {_fmt(ev.prompt_tokens)}, cached {_fmt(ev.cached_tokens)}{src}"
+            lines.append(f"{call.phase:<8} {counts} ({label}), {wall}")
         span = "" if self.span_tokens is None else f"; prefix span ~{self.span_tokens:,} tokens"
         cov = "" if self.coverage is None else f", coverage {self.coverage:.1%}"
         lines.append(f"verdict  {self.headline}: {self.reason}{span}{cov}")

@@ -219,10 +219,9 @@ def _transfer(
         session.write_marker()
     while changes:
         if session.result.rounds >= max_rounds:
-            raise MirrorError(
-                f"{session.dest.raw} still differs from the source after {max_rounds} rounds "
-                f"({len(changes)} changes, e.g. {changes[0]}); is the origin being written to?"
-            )
+            text = f"{session.dest.raw} still differs from the source after {max_rounds} rounds "
+            text += f"({len(changes)} changes, e.g. {changes[0]}); is the origin being written to?"
+            raise MirrorError(text)
         session.result.rounds += 1
         say(f"{session.dest.raw}: sending {len(changes)} changes (round {session.result.rounds})")
         plan.check_shapes(session.reg.root, changes)

@@ -109,19 +109,13 @@ def _fetch(record: SnapshotRecord, source: str | None, staging: Path, ssh: list[
         got = digest_snapshot_file(staging, record.file)
     except FileNotFoundError:  # rsync skips a symlink or special file
         raise MirrorError(f"{src.target(record.file)}: not a regular file there") from None
-    if (got.sha256, got.blake3, got.size) != (
-        record.file_sha256,
-        record.file_blake3,
-        record.file_bytes,
-    ):
-        raise IntegrityError(
-            f"{src.target(record.file)} arrived with sha256 {str(got.sha256)[:16]}… "
-            f"({got.size:,} bytes), its record says {record.file_sha256[:16]}… "
-            f"({record.file_bytes:,} bytes): changed at the source or in transit; nothing sent",
-            path=staging / record.file,
-            expected=record.file_sha256,
-            actual=got.sha256,
-        )
+    want = (record.file_sha256, record.file_blake3, record.file_bytes)
+    if (got.sha256, got.blake3, got.size) != want:
+        text = f"{src.target(record.file)} arrived with sha256 {str(got.sha256)[:16]}… "
+        text += f"({got.size:,} bytes), its record says {record.file_sha256[:16]}… "
+        text += f"({record.file_bytes:,} bytes): changed at the source or in transit; nothing sent"
+        where = staging / record.file
+        raise IntegrityError(text, path=where, expected=record.file_sha256, actual=got.sha256)
 
 
 def _send(

@@ -245,8 +245,7 @@ class Assignment:
     key: str
     build_id: str | None = None
 
-    def to_dict(self) -> dict[str, str | None]:
-        return asdict(self)
+    to_dict = asdict
 
 
 @dataclass(slots=True)

@@ -93,10 +93,8 @@ def check_sizes(options: ProbeOptions, build: ServerBuild) -> None:
     wanted.append((f"--foreign-chars {options.foreign_chars:,}", options.foreign_chars))
     for label, chars in wanted:
         if chars > limit:
-            raise UsageError(
-                f"{label} is larger than the worker's context "
-                f"({context:,} tokens, at most about {limit:,} characters)"
-            )
+            text = f"{label} is larger than the worker's context "
+            raise UsageError(text + f"({context:,} tokens, at most about {limit:,} characters)")
 
 
 class _Prober:

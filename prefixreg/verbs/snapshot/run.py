@@ -12,6 +12,7 @@ saved no tokens, the file is not where it saved it, or the build changed meanwhi
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -60,40 +61,30 @@ def save_snapshot(
     say = progress or (lambda _msg: None)
     registry.refuse_on_mirror("record a snapshot")
     if not readable_dir(slot_dir):
-        raise UsageError(
-            f"--slot-dir {slot_dir}: not a readable directory",
-            hint="a snapshot is recorded with its file's hashes: name the server's "
-            "--slot-save-path as seen from here",
-        )
+        hint = "a snapshot is recorded with its file's hashes: name the server's "
+        hint += "--slot-save-path as seen from here"
+        raise UsageError(f"--slot-dir {slot_dir}: not a readable directory", hint=hint)
     build = worker.server_build()
     require_slot_api(build)
     say(f"warming {head.sha256[:12]} on {worker.url} (build {build.build_id})")
     warmed, chosen = warm_and_locate(worker, head, slot)
     check, judged = pinned_check(worker, build, head, chosen.id)
     if not judged.resumed:
-        raise EvidenceUnverifiedError(
-            f"slot {chosen.id} does not provably hold the head ({judged.verdict}: "
-            f"{judged.reason}); nothing saved"
-        )
+        text = f"slot {chosen.id} does not provably hold the head ({judged.verdict}: "
+        raise EvidenceUnverifiedError(text + f"{judged.reason}); nothing saved")
     name = snapshot_file_name(head.sha256, build.build_id)
     say(f"saving slot {chosen.id} as {name}")
     transfer = slot_action(worker, chosen.id, "save", name)
     if not transfer.n_tokens:
-        raise EvidenceUnverifiedError(
-            f"the server reported saving {transfer.n_tokens} tokens from slot {chosen.id}; "
-            "nothing recorded"
-        )
+        text = f"the server reported saving {transfer.n_tokens} tokens from slot {chosen.id}; "
+        raise EvidenceUnverifiedError(text + "nothing recorded")
     digests = None
-    try:
+    with contextlib.suppress(FileNotFoundError):
         digests = digest_snapshot_file(slot_dir, name)
-    except FileNotFoundError:
-        pass
     if digests is None or transfer.n_bytes not in (None, digests.size):
-        raise UsageError(
-            f"{slot_dir} does not hold {name} as the server just saved it ({transfer.n_bytes} "
-            "bytes)",
-            hint="--slot-dir must be the server's --slot-save-path, as seen from here",
-        )
+        text = f"{slot_dir} does not hold {name} as the server just saved it "
+        hint = "--slot-dir must be the server's --slot-save-path, as seen from here"
+        raise UsageError(text + f"({transfer.n_bytes} bytes)", hint=hint)
     if worker.server_build().build_id != build.build_id:
         raise EvidenceUnverifiedError("the server build changed during the save; nothing recorded")
     assert digests.sha256 is not None and digests.blake3 is not None  # noqa: S101 -- asked for
