@@ -49,10 +49,8 @@ def _report_flag(d: Diagnosis, build: ServerBuild, missing: bool) -> None:
             text += f"count, so warm is unverified. Start SGLang with {flag}."
             d.add("warn", "report", text)
     elif profile == "vllm":
-        said = (
-            f"vLLM sends usage.prompt_tokens_details.cached_tokens only with {flag} (off by "
-            "default) and no route says whether it is on"
-        )
+        said = f"vLLM sends usage.prompt_tokens_details.cached_tokens only with {flag} (off by "
+        said += "default) and no route says whether it is on"
         if missing:
             text = f"{said}: this build's warm calls came back without it. Restart vllm serve "
             d.add("warn", "report", text + f"with {flag}.")

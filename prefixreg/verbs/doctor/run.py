@@ -12,7 +12,7 @@ build: the best evidence wins (a later, smaller probe never lowers it; at equal 
 ceiling beats a lower bound); when every B leg of that receipt resumed, Cmax is a lower
 bound. A fit is the judge's (`judge_fit`); where the alignment shapes Cmax or a fit, the
 text names it. Below `URGENT_CMAX` tokens the cache does not reach past the system prompt.
-Other engines' findings, and llama.cpp's slots and `--cache-ram`, are `engines`'.
+Engine flags and counters, llama.cpp's slots and `--cache-ram`: see `doctor.engines`.
 
 Nothing here guesses a number the server did not send: a missing field is said to be missing.
 Receipts and measurements are read through the store; an unreadable receipt proves nothing.
@@ -137,11 +137,9 @@ def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONV
         d.add("info", "entries", f"{c.entries} of max_entries {c.max_entries} entries in use.")
         per = MEASURED_ENTRIES_PER_REQUEST
         left = d.numbers["survival_estimate"] = lru_survival_stores(c.max_entries, per) // per
-        text = (
-            f"With max_entries {c.max_entries} and {per} entries stored per prompt (system end "
-            f"and history end), a prefix survives about {left} foreign prompts before it is "
-            "evicted (`prefixreg probe --survival` measures it)."
-        )
+        text = f"With max_entries {c.max_entries} and {per} entries stored per prompt (system end "
+        text += f"and history end), a prefix survives about {left} foreign prompts before it is "
+        text += "evicted (`prefixreg probe --survival` measures it)."
         if left <= 3:
             text += f" That is few for a loop that pauses: {_raise_setting(slab)}, or run "
             d.add("warn", "survival", text + "`prefixreg keepalive`.")
@@ -284,7 +282,7 @@ def head_spans(registry: Registry, build_id: str) -> list[HeadSpan]:
         ]
         reason = warms[-1].outcome.reason if warms else None
         missing = reason is not None and "cached_tokens missing" in reason
-        out.append(HeadSpan(name, head.sha256, max(spans)[2] if spans else None, None, missing))
+        out.append(HeadSpan(name, head.sha256, max(spans)[2] if spans else None, missing=missing))
     return out
 
 

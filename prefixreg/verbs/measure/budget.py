@@ -83,10 +83,8 @@ class Budget:
         tighter = max(floor, since // 2 if unit != "seconds" else since / 2)
         if tighter >= self.limit:
             return None
-        change = (
-            f"budget {self.limit:g} -> {tighter:g} {unit}: a re-warm after {since:g} {unit} "
-            f"came back {verdict}"
-        )
+        change = f"budget {self.limit:g} -> {tighter:g} {unit}: a re-warm after {since:g} {unit} "
+        change += f"came back {verdict}"
         self.source, self.limit = f"tightened after a {verdict} re-warm", tighter
         return change
 

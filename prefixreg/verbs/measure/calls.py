@@ -73,12 +73,11 @@ def measured_call(
     history: Sequence[Mapping[str, Any]] | None = None,
     **params: Any,
 ) -> CallRecord:
-    """Send one chat call bracketed by `/cache` snapshots (when `with_cache`), else by the
-    engine's Prometheus counters where the build has them (`Worker.counters`: a witness, never
-    the verdict). `before` reuses the previous call's closing snapshot; a closing snapshot the
-    server fails to give is recorded as missing (its window counts for nothing), never losing
-    the call's evidence. `history` (a loop's session) replaces the one-line `tail`; its hash
-    is recorded."""
+    """One chat call bracketed by `/cache` snapshots (when `with_cache`), else by the engine's
+    Prometheus counters where the build has them (`Worker.counters`: a witness, never the
+    verdict). `before` reuses the previous call's closing snapshot; one the server fails to give
+    is recorded as missing (its window counts for nothing), never losing the call's evidence.
+    `history` (a loop's session) replaces the one-line `tail`; its hash is recorded."""
     if with_cache and before is None:
         before = worker.cache()
     metrics = None if with_cache else worker.counters

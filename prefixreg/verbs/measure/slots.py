@@ -138,11 +138,9 @@ def _no_snapshot_reason(registry: Registry, sha: str, build: ServerBuild) -> str
     diff = ["profile"] * (a.profile != b.profile)
     diff += [k for k in keys if a.identity.get(k) != b.identity.get(k)]
     shown = ", ".join(f"{k} {a.identity.get(k)!r} -> {b.identity.get(k)!r}" for k in diff[:3])
-    return (
-        f"a snapshot exists for build {a.build_id}, but the worker now runs build "
-        f"{b.build_id} ({shown or 'identity differs'}): a KV state is only valid on the build "
-        "that saved it, so it is not used"
-    )
+    text = f"a snapshot exists for build {a.build_id}, but the worker now runs build "
+    text += f"{b.build_id} ({shown or 'identity differs'}): a KV state is only valid on the build "
+    return text + "that saved it, so it is not used"
 
 
 def check_file(record: SnapshotRecord, slot_dir: Path | None) -> str:

@@ -138,7 +138,7 @@ def referenced_objects(
     removes the record first), a name that moved meanwhile.
 
     Raises:
-        IntegrityError: a bad name, a frame or object failing verification, or a record
+        IntegrityError: a bad name or frame, an object failing verification, or a record
             whose object is missing at the source while it stays.
     """
     needs: dict[str, set[str]] = {}

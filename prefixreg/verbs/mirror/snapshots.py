@@ -128,11 +128,9 @@ def _send(
         staged = str(staging / record.file)
         rsync.run(rsync.build_rsync_argv("file", staged, dest.target(record.file), rsh=rsh))
         where = f"{dest.path.rstrip('/')}/{record.file}"  # both checked: no shell quoting needed
-        argv = (
-            ["sha256sum", "--", where]
-            if rsh is None
-            else [*rsh, dest.ssh_host, f"sha256sum -- {where}"]
-        )
+        argv = ["sha256sum", "--", where]
+        if rsh is not None:
+            argv = [*rsh, dest.ssh_host, f"sha256sum -- {where}"]
         digest = rsync.run(argv)[:64].decode("ascii", "replace")
     except MirrorError as exc:
         result.error = str(exc)

@@ -124,8 +124,7 @@ class PoolReport:
 
 
 def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None) -> PoolReport:
-    """Place `heads` (verified: `Registry.head`) within capacity, warm them, prove each on
-    its worker.
+    """Place `heads` (verified: `Registry.head`) within capacity, warm, prove each on its worker.
 
     Raises:
         UsageError: not a list of heads, or the registry is a mirror (nothing sent).
@@ -158,7 +157,7 @@ def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None)
     for sha in [s for s in plan.assigned if s not in placed]:  # through the router
         old = pool.placement.get(sha)
         start = 0 if old is None else _attempt_of(old.key) + 1
-        if got := _route_first_call(pool, sha, start, capacity, load, report, say):
+        if got := _route_first_call(pool, sha, start, capacity, load, report.notes.append, say):
             placed[sha] = got
             load[got.worker] += 1
     _prove(pool, placed, report, say, warm_missing=True)
@@ -178,17 +177,10 @@ def _attempt_of(key: str) -> int:
 
 
 def _route_first_call(
-    pool: Pool,
-    sha: str,
-    start: int,
-    capacity: dict[str, int],
-    load: Counter[str],
-    report: PoolReport,
-    say: Say,
+    pool: Pool, sha: str, start: int, caps: dict[str, int], load: Counter[str], note: Say, say: Say
 ) -> Assignment | None:
     """Send `sha`'s first call through the router; keep the key if it landed with room."""
     assert pool.router is not None  # noqa: S101 -- only called with a router
-    note = report.notes.append
     for attempt in range(start, start + MAX_REKEY):
         key = routing_key(sha, attempt)
         before = pool.served_marks()
@@ -200,7 +192,7 @@ def _route_first_call(
             text = f"{sha[:12]}: cannot tell which worker served key {key} (no /slots or /cache, "
             note(text + "or other traffic); not placed")
             return None
-        if load[where] < capacity.get(where, 0):
+        if load[where] < caps.get(where, 0):
             say(f"{sha[:12]} -> {where} (router key {key})")
             return Assignment(sha, where, key)
         note(f"{sha[:12]}: the router put key {key} on {where}, which is full; re-keyed")
@@ -218,9 +210,7 @@ def _standing(result: WarmResult, touched_after: int) -> tuple[bool, str]:
 def _prove(
     pool: Pool, placed: dict[str, Assignment], report: PoolReport, say: Say, *, warm_missing: bool
 ) -> None:
-    """Per worker, a fresh-tail check of each head it holds; with `warm_missing` a head not
-    resumed is warmed there, and the round repeats until one prefills nothing. Each proof
-    is judged with the prefills its worker saw after it (module docstring)."""
+    """Per worker, rounds of fresh-tail checks of its heads (`warm_missing`: see the module)."""
     proofs: dict[str, Proof] = {}
     for url in dict.fromkeys(a.worker for a in placed.values()):
         worker, mine = pool.workers[url], [s for s, a in placed.items() if a.worker == url]

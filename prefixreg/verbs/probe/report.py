@@ -85,9 +85,7 @@ class ProbeReport:
 
     @property
     def outcome(self) -> Outcome:
-        """`unverified` when a leg that answers a question (all but A1) or a survival trial
-        is unverified, or the counter checks compared nothing on a server with `/cache`;
-        `check_failed` when a check failed beyond the lag explanation."""
+        """`unverified` (module docstring), else `check_failed` beyond the lag, else `ok`."""
         legs = any(c.verdict == "unverified" and c.leg != "A1" for c in self.calls)
         if legs or self.survival_unverified or self.checks_unverified:
             return "unverified"

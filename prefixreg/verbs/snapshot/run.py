@@ -12,7 +12,6 @@ saved no tokens, the file is not where it saved it, or the build changed meanwhi
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -50,10 +49,9 @@ def save_snapshot(
     server's `--slot-save-path` as seen from here); the record and the `snapshot-save` body.
 
     Raises:
-        UsageError: not a head; a mirror; no slot API; `slot_dir` not a readable directory
-            or not holding the saved file.
-        EvidenceUnverifiedError: the slot could not be shown to hold the head, the server
-            saved no tokens, or the build changed (nothing recorded).
+        UsageError: not a head; a mirror; no slot API; `slot_dir` unreadable or without the file.
+        EvidenceUnverifiedError: the slot not shown to hold the head, no tokens saved, or the
+            build changed (nothing recorded).
         WorkerError: the worker failed.
     """
     if not isinstance(head, Prefix | Frame):
@@ -79,8 +77,10 @@ def save_snapshot(
         text = f"the server reported saving {transfer.n_tokens} tokens from slot {chosen.id}; "
         raise EvidenceUnverifiedError(text + "nothing recorded")
     digests = None
-    with contextlib.suppress(FileNotFoundError):
+    try:
         digests = digest_snapshot_file(slot_dir, name)
+    except FileNotFoundError:
+        pass
     if digests is None or transfer.n_bytes not in (None, digests.size):
         text = f"{slot_dir} does not hold {name} as the server just saved it "
         hint = "--slot-dir must be the server's --slot-save-path, as seen from here"
@@ -111,9 +111,8 @@ def save_snapshot(
         "record": str(write_snapshot(registry, record)),
         "save": asdict(transfer),
         "calls": [warmed.to_dict(), check.to_dict()],
+        **({"frame": head.sha256} if isinstance(head, Frame) else {}),
     }
-    if isinstance(head, Frame):
-        body["frame"] = head.sha256
     record_measurement(registry, worker, build, head.system.sha256, "snapshot-save", body)
     return record, body
 
