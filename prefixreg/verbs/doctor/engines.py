@@ -1,6 +1,10 @@
 """`doctor` on the engines users run (vLLM, SGLang, TensorRT-LLM, Ollama): the exact flag each
-needs, read against what the server says of itself (`server.engines`); on llama.cpp,
-`diagnose_slots` weighs its slots against the loop's concurrent calls.
+needs, read against what the server says of itself (`server.engines`). On llama.cpp,
+`diagnose_slots` (pure) sets `/props` `total_slots` against the loops sharing the worker (each
+concurrent loop call needs a slot holding its session, foreign traffic one more) and names
+`--cache-ram`, the host-RAM prompt cache `/props` does not report (0 turns it off: an evicted
+prompt is gone, only a snapshot restore avoids its re-prefill; on, it comes back from RAM and
+a slot erase does not clear it).
 
 `diagnose_engine` (pure) names the flag that makes each call report its cached count and
 whether it is on: SGLang says so in `/server_info` (`enable_cache_report`, `enable_metrics`);
@@ -24,6 +28,12 @@ OLLAMA_CACHE_RAM: Final = (
     "8 GiB (8192 MiB) host prompt cache (ollama issue #18264): there is nothing to set there; "
     "OLLAMA_NUM_PARALLEL, OLLAMA_CONTEXT_LENGTH and OLLAMA_KV_CACHE_TYPE are the knobs."
 )
+CACHE_RAM: Final = (
+    "--cache-ram (the host-RAM prompt cache, MiB; 0 turns it off) is not reported by "
+    "/props. Off, an evicted prompt is gone: only a snapshot restore (`prefixreg snapshot "
+    "save`) avoids its re-prefill. On, an evicted prompt comes back from RAM, and a slot "
+    "erase does not clear it (probe's eviction counts then overstate the loss)."
+)
 
 
 def _report_flag(d: Diagnosis, build: ServerBuild, missing: bool) -> None:
@@ -35,17 +45,12 @@ def _report_flag(d: Diagnosis, build: ServerBuild, missing: bool) -> None:
             text = "/server_info enable_cache_report is true: a null count is read as 0."
             d.add("ok", "report", text + " Native /generate always sends meta_info.cached_tokens.")
         else:
-            d.add(
-                "warn",
-                "report",
-                f"/server_info enable_cache_report is {on}: the OpenAI usage carries no cached "
-                f"count, so warm is unverified. Start SGLang with {flag}.",
-            )
+            text = f"/server_info enable_cache_report is {on}: the OpenAI usage carries no cached "
+            text += f"count, so warm is unverified. Start SGLang with {flag}."
+            d.add("warn", "report", text)
     elif profile == "vllm":
-        said = (
-            f"vLLM sends usage.prompt_tokens_details.cached_tokens only with {flag} (off by "
-            "default) and no route says whether it is on"
-        )
+        said = f"vLLM sends usage.prompt_tokens_details.cached_tokens only with {flag} (off by "
+        said += "default) and no route says whether it is on"
         if missing:
             text = f"{said}: this build's warm calls came back without it. Restart vllm serve "
             d.add("warn", "report", text + f"with {flag}.")
@@ -53,16 +58,12 @@ def _report_flag(d: Diagnosis, build: ServerBuild, missing: bool) -> None:
             d.add("info", "report", f"{said}; if warm says 'cached_tokens missing', add {flag}.")
     elif profile == "ollama":
         version = identity.get("version")
-        reports = engines.ollama_reports(version)
-        if reports:
+        if engines.ollama_reports(version):
             d.add("ok", "report", f"Ollama {version} sends prompt_eval_cached_count.")
         else:
-            d.add(
-                "warn",
-                "report",
-                f"Ollama {version} sends no cached count (prompt_eval_cached_count and the "
-                "OpenAI cached_tokens ship from v0.33.3): upgrade Ollama to 0.33.3 or later.",
-            )
+            text = f"Ollama {version} sends no cached count (prompt_eval_cached_count and the "
+            text += "OpenAI cached_tokens ship from v0.33.3): upgrade Ollama to 0.33.3 or later."
+            d.add("warn", "report", text)
         d.add("info", "cache_ram", OLLAMA_CACHE_RAM)
     else:
         d.add("ok", "report", "TensorRT-LLM sends cached_tokens on every call (PR #7637).")
@@ -87,12 +88,9 @@ def diagnose_engine(
         return
     d.numbers["counters"] = {"prompt_tokens": prompt, "cached_tokens": cached}
     rate = f" ({cached / prompt:.1%})" if prompt else ""
-    d.add(
-        "info",
-        "counters",
-        f"{metrics.path}: {cached:,.0f} of {prompt:,.0f} prompt tokens came from the cache since "
-        f"the server started{rate}; keepalive counts foreign prompts with them.",
-    )
+    text = f"{metrics.path}: {cached:,.0f} of {prompt:,.0f} prompt tokens came from the cache "
+    text += f"since the server started{rate}; keepalive counts foreign prompts with them."
+    d.add("info", "counters", text)
 
 
 def diagnose_slots(d: Diagnosis, props: Mapping[str, object] | None, loops: int = 1) -> None:
@@ -104,21 +102,11 @@ def diagnose_slots(d: Diagnosis, props: Mapping[str, object] | None, loops: int 
     elif slots <= loops:
         level: Level = "warn" if slots < loops else "info"
         who = "sessions evict each other" if slots < loops else "a foreign prompt evicts one"
-        d.add(
-            level,
-            "slots",
-            f"total_slots {slots} for {loops} concurrent loop calls: each needs a slot holding "
-            f"its session and foreign traffic one more, so {who}. Start llama-server with "
-            f"-np {loops + 1} (or more); `keepalive` refuses more heads than slots.",
-        )
+        text = f"total_slots {slots} for {loops} concurrent loop calls: each needs a slot holding "
+        text += f"its session and foreign traffic one more, so {who}. Start llama-server with "
+        text += f"-np {loops + 1} (or more); `keepalive` refuses more heads than slots."
+        d.add(level, "slots", text)
     else:
         text = f"total_slots {slots}: room for {loops} concurrent loop calls and foreign traffic."
         d.add("ok", "slots", text)
-    d.add(
-        "info",
-        "cache-ram",
-        "--cache-ram (the host-RAM prompt cache, MiB; 0 turns it off) is not reported by "
-        "/props. Off, an evicted prompt is gone: only a snapshot restore (`prefixreg snapshot "
-        "save`) avoids its re-prefill. On, an evicted prompt comes back from RAM, and a slot "
-        "erase does not clear it (probe's eviction counts then overstate the loss).",
-    )
+    d.add("info", "cache-ram", CACHE_RAM)

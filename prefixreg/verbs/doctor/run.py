@@ -12,12 +12,7 @@ build: the best evidence wins (a later, smaller probe never lowers it; at equal 
 ceiling beats a lower bound); when every B leg of that receipt resumed, Cmax is a lower
 bound. A fit is the judge's (`judge_fit`); where the alignment shapes Cmax or a fit, the
 text names it. Below `URGENT_CMAX` tokens the cache does not reach past the system prompt.
-
-On llama.cpp `engines.diagnose_slots` (pure) sets `/props` `total_slots` against the loops that
-share the worker (each concurrent loop call needs a slot holding its session, and foreign
-traffic one more), and names `--cache-ram`, the host-RAM prompt cache `/props` does not
-report (0 turns it off: an evicted prompt is gone, only a snapshot restore avoids its
-re-prefill; on, an evicted prompt comes back from RAM and a slot erase does not clear it).
+Engine flags and counters, llama.cpp's slots and `--cache-ram`: see `doctor.engines`.
 
 Nothing here guesses a number the server did not send: a missing field is said to be missing.
 Receipts and measurements are read through the store; an unreadable receipt proves nothing.
@@ -119,12 +114,14 @@ class ProbeReach:
 
 @dataclass(frozen=True, slots=True)
 class HeadSpan:
-    """A named head's span on a build (None: not measured; `error`: failed verification)."""
+    """A named head's span on a build (None: not measured; `error`: failed verification;
+    `missing`: its latest warm there came back without a cached count)."""
 
     name: str
     sha256: str
     tokens: int | None
     error: str | None = None
+    missing: bool = False
 
 
 def _raise_setting(slab: bool) -> str:
@@ -140,11 +137,9 @@ def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONV
         d.add("info", "entries", f"{c.entries} of max_entries {c.max_entries} entries in use.")
         per = MEASURED_ENTRIES_PER_REQUEST
         left = d.numbers["survival_estimate"] = lru_survival_stores(c.max_entries, per) // per
-        text = (
-            f"With max_entries {c.max_entries} and {per} entries stored per prompt (system end "
-            f"and history end), a prefix survives about {left} foreign prompts before it is "
-            "evicted (`prefixreg probe --survival` measures it)."
-        )
+        text = f"With max_entries {c.max_entries} and {per} entries stored per prompt (system end "
+        text += f"and history end), a prefix survives about {left} foreign prompts before it is "
+        text += "evicted (`prefixreg probe --survival` measures it)."
         if left <= 3:
             text += f" That is few for a loop that pauses: {_raise_setting(slab)}, or run "
             d.add("warn", "survival", text + "`prefixreg keepalive`.")
@@ -157,14 +152,10 @@ def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONV
         note = f" (/health prompt_cache.cap_mb is {raw_cap})" if raw_cap is not None else ""
         d.add("info", "entry_size", f"last_entry_bytes {size:,} = {size / MIB:.1f} MiB{note}.")
     if slab:
-        d.add(
-            "info",
-            "slab",
-            f"Entries are fixed slabs of {c.last_entry_bytes or 0:,} bytes (/health "
-            f"prompt_cache.cap_mb {cap}), whatever the prompt size: more entries "
-            f"({ENTRIES_SETTING}) are more slabs of the same size. What one entry holds, and "
-            f"the room for more, comes from {CACHE_SIZE_SETTING}.",
-        )
+        text = f"Entries are fixed slabs of {c.last_entry_bytes or 0:,} bytes (/health "
+        text += f"prompt_cache.cap_mb {cap}), whatever the prompt size: more entries "
+        text += f"({ENTRIES_SETTING}) are more slabs of the same size. What one entry holds, and "
+        d.add("info", "slab", text + f"the room for more, comes from {CACHE_SIZE_SETTING}.")
     rate = None
     if c.hits is not None and c.misses is not None:
         rate = c.hits / (c.hits + c.misses) if c.hits + c.misses else None
@@ -181,15 +172,11 @@ def _diagnose_counters(d: Diagnosis, c: CacheCounters, block: Mapping[str, JSONV
         moved = f"stores {c.stores:,}, evicted {c.evicted:,}"
         if churn and rate is not None and rate < THRASH_HIT_RATE:
             fix = f"Raise {ENTRIES_SETTING} (or HALOGEN_CACHE_MB on dense)"
-            d.add(
-                "warn",
-                "thrashing",
-                f"stores {c.stores:,} against evicted {c.evicted:,} with a hit rate of "
-                f"{rate:.1%}: nearly every store evicts an entry before it is reused, so "
-                f"prefixes rarely live long enough to be resumed. "
-                f"{'R' + _raise_setting(slab)[1:] if slab else fix}, cut foreign traffic, or "
-                "run `prefixreg keepalive`.",
-            )
+            text = f"stores {c.stores:,} against evicted {c.evicted:,} with a hit rate of "
+            text += f"{rate:.1%}: nearly every store evicts an entry before it is reused, so "
+            text += "prefixes rarely live long enough to be resumed. "
+            text += f"{'R' + _raise_setting(slab)[1:] if slab else fix}, cut foreign traffic, or "
+            d.add("warn", "thrashing", text + "run `prefixreg keepalive`.")
         elif churn:
             text = f"{moved}: the cache is full and turns over, but lookups still hit."
             d.add("info", "thrashing", text)
@@ -241,13 +228,10 @@ def diagnose(
     if cap_bytes is not None and slot_ctx is not None:
         full = d.numbers["full_context_entry_bytes"] = slot_ctx * DENSE_BYTES_PER_POSITION
         if cap_bytes < full:
-            d.add(
-                "warn",
-                "budget",
-                f"cap_bytes {cap_bytes:,} cannot hold one full-context entry (slot_ctx "
-                f"{slot_ctx:,} x 64 KiB = {full:,} bytes): the cache reports itself enabled "
-                "and never hits. Raise HALOGEN_CACHE_MB (or leave it empty for auto).",
-            )
+            text = f"cap_bytes {cap_bytes:,} cannot hold one full-context entry (slot_ctx "
+            text += f"{slot_ctx:,} x 64 KiB = {full:,} bytes): the cache reports itself enabled "
+            text += "and never hits. Raise HALOGEN_CACHE_MB (or leave it empty for auto)."
+            d.add("warn", "budget", text)
         else:
             text = f"cap_bytes {cap_bytes:,} holds {cap_bytes // full} full-context entries."
             d.add("ok", "budget", text)
@@ -296,7 +280,9 @@ def head_spans(registry: Registry, build_id: str) -> list[HeadSpan]:
             for i, m in enumerate(warms)
             if (span := m.outcome.span_tokens)
         ]
-        out.append(HeadSpan(name, head.sha256, max(spans)[2] if spans else None))
+        reason = warms[-1].outcome.reason if warms else None
+        missing = reason is not None and "cached_tokens missing" in reason
+        out.append(HeadSpan(name, head.sha256, max(spans)[2] if spans else None, missing=missing))
     return out
 
 
@@ -316,13 +302,9 @@ def diagnose_reach(
         if alignment > 1:
             where += f"; counted in multiples of the server's {alignment:,}-token alignment"
         if probe.cmax < URGENT_CMAX:
-            d.add(
-                "warn",
-                "cmax",
-                f"urgent: Cmax is {probe.cmax:,} tokens ({where}), below {URGENT_CMAX:,}: the "
-                "cache does not reach past the system prompt, so a loop re-reads everything "
-                f"after it on every call. Raise {CACHE_SIZE_SETTING}.",
-            )
+            text = f"urgent: Cmax is {probe.cmax:,} tokens ({where}), below {URGENT_CMAX:,}: the "
+            text += "cache does not reach past the system prompt, so a loop re-reads everything "
+            d.add("warn", "cmax", text + f"after it on every call. Raise {CACHE_SIZE_SETTING}.")
         else:
             bound = "at least " if probe.whole else ""
             d.add("info", "cmax", f"Cmax is {bound}{probe.cmax:,} tokens ({where}).")
@@ -342,19 +324,6 @@ def diagnose_reach(
             d.add(level, "fit", f"{label}: {words} in one entry: {why}{advice}")
 
 
-def _count_missing(registry: Registry, build_id: str) -> bool:
-    """Whether a named head's latest warm on this build came back without a cached count."""
-    for name in registry.names():
-        try:
-            warms = head_warms(registry, registry.head(name), build_id)
-        except PrefixregError:
-            continue
-        reason = warms[-1].outcome.reason if warms else None
-        if reason is not None and "cached_tokens missing" in reason:
-            return True
-    return False
-
-
 def doctor(worker: Worker, registry: Registry | None = None, *, loops: int = 1) -> Diagnosis:
     """Read `/health` (and `/cache` on Halogen) and diagnose; with a registry, also weigh this
     build's probe receipts against the registered heads.
@@ -371,6 +340,10 @@ def doctor(worker: Worker, registry: Registry | None = None, *, loops: int = 1) 
     profile = worker.detect_profile()
     health = worker.health() if profile == "halogen" else {}
     diagnosis = diagnose(profile, health, worker.cache_raw() if profile == "halogen" else None)
+    spans: list[HeadSpan] = []
+    if registry is not None:
+        build = worker.server_build()
+        spans = head_spans(registry, build.build_id)
     if profile in ENGINES:
         from prefixreg.verbs.doctor.engines import diagnose_engine
 
@@ -379,15 +352,13 @@ def doctor(worker: Worker, registry: Registry | None = None, *, loops: int = 1) 
             samples = None if metrics is None else worker.metrics(metrics.path)
         except (WorkerHTTPError, MalformedResponseError):
             samples = None  # counters that cannot be read are said to be missing
-        missing = registry is not None and _count_missing(registry, build.build_id)
-        diagnose_engine(diagnosis, build, samples, missing=missing)
+        diagnose_engine(diagnosis, build, samples, missing=any(s.missing for s in spans))
     if profile == "llamacpp":
         from prefixreg.verbs.doctor.engines import diagnose_slots
 
         diagnose_slots(diagnosis, worker.props(), loops)
     if registry is not None:
-        build = worker.server_build()
         diagnosis.numbers["build_id"] = build.build_id
-        probe, spans = best_reach(registry, build.build_id), head_spans(registry, build.build_id)
+        probe = best_reach(registry, build.build_id)
         diagnose_reach(diagnosis, probe, spans, build.build_id, build.snapshot_align)
     return diagnosis

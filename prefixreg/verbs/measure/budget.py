@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Final, Literal
 
 from prefixreg.core.errors import PrefixregError
-from prefixreg.core.jsonio import JSONObject, loads_object
+from prefixreg.core.jsonio import loads_object
 from prefixreg.core.records import CacheCounters, ServerBuild, strict_count
 from prefixreg.registry.store import Registry
 from prefixreg.server.counters import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
@@ -83,10 +83,8 @@ class Budget:
         tighter = max(floor, since // 2 if unit != "seconds" else since / 2)
         if tighter >= self.limit:
             return None
-        change = (
-            f"budget {self.limit:g} -> {tighter:g} {unit}: a re-warm after {since:g} {unit} "
-            f"came back {verdict}"
-        )
+        change = f"budget {self.limit:g} -> {tighter:g} {unit}: a re-warm after {since:g} {unit} "
+        change += f"came back {verdict}"
         self.source, self.limit = f"tightened after a {verdict} re-warm", tighter
         return change
 
@@ -96,8 +94,7 @@ class Budget:
             return f"{self.limit:g} s"
         return f"{int(self.limit)} {self.unit} ({self.counter})"
 
-    def to_dict(self) -> JSONObject:
-        return asdict(self)
+    to_dict = asdict
 
 
 def latest_survival(registry: Registry, build: ServerBuild) -> tuple[int, int | None, str] | None:

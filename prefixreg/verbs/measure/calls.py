@@ -8,6 +8,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -72,12 +73,11 @@ def measured_call(
     history: Sequence[Mapping[str, Any]] | None = None,
     **params: Any,
 ) -> CallRecord:
-    """Send one chat call bracketed by `/cache` snapshots (when `with_cache`), else by the
-    engine's Prometheus counters where the build has them (`Worker.counters`: a witness, never
-    the verdict). `before` reuses the previous call's closing snapshot; a closing snapshot the
-    server fails to give is recorded as missing (its window counts for nothing), never losing
-    the call's evidence. `history` (a loop's session) replaces the one-line `tail`; its hash
-    is recorded."""
+    """One chat call bracketed by `/cache` snapshots (when `with_cache`), else by the engine's
+    Prometheus counters where the build has them (`Worker.counters`: a witness, never the
+    verdict). `before` reuses the previous call's closing snapshot; one the server fails to give
+    is recorded as missing (its window counts for nothing), never losing the call's evidence.
+    `history` (a loop's session) replaces the one-line `tail`; its hash is recorded."""
     if with_cache and before is None:
         before = worker.cache()
     metrics = None if with_cache else worker.counters
@@ -86,10 +86,8 @@ def measured_call(
     _, evidence = worker.chat(head, sent, history=history, **{**WARM_PARAMS, **params})
     after = None
     if with_cache:
-        try:
+        with contextlib.suppress(WorkerError):
             after = worker.cache()
-        except WorkerError:
-            pass
     seen = None
     if metrics is not None:
         seen = window(metrics, start, _samples(worker, metrics), evidence.prompt_tokens)

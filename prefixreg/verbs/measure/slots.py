@@ -77,8 +77,8 @@ def warm_and_locate(worker: Worker, head: Head, slot: int | None) -> tuple[CallR
 
 def warm_copies(worker: Worker, head: Head, copies: int) -> list[tuple[int, Judgement]]:
     """Keep `copies` of `head`, one per llama.cpp slot (one per concurrent loop call): a warm
-    pinned to each of the first `copies` slots, proven by a pinned check there. Returns
-    (slot, the judge's verdict on its check) per copy.
+    pinned to each of the first `copies` slots, proven by a pinned check there: (slot, the
+    judge's verdict on its check) per copy.
 
     Raises:
         UsageError: a profile without slots, or fewer slots than `copies`.
@@ -134,16 +134,13 @@ def _no_snapshot_reason(registry: Registry, sha: str, build: ServerBuild) -> str
     if not others:
         return f"no snapshot of {sha[:12]} is recorded"
     a, b = others[-1].build, build
+    keys = sorted({*a.identity, *b.identity})
     diff = ["profile"] * (a.profile != b.profile)
-    diff += [
-        k for k in sorted({*a.identity, *b.identity}) if a.identity.get(k) != b.identity.get(k)
-    ]
+    diff += [k for k in keys if a.identity.get(k) != b.identity.get(k)]
     shown = ", ".join(f"{k} {a.identity.get(k)!r} -> {b.identity.get(k)!r}" for k in diff[:3])
-    return (
-        f"a snapshot exists for build {a.build_id}, but the worker now runs build "
-        f"{b.build_id} ({shown or 'identity differs'}): a KV state is only valid on the build "
-        "that saved it, so it is not used"
-    )
+    text = f"a snapshot exists for build {a.build_id}, but the worker now runs build "
+    text += f"{b.build_id} ({shown or 'identity differs'}): a KV state is only valid on the build "
+    return text + "that saved it, so it is not used"
 
 
 def check_file(record: SnapshotRecord, slot_dir: Path | None) -> str:
@@ -152,31 +149,26 @@ def check_file(record: SnapshotRecord, slot_dir: Path | None) -> str:
 
     Raises:
         UsageError: `slot_dir` is not a readable directory.
-        IntegrityError: the record's directory is not readable here; the file is missing,
-            not a regular file, or does not match the record.
+        IntegrityError: the record's directory is unreadable here; the file is missing, not
+            a regular file, or does not match the record.
     """
     if slot_dir is not None and not readable_dir(slot_dir):
         raise UsageError(f"--slot-dir {slot_dir}: not a readable directory")
     where = slot_dir or Path(record.slot_dir)
     path = where / record.file
     if not readable_dir(where):
-        raise IntegrityError(
-            f"{where}: the record's snapshot directory is not readable here, so the file "
-            "cannot be checked; no restore sent (--slot-dir names where it is)",
-            path=where,
-        )
+        text = f"{where}: the record's snapshot directory is not readable here, so the file "
+        text += "cannot be checked; no restore sent (--slot-dir names where it is)"
+        raise IntegrityError(text, path=where)
     try:
         got = digest_snapshot_file(where, record.file, sha256=False)
     except FileNotFoundError:
         raise IntegrityError(f"{path}: the snapshot file is missing; no restore sent") from None
     if got.blake3 != record.file_blake3 or got.size != record.file_bytes:
-        raise IntegrityError(
-            f"{path}: blake3 {str(got.blake3)[:16]}… ({got.size:,} bytes) does not match the "
-            f"record's {record.file_blake3[:16]}… ({record.file_bytes:,} bytes); no restore sent",
-            path=path,
-            expected=record.file_blake3,
-            actual=got.blake3,
-        )
+        text = f"{path}: blake3 {str(got.blake3)[:16]}… ({got.size:,} bytes) does not match "
+        text += f"the record's {record.file_blake3[:16]}… ({record.file_bytes:,} bytes); "
+        text += "no restore sent"
+        raise IntegrityError(text, path=path, expected=record.file_blake3, actual=got.blake3)
     return f"blake3 matched ({got.size:,} bytes)"
 
 

@@ -113,10 +113,8 @@ class WarmResult:
             ev = call.evidence
             wall = "-" if ev.wall_s is None else f"{ev.wall_s:.3f} s"
             src = f" from {ev.cached_source}" if ev.cached_source else ""
-            lines.append(
-                f"{call.phase:<8} prompt {_fmt(ev.prompt_tokens)}, cached {_fmt(ev.cached_tokens)}"
-                f"{src} ({label}), {wall}"
-            )
+            counts = f"prompt {_fmt(ev.prompt_tokens)}, cached {_fmt(ev.cached_tokens)}{src}"
+            lines.append(f"{call.phase:<8} {counts} ({label}), {wall}")
         span = "" if self.span_tokens is None else f"; prefix span ~{self.span_tokens:,} tokens"
         cov = "" if self.coverage is None else f", coverage {self.coverage:.1%}"
         lines.append(f"verdict  {self.headline}: {self.reason}{span}{cov}")
@@ -160,9 +158,8 @@ class WarmResult:
 
 
 def tools_tokens(worker: Worker, build: ServerBuild, frame: Frame) -> int | None:
-    """Prompt tokens the frame's tools add on this server, where it can say without a
-    prefill (llama.cpp: the template applied and tokenized with and without them); None
-    when the server cannot tell or the frame renders no tools."""
+    """Prompt tokens the frame's tools add on this server, told without a prefill (llama.cpp:
+    the template tokenized with and without them); None if it cannot tell or none render."""
     if build.profile != "llamacpp" or not frame.renders_tools:
         return None
     messages = frame.messages([{"role": "user", "content": "x"}])
@@ -212,23 +209,17 @@ def warm(
         calls.append(call)
     judgement: Judgement | None = None
     verdict: str
+    last = calls[-1].evidence
     if check:
         tools = tools_tokens(worker, build, head) if isinstance(head, Frame) else None
         judgement = judge_check(
-            calls[-1].evidence,
-            head,
-            tail=tails[-1],
-            alignment=align,
-            measured=measured,
-            tools_tokens=tools,
+            last, head, tail=tails[-1], alignment=align, measured=measured, tools_tokens=tools
         )
         verdict, reason = judgement.verdict, judgement.reason
         seen = calls[-1].window
         if verdict == "unverified" and seen is not None and seen["attributed"] is True:
-            reason += (
-                f"; {seen['source']} counted {seen['cached_tokens']} cached tokens in the "
-                "call's window (a second witness, no per-call proof)"
-            )
+            reason += f"; {seen['source']} counted {seen['cached_tokens']} cached tokens in the "
+            reason += "call's window (a second witness, no per-call proof)"
     else:
         ev = calls[0].evidence
         verdict = "unverified" if ev.cache_state == "unverified" else "warmed"
@@ -239,7 +230,6 @@ def warm(
         judge_check(c.evidence, head, tail=t, alignment=align, measured=measured).verdict
         for c, t in zip(calls, tails, strict=True)
     )
-    last = calls[-1].evidence
     # Foreign traffic in any window: the counts are still the server's, but what they say
     # about *this* head may be someone else's doing (an eviction, a shared snapshot).
     windows = [c.interleaved for c in calls]
@@ -256,9 +246,8 @@ def warm(
         "cached_tokens": last.cached_tokens,
         "alignment": align,
         "calls": [c.to_dict() for c in calls],
+        **({"frame": head.sha256} if isinstance(head, Frame) else {}),
     }
-    if isinstance(head, Frame):
-        body["frame"] = head.sha256
     diagnosis = "" if send_warm else diagnose(registry, head, build, verdict)
     measurement, path = record_measurement(
         registry, worker, build, head.system.sha256, "warm", body
@@ -284,10 +273,8 @@ def diagnose(registry: Registry, head: Head, build: ServerBuild, verdict: str) -
     if not isinstance(head, Frame):
         return ""
     if verdict == "resumed":
-        return (
-            "the server holds this frame: loop calls that came back cold sent another head "
-            "(see the drift of their request bodies)"
-        )
+        text = "the server holds this frame: loop calls that came back cold sent another head "
+        return text + "(see the drift of their request bodies)"
     mine = [m for m in head_warms(registry, head, build.build_id) if "warm" in m.outcome.phases]
     if mine:
         return f"the server lost it: the frame was warmed at {mine[-1].at} and is gone since"

@@ -39,26 +39,26 @@ def top(path: str) -> str:
 
 def shape_problem(change: Change) -> str | None:
     """Why this entry may not travel, or None when its type fits its place in the layout."""
-    kind, parts = change.kind, change.path.split("/")
+    kind, tree, depth = change.kind, top(change.path), change.path.count("/") + 1
     if kind not in ("file", "dir"):
         return f"a {kind}, not a regular file or directory"
-    if len(parts) == 1:
-        if parts[0] in layout.EXPECTED_DIRS and kind != "dir":
-            return "a file where a registry directory belongs"
-        if parts[0] in layout.ROOT_FILES and kind != "file":
-            return "a directory where a registry file belongs"
+    if tree == OBJECTS and depth > 2 and layout.object_sha(change.path) is None:
+        return "not an object file"
+    if tree in (META, NAMES, FRAMES) and depth > 2:
+        return f"not a {tree} record"
+    if depth == 1 and tree in layout.EXPECTED_DIRS:
+        want, place = "dir", "a registry directory"
+    elif depth == 1 and tree in layout.ROOT_FILES:
+        want, place = "file", "a registry file"
+    elif tree == OBJECTS and depth == 2:
+        want, place = "dir", "an object fan directory"
+    elif tree == OBJECTS and depth > 2:
+        want, place = "file", "an object file"
+    elif tree in (META, NAMES, FRAMES) and depth > 1:
+        want, place = "file", f"a {tree} record"
+    else:
         return None
-    if parts[0] == OBJECTS:
-        if len(parts) == 2:
-            return None if kind == "dir" else "a file where an object fan directory belongs"
-        if layout.object_sha(change.path) is None:
-            return "not an object file"
-        return None if kind == "file" else "a directory where an object file belongs"
-    if parts[0] not in (META, NAMES, FRAMES):
-        return None
-    if len(parts) > 2:
-        return f"not a {parts[0]} record"
-    return None if kind == "file" else f"a directory where a {parts[0]} record belongs"
+    return None if kind == want else f"a {kind.replace('dir', 'directory')} where {place} belongs"
 
 
 def check_shapes(root: Path, plan: Iterable[Change]) -> None:
@@ -91,8 +91,7 @@ class SourceVerifier:
         """The paths that verified, less those a gc removed since the plan (not sent).
 
         Raises:
-            IntegrityError: a path that is not an object file, or not a regular file, or
-                whose bytes do not hash to its name.
+            IntegrityError: a path not an object file, not a regular file, or a wrong hash.
         """
         ok = []
         for rel in paths:
@@ -109,8 +108,7 @@ class SourceVerifier:
 
 
 def _points_to(reg: Registry, path: str, *, recheck: bool = False) -> str | None:
-    """The sha the record at `path` points to now; None when it is gone. A meta or frame
-    record is named by its sha: only with `recheck` is a meta record looked at again."""
+    """The sha the record at `path` points to now (None: gone); meta re-read with `recheck`."""
     kind, _, entry = path.partition("/")
     if kind == FRAMES:
         return layout.frame_sha(path)
@@ -140,8 +138,8 @@ def referenced_objects(
     removes the record first), a name that moved meanwhile.
 
     Raises:
-        IntegrityError: a name that does not parse, a frame or object that fails
-            verification, or a record whose object is missing at the source while it stays.
+        IntegrityError: a bad name or frame, an object failing verification, or a record
+            whose object is missing at the source while it stays.
     """
     needs: dict[str, set[str]] = {}
     for c in changes:

@@ -155,8 +155,8 @@ def build_rsync_argv(
     `delete` of the NUL-separated paths in `files_from` (see below); `list` (the top level),
     `fetch` (the marker, to a local path; no -l: a symlink is skipped, never followed) and
     `marker` (the staged marker of a new destination), `file` (one snapshot file, either
-    way; like `fetch`, never a symlink). `-O` (omit directory times)
-    everywhere: directory mtimes mean nothing in a registry and would differ after every pass.
+    way; like `fetch`, never a symlink). `-O` (omit directory times) everywhere: directory
+    mtimes mean nothing in a registry and would differ after every pass.
     """
     argv = ["rsync"]
     if rsh is not None:  # rsync splits the -e string itself, at whitespace outside quotes

@@ -37,6 +37,7 @@ from prefixreg.verbs.mirror.session import DestinationResult, PassRecord, Sessio
 
 ENV_TO: Final = "PREFIXREG_MIRROR_TO"
 ENV_SSH_OPTS: Final = "PREFIXREG_SSH_OPTS"
+Say = Callable[[str], None]
 
 
 @dataclass(slots=True)
@@ -75,9 +76,8 @@ def check_source(reg: Registry) -> None:
 
 
 def _guard_destinations(source: Path, parsed: Sequence[Destination]) -> list[Destination]:
-    """Drop repeated destinations (two rsyncs into one directory at once); refuse nested
-    ones (the outer `--delete` would delete the inner) and a local one that is, contains or
-    lies inside the source (`/` too)."""
+    """Drop repeated destinations (two rsyncs into one directory); refuse nested ones (the outer
+    `--delete` would delete the inner) and a local one that is, holds or lies in the source."""
     out: dict[tuple[str | None, PurePosixPath], Destination] = {}
     for dest in parsed:
         path = PurePosixPath(posixpath.normpath(dest.path))
@@ -85,10 +85,8 @@ def _guard_destinations(source: Path, parsed: Sequence[Destination]) -> list[Des
             continue
         for (host, other), seen in out.items():
             if host == dest.host and (path.is_relative_to(other) or other.is_relative_to(path)):
-                raise MirrorError(
-                    f"mirror destinations {seen.raw} and {dest.raw} are nested; refusing",
-                    hint="give each worker its own directory",
-                )
+                text = f"mirror destinations {seen.raw} and {dest.raw} are nested; refusing"
+                raise MirrorError(text, hint="give each worker its own directory")
         out[dest.host, path] = dest
     for dest in out.values():
         src, dst = source.resolve(), Path(dest.path).resolve()
@@ -119,8 +117,7 @@ def mirror(
     Raises:
         UsageError: no destination.
         MirrorError: a refused source or destination, a malformed destination or option.
-        IntegrityError: a source entry about to travel is not a regular file or directory
-            where the layout wants one, or a source object or frame fails verification.
+        IntegrityError: a source entry of the wrong type for its place, or a bad object or frame.
         LockTimeoutError: another mirror runs.
     """
     parsed = _guard_destinations(reg.root, [parse_destination(text) for text in destinations])
@@ -202,12 +199,7 @@ def mirror(
 
 
 def _transfer(
-    session: Session,
-    verify: plan.SourceVerifier,
-    max_rounds: int,
-    *,
-    dry_run: bool,
-    say: Callable[[str], None],
+    session: Session, verify: plan.SourceVerifier, max_rounds: int, *, dry_run: bool, say: Say
 ) -> None:
     """Apply and confirm, round after round (each plan type-checked), until nothing differs."""
     changes = session.plan
@@ -219,10 +211,9 @@ def _transfer(
         session.write_marker()
     while changes:
         if session.result.rounds >= max_rounds:
-            raise MirrorError(
-                f"{session.dest.raw} still differs from the source after {max_rounds} rounds "
-                f"({len(changes)} changes, e.g. {changes[0]}); is the origin being written to?"
-            )
+            text = f"{session.dest.raw} still differs from the source after {max_rounds} rounds "
+            text += f"({len(changes)} changes, e.g. {changes[0]}); is the origin being written to?"
+            raise MirrorError(text)
         session.result.rounds += 1
         say(f"{session.dest.raw}: sending {len(changes)} changes (round {session.result.rounds})")
         plan.check_shapes(session.reg.root, changes)

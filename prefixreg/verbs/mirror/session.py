@@ -115,7 +115,6 @@ class Session:
         self._tmp.cleanup()
 
     def _rsync(self, mode: Mode, source: str, dest: str, **options: Any) -> bytes:
-        # Exit 24: a file vanished at the source while rsync walked it (a concurrent gc).
         ok = (0,) if mode in ("list", "fetch", "marker") else (0, VANISHED)
         return rsync.run(build_rsync_argv(mode, source, dest, rsh=self.rsh, **options), ok_codes=ok)
 

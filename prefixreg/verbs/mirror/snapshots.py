@@ -109,19 +109,13 @@ def _fetch(record: SnapshotRecord, source: str | None, staging: Path, ssh: list[
         got = digest_snapshot_file(staging, record.file)
     except FileNotFoundError:  # rsync skips a symlink or special file
         raise MirrorError(f"{src.target(record.file)}: not a regular file there") from None
-    if (got.sha256, got.blake3, got.size) != (
-        record.file_sha256,
-        record.file_blake3,
-        record.file_bytes,
-    ):
-        raise IntegrityError(
-            f"{src.target(record.file)} arrived with sha256 {str(got.sha256)[:16]}… "
-            f"({got.size:,} bytes), its record says {record.file_sha256[:16]}… "
-            f"({record.file_bytes:,} bytes): changed at the source or in transit; nothing sent",
-            path=staging / record.file,
-            expected=record.file_sha256,
-            actual=got.sha256,
-        )
+    want = (record.file_sha256, record.file_blake3, record.file_bytes)
+    if (got.sha256, got.blake3, got.size) != want:
+        text = f"{src.target(record.file)} arrived with sha256 {str(got.sha256)[:16]}… "
+        text += f"({got.size:,} bytes), its record says {record.file_sha256[:16]}… "
+        text += f"({record.file_bytes:,} bytes): changed at the source or in transit; nothing sent"
+        where = staging / record.file
+        raise IntegrityError(text, path=where, expected=record.file_sha256, actual=got.sha256)
 
 
 def _send(
@@ -134,11 +128,9 @@ def _send(
         staged = str(staging / record.file)
         rsync.run(rsync.build_rsync_argv("file", staged, dest.target(record.file), rsh=rsh))
         where = f"{dest.path.rstrip('/')}/{record.file}"  # both checked: no shell quoting needed
-        argv = (
-            ["sha256sum", "--", where]
-            if rsh is None
-            else [*rsh, dest.ssh_host, f"sha256sum -- {where}"]
-        )
+        argv = ["sha256sum", "--", where]
+        if rsh is not None:
+            argv = [*rsh, dest.ssh_host, f"sha256sum -- {where}"]
         digest = rsync.run(argv)[:64].decode("ascii", "replace")
     except MirrorError as exc:
         result.error = str(exc)

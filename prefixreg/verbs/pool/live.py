@@ -153,9 +153,8 @@ class Pool:
         sha = self.head(ref).sha256
         found = self.placement.get(sha)
         if found is None or found.worker not in self.workers:
-            raise UsageError(
-                f"{sha[:12]} is not placed on this pool", hint="run `prefixreg pool warm REF` first"
-            )
+            hint = "run `prefixreg pool warm REF` first"
+            raise UsageError(f"{sha[:12]} is not placed on this pool", hint=hint)
         return found
 
     def worker_for(self, ref: Head | str) -> Worker:

@@ -245,8 +245,7 @@ class Assignment:
     key: str
     build_id: str | None = None
 
-    def to_dict(self) -> dict[str, str | None]:
-        return asdict(self)
+    to_dict = asdict
 
 
 @dataclass(slots=True)
@@ -261,13 +260,10 @@ class PlacementPlan:
 def place(
     shas: Iterable[str], capacity: Mapping[str, int], current: Mapping[str, str] | None = None
 ) -> PlacementPlan:
-    """Assign each head to a worker without exceeding any worker's capacity.
-
-    A head already placed (`current`) stays while its worker has room (in the order
-    given); the rest go to the worker with the most room left (ties: the order of
-    `capacity`). A current placement that overloads its worker is `moved`; a head that
-    fits nowhere is `refused`, and the heads listed first win.
-    """
+    """Assign each head to a worker within every worker's capacity. A head already placed
+    (`current`) stays while its worker has room (in the order given); the rest go to the worker
+    with the most room left (ties: the order of `capacity`). A current placement that overloads
+    its worker is `moved`; a head that fits nowhere is `refused`, the heads listed first win."""
     plan, room, current = PlacementPlan(), dict(capacity), current or {}
     pending: list[str] = []
     for sha in dict.fromkeys(shas):

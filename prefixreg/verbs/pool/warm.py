@@ -124,8 +124,7 @@ class PoolReport:
 
 
 def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None) -> PoolReport:
-    """Place `heads` (verified: `Registry.head`) within capacity, warm them, prove each on
-    its worker.
+    """Place `heads` (verified: `Registry.head`) within capacity, warm, prove each on its worker.
 
     Raises:
         UsageError: not a list of heads, or the registry is a mirror (nothing sent).
@@ -145,10 +144,8 @@ def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None)
     plan = place([*kept, *asked], capacity, current)
     report.refused += plan.refused
     for sha in plan.refused:
-        report.notes.append(
-            f"{sha[:12]} refused: the pool keeps {sum(capacity.values())} heads and they are "
-            "taken (nothing was sent; add a worker or drop a head)"
-        )
+        text = f"{sha[:12]} refused: the pool keeps {sum(capacity.values())} heads and they are "
+        report.notes.append(text + "taken (nothing was sent; add a worker or drop a head)")
     placed: dict[str, Assignment] = {}
     for sha, url in plan.assigned.items():
         old = pool.placement.get(sha)
@@ -160,7 +157,7 @@ def warm_pool(pool: Pool, heads: Sequence[Head], *, progress: Say | None = None)
     for sha in [s for s in plan.assigned if s not in placed]:  # through the router
         old = pool.placement.get(sha)
         start = 0 if old is None else _attempt_of(old.key) + 1
-        if got := _route_first_call(pool, sha, start, capacity, load, report, say):
+        if got := _route_first_call(pool, sha, start, capacity, load, report.notes.append, say):
             placed[sha] = got
             load[got.worker] += 1
     _prove(pool, placed, report, say, warm_missing=True)
@@ -180,13 +177,7 @@ def _attempt_of(key: str) -> int:
 
 
 def _route_first_call(
-    pool: Pool,
-    sha: str,
-    start: int,
-    capacity: dict[str, int],
-    load: Counter[str],
-    report: PoolReport,
-    say: Say,
+    pool: Pool, sha: str, start: int, caps: dict[str, int], load: Counter[str], note: Say, say: Say
 ) -> Assignment | None:
     """Send `sha`'s first call through the router; keep the key if it landed with room."""
     assert pool.router is not None  # noqa: S101 -- only called with a router
@@ -198,18 +189,14 @@ def _route_first_call(
         )
         where = served_by(before, pool.served_marks())
         if where is None:
-            report.notes.append(
-                f"{sha[:12]}: cannot tell which worker served key {key} (no /slots or "
-                "/cache, or other traffic); not placed"
-            )
+            text = f"{sha[:12]}: cannot tell which worker served key {key} (no /slots or /cache, "
+            note(text + "or other traffic); not placed")
             return None
-        if load[where] < capacity.get(where, 0):
+        if load[where] < caps.get(where, 0):
             say(f"{sha[:12]} -> {where} (router key {key})")
             return Assignment(sha, where, key)
-        report.notes.append(
-            f"{sha[:12]}: the router put key {key} on {where}, which is full; re-keyed"
-        )
-    report.notes.append(f"{sha[:12]}: no key landed on a worker with room in {MAX_REKEY} tries")
+        note(f"{sha[:12]}: the router put key {key} on {where}, which is full; re-keyed")
+    note(f"{sha[:12]}: no key landed on a worker with room in {MAX_REKEY} tries")
     return None
 
 
@@ -223,9 +210,7 @@ def _standing(result: WarmResult, touched_after: int) -> tuple[bool, str]:
 def _prove(
     pool: Pool, placed: dict[str, Assignment], report: PoolReport, say: Say, *, warm_missing: bool
 ) -> None:
-    """Per worker, a fresh-tail check of each head it holds; with `warm_missing` a head not
-    resumed is warmed there, and the round repeats until one prefills nothing. Each proof
-    is judged with the prefills its worker saw after it (module docstring)."""
+    """Per worker, rounds of fresh-tail checks of its heads (`warm_missing`: see the module)."""
     proofs: dict[str, Proof] = {}
     for url in dict.fromkeys(a.worker for a in placed.values()):
         worker, mine = pool.workers[url], [s for s, a in placed.items() if a.worker == url]
@@ -264,27 +249,22 @@ def doctor_pool(pool: Pool, *, prove: bool = True) -> PoolReport:
     every head the kept placement puts on it. Flags builds that differ."""
     _check(pool)
     report = PoolReport(pool.survey(), pool.spec.router, warnings=list(pool.warnings))
+    note = report.notes.append
     if report.builds_differ:
         ids = sorted({w.build_id for w in report.workers if w.build_id})
-        report.notes.append(f"workers run different builds ({', '.join(ids)})")
+        note(f"workers run different builds ({', '.join(ids)})")
     for state in report.workers:
         mine = [a for a in pool.placement.values() if a.worker == state.url]
         stale = [a.sha256[:12] for a in mine if a.build_id not in (None, state.build_id)]
         if stale and state.build_id is not None:
-            report.notes.append(
-                f"{state.url} now runs build {state.build_id}; proven on another build: "
-                + ", ".join(stale)
-            )
+            text = f"{state.url} now runs build {state.build_id}; proven on another build: "
+            note(text + ", ".join(stale))
         if len(mine) > state.capacity:
-            report.notes.append(
-                f"{state.url} holds {len(mine)} heads but keeps {state.capacity}: overloaded"
-            )
+            note(f"{state.url} holds {len(mine)} heads but keeps {state.capacity}: overloaded")
     if not pool.placement:  # residency is proven per placed head: say there is none
-        report.warnings.append(
-            f"no head is placed on this pool (no placement at {pool.placement_path}): "
-            "`pool warm REF...` with the same workers places them (a pool file and "
-            "--worker lists each keep their own placement)"
-        )
+        text = f"no head is placed on this pool (no placement at {pool.placement_path}): "
+        text += "`pool warm REF...` with the same workers places them (a pool file and "
+        report.warnings.append(text + "--worker lists each keep their own placement)")
     if prove:
         live = {s: a for s, a in pool.placement.items() if a.worker in pool.workers}
         try:

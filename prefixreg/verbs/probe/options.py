@@ -108,9 +108,8 @@ class ProbeOptions:
             raise UsageError("sizes must be a non-empty list of character counts")
         object.__setattr__(self, "sizes", tuple(sizes))
         if not all(whole(n, MAX_SIZE_CHARS) for n in (*sizes, self.foreign_chars)):
-            raise UsageError(
-                f"sizes and --foreign-chars must be whole numbers from 1 to {MAX_SIZE_CHARS:,}"
-            )
+            text = f"sizes and --foreign-chars must be whole numbers from 1 to {MAX_SIZE_CHARS:,}"
+            raise UsageError(text)
         if not whole(self.foreign, MAX_FOREIGN):
             raise UsageError(f"--foreign must be a whole number from 1 to {MAX_FOREIGN:,}")
         if type(survival) is not bool or type(force) is not bool:

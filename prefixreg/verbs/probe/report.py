@@ -85,9 +85,7 @@ class ProbeReport:
 
     @property
     def outcome(self) -> Outcome:
-        """`unverified` when a leg that answers a question (all but A1) or a survival trial
-        is unverified, or the counter checks compared nothing on a server with `/cache`;
-        `check_failed` when a check failed beyond the lag explanation."""
+        """`unverified` (module docstring), else `check_failed` beyond the lag, else `ok`."""
         legs = any(c.verdict == "unverified" and c.leg != "A1" for c in self.calls)
         if legs or self.survival_unverified or self.checks_unverified:
             return "unverified"
@@ -119,11 +117,9 @@ class ProbeReport:
         short = [c for c in b_legs if c.verdict == "partial"]
         missing = [c for c in b_legs if c.verdict in ("cold", "unverified")]
         if cmax is not None and short:
-            say(
-                f"Cmax {cmax:,}{self._aligned()} is below the prefix sizes in use ({_sizes(short)}"
-                " characters resumed only in part): on this server the design does not reach "
-                "past the part of a prefix one entry holds."
-            )
+            text = f"Cmax {cmax:,}{self._aligned()} is below the prefix sizes in use "
+            text += f"({_sizes(short)} characters resumed only in part): on this server the design "
+            say(text + "does not reach past the part of a prefix one entry holds.")
         if missing:
             prompts = [c.record.evidence.prompt_tokens for c in missing]
             below = align > 1 and all(p is not None and p < align for p in prompts)
@@ -136,32 +132,24 @@ class ProbeReport:
             say(f"Every size resumed {how} from a fresh tail; Cmax is at least {cmax:,} tokens.")
         if partly := [c for c in a1 if c.verdict == "partial"]:
             most = max(c.record.evidence.cached_tokens or 0 for c in partly)
-            say(
-                f"{len(partly)} cold baselines were served in part from cache (up to {most:,} "
-                "leading tokens shared with earlier prompts: the chat template, the probe's "
-                "header): the judge calls them partial, not resumed."
-            )
+            text = f"{len(partly)} cold baselines were served in part from cache (up to {most:,} "
+            text += "leading tokens shared with earlier prompts: the chat template, the probe's "
+            say(text + "header): the judge calls them partial, not resumed.")
         if warm := [c for c in a1 if c.verdict == "resumed"]:
-            say(
-                f"The cold baseline at {_sizes(warm)} characters resumed the prefix: it is no "
-                "cold baseline, and A1 vs B timings there mean nothing."
-            )
+            text = f"The cold baseline at {_sizes(warm)} characters resumed the prefix: it is no "
+            say(text + "cold baseline, and A1 vs B timings there mean nothing.")
         if unproven := [c for c in a1 if c.verdict == "unverified"]:
-            say(
-                f"{len(unproven)} cold baselines are unverified: this server omits cached_tokens "
-                "when nothing was cached and sends no timings.cache_n, so a cold call cannot be "
-                "proven cold (a missing count is never zero)."
-            )
+            text = f"{len(unproven)} cold baselines are unverified: this server omits "
+            text += "cached_tokens when nothing was cached and sends no timings.cache_n, so a cold "
+            say(text + "call cannot be proven cold (a missing count is never zero).")
         if align > 1:
             never = f"prompts under {align} tokens never resume"
             say(f"Cached counts are multiples of {align}: {never}.")
         if self.survival_unverified:
             open_n = [n for n, ok in self.survival_trials if ok is None]
             after = f" after {open_n[0]} foreign prompts" if open_n else ""
-            say(
-                f"Survival is unverified: the server did not report a count for the check{after} "
-                "(a missing count is never zero), so no survival number is given."
-            )
+            text = f"Survival is unverified: the server did not report a count for the check{after}"
+            say(text + " (a missing count is never zero), so no survival number is given.")
         if self.survival is not None:
             few = self.survival <= 3
             advice = ": a loop that pauses while other jobs run needs `prefixreg keepalive`"
@@ -171,15 +159,12 @@ class ProbeReport:
             late = " or ".join("one call" if lag == 1 else f"{lag} calls" for lag in lags)
             say(f"The /cache counters land {late} late: compare deltas over windows, not per call.")
         if self.checks and not self.has_cache:
-            say(
-                f"This server ({self.build.profile}) has no /cache counters: the six counter "
-                "checks are not available; every verdict rests on each call's own cached_tokens."
-            )
+            text = f"This server ({self.build.profile}) has no /cache counters: the six counter "
+            text += "checks are not available; every verdict rests on each call's own "
+            say(text + "cached_tokens.")
         if self.checks_unverified:
-            say(
-                "Every counter check is n/a although the server has /cache: no window could be "
-                "compared, so the counters are unverified."
-            )
+            text = "Every counter check is n/a although the server has /cache: no window could be "
+            say(text + "compared, so the counters are unverified.")
         if interleaved := [c for c in self.calls if c.interleaved]:
             say(f"{len(interleaved)} windows were interleaved with foreign traffic, not counted.")
         return out
@@ -230,21 +215,15 @@ class ProbeReport:
             f"{opts.foreign} foreign prompts{c_only}; {len(self.calls)} calls",
         ]
         if opts.frame is not None:
-            lines.append(
-                f"- frame: `{opts.frame.sha256[:16]}`: each prefix sent with its tools and "
-                "settings, legs judged against the whole head"
-            )
-        lines.append(
-            "\n## Legs\n\n| size | leg | answers | prompt | cached | state | result | seconds |"
-        )
-        lines.append("|---:|---|---|---:|---:|---|---|---:|")
+            text = f"- frame: `{opts.frame.sha256[:16]}`: each prefix sent with its tools and "
+            lines.append(text + "settings, legs judged against the whole head")
+        legs = "| size | leg | answers | prompt | cached | state | result | seconds |"
+        lines += [f"\n## Legs\n\n{legs}", "|---:|---|---|---:|---:|---|---|---:|"]
         for c in (c for c in self.calls if c.leg in ANSWERS):
             ev = c.record.evidence
-            lines.append(
-                f"| {c.size:,} | {c.leg} | {ANSWERS[c.leg]} | {_n(ev.prompt_tokens)} | "
-                f"{_n(ev.cached_tokens)} | {ev.cache_state} | {_result(c, align)} | "
-                f"{_s(ev.wall_s)} |"
-            )
+            row = f"| {c.size:,} | {c.leg} | {ANSWERS[c.leg]} | {_n(ev.prompt_tokens)} | "
+            row += f"{_n(ev.cached_tokens)} | {ev.cache_state} | {_result(c, align)} | "
+            lines.append(row + f"{_s(ev.wall_s)} |")
         sizes = sorted({s for by_size in seconds.values() for s in by_size})
         head = " | ".join(f"{s:,}" for s in sizes)
         lines += [f"\n## Seconds per leg\n\n| leg | {head} |", "|---|" + "---:|" * len(sizes)]

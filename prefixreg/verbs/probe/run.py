@@ -93,10 +93,8 @@ def check_sizes(options: ProbeOptions, build: ServerBuild) -> None:
     wanted.append((f"--foreign-chars {options.foreign_chars:,}", options.foreign_chars))
     for label, chars in wanted:
         if chars > limit:
-            raise UsageError(
-                f"{label} is larger than the worker's context "
-                f"({context:,} tokens, at most about {limit:,} characters)"
-            )
+            text = f"{label} is larger than the worker's context "
+            raise UsageError(text + f"({context:,} tokens, at most about {limit:,} characters)")
 
 
 class _Prober:
@@ -177,9 +175,8 @@ class _Prober:
         return prefix
 
     def survival(self, prefix: Prefix, c_survived: bool | None) -> int | None:
-        """Largest n such that the prefix survives n foreign prompts: gallop up until an
-        eviction bounds the search, then bisect. None when a trial's answer was unverified
-        (a number built on it would be a guess)."""
+        """Largest n such that the prefix survives n foreign prompts: gallop up until an eviction
+        bounds the search, then bisect; None when a trial was unverified (a number is a guess)."""
         self.call("S-warm", None, prefix, fresh_tail())  # make it the most recent entry
         foreign = self.options.foreign
         lo, hi = (foreign, None) if c_survived else (0, None if c_survived is None else foreign)
@@ -215,11 +212,9 @@ def _refuse_if_busy(worker: Worker, build: ServerBuild) -> None:
     else:
         return
     if in_flight or queued:
-        raise UsageError(
-            f"the worker reports {in_flight} requests in flight and {queued} queued: "
-            "a probe now would measure someone else's traffic",
-            hint="wait until it is idle, or pass --force",
-        )
+        text = f"the worker reports {in_flight} requests in flight and {queued} queued: "
+        hint = "wait until it is idle, or pass --force"
+        raise UsageError(text + "a probe now would measure someone else's traffic", hint=hint)
 
 
 def run_probe(
@@ -228,8 +223,7 @@ def run_probe(
     """Run every leg for every size (and the survival search), check, and write the receipt.
 
     Raises:
-        UsageError: arguments of the wrong type, sizes the worker's context cannot hold, or
-            the worker is busy (without `force`).
+        UsageError: wrong argument types, sizes over the worker's context, or a busy worker.
         LockTimeoutError: another probe from this registry is running.
         WorkerError: the worker could not be reached or answered an HTTP error.
     """

@@ -49,10 +49,9 @@ def save_snapshot(
     server's `--slot-save-path` as seen from here); the record and the `snapshot-save` body.
 
     Raises:
-        UsageError: not a head; a mirror; no slot API; `slot_dir` not a readable directory
-            or not holding the saved file.
-        EvidenceUnverifiedError: the slot could not be shown to hold the head, the server
-            saved no tokens, or the build changed (nothing recorded).
+        UsageError: not a head; a mirror; no slot API; `slot_dir` unreadable or without the file.
+        EvidenceUnverifiedError: the slot not shown to hold the head, no tokens saved, or the
+            build changed (nothing recorded).
         WorkerError: the worker failed.
     """
     if not isinstance(head, Prefix | Frame):
@@ -60,40 +59,32 @@ def save_snapshot(
     say = progress or (lambda _msg: None)
     registry.refuse_on_mirror("record a snapshot")
     if not readable_dir(slot_dir):
-        raise UsageError(
-            f"--slot-dir {slot_dir}: not a readable directory",
-            hint="a snapshot is recorded with its file's hashes: name the server's "
-            "--slot-save-path as seen from here",
-        )
+        hint = "a snapshot is recorded with its file's hashes: name the server's "
+        hint += "--slot-save-path as seen from here"
+        raise UsageError(f"--slot-dir {slot_dir}: not a readable directory", hint=hint)
     build = worker.server_build()
     require_slot_api(build)
     say(f"warming {head.sha256[:12]} on {worker.url} (build {build.build_id})")
     warmed, chosen = warm_and_locate(worker, head, slot)
     check, judged = pinned_check(worker, build, head, chosen.id)
     if not judged.resumed:
-        raise EvidenceUnverifiedError(
-            f"slot {chosen.id} does not provably hold the head ({judged.verdict}: "
-            f"{judged.reason}); nothing saved"
-        )
+        text = f"slot {chosen.id} does not provably hold the head ({judged.verdict}: "
+        raise EvidenceUnverifiedError(text + f"{judged.reason}); nothing saved")
     name = snapshot_file_name(head.sha256, build.build_id)
     say(f"saving slot {chosen.id} as {name}")
     transfer = slot_action(worker, chosen.id, "save", name)
     if not transfer.n_tokens:
-        raise EvidenceUnverifiedError(
-            f"the server reported saving {transfer.n_tokens} tokens from slot {chosen.id}; "
-            "nothing recorded"
-        )
+        text = f"the server reported saving {transfer.n_tokens} tokens from slot {chosen.id}; "
+        raise EvidenceUnverifiedError(text + "nothing recorded")
     digests = None
     try:
         digests = digest_snapshot_file(slot_dir, name)
     except FileNotFoundError:
         pass
     if digests is None or transfer.n_bytes not in (None, digests.size):
-        raise UsageError(
-            f"{slot_dir} does not hold {name} as the server just saved it ({transfer.n_bytes} "
-            "bytes)",
-            hint="--slot-dir must be the server's --slot-save-path, as seen from here",
-        )
+        text = f"{slot_dir} does not hold {name} as the server just saved it "
+        hint = "--slot-dir must be the server's --slot-save-path, as seen from here"
+        raise UsageError(text + f"({transfer.n_bytes} bytes)", hint=hint)
     if worker.server_build().build_id != build.build_id:
         raise EvidenceUnverifiedError("the server build changed during the save; nothing recorded")
     assert digests.sha256 is not None and digests.blake3 is not None  # noqa: S101 -- asked for
@@ -120,9 +111,8 @@ def save_snapshot(
         "record": str(write_snapshot(registry, record)),
         "save": asdict(transfer),
         "calls": [warmed.to_dict(), check.to_dict()],
+        **({"frame": head.sha256} if isinstance(head, Frame) else {}),
     }
-    if isinstance(head, Frame):
-        body["frame"] = head.sha256
     record_measurement(registry, worker, build, head.system.sha256, "snapshot-save", body)
     return record, body
 
