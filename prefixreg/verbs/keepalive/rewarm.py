@@ -6,7 +6,7 @@ Invariants:
   few cached tokens of a long head) is not kept and counts as partial, never as resumed or
   cold; an unverified one counts as such.
 - A re-warm *succeeded* when the judge could read its counts (resumed, partial or cold: a
-  first warm is cold by nature); a run in which none succeeded proved nothing (the CLI exits
+  first warm is cold by nature); a run where none succeeded proved nothing (the CLI exits
   non-zero). Tokens are added up from verified counts only.
 - After a restart every slot is empty: a head with a snapshot for the worker's *current*
   build is restored (`measure.slots.restore_head`, never a warm) into a slot no other kept
@@ -20,7 +20,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from prefixreg.core.errors import CorruptRecordError, IntegrityError, WorkerError
 from prefixreg.core.frame import Head
@@ -53,22 +53,17 @@ class Rewarm:
 
     def to_dict(self) -> JSONObject:
         out: JSONObject = {"sha256": self.sha256, "frame": self.frame, "verdict": self.verdict}
-        out[f"since_{self.unit}"], out[f"budget_{self.unit}"] = self.since, self.budget
-        out.update(self.record.to_dict())
-        if self.snapshot is not None:
-            out["snapshot"] = self.snapshot
-        return out
+        out |= {f"since_{self.unit}": self.since, f"budget_{self.unit}": self.budget}
+        out |= self.record.to_dict()
+        return out if self.snapshot is None else out | {"snapshot": self.snapshot}
 
     def measurement_body(self, budget: JSONObject) -> JSONObject:
         """The body of this re-warm's `keepalive` measurement record."""
         ev = self.record.evidence
         body: JSONObject = {"verdict": self.verdict, f"since_{self.unit}": self.since}
-        body["prompt_tokens"], body["cached_tokens"] = ev.prompt_tokens, ev.cached_tokens
-        body["budget"], body["snapshot"] = budget, self.snapshot
-        body["calls"] = [self.record.to_dict()]
-        if self.frame is not None:
-            body["frame"] = self.frame
-        return body
+        body |= {"prompt_tokens": ev.prompt_tokens, "cached_tokens": ev.cached_tokens}
+        body |= {"budget": budget, "snapshot": self.snapshot, "calls": [self.record.to_dict()]}
+        return body if self.frame is None else body | {"frame": self.frame}
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +81,7 @@ class SnapshotRewarm:
     check: CallRecord | None = None
 
     def to_dict(self) -> JSONObject:
-        out = asdict(self)
-        del out["check"]
-        return out
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "check"}
 
 
 @dataclass(slots=True)

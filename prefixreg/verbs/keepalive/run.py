@@ -296,23 +296,18 @@ class KeepAlive:
             taken = {k.slot for k in held if k.slot is not None}
             snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
         verdict: Verdict
-        restored = snap is not None and snap.check is not None
-        if kept.evicted and not restored and not ks.rewarm_pays([], evicted=True)[0]:
-            kept.left = self._counter.total if self._counter is not None else 0
+        check = None if snap is None else snap.check
+        if kept.evicted and check is None and not ks.rewarm_pays([], evicted=True)[0]:
+            kept.left = counter.total if counter is not None else 0
             self.summary.left_to_loop += 1  # re-prefilled, it would save what it costs
             self.summary.restore_misses += snap is not None
             return None
-        if snap is not None and snap.check is not None:
+        if check is not None:
             # The judge's `restored` (judge_restore) stands on a resumed pinned check.
-            record, verdict = snap.check, "resumed"
+            record, verdict = check, "resumed"
         else:
-            last = counter.last if isinstance(counter, StoresCounter) else None
-            align, stores = self.build.snapshot_align, isinstance(counter, StoresCounter)
-            call = (self.worker, head, kept.session)
-            pin: dict[str, Any] = {} if kept.pin is None else {"id_slot": kept.pin}
-            record, verdict = ks.rewarm_call(
-                *call, span=kept.span, before=last, alignment=align, with_cache=stores, **pin
-            )
+            align = self.build.snapshot_align
+            record, verdict = ks.rewarm_call(self.worker, kept, counter, alignment=align)
         kept.lost, kept.evicted, kept.last_used = False, False, time.monotonic()
         if counter is not None:
             ks.rebase(kept, self._kept.values(), counter, record, self.budget.per_request)

@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,6 @@ from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import dumps_ordered, loads
 from prefixreg.core.judge import Verdict, judge
 from prefixreg.core.prefix import check_history, fresh_tail
-from prefixreg.core.records import CacheCounters
 from prefixreg.registry.fsutil import MAX_INPUT_BYTES, read_user_file
 from prefixreg.server.activity import Counter, StoresCounter
 from prefixreg.server.worker import Worker
@@ -76,48 +76,39 @@ def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
         return None
 
 
-def session_bytes(head: Head, history: Sequence[Mapping[str, Any]]) -> int:
-    """The bytes a session's span stands on: the head's and its history's (as JSON)."""
-    return head.head_bytes + len(dumps_ordered(list(history)).encode("utf-8"))
-
-
 def rewarm_call(
-    worker: Worker,
-    head: Head,
-    session: Sequence[Mapping[str, Any]] | None,
-    *,
-    span: int | None,
-    alignment: int,
-    before: CacheCounters | None,
-    with_cache: bool,
-    **params: Any,
+    worker: Worker, kept: Kept, counter: Counter | None, *, alignment: int
 ) -> tuple[CallRecord, Verdict]:
-    """One re-warm and the judge's verdict on it: the session re-touched whole (judged against
-    its span), else the head with a fresh tail (against its `span` measured on this build)."""
-    tail = fresh_tail()
+    """One re-warm of `kept` (in its pinned slot) and the judge's verdict: the session
+    re-touched whole (judged against its bytes, the head's and the history's as JSON), else the
+    head with a fresh tail (against its span measured on this build)."""
+    head, session, tail = kept.head, kept.session, fresh_tail()
+    stores = isinstance(counter, StoresCounter)
+    before = counter.last if isinstance(counter, StoresCounter) else None
+    pin: dict[str, Any] = {} if kept.pin is None else {"id_slot": kept.pin}
     record = measured_call(
         worker,
         head,
         phase="keepalive",
         tail=tail,
-        with_cache=with_cache,
+        with_cache=stores,
         before=before,
         history=session,
-        **params,
+        **pin,
     )
     if session is None:
-        j = judge_check(record.evidence, head, tail=tail, alignment=alignment, measured=span)
+        j = judge_check(record.evidence, head, tail=tail, alignment=alignment, measured=kept.span)
     else:
-        j = judge(record.evidence, head_bytes=session_bytes(head, session), alignment=alignment)
+        history_bytes = len(dumps_ordered(list(session)).encode("utf-8"))
+        j = judge(record.evidence, head_bytes=head.head_bytes + history_bytes, alignment=alignment)
     return record, j.verdict
 
 
 def rewarm_pays(outcomes: Sequence[tuple[int, int]], *, evicted: bool = False) -> tuple[bool, str]:
-    """Whether re-warming pays, from recent re-warms' (tokens kept warm, tokens spent):
-    the expected saving (the cached tokens a re-warm kept, on average) must exceed the
-    prefill a re-warm spends (its uncached tokens, on average). Too few outcomes: it pays
-    (nothing proves otherwise yet). A head known `evicted` never pays: re-prefilled, it
-    saves the loop's next call at most what it spends. Returns (pays, why)."""
+    """(pays, why) from recent re-warms' (tokens kept warm, tokens spent): the tokens kept
+    must exceed the prefill spent. Too few outcomes: it pays (nothing proves otherwise yet). A
+    head known `evicted` never pays: re-prefilled, it saves the loop's next call at most what
+    it spends."""
     if evicted:
         return False, "evicted: a re-prefill would spend what the loop's next call saves"
     recent = list(outcomes)[-WINDOW:]
@@ -180,19 +171,23 @@ class SessionFile:
     def __init__(self, path: Path | str) -> None:
         """Raises UsageError: `path` exists and is not a regular file (a FIFO, a directory)."""
         self.path = Path(path)
-        try:
-            mode = self.path.stat().st_mode
-        except FileNotFoundError:
-            mode = stat.S_IFREG  # the loop has not called yet
-        except OSError as exc:
-            raise UsageError(f"{self.path}: {exc.strerror or exc}") from None
-        if not stat.S_ISREG(mode):
+        st = self._stat()  # None: the loop has not called yet
+        if st is not None and not stat.S_ISREG(st.st_mode):
             raise UsageError(f"--session {self.path}: not a regular file; refused")
         self.lines = 0  # complete lines read so far
         self.bad = 0  # lines that were not a request body
         self._seen: tuple[int, int] | None = None  # (size, mtime) at the last read
         self._offset = 0  # the end of the last complete line read: a long loop's file is
         # read on from there, never whole again (its size bounds no memory, only a line does)
+
+    def _stat(self) -> os.stat_result | None:
+        """The file's status; None: missing. Raises UsageError: it cannot be read."""
+        try:
+            return self.path.stat()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise UsageError(f"{self.path}: {exc.strerror or exc}") from None
 
     def read(self) -> tuple[int, object]:
         """(requests appended since the last read, the latest body or None). A missing file
@@ -201,13 +196,8 @@ class SessionFile:
         Raises:
             UsageError: not a regular file (a FIFO, a directory), unreadable or too large.
         """
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return 0, None
-        except OSError as exc:
-            raise UsageError(f"{self.path}: {exc.strerror or exc}") from None
-        if self._seen == (st.st_size, st.st_mtime_ns):
+        st = self._stat()
+        if st is None or self._seen == (st.st_size, st.st_mtime_ns):
             return 0, None
         if st.st_size < self._offset:  # truncated by the loop: start over
             self._offset = self.lines = 0
