@@ -184,26 +184,21 @@ class KeepAliveSummary:
             f"tokens kept warm (heads and sessions); {self.polls} polls "
             f"({self.skipped_polls} skipped), {self.errors} errors"
         )
-        if self.restored:
-            text += (
-                f"; {self.restored} restored from snapshots in {self.restore_s:.3f} s instead "
-                f"of prefilling {self.prefill_tokens_avoided:,} tokens (measured cold: "
-                f"{self.prefill_s_avoided:.3f} s)"
-            )
-        if self.restore_misses:
-            text += f"; {self.restore_misses} restores not proven"
-        if self.sessions:
-            text += f"; {self.sessions} re-touched the loop's session"
-        if self.session_skipped:
-            text += f"; {self.session_skipped} session lines sent no kept head"
-        if self.left_to_loop:
-            text += (
-                f"; {self.left_to_loop} evicted heads left to the loop (a re-prefill would "
-                "spend what it saves)"
-            )
-        if self.backoffs:
-            text += f"; backed off {self.backoffs} times ({self.backoff_reason})"
-        return text
+        restored = (
+            f"{self.restored} restored from snapshots in {self.restore_s:.3f} s instead of "
+            f"prefilling {self.prefill_tokens_avoided:,} tokens (measured cold: "
+            f"{self.prefill_s_avoided:.3f} s)"
+        )
+        left = "evicted heads left to the loop (a re-prefill would spend what it saves)"
+        parts = [
+            (self.restored, restored),
+            (self.restore_misses, f"{self.restore_misses} restores not proven"),
+            (self.sessions, f"{self.sessions} re-touched the loop's session"),
+            (self.session_skipped, f"{self.session_skipped} session lines sent no kept head"),
+            (self.left_to_loop, f"{self.left_to_loop} {left}"),
+            (self.backoffs, f"backed off {self.backoffs} times ({self.backoff_reason})"),
+        ]
+        return "; ".join([text, *(part for count, part in parts if count)])
 
 
 def _free_slot(worker: Worker, taken: Collection[int]) -> int | None:
@@ -233,11 +228,8 @@ def restore_for_keepalive(
     registry: Registry, worker: Worker, head: Head, *, taken: Collection[int] = ()
 ) -> SnapshotRewarm | None:
     """Restore `head`'s snapshot for the worker's current build and prove it; never warms.
-    None, and no request sent, when the head has no snapshot record.
-
-    Raises:
-        WorkerError: the worker failed outside the restore requests (the keeper's error path).
-    """
+    None, and no request sent, when the head has no snapshot record. Raises WorkerError: the
+    worker failed outside the restore requests (the keeper's error path)."""
     try:
         if not list_snapshots(registry, head.sha256):
             return None

@@ -1,8 +1,8 @@
-"""A loop's session for the keeper: the latest full request the loop sent on a kept head (the
-head and its history), told in process (`KeepAlive.track(body)`) or across processes
-(`--session FILE`, one JSON request body per line, appended by the loop after each call);
-the cost rule that keeps the keeper from making the loop slower; and what the keeper knows
-of each kept head (`Kept`: its counts, slot and session, moved by `rebase` and `discount`).
+"""A loop's session for the keeper: the latest full request the loop sent on a kept head (head
+and history), told in process (`KeepAlive.track(body)`) or across processes (`--session FILE`,
+one JSON request body per line, appended by the loop after each call); the cost rule that keeps
+the keeper from making the loop slower; and what the keeper knows of each kept head (`Kept`:
+its counts, slot and session, moved by `rebase` and `discount`).
 
 Invariants:
 - A body is a session of a head only when the head's drift check finds nothing (its system
@@ -191,11 +191,8 @@ class SessionFile:
 
     def read(self) -> tuple[int, object]:
         """(requests appended since the last read, the latest body or None). A missing file
-        is a loop that has not called yet; a truncated one starts over.
-
-        Raises:
-            UsageError: not a regular file (a FIFO, a directory), unreadable or too large.
-        """
+        is a loop that has not called yet; a truncated one starts over. Raises UsageError: not
+        a regular file (a FIFO, a directory), unreadable or too large."""
         st = self._stat()
         if st is None or self._seen == (st.st_size, st.st_mtime_ns):
             return 0, None
@@ -251,8 +248,7 @@ def rebase(
             pass  # the next poll sees our prompt and lands on since 0
         if got is not None:
             kept.baseline = min(got[0], before + 1)
-            landed = counter.changed
-            kept.slot = next(iter(landed)) if len(landed) == 1 else kept.pin
+            kept.slot = next(iter(counter.changed)) if len(counter.changed) == 1 else kept.pin
     discount(kept, all_kept, own)
 
 
