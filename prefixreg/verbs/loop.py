@@ -1,4 +1,5 @@
 """The loop's side: judge each call against the head it sends, and keep running totals.
+Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
 
 - `LoopJudge` reads each loop call against the head's last warm on the worker's build. A
   call is `resumed` only when the judge says its cached count covers the span that warm
@@ -9,11 +10,9 @@
   over the calls whose counts are verified (a missing count is never zero).
 - `Session` is one conversation of a loop on its head: it builds each request body as the
   head sends it and, once the call returned, tells a keeper (`KeepAlive.track`) or appends
-  the body as one JSON line to a file (`prefixreg keepalive --session FILE`), so the
-  loop's whole request is kept warm, not only its head. The file is opened for appending
-  only if it is a regular file (a FIFO or a directory is refused, never waited on).
-
-Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
+  the body as one JSON line to a file (`prefixreg keepalive --session FILE`), so the loop's
+  whole request is kept warm. The file is appended to only if it is a regular file (a FIFO
+  or a directory is refused, never waited on).
 """
 
 from __future__ import annotations
@@ -139,8 +138,7 @@ class LoopJudge:
 
     @property
     def span(self) -> int | None:
-        """The head's span as its last warm here measured it (None: that warm sent another
-        head, or there is none)."""
+        """The head's span as its last warm here measured it (None: none, or of another head)."""
         frame = self.head.sha256 if isinstance(self.head, Frame) else None
         if self.baseline is None or self.baseline.outcome.frame != frame:
             return None

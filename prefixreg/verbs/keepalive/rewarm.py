@@ -2,9 +2,8 @@
 llama.cpp the restore of a head lost to a server restart (`restore_for_keepalive`).
 
 Invariants:
-- A re-warm's verdict is the judge's; it is *kept* only when resumed. A partial re-warm (a
-  few cached tokens of a long head) is not kept and counts as partial, never as resumed or
-  cold; an unverified one counts as such.
+- A re-warm's verdict is the judge's and it is counted under it (a partial or unverified one
+  never as resumed or cold); it is *kept* only when resumed (not a few cached tokens).
 - A re-warm *succeeded* when the judge could read its counts (resumed, partial or cold: a
   first warm is cold by nature); a run where none succeeded proved nothing (the CLI exits
   non-zero). Tokens are added up from verified counts only.

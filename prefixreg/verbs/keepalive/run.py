@@ -143,12 +143,9 @@ class KeepAlive:
             self._counter = None  # /cache without max_entries (dense): keep time instead
 
     def track(self, body: Mapping[str, Any]) -> str:
-        """The loop just sent `body` (call it once the call returned): the request of a kept
-        head, which becomes that head's session. Returns the head's sha256.
-
-        Raises:
-            UsageError: `body` sends none of the kept heads unchanged (`Head.drift`).
-        """
+        """The loop just sent `body` (call it once the call returned): a kept head's request,
+        which becomes its session; returns the head's sha256. Raises UsageError: `body` sends
+        none of the kept heads unchanged (`Head.drift`)."""
         sha = self._track(body)
         if sha is None:
             raise UsageError("track(): the body sends none of the kept heads unchanged")

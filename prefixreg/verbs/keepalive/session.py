@@ -149,8 +149,7 @@ class CostGate:
 
     def saw(self, kept: int, spent: int, now: float, *, tightened: bool = False) -> None:
         """One re-warm (not a first warm): the tokens it kept warm (0: not kept), and spent.
-        `tightened`: its miss tightened the budget, so the rule starts afresh (what earlier
-        re-warms found speaks of the old budget)."""
+        `tightened`: its miss tightened the budget; start afresh (older ones speak of the old)."""
         self.outcomes = [] if tightened else [*self.outcomes[-WINDOW + 1 :], (kept, spent)]
         if not self.level:
             return
