@@ -42,8 +42,7 @@ def _settings(pairs: list[str]) -> dict[str, object]:
 def frame_command(
     system: Annotated[str, typer.Argument(help="The system prefix: a name or sha.")],
     tools: Annotated[
-        Path | None,
-        typer.Option("--tools", help="A JSON file with the tools list, stored as exact bytes."),
+        Path | None, typer.Option(help="A JSON file with the tools list, stored as exact bytes.")
     ] = None,
     settings: Annotated[
         list[str] | None,

@@ -56,12 +56,9 @@ class KeepAlive:
     """Keep `prefixes` (heads) resumable on `worker` (a short `timeout`: polls must not
     hang); `step()` yourself or `start()` a thread, and `track(body)` (or `touch(sha)`)
     after each own call; `session` names a file of request bodies another process appends.
-    `registry` gets one measurement per re-warm and supplies a probe's survival.
-
-    Raises:
-        UsageError: a wrong type or value (nothing is sent then).
-        WorkerError: the worker did not answer the first reads.
-    """
+    `registry` gets one measurement per re-warm and supplies a probe's survival. Raises
+    UsageError: a wrong type or value (nothing is sent then); WorkerError: the worker did not
+    answer the first reads."""
 
     def __init__(
         self,
@@ -222,9 +219,8 @@ class KeepAlive:
             if kept.left is not None or (kept.slot is not None and kept.slot in busy):
                 continue  # left to the loop; or its slot serves a prompt (likely the loop's):
             since = self._since(kept, now)  # a re-warm now would go cold in another slot
-            # Evicted (llama.cpp): a foreign prompt ended in its slot (a loop that tells its
-            # calls), or more landed than it survives: restore it (when it has a snapshot),
-            # never re-prefill it.
+            # Evicted (llama.cpp): a foreign prompt ended in its slot (a loop that tells its calls),
+            # or more landed than it survives: restore it (with a snapshot), never re-prefill it.
             taken = self._told and kept.slot in landed and kept.head.sha256 not in touched
             if self.slots and self.budget.unit == "prompts" and (taken or (since or 0) >= gone):
                 kept.evicted = True
