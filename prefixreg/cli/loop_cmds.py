@@ -144,11 +144,10 @@ def audit_command(
         except RegistryLocationError:
             if registry is not None:
                 raise
-            reg = None  # the default registry only adds names and spans
+            reg = None  # the default registry only adds names and spans (when it exists)
         if reg is not None and not reg.exists and registry is not None:
             raise UsageError(f"{registry}: not a registry")
-        reg = None if reg is None or not reg.exists else reg
-        if frame is not None and reg is None:
+        if frame is not None and (reg is None or not reg.exists):
             raise UsageError("--frame needs a registry that holds the frame")
         if html is not None and not html.parent.is_dir():
             raise UsageError(f"--html {html}: the directory {html.parent} does not exist")

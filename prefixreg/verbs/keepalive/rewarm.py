@@ -50,12 +50,6 @@ class Rewarm:
     frame: str | None = None
     snapshot: JSONObject | None = None  # the restore attempt, when one was made
 
-    def to_dict(self) -> JSONObject:
-        out: JSONObject = {"sha256": self.sha256, "frame": self.frame, "verdict": self.verdict}
-        out |= {f"since_{self.unit}": self.since, f"budget_{self.unit}": self.budget}
-        out |= self.record.to_dict()
-        return out if self.snapshot is None else out | {"snapshot": self.snapshot}
-
     def measurement_body(self, budget: JSONObject) -> JSONObject:
         """The body of this re-warm's `keepalive` measurement record."""
         ev = self.record.evidence

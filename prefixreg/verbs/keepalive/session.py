@@ -13,7 +13,7 @@ Invariants:
 - A session file is read through `read_user_file` (a regular file, never a FIFO, capped),
   on from the last complete line (a long loop's file is never read whole again), each body
   through `core.jsonio`; only complete lines count (a half-written last line waits), and a
-  line that is not a request body is counted as bad, never a crash.
+  last line that is not a request body reads as None, never a crash.
 - `rewarm_pays` is pure: re-warms go on while the tokens they keep warm exceed the prefill
   they spend, over a few recent re-warms; a head known evicted is never re-prefilled.
 """
@@ -173,8 +173,6 @@ class SessionFile:
         st = self._stat()  # None: the loop has not called yet
         if st is not None and not stat.S_ISREG(st.st_mode):
             raise UsageError(f"--session {self.path}: not a regular file; refused")
-        self.lines = 0  # complete lines read so far
-        self.bad = 0  # lines that were not a request body
         self._seen: tuple[int, int] | None = None  # (size, mtime) at the last read
         self._offset = 0  # the end of the last complete line read: a long loop's file is
         # read on from there, never whole again (its size bounds no memory, only a line does)
@@ -196,7 +194,7 @@ class SessionFile:
         if st is None or self._seen == (st.st_size, st.st_mtime_ns):
             return 0, None
         if st.st_size < self._offset:  # truncated by the loop: start over
-            self._offset = self.lines = 0
+            self._offset = 0
         start = max(self._offset, st.st_size - MAX_INPUT_BYTES)  # only the latest line counts:
         data = read_user_file(self.path, offset=start)  # a keeper started on a long loop's file
         if start > self._offset:  # reads its last 64 MiB, from the first line that starts there
@@ -206,15 +204,12 @@ class SessionFile:
         end = data.rfind(b"\n") + 1
         self._offset = start + end
         lines = [line for line in data[:end].split(b"\n") if line.strip()]
-        new = len(lines)
-        self.lines += new
-        if new == 0:
+        if not lines:
             return 0, None
         try:
-            return new, loads(lines[-1], path=self.path)
-        except PrefixregError:
-            self.bad += 1
-            return new, None
+            return len(lines), loads(lines[-1], path=self.path)
+        except PrefixregError:  # not a request body: counted, its body None
+            return len(lines), None
 
 
 def rebase(
