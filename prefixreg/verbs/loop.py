@@ -56,14 +56,12 @@ class LoopStats:
     completion_tokens: int = 0
     wall_s: float = 0.0
 
-    def add(
-        self, evidence: CallEvidence, verdict: LoopVerdict | None = None, *, rest_bytes: int = 0
-    ) -> CallEvidence:
+    def add(self, evidence: CallEvidence, verdict: LoopVerdict | None = None) -> CallEvidence:
         """Count one call under `verdict`, else the judge's against `head` (with neither, a
         cached call is `unverified`); returns the evidence, for `stats.add(ev)` inline."""
         evidence, head = _evidence(evidence), self.head
         if verdict is None and head is not None:
-            verdict = judge(evidence, head_bytes=head.head_bytes, rest_bytes=rest_bytes).verdict
+            verdict = judge(evidence, head_bytes=head.head_bytes).verdict
         elif verdict is None:
             verdict = "cold" if evidence.cache_state == "cold" else "unverified"
         if verdict not in self.counts:

@@ -197,10 +197,9 @@ class KeepAliveSummary:
 def _free_slot(worker: Worker, taken: Collection[int]) -> int | None:
     """The first idle slot not `taken` by another kept head (None: let the server pick)."""
     try:
-        free = [s.id for s in list_slots(worker) if s.idle and s.id not in taken]
+        return next((s.id for s in list_slots(worker) if s.idle and s.id not in taken), None)
     except WorkerError:
         return None
-    return free[0] if free else None
 
 
 def _last_cold_s(registry: Registry, sha: str, build_id: str) -> float | None:
