@@ -173,10 +173,10 @@ def test_a_long_loops_session_file_is_read_on_never_whole(tmp_path: Path) -> Non
             f.flush()
             new, latest = sf.read()
             assert new == 1 and isinstance(latest, dict), i
-    assert path.stat().st_size > 64 << 20 and sf.lines == 70 and sf.bad == 0
+    assert path.stat().st_size > 64 << 20
     late = SessionFile(path)  # a keeper started (or restarted) on that file: its last lines
     new, latest = late.read()
-    assert 0 < new < 70 and latest == orjson.loads(body) and late.bad == 0
+    assert 0 < new < 70 and latest == orjson.loads(body)
     with path.open("ab") as f:
         f.write(b'{"messages": []}\n')
     assert late.read() == (1, {"messages": []})
@@ -193,7 +193,7 @@ def test_session_file_reads_complete_lines_and_refuses_a_fifo(
     assert sf.read() == (0, None)
     with path.open("ab") as f:
         f.write(b'"line"}\nnot json\n')
-    assert sf.read() == (2, None) and sf.bad == 1
+    assert sf.read() == (2, None)  # the latest line is not JSON
     path.write_bytes(b'{"a": 1}\n')  # truncated by the loop: start over
     assert sf.read() == (1, {"a": 1})
     fifo = tmp_path / "fifo"

@@ -196,7 +196,7 @@ def test_a_head_evicted_by_a_burst_comes_back_from_its_snapshot(
         a.close()
         b.close()
         done = keeper.step()
-    assert [r.verdict for r in done] == ["resumed"], [r.to_dict() for r in done]
+    assert [r.verdict for r in done] == ["resumed"], done
     assert done[0].snapshot is not None and done[0].snapshot["verdict"] == "restored"
     s = keeper.summary
     assert s.restored == 1 and s.cold == 0, str(s)  # no prefill: the save left it warm

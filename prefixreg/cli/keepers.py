@@ -9,9 +9,11 @@ import threading
 import time
 from pathlib import Path
 
+from prefixreg.cli._common import info
 from prefixreg.core.frame import Head
 from prefixreg.registry.store import Registry
 from prefixreg.verbs.keepalive.run import KeepAlive
+from prefixreg.verbs.measure.metrics import Metrics, write_metrics
 
 _WRITING = threading.Lock()  # keepers in threads share the one metrics file
 
@@ -68,9 +70,6 @@ def run_keepers(keepers: list[KeepAlive], seconds: float | None) -> None:
 def write_keeper_metrics(path: Path | None, keepers: list[KeepAlive]) -> None:
     """Every keeper's counters so far to `--metrics-file`, labelled by worker (a file that
     cannot be written is a warning: the heads are what is kept)."""
-    from prefixreg.cli._common import info
-    from prefixreg.verbs.measure.metrics import Metrics, write_metrics
-
     if path is None:
         return
     out = Metrics()

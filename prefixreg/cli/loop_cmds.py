@@ -42,8 +42,7 @@ def _settings(pairs: list[str]) -> dict[str, object]:
 def frame_command(
     system: Annotated[str, typer.Argument(help="The system prefix: a name or sha.")],
     tools: Annotated[
-        Path | None,
-        typer.Option("--tools", help="A JSON file with the tools list, stored as exact bytes."),
+        Path | None, typer.Option(help="A JSON file with the tools list, stored as exact bytes.")
     ] = None,
     settings: Annotated[
         list[str] | None,
@@ -53,9 +52,7 @@ def frame_command(
             "chat_template_kwargs, parallel_tool_calls, preserve_thinking); repeatable.",
         ),
     ] = None,
-    name: Annotated[
-        str | None, typer.Option("--name", help="Point this name at the frame.")
-    ] = None,
+    name: Annotated[str | None, typer.Option(help="Point this name at the frame.")] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Move --name even when it now points at a bare prefix.")
     ] = False,
@@ -130,9 +127,9 @@ def audit_command(
     batch's span, with its concurrency); a line or .json document over 16 MiB is skipped.
     Each call is reused, partial, cold or unverified: reused only when its cached count
     covers the span of the head it sends (its request's bytes, its record's head, or for a
-    response read alone the batch's head). The batch's
-    head is named by byte identity (each request's `messages[0].content` hashed and looked
-    up), else by the measured span most calls cover.
+    response read alone the batch's head). The batch's head is named by byte identity (each
+    request's `messages[0].content` hashed and looked up), else by the measured span most
+    calls cover.
 
     Exit 0 at least one call or request was read (malformed inputs, skipped files and lines,
     unverified calls are listed, not fatal); 2 nothing readable, bad rates, or a --frame
@@ -147,12 +144,10 @@ def audit_command(
         except RegistryLocationError:
             if registry is not None:
                 raise
-            reg = None  # the default registry only adds names and spans
-        if reg is not None and not reg.exists:
-            if registry is not None:
-                raise UsageError(f"{registry}: not a registry")
-            reg = None
-        if frame is not None and reg is None:
+            reg = None  # the default registry only adds names and spans (when it exists)
+        if reg is not None and not reg.exists and registry is not None:
+            raise UsageError(f"{registry}: not a registry")
+        if frame is not None and (reg is None or not reg.exists):
             raise UsageError("--frame needs a registry that holds the frame")
         if html is not None and not html.parent.is_dir():
             raise UsageError(f"--html {html}: the directory {html.parent} does not exist")

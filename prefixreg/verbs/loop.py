@@ -1,4 +1,5 @@
 """The loop's side: judge each call against the head it sends, and keep running totals.
+Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
 
 - `LoopJudge` reads each loop call against the head's last warm on the worker's build. A
   call is `resumed` only when the judge says its cached count covers the span that warm
@@ -7,14 +8,11 @@
   whose request body differs from the head is `drift`, naming the part.
 - `LoopStats` keeps the totals: calls by the judge's verdict, and the server's token counts
   over the calls whose counts are verified (a missing count is never zero).
-
 - `Session` is one conversation of a loop on its head: it builds each request body as the
   head sends it and, once the call returned, tells a keeper (`KeepAlive.track`) or appends
-  the body as one JSON line to a file (`prefixreg keepalive --session FILE`), so the
-  loop's whole request is kept warm, not only its head. The file is opened for appending
-  only if it is a regular file (a FIFO or a directory is refused, never waited on).
-
-Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
+  the body as one JSON line to a file (`prefixreg keepalive --session FILE`), so the loop's
+  whole request is kept warm. The file is appended to only if it is a regular file (a FIFO
+  or a directory is refused, never waited on).
 """
 
 from __future__ import annotations
@@ -58,19 +56,14 @@ class LoopStats:
     completion_tokens: int = 0
     wall_s: float = 0.0
 
-    def add(
-        self, evidence: CallEvidence, verdict: LoopVerdict | None = None, *, rest_bytes: int = 0
-    ) -> CallEvidence:
+    def add(self, evidence: CallEvidence, verdict: LoopVerdict | None = None) -> CallEvidence:
         """Count one call under `verdict`, else the judge's against `head` (with neither, a
         cached call is `unverified`); returns the evidence, for `stats.add(ev)` inline."""
-        evidence = _evidence(evidence)
-        if verdict is None:
-            if self.head is None:
-                verdict = "cold" if evidence.cache_state == "cold" else "unverified"
-            else:
-                verdict = judge(
-                    evidence, head_bytes=self.head.head_bytes, rest_bytes=rest_bytes
-                ).verdict
+        evidence, head = _evidence(evidence), self.head
+        if verdict is None and head is not None:
+            verdict = judge(evidence, head_bytes=head.head_bytes).verdict
+        elif verdict is None:
+            verdict = "cold" if evidence.cache_state == "cold" else "unverified"
         if verdict not in self.counts:
             raise UsageError(f"not a loop verdict: {verdict!r}; one of {', '.join(VERDICTS)}")
         self.counts[verdict] += 1
@@ -108,19 +101,12 @@ class LoopStats:
         return None if self.prompt_tokens == 0 else self.cached_tokens / self.prompt_tokens
 
     def to_dict(self) -> JSONObject:
-        return {
-            "calls": self.calls,
-            **self.counts,
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "completion_tokens": self.completion_tokens,
-            "resumed_fraction": self.resumed_fraction,
-            "wall_s": round(self.wall_s, 6),
-        }
+        out: JSONObject = {"calls": self.calls, **self.counts, "prompt_tokens": self.prompt_tokens}
+        out |= {"cached_tokens": self.cached_tokens, "completion_tokens": self.completion_tokens}
+        return out | {"resumed_fraction": self.resumed_fraction, "wall_s": round(self.wall_s, 6)}
 
     def __str__(self) -> str:
-        frac = self.resumed_fraction
-        share = "-" if frac is None else f"{frac:.1%}"
+        share = "-" if self.resumed_fraction is None else f"{self.resumed_fraction:.1%}"
         counted = ", ".join(f"{n} {v}" for v, n in self.counts.items() if n or v == "resumed")
         return (
             f"{self.calls} calls: {counted}; {self.cached_tokens:,} of {self.prompt_tokens:,} "
@@ -150,8 +136,7 @@ class LoopJudge:
 
     @property
     def span(self) -> int | None:
-        """The head's span as its last warm here measured it (None: that warm sent another
-        head, or there is none)."""
+        """The head's span as its last warm here measured it (None: none, or of another head)."""
         frame = self.head.sha256 if isinstance(self.head, Frame) else None
         if self.baseline is None or self.baseline.outcome.frame != frame:
             return None
@@ -179,14 +164,11 @@ class LoopJudge:
             return "unverified", "no warm of this head's system prefix on this build"
         span = self.span
         if span is None:
-            return (
-                "head-mismatch",
-                f"this build's last warm sent {sent_head(self.baseline)}, not {self.head.kind} "
-                f"{self.head.sha256[:12]} (what the loop sends was never warmed)",
-            )
-        j = judge(
-            evidence, head_bytes=self.head.head_bytes, alignment=self.alignment, measured_span=span
-        )
+            head = f"{self.head.kind} {self.head.sha256[:12]}"
+            why = f"this build's last warm sent {sent_head(self.baseline)}, not {head}"
+            return "head-mismatch", f"{why} (what the loop sends was never warmed)"
+        head_bytes, align = self.head.head_bytes, self.alignment
+        j = judge(evidence, head_bytes=head_bytes, alignment=align, measured_span=span)
         return j.verdict, j.reason
 
 
@@ -221,17 +203,18 @@ class Session:
         self.calls += 1
         if self.keeper is not None:
             self.keeper.track(body)
-        if self.log is not None:
-            line = dumps_ordered(dict(body)).encode("utf-8") + b"\n"
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
-            try:
-                fd = os.open(self.log, flags, 0o600)
-            except OSError as exc:
-                raise UsageError(f"{self.log}: {exc.strerror or exc}") from None
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise UsageError(f"{self.log}: not a regular file; refused")
-                while line:  # a reader takes only complete lines
-                    line = line[os.write(fd, line) :]
-            finally:
-                os.close(fd)
+        if self.log is None:
+            return
+        line = dumps_ordered(dict(body)).encode("utf-8") + b"\n"
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(self.log, flags, 0o600)
+        except OSError as exc:
+            raise UsageError(f"{self.log}: {exc.strerror or exc}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UsageError(f"{self.log}: not a regular file; refused")
+            while line:  # a reader takes only complete lines
+                line = line[os.write(fd, line) :]
+        finally:
+            os.close(fd)

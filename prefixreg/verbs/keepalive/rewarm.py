@@ -2,11 +2,10 @@
 llama.cpp the restore of a head lost to a server restart (`restore_for_keepalive`).
 
 Invariants:
-- A re-warm's verdict is the judge's; it is *kept* only when resumed. A partial re-warm (a
-  few cached tokens of a long head) is not kept and counts as partial, never as resumed or
-  cold; an unverified one counts as such.
+- A re-warm's verdict is the judge's and it is counted under it (a partial or unverified one
+  never as resumed or cold); it is *kept* only when resumed (not a few cached tokens).
 - A re-warm *succeeded* when the judge could read its counts (resumed, partial or cold: a
-  first warm is cold by nature); a run in which none succeeded proved nothing (the CLI exits
+  first warm is cold by nature); a run where none succeeded proved nothing (the CLI exits
   non-zero). Tokens are added up from verified counts only.
 - After a restart every slot is empty: a head with a snapshot for the worker's *current*
   build is restored (`measure.slots.restore_head`, never a warm) into a slot no other kept
@@ -20,7 +19,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from prefixreg.core.errors import CorruptRecordError, IntegrityError, WorkerError
 from prefixreg.core.frame import Head
@@ -51,24 +50,13 @@ class Rewarm:
     frame: str | None = None
     snapshot: JSONObject | None = None  # the restore attempt, when one was made
 
-    def to_dict(self) -> JSONObject:
-        out: JSONObject = {"sha256": self.sha256, "frame": self.frame, "verdict": self.verdict}
-        out[f"since_{self.unit}"], out[f"budget_{self.unit}"] = self.since, self.budget
-        out.update(self.record.to_dict())
-        if self.snapshot is not None:
-            out["snapshot"] = self.snapshot
-        return out
-
     def measurement_body(self, budget: JSONObject) -> JSONObject:
         """The body of this re-warm's `keepalive` measurement record."""
         ev = self.record.evidence
         body: JSONObject = {"verdict": self.verdict, f"since_{self.unit}": self.since}
-        body["prompt_tokens"], body["cached_tokens"] = ev.prompt_tokens, ev.cached_tokens
-        body["budget"], body["snapshot"] = budget, self.snapshot
-        body["calls"] = [self.record.to_dict()]
-        if self.frame is not None:
-            body["frame"] = self.frame
-        return body
+        body |= {"prompt_tokens": ev.prompt_tokens, "cached_tokens": ev.cached_tokens}
+        body |= {"budget": budget, "snapshot": self.snapshot, "calls": [self.record.to_dict()]}
+        return body if self.frame is None else body | {"frame": self.frame}
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +74,7 @@ class SnapshotRewarm:
     check: CallRecord | None = None
 
     def to_dict(self) -> JSONObject:
-        out = asdict(self)
-        del out["check"]
-        return out
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "check"}
 
 
 @dataclass(slots=True)
@@ -191,35 +177,29 @@ class KeepAliveSummary:
             f"tokens kept warm (heads and sessions); {self.polls} polls "
             f"({self.skipped_polls} skipped), {self.errors} errors"
         )
-        if self.restored:
-            text += (
-                f"; {self.restored} restored from snapshots in {self.restore_s:.3f} s instead "
-                f"of prefilling {self.prefill_tokens_avoided:,} tokens (measured cold: "
-                f"{self.prefill_s_avoided:.3f} s)"
-            )
-        if self.restore_misses:
-            text += f"; {self.restore_misses} restores not proven"
-        if self.sessions:
-            text += f"; {self.sessions} re-touched the loop's session"
-        if self.session_skipped:
-            text += f"; {self.session_skipped} session lines sent no kept head"
-        if self.left_to_loop:
-            text += (
-                f"; {self.left_to_loop} evicted heads left to the loop (a re-prefill would "
-                "spend what it saves)"
-            )
-        if self.backoffs:
-            text += f"; backed off {self.backoffs} times ({self.backoff_reason})"
-        return text
+        restored = (
+            f"{self.restored} restored from snapshots in {self.restore_s:.3f} s instead of "
+            f"prefilling {self.prefill_tokens_avoided:,} tokens (measured cold: "
+            f"{self.prefill_s_avoided:.3f} s)"
+        )
+        left = "evicted heads left to the loop (a re-prefill would spend what it saves)"
+        parts = [
+            (self.restored, restored),
+            (self.restore_misses, f"{self.restore_misses} restores not proven"),
+            (self.sessions, f"{self.sessions} re-touched the loop's session"),
+            (self.session_skipped, f"{self.session_skipped} session lines sent no kept head"),
+            (self.left_to_loop, f"{self.left_to_loop} {left}"),
+            (self.backoffs, f"backed off {self.backoffs} times ({self.backoff_reason})"),
+        ]
+        return "; ".join([text, *(part for count, part in parts if count)])
 
 
 def _free_slot(worker: Worker, taken: Collection[int]) -> int | None:
     """The first idle slot not `taken` by another kept head (None: let the server pick)."""
     try:
-        free = [s.id for s in list_slots(worker) if s.idle and s.id not in taken]
+        return next((s.id for s in list_slots(worker) if s.idle and s.id not in taken), None)
     except WorkerError:
         return None
-    return free[0] if free else None
 
 
 def _last_cold_s(registry: Registry, sha: str, build_id: str) -> float | None:
@@ -240,11 +220,8 @@ def restore_for_keepalive(
     registry: Registry, worker: Worker, head: Head, *, taken: Collection[int] = ()
 ) -> SnapshotRewarm | None:
     """Restore `head`'s snapshot for the worker's current build and prove it; never warms.
-    None, and no request sent, when the head has no snapshot record.
-
-    Raises:
-        WorkerError: the worker failed outside the restore requests (the keeper's error path).
-    """
+    None, and no request sent, when the head has no snapshot record. Raises WorkerError: the
+    worker failed outside the restore requests (the keeper's error path)."""
     try:
         if not list_snapshots(registry, head.sha256):
             return None

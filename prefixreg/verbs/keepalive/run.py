@@ -1,9 +1,8 @@
 """`keepalive`: keep heads (prefixes or frames) resumable on a worker whose small LRU foreign
-traffic churns, re-warming each one before one more foreign prompt could evict it. It counts
-what the server counts (`server.activity`): `stores` on `/cache` (Halogen), prompts on
-llama.cpp (`/slots`, else `/metrics`) or an engine's Prometheus counters, else time; the
-budget is `measure.budget`'s; the records and the restore of a head lost to a llama.cpp
-restart or eviction are `.rewarm`'s.
+traffic churns, re-warming each before one more foreign prompt could evict it, by what the
+server counts (`server.activity`): `/cache` stores (Halogen), prompts (llama.cpp's `/slots`,
+else `/metrics`; an engine's Prometheus counters), else time. The budget is `measure.budget`'s;
+the records and the restore of a head lost to a llama.cpp restart or eviction, `.rewarm`'s.
 
 Invariants:
 - One request at a time: polls and re-warms run in one thread (`step`); the loop's `touch`
@@ -17,8 +16,7 @@ Invariants:
   and so does anything else that goes wrong in its thread (`stopped_because`).
 - Only foreign activity counts: a head is never due before a foreign prompt has stored (or
   run); the keeper's re-warms and the loop's calls (tracked or touched) are taken off the
-  other kept heads' counts, and each
-  stores budget is reduced by the entries the other kept heads hold instead.
+  other kept heads' counts, and each stores budget is reduced by the entries they hold instead.
 - A kept frame is re-warmed with its whole head, byte for byte as the loop sends it; its
   measurement is filed under the system sha, with `frame` set.
 - A head with a session (`track`, `session=FILE`: the loop's latest request on it, told
@@ -54,24 +52,13 @@ MAX_ERRORS: Final = 5
 MAX_BACKOFF_S: Final = 30.0
 
 
-def positive_seconds(name: str, value: object) -> float:
-    """`value` as a finite number of seconds above 0, else a `UsageError`."""
-    number = value if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
-    if not (math.isfinite(number) and number > 0):
-        raise UsageError(f"{name} must be a finite number of seconds above 0, not {value!r}")
-    return float(number)
-
-
 class KeepAlive:
     """Keep `prefixes` (heads) resumable on `worker` (a short `timeout`: polls must not
     hang); `step()` yourself or `start()` a thread, and `track(body)` (or `touch(sha)`)
     after each own call; `session` names a file of request bodies another process appends.
-    `registry` gets one measurement per re-warm and supplies a probe's survival.
-
-    Raises:
-        UsageError: a wrong type or value (nothing is sent then).
-        WorkerError: the worker did not answer the first reads.
-    """
+    `registry` gets one measurement per re-warm and supplies a probe's survival. Raises
+    UsageError: a wrong type or value (nothing is sent then); WorkerError: the worker did not
+    answer the first reads."""
 
     def __init__(
         self,
@@ -105,8 +92,7 @@ class KeepAlive:
         if registry is not None:
             registry.refuse_on_mirror("record keepalive measurements")
         self.worker, self.registry, self.on_rewarm = worker, registry, on_rewarm
-        self.summary = KeepAliveSummary()
-        self.gate = ks.CostGate()
+        self.summary, self.gate = KeepAliveSummary(), ks.CostGate()
         self.session_file = None if session is None else ks.SessionFile(session)
         self.history: list[Rewarm] = []
         self._touched: set[str] = set()
@@ -114,8 +100,7 @@ class KeepAlive:
         self._stop, self._wake = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
         self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
-        self._backoff_until = 0.0
-        self._told = False
+        self._backoff_until, self._told = 0.0, False
         self.build = build = worker.server_build()
         self._kept: dict[str, ks.Kept] = {}  # by sha, and sha/copy for the copies after one
         for h in prefixes:
@@ -155,12 +140,9 @@ class KeepAlive:
             self._counter = None  # /cache without max_entries (dense): keep time instead
 
     def track(self, body: Mapping[str, Any]) -> str:
-        """The loop just sent `body` (call it once the call returned): the request of a kept
-        head, which becomes that head's session. Returns the head's sha256.
-
-        Raises:
-            UsageError: `body` sends none of the kept heads unchanged (`Head.drift`).
-        """
+        """The loop just sent `body` (call it once the call returned): a kept head's request,
+        which becomes its session; returns the head's sha256. Raises UsageError: `body` sends
+        none of the kept heads unchanged (`Head.drift`)."""
         sha = self._track(body)
         if sha is None:
             raise UsageError("track(): the body sends none of the kept heads unchanged")
@@ -237,9 +219,8 @@ class KeepAlive:
             if kept.left is not None or (kept.slot is not None and kept.slot in busy):
                 continue  # left to the loop; or its slot serves a prompt (likely the loop's):
             since = self._since(kept, now)  # a re-warm now would go cold in another slot
-            # Evicted (llama.cpp): a foreign prompt ended in its slot (a loop that tells its
-            # calls), or more landed than it survives: restore it (when it has a snapshot),
-            # never re-prefill it.
+            # Evicted (llama.cpp): a foreign prompt ended in its slot (a loop that tells its calls),
+            # or more landed than it survives: restore it (with a snapshot), never re-prefill it.
             taken = self._told and kept.slot in landed and kept.head.sha256 not in touched
             if self.slots and self.budget.unit == "prompts" and (taken or (since or 0) >= gone):
                 kept.evicted = True
@@ -296,23 +277,18 @@ class KeepAlive:
             taken = {k.slot for k in held if k.slot is not None}
             snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
         verdict: Verdict
-        restored = snap is not None and snap.check is not None
-        if kept.evicted and not restored and not ks.rewarm_pays([], evicted=True)[0]:
-            kept.left = self._counter.total if self._counter is not None else 0
+        check = None if snap is None else snap.check
+        if kept.evicted and check is None and not ks.rewarm_pays([], evicted=True)[0]:
+            kept.left = counter.total if counter is not None else 0
             self.summary.left_to_loop += 1  # re-prefilled, it would save what it costs
             self.summary.restore_misses += snap is not None
             return None
-        if snap is not None and snap.check is not None:
+        if check is not None:
             # The judge's `restored` (judge_restore) stands on a resumed pinned check.
-            record, verdict = snap.check, "resumed"
+            record, verdict = check, "resumed"
         else:
-            last = counter.last if isinstance(counter, StoresCounter) else None
-            align, stores = self.build.snapshot_align, isinstance(counter, StoresCounter)
-            call = (self.worker, head, kept.session)
-            pin: dict[str, Any] = {} if kept.pin is None else {"id_slot": kept.pin}
-            record, verdict = ks.rewarm_call(
-                *call, span=kept.span, before=last, alignment=align, with_cache=stores, **pin
-            )
+            align = self.build.snapshot_align
+            record, verdict = ks.rewarm_call(self.worker, kept, counter, alignment=align)
         kept.lost, kept.evicted, kept.last_used = False, False, time.monotonic()
         if counter is not None:
             ks.rebase(kept, self._kept.values(), counter, record, self.budget.per_request)
@@ -322,9 +298,8 @@ class KeepAlive:
         ev = record.evidence
         if not first and verdict != "unverified" and ev.prompt_tokens is not None:
             cached = ev.cached_tokens or 0
-            kept_tokens = cached if verdict == "resumed" else 0
-            spent, now = ev.prompt_tokens - cached, time.monotonic()
-            self.gate.saw(kept_tokens, spent, now, tightened=change is not None)
+            kept_tokens, spent = (cached if verdict == "resumed" else 0), ev.prompt_tokens - cached
+            self.gate.saw(kept_tokens, spent, time.monotonic(), tightened=change is not None)
         frame = head.sha256 if isinstance(head, Frame) else None
         report = None if snap is None else snap.to_dict()
         b = self.budget
@@ -346,8 +321,13 @@ class KeepAlive:
 
     def run(self, duration_s: float | None = None) -> KeepAliveSummary:
         """Step every `poll_s` until `stop()`, `duration_s` (finite, above 0) or too many errors."""
-        span = None if duration_s is None else positive_seconds("duration_s", duration_s)
-        end = None if span is None else time.monotonic() + span
+        given: object = duration_s  # callers outside the type checker pass anything
+        span = given if isinstance(given, int | float) and not isinstance(given, bool) else math.nan
+        if given is not None and not (math.isfinite(span) and span > 0):
+            raise UsageError(
+                f"duration_s must be a finite number of seconds above 0, not {given!r}"
+            )
+        end = None if given is None else time.monotonic() + span
         while not self._stop.is_set():
             try:
                 self.step()

@@ -1,8 +1,8 @@
-"""A loop's session for the keeper: the latest full request the loop sent on a kept head (the
-head and its history), told in process (`KeepAlive.track(body)`) or across processes
-(`--session FILE`, one JSON request body per line, appended by the loop after each call);
-the cost rule that keeps the keeper from making the loop slower; and what the keeper knows
-of each kept head (`Kept`: its counts, slot and session, moved by `rebase` and `discount`).
+"""A loop's session for the keeper: the latest full request the loop sent on a kept head (head
+and history), told in process (`KeepAlive.track(body)`) or across processes (`--session FILE`,
+one JSON request body per line, appended by the loop after each call); the cost rule that keeps
+the keeper from making the loop slower; and what the keeper knows of each kept head (`Kept`:
+its counts, slot and session, moved by `rebase` and `discount`).
 
 Invariants:
 - A body is a session of a head only when the head's drift check finds nothing (its system
@@ -13,13 +13,14 @@ Invariants:
 - A session file is read through `read_user_file` (a regular file, never a FIFO, capped),
   on from the last complete line (a long loop's file is never read whole again), each body
   through `core.jsonio`; only complete lines count (a half-written last line waits), and a
-  line that is not a request body is counted as bad, never a crash.
+  last line that is not a request body reads as None, never a crash.
 - `rewarm_pays` is pure: re-warms go on while the tokens they keep warm exceed the prefill
   they spend, over a few recent re-warms; a head known evicted is never re-prefilled.
 """
 
 from __future__ import annotations
 
+import os
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,6 @@ from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import dumps_ordered, loads
 from prefixreg.core.judge import Verdict, judge
 from prefixreg.core.prefix import check_history, fresh_tail
-from prefixreg.core.records import CacheCounters
 from prefixreg.registry.fsutil import MAX_INPUT_BYTES, read_user_file
 from prefixreg.server.activity import Counter, StoresCounter
 from prefixreg.server.worker import Worker
@@ -76,48 +76,39 @@ def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
         return None
 
 
-def session_bytes(head: Head, history: Sequence[Mapping[str, Any]]) -> int:
-    """The bytes a session's span stands on: the head's and its history's (as JSON)."""
-    return head.head_bytes + len(dumps_ordered(list(history)).encode("utf-8"))
-
-
 def rewarm_call(
-    worker: Worker,
-    head: Head,
-    session: Sequence[Mapping[str, Any]] | None,
-    *,
-    span: int | None,
-    alignment: int,
-    before: CacheCounters | None,
-    with_cache: bool,
-    **params: Any,
+    worker: Worker, kept: Kept, counter: Counter | None, *, alignment: int
 ) -> tuple[CallRecord, Verdict]:
-    """One re-warm and the judge's verdict on it: the session re-touched whole (judged against
-    its span), else the head with a fresh tail (against its `span` measured on this build)."""
-    tail = fresh_tail()
+    """One re-warm of `kept` (in its pinned slot) and the judge's verdict: the session
+    re-touched whole (judged against its bytes, the head's and the history's as JSON), else the
+    head with a fresh tail (against its span measured on this build)."""
+    head, session, tail = kept.head, kept.session, fresh_tail()
+    stores = isinstance(counter, StoresCounter)
+    before = counter.last if isinstance(counter, StoresCounter) else None
+    pin: dict[str, Any] = {} if kept.pin is None else {"id_slot": kept.pin}
     record = measured_call(
         worker,
         head,
         phase="keepalive",
         tail=tail,
-        with_cache=with_cache,
+        with_cache=stores,
         before=before,
         history=session,
-        **params,
+        **pin,
     )
     if session is None:
-        j = judge_check(record.evidence, head, tail=tail, alignment=alignment, measured=span)
+        j = judge_check(record.evidence, head, tail=tail, alignment=alignment, measured=kept.span)
     else:
-        j = judge(record.evidence, head_bytes=session_bytes(head, session), alignment=alignment)
+        history_bytes = len(dumps_ordered(list(session)).encode("utf-8"))
+        j = judge(record.evidence, head_bytes=head.head_bytes + history_bytes, alignment=alignment)
     return record, j.verdict
 
 
 def rewarm_pays(outcomes: Sequence[tuple[int, int]], *, evicted: bool = False) -> tuple[bool, str]:
-    """Whether re-warming pays, from recent re-warms' (tokens kept warm, tokens spent):
-    the expected saving (the cached tokens a re-warm kept, on average) must exceed the
-    prefill a re-warm spends (its uncached tokens, on average). Too few outcomes: it pays
-    (nothing proves otherwise yet). A head known `evicted` never pays: re-prefilled, it
-    saves the loop's next call at most what it spends. Returns (pays, why)."""
+    """(pays, why) from recent re-warms' (tokens kept warm, tokens spent): the tokens kept
+    must exceed the prefill spent. Too few outcomes: it pays (nothing proves otherwise yet). A
+    head known `evicted` never pays: re-prefilled, it saves the loop's next call at most what
+    it spends."""
     if evicted:
         return False, "evicted: a re-prefill would spend what the loop's next call saves"
     recent = list(outcomes)[-WINDOW:]
@@ -158,8 +149,7 @@ class CostGate:
 
     def saw(self, kept: int, spent: int, now: float, *, tightened: bool = False) -> None:
         """One re-warm (not a first warm): the tokens it kept warm (0: not kept), and spent.
-        `tightened`: its miss tightened the budget, so the rule starts afresh (what earlier
-        re-warms found speaks of the old budget)."""
+        `tightened`: its miss tightened the budget; start afresh (older ones speak of the old)."""
         self.outcomes = [] if tightened else [*self.outcomes[-WINDOW + 1 :], (kept, spent)]
         if not self.level:
             return
@@ -180,37 +170,31 @@ class SessionFile:
     def __init__(self, path: Path | str) -> None:
         """Raises UsageError: `path` exists and is not a regular file (a FIFO, a directory)."""
         self.path = Path(path)
-        try:
-            mode = self.path.stat().st_mode
-        except FileNotFoundError:
-            mode = stat.S_IFREG  # the loop has not called yet
-        except OSError as exc:
-            raise UsageError(f"{self.path}: {exc.strerror or exc}") from None
-        if not stat.S_ISREG(mode):
+        st = self._stat()  # None: the loop has not called yet
+        if st is not None and not stat.S_ISREG(st.st_mode):
             raise UsageError(f"--session {self.path}: not a regular file; refused")
-        self.lines = 0  # complete lines read so far
-        self.bad = 0  # lines that were not a request body
         self._seen: tuple[int, int] | None = None  # (size, mtime) at the last read
         self._offset = 0  # the end of the last complete line read: a long loop's file is
         # read on from there, never whole again (its size bounds no memory, only a line does)
 
-    def read(self) -> tuple[int, object]:
-        """(requests appended since the last read, the latest body or None). A missing file
-        is a loop that has not called yet; a truncated one starts over.
-
-        Raises:
-            UsageError: not a regular file (a FIFO, a directory), unreadable or too large.
-        """
+    def _stat(self) -> os.stat_result | None:
+        """The file's status; None: missing. Raises UsageError: it cannot be read."""
         try:
-            st = self.path.stat()
+            return self.path.stat()
         except FileNotFoundError:
-            return 0, None
+            return None
         except OSError as exc:
             raise UsageError(f"{self.path}: {exc.strerror or exc}") from None
-        if self._seen == (st.st_size, st.st_mtime_ns):
+
+    def read(self) -> tuple[int, object]:
+        """(requests appended since the last read, the latest body or None). A missing file
+        is a loop that has not called yet; a truncated one starts over. Raises UsageError: not
+        a regular file (a FIFO, a directory), unreadable or too large."""
+        st = self._stat()
+        if st is None or self._seen == (st.st_size, st.st_mtime_ns):
             return 0, None
         if st.st_size < self._offset:  # truncated by the loop: start over
-            self._offset = self.lines = 0
+            self._offset = 0
         start = max(self._offset, st.st_size - MAX_INPUT_BYTES)  # only the latest line counts:
         data = read_user_file(self.path, offset=start)  # a keeper started on a long loop's file
         if start > self._offset:  # reads its last 64 MiB, from the first line that starts there
@@ -220,15 +204,12 @@ class SessionFile:
         end = data.rfind(b"\n") + 1
         self._offset = start + end
         lines = [line for line in data[:end].split(b"\n") if line.strip()]
-        new = len(lines)
-        self.lines += new
-        if new == 0:
+        if not lines:
             return 0, None
         try:
-            return new, loads(lines[-1], path=self.path)
-        except PrefixregError:
-            self.bad += 1
-            return new, None
+            return len(lines), loads(lines[-1], path=self.path)
+        except PrefixregError:  # not a request body: counted, its body None
+            return len(lines), None
 
 
 def rebase(
@@ -261,8 +242,7 @@ def rebase(
             pass  # the next poll sees our prompt and lands on since 0
         if got is not None:
             kept.baseline = min(got[0], before + 1)
-            landed = counter.changed
-            kept.slot = next(iter(landed)) if len(landed) == 1 else kept.pin
+            kept.slot = next(iter(counter.changed)) if len(counter.changed) == 1 else kept.pin
     discount(kept, all_kept, own)
 
 
