@@ -13,7 +13,6 @@ regular files are opened (non-blocking, re-checked with fstat), others are liste
 from __future__ import annotations
 
 import io
-import math
 import os
 import stat
 from collections.abc import Iterable, Iterator, Mapping
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 from prefixreg.core.errors import CorruptRecordError, UsageError
+from prefixreg.core.fields import strict_number
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONValue, loads
 from prefixreg.core.prefix import Drift, Prefix
@@ -78,12 +78,8 @@ class AuditInput:
 
 
 def _wall(obj: Mapping[str, object]) -> float | None:
-    for key in WALL_KEYS:
-        value = obj.get(key)  # bool is an int subclass: `"wall_s": true` is not a duration
-        number = value if isinstance(value, int | float) and not isinstance(value, bool) else -1
-        if math.isfinite(number) and number >= 0:
-            return float(number)
-    return None
+    walls = (strict_number(obj.get(key)) for key in WALL_KEYS)  # `"wall_s": true` is no duration
+    return next((wall for wall in walls if wall is not None), None)
 
 
 def _is_response(obj: Mapping[str, object]) -> bool:
@@ -101,8 +97,7 @@ def _is_request(obj: object) -> bool:
 
 
 def _find_request(value: Mapping[str, object]) -> tuple[dict[str, Any] | None, bool]:
-    """The request `value` holds (bare, batch input, or a pair's) and whether a response
-    is paired with it."""
+    """The request `value` holds (bare, batch input, or a pair's); whether a response is paired."""
     request = value.get("request")
     if isinstance(request, dict):
         if not _is_request(request) and isinstance(request.get("body"), dict):
@@ -161,8 +156,7 @@ class _Reader:
         self.out.skipped.append(Malformed(source, reason))
 
     def take(self, value: JSONValue, source: str, *, top: bool = True) -> None:
-        """One decoded document: a response, a request, a pair, a record, or (at the top)
-        a list of them."""
+        """One decoded document: a response, request, pair, record, or (at the top) a list."""
         if isinstance(value, list) and top:
             if not value:
                 self.bad(source, "an empty list")
@@ -329,9 +323,9 @@ class _Reader:
             self.bad(source, "empty file")
 
     def walk(self, top: Path) -> None:
-        """Read the call-output files under `top`, depth first in name order, without
-        recursion. A symlink (to a directory: a link back up the tree would never end) or an
-        entry that is not a regular file is listed in `skipped`, never followed or opened."""
+        """The call-output files under `top`, depth first in name order, without recursion. A
+        symlink (to a directory: a link back up would never end) or an entry that is not a
+        regular file is listed in `skipped`, never followed or opened."""
         stack = [top]
         while stack:
             try:
@@ -362,14 +356,11 @@ class _Reader:
 
 
 def read_outputs(paths: Iterable[Path | str], *, frame: Head | None = None) -> AuditInput:
-    """Read every call output and request under `paths` (files or directories). Never
-    raises for bad input: it is listed in `malformed` or `skipped`. A path named directly
-    may be a symlink to a regular file (the user chose it). `frame`: each request's drift
-    from it is kept (`PromptSeen.drift`).
-
-    Raises:
-        UsageError: `paths` is a single path or string, or `frame` is not a head.
-    """
+    """Every call output and request under `paths` (files or directories); bad input is
+    listed in `malformed` or `skipped`, never raised. A path named directly may be a symlink
+    to a regular file (the user chose it). `frame`: each request's drift from it is kept
+    (`PromptSeen.drift`). Raises `UsageError`: `paths` is a single path or string, or
+    `frame` is not a head."""
     if isinstance(paths, str | bytes | Path) or not isinstance(paths, Iterable):
         raise UsageError("paths must be a list of files or directories")
     if frame is not None and not isinstance(frame, Prefix | Frame):

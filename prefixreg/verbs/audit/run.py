@@ -34,8 +34,7 @@ from prefixreg.verbs.audit.report import STATES, AuditReport, Method, PrefixSpan
 def prefix_spans(
     measurements: Iterable[Measurement], given: Iterable[PrefixSpan] = ()
 ) -> list[PrefixSpan]:
-    """The latest resumed span per (head, build) over `given` and `measurements` (a partial
-    or cold check measured a miss, not the head)."""
+    """The latest resumed span per (head, build) over `given` and `measurements`."""
     latest: dict[tuple[str, str], PrefixSpan] = {}
     for s in [*given, *(_span(m) for m in measurements)]:
         if s is not None and latest.get((s.head, s.build_id), s).at <= s.at:
@@ -44,7 +43,7 @@ def prefix_spans(
 
 
 def _span(m: Measurement) -> PrefixSpan | None:
-    o = m.outcome
+    o = m.outcome  # a partial or cold check measured a miss, not the head
     if o.verdict != "resumed" or not o.span_tokens:
         return None
     align = m.build.snapshot_align if o.alignment is None else o.alignment
@@ -53,9 +52,9 @@ def _span(m: Measurement) -> PrefixSpan | None:
 
 @dataclass(frozen=True, slots=True)
 class Known:
-    """What the registry consulted says (the default: none consulted): measured spans,
-    names, head bytes by head id (a frame's: its system and rendered tools), registered
-    heads, probe slices, and the byte-identity `lookup`."""
+    """What the registry consulted says (default: none consulted): measured spans, names, head
+    bytes by head id (a frame's: system and rendered tools), registered heads, probe slices,
+    and the byte-identity `lookup`."""
 
     spans: Sequence[PrefixSpan] = ()
     names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -152,11 +151,8 @@ def audit_calls(
 ) -> AuditReport:
     """Judge and account for the calls read (`frame`: `data` was read against it); rates
     default to the measured Flash lane. The spans of the records read join `known.spans`,
-    so a directory carrying its warm records names its head without a registry.
-
-    Raises:
-        UsageError: a rate is not a positive number.
-    """
+    so a directory carrying its warm records names its head without a registry. Raises
+    `UsageError`: a rate is not a positive number."""
     p_tps, d_tps = rates(prefill_tps, decode_tps)
     spans = prefix_spans(data.measurements, known.spans)
     identity = check_identity(data.prompts, known.lookup, known.probe_slices)
@@ -171,6 +167,7 @@ def audit_calls(
     by_key = {(s.head, s.build_id): s for s in spans}
     verdicts = tuple(_judge(c, by_key, shared, known) for c in data.calls)
     states = {c.source: STATES[v.verdict] for c, v in zip(data.calls, verdicts, strict=True)}
+    rows = [(p.source, p.drift, states.get(p.source)) for p in data.prompts if p.drift is not None]
     return AuditReport(
         calls=tuple(data.calls),
         verdicts=verdicts,
@@ -182,7 +179,7 @@ def audit_calls(
         rates_given=prefill_tps is not None or decode_tps is not None,
         prefix=shared,
         identity=identity,
-        frame=None if frame is None else FrameAudit.of(frame, data.prompts, states),
+        frame=None if frame is None else FrameAudit(frame, tuple(rows)),
     )
 
 
