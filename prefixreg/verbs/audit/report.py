@@ -178,16 +178,14 @@ class AuditReport:
 
     def saved(self) -> Saving:
         """The counterfactual: what the batch would have cost cold, and the uncached split."""
-        rows = self.frame.rows if self.frame else ()
-        drifts = {source: drift for source, drift, _ in rows}
-        if self.frame is None and self.identity is not None:  # the batch's prefix is the head
+        drifts: dict[str, tuple[Drift, ...]] = {}
+        if self.frame is not None:
+            drifts = {source: drift for source, drift, _ in self.frame.rows}
+        elif self.identity is not None:  # the batch's prefix is the head
             batch = str(self.identity.batch_sha)[:12]
-            drifts = {
-                p.source: (
-                    Drift("system", f"messages[0] is {str(p.system.sha256)[:12]}, not {batch}"),
-                )
-                for p in self.identity.of("drifted")
-            }
+            for p in self.identity.of("drifted"):
+                why = f"messages[0] is {str(p.system.sha256)[:12]}, not {batch}"
+                drifts[p.source] = (Drift("system", why),)
         size = self.frame.frame.head_bytes if self.frame else None
         return saving(
             self.calls, self.verdicts, prefill_tps=self.prefill_tps, drifts=drifts, frame_bytes=size
@@ -249,10 +247,9 @@ class AuditReport:
             label = "  if reused" if key == "cached_when_reused" else key
             mean = "-" if row["mean"] is None else f"{row['mean']:,.1f}"
             lines.append(f"  {label:<12} {row['total']:>14,} {mean:>12} {row['calls']:>8,}")
-        if d["cached_share"] is not None:
+        if (share := d["cached_share"]) is not None:
             lines.append(
-                f"cached share   {d['cached_share']:.1%} of prompt tokens "
-                "(calls that reported a count)"
+                f"cached share   {share:.1%} of prompt tokens (calls that reported a count)"
             )
         lines += [f"wall time      {_wall_text(t)}", *_saving_lines(d["saving"])]
         if t["prefill_share"] is not None:

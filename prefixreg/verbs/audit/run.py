@@ -1,16 +1,15 @@
-"""The `audit` use case: judge each call against the head it sends, name the batch's head,
-build the report. `audit_calls` is pure; `run_audit` reads the registry (public API, read
-only; a corrupt record or object raises, never reads as "not registered").
+"""The `audit` use case: judge each call against the head it sends, name the batch's head, build the
+report. `audit_calls` is pure; `run_audit` reads the registry (public API, read only; a corrupt
+record or object raises, never reads as "not registered").
 
-A call's head is its own (its record's, or its request's bytes: the frame's when in line),
-else, for a response read alone, the batch's; its span is that head's measured span on the
-call's build (`Measurement.outcome`), else for a request the judge's byte estimate; a
-cached call with no head to compare with is unverified (`judge_unknown_head`). The batch's
-head: (1) the registered head most requests send byte-identically (the frame when most
-are in line), else (2) the head of the records read when all calls come from them, else
-(3) the span measured on the batch's build(s) (any, when none is named) that most
-responses read alone cover, through the judge (ties: longer, then newer): a likeness.
-Never a mean of cached counts; never a probe slice (marked, or with a probe leg's span).
+A call's head is its own (its record's, or its request's bytes: the frame's when in line), else, for
+a response read alone, the batch's; its span is that head's measured span on the call's build
+(`Measurement.outcome`), else for a request the judge's byte estimate; a cached call with no head to
+compare with is unverified (`judge_unknown_head`). The batch's head: (1) the registered head most
+requests send byte-identically (the frame when most are in line), else (2) the head of the records
+read when all calls come from them, else (3) the span measured on the batch's build(s) (any, when
+none is named) that most responses read alone cover, through the judge (ties: longer, then newer): a
+likeness. Never a mean of cached counts; never a probe slice (marked, or with a probe leg's span).
 """
 
 from __future__ import annotations
@@ -52,9 +51,8 @@ def _span(m: Measurement) -> PrefixSpan | None:
 
 @dataclass(frozen=True, slots=True)
 class Known:
-    """What the registry consulted says (default: none consulted): measured spans, names, head
-    bytes by head id (a frame's: system and rendered tools), registered heads, probe slices,
-    and the byte-identity `lookup`."""
+    """What the registry consulted says (default: none): measured spans, names, head bytes by
+    head id (a frame's: system and rendered tools), registered heads, probe slices, `lookup`."""
 
     spans: Sequence[PrefixSpan] = ()
     names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -83,8 +81,7 @@ def match_prefix(
     identity: IdentityReport | None = None,
     frame: str | None = None,
 ) -> SharedHead | None:
-    """The head the batch shares, or None (the module's rules). `frame`: the frame most of
-    the batch's requests are in line with."""
+    """The head the batch shares, or None (the module's rules); `frame`: most requests' frame."""
     probes = set(known.probe_slices) | {s.head for s in spans if s.kind.startswith("probe-")}
     builds = {c.build_id for c in calls if c.build_id is not None}
     ours = [s for s in spans if not builds or s.build_id in builds]
@@ -198,8 +195,7 @@ def run_audit(
     Raises:
         UsageError: a rate is not a positive number; an argument of the wrong type.
         CorruptRecordError: a registry measurement record does not parse (fail closed).
-        IntegrityError: a registry object or frame the audit reads fails verification.
-    """
+        IntegrityError: a registry object or frame the audit reads fails verification."""
     if registry is not None and not isinstance(registry, Registry):
         raise UsageError(f"registry must be a Registry, not {type(registry).__name__}")
     rates(prefill_tps, decode_tps)  # before reading anything
