@@ -18,7 +18,6 @@ import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final
 
 from prefixreg.core.errors import RefNotFoundError, UsageError
 from prefixreg.core.frame import Head
@@ -62,9 +61,6 @@ class Known:
     lookup: Lookup | None = None
 
 
-NO_REGISTRY: Final = Known()
-
-
 def _against(ev: CallEvidence, span: PrefixSpan, known: Known) -> Judgement:
     """A response read alone, against a head's measured `span` (which a shorter prompt lacks)."""
     if ev.prompt_tokens is not None and ev.prompt_tokens < span.span_tokens:
@@ -77,7 +73,7 @@ def match_prefix(
     calls: Sequence[AuditCall],
     spans: Sequence[PrefixSpan],
     *,
-    known: Known = NO_REGISTRY,
+    known: Known = Known(),
     identity: IdentityReport | None = None,
     frame: str | None = None,
 ) -> SharedHead | None:
@@ -143,7 +139,7 @@ def audit_calls(
     *,
     prefill_tps: float | None = None,
     decode_tps: float | None = None,
-    known: Known = NO_REGISTRY,
+    known: Known = Known(),
     frame: Head | None = None,
 ) -> AuditReport:
     """Judge and account for the calls read (`frame`: `data` was read against it); rates
@@ -200,9 +196,7 @@ def run_audit(
         raise UsageError(f"registry must be a Registry, not {type(registry).__name__}")
     rates(prefill_tps, decode_tps)  # before reading anything
     data = read_outputs(paths, frame=frame)
-    known = (
-        NO_REGISTRY if registry is None or not registry.exists else _known(registry, data, frame)
-    )
+    known = Known() if registry is None or not registry.exists else _known(registry, data, frame)
     return audit_calls(
         data, prefill_tps=prefill_tps, decode_tps=decode_tps, known=known, frame=frame
     )
