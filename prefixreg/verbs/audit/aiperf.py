@@ -25,8 +25,7 @@ from prefixreg.core.records import strict_count
 
 @dataclass(frozen=True, slots=True)
 class AiperfCall:
-    """One aiperf request: its `reply` as `evidence_from_response` reads it, its request body
-    when kept, its interval, and whether it came from the raw export."""
+    """One aiperf request: the `reply` to judge, its request body if kept, its interval, export."""
 
     request_id: str | None
     raw: bool

@@ -221,8 +221,7 @@ class _Reader:
         self.bad(source, "not a call output (wrapped too deep)")
 
     def take_aiperf(self, value: dict[str, Any], source: str) -> None:
-        """An aiperf record; one request read from both exports counts once, from the raw
-        export (the server's own lines)."""
+        """An aiperf record; a request read from both exports counts once, from the raw one."""
         got = read_aiperf(value)
         if isinstance(got, str):
             self.skip(source, got)

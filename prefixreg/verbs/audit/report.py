@@ -20,7 +20,6 @@ from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import Judgement
 from prefixreg.core.prefix import Drift
-from prefixreg.core.records import CallEvidence
 from prefixreg.verbs.audit.identity import FrameAudit, IdentityReport, listing
 from prefixreg.verbs.audit.read import AuditCall, Malformed
 from prefixreg.verbs.audit.saving import Saving, batch_wall, saving
@@ -73,20 +72,11 @@ DEFAULT_DECODE_TPS: Final = 60.0
 STATES: Final = {"resumed": "reused"} | {s: s for s in ("partial", "cold", "unverified")}
 
 
-def call_time(ev: CallEvidence, prefill_tps: float, decode_tps: float) -> dict[str, Any]:
-    """{"prefill"|"decode": (seconds or None, "timings" | "rates" | "unknown")}: server
-    timings win, else counts / rates (prefill needs cached <= prompt)."""
-    prompt, cached, completion = ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens
-    out: dict[str, Any] = {"prefill": (None, "unknown"), "decode": (None, "unknown")}
-    if ev.prompt_ms is not None:
-        out["prefill"] = (ev.prompt_ms / 1000.0, "timings")
-    elif prompt is not None and cached is not None and cached <= prompt:
-        out["prefill"] = ((prompt - cached) / prefill_tps, "rates")
-    if ev.predicted_ms is not None:
-        out["decode"] = (ev.predicted_ms / 1000.0, "timings")
-    elif completion is not None:
-        out["decode"] = (completion / decode_tps, "rates")
-    return out
+def _phase(ms: float | None, tokens: int | None, tps: float) -> tuple[float | None, str]:
+    """(seconds or None, "timings" | "rates" | "unknown"): the server's timing wins."""
+    if ms is not None:
+        return ms / 1000.0, "timings"
+    return (None, "unknown") if tokens is None else (tokens / tps, "rates")
 
 
 def rates(prefill_tps: float | None, decode_tps: float | None) -> tuple[float, float]:
@@ -150,11 +140,14 @@ class AuditReport:
         sources = {k: {"timings": 0, "rates": 0, "unknown": 0} for k in ("prefill", "decode")}
         model = []
         for c in self.calls:
-            t = call_time(c.evidence, self.prefill_tps, self.decode_tps)
-            for key, (_, source) in t.items():
-                sources[key][source] += 1
-            if t["prefill"][0] is not None and t["decode"][0] is not None:
-                model.append((c.evidence.wall_s, t["prefill"][0], t["decode"][0]))
+            ev, p, k = c.evidence, c.evidence.prompt_tokens, c.evidence.cached_tokens
+            uncached = None if p is None or k is None or k > p else p - k  # needs cached <= prompt
+            prefill_s, prefill_from = _phase(ev.prompt_ms, uncached, self.prefill_tps)
+            decode_s, decode_from = _phase(ev.predicted_ms, ev.completion_tokens, self.decode_tps)
+            sources["prefill"][prefill_from] += 1
+            sources["decode"][decode_from] += 1
+            if prefill_s is not None and decode_s is not None:
+                model.append((ev.wall_s, prefill_s, decode_s))
         both = [(w, p + d) for w, p, d in model if w is not None]
         prefill, decode = sum(p for _, p, _ in model), sum(d for _, _, d in model)
         share = _share(prefill, prefill + decode)

@@ -1,21 +1,20 @@
 """What caching saved a batch, where its uncached tokens went, and its wall time. Pure.
 
-Counterfactual, over the calls with valid counts (cached <= prompt, evidence not unverified): cold,
-every prompt token is prefilled. A call with server timings costs cold `prompt / r`, `r` the
-server's own prefill rate on the batch's cold prefills (calls whose timings cover an uncached share
-of at least half their prompt: sum prefilled / sum seconds), else the given rate; it cost
-`prompt_ms`. A call without timings costs cold `prompt / prefill_tps` and `(prompt - cached) /
-prefill_tps`. Saved = cold - actual.
+Counterfactual, over the calls with valid counts (cached <= prompt, evidence not unverified):
+cold, every prompt token is prefilled. A call with server timings cost `prompt_ms` and cold
+`prompt / r` (`r`: the server's prefill rate on the batch's cold prefills, whose uncached share
+is at least half the prompt, sum prefilled / sum seconds; else the given rate); one without cost
+`(prompt - cached) / prefill_tps`, cold `prompt / prefill_tps`. Saved = cold - actual.
 
-Split of a call's uncached tokens: the head's part (its span less cached, within 0 and the uncached
-count) is drift when its request drifted from the frame (then the span is the frame's byte estimate,
-and the drift is named by the parts that drifted) or, read without a frame, when its first message
-is not the batch's (`system`), else a miss of the head; the rest is new history; a call with no head
-span is unknown. The lever verdict is the judge's (`judge_lever`) on that split.
+Uncached split: the head's part (its span less cached, within 0 and the uncached count) is drift
+when the request drifted from the frame (the span is then the frame's byte estimate, the drift
+named by the parts that drifted) or, read without a frame, when its first message is not the
+batch's (`system`), else a miss of the head; the rest is new history; with no head span it is
+unknown. The lever verdict is the judge's (`judge_lever`) on that split.
 
-Wall: the batch's span (last end - first start) over the calls an input timed, plus the walls of the
-calls it did not; concurrency by sweeping the intervals (a zero-length one, an HTTP error, counts at
-its instant): the peak, and the mean (sum of intervals / span).
+Wall: the batch's span (last end - first start) over the calls an input timed, plus the walls of
+the others; concurrency by sweeping the intervals (a zero-length one, an HTTP error, counts at its
+instant): the peak, and the mean (sum of intervals / span).
 """
 
 from __future__ import annotations
