@@ -40,7 +40,8 @@ class SystemPrompt:
 
 @dataclass(frozen=True, slots=True)
 class PromptSeen:
-    """A request read, its first message, its drift from the frame (None: no frame, or none)."""
+    """A request read, its first message, its drift from the frame (None: no frame, or no way to
+    compare its head)."""
 
     source: str
     system: SystemPrompt

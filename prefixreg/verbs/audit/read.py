@@ -108,12 +108,11 @@ def _find_request(value: Mapping[str, object]) -> tuple[dict[str, Any] | None, b
 
 
 def _text_bytes(value: object) -> int:
-    """UTF-8 bytes of every string in `value`: what a template renders, less JSON syntax
-    (recursive: `jsonio.loads` caps the depth)."""
+    """UTF-8 bytes of every string in `value`: what a template renders, less JSON syntax."""
     if isinstance(value, str):
         return len(value.encode("utf-8", "replace"))
     items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return sum(map(_text_bytes, items))
+    return sum(map(_text_bytes, items))  # recursive: `jsonio.loads` capped the depth
 
 
 def _lines(fh: BinaryIO) -> Iterator[bytes | None]:
@@ -322,9 +321,8 @@ class _Reader:
             self.bad(source, "empty file")
 
     def walk(self, top: Path) -> None:
-        """The call-output files under `top`, depth first in name order, without recursion. A
-        symlink (to a directory: a link back up would never end) or an entry that is not a
-        regular file is listed in `skipped`, never followed or opened."""
+        """The call-output files under `top`, depth first in name order, without recursion; a
+        symlink (to a directory: a loop) or a non-regular entry is skipped, never opened."""
         stack = [top]
         while stack:
             try:

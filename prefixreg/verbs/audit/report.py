@@ -104,8 +104,7 @@ def _stat(values: list[int | None]) -> JSONObject:
 
 
 def _secs(value: float) -> str:
-    """Three significant digits under 100 s (a fast simulator's milliseconds must not print
-    as 0.00), grouped whole seconds above."""
+    """3 significant digits under 100 s (a simulator's ms must not print as 0.00), else whole."""
     return f"{value:.3g} s" if value < 100 else f"{value:,.0f} s"
 
 
