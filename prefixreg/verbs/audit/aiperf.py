@@ -1,15 +1,13 @@
-"""NVIDIA aiperf's per-request exports (0.13, and older lines that write nulls), read as
-calls. Pure.
-
-`profile_export.jsonl` (`MetricRecordInfo`: `metadata`, `metrics` tag -> {value, unit}) keeps
-the server's counts as aiperf extracted them: `usage_prompt_tokens`, `usage_completion_tokens`,
+"""NVIDIA aiperf's per-request exports (0.13, and older lines that write nulls), read as calls.
+Pure. `profile_export.jsonl` (`MetricRecordInfo`: `metadata`, `metrics` tag -> {value, unit})
+keeps the server's counts: `usage_prompt_tokens`, `usage_completion_tokens`,
 `usage_prompt_cache_read_tokens` (absent when the server reported none: the call is then
 unverified, never 0 cached). `profile_export_raw.jsonl` (`RawRecordInfo`) keeps the server's own
 lines (`responses[].packets[].value`, `[DONE]` included, or a whole response's `text`) and the
 request body (`payload`). Both carry `metadata.request_start_ns` / `request_end_ns` (epoch ns):
 the call's interval, zero-length for an HTTP error. A record with an `error` is an unverified
-call; a warm-up request is not part of the profiled batch. Unknown tags and fields are ignored;
-a missing field is its default.
+call; a warm-up request is not in the profiled batch. Unknown tags and fields are ignored; a
+missing field is its default.
 """
 
 from __future__ import annotations

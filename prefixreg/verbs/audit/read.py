@@ -1,13 +1,13 @@
 """Reading an audit's inputs: files of one JSON document, a list, or one per line (`.jsonl`,
-`.ndjson`). A document is a chat response (maybe under `response`/`body`; a `WALL_KEYS`
-beside it is its wall time, the outermost winning), a request body (bare or OpenAI batch
-input), a `{"request", "response"}` pair, or a measurement record (calls, head, build).
+`.ndjson`). A document is a chat response (maybe under `response`/`body`; a `WALL_KEYS` beside
+it is its wall time, the outermost winning), a request body (bare or OpenAI batch input), a
+`{"request", "response"}` pair, a measurement record (calls, head, build) or an aiperf record.
 
-Invariants: counts come from the server only; of a request only shas, byte lengths and its
-drift are kept, never text; every document goes through `jsonio.loads`; a line or `.json`
-document over `MAX_DOCUMENT` bytes is skipped, never held whole; nothing read is fatal (it
-is listed with a reason). Directories are walked iteratively, following nothing; only
-regular files are opened (non-blocking, re-checked with fstat), others are listed skipped.
+Invariants: counts come from the server only; of a request only shas, byte lengths and its drift
+are kept, never text; every document goes through `jsonio.loads`; a line or `.json` document
+over `MAX_DOCUMENT` bytes is skipped, never held whole; nothing read is fatal (it is listed with
+a reason). Directories are walked iteratively, following nothing; only regular files are opened
+(non-blocking, re-checked with fstat), others are listed skipped.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""The audit's report: totals, the judge's states, the time model, the shared head, the
-identity and the frame drift, as JSON (`to_dict`) and as text (`to_text`).
+"""The audit's report: totals, the judge's states, the time model, the shared head, the identity
+and the frame drift, as JSON (`to_dict`) and as text (`to_text`).
 
-Invariants: totals are the server's numbers, each with the calls it covers, cached counts
-only from verified evidence, whatever the judge's label; states are the judge's (`resumed`
-shown as `reused`), partial and unverified calls listed with its reason. Time: server
-`timings` win, else prefill = (prompt - cached) / prefill_tps, decode = completion /
-decode_tps; a missing count is never zero (the figure is unknown); shares over the calls
-with both figures, closure = modelled / wall over those with a wall time. A head named by
-coverage is said to be a likeness, one outside the registry "not registered".
+Invariants: totals are the server's numbers, each with the calls it covers, cached counts only
+from verified evidence, whatever the judge's label; states are the judge's (`resumed` shown as
+`reused`), partial and unverified calls listed with its reason. Time: server `timings` win, else
+prefill = (prompt - cached) / prefill_tps, decode = completion / decode_tps; a missing count is
+never zero (the figure is unknown); shares over the calls with both figures, closure = modelled /
+wall over those with a wall time. A head named by coverage is said to be a likeness, one outside
+the registry "not registered".
 """
 
 from __future__ import annotations
