@@ -126,10 +126,9 @@ def _lines(fh: BinaryIO) -> Iterator[bytes | None]:
             yield line
 
 
-def _all_parse(lines: list[bytes]) -> bool:
+def _parses(line: bytes) -> bool:
     try:
-        for line in lines:
-            loads(line)
+        loads(line)
     except CorruptRecordError:
         return False
     return True
@@ -296,7 +295,7 @@ class _Reader:
             value = loads(data)
         except CorruptRecordError as exc:
             lines = [line for line in data.splitlines() if line.strip()]
-            if len(lines) > 1 and _all_parse(lines):  # a .json file holding JSON lines
+            if len(lines) > 1 and all(map(_parses, lines)):  # a .json file holding JSON lines
                 self.read_lines(io.BytesIO(data), str(path))
             else:
                 self.bad(str(path), str(exc))
