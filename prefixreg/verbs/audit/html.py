@@ -81,8 +81,7 @@ def render_html(report: AuditReport) -> bytes:
     tokens, bars = plots(report)
     e = html.escape
     lines = [(line[:15].strip(), line[15:].strip()) for line in report.to_text().splitlines()]
-    rows = [(k, v) for k, v in lines if k in _ROWS]
-    table = "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in rows)
+    table = "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in lines if k in _ROWS)
     return (
         "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
         f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'

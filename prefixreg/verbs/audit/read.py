@@ -292,15 +292,13 @@ class _Reader:
             self.skip(str(path), f"a JSON document over {MAX_DOCUMENT:,} bytes: not read")
             return
         try:
-            value = loads(data)
+            self.take(loads(data), str(path))  # `take` lists what it cannot read, never raises
         except CorruptRecordError as exc:
             lines = [line for line in data.splitlines() if line.strip()]
             if len(lines) > 1 and all(map(_parses, lines)):  # a .json file holding JSON lines
                 self.read_lines(io.BytesIO(data), str(path))
             else:
                 self.bad(str(path), str(exc))
-            return
-        self.take(value, str(path))
 
     def read_lines(self, fh: BinaryIO, source: str) -> None:
         seen = False

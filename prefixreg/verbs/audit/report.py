@@ -125,10 +125,7 @@ class AuditReport:
     frame: FrameAudit | None = None
 
     def states(self) -> dict[str, int]:
-        out = dict.fromkeys(STATES.values(), 0)
-        for v in self.verdicts:
-            out[STATES[v.verdict]] += 1
-        return out
+        return {s: sum(STATES[v.verdict] == s for v in self.verdicts) for s in STATES.values()}
 
     def listed(self, verdict: str) -> list[Malformed]:
         """The calls the judge gave `verdict`, with its reason."""
