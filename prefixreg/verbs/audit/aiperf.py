@@ -85,10 +85,7 @@ def read_aiperf(value: Mapping[str, Any]) -> AiperfCall | str:
     if raw:
         return AiperfCall(rid, True, _sse(value.get("responses")), request, start, end)
     m = value.get("metrics")
-    usage: dict[str, object] = {
-        "prompt_tokens": _metric(m, "usage_prompt_tokens"),
-        "completion_tokens": _metric(m, "usage_completion_tokens"),
-    }
+    usage = {key: _metric(m, f"usage_{key}") for key in ("prompt_tokens", "completion_tokens")}
     if (cached := _metric(m, "usage_prompt_cache_read_tokens")) is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
     # aiperf writes a record only for a finished request; it keeps the counts, not the text.
