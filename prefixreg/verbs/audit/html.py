@@ -5,8 +5,8 @@ Invariants: the page loads nothing (plots are PNG `data:` images, styles inline,
 allows nothing else); every text from the inputs (a call's source, a reason) is HTML-escaped;
 the figures come from the report's own numbers (`AuditReport.saved`), per call in call order:
 cached and uncached tokens stacked, a marker on each call whose request drifted from the
-frame, and the seconds caching saved, cumulative. matplotlib is drawn through its
-object API (`Figure`), never pyplot's global state; a missing extra is a `UsageError`.
+frame, and the seconds caching saved, cumulative. matplotlib is drawn through its object API
+(`Figure`), never pyplot's global state; a missing extra is a `UsageError`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import base64
 import html
 import io
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prefixreg.core.errors import UsageError
 from prefixreg.verbs.audit.report import AuditReport
@@ -40,11 +40,8 @@ def _png(fig: Figure) -> str:
 
 
 def plots(report: AuditReport) -> tuple[str, str]:
-    """The two figures as base64 PNG: tokens per call (drift marked), seconds saved.
-
-    Raises:
-        UsageError: matplotlib (the `report` extra) is not installed.
-    """
+    """The two figures as base64 PNG: tokens per call (drift marked), seconds saved. Raises
+    `UsageError`: matplotlib (the `report` extra) is not installed."""
     try:
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
@@ -55,17 +52,11 @@ def plots(report: AuditReport) -> tuple[str, str]:
     calls = report.saved().calls
     x = list(range(1, len(calls) + 1))
     cached = [c.cached for c in calls]
+    uncached = [c.prompt - c.cached for c in calls]
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     ax = fig.add_subplot()
     ax.bar(x, cached, color=CACHED, label="cached tokens", width=0.85)
-    ax.bar(
-        x,
-        [c.prompt - c.cached for c in calls],
-        bottom=cached,
-        color=UNCACHED,
-        width=0.85,
-        label="uncached tokens",
-    )
+    ax.bar(x, uncached, bottom=cached, color=UNCACHED, width=0.85, label="uncached tokens")
     top = max((c.prompt for c in calls), default=0)
     drifted = [(i, c.prompt + 0.04 * top) for i, c in zip(x, calls, strict=True) if c.drifted]
     if drifted:
@@ -87,17 +78,15 @@ def plots(report: AuditReport) -> tuple[str, str]:
 
 def render_html(report: AuditReport) -> bytes:
     """The page (UTF-8). Raises `UsageError` without matplotlib."""
-    d: dict[str, Any] = report.to_dict()
     tokens, bars = plots(report)
     e = html.escape
     lines = [(line[:15].strip(), line[15:].strip()) for line in report.to_text().splitlines()]
-    rows = [(k, v) for k, v in lines if k in _ROWS]
-    table = "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in rows)
+    table = "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in lines if k in _ROWS)
     return (
         "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
         f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
         f"<title>prefixreg audit</title><style>{_STYLE}</style></head><body>"
-        f"<h1>What caching saved</h1><p id=summary>{e(d['summary'])}</p>"
+        f"<h1>What caching saved</h1><p id=summary>{e(report.summary())}</p>"
         f"<table>{table}</table>"
         f'<figure><img id=tokens alt="cached and uncached prompt tokens per call" '
         f'src="data:image/png;base64,{tokens}"></figure>'

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from itertools import groupby
 from typing import Literal
 
 from prefixreg.core.digest import sha256_hex
@@ -30,8 +31,7 @@ _PAD = " " * 15  # the text report's label column
 
 @dataclass(frozen=True, slots=True)
 class SystemPrompt:
-    """`messages[0]` of a request: sha256 and length of its content's UTF-8 bytes, or the
-    reason there is nothing to compare (`problem`)."""
+    """`messages[0]` of a request: its content's UTF-8 sha256 and length, or why not (`problem`)."""
 
     sha256: str | None
     bytes: int | None
@@ -40,8 +40,8 @@ class SystemPrompt:
 
 @dataclass(frozen=True, slots=True)
 class PromptSeen:
-    """A request read, its first message, and with a frame its drift (None: no frame, or a
-    head that could not be compared)."""
+    """A request read, its first message, its drift from the frame (None: no frame, or no way to
+    compare its head)."""
 
     source: str
     system: SystemPrompt
@@ -196,16 +196,13 @@ class DriftEvent:
 def drift_events(rows: Sequence[tuple[tuple[Drift, ...], str | None]]) -> list[DriftEvent]:
     """Each change of drift along (drift, call state or None) rows in call order."""
     events: list[DriftEvent] = []
-    previous: tuple[Drift, ...] = ()
     start = 0
-    for i, (drift, _) in enumerate([*rows, ((), None)]):
-        if drift == previous and i < len(rows):
-            continue
-        if previous:
-            states = [state for _, state in rows[start:i]]
+    for drift, run in groupby(rows, key=lambda row: row[0]):
+        states = [state for _, state in run]
+        if drift:
             answered = len(states) - states.count(None)
-            events.append(DriftEvent(start, previous, states.count("cold"), len(states), answered))
-        start, previous = i, drift
+            events.append(DriftEvent(start, drift, states.count("cold"), len(states), answered))
+        start += len(states)
     return events
 
 
@@ -216,14 +213,6 @@ class FrameAudit:
 
     frame: Head
     rows: tuple[tuple[str, tuple[Drift, ...], str | None], ...]
-
-    @classmethod
-    def of(
-        cls, frame: Head, prompts: Sequence[PromptSeen], states: Mapping[str, str]
-    ) -> FrameAudit:
-        """The requests read with `frame`; `states`: call source -> the judge's state."""
-        rows = [(p.source, p.drift, states.get(p.source)) for p in prompts if p.drift is not None]
-        return cls(frame, tuple(rows))
 
     def events(self) -> list[DriftEvent]:
         return drift_events([(drift, state) for _, drift, state in self.rows])

@@ -1,19 +1,18 @@
 """Reading an audit's inputs: files of one JSON document, a list, or one per line (`.jsonl`,
-`.ndjson`). A document is a chat response (maybe under `response`/`body`; a `WALL_KEYS`
-beside it is its wall time, the outermost winning), a request body (bare or OpenAI batch
-input), a `{"request", "response"}` pair, or a measurement record (calls, head, build).
+`.ndjson`). A document is a chat response (maybe under `response`/`body`; a `WALL_KEYS` beside
+it is its wall time, the outermost winning), a request body (bare or OpenAI batch input), a
+`{"request", "response"}` pair, a measurement record (calls, head, build) or an aiperf record.
 
-Invariants: counts come from the server only; of a request only shas, byte lengths and its
-drift are kept, never text; every document goes through `jsonio.loads`; a line or `.json`
-document over `MAX_DOCUMENT` bytes is skipped, never held whole; nothing read is fatal (it
-is listed with a reason). Directories are walked iteratively, following nothing; only
-regular files are opened (non-blocking, re-checked with fstat), others are listed skipped.
+Invariants: counts come from the server only; of a request only shas, byte lengths and its drift
+are kept, never text; every document goes through `jsonio.loads`; a line or `.json` document
+over `MAX_DOCUMENT` bytes is skipped, never held whole; nothing read is fatal (it is listed with
+a reason). Directories are walked iteratively, following nothing; only regular files are opened
+(non-blocking, re-checked with fstat), others are listed skipped.
 """
 
 from __future__ import annotations
 
 import io
-import math
 import os
 import stat
 from collections.abc import Iterable, Iterator, Mapping
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 from prefixreg.core.errors import CorruptRecordError, UsageError
+from prefixreg.core.fields import strict_number
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONValue, loads
 from prefixreg.core.prefix import Drift, Prefix
@@ -78,12 +78,8 @@ class AuditInput:
 
 
 def _wall(obj: Mapping[str, object]) -> float | None:
-    for key in WALL_KEYS:
-        value = obj.get(key)  # bool is an int subclass: `"wall_s": true` is not a duration
-        number = value if isinstance(value, int | float) and not isinstance(value, bool) else -1
-        if math.isfinite(number) and number >= 0:
-            return float(number)
-    return None
+    walls = (strict_number(obj.get(key)) for key in WALL_KEYS)  # `"wall_s": true` is no duration
+    return next((wall for wall in walls if wall is not None), None)
 
 
 def _is_response(obj: Mapping[str, object]) -> bool:
@@ -101,8 +97,7 @@ def _is_request(obj: object) -> bool:
 
 
 def _find_request(value: Mapping[str, object]) -> tuple[dict[str, Any] | None, bool]:
-    """The request `value` holds (bare, batch input, or a pair's) and whether a response
-    is paired with it."""
+    """The request `value` holds (bare, batch input, or a pair's); whether a response is paired."""
     request = value.get("request")
     if isinstance(request, dict):
         if not _is_request(request) and isinstance(request.get("body"), dict):
@@ -113,12 +108,11 @@ def _find_request(value: Mapping[str, object]) -> tuple[dict[str, Any] | None, b
 
 
 def _text_bytes(value: object) -> int:
-    """UTF-8 bytes of every string in `value`: what a template renders, less JSON syntax
-    (recursive: `jsonio.loads` caps the depth)."""
+    """UTF-8 bytes of every string in `value`: what a template renders, less JSON syntax."""
     if isinstance(value, str):
         return len(value.encode("utf-8", "replace"))
     items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return sum(map(_text_bytes, items))
+    return sum(map(_text_bytes, items))  # recursive: `jsonio.loads` capped the depth
 
 
 def _lines(fh: BinaryIO) -> Iterator[bytes | None]:
@@ -132,10 +126,9 @@ def _lines(fh: BinaryIO) -> Iterator[bytes | None]:
             yield line
 
 
-def _all_parse(lines: list[bytes]) -> bool:
+def _parses(line: bytes) -> bool:
     try:
-        for line in lines:
-            loads(line)
+        loads(line)
     except CorruptRecordError:
         return False
     return True
@@ -161,8 +154,7 @@ class _Reader:
         self.out.skipped.append(Malformed(source, reason))
 
     def take(self, value: JSONValue, source: str, *, top: bool = True) -> None:
-        """One decoded document: a response, a request, a pair, a record, or (at the top)
-        a list of them."""
+        """One decoded document: a response, request, pair, record, or (at the top) a list."""
         if isinstance(value, list) and top:
             if not value:
                 self.bad(source, "an empty list")
@@ -227,8 +219,7 @@ class _Reader:
         self.bad(source, "not a call output (wrapped too deep)")
 
     def take_aiperf(self, value: dict[str, Any], source: str) -> None:
-        """An aiperf record; one request read from both exports counts once, from the raw
-        export (the server's own lines)."""
+        """An aiperf record; a request read from both exports counts once, from the raw one."""
         got = read_aiperf(value)
         if isinstance(got, str):
             self.skip(source, got)
@@ -301,15 +292,13 @@ class _Reader:
             self.skip(str(path), f"a JSON document over {MAX_DOCUMENT:,} bytes: not read")
             return
         try:
-            value = loads(data)
+            self.take(loads(data), str(path))  # `take` lists what it cannot read, never raises
         except CorruptRecordError as exc:
             lines = [line for line in data.splitlines() if line.strip()]
-            if len(lines) > 1 and _all_parse(lines):  # a .json file holding JSON lines
+            if len(lines) > 1 and all(map(_parses, lines)):  # a .json file holding JSON lines
                 self.read_lines(io.BytesIO(data), str(path))
             else:
                 self.bad(str(path), str(exc))
-            return
-        self.take(value, str(path))
 
     def read_lines(self, fh: BinaryIO, source: str) -> None:
         seen = False
@@ -329,9 +318,8 @@ class _Reader:
             self.bad(source, "empty file")
 
     def walk(self, top: Path) -> None:
-        """Read the call-output files under `top`, depth first in name order, without
-        recursion. A symlink (to a directory: a link back up the tree would never end) or an
-        entry that is not a regular file is listed in `skipped`, never followed or opened."""
+        """The call-output files under `top`, depth first in name order, without recursion; a
+        symlink (to a directory: a loop) or a non-regular entry is skipped, never opened."""
         stack = [top]
         while stack:
             try:
@@ -362,14 +350,11 @@ class _Reader:
 
 
 def read_outputs(paths: Iterable[Path | str], *, frame: Head | None = None) -> AuditInput:
-    """Read every call output and request under `paths` (files or directories). Never
-    raises for bad input: it is listed in `malformed` or `skipped`. A path named directly
-    may be a symlink to a regular file (the user chose it). `frame`: each request's drift
-    from it is kept (`PromptSeen.drift`).
-
-    Raises:
-        UsageError: `paths` is a single path or string, or `frame` is not a head.
-    """
+    """Every call output and request under `paths` (files or directories); bad input is
+    listed in `malformed` or `skipped`, never raised. A path named directly may be a symlink
+    to a regular file (the user chose it). `frame`: each request's drift from it is kept
+    (`PromptSeen.drift`). Raises `UsageError`: `paths` is a single path or string, or
+    `frame` is not a head."""
     if isinstance(paths, str | bytes | Path) or not isinstance(paths, Iterable):
         raise UsageError("paths must be a list of files or directories")
     if frame is not None and not isinstance(frame, Prefix | Frame):

@@ -1,13 +1,13 @@
-"""The audit's report: totals, the judge's states, the time model, the shared head, the
-identity and the frame drift, as JSON (`to_dict`) and as text (`to_text`).
+"""The audit's report: totals, the judge's states, the time model, the shared head, the identity
+and the frame drift, as JSON (`to_dict`) and as text (`to_text`).
 
-Invariants: totals are the server's numbers, each with the calls it covers, cached counts
-only from verified evidence, whatever the judge's label; states are the judge's (`resumed`
-shown as `reused`), partial and unverified calls listed with its reason. Time: server
-`timings` win, else prefill = (prompt - cached) / prefill_tps, decode = completion /
-decode_tps; a missing count is never zero (the figure is unknown); shares over the calls
-with both figures, closure = modelled / wall over those with a wall time. A head named by
-coverage is said to be a likeness, one outside the registry "not registered".
+Invariants: totals are the server's numbers, each with the calls it covers, cached counts only
+from verified evidence, whatever the judge's label; states are the judge's (`resumed` shown as
+`reused`), partial and unverified calls listed with its reason. Time: server `timings` win, else
+prefill = (prompt - cached) / prefill_tps, decode = completion / decode_tps; a missing count is
+never zero (the figure is unknown); shares over the calls with both figures, closure = modelled /
+wall over those with a wall time. A head named by coverage is said to be a likeness, one outside
+the registry "not registered".
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import Judgement
 from prefixreg.core.prefix import Drift
-from prefixreg.core.records import CallEvidence
 from prefixreg.verbs.audit.identity import FrameAudit, IdentityReport, listing
 from prefixreg.verbs.audit.read import AuditCall, Malformed
 from prefixreg.verbs.audit.saving import Saving, batch_wall, saving
@@ -73,20 +72,11 @@ DEFAULT_DECODE_TPS: Final = 60.0
 STATES: Final = {"resumed": "reused"} | {s: s for s in ("partial", "cold", "unverified")}
 
 
-def call_time(ev: CallEvidence, prefill_tps: float, decode_tps: float) -> dict[str, Any]:
-    """{"prefill"|"decode": (seconds or None, "timings" | "rates" | "unknown")}: server
-    timings win, else counts / rates (prefill needs cached <= prompt)."""
-    prompt, cached, completion = ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens
-    out: dict[str, Any] = {"prefill": (None, "unknown"), "decode": (None, "unknown")}
-    if ev.prompt_ms is not None:
-        out["prefill"] = (ev.prompt_ms / 1000.0, "timings")
-    elif prompt is not None and cached is not None and cached <= prompt:
-        out["prefill"] = ((prompt - cached) / prefill_tps, "rates")
-    if ev.predicted_ms is not None:
-        out["decode"] = (ev.predicted_ms / 1000.0, "timings")
-    elif completion is not None:
-        out["decode"] = (completion / decode_tps, "rates")
-    return out
+def _phase(ms: float | None, tokens: int | None, tps: float) -> tuple[float | None, str]:
+    """(seconds or None, "timings" | "rates" | "unknown"): the server's timing wins."""
+    if ms is not None:
+        return ms / 1000.0, "timings"
+    return (None, "unknown") if tokens is None else (tokens / tps, "rates")
 
 
 def rates(prefill_tps: float | None, decode_tps: float | None) -> tuple[float, float]:
@@ -114,8 +104,7 @@ def _stat(values: list[int | None]) -> JSONObject:
 
 
 def _secs(value: float) -> str:
-    """Three significant digits under 100 s (a fast simulator's milliseconds must not print
-    as 0.00), grouped whole seconds above."""
+    """3 significant digits under 100 s (a simulator's ms must not print as 0.00), else whole."""
     return f"{value:.3g} s" if value < 100 else f"{value:,.0f} s"
 
 
@@ -136,10 +125,7 @@ class AuditReport:
     frame: FrameAudit | None = None
 
     def states(self) -> dict[str, int]:
-        out = dict.fromkeys(STATES.values(), 0)
-        for v in self.verdicts:
-            out[STATES[v.verdict]] += 1
-        return out
+        return {s: sum(STATES[v.verdict] == s for v in self.verdicts) for s in STATES.values()}
 
     def listed(self, verdict: str) -> list[Malformed]:
         """The calls the judge gave `verdict`, with its reason."""
@@ -150,11 +136,14 @@ class AuditReport:
         sources = {k: {"timings": 0, "rates": 0, "unknown": 0} for k in ("prefill", "decode")}
         model = []
         for c in self.calls:
-            t = call_time(c.evidence, self.prefill_tps, self.decode_tps)
-            for key, (_, source) in t.items():
-                sources[key][source] += 1
-            if t["prefill"][0] is not None and t["decode"][0] is not None:
-                model.append((c.evidence.wall_s, t["prefill"][0], t["decode"][0]))
+            ev, p, k = c.evidence, c.evidence.prompt_tokens, c.evidence.cached_tokens
+            uncached = None if p is None or k is None or k > p else p - k  # needs cached <= prompt
+            prefill_s, prefill_from = _phase(ev.prompt_ms, uncached, self.prefill_tps)
+            decode_s, decode_from = _phase(ev.predicted_ms, ev.completion_tokens, self.decode_tps)
+            sources["prefill"][prefill_from] += 1
+            sources["decode"][decode_from] += 1
+            if prefill_s is not None and decode_s is not None:
+                model.append((ev.wall_s, prefill_s, decode_s))
         both = [(w, p + d) for w, p, d in model if w is not None]
         prefill, decode = sum(p for _, p, _ in model), sum(d for _, _, d in model)
         share = _share(prefill, prefill + decode)
@@ -178,16 +167,14 @@ class AuditReport:
 
     def saved(self) -> Saving:
         """The counterfactual: what the batch would have cost cold, and the uncached split."""
-        rows = self.frame.rows if self.frame else ()
-        drifts = {source: drift for source, drift, _ in rows}
-        if self.frame is None and self.identity is not None:  # the batch's prefix is the head
+        drifts: dict[str, tuple[Drift, ...]] = {}
+        if self.frame is not None:
+            drifts = {source: drift for source, drift, _ in self.frame.rows}
+        elif self.identity is not None:  # the batch's prefix is the head
             batch = str(self.identity.batch_sha)[:12]
-            drifts = {
-                p.source: (
-                    Drift("system", f"messages[0] is {str(p.system.sha256)[:12]}, not {batch}"),
-                )
-                for p in self.identity.of("drifted")
-            }
+            for p in self.identity.of("drifted"):
+                why = f"messages[0] is {str(p.system.sha256)[:12]}, not {batch}"
+                drifts[p.source] = (Drift("system", why),)
         size = self.frame.frame.head_bytes if self.frame else None
         return saving(
             self.calls, self.verdicts, prefill_tps=self.prefill_tps, drifts=drifts, frame_bytes=size
@@ -249,10 +236,9 @@ class AuditReport:
             label = "  if reused" if key == "cached_when_reused" else key
             mean = "-" if row["mean"] is None else f"{row['mean']:,.1f}"
             lines.append(f"  {label:<12} {row['total']:>14,} {mean:>12} {row['calls']:>8,}")
-        if d["cached_share"] is not None:
+        if (share := d["cached_share"]) is not None:
             lines.append(
-                f"cached share   {d['cached_share']:.1%} of prompt tokens "
-                "(calls that reported a count)"
+                f"cached share   {share:.1%} of prompt tokens (calls that reported a count)"
             )
         lines += [f"wall time      {_wall_text(t)}", *_saving_lines(d["saving"])]
         if t["prefill_share"] is not None:

@@ -1,16 +1,15 @@
-"""The `audit` use case: judge each call against the head it sends, name the batch's head,
-build the report. `audit_calls` is pure; `run_audit` reads the registry (public API, read
-only; a corrupt record or object raises, never reads as "not registered").
+"""The `audit` use case: judge each call against the head it sends, name the batch's head, build the
+report. `audit_calls` is pure; `run_audit` reads the registry (public API, read only; a corrupt
+record or object raises, never reads as "not registered").
 
-A call's head is its own (its record's, or its request's bytes: the frame's when in line),
-else, for a response read alone, the batch's; its span is that head's measured span on the
-call's build (`Measurement.outcome`), else for a request the judge's byte estimate; a
-cached call with no head to compare with is unverified (`judge_unknown_head`). The batch's
-head: (1) the registered head most requests send byte-identically (the frame when most
-are in line), else (2) the head of the records read when all calls come from them, else
-(3) the span measured on the batch's build(s) (any, when none is named) that most
-responses read alone cover, through the judge (ties: longer, then newer): a likeness.
-Never a mean of cached counts; never a probe slice (marked, or with a probe leg's span).
+A call's head is its own (its record's, or its request's bytes: the frame's when in line), else, for
+a response read alone, the batch's; its span is that head's measured span on the call's build
+(`Measurement.outcome`), else for a request the judge's byte estimate; a cached call with no head to
+compare with is unverified (`judge_unknown_head`). The batch's head: (1) the registered head most
+requests send byte-identically (the frame when most are in line), else (2) the head of the records
+read when all calls come from them, else (3) the span measured on the batch's build(s) (any, when
+none is named) that most responses read alone cover, through the judge (ties: longer, then newer): a
+likeness. Never a mean of cached counts; never a probe slice (marked, or with a probe leg's span).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final
 
 from prefixreg.core.errors import RefNotFoundError, UsageError
 from prefixreg.core.frame import Head
@@ -34,8 +32,7 @@ from prefixreg.verbs.audit.report import STATES, AuditReport, Method, PrefixSpan
 def prefix_spans(
     measurements: Iterable[Measurement], given: Iterable[PrefixSpan] = ()
 ) -> list[PrefixSpan]:
-    """The latest resumed span per (head, build) over `given` and `measurements` (a partial
-    or cold check measured a miss, not the head)."""
+    """The latest resumed span per (head, build) over `given` and `measurements`."""
     latest: dict[tuple[str, str], PrefixSpan] = {}
     for s in [*given, *(_span(m) for m in measurements)]:
         if s is not None and latest.get((s.head, s.build_id), s).at <= s.at:
@@ -44,7 +41,7 @@ def prefix_spans(
 
 
 def _span(m: Measurement) -> PrefixSpan | None:
-    o = m.outcome
+    o = m.outcome  # a partial or cold check measured a miss, not the head
     if o.verdict != "resumed" or not o.span_tokens:
         return None
     align = m.build.snapshot_align if o.alignment is None else o.alignment
@@ -53,9 +50,8 @@ def _span(m: Measurement) -> PrefixSpan | None:
 
 @dataclass(frozen=True, slots=True)
 class Known:
-    """What the registry consulted says (the default: none consulted): measured spans,
-    names, head bytes by head id (a frame's: its system and rendered tools), registered
-    heads, probe slices, and the byte-identity `lookup`."""
+    """What the registry consulted says (default: none): measured spans, names, head bytes by
+    head id (a frame's: system and rendered tools), registered heads, probe slices, `lookup`."""
 
     spans: Sequence[PrefixSpan] = ()
     names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -63,9 +59,6 @@ class Known:
     registered: frozenset[str] | None = None
     probe_slices: frozenset[str] = frozenset()
     lookup: Lookup | None = None
-
-
-NO_REGISTRY: Final = Known()
 
 
 def _against(ev: CallEvidence, span: PrefixSpan, known: Known) -> Judgement:
@@ -80,12 +73,11 @@ def match_prefix(
     calls: Sequence[AuditCall],
     spans: Sequence[PrefixSpan],
     *,
-    known: Known = NO_REGISTRY,
+    known: Known = Known(),
     identity: IdentityReport | None = None,
     frame: str | None = None,
 ) -> SharedHead | None:
-    """The head the batch shares, or None (the module's rules). `frame`: the frame most of
-    the batch's requests are in line with."""
+    """The head the batch shares, or None (the module's rules); `frame`: most requests' frame."""
     probes = set(known.probe_slices) | {s.head for s in spans if s.kind.startswith("probe-")}
     builds = {c.build_id for c in calls if c.build_id is not None}
     ours = [s for s in spans if not builds or s.build_id in builds]
@@ -147,16 +139,13 @@ def audit_calls(
     *,
     prefill_tps: float | None = None,
     decode_tps: float | None = None,
-    known: Known = NO_REGISTRY,
+    known: Known = Known(),
     frame: Head | None = None,
 ) -> AuditReport:
     """Judge and account for the calls read (`frame`: `data` was read against it); rates
     default to the measured Flash lane. The spans of the records read join `known.spans`,
-    so a directory carrying its warm records names its head without a registry.
-
-    Raises:
-        UsageError: a rate is not a positive number.
-    """
+    so a directory carrying its warm records names its head without a registry. Raises
+    `UsageError`: a rate is not a positive number."""
     p_tps, d_tps = rates(prefill_tps, decode_tps)
     spans = prefix_spans(data.measurements, known.spans)
     identity = check_identity(data.prompts, known.lookup, known.probe_slices)
@@ -171,6 +160,7 @@ def audit_calls(
     by_key = {(s.head, s.build_id): s for s in spans}
     verdicts = tuple(_judge(c, by_key, shared, known) for c in data.calls)
     states = {c.source: STATES[v.verdict] for c, v in zip(data.calls, verdicts, strict=True)}
+    rows = [(p.source, p.drift, states.get(p.source)) for p in data.prompts if p.drift is not None]
     return AuditReport(
         calls=tuple(data.calls),
         verdicts=verdicts,
@@ -182,7 +172,7 @@ def audit_calls(
         rates_given=prefill_tps is not None or decode_tps is not None,
         prefix=shared,
         identity=identity,
-        frame=None if frame is None else FrameAudit.of(frame, data.prompts, states),
+        frame=None if frame is None else FrameAudit(frame, tuple(rows)),
     )
 
 
@@ -201,15 +191,12 @@ def run_audit(
     Raises:
         UsageError: a rate is not a positive number; an argument of the wrong type.
         CorruptRecordError: a registry measurement record does not parse (fail closed).
-        IntegrityError: a registry object or frame the audit reads fails verification.
-    """
+        IntegrityError: a registry object or frame the audit reads fails verification."""
     if registry is not None and not isinstance(registry, Registry):
         raise UsageError(f"registry must be a Registry, not {type(registry).__name__}")
     rates(prefill_tps, decode_tps)  # before reading anything
     data = read_outputs(paths, frame=frame)
-    known = (
-        NO_REGISTRY if registry is None or not registry.exists else _known(registry, data, frame)
-    )
+    known = Known() if registry is None or not registry.exists else _known(registry, data, frame)
     return audit_calls(
         data, prefill_tps=prefill_tps, decode_tps=decode_tps, known=known, frame=frame
     )

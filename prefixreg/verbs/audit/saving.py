@@ -1,22 +1,20 @@
 """What caching saved a batch, where its uncached tokens went, and its wall time. Pure.
 
-Counterfactual, over the calls with valid counts (cached <= prompt, evidence not
-unverified): cold, every prompt token is prefilled. A call with server timings costs cold
-`prompt / r`, `r` the server's own prefill rate on the batch's cold prefills (calls whose
-timings cover an uncached share of at least half their prompt: sum prefilled / sum
-seconds), else the given rate; it cost `prompt_ms`. A call without timings costs cold
-`prompt / prefill_tps` and `(prompt - cached) / prefill_tps`. Saved = cold - actual.
+Counterfactual, over the calls with valid counts (cached <= prompt, evidence not unverified):
+cold, every prompt token is prefilled. A call with server timings cost `prompt_ms` and cold
+`prompt / r` (`r`: the server's prefill rate on the batch's cold prefills, whose uncached share
+is at least half the prompt, sum prefilled / sum seconds; else the given rate); one without cost
+`(prompt - cached) / prefill_tps`, cold `prompt / prefill_tps`. Saved = cold - actual.
 
-Split of a call's uncached tokens: the head's part (its span less cached, within 0 and the
-uncached count) is drift when its request drifted from the frame (then the span is the
-frame's byte estimate, and the drift is named by the parts that drifted) or, read without a
-frame, when its first message is not the batch's (`system`), else a miss of the head; the
-rest is new history; a call with no head span is unknown. The lever verdict is the judge's
-(`judge_lever`) on that split.
+Uncached split: the head's part (its span less cached, within 0 and the uncached count) is drift
+when the request drifted from the frame (the span is then the frame's byte estimate, the drift
+named by the parts that drifted) or, read without a frame, when its first message is not the
+batch's (`system`), else a miss of the head; the rest is new history; with no head span it is
+unknown. The lever verdict is the judge's (`judge_lever`) on that split.
 
-Wall: the batch's span (last end - first start) over the calls an input timed, plus the
-walls of the calls it did not; concurrency by sweeping the intervals (a zero-length one, an
-HTTP error, counts at its instant): the peak, and the mean (sum of intervals / span).
+Wall: the batch's span (last end - first start) over the calls an input timed, plus the walls of
+the others; concurrency by sweeping the intervals (a zero-length one, an HTTP error, counts at its
+instant): the peak, and the mean (sum of intervals / span).
 """
 
 from __future__ import annotations
@@ -88,26 +86,20 @@ def saving(
 ) -> Saving:
     """The counterfactual of `calls` (`verdicts[i]` the judge's on `calls[i]`); `drifts`:
     request source -> its drift from the frame of `frame_bytes` head bytes."""
-    valid = [
-        (c, v)
-        for c, v in zip(calls, verdicts, strict=True)
-        if c.evidence.cache_state != "unverified"
-        and c.evidence.prompt_tokens is not None
-        and c.evidence.cached_tokens is not None
-        and c.evidence.cached_tokens <= c.evidence.prompt_tokens
-    ]
+    valid: list[tuple[AuditCall, Judgement, int, int]] = []  # (call, verdict, prompt, cached)
+    for c, v in zip(calls, verdicts, strict=True):
+        p, k = c.evidence.prompt_tokens, c.evidence.cached_tokens
+        if c.evidence.cache_state != "unverified" and p is not None and k is not None and k <= p:
+            valid.append((c, v, p, k))
     cold = [
         (p - k, c.evidence.prompt_ms / 1000)
-        for c, _ in valid
-        if c.evidence.prompt_ms
-        and (p := c.evidence.prompt_tokens or 0) > 0
-        and (p - (k := c.evidence.cached_tokens or 0)) >= COLD_SHARE * p
+        for c, _, p, k in valid
+        if c.evidence.prompt_ms and p > 0 and p - k >= COLD_SHARE * p
     ]
     rate = sum(u for u, _ in cold) / sum(s for _, s in cold) if cold else None
     out = Saving([], rate, len(cold))
-    for c, v in valid:
+    for c, v, p, k in valid:
         ev = c.evidence
-        p, k = ev.prompt_tokens or 0, ev.cached_tokens or 0
         if ev.prompt_ms is not None:
             one = CallSaving(c.source, p, k, p / (rate or prefill_tps), ev.prompt_ms / 1000)
         else:
@@ -133,16 +125,13 @@ def saving(
 
 def batch_wall(calls: Sequence[AuditCall]) -> dict[str, Any]:
     """The batch's wall time: its span over the timed calls plus the walls of the rest."""
-    pairs = [
-        (c.start_ns, c.end_ns)
-        for c in calls
-        if c.start_ns is not None and c.end_ns is not None and c.end_ns >= c.start_ns
-    ]
-    loose = [
-        c.evidence.wall_s
-        for c in calls
-        if (c.start_ns is None or c.end_ns is None) and c.evidence.wall_s is not None
-    ]
+    pairs: list[tuple[int, int]] = []  # (start, end) of the calls an input timed
+    loose: list[float] = []  # the walls of the calls it did not
+    for c in calls:
+        if c.start_ns is None or c.end_ns is None:
+            loose += [] if c.evidence.wall_s is None else [c.evidence.wall_s]
+        elif c.end_ns >= c.start_ns:
+            pairs.append((c.start_ns, c.end_ns))
     span = (max(e for _, e in pairs) - min(s for s, _ in pairs)) / 1e9 if pairs else None
     # Sweep: at one instant, ends of others first, then starts, then zero-length ends.
     events = sorted([(s, 1, 1) for s, _ in pairs] + [(e, 0 if e > s else 2, -1) for s, e in pairs])
