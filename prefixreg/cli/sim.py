@@ -1,11 +1,9 @@
 """`prefixreg sim`: the Halogen-compatible simulator in the foreground; `prefixreg demo`: the
-main job run on it in-process for a newcomer, everything reported from the simulated server's
-own numbers. The library is imported inside the functions.
-
-`sim` has one option per `SimConfig` field, from its metadata (`prefixreg.sim.config.knob`):
-named after it, typed by its default, with its help and defaults. Options default to None (the
-profile's default applies) unless the field names a ``cli_default``; ``env`` names a fallback
-variable. Typer builds them with the command, so registering it (`prefixreg --help`) imports no
+main job run on it in-process, reported in the simulated server's own numbers. `sim` has one
+option per `SimConfig` field, from its metadata (`prefixreg.sim.config.knob`): named after it,
+typed by its default, with its help; None (the profile's default) unless the field names a
+``cli_default``; ``env`` names a fallback variable. Typer builds them with the command, and the
+library is imported inside the functions, so registering it (`prefixreg --help`) imports no
 simulator.
 """
 
@@ -53,11 +51,9 @@ def _option(f: dataclasses.Field[Any]) -> inspect.Parameter:
     kind, name = kind_of(f.default), f.name.replace("_", "-")
     decls = f"--{name}/--no-{name}" if kind is bool else f"--{name}"
     option = typer.Option(decls, help=option_help(f), show_default=False)
+    default = f.metadata.get("cli_default")
     return inspect.Parameter(
-        f.name,
-        _KW,
-        default=f.metadata.get("cli_default"),
-        annotation=Annotated[kind | None, option],
+        f.name, _KW, default=default, annotation=Annotated[kind | None, option]
     )
 
 
@@ -132,8 +128,7 @@ SAMPLE_NAME = "coding-agent"
 
 
 def sample_prompt() -> bytes:
-    """The sample system prompt: `examples/system-prompt.txt` in a checkout, or its packaged
-    copy in an installed wheel."""
+    """`examples/system-prompt.txt` from a checkout, or its copy packaged in a wheel."""
     checkout = Path(__file__).resolve().parents[2] / "examples" / "system-prompt.txt"
     if checkout.is_file():
         return checkout.read_bytes()

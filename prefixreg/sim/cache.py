@@ -8,24 +8,23 @@ snapshot: Flash resumes only a whole exact prefix of the prompt (a recurrent sta
 mid-way); dense any common prefix rounded down to ``snapshot_align``, below the prompt length.
 `store` (once the prefill has finished: never before its state exists) makes each place the
 most recent entry, evicting the least recent over capacity; Flash 0.7.0 stores even equal
-snapshots, dense (``dedupe_snapshots``) refreshes an equal one instead. The wall: a place
-needing more than its slab (``t * token_bytes`` for t tokens; 2,048 B puts it at 56,830 tokens),
-or any when capacity is 0, is ``refused``.
-Invariants: ``0 <= entries <= capacity``; ``stores - evicted == entries``; cached <= prompt
-length (< for dense); counters only grow.
+snapshots, dense (``dedupe_snapshots``) refreshes an equal one. A place needing more than its
+slab (``t * token_bytes``; 2,048 B puts the wall at 56,830 tokens), or any at capacity 0, is
+``refused``. Invariants: ``0 <= entries <= capacity``; ``stores - evicted == entries``; cached
+<= prompt length (< for dense); counters only grow.
 
-The disk tier (`--cache-dir`, like Flash's ``HALOGEN_CACHE_DIR``) keeps each stored snapshot as
-a JSON file under ``<cache_dir>/<build>/`` (one subtree per template, model id and slot size),
+The disk tier (`--cache-dir`, Flash's ``HALOGEN_CACHE_DIR``) keeps each stored snapshot as a
+JSON file under ``<cache_dir>/<build>/`` (a subtree per template, model id and slot size),
 written to a temporary file renamed into place: a crash leaves the whole record or none; a
 failed write (full disk, directory gone) leaves no temporary file and counts as skipped. On
 start the subtree is read back least recently used first (file mtime; a restore touches the
 file), so entries survive a restart exactly; a file not regular, not JSON, or not named after
-its tokens is ignored. A record models ``tokens * disk_token_bytes``; least recently used
-records are evicted to stay within ``disk_gib``, one larger than all of it is skipped. A lookup
-restores the longest record that is an exact prefix of the prompt. `/cache.disk`
-(halogen-api.md §1.3): ``hits`` restores, ``misses`` lookups that found nothing where memory had
-nothing either, ``persisted``, ``skipped`` (held already, over budget, failed); ``lineages``
-(records extending no other) and ``branches`` (the rest) are the simulator's own definitions.
+its tokens is ignored. A record models ``tokens * disk_token_bytes``; least recently used ones
+are evicted to stay within ``disk_gib``, one larger than all of it is skipped. A lookup restores
+the longest record that is an exact prefix of the prompt. `/cache.disk` (halogen-api.md §1.3):
+``hits`` restores, ``misses`` lookups that found nothing where memory had nothing either,
+``persisted``, ``skipped`` (held already, over budget, failed); ``lineages`` (records extending
+no other) and ``branches`` (the rest) are the simulator's own definitions.
 """
 
 from __future__ import annotations
@@ -55,8 +54,8 @@ def _align_down(value: int, align: int) -> int:
 
 def snapshot_places(prompt: RenderedPrompt, config: SimConfig) -> list[int]:
     """The places a request stores, ascending, in 1..n: Flash the first ``entries_per_request``
-    of (system end, history end, last message start, prompt end) that exist, aligned down; dense
-    the last ``entries_per_request`` multiples of the alignment strictly below the length."""
+    of (system end, history end, last message start, prompt end), aligned down; dense the last
+    ``entries_per_request`` multiples of the alignment below the length."""
     n, k, align = prompt.n, config.entries_per_request, config.snapshot_align
     if not config.flash:
         top = _align_down(n - 1, align) if n > 0 else 0
@@ -123,8 +122,7 @@ class PromptCache:
         self._counts["prompt_tokens_saved"] += saved
 
     def store(self, prompt: RenderedPrompt) -> tuple[int, ...]:
-        """Store this request's places (call once its prefill has finished); returns the
-        places now held (stored, or refreshed when deduplicated)."""
+        """Store this request's places (its prefill has finished); the places now held."""
         config, counts = self.config, self._counts
         if config.max_entries == 0:
             return ()
@@ -162,11 +160,8 @@ class PromptCache:
         }
 
 
-_SUFFIX = ".json"
-
-
 def _record_name(tokens: tuple[str, ...]) -> str:
-    return token_digest(tokens).hex() + _SUFFIX
+    return token_digest(tokens).hex() + ".json"
 
 
 class DiskTier:
@@ -188,7 +183,7 @@ class DiskTier:
             ) from None
         found: list[tuple[float, str, tuple[str, ...]]] = []
         for path in paths:
-            if not path.name.endswith(_SUFFIX) or path.is_symlink() or not path.is_file():
+            if not path.name.endswith(".json") or path.is_symlink() or not path.is_file():
                 continue  # temporary files of an interrupted write, or anything not ours
             try:
                 body = jsonio.loads(path.read_bytes(), path=path)
@@ -206,9 +201,8 @@ class DiskTier:
         return sum(len(t) for t in self._records.values()) * self.config.disk_token_bytes
 
     def resume(self, tokens: tuple[str, ...], cached: int) -> tuple[int, float]:
-        """Restore the longest record that is a prefix of `tokens` and resumes more than the
-        `cached` tokens memory found, refreshing it: (its length, modelled seconds before
-        `speed`); (0, 0.0) if there is none (a miss when memory had nothing either)."""
+        """Restore the longest record that is a prefix of `tokens`, longer than the `cached`
+        tokens memory found: (its length, seconds before `speed`), or (0, 0.0)."""
         best = 0
         for record in self._records.values():
             if best < len(record) <= len(tokens) and tokens[: len(record)] == record:

@@ -19,10 +19,17 @@ from prefixreg.sim.protocol import ApiError, Call
 from prefixreg.sim.tokenizer import TEMPLATE_SHA256
 
 API_VERSION = "0.7.0"  # the Flash release the defaults were measured on
-SUPPORTED = [
-    "model", "messages", "prompt", *protocol.TOKEN_BUDGET_ALIASES, "stream", "stream_options",
-    "stop", "temperature", "top_p", "top_k", "min_p", "seed", "drafter",
-]  # fmt: skip
+# The request fields /health lists, the same on every server.
+_REQUESTS = {
+    "supported": [
+        "model", "messages", "prompt", *protocol.TOKEN_BUDGET_ALIASES, "stream", "stream_options",
+        "stop", "temperature", "top_p", "top_k", "min_p", "seed", "drafter",
+    ],
+    "token_budget_aliases": list(protocol.TOKEN_BUDGET_ALIASES),
+    "max_tokens_default": protocol.MAX_TOKENS_DEFAULT["chat"],
+    "error_format": "openai",
+    "accepted_but_ignored": ["n"],
+}  # fmt: skip
 _TIMING = ["store_ms_total", "restore_ms_total", "last_store_ms", "last_restore_ms"]
 _FLASH_CACHE = [
     "entries", "max_entries", "bytes", "last_entry_bytes", "hits", "misses", "stores", "evicted",
@@ -83,8 +90,8 @@ class Engine:
         return not self.stopping.wait(seconds) if seconds > 0 else not self.stopping.is_set()
 
     def lookup(self, call: Call) -> tuple[int, int, float]:
-        """Find what this request resumes (memory, then disk) and count it: (cached tokens,
-        of them restored from the disk tier, modelled seconds of that restore)."""
+        """Find what this request resumes (memory, then disk) and count it: (cached tokens, of
+        them restored from disk, modelled seconds of that restore)."""
         prompt = call.prompt
         with self.lock:
             found = (self.cache.lookup(prompt), 0, 0.0)
@@ -119,14 +126,10 @@ class Engine:
         if flash:
             body["version"] = {"api": API_VERSION, "engine": API_VERSION, "match": True}
             body["chat_template"] = {"path": None, "sha256": TEMPLATE_SHA256}
-        body |= {
-            "busy": in_flight >= config.slots,
-            "slots": config.slots,
-            "slot_ctx": config.slot_ctx,
-            "in_flight": in_flight,
-            "busy_for_s": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
-            "queued": queued,
-        }
+        busy_for = round(time.monotonic() - oldest, 3) if oldest is not None else 0.0
+        body |= {"busy": in_flight >= config.slots, "slots": config.slots}
+        body |= {"slot_ctx": config.slot_ctx, "in_flight": in_flight, "busy_for_s": busy_for}
+        body["queued"] = queued
         if flash:  # Flash 0.17.3 reports 524288 for 4 slots of 262144: two slots' worth
             body["kv_pool_positions"] = 2 * config.slot_ctx
         body |= {"decode": "greedy", "drafters_available": list(protocol.DRAFTERS[config.profile])}
@@ -142,23 +145,15 @@ class Engine:
             body["chat_template_kwargs"] = sorted(protocol.CHAT_TEMPLATE_KWARGS)
         # api_key (repr=False) is never shown
         options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.repr}
-        return body | {
-            "supported": SUPPORTED,
-            "token_budget_aliases": list(protocol.TOKEN_BUDGET_ALIASES),
-            "max_tokens_default": protocol.MAX_TOKENS_DEFAULT["chat"],
-            "error_format": "openai",
-            "accepted_but_ignored": ["n"],
-            "max_tokens_cap": config.max_tokens_cap,
-            "max_tokens_over_cap": "400",
-            "simulator": {"name": "prefixreg.sim", **options},
-        }
+        body |= _REQUESTS | {"max_tokens_cap": config.max_tokens_cap, "max_tokens_over_cap": "400"}
+        return body | {"simulator": {"name": "prefixreg.sim", **options}}
 
     def models(self) -> dict[str, Any]:
         model = {"id": self.config.model_id, "object": "model", "created": self.started}
         return {"object": "list", "data": [model | {"owned_by": "prefixreg-sim"}]}
 
     def engine_get(self, path: str) -> Any:
-        """A GET route of the engine served (`sim.engines.get_routes`): JSON, or text."""
+        """A GET route of the engine served (`sim.engines.GET_ROUTES`): JSON, or text."""
         config, engine = self.config, str(self.config.engine)
         model, report, ctx = config.model_id, config.cache_report, config.slot_ctx
         with self.lock:

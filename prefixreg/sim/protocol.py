@@ -54,7 +54,6 @@ class ApiError(Exception):
         self.status, self.message, self.code = status, message, code
 
     def body(self) -> dict[str, Any]:
-        """The OpenAI error envelope Halogen uses."""
         kind = _ERROR_TYPES.get(self.status, "server_error")
         return {"error": {"message": self.message, "type": kind, "param": None, "code": self.code}}
 
@@ -95,9 +94,8 @@ def _content_text(content: object, loc: str) -> str:
 
 
 def _messages(body: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The (role, content) pairs the template renders: each assistant turn's tool calls after
-    its content, the tools block folded into the system turn (one is opened for it when the
-    first message is not a system turn)."""
+    """The (role, content) pairs to render: tool calls after their turn's content, the tools
+    block at the end of the system turn (a system turn opened for it if there is none)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("body.messages", "must be a non-empty list")
@@ -155,8 +153,7 @@ def _token_budget(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> int
 
 
 def _options(body: Mapping[str, Any], profile: str) -> tuple[bool, bool]:
-    """Sampling ranges, the stream flags and the documented 400s (see the module docstring),
-    checked in the server's order; returns (stream, include_usage)."""
+    """(stream, include_usage), after the server's checks in its order (module docstring)."""
     for name, (low, high) in _RANGES.items():
         value = body.get(name)
         if value is not None and (type(value) not in (int, float) or not low <= value <= high):
@@ -283,8 +280,8 @@ class Result:
         return body
 
     def reply(self, finish: str | None, text: str | None, *, chunk: bool) -> dict[str, Any]:
-        """The envelope with one choice: a message (chat), a delta (chat stream) or a text
-        (completions); `text` None is a stream's finish frame."""
+        """The envelope with one choice: a message, a delta (a chat stream; `text` None: the
+        finish frame) or a text (completions)."""
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
         if self.call.kind == "completion":
             choice["text"] = text or ""

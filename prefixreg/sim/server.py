@@ -54,8 +54,7 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hung up (a reset while idle between requests: a client that closed
-        without reading a 404's body) is no server error; anything else is printed."""
+        """A client that hung up (a reset while idle, say after a 404) is no error; else print."""
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
 
@@ -72,8 +71,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Silence the stdlib access log; `SimServer(log=...)` gets one line per call."""
 
     def version_string(self) -> str:
-        """The `Server` header: the simulator's, uvicorn's (vLLM, SGLang, TensorRT-LLM) or
-        none (Ollama's Go server sends none)."""
+        """The `Server` header: ours, uvicorn's (vLLM, SGLang, TensorRT-LLM) or none (Ollama)."""
         engine = self.sim.config.engine
         if engine is None:
             return super().version_string()
@@ -84,8 +82,7 @@ class _Handler(BaseHTTPRequestHandler):
             super().send_header(keyword, value)
 
     def _send(self, status: int, body: Any) -> None:
-        """Status, headers and `body`: JSON, or text (`/metrics`); None starts a stream, whose
-        body ends with the connection."""
+        """Send `body`: JSON, or text (`/metrics`); None starts a stream, ended by the close."""
         self.send_response(status)
         if body is None:
             self.send_header("Content-Type", "text/event-stream")
@@ -132,29 +129,22 @@ class _Handler(BaseHTTPRequestHandler):
         return self.path.split("?", 1)[0]
 
     def do_GET(self) -> None:
-        path = self._route("GET")
-        config, body = self.sim.config, _GET_ROUTES.get(path)
-        if config.engine is not None:
-            self._engine_get(path, config.engine)
-            return
+        path, config, engine = self._route("GET"), self.sim.config, self.sim._engine
         try:
-            if body is None or (path == "/metrics" and not config.flash):
+            if config.engine is not None:  # the engine's routes; `/` and `/health` are open
+                known, open_paths = path in engines.GET_ROUTES[config.engine], {"/health", "/"}
+            else:  # dense exports no metrics
+                known = path in _GET_ROUTES and (path != "/metrics" or config.flash)
+                open_paths = {"/health"}
+            if not (known or path == "/v1/models"):
                 if path in _POST_ROUTES:
-                    raise ApiError(405, f"use POST for {path}")
-                raise ApiError(404, f"no route {path}")  # dense exports no metrics
-            if path != "/health" and not self._authorized():
+                    use = f"use POST for {path}" if config.engine is None else f"no route {path}"
+                    raise ApiError(405, use)
+                raise ApiError(404, f"no route {path}")
+            if path not in open_paths and not self._authorized():
                 raise ApiError(401, "invalid or missing API key")
-            self._send(200, body(self.sim._engine))
-        except ApiError as err:
-            self._send(err.status, err.body())
-
-    def _engine_get(self, path: str, engine: str) -> None:
-        try:
-            if path not in engines.get_routes(engine):
-                raise ApiError(405 if path in _POST_ROUTES else 404, f"no route {path}")
-            if path not in ("/health", "/") and not self._authorized():
-                raise ApiError(401, "invalid or missing API key")
-            self._send(200, self.sim._engine.engine_get(path))
+            body = engine.engine_get(path) if config.engine else _GET_ROUTES[path](engine)
+            self._send(200, body)
         except ApiError as err:
             self._send(err.status, err.body())
 
