@@ -53,9 +53,9 @@ def _align_down(value: int, align: int) -> int:
 
 
 def snapshot_places(prompt: RenderedPrompt, config: SimConfig) -> list[int]:
-    """The places a request stores, ascending, in 1..n: Flash the first ``entries_per_request``
-    of (system end, history end, last message start, prompt end), aligned down; dense the last
-    ``entries_per_request`` multiples of the alignment below the length."""
+    """A request's places, ascending, in 1..n: Flash the first ``entries_per_request`` of (system
+    end, history end, last message start, end), aligned; dense that many multiples of the
+    alignment below n."""
     n, k, align = prompt.n, config.entries_per_request, config.snapshot_align
     if not config.flash:
         top = _align_down(n - 1, align) if n > 0 else 0
@@ -165,8 +165,8 @@ def _record_name(tokens: tuple[str, ...]) -> str:
 
 
 class DiskTier:
-    """Records on disk plus their index (name -> tokens, least recent first). Raises
-    `UsageError` if the build's subtree cannot be created or read."""
+    """Records on disk, indexed name -> tokens, least recent first. Raises `UsageError` if the
+    build's subtree cannot be created or read."""
 
     def __init__(self, config: SimConfig, cache_dir: str) -> None:
         ident = f"{TEMPLATE_SHA256}\n{config.model_id}\n{config.slot_ctx}\n".encode()
@@ -178,9 +178,8 @@ class DiskTier:
             self.dir.mkdir(parents=True, exist_ok=True)
             paths = list(self.dir.iterdir())
         except OSError as exc:
-            raise UsageError(
-                f"simulator: cannot use cache_dir {cache_dir}: {exc.strerror or exc}"
-            ) from None
+            problem = exc.strerror or exc
+            raise UsageError(f"simulator: cannot use cache_dir {cache_dir}: {problem}") from None
         found: list[tuple[float, str, tuple[str, ...]]] = []
         for path in paths:
             if not path.name.endswith(".json") or path.is_symlink() or not path.is_file():
@@ -201,8 +200,8 @@ class DiskTier:
         return sum(len(t) for t in self._records.values()) * self.config.disk_token_bytes
 
     def resume(self, tokens: tuple[str, ...], cached: int) -> tuple[int, float]:
-        """Restore the longest record that is a prefix of `tokens`, longer than the `cached`
-        tokens memory found: (its length, seconds before `speed`), or (0, 0.0)."""
+        """Restore (refresh) the longest record starting `tokens` if longer than `cached`: (its
+        length, modelled seconds before `speed`), else (0, 0.0)."""
         best = 0
         for record in self._records.values():
             if best < len(record) <= len(tokens) and tokens[: len(record)] == record:
@@ -241,18 +240,14 @@ class DiskTier:
         self.counters["persisted"] += 1
         while self.bytes > self.budget_bytes and len(self._records) > 1:
             old, _ = self._records.popitem(last=False)
-            with contextlib.suppress(FileNotFoundError):
-                (self.dir / old).unlink()
+            (self.dir / old).unlink(missing_ok=True)
             self.counters["evicted"] += 1
 
     def body(self) -> dict[str, Any]:
         """The `/cache` `disk` block."""
         records = list(self._records.values())
-        roots = sum(
-            1
-            for r in records
-            if not any(len(o) < len(r) and r[: len(o)] == o for o in records if o is not r)
-        )
+        extends = [any(len(o) < len(r) and r[: len(o)] == o for o in records) for r in records]
+        roots = extends.count(False)
         return {
             "on": True,
             "records": len(records),

@@ -90,8 +90,7 @@ class Engine:
         return not self.stopping.wait(seconds) if seconds > 0 else not self.stopping.is_set()
 
     def lookup(self, call: Call) -> tuple[int, int, float]:
-        """Find what this request resumes (memory, then disk) and count it: (cached tokens, of
-        them restored from disk, modelled seconds of that restore)."""
+        """Count what `call` resumes (memory, then disk): (cached, from disk, disk seconds)."""
         prompt = call.prompt
         with self.lock:
             found = (self.cache.lookup(prompt), 0, 0.0)

@@ -1,26 +1,14 @@
 """The simulator as the engines users run (`--engine vllm|sglang|trtllm|ollama`): their reply
-shapes, routes, headers and metrics over the one cache model underneath. Pure. Built from each
-engine's source, as recorded in tests/fixtures/engines/README.md:
-- vLLM (reports 0.23.0, a build with #45171): usage `prompt_tokens, total_tokens,
-  completion_tokens, prompt_tokens_details`: `{"cached_tokens": N}` (0 included) with
-  `--enable-prompt-tokens-details` (`cache_report`), else `null` (a stream's usage chunk drops
-  it: `exclude_none`). `/health` empty, `/version`, `/v1/models` (`owned_by` vllm,
-  `max_model_len`, `permission`), `/metrics` (`vllm:` counters, labels model_name, engine).
-- SGLang (0.5.9): the details only with `--enable-cache-report` *and* N > 0, else `null`
-  (`_details_if_cached`); `reasoning_tokens`; a 32-hex id; `/server_info` (and
-  `/get_server_info`) with the flags; `/model_info`; `/metrics` (`--enable-metrics`, on here).
-- TensorRT-LLM (1.3.0rc23): the details always (PR #7637), no flag to turn off; `/metrics` is a
-  JSON list of iteration stats, the Prometheus text at `/prometheus/metrics`.
-- Ollama (0.34.4): usage `prompt_tokens, prompt_tokens_details, completion_tokens,
-  total_tokens`, the details always; `--no-cache-report` serves 0.33.2, which sends none
-  (the count ships from 0.33.3); `system_fingerprint` fp_ollama; ids `chatcmpl-<n>`; `GET /`
-  `Ollama is running`, `/api/version`, `/api/tags`, `/api/ps`; no Prometheus route.
-No engine sends Halogen's `timings` or `/cache`. Native routes, non-streamed only: SGLang
-`POST /generate` (`text`, `sampling_params.max_new_tokens`; `meta_info.cached_tokens` always)
-and Ollama `POST /api/chat` (`stream: false` required; `options.num_predict`;
-`prompt_eval_count` counts the cached tokens too, `prompt_eval_cached_count` from 0.33.3). Not
-modelled: streamed native routes, each engine's error envelope and block granularity (vLLM
-16, TensorRT-LLM 32 tokens): the cache model is Halogen Flash's.
+shapes, routes, headers and metrics over the one cache model underneath. Pure. Each shape follows
+the engine's source as recorded in tests/fixtures/engines/README.md, at the version reported:
+vLLM 0.23.0 (a build with #45171: a cold call's details are `{"cached_tokens": 0}`), SGLang
+0.5.9 (`--enable-metrics` on), TensorRT-LLM 1.3.0rc23, Ollama 0.34.4. `cache_report` off serves
+vLLM without `--enable-prompt-tokens-details`, SGLang without `--enable-cache-report`, Ollama
+0.33.2 (TensorRT-LLM always reports, PR #7637). No engine sends Halogen's `timings` or `/cache`.
+Native routes, non-streamed only: SGLang `POST /generate` (`meta_info.cached_tokens` always)
+and Ollama `POST /api/chat` (`stream: false` required; `prompt_eval_count` counts the cached
+tokens too, `prompt_eval_cached_count` from 0.33.3). Not modelled: streamed native routes, each
+engine's error envelope and block granularity (vLLM 16, TensorRT-LLM 32 tokens).
 """
 
 from __future__ import annotations
@@ -38,12 +26,11 @@ if TYPE_CHECKING:
 
 UVICORN: Final = frozenset({"vllm", "sglang", "trtllm"})  # FastAPI under uvicorn; Ollama is Go
 _VERSION: Final = {"vllm": "0.23.0", "sglang": "0.5.9", "trtllm": "1.3.0rc23", "ollama": "0.34.4"}
-_NO_REPORT_VERSION: Final = {"ollama": "0.33.2"}
 
 
 def version(engine: str, report: bool) -> str:
     """The version the engine reports: Ollama without the cache report is 0.33.2."""
-    return _VERSION[engine] if report else _NO_REPORT_VERSION.get(engine, _VERSION[engine])
+    return "0.33.2" if engine == "ollama" and not report else _VERSION[engine]
 
 
 def reply_id(engine: str) -> str:
@@ -93,8 +80,7 @@ _TAIL: Final[dict[str, dict[str, Any]]] = {
 
 
 def dress(engine: str, body: dict[str, Any]) -> dict[str, Any]:
-    """A Halogen-shaped reply (`id, created, model, object, choices[, usage]`) in the engine's
-    key order, with its extra fields."""
+    """A Halogen-shaped reply in the engine's key order, with the engine's extra fields."""
     chunk = str(body.get("object", "")).endswith(".chunk")
     choices = []
     for choice in body["choices"]:
@@ -156,8 +142,7 @@ GET_ROUTES: Final = {
 
 
 def metrics(engine: str, model: str, prompt: int, cached: int, requests: int) -> str:
-    """The engine's Prometheus text: `prompt` every prompt token (cached ones included), `cached`
-    the resumed ones, `requests` the calls served."""
+    """Prometheus text over every prompt token, the `cached` ones and the `requests` served."""
     if engine == "vllm":
         labels = f'{{model_name="{model}",engine="0"}}'
         series = [
@@ -195,17 +180,15 @@ def _text(series: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-NATIVE: Final[dict[str, dict[str, Kind]]] = {
-    "vllm": {},
-    "sglang": {"/generate": "completion"},
-    "trtllm": {},
-    "ollama": {"/api/chat": "chat"},
+# (engine, path) of each native POST route: the kind of shared request it stands for.
+NATIVE: Final[dict[tuple[str, str], Kind]] = {
+    ("sglang", "/generate"): "completion",
+    ("ollama", "/api/chat"): "chat",
 }
 
 
 def native_request(engine: str, raw: bytes) -> bytes:
-    """A native body as the shared request it stands for (`protocol.parse_request` checks it); a
-    body that is not a JSON object passes through to be refused."""
+    """A native body as the shared request (a body not a JSON object passes, to be refused)."""
     from prefixreg.sim.protocol import invalid
 
     try:

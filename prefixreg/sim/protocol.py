@@ -5,16 +5,15 @@ Errors are 400 (never 422), ``"<loc>: <msg>"``; besides field shapes, the docume
 (§1.5): ``top_logprobs``; ``logprobs`` with ``stream``; ``presence_penalty``,
 ``frequency_penalty``, ``logit_bias`` or ``logprobs`` unless ``temperature`` > 0 (absent is 0);
 a ``drafter`` the profile lacks; on Flash, a ``chat_template_kwargs`` key not in
-``CHAT_TEMPLATE_KWARGS`` or contradicting its top-level field. Tools render Qwen-style into the
-system turn after its content (a snapshot at `system_end` covers them); ``tool_choice: "none"``
-renders none (alternating it with "auto" costs a miss); `tool_calls` after their turn's content.
-
-Replies: errors ``{"error": {"message", "type", "param": null, "code"}}``; usage with
-``prompt_tokens_details: {cached_tokens}`` only when cached > 0; Flash ``timings`` beside it
-(``cache_n`` always there), dense none. Streams: content frames, a finish frame (empty delta /
-text, Flash ``timings``), with ``include_usage`` a ``choices: []`` frame carrying ``usage``
-(earlier frames ``"usage": null``), ``data: [DONE]``. An engine's replies (`config.engine`):
-its usage and fields, no ``timings`` (`sim.engines`).
+``CHAT_TEMPLATE_KWARGS`` or contradicting its top-level field. Tools render Qwen-style at the
+end of the system turn (a snapshot at `system_end` covers them; one is opened if there is none);
+``tool_choice: "none"`` renders none (alternating it with "auto" costs a miss); `tool_calls`
+follow their turn's content. Replies: errors ``{"error": {"message", "type", "param": null,
+"code"}}``; usage with ``prompt_tokens_details: {cached_tokens}`` only when cached > 0; Flash
+``timings`` beside it (``cache_n`` always), dense none. Streams: content frames, a finish frame
+(empty delta / text, Flash ``timings``), with ``include_usage`` a ``choices: []`` frame carrying
+``usage`` (earlier frames ``"usage": null``), ``data: [DONE]``. With `config.engine`: that
+engine's usage and fields, no ``timings`` (`sim.engines`).
 """
 
 from __future__ import annotations
@@ -94,8 +93,7 @@ def _content_text(content: object, loc: str) -> str:
 
 
 def _messages(body: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The (role, content) pairs to render: tool calls after their turn's content, the tools
-    block at the end of the system turn (a system turn opened for it if there is none)."""
+    """The (role, content) pairs to render, tool calls and tools placed (module docstring)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("body.messages", "must be a non-empty list")
@@ -115,9 +113,7 @@ def _messages(body: Mapping[str, Any]) -> list[tuple[str, str]]:
     tools, choice = body.get("tools"), body.get("tool_choice")
     if not (choice is None or isinstance(choice, dict) or choice in TOOL_CHOICES):
         raise invalid("body.tool_choice", f"must be one of {list(TOOL_CHOICES)} or an object")
-    if tools is not None and not (
-        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
-    ):
+    if not (tools is None or (isinstance(tools, list) and all(isinstance(t, dict) for t in tools))):
         raise invalid("body.tools", "must be a list of objects")
     if not tools or choice == "none":
         return out
@@ -136,11 +132,8 @@ def _token_budget(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> int
             raise invalid(f"body.{name}", "must be an integer >= 1")
     if len(set(sent.values())) > 1:
         listed = ", ".join(f"{k}={v}" for k, v in sent.items())
-        raise invalid(
-            "body",
-            f"conflicting token budgets ({listed}); they are the same budget under three "
-            "names, send one",
-        )
+        why = "they are the same budget under three names, send one"
+        raise invalid("body", f"conflicting token budgets ({listed}); {why}")
     value = int(next(iter(sent.values()))) if sent else MAX_TOKENS_DEFAULT[kind]
     if value > config.max_tokens_cap:
         raise ApiError(
@@ -231,8 +224,7 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
 
 
 class Result:
-    """A served call from what its lookup found (`Engine.lookup`): answer, tokens resumed
-    (``disk_n`` from the disk tier), durations in real (scaled) seconds, and its replies."""
+    """A served call: answer, tokens resumed (``disk_n`` from disk), scaled durations, replies."""
 
     def __init__(self, config: SimConfig, call: Call, found: tuple[int, int, float]) -> None:
         self.config, self.call = config, call
@@ -280,8 +272,7 @@ class Result:
         return body
 
     def reply(self, finish: str | None, text: str | None, *, chunk: bool) -> dict[str, Any]:
-        """The envelope with one choice: a message, a delta (a chat stream; `text` None: the
-        finish frame) or a text (completions)."""
+        """One choice: a message, a delta (`text` None: a stream's finish) or a completion text."""
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
         if self.call.kind == "completion":
             choice["text"] = text or ""
