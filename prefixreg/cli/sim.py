@@ -51,10 +51,8 @@ def _option(f: dataclasses.Field[Any]) -> inspect.Parameter:
     kind, name = kind_of(f.default), f.name.replace("_", "-")
     decls = f"--{name}/--no-{name}" if kind is bool else f"--{name}"
     option = typer.Option(decls, help=option_help(f), show_default=False)
-    default = f.metadata.get("cli_default")
-    return inspect.Parameter(
-        f.name, _KW, default=default, annotation=Annotated[kind | None, option]
-    )
+    hint: Any = Annotated[kind | None, option]
+    return inspect.Parameter(f.name, _KW, default=f.metadata.get("cli_default"), annotation=hint)
 
 
 class _SimCommand:
@@ -62,7 +60,8 @@ class _SimCommand:
 
     It serves /health, /cache, /metrics, /v1/models, /v1/chat/completions and /v1/completions
     on 127.0.0.1 and models the prompt cache measured on the Halogen Flash lane (API 0.7.0). A
-    peer for demos and tests, not a measurement of Halogen.
+    peer for demos and tests, not a measurement of Halogen. --engine vllm|sglang|trtllm|ollama
+    answers as that engine over the same cache model (no /cache; see --engine, --cache-report).
 
     Tokens: calibrated so the probe corpus's 4k/16k/32k/64k-character slices give the lane's
     2,593/11,374/21,337/43,538 prompt tokens (about 1.5 characters a token).
@@ -76,11 +75,6 @@ class _SimCommand:
 
     Wall: a snapshot of t tokens needs t x token-bytes of its slab (cap-mb MiB when set, else
     entry-bytes); one the slab cannot take is refused (/cache refused).
-
-    Engines: --engine vllm|sglang|trtllm|ollama answers as that engine over the same cache
-    model: its reply shapes, routes (no /cache), headers and Prometheus counters, built from
-    its source; --no-cache-report serves vLLM without --enable-prompt-tokens-details, SGLang
-    without --enable-cache-report, Ollama before 0.33.3.
     """
 
     # The `sim` callback (its docstring is the command's help). Typer reads its signature when

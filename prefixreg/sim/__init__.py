@@ -1,9 +1,8 @@
 """A model-free, Halogen-compatible worker on loopback that reproduces the prompt cache measured
 on the Flash lane: a peer for tests and demos (DESIGN §7), not a way to measure Halogen. With
 `SimConfig(engine=...)` it answers as vLLM, SGLang, TensorRT-LLM or Ollama (`sim.engines`).
-`with SimServer(SimConfig(speed=1000)) as sim:` serves on 127.0.0.1 at `sim.url` (an ephemeral
-port); `sim.requests()` lists the (method, path) received. The server loads on first use of
-`SimServer`, so reading the config (`prefixreg sim --help`) stays cheap.
+The server loads on first use of `SimServer`, so reading the config (`prefixreg sim --help`)
+stays cheap.
 """
 
 from __future__ import annotations

@@ -209,11 +209,10 @@ def native_request(engine: str, raw: bytes) -> bytes:
             raise invalid("body.stream", "the simulator serves /api/chat with stream false only")
         out = {"messages": body.get("messages"), "stream": False}
         budget = params.get("num_predict")
-    temperature = params.get("temperature")
     if out["stream"] is not False:
         raise invalid("body.stream", "the simulator serves native routes non-streamed only")
-    out |= {"max_tokens": budget} if budget is not None else {}
-    out |= {"temperature": temperature} if temperature is not None else {}
+    passed = {"max_tokens": budget, "temperature": params.get("temperature")}
+    out |= {name: value for name, value in passed.items() if value is not None}
     return json.dumps(out).encode()
 
 

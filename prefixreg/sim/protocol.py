@@ -136,12 +136,9 @@ def _token_budget(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> int
         raise invalid("body", f"conflicting token budgets ({listed}); {why}")
     value = int(next(iter(sent.values()))) if sent else MAX_TOKENS_DEFAULT[kind]
     if value > config.max_tokens_cap:
-        raise ApiError(
-            400,
-            f"max_tokens {value} exceeds this server's cap of {config.max_tokens_cap}. The cap "
-            "is server policy, not a model limit: ask for fewer tokens or raise the server's "
-            "--max-tokens-cap.",
-        )
+        cap, advice = config.max_tokens_cap, "ask for fewer tokens or raise the server's"
+        policy = f"The cap is server policy, not a model limit: {advice} --max-tokens-cap."
+        raise ApiError(400, f"max_tokens {value} exceeds this server's cap of {cap}. {policy}")
     return value
 
 
@@ -170,8 +167,8 @@ def _options(body: Mapping[str, Any], profile: str) -> tuple[bool, bool]:
         raise invalid("body.logprobs", "cannot be combined with stream")
     temperature = body.get("temperature") or 0
     if not (type(temperature) in (int, float) and temperature > 0):
-        sampled_only = ("presence_penalty", "frequency_penalty", "logit_bias")
-        for name in (*sampled_only, *(("logprobs",) if logprobs else ())):
+        sampled_only = ("presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
+        for name in sampled_only[: 3 + logprobs]:  # `logprobs: false` is no sampling option
             if body.get(name) is not None:
                 msg = "needs temperature > 0 (decoding at temperature 0 is greedy)"
                 raise invalid(f"body.{name}", msg)
@@ -214,11 +211,8 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
     max_tokens = _token_budget(body, kind, config)
     stream, include_usage = _options(body, config.profile)
     if prompt.n >= config.slot_ctx:
-        raise ApiError(
-            400,
-            f"the engine refused this request: prompt is {prompt.n} tokens and a slot holds "
-            f"{config.slot_ctx} (prompt longer than a slot?)",
-        )
+        held = f"prompt is {prompt.n} tokens and a slot holds {config.slot_ctx}"
+        raise ApiError(400, f"the engine refused this request: {held} (prompt longer than a slot?)")
     # Like dense, silently lower the budget to the room left in the slot.
     return Call(kind, prompt, min(max_tokens, config.slot_ctx - prompt.n), stream, include_usage)
 
@@ -255,17 +249,13 @@ class Result:
     def timings(self) -> dict[str, Any]:
         """Flash `timings`: llama.cpp-style, `prompt_n` is what was actually prefilled."""
         prompt_n, predicted_n = self.call.prompt.n - self.cached, len(self.pieces)
-        body: dict[str, Any] = {
-            "prompt_n": prompt_n,
-            "prompt_ms": round(self.prompt_s * 1000, 3),
-            "prompt_per_second": round(prompt_n / self.prompt_s, 3) if self.prompt_s else 0.0,
-            "predicted_n": predicted_n,
-            "predicted_ms": round(self.decode_s * 1000, 3),
-            "predicted_per_second": round(predicted_n / self.decode_s, 3) if self.decode_s else 0.0,
-            "cache_n": self.cached,
-            "draft_n": 0,
-            "draft_n_accepted": 0,
-        }
+        body: dict[str, Any] = {"prompt_n": prompt_n, "prompt_ms": round(self.prompt_s * 1000, 3)}
+        body["prompt_per_second"] = round(prompt_n / self.prompt_s, 3) if self.prompt_s else 0.0
+        body |= {"predicted_n": predicted_n, "predicted_ms": round(self.decode_s * 1000, 3)}
+        body["predicted_per_second"] = (
+            round(predicted_n / self.decode_s, 3) if self.decode_s else 0.0
+        )
+        body |= {"cache_n": self.cached, "draft_n": 0, "draft_n_accepted": 0}
         if self.config.cache_dir is not None:  # the disk tier is on
             body["disk_restore_n"] = self.disk_n
             body["disk_restore_ms"] = round(self.disk_s * 1000, 3)
@@ -280,14 +270,10 @@ class Result:
             choice["delta"] = {} if text is None else {"content": text}
         else:
             choice["message"] = {"role": "assistant", "content": text}
-        kind = "chat.completion.chunk" if chunk else "chat.completion"
-        body: dict[str, Any] = {
-            "id": self.id,
-            "created": self.created,
-            "model": self.config.model_id,
-            "object": "text_completion" if self.call.kind == "completion" else kind,
-            "choices": [choice],
-        }
+        chat = "chat.completion.chunk" if chunk else "chat.completion"
+        kind = "text_completion" if self.call.kind == "completion" else chat
+        body: dict[str, Any] = {"id": self.id, "created": self.created}
+        body |= {"model": self.config.model_id, "object": kind, "choices": [choice]}
         if chunk and self.call.include_usage:
             body["usage"] = None
         return body if self.engine is None else engines.dress(self.engine, body)
