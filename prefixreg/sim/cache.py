@@ -1,30 +1,29 @@
-"""The simulated prompt cache's two tiers: the memory LRU of snapshots ``tokens[:place]`` with
-its `/cache` counters (`PromptCache`, pure), and the disk tier (`DiskTier`, the simulator's only
-file I/O). Neither is thread-safe: the engine serialises every call.
+"""The simulated prompt cache's two tiers: the memory LRU of snapshots ``tokens[:place]`` with its
+`/cache` counters (`PromptCache`, pure), and the disk tier (`DiskTier`, the simulator's only file
+I/O). Neither is thread-safe: the engine serialises every call.
 
-`lookup` (a request starts) publishes the hit/miss/saved deltas of requests ``counter_lag``
-starts back (no other counter lags), then finds and refreshes the longest usable snapshot:
-Flash resumes only a whole exact prefix of the prompt (a recurrent state cannot resume mid-way);
-dense any common prefix rounded down to ``snapshot_align``, below the prompt length. `store`
-(once the prefill has finished: never before its state exists) makes each place the most recent
-entry, evicting the least recent over capacity; Flash 0.7.0 stores even equal snapshots, dense
-(``dedupe_snapshots``) refreshes an equal one. A place needing more than its slab (``t *
-token_bytes``; 2,048 B puts the wall at 56,830 tokens), or any at capacity 0, is ``refused``.
-Invariants: ``0 <= entries <= capacity``; ``stores - evicted == entries``; cached <= prompt
-length (< for dense); counters only grow.
+`lookup` (a request starts) publishes the hit/miss/saved deltas of requests ``counter_lag`` starts
+back (no other counter lags), then finds and refreshes the longest usable snapshot: Flash resumes
+only a whole exact prefix of the prompt (a recurrent state cannot resume mid-way); dense any common
+prefix rounded down to ``snapshot_align``, below the prompt length. `store` (once the prefill has
+finished: never before its state exists) makes each place the most recent entry, evicting the least
+recent over capacity; Flash 0.7.0 stores even equal snapshots, dense (``dedupe_snapshots``)
+refreshes an equal one. A place needing more than its slab (``t * token_bytes``; 2,048 B puts the
+wall at 56,830 tokens), or any at capacity 0, is ``refused``. Invariants: ``0 <= entries <=
+capacity``; ``stores - evicted == entries``; cached <= prompt length (< for dense); counters only
+grow.
 
-The disk tier (`--cache-dir`, Flash's ``HALOGEN_CACHE_DIR``) keeps each stored snapshot as a
-JSON file under ``<cache_dir>/<build>/`` (a subtree per template, model id and slot size),
-written to a temporary file renamed into place: a crash leaves the whole record or none; a
-failed write (full disk, directory gone) leaves no temporary file and counts as skipped. On
-start the subtree is read back least recently used first (by mtime; a restore touches the
-file), so entries survive a restart exactly; a file not regular, not JSON, or not named after
-its tokens is ignored. A record models ``tokens * disk_token_bytes``; the least recently used
-are evicted to stay within ``disk_gib``, one larger than all of it is skipped. A lookup restores
-the longest record that is an exact prefix of the prompt. `/cache.disk` (halogen-api.md §1.3):
-``hits`` restores, ``misses`` lookups where neither tier found anything, ``persisted``,
-``skipped`` (held, over budget, failed); ``lineages`` (records extending no other) and
-``branches`` (the rest) are the simulator's own definitions.
+The disk tier (`--cache-dir`, Flash's ``HALOGEN_CACHE_DIR``) keeps each stored snapshot as a JSON
+file under ``<cache_dir>/<build>/`` (a subtree per template, model id and slot size), written to a
+temporary file renamed into place: a crash leaves the whole record or none; a failed write (full
+disk, directory gone) leaves no temporary file and counts as skipped. On start the subtree is read
+back least recently used first (by mtime; a restore touches the file), so entries survive a restart
+exactly; a file not regular, not JSON, or not named after its tokens is ignored. A record models
+``tokens * disk_token_bytes``; the least recently used are evicted to stay within ``disk_gib``, one
+larger than all of it is skipped. A lookup restores the longest record that is an exact prefix of
+the prompt. `/cache.disk` (halogen-api.md §1.3): ``hits`` restores, ``misses`` lookups where neither
+tier found anything, ``persisted``, ``skipped`` (held, over budget, failed); ``lineages`` (records
+extending no other) and ``branches`` (the rest) are the simulator's own definitions.
 """
 
 from __future__ import annotations

@@ -5,14 +5,11 @@ default and CLI extras (``shown``, ``cli_default``, ``env``); `prefixreg sim` bu
 from them. A value of the wrong type or out of bounds is a `UsageError` naming the field. The
 `dense` profile (Halogen dense 0.1.x): each field's ``dense``, no `timings`, `/metrics` or disk.
 
-The time model, fitted to the lane's probe (A1 cold, A2 identical repeat, B fresh tail;
-``max_tokens`` 1) at 2,593 / 11,374 / 21,337 / 43,538 prompt tokens. Prefill: ``u`` uncached
-tokens of an ``n``-token prompt take the cheaper of stepping, ``u * step(n)`` with ``step(n) =
-step_ms + n / 1000 * step_ms_per_kctx`` (a short pass is latency-bound like decode), and a
-batched pass, ``prefill_setup_s + u / prefill_tps``; the two cross near 75 tokens. Decode:
-``completion / decode_tps``. Disk restore: ``bytes / (disk_read_mbps * 10^6)``. The defaults'
-A1, A2 (7 tokens) and B (19 tokens) are in `prefixreg sim --help`: no model linear in the
-uncached tokens reaches the measured B/A2 ratio (3.3-3.6 > 19/7). `speed` divides every modelled
+The time model (`prefill_s`; its formula and fit to the lane's probe in `prefixreg sim --help`):
+``u`` uncached tokens prefill in the cheaper of stepping them (a short pass is latency-bound like
+decode) and a batched pass, crossing near 75 tokens: no model linear in the uncached tokens reaches
+the measured fresh-tail / identical-repeat ratio (3.3-3.6 > 19/7). Decode: ``completion /
+decode_tps``; disk restore: ``bytes / (disk_read_mbps * 10^6)``. `speed` divides every modelled
 duration (prefill, decode, disk restores, queue timeout, keepalive interval): ratios hold.
 """
 

@@ -225,8 +225,7 @@ def native_reply(result: Result) -> dict[str, Any]:
         meta: dict[str, Any] = {"id": secrets.token_hex(16), "finish_reason": finish}
         meta |= {"prompt_tokens": n, "weight_version": "default", "total_retractions": 0}
         meta |= {"completion_tokens": k, "cached_tokens": cached, "cached_tokens_details": None}
-        meta["dp_rank"] = None
-        meta["e2e_latency"] = round(result.prompt_s + result.decode_s, 4)
+        meta |= {"dp_rank": None, "e2e_latency": round(result.prompt_s + result.decode_s, 4)}
         return {"text": text, "output_ids": list(range(k)), "meta_info": meta}
     model = result.config.model_id
     created = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime(result.created))

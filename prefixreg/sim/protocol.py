@@ -1,19 +1,18 @@
-"""Halogen's wire protocol, pure, with halogen-api.md §1's field names: a POST body becomes a
-`Call` or an `ApiError` (before queueing), a served call a `Result`, a `Result` its reply.
+"""Halogen's wire protocol, pure, with halogen-api.md §1's field names: a POST body becomes a `Call`
+or an `ApiError` (before queueing), a served call a `Result`, a `Result` its reply.
 
-Errors are 400 (never 422), ``"<loc>: <msg>"``; besides field shapes, the documented 400s
-(§1.5): ``top_logprobs``; ``logprobs`` with ``stream``; ``presence_penalty``,
-``frequency_penalty``, ``logit_bias`` or ``logprobs`` unless ``temperature`` > 0 (absent is 0);
-a ``drafter`` the profile lacks; on Flash, a ``chat_template_kwargs`` key not in
-``CHAT_TEMPLATE_KWARGS`` or contradicting its top-level field. Tools render Qwen-style at the
-end of the system turn (a snapshot at `system_end` covers them; one is opened if there is none);
-``tool_choice: "none"`` renders none (alternating it with "auto" costs a miss); `tool_calls`
-follow their turn's content. Replies: errors ``{"error": {"message", "type", "param": null,
-"code"}}``; usage with ``prompt_tokens_details: {cached_tokens}`` only when cached > 0; Flash
-``timings`` beside it (``cache_n`` always), dense none. Streams: content frames, a finish frame
-(empty delta / text, Flash ``timings``), with ``include_usage`` a ``choices: []`` frame carrying
-``usage`` (earlier frames ``"usage": null``), ``data: [DONE]``. With `config.engine`: that
-engine's usage and fields, no ``timings`` (`sim.engines`).
+Errors are 400 (never 422), ``"<loc>: <msg>"``; besides field shapes, the documented 400s (§1.5):
+``top_logprobs``; ``logprobs`` with ``stream``; ``presence_penalty``, ``frequency_penalty``,
+``logit_bias`` or ``logprobs`` unless ``temperature`` > 0 (absent is 0); a ``drafter`` the profile
+lacks; on Flash, a ``chat_template_kwargs`` key not in ``CHAT_TEMPLATE_KWARGS`` or contradicting its
+top-level field. Tools render Qwen-style at the end of the system turn (a snapshot at `system_end`
+covers them; one is opened if there is none); ``tool_choice: "none"`` renders none (alternating it
+with "auto" costs a miss); `tool_calls` follow their turn's content. Replies: errors ``{"error":
+{"message", "type", "param": null, "code"}}``; usage with ``prompt_tokens_details: {cached_tokens}``
+only when cached > 0; Flash ``timings`` beside it (``cache_n`` always), dense none. Streams: content
+frames, a finish frame (empty delta / text, Flash ``timings``), with ``include_usage`` a ``choices:
+[]`` frame carrying ``usage`` (earlier frames ``"usage": null``), ``data: [DONE]``. With
+`config.engine`: that engine's usage and fields, no ``timings`` (`sim.engines`).
 """
 
 from __future__ import annotations
@@ -82,14 +81,12 @@ def _content_text(content: object, loc: str) -> str:
         return content or ""
     if not isinstance(content, list):
         raise invalid(loc, "must be a string, a list of text parts, or null")
-    parts: list[str] = []
     for i, part in enumerate(content):
         if not (isinstance(part, dict) and part.get("type") == "text"):
             raise invalid(f"{loc}.{i}", "only text content parts are supported")
         if not isinstance(part.get("text"), str):
             raise invalid(f"{loc}.{i}.text", "must be a string")
-        parts.append(part["text"])
-    return "".join(parts)
+    return "".join(part["text"] for part in content)
 
 
 def _messages(body: Mapping[str, Any]) -> list[tuple[str, str]]:

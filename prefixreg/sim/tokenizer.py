@@ -1,21 +1,20 @@
 """The simulator's tokenizer, chat template and answer generator. Pure: no I/O.
 
-A raw token is one match of ``TOKEN_RE``: a word or one punctuation character, each with at most
-one leading space, or a run of whitespace. Past a message's first ``PLAIN_CHARS`` characters
-(one token a word, so a probe header or ``fresh_tail()`` counts simply) words split into pieces
-tracking ``DENSITY`` (pieces per word character by offset), fitted within 0.5% to the lane's
-2,593 / 11,374 / 21,337 / 43,538 prompt tokens for the probe corpus's 4k/16k/32k/64k slices.
-Invariants: ``"".join(tokenize(s)) == s``; a message's tokens depend on its own characters
-only, and a prefix of a text tokenizes as the text up to the last word the prefix cuts; a word
-never splits into more pieces than it has word characters.
+A raw token is one match of ``TOKEN_RE``: a word or one punctuation character, each with at most one
+leading space, or a run of whitespace. Past a message's first ``PLAIN_CHARS`` characters (one token
+a word, so a probe header or ``fresh_tail()`` counts simply) words split into pieces tracking
+``DENSITY`` (pieces per word character by offset), fitted within 0.5% to the lane's 2,593 / 11,374 /
+21,337 / 43,538 prompt tokens for the probe corpus's 4k/16k/32k/64k slices. Invariants:
+``"".join(tokenize(s)) == s``; a message's tokens depend on its own characters only, and a prefix of
+a text tokenizes as the text up to the last word the prefix cuts; a word never splits into more
+pieces than it has word characters.
 
 Chat template (Qwen-like): a message is ``IM_START``, ``"{role}\\n"``, its content tokens and
-``IM_END``, ``2 + len(tokenize(content)) + 1`` tokens whatever its neighbours; the prompt ends
-with the six tokens of ``GENERATION_PROMPT``. Snapshot places: ``system_end`` (end of a
-system/developer ``messages[0]``), ``last_message_start``, ``history_end`` (``HISTORY_TAIL`` = 7
-tokens before the end, also on `/v1/completions`). So an identical repeat resumes all but 7
-tokens, and the same system bytes with a new ``fresh_tail()`` (10 content tokens) all but
-2 + 10 + 1 + 6 = 19.
+``IM_END``, ``2 + len(tokenize(content)) + 1`` tokens whatever its neighbours; the prompt ends with
+the six tokens of ``GENERATION_PROMPT``. Snapshot places: ``system_end`` (end of a system/developer
+``messages[0]``), ``last_message_start``, ``history_end`` (``HISTORY_TAIL`` = 7 tokens before the
+end, also on `/v1/completions`). So an identical repeat resumes all but 7 tokens, and the same
+system bytes with a new ``fresh_tail()`` (10 content tokens) all but 2 + 10 + 1 + 6 = 19.
 """
 
 from __future__ import annotations
