@@ -1,12 +1,9 @@
-"""`prefixreg sim`: the Halogen-compatible simulator in the foreground; `prefixreg demo`: the
-main job run on it in-process for a newcomer, everything reported from the simulated server's
-own numbers. The library is imported inside the functions.
-
-`sim` has one option per `SimConfig` field, from its metadata (`prefixreg.sim.config.knob`):
-named after it, typed by its default, with its help and defaults. Options default to None (the
-profile's default applies) unless the field names a ``cli_default``; ``env`` names a fallback
-variable. Typer builds them with the command, so registering it (`prefixreg --help`) imports no
-simulator.
+"""`prefixreg sim`: the Halogen-compatible simulator in the foreground; `prefixreg demo`: the main
+job run on it in-process, reported in the simulated server's own numbers. `sim` has one option per
+`SimConfig` field, from its metadata (`prefixreg.sim.config.knob`): named after it, typed by its
+default, with its help; None (the profile's default) unless the field names a ``cli_default``;
+``env`` names a fallback variable. Typer builds them with the command, and the library is imported
+inside the functions, so registering it (`prefixreg --help`) imports no simulator.
 """
 
 from __future__ import annotations
@@ -53,20 +50,17 @@ def _option(f: dataclasses.Field[Any]) -> inspect.Parameter:
     kind, name = kind_of(f.default), f.name.replace("_", "-")
     decls = f"--{name}/--no-{name}" if kind is bool else f"--{name}"
     option = typer.Option(decls, help=option_help(f), show_default=False)
-    return inspect.Parameter(
-        f.name,
-        _KW,
-        default=f.metadata.get("cli_default"),
-        annotation=Annotated[kind | None, option],
-    )
+    hint: Any = Annotated[kind | None, option]
+    return inspect.Parameter(f.name, _KW, default=f.metadata.get("cli_default"), annotation=hint)
 
 
 class _SimCommand:
     """Run a Halogen-compatible worker simulator in the foreground until Ctrl-C.
 
-    It serves /health, /cache, /metrics, /v1/models, /v1/chat/completions and /v1/completions
-    on 127.0.0.1 and models the prompt cache measured on the Halogen Flash lane (API 0.7.0). A
-    peer for demos and tests, not a measurement of Halogen.
+    It serves /health, /cache, /metrics, /v1/models, /v1/chat/completions and /v1/completions on
+    127.0.0.1 and models the prompt cache measured on the Halogen Flash lane (API 0.7.0). A peer for
+    demos and tests, not a measurement of Halogen. --engine vllm|sglang|trtllm|ollama answers as
+    that engine over the same cache model (no /cache; see --engine, --cache-report).
 
     Tokens: calibrated so the probe corpus's 4k/16k/32k/64k-character slices give the lane's
     2,593/11,374/21,337/43,538 prompt tokens (about 1.5 characters a token).
@@ -74,17 +68,11 @@ class _SimCommand:
     Time model (fitted to the lane's probe; every duration divided by --speed): the u uncached
     tokens of an n-token prompt prefill in min(u x step(n), prefill-setup-s + u / prefill-tps)
     seconds, step(n) = step-ms + n/1000 x step-ms-per-kctx milliseconds; decode takes tokens /
-    decode-tps. Defaults give cold 3.38/9.79/17.06/33.26 s at the four sizes, an identical
-    repeat 0.16-0.19 s and a fresh tail 0.41-0.47 s (measured: 3.38/9.81/17.16/33.26,
-    0.12-0.19, 0.4-0.69).
+    decode-tps. Defaults give cold 3.38/9.79/17.06/33.26 s at the four sizes, an identical repeat
+    0.16-0.19 s and a fresh tail 0.41-0.47 s (measured: 3.38/9.81/17.16/33.26, 0.12-0.19, 0.4-0.69).
 
     Wall: a snapshot of t tokens needs t x token-bytes of its slab (cap-mb MiB when set, else
     entry-bytes); one the slab cannot take is refused (/cache refused).
-
-    Engines: --engine vllm|sglang|trtllm|ollama answers as that engine over the same cache
-    model: its reply shapes, routes (no /cache), headers and Prometheus counters, built from
-    its source; --no-cache-report serves vLLM without --enable-prompt-tokens-details, SGLang
-    without --enable-cache-report, Ollama before 0.33.3.
     """
 
     # The `sim` callback (its docstring is the command's help). Typer reads its signature when
@@ -112,8 +100,7 @@ class _SimCommand:
             server = SimServer(config, log=None if quiet else c.info)
             auth = ", API key required" if config.api_key else ""
             shown = config.profile if config.engine is None else config.engine
-            if config.engine is not None and not config.cache_report:
-                shown += ", cache report off"
+            shown += ", cache report off" if config.engine and not config.cache_report else ""
             c.info(
                 f"prefixreg sim ({shown}, speed {config.speed:g}{auth}) listening on "
                 f"{server.url}  (Ctrl-C to stop)"
@@ -132,8 +119,7 @@ SAMPLE_NAME = "coding-agent"
 
 
 def sample_prompt() -> bytes:
-    """The sample system prompt: `examples/system-prompt.txt` in a checkout, or its packaged
-    copy in an installed wheel."""
+    """`examples/system-prompt.txt` from a checkout, or its copy packaged in a wheel."""
     checkout = Path(__file__).resolve().parents[2] / "examples" / "system-prompt.txt"
     if checkout.is_file():
         return checkout.read_bytes()

@@ -1,10 +1,6 @@
 """A model-free, Halogen-compatible worker on loopback that reproduces the prompt cache measured
 on the Flash lane: a peer for tests and demos (DESIGN §7), not a way to measure Halogen. With
 `SimConfig(engine=...)` it answers as vLLM, SGLang, TensorRT-LLM or Ollama (`sim.engines`).
-
-    with SimServer(SimConfig(speed=1000)) as sim:      # 127.0.0.1, ephemeral port
-        ...  # talk to sim.url; sim.requests() lists (method, path) received
-
 The server loads on first use of `SimServer`, so reading the config (`prefixreg sim --help`)
 stays cheap.
 """

@@ -1,31 +1,29 @@
-"""The simulated prompt cache's two tiers: the memory LRU of snapshots ``tokens[:place]`` with
-its `/cache` counters (`PromptCache`, pure), and the disk tier (`DiskTier`, the simulator's only
-file I/O). Neither is thread-safe: the engine serialises every call.
+"""The simulated prompt cache's two tiers: the memory LRU of snapshots ``tokens[:place]`` with its
+`/cache` counters (`PromptCache`, pure), and the disk tier (`DiskTier`, the simulator's only file
+I/O). Neither is thread-safe: the engine serialises every call.
 
-`lookup` (a request starts) publishes the hit/miss/saved deltas of requests ``counter_lag``
-starts back (the other counters never lag), then finds and refreshes the longest usable
-snapshot: Flash resumes only a whole exact prefix of the prompt (a recurrent state cannot resume
-mid-way); dense any common prefix rounded down to ``snapshot_align``, below the prompt length.
-`store` (once the prefill has finished: never before its state exists) makes each place the
-most recent entry, evicting the least recent over capacity; Flash 0.7.0 stores even equal
-snapshots, dense (``dedupe_snapshots``) refreshes an equal one instead. The wall: a place
-needing more than its slab (``t * token_bytes`` for t tokens; 2,048 B puts it at 56,830 tokens),
-or any when capacity is 0, is ``refused``.
-Invariants: ``0 <= entries <= capacity``; ``stores - evicted == entries``; cached <= prompt
-length (< for dense); counters only grow.
+`lookup` (a request starts) publishes the hit/miss/saved deltas of requests ``counter_lag`` starts
+back (no other counter lags), then finds and refreshes the longest usable snapshot: Flash resumes
+only a whole exact prefix of the prompt (a recurrent state cannot resume mid-way); dense any common
+prefix rounded down to ``snapshot_align``, below the prompt length. `store` (once the prefill has
+finished: never before its state exists) makes each place the most recent entry, evicting the least
+recent over capacity; Flash 0.7.0 stores even equal snapshots, dense (``dedupe_snapshots``)
+refreshes an equal one. A place needing more than its slab (``t * token_bytes``; 2,048 B puts the
+wall at 56,830 tokens), or any at capacity 0, is ``refused``. Invariants: ``0 <= entries <=
+capacity``; ``stores - evicted == entries``; cached <= prompt length (< for dense); counters only
+grow.
 
-The disk tier (`--cache-dir`, like Flash's ``HALOGEN_CACHE_DIR``) keeps each stored snapshot as
-a JSON file under ``<cache_dir>/<build>/`` (one subtree per template, model id and slot size),
-written to a temporary file renamed into place: a crash leaves the whole record or none; a
-failed write (full disk, directory gone) leaves no temporary file and counts as skipped. On
-start the subtree is read back least recently used first (file mtime; a restore touches the
-file), so entries survive a restart exactly; a file not regular, not JSON, or not named after
-its tokens is ignored. A record models ``tokens * disk_token_bytes``; least recently used
-records are evicted to stay within ``disk_gib``, one larger than all of it is skipped. A lookup
-restores the longest record that is an exact prefix of the prompt. `/cache.disk`
-(halogen-api.md §1.3): ``hits`` restores, ``misses`` lookups that found nothing where memory had
-nothing either, ``persisted``, ``skipped`` (held already, over budget, failed); ``lineages``
-(records extending no other) and ``branches`` (the rest) are the simulator's own definitions.
+The disk tier (`--cache-dir`, Flash's ``HALOGEN_CACHE_DIR``) keeps each stored snapshot as a JSON
+file under ``<cache_dir>/<build>/`` (a subtree per template, model id and slot size), written to a
+temporary file renamed into place: a crash leaves the whole record or none; a failed write (full
+disk, directory gone) leaves no temporary file and counts as skipped. On start the subtree is read
+back least recently used first (by mtime; a restore touches the file), so entries survive a restart
+exactly; a file not regular, not JSON, or not named after its tokens is ignored. A record models
+``tokens * disk_token_bytes``; the least recently used are evicted to stay within ``disk_gib``, one
+larger than all of it is skipped. A lookup restores the longest record that is an exact prefix of
+the prompt. `/cache.disk` (halogen-api.md §1.3): ``hits`` restores, ``misses`` lookups where neither
+tier found anything, ``persisted``, ``skipped`` (held, over budget, failed); ``lineages`` (records
+extending no other) and ``branches`` (the rest) are the simulator's own definitions.
 """
 
 from __future__ import annotations
@@ -54,9 +52,9 @@ def _align_down(value: int, align: int) -> int:
 
 
 def snapshot_places(prompt: RenderedPrompt, config: SimConfig) -> list[int]:
-    """The places a request stores, ascending, in 1..n: Flash the first ``entries_per_request``
-    of (system end, history end, last message start, prompt end) that exist, aligned down; dense
-    the last ``entries_per_request`` multiples of the alignment strictly below the length."""
+    """A request's places, ascending, in 1..n: Flash the first ``entries_per_request`` of (system
+    end, history end, last message start, end), aligned; dense that many multiples of the
+    alignment below n."""
     n, k, align = prompt.n, config.entries_per_request, config.snapshot_align
     if not config.flash:
         top = _align_down(n - 1, align) if n > 0 else 0
@@ -123,8 +121,7 @@ class PromptCache:
         self._counts["prompt_tokens_saved"] += saved
 
     def store(self, prompt: RenderedPrompt) -> tuple[int, ...]:
-        """Store this request's places (call once its prefill has finished); returns the
-        places now held (stored, or refreshed when deduplicated)."""
+        """Store this request's places (its prefill has finished); the places now held."""
         config, counts = self.config, self._counts
         if config.max_entries == 0:
             return ()
@@ -162,16 +159,13 @@ class PromptCache:
         }
 
 
-_SUFFIX = ".json"
-
-
 def _record_name(tokens: tuple[str, ...]) -> str:
-    return token_digest(tokens).hex() + _SUFFIX
+    return token_digest(tokens).hex() + ".json"
 
 
 class DiskTier:
-    """Records on disk plus their index (name -> tokens, least recent first). Raises
-    `UsageError` if the build's subtree cannot be created or read."""
+    """Records on disk, indexed name -> tokens, least recent first. Raises `UsageError` if the
+    build's subtree cannot be created or read."""
 
     def __init__(self, config: SimConfig, cache_dir: str) -> None:
         ident = f"{TEMPLATE_SHA256}\n{config.model_id}\n{config.slot_ctx}\n".encode()
@@ -183,12 +177,11 @@ class DiskTier:
             self.dir.mkdir(parents=True, exist_ok=True)
             paths = list(self.dir.iterdir())
         except OSError as exc:
-            raise UsageError(
-                f"simulator: cannot use cache_dir {cache_dir}: {exc.strerror or exc}"
-            ) from None
+            problem = exc.strerror or exc
+            raise UsageError(f"simulator: cannot use cache_dir {cache_dir}: {problem}") from None
         found: list[tuple[float, str, tuple[str, ...]]] = []
         for path in paths:
-            if not path.name.endswith(_SUFFIX) or path.is_symlink() or not path.is_file():
+            if not path.name.endswith(".json") or path.is_symlink() or not path.is_file():
                 continue  # temporary files of an interrupted write, or anything not ours
             try:
                 body = jsonio.loads(path.read_bytes(), path=path)
@@ -206,9 +199,8 @@ class DiskTier:
         return sum(len(t) for t in self._records.values()) * self.config.disk_token_bytes
 
     def resume(self, tokens: tuple[str, ...], cached: int) -> tuple[int, float]:
-        """Restore the longest record that is a prefix of `tokens` and resumes more than the
-        `cached` tokens memory found, refreshing it: (its length, modelled seconds before
-        `speed`); (0, 0.0) if there is none (a miss when memory had nothing either)."""
+        """Restore (refresh) the longest record starting `tokens` if longer than `cached`: (its
+        length, modelled seconds before `speed`), else (0, 0.0)."""
         best = 0
         for record in self._records.values():
             if best < len(record) <= len(tokens) and tokens[: len(record)] == record:
@@ -247,26 +239,15 @@ class DiskTier:
         self.counters["persisted"] += 1
         while self.bytes > self.budget_bytes and len(self._records) > 1:
             old, _ = self._records.popitem(last=False)
-            with contextlib.suppress(FileNotFoundError):
-                (self.dir / old).unlink()
+            (self.dir / old).unlink(missing_ok=True)
             self.counters["evicted"] += 1
 
     def body(self) -> dict[str, Any]:
         """The `/cache` `disk` block."""
         records = list(self._records.values())
-        roots = sum(
-            1
-            for r in records
-            if not any(len(o) < len(r) and r[: len(o)] == o for o in records if o is not r)
-        )
-        return {
-            "on": True,
-            "records": len(records),
-            "lineages": roots,
-            "branches": len(records) - roots,
-            "bytes": self.bytes,
-            "budget_bytes": self.budget_bytes,
-            **self.counters,
-            "restore_ms_total": round(self.restored_bytes / self.config.disk_read_mbps / 1000, 1),
-            "restored_bytes": self.restored_bytes,
-        }
+        extends = [any(len(o) < len(r) and r[: len(o)] == o for o in records) for r in records]
+        n, roots = len(records), extends.count(False)
+        body = {"on": True, "records": n, "lineages": roots, "branches": n - roots}
+        body |= {"bytes": self.bytes, "budget_bytes": self.budget_bytes, **self.counters}
+        restore_ms = round(self.restored_bytes / self.config.disk_read_mbps / 1000, 1)
+        return body | {"restore_ms_total": restore_ms, "restored_bytes": self.restored_bytes}

@@ -1,22 +1,15 @@
 """`SimConfig`: every knob of the simulator, its default the measured Halogen Flash lane (API
-0.7.0), and the time model the knobs drive. Pure.
+0.7.0), and the time model the knobs drive. Pure. Each field carries its option's metadata
+(`knob`): help, ``note`` (the default's source), bound (``ge`` / ``gt``, ``why``), ``dense``
+default and CLI extras (``shown``, ``cli_default``, ``env``); `prefixreg sim` builds its options
+from them. A value of the wrong type or out of bounds is a `UsageError` naming the field. The
+`dense` profile (Halogen dense 0.1.x): each field's ``dense``, no `timings`, `/metrics` or disk.
 
-Each field carries its option's metadata (`knob`): help, ``note`` (where the default comes
-from), bound (``ge`` / ``gt``, ``why``), ``dense`` default and CLI extras (``shown``,
-``cli_default``, ``env``); `prefixreg sim` builds its options from them. A value of the wrong
-type or out of bounds is a `UsageError` naming the field. The `dense` profile (Halogen dense
-0.1.x) differs where the reference says: each field's ``dense``, no `timings`, `/metrics` or
-disk tier.
-
-The time model, fitted to the lane's probe (A1 cold, A2 identical repeat, B fresh tail;
-``max_tokens`` 1) at 2,593 / 11,374 / 21,337 / 43,538 prompt tokens. Prefill: ``u`` uncached
-tokens of an ``n``-token prompt take the cheaper of stepping, ``u * step(n)`` with ``step(n) =
-step_ms + n / 1000 * step_ms_per_kctx`` (a short pass is latency-bound like decode), and a
-batched pass, ``prefill_setup_s + u / prefill_tps``; the two cross near 75 tokens. Decode:
-``completion / decode_tps``. Disk restore: ``bytes / (disk_read_mbps * 10^6)``. Defaults: A1
-3.38 / 9.79 / 17.06 / 33.26 s (measured 3.38 / 9.81 / 17.16 / 33.26); A2 (7 tokens) 0.160-0.185 s
-(measured 0.12-0.19); B (19 tokens) 0.406-0.473 s (measured 0.4-0.69): no model linear in the
-uncached tokens reaches the measured B/A2 ratio (3.3-3.6 > 19/7). `speed` divides every modelled
+The time model (`prefill_s`; its formula and fit to the lane's probe in `prefixreg sim --help`):
+``u`` uncached tokens prefill in the cheaper of stepping them (a short pass is latency-bound like
+decode) and a batched pass, crossing near 75 tokens: no model linear in the uncached tokens reaches
+the measured fresh-tail / identical-repeat ratio (3.3-3.6 > 19/7). Decode: ``completion /
+decode_tps``; disk restore: ``bytes / (disk_read_mbps * 10^6)``. `speed` divides every modelled
 duration (prefill, decode, disk restores, queue timeout, keepalive interval): ratios hold.
 """
 
@@ -36,7 +29,7 @@ T = TypeVar("T")
 
 
 def knob(default: T, doc: str, note: str = "", *, repr: bool = True, **meta: Any) -> T:
-    """A `SimConfig` field with its option's metadata (see the module docstring)."""
+    """A `SimConfig` field with its option's metadata."""
     return field(default=default, repr=repr, metadata={"help": doc, "note": note, **meta})
 
 
@@ -192,8 +185,7 @@ class SimConfig:
 
     @classmethod
     def for_profile(cls, profile: str, **overrides: Any) -> SimConfig:
-        """The profile's defaults (dense: each field's ``dense``), then every override that is
-        not None."""
+        """The profile's defaults (dense: each field's ``dense``), then every override not None."""
         unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
         if unknown:
             raise UsageError(f"simulator: unknown option(s) {', '.join(unknown)}")

@@ -19,10 +19,17 @@ from prefixreg.sim.protocol import ApiError, Call
 from prefixreg.sim.tokenizer import TEMPLATE_SHA256
 
 API_VERSION = "0.7.0"  # the Flash release the defaults were measured on
-SUPPORTED = [
-    "model", "messages", "prompt", *protocol.TOKEN_BUDGET_ALIASES, "stream", "stream_options",
-    "stop", "temperature", "top_p", "top_k", "min_p", "seed", "drafter",
-]  # fmt: skip
+# The request fields /health lists, the same on every server.
+_REQUESTS = {
+    "supported": [
+        "model", "messages", "prompt", *protocol.TOKEN_BUDGET_ALIASES, "stream", "stream_options",
+        "stop", "temperature", "top_p", "top_k", "min_p", "seed", "drafter",
+    ],
+    "token_budget_aliases": list(protocol.TOKEN_BUDGET_ALIASES),
+    "max_tokens_default": protocol.MAX_TOKENS_DEFAULT["chat"],
+    "error_format": "openai",
+    "accepted_but_ignored": ["n"],
+}  # fmt: skip
 _TIMING = ["store_ms_total", "restore_ms_total", "last_store_ms", "last_restore_ms"]
 _FLASH_CACHE = [
     "entries", "max_entries", "bytes", "last_entry_bytes", "hits", "misses", "stores", "evicted",
@@ -62,12 +69,9 @@ class Engine:
             with self.lock:
                 self._queued -= 1
         if not got:
-            raise ApiError(
-                503,
-                "timed out waiting for the engine — halogen serves "
-                f"{self.config.slots} request(s) at a time and the queue did not clear",
-                code="engine_busy",
-            )
+            n = self.config.slots
+            why = f"halogen serves {n} request(s) at a time and the queue did not clear"
+            raise ApiError(503, f"timed out waiting for the engine — {why}", code="engine_busy")
         hold = (time.monotonic(), call.prompt.n, call.prompt.n + call.max_tokens)
         with self.lock:
             self._holds.append(hold)
@@ -83,20 +87,17 @@ class Engine:
         return not self.stopping.wait(seconds) if seconds > 0 else not self.stopping.is_set()
 
     def lookup(self, call: Call) -> tuple[int, int, float]:
-        """Find what this request resumes (memory, then disk) and count it: (cached tokens,
-        of them restored from the disk tier, modelled seconds of that restore)."""
+        """Count what `call` resumes (memory, then disk): (cached, from disk, disk seconds)."""
         prompt = call.prompt
         with self.lock:
-            found = (self.cache.lookup(prompt), 0, 0.0)
-            if self.disk is not None:
-                restored, seconds = self.disk.resume(prompt.tokens, found[0])
-                if restored:
-                    found = (restored, restored, seconds)
-            self.cache.count(found[0])
+            cached = self.cache.lookup(prompt)
+            disk = (0, 0.0) if self.disk is None else self.disk.resume(prompt.tokens, cached)
+            cached = max(cached, disk[0])  # the disk tier restores only what resumes more
+            self.cache.count(cached)
             self.requests_total += 1
-            self.prompt_tokens_total += prompt.n - found[0]
-            self.prompt_tokens_cached_total += found[0]
-            return found
+            self.prompt_tokens_total += prompt.n - cached
+            self.prompt_tokens_cached_total += cached
+            return cached, *disk
 
     def store(self, call: Call) -> None:
         """Store this request's snapshots (its prefill has finished), and persist them."""
@@ -113,22 +114,17 @@ class Engine:
             oldest = min((h[0] for h in self._holds), default=None)
         routes = ["/v1/chat/completions", "/v1/completions", "/v1/models"]
         body: dict[str, Any] = {"status": "ok", "model": config.model_id, "endpoints": routes}
-        if flash:
-            body |= {"cache_counters": "/cache", "metrics": "/metrics"}
+        body |= {"cache_counters": "/cache", "metrics": "/metrics"} if flash else {}
         body["context"] = config.slot_ctx
         if flash:
             body["version"] = {"api": API_VERSION, "engine": API_VERSION, "match": True}
             body["chat_template"] = {"path": None, "sha256": TEMPLATE_SHA256}
-        body |= {
-            "busy": in_flight >= config.slots,
-            "slots": config.slots,
-            "slot_ctx": config.slot_ctx,
-            "in_flight": in_flight,
-            "busy_for_s": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
-            "queued": queued,
-        }
-        if flash:  # Flash 0.17.3 reports 524288 for 4 slots of 262144: two slots' worth
-            body["kv_pool_positions"] = 2 * config.slot_ctx
+        busy_for = round(time.monotonic() - oldest, 3) if oldest is not None else 0.0
+        body |= {"busy": in_flight >= config.slots, "slots": config.slots}
+        body |= {"slot_ctx": config.slot_ctx, "in_flight": in_flight, "busy_for_s": busy_for}
+        body["queued"] = queued
+        # Flash 0.17.3 reports 524288 for 4 slots of 262144: two slots' worth.
+        body |= {"kv_pool_positions": 2 * config.slot_ctx} if flash else {}
         body |= {"decode": "greedy", "drafters_available": list(protocol.DRAFTERS[config.profile])}
         body["drafter_default"] = "serial"
         # Flash's cap_mb is one entry's size in MiB (116389652 B -> 110), not a budget.
@@ -138,27 +134,18 @@ class Engine:
         cache["snapshot_align"] = config.snapshot_align
         cache["bitwise_identical_to_cold"] = not flash and config.snapshot_align == 2048
         body["prompt_cache"] = cache
-        if flash:
-            body["chat_template_kwargs"] = sorted(protocol.CHAT_TEMPLATE_KWARGS)
+        body |= {"chat_template_kwargs": sorted(protocol.CHAT_TEMPLATE_KWARGS)} if flash else {}
         # api_key (repr=False) is never shown
         options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.repr}
-        return body | {
-            "supported": SUPPORTED,
-            "token_budget_aliases": list(protocol.TOKEN_BUDGET_ALIASES),
-            "max_tokens_default": protocol.MAX_TOKENS_DEFAULT["chat"],
-            "error_format": "openai",
-            "accepted_but_ignored": ["n"],
-            "max_tokens_cap": config.max_tokens_cap,
-            "max_tokens_over_cap": "400",
-            "simulator": {"name": "prefixreg.sim", **options},
-        }
+        body |= _REQUESTS | {"max_tokens_cap": config.max_tokens_cap, "max_tokens_over_cap": "400"}
+        return body | {"simulator": {"name": "prefixreg.sim", **options}}
 
     def models(self) -> dict[str, Any]:
         model = {"id": self.config.model_id, "object": "model", "created": self.started}
         return {"object": "list", "data": [model | {"owned_by": "prefixreg-sim"}]}
 
     def engine_get(self, path: str) -> Any:
-        """A GET route of the engine served (`sim.engines.get_routes`): JSON, or text."""
+        """A GET route of the engine served (`sim.engines.GET_ROUTES`): JSON, or text."""
         config, engine = self.config, str(self.config.engine)
         model, report, ctx = config.model_id, config.cache_report, config.slot_ctx
         with self.lock:
@@ -189,14 +176,8 @@ class Engine:
         config = self.config
         with self.lock:
             c, disk = self.cache.counters(), None if self.disk is None else self.disk.body()
-        values = c | {
-            "max_entries": config.max_entries,
-            "reserved_bytes": c["bytes"],
-            "cap_bytes": config.cap_mb * MIB,
-            "rows_copied": 0,
-            "rows_copied_ms": 0.0,
-            "disk": disk,
-        }
+        values = c | {"max_entries": config.max_entries, "reserved_bytes": c["bytes"], "disk": disk}
+        values |= {"cap_bytes": config.cap_mb * MIB, "rows_copied": 0, "rows_copied_ms": 0.0}
         keys = _FLASH_CACHE if config.flash else _DENSE_CACHE
         return {k: values[k] for k in keys if not (k == "disk" and disk is None)}
 

@@ -1,28 +1,14 @@
 """The simulator as the engines users run (`--engine vllm|sglang|trtllm|ollama`): their reply
-shapes, routes, headers and metrics over the one cache model underneath. Pure.
-
-Built from each engine's source, as recorded in tests/fixtures/engines/README.md:
-- vLLM (reports 0.23.0, a build with #45171): usage `prompt_tokens, total_tokens,
-  completion_tokens, prompt_tokens_details`; with `--enable-prompt-tokens-details` (`cache_report`)
-  `{"cached_tokens": N}`, an explicit 0 included, else `null` (a stream's usage chunk drops
-  the key: `exclude_none`). `/health` empty, `/version`, `/v1/models` (`owned_by` vllm,
-  `max_model_len`, `permission`), `/metrics` (`vllm:` counters, labels model_name, engine).
-- SGLang (0.5.9): `prompt_tokens_details` `{"cached_tokens": N}` only with
-  `--enable-cache-report` *and* N > 0, else `null` (`_details_if_cached`); `reasoning_tokens`;
-  a 32-hex id; `/server_info` (and `/get_server_info`) with the flags; `/model_info`;
-  `/metrics` (`--enable-metrics`, on here).
-- TensorRT-LLM (1.3.0rc23): `{"cached_tokens": N}` always (PR #7637); `/metrics` is a JSON list
-  of iteration stats; the Prometheus text is at `/prometheus/metrics`; no flag to turn off.
-- Ollama (0.34.4): usage `prompt_tokens, prompt_tokens_details, completion_tokens,
-  total_tokens`, the details always; `--no-cache-report` serves 0.33.2, which sends none
-  (the count ships from 0.33.3); `system_fingerprint` fp_ollama; ids `chatcmpl-<n>`; `GET /`
-  `Ollama is running`, `/api/version`, `/api/tags`, `/api/ps`; no Prometheus route.
-No engine sends Halogen's `timings` or `/cache`. Native routes, non-streamed only: SGLang
-`POST /generate` (`text`, `sampling_params.max_new_tokens`; `meta_info.cached_tokens` always)
-and Ollama `POST /api/chat` (`stream: false` required; `options.num_predict`;
-`prompt_eval_count` counts the cached tokens too, `prompt_eval_cached_count` from 0.33.3). Not
-modelled: streamed native routes, each engine's error envelope and block granularity (vLLM
-16, TensorRT-LLM 32 tokens): the cache model is Halogen Flash's.
+shapes, routes, headers and metrics over the one cache model underneath. Pure. Each shape follows
+the engine's source as recorded in tests/fixtures/engines/README.md, at the version reported:
+vLLM 0.23.0 (a build with #45171: a cold call's details are `{"cached_tokens": 0}`), SGLang
+0.5.9 (`--enable-metrics` on), TensorRT-LLM 1.3.0rc23, Ollama 0.34.4. `cache_report` off serves
+vLLM without `--enable-prompt-tokens-details`, SGLang without `--enable-cache-report`, Ollama
+0.33.2 (TensorRT-LLM always reports, PR #7637). No engine sends Halogen's `timings` or `/cache`.
+Native routes, non-streamed only: SGLang `POST /generate` (`meta_info.cached_tokens` always)
+and Ollama `POST /api/chat` (`stream: false` required; `prompt_eval_count` counts the cached
+tokens too, `prompt_eval_cached_count` from 0.33.3). Not modelled: streamed native routes, each
+engine's error envelope and block granularity (vLLM 16, TensorRT-LLM 32 tokens).
 """
 
 from __future__ import annotations
@@ -34,18 +20,17 @@ from typing import TYPE_CHECKING, Any, Final
 
 from prefixreg.core import jsonio
 from prefixreg.core.errors import CorruptRecordError
-from prefixreg.sim.config import ENGINES as ENGINES
 
 if TYPE_CHECKING:
     from prefixreg.sim.protocol import Kind, Result
 
 UVICORN: Final = frozenset({"vllm", "sglang", "trtllm"})  # FastAPI under uvicorn; Ollama is Go
 _VERSION: Final = {"vllm": "0.23.0", "sglang": "0.5.9", "trtllm": "1.3.0rc23", "ollama": "0.34.4"}
-_NO_REPORT_VERSION: Final = {"ollama": "0.33.2"}
 
 
 def version(engine: str, report: bool) -> str:
-    return _VERSION[engine] if report else _NO_REPORT_VERSION.get(engine, _VERSION[engine])
+    """The version the engine reports: Ollama without the cache report is 0.33.2."""
+    return "0.33.2" if engine == "ollama" and not report else _VERSION[engine]
 
 
 def reply_id(engine: str) -> str:
@@ -56,8 +41,7 @@ def reply_id(engine: str) -> str:
 
 
 def usage(engine: str, report: bool, n: int, k: int, cached: int) -> dict[str, Any]:
-    """The engine's usage object for a call of `n` prompt tokens, `k` completion tokens and
-    `cached` resumed ones, its reporting flag on or off (`report`)."""
+    """The usage object for `n` prompt, `k` completion and `cached` resumed tokens."""
     shown = report and (cached > 0 or engine != "sglang")
     details = {"cached_tokens": cached} if shown else None
     if engine == "ollama":
@@ -96,9 +80,7 @@ _TAIL: Final[dict[str, dict[str, Any]]] = {
 
 
 def dress(engine: str, body: dict[str, Any]) -> dict[str, Any]:
-    """A Halogen-shaped reply (`id, created, model, object, choices[, usage]`) in the engine's
-    key order, with its extra fields (a vLLM stream: no `usage` on a piece, no null in the
-    usage chunk)."""
+    """A Halogen-shaped reply in the engine's key order, with the engine's extra fields."""
     chunk = str(body.get("object", "")).endswith(".chunk")
     choices = []
     for choice in body["choices"]:
@@ -150,24 +132,17 @@ def server_info(model: str, report: bool, ctx: int, radix: bool) -> dict[str, An
     return args | state | {"internal_states": internal, "version": _VERSION["sglang"]}
 
 
-def get_routes(engine: str) -> frozenset[str]:
-    """The GET routes the engine answers (each one's body: `Engine.engine_route`)."""
-    common = {"/v1/models"}
-    routes = {
-        "vllm": {"/health", "/version", "/metrics", "/load"},
-        "sglang": {"/health", "/server_info", "/get_server_info", "/model_info", "/metrics"},
-        "trtllm": {"/health", "/version", "/metrics", "/prometheus/metrics"},
-        "ollama": {"/", "/api/version", "/api/tags", "/api/ps"},
-    }[engine]
-    return frozenset(common | routes)
-
-
-PROMETHEUS: Final = {"vllm": "/metrics", "sglang": "/metrics", "trtllm": "/prometheus/metrics"}
+# The GET routes each engine answers besides `/v1/models` (each one's body: `Engine.engine_get`).
+GET_ROUTES: Final = {
+    "vllm": {"/health", "/version", "/metrics", "/load"},
+    "sglang": {"/health", "/server_info", "/get_server_info", "/model_info", "/metrics"},
+    "trtllm": {"/health", "/version", "/metrics", "/prometheus/metrics"},
+    "ollama": {"/", "/api/version", "/api/tags", "/api/ps"},
+}
 
 
 def metrics(engine: str, model: str, prompt: int, cached: int, requests: int) -> str:
-    """The engine's Prometheus text over the running totals: `prompt` every prompt token
-    (cached ones included), `cached` the resumed ones, `requests` the calls served."""
+    """Prometheus text over every prompt token, the `cached` ones and the `requests` served."""
     if engine == "vllm":
         labels = f'{{model_name="{model}",engine="0"}}'
         series = [
@@ -205,17 +180,15 @@ def _text(series: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-NATIVE: Final[dict[str, dict[str, Kind]]] = {
-    "vllm": {},
-    "sglang": {"/generate": "completion"},
-    "trtllm": {},
-    "ollama": {"/api/chat": "chat"},
+# (engine, path) of each native POST route: the kind of shared request it stands for.
+NATIVE: Final[dict[tuple[str, str], Kind]] = {
+    ("sglang", "/generate"): "completion",
+    ("ollama", "/api/chat"): "chat",
 }
 
 
 def native_request(engine: str, raw: bytes) -> bytes:
-    """A native request body as the shared request it stands for (`protocol.parse_request`
-    then validates it); a body that is not a JSON object passes through to be refused."""
+    """A native body as the shared request (a body not a JSON object passes, to be refused)."""
     from prefixreg.sim.protocol import invalid
 
     try:
@@ -236,11 +209,10 @@ def native_request(engine: str, raw: bytes) -> bytes:
             raise invalid("body.stream", "the simulator serves /api/chat with stream false only")
         out = {"messages": body.get("messages"), "stream": False}
         budget = params.get("num_predict")
-    temperature = params.get("temperature")
     if out["stream"] is not False:
         raise invalid("body.stream", "the simulator serves native routes non-streamed only")
-    out |= {"max_tokens": budget} if budget is not None else {}
-    out |= {"temperature": temperature} if temperature is not None else {}
+    passed = {"max_tokens": budget, "temperature": params.get("temperature")}
+    out |= {name: value for name, value in passed.items() if value is not None}
     return json.dumps(out).encode()
 
 
@@ -250,14 +222,10 @@ def native_reply(result: Result) -> dict[str, Any]:
     n, k, cached = result.call.prompt.n, len(result.pieces), result.cached
     if engine == "sglang":
         finish = {"type": result.finish_reason, "length": k}
-        meta: dict[str, Any] = {
-            "id": secrets.token_hex(16),
-            "finish_reason": finish,
-            "prompt_tokens": n,
-        }
-        meta |= {"weight_version": "default", "total_retractions": 0, "completion_tokens": k}
-        meta |= {"cached_tokens": cached, "cached_tokens_details": None, "dp_rank": None}
-        meta["e2e_latency"] = round(result.prompt_s + result.decode_s, 4)
+        meta: dict[str, Any] = {"id": secrets.token_hex(16), "finish_reason": finish}
+        meta |= {"prompt_tokens": n, "weight_version": "default", "total_retractions": 0}
+        meta |= {"completion_tokens": k, "cached_tokens": cached, "cached_tokens_details": None}
+        meta |= {"dp_rank": None, "e2e_latency": round(result.prompt_s + result.decode_s, 4)}
         return {"text": text, "output_ids": list(range(k)), "meta_info": meta}
     model = result.config.model_id
     created = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime(result.created))

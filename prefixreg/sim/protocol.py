@@ -1,20 +1,18 @@
-"""Halogen's wire protocol, pure, with halogen-api.md §1's field names: a POST body becomes a
-`Call` or an `ApiError` (before queueing), a served call a `Result`, a `Result` its reply.
+"""Halogen's wire protocol, pure, with halogen-api.md §1's field names: a POST body becomes a `Call`
+or an `ApiError` (before queueing), a served call a `Result`, a `Result` its reply.
 
-Errors are 400 (never 422), ``"<loc>: <msg>"``; besides field shapes, the documented 400s
-(§1.5): ``top_logprobs``; ``logprobs`` with ``stream``; ``presence_penalty``,
-``frequency_penalty``, ``logit_bias`` or ``logprobs`` unless ``temperature`` > 0 (absent is 0);
-a ``drafter`` the profile lacks; on Flash, a ``chat_template_kwargs`` key not in
-``CHAT_TEMPLATE_KWARGS`` or contradicting its top-level field. Tools render Qwen-style into the
-system turn after its content (a snapshot at `system_end` covers them); ``tool_choice: "none"``
-renders none (alternating it with "auto" costs a miss); `tool_calls` after their turn's content.
-
-Replies: errors ``{"error": {"message", "type", "param": null, "code"}}``; usage with
-``prompt_tokens_details: {cached_tokens}`` only when cached > 0; Flash ``timings`` beside it
-(``cache_n`` always there), dense none. Streams: content frames, a finish frame (empty delta /
-text, Flash ``timings``), with ``include_usage`` a ``choices: []`` frame carrying ``usage``
-(earlier frames ``"usage": null``), ``data: [DONE]``. An engine's replies (`config.engine`):
-its usage and fields, no ``timings`` (`sim.engines`).
+Errors are 400 (never 422), ``"<loc>: <msg>"``; besides field shapes, the documented 400s (§1.5):
+``top_logprobs``; ``logprobs`` with ``stream``; ``presence_penalty``, ``frequency_penalty``,
+``logit_bias`` or ``logprobs`` unless ``temperature`` > 0 (absent is 0); a ``drafter`` the profile
+lacks; on Flash, a ``chat_template_kwargs`` key not in ``CHAT_TEMPLATE_KWARGS`` or contradicting its
+top-level field. Tools render Qwen-style at the end of the system turn (a snapshot at `system_end`
+covers them; one is opened if there is none); ``tool_choice: "none"`` renders none (alternating it
+with "auto" costs a miss); `tool_calls` follow their turn's content. Replies: errors ``{"error":
+{"message", "type", "param": null, "code"}}``; usage with ``prompt_tokens_details: {cached_tokens}``
+only when cached > 0; Flash ``timings`` beside it (``cache_n`` always), dense none. Streams: content
+frames, a finish frame (empty delta / text, Flash ``timings``), with ``include_usage`` a ``choices:
+[]`` frame carrying ``usage`` (earlier frames ``"usage": null``), ``data: [DONE]``. With
+`config.engine`: that engine's usage and fields, no ``timings`` (`sim.engines`).
 """
 
 from __future__ import annotations
@@ -54,7 +52,6 @@ class ApiError(Exception):
         self.status, self.message, self.code = status, message, code
 
     def body(self) -> dict[str, Any]:
-        """The OpenAI error envelope Halogen uses."""
         kind = _ERROR_TYPES.get(self.status, "server_error")
         return {"error": {"message": self.message, "type": kind, "param": None, "code": self.code}}
 
@@ -84,20 +81,16 @@ def _content_text(content: object, loc: str) -> str:
         return content or ""
     if not isinstance(content, list):
         raise invalid(loc, "must be a string, a list of text parts, or null")
-    parts: list[str] = []
     for i, part in enumerate(content):
         if not (isinstance(part, dict) and part.get("type") == "text"):
             raise invalid(f"{loc}.{i}", "only text content parts are supported")
         if not isinstance(part.get("text"), str):
             raise invalid(f"{loc}.{i}.text", "must be a string")
-        parts.append(part["text"])
-    return "".join(parts)
+    return "".join(part["text"] for part in content)
 
 
 def _messages(body: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The (role, content) pairs the template renders: each assistant turn's tool calls after
-    its content, the tools block folded into the system turn (one is opened for it when the
-    first message is not a system turn)."""
+    """The (role, content) pairs to render, tool calls and tools placed (module docstring)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("body.messages", "must be a non-empty list")
@@ -117,9 +110,7 @@ def _messages(body: Mapping[str, Any]) -> list[tuple[str, str]]:
     tools, choice = body.get("tools"), body.get("tool_choice")
     if not (choice is None or isinstance(choice, dict) or choice in TOOL_CHOICES):
         raise invalid("body.tool_choice", f"must be one of {list(TOOL_CHOICES)} or an object")
-    if tools is not None and not (
-        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
-    ):
+    if not (tools is None or (isinstance(tools, list) and all(isinstance(t, dict) for t in tools))):
         raise invalid("body.tools", "must be a list of objects")
     if not tools or choice == "none":
         return out
@@ -138,25 +129,18 @@ def _token_budget(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> int
             raise invalid(f"body.{name}", "must be an integer >= 1")
     if len(set(sent.values())) > 1:
         listed = ", ".join(f"{k}={v}" for k, v in sent.items())
-        raise invalid(
-            "body",
-            f"conflicting token budgets ({listed}); they are the same budget under three "
-            "names, send one",
-        )
+        why = "they are the same budget under three names, send one"
+        raise invalid("body", f"conflicting token budgets ({listed}); {why}")
     value = int(next(iter(sent.values()))) if sent else MAX_TOKENS_DEFAULT[kind]
     if value > config.max_tokens_cap:
-        raise ApiError(
-            400,
-            f"max_tokens {value} exceeds this server's cap of {config.max_tokens_cap}. The cap "
-            "is server policy, not a model limit: ask for fewer tokens or raise the server's "
-            "--max-tokens-cap.",
-        )
+        cap, advice = config.max_tokens_cap, "ask for fewer tokens or raise the server's"
+        policy = f"The cap is server policy, not a model limit: {advice} --max-tokens-cap."
+        raise ApiError(400, f"max_tokens {value} exceeds this server's cap of {cap}. {policy}")
     return value
 
 
 def _options(body: Mapping[str, Any], profile: str) -> tuple[bool, bool]:
-    """Sampling ranges, the stream flags and the documented 400s (see the module docstring),
-    checked in the server's order; returns (stream, include_usage)."""
+    """(stream, include_usage), after the server's checks in its order (module docstring)."""
     for name, (low, high) in _RANGES.items():
         value = body.get(name)
         if value is not None and (type(value) not in (int, float) or not low <= value <= high):
@@ -180,8 +164,8 @@ def _options(body: Mapping[str, Any], profile: str) -> tuple[bool, bool]:
         raise invalid("body.logprobs", "cannot be combined with stream")
     temperature = body.get("temperature") or 0
     if not (type(temperature) in (int, float) and temperature > 0):
-        sampled_only = ("presence_penalty", "frequency_penalty", "logit_bias")
-        for name in (*sampled_only, *(("logprobs",) if logprobs else ())):
+        sampled_only = ("presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
+        for name in sampled_only[: 3 + logprobs]:  # `logprobs: false` is no sampling option
             if body.get(name) is not None:
                 msg = "needs temperature > 0 (decoding at temperature 0 is greedy)"
                 raise invalid(f"body.{name}", msg)
@@ -224,18 +208,14 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
     max_tokens = _token_budget(body, kind, config)
     stream, include_usage = _options(body, config.profile)
     if prompt.n >= config.slot_ctx:
-        raise ApiError(
-            400,
-            f"the engine refused this request: prompt is {prompt.n} tokens and a slot holds "
-            f"{config.slot_ctx} (prompt longer than a slot?)",
-        )
+        held = f"prompt is {prompt.n} tokens and a slot holds {config.slot_ctx}"
+        raise ApiError(400, f"the engine refused this request: {held} (prompt longer than a slot?)")
     # Like dense, silently lower the budget to the room left in the slot.
     return Call(kind, prompt, min(max_tokens, config.slot_ctx - prompt.n), stream, include_usage)
 
 
 class Result:
-    """A served call from what its lookup found (`Engine.lookup`): answer, tokens resumed
-    (``disk_n`` from the disk tier), durations in real (scaled) seconds, and its replies."""
+    """A served call: answer, tokens resumed (``disk_n`` from disk), scaled durations, replies."""
 
     def __init__(self, config: SimConfig, call: Call, found: tuple[int, int, float]) -> None:
         self.config, self.call = config, call
@@ -266,25 +246,20 @@ class Result:
     def timings(self) -> dict[str, Any]:
         """Flash `timings`: llama.cpp-style, `prompt_n` is what was actually prefilled."""
         prompt_n, predicted_n = self.call.prompt.n - self.cached, len(self.pieces)
-        body: dict[str, Any] = {
-            "prompt_n": prompt_n,
-            "prompt_ms": round(self.prompt_s * 1000, 3),
-            "prompt_per_second": round(prompt_n / self.prompt_s, 3) if self.prompt_s else 0.0,
-            "predicted_n": predicted_n,
-            "predicted_ms": round(self.decode_s * 1000, 3),
-            "predicted_per_second": round(predicted_n / self.decode_s, 3) if self.decode_s else 0.0,
-            "cache_n": self.cached,
-            "draft_n": 0,
-            "draft_n_accepted": 0,
-        }
+        body: dict[str, Any] = {"prompt_n": prompt_n, "prompt_ms": round(self.prompt_s * 1000, 3)}
+        body["prompt_per_second"] = round(prompt_n / self.prompt_s, 3) if self.prompt_s else 0.0
+        body |= {"predicted_n": predicted_n, "predicted_ms": round(self.decode_s * 1000, 3)}
+        body["predicted_per_second"] = (
+            round(predicted_n / self.decode_s, 3) if self.decode_s else 0.0
+        )
+        body |= {"cache_n": self.cached, "draft_n": 0, "draft_n_accepted": 0}
         if self.config.cache_dir is not None:  # the disk tier is on
             body["disk_restore_n"] = self.disk_n
             body["disk_restore_ms"] = round(self.disk_s * 1000, 3)
         return body
 
     def reply(self, finish: str | None, text: str | None, *, chunk: bool) -> dict[str, Any]:
-        """The envelope with one choice: a message (chat), a delta (chat stream) or a text
-        (completions); `text` None is a stream's finish frame."""
+        """One choice: a message, a delta (`text` None: a stream's finish) or a completion text."""
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
         if self.call.kind == "completion":
             choice["text"] = text or ""
@@ -292,14 +267,10 @@ class Result:
             choice["delta"] = {} if text is None else {"content": text}
         else:
             choice["message"] = {"role": "assistant", "content": text}
-        kind = "chat.completion.chunk" if chunk else "chat.completion"
-        body: dict[str, Any] = {
-            "id": self.id,
-            "created": self.created,
-            "model": self.config.model_id,
-            "object": "text_completion" if self.call.kind == "completion" else kind,
-            "choices": [choice],
-        }
+        chat = "chat.completion.chunk" if chunk else "chat.completion"
+        kind = "text_completion" if self.call.kind == "completion" else chat
+        body: dict[str, Any] = {"id": self.id, "created": self.created}
+        body |= {"model": self.config.model_id, "object": kind, "choices": [choice]}
         if chunk and self.call.include_usage:
             body["usage"] = None
         return body if self.engine is None else engines.dress(self.engine, body)

@@ -1,14 +1,13 @@
 """The simulator's HTTP server: Halogen's routes on a stdlib `ThreadingHTTPServer`, one thread
-per connection, a listen backlog of 128 (connects never wait for SYN retransmits).
-
-A completion, as on the real server: authenticate, validate (400s before queueing), wait for a
-slot (503 ``engine_busy`` after ``queue_timeout``), look up (memory, then the disk tier when that
-resumes more), sleep the modelled prefill, store the snapshots (so of identical cold requests at
-once none is served from a snapshot), sleep the decode; every duration divided by ``speed``. A
+per connection, a listen backlog of 128 (connects never wait for SYN retransmits). A completion,
+as on the real server: authenticate, validate (400s before queueing), wait for a slot (503
+``engine_busy`` after ``queue_timeout``), look up (memory, then the disk tier when that resumes
+more), sleep the modelled prefill, store the snapshots (so of identical cold requests at once
+none is served from a snapshot), sleep the decode; every duration divided by ``speed``. A
 stream sends headers once it holds a slot, ``: keepalive`` lines while the prefill outlasts the
 keepalive interval, then the frames. ``/health`` (no key), ``/cache`` and ``/metrics`` never
-wait for a slot. Every request line received is logged (`requests`). With an engine
-(`config.engine`) the GET routes and the `Server` header are that engine's (`sim.engines`).
+wait for a slot. Every request line received is logged (`requests`). With `config.engine` the
+GET routes and the `Server` header are that engine's (`sim.engines`).
 """
 
 from __future__ import annotations
@@ -54,8 +53,7 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hung up (a reset while idle between requests: a client that closed
-        without reading a 404's body) is no server error; anything else is printed."""
+        """A client that hung up (a reset while idle, say after a 404) is no error; else print."""
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
 
@@ -72,8 +70,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Silence the stdlib access log; `SimServer(log=...)` gets one line per call."""
 
     def version_string(self) -> str:
-        """The `Server` header: the simulator's, uvicorn's (vLLM, SGLang, TensorRT-LLM) or
-        none (Ollama's Go server sends none)."""
+        """The `Server` header: ours, uvicorn's (vLLM, SGLang, TensorRT-LLM) or none (Ollama)."""
         engine = self.sim.config.engine
         if engine is None:
             return super().version_string()
@@ -84,8 +81,7 @@ class _Handler(BaseHTTPRequestHandler):
             super().send_header(keyword, value)
 
     def _send(self, status: int, body: Any) -> None:
-        """Status, headers and `body`: JSON, or text (`/metrics`); None starts a stream, whose
-        body ends with the connection."""
+        """Send `body`: JSON, or text (`/metrics`); None starts a stream, ended by the close."""
         self.send_response(status)
         if body is None:
             self.send_header("Content-Type", "text/event-stream")
@@ -132,37 +128,29 @@ class _Handler(BaseHTTPRequestHandler):
         return self.path.split("?", 1)[0]
 
     def do_GET(self) -> None:
-        path = self._route("GET")
-        config, body = self.sim.config, _GET_ROUTES.get(path)
-        if config.engine is not None:
-            self._engine_get(path, config.engine)
-            return
+        path, config, engine = self._route("GET"), self.sim.config, self.sim._engine
         try:
-            if body is None or (path == "/metrics" and not config.flash):
+            if config.engine is not None:  # the engine's routes; `/` and `/health` are open
+                known, open_paths = path in engines.GET_ROUTES[config.engine], {"/health", "/"}
+            else:  # dense exports no metrics
+                known = path in _GET_ROUTES and (path != "/metrics" or config.flash)
+                open_paths = {"/health"}
+            if not (known or path == "/v1/models"):
                 if path in _POST_ROUTES:
-                    raise ApiError(405, f"use POST for {path}")
-                raise ApiError(404, f"no route {path}")  # dense exports no metrics
-            if path != "/health" and not self._authorized():
+                    use = f"use POST for {path}" if config.engine is None else f"no route {path}"
+                    raise ApiError(405, use)
+                raise ApiError(404, f"no route {path}")
+            if path not in open_paths and not self._authorized():
                 raise ApiError(401, "invalid or missing API key")
-            self._send(200, body(self.sim._engine))
-        except ApiError as err:
-            self._send(err.status, err.body())
-
-    def _engine_get(self, path: str, engine: str) -> None:
-        try:
-            if path not in engines.get_routes(engine):
-                raise ApiError(405 if path in _POST_ROUTES else 404, f"no route {path}")
-            if path not in ("/health", "/") and not self._authorized():
-                raise ApiError(401, "invalid or missing API key")
-            self._send(200, self.sim._engine.engine_get(path))
+            body = engine.engine_get(path) if config.engine else _GET_ROUTES[path](engine)
+            self._send(200, body)
         except ApiError as err:
             self._send(err.status, err.body())
 
     def do_POST(self) -> None:
-        path = self._route("POST")
-        kind, engine, native = _POST_ROUTES.get(path), self.sim._engine, None
-        if self.sim.config.engine is not None and path in engines.NATIVE[self.sim.config.engine]:
-            kind, native = engines.NATIVE[self.sim.config.engine][path], self.sim.config.engine
+        path, engine, config = self._route("POST"), self.sim._engine, self.sim.config
+        native = engines.NATIVE.get((str(config.engine), path))  # the engine's own route
+        kind = native or _POST_ROUTES.get(path)
         try:
             if kind is None or not self._authorized():
                 try:  # drain the body so a keep-alive connection stays in sync
@@ -173,14 +161,14 @@ class _Handler(BaseHTTPRequestHandler):
                     raise ApiError(405 if path in _GET_ROUTES else 404, f"no POST route {path}")
                 raise ApiError(401, "invalid or missing API key")
             raw = self._read_body()
-            if native is not None:  # the engine's own route, read into the shared request
-                raw = engines.native_request(native, raw)
+            if native is not None:  # read into the shared request
+                raw = engines.native_request(str(config.engine), raw)
             t0 = time.monotonic()
-            call = parse_request(raw, kind, self.sim.config)
+            call = parse_request(raw, kind, config)
             work = time.monotonic() - t0  # tokenizing and the lookup count against the prefill
             with engine.slot(call):  # its 503 is the last error: nothing was sent before it
                 started = time.monotonic()
-                result = Result(self.sim.config, call, engine.lookup(call))
+                result = Result(config, call, engine.lookup(call))
                 if call.stream:  # headers once a slot is held, then keepalives while prefilling
                     self._send(200, None)
                 if not self._run(result, result.prompt_s - work - (time.monotonic() - started)):
@@ -196,9 +184,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client went away; nothing to answer
 
     def _run(self, result: Result, prefill_s: float) -> bool:
-        """Sleep the prefill left (a stream: a keepalive after each interval of silence), store
-        the snapshots, decode (a stream: pieces paced against a deadline so sleeps do not drift,
-        then the final frames); False if the server stopped meanwhile."""
+        """Prefill (keepalives), store, decode (pieces paced to a deadline so sleeps do not drift);
+        False if the server stopped meanwhile."""
         engine, config, call = self.sim._engine, self.sim.config, result.call
         interval = config.keepalive / config.speed if call.stream else 0.0
         while prefill_s > 0:
@@ -221,9 +208,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class SimServer:
-    """A simulator bound to ``config.host:config.port`` (127.0.0.1 and an ephemeral port by
-    default) from construction, so `url` is valid at once; `start` serves from a daemon thread,
-    `stop` ends it (also as a context manager). ``log`` receives one line per completed call."""
+    """A simulator bound at construction (`url` is valid at once); `start` serves from a daemon
+    thread, `stop` ends it (or use it as a context manager); ``log`` gets a line per call."""
 
     def __init__(
         self, config: SimConfig | None = None, *, log: Callable[[str], None] | None = None

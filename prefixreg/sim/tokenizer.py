@@ -1,24 +1,20 @@
 """The simulator's tokenizer, chat template and answer generator. Pure: no I/O.
 
-A raw token is one match of ``TOKEN_RE``: a word or one punctuation character, each with at most
-one leading space, or a run of whitespace. Past a message's first ``PLAIN_CHARS`` characters
-(one token a word, so a probe header or ``fresh_tail()`` counts simply) words split into pieces
-tracking ``DENSITY`` (pieces per word character by offset), fitted within 0.5% to the lane's
-2,593 / 11,374 / 21,337 / 43,538 prompt tokens for the probe corpus's 4k/16k/32k/64k slices.
-Invariants: ``"".join(tokenize(s)) == s``; a message's tokens depend on its own characters
-only, and a prefix of a text tokenizes as the text up to the last word the prefix cuts; a word
-never splits into more pieces than it has word characters.
+A raw token is one match of ``TOKEN_RE``: a word or one punctuation character, each with at most one
+leading space, or a run of whitespace. Past a message's first ``PLAIN_CHARS`` characters (one token
+a word, so a probe header or ``fresh_tail()`` counts simply) words split into pieces tracking
+``DENSITY`` (pieces per word character by offset), fitted within 0.5% to the lane's 2,593 / 11,374 /
+21,337 / 43,538 prompt tokens for the probe corpus's 4k/16k/32k/64k slices. Invariants:
+``"".join(tokenize(s)) == s``; a message's tokens depend on its own characters only, and a prefix of
+a text tokenizes as the text up to the last word the prefix cuts; a word never splits into more
+pieces than it has word characters.
 
-Chat template (Qwen-like): a message is ``2 + len(tokenize(content)) + 1`` tokens whatever its
-neighbours; the prompt ends with a six-token generation prompt::
-
-    "<|im_start|>" "{role}\\n" <content tokens> "<|im_end|>\\n"      per message
-    "<|im_start|>" "assistant\\n" "<think>" "\\n\\n" "</think>" "\\n\\n"   generation prompt
-
-Snapshot places: ``system_end`` (end of a system/developer ``messages[0]``),
-``last_message_start``, ``history_end`` (``HISTORY_TAIL`` = 7 tokens before the end, also on
-`/v1/completions`). So an identical repeat resumes all but 7 tokens, and the same system bytes
-with a new ``fresh_tail()`` (10 content tokens) all but 2 + 10 + 1 + 6 = 19.
+Chat template (Qwen-like): a message is ``IM_START``, ``"{role}\\n"``, its content tokens and
+``IM_END``, ``2 + len(tokenize(content)) + 1`` tokens whatever its neighbours; the prompt ends with
+the six tokens of ``GENERATION_PROMPT``. Snapshot places: ``system_end`` (end of a system/developer
+``messages[0]``), ``last_message_start``, ``history_end`` (``HISTORY_TAIL`` = 7 tokens before the
+end, also on `/v1/completions`). So an identical repeat resumes all but 7 tokens, and the same
+system bytes with a new ``fresh_tail()`` (10 content tokens) all but 2 + 10 + 1 + 6 = 19.
 """
 
 from __future__ import annotations
@@ -61,8 +57,7 @@ _WORDS = (
 
 
 def _split(token: str, pieces: int) -> list[str]:
-    """`token` (a word, maybe with one leading space) in `pieces` near-equal parts (at most one a
-    word character)."""
+    """A word (maybe space-led) in `pieces` near-equal parts, each with a word character."""
     lead = int(token[0] == " ")
     size = len(token) - lead
     pieces = min(pieces, size)
@@ -96,8 +91,7 @@ def token_digest(tokens: Sequence[str]) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class RenderedPrompt:
-    """A prompt as the engine sees it: its tokens and the places (token counts from the start:
-    a snapshot at p holds tokens[:p]) where a snapshot may be taken."""
+    """A prompt's tokens and the places (a snapshot at p holds tokens[:p]) one may be taken."""
 
     tokens: tuple[str, ...]
     system_end: int | None
@@ -133,8 +127,7 @@ def render_completion(prompt: str) -> RenderedPrompt:
 
 
 def answer_tokens(prompt: RenderedPrompt, length: int) -> list[str]:
-    """The answer, a pure function of the prompt and `length`: raw tokens (words chosen by hash,
-    then "."). A short one (within ``PLAIN_CHARS``) re-tokenizes to the same tokens."""
+    """Words chosen by the prompt's hash, then "."; one within ``PLAIN_CHARS`` re-tokenizes same."""
     stream = hashlib.shake_256(token_digest(prompt.tokens)).digest(length)
     words = [_WORDS[b % len(_WORDS)] for b in stream[: length - 1]]
     return [f" {w}" if i else w.capitalize() for i, w in enumerate(words)] + ["."]
