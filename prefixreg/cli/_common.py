@@ -69,16 +69,12 @@ RegistryOpt = Annotated[
     typer.Option(
         "--registry",
         help="Registry directory (default: $PREFIXREG_HOME, else the XDG state directory).",
-        show_default=False,
     ),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 WorkerOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--worker", help="Worker base URL (default: $PREFIXREG_WORKER).", show_default=False
-    ),
+    str | None, typer.Option("--worker", help="Worker base URL (default: $PREFIXREG_WORKER).")
 ]
 ModelOpt = Annotated[
     str | None,
@@ -112,7 +108,6 @@ SlotDirOpt = Annotated[
         help="The server's --slot-save-path as seen from here, where the snapshot file is "
         "hashed (snapshot save: required; a restore, also warm --restore: re-checked, nothing "
         "sent on a mismatch; default the directory recorded at save).",
-        show_default=False,
     ),
 ]
 MetricsOpt = Annotated[
@@ -121,7 +116,6 @@ MetricsOpt = Annotated[
         "--metrics-file",
         help="Also write Prometheus metrics to this file (node_exporter textfile format, "
         "replaced atomically), e.g. /var/lib/node_exporter/textfile/prefixreg.prom.",
-        show_default=False,
     ),
 ]
 

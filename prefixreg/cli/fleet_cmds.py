@@ -31,7 +31,6 @@ WorkersOpt = Annotated[
         "--worker",
         help="A worker's base URL; repeat for each worker (default: --pool, "
         "else $PREFIXREG_WORKERS).",
-        show_default=False,
     ),
 ]
 PoolOpt = Annotated[
@@ -40,7 +39,6 @@ PoolOpt = Annotated[
         "--pool",
         help="A pool file (TOML if it ends in .toml, else JSON): workers, optional "
         "per-worker capacity, optional router.",
-        show_default=False,
     ),
 ]
 RouterOpt = Annotated[
@@ -49,7 +47,6 @@ RouterOpt = Annotated[
         "--router",
         help="sglang-router in front of the workers (policy manual; routing key header "
         "x-smg-routing-key).",
-        show_default=False,
     ),
 ]
 pool_app = typer.Typer(
@@ -240,7 +237,6 @@ def mirror_command(
             "--to",
             help="Destination PATH or [user@]HOST:PATH (repeatable; default: "
             "$PREFIXREG_MIRROR_TO, space-separated). Its parent directory must exist.",
-            show_default=False,
         ),
     ] = None,
     dry_run: Annotated[
@@ -259,7 +255,6 @@ def mirror_command(
         typer.Option(
             "--ssh-option",
             help="An ssh option as Key=Value (repeatable; also $PREFIXREG_SSH_OPTS).",
-            show_default=False,
         ),
     ] = None,
     bwlimit: Annotated[

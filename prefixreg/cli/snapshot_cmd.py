@@ -189,7 +189,6 @@ def ship_command(
             "--from",
             help="The slot directory the snapshot was saved in, PATH or [user@]HOST:PATH "
             "(default: the directory recorded at save).",
-            show_default=False,
         ),
     ] = None,
     ssh_option: Annotated[
