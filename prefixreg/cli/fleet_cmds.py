@@ -28,25 +28,22 @@ if TYPE_CHECKING:
 WorkersOpt = Annotated[
     list[str] | None,
     typer.Option(
-        "--worker",
         help="A worker's base URL; repeat for each worker (default: --pool, "
-        "else $PREFIXREG_WORKERS).",
+        "else $PREFIXREG_WORKERS)."
     ),
 ]
 PoolOpt = Annotated[
     Path | None,
     typer.Option(
-        "--pool",
         help="A pool file (TOML if it ends in .toml, else JSON): workers, optional "
-        "per-worker capacity, optional router.",
+        "per-worker capacity, optional router."
     ),
 ]
 RouterOpt = Annotated[
     str | None,
     typer.Option(
-        "--router",
         help="sglang-router in front of the workers (policy manual; routing key header "
-        "x-smg-routing-key).",
+        "x-smg-routing-key)."
     ),
 ]
 pool_app = typer.Typer(
@@ -234,9 +231,8 @@ def mirror_command(
     to: Annotated[
         list[str] | None,
         typer.Option(
-            "--to",
             help="Destination PATH or [user@]HOST:PATH (repeatable; default: "
-            "$PREFIXREG_MIRROR_TO, space-separated). Its parent directory must exist.",
+            "$PREFIXREG_MIRROR_TO, space-separated). Its parent directory must exist."
         ),
     ] = None,
     dry_run: Annotated[
@@ -252,10 +248,7 @@ def mirror_command(
     ] = False,
     ssh_option: Annotated[
         list[str] | None,
-        typer.Option(
-            "--ssh-option",
-            help="An ssh option as Key=Value (repeatable; also $PREFIXREG_SSH_OPTS).",
-        ),
+        typer.Option(help="An ssh option as Key=Value (repeatable; also $PREFIXREG_SSH_OPTS)."),
     ] = None,
     bwlimit: Annotated[
         int | None, typer.Option("--bwlimit", min=1, help="Limit each transfer to this many KiB/s.")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 SlotOpt = Annotated[
     int | None,
-    typer.Option("--slot", help="Use this slot id if it is idle (default: the first idle).", min=0),
+    typer.Option(help="Use this slot id if it is idle (default: the first idle).", min=0),
 ]
 
 snapshot_app = typer.Typer(
@@ -172,9 +172,8 @@ def ship_command(
     to: Annotated[
         list[str],
         typer.Option(
-            "--to",
             help="A destination worker's slot directory, PATH or [user@]HOST:PATH (repeatable, "
-            "each with its --worker, in order).",
+            "each with its --worker, in order)."
         ),
     ],
     workers: Annotated[
