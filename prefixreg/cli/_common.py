@@ -67,9 +67,7 @@ APP_SETTINGS: dict[str, Any] = {
 RefArg = Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")]
 RegistryOpt = Annotated[
     Path | None,
-    typer.Option(
-        help="Registry directory (default: $PREFIXREG_HOME, else the XDG state directory)."
-    ),
+    typer.Option(help="Registry directory (default: $PREFIXREG_HOME, else XDG state directory)."),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
@@ -78,17 +76,12 @@ WorkerOpt = Annotated[
 ]
 ModelOpt = Annotated[
     str | None,
-    typer.Option(
-        help="Model id to send (default: the server's; generic servers: "
-        "the first id of /v1/models)."
-    ),
+    typer.Option(help="Model id to send (default: the server's; generic: first id of /v1/models)."),
 ]
 TimeoutOpt = Annotated[
     float,
     typer.Option(
-        help="Seconds to wait for a reply to a chat call (a cold prefill "
-        "of a large prefix takes minutes).",
-        min=0.1,
+        help="Seconds to await a chat reply (a large cold prefill takes minutes).", min=0.1
     ),
 ]
 ProfileOpt = Annotated[

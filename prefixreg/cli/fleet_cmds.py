@@ -1,10 +1,8 @@
 """The commands over many workers: `pool warm | doctor | status` keeps registered heads on a
-pool of workers; `mirror` (also `prefix-mirror`) copies the registry to them, one-way verified
-rsync, with one line per destination on stderr whose content word is `judge_copy`'s verdict.
-
-The pool: `--worker URL` repeated, else `--pool FILE` (TOML or JSON; see
-`prefixreg.verbs.pool.spec`), else `$PREFIXREG_WORKERS` (comma-separated); `--router URL` puts
-sglang-router (`--policy manual`) in front. Each command's help gives its exit codes.
+pool of workers (`--worker` repeated, else `--pool FILE`, else `$PREFIXREG_WORKERS`; see
+`prefixreg.verbs.pool.spec`); `mirror` (also `prefix-mirror`) copies the registry to them,
+one-way verified rsync, one stderr line per destination whose content word is `judge_copy`'s
+verdict. Each command's help gives its exit codes.
 """
 
 from __future__ import annotations
@@ -27,10 +25,7 @@ if TYPE_CHECKING:
 
 WorkersOpt = Annotated[
     list[str] | None,
-    typer.Option(
-        help="A worker's base URL; repeat for each worker (default: --pool, "
-        "else $PREFIXREG_WORKERS)."
-    ),
+    typer.Option(help="A worker base URL, repeatable (default: --pool, else $PREFIXREG_WORKERS)."),
 ]
 PoolOpt = Annotated[
     Path | None,
@@ -217,9 +212,8 @@ def _summary(r: DestinationResult) -> str:
         return f"dry-run {r.destination}: {len(r.changes)} changes{new}, content {content}"
     if not r.ok:
         reason = r.error or r.result
-        return (
-            f"error: {reason}" if r.destination in reason else f"error: {r.destination}: {reason}"
-        )
+        where = "" if r.destination in reason else f"{r.destination}: "
+        return f"error: {where}{reason}"
     rounds = f", {r.rounds} rounds" if r.rounds > 1 else ""
     return (
         f"ok      {r.destination}: sent {r.sent} files ({r.bytes:,} bytes), deleted "
