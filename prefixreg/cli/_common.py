@@ -63,65 +63,47 @@ APP_SETTINGS: dict[str, Any] = {
     "context_settings": {"help_option_names": ["-h", "--help"]},
 }
 
+# An option's flag is its parameter's name: `registry: RegistryOpt` is `--registry`.
 RefArg = Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")]
 RegistryOpt = Annotated[
     Path | None,
-    typer.Option(
-        "--registry",
-        help="Registry directory (default: $PREFIXREG_HOME, else the XDG state directory).",
-        show_default=False,
-    ),
+    typer.Option(help="Registry directory (default: $PREFIXREG_HOME, else XDG state directory)."),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 WorkerOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--worker", help="Worker base URL (default: $PREFIXREG_WORKER).", show_default=False
-    ),
+    str | None, typer.Option(help="Worker base URL (default: $PREFIXREG_WORKER).")
 ]
 ModelOpt = Annotated[
     str | None,
-    typer.Option(
-        "--model",
-        help="Model id to send (default: the server's; generic servers: "
-        "the first id of /v1/models).",
-    ),
+    typer.Option(help="Model id to send (default: the server's; generic: first id of /v1/models)."),
 ]
 TimeoutOpt = Annotated[
     float,
     typer.Option(
-        "--timeout",
-        help="Seconds to wait for a reply to a chat call (a cold prefill "
-        "of a large prefix takes minutes).",
-        min=0.1,
+        help="Seconds to await a chat reply (a large cold prefill takes minutes).", min=0.1
     ),
 ]
 ProfileOpt = Annotated[
     str | None,
     typer.Option(
-        "--profile",
         help="Force the server profile: halogen, llamacpp, vllm, sglang, trtllm, ollama or "
-        "generic (default: detected from what the server answers, never from its port).",
+        "generic (default: detected from what the server answers, never from its port)."
     ),
 ]
 SlotDirOpt = Annotated[
     Path | None,
     typer.Option(
-        "--slot-dir",
         help="The server's --slot-save-path as seen from here, where the snapshot file is "
         "hashed (snapshot save: required; a restore, also warm --restore: re-checked, nothing "
-        "sent on a mismatch; default the directory recorded at save).",
-        show_default=False,
+        "sent on a mismatch; default the directory recorded at save)."
     ),
 ]
 MetricsOpt = Annotated[
     Path | None,
     typer.Option(
-        "--metrics-file",
         help="Also write Prometheus metrics to this file (node_exporter textfile format, "
-        "replaced atomically), e.g. /var/lib/node_exporter/textfile/prefixreg.prom.",
-        show_default=False,
+        "replaced atomically), e.g. /var/lib/node_exporter/textfile/prefixreg.prom."
     ),
 ]
 

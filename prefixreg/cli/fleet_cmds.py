@@ -1,10 +1,8 @@
 """The commands over many workers: `pool warm | doctor | status` keeps registered heads on a
-pool of workers; `mirror` (also `prefix-mirror`) copies the registry to them, one-way verified
-rsync, with one line per destination on stderr whose content word is `judge_copy`'s verdict.
-
-The pool: `--worker URL` repeated, else `--pool FILE` (TOML or JSON; see
-`prefixreg.verbs.pool.spec`), else `$PREFIXREG_WORKERS` (comma-separated); `--router URL` puts
-sglang-router (`--policy manual`) in front. Each command's help gives its exit codes.
+pool of workers (`--worker` repeated, else `--pool FILE`, else `$PREFIXREG_WORKERS`; see
+`prefixreg.verbs.pool.spec`); `mirror` (also `prefix-mirror`) copies the registry to them,
+one-way verified rsync, one stderr line per destination whose content word is `judge_copy`'s
+verdict. Each command's help gives its exit codes.
 """
 
 from __future__ import annotations
@@ -27,29 +25,20 @@ if TYPE_CHECKING:
 
 WorkersOpt = Annotated[
     list[str] | None,
-    typer.Option(
-        "--worker",
-        help="A worker's base URL; repeat for each worker (default: --pool, "
-        "else $PREFIXREG_WORKERS).",
-        show_default=False,
-    ),
+    typer.Option(help="A worker base URL, repeatable (default: --pool, else $PREFIXREG_WORKERS)."),
 ]
 PoolOpt = Annotated[
     Path | None,
     typer.Option(
-        "--pool",
         help="A pool file (TOML if it ends in .toml, else JSON): workers, optional "
-        "per-worker capacity, optional router.",
-        show_default=False,
+        "per-worker capacity, optional router."
     ),
 ]
 RouterOpt = Annotated[
     str | None,
     typer.Option(
-        "--router",
         help="sglang-router in front of the workers (policy manual; routing key header "
-        "x-smg-routing-key).",
-        show_default=False,
+        "x-smg-routing-key)."
     ),
 ]
 pool_app = typer.Typer(
@@ -223,9 +212,8 @@ def _summary(r: DestinationResult) -> str:
         return f"dry-run {r.destination}: {len(r.changes)} changes{new}, content {content}"
     if not r.ok:
         reason = r.error or r.result
-        return (
-            f"error: {reason}" if r.destination in reason else f"error: {r.destination}: {reason}"
-        )
+        where = "" if r.destination in reason else f"{r.destination}: "
+        return f"error: {where}{reason}"
     rounds = f", {r.rounds} rounds" if r.rounds > 1 else ""
     return (
         f"ok      {r.destination}: sent {r.sent} files ({r.bytes:,} bytes), deleted "
@@ -237,10 +225,8 @@ def mirror_command(
     to: Annotated[
         list[str] | None,
         typer.Option(
-            "--to",
             help="Destination PATH or [user@]HOST:PATH (repeatable; default: "
-            "$PREFIXREG_MIRROR_TO, space-separated). Its parent directory must exist.",
-            show_default=False,
+            "$PREFIXREG_MIRROR_TO, space-separated). Its parent directory must exist."
         ),
     ] = None,
     dry_run: Annotated[
@@ -256,11 +242,7 @@ def mirror_command(
     ] = False,
     ssh_option: Annotated[
         list[str] | None,
-        typer.Option(
-            "--ssh-option",
-            help="An ssh option as Key=Value (repeatable; also $PREFIXREG_SSH_OPTS).",
-            show_default=False,
-        ),
+        typer.Option(help="An ssh option as Key=Value (repeatable; also $PREFIXREG_SSH_OPTS)."),
     ] = None,
     bwlimit: Annotated[
         int | None, typer.Option("--bwlimit", min=1, help="Limit each transfer to this many KiB/s.")

@@ -1,18 +1,16 @@
 """The `prefixreg` Typer app and the per-command console scripts.
 
-Each command module under `prefixreg.cli` names a command `<name>_command` (a command group
-`<name>_app`); this module wires them up, keeping start-up close to importing typer itself:
-running a command (`prefixreg add`, `prefix-add`) imports the one module `COMMAND_MODULES`
-names and builds only that command (typer inspects every parameter's annotation, about 2 ms
-each), no verb; the top-level `--help` (or no arguments, or an unknown name) builds
-parameterless stand-ins that carry each command's help; command modules import the library
+Each command module under `prefixreg.cli` names a command `<name>_command` (a group
+`<name>_app`). Start-up stays close to importing typer itself: running a command (`prefixreg
+add`, `prefix-add`) imports only the module `COMMAND_MODULES` names and builds only that
+command, no verb; the top-level `--help` (or no arguments, or an unknown name) builds
+parameterless stand-ins carrying each command's help. Command modules import the library
 inside their functions.
 
-Standard streams: a closed stdout (`prefixreg ls >&-`) is a usage error (exit 2, one line on
-stderr) before anything runs, since a command's data would be lost; a closed stdin is an
-error only for a command that reads it (`prefixreg add - <&-`: exit 2, one line); a closed
-stderr only silences messages (exit codes still tell). File descriptors 0-2 are held on
-/dev/null meanwhile, so no file opened later can take their place.
+Standard streams: a closed stdout is a usage error (exit 2, one line on stderr) before
+anything runs; a closed stdin is an error only for a command that reads it (exit 2, one
+line); a closed stderr only silences messages. Descriptors 0-2 are held on /dev/null
+meanwhile, so no file opened later can take their place.
 """
 
 from __future__ import annotations
@@ -56,9 +54,7 @@ JUDGE_NOTE: Final = (
     "Verdicts come from one judge, from the server's own numbers: see the README's "
     "'Evidence: the one judge' (prefixreg.judge)."
 )
-_JUDGED: Final = frozenset(
-    {"warm", "doctor", "probe", "keepalive", "audit", "pool", "snapshot", "mirror"}
-)
+_JUDGED: Final = {"warm", "doctor", "probe", "keepalive", "audit", "pool", "snapshot", "mirror"}
 
 
 def _found(name: str) -> tuple[Any, typer.Typer | None]:
@@ -130,9 +126,7 @@ class _ClosedInput(io.RawIOBase):
 
 
 def guard_stdio() -> None:
-    """Hold closed descriptors 0-2 on /dev/null, then refuse to run without stdout
-    (exit 2), make a read of a closed stdin a usage error, and drop messages to a closed
-    stderr."""
+    """Hold closed descriptors 0-2 on /dev/null, then guard each stream as the module says."""
     closed = []
     for fd, stream in ((0, "input"), (1, "output"), (2, "error")):
         try:

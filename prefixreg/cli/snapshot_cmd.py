@@ -1,4 +1,4 @@
-"""`prefixreg snapshot save | restore | ls`: KV snapshots of registered heads (llama.cpp).
+"""`prefixreg snapshot save | restore | ship | ls`: KV snapshots of registered heads (llama.cpp).
 
 Each reference is resolved once (`Registry.head`: a prefix or a frame) and verified before
 a connection is opened; each command's help gives its exit codes. `warm --restore` runs the
@@ -7,7 +7,7 @@ same restore (`warm_restore_cli`).
 
 from __future__ import annotations
 
-import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 SlotOpt = Annotated[
     int | None,
-    typer.Option("--slot", help="Use this slot id if it is idle (default: the first idle).", min=0),
+    typer.Option(help="Use this slot id if it is idle (default: the first idle).", min=0),
 ]
 
 snapshot_app = typer.Typer(
@@ -61,13 +61,10 @@ def warm_restore_cli(
     code = c.ExitCode.UNVERIFIED if result.verdict == "unverified" else c.ExitCode.NO
     if restored or (as_warm and fb is not None):
         code = c.ExitCode.OK if fb is None else c.EXIT_BY_OUTCOME[fb.verdict]
-    if json_out:
-        out = result.to_dict()
-        if as_warm:
-            by = "restore" if restored else ("warm" if code == c.ExitCode.OK else None)
-            out |= {"outcome": result.verdict if fb is None else fb.verdict, "resumed_by": by}
-        c.emit_json(out)
-        return int(code)
+    out = result.to_dict()
+    if as_warm:
+        by = "restore" if restored else ("warm" if code == c.ExitCode.OK else None)
+        out |= {"outcome": result.verdict if fb is None else fb.verdict, "resumed_by": by}
     t, call = result.transfer, result.check
     lines = [f"{result.head.kind:<8} {result.head.sha256[:16]} on build {result.build.build_id}"]
     if result.snapshot is not None:
@@ -88,7 +85,7 @@ def warm_restore_cli(
         lines.append(f"record   {result.record_path}")
     if fb is not None:
         lines.append(f"warm     not restored; a normal warm followed ({fb.verdict}, exit {code}):")
-    sys.stdout.write("\n".join(lines) + "\n" + ("" if fb is None else fb.summary()))
+    c.emit(json_out, out, "\n".join(lines) + "\n" + ("" if fb is None else fb.summary()))
     return int(code)
 
 
@@ -172,9 +169,8 @@ def ship_command(
     to: Annotated[
         list[str],
         typer.Option(
-            "--to",
             help="A destination worker's slot directory, PATH or [user@]HOST:PATH (repeatable, "
-            "each with its --worker, in order).",
+            "each with its --worker, in order)."
         ),
     ],
     workers: Annotated[
@@ -189,12 +185,10 @@ def ship_command(
             "--from",
             help="The slot directory the snapshot was saved in, PATH or [user@]HOST:PATH "
             "(default: the directory recorded at save).",
-            show_default=False,
         ),
     ] = None,
     ssh_option: Annotated[
-        list[str] | None,
-        typer.Option("--ssh-option", help="An ssh option as Key=Value (repeatable)."),
+        list[str] | None, typer.Option(help="An ssh option as Key=Value (repeatable).")
     ] = None,
     timeout: c.TimeoutOpt = 60.0,
     profile: c.ProfileOpt = None,
@@ -212,8 +206,6 @@ def ship_command(
     destination failed (ssh, rsync, a wrong hash there), 5 a worker did not answer (and no
     destination failed otherwise), 2 --to and --worker do not pair.
     """
-    import contextlib
-
     from prefixreg.verbs.mirror.snapshots import ship_snapshot
 
     with c.cli_errors(debug):
@@ -221,7 +213,7 @@ def ship_command(
             raise UsageError(f"{len(to)} --to but {len(workers)} --worker: give one worker each")
         reg = c.open_registry_from(registry)
         head = reg.head(ref)
-        with contextlib.ExitStack() as stack:
+        with ExitStack() as stack:
             ws = [
                 stack.enter_context(c.open_worker(u, model=None, timeout=timeout, profile=profile))
                 for u in workers

@@ -20,25 +20,24 @@ from prefixreg.core.errors import UsageError
 if TYPE_CHECKING:
     from prefixreg.verbs.keepalive.rewarm import Rewarm
 
+Flag = typer.Option
+
 
 def warm_command(
     ref: c.RefArg,
     worker: c.WorkerOpt = None,
     no_check: Annotated[
-        bool, typer.Option("--no-check", help="Send the warm call only; skip the resume check.")
+        bool, Flag("--no-check", help="Send the warm call only; skip the resume check.")
     ] = False,
     check_only: Annotated[
-        bool,
-        typer.Option(
-            "--check-only", help="Send the resume check only: is the prefix still resumable?"
-        ),
+        bool, Flag("--check-only", help="Only the resume check: is the prefix still resumable?")
     ] = False,
     model: c.ModelOpt = None,
     timeout: c.TimeoutOpt = 1800.0,
     profile: c.ProfileOpt = None,
     restore: Annotated[
         bool,
-        typer.Option(
+        Flag(
             "--restore",
             help="llama.cpp: restore the prefix's KV snapshot for the worker's current build"
             " and prove it with a fresh tail pinned to that slot; when there is none, or it"
@@ -48,7 +47,7 @@ def warm_command(
     slot_dir: c.SlotDirOpt = None,
     public: Annotated[
         bool,
-        typer.Option(
+        Flag(
             "--public",
             help="With --json: drop the worker address, model id and host-identifying build"
             " fields (refused without --json).",
@@ -57,8 +56,7 @@ def warm_command(
     metrics_file: c.MetricsOpt = None,
     copies: Annotated[
         int,
-        typer.Option(
-            "--copies",
+        Flag(
             help="llama.cpp: also warm and prove a copy in this many slots, one per "
             "concurrent loop call (exit 1 when one is not resumed).",
             min=1,
@@ -113,7 +111,7 @@ def warm_command(
         c.emit(json_out, receipt, text)
         worst = next((j.verdict for _, j in kept if not j.resumed), result.verdict)
         raise typer.Exit(
-            int(c.EXIT_BY_OUTCOME[worst if result.verdict == "resumed" else result.verdict])
+            c.EXIT_BY_OUTCOME[worst if result.verdict == "resumed" else result.verdict]
         )
 
 
@@ -121,10 +119,7 @@ def doctor_command(
     worker: c.WorkerOpt = None,
     profile: c.ProfileOpt = None,
     loops: Annotated[
-        int,
-        typer.Option(
-            "--loops", help="llama.cpp: concurrent loop calls the slots must hold.", min=1
-        ),
+        int, Flag(help="llama.cpp: concurrent loop calls the slots must hold.", min=1)
     ] = 1,
     registry: c.RegistryOpt = None,
     json_out: c.JsonOpt = False,
@@ -146,7 +141,7 @@ def doctor_command(
         lines = [f"worker {w.url} ({diagnosis.profile})"]
         lines += [f"  [{f.level}] {f.text}" for f in diagnosis.findings]
         c.emit(json_out, {"worker": w.url, **diagnosis.to_dict()}, "\n".join(lines) + "\n")
-        raise typer.Exit(int(c.ExitCode.OK if diagnosis.healthy else c.ExitCode.NO))
+        raise typer.Exit(c.ExitCode.OK if diagnosis.healthy else c.ExitCode.NO)
 
 
 @contextmanager
@@ -161,9 +156,6 @@ def _progress_bar(enabled: bool) -> Iterator[Callable[[str, int], None] | None]:
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("probe", total=None)
         yield lambda label, n: bar.update(task, advance=n, description=f"probe: {label}")
-
-
-Flag = typer.Option
 
 
 def probe_command(
@@ -240,7 +232,7 @@ def probe_command(
             report = run_probe(reg, w, options, progress=step)
         paths = f"\nreceipt: {report.json_path}\nverdict: {report.md_path}\n"
         c.emit(json_out, report.to_dict(public=public), report.to_markdown() + paths)
-        raise typer.Exit(int(c.EXIT_BY_OUTCOME[report.outcome]))
+        raise typer.Exit(c.EXIT_BY_OUTCOME[report.outcome])
 
 
 def parse_duration(text: str) -> float:
@@ -268,13 +260,11 @@ def keepalive_command(
     refs: Annotated[list[str], typer.Argument(help="Prefixes or frames (names or shas).")],
     worker: c.WorkerOpt = None,
     interval: Annotated[
-        float | None,
-        typer.Option("--interval", help="Seconds between re-warms without /cache (default 60)."),
+        float | None, Flag(help="Seconds between re-warms without /cache (default 60).")
     ] = None,
     budget: Annotated[
         int | None,
-        typer.Option(
-            "--budget",
+        Flag(
             help="Stores (llama.cpp: prompts) a just-used head survives (default: the latest "
             "probe --survival for this build, else max_entries less the entries per request; "
             "llama.cpp: 1, a re-warm after every foreign prompt).",
@@ -282,31 +272,27 @@ def keepalive_command(
         ),
     ] = None,
     duration: Annotated[
-        str | None,
-        typer.Option("--duration", help="Stop after this long (30s, 10m, 2h); default: Ctrl-C."),
+        str | None, Flag(help="Stop after this long (30s, 10m, 2h); default: Ctrl-C.")
     ] = None,
-    poll: Annotated[float, typer.Option("--poll", help="Seconds between counter polls.")] = 0.5,
+    poll: Annotated[float, Flag(help="Seconds between counter polls.")] = 0.5,
     metrics_file: c.MetricsOpt = None,
     session: Annotated[
         Path | None,
-        typer.Option(
-            "--session",
+        Flag(
             help="A file the loop appends each request body to (one JSON line per call, "
-            "after it returns): keep the loop's latest request warm, not only its head.",
+            "after it returns): keep the loop's latest request warm, not only its head."
         ),
     ] = None,
     pool: Annotated[
         Path | None,
-        typer.Option(
-            "--pool",
+        Flag(
             help="A pool file: keep each head on the worker that holds it (its placement "
-            "from `pool warm`), one keeper per worker.",
+            "from `pool warm`), one keeper per worker."
         ),
     ] = None,
     copies: Annotated[
         int,
-        typer.Option(
-            "--copies",
+        Flag(
             help="llama.cpp: keep each head in this many slots, one per concurrent loop call.",
             min=1,
         ),
@@ -380,12 +366,10 @@ def keepalive_command(
         for summary in (k.summary for k in keepers):
             if summary.stopped_because:
                 c.info(f"stopped: {summary.stopped_because}")
-                code = c.ExitCode.WORKER if summary.stopped_by_worker else c.ExitCode.NO
-                raise typer.Exit(int(code))
+                raise typer.Exit(c.ExitCode.WORKER if summary.stopped_by_worker else c.ExitCode.NO)
             if summary.succeeded == 0:
                 # The keeper's claim is "these heads were kept warm": a run in which not one
                 # re-warm came back with counts the judge could read proved nothing of it.
                 why = f"{summary.errors} worker errors" if summary.errors else "no verified counts"
                 c.info(f"no re-warm succeeded in this run ({why})")
-                code = c.ExitCode.WORKER if summary.errors else c.ExitCode.UNVERIFIED
-                raise typer.Exit(int(code))
+                raise typer.Exit(c.ExitCode.WORKER if summary.errors else c.ExitCode.UNVERIFIED)
