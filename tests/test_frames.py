@@ -282,6 +282,24 @@ def test_tools_and_settings_that_cannot_travel_byte_for_byte_are_usage_errors(
         assert res.stderr.startswith(b"error: tools:") and b"Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("depth", [60, 62, 63, 200])
+def test_settings_nested_at_or_past_the_depth_limit_are_usage_errors(
+    reg: Registry, depth: int
+) -> None:
+    """Settings that nest at the limit (inside the record: two levels more) are refused
+    like any settings that do not parse, never with a bare ValueError."""
+    nested: dict[str, Any] = {}
+    inner = nested
+    for _ in range(depth):
+        inner["a"] = {}
+        inner = inner["a"]
+    if depth < 62:
+        assert reg.add_frame("system", settings={"chat_template_kwargs": nested}, name="deep")
+        return
+    with pytest.raises(UsageError, match="settings are not JSON: nested deeper than 64"):
+        reg.add_frame("system", settings={"chat_template_kwargs": nested}, name="deep")
+
+
 def test_gc_refuses_to_guess_the_parts_of_a_frame_record_it_cannot_read(reg: Registry) -> None:
     from prefixreg.registry.gc import collect_garbage
 

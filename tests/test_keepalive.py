@@ -211,6 +211,7 @@ def test_cli_keepalive_duration_json_and_ctrl_c(sim: SimServer, reg: Registry) -
     out = orjson.loads(res.stdout)
     assert out["rewarms"] >= 1
     assert (out["budget"]["limit"], out["budget"]["unit"]) == (6, "stores")
+    seen = len(sim.requests())
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -229,7 +230,11 @@ def test_cli_keepalive_duration_json_and_ctrl_c(sim: SimServer, reg: Registry) -
         stderr=subprocess.PIPE,
         cwd=ROOT,
     )
-    time.sleep(1.5)
+    deadline = time.monotonic() + 60  # a loaded machine starts the CLI slowly
+    while not any(r.method == "POST" for r in sim.requests()[seen:]):
+        assert proc.poll() is None and time.monotonic() < deadline, "the keeper never warmed"
+        time.sleep(0.05)
+    time.sleep(0.3)  # running: its first re-warm sent
     proc.send_signal(signal.SIGINT)
     out_b, err_b = proc.communicate(timeout=30)
     assert proc.returncode == 0, err_b
