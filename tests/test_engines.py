@@ -441,7 +441,7 @@ def test_doctor_names_each_engines_flag(
 ) -> None:
     from prefixreg.core.records import ServerBuild
     from prefixreg.verbs.doctor.engines import diagnose_engine
-    from prefixreg.verbs.doctor.run import Diagnosis
+    from prefixreg.verbs.doctor.findings import Diagnosis
 
     d = Diagnosis(profile=profile)
     diagnose_engine(d, ServerBuild(profile=profile, identity=identity), None, missing=False)

@@ -5,24 +5,17 @@ vLLM 0.23.0 (a build with #45171: a cold call's details are `{"cached_tokens": 0
 0.5.9 (`--enable-metrics` on), TensorRT-LLM 1.3.0rc23, Ollama 0.34.4. `cache_report` off serves
 vLLM without `--enable-prompt-tokens-details`, SGLang without `--enable-cache-report`, Ollama
 0.33.2 (TensorRT-LLM always reports, PR #7637). No engine sends Halogen's `timings` or `/cache`.
-Native routes, non-streamed only: SGLang `POST /generate` (`meta_info.cached_tokens` always)
-and Ollama `POST /api/chat` (`stream: false` required; `prompt_eval_count` counts the cached
-tokens too, `prompt_eval_cached_count` from 0.33.3). Not modelled: streamed native routes, each
-engine's error envelope and block granularity (vLLM 16, TensorRT-LLM 32 tokens).
+Native routes (served by `sim.protocol`), non-streamed only: SGLang `POST /generate`
+(`meta_info.cached_tokens` always) and Ollama `POST /api/chat` (`stream: false` required;
+`prompt_eval_count` counts the cached tokens too, `prompt_eval_cached_count` from 0.33.3). Not
+modelled: streamed native routes, each engine's error envelope and block granularity (vLLM 16,
+TensorRT-LLM 32 tokens).
 """
 
 from __future__ import annotations
 
-import json
 import secrets
-import time
-from typing import TYPE_CHECKING, Any, Final
-
-from prefixreg.core import jsonio
-from prefixreg.core.errors import CorruptRecordError
-
-if TYPE_CHECKING:
-    from prefixreg.sim.protocol import Kind, Result
+from typing import Any, Final
 
 UVICORN: Final = frozenset({"vllm", "sglang", "trtllm"})  # FastAPI under uvicorn; Ollama is Go
 _VERSION: Final = {"vllm": "0.23.0", "sglang": "0.5.9", "trtllm": "1.3.0rc23", "ollama": "0.34.4"}
@@ -178,60 +171,3 @@ def _text(series: Any) -> str:
     for name, labels, value, text in series:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name}{labels} {value}.0"]
     return "\n".join(lines) + "\n"
-
-
-# (engine, path) of each native POST route: the kind of shared request it stands for.
-NATIVE: Final[dict[tuple[str, str], Kind]] = {
-    ("sglang", "/generate"): "completion",
-    ("ollama", "/api/chat"): "chat",
-}
-
-
-def native_request(engine: str, raw: bytes) -> bytes:
-    """A native body as the shared request (a body not a JSON object passes, to be refused)."""
-    from prefixreg.sim.protocol import invalid
-
-    try:
-        body = jsonio.loads(raw)
-    except CorruptRecordError:
-        return raw
-    if not isinstance(body, dict):
-        return raw
-    name = "sampling_params" if engine == "sglang" else "options"
-    params = {} if body.get(name) is None else body[name]
-    if not isinstance(params, dict):
-        raise invalid(f"body.{name}", "must be an object")
-    if engine == "sglang":
-        out: dict[str, Any] = {"prompt": body.get("text"), "stream": body.get("stream", False)}
-        budget = params.get("max_new_tokens")
-    else:
-        if body.get("stream") is not False:
-            raise invalid("body.stream", "the simulator serves /api/chat with stream false only")
-        out = {"messages": body.get("messages"), "stream": False}
-        budget = params.get("num_predict")
-    if out["stream"] is not False:
-        raise invalid("body.stream", "the simulator serves native routes non-streamed only")
-    passed = {"max_tokens": budget, "temperature": params.get("temperature")}
-    out |= {name: value for name, value in passed.items() if value is not None}
-    return json.dumps(out).encode()
-
-
-def native_reply(result: Result) -> dict[str, Any]:
-    """The native reply of a served call: SGLang `/generate` or Ollama `/api/chat`."""
-    engine, text = str(result.engine), "".join(result.pieces)
-    n, k, cached = result.call.prompt.n, len(result.pieces), result.cached
-    if engine == "sglang":
-        finish = {"type": result.finish_reason, "length": k}
-        meta: dict[str, Any] = {"id": secrets.token_hex(16), "finish_reason": finish}
-        meta |= {"prompt_tokens": n, "weight_version": "default", "total_retractions": 0}
-        meta |= {"completion_tokens": k, "cached_tokens": cached, "cached_tokens_details": None}
-        meta |= {"dp_rank": None, "e2e_latency": round(result.prompt_s + result.decode_s, 4)}
-        return {"text": text, "output_ids": list(range(k)), "meta_info": meta}
-    model = result.config.model_id
-    created = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime(result.created))
-    message = {"role": "assistant", "content": text}
-    out: dict[str, Any] = {"model": model, "created_at": created, "message": message}
-    out |= {"done": True, "done_reason": result.finish_reason, "prompt_eval_count": n}
-    if result.config.cache_report:  # from 0.33.3
-        out["prompt_eval_cached_count"] = cached
-    return out | {"eval_count": k}

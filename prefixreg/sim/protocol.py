@@ -12,7 +12,8 @@ with "auto" costs a miss); `tool_calls` follow their turn's content. Replies: er
 only when cached > 0; Flash ``timings`` beside it (``cache_n`` always), dense none. Streams: content
 frames, a finish frame (empty delta / text, Flash ``timings``), with ``include_usage`` a ``choices:
 []`` frame carrying ``usage`` (earlier frames ``"usage": null``), ``data: [DONE]``. With
-`config.engine`: that engine's usage and fields, no ``timings`` (`sim.engines`).
+`config.engine`: that engine's usage and fields, no ``timings`` (`sim.engines`); its native
+routes (`NATIVE`) read as the shared request and answered in the engine's own reply shape.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from prefixreg.core import jsonio
 from prefixreg.core.errors import CorruptRecordError
@@ -300,3 +301,58 @@ class Result:
 def sse(payload: Mapping[str, Any]) -> bytes:
     """One SSE `data:` frame."""
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+# (engine, path) of each native POST route: the kind of shared request it stands for.
+NATIVE: Final[dict[tuple[str, str], Kind]] = {
+    ("sglang", "/generate"): "completion",
+    ("ollama", "/api/chat"): "chat",
+}
+
+
+def native_request(engine: str, raw: bytes) -> bytes:
+    """A native body as the shared request (a body not a JSON object passes, to be refused)."""
+    try:
+        body = jsonio.loads(raw)
+    except CorruptRecordError:
+        return raw
+    if not isinstance(body, dict):
+        return raw
+    name = "sampling_params" if engine == "sglang" else "options"
+    params = {} if body.get(name) is None else body[name]
+    if not isinstance(params, dict):
+        raise invalid(f"body.{name}", "must be an object")
+    if engine == "sglang":
+        out: dict[str, Any] = {"prompt": body.get("text"), "stream": body.get("stream", False)}
+        budget = params.get("max_new_tokens")
+    else:
+        if body.get("stream") is not False:
+            raise invalid("body.stream", "the simulator serves /api/chat with stream false only")
+        out = {"messages": body.get("messages"), "stream": False}
+        budget = params.get("num_predict")
+    if out["stream"] is not False:
+        raise invalid("body.stream", "the simulator serves native routes non-streamed only")
+    passed = {"max_tokens": budget, "temperature": params.get("temperature")}
+    out |= {name: value for name, value in passed.items() if value is not None}
+    return json.dumps(out).encode()
+
+
+def native_reply(result: Result) -> dict[str, Any]:
+    """The native reply of a served call: SGLang `/generate` or Ollama `/api/chat`."""
+    engine, text = str(result.engine), "".join(result.pieces)
+    n, k, cached = result.call.prompt.n, len(result.pieces), result.cached
+    if engine == "sglang":
+        finish = {"type": result.finish_reason, "length": k}
+        meta: dict[str, Any] = {"id": secrets.token_hex(16), "finish_reason": finish}
+        meta |= {"prompt_tokens": n, "weight_version": "default", "total_retractions": 0}
+        meta |= {"completion_tokens": k, "cached_tokens": cached, "cached_tokens_details": None}
+        meta |= {"dp_rank": None, "e2e_latency": round(result.prompt_s + result.decode_s, 4)}
+        return {"text": text, "output_ids": list(range(k)), "meta_info": meta}
+    model = result.config.model_id
+    created = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime(result.created))
+    message = {"role": "assistant", "content": text}
+    out: dict[str, Any] = {"model": model, "created_at": created, "message": message}
+    out |= {"done": True, "done_reason": result.finish_reason, "prompt_eval_count": n}
+    if result.config.cache_report:  # from 0.33.3
+        out["prompt_eval_cached_count"] = cached
+    return out | {"eval_count": k}

@@ -149,7 +149,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path, engine, config = self._route("POST"), self.sim._engine, self.sim.config
-        native = engines.NATIVE.get((str(config.engine), path))  # the engine's own route
+        native = protocol.NATIVE.get((str(config.engine), path))  # the engine's own route
         kind = native or _POST_ROUTES.get(path)
         try:
             if kind is None or not self._authorized():
@@ -162,7 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(401, "invalid or missing API key")
             raw = self._read_body()
             if native is not None:  # read into the shared request
-                raw = engines.native_request(str(config.engine), raw)
+                raw = protocol.native_request(str(config.engine), raw)
             t0 = time.monotonic()
             call = parse_request(raw, kind, config)
             work = time.monotonic() - t0  # tokenizing and the lookup count against the prefill
@@ -176,7 +176,7 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 if not call.stream:
                     body = result.response_body()
-                    self._send(200, body if native is None else engines.native_reply(result))
+                    self._send(200, body if native is None else protocol.native_reply(result))
                 self.sim._log_call(result, time.monotonic() - started)
         except ApiError as err:
             self._send(err.status, err.body())

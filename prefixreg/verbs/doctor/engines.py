@@ -21,7 +21,7 @@ from typing import Final
 
 from prefixreg.core.records import ServerBuild, strict_count
 from prefixreg.server import engines
-from prefixreg.verbs.doctor.run import Diagnosis, Level
+from prefixreg.verbs.doctor.findings import Diagnosis, Level
 
 OLLAMA_CACHE_RAM: Final = (
     "Ollama passes no --cache-ram to its llama.cpp runner, so every runner keeps llama.cpp's "

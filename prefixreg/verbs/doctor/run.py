@@ -21,9 +21,9 @@ Receipts and measurements are read through the store; an unreadable receipt prov
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 from prefixreg.core.errors import (
     MalformedResponseError,
@@ -31,13 +31,15 @@ from prefixreg.core.errors import (
     UsageError,
     WorkerHTTPError,
 )
-from prefixreg.core.jsonio import JSONObject, JSONValue, loads_object
+from prefixreg.core.jsonio import JSONValue, loads_object
 from prefixreg.core.judge import judge_fit
 from prefixreg.core.records import CacheCounters, strict_count
 from prefixreg.registry.store import Registry
 from prefixreg.server.counters import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
 from prefixreg.server.engines import ENGINES, METRICS
 from prefixreg.server.worker import Worker
+from prefixreg.verbs.doctor.engines import diagnose_engine, diagnose_slots
+from prefixreg.verbs.doctor.findings import Diagnosis, Level
 from prefixreg.verbs.measure.calls import head_warms
 
 MIB: Final = 1 << 20
@@ -63,41 +65,12 @@ CAN_PROVE: Final = {
     "generic": "per-call cached_tokens only if the server sends usage.prompt_tokens_details or "
     "timings.cache_n; its build is only the model ids of /v1/models; no counters",
 }
-Level = Literal["ok", "info", "warn"]
 FIT_WORDS: Final[dict[str, tuple[Level, str, str]]] = {
     "fits": ("ok", "fits", "."),
     "does_not_fit": ("warn", "does not fit", f". Raise {CACHE_SIZE_SETTING}."),
     "not_proven": ("info", "not proven to fit", "; probe a larger size."),
     "unverified": ("info", "not known to fit", "."),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One observation: `warn` means something to change."""
-
-    level: Level
-    topic: str
-    text: str
-
-
-@dataclass(slots=True)
-class Diagnosis:
-    """Everything doctor found, and the numbers it used."""
-
-    profile: str
-    findings: list[Finding] = field(default_factory=list)
-    numbers: dict[str, JSONValue] = field(default_factory=dict)
-
-    @property
-    def healthy(self) -> bool:
-        return not any(f.level == "warn" for f in self.findings)
-
-    def add(self, level: Level, topic: str, text: str) -> None:
-        self.findings.append(Finding(level, topic, text))
-
-    def to_dict(self) -> JSONObject:
-        return {**asdict(self), "healthy": self.healthy}
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,8 +318,6 @@ def doctor(worker: Worker, registry: Registry | None = None, *, loops: int = 1) 
         build = worker.server_build()
         spans = head_spans(registry, build.build_id)
     if profile in ENGINES:
-        from prefixreg.verbs.doctor.engines import diagnose_engine
-
         build, metrics = worker.server_build(), METRICS.get(profile)
         try:
             samples = None if metrics is None else worker.metrics(metrics.path)
@@ -354,8 +325,6 @@ def doctor(worker: Worker, registry: Registry | None = None, *, loops: int = 1) 
             samples = None  # counters that cannot be read are said to be missing
         diagnose_engine(diagnosis, build, samples, missing=any(s.missing for s in spans))
     if profile == "llamacpp":
-        from prefixreg.verbs.doctor.engines import diagnose_slots
-
         diagnose_slots(diagnosis, worker.props(), loops)
     if registry is not None:
         diagnosis.numbers["build_id"] = build.build_id
