@@ -1,4 +1,5 @@
-"""Shared fixtures: a scrubbed environment, a registry on tmp_path, a CLI runner."""
+"""Shared fixtures: a scrubbed environment, a registry on tmp_path, a fast simulator, a CLI
+runner."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from prefixreg.registry.store import Registry
+from prefixreg.sim import SimConfig, SimServer
 
 _SCRUB = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy")
 
@@ -29,6 +31,13 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[No
 @pytest.fixture
 def registry(tmp_path: Path) -> Registry:
     return Registry(tmp_path / "reg")
+
+
+@pytest.fixture
+def sim() -> Iterator[SimServer]:
+    """The simulator at 5000x the lane's times: its token counts, 1/5000 of its seconds."""
+    with SimServer(SimConfig(speed=5000)) as server:
+        yield server
 
 
 def run_cli(

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +44,6 @@ class Foreign:
 
     def close(self) -> None:
         self.worker.close()
-
-
-@pytest.fixture
-def sim() -> Iterator[SimServer]:
-    with SimServer(SimConfig(speed=5000)) as server:
-        yield server
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -31,12 +30,6 @@ from tests.test_keepalive import SYSTEM, Foreign
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL_RESULT = "test_parser.py::test_roundtrip FAILED at line 42: expected 3, got 4\n" * 18
-
-
-@pytest.fixture
-def sim() -> Iterator[SimServer]:
-    with SimServer(SimConfig(speed=5000)) as server:
-        yield server
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ claim less than was resumed.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +42,6 @@ def loop_frame(reg: Registry) -> Frame:
     frame = reg.head("loop")
     assert isinstance(frame, Frame)
     return frame
-
-
-@pytest.fixture
-def sim() -> Iterator[SimServer]:
-    with SimServer(SimConfig(speed=5000)) as server:
-        yield server
 
 
 @pytest.fixture
