@@ -3,14 +3,15 @@
 Each command module under `prefixreg.cli` names a command `<name>_command` (a group
 `<name>_app`). Start-up stays close to importing typer itself: running a command (`prefixreg
 add`, `prefix-add`) imports only the module `COMMAND_MODULES` names and builds only that
-command, no verb; the top-level `--help` (or no arguments, or an unknown name) builds
-parameterless stand-ins carrying each command's help. Command modules import the library
-inside their functions.
+command (typer inspects every parameter's annotation, about 2 ms each), no verb; the
+top-level `--help` (or no arguments, or an unknown name) builds parameterless stand-ins
+carrying each command's help. Command modules import the library inside their functions.
 
 Standard streams: a closed stdout is a usage error (exit 2, one line on stderr) before
-anything runs; a closed stdin is an error only for a command that reads it (exit 2, one
-line); a closed stderr only silences messages. Descriptors 0-2 are held on /dev/null
-meanwhile, so no file opened later can take their place.
+anything runs, since a command's data would be lost; a closed stdin is an error only for a
+command that reads it (exit 2, one line); a closed stderr only silences messages (exit codes
+still tell). Descriptors 0-2 are held on /dev/null meanwhile, so no file opened later can
+take their place.
 """
 
 from __future__ import annotations

@@ -89,8 +89,14 @@ class Judgement:
         return self.verdict == "resumed"
 
     def to_dict(self) -> JSONObject:
-        keys = ("verdict", "reason", "span_tokens", "span_source", "coverage", "alignment")
-        return {key: getattr(self, "span" if key == "span_tokens" else key) for key in keys}
+        return {
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "span_tokens": self.span,
+            "span_source": self.span_source,
+            "coverage": self.coverage,
+            "alignment": self.alignment,
+        }
 
 
 def judge(

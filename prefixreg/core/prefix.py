@@ -112,7 +112,8 @@ class Drift:
 
 
 def system_drift(system: Prefix, body: Mapping[str, Any]) -> list[Drift]:
-    """The drift of a request's `messages[0]` from `system` (at most one); `body` a mapping."""
+    """The drift of a request's `messages[0]` from `system` (a list of at most one);
+    `UsageError` when `body` is not a mapping."""
     if not isinstance(body, Mapping):
         raise UsageError(f"drift() reads a request body (a mapping), not {type(body).__name__}")
     messages = body.get("messages")

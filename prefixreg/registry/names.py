@@ -14,8 +14,8 @@ Invariants:
   file is gone) when its target verifies, else journals the name's current value.
 - A name that holds a prefix is not moved to a frame, nor back, unless forced: the loop
   reading it would send another kind of head.
-- A measurement is read with the depth-capped JSON reader: one whose file name disagrees with
-  its sha, or that does not parse, is a `CorruptRecordError` (fail closed).
+- A measurement is read strictly, with the depth-capped JSON reader: one whose file name
+  disagrees with its sha, or that does not parse, is a `CorruptRecordError` (fail closed).
 - A probe receipt lists every call with the sha256 of what it sent: `receipt_refs` reads
   them, so `gc --prune-unnamed` keeps the slices a receipt names, as it keeps a name's.
 """
@@ -207,7 +207,7 @@ class Names:
 
 
 class Records:
-    """Measurements, probe receipts and the mirror log below a `Disk` (see `Registry`)."""
+    """Measurements and probe receipts below a `Disk`, read (`Registry` writes them)."""
 
     def __init__(self, disk: Disk) -> None:
         self._disk = disk

@@ -5,7 +5,8 @@ Invariants:
   and nothing is returned. No flag skips it.
 - Content is non-empty bytes or str of valid UTF-8 (it travels as a JSON string).
 - Objects are published with no-overwrite links, never rewritten; publishing existing content
-  re-verifies it and refreshes its mtime (age-based gc sees it used). Meta comes after it.
+  re-verifies it and refreshes its mtime (age-based gc sees it used). A meta record is
+  written after its object.
 - Listing never follows a symlink: a symlinked `objects/` or fan-out directory, or (when
   asked) an object entry that is not a regular file, raises `IntegrityError`.
 - Probe slices are objects whose meta `source` is `probe/<run id>` (reserved: `add` refuses

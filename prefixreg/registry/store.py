@@ -8,6 +8,7 @@ Invariants:
 - Arguments, types included, are checked before anything is written (`UsageError`).
 - Measurements and probe receipts are published with no-overwrite links (mode 0444), never
   through a symlinked directory; a taken name is retried with a fresh stamp, never replaced.
+  `mirror.log` lines are appended whole or not at all (`fsutil.append_line`).
 - Write order is object, meta, name: a crash leaves at worst an object without meta (verify
   warns; adding again repairs it) or a temp file, never a meta record or a name whose object
   is missing. A mirror (role `mirror`) is written only by `prefixreg mirror`.

@@ -44,7 +44,9 @@ def write_order(rel: str) -> tuple[int, str]:
     """Objects before what refers to them, names after records, journals last."""
     top = rel.split("/", 1)[0]
     rank = {layout.OBJECTS: 1, layout.META: 2, layout.FRAMES: 4, layout.NAMES: 5}
-    return (6 if top in layout.JOURNALS else rank.get(top, 3 if "/" in rel else 0)), rel
+    if top in layout.JOURNALS:
+        return 6, rel
+    return rank.get(top, 3 if "/" in rel else 0), rel
 
 
 def list_tree(root: Path) -> tuple[list[str], list[str]]:
@@ -75,7 +77,8 @@ def stats(root: Path, files: Iterable[str]) -> dict[str, Stat]:
 
 
 def check_verifies(reg: Registry, what: str) -> list[str]:
-    """Raise unless `reg` verifies; its insecure-mode findings, as warnings (the user's to fix)."""
+    """Raise unless `reg` verifies; its insecure-mode findings, as warnings (modes travel with
+    the registry and are the user's to fix)."""
     findings = verify_registry(reg).findings
     problems = [f for f in findings if f.severity == "problem" and f.kind != "insecure_mode"]
     if problems:

@@ -107,7 +107,8 @@ def ollama_version(body: object) -> str | None:
 
 
 def sglang_identity(info: Mapping[str, JSONValue], models: JSONValue) -> JSONObject:
-    """SGLang's build, flags included (a restart turning reporting off is another build)."""
+    """SGLang's build, flags included (a restart turning reporting off is another build, so a
+    zero read under the flag cannot cross it)."""
     keys = ("version", "model_path", "page_size", "max_total_num_tokens")
     out: JSONObject = {key: info.get(key) for key in (*keys, *SGLANG_FLAGS)}
     return out | {"model_ids": served_ids(models)}

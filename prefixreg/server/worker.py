@@ -182,7 +182,9 @@ class Worker:
             seen = {"/health": None}
 
         def read(route: str) -> JSONObject | None:
-            return seen[route] if route in seen else seen.setdefault(route, self._try(route))
+            if route not in seen:
+                seen[route] = self._try(route)
+            return seen[route]
 
         if self.profile is not None:
             return self.profile, seen
@@ -209,7 +211,8 @@ class Worker:
         profile, seen = self._detect()
 
         def read(route: str) -> JSONObject | None:
-            """What detection read, else read now: an error raises, a missing route is None."""
+            """What detection read, else read now: an error raises (a sick server's identity
+            would be another build), a route the server lacks is None."""
             return seen.get(route) or self._get(route)
 
         if profile == "halogen":

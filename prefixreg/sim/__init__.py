@@ -1,8 +1,9 @@
 """A model-free, Halogen-compatible worker on loopback that reproduces the prompt cache measured
 on the Flash lane: a peer for tests and demos (DESIGN §7), not a way to measure Halogen. With
 `SimConfig(engine=...)` it answers as vLLM, SGLang, TensorRT-LLM or Ollama (`sim.engines`).
-The server loads on first use of `SimServer`, so reading the config (`prefixreg sim --help`)
-stays cheap.
+`SimServer` binds 127.0.0.1 on an ephemeral port unless told otherwise; `sim.requests()` lists
+the (method, path) it received. The server loads on first use of `SimServer`, so reading the
+config (`prefixreg sim --help`) stays cheap.
 """
 
 from __future__ import annotations

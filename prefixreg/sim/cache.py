@@ -53,8 +53,8 @@ def _align_down(value: int, align: int) -> int:
 
 def snapshot_places(prompt: RenderedPrompt, config: SimConfig) -> list[int]:
     """A request's places, ascending, in 1..n: Flash the first ``entries_per_request`` of (system
-    end, history end, last message start, end), aligned; dense that many multiples of the
-    alignment below n."""
+    end, history end, last message start, end), aligned; dense the last that many multiples of
+    the alignment below n."""
     n, k, align = prompt.n, config.entries_per_request, config.snapshot_align
     if not config.flash:
         top = _align_down(n - 1, align) if n > 0 else 0

@@ -1,15 +1,29 @@
 """The simulator as the engines users run (`--engine vllm|sglang|trtllm|ollama`): their reply
-shapes, routes, headers and metrics over the one cache model underneath. Pure. Each shape follows
-the engine's source as recorded in tests/fixtures/engines/README.md, at the version reported:
-vLLM 0.23.0 (a build with #45171: a cold call's details are `{"cached_tokens": 0}`), SGLang
-0.5.9 (`--enable-metrics` on), TensorRT-LLM 1.3.0rc23, Ollama 0.34.4. `cache_report` off serves
-vLLM without `--enable-prompt-tokens-details`, SGLang without `--enable-cache-report`, Ollama
-0.33.2 (TensorRT-LLM always reports, PR #7637). No engine sends Halogen's `timings` or `/cache`.
-Native routes (served by `sim.protocol`), non-streamed only: SGLang `POST /generate`
-(`meta_info.cached_tokens` always) and Ollama `POST /api/chat` (`stream: false` required;
-`prompt_eval_count` counts the cached tokens too, `prompt_eval_cached_count` from 0.33.3). Not
-modelled: streamed native routes, each engine's error envelope and block granularity (vLLM 16,
-TensorRT-LLM 32 tokens).
+shapes, routes, headers and metrics over the one cache model underneath. Pure.
+
+Built from each engine's source, as recorded in tests/fixtures/engines/README.md:
+- vLLM (reports 0.23.0, a build with #45171): usage `prompt_tokens, total_tokens,
+  completion_tokens, prompt_tokens_details`; with `--enable-prompt-tokens-details` (`cache_report`)
+  `{"cached_tokens": N}`, an explicit 0 included, else `null` (a stream's usage chunk drops
+  the key: `exclude_none`). `/health` empty, `/version`, `/v1/models` (`owned_by` vllm,
+  `max_model_len`, `permission`), `/metrics` (`vllm:` counters, labels model_name, engine).
+- SGLang (0.5.9): `prompt_tokens_details` `{"cached_tokens": N}` only with
+  `--enable-cache-report` *and* N > 0, else `null` (`_details_if_cached`); `reasoning_tokens`;
+  a 32-hex id; `/server_info` (and `/get_server_info`) with the flags; `/model_info`;
+  `/metrics` (`--enable-metrics`, on here).
+- TensorRT-LLM (1.3.0rc23): `{"cached_tokens": N}` always (PR #7637); `/metrics` is a JSON list
+  of iteration stats; the Prometheus text is at `/prometheus/metrics`; no flag to turn off.
+- Ollama (0.34.4): usage `prompt_tokens, prompt_tokens_details, completion_tokens,
+  total_tokens`, the details always; `--no-cache-report` serves 0.33.2, which sends none
+  (the count ships from 0.33.3); `system_fingerprint` fp_ollama; ids `chatcmpl-<n>`; `GET /`
+  `Ollama is running`, `/api/version`, `/api/tags`, `/api/ps`; no Prometheus route.
+No engine sends Halogen's `timings` or `/cache`. Native routes (served by `sim.protocol`),
+non-streamed only: SGLang `POST /generate` (`text`, `sampling_params.max_new_tokens`;
+`meta_info.cached_tokens` always) and Ollama `POST /api/chat` (`stream: false` required;
+`options.num_predict`; `prompt_eval_count` counts the cached tokens too,
+`prompt_eval_cached_count` from 0.33.3). Not modelled: streamed native routes, each engine's
+error envelope and block granularity (vLLM 16, TensorRT-LLM 32 tokens): the cache model is
+Halogen Flash's.
 """
 
 from __future__ import annotations

@@ -134,8 +134,9 @@ def _token_budget(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> int
         raise invalid("body", f"conflicting token budgets ({listed}); {why}")
     value = int(next(iter(sent.values()))) if sent else MAX_TOKENS_DEFAULT[kind]
     if value > config.max_tokens_cap:
-        cap, advice = config.max_tokens_cap, "ask for fewer tokens or raise the server's"
-        policy = f"The cap is server policy, not a model limit: {advice} --max-tokens-cap."
+        cap = config.max_tokens_cap
+        policy = "The cap is server policy, not a model limit: ask for fewer tokens or raise"
+        policy += " the server's --max-tokens-cap."
         raise ApiError(400, f"max_tokens {value} exceeds this server's cap of {cap}. {policy}")
     return value
 
@@ -165,8 +166,8 @@ def _options(body: Mapping[str, Any], profile: str) -> tuple[bool, bool]:
         raise invalid("body.logprobs", "cannot be combined with stream")
     temperature = body.get("temperature") or 0
     if not (type(temperature) in (int, float) and temperature > 0):
-        sampled_only = ("presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
-        for name in sampled_only[: 3 + logprobs]:  # `logprobs: false` is no sampling option
+        sampled_only = ("presence_penalty", "frequency_penalty", "logit_bias")
+        for name in (*sampled_only, *(("logprobs",) if logprobs else ())):  # false is no option
             if body.get(name) is not None:
                 msg = "needs temperature > 0 (decoding at temperature 0 is greedy)"
                 raise invalid(f"body.{name}", msg)

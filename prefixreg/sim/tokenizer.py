@@ -127,7 +127,8 @@ def render_completion(prompt: str) -> RenderedPrompt:
 
 
 def answer_tokens(prompt: RenderedPrompt, length: int) -> list[str]:
-    """Words chosen by the prompt's hash, then "."; one within ``PLAIN_CHARS`` re-tokenizes same."""
+    """The answer, a pure function of the prompt and `length`: raw tokens (words chosen by hash,
+    then "."). A short one (within ``PLAIN_CHARS``) re-tokenizes to the same tokens."""
     stream = hashlib.shake_256(token_digest(prompt.tokens)).digest(length)
     words = [_WORDS[b % len(_WORDS)] for b in stream[: length - 1]]
     return [f" {w}" if i else w.capitalize() for i, w in enumerate(words)] + ["."]

@@ -23,7 +23,8 @@ from prefixreg.core.records import strict_count
 
 @dataclass(frozen=True, slots=True)
 class AiperfCall:
-    """One aiperf request: the `reply` to judge, its request body if kept, its interval, export."""
+    """One aiperf request: the `reply` to judge, its request body if kept, its interval, and
+    whether it came from the raw export."""
 
     request_id: str | None
     raw: bool

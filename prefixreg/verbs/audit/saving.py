@@ -129,7 +129,8 @@ def batch_wall(calls: Sequence[AuditCall]) -> dict[str, Any]:
     loose: list[float] = []  # the walls of the calls it did not
     for c in calls:
         if c.start_ns is None or c.end_ns is None:
-            loose += [] if c.evidence.wall_s is None else [c.evidence.wall_s]
+            if c.evidence.wall_s is not None:
+                loose.append(c.evidence.wall_s)
         elif c.end_ns >= c.start_ns:
             pairs.append((c.start_ns, c.end_ns))
     span = (max(e for _, e in pairs) - min(s for s, _ in pairs)) / 1e9 if pairs else None

@@ -298,7 +298,8 @@ class KeepAlive:
         ev = record.evidence
         if not first and verdict != "unverified" and ev.prompt_tokens is not None:
             cached = ev.cached_tokens or 0
-            kept_tokens, spent = (cached if verdict == "resumed" else 0), ev.prompt_tokens - cached
+            kept_tokens = cached if verdict == "resumed" else 0
+            spent = ev.prompt_tokens - cached
             self.gate.saw(kept_tokens, spent, time.monotonic(), tightened=change is not None)
         frame = head.sha256 if isinstance(head, Frame) else None
         report = None if snap is None else snap.to_dict()
