@@ -41,7 +41,10 @@ def sim() -> Iterator[SimServer]:
 
 
 def run_cli(
-    *args: str, input_bytes: bytes | None = None, env: dict[str, str] | None = None
+    *args: str,
+    input_bytes: bytes | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
 ) -> subprocess.CompletedProcess[bytes]:
     """Run `python -m prefixreg ARGS` as a real process (exit codes, stdout bytes, stderr)."""
     full_env = dict(os.environ)
@@ -52,6 +55,6 @@ def run_cli(
         input=input_bytes,
         capture_output=True,
         env=full_env,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )

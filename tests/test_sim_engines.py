@@ -13,15 +13,14 @@ import httpx
 import orjson
 import pytest
 
-from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.keepalive.run import KeepAlive
-from prefixreg.verbs.loop import LoopStats
 from prefixreg.verbs.probe.options import ProbeOptions
 from prefixreg.verbs.probe.run import run_probe
 from tests.conftest import run_cli
+from tests.test_keepalive import run_loop
 
 SYSTEM = "You are the coding loop's agent. Read, change, test, report.\n" * 60
 ENGINES = ("vllm", "sglang", "trtllm", "ollama")
@@ -120,24 +119,6 @@ def test_probe_gives_cmax_and_survival(engine: str, reg: Registry) -> None:
     assert report.survival == 3  # the one cache model: 8 entries, 2 stored per prompt
 
 
-def run_loop(url: str, reg: Registry, keeper: KeepAlive | None) -> LoopStats:
-    """The loop calls 10 times, each after 5 foreign prompts; the keeper steps after each."""
-    prefix = reg.get("loop")
-    stats = LoopStats(head=prefix)
-    with Worker(url) as loop, Worker(url) as foreign:
-        for i in range(10):
-            for j in range(5):
-                foreign.chat(f"Tenant {i}.{j} has its own system prompt. " * 25, "hi")
-                if keeper is not None:
-                    keeper.step()
-            _, ev = loop.chat(prefix, fresh_tail(), max_tokens=4)
-            stats.add(ev)
-            if keeper is not None:
-                keeper.touch(prefix.sha256)
-                keeper.step()
-    return stats
-
-
 @pytest.mark.parametrize(
     ("engine", "counter"),
     [
@@ -151,13 +132,13 @@ def test_keepalive_keeps_a_prefix_under_foreign_traffic(
     engine: str, counter: str | None, reg: Registry
 ) -> None:
     with serve(engine) as sim:
-        without = run_loop(sim.url, reg, None)
+        without = run_loop(sim.url, reg, None, calls=10, every=5)
         with Worker(sim.url, timeout=2.0) as kw:
             # Ollama exports no counters: time is the witness (a tiny interval here)
             interval = 0.001 if counter is None else None
             keeper = KeepAlive(kw, [reg.get("loop")], registry=reg, interval_s=interval)
             keeper.step()
-            kept = run_loop(sim.url, reg, keeper)
+            kept = run_loop(sim.url, reg, keeper, calls=10, every=5)
     assert without.resumed <= 1, str(without)
     assert kept.resumed >= 9, str(kept)
     assert keeper.budget.counter == counter

@@ -16,7 +16,6 @@ import dataclasses
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from prefixreg.registry.snapshots import digest_snapshot_file, read_snapshot, wr
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.snapshot.run import save_snapshot
+from tests.conftest import run_cli
 from tests.peer.fixtures import peer_paths
 from tests.peer.llama_peer import DEFAULT_FLAGS, PeerServer, start
 from tests.test_frames_llama import TOOLS, TOOLS_TEMPLATE
@@ -49,12 +49,7 @@ class Saved:
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[bytes]:
     """`python -m prefixreg ARGS`, with room for a cold prefill on a busy machine."""
-    return subprocess.run(
-        [sys.executable, "-m", "prefixreg", *args],
-        capture_output=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_cli(*args, timeout=timeout)
 
 
 def flags_for(slots: Path, *extra: str, base: Sequence[str] = DEFAULT_FLAGS) -> tuple[str, ...]:

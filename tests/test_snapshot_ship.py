@@ -17,7 +17,6 @@ import dataclasses
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +33,7 @@ from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.measure.warm import warm
 from prefixreg.verbs.mirror.snapshots import ship_snapshot
 from prefixreg.verbs.snapshot.run import restore_and_prove
+from tests.conftest import run_cli
 from tests.peer.fixtures import peer_paths
 from tests.peer.llama_peer import DEFAULT_FLAGS, PeerServer, start
 from tests.sshd import SshServer
@@ -60,9 +60,8 @@ class Fleet:
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "prefixreg", *args], capture_output=True, timeout=timeout
-    )
+    """`python -m prefixreg ARGS`, with room for a cold prefill on a busy machine."""
+    return run_cli(*args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
