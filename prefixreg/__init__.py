@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from prefixreg.core.judge import judge_restore as judge_restore
     from prefixreg.core.prefix import Prefix as Prefix
     from prefixreg.core.prefix import fresh_tail as fresh_tail
+    from prefixreg.core.prefix import rest_bytes as rest_bytes
     from prefixreg.core.records import CacheCounters as CacheCounters
     from prefixreg.core.records import CallEvidence as CallEvidence
     from prefixreg.core.records import Measurement as Measurement
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "core.frame": "Frame Head",
     "core.judge": "Judgement judge judge_copy judge_resident judge_restore",
-    "core.prefix": "Prefix fresh_tail",
+    "core.prefix": "Prefix fresh_tail rest_bytes",
     "core.records": "CacheCounters CallEvidence Measurement Meta NameMove ServerBuild",
     "registry.names": "NameConflictError",
     "registry.store": "Registry",

@@ -138,6 +138,13 @@ class Batch:
     malformed: set[str]
     unverified: set[str]
 
+    @property
+    def span(self) -> int:
+        """The head's measured span: what the server counted cached on the warm's check."""
+        cached = self.warm.calls[-1].evidence.cached_tokens
+        assert cached is not None and self.warm.verdict == "resumed"
+        return cached
+
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Batch]:
@@ -270,8 +277,7 @@ def test_json_totals_match_an_independent_count(batch: Batch) -> None:
 
     # What caching saved: the uncached tokens split by the head's measured span (every call
     # here is judged against it), the lever decided from that split, not from the time.
-    span = batch.warm.span_tokens
-    assert span is not None
+    span = batch.span
     counted = [(r.prompt, r.cached) for r in batch.rows if r.prompt is not None]
     miss = sum(max(0, min(span, p) - c) for p, c in counted if c is not None)
     uncached = sum(p - c for p, c in counted if c is not None)
@@ -288,7 +294,7 @@ def test_json_totals_match_an_independent_count(batch: Batch) -> None:
     assert p["names"] == ["loop"] and p["registered"] is True
     assert p["method"] == "coverage" and p["build_known"] is True
     assert p["span"]["build_id"] == batch.warm.build.build_id
-    assert p["span"]["span_tokens"] == batch.warm.span_tokens
+    assert p["span"]["span_tokens"] == batch.span
     assert (p["support"], p["of"]) == (5, 6)
 
     assert {m["source"] for m in out["malformed"]} == batch.malformed
@@ -335,7 +341,7 @@ def test_records_alone_name_their_prefix_directly(batch: Batch) -> None:
     assert report.prefix.method == "records"
     assert report.prefix.names == ("loop",)
     assert report.prefix.span is not None
-    assert report.prefix.span.span_tokens == batch.warm.span_tokens
+    assert report.prefix.span.span_tokens == batch.span
     assert len(report.calls) == 2
 
 
@@ -352,8 +358,7 @@ def test_plain_responses_match_across_builds_and_say_the_build_is_unknown(
 def test_a_count_short_of_every_span_names_nothing_and_is_unverified(
     tmp_path: Path, batch: Batch
 ) -> None:
-    span = batch.warm.span_tokens
-    assert span is not None
+    span = batch.span
     short = Row(span * 3, span // 4, 10)  # covers no measured span: no head to compare with
     (tmp_path / "far.json").write_bytes(orjson.dumps(response(short)))
     report = run_audit([tmp_path], registry=Registry(batch.registry))
@@ -516,17 +521,18 @@ def test_alignment_widens_the_allowance() -> None:
 
 
 def measured(reg: Registry, sha: str, span: int) -> str:
-    """A resumed warm measurement of `sha` with a `span`-token span, on a build of its own
-    (a real record, written through the registry)."""
+    """A resumed warm measurement of `sha` whose check counted `span` cached tokens, on a
+    build of its own (a real record, written through the registry)."""
     build = ServerBuild(profile="llama.cpp", identity={"model": "gemma-3-270m"})
     body: dict[str, Any] = {"verdict": "resumed", "span_tokens": span, "alignment": 0}
+    body |= {"cached_tokens": span, "prompt_tokens": span + 12}
     reg.write_measurement(
         Measurement(
             sha256=sha,
             at="2026-01-01T00:00:00.000000Z",
             kind="warm",
             build=build,
-            body=body | {"calls": []},
+            body=body | {"calls": [{"phase": "warm"}, {"phase": "check"}]},
         )
     )
     return build.build_id

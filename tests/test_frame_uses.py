@@ -283,3 +283,30 @@ def test_audit_frame_lists_a_head_it_cannot_compare_as_malformed(
     assert "nested deeper than 64 levels" in reasons[f"{batch}:4"]
     assert out["frame"]["requests"] == 1 and out["frame"]["in_line"] == 1
     assert out["calls"] == 2  # the paired responses still count (unverified: no usage)
+
+
+def test_loop_judge_takes_the_span_the_server_counted_and_the_tools_rule(
+    sim: SimServer,  # noqa: F811
+    reg: Registry,  # noqa: F811
+) -> None:
+    frame = reg.frame("loop")
+    history = [{"role": "user", "content": "Fix the failing tests."}]
+    with Worker(sim.url) as w:
+        judge = LoopJudge.for_worker(reg, frame, w)
+        assert judge.span is None  # nothing resumed here yet: no measured span
+        result = warm(reg, frame, w)
+        assert result.verdict == "resumed"
+        judge = LoopJudge.for_worker(reg, frame, w)
+        assert judge.span == result.calls[-1].evidence.cached_tokens  # the server's count
+        _, ev = w.chat(frame, history=history, max_tokens=4)
+    assert judge.observe(ev, frame.body(history))[0] == "resumed"
+    # Without its request body the call is still judged against the measured span.
+    assert judge.observe(ev)[0] == "resumed"
+    # A frame whose tools the server's template drops is never resumed for its tools.
+    dropped = LoopJudge(frame, judge.build_id, 0, judge.baseline, judge.span, tools_tokens=0)
+    verdict, why = dropped.observe(ev, frame.body(history))
+    assert verdict == "unverified" and "tools add no prompt tokens" in why
+    # A last warm that did not resume measured nothing: a loop call is judged by its bytes.
+    unmeasured = LoopJudge(frame, judge.build_id, 0, judge.baseline)
+    assert unmeasured.observe(ev)[0] == "unverified"
+    assert unmeasured.observe(ev, frame.body(history))[0] == "resumed"

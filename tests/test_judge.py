@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from prefixreg.core.errors import UsageError
 from prefixreg.core.judge import (
     MAX_BYTES_PER_TOKEN,
     Judgement,
@@ -22,6 +24,7 @@ from prefixreg.core.judge import (
     judge_copy,
     judge_resident,
     judge_restore,
+    judge_unknown_head,
     min_tokens,
 )
 from prefixreg.core.records import CallEvidence
@@ -93,7 +96,7 @@ def test_resumed_only_on_plausible_counts_that_cover_the_span(
 
 @given(prompt=st.integers(min_value=0, max_value=10_000), head=st.integers(1, 2_000_000))
 def test_fewer_prompt_tokens_than_the_bytes_allow_is_unverified(prompt: int, head: int) -> None:
-    j = judge(evidence(prompt, prompt), head_bytes=head)
+    j = judge(evidence(prompt, prompt), head_bytes=head, rest_bytes=0)
     if prompt < min_tokens(head):
         assert j.verdict == "unverified" and "cannot hold" in j.reason
     else:
@@ -183,3 +186,105 @@ def test_dense_resumed_verdict_names_the_alignment(tmp_path: Path) -> None:
     assert body["alignment"] == 2048 and body["cached_tokens"] == 4096, body
     assert body["span_tokens"] - body["cached_tokens"] > 32, body
     assert body["verdict"] == "resumed" and "multiples of 2,048 tokens" in body["reason"], body
+
+
+# -- a label never says more than its numbers: the span's source, the rest, the caller's types --
+
+
+def test_without_the_rest_of_the_prompt_the_share_is_not_guessed() -> None:
+    # 4,000 prompt tokens, 2,000 cached: a 6,000-byte head with a long history is resumed,
+    # the same head alone would be partial; not knowing which, the judge says unverified.
+    ev = evidence(4000, 2000)
+    assert judge(ev, head_bytes=6000, rest_bytes=6000).verdict == "resumed"
+    assert judge(ev, head_bytes=6000, rest_bytes=0).verdict == "partial"
+    unknown = judge(ev, head_bytes=6000)
+    assert unknown.verdict == "unverified" and "rest_bytes" in unknown.reason
+    assert judge(ev, head_bytes=6000, measured_span=2010).verdict == "resumed"  # measured: known
+    assert judge(evidence(4000, 0), head_bytes=6000).verdict == "cold"  # nothing cached is cold
+
+
+def test_rest_bytes_reads_the_messages_after_the_head() -> None:
+    from prefixreg.core.prefix import Prefix, rest_bytes
+
+    head = Prefix.from_text("0" * 64, "system")
+    body = head.body([{"role": "user", "content": "héllo"}, {"role": "assistant", "content": "ok"}])
+    assert rest_bytes(body) == len("user") + len("héllo".encode()) + len("assistant") + len("ok")
+    deep: Any = "x"
+    for _ in range(10_000):  # any depth: read without recursion
+        deep = [deep]
+    assert rest_bytes({"messages": [{}, {"role": "user", "content": deep}]}) == 5
+    bad: object
+    for bad in (None, [], {"messages": "x"}):
+        with pytest.raises(UsageError):
+            rest_bytes(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"head_bytes": True}, "head_bytes"),
+        ({"head_bytes": "100"}, "head_bytes"),
+        ({"head_bytes": None}, "head_bytes"),
+        ({"head_bytes": -1}, "head_bytes"),
+        ({"head_bytes": 100, "rest_bytes": 1.5}, "rest_bytes"),
+        ({"head_bytes": 100, "measured_span": True}, "measured_span"),
+        ({"head_bytes": 100, "measured_span": "90"}, "measured_span"),
+        ({"head_bytes": 100, "alignment": None}, "alignment"),
+        ({"head_bytes": 100, "tools_tokens": -3}, "tools_tokens"),
+    ],
+)
+def test_the_judge_refuses_a_wrong_type_instead_of_judging_it(
+    kwargs: dict[str, Any], needle: str
+) -> None:
+    with pytest.raises(UsageError, match=needle):
+        judge(evidence(100, 90), **kwargs)
+
+
+def test_every_judge_function_refuses_the_wrong_types() -> None:
+    resumed = Judgement("resumed", "covered", span=100, coverage=1.0)
+    with pytest.raises(UsageError):
+        judge({"prompt_tokens": 5}, head_bytes=10, rest_bytes=0)  # type: ignore[arg-type]
+    with pytest.raises(UsageError):
+        judge_unknown_head(None, "why")  # type: ignore[arg-type]
+    with pytest.raises(UsageError):
+        judge_resident(None, 0)  # type: ignore[arg-type]
+    with pytest.raises(UsageError):
+        judge_resident(resumed, -1)
+    with pytest.raises(UsageError):
+        judge_restore(None, 10, "resumed")  # type: ignore[arg-type]
+    with pytest.raises(UsageError):
+        judge_copy("no", 1)  # type: ignore[arg-type]
+    assert judge_copy(True, True) == "verified"
+
+
+def test_a_measured_span_is_what_the_server_counted_never_an_estimate(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg")
+    reg.add("You are a careful coding agent. Keep the repository's conventions.\n" * 60, name="p")
+    with SimServer(SimConfig(speed=5000)) as sim:
+        first = warm_json(reg, sim.url)
+        second = warm_json(reg, sim.url)
+    # The first warm has nothing measured: its span is the byte estimate, and says so.
+    assert first["verdict"] == "resumed" and first["span_source"] == "estimated", first
+    assert "(estimated span" in first["reason"]
+    # The second reads the span the server counted on the first's resumed check.
+    assert second["span_source"] == "measured" and second["span_tokens"] == first["cached_tokens"]
+    assert f"(measured span {first['cached_tokens']:,})" in second["reason"]
+
+
+def test_on_an_aligned_engine_a_cached_count_measures_no_span(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg")
+    text = "".join(f"Rule {i}: keep functions short and names plain.\n" for i in range(180))
+    reg.add(text, name="p")
+    with SimServer(SimConfig.for_profile("dense", speed=500)) as sim:
+        bodies = [warm_json(reg, sim.url) for _ in range(2)]
+    # Dense rounds cached counts down to 2,048: both warms estimate, and name the alignment.
+    for body in bodies:
+        assert body["verdict"] == "resumed" and body["span_source"] == "estimated", body
+        assert "multiples of 2,048 tokens" in body["reason"], body
+
+
+def warm_json(reg: Registry, url: str) -> dict[str, Any]:
+    res = run_cli("warm", "p", "--worker", url, "--registry", str(reg.root), "--json")
+    assert res.returncode == 0, res.stderr
+    body: dict[str, Any] = orjson.loads(res.stdout)["body"]
+    return body

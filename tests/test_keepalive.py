@@ -67,8 +67,9 @@ def run_loop(
                     foreign.send()
                     if keeper is not None:
                         keeper.step()
-                _, ev = loop.chat(prefix, fresh_tail(), max_tokens=4)
-                stats.add(ev)
+                tail = fresh_tail()
+                _, ev = loop.chat(prefix, tail, max_tokens=4)
+                stats.add(ev, body={"messages": prefix.messages(tail)})
                 if keeper is not None:
                     keeper.touch(prefix.sha256)
                     keeper.step()
@@ -141,8 +142,9 @@ def test_threaded_keeper_against_a_concurrent_foreign_generator(reg: Registry) -
                 with Worker(sim.url) as loop:
                     for _ in range(12):
                         time.sleep(0.08)  # several foreign prompts between the loop's calls
-                        _, ev = loop.chat(prefix, fresh_tail(), max_tokens=4)
-                        stats.add(ev)
+                        tail = fresh_tail()
+                        _, ev = loop.chat(prefix, tail, max_tokens=4)
+                        stats.add(ev, body={"messages": prefix.messages(tail)})
                         keeper.touch(prefix.sha256)
             finally:
                 stop.set()
@@ -243,18 +245,19 @@ def test_loopstats_counts_only_verified_tokens() -> None:
     from prefixreg.core.prefix import Prefix
     from prefixreg.core.records import CallEvidence
 
-    stats = LoopStats(head=Prefix.from_text("0" * 64, "system prompt " * 25))  # 350 bytes
-    stats.add(
-        CallEvidence(
-            prompt_tokens=100,
-            cached_tokens=90,
-            completion_tokens=5,
-            cached_source="x",
-            cache_state="reused",
-            complete=True,
-            wall_s=0.1,
-        )
+    head = Prefix.from_text("0" * 64, "system prompt " * 25)  # 350 bytes
+    stats = LoopStats(head=head)
+    reused = CallEvidence(
+        prompt_tokens=100,
+        cached_tokens=90,
+        completion_tokens=5,
+        cached_source="x",
+        cache_state="reused",
+        complete=True,
+        wall_s=0.1,
     )
+    # Judged with its request body: the head's share of 100 tokens is 92, and 90 cover it.
+    stats.add(reused, body={"messages": head.messages("a tail of thirty bytes or so..")})
     stats.add(
         CallEvidence(
             prompt_tokens=100,
@@ -279,6 +282,11 @@ def test_loopstats_counts_only_verified_tokens() -> None:
     assert stats.resumed_fraction == 0.45
     assert orjson.loads(orjson.dumps(stats.to_dict()))["prompt_tokens"] == 200
     assert "3 calls" in str(stats)
+    # Without its body the head's share of the prompt is unknown: unverified, never resumed
+    # (a loop with history would otherwise read as partial), while its counts still count.
+    stats.add(reused)
+    assert (stats.calls, stats.resumed, stats.unverified) == (4, 1, 2)
+    assert stats.prompt_tokens == 300 and stats.cached_tokens == 180
 
 
 def test_example_agent_loop_resumes_its_prefix() -> None:

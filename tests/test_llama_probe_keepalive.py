@@ -218,8 +218,9 @@ def test_threaded_keepalive_against_a_concurrent_tenant(
         try:
             for _ in range(5):
                 time.sleep(2.0)  # about two tenant prompts between two loop calls
-                _, ev = loop.chat(prefix, fresh_tail(), max_tokens=2, temperature=0)
-                evidence.append(stats.add(ev))
+                tail = fresh_tail()
+                _, ev = loop.chat(prefix, tail, max_tokens=2, temperature=0)
+                evidence.append(stats.add(ev, body={"messages": prefix.messages(tail)}))
                 keeper.touch(prefix.sha256)
         finally:
             stop.set()

@@ -31,8 +31,9 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.records import CallEvidence
+from prefixreg.core.records import CallEvidence, Measurement
 
 Verdict = Literal["resumed", "partial", "cold", "unverified"]
 RestoreVerdict = Literal["restored", "resident", "not_restored", "unverified"]
@@ -49,6 +50,26 @@ ALLOWANCE_SHARE: Final = 0.5
 # runs of spaces or punctuation, well under it); fewer prompt tokens than
 # `bytes / MAX_BYTES_PER_TOKEN` cannot be a count of those bytes.
 MAX_BYTES_PER_TOKEN: Final = 128
+
+
+def _counts(*, least: int | None = 0, **values: object) -> None:
+    """`UsageError` unless each value is a whole number (None passes: not known) of at least
+    `least` (None: any; a span or alignment below 1 means none and is judged so)."""
+    for what, value in values.items():
+        if value is not None and (type(value) is not int or (least is not None and value < least)):
+            raise UsageError(f"{what} must be a whole number >= {least or 0}, not {value!r:.40}")
+
+
+def _evidence(value: object) -> CallEvidence:
+    if not isinstance(value, CallEvidence):
+        raise UsageError(f"the judge reads a CallEvidence, not {type(value).__name__}")
+    return value
+
+
+def _judgement(value: object, what: str) -> Judgement:
+    if not isinstance(value, Judgement):
+        raise UsageError(f"{what} must be a Judgement, not {type(value).__name__}")
+    return value
 
 
 def allowance(span: int, alignment: int) -> int:
@@ -103,15 +124,22 @@ def judge(
     evidence: CallEvidence,
     *,
     head_bytes: int,
-    rest_bytes: int = 0,
+    rest_bytes: int | None = None,
     alignment: int = 0,
     measured_span: int | None = None,
     tools_tokens: int | None = None,
 ) -> Judgement:
-    """Did this call resume the head (`head_bytes`, then `rest_bytes` of other content)?
-    `measured_span`: the head's span a resumed check measured on this build; `tools_tokens`:
-    what the frame's tools add to the prompt (0: the template drops them, never resumed)."""
-    prompt, cached = evidence.prompt_tokens, evidence.cached_tokens
+    """Did this call resume the head (`head_bytes`, then `rest_bytes` of other content: None
+    when not known, e.g. `prefix.rest_bytes(body)`)? `measured_span`: the head's span the
+    server counted on a resumed check of this build; `tools_tokens`: what the frame's tools
+    add to the prompt (0: the template drops them, never resumed). Raises UsageError: an
+    argument of the wrong type, or a count below 0."""
+    _counts(head_bytes=head_bytes, rest_bytes=rest_bytes, tools_tokens=tools_tokens)
+    _counts(least=None, alignment=alignment, measured_span=measured_span)
+    given: tuple[object, object] = (head_bytes, alignment)  # callers outside the type checker
+    if None in given:
+        raise UsageError("head_bytes and alignment must be whole numbers, not None")
+    prompt, cached = _evidence(evidence).prompt_tokens, evidence.cached_tokens
     if evidence.cache_state == "unverified" or prompt is None or cached is None:
         why = evidence.reason or "the server did not report prompt and cached counts"
         return Judgement("unverified", why, alignment=alignment)
@@ -135,6 +163,11 @@ def judge(
     source: Source
     if measured_span is not None and 0 < measured_span <= prompt:
         span, source = measured_span, "measured"
+    elif rest_bytes is None and cached == 0:
+        return out("cold", f"0 of {prompt:,} prompt tokens cached")  # whatever the head's span
+    elif rest_bytes is None:
+        why = "no measured span, and the prompt's bytes beyond the head are not known (rest_bytes)"
+        return out("unverified", f"{why}: the head's share of the prompt cannot be estimated")
     else:
         span, source = estimate_span(prompt, head_bytes, rest_bytes), "estimated"
     if span <= 0:
@@ -160,10 +193,23 @@ def judge(
     return out("resumed", why, span, source)
 
 
+def measured_span(m: Measurement) -> int | None:
+    """The head's span as the server counted it, from a measured check: the cached count of
+    a resumed fresh-tail check, on an engine that counts cached tokens one by one. None when
+    nothing was measured: a check not resumed, or an aligned engine (its count is rounded
+    down to the alignment: a lower bound, no measure of the span)."""
+    o = m.outcome
+    align = m.build.snapshot_align if o.alignment is None else o.alignment
+    checked = o.phases[-1:] == ("check",)  # not a re-warm of a session, not a probe leg
+    if not checked or o.verdict != "resumed" or not o.cached_tokens or align > 1:
+        return None
+    return o.cached_tokens
+
+
 def judge_unknown_head(evidence: CallEvidence, why: str) -> Judgement:
     """A call whose head is unknown (a response without its request): `cold` when nothing of
     a counted prompt was cached, else `unverified` with `why`; never resumed nor partial."""
-    prompt, cached = evidence.prompt_tokens, evidence.cached_tokens
+    prompt, cached = _evidence(evidence).prompt_tokens, evidence.cached_tokens
     if evidence.cache_state == "unverified" or prompt is None or cached is None:
         why = evidence.reason or "the server did not report prompt and cached counts"
         return Judgement("unverified", why)
@@ -180,7 +226,9 @@ def judge_restore(
 ) -> tuple[RestoreVerdict, str]:
     """A restore into a slot: `baseline`, a pinned check before (None: the slot was erased),
     `n_restored` the server's count, `check` the pinned check after; `restored` when all agree."""
-    if baseline is not None and baseline.resumed:
+    _judgement(check, "check")
+    _counts(n_restored=n_restored)
+    if baseline is not None and _judgement(baseline, "baseline").resumed:
         return "resident", "the slot held the head before the restore: the restore proved nothing"
     if baseline is not None and baseline.verdict == "unverified":
         return "unverified", f"no baseline of the slot: {baseline.reason}"
@@ -197,7 +245,8 @@ def judge_restore(
 def judge_resident(proof: Judgement, touched_after: int) -> tuple[bool, str]:
     """Is a head resident on a worker? Only when its proof resumed and no prefill touched
     the worker after the proof (`touched_after` calls did)."""
-    if not proof.resumed:
+    _counts(touched_after=touched_after)
+    if not _judgement(proof, "proof").resumed:
         return False, f"{proof.verdict}: {proof.reason}"
     if touched_after:
         return False, f"{touched_after} later prefill(s) on this worker make the proof stale"
@@ -206,6 +255,9 @@ def judge_resident(proof: Judgement, touched_after: int) -> tuple[bool, str]:
 
 def judge_copy(hashed: bool, matched: bool | None) -> CopyVerdict:
     """A copied file is `verified` only when its bytes were hashed and matched."""
+    given: tuple[object, object] = (hashed, matched)  # callers outside the type checker
+    if not isinstance(given[0], bool) or not isinstance(given[1], bool | None):
+        raise UsageError(f"judge_copy takes booleans, not {hashed!r:.20} and {matched!r:.20}")
     if not hashed or matched is None:
         return "unchecked"
     return "verified" if matched else "mismatch"
@@ -225,6 +277,9 @@ def judge_fit(
     """Does a head of `span` tokens fit in one cache entry? `cmax`: a probe's largest fresh-tail
     cached count on this build (`lower_bound`: every size probed resumed whole). It `fits`
     only when `cmax` covers the span less the allowance; else a lower bound is `not_proven`."""
+    _counts(least=None, alignment=alignment)
+    if type(span) is not int or type(cmax) is not int:
+        raise UsageError(f"judge_fit takes whole numbers, not {span!r:.20} and {cmax!r:.20}")
     if span < 1 or cmax < 0:
         return "unverified", "no span or Cmax to compare"
     short = span - cmax
@@ -249,9 +304,12 @@ def judge_lever(
     (one split, one verdict on every engine): the `lever` when the head's uncached `drift` and
     `miss` are at least the `new_history` no cache holds; `unverified` when tokens with no
     head to compare (`unknown`) outnumber both; else `not_lever`."""
-    head, uncached = drift + miss, drift + miss + new_history + unknown
-    if min(cached, new_history, drift, miss, unknown) < 0:
+    counts = (cached, new_history, drift, miss, unknown)
+    if any(type(n) is not int for n in counts):
+        raise UsageError("judge_lever takes whole numbers of tokens")
+    if min(counts) < 0:
         return "unverified", "a token count is negative"
+    head, uncached = drift + miss, drift + miss + new_history + unknown
     if uncached + cached == 0:
         return "unverified", "no call reported prompt and cached counts"
     if unknown > head + new_history:

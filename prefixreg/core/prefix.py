@@ -93,6 +93,31 @@ def check_history(history: object) -> list[dict[str, Any]]:
     return [dict(m) for m in history]
 
 
+def text_bytes(value: object) -> int:
+    """UTF-8 bytes of every string in `value` (messages, a message, a string): what a chat
+    template renders of it, less the JSON syntax. Iterative: any nesting depth is read."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item.encode("utf-8", "replace"))
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return total
+
+
+def rest_bytes(body: Mapping[str, Any]) -> int:
+    """What a request `body` sends beyond its head: the `text_bytes` of its messages after
+    the first (the judge's `rest_bytes`). Raises UsageError: not a request body."""
+    given: object = body  # callers outside the type checker pass anything
+    messages = given.get("messages") if isinstance(given, Mapping) else None
+    if not isinstance(messages, list):
+        raise UsageError("rest_bytes() reads a request body with a 'messages' list")
+    return text_bytes(messages[1:])
+
+
 def fresh_tail(nonce: str | None = None) -> str:
     """A user tail the server has never seen: only its nonce (16 random hex digits, else
     `nonce`) changes, so on a deterministic tokenizer its token count is fixed."""

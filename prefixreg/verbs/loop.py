@@ -1,13 +1,16 @@
 """The loop's side: judge each call against the head it sends, and keep running totals.
 Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
 
-- `LoopJudge` reads each loop call against the head's last warm on the worker's build. A
-  call is `resumed` only when the judge says its cached count covers the span that warm
-  measured; when this build's last warm of the system prefix was of another head (the bare
-  system prompt, another frame) every call is a `head-mismatch`, never `resumed`; a call
-  whose request body differs from the head is `drift`, naming the part.
-- `LoopStats` keeps the totals: calls by the judge's verdict, and the server's token counts
-  over the calls whose counts are verified (a missing count is never zero).
+- `LoopJudge` reads each loop call against the head on the worker's build: the judge's
+  verdict against the span the server counted on this build's last resumed check of the
+  head (`measure.calls.measured_span`), else against the head's share of the call's request
+  body; with neither, `unverified`. A frame's tools that the server's template drops are
+  never resumed. When this build's last warm of the system prefix was of another head (the
+  bare system prompt, another frame) every call is a `head-mismatch`, never `resumed`; a
+  call whose request body differs from the head is `drift`, naming the part.
+- `LoopStats` keeps the totals: calls by the judge's verdict (against `head` and the call's
+  request body when it judges them itself), and the server's token counts over the calls
+  whose counts are verified (a missing count is never zero).
 - `Session` is one conversation of a loop on its head: it builds each request body as the
   head sends it and, once the call returned, tells a keeper (`KeepAlive.track`) or appends
   the body as one JSON line to a file (`prefixreg keepalive --session FILE`), so the loop's
@@ -27,12 +30,13 @@ from typing import Any, Literal, Protocol, get_args
 from prefixreg.core.errors import UsageError
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject, dumps_ordered
-from prefixreg.core.judge import judge
-from prefixreg.core.prefix import Prefix
+from prefixreg.core.judge import judge, judge_unknown_head
+from prefixreg.core.prefix import Prefix, rest_bytes
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.measure.calls import build_warms, sent_head
+from prefixreg.verbs.measure.calls import build_warms, measured_span, sent_head
+from prefixreg.verbs.measure.warm import tools_tokens
 
 LoopVerdict = Literal["resumed", "partial", "cold", "unverified", "drift", "head-mismatch"]
 VERDICTS: tuple[LoopVerdict, ...] = get_args(LoopVerdict)
@@ -56,14 +60,23 @@ class LoopStats:
     completion_tokens: int = 0
     wall_s: float = 0.0
 
-    def add(self, evidence: CallEvidence, verdict: LoopVerdict | None = None) -> CallEvidence:
-        """Count one call under `verdict`, else the judge's against `head` (with neither, a
-        cached call is `unverified`); returns the evidence, for `stats.add(ev)` inline."""
+    def add(
+        self,
+        evidence: CallEvidence,
+        verdict: LoopVerdict | None = None,
+        *,
+        body: Mapping[str, Any] | None = None,
+    ) -> CallEvidence:
+        """Count one call under `verdict`, else the judge's against `head` and the call's
+        request `body` (without it the head's share of the prompt is unknown: `unverified`;
+        without a head, a cached call is `unverified`); returns the evidence, for
+        `stats.add(ev)` inline. Raises UsageError: a wrong type, or not a loop verdict."""
         evidence, head = _evidence(evidence), self.head
+        rest = None if body is None else rest_bytes(body)
         if verdict is None and head is not None:
-            verdict = judge(evidence, head_bytes=head.head_bytes).verdict
+            verdict = judge(evidence, head_bytes=head.head_bytes, rest_bytes=rest).verdict
         elif verdict is None:
-            verdict = "cold" if evidence.cache_state == "cold" else "unverified"
+            verdict = judge_unknown_head(evidence, "no head to compare it with").verdict
         if verdict not in self.counts:
             raise UsageError(f"not a loop verdict: {verdict!r}; one of {', '.join(VERDICTS)}")
         self.counts[verdict] += 1
@@ -116,31 +129,29 @@ class LoopStats:
 
 @dataclass(slots=True)
 class LoopJudge:
-    """Judges a loop's calls against `head`, from its last warm on the worker's build."""
+    """Judges a loop's calls against `head` on the worker's build (`for_worker` reads it)."""
 
     head: Head
     build_id: str
     alignment: int
     baseline: Measurement | None  # this build's last warm of the head's system prefix
+    span: int | None = None  # the head's span the server counted here (`measured_span`)
+    tools_tokens: int | None = None  # what a frame's tools add here (0: the template drops them)
     stats: LoopStats = field(default_factory=LoopStats)
     calls: list[tuple[LoopVerdict, str]] = field(default_factory=list)
 
     @classmethod
     def for_worker(cls, registry: Registry, head: Head, worker: Worker) -> LoopJudge:
-        """Read the worker's build now, and the head's last warm on it from `registry`."""
+        """Read the worker's build now, the head's warms on it from `registry`, and what a
+        frame's tools add to a prompt there."""
         if not isinstance(head, Prefix | Frame):
             raise UsageError(f"LoopJudge takes a Prefix or a Frame, not {type(head).__name__}")
         build = worker.server_build()
         warms = build_warms(registry, head.system.sha256, build.build_id)
-        return cls(head, build.build_id, build.snapshot_align, warms[-1] if warms else None)
-
-    @property
-    def span(self) -> int | None:
-        """The head's span as its last warm here measured it (None: none, or of another head)."""
-        frame = self.head.sha256 if isinstance(self.head, Frame) else None
-        if self.baseline is None or self.baseline.outcome.frame != frame:
-            return None
-        return self.baseline.outcome.span_tokens
+        tools = tools_tokens(worker, build, head) if isinstance(head, Frame) else None
+        span = measured_span(registry, head, build.build_id)
+        baseline = warms[-1] if warms else None
+        return cls(head, build.build_id, build.snapshot_align, baseline, span, tools)
 
     def observe(
         self, evidence: CallEvidence, body: Mapping[str, Any] | None = None
@@ -160,15 +171,19 @@ class LoopJudge:
         drift = "" if body is None else "; ".join(map(str, self.head.drift(body)))
         if drift:
             return "drift", drift
-        if self.baseline is None:
-            return "unverified", "no warm of this head's system prefix on this build"
-        span = self.span
-        if span is None:
+        frame = self.head.sha256 if isinstance(self.head, Frame) else None
+        if self.baseline is not None and self.baseline.outcome.frame != frame:
             head = f"{self.head.kind} {self.head.sha256[:12]}"
             why = f"this build's last warm sent {sent_head(self.baseline)}, not {head}"
             return "head-mismatch", f"{why} (what the loop sends was never warmed)"
-        head_bytes, align = self.head.head_bytes, self.alignment
-        j = judge(evidence, head_bytes=head_bytes, alignment=align, measured_span=span)
+        j = judge(
+            evidence,
+            head_bytes=self.head.head_bytes,
+            rest_bytes=None if body is None else rest_bytes(body),
+            alignment=self.alignment,
+            measured_span=self.span,
+            tools_tokens=self.tools_tokens,
+        )
         return j.verdict, j.reason
 
 

@@ -24,7 +24,7 @@ from prefixreg.core.errors import CorruptRecordError, UsageError
 from prefixreg.core.fields import strict_number
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONValue, loads
-from prefixreg.core.prefix import Drift, Prefix
+from prefixreg.core.prefix import Drift, Prefix, text_bytes
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.verbs.audit.aiperf import is_aiperf, read_aiperf
@@ -107,14 +107,6 @@ def _find_request(value: Mapping[str, object]) -> tuple[dict[str, Any] | None, b
     return (found, False) if isinstance(found, dict) else (None, False)
 
 
-def _text_bytes(value: object) -> int:
-    """UTF-8 bytes of every string in `value`: what a template renders, less JSON syntax."""
-    if isinstance(value, str):
-        return len(value.encode("utf-8", "replace"))
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return sum(map(_text_bytes, items))  # recursive: `jsonio.loads` capped the depth
-
-
 def _lines(fh: BinaryIO) -> Iterator[bytes | None]:
     """Each line of `fh`; None for a line over `MAX_DOCUMENT` bytes, read past in chunks."""
     while line := fh.readline(MAX_DOCUMENT + 1):
@@ -185,7 +177,7 @@ class _Reader:
             "sha256": system.sha256,
             "frame": frame.sha256 if frame and frame.kind == "frame" else None,
             "head_bytes": frame.head_bytes if frame else system.bytes,
-            "rest_bytes": _text_bytes(messages[1:]),
+            "rest_bytes": text_bytes(messages[1:]),
         }
 
     def drift(self, frame: Head, request: dict[str, Any], source: str) -> tuple[Drift, ...] | None:

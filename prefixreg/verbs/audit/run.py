@@ -21,7 +21,7 @@ from pathlib import Path
 
 from prefixreg.core.errors import RefNotFoundError, UsageError
 from prefixreg.core.frame import Head
-from prefixreg.core.judge import Judgement, judge, judge_unknown_head
+from prefixreg.core.judge import Judgement, judge, judge_unknown_head, measured_span
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
 from prefixreg.verbs.audit.identity import FrameAudit, IdentityReport, Lookup, check_identity
@@ -41,11 +41,12 @@ def prefix_spans(
 
 
 def _span(m: Measurement) -> PrefixSpan | None:
-    o = m.outcome  # a partial or cold check measured a miss, not the head
-    if o.verdict != "resumed" or not o.span_tokens:
+    o = m.outcome  # a probe leg's span only marks its slice: it never judges a call here
+    span = o.span_tokens if m.kind.startswith("probe-") and o.verdict == "resumed" else None
+    if (span := span or measured_span(m)) is None:
         return None
     align = m.build.snapshot_align if o.alignment is None else o.alignment
-    return PrefixSpan(m.sha256, m.build.build_id, o.span_tokens, align, m.at, m.kind, o.frame)
+    return PrefixSpan(m.sha256, m.build.build_id, span, align, m.at, m.kind, o.frame)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +123,7 @@ def _judge(
         return judge(
             c.evidence,
             head_bytes=known.sizes.get(head, 0) if c.head_bytes is None else c.head_bytes,
-            rest_bytes=c.rest_bytes or 0,
+            rest_bytes=c.rest_bytes,
             alignment=own.alignment if own else 0,
             measured_span=own.span_tokens if own else None,
         )
@@ -157,7 +158,7 @@ def audit_calls(
         in_line = frame.kind == "frame" and 2 * drifts.count(()) > len(drifts)
         framed = frame.sha256 if same and in_line else None
     shared = match_prefix(data.calls, spans, known=known, identity=identity, frame=framed)
-    by_key = {(s.head, s.build_id): s for s in spans}
+    by_key = {(s.head, s.build_id): s for s in spans if not s.kind.startswith("probe-")}
     verdicts = tuple(_judge(c, by_key, shared, known) for c in data.calls)
     states = {c.source: STATES[v.verdict] for c, v in zip(data.calls, verdicts, strict=True)}
     rows = [(p.source, p.drift, states.get(p.source)) for p in data.prompts if p.drift is not None]

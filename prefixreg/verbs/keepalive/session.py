@@ -29,9 +29,9 @@ from typing import Any, Final
 
 from prefixreg.core.errors import PrefixregError, UsageError, WorkerError
 from prefixreg.core.frame import Head
-from prefixreg.core.jsonio import dumps_ordered, loads
+from prefixreg.core.jsonio import loads
 from prefixreg.core.judge import Verdict, judge
-from prefixreg.core.prefix import check_history, fresh_tail
+from prefixreg.core.prefix import check_history, fresh_tail, text_bytes
 from prefixreg.registry.fsutil import MAX_INPUT_BYTES, read_user_file
 from prefixreg.server.activity import Counter, StoresCounter
 from prefixreg.server.worker import Worker
@@ -80,7 +80,7 @@ def rewarm_call(
     worker: Worker, kept: Kept, counter: Counter | None, *, alignment: int
 ) -> tuple[CallRecord, Verdict]:
     """One re-warm of `kept` (in its pinned slot) and the judge's verdict: the session
-    re-touched whole (judged against its bytes, the head's and the history's as JSON), else the
+    re-touched whole (judged against its bytes, the head's and the history's text), else the
     head with a fresh tail (against its span measured on this build)."""
     head, session, tail = kept.head, kept.session, fresh_tail()
     stores = isinstance(counter, StoresCounter)
@@ -99,8 +99,9 @@ def rewarm_call(
     if session is None:
         j = judge_check(record.evidence, head, tail=tail, alignment=alignment, measured=kept.span)
     else:
-        history_bytes = len(dumps_ordered(list(session)).encode("utf-8"))
-        j = judge(record.evidence, head_bytes=head.head_bytes + history_bytes, alignment=alignment)
+        held = head.head_bytes + text_bytes(session)  # the head and the history: all re-touched
+        rest = len(tail.encode("utf-8"))
+        j = judge(record.evidence, head_bytes=held, rest_bytes=rest, alignment=alignment)
     return record, j.verdict
 
 

@@ -19,6 +19,7 @@ from prefixreg.core.errors import WorkerError
 from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import JSONObject, JSONValue, dumps_ordered
 from prefixreg.core.judge import Judgement, judge
+from prefixreg.core.judge import measured_span as span_counted
 from prefixreg.core.records import CacheCounters, CallEvidence, Measurement, ServerBuild
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.server.counters import counter_deltas, is_interleaved
@@ -135,11 +136,10 @@ def head_warms(registry: Registry, head: Head, build_id: str) -> list[Measuremen
 
 
 def measured_span(registry: Registry, head: Head, build_id: str) -> int | None:
-    """The head's span in tokens as this build's last resumed warm of it measured it."""
-    for m in reversed(head_warms(registry, head, build_id)):
-        if m.outcome.verdict == "resumed" and m.outcome.span_tokens:
-            return m.outcome.span_tokens
-    return None
+    """The head's span in tokens as the server counted it on this build's last resumed
+    check of it (`core.judge.measured_span`); None: none measured it."""
+    spans = (span_counted(m) for m in reversed(head_warms(registry, head, build_id)))
+    return next((span for span in spans if span is not None), None)
 
 
 def sent_head(warm: Measurement) -> str:
