@@ -246,7 +246,7 @@ def test_interleaved_warm_says_so_and_show_prefers_the_clean_measurement(reg: Re
     shown = run_cli("show", "loop", "--registry", str(reg.root))
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.decode().splitlines()
-    latest = lines[lines.index("latest on the current build:") + 1]
+    latest = lines[lines.index("latest on the newest measured build:") + 1]
     assert "resumed" in latest and "interleaved" not in latest
     assert shown.stdout.count(b"(interleaved: not a clean measurement)") == 2
 

@@ -294,6 +294,28 @@ def test_show_marks_measurements_from_other_builds(sim: SimServer, reg_path: Pat
     assert text.count("(older build)") == 1
 
 
+def test_show_calls_a_build_current_only_as_a_worker_says(sim: SimServer, reg_path: Path) -> None:
+    assert warm_cli(reg_path, sim.url).returncode == 0
+    with SimServer(SimConfig(speed=2000, slots=2)) as other:  # slots are part of the build
+        assert warm_cli(reg_path, other.url).returncode == 0  # the newest measurement
+        flash = {"PREFIXREG_WORKER": sim.url}
+        shown = run_cli("show", "loop", "--registry", str(reg_path), env=flash)
+        data = run_cli("show", "loop", "--registry", str(reg_path), "--json", env=flash)
+        alone = run_cli("show", "loop", "--registry", str(reg_path), "--json")
+    text = shown.stdout.decode()
+    first = orjson.loads(data.stdout)["current_build"]
+    newest = orjson.loads(alone.stdout)["newest_build"]
+    # $PREFIXREG_WORKER is read as --worker is: the first build is current, not the newest.
+    assert f"current build {first} (from the worker)" in text
+    assert first != newest and orjson.loads(data.stdout)["newest_build"] == newest
+    latest = text.splitlines()[text.splitlines().index("latest on the current build:") + 1]
+    assert first in latest
+    # With no worker no build is called current: the newest measured one is named as that.
+    assert orjson.loads(alone.stdout)["current_build"] is None
+    plain = run_cli("show", "loop", "--registry", str(reg_path)).stdout.decode()
+    assert "current build" not in plain and f"newest measured build {newest}" in plain
+
+
 @pytest.mark.parametrize(
     "url", ["http://127.0.0.1:99999", "http://127.0.0.1:abc", "http://u:pw@[::1", "ftp://x"]
 )

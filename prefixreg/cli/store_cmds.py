@@ -87,7 +87,8 @@ def show_command(
         typer.Option(
             "--worker",
             help="Read the worker's current build from /health and mark measurements taken "
-            "on other builds (default: the newest measured build counts as current).",
+            "on other builds (default: $PREFIXREG_WORKER; with neither, no build is called "
+            "current: the newest measured one is shown as that).",
         ),
     ] = None,
     registry: c.RegistryOpt = None,
@@ -105,8 +106,9 @@ def show_command(
         names = sorted(n for n, s in reg.names().items() if s == sha)
         of = sha if isinstance(head, Frame) else None  # a frame's measurements, or the prefix's
         measurements = [m for m in reg.measurements(system.sha256) if m.outcome.frame == of]
-        latest = measurements[-1].build.build_id if measurements else None
-        if worker is not None:
+        newest = measurements[-1].build.build_id if measurements else None
+        latest, worker = newest, worker or os.environ.get("PREFIXREG_WORKER") or None
+        if worker is not None:  # a build is current only as the worker says it now
             from prefixreg.server.worker import Worker
 
             with Worker(worker) as w:
@@ -125,23 +127,29 @@ def show_command(
         if json_out:
             c.emit_json(
                 {"sha256": sha, "kind": head.kind, "path": str(path), "names": names, **fields}
-                | {"current_build": latest, "measurements": [m.to_dict() for m in measurements]}
+                | {"current_build": latest if worker else None, "newest_build": newest}
+                | {"measurements": [m.to_dict() for m in measurements]}
             )
             return
         rows = {"sha256": sha, "kind": head.kind, **rows, "names": ", ".join(names) or "-"}
         out = [f"{key:<8} {_safe(value)}" for key, value in (rows | {"path": str(path)}).items()]
         if measurements:
             current = [m for m in measurements if m.build.build_id == latest]
-            source = "from the worker" if worker is not None else "newest measured"
-            out.append(f"current build {latest} ({source})")
+            if worker is not None:
+                out.append(f"current build {latest} (from the worker)")
+                build = "the current build"
+            else:
+                why = "no worker asked: --worker or PREFIXREG_WORKER says which build is current"
+                out.append(f"newest measured build {latest} ({why})")
+                build = "the newest measured build"
             # A measurement foreign calls interleaved with proves little: prefer a clean one.
             clean = [m for m in current if not m.outcome.interleaved]
             if clean or current:
                 what = "" if clean else " (no clean measurement)"
-                out.append(f"latest on the current build{what}:")
+                out.append(f"latest on {build}{what}:")
                 out.append(_measurement_line((clean or current)[-1], latest))
             else:
-                out.append("no measurement on the current build; older builds' figures:")
+                out.append(f"no measurement on {build}; older builds' figures:")
             out.append(f"measurements ({len(measurements)}, newest last):")
             out.extend(_measurement_line(m, latest) for m in measurements[-10:])
         sys.stdout.write("\n".join(out) + "\n")
