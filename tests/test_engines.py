@@ -9,16 +9,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixreg.core.jsonio import loads
+from prefixreg.registry.store import Registry
 from prefixreg.server import engines
 from prefixreg.server.counters import parse_prometheus
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.worker import Worker
-from tests.fakeserver import FakeServer, Reply
+from tests.conftest import run_cli
+from tests.fakeserver import FakeServer, Reply, Request
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
 SGLANG_ON = engines.zero_rule("sglang", {"enable_cache_report": True})
@@ -449,3 +452,31 @@ def test_doctor_names_each_engines_flag(
     assert all(flag in text for flag in named), text
     assert ("warn" in {f.level for f in d.findings}) is (level == "warn")
     assert "counters" not in d.numbers  # no counters read: none said to be 0
+
+
+def test_a_counter_that_jumps_past_exact_integers_is_no_witness(
+    fake: FakeServer, tmp_path: Path
+) -> None:
+    # A vLLM whose prompt counter leaps from 0 to 1e300 within one call: no window is
+    # recorded (a record cannot hold it, and it is no count), and warm still judges the call
+    # by its own count, with no traceback.
+    serve(fake, "vllm")
+    names = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+    sent: list[Request] = []
+
+    def chat(request: Request) -> Reply:
+        sent.append(request)
+        return Reply(json=fixture(SHAPES["vllm"]))
+
+    def metrics(_r: Request) -> Reply:
+        total = "1e300" if sent else "0"  # leaps with the first call
+        return Reply(body=f"{names[0]} {total}\n{names[1]} 0\n".encode())
+
+    fake.route("POST", "/v1/chat/completions", chat)
+    fake.route("GET", "/metrics", metrics)
+    reg = Registry(tmp_path / "reg")
+    reg.add("You are terse.\n" * 40, name="p")
+    res = run_cli("warm", "p", "--worker", fake.url, "--registry", str(reg.root), "--json")
+    assert b"Traceback" not in res.stderr and res.returncode in (0, 1, 4), res.stderr
+    calls = orjson.loads(res.stdout)["body"]["calls"]
+    assert calls[0].get("counter_window") is None, calls[0]

@@ -157,13 +157,16 @@ def window(
     """The counters' moves over one call's window (a witness where its own count is absent;
     verdicts still come from that count), `attributed` when the window is the call's alone
     (the prompt counter moved by exactly its prompt tokens; a foreign call adds at least
-    one); None when either side lacks a counter."""
+    one); None when either side lacks a counter or a move is no exact count (not whole, or
+    beyond 2**53: past a float's exact integers, and no record holds it)."""
     if before is None or after is None:
         return None
     moved: dict[str, int] = {}
     for key, name in (("prompt_tokens", metrics.prompt), ("cached_tokens", metrics.cached)):
         start, end = metric_total(before, name), metric_total(after, name)
         if start is None or end is None or not float(end - start).is_integer():
+            return None
+        if abs(end - start) > 2**53:  # a counter that lies: no witness, never a bogus count
             return None
         moved[key] = int(end - start)
     ours = moved["prompt_tokens"] == prompt_tokens and moved["cached_tokens"] >= 0
