@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import subprocess
 import sys
 import time
@@ -163,3 +165,48 @@ def test_pool_warm_and_doctor_write_their_report_as_gauges(tmp_path: Path) -> No
         got = families(prom)
         assert got["prefixreg_pool_ok"] == [({"command": "pool doctor"}, 1.0)]
         assert sum(v for _, v in got["prefixreg_pool_head_resident"]) == 2
+
+
+@pytest.mark.parametrize("flag", ["--metrics-file", "--html"])
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_an_output_path_holding_no_regular_file_is_refused_before_anything_runs(
+    tmp_path: Path, kind: str, flag: str
+) -> None:
+    target = tmp_path / "out"
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.mkdir()
+    reply = tmp_path / "reply.json"
+    reply.write_bytes(orjson.dumps({"usage": {"prompt_tokens": 10, "completion_tokens": 1}}))
+    args = (
+        ("audit", str(reply))
+        if flag == "--html"
+        else ("warm", "x", "--worker", "http://127.0.0.1:9")
+    )
+    res = run_cli(*args, flag, str(target))
+    assert res.returncode == 2, res.stderr
+    assert f"{flag} {target}: ".encode() in res.stderr and b"refused" in res.stderr
+    assert target.is_fifo() if kind == "fifo" else target.is_dir()  # left as it was
+    with pytest.raises(UsageError):
+        write_metrics(target, Metrics())  # the library refuses it too
+
+
+def test_a_metrics_file_that_cannot_be_written_is_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A full disk at the write (a fault a tmpfs would also give): the command's outcome keeps
+    # its exit code, and the warning names the file.
+    from prefixreg.cli import _common
+    from prefixreg.verbs.measure import metrics
+
+    def full(_path: Path, _m: Metrics) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(metrics, "write_metrics", full)
+    _common.write_metrics_file(tmp_path / "m.prom", Metrics())
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"warning: --metrics-file {tmp_path / 'm.prom'} not written: No space left on device\n"
+    )

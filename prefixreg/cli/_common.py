@@ -25,6 +25,7 @@ from prefixreg.core import errors
 if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
     from prefixreg.server.worker import Worker
+    from prefixreg.verbs.measure.metrics import Metrics
 
 
 class ExitCode(IntEnum):
@@ -112,6 +113,19 @@ def info(message: str) -> None:
     """A message for the person at the shell: stderr, never stdout."""
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
+
+
+def write_metrics_file(path: Path | None, metrics: Metrics) -> None:
+    """Write `--metrics-file` (None: not asked). One that cannot be written (a full disk) is a
+    warning naming it: the command's outcome decides its exit code, not the file."""
+    if path is None:
+        return
+    from prefixreg.verbs.measure.metrics import write_metrics
+
+    try:
+        write_metrics(path, metrics)
+    except OSError as exc:
+        info(f"warning: --metrics-file {path} not written: {exc.strerror or exc}")
 
 
 def progress_for(json_out: bool) -> Callable[[str], None] | None:

@@ -129,7 +129,7 @@ def pool_warm_command(
     unplaced, not resumed or unproven, or a worker down; 2 usage; 3 integrity (nothing
     sent); 4 only unverified counts stand in the way; 5 no worker answered.
     """
-    from prefixreg.verbs.measure.metrics import check_metrics_path, write_metrics
+    from prefixreg.verbs.measure.metrics import check_metrics_path
     from prefixreg.verbs.pool.warm import warm_pool
 
     with c.cli_errors(debug):
@@ -138,8 +138,7 @@ def pool_warm_command(
         with live:
             heads = [reg.head(ref) for ref in refs]  # verified once, before anything is sent
             report = warm_pool(live, heads, progress=c.progress_for(json_out))
-        if metrics_file is not None:
-            write_metrics(metrics_file, report.metrics("pool warm"))
+        c.write_metrics_file(metrics_file, report.metrics("pool warm"))
         _show(report, reg, json_out, "pool warm")
         if report.ok:
             raise typer.Exit(c.ExitCode.OK)
@@ -168,7 +167,7 @@ def pool_doctor_command(
     Exit 0 healthy; 1 when a placed head is not resident, a worker is overloaded or
     unreachable, or the workers' builds differ.
     """
-    from prefixreg.verbs.measure.metrics import check_metrics_path, write_metrics
+    from prefixreg.verbs.measure.metrics import check_metrics_path
     from prefixreg.verbs.pool.warm import doctor_pool
 
     with c.cli_errors(debug):
@@ -176,8 +175,7 @@ def pool_doctor_command(
         reg, live = _open(worker, pool, router, registry)
         with live:
             report = doctor_pool(live, prove=not no_prove)
-        if metrics_file is not None:
-            write_metrics(metrics_file, report.metrics("pool doctor"))
+        c.write_metrics_file(metrics_file, report.metrics("pool doctor"))
         _show(report, reg, json_out, "pool doctor")
         healthy = report.ok and not report.builds_differ and not report.notes
         raise typer.Exit(int(c.ExitCode.OK if healthy else c.ExitCode.NO))

@@ -9,11 +9,11 @@ import threading
 import time
 from pathlib import Path
 
-from prefixreg.cli._common import info
+from prefixreg.cli._common import write_metrics_file
 from prefixreg.core.frame import Head
 from prefixreg.registry.store import Registry
 from prefixreg.verbs.keepalive.run import KeepAlive
-from prefixreg.verbs.measure.metrics import Metrics, write_metrics
+from prefixreg.verbs.measure.metrics import Metrics
 
 _WRITING = threading.Lock()  # keepers in threads share the one metrics file
 
@@ -75,8 +75,5 @@ def write_keeper_metrics(path: Path | None, keepers: list[KeepAlive]) -> None:
     out = Metrics()
     for k in keepers:
         out.update(k.summary.metrics({"worker": k.worker.url}))
-    try:
-        with _WRITING:
-            write_metrics(path, out)
-    except OSError as exc:
-        info(f"warning: --metrics-file {path}: {exc.strerror or exc}")
+    with _WRITING:
+        write_metrics_file(path, out)

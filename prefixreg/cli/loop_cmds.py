@@ -149,8 +149,10 @@ def audit_command(
             raise UsageError(f"{registry}: not a registry")
         if frame is not None and (reg is None or not reg.exists):
             raise UsageError("--frame needs a registry that holds the frame")
-        if html is not None and not html.parent.is_dir():
-            raise UsageError(f"--html {html}: the directory {html.parent} does not exist")
+        if html is not None:
+            from prefixreg.registry.fsutil import check_output_file
+
+            check_output_file(html, "--html")
         head = None if frame is None or reg is None else reg.head(frame)  # resolved once
         report = run_audit(
             paths, registry=reg, prefill_tps=prefill_tps, decode_tps=decode_tps, frame=head

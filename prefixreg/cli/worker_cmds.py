@@ -74,7 +74,7 @@ def warm_command(
     0 when the snapshot is proven `restored`, else the normal warm that follows decides;
     3 when the snapshot file changed (no restore sent); 2 a server without a slot API.
     """
-    from prefixreg.verbs.measure.metrics import check_metrics_path, write_metrics
+    from prefixreg.verbs.measure.metrics import check_metrics_path
     from prefixreg.verbs.measure.slots import warm_copies
     from prefixreg.verbs.measure.warm import warm
 
@@ -102,8 +102,7 @@ def warm_command(
                 reg, head, w, check=not no_check, send_warm=not check_only, progress=progress
             )
             kept = [] if copies == 1 else warm_copies(w, head, copies)
-        if metrics_file is not None:
-            write_metrics(metrics_file, result.metrics())
+        c.write_metrics_file(metrics_file, result.metrics())
         receipt, text = result.receipt(public=public), result.summary()
         if kept:
             receipt["copies"] = [{"slot": i, **j.to_dict()} for i, j in kept]

@@ -13,7 +13,8 @@ Invariants:
   symlinks refused (`openat2` RESOLVE_NO_SYMLINKS, else one `O_NOFOLLOW` open per component),
   so a symlinked `names` or `objects/ab` is refused before anything is opened through it. The
   root itself may be a symlink (the user's choice). Writes check their directories first.
-- A file a user names is read only if it is a regular file, and only up to a size cap.
+- A file a user names is read only if it is a regular file, and only up to a size cap; one
+  they name for output replaces only a regular file (or a symlink: the link, not its target).
 """
 
 from __future__ import annotations
@@ -364,3 +365,21 @@ def read_user_file(path: Path | str, *, limit: int = MAX_INPUT_BYTES, offset: in
     if len(data) > limit:
         raise UsageError(f"{path}: larger than {limit:,} bytes; refused")
     return data
+
+
+def check_output_file(path: Path, what: str) -> Path:
+    """`path` if a user's output file may be written there (`replace_atomic`): its directory
+    exists and nothing but a regular file or a symlink is at it. Raises UsageError before any
+    work is done: a missing directory, or a directory, FIFO, device or socket in its place."""
+    if not path.parent.is_dir():
+        raise UsageError(f"{what} {path}: the directory {path.parent} does not exist")
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: {exc.strerror or exc}") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise UsageError(f"{what} {path}: {kind}; refused (it would be replaced)")
+    return path

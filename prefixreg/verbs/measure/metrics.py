@@ -9,8 +9,8 @@ Invariants:
   exposition grammar; a value is a finite number. A bad name or value is a `UsageError`
   (a bug of ours), never a file node_exporter would reject.
 - The file is written with the registry's durable writer (temp, fsync, rename, directory
-  fsync), so the collector never reads half a file; a path whose directory does not exist
-  is a `UsageError` before anything runs.
+  fsync), so the collector never reads half a file; a path whose directory does not exist,
+  or that holds a directory, FIFO or device, is a `UsageError` before anything runs.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from prefixreg.core.errors import UsageError
-from prefixreg.registry.fsutil import replace_atomic
+from prefixreg.registry.fsutil import check_output_file, replace_atomic
 
 Kind = Literal["counter", "gauge"]
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -86,10 +86,9 @@ class Metrics:
 
 
 def check_metrics_path(path: Path | None) -> Path | None:
-    """`path` if its directory exists (a textfile collector's directory), else `UsageError`."""
-    if path is not None and not path.parent.is_dir():
-        raise UsageError(f"--metrics-file {path}: the directory {path.parent} does not exist")
-    return path
+    """`path` if a metrics file may be written there (`fsutil.check_output_file`: its
+    directory exists, no directory, FIFO or device in its place), else `UsageError`."""
+    return None if path is None else check_output_file(path, "--metrics-file")
 
 
 def write_metrics(path: Path, metrics: Metrics) -> None:
