@@ -143,10 +143,18 @@ def test_non_streamed_reply_without_usage_key_is_unverified() -> None:
     assert (ev.cache_state, ev.reason, ev.cached_tokens) == ("unverified", "usage missing", None)
 
 
-def test_malformed_usage_count_is_not_rescued_by_timings() -> None:
+def test_the_first_valid_cached_source_wins() -> None:
+    # DESIGN §4: "cached_tokens source, first valid wins". A malformed usage count is
+    # passed over for timings.cache_n, and the record says which source it read.
     ev = evidence_from_response(response(usage(cached=8.0), timings={"cache_n": 8}))
-    assert ev.cache_state == "unverified"
-    assert ev.reason == "cached_tokens is a float"
+    assert (ev.cache_state, ev.cached_tokens, ev.cached_source) == ("reused", 8, SOURCE_TIMINGS)
+    ev = evidence_from_response(response(usage(cached=8), timings={"cache_n": "9"}))
+    assert (ev.cached_tokens, ev.cached_source) == (8, SOURCE_USAGE)
+    # None valid: unverified, the reason naming the first malformed source.
+    ev = evidence_from_response(response(usage(cached=8.0), timings={"cache_n": True}))
+    assert (ev.cache_state, ev.reason) == ("unverified", "cached_tokens is a float")
+    ev = evidence_from_response(response(usage(cached=None), timings={"cache_n": -1}))
+    assert (ev.cache_state, ev.reason) == ("unverified", "timings.cache_n is negative")
 
 
 def test_halogen_cold_reply_is_cold_from_timings() -> None:

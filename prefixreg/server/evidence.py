@@ -9,9 +9,10 @@ Anything else is a malformed response: unverified evidence, never an exception.
 Invariants (DESIGN §4 as code):
 - A count is valid only as an exact `int` >= 0 (`strict_count`); a missing count is never 0,
   but where the caller passes the engine's `zero_rule` (its rule, its flag known on).
-- `cached_tokens` comes from `usage.prompt_tokens_details.cached_tokens`, else from
-  `timings.cache_n`, and `cached_source` names it. A source present but malformed (8.0,
-  "8", true, -1, a list) makes the call unverified: the next source never papers over it.
+- `cached_tokens` comes from the first valid of `usage.prompt_tokens_details.cached_tokens`
+  and `timings.cache_n` (DESIGN §4), and `cached_source` names which. A source present but
+  malformed (8.0, "8", true, -1, a list) is passed over; with no valid source the call is
+  unverified, and its reason names the first malformed one.
 - Disk tier: tokens restored from the server's disk (`timings.disk_restore_n`) were not
   prefilled: resumed tokens. When they exceed the cached count read above (or it is
   missing) they are the cached count, as `cached_source` says; the two are never added
@@ -60,22 +61,26 @@ def _why_invalid(name: str, value: object) -> str:
 
 
 def _reported(usage: Mapping[str, object], timings: object) -> tuple[int | None, str | None, str]:
-    """(cached, source, reason-if-None) from usage or cache_n: the first present decides."""
+    """(cached, source, reason-if-None) from usage or cache_n: the first valid one wins
+    (DESIGN §4); with none valid, the reason names the first that was sent malformed."""
     details = usage.get("prompt_tokens_details")
+    why = ""
     for holder, holder_name, key, source in (
         (details, "prompt_tokens_details", "cached_tokens", SOURCE_USAGE),
         (timings, "timings", "cache_n", SOURCE_TIMINGS),
     ):
         if holder is not None and not isinstance(holder, dict):
-            return None, None, _why_invalid(holder_name, holder)
+            why = why or _why_invalid(holder_name, holder)
+            continue
         raw = holder.get(key) if isinstance(holder, dict) else None
         if raw is None:
             continue
         count = strict_count(raw)
         if count is None:  # named as in usage ("cached_tokens") or in full (timings.cache_n)
-            return None, None, _why_invalid(key if source == SOURCE_USAGE else source, raw)
+            why = why or _why_invalid(key if source == SOURCE_USAGE else source, raw)
+            continue
         return count, source, ""
-    return None, None, _MISSING
+    return None, None, why or _MISSING
 
 
 def _cached(
