@@ -24,7 +24,11 @@ from prefixreg.core.judge import (
     judge_copy,
     judge_resident,
     judge_restore,
+    judge_same_build,
+    judge_survival,
     judge_unknown_head,
+    judge_unproven,
+    judge_warm_only,
     min_tokens,
 )
 from prefixreg.core.records import CallEvidence
@@ -288,3 +292,16 @@ def warm_json(reg: Registry, url: str) -> dict[str, Any]:
     assert res.returncode == 0, res.stderr
     body: dict[str, Any] = orjson.loads(res.stdout)["body"]
     return body
+
+
+def test_the_labels_other_verbs_gave_themselves_come_from_the_judge() -> None:
+    # warm --no-check, a build change during a measurement, a probe's survival.
+    assert judge_warm_only(evidence(100, 0))[0] == "warmed"
+    assert judge_warm_only(evidence(None, None))[0] == "unverified"
+    assert judge_same_build("a" * 16, "a" * 16) is None
+    changed = judge_same_build("a" * 16, "b" * 16)
+    assert changed is not None and changed.verdict == "unverified"
+    assert "build changed" in changed.reason and "b" * 16 in changed.reason
+    assert judge_unproven("no check was made") == Judgement("unverified", "no check was made")
+    assert judge_survival(False, None) is None
+    assert (judge_survival(True, 7), judge_survival(True, None)) == ("verified", "unverified")

@@ -206,6 +206,40 @@ def measured_span(m: Measurement) -> int | None:
     return o.cached_tokens
 
 
+def judge_warm_only(evidence: CallEvidence) -> tuple[Literal["warmed", "unverified"], str]:
+    """A warm call sent with no resume check: `warmed` when the server counted it (complete,
+    valid counts), else `unverified`; it proves nothing about resuming either way."""
+    if _evidence(evidence).cache_state == "unverified":
+        return "unverified", evidence.reason or "the server did not report prompt and cached counts"
+    return "warmed", "warm call completed with verified counts"
+
+
+def judge_same_build(before: str, after: str) -> Judgement | None:
+    """None when a measurement began and ended on one server build; else `unverified`: its
+    numbers were counted across a change of build and prove nothing about either."""
+    if before == after:
+        return None
+    return Judgement(
+        "unverified", f"the server build changed during the measurement ({before} -> {after})"
+    )
+
+
+def judge_unproven(why: str) -> Judgement:
+    """A claim with no numbers to stand on (no check was made, a reply did not count what
+    it did): `unverified`, saying why."""
+    return Judgement("unverified", why)
+
+
+def judge_survival(
+    searched: bool, survival: int | None
+) -> Literal["verified", "unverified"] | None:
+    """A probe's survival (foreign prompts a head outlives): `verified` when its search ended
+    on the server's counts, `unverified` when it could not; None when not searched."""
+    if not searched:
+        return None
+    return "unverified" if survival is None else "verified"
+
+
 def judge_unknown_head(evidence: CallEvidence, why: str) -> Judgement:
     """A call whose head is unknown (a response without its request): `cold` when nothing of
     a counted prompt was cached, else `unverified` with `why`; never resumed nor partial."""

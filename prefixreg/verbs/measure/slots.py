@@ -23,7 +23,7 @@ from pathlib import Path
 from prefixreg.core.errors import IntegrityError, UsageError, WorkerHTTPError
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.judge import Judgement, judge_restore
+from prefixreg.core.judge import Judgement, judge_restore, judge_same_build, judge_unproven
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.core.records import ServerBuild
 from prefixreg.core.snapshots import SnapshotRecord
@@ -214,11 +214,13 @@ def restore_head(
         verdict, reason = "restore_failed", f"the server refused the restore: {exc}"
     else:
         check, judged = pinned_check(worker, build, head, chosen.id)
-        no_count = Judgement("unverified", "the erase reply did not say what it erased")
+        no_count = judge_unproven("the erase reply did not say what it erased")
         baseline = no_count if erased.n_tokens is None else None
         verdict, reason = judge_restore(baseline, transfer.n_tokens, judged)
-        if worker.server_build().build_id != build.build_id:
-            verdict, reason = "unverified", "the server build changed during the restore"
+        if (
+            changed := judge_same_build(build.build_id, worker.server_build().build_id)
+        ) is not None:
+            verdict, reason = changed.verdict, changed.reason
         body |= judged.to_dict() | {
             "prefix_bytes": head.system.size,
             "head_bytes": head.head_bytes,

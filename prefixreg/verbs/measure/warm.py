@@ -26,7 +26,7 @@ from datetime import datetime
 from prefixreg.core.errors import UsageError
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.judge import Judgement
+from prefixreg.core.judge import Judgement, judge_same_build, judge_warm_only
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.core.records import Measurement, ServerBuild
 from prefixreg.registry.store import Registry
@@ -221,11 +221,9 @@ def warm(
             reason += f"; {seen['source']} counted {seen['cached_tokens']} cached tokens in the "
             reason += "call's window (a second witness, no per-call proof)"
     else:
-        ev = calls[0].evidence
-        verdict = "unverified" if ev.cache_state == "unverified" else "warmed"
-        reason = ev.reason or "warm call completed with verified counts"
-    if worker.server_build().build_id != build.build_id:
-        verdict, reason = "unverified", "the server build changed during the measurement"
+        verdict, reason = judge_warm_only(calls[0].evidence)
+    if (changed := judge_same_build(build.build_id, worker.server_build().build_id)) is not None:
+        verdict, reason = changed.verdict, changed.reason
     labels = tuple(
         judge_check(c.evidence, head, tail=t, alignment=align, measured=measured).verdict
         for c, t in zip(calls, tails, strict=True)

@@ -26,7 +26,7 @@ from typing import Final
 from prefixreg.core.errors import PrefixregError, UsageError, WorkerError
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.judge import Judgement, judge_resident
+from prefixreg.core.judge import judge_resident, judge_unproven
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.verbs.measure.calls import WARM_PARAMS
 from prefixreg.verbs.measure.metrics import Metrics
@@ -203,7 +203,7 @@ def _route_first_call(
 def _standing(result: WarmResult, touched_after: int) -> tuple[bool, str]:
     proof = result.judgement
     if proof is None or proof.verdict != result.verdict:  # the build changed under it
-        proof = Judgement("unverified", result.reason)
+        proof = judge_unproven(result.reason)
     return judge_resident(proof, touched_after)
 
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Final, Literal
 
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.judge import alignment_shaped
+from prefixreg.core.judge import alignment_shaped, judge_survival
 from prefixreg.core.records import ServerBuild
 from prefixreg.verbs.probe.checks import CheckResult, ProbeCall
 from prefixreg.verbs.probe.options import ProbeOptions
@@ -170,9 +170,7 @@ class ProbeReport:
         return out
 
     def to_dict(self, *, public: bool = False) -> JSONObject:
-        opts, state = self.options, None
-        if self.survival_searched:
-            state = "unverified" if self.survival is None else "verified"
+        opts, state = self.options, judge_survival(self.survival_searched, self.survival)
         out: JSONObject = {
             "run_id": self.run_id,
             "at": self.at,
