@@ -216,7 +216,7 @@ def test_ssh_command_puts_batchmode_first_and_quotes_spaces_for_rsync() -> None:
     argv = build_rsync_argv("list", "w:/m/", "", rsh=cmd)
     assert "'ProxyCommand=nc -x p %h %p'" in argv[2]
     for bad in ("Port", "-F/etc/x=1", "A='x'"):
-        with pytest.raises(MirrorError):
+        with pytest.raises(UsageError):  # a bad argument (exit 2), not a refused mirror
             parse_ssh_options([bad])
 
 
@@ -503,6 +503,11 @@ def test_no_destination_is_a_usage_error_and_env_destinations_are_used(tmp_path:
     )
     assert res.returncode == 0, res.stderr
     assert content(tmp_path / "a") == content(tmp_path / "b") == content(reg.root)
+    bad = run_mirror_cli(
+        "--registry", str(reg.root), "--to", str(tmp_path / "c"), "--ssh-option", "Port"
+    )
+    assert bad.returncode == 2 and "is not Key=Value" in one_error_line(bad)  # a bad argument
+    assert not (tmp_path / "c").exists()
 
 
 def test_tampered_source_object_refuses_everything_with_exit_3(tmp_path: Path) -> None:

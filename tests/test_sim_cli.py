@@ -7,6 +7,7 @@ import dataclasses
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -141,6 +142,27 @@ def test_bad_option_is_a_usage_error() -> None:
     result = CliRunner().invoke(make_app(), ["sim", "--profile", "nope", "--port", "0"])
     assert result.exit_code == 2
     assert "unknown simulator profile" in result.output
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1", "example.com"])
+def test_the_simulator_listens_on_loopback_only(host: str) -> None:
+    # A test and demo peer with no API key by default: never on another interface.
+    with pytest.raises(UsageError, match="loopback"):
+        SimConfig(host=host)
+    for ok in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert SimConfig(host=ok).host == ok
+    result = CliRunner().invoke(make_app(), ["sim", "--host", host, "--port", "0"])
+    assert result.exit_code == 2 and "loopback" in result.output
+
+
+def test_a_port_in_use_is_a_bad_argument() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(make_app(), ["sim", "--port", str(port)])
+    assert result.exit_code == 2, result.output
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.output
 
 
 class Run:

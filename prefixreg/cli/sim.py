@@ -91,13 +91,18 @@ class _SimCommand:
 
     def __call__(self, *, quiet: bool, debug: bool, **options: Any) -> None:
         with c.cli_errors(debug):
+            from prefixreg.core.errors import UsageError
             from prefixreg.sim import SimConfig, SimServer
 
             for f in dataclasses.fields(SimConfig):
                 if "env" in f.metadata and options[f.name] is None:
                     options[f.name] = os.environ.get(f.metadata["env"]) or None
             config = SimConfig.for_profile(options.pop("profile") or "flash", **options)
-            server = SimServer(config, log=None if quiet else c.info)
+            try:
+                server = SimServer(config, log=None if quiet else c.info)
+            except OSError as exc:  # the address is taken or not ours: a bad argument
+                where = f"{config.host}:{config.port}"
+                raise UsageError(f"cannot listen on {where}: {exc.strerror or exc}") from None
             auth = ", API key required" if config.api_key else ""
             shown = config.profile if config.engine is None else config.engine
             shown += ", cache report off" if config.engine and not config.cache_report else ""

@@ -2,7 +2,8 @@
 0.7.0), and the time model the knobs drive. Pure. Each field carries its option's metadata
 (`knob`): help, ``note`` (the default's source), bound (``ge`` / ``gt``, ``why``), ``dense``
 default and CLI extras (``shown``, ``cli_default``, ``env``); `prefixreg sim` builds its options
-from them. A value of the wrong type or out of bounds is a `UsageError` naming the field. The
+from them. A value of the wrong type or out of bounds is a `UsageError` naming the field, and
+so is a `host` that is not a loopback address (the peer has no API key by default). The
 `dense` profile (Halogen dense 0.1.x): each field's ``dense``, no `timings`, `/metrics` or disk.
 
 The time model (`prefill_s`; its formula and fit to the lane's probe in `prefixreg sim --help`):
@@ -15,6 +16,7 @@ duration (prefill, decode, disk restores, queue timeout, keepalive interval): ra
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, NoReturn, TypeVar, get_args
 
@@ -31,6 +33,15 @@ T = TypeVar("T")
 def knob(default: T, doc: str, note: str = "", *, repr: bool = True, **meta: Any) -> T:
     """A `SimConfig` field with its option's metadata."""
     return field(default=default, repr=repr, metadata={"help": doc, "note": note, **meta})
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _refuse(problem: str) -> NoReturn:
@@ -176,6 +187,10 @@ class SimConfig:
             _refuse("the disk tier (cache_dir) is a Flash feature")
         if not 0 <= self.port <= 65535:
             _refuse("port must be in 0..65535")
+        if not _loopback(self.host):  # a test and demo peer with no key by default
+            _refuse(
+                f"host must be a loopback address (127.0.0.1, ::1, localhost), not {self.host!r}"
+            )
         if self.engine is not None and self.engine not in ENGINES:
             _refuse(f"unknown engine {self.engine!r}; one of {', '.join(ENGINES)}")
         if self.engine is not None and not self.flash:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Final, Literal, NamedTuple
 
 from prefixreg.core.digest import is_full_sha
-from prefixreg.core.errors import MirrorError
+from prefixreg.core.errors import MirrorError, UsageError
 from prefixreg.registry import layout
 from prefixreg.registry.layout import LOCKS, MARKER, MIRROR_LOG, OBJECTS, TMP_SUFFIX
 
@@ -115,13 +115,13 @@ def _problem(text: str, remote: re.Match[str] | None) -> str | None:
 
 
 def parse_ssh_options(values: Sequence[str]) -> list[str]:
-    """Validate `Key=Value` ssh options (each becomes `-o Key=Value`); `MirrorError` for
-    another form, or a quote character (the `-e` string is split by rsync)."""
+    """Validate `Key=Value` ssh options (each becomes `-o Key=Value`); `UsageError` (a bad
+    argument, exit 2) for another form, or a quote character (rsync splits the `-e` string)."""
     for value in values:
         if _SSH_OPT_RE.fullmatch(value) is None:
-            raise MirrorError(f"ssh option {value!r} is not Key=Value (e.g. Port=2222)")
+            raise UsageError(f"ssh option {value!r} is not Key=Value (e.g. Port=2222)")
         if any(c in value for c in "'\"\\\n"):
-            raise MirrorError(f"ssh option {value!r}: quotes and backslashes are not supported")
+            raise UsageError(f"ssh option {value!r}: quotes and backslashes are not supported")
     return list(values)
 
 

@@ -115,8 +115,8 @@ def mirror(
     result as it finishes; `progress` each step of a long run, in words.
 
     Raises:
-        UsageError: no destination.
-        MirrorError: a refused source or destination, a malformed destination or option.
+        UsageError: no destination, or a malformed ssh option.
+        MirrorError: a refused source or destination, or a malformed destination.
         IntegrityError: a source entry of the wrong type for its place, or a bad object or frame.
         LockTimeoutError: another mirror runs.
     """
