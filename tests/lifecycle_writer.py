@@ -26,6 +26,8 @@ def main() -> None:
     rng = random.Random(seed)
     reg = Registry(root, lock_timeout=60)
     known: list[str] = []
+    sys.stdout.write("started\n")  # past start-up: a kill from now on lands mid-work
+    sys.stdout.flush()
     for i in range(count):
         op = rng.random()
         try:

@@ -16,14 +16,21 @@ from prefixreg.registry.verify import repair_registry, verify_registry
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _writer(root: Path, seed: int, count: int, *, capture: bool = True) -> subprocess.Popen[bytes]:
-    pipe = subprocess.PIPE if capture else subprocess.DEVNULL
+def _writer(root: Path, seed: int, count: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.writer", str(root), str(seed), str(count)],
         cwd=ROOT,
-        stdout=pipe,
-        stderr=pipe,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
+
+
+def started(proc: subprocess.Popen[bytes]) -> None:
+    """Wait for a writer's "started" line: a kill timed from it lands mid-work, however long
+    the interpreter took to start on a loaded machine."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line == b"started\n", (line, proc.stderr.read() if proc.stderr else b"")
 
 
 def _assert_every_visible_record_verifies(reg: Registry) -> None:
@@ -48,12 +55,13 @@ def test_sigkill_at_random_moments_never_leaves_a_bad_visible_record(tmp_path: P
     rng = random.Random(1234)
     killed = 0
     for round_ in range(25):
-        proc = _writer(root, round_, 10_000, capture=False)
-        time.sleep(0.25 + rng.random() * 0.35)  # past interpreter start-up, mid-write
+        proc = _writer(root, round_, 10_000)
+        started(proc)
+        time.sleep(0.05 + rng.random() * 0.3)  # mid-write
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             killed += 1
-        proc.wait()
+        proc.communicate(timeout=60)  # closes its pipes
     assert killed >= 20
     reg = Registry(root)
     assert len(list(reg.iter_shas())) > 25

@@ -15,6 +15,7 @@ from pathlib import Path
 from prefixreg.registry.gc import collect_garbage
 from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import repair_registry, verify_registry
+from tests.test_crash_concurrency import started
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 14  # two writers per round: 28 kills at most
@@ -24,7 +25,7 @@ def _writer(root: Path, seed: int, count: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.lifecycle_writer", str(root), str(seed), str(count)],
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
 
@@ -54,7 +55,9 @@ def test_sigkill_during_add_move_measure_and_gc(tmp_path: Path) -> None:
     killed = 0
     for round_ in range(ROUNDS):
         procs = [_writer(root, round_ * 2 + k, 100_000) for k in range(2)]
-        time.sleep(0.3 + rng.random() * 0.4)  # past interpreter start-up, mid-work
+        for proc in procs:
+            started(proc)
+        time.sleep(0.1 + rng.random() * 0.4)  # mid-work
         for proc in procs:
             time.sleep(rng.random() * 0.05)
             if proc.poll() is None:

@@ -18,6 +18,7 @@ from prefixreg.core.errors import IntegrityError, PrefixregError
 from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import repair_registry, verify_registry
 from tests.conftest import run_cli as run
+from tests.test_crash_concurrency import started
 
 ROOT = Path(__file__).resolve().parent.parent
 KILLS = 50
@@ -74,10 +75,12 @@ def test_sigkill_during_adds_and_name_moves_every_name_agrees_or_is_reported(
         argv = [sys.executable, "-m", "tests.writer", str(root), str(round_), "100000"]
         runs = [[*argv, "moves"], argv] if round_ % 3 == 0 else [[*argv, "moves"]]
         procs = [
-            subprocess.Popen(a, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            subprocess.Popen(a, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             for a in runs
         ]
-        time.sleep(0.35 + rng.random() * 0.4)  # past interpreter start-up, mid-work
+        for proc in procs:
+            started(proc)
+        time.sleep(0.1 + rng.random() * 0.4)  # mid-work
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)

@@ -2,8 +2,10 @@
 
 Usage: python -m tests.writer ROOT SEED COUNT [moves]
 Adds COUNT prefixes (half shared between seeds) and moves a few shared names, printing one
-line per journalled move ("moved") so the parent can count them. With `moves`, it adds a
-handful of prefixes and then mostly moves names among them (so a kill lands mid-move).
+line per journalled move ("moved") so the parent can count them, after a first line "started"
+once its imports are done (a kill timed from it lands mid-work on a loaded machine too). With
+`moves`, it adds a handful of prefixes and then mostly moves names among them (so a kill lands
+mid-move).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ def main() -> None:
     rng = random.Random(seed)
     reg = Registry(root)
     shas: list[str] = []
+    sys.stdout.write("started\n")  # past start-up: a kill from now on lands mid-work
+    sys.stdout.flush()
     for i in range(count):
         if moves_mode and len(shas) >= 4:
             sha = rng.choice(shas)
