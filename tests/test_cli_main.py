@@ -204,7 +204,7 @@ def test_user_named_inputs_must_be_regular_files(tmp_path: Path, kind: str) -> N
 
 def test_a_user_file_over_the_cap_is_refused(tmp_path: Path) -> None:
     from prefixreg.core.errors import UsageError
-    from prefixreg.registry.fsutil import read_user_file
+    from prefixreg.registry.userfiles import read_user_file
 
     big = tmp_path / "big.txt"
     big.write_bytes(b"x" * 1001)

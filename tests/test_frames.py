@@ -334,3 +334,22 @@ def test_a_setting_of_the_wrong_json_type_is_refused_for_a_new_frame(
     )
     sha = hashlib.sha256(raw).hexdigest()
     assert parse_frame_record(sha, raw)[2] == {"enable_thinking": "no"}
+
+
+def test_verify_reports_what_is_not_a_frame_record_in_frames_as_meta_does(reg: Registry) -> None:
+    frames = reg.root / "frames"
+    (frames / "junk").write_bytes(b"hi\n")
+    (frames / "x.json").write_bytes(b"{")  # a record's suffix, not a sha: not a frame record
+    (frames / f"{'ab' * 32}.json").mkdir()  # a frame's name, not a file
+    (reg.root / "meta" / "junk").write_bytes(b"hi\n")
+    found = {(f.kind, f.path, f.severity) for f in verify_registry(reg).findings}
+    assert found == {
+        ("unexpected", "frames/junk", "problem"),
+        ("unexpected", "frames/x.json", "problem"),
+        ("unexpected", f"frames/{'ab' * 32}.json", "problem"),
+        ("unexpected", "meta/junk", "problem"),
+    }
+    (reg.root / "meta" / "junk").unlink()
+    result = run_cli("verify", "--registry", str(reg.root))
+    assert result.returncode == 1
+    assert b"unexpected   frames/junk: not a frame record" in result.stdout

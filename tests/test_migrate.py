@@ -134,7 +134,7 @@ def test_a_failed_copy_leaves_the_old_registry_intact_and_no_target(
     before = _snapshot(old)
     real_copy, calls = fsutil.copy_durable, [0]
 
-    def flaky(src: Path, dst: Path, *, root: Path | None = None) -> bytes:
+    def flaky(src: Path, dst: Path, *, root: Path | None = None) -> str:
         calls[0] += 1
         if calls[0] == fail_at:
             raise OSError(28, "No space left on device")
@@ -158,7 +158,7 @@ def test_a_copy_that_does_not_match_is_discarded(
     real_copy = fsutil.copy_durable
     victim = reg.object_path(reg.resolve("beta"))
 
-    def corrupting(src: Path, dst: Path, *, root: Path | None = None) -> bytes:
+    def corrupting(src: Path, dst: Path, *, root: Path | None = None) -> str:
         data = real_copy(src, dst, root=root)
         if src == victim:  # a bad disk at the target: the copy is not what was read
             os.chmod(dst, 0o644)

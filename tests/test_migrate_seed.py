@@ -248,6 +248,20 @@ def test_what_cannot_be_adopted_is_refused_with_nothing_written(home: Path) -> N
     assert seed.is_dir() and not (seed / "REGISTRY.json").exists()
 
 
+@pytest.mark.parametrize("junk", ["meta/junk", "frames/x.json"])
+def test_junk_in_meta_or_frames_refuses_the_adoption_alike(home: Path, junk: str) -> None:
+    seed, _shas = build_seed(home)
+    (seed / junk).parent.mkdir(exist_ok=True)
+    (seed / junk).write_bytes(b"{")
+    everything = _tree(seed, (*HISTORY, "bin", "README.md", "frames"))
+    result = run("migrate", str(seed), "--repoint")
+    assert result.returncode == 3
+    assert f"first: unexpected {junk}: not a ".encode() in result.stderr
+    assert _tree(seed, (*HISTORY, "bin", "README.md", "frames")) == everything
+    assert not default_registry_path().exists()
+    assert not list(default_registry_path().parent.glob(".*adopting*"))
+
+
 def test_a_corrupt_legacy_manifest_is_a_problem(home: Path) -> None:
     seed, _shas = build_seed(home)
     assert run("migrate", str(seed), "--repoint").returncode == 0

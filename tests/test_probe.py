@@ -22,8 +22,8 @@ from prefixreg.core.errors import LockTimeoutError, UsageError
 from prefixreg.core.judge import alignment_shaped, allowance, judge
 from prefixreg.core.prefix import Prefix
 from prefixreg.core.records import CallEvidence
-from prefixreg.registry.fsutil import MAX_INPUT_BYTES as USER_FILE_MAX
 from prefixreg.registry.store import Registry
+from prefixreg.registry.userfiles import MAX_INPUT_BYTES as USER_FILE_MAX
 from prefixreg.registry.verify import verify_registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer

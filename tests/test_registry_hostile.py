@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixreg.core.errors import IntegrityError, PrefixregError
-from prefixreg.registry import fsutil
+from prefixreg.registry import fsutil, userfiles
 from prefixreg.registry.gc import collect_garbage, parse_grace
 from prefixreg.registry.snapshots import list_snapshots, read_snapshot, write_snapshot
 from prefixreg.registry.store import Registry
@@ -184,7 +184,7 @@ def test_user_named_files_must_be_regular_and_capped(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     big = tmp_path / "big.txt"
     with big.open("wb") as out:
-        out.truncate(fsutil.MAX_INPUT_BYTES + 1)  # sparse: all zero bytes, valid UTF-8
+        out.truncate(userfiles.MAX_INPUT_BYTES + 1)  # sparse: all zero bytes, valid UTF-8
     for path, needle in (
         ("/dev/zero", b"not a regular file"),
         (str(fifo), b"not a regular file"),
@@ -196,7 +196,7 @@ def test_user_named_files_must_be_regular_and_capped(tmp_path: Path) -> None:
         assert result.returncode == 2, (path, result.stderr)
         assert needle in result.stderr and b"Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
-    flood = run("add", "-", "--registry", root, input_bytes=b"x" * (fsutil.MAX_INPUT_BYTES + 1))
+    flood = run("add", "-", "--registry", root, input_bytes=b"x" * (userfiles.MAX_INPUT_BYTES + 1))
     assert flood.returncode == 2 and b"larger than" in flood.stderr
     assert not (tmp_path / "reg" / "objects").exists() or not any(
         (tmp_path / "reg" / "objects").rglob("*.txt")

@@ -66,7 +66,7 @@ def frame_command(
     tools JSON, unknown setting, bad name or reference); 3 integrity (a part fails
     verification: nothing written, nothing sent).
     """
-    from prefixreg.registry.fsutil import read_user_file
+    from prefixreg.registry.userfiles import read_user_file
 
     with c.cli_errors(debug):
         reg = c.open_registry_from(registry)
@@ -150,7 +150,7 @@ def audit_command(
         if frame is not None and (reg is None or not reg.exists):
             raise UsageError("--frame needs a registry that holds the frame")
         if html is not None:
-            from prefixreg.registry.fsutil import check_output_file
+            from prefixreg.registry.userfiles import check_output_file
 
             check_output_file(html, "--html")
         head = None if frame is None or reg is None else reg.head(frame)  # resolved once

@@ -2,7 +2,7 @@
 
 Each resolves a reference once (`Registry.head`: a verified prefix or frame; whatever takes a
 prefix takes a frame), calls the registry and renders the result. Files the user names are
-read by `fsutil.read_user_file` (regular files only, size-capped). The library is imported
+read by `userfiles.read_user_file` (regular files only, size-capped). The library is imported
 inside the functions so `--help` stays cheap.
 """
 
@@ -41,8 +41,8 @@ def add_command(
 ) -> None:
     """Add a prefix (exact bytes, valid UTF-8) and print its sha256. Idempotent."""
     with c.cli_errors(debug):
-        from prefixreg.registry.fsutil import read_user_file
         from prefixreg.registry.objects import check_text
+        from prefixreg.registry.userfiles import read_user_file
 
         if note is not None:
             check_text(note, "--note")  # before reading anything: nothing is written

@@ -196,7 +196,7 @@ def probe_command(
     holds the lock.
     """
     from prefixreg.core.frame import Frame
-    from prefixreg.registry.fsutil import read_user_file
+    from prefixreg.registry.userfiles import read_user_file
     from prefixreg.verbs.probe.options import Legs, ProbeOptions
     from prefixreg.verbs.probe.run import parse_sizes, run_probe
 

@@ -1,5 +1,5 @@
-"""Filesystem primitives: the one durable writer, untearable journal appends, no-follow reads,
-and the capped reader of files a user names.
+"""Filesystem primitives: the one durable writer, untearable journal appends, no-follow reads
+and streamed copies (the files a user names: `userfiles`).
 
 Invariants:
 - A published file is complete: a temp file in the target directory (created with its final
@@ -13,27 +13,29 @@ Invariants:
   symlinks refused (`openat2` RESOLVE_NO_SYMLINKS, else one `O_NOFOLLOW` open per component),
   so a symlinked `names` or `objects/ab` is refused before anything is opened through it. The
   root itself may be a symlink (the user's choice). Writes check their directories first.
-- A file a user names is read only if it is a regular file, and only up to a size cap; one
-  they name for output replaces only a regular file (or a symlink: the link, not its target).
+- A short read (Linux returns at most 0x7ffff000 bytes a call; FUSE and NFS fewer) is read
+  on: only an empty read ends a file. A copy streams in `CHUNK`s (bounded memory at any size)
+  and is refused, never published, if it ends short of its source's size when opened.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
-from prefixreg.core.errors import IntegrityError, UsageError
+from prefixreg.core.errors import IntegrityError
 from prefixreg.registry.layout import TMP_SUFFIX
 
-MAX_INPUT_BYTES: Final = 64 << 20  # a user's prefix, tools or corpus file: far above any context
 _DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _READ: Final = os.O_RDONLY | os.O_NONBLOCK  # a planted FIFO must not hang the type check
+CHUNK: Final = 1 << 20  # bytes per read when streaming: a copy's memory, whatever the file's size
 
 
 def fsync_dir(path: Path | str) -> None:
@@ -49,15 +51,16 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-    os.fsync(fd)
 
 
-def _write_temp(directory: Path, target_name: str, data: bytes, mode: int) -> Path:
+def _write_temp(directory: Path, target_name: str, chunks: Iterable[bytes], mode: int) -> Path:
     # 64 random bits: O_EXCL refuses a clash rather than clobber anything.
     tmp = directory / f".{target_name}.{os.urandom(8).hex()}{TMP_SUFFIX}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        _write_all(fd, data)
+        for chunk in chunks:
+            _write_all(fd, chunk)
+        os.fsync(fd)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -68,7 +71,7 @@ def _write_temp(directory: Path, target_name: str, data: bytes, mode: int) -> Pa
 
 
 def _publish(path: Path, data: bytes, mode: int, *, replace: bool) -> bool:
-    tmp = _write_temp(path.parent, path.name, data, mode)
+    tmp = _write_temp(path.parent, path.name, (data,), mode)
     try:
         if replace:
             os.replace(tmp, path)
@@ -178,22 +181,26 @@ def open_below(root: str, rel: str, flags: int) -> int:
             os.close(fd)
 
 
-def _read_fd(fd: int, where: Path | str, limit: int = 1 << 62) -> tuple[bytes, os.stat_result]:
-    """A regular file's bytes from `fd` (closed here), at most `limit` + 1 of them."""
+def read_fd(fd: int, where: Path | str, limit: int = 1 << 62) -> tuple[bytes, os.stat_result]:
+    """A regular file's bytes from `fd` (closed here) to its end, at most `limit` + 1 of them."""
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise IntegrityError(f"{where}: not a regular file; refused", path=Path(where))
-        data = os.read(fd, min(st.st_size, limit) + 1)
-        if st.st_size < len(data) <= limit:  # it grew: read on, up to the limit
-            chunks, size = [data], len(data)
-            while size <= limit and (chunk := os.read(fd, 1 << 20)):
-                chunks.append(chunk)
-                size += len(chunk)
-            data = b"".join(chunks)
-        return data, st
+        st = _regular(fd, where)
+        chunks: list[bytes] = []
+        size, ask = 0, min(st.st_size, limit) + 1  # its size and a byte more (growth shows): 1 call
+        while size <= limit and (chunk := os.read(fd, min(ask, limit + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+            ask = max(ask - len(chunk), CHUNK)  # a short read: the rest; growth: on in chunks
+        return b"".join(chunks), st
     finally:
         os.close(fd)
+
+
+def _regular(fd: int, where: Path | str) -> os.stat_result:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise IntegrityError(f"{where}: not a regular file; refused", path=Path(where))
+    return st
 
 
 def _open_path(path: Path | str, root: Path | str | None, flags: int) -> int:
@@ -209,20 +216,20 @@ def _open_path(path: Path | str, root: Path | str | None, flags: int) -> int:
     return open_below(root_s, path_s[len(root_s) + 1 :], flags)
 
 
-def read_nofollow(path: Path | str, *, root: Path | str | None = None) -> bytes:
-    """A regular file's bytes, no symlink followed at it (or below `root`, if given). Raises:
-    FileNotFoundError; IntegrityError."""
-    return _read_fd(_open_path(path, root, _READ), path)[0]
+def read_nofollow(
+    path: Path | str, *, root: Path | str | None = None, limit: int = 1 << 62
+) -> bytes:
+    """A regular file's bytes (at most `limit` + 1), no symlink followed at it (or below
+    `root`, if given). Raises: FileNotFoundError; IntegrityError."""
+    return read_fd(_open_path(path, root, _READ), path, limit)[0]
 
 
 def read_chunks(path: Path) -> Iterator[bytes]:
     """A regular file's bytes in 1 MiB chunks, never through a symlink at `path`. Raises:
     FileNotFoundError; IntegrityError."""
-    fd = _open_path(path, None, _READ)
+    fd = open_regular(path, None)[0]
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise IntegrityError(f"{path}: not a regular file; refused", path=path)
-        while chunk := os.read(fd, 1 << 20):
+        while chunk := os.read(fd, CHUNK):
             yield chunk
     finally:
         os.close(fd)
@@ -230,7 +237,7 @@ def read_chunks(path: Path) -> Iterator[bytes]:
 
 def read_below(root: str, rel: str) -> bytes:
     """`read_nofollow` of `root/rel`: the hot path of every verified read."""
-    return _read_fd(open_below(root, rel, _READ), f"{root}/{rel}")[0]
+    return read_fd(open_below(root, rel, _READ), f"{root}/{rel}")[0]
 
 
 def list_below(root: str, rel: str) -> list[tuple[str, str]]:
@@ -277,21 +284,48 @@ def ensure_dir(root: Path, directory: Path, *, create: bool = True) -> None:
             raise IntegrityError(f"{current}: {what}; refused", path=current)
 
 
-def copy_durable(src: Path, dst: Path, *, root: Path | None = None) -> bytes:
-    """Copy a regular file (read once, no-follow below `root`) durably to `dst` with its mode
-    and mtime, never overwriting; the bytes copied, to compare the target with. Raises:
-    FileExistsError (`dst` exists); IntegrityError (`src` is a symlink or not a file)."""
-    data, st = _read_fd(_open_path(src, root, _READ), src)
-    tmp = _write_temp(dst.parent, dst.name, data, 0o600)
+def open_regular(path: Path, root: Path | None) -> tuple[int, os.stat_result]:
+    """A descriptor (the caller closes it) of a regular file, no-follow below `root`, and its
+    stat. Raises: FileNotFoundError; IntegrityError (a symlink or not a regular file)."""
+    fd = _open_path(path, root, _READ)
+    try:
+        return fd, _regular(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def copy_durable(src: Path, dst: Path, *, root: Path | None = None, replace: bool = False) -> str:
+    """Copy a regular file (streamed, no-follow below `root`) durably to `dst` with its mode
+    and mtime, never overwriting unless `replace`; the sha256 of the bytes copied, to compare
+    the target with. Raises: FileExistsError (`dst` exists); IntegrityError (`src` is a
+    symlink or not a file, or ended short of the size it had when opened)."""
+    fd, st = open_regular(src, root)
+    digest = hashlib.sha256()
+
+    def chunks() -> Iterator[bytes]:
+        copied = 0
+        while chunk := os.read(fd, CHUNK):
+            digest.update(chunk)
+            copied += len(chunk)
+            yield chunk
+        if copied < st.st_size:  # cut under us: never publish a file with its tail missing
+            why = f"{src}: read {copied:,} of its {st.st_size:,} bytes; refusing to copy it"
+            raise IntegrityError(why, path=src)
+
+    try:
+        tmp = _write_temp(dst.parent, dst.name, chunks(), 0o600)
+    finally:
+        os.close(fd)
     try:
         os.chmod(tmp, stat.S_IMODE(st.st_mode))  # the source's mode, its umask applied
         os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
-        os.link(tmp, dst)
+        (os.replace if replace else os.link)(tmp, dst)
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
     fsync_dir(dst.parent)
-    return data
+    return digest.hexdigest()
 
 
 def _open_journal(path: Path, root: Path | None, flags: int) -> int:
@@ -320,6 +354,7 @@ def append_line(path: Path, line: bytes, *, root: Path | None = None) -> int:
             raise torn
         try:
             _write_all(fd, line if line.endswith(b"\n") else line + b"\n")
+            os.fsync(fd)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, start)
@@ -338,48 +373,3 @@ def truncate(path: Path, size: int, *, root: Path | None = None) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def read_user_file(path: Path | str, *, limit: int = MAX_INPUT_BYTES, offset: int = 0) -> bytes:
-    """A file a user named (`-`: stdin; a symlink they name is theirs to follow), from
-    `offset` on, refused before the open and on the descriptor unless a regular file. Raises:
-    UsageError (missing, unreadable, not a regular file, or more than `limit` bytes to read)."""
-    try:
-        if os.fspath(path) == "-":
-            data = sys.stdin.buffer.read(limit + 1)
-        elif not stat.S_ISREG(mode := Path(path).stat().st_mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-            raise UsageError(f"{path}: {kind}; refused")
-        else:
-            fd = os.open(path, _READ | os.O_CLOEXEC)
-            try:
-                os.lseek(fd, offset, os.SEEK_SET)
-            except OSError:
-                os.close(fd)
-                raise
-            data = _read_fd(fd, path, limit)[0]
-    except IntegrityError:
-        raise UsageError(f"{path}: not a regular file; refused") from None
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from None
-    if len(data) > limit:
-        raise UsageError(f"{path}: larger than {limit:,} bytes; refused")
-    return data
-
-
-def check_output_file(path: Path, what: str) -> Path:
-    """`path` if a user's output file may be written there (`replace_atomic`): its directory
-    exists and nothing but a regular file or a symlink is at it. Raises UsageError before any
-    work is done: a missing directory, or a directory, FIFO, device or socket in its place."""
-    if not path.parent.is_dir():
-        raise UsageError(f"{what} {path}: the directory {path.parent} does not exist")
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return path
-    except OSError as exc:
-        raise UsageError(f"{what} {path}: {exc.strerror or exc}") from None
-    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        raise UsageError(f"{what} {path}: {kind}; refused (it would be replaced)")
-    return path

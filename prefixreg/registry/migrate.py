@@ -216,9 +216,8 @@ def _conflicts(source: Path, target: Path, files: Sequence[str]) -> list[str]:
         if rel not in known:
             why.append(f"{rel} is not in the source")
             continue
-        theirs = fsutil.read_nofollow(target / rel, root=target)
-        ours = fsutil.read_nofollow(source / rel, root=source)
-        if theirs != ours and not (rel in layout.JOURNALS and ours.startswith(theirs)):
+        relation = treecopy.compare(source / rel, target / rel, root=source, their_root=target)
+        if relation != "same" and not (rel in layout.JOURNALS and relation == "prefix"):
             why.append(f"{rel} differs from the source's")
     return why
 

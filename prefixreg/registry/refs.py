@@ -44,7 +44,14 @@ from prefixreg.core.errors import CorruptRecordError, IntegrityError, RegistryLo
 from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.store import Registry
-from prefixreg.registry.treecopy import check_copies, check_verifies, list_tree, remove_tree, sync
+from prefixreg.registry.treecopy import (
+    check_copies,
+    check_verifies,
+    list_tree,
+    remove_tree,
+    sha256_file,
+    sync,
+)
 
 _SKIP_DIRS: Final = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__"})
 # A worker path: a line assigning a variable whose name holds REMOTE (shell, Python with an
@@ -119,7 +126,7 @@ def repoint(root: Path, old: Path, new: Path, *, write: bool) -> list[Repointed]
     for rel in files:
         path = root / rel
         try:
-            data = fsutil.read_nofollow(path, root=root)
+            data = fsutil.read_nofollow(path, root=root, limit=8 << 20)
         except FileNotFoundError:
             continue
         if b"\0" in data[:8192] or len(data) > 8 << 20:
@@ -238,8 +245,7 @@ def survey(source: Path, *, progress: Progress | None = None) -> Survey:
         top = rel.partition("/")[0]
         if top == layout.OBJECTS:
             sha = layout.object_sha(rel)
-            raw = fsutil.read_nofollow(source / rel, root=source)
-            if sha is None or hashlib.sha256(raw).hexdigest() != sha:
+            if sha is None or sha256_file(source / rel, source) != sha:  # streamed: any size
                 bad.append(f"{rel} ({'not an object file' if sha is None else 'hashes wrong'})")
         elif top in (layout.META, layout.MEASUREMENTS) and rel.endswith(".json"):
             raw = fsutil.read_nofollow(source / rel, root=source)

@@ -7,6 +7,9 @@ Invariants:
   source's mode and mtime) when the target lacks it; replaced only for a known kind of write
   (a journal the target holds a prefix of, a meta record the target left alone); any other
   difference stops the move. Every file written is re-read and compared with the source's.
+- Files are copied, hashed and compared streamed in `fsutil.CHUNK`s, every byte of both
+  files read (a short read is read on), so memory stays bounded whatever a file's size; only
+  a journal or meta record being replaced is held whole (for `Undo`).
 - Nothing written to the source during a copy or merge is lost (`retire_source`): it is
   caught up until a round finds nothing new, renamed aside, caught up once more, and only
   then removed; a file changed at both ends, an object whose bytes changed, or a source that
@@ -26,7 +29,7 @@ import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from prefixreg.core.errors import IntegrityError, PrefixregError
 from prefixreg.registry import fsutil, layout
@@ -38,6 +41,7 @@ from prefixreg.registry.verify import verify_registry
 OWN: Final = frozenset({layout.MARKER, layout.README, layout.MIGRATIONS_LOG})
 PROGRESS_EVERY: Final = 500  # files between two progress lines of `sync`
 Stat = tuple[int, int, int]  # size, mtime_ns, inode: any write changes at least one
+Relation = Literal["same", "prefix", "differs"]
 
 
 def write_order(rel: str) -> tuple[int, str]:
@@ -88,10 +92,56 @@ def check_verifies(reg: Registry, what: str) -> list[str]:
     return [f"{f.path}: {f.message}" for f in findings if f.kind == "insecure_mode"]
 
 
+def read_upto(fd: int, size: int) -> bytes:
+    """`size` bytes from `fd`, fewer only at its end: a short read is read on. Raises: OSError."""
+    data = os.read(fd, size)
+    if not data or len(data) == size:
+        return data  # the common case: one call
+    chunks, got = [data], len(data)
+    while got < size and (chunk := os.read(fd, size - got)):
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def sha256_file(path: Path, root: Path) -> str:
+    """The sha256 of a regular file below `root` (no-follow), streamed to its end. Raises:
+    FileNotFoundError; IntegrityError."""
+    fd, _st = fsutil.open_regular(path, root)
+    digest = hashlib.sha256()
+    try:
+        while chunk := os.read(fd, fsutil.CHUNK):
+            digest.update(chunk)
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
+
+
+def compare(ours: Path, theirs: Path, *, root: Path, their_root: Path) -> Relation:
+    """How `theirs` stands to `ours`, both streamed (no-follow) to the end of either: the
+    "same" bytes, a proper "prefix" of ours, or it "differs". Raises: FileNotFoundError;
+    IntegrityError."""
+    fd = fsutil.open_regular(ours, root)[0]
+    try:
+        other = fsutil.open_regular(theirs, their_root)[0]
+        try:
+            while True:
+                # Whole chunks at both ends (short reads read on), so the offsets stay in step.
+                a, b = read_upto(fd, fsutil.CHUNK), read_upto(other, fsutil.CHUNK)
+                if a != b:
+                    return "prefix" if len(b) < fsutil.CHUNK and a.startswith(b) else "differs"
+                if len(a) < fsutil.CHUNK:
+                    return "same"
+        finally:
+            os.close(other)
+    finally:
+        os.close(fd)
+
+
 def check_copies(dest: Path, digests: dict[str, str]) -> None:
-    """Re-read every file written at the target and compare with what the source held."""
+    """Re-read every file written at the target (all of it) and compare with the source's."""
     for rel, expected in digests.items():
-        actual = hashlib.sha256(fsutil.read_nofollow(dest / rel, root=dest)).hexdigest()
+        actual = sha256_file(dest / rel, dest)
         if actual != expected:
             why = f"{dest / rel}: copy hashes to {actual}, the source to {expected}"
             raise IntegrityError(why, path=dest / rel, expected=expected, actual=actual)
@@ -147,25 +197,24 @@ def sync(
             progress(f"file {done:,} of {len(files):,}")
         src, dst = source / rel, target / rel
         if not dst.exists():
-            digests[rel] = hashlib.sha256(fsutil.copy_durable(src, dst, root=source)).hexdigest()
+            digests[rel] = fsutil.copy_durable(src, dst, root=source)
             undo.added.append(dst)
             continue
-        ours = fsutil.read_nofollow(src, root=source)
-        theirs, src_st = fsutil.read_nofollow(dst, root=target), src.lstat()
-        if ours == theirs:
+        relation, src_st = compare(src, dst, root=source, their_root=target), src.lstat()
+        if relation == "same":
             if src_st.st_mtime_ns > dst.lstat().st_mtime_ns:
                 os.utime(dst, ns=(src_st.st_atime_ns, src_st.st_mtime_ns), follow_symlinks=False)
         elif layout.object_sha(rel) is not None:
             why = f"{src}: an object's bytes changed during the move; kept {source}"
             raise IntegrityError(why, path=src)
-        elif (rel in layout.JOURNALS and ours.startswith(theirs)) or (
+        elif (rel in layout.JOURNALS and relation == "prefix") or (
             untouched is not None
             and layout.meta_sha(rel) is not None
             and untouched.get(rel) == stats(target, [rel]).get(rel)
         ):
+            theirs = fsutil.read_nofollow(dst, root=target)
             undo.replaced.append((dst, theirs, dst.lstat()))
-            replace_keeping(dst, ours, src_st)
-            digests[rel] = hashlib.sha256(ours).hexdigest()
+            digests[rel] = fsutil.copy_durable(src, dst, root=source, replace=True)
         else:
             why = f"{rel} changed both at {source} and at {target} during the move; kept {source}"
             raise PrefixregError(why, hint="compare the two, then run migrate again")

@@ -93,6 +93,11 @@ def verify_registry(reg: Registry) -> VerifyReport:
     for entry, kind in tree.get(layout.PROBES, []):
         if kind != "file":
             report.add("unexpected", f"{layout.PROBES}/{entry}", "not a probe receipt file")
+    for entry, kind in tree.get(layout.FRAMES, []):
+        # `Frames` sees only `<sha>.json` files: anything else here is reported, as in meta.
+        rel = f"{layout.FRAMES}/{entry}"
+        if kind != "file" or layout.frame_sha(rel) is None:
+            report.add("unexpected", rel, "not a frame record")
     for rel, message in reg._frames.problems():
         report.add("bad_record", rel, message)
     for entry, kind in tree.get(layout.SNAPSHOTS, []):

@@ -32,7 +32,7 @@ from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import loads
 from prefixreg.core.judge import Verdict, judge
 from prefixreg.core.prefix import check_history, fresh_tail, text_bytes
-from prefixreg.registry.fsutil import MAX_INPUT_BYTES, read_user_file
+from prefixreg.registry.userfiles import MAX_INPUT_BYTES, read_user_file
 from prefixreg.server.activity import Counter, StoresCounter
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import CallRecord, judge_check, measured_call

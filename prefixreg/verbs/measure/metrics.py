@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Literal
 
 from prefixreg.core.errors import UsageError
-from prefixreg.registry.fsutil import check_output_file, replace_atomic
+from prefixreg.registry.fsutil import replace_atomic
+from prefixreg.registry.userfiles import check_output_file
 
 Kind = Literal["counter", "gauge"]
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -86,7 +87,7 @@ class Metrics:
 
 
 def check_metrics_path(path: Path | None) -> Path | None:
-    """`path` if a metrics file may be written there (`fsutil.check_output_file`: its
+    """`path` if a metrics file may be written there (`userfiles.check_output_file`: its
     directory exists, no directory, FIFO or device in its place), else `UsageError`."""
     return None if path is None else check_output_file(path, "--metrics-file")
 

@@ -18,7 +18,7 @@ Invariants:
   placement (head -> worker, key, build) is a JSON file outside the registry, written whole
   by the registry's durable writer; an entry that does not parse is dropped with a warning,
   a file that is not a placement is refused (never overwritten). A pool or placement file
-  is a small regular file (`fsutil.read_user_file`): a FIFO or a directory is refused.
+  is a small regular file (`userfiles.read_user_file`): a FIFO or a directory is refused.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from urllib.parse import urlsplit
 from prefixreg.core.digest import is_full_sha
 from prefixreg.core.errors import PrefixregError, UsageError
 from prefixreg.core.jsonio import dumps_pretty, loads
-from prefixreg.registry.fsutil import read_user_file, replace_atomic
+from prefixreg.registry.fsutil import replace_atomic
+from prefixreg.registry.userfiles import read_user_file
 from prefixreg.server.transport import display_url
 
 WORKERS_ENV: Final = "PREFIXREG_WORKERS"
