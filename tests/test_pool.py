@@ -27,6 +27,7 @@ from prefixreg.verbs.pool.spec import (
     capacity_of,
     default_placement,
     load_placement,
+    lru_heads,
     parse_pool_file,
     place,
     pool_spec,
@@ -119,6 +120,38 @@ def test_capacity_is_slots_capped_by_measured_survival_and_by_the_pool_file() ->
     assert capacity_of(4, survival=0) == 1
     assert capacity_of(4, survival=5, cap=3) == 3
     assert capacity_of(2, cap=0) == 0
+    # Heads sharing one LRU (p entries a call): a measured survival s is (s+1)p entries.
+    assert lru_heads(8, 2) == 3 and lru_heads(16, 2) == 5 and lru_heads(1, 2) == 0
+    assert capacity_of(lru_heads(8, 2), survival=3, per_call=2) == 3
+    assert capacity_of(None, survival=3, per_call=1) == 2  # vLLM & co: no size, survival 3
+    assert capacity_of(None, per_call=1) == 1  # nothing reported, nothing measured
+    assert capacity_of(None, survival=3) == 1  # llama.cpp without total_slots: as before
+
+
+@pytest.mark.parametrize("per_call", [1, 2])
+def test_lru_heads_is_what_the_simulators_own_lru_keeps_in_turn(per_call: int) -> None:
+    # The simulator's LRU (Flash: every call stores its places, a hit refreshes one): k heads
+    # checked in turn, cold first, all resume from the second round exactly when k fits.
+    from prefixreg.sim.cache import PromptCache
+    from prefixreg.sim.tokenizer import render_chat
+
+    for entries in range(17):
+        config = SimConfig(max_entries=entries, entries_per_request=per_call, counter_lag=0)
+        kept = []
+        for k in range(1, 9):
+            cache, hits = PromptCache(config), []
+            for n in range(4 * k):
+                system = f"head {n % k} " + "word " * 40
+                prompt = render_chat([("system", system), ("user", f"fresh tail {n}")])
+                cached = cache.lookup(prompt)
+                cache.store(prompt)
+                hits.append(cached > 0)
+            if all(hits[k:]):
+                kept.append(k)
+        assert max(kept, default=0) == lru_heads(entries, per_call), (entries, kept)
+        survival = (entries - per_call) // per_call if entries >= per_call else None
+        if survival is not None:  # what a probe measures never claims more than the LRU keeps
+            assert capacity_of(None, survival, per_call=per_call) <= lru_heads(entries, per_call)
 
 
 def test_place_never_exceeds_a_workers_capacity_and_refuses_what_does_not_fit() -> None:
@@ -195,8 +228,8 @@ def test_pool_warm_places_within_capacity_proves_each_and_worker_for_finds_it(
     with Pool(spec, registry) as pool:
         report = warm_pool(pool, [registry.head(s) for s in shas[:4]])
         assert report.ok, report.to_dict()
-        # /cache max_entries 16 over 2 entries a request: 8; the pool file caps it at 2.
-        assert [(w.slots, w.capacity) for w in report.workers] == [(8, 2), (8, 2)]
+        # /cache max_entries 16 at 2 entries a call: 5 heads in turn; the pool file caps it at 2.
+        assert [(w.slots, w.capacity) for w in report.workers] == [(5, 2), (5, 2)]
         assert {url: len(report.held_by(url)) for url in pool.workers} == {s.url: 2 for s in sims}
         for sha in shas[:4]:
             worker = pool.worker_for(sha)
@@ -272,7 +305,8 @@ def test_pool_doctor_flags_workers_whose_builds_differ(tmp_path: Path) -> None:
         )
         out = orjson.loads(res.stdout)
         assert res.returncode == 0 and out["builds_differ"] is True
-        assert [w["capacity"] for w in out["workers"]] == [4, 8]
+        # 8 and 16 entries at 2 a call (each call also refreshes one): 3 and 5 heads in turn.
+        assert [w["capacity"] for w in out["workers"]] == [3, 5]
 
 
 def test_a_prefix_asked_for_but_never_proven_is_not_ok() -> None:
@@ -302,32 +336,70 @@ def _brief(i: int) -> str:
     return f"System brief q{i}: " + "ledger harbor quartz violet meadow copper " * 400
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_pool_warm_on_the_default_simulator_is_ok_only_if_every_head_checks_resumed_after(
-    n: int, tmp_path: Path
+def _names_out_of_sha_order(reg: Path, n: int) -> list[str]:
+    """Register n briefs; their names listed in descending sha order (a proof run's own
+    order is ascending: listing them so shows a run that proves in the order it was asked)."""
+    shas = {Registry(reg).add(_brief(i), name=f"q{i}"): f"q{i}" for i in range(n)}
+    return [shas[sha] for sha in sorted(shas, reverse=True)]
+
+
+@pytest.mark.parametrize(("n", "probe"), [(2, False), (3, False), (4, False), (4, True)])
+def test_pool_warm_on_the_default_simulator_proves_what_it_keeps_and_refuses_the_rest(
+    n: int, probe: bool, tmp_path: Path
 ) -> None:
-    # The default simulator (8-entry LRU, 2 entries a request; only faster) says it keeps 4.
+    # The default simulator (8-entry LRU, 2 entries a call, a hit refreshes one; only faster)
+    # keeps 3 heads used in turn. It said 4 (max_entries / 2): 4 heads evicted each other,
+    # and a doctor checking in another order than warm's last round evicted one of 3.
     reg = str(tmp_path / "reg")
-    names = [f"q{i}" for i in range(n)]
-    for i, name in enumerate(names):
-        Registry(tmp_path / "reg").add(_brief(i), name=name)
+    names = _names_out_of_sha_order(tmp_path / "reg", n)
     with SimServer(SimConfig(speed=8000)) as sim:
-        res = run_cli("pool", "warm", *names, "--worker", sim.url, "--registry", reg, "--json")
+        where = ("--worker", sim.url, "--registry", reg)
+        if probe:  # the review's case: a survival probe (3) on this build first
+            assert run_cli("probe", "--sizes", "4k", "--survival", *where).returncode == 0
+        res = run_cli("pool", "warm", *names, *where, "--json")
         out = orjson.loads(res.stdout)
-        after = [
-            run_cli("warm", name, "--check-only", "--worker", sim.url, "--registry", reg)
-            for name in names
-        ]
-    holds = out["workers"][0]["holds"]
-    assert out["capacity"] == 4 and len(holds) == n
-    if n <= 3:  # a proof stands only when nothing prefilled after it: all stand
+        doctor = run_cli("pool", "doctor", *where, "--json")
+        # Checked in turn, least recently used first (ascending sha, the proof runs' order).
+        after = [run_cli("warm", name, "--check-only", *where) for name in names[2::-1]]
+    holds, kept = out["workers"][0]["holds"], min(n, 3)
+    assert out["capacity"] == 3 and out["workers"][0]["survival"] == (3 if probe else None)
+    assert len(holds) == kept and all(h["resident"] for h in holds), holds
+    if n <= 3:
         assert res.returncode == 0 and out["ok"], res.stderr
-        assert all(h["resident"] and h["verdict"] == "resumed" for h in holds)
-        assert [c.returncode for c in after] == [0] * n, [c.stdout for c in after]
-    else:  # four never stop evicting each other here: said, never claimed
-        assert res.returncode == 1 and not out["ok"]
-        assert not all(h["resident"] for h in holds)
-        assert any(c.returncode == 1 for c in after)
+    else:  # the fourth is refused before anything is sent: it evicts none of the three
+        assert res.returncode == 1 and len(out["refused"]) == 1, res.stdout
+        assert Registry(reg).resolve(names[3]) == out["refused"][0]
+    # The doctor's own checks, straight after, evict none of them.
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    proven = orjson.loads(doctor.stdout)["workers"][0]["holds"]
+    assert len(proven) == kept and all(h["resident"] for h in proven), proven
+    assert [c.returncode for c in after] == [0] * kept, [c.stdout for c in after]
+
+
+@pytest.mark.parametrize("probe", [False, True])
+def test_an_engine_without_slots_or_cache_keeps_heads_by_its_measured_survival(
+    probe: bool, tmp_path: Path
+) -> None:
+    # vLLM has neither /slots nor /cache: 1 head, or with a survival probe (3 on the
+    # simulator) 1 + 3 // 2 = 2 (another head's call costs at most two foreign prompts).
+    reg = str(tmp_path / "reg")
+    names = _names_out_of_sha_order(tmp_path / "reg", 3)
+    with SimServer(SimConfig(speed=8000, engine="vllm")) as sim:
+        where = ("--worker", sim.url, "--registry", reg)
+        if probe:
+            assert run_cli("probe", "--sizes", "4k", "--survival", *where).returncode == 0
+        res = run_cli("pool", "warm", *names, *where, "--json")
+        out = orjson.loads(res.stdout)
+        doctor = run_cli("pool", "doctor", *where, "--json")
+    kept = 2 if probe else 1
+    assert res.returncode == 1 and out["capacity"] == kept, res.stdout
+    assert out["workers"][0]["survival"] == (3 if probe else None)
+    holds = out["workers"][0]["holds"]
+    assert len(holds) == kept and all(h["resident"] for h in holds), holds
+    assert len(out["refused"]) == 3 - kept
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    proven = orjson.loads(doctor.stdout)["workers"][0]["holds"]
+    assert len(proven) == kept and all(h["resident"] for h in proven), proven
 
 
 def _one_slot_llamacpp(srv: FakeServer) -> None:

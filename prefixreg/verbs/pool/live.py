@@ -1,9 +1,11 @@
 """`Pool`: a configured pool (`.spec`) with live clients, for loops and verbs.
 
 `survey()` reads each worker's build fresh (DESIGN §3 rule 3), its size, its latest verified
-`probe --survival` and its capacity; `worker_for`, `headers_for` and `chat` take a head or a
-reference they resolve; `served_marks()` fingerprints what each worker served (`/slots`
-`id_task`, else `/cache` hits + misses), since the router hides its workers.
+`probe --survival` and its capacity (the rule is `spec`'s: heads used in turn, counting the
+entries each call of a head, a proof's check included, stores in an LRU they share);
+`worker_for`, `headers_for` and `chat` take a head or a reference they resolve;
+`served_marks()` fingerprints what each worker served (`/slots` `id_task`, else `/cache`
+hits + misses), since the router hides its workers.
 
 Invariants: a head not in the placement has no worker (`UsageError`, never a guess); the
 kept placement is read once and each placed head resolved once, and an entry whose head
@@ -34,6 +36,7 @@ from prefixreg.verbs.pool.spec import (
     capacity_of,
     default_placement,
     load_placement,
+    lru_heads,
     save_placement,
 )
 
@@ -121,24 +124,32 @@ class Pool:
         worker = self.workers[url]
         try:
             build = worker.server_build()
-            slots, source = self._size(worker, build)
+            measured = latest_survival(self.registry, build)
+            survival, per_call = (None, None) if measured is None else measured[:2]
+            per_call = _per_call(build, per_call)
+            slots, source = self._size(worker, build, per_call)
         except WorkerError as exc:
             return WorkerState(url, None, None, "unreachable", None, 0, str(exc))
-        measured = latest_survival(self.registry, build)
-        survival = None if measured is None else measured[0]
-        return WorkerState(url, build, slots, source, survival, capacity_of(slots, survival, cap))
+        if slots is None and survival is not None and per_call is not None:
+            counted = measured is not None and measured[1] == per_call
+            per = f"{per_call} entries a call" + ("" if counted else " assumed, none counted")
+            source = f"not reported: heads in turn from survival {survival} ({per})"
+        capacity = capacity_of(slots, survival, cap, per_call=per_call)
+        return WorkerState(url, build, slots, source, survival, capacity)
 
     @staticmethod
-    def _size(worker: Worker, build: ServerBuild) -> tuple[int | None, str]:
+    def _size(worker: Worker, build: ServerBuild, per_call: int | None) -> tuple[int | None, str]:
+        """The heads the worker's size allows (`spec.capacity_of`), and where that comes from."""
         if build.profile == "llamacpp":
             total = build.identity.get("total_slots")
             if type(total) is int and total > 0:
                 return total, "/props total_slots"
-        if build.profile == "halogen":
+        if build.profile == "halogen" and per_call is not None:
             counters = worker.cache()
             if counters is not None and counters.max_entries:
-                per = MEASURED_ENTRIES_PER_REQUEST
-                return max(counters.max_entries // per, 1), f"/cache max_entries / {per}"
+                entries = counters.max_entries
+                text = f"/cache max_entries {entries}: heads in turn at {per_call} entries a call"
+                return lru_heads(entries, per_call), text
         return None, "not reported (1 assumed)"
 
     def head(self, ref: Head | str) -> Head:
@@ -177,6 +188,16 @@ class Pool:
     def served_marks(self) -> dict[str, Mark]:
         """Per worker, a value that changes exactly when it serves a completion."""
         return {url: _mark(worker) for url, worker in self.workers.items()}
+
+
+def _per_call(build: ServerBuild, measured: int | None) -> int | None:
+    """Entries one call stores in the LRU the heads share (`spec` module: the capacity rule);
+    None on llama.cpp, whose heads each have a slot."""
+    if build.profile == "llamacpp":
+        return None
+    if measured is not None and measured > 0:
+        return measured  # the probe counted them (`stores_per_prompt`)
+    return MEASURED_ENTRIES_PER_REQUEST if build.profile == "halogen" else 1
 
 
 def _mark(worker: Worker) -> Mark:

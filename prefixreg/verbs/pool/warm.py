@@ -9,6 +9,11 @@ Then, per worker, rounds of fresh-tail checks *directly* on it (`warm`, check al
 to that worker's build); a check that misses prefills (warms) its head, and the rounds
 repeat until one prefills nothing (at most `PROOF_ROUNDS`).
 
+Every proof run (warm's rounds, the doctor's one) checks a worker's heads in one fixed order,
+by sha: a run leaves them least recently used in that order, so the next run proves them
+least recently used first and, within capacity (`spec`: the capacity rule counts each
+check's entries), a head's check evicts neither a head proven before it nor one waiting.
+
 Invariants: a head is resident (`judge_resident`) only when its proof resumed and nothing
 prefilled on its worker after it (a missed check may evict a head proven earlier); any
 other is reported unproven (exit 1) and dropped from the kept placement. `doctor_pool`
@@ -213,7 +218,10 @@ def _prove(
     """Per worker, rounds of fresh-tail checks of its heads (`warm_missing`: see the module)."""
     proofs: dict[str, Proof] = {}
     for url in dict.fromkeys(a.worker for a in placed.values()):
-        worker, mine = pool.workers[url], [s for s, a in placed.items() if a.worker == url]
+        # One fixed order (by sha) in every run, warm's or doctor's: after a run the first of
+        # them is the least recently used, so the next run checks them oldest first and no
+        # head waits behind more than the k-1 calls the capacity rule counts (`spec`).
+        worker, mine = pool.workers[url], sorted(s for s, a in placed.items() if a.worker == url)
         last: dict[str, tuple[WarmResult, int]] = {}
         prefills = 0  # calls on this worker that may have evicted something
         for _round in range(PROOF_ROUNDS if warm_missing else 1):
