@@ -182,6 +182,24 @@ def test_audit_names_a_tool_choice_flip_mid_loop_with_the_cold_calls(
     assert f"{batch}:4: tool_choice [cold]".encode() in text.stdout
 
 
+def test_audit_counts_a_shared_frame_by_the_requests_that_send_it_whole(
+    sim: SimServer,  # noqa: F811
+    reg: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # Every request sends the frame's system prompt; only the first four send the frame.
+    batch = tmp_path / "batch.jsonl"
+    batch.write_bytes(
+        b"".join(orjson.dumps(p) + b"\n" for p in loop_batch(sim.url, reg, flip_at=4))
+    )
+    args = ("audit", "--frame", "loop", str(batch), "--registry", str(reg.root))
+    out = orjson.loads(run_cli(*args, "--json").stdout)
+    shared = out["shared_prefix"]
+    assert shared["frame"] == reg.frame("loop").sha256 and shared["method"] == "identity"
+    assert (shared["support"], shared["of"], out["frame"]["in_line"]) == (4, TURNS, 4)
+    assert f"byte identity: 4 of {TURNS} requests send it" in run_cli(*args).stdout.decode()
+
+
 def test_audit_names_changed_tools_and_a_dropped_setting_in_bare_request_bodies(
     reg: Registry,  # noqa: F811
     tmp_path: Path,

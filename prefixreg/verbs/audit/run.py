@@ -87,6 +87,8 @@ def match_prefix(
     found: tuple[str, str | None, Method, int, int, PrefixSpan | None]
     if identity is not None and identity.batch_sha and identity.registered(identity.batch_sha)[0]:
         n = len(identity.of("identical"))
+        if frame is not None:  # the frame is shared as far as requests send it whole
+            n = sum(p.drift == () for p in identity.prompts)
         found = (identity.batch_sha, frame, "identity", n, len(identity.prompts), None)
     elif len(heads) == 1 and all(c.build_id for c in calls):
         found = (*heads.pop(), "records", len(calls), len(calls), None)
