@@ -186,7 +186,7 @@ def test_doctor_without_a_probe_of_this_build_says_so(tmp_path: Path) -> None:
     out = orjson.loads(res.stdout)
     texts = {f["topic"]: f["text"] for f in out["findings"]}
     assert "no probe receipt" in texts["cmax"] and out["numbers"]["cmax"] is None
-    assert "no measurement on this build" in texts["fit"]
+    assert "no warm measurement on this build" in texts["fit"]
 
 
 # -- Cmax is the best evidence across this build's receipts (issue 20, case 10) ---------------
@@ -331,3 +331,19 @@ def test_doctor_on_llamacpp_reads_the_slots_from_props(tmp_path: Any) -> None:
     assert res.returncode == 1, res.stderr
     assert b"total_slots 1 for 2 concurrent loop calls" in res.stdout
     assert b"--cache-ram" in res.stdout
+
+
+def test_a_vllm_flag_warning_reads_the_warms_on_this_server_only(tmp_path: Path) -> None:
+    # Two vLLM servers of one build, one started without --enable-prompt-tokens-details: its
+    # warm came back without a count; the doctor of the other must not blame that on it.
+    reg = Registry(tmp_path / "reg")
+    reg.add("You are a careful coding agent.\n" * 80, name="loop")
+    off = SimConfig(speed=5000, engine="vllm", cache_report=False)
+    with SimServer(off) as quiet, SimServer(SimConfig(speed=5000, engine="vllm")) as told:
+        with Worker(quiet.url) as w:
+            assert warm(reg, reg.head("loop"), w).verdict == "unverified"
+        with Worker(told.url) as w, Worker(quiet.url) as q:
+            assert w.server_build().build_id == q.server_build().build_id  # no flag in it
+            other, same = doctor(w, reg), doctor(q, reg)
+    assert "warn" not in {f.level for f in other.findings if f.topic == "report"}
+    assert "warn" in {f.level for f in same.findings if f.topic == "report"}

@@ -52,7 +52,7 @@ def _report_flag(d: Diagnosis, build: ServerBuild, missing: bool) -> None:
         said = f"vLLM sends usage.prompt_tokens_details.cached_tokens only with {flag} (off by "
         said += "default) and no route says whether it is on"
         if missing:
-            text = f"{said}: this build's warm calls came back without it. Restart vllm serve "
+            text = f"{said}: warm calls on this server came back without it. Restart vllm serve "
             d.add("warn", "report", text + f"with {flag}.")
         else:
             d.add("info", "report", f"{said}; if warm says 'cached_tokens missing', add {flag}.")

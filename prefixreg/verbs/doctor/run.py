@@ -88,7 +88,7 @@ class ProbeReach:
 @dataclass(frozen=True, slots=True)
 class HeadSpan:
     """A named head's span on a build (None: not measured; `error`: failed verification;
-    `missing`: its latest warm there came back without a cached count)."""
+    `missing`: its latest warm there, on the worker asked, came back without a cached count)."""
 
     name: str
     sha256: str
@@ -238,8 +238,10 @@ def best_reach(registry: Registry, build_id: str) -> ProbeReach | None:
     return None if best is None else replace(best, receipts=len(found))
 
 
-def head_spans(registry: Registry, build_id: str) -> list[HeadSpan]:
-    """Every named head and its span on `build_id`: its latest warm's, a resumed one first."""
+def head_spans(registry: Registry, build_id: str, worker: str | None = None) -> list[HeadSpan]:
+    """Every named head and its span on `build_id`: its latest warm's, a resumed one first;
+    `missing` read from the warms on `worker` only (another server of one build may differ in
+    a flag its build does not show, such as vLLM's --enable-prompt-tokens-details)."""
     out = []
     for name, sha in registry.names().items():
         try:
@@ -253,7 +255,8 @@ def head_spans(registry: Registry, build_id: str) -> list[HeadSpan]:
             for i, m in enumerate(warms)
             if (span := m.outcome.span_tokens)
         ]
-        reason = warms[-1].outcome.reason if warms else None
+        here = [m for m in warms if worker is None or m.worker == worker]
+        reason = here[-1].outcome.reason if here else None
         missing = reason is not None and "cached_tokens missing" in reason
         out.append(HeadSpan(name, head.sha256, max(spans)[2] if spans else None, missing=missing))
     return out
@@ -286,7 +289,7 @@ def diagnose_reach(
         if p.error is not None:
             d.add("warn", "fit", f"{label}: cannot be used: {p.error} (`prefixreg verify`).")
         elif p.tokens is None:
-            text = f"{label}: no measurement on this build: `prefixreg warm {p.name}` measures"
+            text = f"{label}: no warm measurement on this build: `prefixreg warm {p.name}` measures"
             d.add("info", "fit", text + " its token span.")
         elif probe is None:
             text = f"{label}: about {p.tokens:,} tokens; no Cmax to compare it with."
@@ -316,7 +319,7 @@ def doctor(worker: Worker, registry: Registry | None = None, *, loops: int = 1) 
     spans: list[HeadSpan] = []
     if registry is not None:
         build = worker.server_build()
-        spans = head_spans(registry, build.build_id)
+        spans = head_spans(registry, build.build_id, worker.url)
     if profile in ENGINES:
         build, metrics = worker.server_build(), METRICS.get(profile)
         try:
