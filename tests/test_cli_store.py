@@ -185,3 +185,95 @@ def test_frames_go_wherever_a_prefix_goes(tmp_path: Path, reg: Path) -> None:
     assert run_cli("name", "loop", frame, *root).returncode == 0  # a new name: no question
     assert run_cli("cat", "loop", *root).stdout == head.stdout
     assert run_cli("verify", *root).returncode == 0
+
+
+TOOLS = '[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]'
+
+
+def test_a_refused_name_writes_nothing_and_its_hint_works(tmp_path: Path, reg: Path) -> None:
+    """add/frame --name that would change the name's kind exit 2 before writing anything
+    (no object, no tools, no frame record), and the --force the hint names exists."""
+    from prefixreg.registry.store import Registry
+
+    registry = Registry(reg)
+    registry.add("the system\n", name="loop")
+    head = registry.add_frame("loop", tools=TOOLS, name="head")
+    root = ["--registry", str(reg)]
+    (tmp_path / "new.txt").write_text("brand new text\n")
+    (tmp_path / "tools.json").write_text(TOOLS.replace('"f"', '"g"'))
+    before = tree(reg)
+    for args in (
+        ("add", str(tmp_path / "new.txt"), "--name", "head"),
+        ("frame", "loop", "--set", 'tool_choice="none"', "--name", "loop"),
+        ("frame", "loop", "--tools", str(tmp_path / "tools.json"), "--name", "loop"),
+    ):
+        refused = run_cli(*args, *root)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.startswith(b"error: name ") and b"--force" in refused.stderr
+        assert tree(reg) == before, args  # nothing written, not even a part
+    help_text = run_cli("add", "--help").stdout
+    assert b"--force" in help_text
+    forced = run_cli("add", str(tmp_path / "new.txt"), "--name", "head", "--force", *root)
+    assert forced.returncode == 0, forced.stderr
+    assert registry.read_name("head") == forced.stdout.decode().strip() != head
+    assert run_cli("verify", *root).returncode == 0
+
+
+def test_verify_of_no_registry_exits_2_and_of_an_empty_one_passes(tmp_path: Path) -> None:
+    """A typo'd --registry in a nightly fsck must fail, not pass as 0 objects."""
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    for root in (tmp_path / "nonexist", empty_dir):
+        for extra in ([], ["--repair"], ["--json"]):
+            res = run_cli("verify", "--registry", str(root), *extra)
+            assert res.returncode == 2, res.stderr
+            assert res.stdout == b""
+            assert res.stderr.count(b"\n") == 1 and b"no registry to verify" in res.stderr
+        assert tree(root) == {}  # --repair created nothing
+    from prefixreg.registry.store import Registry
+
+    Registry(tmp_path / "real").init()  # a real registry with nothing in it yet
+    res = run_cli("verify", "--registry", str(tmp_path / "real"))
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.startswith(b"ok: 0 objects")
+
+
+def test_ls_shows_a_frames_tools_as_its_part_not_a_bare_prefix(reg: Path) -> None:
+    from prefixreg.registry.store import Registry
+
+    registry = Registry(reg)
+    registry.add("the system\n", name="sys")
+    frame = registry.add_frame("sys", tools=TOOLS, name="head")
+    tools = registry.frame(frame).tools_sha256 or ""
+    lines = run_cli("ls", "--registry", str(reg)).stdout.decode().splitlines()
+    (row,) = [line for line in lines if line.startswith(tools[:12])]
+    assert row.split()[1] == "tools" and f"tools of frame {frame[:12]}" in row
+    rows = {
+        r["sha256"]: r for r in orjson.loads(run_cli("ls", "--json", "--registry", str(reg)).stdout)
+    }
+    assert rows[tools]["kind"] == "tools"
+    assert rows[tools]["note"] == f"tools of frame {frame[:12]}"
+    assert {rows[sha]["kind"] for sha in rows if sha != tools} == {"prefix", "frame"}
+
+
+def test_show_says_how_many_measurements_it_leaves_out(reg: Path) -> None:
+    from prefixreg.core.jsonio import JSONValue
+    from prefixreg.core.records import Measurement, ServerBuild
+    from prefixreg.registry.store import Registry
+
+    registry = Registry(reg)
+    sha = registry.add("measured\n", name="m")
+    build = ServerBuild(profile="halogen", identity={"model": "m"})
+    for i in range(13):
+        at = f"2026-01-01T00:00:{i:02d}.000000Z"
+        body: dict[str, JSONValue] = {"verdict": "resumed", "prompt_tokens": 10, "cached_tokens": 9}
+        registry.write_measurement(
+            Measurement(sha256=sha, at=at, kind="warm", build=build, body=body)
+        )
+    text = run_cli("show", "m", "--registry", str(reg)).stdout.decode()
+    assert "measurements (13, newest last):" in text
+    assert "(3 older not shown; show --json lists every one)" in text
+    assert sum(" warm " in line for line in text.splitlines()) == 11  # latest + the last 10
+    assert "2026-01-01T00:00:12" in text and "2026-01-01T00:00:02" not in text
+    shown = orjson.loads(run_cli("show", "m", "--json", "--registry", str(reg)).stdout)
+    assert len(shown["measurements"]) == 13

@@ -353,3 +353,26 @@ def test_verify_reports_what_is_not_a_frame_record_in_frames_as_meta_does(reg: R
     result = run_cli("verify", "--registry", str(reg.root))
     assert result.returncode == 1
     assert b"unexpected   frames/junk: not a frame record" in result.stdout
+
+
+def test_a_name_of_the_other_kind_is_refused_before_anything_is_written(
+    reg: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefixreg.registry.names import NameConflictError, Names
+    from tests.test_store import tree
+
+    before = tree(reg.root)
+    with pytest.raises(NameConflictError, match="points to frame"):
+        reg.add("a new prefix\n", name="loop")  # `loop` holds a frame
+    with pytest.raises(NameConflictError, match="points to prefix"):
+        reg.add_frame("system", tools='[{"type": "x"}]', name="system")
+    assert tree(reg.root) == before  # neither the object, the tools nor the record
+    # The early look is only for the refusal: the move still decides under the lock (a name
+    # moved between the look and the move is refused there).
+    monkeypatch.setattr(Names, "precheck", lambda *_a, **_k: None)
+    with pytest.raises(NameConflictError, match="points to frame"):
+        reg.add("a new prefix\n", name="loop")
+    assert reg.read_name("loop") == reg.frame("loop").sha256
+    monkeypatch.undo()
+    sha = reg.add("a new prefix\n", name="loop", force=True)
+    assert reg.read_name("loop") == sha

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from prefixreg.core.errors import IntegrityError, LockTimeoutError, UsageError
+from prefixreg.core.jsonio import JSONValue
 from prefixreg.core.records import Measurement, ServerBuild
 from prefixreg.registry import gc as gc_mod
 from prefixreg.registry.gc import collect_garbage, parse_grace
@@ -297,3 +298,115 @@ def test_a_name_never_moves_to_an_object_gc_removed_meanwhile(
     monkeypatch.undo()
     assert registry.names() == {}
     assert registry.name_log() == []
+
+
+TOOLS_A = '[{"type": "function", "function": {"name": "a"}}]'
+TOOLS_B = '[{"type": "function", "function": {"name": "b"}}]'
+
+
+def _age_all(reg: Registry, seconds: float) -> None:
+    for sub in ("objects", "frames"):
+        for path in (reg.root / sub).rglob("*"):
+            if path.is_file():
+                _age(path, seconds)
+
+
+def test_prune_unnamed_removes_an_old_unnamed_frame_first_then_the_parts_it_held(
+    registry: Registry,
+) -> None:
+    """An unnamed frame is debris like an unnamed prefix: gone with --prune-unnamed, its
+    record before its parts, and a part another (named) frame holds stays."""
+    loose_system = registry.add("a system nobody names\n")
+    registry.add("the named system\n", name="sys")
+    unnamed = registry.add_frame(loose_system, tools=TOOLS_A)
+    shared_tools = registry.add_frame(loose_system, tools=TOOLS_B)  # unnamed too
+    named = registry.add_frame("sys", tools=TOOLS_B, name="head")  # holds TOOLS_B
+    tools_a = registry.frame(unnamed).tools_sha256 or ""
+    tools_b = registry.frame(named).tools_sha256 or ""
+    _age_all(registry, 30 * DAY)
+    before = _tree(registry.root)
+
+    dry = collect_garbage(registry, grace_s=14 * DAY, prune_unnamed=True, dry_run=True)
+    assert _tree(registry.root) == before  # a dry run decides the same way, changes nothing
+
+    report = collect_garbage(registry, grace_s=14 * DAY, prune_unnamed=True)
+    removed = [(i.kind, i.path) for i in report.removed]
+    assert removed == [(i.kind, i.path) for i in dry.removed]
+    frames = {("frame", f"frames/{unnamed}.json"), ("frame", f"frames/{shared_tools}.json")}
+    assert set(removed[:2]) == frames  # the records first: no frame outlives a part
+    assert set(removed[2:]) == {
+        ("object", f"objects/{loose_system[:2]}/{loose_system}.txt"),
+        ("meta", f"meta/{loose_system}.json"),
+        ("object", f"objects/{tools_a[:2]}/{tools_a}.txt"),
+        ("meta", f"meta/{tools_a}.json"),
+    }
+    assert registry.frame("head").tools == registry.frame(named).tools  # named: intact
+    assert tools_b in set(registry.iter_shas())  # the named frame still holds it
+    assert verify_registry(registry).findings == []
+
+
+def test_an_unnamed_frame_that_is_kept_says_why_and_keeps_its_parts(registry: Registry) -> None:
+    system = registry.add("system\n")
+    measured = registry.add_frame(system, tools=TOOLS_A)
+    young = registry.add_frame(system, tools=TOOLS_B)
+    _age_all(registry, 30 * DAY)
+    _age(registry.root / "frames" / f"{young}.json", 0)
+    build = ServerBuild(profile="halogen", identity={"model": "m"})
+    body: dict[str, JSONValue] = {"frame": measured, "verdict": "resumed"}
+    at = "2026-01-01T00:00:00.000000Z"
+    registry.write_measurement(
+        Measurement(sha256=system, at=at, kind="warm", build=build, body=body)
+    )
+
+    report = collect_garbage(registry, grace_s=14 * DAY, prune_unnamed=True)
+    assert report.removed == []
+    assert "measurement" in report.kept[measured]
+    assert report.kept[young] == "used within the grace period"
+    # Both frames verify: their parts (held by a kept frame, so not debris) are all there.
+    assert {registry.frame(sha).sha256 for sha in (measured, young)} == {measured, young}
+
+
+def test_re_registering_a_frame_refreshes_its_age(registry: Registry) -> None:
+    system = registry.add("system\n")
+    frame = registry.add_frame(system, tools=TOOLS_A)
+    _age_all(registry, 30 * DAY)
+    assert registry.add_frame(system, tools=TOOLS_A) == frame  # a loop registering it again
+    report = collect_garbage(registry, grace_s=14 * DAY, prune_unnamed=True)
+    assert report.removed == []
+    assert report.kept[frame] == "used within the grace period"
+    assert registry.frame(frame).sha256 == frame
+
+
+def test_a_frame_re_registered_during_the_claim_is_put_back(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    system = registry.add("system\n")
+    frame = registry.add_frame(system, tools=TOOLS_A)
+    _age_all(registry, 30 * DAY)
+    real_claim = gc_mod._claim
+
+    def claim_then_touch(path: Path) -> Path | None:
+        claimed = real_claim(path)
+        if claimed is not None and path.parent.name == "frames":
+            os.utime(claimed)  # what add_frame's refresh does to the same inode
+        return claimed
+
+    monkeypatch.setattr(gc_mod, "_claim", claim_then_touch)
+    report = collect_garbage(registry, grace_s=14 * DAY, prune_unnamed=True)
+    assert report.removed == []
+    assert report.kept[frame] == "re-added while gc ran"
+    assert registry.frame(frame).sha256 == frame  # its parts stayed with it
+    assert verify_registry(registry).findings == []
+
+
+def test_cli_gc_lists_the_unnamed_frames_it_removes(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg")
+    system = reg.add("system\n")
+    frame = reg.add_frame(system, tools=TOOLS_A)
+    _age_all(reg, 30 * DAY)
+    res = run("gc", "--prune-unnamed", "--grace", "0", "--json", "--registry", str(reg.root))
+    assert res.returncode == 0, res.stderr
+    removed = [(i["kind"], i["path"]) for i in json.loads(res.stdout)["removed"]]
+    assert removed[0] == ("frame", f"frames/{frame}.json")
+    assert {kind for kind, _path in removed} == {"frame", "object", "meta"}
+    assert run("ls", "--json", "--registry", str(reg.root)).stdout.strip() == b"[]"

@@ -286,12 +286,12 @@ def test_show_marks_measurements_from_other_builds(sim: SimServer, reg_path: Pat
         shown = run_cli("show", "loop", "--registry", str(reg_path), "--worker", other.url)
         assert shown.returncode == 0, shown.stderr
         assert b"no measurement on the current build" in shown.stdout
-        assert b"(older build)" in shown.stdout
+        assert b"(other build)" in shown.stdout
         assert warm_cli(reg_path, other.url).returncode == 0
         shown = run_cli("show", "loop", "--registry", str(reg_path), "--worker", other.url)
     text = shown.stdout.decode()
     assert "latest on the current build:" in text
-    assert text.count("(older build)") == 1
+    assert text.count("(other build)") == 1
 
 
 def test_show_calls_a_build_current_only_as_a_worker_says(sim: SimServer, reg_path: Path) -> None:

@@ -90,7 +90,12 @@ def gc_command(
         typer.Option("--grace", help="Only touch files older than this: 14d, 12h, 30m, 45s, 0."),
     ] = "14d",
     prune_unnamed: Annotated[
-        bool, typer.Option("--prune-unnamed", help="Also remove old objects nothing refers to.")
+        bool,
+        typer.Option(
+            "--prune-unnamed",
+            help="Also remove old frames, then objects, nothing refers to (--json lists "
+            "each one kept, with why).",
+        ),
     ] = False,
     prune_snapshots: Annotated[
         bool,
@@ -105,8 +110,9 @@ def gc_command(
 ) -> None:
     """Remove stray temp files older than the grace period; unnamed objects only if asked.
 
-    Takes the registry's exclusive lock. Never removes a named object, one a snapshot
-    record points to, a measurement, a journal or anything younger than the grace period;
+    Takes the registry's exclusive lock. Never removes a named object or frame, one a
+    snapshot record, a kept frame or a recent measurement points to, a measurement, a
+    journal or anything younger than the grace period;
     snapshot records only with --prune-snapshots (and only when their prefix is gone).
     """
     with c.cli_errors(debug):
@@ -125,10 +131,11 @@ def gc_command(
         done = "would remove" if dry_run else "removed"
         for item in [] if json_out else report.removed:
             sys.stdout.write(f"{done} {item.kind:<6} {item.path}\n")
-        kinds = ("stray", "object", "meta", "snapshot")
+        kinds = ("stray", "frame", "object", "meta", "snapshot")
         count = {k: sum(i.kind == k for i in report.removed) for k in kinds}
         removed = "dry run: would remove" if dry_run else "removed"
-        files = f"{count['stray']} stray temp files, {count['object']} unnamed objects"
+        files = f"{count['stray']} stray temp files, {count['frame']} unnamed frames"
+        files += f", {count['object']} unnamed objects"
         snaps = f", {count['snapshot']} snapshot records" if prune_snapshots else ""
         kept = "" if prune_unnamed else "; unnamed objects are kept without --prune-unnamed"
         c.info(f"{removed} {files}, {count['meta']} meta records{snaps} (grace {grace}){kept}")

@@ -63,8 +63,9 @@ def frame_command(
     """Register a frame: the head a loop sends (system prefix, tools, prompt settings).
 
     Prints the frame's sha256 (of its record, `frames/<sha>.json`). Exit 0 ok; 2 usage (bad
-    tools JSON, unknown setting, bad name or reference); 3 integrity (a part fails
-    verification: nothing written, nothing sent).
+    tools JSON, unknown setting, bad name or reference, a --name that points at a bare
+    prefix without --force: nothing written); 3 integrity (a part fails verification:
+    nothing written, nothing sent).
     """
     from prefixreg.registry.userfiles import read_user_file
 

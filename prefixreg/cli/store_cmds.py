@@ -20,6 +20,8 @@ from prefixreg.cli import _common as c
 if TYPE_CHECKING:
     from prefixreg.core.records import Measurement
 
+SHOWN = 10  # measurements `show` lists as text, newest; --json lists every one
+
 RefArg = Annotated[
     str, typer.Argument(help="A prefix or frame: a name, a sha256, or 8+ hex digits of one.")
 ]
@@ -36,10 +38,16 @@ def add_command(
     file: Annotated[str, typer.Argument(help="File to add, or - for standard input.")],
     name: Annotated[str | None, typer.Option("--name", "-n", help="Point this name at it.")] = None,
     note: Annotated[str | None, typer.Option("--note", help="A note for its meta record.")] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Move --name even when it now points at a frame.")
+    ] = False,
     registry: c.RegistryOpt = None,
     debug: c.DebugOpt = False,
 ) -> None:
-    """Add a prefix (exact bytes, valid UTF-8) and print its sha256. Idempotent."""
+    """Add a prefix (exact bytes, valid UTF-8) and print its sha256. Idempotent.
+
+    A --name that points at a frame is refused (exit 2, nothing written) unless --force.
+    """
     with c.cli_errors(debug):
         from prefixreg.registry.objects import check_text
         from prefixreg.registry.userfiles import read_user_file
@@ -51,7 +59,8 @@ def add_command(
         # the OS as surrogate escapes) are shown as \xNN escapes.
         label = os.fsencode(Path(file).name).decode("utf-8", errors="backslashreplace")
         reg = c.open_registry_from(registry)
-        sha = reg.add(data, name=name, note=note, source="stdin" if file == "-" else label)
+        source = "stdin" if file == "-" else label
+        sha = reg.add(data, name=name, note=note, source=source, force=force)
         sys.stdout.write(sha + "\n")
 
 
@@ -73,7 +82,8 @@ def cat_command(ref: RefArg, registry: c.RegistryOpt = None, debug: c.DebugOpt =
 
 def _measurement_line(m: Measurement, current_build: str | None) -> str:
     out = m.outcome
-    mark = "" if current_build is None or m.build.build_id == current_build else " (older build)"
+    # "other", never "older": a build measured on another worker may be newer than this one.
+    mark = "" if current_build is None or m.build.build_id == current_build else " (other build)"
     if out.interleaved:
         mark += " (interleaved: not a clean measurement)"
     hits = f"cached {out.cached_tokens}/{out.prompt_tokens}"
@@ -149,9 +159,12 @@ def show_command(
                 out.append(f"latest on {build}{what}:")
                 out.append(_measurement_line((clean or current)[-1], latest))
             else:
-                out.append(f"no measurement on {build}; older builds' figures:")
+                out.append(f"no measurement on {build}; other builds' figures:")
             out.append(f"measurements ({len(measurements)}, newest last):")
-            out.extend(_measurement_line(m, latest) for m in measurements[-10:])
+            if len(measurements) > SHOWN:
+                hidden = len(measurements) - SHOWN
+                out.append(f"  ({hidden} older not shown; show --json lists every one)")
+            out.extend(_measurement_line(m, latest) for m in measurements[-SHOWN:])
         sys.stdout.write("\n".join(out) + "\n")
 
 
@@ -163,6 +176,9 @@ def ls_command(
     debug: c.DebugOpt = False,
 ) -> None:
     """List prefixes and frames: sha, kind, size, creation time, names, note.
+
+    A frame's tools object is kind `tools`, its note naming the frame that holds it (gc
+    --prune-unnamed removes it only with that frame).
 
     The slices a probe registered are hidden (a named one is shown: its name makes it
     yours); the count hidden goes to stderr. --all lists them too, --probe only them.
@@ -248,15 +264,21 @@ def verify_command(
 ) -> None:
     """Check every object, meta record, name, frame, measurement and stray temp file.
 
-    Exits 1 when a problem is found; stray temp files and objects without meta (left by
+    Exits 1 when a problem is found, 2 when there is no registry at the path (a typo must
+    not pass as an empty registry); stray temp files and objects without meta (left by
     interrupted writes) are reported as warnings. Repairs (--repair): cut a torn journal
     tail; complete an interrupted name move whose target verifies, else journal the name's
     current value.
     """
     with c.cli_errors(debug):
+        from prefixreg.core.errors import RegistryLocationError
+        from prefixreg.registry.layout import MARKER
         from prefixreg.registry.verify import repair_registry, verify_registry
 
         reg = c.open_registry_from(registry)
+        if not reg.exists:  # before --repair too: it would create one
+            why = "does not exist" if not reg.root.exists() else f"has no {MARKER}"
+            raise RegistryLocationError(f"{reg.root}: no registry to verify (the path {why})")
         report = repair_registry(reg) if repair else verify_registry(reg)
         if json_out:
             c.emit_json(report.to_dict())

@@ -1,22 +1,26 @@
 """`prefixreg gc`: remove the debris of interrupted writes and, only if asked, old unnamed prefixes.
 
 Under the registry lock (the one name moves take) it removes stray temp files older than the
-grace; with `prune_unnamed`, objects (and meta) nothing refers to whose mtime (every re-add
-refreshes it) is older than the grace; with `prune_snapshots`, snapshot records whose head is
-gone (never the snapshot files). Nothing younger than `MIN_AGE_S` is touched, whatever the
-grace: it may be a write in flight.
+grace; with `prune_unnamed`, frame records, then objects (and meta), nothing refers to whose
+mtime (every re-add or re-registration refreshes it) is older than the grace; with
+`prune_snapshots`, snapshot records whose head is gone (never the snapshot files). Nothing
+younger than `MIN_AGE_S` is touched, whatever the grace: it may be a write in flight.
 
 Invariants:
 - Nothing is followed: a symlink below the root, or an object that is not a regular file,
   makes gc refuse (`IntegrityError`) before anything is removed.
-- Never removed: what a name, a frame or a snapshot record points to, the `to` of a name's
-  last journal line (an interrupted move), what a probe receipt lists (every probe slice
-  while a receipt cannot be read), anything a measurement newer than the grace names;
-  names, journals, measurements and receipts at all. Records are read with the depth-capped
-  JSON reader: a hostile record fails closed.
-- Removal is the reverse of the write order (meta, then object); an object is first claimed
-  (renamed to a temp name) and put back, with its meta, if an `add` re-used it meanwhile (its
-  mtime moved). A dry run takes the same lock, decides the same way, changes nothing.
+- Never removed: what a name, a kept frame or a snapshot record points to, the `to` of a
+  name's last journal line (an interrupted move), what a probe receipt lists (every probe
+  slice while a receipt cannot be read), anything a measurement newer than the grace names
+  (by its file name or as its frame; every frame on its prefix while it cannot be read);
+  names, journals, measurements and receipts at all. Each unnamed object or frame kept is
+  listed in `kept` with the reason. Records are read with the depth-capped JSON reader: a
+  hostile record fails closed.
+- Removal is the reverse of the write order (a frame record before the parts it held; meta,
+  then object): a crash never leaves a frame whose part is gone. An object or frame record
+  is first claimed (renamed to a temp name) and put back, with its meta, if an `add` or
+  `add_frame` re-used it meanwhile (its mtime moved). A dry run takes the same lock,
+  decides the same way, changes nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
-from prefixreg.core.errors import UsageError
+from prefixreg.core.errors import IntegrityError, UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.snapshots import prune_snapshot_records, record_entries
@@ -62,7 +66,7 @@ def parse_grace(text: str) -> float:
 class GcItem:
     """One file gc removed (or, in a dry run, would remove)."""
 
-    kind: Literal["stray", "object", "meta", "snapshot"]
+    kind: Literal["stray", "frame", "object", "meta", "snapshot"]
     path: str  # relative to the registry root
     age_s: float
 
@@ -131,9 +135,12 @@ def collect_garbage(
     return report
 
 
-def _recent_measurements(reg: Registry, cutoff: float) -> set[str]:
-    """Shas referred to by a measurement newer than `cutoff` (by file name time or mtime)."""
+def _recent_measurements(reg: Registry, cutoff: float) -> tuple[set[str], set[str]]:
+    """(shas a measurement newer than `cutoff` (by file name time or mtime) names, by file
+    name or as its frame; the file-name shas of those that could not be read, whose frame is
+    unknown: every frame on that system prefix is kept)."""
     recent: set[str] = set()
+    unread: set[str] = set()
     for name, _kind in reg._disk.entries(layout.MEASUREMENTS):
         sha = layout.measurement_sha(name)
         if sha is None or layout.is_temp_name(name):
@@ -146,19 +153,41 @@ def _recent_measurements(reg: Registry, cutoff: float) -> set[str]:
                 newest = max(newest, stamp + int(match.group(2)) / 1e6)
         if newest > cutoff:
             recent.add(sha)
-    return recent
+            try:
+                frame = reg._records.load_measurement(name).outcome.frame
+            except (OSError, IntegrityError):  # fail closed: keep what it may name
+                unread.add(sha)
+                continue
+            recent.update([frame] if frame is not None else [])
+    return recent, unread
 
 
 def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float) -> None:
     # Names only move under the lock we hold, so this view stays true for the run. The last
-    # journalled `to` of each name counts as named too (an interrupted move), and a frame
-    # keeps its parts.
+    # journalled `to` of each name counts as named too (an interrupted move). Frame records
+    # go first, then objects, so a frame never outlives a part: a frame kept (for any reason)
+    # keeps its parts, a frame pruned (or, in a dry run, that would be) no longer does.
     last_to = {move.name: move.to_sha for move in reg.name_log()}
-    named = set(reg.names().values()) | set(last_to.values()) | reg._frames.parts()
-    recent = _recent_measurements(reg, cutoff)
+    named = set(reg.names().values()) | set(last_to.values())
+    reg._frames.parts()  # a record that does not parse: refuse before anything is removed
+    frames = {sha: p for sha, p in reg._frames.checked().items() if not isinstance(p, str)}
+    recent, unread = _recent_measurements(reg, cutoff)
     by_receipt, receipt_unread = reg._records.receipt_refs()
     snapped = {sha for _name, sha in record_entries(reg)}  # by file name, parsed or not
-    for sha in [sha for sha in reg._objects.shas() if sha not in named]:
+    gone: set[str] = set()
+    for sha, (system, _tools) in sorted(frames.items()):
+        if sha in named:
+            continue
+        if sha in snapped:
+            report.kept[sha] = "a snapshot record points to it"
+        elif sha in by_receipt:
+            report.kept[sha] = "a probe receipt refers to it"
+        elif sha in recent or system in unread:
+            report.kept[sha] = "a measurement newer than the grace period refers to it"
+        elif _prune_one(reg, report, sha, cutoff=cutoff, now=now, frame=True):
+            gone.add(sha)
+    held = {part for sha, parts in frames.items() if sha not in gone for part in parts if part}
+    for sha in [sha for sha in reg._objects.shas() if sha not in named | held]:
         if sha in snapped:
             report.kept[sha] = "a snapshot record points to it"
         elif sha in by_receipt or (receipt_unread and reg.is_probe_slice(sha)):
@@ -169,18 +198,23 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
             _prune_one(reg, report, sha, cutoff=cutoff, now=now)
 
 
-def _prune_one(reg: Registry, report: GcReport, sha: str, *, cutoff: float, now: float) -> None:
-    obj_rel, meta_rel = layout.object_relpath(sha), layout.meta_relpath(sha)
+def _prune_one(
+    reg: Registry, report: GcReport, sha: str, *, cutoff: float, now: float, frame: bool = False
+) -> bool:
+    """Remove object `sha` and its meta (`frame`: frame record `sha`) if old enough; whether
+    it is gone now (in a dry run: would be)."""
+    obj_rel = layout.frame_relpath(sha) if frame else layout.object_relpath(sha)
+    meta_rel = layout.meta_relpath(sha)
     st = reg._disk.lstat(obj_rel)
     if st is None:
-        return
+        return True
     if not stat.S_ISREG(st.st_mode):
         report.kept[sha] = "not a regular file (verify reports it); left alone"
-        return
+        return False
     if st.st_mtime > cutoff:
         report.kept[sha] = "used within the grace period"
-        return
-    meta_st = reg._disk.lstat(meta_rel)
+        return False
+    meta_st = None if frame else reg._disk.lstat(meta_rel)
     has_meta = meta_st is not None and stat.S_ISREG(meta_st.st_mode)
     if not report.dry_run:
         obj, meta = reg._disk.path(obj_rel), reg._disk.path(meta_rel)
@@ -198,15 +232,17 @@ def _prune_one(reg: Registry, report: GcReport, sha: str, *, cutoff: float, now:
             if obj_claim is not None:
                 fsutil.fsync_dir(obj.parent)
                 report.kept[sha] = "re-added while gc ran"
-            return
+                return False
+            return True
         for claim in (obj_claim, meta_claim):
             if claim is not None:
                 claim.unlink()
                 fsutil.fsync_dir(claim.parent)
         has_meta = meta_claim is not None
-    report.removed.append(GcItem("object", obj_rel, now - st.st_mtime))
+    report.removed.append(GcItem("frame" if frame else "object", obj_rel, now - st.st_mtime))
     if has_meta:
         report.removed.append(GcItem("meta", meta_rel, now - st.st_mtime))
+    return True
 
 
 def _claim(path: Path) -> Path | None:

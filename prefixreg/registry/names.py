@@ -13,7 +13,8 @@ Invariants:
   `disagreements` lists; `repair` completes such a move (or restores a journalled name whose
   file is gone) when its target verifies, else journals the name's current value.
 - A name that holds a prefix is not moved to a frame, nor back, unless forced: the loop
-  reading it would send another kind of head.
+  reading it would send another kind of head. `precheck` refuses such a move before the
+  caller writes anything; the move checks again under the lock.
 - A measurement is read strictly, with the depth-capped JSON reader: one whose file name
   disagrees with its sha, or that does not parse, is a `CorruptRecordError` (fail closed).
 - A probe receipt lists every call with the sha256 of what it sent: `receipt_refs` reads
@@ -134,11 +135,8 @@ class Names:
                 raise NameConflictError(why)
             if current == sha:
                 return None
-            if current is not None and not force and self.is_frame(current) != self.is_frame(sha):
-                was, kind = ("frame", "prefix") if self.is_frame(current) else ("prefix", "frame")
-                why = f"name {name!r} points to {was} {current[:12]}; moving it to a {kind}"
-                hint = "pass --force (force=True) to move it anyway"
-                raise NameConflictError(f"{why} changes what the loop sends", hint=hint)
+            if not force:
+                self._refuse_kind_change(name, current, to_frame=self.is_frame(sha))
             check(sha)
             move, start = self._append(name, current, sha, what=f"{name} not moved")
             try:
@@ -148,6 +146,22 @@ class Names:
                     fsutil.truncate(self._log, start, root=self._disk.root)
                 raise
             return move
+
+    def precheck(self, name: str, *, to_frame: bool, force: bool = False) -> None:
+        """Refuse now, before the caller writes its target, a move `move` would refuse for
+        its kind (`to_frame`: the target is a frame). Not under the lock: `move` checks again
+        under it, so a name moved meanwhile is still refused there. Raises NameConflictError."""
+        if not force:
+            self._refuse_kind_change(name, self.read(name), to_frame=to_frame)
+
+    def _refuse_kind_change(self, name: str, current: str | None, *, to_frame: bool) -> None:
+        """NameConflictError if `name` holds `current`, a head of the other kind."""
+        if current is None or self.is_frame(current) == to_frame:
+            return
+        was, kind = ("prefix", "frame") if to_frame else ("frame", "prefix")
+        why = f"name {name!r} points to {was} {current[:12]}; moving it to a {kind}"
+        hint = "pass --force (force=True) to move it anyway"
+        raise NameConflictError(f"{why} changes what the loop sends", hint=hint)
 
     def _write(self, name: str, sha: str) -> None:
         path = self._disk.mkdir(layout.NAMES) / name

@@ -204,11 +204,21 @@ class Frames:
         return [sha for sha in shas if sha is not None]
 
     def publish(self, raw: bytes) -> str:
-        """Publish record bytes under their sha (an existing record is re-verified); the sha."""
+        """Publish record bytes under their sha; an existing record is re-verified and its
+        mtime refreshed (gc ages an unnamed frame by it: re-registered, it is used now). The
+        sha. A record gc removes between the look and the refresh is published again."""
         sha = sha256_hex(raw)
-        if not fsutil.publish_new(self._disk.mkdir(layout.FRAMES) / f"{sha}.json", raw, mode=0o444):
-            self.read(sha)
-        return sha
+        path = self._disk.mkdir(layout.FRAMES) / f"{sha}.json"
+        for attempt in range(3):
+            try:
+                if not fsutil.publish_new(path, raw, mode=0o444):
+                    self.read(sha)
+                    os.utime(path, follow_symlinks=False)
+                return sha
+            except (errors.RefNotFoundError, FileNotFoundError):
+                if attempt == 2:  # removed under us three times running: say so
+                    raise
+        raise AssertionError("unreachable")
 
     def _parse(self, sha: str) -> tuple[str, str | None, dict[str, Any]]:
         """(system, tools, settings) of record `sha`, its bytes re-hashed; errors name the path."""
@@ -237,7 +247,7 @@ class Frames:
             why = str(exc)
         raise errors.IntegrityError(f"frame {sha}: {why}", path=path) from None
 
-    def _checked(self) -> dict[str, tuple[str, str | None] | str]:
+    def checked(self) -> dict[str, tuple[str, str | None] | str]:
         """Every frame record: its (system, tools) shas, or why it cannot be read."""
         out: dict[str, tuple[str, str | None] | str] = {}
         for sha in self.shas():
@@ -251,7 +261,7 @@ class Frames:
         """The object shas the frame records name, for gc. Raises `IntegrityError` for a
         record that does not parse: gc must not guess what it keeps."""
         out: set[str] = set()
-        for sha, parts in self._checked().items():
+        for sha, parts in self.checked().items():
             if isinstance(parts, str):
                 path = self._disk.path(layout.frame_relpath(sha))
                 why = f"{path}: cannot tell which objects this frame keeps ({parts}); refused"
@@ -272,7 +282,7 @@ class Frames:
     def rows(self, by_sha: Mapping[str, list[str]]) -> list[ObjectInfo]:
         """`ls` rows of the frame records: the record's age, its parts as the note."""
         rows = []
-        for sha, parts in self._checked().items():
+        for sha, parts in self.checked().items():
             st = self._disk.lstat(layout.frame_relpath(sha))
             if isinstance(parts, str):
                 note = "a record that does not verify (run prefixreg verify)"

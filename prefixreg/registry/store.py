@@ -5,13 +5,15 @@ Parts: `Disk` (root, marker, lock, no-follow access; package-private), `Objects`
 `head`, `frame`, `get`, `resolve` and `move_name`.
 
 Invariants:
-- Arguments, types included, are checked before anything is written (`UsageError`).
+- Arguments, types included, and a name that would change kind without `force`, are
+  checked before anything is written: a refused call writes nothing.
 - Measurements and probe receipts are published with no-overwrite links (mode 0444), never
   through a symlinked directory; a taken name is retried with a fresh stamp, never replaced.
   `mirror.log` lines are appended whole or not at all (`fsutil.append_line`).
 - Write order is object, meta, name: a crash leaves at worst an object without meta (verify
   warns; adding again repairs it) or a temp file, never a meta record or a name whose object
-  is missing. A mirror (role `mirror`) is written only by `prefixreg mirror`.
+  is missing; a frame's are parts, record, name (a re-add refreshes the mtime gc ages by).
+  A mirror (role `mirror`) is written only by `prefixreg mirror`.
 - A reference is a name, a full sha or a unique abbreviation of 8+ hex digits (a name wins
   over an abbreviation spelt the same) of a prefix or a frame. A name whose target is
   missing is an `IntegrityError`, never an unknown reference.
@@ -186,12 +188,14 @@ class Registry:
         name: str | None = None,
         note: str | None = None,
         source: str = "api",
+        force: bool = False,
     ) -> str:
         """Store `content` (exact bytes, valid UTF-8) under its sha256, idempotent; point `name`
-        at it; `source`: where it came from (a file name, "stdin"). A probe slice becomes the
-        user's. Raises: InvalidContentError (empty, not bytes or str, not UTF-8);
-        InvalidNameError; UsageError (a note or source not UTF-8 text, or a mirror);
-        IntegrityError (an existing object no longer verifies)."""
+        at it (a name holding a frame moves only with `force`); `source`: where it came from (a
+        file name, "stdin"). A probe slice becomes the user's. Raises: InvalidContentError
+        (empty, not bytes or str, not UTF-8); InvalidNameError; NameConflictError (`name`
+        holds a frame: nothing written); UsageError (a note or source not UTF-8 text, or a
+        mirror); IntegrityError (an existing object no longer verifies)."""
         data = objects.content_bytes(content)
         if note is not None:
             objects.check_text(note, "the note")
@@ -199,9 +203,10 @@ class Registry:
             raise errors.UsageError(f"the source label {source!r} is reserved for probe slices")
         if name is not None:
             layout.validate_name(name)
+            self._names.precheck(name, to_frame=False, force=force is True)
         sha = self._store(data, note=note, source=source, what="add a prefix")
         if name is not None:
-            self.move_name(name, sha)
+            self.move_name(name, sha, force=force)
         return sha
 
     def add_frame(
@@ -217,7 +222,8 @@ class Registry:
         """Register a frame, idempotent; its sha. `system` names the system prefix, `tools` is
         a JSON list of tool objects (kept as its bytes), `settings` `core.frame.PROMPT_SETTINGS`;
         a `name` holding a prefix moves only with `force`. Raises: UsageError (bad tools JSON,
-        setting, name or argument, or a mirror); IntegrityError (a part or existing record)."""
+        setting, name or argument, or a mirror); NameConflictError (`name` holds a prefix:
+        nothing written); IntegrityError (a part or existing record)."""
         if name is not None:
             layout.validate_name(name)
         given: tuple[object, object] = (tools, settings)  # the API boundary: anything may come
@@ -225,13 +231,23 @@ class Registry:
             raise errors.UsageError("tools must be JSON text (str or bytes) and settings a mapping")
         self.init()
         self.refuse_on_mirror("register a frame")
-        system_sha = self.get(system).sha256  # verified
-        tools_sha = None
+        system_prefix = self.get(system)  # verified
+        if note is not None:
+            objects.check_text(note, "the note")
+        data = None
         if tools is not None:
             data = tools.encode("utf-8") if isinstance(tools, str) else tools
             parse_tools(data)
-            tools_sha = self.add(data, source="tools", note=note)
-        sha = self._frames.publish(encode_frame_record(system_sha, tools_sha, settings or {}))
+            data = objects.content_bytes(data)
+        tools_sha = None if data is None else sha256_hex(data)
+        record = encode_frame_record(system_prefix.sha256, tools_sha, settings or {})
+        if name is not None:  # a refused name writes nothing: neither the tools nor the record
+            self._names.precheck(name, to_frame=True, force=force is True)
+        # Parts re-added (mtime refreshed), then the record: a racing gc sees them used.
+        self._objects.put(system_prefix.sha256, system_prefix.data)
+        if data is not None:
+            self._store(data, note=note, source="tools", what="register a frame")
+        sha = self._frames.publish(record)
         if name is not None:
             self.move_name(name, sha, force=force)
         return sha
@@ -290,20 +306,28 @@ class Registry:
 
     def list_objects(self, *, frames: bool = False) -> list[objects.ObjectInfo]:
         """Every object (with `frames`, every frame) with its meta and names, oldest first;
-        bytes are not read. Raises: IntegrityError (a symlink, an object not a file)."""
+        bytes are not read; a frame's tools are kind `tools`, the note naming the frames.
+        Raises: IntegrityError (a symlink, an object not a file)."""
         by_sha: dict[str, list[str]] = {}
         for name, sha in self.names().items():
             by_sha.setdefault(sha, []).append(name)
+        tools_of: dict[str, list[str]] = {}
+        for frame, parts in self._frames.checked().items():
+            if not isinstance(parts, str) and parts[1] is not None:
+                tools_of.setdefault(parts[1], []).append(frame[:12])
         out = []
         for sha in self._objects.shas(regular_only=True):
             names = tuple(sorted(by_sha.get(sha, ())))
+            held = f"tools of frame {', '.join(tools_of[sha])}" if sha in tools_of else None
+            kind = "prefix" if held is None else "tools"
             try:
                 m = self._objects.meta(sha)
             except errors.RefNotFoundError:
-                out.append(objects.ObjectInfo(sha, None, None, None, names))
+                out.append(objects.ObjectInfo(sha, None, None, held, names, kind=kind))
                 continue
             slice_ = objects.is_probe_source(m.source, m.note)
-            out.append(objects.ObjectInfo(sha, m.bytes, m.created, m.note, names, slice_))
+            note = "; ".join(n for n in (held, m.note) if n) or None
+            out.append(objects.ObjectInfo(sha, m.bytes, m.created, note, names, slice_, kind))
         if frames:
             out += self._frames.rows(by_sha)
         return sorted(out, key=lambda o: (o.created or "", o.sha256))
