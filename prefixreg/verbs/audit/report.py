@@ -6,7 +6,9 @@ from verified evidence, whatever the judge's label; states are the judge's (`res
 `reused`), partial and unverified calls listed with its reason. Time: server `timings` win, else
 prefill = (prompt - cached) / prefill_tps, decode = completion / decode_tps; a missing count is
 never zero (the figure is unknown); shares over the calls with both figures, closure = modelled /
-wall over those with a wall time. A head named by coverage is said to be a likeness, one outside
+wall over those with a wall time. A server timing or wall that is not plausible (`saving.timed`,
+`plausible_wall`) is not used, and listed as `implausible`; a given rate is within [`MIN_TPS`,
+`MAX_TPS`]. A head named by coverage is said to be a likeness, one outside
 the registry "not registered".
 """
 
@@ -20,9 +22,18 @@ from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import Judgement
 from prefixreg.core.prefix import Drift
+from prefixreg.core.records import CallEvidence
 from prefixreg.verbs.audit.identity import FrameAudit, IdentityReport, listing
 from prefixreg.verbs.audit.read import AuditCall, Malformed
-from prefixreg.verbs.audit.saving import Saving, batch_wall, saving
+from prefixreg.verbs.audit.saving import (
+    MAX_CALL_S,
+    MAX_TPS,
+    Saving,
+    batch_wall,
+    plausible_wall,
+    saving,
+    timed,
+)
 
 Method = Literal["identity", "records", "coverage"]
 
@@ -70,13 +81,22 @@ class SharedHead:
 DEFAULT_PREFILL_TPS: Final = 1180.0
 DEFAULT_DECODE_TPS: Final = 60.0
 STATES: Final = {"resumed": "reused"} | {s: s for s in ("partial", "cold", "unverified")}
+# A given rate slower than this (a token per ~17 minutes) is no server's; with MAX_TPS above,
+# it keeps every modelled second finite and every share a number.
+MIN_TPS: Final = 1e-3
 
 
 def _phase(ms: float | None, tokens: int | None, tps: float) -> tuple[float | None, str]:
-    """(seconds or None, "timings" | "rates" | "unknown"): the server's timing wins."""
-    if ms is not None:
-        return ms / 1000.0, "timings"
+    """(seconds or None, "timings" | "rates" | "unknown"): a plausible server timing wins."""
+    seconds, _ = timed(ms, tokens)
+    if seconds is not None:
+        return seconds, "timings"
     return (None, "unknown") if tokens is None else (tokens / tps, "rates")
+
+
+def _uncached(ev: CallEvidence) -> int | None:
+    p, k = ev.prompt_tokens, ev.cached_tokens
+    return None if p is None or k is None or k > p else p - k  # needs cached <= prompt
 
 
 def rates(prefill_tps: float | None, decode_tps: float | None) -> tuple[float, float]:
@@ -88,8 +108,11 @@ def rates(prefill_tps: float | None, decode_tps: float | None) -> tuple[float, f
 def _rate(rate: object, default: float, what: str) -> float:
     value = default if rate is None else rate  # callers outside the type checker pass anything
     number = value if isinstance(value, int | float) and not isinstance(value, bool) else 0
-    if not (math.isfinite(number) and number > 0):
-        raise UsageError(f"--{what}-tps must be a positive number of tokens per second")
+    if not (math.isfinite(number) and MIN_TPS <= number <= MAX_TPS):
+        raise UsageError(
+            f"--{what}-tps must be a positive number of tokens per second, "
+            f"from {MIN_TPS:g} to {MAX_TPS:,.0f}"
+        )
     return float(number)
 
 
@@ -132,18 +155,33 @@ class AuditReport:
         pairs = zip(self.calls, self.verdicts, strict=True)
         return [Malformed(c.source, v.reason) for c, v in pairs if v.verdict == verdict]
 
+    def implausible(self) -> list[Malformed]:
+        """The server timings and walls not used, each with why."""
+        out = []
+        for c in self.calls:
+            ev = c.evidence
+            for name, ms, tokens in (
+                ("prompt_ms", ev.prompt_ms, _uncached(ev)),
+                ("predicted_ms", ev.predicted_ms, ev.completion_tokens),
+            ):
+                if (why := timed(ms, tokens)[1]) is not None:
+                    out.append(Malformed(c.source, f"{name} {why}: not used (modelled by rate)"))
+            if ev.wall_s is not None and plausible_wall(ev) is None:
+                why = f"wall {ev.wall_s:g} s: over {MAX_CALL_S:,.0f} s: not used"
+                out.append(Malformed(c.source, why))
+        return out
+
     def _time(self) -> dict[str, Any]:
         sources = {k: {"timings": 0, "rates": 0, "unknown": 0} for k in ("prefill", "decode")}
         model = []
         for c in self.calls:
-            ev, p, k = c.evidence, c.evidence.prompt_tokens, c.evidence.cached_tokens
-            uncached = None if p is None or k is None or k > p else p - k  # needs cached <= prompt
-            prefill_s, prefill_from = _phase(ev.prompt_ms, uncached, self.prefill_tps)
+            ev = c.evidence
+            prefill_s, prefill_from = _phase(ev.prompt_ms, _uncached(ev), self.prefill_tps)
             decode_s, decode_from = _phase(ev.predicted_ms, ev.completion_tokens, self.decode_tps)
             sources["prefill"][prefill_from] += 1
             sources["decode"][decode_from] += 1
             if prefill_s is not None and decode_s is not None:
-                model.append((ev.wall_s, prefill_s, decode_s))
+                model.append((plausible_wall(ev), prefill_s, decode_s))
         both = [(w, p + d) for w, p, d in model if w is not None]
         prefill, decode = sum(p for _, p, _ in model), sum(d for _, _, d in model)
         share = _share(prefill, prefill + decode)
@@ -220,6 +258,7 @@ class AuditReport:
             "system_prefix": None if self.identity is None else self.identity.to_dict(),
             "frame": None if self.frame is None else self.frame.to_dict(),
             **{k: [asdict(m) for m in self.listed(k)] for k in ("partial", "unverified")},
+            "implausible": [asdict(m) for m in self.implausible()],
             "malformed": [asdict(m) for m in self.malformed],
             "skipped": [asdict(m) for m in self.skipped],
         }
@@ -261,7 +300,7 @@ class AuditReport:
             *(self.frame.text_lines(limit=limit) if self.frame else []),
             d["summary"],
         ]
-        for title in ("partial", "unverified", "malformed", "skipped"):
+        for title in ("partial", "unverified", "implausible", "malformed", "skipped"):
             items = [f"{m['source']}: {m['reason']}" for m in d[title]]
             lines += listing(title, items, limit)
         return "\n".join(lines) + "\n"
@@ -304,8 +343,10 @@ def _saving_lines(s: dict[str, Any]) -> list[str]:
     if not s["calls"]:
         return []
     tok, sec, u = s["tokens"], s["seconds"], s["uncached"]
-    rate = s["cold_rate"]["tokens_per_s"]
-    how = f"the server's {rate:,.0f} tok/s on cold prefills" if rate else "the rates"
+    rate, odd = s["cold_rate"]["tokens_per_s"], s["implausible_timings"]
+    how = f"the server's {_tps(rate)} on cold prefills" if rate else "the rates"
+    if odd:  # said where the rate is, and listed under `implausible`
+        how += f"; server timings not used, implausible: {odd:,}"
     parts = ", ".join(f"{k} {n:,}" for k, n in s["drift_parts"].items())
     parts = f" ({parts})" if parts else ""
     # A loss is said as one, never shown as 0 s saved (the server's timings can show it).
@@ -320,6 +361,11 @@ def _saving_lines(s: dict[str, Any]) -> list[str]:
     ]
 
 
+def _tps(rate: float) -> str:
+    """A rate: whole tokens/s, 3 significant digits under 100 (a given 0.5 is not 0 tok/s)."""
+    return f"{rate:.3g} tok/s" if rate < 100 else f"{rate:,.0f} tok/s"
+
+
 def _sources(counts: dict[str, int], tps: float) -> str:
-    how = {"timings": "by server timings", "rates": f"by rate ({tps:,.0f} tok/s)"}
+    how = {"timings": "by server timings", "rates": f"by rate ({_tps(tps)})"}
     return ", ".join(f"{n:,} {how.get(k, k)}" for k, n in counts.items() if n) or "-"

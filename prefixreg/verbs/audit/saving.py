@@ -1,10 +1,16 @@
 """What caching saved a batch, where its uncached tokens went, and its wall time. Pure.
 
 Counterfactual, over the calls with valid counts (cached <= prompt, evidence not unverified):
-cold, every prompt token is prefilled. A call with server timings cost `prompt_ms` and cold
+cold, every prompt token is prefilled. A call with a plausible server timing cost `prompt_ms`, cold
 `prompt / r` (`r`: the server's prefill rate on the batch's cold prefills, whose uncached share
 is at least half the prompt, sum prefilled / sum seconds; else the given rate); one without cost
 `(prompt - cached) / prefill_tps`, cold `prompt / prefill_tps`. Saved = cold - actual.
+
+Plausibility: a server timing is used only when it is finite, at most `MAX_CALL_S`, non-zero
+for a non-zero token count, and implies at most `MAX_TPS` tokens per second (`timed`); else the
+call is modelled by rate, never a cold-rate sample, and listed by the report. A wall over
+`MAX_CALL_S` is not used (`plausible_wall`). So the cold rate is within the samples' own rates
+(at most `MAX_TPS`) and every sum of seconds stays finite.
 
 Uncached split: the head's part (its span less cached, within 0 and the uncached count) is drift
 when the request drifted from the frame (the span is then the frame's byte estimate, the drift
@@ -19,15 +25,45 @@ instant): the peak, and the mean (sum of intervals / span).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from prefixreg.core.judge import Judgement, LeverVerdict, estimate_span, judge_lever
 from prefixreg.core.prefix import Drift
+from prefixreg.core.records import CallEvidence
 from prefixreg.verbs.audit.read import AuditCall
 
 COLD_SHARE = 0.5  # a call is a cold prefill when at least this share of its prompt was uncached
+# No server prefills (or decodes) faster: real prefill rates are of the order of 1e3 to 1e5
+# tokens/s on one node, so a timing implying more than ~100x the fastest is a broken or hostile
+# number, and one such sample would otherwise set the cold rate of the whole batch.
+MAX_TPS: Final = 1e7
+# No HTTP call, or phase of one, lasts longer (~11.6 days); refusing longer ones also keeps the
+# sums of seconds finite (a server's prompt_ms may be any finite float).
+MAX_CALL_S: Final = 1e6
+
+
+def timed(ms: float | None, tokens: int | None) -> tuple[float | None, str | None]:
+    """A server timing of `ms` for `tokens` (None: count unknown): (seconds, None) when it is
+    plausible, (None, why) when not, (None, None) when there is none."""
+    if ms is None:
+        return None, None
+    seconds = ms / 1000
+    said = f"{ms:g} ms" + ("" if tokens is None else f" for {tokens:,} tokens")
+    if not (math.isfinite(seconds) and seconds <= MAX_CALL_S):
+        return None, f"{said}: over {MAX_CALL_S:,.0f} s"
+    if tokens and seconds <= 0:
+        return None, f"{said}: no time for a non-zero count"
+    if tokens and tokens > MAX_TPS * seconds:  # multiplied, never divided: no overflow
+        return None, f"{said}: over {MAX_TPS:,.0f} tok/s"
+    return seconds, None
+
+
+def plausible_wall(ev: CallEvidence) -> float | None:
+    """The call's wall time when it is one (at most `MAX_CALL_S`), else None."""
+    return ev.wall_s if ev.wall_s is not None and ev.wall_s <= MAX_CALL_S else None
 
 
 @dataclass(slots=True)
@@ -53,6 +89,7 @@ class Saving:
     calls: list[CallSaving]
     cold_rate: float | None  # the server's rate on cold prefills, None: no timings had one
     rate_calls: int
+    implausible: int = 0  # calls whose prompt timing was implausible: modelled by rate
     drift_parts: dict[str, int] = field(default_factory=dict)
 
     def total(self, key: str) -> Any:
@@ -70,6 +107,7 @@ class Saving:
             "tokens": {"cold": self.total("prompt"), "saved": self.total("cached")},
             "seconds": {"cold": cold, "actual": actual, "saved": cold - actual},
             "cold_rate": {"tokens_per_s": self.cold_rate, "calls": self.rate_calls},
+            "implausible_timings": self.implausible,
             "uncached": {k: self.total(k) for k in ("new_history", "drift", "miss", "unknown")},
             "drift_parts": dict(self.drift_parts),
             "lever": {"verdict": verdict, "reason": why},
@@ -91,17 +129,18 @@ def saving(
         p, k = c.evidence.prompt_tokens, c.evidence.cached_tokens
         if c.evidence.cache_state != "unverified" and p is not None and k is not None and k <= p:
             valid.append((c, v, p, k))
+    took = [timed(c.evidence.prompt_ms, p - k) for c, _, p, k in valid]
+    # A cold sample has p - k > 0 tokens, so `timed` gave it seconds > 0: the sum is positive.
     cold = [
-        (p - k, c.evidence.prompt_ms / 1000)
-        for c, _, p, k in valid
-        if c.evidence.prompt_ms and p > 0 and p - k >= COLD_SHARE * p
+        (p - k, s)
+        for (_, _, p, k), (s, _) in zip(valid, took, strict=True)
+        if s is not None and p > 0 and p - k >= COLD_SHARE * p
     ]
     rate = sum(u for u, _ in cold) / sum(s for _, s in cold) if cold else None
-    out = Saving([], rate, len(cold))
-    for c, v, p, k in valid:
-        ev = c.evidence
-        if ev.prompt_ms is not None:
-            one = CallSaving(c.source, p, k, p / (rate or prefill_tps), ev.prompt_ms / 1000)
+    out = Saving([], rate, len(cold), sum(why is not None for _, why in took))
+    for (c, v, p, k), (seconds, _) in zip(valid, took, strict=True):
+        if seconds is not None:
+            one = CallSaving(c.source, p, k, p / (rate or prefill_tps), seconds)
         else:
             one = CallSaving(c.source, p, k, p / prefill_tps, (p - k) / prefill_tps)
         drift = (drifts or {}).get(c.source) or ()
@@ -129,8 +168,8 @@ def batch_wall(calls: Sequence[AuditCall]) -> dict[str, Any]:
     loose: list[float] = []  # the walls of the calls it did not
     for c in calls:
         if c.start_ns is None or c.end_ns is None:
-            if c.evidence.wall_s is not None:
-                loose.append(c.evidence.wall_s)
+            if (wall := plausible_wall(c.evidence)) is not None:
+                loose.append(wall)
         elif c.end_ns >= c.start_ns:
             pairs.append((c.start_ns, c.end_ns))
     span = (max(e for _, e in pairs) - min(s for s, _ in pairs)) / 1e9 if pairs else None
