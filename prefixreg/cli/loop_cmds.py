@@ -90,11 +90,17 @@ def audit_command(
     ],
     prefill_tps: Annotated[
         float | None,
-        typer.Option(help="Prefill tok/s for calls without server timings [default: 1180]."),
+        typer.Option(
+            help="Prefill tok/s (0.001 to 10,000,000) for calls without server timings "
+            "[default: 1180]."
+        ),
     ] = None,
     decode_tps: Annotated[
         float | None,
-        typer.Option(help="Decode tok/s for calls without server timings [default: 60]."),
+        typer.Option(
+            help="Decode tok/s (0.001 to 10,000,000) for calls without server timings "
+            "[default: 60]."
+        ),
     ] = None,
     frame: Annotated[
         str | None,
