@@ -14,6 +14,8 @@ Invariants:
   so a symlinked `names` or `objects/ab` is refused before anything is opened through it. The
   root itself may be a symlink (the user's choice). Writes check their directories first.
 - A file a user names is read only if it is a regular file, and only up to a size cap.
+- A file whose lines are sent on with the user's key (a keeper's `--session`) is used only if
+  no other local user could have written it (`refuse_shared`).
 """
 
 from __future__ import annotations
@@ -337,6 +339,17 @@ def truncate(path: Path, size: int, *, root: Path | None = None) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def refuse_shared(st: os.stat_result, path: Path | str) -> None:
+    """Refuse (UsageError) a file another local user could have written: owned by another
+    user (root too refuses a file of another user's), or group- or world-writable."""
+    me = os.geteuid()
+    if st.st_uid != me:
+        raise UsageError(f"{path}: owned by uid {st.st_uid}, not by this user (uid {me}); refused")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        mode = stat.S_IMODE(st.st_mode)
+        raise UsageError(f"{path}: group- or world-writable (mode {mode:o}; chmod go-w); refused")
 
 
 def read_user_file(path: Path | str, *, limit: int = MAX_INPUT_BYTES, offset: int = 0) -> bytes:
