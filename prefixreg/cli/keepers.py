@@ -1,6 +1,7 @@
 """How `keepalive` runs its keepers: one per worker (`--pool`: each head on the worker that
 holds it), in this thread or in threads, until `--duration`, Ctrl-C or SIGTERM (a systemd
-stop), each finishing its re-warm in flight so its summary is complete."""
+stop), each finishing its re-warm in flight so its summary is complete; what a keeper gives
+up (a session, a head whose re-warms keep failing) is said on stderr when it happens."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from prefixreg.cli._common import write_metrics_file
+from prefixreg.cli._common import info, write_metrics_file
 from prefixreg.core.frame import Head
 from prefixreg.registry.store import Registry
 from prefixreg.verbs.keepalive.run import KeepAlive
@@ -36,6 +37,10 @@ def run_keepers(keepers: list[KeepAlive], seconds: float | None) -> None:
     signals only set a flag (an interrupt raised inside a library callback could be
     swallowed and the keeper run on); a second Ctrl-C interrupts the call in flight."""
     stop = threading.Event()
+    for k in keepers:
+        if k.on_note is None:
+            where = f"{k.worker.url}: " if len(keepers) > 1 else ""
+            k.on_note = lambda note, where=where: info(f"keepalive: {where}{note}")
 
     def on_signal(signum: int, _frame: object) -> None:
         stop.set()

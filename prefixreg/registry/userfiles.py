@@ -6,6 +6,8 @@ Invariants:
   on the descriptor: a FIFO never blocks, a directory is refused), and only up to a size cap.
 - One they name for output replaces only a regular file (or a symlink: the link, not its
   target); a directory, FIFO, device or socket there is refused before any work is done.
+- A file whose lines are sent on with the user's key (a keeper's `--session`) is used only if
+  no other local user could have written it (`refuse_shared`).
 """
 
 from __future__ import annotations
@@ -66,3 +68,14 @@ def check_output_file(path: Path, what: str) -> Path:
         kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
         raise UsageError(f"{what} {path}: {kind}; refused (it would be replaced)")
     return path
+
+
+def refuse_shared(st: os.stat_result, path: Path | str) -> None:
+    """Refuse (UsageError) a file another local user could have written: owned by another
+    user (root too refuses a file of another user's), or group- or world-writable."""
+    me = os.geteuid()
+    if st.st_uid != me:
+        raise UsageError(f"{path}: owned by uid {st.st_uid}, not by this user (uid {me}); refused")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        mode = stat.S_IMODE(st.st_mode)
+        raise UsageError(f"{path}: group- or world-writable (mode {mode:o}; chmod go-w); refused")

@@ -120,7 +120,7 @@ class Worker:
             raise UsageError(f"post_json(): a path on the worker (/...), not {shown(path)}")
         if not isinstance(given[1], dict) or not isinstance(given[2], frozenset):
             raise UsageError("post_json(): the body is a dict and `missing` a frozenset")
-        content = _check_body(body, "post_json()")
+        content = check_body(body, "post_json()")
         seconds = min(check_seconds("seconds", seconds), self.read_timeout)
         return self._http.fetch(dict, path, seconds=seconds, content=content, missing=missing)
 
@@ -283,11 +283,11 @@ class Worker:
             options = body.get("stream_options")
             body["stream_options"] = {**(options if isinstance(options, dict) else {})}
             body["stream_options"]["include_usage"] = True
-        extra, content = _check_headers(headers), _check_body(body)  # before any request
+        extra, content = _check_headers(headers), check_body(body)  # before any request
         model = body.get("model") or self.model or self.default_model()
         if model is not None and model != body.get("model"):
             body["model"] = model
-            content = _check_body(body)
+            content = check_body(body)
         return self._post_chat(content, stream=stream, extra=extra)
 
     def _post_chat(
@@ -319,8 +319,9 @@ class Worker:
         return reply.view(), evidence
 
 
-def _check_body(body: object, what: str = "chat()") -> bytes:
-    """The bytes of a body that is JSON by the project's rules, else `UsageError`."""
+def check_body(body: object, what: str = "chat()") -> bytes:
+    """The bytes of a request body that is JSON by the project's rules (what `chat` sends),
+    else `UsageError` naming `what`."""
     try:
         return dumps_ordered(body).encode("utf-8")
     except (TypeError, ValueError) as exc:  # orjson's encode error is a TypeError

@@ -14,12 +14,16 @@ Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
 - `Session` is one conversation of a loop on its head: it builds each request body as the
   head sends it and, once the call returned, tells a keeper (`KeepAlive.track`) or appends
   the body as one JSON line to a file (`prefixreg keepalive --session FILE`), so the loop's
-  whole request is kept warm. The file is appended to only if it is a regular file (a FIFO
-  or a directory is refused, never waited on).
+  whole request is kept warm. A body is refused (UsageError) before either unless it is a
+  request body a worker reads (`check_body`). The file is appended to only if it is a regular
+  file (a FIFO or a directory is refused, never waited on) that no other local user could
+  write (`userfiles.refuse_shared`: the keeper re-sends its lines with the user's key), one
+  line whole or not at all (a short write on a full disk is cut back).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Mapping, Sequence
@@ -29,12 +33,13 @@ from typing import Any, Literal, Protocol, get_args
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.frame import Frame, Head
-from prefixreg.core.jsonio import JSONObject, dumps_ordered
+from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import judge, judge_unknown_head
 from prefixreg.core.prefix import Prefix, rest_bytes
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
-from prefixreg.server.worker import Worker
+from prefixreg.registry.userfiles import refuse_shared
+from prefixreg.server.worker import Worker, check_body
 from prefixreg.verbs.measure.calls import build_warms, measured_span, sent_head
 from prefixreg.verbs.measure.warm import tools_tokens
 
@@ -196,7 +201,7 @@ class Session:
     """One loop conversation on `head`: `body(history, **params)` builds each request, and
     `sent(body)`, once the call returned, tells `keeper` (a `KeepAlive`) and appends the
     body to `log` (a JSON-lines file a `prefixreg keepalive --session` in another process
-    reads). Raises UsageError: not a head; a log that is not a regular file."""
+    reads); `calls` counts the bodies taken. Raises UsageError: a wrong type or value."""
 
     head: Head
     keeper: Tracker | None = None
@@ -208,28 +213,53 @@ class Session:
             raise UsageError(f"Session takes a Prefix or a Frame, not {type(self.head).__name__}")
         if self.keeper is not None and not callable(getattr(self.keeper, "track", None)):
             raise UsageError("Session: keeper must be a KeepAlive (it has track(body))")
+        log: object = self.log  # callers outside the type checker pass anything
+        if log is not None and (not isinstance(log, str | Path) or "\0" in str(log)):
+            raise UsageError(f"Session: log is a file's path, not {log!r:.80}")
+        calls: object = self.calls
+        if type(calls) is not int or calls < 0:
+            raise UsageError(f"Session: calls is a whole number >= 0, not {calls!r}")
 
     def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
         """The request body of the next call: the head, then `history` (`Frame.body`)."""
         return self.head.body(history, **params)
 
     def sent(self, body: Mapping[str, Any]) -> None:
-        """The loop sent `body` and the call returned: keep it warm from now on."""
-        self.calls += 1
+        """The loop sent `body` and the call returned: keep it warm from now on. Raises
+        UsageError (nothing told, nothing written): not a request body a worker reads; the
+        log cannot be written (its line then left out whole)."""
+        given: object = body  # callers outside the type checker pass anything
+        if not isinstance(given, Mapping) or not isinstance(given.get("messages"), list):
+            what = type(given).__name__
+            raise UsageError(f"Session.sent() takes a request body with messages, not a {what}")
+        line = check_body(dict(given), "Session.sent()") + b"\n"  # before it is told or written
         if self.keeper is not None:
-            self.keeper.track(body)
-        if self.log is None:
-            return
-        line = dumps_ordered(dict(body)).encode("utf-8") + b"\n"
+            self.keeper.track(given)
+        if self.log is not None:
+            self._append(self.log, line)
+        self.calls += 1
+
+    @staticmethod
+    def _append(log: Path | str, line: bytes) -> None:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(self.log, flags, 0o600)
+            fd = os.open(log, flags, 0o600)
         except OSError as exc:
-            raise UsageError(f"{self.log}: {exc.strerror or exc}") from None
+            raise UsageError(f"{log}: {exc.strerror or exc}") from None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise UsageError(f"{self.log}: not a regular file; refused")
-            while line:  # a reader takes only complete lines
-                line = line[os.write(fd, line) :]
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UsageError(f"{log}: not a regular file; refused")
+            refuse_shared(st, log)  # a keeper would refuse it: its lines go out with the key
+            try:
+                view = memoryview(line)
+                while view:  # a reader takes only complete lines
+                    view = view[os.write(fd, view) :]
+            except BaseException as exc:
+                with contextlib.suppress(OSError):  # a short write (a full disk): cut it back
+                    os.ftruncate(fd, st.st_size)
+                if isinstance(exc, OSError):
+                    raise UsageError(f"{log}: {exc.strerror or exc}; not written") from None
+                raise
         finally:
             os.close(fd)

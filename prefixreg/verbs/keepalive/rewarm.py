@@ -104,6 +104,7 @@ class KeepAliveSummary:
     backoffs: int = 0  # times the cost rule held re-warms back
     left_to_loop: int = 0  # evicted heads not restored: not re-prefilled (the cost rule)
     backoff_reason: str | None = None  # the latest one's reason
+    dropped: list[str] = field(default_factory=list)  # sessions dropped, heads given up: why
 
     def count(
         self, rewarm: Rewarm, snap: SnapshotRewarm | None = None, *, session: bool = False
@@ -190,6 +191,7 @@ class KeepAliveSummary:
             (self.session_skipped, f"{self.session_skipped} session lines sent no kept head"),
             (self.left_to_loop, f"{self.left_to_loop} {left}"),
             (self.backoffs, f"backed off {self.backoffs} times ({self.backoff_reason})"),
+            *((1, note) for note in self.dropped),
         ]
         return "; ".join([text, *(part for count, part in parts if count)])
 

@@ -14,6 +14,12 @@ Invariants:
 - A poll too busy to answer is skipped and the next waits longer; a 503 on a re-warm backs
   off exponentially; five worker errors with no answered poll between them stop the keeper,
   and so does anything else that goes wrong in its thread (`stopped_because`).
+- A head whose re-warm failed is not re-warmed again before a back-off that doubles with its
+  failures in a row (answered polls do not end that streak; capped like the 503 back-off);
+  after `session.MAX_FAILURES` its session is dropped, then the head given up (`ks.failed`),
+  each said once (`on_note`, the summary's `dropped`); with every head given up it stops.
+- A first warm (a head never used nor warmed) has no `since`: it is cold by nature, so it
+  neither tightens the budget nor counts in the cost rule.
 - Only foreign activity counts: a head is never due before a foreign prompt has stored (or
   run); the keeper's re-warms and the loop's calls (tracked or touched) are taken off the
   other kept heads' counts, and each stores budget is reduced by the entries they hold instead.
@@ -42,7 +48,7 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
 from prefixreg.server.slots import list_slots
 from prefixreg.server.transport import check_seconds
-from prefixreg.server.worker import Worker
+from prefixreg.server.worker import Worker, check_body
 from prefixreg.verbs.keepalive import session as ks
 from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm, restore_for_keepalive
 from prefixreg.verbs.measure.budget import budget_for
@@ -56,7 +62,8 @@ class KeepAlive:
     """Keep `prefixes` (heads) resumable on `worker` (a short `timeout`: polls must not
     hang); `step()` yourself or `start()` a thread, and `track(body)` (or `touch(sha)`)
     after each own call; `session` names a file of request bodies another process appends.
-    `registry` gets one measurement per re-warm and supplies a probe's survival. Raises
+    `registry` gets one measurement per re-warm and supplies a probe's survival; `on_note`
+    hears a session dropped or a head given up (its re-warms kept failing). Raises
     UsageError: a wrong type or value (nothing is sent then); WorkerError: the worker did not
     answer the first reads."""
 
@@ -72,6 +79,7 @@ class KeepAlive:
         on_rewarm: Callable[[Rewarm], None] | None = None,
         session: Path | str | None = None,
         copies: int = 1,
+        on_note: Callable[[str], None] | None = None,
     ) -> None:
         heads: object = prefixes
         if not isinstance(heads, list | tuple) or not heads:
@@ -82,6 +90,7 @@ class KeepAlive:
             (registry is None or isinstance(registry, Registry), "registry must be a Registry"),
             (budget is None or (type(budget) is int and budget >= 1), "budget must be >= 1"),
             (on_rewarm is None or callable(on_rewarm), "on_rewarm must be callable"),
+            (on_note is None or callable(on_note), "on_note must be callable"),
             (session is None or isinstance(session, Path | str), "session is a file's path"),
             (type(copies) is int and copies >= 1, "copies must be a whole number >= 1"),
         ):
@@ -92,6 +101,7 @@ class KeepAlive:
         if registry is not None:
             registry.refuse_on_mirror("record keepalive measurements")
         self.worker, self.registry, self.on_rewarm = worker, registry, on_rewarm
+        self.on_note = on_note
         self.summary, self.gate = KeepAliveSummary(), ks.CostGate()
         self.session_file = None if session is None else ks.SessionFile(session)
         self.history: list[Rewarm] = []
@@ -141,9 +151,14 @@ class KeepAlive:
 
     def track(self, body: Mapping[str, Any]) -> str:
         """The loop just sent `body` (call it once the call returned): a kept head's request,
-        which becomes its session; returns the head's sha256. Raises UsageError: `body` sends
-        none of the kept heads unchanged (`Head.drift`)."""
-        sha = self._track(body)
+        which becomes its session; returns the head's sha256. Raises UsageError: `body` is not
+        a request body the keeper could re-send (JSON a worker reads), or sends none of the
+        kept heads unchanged (`Head.drift`)."""
+        given: object = body  # callers outside the type checker pass anything
+        if not isinstance(given, Mapping):
+            raise UsageError(f"track() takes a request body (a mapping), not {type(given)}")
+        check_body(dict(given), "track()")  # refused now, never later in the keeper's thread
+        sha = self._track(given)
         if sha is None:
             raise UsageError("track(): the body sends none of the kept heads unchanged")
         return sha
@@ -190,8 +205,9 @@ class KeepAlive:
         return total
 
     def _since(self, kept: ks.Kept, now: float) -> float | None:
+        """The foreign activity since `kept` was last used; None: never used nor warmed."""
         if self._counter is None:
-            return now - kept.last_used
+            return None if kept.last_used is None else now - kept.last_used
         return None if kept.baseline is None else self._counter.total - kept.baseline
 
     def _due(self, now: float) -> list[ks.Kept]:
@@ -242,34 +258,51 @@ class KeepAlive:
         done, due = [], self._due(now)
         if self._counter is not None and self._counter.busy:
             due = []  # llama.cpp: a prompt runs; a re-warm now would race it. Next poll.
+        due = [k for k in due if k.given_up is None and now >= k.retry_at]
         allowed = self.gate.allow(now) if due else 0
         for kept in due[:allowed]:
             try:
                 rewarm = self._rewarm(kept, self._since(kept, time.monotonic()))
                 done += [] if rewarm is None else [rewarm]
             except WorkerError as exc:
-                self._error(backoff=isinstance(exc, EngineBusyError))
+                dropped = self._failed(kept, exc)  # its session: the head starts afresh
+                self._error(backoff=isinstance(exc, EngineBusyError), afresh=dropped)
                 break
-            self._errors_in_row = 0
+            self._errors_in_row = kept.failures = 0
         self.summary.backoffs, self.summary.backoff_reason = self.gate.backoffs, self.gate.why
         return done
 
     def _backoff(self, n: int) -> None:
         self._backoff_until = time.monotonic() + min(MAX_BACKOFF_S, self.poll_s * 2**n)
 
-    def _error(self, *, backoff: bool) -> None:
+    def _error(self, *, backoff: bool, afresh: bool = False) -> None:
         self.summary.errors += 1
-        self._errors_in_row += 1
+        self._errors_in_row = 0 if afresh else self._errors_in_row + 1
         if backoff:
             self._backoff(self._errors_in_row)
-        if self._errors_in_row >= MAX_ERRORS:
+        if self._errors_in_row >= MAX_ERRORS and self.summary.stopped_because is None:
             self.summary.stopped_because = f"{self._errors_in_row} worker errors in a row"
             self.summary.stopped_by_worker = True
             self._stop.set()
 
+    def _failed(self, kept: ks.Kept, exc: WorkerError) -> bool:
+        """A re-warm of `kept` failed (`ks.failed`): True when its session was just dropped."""
+        with self._lock:  # its session may be dropped: `track` sets it from the loop's thread
+            note = ks.failed(kept, exc, lambda n: min(MAX_BACKOFF_S, self.poll_s * 2**n))
+        if note is None:
+            return False
+        self.summary.dropped.append(note)
+        if all(k.given_up is not None for k in self._kept.values()):
+            self.summary.stopped_because = "every kept head given up (its re-warms kept failing)"
+            self.summary.stopped_by_worker = True
+            self._stop.set()
+        if self.on_note is not None:
+            self.on_note(note)
+        return kept.given_up is None
+
     def _rewarm(self, kept: ks.Kept, since: float | None) -> Rewarm | None:
         counter, head, snap = self._counter, kept.head, None
-        first = since is None or kept.lost or not kept.last_used  # cold by nature: no outcome
+        first = since is None or kept.lost or kept.last_used is None  # cold by nature
         lost = kept.lost or kept.evicted
         if lost and self.registry is not None and self.build.profile == "llamacpp":
             held = [k for k in self._kept.values() if k is not kept and not (k.lost or k.evicted)]

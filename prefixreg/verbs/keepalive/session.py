@@ -14,6 +14,12 @@ Invariants:
   on from the last complete line (a long loop's file is never read whole again), each body
   through `core.jsonio`; only complete lines count (a half-written last line waits), and a
   last line that is not a request body reads as None, never a crash.
+- A session file is used only if no other local user could have written it: owned by this
+  user (root too) and neither group- nor world-writable (`userfiles.refuse_shared`), checked at
+  every read (a later chmod counts), else UsageError; its lines go out with the user's key.
+- A head whose re-warms fail `MAX_FAILURES` times in a row (`failed`) loses its session (it is
+  re-warmed with a fresh tail from then on, until the loop tells a new one), then, failing
+  on, is given up; a 503 (busy) is the worker's state, not the head's, and never counts.
 - `rewarm_pays` is pure: re-warms go on while the tokens they keep warm exceed the prefill
   they spend, over a few recent re-warms; a head known evicted is never re-prefilled.
 """
@@ -22,17 +28,18 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from prefixreg.core.errors import PrefixregError, UsageError, WorkerError
+from prefixreg.core.errors import EngineBusyError, PrefixregError, UsageError, WorkerError
 from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import loads
 from prefixreg.core.judge import Verdict, judge
 from prefixreg.core.prefix import check_history, fresh_tail, text_bytes
-from prefixreg.registry.userfiles import MAX_INPUT_BYTES, read_user_file
+from prefixreg.registry.userfiles import MAX_INPUT_BYTES, read_user_file, refuse_shared
 from prefixreg.server.activity import Counter, StoresCounter
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import CallRecord, judge_check, measured_call
@@ -43,6 +50,8 @@ MIN_OUTCOMES: Final = 3
 # The first back-off, in seconds; each probe that is not kept doubles it, up to the cap.
 BACKOFF_S: Final = 10.0
 MAX_BACKOFF_S: Final = 600.0
+# Failed re-warms of one head in a row before its session is dropped (then the head given up).
+MAX_FAILURES: Final = 5
 
 
 @dataclass(slots=True)
@@ -52,13 +61,37 @@ class Kept:
     head: Head  # a frame: its whole head is re-warmed
     span: int | None  # the head's span as a resumed warm measured it on this build
     baseline: float | None = None  # the counter when last used; None: never warmed
-    last_used: float = 0.0
+    last_used: float | None = None  # monotonic seconds at its last use; None: never used
     slot: int | None = None  # llama.cpp: the slot our last re-warm landed in
     lost: bool = False  # the server restarted since this head was last warmed
     evicted: bool = False  # as many foreign prompts as slots landed since its last use
     left: float | None = None  # evicted, not restored: left to the loop since this count
     session: list[dict[str, Any]] | None = None  # the loop's latest history on this head
     pin: int | None = None  # llama.cpp: the slot this copy is kept in (one per copy)
+    failures: int = 0  # re-warms failed in a row (answered polls do not end the streak)
+    retry_at: float = 0.0  # backing off after a failure: not re-warmed before (monotonic)
+    given_up: str | None = None  # why it is no longer kept (its re-warms kept failing)
+
+
+def failed(kept: Kept, exc: WorkerError, backoff_s: Callable[[int], float]) -> str | None:
+    """One failed re-warm of `kept`: not retried for `backoff_s(failures in a row)` (a session
+    just dropped: the fresh tail goes at once); after `MAX_FAILURES` in a row its session is
+    dropped or, with none, the head given up. Returns that, said for a person, else None."""
+    note = None
+    if not isinstance(exc, EngineBusyError):  # busy: the 503 back-off; the request is fine
+        kept.failures += 1
+    if kept.failures >= MAX_FAILURES:
+        what = f"{kept.head.kind} {kept.head.sha256[:12]}"
+        why = f"{kept.failures} re-warms in a row failed (last: {exc})"
+        kept.failures = 0  # the fresh tail starts its own streak
+        if kept.session is not None:
+            kept.session = None
+            note = f"{what}: {why}; its session dropped, re-warmed with a fresh tail from now on"
+        else:
+            kept.given_up = why
+            note = f"{what}: {why}; no longer kept"
+    kept.retry_at = time.monotonic() + backoff_s(kept.failures)
+    return note
 
 
 def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
@@ -169,28 +202,33 @@ class SessionFile:
     """The JSON-lines file a loop appends its request bodies to (one per call)."""
 
     def __init__(self, path: Path | str) -> None:
-        """Raises UsageError: `path` exists and is not a regular file (a FIFO, a directory)."""
+        """Raises UsageError: `path` exists and is not a regular file (a FIFO, a directory),
+        or another local user could have written it (`refuse_shared`)."""
         self.path = Path(path)
-        st = self._stat()  # None: the loop has not called yet
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"--session {self.path}: not a regular file; refused")
+        self._stat()  # None: the loop has not called yet
         self._seen: tuple[int, int] | None = None  # (size, mtime) at the last read
         self._offset = 0  # the end of the last complete line read: a long loop's file is
         # read on from there, never whole again (its size bounds no memory, only a line does)
 
     def _stat(self) -> os.stat_result | None:
-        """The file's status; None: missing. Raises UsageError: it cannot be read."""
+        """The file's status; None: missing. Raises UsageError: it cannot be read, or
+        another local user could have written it (each line is sent with the user's key)."""
         try:
-            return self.path.stat()
+            st = self.path.stat()
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise UsageError(f"{self.path}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"--session {self.path}: not a regular file; refused")
+        refuse_shared(st, f"--session {self.path}")
+        return st
 
     def read(self) -> tuple[int, object]:
         """(requests appended since the last read, the latest body or None). A missing file
         is a loop that has not called yet; a truncated one starts over. Raises UsageError: not
-        a regular file (a FIFO, a directory), unreadable or too large."""
+        a regular file (a FIFO, a directory), unreadable, too large, or writable by another
+        local user."""
         st = self._stat()
         if st is None or self._seen == (st.st_size, st.st_mtime_ns):
             return 0, None
