@@ -174,17 +174,17 @@ def judge(
         return out("unverified", "no head span to compare the cached count with")
     if cached == 0:
         return out("cold", f"0 of {prompt:,} prompt tokens cached", span, source)
+    if tools_tokens == 0:  # whatever it covers: a span with the tools' share is no measure
+        why = (
+            f"{cached:,} cached, but the frame's tools add no prompt tokens on this server "
+            "(its chat template drops them): the tools the loop sends were never part of "
+            "what was warmed"
+        )
+        return out("unverified", why, span, source)
     short = span - cached
     if short > allowance(span, alignment):
         why = f"{cached:,} cached tokens, short of the head's {source} span of {span:,}"
         return out("partial", why, span, source)
-    if tools_tokens == 0:
-        why = (
-            f"{cached:,} cached covers the span, but the frame's tools add no prompt tokens "
-            "on this server (its chat template drops them): the tools the loop sends were "
-            "never part of what was warmed"
-        )
-        return out("unverified", why, span, source)
     why = f"{cached:,} of {prompt:,} prompt tokens came from the cache ({source} span {span:,})"
     if short > allowance(span, 0):
         why += (
