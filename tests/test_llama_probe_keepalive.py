@@ -192,15 +192,21 @@ def test_threaded_keepalive_against_a_concurrent_tenant(
     llama_server_small_cache.erase_slots()
     stop = threading.Event()
 
+    sent = [0]  # the tenant's prompts so far: the loop paces itself by them, not by a clock
+
     def tenant() -> None:
         t = Tenant(url, 3000)
         try:
             while not stop.is_set():
+                began = time.monotonic()
                 t.send()
-                # Gaps between prompts: room for a poll and a re-warm. (With two slots a
-                # loop call that arrives while both are busy, one of them with the keeper's
-                # re-warm, is served from the other slot: a miss keepalive cannot prevent.)
-                stop.wait(0.7)
+                sent[0] += 1
+                # Gaps between prompts: room for a poll and a re-warm, which the keeper never
+                # sends while a prompt runs; on a loaded machine a prompt takes longer, so
+                # the gap grows with it. (With two slots a loop call that arrives while both
+                # are busy, one of them with the keeper's re-warm, is served from the other
+                # slot: a miss keepalive cannot prevent.)
+                stop.wait(max(0.7, 2 * (time.monotonic() - began)))
         finally:
             t.close()
 
@@ -217,7 +223,9 @@ def test_threaded_keepalive_against_a_concurrent_tenant(
         thread.start()
         try:
             for _ in range(5):
-                time.sleep(2.0)  # about two tenant prompts between two loop calls
+                until, deadline = sent[0] + 2, time.monotonic() + 120
+                while sent[0] < until and time.monotonic() < deadline:  # two tenant prompts
+                    time.sleep(0.05)
                 tail = fresh_tail()
                 _, ev = loop.chat(prefix, tail, max_tokens=2, temperature=0)
                 evidence.append(stats.add(ev, body={"messages": prefix.messages(tail)}))
