@@ -14,7 +14,7 @@ Invariants:
   so a symlinked `names` or `objects/ab` is refused before anything is opened through it. The
   root itself may be a symlink (the user's choice). Writes check their directories first.
 - A short read (Linux returns at most 0x7ffff000 bytes a call; FUSE and NFS fewer) is read
-  on: only an empty read ends a file. A copy streams in `CHUNK`s (bounded memory at any size)
+  on: a file ends at an empty read, or at a short one that reached the size fstat gave. A copy streams in `CHUNK`s (bounded memory at any size)
   and is refused, never published, if it ends short of its source's size when opened.
 """
 
@@ -187,9 +187,14 @@ def read_fd(fd: int, where: Path | str, limit: int = 1 << 62) -> tuple[bytes, os
         st = _regular(fd, where)
         chunks: list[bytes] = []
         size, ask = 0, min(st.st_size, limit) + 1  # its size and a byte more (growth shows): 1 call
-        while size <= limit and (chunk := os.read(fd, min(ask, limit + 1 - size))):
+        while size <= limit:
+            want = min(ask, limit + 1 - size)
+            if not (chunk := os.read(fd, want)):
+                break
             chunks.append(chunk)
             size += len(chunk)
+            if len(chunk) < want and size >= st.st_size:
+                break  # short at the size fstat gave: its end (a file read whole: one call)
             ask = max(ask - len(chunk), CHUNK)  # a short read: the rest; growth: on in chunks
         return b"".join(chunks), st
     finally:
