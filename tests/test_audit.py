@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from hypothesis import given
@@ -682,3 +683,28 @@ def test_run_audit_refuses_wrong_types(tmp_path: Path) -> None:
     for paths, kwargs in wrong:
         with pytest.raises(UsageError):
             run_audit(paths, **kwargs)
+
+
+def test_on_an_aligned_engine_responses_read_alone_match_the_span_a_warm_confirmed(
+    tmp_path: Path,
+) -> None:
+    # Halogen dense counts cached tokens in 2,048-token units: no span is measured there,
+    # but the estimate a resumed warm covered still names the batch's head, as an estimate.
+    reg = Registry(tmp_path / "reg")
+    text = "".join(f"Rule {i}: keep functions short and names plain.\n" for i in range(400))
+    reg.add(text, name="p")
+    head = reg.get("p")
+    body = head.body([{"role": "user", "content": "a question of the loop"}], max_tokens=4)
+    with SimServer(SimConfig.for_profile("dense", speed=500)) as sim, Worker(sim.url) as w:
+        result = warm_head(reg, reg.head("p"), w)
+        reply = httpx.post(f"{sim.url}/v1/chat/completions", json=body, timeout=60).json()
+    assert result.verdict == "resumed" and result.judgement is not None
+    assert result.judgement.span_source == "estimated"
+    out = tmp_path / "reply.json"
+    out.write_bytes(orjson.dumps(reply))
+    report = run_audit([out], registry=reg)
+    assert report.prefix is not None and report.prefix.sha256 == head.sha256
+    assert report.prefix.span is not None and report.prefix.span.source == "estimated"
+    (verdict,) = report.verdicts
+    assert verdict.verdict == "resumed" and verdict.span_source == "estimated", verdict
+    assert "estimated span" in report.to_text()

@@ -64,7 +64,7 @@ def test_an_implausible_cold_timing_never_sets_the_cold_rate(
     out, text = audit(str(path))
     s = out["saving"]
     assert s["cold_rate"] == {"tokens_per_s": pytest.approx(2000.0), "calls": 1}
-    assert s["implausible_timings"] == 1
+    assert s["implausible_prompt_timings"] == 1
     [odd] = out["implausible"]
     assert odd["source"] == f"{path}:1" and odd["reason"].startswith("prompt_ms ")
     assert "not used (modelled by rate)" in odd["reason"]

@@ -362,8 +362,14 @@ def test_an_unnamed_frame_that_is_kept_says_why_and_keeps_its_parts(registry: Re
     assert report.removed == []
     assert "measurement" in report.kept[measured]
     assert report.kept[young] == "used within the grace period"
-    # Both frames verify: their parts (held by a kept frame, so not debris) are all there.
+    # Both frames verify: their parts (held by a kept frame, so not debris) are all there,
+    # and each is listed as kept, saying why.
     assert {registry.frame(sha).sha256 for sha in (measured, young)} == {measured, young}
+    frames = [registry.frame(sha) for sha in (measured, young)]
+    parts = {system} | {f.tools_sha256 for f in frames if f.tools_sha256 is not None}
+    assert len(parts) == 3 and all(
+        report.kept[p].startswith("a frame kept holds it") for p in parts
+    )
 
 
 def test_re_registering_a_frame_refreshes_its_age(registry: Registry) -> None:

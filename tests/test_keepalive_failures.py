@@ -279,3 +279,23 @@ def test_a_session_file_made_writable_later_stops_the_keeper(
         summary = keeper.run(2.0)
     assert summary.stopped_because is not None
     assert "group- or world-writable" in summary.stopped_because
+
+
+def test_a_worker_that_went_away_is_no_fault_of_the_session(reg: Registry) -> None:
+    # Unreachable is the worker's: five such errors stop the keeper (its invariant), and the
+    # loop's session is kept, never dropped as if the worker had refused it.
+    head = reg.get("loop")
+    sim = SimServer(SimConfig.for_profile("dense", speed=5000)).start()
+    with Worker(sim.url, timeout=1.0) as kw:
+        keeper = KeepAlive(kw, [head], interval_s=0.01, poll_s=0.01)
+        keeper.track(head.body([{"role": "user", "content": "go on"}]))
+        keeper.step()  # the first warm, answered
+        sim.stop()
+        for _ in range(4 * MAX_FAILURES):  # the server is gone now
+            time.sleep(0.02)
+            keeper.step()
+            if keeper.summary.stopped_because is not None:
+                break
+    s = keeper.summary
+    assert s.stopped_because == "5 worker errors in a row" and s.stopped_by_worker, str(s)
+    assert s.dropped == [] and all(k.session is not None for k in keeper._kept.values())

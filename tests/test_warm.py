@@ -314,6 +314,14 @@ def test_show_calls_a_build_current_only_as_a_worker_says(sim: SimServer, reg_pa
     assert orjson.loads(alone.stdout)["current_build"] is None
     plain = run_cli("show", "loop", "--registry", str(reg_path)).stdout.decode()
     assert "current build" not in plain and f"newest measured build {newest}" in plain
+    # A worker only the environment names that does not answer: what is on disk, said so;
+    # one asked for with --worker must answer (exit 5).
+    gone = f"http://127.0.0.1:{_closed_port()}"
+    offline = run_cli("show", "loop", "--registry", str(reg_path), env={"PREFIXREG_WORKER": gone})
+    assert offline.returncode == 0 and b"$PREFIXREG_WORKER did not answer" in offline.stderr
+    assert f"newest measured build {newest}".encode() in offline.stdout
+    asked = run_cli("show", "loop", "--registry", str(reg_path), "--worker", gone)
+    assert asked.returncode == 5, asked.stderr
 
 
 @pytest.mark.parametrize(

@@ -116,13 +116,21 @@ def show_command(
         names = sorted(n for n, s in reg.names().items() if s == sha)
         of = sha if isinstance(head, Frame) else None  # a frame's measurements, or the prefix's
         measurements = [m for m in reg.measurements(system.sha256) if m.outcome.frame == of]
-        newest = measurements[-1].build.build_id if measurements else None
+        newest, asked = (measurements[-1].build.build_id if measurements else None), worker
         latest, worker = newest, worker or os.environ.get("PREFIXREG_WORKER") or None
         if worker is not None:  # a build is current only as the worker says it now
+            from prefixreg.core.errors import WorkerError
             from prefixreg.server.worker import Worker
 
-            with Worker(worker) as w:
-                latest = w.server_build().build_id
+            try:
+                with Worker(worker) as w:
+                    latest = w.server_build().build_id
+            except WorkerError as exc:
+                if asked is not None:
+                    raise
+                # Only the environment named it: show what is on disk, saying so.
+                c.info(f"note: $PREFIXREG_WORKER did not answer ({exc}); no build is current")
+                worker = None
         if isinstance(head, Frame):
             path, tools = reg.root / frame_relpath(sha), head.tools_sha256
             fields: dict[str, object] = {"system": system.sha256, "tools": tools}

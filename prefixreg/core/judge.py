@@ -128,14 +128,18 @@ def judge(
     alignment: int = 0,
     measured_span: int | None = None,
     tools_tokens: int | None = None,
+    confirmed_span: int | None = None,
 ) -> Judgement:
     """Did this call resume the head (`head_bytes`, then `rest_bytes` of other content: None
     when not known, e.g. `prefix.rest_bytes(body)`)? `measured_span`: the head's span the
     server counted on a resumed check of this build; `tools_tokens`: what the frame's tools
-    add to the prompt (0: the template drops them, never resumed). Raises UsageError: an
-    argument of the wrong type, or a count below 0."""
+    add to the prompt (0: the template drops them, never resumed); `confirmed_span`: with
+    neither a measured span nor `rest_bytes`, an estimated span a resumed check of this build
+    covered (an aligned engine's, whose counts measure none), judged as an estimate. Raises
+    UsageError: an argument of the wrong type, or a count below 0."""
     _counts(head_bytes=head_bytes, rest_bytes=rest_bytes, tools_tokens=tools_tokens)
     _counts(least=None, alignment=alignment, measured_span=measured_span)
+    _counts(least=None, confirmed_span=confirmed_span)
     given: tuple[object, object] = (head_bytes, alignment)  # callers outside the type checker
     if None in given:
         raise UsageError("head_bytes and alignment must be whole numbers, not None")
@@ -163,13 +167,16 @@ def judge(
     source: Source
     if measured_span is not None and 0 < measured_span <= prompt:
         span, source = measured_span, "measured"
-    elif rest_bytes is None and cached == 0:
-        return out("cold", f"0 of {prompt:,} prompt tokens cached")  # whatever the head's span
-    elif rest_bytes is None:
-        why = "no measured span, and the prompt's bytes beyond the head are not known (rest_bytes)"
-        return out("unverified", f"{why}: the head's share of the prompt cannot be estimated")
-    else:
+    elif rest_bytes is not None:
         span, source = estimate_span(prompt, head_bytes, rest_bytes), "estimated"
+    elif confirmed_span is not None and 0 < confirmed_span <= prompt:
+        span, source = confirmed_span, "estimated"
+    elif cached == 0:
+        return out("cold", f"0 of {prompt:,} prompt tokens cached")  # whatever the head's span
+    else:
+        why = "no span of this build to use"  # none given, or one longer than the prompt
+        why += ", and the prompt's bytes beyond the head are not known (rest_bytes)"
+        return out("unverified", f"{why}: the head's share of the prompt cannot be estimated")
     if span <= 0:
         return out("unverified", "no head span to compare the cached count with")
     if cached == 0:

@@ -14,8 +14,9 @@ Invariants:
   so a symlinked `names` or `objects/ab` is refused before anything is opened through it. The
   root itself may be a symlink (the user's choice). Writes check their directories first.
 - A short read (Linux returns at most 0x7ffff000 bytes a call; FUSE and NFS fewer) is read
-  on: a file ends at an empty read, or at a short one that reached the size fstat gave. A copy streams in `CHUNK`s (bounded memory at any size)
-  and is refused, never published, if it ends short of its source's size when opened.
+  on: a file ends at an empty read, or at a short one that reached the size fstat gave. A
+  copy streams in `CHUNK`s (bounded memory at any size) and is refused, never published, if
+  it ends short of its source's size when opened.
 """
 
 from __future__ import annotations

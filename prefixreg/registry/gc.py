@@ -187,8 +187,10 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
         elif _prune_one(reg, report, sha, cutoff=cutoff, now=now, frame=True):
             gone.add(sha)
     held = {part for sha, parts in frames.items() if sha not in gone for part in parts if part}
-    for sha in [sha for sha in reg._objects.shas() if sha not in named | held]:
-        if sha in snapped:
+    for sha in [sha for sha in reg._objects.shas() if sha not in named]:
+        if sha in held:
+            report.kept[sha] = "a frame kept holds it (its system prompt or tools)"
+        elif sha in snapped:
             report.kept[sha] = "a snapshot record points to it"
         elif sha in by_receipt or (receipt_unread and reg.is_probe_slice(sha)):
             report.kept[sha] = "a probe receipt refers to it"

@@ -25,31 +25,55 @@ MAX_INPUT_BYTES: Final = 64 << 20  # a user's prefix, tools or corpus file: far 
 _READ: Final = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # a planted FIFO must not hang the open
 
 
+def open_user_file(path: Path | str) -> tuple[int, os.stat_result]:
+    """A descriptor of a file a user named (the caller closes it, or `read_fd` does) and its
+    status read from that descriptor, so the checks and the reads see one file. Refused
+    before the open and again on the descriptor unless a regular file. Raises:
+    FileNotFoundError; UsageError (not a regular file, or unreadable)."""
+    try:
+        if not stat.S_ISREG(mode := Path(path).stat().st_mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise UsageError(f"{path}: {kind}; refused")
+        fd = os.open(path, _READ)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # swapped for another kind since the look
+        os.close(fd)
+        raise UsageError(f"{path}: not a regular file; refused")
+    return fd, st
+
+
 def read_user_file(path: Path | str, *, limit: int = MAX_INPUT_BYTES, offset: int = 0) -> bytes:
     """A file a user named (`-`: stdin; a symlink they name is theirs to follow), from
-    `offset` on, refused before the open and on the descriptor unless a regular file. Raises:
-    UsageError (missing, unreadable, not a regular file, or more than `limit` bytes to read)."""
+    `offset` on, refused unless a regular file (`open_user_file`). Raises: UsageError
+    (missing, unreadable, not a regular file, or more than `limit` bytes to read)."""
     try:
         if os.fspath(path) == "-":
             data = sys.stdin.buffer.read(limit + 1)
-        elif not stat.S_ISREG(mode := Path(path).stat().st_mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-            raise UsageError(f"{path}: {kind}; refused")
         else:
-            fd = os.open(path, _READ)
-            try:
-                os.lseek(fd, offset, os.SEEK_SET)
-            except OSError:
-                os.close(fd)
-                raise
-            data = read_fd(fd, path, limit)[0]
-    except IntegrityError:
-        raise UsageError(f"{path}: not a regular file; refused") from None
+            data = read_open(open_user_file(path)[0], path, offset=offset, limit=limit)
     except OSError as exc:
         raise UsageError(f"{path}: {exc.strerror or exc}") from None
     if len(data) > limit:
         raise UsageError(f"{path}: larger than {limit:,} bytes; refused")
     return data
+
+
+def read_open(fd: int, path: Path | str, *, offset: int = 0, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of an open user file (`open_user_file`; the descriptor is closed here) from
+    `offset`, at most `limit` + 1 of them."""
+    try:
+        os.lseek(fd, offset, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    try:
+        return read_fd(fd, path, limit)[0]
+    except IntegrityError:
+        raise UsageError(f"{path}: not a regular file; refused") from None
 
 
 def check_output_file(path: Path, what: str) -> Path:

@@ -256,7 +256,9 @@ class Session:
                 while view:  # a reader takes only complete lines
                     view = view[os.write(fd, view) :]
             except BaseException as exc:
-                with contextlib.suppress(OSError):  # a short write (a full disk): cut it back
+                # A short write (a full disk): cut back to the size before it. The log has one
+                # writer, this conversation; a second appending loop would share its fate.
+                with contextlib.suppress(OSError):
                     os.ftruncate(fd, st.st_size)
                 if isinstance(exc, OSError):
                     raise UsageError(f"{log}: {exc.strerror or exc}; not written") from None

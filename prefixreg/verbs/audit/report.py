@@ -40,7 +40,8 @@ Method = Literal["identity", "records", "coverage"]
 
 @dataclass(frozen=True, slots=True)
 class PrefixSpan:
-    """A head's measured span on one build: its latest resumed measurement."""
+    """A head's span on one build, from its latest resumed check: `measured` (the server's
+    cached count), or `estimated` (an aligned engine's: the estimate that check covered)."""
 
     sha256: str
     build_id: str
@@ -49,6 +50,7 @@ class PrefixSpan:
     at: str
     kind: str
     frame: str | None = None
+    source: Literal["measured", "estimated"] = "measured"
 
     @property
     def head(self) -> str:
@@ -319,8 +321,9 @@ class AuditReport:
             return f"{p.label()} (named by the measurement records read{state})"
         unknown = "" if p.build_known else ", the batch's build unknown"
         return (
-            f"{p.label()}: {p.support:,} of {p.of:,} calls read alone cover its measured span "
-            f"of {p.span.span_tokens:,} tokens on build {p.span.build_id}{unknown} (a "
+            f"{p.label()}: {p.support:,} of {p.of:,} calls read alone cover its "
+            f"{p.span.source} span of {p.span.span_tokens:,} tokens on build {p.span.build_id}"
+            f"{unknown} (a "
             f"token-count likeness, not byte identity{state})"
         )
 
@@ -343,7 +346,7 @@ def _saving_lines(s: dict[str, Any]) -> list[str]:
     if not s["calls"]:
         return []
     tok, sec, u = s["tokens"], s["seconds"], s["uncached"]
-    rate, odd = s["cold_rate"]["tokens_per_s"], s["implausible_timings"]
+    rate, odd = s["cold_rate"]["tokens_per_s"], s["implausible_prompt_timings"]
     how = f"the server's {_tps(rate)} on cold prefills" if rate else "the rates"
     if odd:  # said where the rate is, and listed under `implausible`
         how += f"; server timings not used, implausible: {odd:,}"

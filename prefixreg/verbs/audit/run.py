@@ -3,8 +3,9 @@ report. `audit_calls` is pure; `run_audit` reads the registry (public API, read 
 record or object raises, never reads as "not registered").
 
 A call's head is its own (its record's, or its request's bytes: the frame's when in line), else, for
-a response read alone, the batch's; its span is that head's measured span on the call's build
-(`Measurement.outcome`), else for a request the judge's byte estimate; a cached call with no head to
+a response read alone, the batch's; its span is that head's span on the call's build (measured:
+the server's count on a resumed check; on an aligned engine, the estimate such a check covered),
+else for a request the judge's byte estimate; a cached call with no head to
 compare with is unverified (`judge_unknown_head`). The batch's head: (1) the registered head most
 requests send byte-identically (the frame when most are in line), else (2) the head of the records
 read when all calls come from them, else (3) the span measured on the batch's build(s) (any, when
@@ -42,11 +43,15 @@ def prefix_spans(
 
 def _span(m: Measurement) -> PrefixSpan | None:
     o = m.outcome  # a probe leg's span only marks its slice: it never judges a call here
-    span = o.span_tokens if m.kind.startswith("probe-") and o.verdict == "resumed" else None
-    if (span := span or measured_span(m)) is None:
-        return None
     align = m.build.snapshot_align if o.alignment is None else o.alignment
-    return PrefixSpan(m.sha256, m.build.build_id, span, align, m.at, m.kind, o.frame)
+    if (span := measured_span(m)) is not None and not m.kind.startswith("probe-"):
+        return PrefixSpan(m.sha256, m.build.build_id, span, align, m.at, m.kind, o.frame)
+    if o.verdict != "resumed" or not o.span_tokens:  # partial or cold: a miss, not the head
+        return None  # else the estimate a resumed check covered (an aligned engine's)
+    at, kind = m.at, m.kind
+    return PrefixSpan(
+        m.sha256, m.build.build_id, o.span_tokens, align, at, kind, o.frame, "estimated"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +71,23 @@ def _against(ev: CallEvidence, span: PrefixSpan, known: Known) -> Judgement:
     """A response read alone, against a head's measured `span` (which a shorter prompt lacks)."""
     if ev.prompt_tokens is not None and ev.prompt_tokens < span.span_tokens:
         return judge_unknown_head(ev, f"its prompt is shorter than {span.head[:12]}'s span")
-    size = known.sizes.get(span.head, 0)
-    return judge(ev, head_bytes=size, alignment=span.alignment, measured_span=span.span_tokens)
+    return _by_span(ev, known.sizes.get(span.head, 0), span)
+
+
+def _by_span(
+    ev: CallEvidence, head_bytes: int, span: PrefixSpan | None, rest_bytes: int | None = None
+) -> Judgement:
+    """The judge against a head's span on the call's build: measured, or an estimate a
+    resumed check confirmed (an aligned engine's); with none, by the bytes sent."""
+    measured = span.span_tokens if span is not None and span.source == "measured" else None
+    return judge(
+        ev,
+        head_bytes=head_bytes,
+        rest_bytes=rest_bytes,
+        alignment=0 if span is None else span.alignment,
+        measured_span=measured,
+        confirmed_span=span.span_tokens if span is not None and measured is None else None,
+    )
 
 
 def match_prefix(
@@ -122,18 +142,13 @@ def _judge(
     head = c.frame or c.sha256
     if head is not None:
         own = spans.get((head, c.build_id)) if c.build_id else None
-        return judge(
-            c.evidence,
-            head_bytes=known.sizes.get(head, 0) if c.head_bytes is None else c.head_bytes,
-            rest_bytes=c.rest_bytes,
-            alignment=own.alignment if own else 0,
-            measured_span=own.span_tokens if own else None,
-        )
+        size = known.sizes.get(head, 0) if c.head_bytes is None else c.head_bytes
+        return _by_span(c.evidence, size, own, c.rest_bytes)
     if shared is not None and shared.span is not None:
         return _against(c.evidence, shared.span, known)
     why = "no head to compare them with (read without its request)"
     if shared is not None:
-        why = f"no measured span of {shared.label()} to compare them with"
+        why = f"no span of {shared.label()} on the batch's build to compare them with"
     return judge_unknown_head(c.evidence, f"cached tokens, but {why}")
 
 

@@ -107,7 +107,7 @@ class Saving:
             "tokens": {"cold": self.total("prompt"), "saved": self.total("cached")},
             "seconds": {"cold": cold, "actual": actual, "saved": cold - actual},
             "cold_rate": {"tokens_per_s": self.cold_rate, "calls": self.rate_calls},
-            "implausible_timings": self.implausible,
+            "implausible_prompt_timings": self.implausible,
             "uncached": {k: self.total(k) for k in ("new_history", "drift", "miss", "unknown")},
             "drift_parts": dict(self.drift_parts),
             "lever": {"verdict": verdict, "reason": why},

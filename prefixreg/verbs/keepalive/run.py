@@ -14,8 +14,9 @@ Invariants:
 - A poll too busy to answer is skipped and the next waits longer; a 503 on a re-warm backs
   off exponentially; five worker errors with no answered poll between them stop the keeper,
   and so does anything else that goes wrong in its thread (`stopped_because`).
-- A head whose re-warm failed is not re-warmed again before a back-off that doubles with its
-  failures in a row (answered polls do not end that streak; capped like the 503 back-off);
+- A head whose re-warm the worker refused (an HTTP error but 503: its request's fault, not
+  counted as a worker error above) is not re-warmed again before a back-off that doubles
+  with its refusals in a row (answered polls do not end that streak; capped like the 503's);
   after `session.MAX_FAILURES` its session is dropped, then the head given up (`ks.failed`),
   each said once (`on_note`, the summary's `dropped`); with every head given up it stops.
 - A first warm (a head never used nor warmed) has no `since`: it is cold by nature, so it
@@ -33,14 +34,19 @@ Invariants:
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from prefixreg.core.errors import EngineBusyError, UsageError, WorkerError, WorkerTimeoutError
+from prefixreg.core.errors import (
+    EngineBusyError,
+    UsageError,
+    WorkerError,
+    WorkerHTTPError,
+    WorkerTimeoutError,
+)
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.judge import Verdict
 from prefixreg.core.prefix import Prefix
@@ -51,6 +57,7 @@ from prefixreg.server.transport import check_seconds
 from prefixreg.server.worker import Worker, check_body
 from prefixreg.verbs.keepalive import session as ks
 from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm, restore_for_keepalive
+from prefixreg.verbs.keepalive.thread import Stepper
 from prefixreg.verbs.measure.budget import budget_for
 from prefixreg.verbs.measure.calls import measured_span, record_measurement
 
@@ -58,7 +65,7 @@ MAX_ERRORS: Final = 5
 MAX_BACKOFF_S: Final = 30.0
 
 
-class KeepAlive:
+class KeepAlive(Stepper):
     """Keep `prefixes` (heads) resumable on `worker` (a short `timeout`: polls must not
     hang); `step()` yourself or `start()` a thread, and `track(body)` (or `touch(sha)`)
     after each own call; `session` names a file of request bodies another process appends.
@@ -107,8 +114,7 @@ class KeepAlive:
         self.history: list[Rewarm] = []
         self._touched: set[str] = set()
         self._lock = threading.Lock()
-        self._stop, self._wake = threading.Event(), threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()  # the thread's events: `thread.Stepper`
         self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
         self._backoff_until, self._told = 0.0, False
         self.build = build = worker.server_build()
@@ -264,9 +270,15 @@ class KeepAlive:
             try:
                 rewarm = self._rewarm(kept, self._since(kept, time.monotonic()))
                 done += [] if rewarm is None else [rewarm]
-            except WorkerError as exc:
-                dropped = self._failed(kept, exc)  # its session: the head starts afresh
-                self._error(backoff=isinstance(exc, EngineBusyError), afresh=dropped)
+            except EngineBusyError:
+                self._error(backoff=True)
+                break
+            except WorkerHTTPError as exc:  # answered, and refused: this head's request
+                self.summary.errors += 1
+                self._failed(kept, exc)
+                break
+            except WorkerError:  # unreachable or timed out: the worker's, not the head's
+                self._error(backoff=False)
                 break
             self._errors_in_row = kept.failures = 0
         self.summary.backoffs, self.summary.backoff_reason = self.gate.backoffs, self.gate.why
@@ -275,9 +287,9 @@ class KeepAlive:
     def _backoff(self, n: int) -> None:
         self._backoff_until = time.monotonic() + min(MAX_BACKOFF_S, self.poll_s * 2**n)
 
-    def _error(self, *, backoff: bool, afresh: bool = False) -> None:
+    def _error(self, *, backoff: bool) -> None:
         self.summary.errors += 1
-        self._errors_in_row = 0 if afresh else self._errors_in_row + 1
+        self._errors_in_row += 1
         if backoff:
             self._backoff(self._errors_in_row)
         if self._errors_in_row >= MAX_ERRORS and self.summary.stopped_because is None:
@@ -285,12 +297,12 @@ class KeepAlive:
             self.summary.stopped_by_worker = True
             self._stop.set()
 
-    def _failed(self, kept: ks.Kept, exc: WorkerError) -> bool:
-        """A re-warm of `kept` failed (`ks.failed`): True when its session was just dropped."""
+    def _failed(self, kept: ks.Kept, exc: WorkerError) -> None:
+        """The worker refused a re-warm of `kept` (`ks.failed`): back off, drop, give up."""
         with self._lock:  # its session may be dropped: `track` sets it from the loop's thread
             note = ks.failed(kept, exc, lambda n: min(MAX_BACKOFF_S, self.poll_s * 2**n))
         if note is None:
-            return False
+            return
         self.summary.dropped.append(note)
         if all(k.given_up is not None for k in self._kept.values()):
             self.summary.stopped_because = "every kept head given up (its re-warms kept failing)"
@@ -298,7 +310,6 @@ class KeepAlive:
             self._stop.set()
         if self.on_note is not None:
             self.on_note(note)
-        return kept.given_up is None
 
     def _rewarm(self, kept: ks.Kept, since: float | None) -> Rewarm | None:
         counter, head, snap = self._counter, kept.head, None
@@ -348,53 +359,3 @@ class KeepAlive:
         if self.on_rewarm is not None:
             self.on_rewarm(rewarm)
         return rewarm
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def run(self, duration_s: float | None = None) -> KeepAliveSummary:
-        """Step every `poll_s` until `stop()`, `duration_s` (finite, above 0) or too many errors."""
-        given: object = duration_s  # callers outside the type checker pass anything
-        span = given if isinstance(given, int | float) and not isinstance(given, bool) else math.nan
-        if given is not None and not (math.isfinite(span) and span > 0):
-            raise UsageError(
-                f"duration_s must be a finite number of seconds above 0, not {given!r}"
-            )
-        end = None if given is None else time.monotonic() + span
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception as exc:  # noqa: BLE001 -- a keeper thread must never die mute
-                # Not the worker's doing (a record not written, a failing callback): say why.
-                self.summary.stopped_because = f"{type(exc).__name__}: {exc}"
-                self._stop.set()
-                break
-            left = None if end is None else end - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            self._wake.wait(self.poll_s if left is None else min(self.poll_s, left))
-            self._wake.clear()
-        return self.summary
-
-    def start(self) -> KeepAlive:
-        """Run in a daemon thread (the loop keeps its own thread)."""
-        if self._thread is not None:
-            raise UsageError("this keeper is already running: one thread, one request at a time")
-        self._thread = threading.Thread(target=self.run, name="prefixreg-keepalive", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> KeepAliveSummary:
-        """Stop the thread (if any), waiting for a re-warm in flight, and return the summary."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.worker.read_timeout + self.worker.timeout)
-        return self.summary
-
-    def __enter__(self) -> KeepAlive:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

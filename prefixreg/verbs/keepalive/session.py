@@ -27,19 +27,23 @@ Invariants:
 from __future__ import annotations
 
 import os
-import stat
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from prefixreg.core.errors import EngineBusyError, PrefixregError, UsageError, WorkerError
+from prefixreg.core.errors import PrefixregError, UsageError, WorkerError
 from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import loads
 from prefixreg.core.judge import Verdict, judge
 from prefixreg.core.prefix import check_history, fresh_tail, text_bytes
-from prefixreg.registry.userfiles import MAX_INPUT_BYTES, read_user_file, refuse_shared
+from prefixreg.registry.userfiles import (
+    MAX_INPUT_BYTES,
+    open_user_file,
+    read_open,
+    refuse_shared,
+)
 from prefixreg.server.activity import Counter, StoresCounter
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import CallRecord, judge_check, measured_call
@@ -74,12 +78,12 @@ class Kept:
 
 
 def failed(kept: Kept, exc: WorkerError, backoff_s: Callable[[int], float]) -> str | None:
-    """One failed re-warm of `kept`: not retried for `backoff_s(failures in a row)` (a session
-    just dropped: the fresh tail goes at once); after `MAX_FAILURES` in a row its session is
-    dropped or, with none, the head given up. Returns that, said for a person, else None."""
+    """The worker refused a re-warm of `kept`: not retried for `backoff_s(refusals in a row)`
+    (a session just dropped: its fresh tail at the next poll); after `MAX_FAILURES` in a row
+    its session is dropped or, with none, the head given up. Returns that, said for a
+    person, else None."""
     note = None
-    if not isinstance(exc, EngineBusyError):  # busy: the 503 back-off; the request is fine
-        kept.failures += 1
+    kept.failures += 1
     if kept.failures >= MAX_FAILURES:
         what = f"{kept.head.kind} {kept.head.sha256[:12]}"
         why = f"{kept.failures} re-warms in a row failed (last: {exc})"
@@ -205,38 +209,45 @@ class SessionFile:
         """Raises UsageError: `path` exists and is not a regular file (a FIFO, a directory),
         or another local user could have written it (`refuse_shared`)."""
         self.path = Path(path)
-        self._stat()  # None: the loop has not called yet
+        if (opened := self._open()) is not None:  # None: the loop has not called yet
+            os.close(opened[0])
         self._seen: tuple[int, int] | None = None  # (size, mtime) at the last read
         self._offset = 0  # the end of the last complete line read: a long loop's file is
         # read on from there, never whole again (its size bounds no memory, only a line does)
 
-    def _stat(self) -> os.stat_result | None:
-        """The file's status; None: missing. Raises UsageError: it cannot be read, or
-        another local user could have written it (each line is sent with the user's key)."""
+    def _open(self) -> tuple[int, os.stat_result] | None:
+        """The file opened and its status from the descriptor (what is checked is what is
+        read); None: missing. Raises UsageError: not a regular file, unreadable, or another
+        local user could have written it (each line is sent with the user's key)."""
         try:
-            st = self.path.stat()
+            fd, st = open_user_file(self.path)
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            raise UsageError(f"{self.path}: {exc.strerror or exc}") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"--session {self.path}: not a regular file; refused")
-        refuse_shared(st, f"--session {self.path}")
-        return st
+        except UsageError as exc:
+            raise UsageError(f"--session {exc}") from None
+        try:
+            refuse_shared(st, f"--session {self.path}")
+        except UsageError:
+            os.close(fd)
+            raise
+        return fd, st
 
     def read(self) -> tuple[int, object]:
         """(requests appended since the last read, the latest body or None). A missing file
         is a loop that has not called yet; a truncated one starts over. Raises UsageError: not
         a regular file (a FIFO, a directory), unreadable, too large, or writable by another
         local user."""
-        st = self._stat()
-        if st is None or self._seen == (st.st_size, st.st_mtime_ns):
+        if (opened := self._open()) is None:
+            return 0, None
+        fd, st = opened
+        if self._seen == (st.st_size, st.st_mtime_ns):
+            os.close(fd)
             return 0, None
         if st.st_size < self._offset:  # truncated by the loop: start over
             self._offset = 0
         start = max(self._offset, st.st_size - MAX_INPUT_BYTES)  # only the latest line counts:
-        data = read_user_file(self.path, offset=start)  # a keeper started on a long loop's file
-        if start > self._offset:  # reads its last 64 MiB, from the first line that starts there
+        data = read_open(fd, self.path, offset=start)  # a keeper started on a long loop's
+        if start > self._offset:  # file reads its last 64 MiB, from the first line there
             cut = data.find(b"\n") + 1
             data, start = data[cut:], start + cut
         self._seen = (st.st_size, st.st_mtime_ns)

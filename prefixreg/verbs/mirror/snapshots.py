@@ -65,9 +65,9 @@ def ship_snapshot(
     (PATH or [user@]HOST:PATH; default the directory each record was saved in).
 
     Raises:
-        UsageError: not a head, or no target.
+        UsageError: not a head, no target, or a malformed ssh option.
         CorruptRecordError: a snapshot record does not parse (nothing sent).
-        MirrorError: a bad directory or ssh option, or the file could not be fetched.
+        MirrorError: a bad directory, or the file could not be fetched.
         IntegrityError: the file as fetched does not match its record (nothing sent).
     """
     if not isinstance(head, Prefix | Frame):
