@@ -3,8 +3,10 @@ a real foreground run; bad input is a one-line usage error."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
+import platform
 import re
 import signal
 import socket
@@ -27,6 +29,8 @@ from prefixreg.core.errors import UsageError
 from prefixreg.sim import SimConfig
 
 # The CLI is tested on a throwaway app until `prefixreg.cli.main` registers it.
+# tgkill, a signal to one thread of a process: its syscall number on the machines we run on
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}[platform.machine()]
 APP_SOURCE = (
     "import typer\n"
     "from prefixreg.cli import sim\n"
@@ -226,3 +230,31 @@ def test_an_unusable_cache_dir_is_a_usage_error(tmp_path: Any) -> None:
     )
     assert result.exit_code == 2
     assert "cannot use cache_dir" in result.output
+
+
+def test_ctrl_c_delivered_to_a_serving_thread_still_stops_it() -> None:
+    # The kernel hands a process's SIGINT to any thread: sent to the serving thread (as
+    # tgkill does here), it must stop the simulator as one sent to the main thread does.
+    # A main thread asleep in an untimed wait would never run Python's handler.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefixreg", "sim", "--port", "0", "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline().decode()
+        match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        assert match, line
+        assert httpx.get(match.group(1) + "/health", trust_env=False).status_code == 200
+        tasks = sorted(int(t.name) for t in Path(f"/proc/{proc.pid}/task").iterdir())
+        serving = [t for t in tasks if t != proc.pid]
+        assert serving, tasks  # the serving thread: it has answered
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(SYS_TGKILL, proc.pid, serving[0], signal.SIGINT) == 0
+        proc.communicate(timeout=15)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

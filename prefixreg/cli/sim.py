@@ -112,7 +112,11 @@ class _SimCommand:
             )
             try:
                 server.start()
-                threading.Event().wait()  # until Ctrl-C
+                forever = threading.Event()
+                # Until Ctrl-C, waking each second: the kernel may hand SIGINT to a serving
+                # thread, and Python runs its handler only when the main thread next runs.
+                while not forever.wait(1.0):
+                    pass
             except KeyboardInterrupt:
                 c.info("stopping")
             finally:
