@@ -4,6 +4,7 @@ runner."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,12 @@ from prefixreg.registry.store import Registry
 from prefixreg.sim import SimConfig, SimServer
 
 _SCRUB = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy")
+
+# A harness that starts the suite as a background job of a non-interactive shell (`cmd &`)
+# hands it SIGINT ignored, and every child inherits that: the tests that stop a simulator or
+# a keeper with Ctrl-C would wait on a child that cannot hear it. Taken as Python takes it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
