@@ -335,6 +335,34 @@ def judge_fit(
     return "does_not_fit", why + (f", short by more than {aligned}" if alignment > 1 else "")
 
 
+ReachVerdict = Literal["urgent", "not_proven", "reaches"]
+# Below this many tokens one cache entry does not reach past a loop's system prompt.
+URGENT_CMAX: Final = 4000
+
+
+def judge_reach(low: int, below: int | None) -> tuple[ReachVerdict, str]:
+    """How far one cache entry reaches: a probe's bracket of Cmax, at least `low` (the largest
+    count a fresh tail resumed) and under `below` (the span of the first larger size that did
+    not resume; None: every size resumed, so no ceiling). `urgent` only when the bracket's top
+    is at most `URGENT_CMAX` (no guess fires it); `reaches` when its bottom is at least that;
+    else `not_proven` (a finer probe decides)."""
+    _counts(low=low, below=below)
+    given: object = low  # callers outside the type checker
+    if given is None:
+        raise UsageError("low must be a whole number >= 0, not None")
+    top = "" if below is None else f" and below {below:,}"
+    said = f"Cmax is at least {low:,}{top} tokens"
+    if below is not None and below <= URGENT_CMAX:
+        return "urgent", f"Cmax is under {below:,} tokens (at least {low:,}), below {URGENT_CMAX:,}"
+    if low >= URGENT_CMAX:
+        return "reaches", said
+    if below is None:
+        return "not_proven", f"{said}: no larger size was probed, so whether it reaches " + (
+            f"{URGENT_CMAX:,} is not known"
+        )
+    return "not_proven", f"{said}: the probe's sizes do not say whether it reaches {URGENT_CMAX:,}"
+
+
 LeverVerdict = Literal["lever", "not_lever", "unverified"]
 
 
