@@ -131,6 +131,14 @@ def test_cli_keepalive_takes_a_frame_and_fails_closed_on_a_tampered_part(
     assert len(sim.requests()) == seen  # nothing sent
 
 
+def prose_turn(history: list[dict[str, Any]], i: int) -> None:
+    """A turn whose tool result reads as a real one (a few lines of test output): the judge's
+    byte estimate of the head's span needs the history's bytes to be text, not a one-line
+    result that is mostly the template's tokens around it."""
+    turn(history, i)
+    history[-2]["content"] = f"{i} failed: the store test expected three objects, found four. " * 4
+
+
 def loop_batch(url: str, reg: Registry, *, flip_at: int) -> list[dict[str, Any]]:  # noqa: F811
     """A warmed loop's request+response pairs as logged; tool_choice "none" from `flip_at`."""
     frame = reg.frame("loop")
@@ -146,7 +154,7 @@ def loop_batch(url: str, reg: Registry, *, flip_at: int) -> list[dict[str, Any]]
             resp = http.post("/v1/chat/completions", json=body)
             resp.raise_for_status()
             pairs.append({"request": body, "response": resp.json(), "wall_s": 0.1})
-            turn(history, i)
+            prose_turn(history, i)
     return pairs
 
 

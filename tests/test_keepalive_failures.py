@@ -121,15 +121,17 @@ def test_cli_a_head_whose_rewarms_keep_failing_is_given_up_with_back_off(
 
 
 def test_dense_first_warm_on_time_has_no_since(reg: Registry) -> None:
+    # Dense caches in multiples of 2,048 tokens: a head of fewer is never cached at all.
+    reg.add(SYSTEM * 3, name="dense-loop")
     config = SimConfig.for_profile("dense", speed=5000)
     with SimServer(config) as sim, Worker(sim.url) as w:
-        keeper = KeepAlive(w, [reg.get("loop")], registry=reg, interval_s=0.05)
+        keeper = KeepAlive(w, [reg.get("dense-loop")], registry=reg, interval_s=0.05)
         assert keeper.budget.unit == "seconds"
         first = keeper.step()
         time.sleep(0.06)
         second = keeper.step()
         res = run_cli(
-            *("keepalive", "loop", "--worker", sim.url, "--registry", str(reg.root)),
+            *("keepalive", "dense-loop", "--worker", sim.url, "--registry", str(reg.root)),
             *("--interval", "60", "--duration", "1s"),
         )
     # Before: since was the machine's uptime (now - 0.0), which the budget would learn from.

@@ -29,7 +29,7 @@ from tests.conftest import run_cli
 from tests.test_keepalive import SYSTEM, Foreign
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOL_RESULT = "test_parser.py::test_roundtrip FAILED at line 42: expected 3, got 4\n" * 18
+TOOL_RESULT = "test_parser.py::test_roundtrip FAILED at line 42: expected 3, got 4\n" * 40
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def reg(tmp_path: Path) -> Registry:
 
 
 def next_turn(history: list[dict[str, Any]], turn: int) -> None:
-    """The loop's next turn: the assistant's tool call, then the tool's result (~1.2 KB)."""
+    """The loop's next turn: the assistant's tool call, then the tool's result (~2.7 KB)."""
     history.append({"role": "assistant", "content": f"Running the tests, step {turn}."})
     history.append({"role": "user", "content": f"Tool result {turn}:\n{TOOL_RESULT}"})
 

@@ -294,7 +294,7 @@ def test_keepalive_comments_during_a_long_prefill() -> None:
     # A prompt of P tokens at 2000 tok/s, no setup: P / 2000 s of prefill (~0.3 s); a
     # keepalive every 0.05 s of silence.
     config = SimConfig(prefill_tps=2000, prefill_setup_s=0, decode_tps=100_000, keepalive=0.05)
-    req = chat_body(" ".join(["word"] * 200), "t", stream=True)
+    req = chat_body(" ".join(["word"] * 600), "t", stream=True)  # a word is a token
     with SimServer(config) as sim, client(sim) as c:
         frames, comments, done = sse_frames(c.post("/v1/chat/completions", json=req).text)
     assert done

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -75,6 +77,21 @@ def test_probe_slices_give_the_lanes_prompt_tokens_within_2_percent(size: int) -
     for run_id in ("0f1e2d3c", "ffffffff"):
         prompt = render_chat([("system", probe_prompt(size, run_id)), ("user", fresh_tail())])
         assert abs(prompt.n / MEASURED[size] - 1) < 0.02, (size, prompt.n)
+
+
+PROSE = Path(__file__).parent.parent / "examples" / "system-prompt.txt"
+
+
+def test_english_prose_is_about_four_bytes_a_token_as_the_lane_measured() -> None:
+    """The lane counted 788 tokens for a 3,056-byte English system prompt; the probe corpus
+    (runs of its own vocabulary) stays dense beside it."""
+    data = PROSE.read_bytes()
+    assert data.isascii()
+    prose = data[:3056].decode("ascii")
+    assert abs(len(tokenize(prose)) / 788 - 1) < 0.05
+    prompt = render_chat([("system", prose), ("user", fresh_tail())])
+    assert abs(prompt.n / 788 - 1) < 0.05  # counted with the template, the same
+    assert 3.7 < len(data) / len(tokenize(data.decode("ascii"))) < 4.1
 
 
 def test_measured_shapes_at_the_measured_sizes() -> None:

@@ -16,6 +16,7 @@ from typing import Final, Literal
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.frame import Frame
+from prefixreg.core.probe_words import PROBE_FILES, PROBE_WORDS
 
 DEFAULT_SIZES: Final = (4000, 16000, 32000, 64000)
 # The largest size (characters): beyond any context, small enough that a typo allocates
@@ -29,13 +30,8 @@ SURVIVAL_CAP: Final = 64
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 Legs = Literal["all", "report"]
 # The order is part of the corpus: the simulator's tokenizer is calibrated on this text.
-_WORDS: Final = """agent repository module function test commit branch review patch refactor
-error type value index cache prefix token worker server request response stream buffer config
-option default parse render record measure verify hash object name journal lock write read
-file path directory build release version schema field count state always never before after
-when unless every each only the a of to in for with on keep check run report explain prefer
-avoid return raise handle log retry fail close""".split()  # noqa: SIM905 -- prose, in order
-_FILES: Final = ("store.py", "worker.py", "README.md", "tests/test_store.py", "pyproject.toml")
+_WORDS: Final = PROBE_WORDS
+_FILES: Final = PROBE_FILES
 
 
 def whole(value: object, high: int) -> bool:
