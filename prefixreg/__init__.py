@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from prefixreg.core.records import ServerBuild as ServerBuild
     from prefixreg.registry.names import NameConflictError as NameConflictError
     from prefixreg.registry.store import Registry as Registry
+    from prefixreg.server.calllog import call_line as call_line
+    from prefixreg.server.calllog import call_record as call_record
     from prefixreg.server.evidence import evidence_from_response as evidence_from_response
     from prefixreg.server.worker import Worker as Worker
     from prefixreg.verbs.keepalive.run import KeepAlive as KeepAlive
@@ -76,6 +78,7 @@ _LAZY = {
     "core.records": "CacheCounters CallEvidence Measurement Meta NameMove ServerBuild",
     "registry.names": "NameConflictError",
     "registry.store": "Registry",
+    "server.calllog": "call_line call_record",
     "server.evidence": "evidence_from_response",
     "server.worker": "Worker",
     "verbs.keepalive.run": "KeepAlive",

@@ -130,7 +130,8 @@ def audit_command(
     caching is the lever, and which registered head it shares.
 
     Reads chat responses (bare, or under `response`/`body`, a `wall_s` beside them), request
-    bodies, `{"request", "response"}` pairs, measurement records and aiperf's per-request
+    bodies, `{"request", "response"}` pairs, call-log lines (`prefixreg-call`, what
+    `Session(call_log=)` writes), measurement records and aiperf's per-request
     exports (`profile_export.jsonl`, `profile_export_raw.jsonl`: wall time is then the
     batch's span, with its concurrency); a line or .json document over 16 MiB is skipped.
     Each call is reused, partial, cold or unverified: reused only when its cached count

@@ -7,12 +7,16 @@ The line (`call_record`), keys in this order::
     {"format": "prefixreg-call", "version": 1,
      "system": {"sha256": <hex>|null, "bytes": <int>|null},
      "rest_bytes": <int>, "tools_sha256": <hex>|null,
+     "head": {"sha256": <hex>, "kind": "prefix"|"frame", "bytes": <int>}|null,
      "chain": [<16 hex>, ...],
      "evidence": <CallEvidence.to_dict()>,
      "at": <UTC ISO time>|null}
 
 - `system`: the sha256 and UTF-8 length of `messages[0].content` (null when it is not a
   string); `rest_bytes`: the text bytes of the messages after it (`prefix.rest_bytes`).
+- `head`: the registered head the call sent whole (a frame's sha for a frame, with its
+  head bytes: system and rendered tools), when the writer knows it and the body does not
+  drift from it; else null (audit then judges the call against its system prompt).
 - `chain`: `message_chain(body)`: for each message i, the first 16 hex digits of a sha256 over
   the request's tools and messages[0..i], so a later call whose chain holds an earlier call's
   last entry sent that call's whole prompt first: the calls of one session, matched without text.
@@ -32,15 +36,16 @@ import hashlib
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
 from prefixreg.core.digest import is_full_sha, sha256_hex
 from prefixreg.core.errors import CorruptRecordError, UsageError
 from prefixreg.core.fields import strict_count
+from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject, dumps_canonical, dumps_ordered
-from prefixreg.core.prefix import text_bytes
+from prefixreg.core.prefix import Prefix, text_bytes
 from prefixreg.core.records import CallEvidence
 
 CALL_FORMAT: Final = "prefixreg-call"
@@ -80,11 +85,31 @@ def _system(body: Mapping[str, Any]) -> JSONObject:
     }
 
 
+def _head(head: Head | None, body: Mapping[str, Any]) -> JSONObject | None:
+    if head is None:
+        return None
+    if not isinstance(head, Prefix | Frame):
+        raise UsageError(
+            f"call_record: head must be a Prefix or a Frame, not {type(head).__name__}"
+        )
+    try:
+        if head.drift(body):
+            return None  # what was sent is not the head: judged by its own system prompt
+    except UsageError:
+        return None
+    return {"sha256": head.sha256, "kind": head.kind, "bytes": head.head_bytes}
+
+
 def call_record(
-    body: Mapping[str, Any], evidence: CallEvidence, *, at: str | None = None
+    body: Mapping[str, Any],
+    evidence: CallEvidence,
+    *,
+    head: Head | None = None,
+    at: str | None = None,
 ) -> JSONObject:
-    """The call-log record of one call: the request `body` it sent (only hashed and counted)
-    and the server's `evidence`. Raises UsageError: not a body with messages, or no evidence."""
+    """The call-log record of one call: the request `body` it sent (only hashed and counted),
+    the server's `evidence`, and `head`, the registered head it sends (`Registry.head`) when
+    known. Raises UsageError: not a body with messages, no evidence, or `head` not a head."""
     given: object = body  # callers outside the type checker pass anything
     if not isinstance(given, Mapping) or not isinstance(given.get("messages"), list):
         raise UsageError(
@@ -102,15 +127,23 @@ def call_record(
         "system": _system(body),
         "rest_bytes": text_bytes(body["messages"][1:]),
         "tools_sha256": tools_sha,
+        "head": _head(head, body),
         "chain": list(message_chain(body)),
         "evidence": evidence.to_dict(),
         "at": at,
     }
 
 
-def call_line(body: Mapping[str, Any], evidence: CallEvidence, *, at: str | None = None) -> bytes:
+def call_line(
+    body: Mapping[str, Any],
+    evidence: CallEvidence,
+    *,
+    head: Head | None = None,
+    at: str | None = None,
+) -> bytes:
     """`call_record` as one JSON line (ends with a newline)."""
-    return dumps_ordered(call_record(body, evidence, at=at)).encode("utf-8") + b"\n"
+    record = call_record(body, evidence, head=head, at=at)
+    return dumps_ordered(record).encode("utf-8") + b"\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +155,20 @@ class CallRead:
     system_bytes: int | None
     rest_bytes: int | None
     chain: tuple[str, ...]
+    frame: str | None = None  # the frame the call sent whole, when the writer knew it
+    head_bytes: int | None = None  # the head's bytes (a frame's: system and tools)
 
 
 def is_call_record(value: Mapping[str, object]) -> bool:
     return value.get("format") == CALL_FORMAT
+
+
+def _hex_chain(value: object) -> tuple[str, ...] | None:
+    if not isinstance(value, list):
+        return None
+    digits = set("0123456789abcdef")
+    ok = all(isinstance(c, str) and len(c) == CHAIN_HEX and set(c) <= digits for c in value)
+    return tuple(value) if ok else None
 
 
 def read_call_record(value: Mapping[str, object]) -> CallRead | str:
@@ -136,25 +179,29 @@ def read_call_record(value: Mapping[str, object]) -> CallRead | str:
         evidence = CallEvidence.from_dict(value.get("evidence"))
     except CorruptRecordError as exc:
         return f"{CALL_FORMAT}: corrupt evidence: {exc}"
-    system = value.get("system")
-    sha = system.get("sha256") if isinstance(system, dict) else None
-    size = system.get("bytes") if isinstance(system, dict) else None
-    chain = value.get("chain")
-    if not isinstance(system, dict) or not (
-        sha is None or (isinstance(sha, str) and is_full_sha(sha))
-    ):
+    system, rest, head = value.get("system"), value.get("rest_bytes"), value.get("head")
+    if not isinstance(system, dict):
+        return f"{CALL_FORMAT}: system is not an object"
+    sha, size = system.get("sha256"), system.get("bytes")
+    if sha is not None and not (isinstance(sha, str) and is_full_sha(sha)):
         return f"{CALL_FORMAT}: system.sha256 is not a sha256"
     if size is not None and strict_count(size) is None:
         return f"{CALL_FORMAT}: system.bytes is not a count"
-    rest = value.get("rest_bytes")
     if rest is not None and strict_count(rest) is None:
         return f"{CALL_FORMAT}: rest_bytes is not a count"
-    if not isinstance(chain, list) or not all(
-        isinstance(c, str) and len(c) == CHAIN_HEX and all(ch in "0123456789abcdef" for ch in c)
-        for c in chain
-    ):
+    if (chain := _hex_chain(value.get("chain"))) is None:
         return f"{CALL_FORMAT}: chain is not a list of {CHAIN_HEX}-digit hashes"
-    return CallRead(evidence, sha, size, rest, tuple(chain))  # type: ignore[arg-type]
+    read = CallRead(evidence, sha, strict_count(size), strict_count(rest), chain)
+    if head is None:
+        return read
+    hsha = head.get("sha256") if isinstance(head, dict) else None
+    hbytes = strict_count(head.get("bytes")) if isinstance(head, dict) else None
+    kind = head.get("kind") if isinstance(head, dict) else None
+    if kind not in ("prefix", "frame") or not isinstance(hsha, str) or not is_full_sha(hsha):
+        return f"{CALL_FORMAT}: head is not a head (sha256, kind, bytes)"
+    if hbytes is None:
+        return f"{CALL_FORMAT}: head.bytes is not a count"
+    return replace(read, frame=hsha if kind == "frame" else None, head_bytes=hbytes)
 
 
 def append_line(path: Path | str, line: bytes) -> None:

@@ -18,7 +18,9 @@ Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
   request body a worker reads (`check_body`). The file is appended to only if it is a regular
   file (a FIFO or a directory is refused, never waited on) that no other local user could
   write (`userfiles.refuse_shared`: the keeper re-sends its lines with the user's key), one
-  line whole or not at all (a short write on a full disk is cut back).
+  line whole or not at all (a short write on a full disk is cut back). With `call_log`, each
+  call's request hashes and server evidence go to it as one `prefixreg-call` line
+  (`server.calllog`), the shape `prefixreg audit` reads: no prompt or output text.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import os
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
 
@@ -38,7 +41,8 @@ from prefixreg.core.judge import judge, judge_unknown_head
 from prefixreg.core.prefix import Prefix, rest_bytes
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
-from prefixreg.registry.userfiles import refuse_shared
+from prefixreg.registry.userfiles import check_output_file, refuse_shared
+from prefixreg.server.calllog import append_line, call_line
 from prefixreg.server.worker import Worker, check_body
 from prefixreg.verbs.measure.calls import build_warms, measured_span, sent_head
 from prefixreg.verbs.measure.warm import tools_tokens
@@ -201,12 +205,15 @@ class Session:
     """One loop conversation on `head`: `body(history, **params)` builds each request, and
     `sent(body)`, once the call returned, tells `keeper` (a `KeepAlive`) and appends the
     body to `log` (a JSON-lines file a `prefixreg keepalive --session` in another process
-    reads); `calls` counts the bodies taken. Raises UsageError: a wrong type or value."""
+    reads) and, with the call's evidence, a call record to `call_log` (what `prefixreg audit`
+    reads); `calls` counts the bodies taken. Raises UsageError: a wrong type or value, or a
+    `call_log` that is no file's place (a directory, a FIFO, a missing directory)."""
 
     head: Head
     keeper: Tracker | None = None
     log: Path | str | None = None
     calls: int = 0
+    call_log: Path | str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.head, Prefix | Frame):
@@ -219,24 +226,41 @@ class Session:
         calls: object = self.calls
         if type(calls) is not int or calls < 0:
             raise UsageError(f"Session: calls is a whole number >= 0, not {calls!r}")
+        call_log: object = self.call_log
+        if call_log is not None:
+            if not isinstance(call_log, str | Path) or "\0" in str(call_log):
+                raise UsageError(f"Session: call_log is a file's path, not {call_log!r:.80}")
+            check_output_file(Path(call_log), "the call log")  # before any call is made
 
     def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
         """The request body of the next call: the head, then `history` (`Frame.body`)."""
         return self.head.body(history, **params)
 
-    def sent(self, body: Mapping[str, Any]) -> None:
-        """The loop sent `body` and the call returned: keep it warm from now on. Raises
-        UsageError (nothing told, nothing written): not a request body a worker reads; the
-        log cannot be written (its line then left out whole)."""
+    def sent(self, body: Mapping[str, Any], evidence: CallEvidence | None = None) -> None:
+        """The loop sent `body` and the call returned (`evidence`: what the server said of it,
+        `Worker.chat`'s or `evidence_from_response`'s): keep it warm from now on, and record
+        the call in `call_log`. Raises UsageError (nothing told, nothing written): not a
+        request body a worker reads; a `call_log` and no evidence; a log that cannot be
+        written (its line then left out whole)."""
         given: object = body  # callers outside the type checker pass anything
         if not isinstance(given, Mapping) or not isinstance(given.get("messages"), list):
             what = type(given).__name__
             raise UsageError(f"Session.sent() takes a request body with messages, not a {what}")
         line = check_body(dict(given), "Session.sent()") + b"\n"  # before it is told or written
+        record = None
+        if evidence is not None or self.call_log is not None:
+            if self.call_log is not None and evidence is None:
+                raise UsageError(
+                    "Session.sent(): the call log records the call's evidence; pass it"
+                )
+            stamp = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+            record = call_line(given, _evidence(evidence), head=self.head, at=stamp)
         if self.keeper is not None:
             self.keeper.track(given)
         if self.log is not None:
             self._append(self.log, line)
+        if self.call_log is not None and record is not None:
+            append_line(self.call_log, record)
         self.calls += 1
 
     @staticmethod

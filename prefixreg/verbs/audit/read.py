@@ -201,7 +201,8 @@ class _Reader:
                 source,
                 got.evidence,
                 sha256=got.sha256,
-                head_bytes=got.system_bytes,
+                frame=got.frame,
+                head_bytes=got.system_bytes if got.head_bytes is None else got.head_bytes,
                 rest_bytes=got.rest_bytes,
                 chain=got.chain,
             )
