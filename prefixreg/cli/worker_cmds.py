@@ -144,17 +144,27 @@ def doctor_command(
 
 
 @contextmanager
-def _progress_bar(enabled: bool) -> Iterator[Callable[[str, int], None] | None]:
-    """A progress bar on stderr when it is a terminal (the leg being measured)."""
+def _progress_bar(
+    enabled: bool,
+) -> Iterator[tuple[Callable[[str, int], None] | None, Callable[[str], None] | None]]:
+    """On a terminal's stderr: a progress bar (the leg being measured) and a way to print a
+    line above it (a leg's result, the estimate); neither elsewhere."""
     if not enabled:
-        yield None
+        yield None, None
         return
     from rich.console import Console
     from rich.progress import Progress
 
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    with Progress(console=Console(stderr=True, highlight=False), transient=True) as bar:
         task = bar.add_task("probe", total=None)
-        yield lambda label, n: bar.update(task, advance=n, description=f"probe: {label}")
+
+        def step(label: str, n: int) -> None:
+            bar.update(task, advance=n, description=f"probe: {label}")
+
+        def say(line: str) -> None:
+            bar.console.print(line, markup=False, soft_wrap=True)
+
+        yield step, say
 
 
 def probe_command(
@@ -237,9 +247,9 @@ def probe_command(
         )
         with (
             c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w,
-            _progress_bar(sys.stderr.isatty()) as step,
+            _progress_bar(sys.stderr.isatty()) as (step, say),
         ):
-            report = run_probe(reg, w, options, progress=step)
+            report = run_probe(reg, w, options, progress=step, say=say)
         paths = f"\nreceipt: {report.json_path}\nverdict: {report.md_path}\n"
         c.emit(json_out, report.to_dict(public=public), report.to_markdown() + paths)
         raise typer.Exit(c.EXIT_BY_OUTCOME[report.outcome])

@@ -37,6 +37,7 @@ from prefixreg.core.records import ServerBuild, strict_count
 from prefixreg.registry.store import Registry, iso_utc, stamp_utc, utc_now
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import measured_call, record_measurement
+from prefixreg.verbs.probe import notes
 from prefixreg.verbs.probe.checks import ProbeCall, run_checks
 from prefixreg.verbs.probe.options import (
     MAX_CHARS_PER_TOKEN,
@@ -49,6 +50,7 @@ from prefixreg.verbs.probe.options import (
 from prefixreg.verbs.probe.report import ProbeReport as ProbeReport  # the verb's result
 
 Progress = Callable[[str, int], None]
+Say = Callable[[str], None]
 # Bisection stops when the bracket's sizes are this close (a share of its bottom, or chars).
 BISECT_SHARE = 0.02
 BISECT_MIN_CHARS = 200
@@ -108,9 +110,15 @@ class _Prober:
     """The mutable state of one run: the worker, the last `/cache` snapshot, the calls."""
 
     def __init__(
-        self, registry: Registry, worker: Worker, report: ProbeReport, progress: Progress
+        self,
+        registry: Registry,
+        worker: Worker,
+        report: ProbeReport,
+        progress: Progress,
+        say: Say | None = None,
     ) -> None:
         self.registry, self.worker, self.report, self.progress = registry, worker, report, progress
+        self.say, self.estimated, self.foreign_n, self.foreign_s = say, False, 0, 0.0
         self.options = opts = report.options
         self.with_cache = report.build.profile == "halogen"
         self.last = worker.cache() if self.with_cache else None
@@ -134,7 +142,30 @@ class _Prober:
             judgement = judge(record.evidence, head_bytes=head, rest_bytes=rest, alignment=align)
         call = ProbeCall(leg, size, prefix.sha256, record, judgement)
         self.report.calls.append(call)
+        if self.say is not None:
+            self.tell(self.say, call)
         return call
+
+    def tell(self, say: Say, call: ProbeCall) -> None:
+        """The leg's line (foreign prompts: one line a batch, said before the next leg), and
+        after the first cold leg, the estimate of the rest."""
+        if call.leg == "foreign":
+            self.foreign_n, self.foreign_s = (
+                self.foreign_n + 1,
+                self.foreign_s + (call.record.evidence.wall_s or 0.0),
+            )
+            return
+        if self.foreign_n:
+            say(f"  {self.foreign_n} foreign prompts in {self.foreign_s:.2f} s")
+            self.foreign_n, self.foreign_s = 0, 0.0
+        say(notes.leg_line(call))
+        if not self.estimated and call.verdict in ("cold", "partial") and call.leg == "A1":
+            rate = notes.first_rate(call)
+            if rate is not None:
+                self.estimated = True
+                seconds, line = notes.estimate(self.options, rate, len(self.report.calls))
+                if seconds >= notes.ESTIMATE_FROM_S:
+                    say(line)
 
     def foreign(self, n: int) -> None:
         """`n` foreign prompts. On an aligned server (dense) each is large enough to store a
@@ -243,9 +274,16 @@ def _refuse_if_busy(worker: Worker, build: ServerBuild) -> None:
 
 
 def run_probe(
-    registry: Registry, worker: Worker, options: ProbeOptions, *, progress: Progress | None = None
+    registry: Registry,
+    worker: Worker,
+    options: ProbeOptions,
+    *,
+    progress: Progress | None = None,
+    say: Say | None = None,
 ) -> ProbeReport:
     """Run every leg for every size (and the survival search), check, and write the receipt.
+    `say` (the CLI's, on a terminal) is told the plan, a line per leg, and an estimate of a
+    long run after its first cold leg (`notes`).
 
     Raises:
         UsageError: wrong argument types, sizes over the worker's context, or a busy worker.
@@ -259,6 +297,8 @@ def run_probe(
         raise UsageError(f"options must be ProbeOptions, not {type(given[2]).__name__}")
     if not (given[3] is None or callable(given[3])):
         raise UsageError("progress must be a callable (label, calls) or None")
+    if not (say is None or callable(say)):
+        raise UsageError("say must be a callable (line) or None")
     registry.refuse_on_mirror("register probe prefixes")
     with registry.lock("probe"):
         build = worker.server_build()
@@ -270,7 +310,9 @@ def run_probe(
         report = ProbeReport(
             secrets.token_hex(4), iso_utc(now), worker.url, build, options, alignment=align
         )
-        prober = _Prober(registry, worker, report, progress or (lambda _label, _n: None))
+        prober = _Prober(registry, worker, report, progress or (lambda _label, _n: None), say)
+        if say is not None:
+            say(notes.plan(options))
         prefixes = {size: prober.size(size) for size in options.sizes}
         # Survival is searched on the smallest size a fresh call resumed (on an aligned
         # server a short one never resumes, and could not tell survival apart).
