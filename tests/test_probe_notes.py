@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from prefixreg.sim import SimConfig, SimServer
-from prefixreg.verbs.probe.notes import Rate, duration, estimate, planned_calls
+from prefixreg.verbs.probe.notes import Rate, duration, estimate, plan, planned_calls
 from prefixreg.verbs.probe.options import ProbeOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +88,11 @@ def test_the_estimate_prices_the_plans_cold_prefills() -> None:
     # Cold: A1 at 16k, C at 4k and 16k, 2 x 2 foreign prompts of 2k; A1 at 4k already ran.
     assert seconds == (16000 + 4000 + 16000 + 4 * 2000) / 2.0 / 100.0
     assert "for the other 11 calls" in line and duration(seconds) in line
+    # Before any call: the measured lane's rate, said as the lane's.
+    big = ProbeOptions(sizes=(300_000,), foreign=9)
+    assert plan(big).startswith("probe: 1 size (300,000 characters), 13 calls")
+    assert "on the measured Halogen Flash lane" in plan(big) and " min " in plan(big)
+    assert "lane" not in plan(ProbeOptions(sizes=(4000,), foreign=2))
     assert (
         duration(45) == "45 s" and duration(132) == "2 min 12 s" and duration(3780) == "1 h 3 min"
     )

@@ -2,11 +2,12 @@
 once it answered, and after the first cold leg an estimate of the rest. Pure: the lines are
 made here, the caller prints them (the CLI on a terminal's stderr).
 
-The estimate prices every cold prefill the plan holds (each size's A1 and, after foreign
-prompts, its C leg; the foreign prompts themselves) at the first cold leg's rate (its prompt
-tokens over the server's `prompt_ms`, else its wall time) and characters per token; resumed
-legs, the survival search and a bisection are not priced, and it says so. Nothing here is a
-verdict: a leg's state is the judge's, quoted.
+Before the first call the plan says what its cold prefills would take on the measured lane
+(`LANE_CHARS_PER_S`, said as the lane's). The estimate prices every cold prefill the plan
+holds (each size's A1 and, after foreign prompts, its C leg; the foreign prompts themselves) at
+the first cold leg's rate (its prompt tokens over the server's `prompt_ms`, else its wall time)
+and characters per token; resumed legs, the survival search and a bisection are not priced,
+and it says so. Nothing here is a verdict: a leg's state is the judge's, quoted.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from prefixreg.verbs.probe.options import ProbeOptions
 
 # Runs shorter than this many seconds are not worth an estimate line.
 ESTIMATE_FROM_S = 10.0
+# The measured Halogen Flash lane's cold prefill: 64,000 characters of the probe corpus in
+# 33.26 s. Before any call, the only rate there is; said as the lane's, never this server's.
+LANE_CHARS_PER_S = 64_000 / 33.26
 
 
 def duration(seconds: float) -> str:
@@ -35,15 +39,29 @@ def planned_calls(options: ProbeOptions) -> int:
     return 3 * len(options.sizes) + (options.foreign + 1) * len(options.c_sizes)
 
 
+def cold_chars(options: ProbeOptions) -> int:
+    """Characters the plan prefills cold: each size's A1 and C leg, the foreign prompts."""
+    chars = sum(options.sizes) + sum(options.c_sizes)
+    return chars + options.foreign * len(options.c_sizes) * options.foreign_chars
+
+
 def plan(options: ProbeOptions) -> str:
+    """The plan, and when it is long, what its cold prefills would take on the measured lane
+    (the only rate known before the first call; the first cold leg then times this server)."""
     sizes = options.sizes
     span = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,} to {sizes[-1]:,}"
     more = " plus a survival search" if options.survival else ""
     more += " and a bisection of Cmax" if options.bisect else ""
-    return (
-        f"probe: {len(sizes)} sizes ({span} characters), {planned_calls(options)} calls{more}; "
-        "a line per leg as it answers"
-    )
+    n = f"{len(sizes)} size{'s' if len(sizes) > 1 else ''}"
+    line = f"probe: {n} ({span} characters), {planned_calls(options)} calls{more}"
+    lane = cold_chars(options) / LANE_CHARS_PER_S
+    if lane >= ESTIMATE_FROM_S:
+        line += (
+            f"; its cold prefills take about {duration(lane)} on the measured Halogen Flash "
+            f"lane ({LANE_CHARS_PER_S:,.0f} characters a second), this server's rate follows "
+            "its first cold leg"
+        )
+    return line + "; a line per leg as it answers"
 
 
 def leg_line(call: ProbeCall) -> str:
@@ -76,10 +94,8 @@ def first_rate(call: ProbeCall) -> Rate | None:
 
 def estimate(options: ProbeOptions, rate: Rate, done: int) -> tuple[float, str]:
     """(seconds, the line) for the cold prefills still ahead of a plan `done` calls into."""
-    cold_chars = sum(options.sizes) + sum(options.c_sizes)
-    cold_chars += options.foreign * len(options.c_sizes) * options.foreign_chars
-    cold_chars -= options.sizes[0]  # the first A1, already measured
-    seconds = cold_chars / rate.chars_per_token / rate.tokens_per_s
+    chars = cold_chars(options) - options.sizes[0]  # the first A1, already measured
+    seconds = chars / rate.chars_per_token / rate.tokens_per_s
     left = max(planned_calls(options) - done, 0)
     extra = (
         " (the survival search and the bisection not counted)"
