@@ -6,6 +6,7 @@ turns evicting the loop's history; the expected split is computed here from the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +184,21 @@ def test_html_page_shows_the_session_part(tmp_path: Path) -> None:
     page = tmp_path / "page.html"
     assert run_cli("audit", str(path), "--html", str(page)).returncode == 0
     assert f"session {session['session']:,}".encode() in page.read_bytes()
+
+
+def test_history_of_calls_read_without_their_requests_is_never_called_new(tmp_path: Path) -> None:
+    """Responses alone carry no chain: their history may be new or a lost session, and the
+    verdict says it does not know which."""
+    path = tmp_path / "loop.jsonl"
+    run_loop(path, sessions=True)
+    # Each call judged against the head the requests send, but its chain taken away.
+    data = read_outputs([path])
+    data.calls[:] = [replace(c, chain=()) for c in data.calls]
+    s = audit_calls(data).saved()
+    verdict, why = s.lever()
+    assert sum(c.session for c in s.calls) == 0
+    assert s.to_dict()["new_history_unmatched"] == sum(c.new_history for c in s.calls) > 0
+    assert verdict == "not_lever"
+    assert "read without their requests" in why and "no cache holds" not in why
+    verdict, why = judge_lever(cached=0, new_history=100, drift=0, miss=10, unmatched=60)
+    assert verdict == "not_lever" and "60 of them from calls read without their requests" in why

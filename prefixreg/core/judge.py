@@ -374,6 +374,7 @@ def judge_lever(
     miss: int,
     unknown: int = 0,
     session: int = 0,
+    unmatched: int = 0,
 ) -> tuple[LeverVerdict, str]:
     """Is prompt caching the lever for a batch? From where its prompt tokens went, never time
     (one split, one verdict on every engine). What a cache could have held is the head's
@@ -382,8 +383,9 @@ def judge_lever(
     `new_history` (only each call's newly appended messages, which no cache holds), named by
     the larger: keeping the session warm, or the head warm and in line; `unverified` when
     tokens with no head or session to compare (`unknown`) outnumber the rest; else
-    `not_lever`."""
-    counts = (cached, new_history, drift, miss, unknown, session)
+    `not_lever`. `unmatched`: of the new history, what calls read without their requests
+    sent (no session could be matched: the reason says so, never that all of it is new)."""
+    counts = (cached, new_history, drift, miss, unknown, session, unmatched)
     if any(type(n) is not int for n in counts):
         raise UsageError("judge_lever takes whole numbers of tokens")
     if min(counts) < 0:
@@ -408,6 +410,12 @@ def judge_lever(
         return "lever", (
             f"{head:,} of {uncached:,} uncached tokens were the head (drift {drift:,}, missed "
             f"{miss:,}{also}): keeping it warm and in line saves them"
+        )
+    if unmatched:
+        return "not_lever", (
+            f"{new_history:,} of {uncached:,} uncached tokens are history beyond the head, "
+            f"{unmatched:,} of them from calls read without their requests (whether those "
+            "continued a session is not known; give the requests, or a call log)"
         )
     return "not_lever", (
         f"{new_history:,} of {uncached:,} uncached tokens are new history (each call's newly "

@@ -354,6 +354,8 @@ def _saving_lines(s: dict[str, Any]) -> list[str]:
     parts = f" ({parts})" if parts else ""
     n = s["session_estimated_calls"]
     est = f" (estimated by bytes for {n:,} calls)" if n else ""
+    m = s["new_history_unmatched"]
+    unmatched = f" ({m:,} from calls read without their requests)" if m else ""
     # A loss is said as one, never shown as 0 s saved (the server's timings can show it).
     saved = f"{_secs(sec['saved'])} of prefill" if sec["saved"] >= 0 else "no prefill time"
     lost = "" if sec["saved"] >= 0 else f"; prefill took {_secs(-sec['saved'])} more than cold"
@@ -361,7 +363,8 @@ def _saving_lines(s: dict[str, Any]) -> list[str]:
         f"if cold        {tok['cold']:,} prompt tokens, prefill {_secs(sec['cold'])} ({how})",
         f"caching saved  {tok['saved']:,} tokens, {saved} "
         f"(took {_secs(sec['actual'])}{lost}) over {s['calls']:,} calls",
-        f"uncached       new history {u['new_history']:,}, session {u['session']:,}{est}, "
+        f"uncached       new history {u['new_history']:,}{unmatched}, session "
+        f"{u['session']:,}{est}, "
         f"drift {u['drift']:,}{parts}, head missed {u['miss']:,}, unknown {u['unknown']:,}",
     ]
 

@@ -19,8 +19,9 @@ part is drift when the request drifted from the frame (the span is then the fram
 estimate, the drift named by the parts that drifted) or, read without a frame, when its first
 message is not the batch's (`system`), else a miss of the head; the session's part is `session`
 (a session prefix the call did not resume, `estimated` when only bytes measured it); the rest is
-new history. With no head span, a session prefix still splits off; with neither, all is
-unknown. The lever verdict is the judge's (`judge_lever`) on that split.
+new history (`unmatched` when the call was read without its request: no session to match).
+With no head span, a session prefix still splits off; with neither, all is unknown. The lever
+verdict is the judge's (`judge_lever`) on that split.
 
 Wall: the batch's span (last end - first start) over the calls an input timed, plus the walls of
 the others; concurrency by sweeping the intervals (a zero-length one, an HTTP error, counts at its
@@ -90,6 +91,7 @@ class CallSaving:
     unknown: int = 0
     drifted: str | None = None  # the parts that drifted, comma-joined
     session_estimated: bool = False  # the session prefix is a byte estimate
+    unmatched: bool = False  # read without its request: no session could be matched
 
 
 @dataclass(slots=True)
@@ -107,7 +109,8 @@ class Saving:
 
     def lever(self) -> tuple[LeverVerdict, str]:
         keys = ("cached", "new_history", "session", "drift", "miss", "unknown")
-        return judge_lever(**{k: self.total(k) for k in keys})
+        unmatched = sum(c.new_history for c in self.calls if c.unmatched)
+        return judge_lever(**{k: self.total(k) for k in keys}, unmatched=unmatched)
 
     def to_dict(self) -> dict[str, Any]:
         cold, actual = self.total("cold_s"), self.total("actual_s")
@@ -120,6 +123,7 @@ class Saving:
             "implausible_prompt_timings": self.implausible,
             "uncached": {k: self.total(k) for k in UNCACHED_PARTS},
             "session_estimated_calls": sum(c.session_estimated for c in self.calls if c.session),
+            "new_history_unmatched": sum(c.new_history for c in self.calls if c.unmatched),
             "drift_parts": dict(self.drift_parts),
             "lever": {"verdict": verdict, "reason": why},
         }
@@ -172,6 +176,7 @@ def saving(
             one.session = max(0, session_end - max(head_end, k))
             one.session_estimated = prev is not None and prev.source == "estimated"
             one.new_history = p - k - head - one.session
+            one.unmatched = not c.chain  # its request unread: new or a lost session, unknown
             if one.drifted:
                 one.drift = head
                 out.drift_parts[one.drifted] = out.drift_parts.get(one.drifted, 0) + head
