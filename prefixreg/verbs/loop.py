@@ -38,7 +38,7 @@ from prefixreg.core.judge import judge, judge_unknown_head
 from prefixreg.core.prefix import Prefix, rest_bytes
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
-from prefixreg.registry.userfiles import refuse_shared
+from prefixreg.registry.userfiles import check_output_file, refuse_shared
 from prefixreg.server.worker import Worker, check_body
 from prefixreg.verbs.measure.calls import build_warms, measured_span, sent_head
 from prefixreg.verbs.measure.warm import tools_tokens
@@ -216,6 +216,8 @@ class Session:
         log: object = self.log  # callers outside the type checker pass anything
         if log is not None and (not isinstance(log, str | Path) or "\0" in str(log)):
             raise UsageError(f"Session: log is a file's path, not {log!r:.80}")
+        if log is not None:  # never inside a registry root, nor a directory or FIFO
+            check_output_file(Path(log), "Session log")
         calls: object = self.calls
         if type(calls) is not int or calls < 0:
             raise UsageError(f"Session: calls is a whole number >= 0, not {calls!r}")
