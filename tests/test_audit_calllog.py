@@ -112,6 +112,10 @@ def test_a_call_log_needs_the_evidence_and_a_place_for_a_file(tmp_path: Path) ->
         prefixreg.Session(head, call_log=tmp_path)
     with pytest.raises(UsageError, match="does not exist"):
         prefixreg.Session(head, call_log=tmp_path / "no" / "calls.jsonl")
+    before = (reg.root / "names.log").read_bytes()
+    with pytest.raises(UsageError):  # never a file of the registry's own
+        prefixreg.Session(head, call_log=reg.root / "names.log")
+    assert (reg.root / "names.log").read_bytes() == before
 
 
 def test_a_hand_edited_call_record_is_listed_malformed_not_read(tmp_path: Path) -> None:

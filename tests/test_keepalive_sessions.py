@@ -195,7 +195,7 @@ def test_session_file_reads_complete_lines_and_refuses_a_fifo(
         SessionFile(fifo)
     with pytest.raises(UsageError, match="fifo"):  # no reader: refused, never waited on
         Session(reg.get("loop"), log=fifo).sent({"messages": []})
-    with pytest.raises(UsageError, match="Is a directory"):
+    with pytest.raises(UsageError, match="a directory"):
         Session(reg.get("loop"), log=tmp_path).sent({"messages": []})
     res = run_cli(
         *("keepalive", "loop", "--session", str(fifo), "--registry", str(reg.root)),

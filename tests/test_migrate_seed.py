@@ -330,3 +330,15 @@ def test_an_adoption_that_fails_at_the_end_leaves_the_source_the_one_copy(
     again = run("migrate", str(seed), "--repoint")
     assert again.returncode == 0, again.stderr
     assert run("verify", "--registry", str(default_registry_path())).returncode == 0
+
+
+@pytest.mark.parametrize("brk", ["\n", "\r", "\u2028"], ids=["LF", "CR", "U+2028"])
+def test_a_repoint_target_holding_a_line_break_is_refused_up_front(home: Path, brk: str) -> None:
+    seed, _shas = build_seed(home)
+    before = _tree(seed, (*HISTORY, "README.md", "bin"))
+    target = home / f"new{brk}registry"
+    res = run("migrate", str(seed), "--repoint", "--to", str(target))
+    assert res.returncode == 2, res.stderr
+    assert b"Traceback" not in res.stderr and b"holds a line break" in res.stderr
+    assert res.stderr.count(b"\n") == 1  # one clear line
+    assert not os.path.lexists(target) and _tree(seed, (*HISTORY, "README.md", "bin")) == before

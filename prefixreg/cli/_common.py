@@ -66,9 +66,24 @@ APP_SETTINGS: dict[str, Any] = {
 
 # An option's flag is its parameter's name: `registry: RegistryOpt` is `--registry`.
 RefArg = Annotated[str, typer.Argument(help="A name, a sha256, or 8+ hex digits of one.")]
+
+
+def _note_registry(value: Path | None) -> Path | None:
+    """`--registry` as parsed, remembered before the command runs: no output it names may
+    land inside that registry (`userfiles.check_output_file`), made yet or not."""
+    if value is not None:
+        from prefixreg.registry.userfiles import note_registry
+
+        note_registry(value.expanduser())
+    return value
+
+
 RegistryOpt = Annotated[
     Path | None,
-    typer.Option(help="Registry directory (default: $PREFIXREG_HOME, else XDG state directory)."),
+    typer.Option(
+        help="Registry directory (default: $PREFIXREG_HOME, else XDG state directory).",
+        callback=_note_registry,
+    ),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]

@@ -206,11 +206,12 @@ def ship_command(
     destination failed (ssh, rsync, a wrong hash there), 5 a worker did not answer (and no
     destination failed otherwise), 2 --to and --worker do not pair.
     """
-    from prefixreg.verbs.mirror.snapshots import ship_snapshot
+    from prefixreg.verbs.mirror.snapshots import check_destinations, ship_snapshot
 
     with c.cli_errors(debug):
         if len(to) != len(workers):
             raise UsageError(f"{len(to)} --to but {len(workers)} --worker: give one worker each")
+        check_destinations(to)  # none inside a registry root, before a worker is asked
         reg = c.open_registry_from(registry)
         head = reg.head(ref)
         with ExitStack() as stack:

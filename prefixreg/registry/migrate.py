@@ -82,6 +82,9 @@ def migrate_registry(
     # A symlinked root: move the directory it names (a rename would move only the link).
     source = given.resolve() if given.is_symlink() else given
     target = (Path(new).expanduser() if new is not None else default_registry_path()).absolute()
+    if repoint and (brk := _line_break(str(target))) is not None:  # it goes into README lines
+        why = f"--to {str(target)!r} holds a line break ({brk})"
+        raise UsageError(f"{why}: it cannot be repointed into README and bin/ lines; refused")
     report = MigrationReport(source=str(given), target=str(target), method="none", dry_run=dry_run)
     marked = os.path.lexists(source / MARKER)
     if not marked and not (repoint and source.is_dir()):
@@ -159,6 +162,15 @@ def migrate_registry(
         say(f"scanning {', '.join(map(str, scan))} for lines naming {given}")
     report.stale = scan_references(given, scan, skip=(target,))
     return report
+
+
+def _line_break(text: str) -> str | None:
+    """The first character of `text` that splits a line (`str.splitlines`: LF, CR, U+2028,
+    ...) as an escape, or None: a repointed line must stay one line."""
+    for ch in text:
+        if len(f"a{ch}b".splitlines()) > 1:
+            return ascii(ch)
+    return None
 
 
 def _adopt(

@@ -41,6 +41,7 @@ from prefixreg.registry.layout import utc_now as utc_now
 from prefixreg.registry.layout import validate_name as validate_name
 from prefixreg.registry.names import UNSET, Names, Records
 from prefixreg.registry.names import NameConflictError as NameConflictError
+from prefixreg.registry.userfiles import note_registry
 
 if TYPE_CHECKING:
     from prefixreg.core.records import Measurement, Meta, NameMove
@@ -66,6 +67,7 @@ class Registry:
         self._names = Names(self._disk, self.lock)
         self._records = Records(self._disk)
         self._frames = objects.Frames(self._disk, self._objects)
+        note_registry(self.root)  # no output a user names may land in it (`check_output_file`)
 
     def __repr__(self) -> str:
         return f"Registry({str(self.root)!r})"

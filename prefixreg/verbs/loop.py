@@ -223,6 +223,8 @@ class Session:
         log: object = self.log  # callers outside the type checker pass anything
         if log is not None and (not isinstance(log, str | Path) or "\0" in str(log)):
             raise UsageError(f"Session: log is a file's path, not {log!r:.80}")
+        if log is not None:  # never inside a registry root, nor a directory or FIFO
+            check_output_file(Path(log), "Session log")
         calls: object = self.calls
         if type(calls) is not int or calls < 0:
             raise UsageError(f"Session: calls is a whole number >= 0, not {calls!r}")

@@ -30,6 +30,7 @@ from prefixreg.core.prefix import Prefix
 from prefixreg.core.snapshots import SnapshotRecord
 from prefixreg.registry.snapshots import digest_snapshot_file, read_snapshot
 from prefixreg.registry.store import Registry
+from prefixreg.registry.userfiles import check_output_file
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.mirror import rsync
 from prefixreg.verbs.mirror.rsync import Destination, parse_destination
@@ -74,8 +75,9 @@ def ship_snapshot(
         raise UsageError(f"ship takes a Prefix or a Frame (Registry.head), not {head!r:.40}")
     if not targets:
         raise UsageError("ship needs a destination: --to DIR with its --worker URL")
+    checked = check_destinations([d for d, _w in targets])  # before a worker is asked
+    dests = list(zip(checked, [w for _d, w in targets], strict=True))
     ssh = rsync.build_ssh_command(rsync.parse_ssh_options(ssh_options), control_path=None)
-    dests = [(parse_destination(d), w) for d, w in targets]
     results = [ShipResult(dest.raw, w.url) for dest, w in dests]
     records: dict[str, SnapshotRecord | None] = {}
     for (_dest, worker), result in zip(dests, results, strict=True):
@@ -98,6 +100,20 @@ def ship_snapshot(
             elif result.error is None and found is not None:
                 _send(found, dest, Path(staging), ssh, result)
     return results
+
+
+def check_destinations(dirs: Sequence[str]) -> list[Destination]:
+    """Each `--to` parsed; a local one that lands inside a registry root (or is not a
+    directory) is refused before anything is sent (`userfiles.check_output_file`): a shipped
+    file never lands in `objects/`. A remote one is the far host's to guard. Raises
+    UsageError."""
+    out = []
+    for d in dirs:
+        dest = parse_destination(d)
+        if dest.host is None:
+            check_output_file(Path(dest.path), "the ship destination", directory=True)
+        out.append(dest)
+    return out
 
 
 def _fetch(record: SnapshotRecord, source: str | None, staging: Path, ssh: list[str]) -> None:

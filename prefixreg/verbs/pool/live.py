@@ -25,6 +25,7 @@ from prefixreg.core.jsonio import JSONObject, JSONValue
 from prefixreg.core.prefix import Prefix
 from prefixreg.core.records import CallEvidence, ServerBuild
 from prefixreg.registry.store import Registry
+from prefixreg.registry.userfiles import check_output_file
 from prefixreg.server.counters import MEASURED_ENTRIES_PER_REQUEST
 from prefixreg.server.transport import check_seconds
 from prefixreg.server.worker import Worker
@@ -90,6 +91,7 @@ class Pool:
         check_seconds("read_timeout", read_timeout)
         self.spec, self.registry = spec, registry
         self.placement_path = spec.placement_path or default_placement(registry.root, spec.pool_id)
+        check_output_file(self.placement_path, "the pool's placement", parents=True)
         placement, self.warnings = load_placement(self.placement_path)
         self.heads: dict[str, Head] = {}  # each placed head, resolved once
         for sha in placement:
