@@ -179,7 +179,7 @@ def test_a_warm_call_with_seven_cached_tokens_is_labelled_partial(tmp_path: Path
 
 def test_dense_resumed_verdict_names_the_alignment(tmp_path: Path) -> None:
     reg = Registry(tmp_path / "reg")
-    text = "".join(f"Rule {i}: keep functions short and names plain.\n" for i in range(180))
+    text = "".join(f"Rule {i}: keep functions short and names plain.\n" for i in range(540))
     reg.add(text, name="dense")
     with SimServer(SimConfig.for_profile("dense", speed=500)) as sim:
         res = run_cli("warm", "dense", "--worker", sim.url, "--registry", str(reg.root), "--json")
@@ -277,7 +277,7 @@ def test_a_measured_span_is_what_the_server_counted_never_an_estimate(tmp_path: 
 
 def test_on_an_aligned_engine_a_cached_count_measures_no_span(tmp_path: Path) -> None:
     reg = Registry(tmp_path / "reg")
-    text = "".join(f"Rule {i}: keep functions short and names plain.\n" for i in range(180))
+    text = "".join(f"Rule {i}: keep functions short and names plain.\n" for i in range(540))
     reg.add(text, name="p")
     with SimServer(SimConfig.for_profile("dense", speed=500)) as sim:
         bodies = [warm_json(reg, sim.url) for _ in range(2)]

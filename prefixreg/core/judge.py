@@ -341,26 +341,20 @@ URGENT_CMAX: Final = 4000
 
 
 def judge_reach(low: int, below: int | None) -> tuple[ReachVerdict, str]:
-    """How far one cache entry reaches: a probe's bracket of Cmax, at least `low` (the largest
-    count a fresh tail resumed) and under `below` (the span of the first larger size that did
-    not resume; None: every size resumed, so no ceiling). `urgent` only when the bracket's top
-    is at most `URGENT_CMAX` (no guess fires it); `reaches` when its bottom is at least that;
-    else `not_proven` (a finer probe decides)."""
+    """How far one cache entry reaches, from a probe's bracket of Cmax: at least `low` (the
+    largest count a fresh tail resumed), under `below` (the span of the first larger size that
+    did not resume; None: no ceiling). `urgent` only when the top is at most `URGENT_CMAX`;
+    `reaches` when the bottom is at least that; else `not_proven` (a finer probe decides)."""
     _counts(low=low, below=below)
-    given: object = low  # callers outside the type checker
-    if given is None:
+    if type(low) is not int:  # None passes `_counts`
         raise UsageError("low must be a whole number >= 0, not None")
-    top = "" if below is None else f" and below {below:,}"
-    said = f"Cmax is at least {low:,}{top} tokens"
+    said = f"Cmax is at least {low:,}" + ("" if below is None else f" and below {below:,}")
     if below is not None and below <= URGENT_CMAX:
         return "urgent", f"Cmax is under {below:,} tokens (at least {low:,}), below {URGENT_CMAX:,}"
     if low >= URGENT_CMAX:
-        return "reaches", said
-    if below is None:
-        return "not_proven", f"{said}: no larger size was probed, so whether it reaches " + (
-            f"{URGENT_CMAX:,} is not known"
-        )
-    return "not_proven", f"{said}: the probe's sizes do not say whether it reaches {URGENT_CMAX:,}"
+        return "reaches", f"{said} tokens"
+    why = "no larger size was probed" if below is None else "the probe's sizes are too far apart"
+    return "not_proven", f"{said} tokens: whether it reaches {URGENT_CMAX:,} is not known ({why})"
 
 
 LeverVerdict = Literal["lever", "not_lever", "unverified"]
@@ -376,22 +370,18 @@ def judge_lever(
     session: int = 0,
     unmatched: int = 0,
 ) -> tuple[LeverVerdict, str]:
-    """Is prompt caching the lever for a batch? From where its prompt tokens went, never time
-    (one split, one verdict on every engine). What a cache could have held is the head's
-    uncached `drift` and `miss` and the `session`: the previous call's prompt of the same
-    session that a call sent again and did not resume. The `lever` when those are at least the
-    `new_history` (only each call's newly appended messages, which no cache holds), named by
-    the larger: keeping the session warm, or the head warm and in line; `unverified` when
-    tokens with no head or session to compare (`unknown`) outnumber the rest; else
-    `not_lever`. `unmatched`: of the new history, what calls read without their requests
-    sent (no session could be matched: the reason says so, never that all of it is new)."""
+    """Is prompt caching the lever for a batch? From where its prompt tokens went, never time.
+    A cache could have held the head's `drift` and `miss` and the `session` (the previous
+    call's prompt a call sent again and did not resume): the `lever` when those are at least
+    the `new_history` (what calls newly appended; `unmatched` of it from calls read without
+    their requests, said so), named by the larger; `unverified` when `unknown` tokens (no head
+    or session to compare) outnumber the rest; else `not_lever`."""
     counts = (cached, new_history, drift, miss, unknown, session, unmatched)
     if any(type(n) is not int for n in counts):
         raise UsageError("judge_lever takes whole numbers of tokens")
     if min(counts) < 0:
         return "unverified", "a token count is negative"
-    head = drift + miss
-    uncached = head + session + new_history + unknown
+    head, uncached = drift + miss, drift + miss + session + new_history + unknown
     if uncached + cached == 0:
         return "unverified", "no call reported prompt and cached counts"
     if unknown > head + session + new_history:
