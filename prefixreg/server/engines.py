@@ -127,6 +127,13 @@ def engine_identity(version: JSONValue, models: JSONValue) -> JSONObject:
     return {"version": raw if isinstance(raw, str) else None, "model_ids": served_ids(models)}
 
 
+# Profiles whose `/v1/completions` takes a string prompt only, never token IDs, and why.
+STRING_PROMPT_ONLY: Final[Mapping[str, str]] = {
+    "halogen": "Halogen's /v1/completions takes a string prompt (dense 0.1.x; Flash unverified)",
+    "ollama": "Ollama's /v1/completions takes a string prompt",
+}
+
+
 def zero_rule(profile: str, identity: Mapping[str, JSONValue]) -> str | None:
     """Why a missing cached count is a zero on this build, or None (it stays unverified)."""
     if profile == "sglang" and identity.get("enable_cache_report") is True:

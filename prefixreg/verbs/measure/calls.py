@@ -1,5 +1,6 @@
-"""Measured calls: one chat call bracketed by `/cache` snapshots, its record, the judge applied
-to a head's resume check, and measurements bound to the build, written through the store.
+"""Measured calls: one chat (or completions) call bracketed by `/cache` snapshots, its record,
+the judge applied to a head's resume check, and measurements bound to the build, written
+through the store.
 
 Invariants:
 - A verdict comes from `core.judge` only, from server-reported counts, never text length.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -79,12 +80,55 @@ def measured_call(
     verdict). `before` reuses the previous call's closing snapshot; one the server fails to give
     is recorded as missing (its window counts for nothing), never losing the call's evidence.
     `history` (a loop's session) replaces the one-line `tail`; its hash is recorded."""
+    sent = tail if history is None else None
+    text = tail if history is None else dumps_ordered(list(history))
+    tail_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def send() -> CallEvidence:
+        return worker.chat(head, sent, history=history, **{**WARM_PARAMS, **params})[1]
+
+    return _bracketed(worker, send, phase, tail_sha, with_cache=with_cache, before=before)
+
+
+def measured_completion(
+    worker: Worker,
+    prompt: str | Sequence[int],
+    *,
+    phase: str,
+    prompt_sha256: str,
+    with_cache: bool,
+    before: CacheCounters | None = None,
+    witness: bool = True,
+    **params: Any,
+) -> CallRecord:
+    """One streamed `/v1/completions` call of `prompt` (text or token IDs), measured as
+    `measured_call` measures a chat call; `prompt_sha256` is what its record names. Without
+    `witness` no counter window is read (a call among concurrent ones has none of its own)."""
+
+    def send() -> CallEvidence:
+        return worker.complete(prompt, **params)[1]
+
+    return _bracketed(
+        worker, send, phase, prompt_sha256, with_cache=with_cache, before=before, witness=witness
+    )
+
+
+def _bracketed(
+    worker: Worker,
+    send: Callable[[], CallEvidence],
+    phase: str,
+    sha: str,
+    *,
+    with_cache: bool,
+    before: CacheCounters | None,
+    witness: bool = True,
+) -> CallRecord:
+    """`send` one call between `/cache` snapshots or the engine's counters (`measured_call`)."""
     if with_cache and before is None:
         before = worker.cache()
-    metrics = None if with_cache else worker.counters
+    metrics = None if with_cache or not witness else worker.counters
     start = _samples(worker, metrics)
-    sent = tail if history is None else None
-    _, evidence = worker.chat(head, sent, history=history, **{**WARM_PARAMS, **params})
+    evidence = send()
     after = None
     if with_cache:
         with contextlib.suppress(WorkerError):
@@ -92,9 +136,7 @@ def measured_call(
     seen = None
     if metrics is not None:
         seen = window(metrics, start, _samples(worker, metrics), evidence.prompt_tokens)
-    text = tail if history is None else dumps_ordered(list(history))
-    tail_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    return CallRecord(phase, tail_sha, evidence, before, after, seen)
+    return CallRecord(phase, sha, evidence, before, after, seen)
 
 
 def _samples(worker: Worker, metrics: Metrics | None) -> dict[str, float] | None:
