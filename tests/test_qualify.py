@@ -277,3 +277,19 @@ def test_help_explains(halogen: SimServer) -> None:
     text = res.stdout.decode()
     for words in ("--require-cold", "--require-reuse", "not a model", "unverified", "--output"):
         assert words in " ".join(text.split()), words
+
+
+def test_doctor_cites_the_latest_qualify_run_of_this_build(tmp_path: Path) -> None:
+    from prefixreg.verbs.doctor.run import doctor
+
+    reg = Registry(tmp_path / "reg")
+    with sim(cached_differs=True) as server, Worker(server.url) as w:
+        assert not [f for f in doctor(w, reg).findings if f.topic == "qualify"]
+        qualify(w, repeats=1, streams=1, registry=reg)
+        cited = [f for f in doctor(w, reg).findings if f.topic == "qualify"]
+    assert len(cited) == 1 and cited[0].level == "info"
+    assert "not qualified" in cited[0].text and "output fingerprint differs" in cited[0].text
+    with sim() as other, Worker(other.url) as w:  # the same build: the later run is cited
+        qualify(w, repeats=1, streams=1, registry=reg)
+        cited = [f for f in doctor(w, reg).findings if f.topic == "qualify"]
+    assert len(cited) == 1 and ": qualified" in cited[0].text

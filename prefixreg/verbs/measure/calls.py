@@ -184,6 +184,24 @@ def measured_span(registry: Registry, head: Head, build_id: str) -> int | None:
     return next((span for span in spans if span is not None), None)
 
 
+def latest_qualify(registry: Registry, build_id: str) -> Measurement | None:
+    """This build's latest `qualify` measurement (any phase of its last run), or None."""
+    found = [m for m in registry.measurements() if m.kind == "qualify"]
+    return next((m for m in reversed(found) if m.build.build_id == build_id), None)
+
+
+def qualify_note(m: Measurement) -> str:
+    """What a `qualify` measurement says, in the words of its receipt (the judge's)."""
+    body = m.body
+    fixture = body.get("fixture_sha256")
+    shown = fixture[:12] if isinstance(fixture, str) else "?"
+    said = "qualified" if body.get("qualified") is True else "not qualified"
+    failures = body.get("failures")
+    first = failures[0] if isinstance(failures, list) and failures else None
+    why = f" ({first})" if isinstance(first, str) else ""
+    return f"the latest qualify run of this build ({m.at}, fixture {shown}): {said}{why}"
+
+
 def sent_head(warm: Measurement) -> str:
     """What a warm measurement sent: `frame <sha>` or `the bare system prompt`."""
     sha = warm.outcome.frame
