@@ -293,3 +293,15 @@ def test_doctor_cites_the_latest_qualify_run_of_this_build(tmp_path: Path) -> No
         qualify(w, repeats=1, streams=1, registry=reg)
         cited = [f for f in doctor(w, reg).findings if f.topic == "qualify"]
     assert len(cited) == 1 and ": qualified" in cited[0].text
+
+
+def test_halogen_dense_first_is_unverified_not_cold_repeats_reused() -> None:
+    """Dense sends no `timings` and omits a zero count: a cold first call cannot be proven."""
+    with SimServer(SimConfig.for_profile("dense", speed=2000)).start() as server:
+        result = run(server, repeats=1, streams=2, require_cold=True, require_reuse=True)
+    assert result.build is not None and result.build.profile == "halogen"
+    first, repeated = result.rows[0].evidence, result.rows[1].evidence
+    assert first.cache_state == "unverified" and first.cached_tokens is None
+    assert repeated.cache_state == "reused"
+    assert not result.qualified and "--require-cold" in result.failures[0]
+    assert not any("--require-reuse" in why for why in result.failures)

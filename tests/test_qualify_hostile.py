@@ -257,3 +257,11 @@ def test_a_first_request_refused_is_exit_5_with_the_receipt(tmp_path: Path) -> N
     with FakeServer() as srv, pytest.raises(WorkerError):
         srv.route("POST", ROUTE, refused)
         run(srv)
+
+
+def test_a_reply_with_no_text_is_not_qualified_whatever_its_count() -> None:
+    with FakeServer() as srv:
+        srv.route("POST", ROUTE, reply([""], completion=4))
+        result = run(srv, repeats=1, streams=1)
+    assert not result.qualified and "no output text" in result.failures[0]
+    assert result.rows[0].decode_tps is None  # no piece of text: no first-token time either

@@ -9,9 +9,10 @@ Invariants:
   (one side or both), never a pass; output text equality never stands in for it. The
   output comparison reads `output_sha256` only (absent for an incomplete call: unverified).
 - `qualified` holds only when there is a first call, every call completed with a nonzero
-  server-counted completion, every asked assertion held (`--require-cold` on the first call,
-  `--require-reuse` on every repeated call, `--expected-prompt-tokens` on every call's
-  server-reported prompt count), and no comparison `differ`ed. Concurrent calls are judged
+  server-counted completion and some output text (content or reasoning), every asked
+  assertion held (`--require-cold` on the first call, `--require-reuse` on every repeated
+  call, `--expected-prompt-tokens` on every call's server-reported prompt count), and no
+  comparison `differ`ed. Concurrent calls are judged
   per call and are never asserted cold or reused. Each failure is named in words.
 - A decode rate is (completion - 1) / (wall - ttft): only for a complete call with more
   than one token, a first-token time and a wall time after it; else None (never a guess).
@@ -23,12 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from prefixreg.core.digest import output_digest
 from prefixreg.core.errors import UsageError
 from prefixreg.core.records import CallEvidence
 
 Comparison = Literal["pass", "differ", "unverified"]
 Phase = Literal["first", "repeated", "concurrent"]
 PHASES: Final[tuple[Phase, ...]] = ("first", "repeated", "concurrent")
+NO_OUTPUT: Final = output_digest(b"", b"")  # the fingerprint of a reply with no text at all
 
 
 def _evidence(value: object, what: str) -> CallEvidence:
@@ -102,6 +105,8 @@ def judge_qualified(
         elif not ev.completion_tokens:
             counted = "no" if ev.completion_tokens is None else "0"
             failures.append(f"{who}: the server counted {counted} completion tokens")
+        elif ev.output_sha256 == NO_OUTPUT:
+            failures.append(f"{who}: the reply had no output text (content or reasoning)")
         if expected is not None and ev.prompt_tokens != expected:
             seen = "none" if ev.prompt_tokens is None else f"{ev.prompt_tokens:,}"
             failures.append(

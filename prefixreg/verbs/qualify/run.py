@@ -39,7 +39,7 @@ from prefixreg.server.engines import STRING_PROMPT_ONLY
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import CallRecord, measured_completion, record_measurement
 from prefixreg.verbs.qualify.prompts import QualifyPrompt, builtin_prompt, load_prompt
-from prefixreg.verbs.qualify.receipt import QualifyRow, Settings, render, rows_for
+from prefixreg.verbs.qualify.receipt import QualifyRow, Settings, render, rows_for, summary_lines
 
 MAX_STREAMS: Final = 64  # under the client's pool of 100 connections: all really overlap
 BARRIER_S: Final = 30.0
@@ -71,8 +71,6 @@ class QualifyResult:
     def summary(self) -> str:
         """The text a person reads (no endpoint, model or prompt: as fit to share as the
         receipt)."""
-        from prefixreg.verbs.qualify.receipt import summary_lines
-
         return "\n".join(summary_lines(self.receipt)) + "\n"
 
 
