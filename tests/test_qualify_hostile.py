@@ -251,6 +251,7 @@ def test_a_first_request_refused_is_exit_5_with_the_receipt(tmp_path: Path) -> N
         assert sum(1 for r in srv.requests if r.path == ROUTE) == 1
     assert res.returncode == 5, res.stderr
     assert b"prompt must be a string" in res.stderr  # the server's own word, on stderr only
+    assert b"hint: this engine may not take a token-ID prompt" in res.stderr
     receipt = orjson.loads(out.read_bytes())
     assert receipt["error"] == "WorkerHTTPError" and receipt["qualified"] is False
     assert "must be a string" not in out.read_text()
@@ -265,3 +266,15 @@ def test_a_reply_with_no_text_is_not_qualified_whatever_its_count() -> None:
         result = run(srv, repeats=1, streams=1)
     assert not result.qualified and "no output text" in result.failures[0]
     assert result.rows[0].decode_tps is None  # no piece of text: no first-token time either
+
+
+@pytest.mark.parametrize("prompt", [[], [True], [1.0], ["1"], [-1], [1 << 32], 7, None, ""])
+def test_complete_refuses_what_is_not_a_prompt_before_sending(prompt: Any) -> None:
+    from prefixreg.core.errors import UsageError
+
+    with FakeServer() as srv, Worker(srv.url) as w:
+        with pytest.raises(UsageError):
+            w.complete(prompt)
+        with pytest.raises(UsageError):
+            w.complete("text", stream=False)
+        assert srv.requests == []

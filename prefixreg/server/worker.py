@@ -302,7 +302,7 @@ class Worker:
             if reserved in params:
                 raise UsageError(f"complete() sets {reserved!r} itself; do not pass it")
         given: object = prompt  # callers outside the type checker
-        if isinstance(given, str):
+        if isinstance(given, str) and given:
             sent: str | list[int] = check_text(given, "the prompt")
         elif (
             isinstance(given, list | tuple)
@@ -311,7 +311,7 @@ class Worker:
         ):
             sent = list(given)
         else:
-            raise UsageError("complete() sends a str or a non-empty list of token IDs")
+            raise UsageError("complete() sends a non-empty str or list of token IDs")
         options = params.get("stream_options")
         usage = {**(options if isinstance(options, dict) else {}), "include_usage": True}
         body = {**params, "prompt": sent, "stream": True, "stream_options": usage}

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from prefixreg.core.errors import UsageError, WorkerError
+from prefixreg.core.errors import UsageError, WorkerError, WorkerHTTPError
 from prefixreg.core.judge import Assertions, compare_output, compare_tokens, judge_qualified
 from prefixreg.core.qualification import decode_rate
 from prefixreg.core.records import CallEvidence, ServerBuild
@@ -215,6 +215,9 @@ class _Run:
         except WorkerError as exc:
             if not self.calls:  # the first request: nothing to qualify on this worker
                 self.calls.append((phase, failed(exc)))
+                refused = isinstance(exc, WorkerHTTPError) and 400 <= exc.status_code < 500
+                if refused and self.prompt.kind == "tokens" and exc.hint is None:
+                    exc.hint = "this engine may not take a token-ID prompt; try a text one"
                 raise
             return failed(exc)
 
