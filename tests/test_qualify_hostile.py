@@ -278,3 +278,19 @@ def test_complete_refuses_what_is_not_a_prompt_before_sending(prompt: Any) -> No
         with pytest.raises(UsageError):
             w.complete("text", stream=False)
         assert srv.requests == []
+
+
+def test_a_build_that_changes_during_the_run_is_not_qualified() -> None:
+    with FakeServer() as srv:
+        served = lambda: sum(1 for r in srv.requests if r.path == ROUTE)  # noqa: E731
+
+        def models(_req: Request) -> Reply:
+            model = "build-a" if served() < 3 else "build-b"  # restarted after the last call
+            return Reply(json={"object": "list", "data": [{"id": model, "object": "model"}]})
+
+        srv.route("GET", "/v1/models", models)
+        srv.route("POST", ROUTE, reply(cached=0), reply(cached=39))
+        result = run(srv, repeats=1, streams=1)
+    assert all(r.evidence.complete for r in result.rows)
+    assert not result.qualified
+    assert any("server build changed" in why for why in result.failures)

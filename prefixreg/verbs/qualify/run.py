@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from prefixreg.core.errors import UsageError, WorkerError, WorkerHTTPError
-from prefixreg.core.judge import Assertions, compare_output, compare_tokens, judge_qualified
+from prefixreg.core.judge import (
+    Assertions,
+    compare_output,
+    compare_tokens,
+    judge_qualified,
+    judge_same_build,
+)
 from prefixreg.core.qualification import decode_rate
 from prefixreg.core.records import CallEvidence, ServerBuild
 from prefixreg.registry.fsutil import replace_atomic
@@ -178,7 +184,8 @@ class _Run:
     ) -> None:
         self.worker, self.settings, self.prompt, self.say = worker, settings, prompt, say
         self.build: ServerBuild | None = None
-        self.changed = False
+        self.changed: str | None = None  # the judge's words when the build changed mid-run
+        self.with_cache = False
         self.calls: list[tuple[str, CallRecord | CallEvidence]] = []
         self.params: dict[str, Any] = {}
 
@@ -255,9 +262,11 @@ class _Run:
     def finish(self) -> None:
         if self.build is not None:
             try:
-                self.changed = self.worker.server_build().build_id != self.build.build_id
+                after = self.worker.server_build().build_id
             except WorkerError:
-                self.changed = False  # the calls' own evidence stands; the receipt says so
+                return  # the calls' own evidence stands
+            moved = judge_same_build(self.build.build_id, after)
+            self.changed = None if moved is None else moved.reason
 
     def evidence(self) -> list[tuple[str, CallEvidence]]:
         return [(p, c.evidence if isinstance(c, CallRecord) else c) for p, c in self.calls]
@@ -275,7 +284,7 @@ class _Run:
 
     def receipt(self, *, error: str | None) -> dict[str, Any]:
         qualified, failures = judge_qualified(self.evidence(), self.settings.assertions)
-        failures += ("the server build changed during the run",) if self.changed else ()
+        failures += (self.changed,) if self.changed else ()
         if error is not None:
             failures += (f"the run stopped: {error}",)
         return rows_for(
@@ -283,7 +292,7 @@ class _Run:
             settings=self.settings,
             prompt=self.prompt,
             build=self.build,
-            qualified=qualified and not self.changed and error is None,
+            qualified=qualified and self.changed is None and error is None,
             failures=failures,
             error=error,
         )
