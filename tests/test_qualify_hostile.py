@@ -282,10 +282,10 @@ def test_complete_refuses_what_is_not_a_prompt_before_sending(prompt: Any) -> No
 
 def test_a_build_that_changes_during_the_run_is_not_qualified() -> None:
     with FakeServer() as srv:
-        served = lambda: sum(1 for r in srv.requests if r.path == ROUTE)  # noqa: E731
 
         def models(_req: Request) -> Reply:
-            model = "build-a" if served() < 3 else "build-b"  # restarted after the last call
+            served = sum(1 for r in srv.requests if r.path == ROUTE)
+            model = "build-a" if served < 3 else "build-b"  # restarted after the last call
             return Reply(json={"object": "list", "data": [{"id": model, "object": "model"}]})
 
         srv.route("GET", "/v1/models", models)
