@@ -305,3 +305,18 @@ def test_halogen_dense_first_is_unverified_not_cold_repeats_reused() -> None:
     assert repeated.cache_state == "reused"
     assert not result.qualified and "--require-cold" in result.failures[0]
     assert not any("--require-reuse" in why for why in result.failures)
+
+
+def test_probe_cites_the_latest_qualify_run_of_this_build(tmp_path: Path) -> None:
+    from prefixreg.verbs.probe.options import ProbeOptions
+    from prefixreg.verbs.probe.run import run_probe as probe
+
+    reg = Registry(tmp_path / "reg")
+    with sim() as server, Worker(server.url) as w:
+        before = probe(reg, w, ProbeOptions(sizes=(4000,), foreign=1))
+        qualify(w, repeats=1, streams=1, registry=reg)
+        after = probe(reg, w, ProbeOptions(sizes=(4000,), foreign=1))
+    assert before.qualify is None and before.to_dict()["qualify"] is None
+    assert after.qualify is not None and ": qualified" in after.qualify
+    assert after.to_dict()["qualify"] == after.qualify
+    assert f"- qualify: {after.qualify}" in after.to_markdown()
