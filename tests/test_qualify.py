@@ -180,21 +180,36 @@ def test_token_prompt_on_an_engine_that_takes_one(tmp_path: Path) -> None:
     assert result.receipt["prompt"] == {"kind": "tokens", "source": "file"}
 
 
-@pytest.mark.parametrize("engine", [None, "ollama"])
-def test_token_prompt_refused_before_any_request_where_text_only(
-    tmp_path: Path, engine: str | None
+@pytest.mark.parametrize("knobs", [{"profile": "dense"}, {"engine": "ollama"}])
+def test_token_prompt_refused_before_any_request_where_known_text_only(
+    tmp_path: Path, knobs: dict[str, Any]
 ) -> None:
     path = tmp_path / "ids.json"
     path.write_text("[1, 2, 3]")
     out = tmp_path / "r.json"
-    with sim(engine=engine) as server:
-        res = run_cli(
-            "qualify", "--worker", server.url, "--prompt-file", str(path), "--output", str(out)
-        )
+    profile = knobs.pop("profile", "flash")
+    with SimServer(SimConfig.for_profile(profile, speed=2000, **knobs)).start() as server:
+        args = ["--worker", server.url, "--prompt-file", str(path), "--output", str(out)]
+        res = run_cli("qualify", *args)
         assert sent(server) == 0
     assert res.returncode == 2, res.stderr
     assert b"takes a string prompt" in res.stderr and b"Traceback" not in res.stderr
     assert not out.exists()
+
+
+def test_token_prompt_an_engine_refuses_is_exit_5_naming_it(tmp_path: Path) -> None:
+    """Halogen Flash's token prompts are unverified: tried once; the sim refuses them."""
+    path = tmp_path / "ids.json"
+    path.write_text("[1, 2, 3]")
+    out = tmp_path / "r.json"
+    with sim() as server:
+        res = run_cli(
+            "qualify", "--worker", server.url, "--prompt-file", str(path), "--output", str(out)
+        )
+        assert sent(server) == 1
+    assert res.returncode == 5, res.stderr
+    assert b"must be a string" in res.stderr and b"token-ID prompt" in res.stderr
+    assert orjson.loads(out.read_bytes())["error"] == "WorkerHTTPError"
 
 
 @pytest.mark.parametrize(

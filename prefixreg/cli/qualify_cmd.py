@@ -52,9 +52,9 @@ def qualify_command(
         Path | None,
         Flag(
             help="The prompt: a UTF-8 text file, or a JSON array of token IDs from the model's "
-            "own tokenizer (a file starting with '['), sent as a token prompt (engines that "
-            "take only text refuse it: exit 2). Default: a built-in public text fixture whose "
-            "token length depends on the tokenizer."
+            "own tokenizer (a file starting with '['), sent as a token prompt (Halogen dense "
+            "and Ollama take only text: exit 2; an engine that refuses it: exit 5). Default: "
+            "a built-in public text fixture whose token length depends on the tokenizer."
         ),
     ] = None,
     expected_prompt_tokens: Annotated[

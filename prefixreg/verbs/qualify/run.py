@@ -41,7 +41,7 @@ from prefixreg.core.records import CallEvidence, ServerBuild
 from prefixreg.registry.fsutil import replace_atomic
 from prefixreg.registry.store import Registry
 from prefixreg.registry.userfiles import check_output_file
-from prefixreg.server.engines import STRING_PROMPT_ONLY
+from prefixreg.server.engines import string_prompt_only
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import CallRecord, measured_completion, record_measurement
 from prefixreg.verbs.qualify.prompts import QualifyPrompt, builtin_prompt, load_prompt
@@ -191,7 +191,7 @@ class _Run:
 
     def start(self) -> None:
         self.build = self.worker.server_build()
-        refused = STRING_PROMPT_ONLY.get(self.build.profile)
+        refused = string_prompt_only(self.build.profile, self.build.identity)
         if self.prompt.kind == "tokens" and refused:
             raise UsageError(
                 f"{refused}: a token-ID prompt cannot be sent",
