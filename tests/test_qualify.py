@@ -178,6 +178,9 @@ def test_token_prompt_on_an_engine_that_takes_one(tmp_path: Path) -> None:
     assert result.qualified, result.failures
     assert exact.qualified, exact.failures
     assert result.receipt["prompt"] == {"kind": "tokens", "source": "file"}
+    shared = json.dumps(result.receipt)
+    assert "1000, 1001" not in shared and "1000,1001" not in shared  # the prompt's IDs stay home
+    assert "decode_tps" in result.receipt["figures"]
 
 
 @pytest.mark.parametrize("knobs", [{"profile": "dense"}, {"engine": "ollama"}])

@@ -24,6 +24,12 @@ WHAT: Final = (
     "Cache evidence from one run of identical requests on one server build: a first request, "
     "repeats in sequence, a concurrent group, each judged by the strict evidence rules."
 )
+# How the figures that are not the server's counts were taken (all seconds by this client).
+FIGURES: Final = {
+    "ttft_s": "send to the first text piece (content or reasoning); complete replies only",
+    "wall_s": "send to the end of the reply",
+    "decode_tps": "(completion_tokens - 1) / (wall_s - ttft_s); complete replies with 2+ tokens",
+}
 NOT: Final = (
     "not a model certification (it says nothing of the answers' quality)",
     "not a RAM sizing (one prompt's reuse says nothing of how many fit)",
@@ -117,6 +123,7 @@ def rows_for(
         "schema": SCHEMA,
         "what": WHAT,
         "not": list(NOT),
+        "figures": dict(FIGURES),
         "qualified": qualified,
         "failures": list(failures),
         "error": error,
