@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -81,13 +81,13 @@ def measured_call(
     is recorded as missing (its window counts for nothing), never losing the call's evidence.
     `history` (a loop's session) replaces the one-line `tail`; its hash is recorded."""
     sent = tail if history is None else None
-    text = tail if history is None else dumps_ordered(list(history))
-    tail_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
 
     def send() -> CallEvidence:
         return worker.chat(head, sent, history=history, **{**WARM_PARAMS, **params})[1]
 
-    return _bracketed(worker, send, phase, tail_sha, with_cache=with_cache, before=before)
+    record = _bracketed(worker, send, phase, with_cache=with_cache, before=before)
+    text = tail if history is None else dumps_ordered(list(history))  # checked by the call
+    return replace(record, tail_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest())
 
 
 def measured_completion(
@@ -108,22 +108,21 @@ def measured_completion(
     def send() -> CallEvidence:
         return worker.complete(prompt, **params)[1]
 
-    return _bracketed(
-        worker, send, phase, prompt_sha256, with_cache=with_cache, before=before, witness=witness
-    )
+    record = _bracketed(worker, send, phase, with_cache=with_cache, before=before, witness=witness)
+    return replace(record, tail_sha256=prompt_sha256)
 
 
 def _bracketed(
     worker: Worker,
     send: Callable[[], CallEvidence],
     phase: str,
-    sha: str,
     *,
     with_cache: bool,
     before: CacheCounters | None,
     witness: bool = True,
 ) -> CallRecord:
-    """`send` one call between `/cache` snapshots or the engine's counters (`measured_call`)."""
+    """`send` one call between `/cache` snapshots or the engine's counters (`measured_call`);
+    the caller names what was sent (`tail_sha256`)."""
     if with_cache and before is None:
         before = worker.cache()
     metrics = None if with_cache or not witness else worker.counters
@@ -136,7 +135,7 @@ def _bracketed(
     seen = None
     if metrics is not None:
         seen = window(metrics, start, _samples(worker, metrics), evidence.prompt_tokens)
-    return CallRecord(phase, sha, evidence, before, after, seen)
+    return CallRecord(phase, "", evidence, before, after, seen)
 
 
 def _samples(worker: Worker, metrics: Metrics | None) -> dict[str, float] | None:
