@@ -49,6 +49,8 @@ def test_first_cold_repeats_reused_concurrent_judged_per_request(halogen: SimSer
     phases = [r.phase for r in result.rows]
     assert phases == ["first", "repeated", "repeated", "concurrent", "concurrent", "concurrent"]
     assert sent(halogen) == 6  # no warm-up, no extra call
+    reads = {(r.method, r.path) for r in halogen.requests()} - {COMPLETIONS}
+    assert reads <= {("GET", "/health"), ("GET", "/cache"), ("GET", "/v1/models")}  # no reset
     first, *later = result.rows
     assert first.evidence.cache_state == "cold" and first.evidence.cached_tokens == 0
     prompt = first.evidence.prompt_tokens
