@@ -251,6 +251,26 @@ def test_output_refused_before_any_request(halogen: SimServer, tmp_path: Path) -
     assert halogen.requests() == []
 
 
+def test_output_inside_a_registry_refused_before_any_request(
+    halogen: SimServer, tmp_path: Path
+) -> None:
+    reg = tmp_path / "reg"
+    env = {"PREFIXREG_HOME": str(reg)}
+    assert run_cli("add", "-", "--name", "loop", input_bytes=b"head", env=env).returncode == 0
+    marker = (reg / "REGISTRY.json").read_bytes()
+    for inside in (reg / "REGISTRY.json", reg / "names" / "loop", reg / "receipt.json"):
+        res = run_cli("qualify", "--worker", halogen.url, "--output", str(inside), env=env)
+        assert res.returncode == 2, res.stderr
+        assert b"inside the registry" in res.stderr
+    # Named through a symlink outside, and for a registry not in use: refused the same.
+    (tmp_path / "link").symlink_to(reg)
+    res = run_cli("qualify", "--worker", halogen.url, "--output", str(tmp_path / "link" / "r"))
+    assert res.returncode == 2 and b"inside the registry" in res.stderr
+    assert halogen.requests() == []
+    assert (reg / "REGISTRY.json").read_bytes() == marker
+    assert run_cli("verify", env=env).returncode == 0
+
+
 def test_unreachable_worker_exits_5_and_still_writes_the_receipt(tmp_path: Path) -> None:
     server = sim()
     url = server.url
