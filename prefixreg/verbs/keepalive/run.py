@@ -118,6 +118,20 @@ class KeepAlive(Stepper):
         self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
         self._backoff_until, self._told = 0.0, False
         self.build = build = worker.server_build()
+        # llama.cpp's slots: each holds one prompt, so more heads than slots evict each other,
+        # and as many foreign prompts as slots since a head's last use evicted it.
+        # Copies (as many as the loop runs concurrent calls) are each pinned to a slot.
+        # The bound is checked on the numbers before any entry is built (2**70 copies would
+        # otherwise build entries until memory runs out).
+        slots = list_slots(worker) if build.profile == "llamacpp" and worker.slots() else None
+        self.slots = len(slots) if slots else None
+        if copies > 1 and not slots:
+            raise UsageError("KeepAlive: copies are kept one per slot: llama.cpp's /slots only")
+        distinct = len({h.sha256 for h in prefixes})
+        if self.slots is not None and distinct * copies > self.slots:
+            n = f"{distinct} heads" + (f" x {copies} copies" if copies > 1 else "")
+            limit = f"at most {self.slots // distinct} copies of {distinct} heads"
+            raise UsageError(f"KeepAlive: {n} on {self.slots} slots evict each other ({limit})")
         self._kept: dict[str, ks.Kept] = {}  # by sha, and sha/copy for the copies after one
         for h in prefixes:
             span = None if registry is None else measured_span(registry, h, build.build_id)
@@ -131,16 +145,6 @@ class KeepAlive(Stepper):
         elif build.profile != "halogen":
             # llama.cpp and the engines have no /cache but count prompts: time is the last resort.
             self._counter = PromptCounter.detect(worker, build.profile)
-        # llama.cpp's slots: each holds one prompt, so more heads than slots evict each other,
-        # and as many foreign prompts as slots since a head's last use evicted it.
-        # Copies (as many as the loop runs concurrent calls) are each pinned to a slot.
-        slots = list_slots(worker) if build.profile == "llamacpp" and worker.slots() else None
-        self.slots = len(slots) if slots else None
-        if copies > 1 and not slots:
-            raise UsageError("KeepAlive: copies are kept one per slot: llama.cpp's /slots only")
-        if self.slots is not None and len(self._kept) > self.slots:
-            n = f"{len(prefixes)} heads" + (f" x {copies} copies" if copies > 1 else "")
-            raise UsageError(f"KeepAlive: {n} on {self.slots} slots evict each other")
         for kept, slot in zip(self._kept.values(), slots or [], strict=False):
             kept.pin = kept.slot = slot.id if copies > 1 else None
         self.budget = budget_for(
