@@ -487,6 +487,79 @@ def test_two_spellings_of_one_worker_are_refused_everywhere_and_nothing_is_sent(
     assert pool_spec(["https://127.0.0.1:1", "http://127.0.0.1:1"], env={}).pool_id
 
 
+# ---------------------------------------------------------------- issue 33: one spelling per worker
+
+
+def test_other_spellings_of_one_worker_are_one_worker_in_every_source(tmp_path: Path) -> None:
+    # Before: these four spellings of one simulator each counted as another worker, so six
+    # heads on a simulator that keeps three were all "RESIDENT" (exit 0), then one resumed.
+    reg = str(tmp_path / "reg")
+    names = [f"q{i}" for i in range(6)]
+    for i, name in enumerate(names):
+        Registry(tmp_path / "reg").add(_brief(i), name=name)
+    with SimServer(SimConfig(speed=8000)) as sim:
+        port = sim.url.rsplit(":", 1)[1]
+        twins = [f"http://[::ffff:127.0.0.1]:{port}", f"{sim.url}/.", f"{sim.url}/v1/./"]
+        twins += [f"{sim.url}/x/..", f"http://localhost.:{port}"]
+        for twin in twins:
+            res = run_cli("pool", "warm", *names, "--worker", sim.url, "--worker", twin)
+            assert res.returncode == 2 and b"listed twice" in res.stderr, (twin, res.stderr)
+            res = run_cli(
+                "pool", "status", "--registry", reg, env={WORKERS_ENV: f"{sim.url},{twin}"}
+            )
+            assert res.returncode == 2 and b"listed twice" in res.stderr, (twin, res.stderr)
+            path = tmp_path / "pool.toml"
+            path.write_text(f'[[workers]]\nurl = "{sim.url}"\n[[workers]]\nurl = "{twin}"\n')
+            res = run_cli("pool", "warm", *names, "--pool", str(path), "--registry", reg)
+            assert res.returncode == 2 and b"listed twice" in res.stderr, (twin, res.stderr)
+            res = run_cli("pool", "status", "--worker", sim.url, "--router", twin)
+            assert res.returncode == 2 and b"also listed as a worker" in res.stderr
+        assert sim.requests() == []
+    one = pool_spec([f"http://[::ffff:127.0.0.1]:{port}/v1/."], env={})
+    assert [w.url for w in one.workers] == [f"http://127.0.0.1:{port}"]
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://0.0.0.0:{port}", b"the address a server listens on"),
+        ("http://[::]:{port}", b"the address a server listens on"),
+        ("http://[::ffff:0.0.0.0]:{port}", b"the address a server listens on"),
+        ("http://127.0.0.1:{port}/?a=1", b"query or fragment"),
+        ("http://127.0.0.1:{port}?", b"query or fragment"),
+        ("http://127.0.0.1:{port}#top", b"query or fragment"),
+        ("http://127.0.0.1\r\n:{port}", b"control character"),
+        ("http://127.0.0.1\n:{port}", b"control character"),
+        ("http://127.0.0 .1:{port}", b"a space"),
+        ("http://127.0.0.1\t:{port}", b"control character"),
+    ],
+)
+def test_a_worker_url_that_is_no_worker_address_is_refused_at_every_door(
+    url: str, says: bytes, tmp_path: Path
+) -> None:
+    reg = str(tmp_path / "reg")
+    Registry(tmp_path / "reg").add(_brief(0), name="q0")
+    with SimServer(SimConfig(speed=8000)) as sim:
+        bad = url.format(port=sim.url.rsplit(":", 1)[1])
+        runs = [
+            run_cli("pool", "warm", "q0", "--worker", bad, "--registry", reg),
+            run_cli("pool", "status", "--registry", reg, env={WORKERS_ENV: bad}),
+            run_cli("pool", "status", "--worker", sim.url, "--router", bad, "--registry", reg),
+            run_cli("warm", "q0", "--worker", bad, "--registry", reg),
+        ]
+        path = tmp_path / "pool.json"
+        path.write_bytes(orjson.dumps({"workers": [bad]}))
+        runs.append(run_cli("pool", "warm", "q0", "--pool", str(path), "--registry", reg))
+        for res in runs:
+            assert res.returncode == 2 and says in res.stderr, (bad, res.stderr)
+            assert b"Traceback" not in res.stderr
+        with pytest.raises(UsageError, match=says.decode()):
+            WorkerSpec(bad)
+        assert sim.requests() == []
+    if b"listens" in says:
+        assert b"http://127.0.0.1:PORT" in runs[0].stderr  # the spelling to use instead
+
+
 @pytest.mark.parametrize(
     ("value", "says"),
     [(" , ,", "blank entry"), ("http://127.0.0.1:1,,http://127.0.0.1:2", "blank entry")],

@@ -9,9 +9,12 @@ if it ends in `.toml`, else JSON), else `PREFIXREG_WORKERS` (comma-separated URL
     capacity = 1                          # optional: keep at most this many heads here
 
 Invariants:
-- A worker is one identity: scheme, resolved host, port, path without `/v1` (`U` and
-  `U/v1`, `localhost` and `127.0.0.1`, `:019102` and `:19102` are one). Two spellings of one
-  worker, no worker, a blank entry or user info in a URL are refused (`UsageError`).
+- A worker is one identity: its canonical URL (`server.urls`: `U`, `U/v1`, `U/.`,
+  `[::ffff:127.0.0.1]` and `127.0.0.1`, `:019102` and `:19102` are one), then its resolved
+  host (`localhost` and `127.0.0.1`). Two spellings of one worker are refused, naming both
+  (a demanding user listed it twice by mistake: counting it once would hide the mistake, and
+  counting it twice promises heads it cannot keep); so are no worker, a blank entry, user
+  info, a query or fragment, a control character or space, and 0.0.0.0 (`UsageError`).
 - `place` never puts more heads on a worker than its capacity (`capacity_of`); what fits
   nowhere is `refused`, and nothing is sent for it.
 - Capacity is the heads a worker keeps while they are used in turn (each sees the other
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import ipaddress
 import os
 import socket
 import tomllib
@@ -53,7 +57,7 @@ from prefixreg.core.errors import PrefixregError, UsageError
 from prefixreg.core.jsonio import dumps_pretty, loads
 from prefixreg.registry.fsutil import replace_atomic
 from prefixreg.registry.userfiles import read_user_file
-from prefixreg.server.transport import display_url
+from prefixreg.server.urls import canonical_url, has_userinfo
 
 WORKERS_ENV: Final = "PREFIXREG_WORKERS"
 ROUTING_KEY_HEADER: Final = "x-smg-routing-key"
@@ -62,20 +66,21 @@ MAX_FILE_BYTES: Final = 1 << 20  # a pool or placement file is a few KiB
 
 
 def worker_url(url: object, where: str = "worker") -> str:
-    """The canonical spelling of a worker URL: no trailing `/` or `/v1`, the port a number."""
-    if not isinstance(url, str):
-        raise UsageError(f"{where}: a worker URL is a string, not {type(url).__name__}")
-    base = url.strip().rstrip("/").removesuffix("/v1")
-    try:
-        parts = urlsplit(base)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
-    except ValueError:  # a port that is not a number in 1..65535
-        ok = False
-    if not ok:
-        raise UsageError(f"{where}: a worker URL is http://host[:port] or https://..., not {url!r}")
-    if parts.username is not None or parts.password is not None:
+    """The canonical spelling of a worker URL (`server.urls.canonical_url`), user info refused."""
+    canonical = canonical_url(url, where, keep_userinfo=True)
+    if has_userinfo(canonical):
         raise UsageError(f"{where}: no user info in a worker URL (use PREFIXREG_API_KEY)")
-    return display_url(base)
+    return canonical
+
+
+def _folded(address: str) -> str:
+    """An address as `canonical_url` spells it: an IPv4-mapped IPv6 address as its IPv4."""
+    try:
+        parsed = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        return address
+    mapped = getattr(parsed, "ipv4_mapped", None)
+    return str(mapped if mapped is not None else parsed)
 
 
 @functools.lru_cache(maxsize=64)
@@ -84,7 +89,7 @@ def _addresses(host: str, port: int) -> frozenset[str]:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         return frozenset({host})  # unresolvable: the name is all we know
-    return frozenset({host, *(str(info[4][0]) for info in found)})
+    return frozenset({host, *(_folded(str(info[4][0])) for info in found)})
 
 
 def same_worker(a: str, b: str) -> bool:
@@ -219,7 +224,7 @@ def pool_spec(
     elif pool_file is not None:
         spec = parse_pool_file(pool_file)
     elif listed.strip():
-        urls = [u.strip() for u in listed.split(",")]
+        urls = [u.strip(" ") for u in listed.split(",")]
         if not all(urls):
             raise UsageError(f"{WORKERS_ENV} has a blank entry: {listed!r}")
         spec = PoolSpec(tuple(WorkerSpec(u) for u in urls))
