@@ -17,19 +17,22 @@ Invariants:
   info, a query or fragment, a control character or space, and 0.0.0.0 (`UsageError`).
 - `place` never puts more heads on a worker than its capacity (`capacity_of`); what fits
   nowhere is `refused`, and nothing is sent for it.
-- Capacity is the heads a worker keeps while they are used in turn (each sees the other
-  k-1 heads' calls between two of its own: a loop's calls, or one proof run's checks, which
-  `pool.warm` makes in one fixed order). On llama.cpp each head has a slot: `total_slots`,
-  capped by the measured survival (k <= survival + 1). Where the heads share one LRU of
-  entries (Halogen `/cache`; vLLM, SGLang, TensorRT-LLM, Ollama), every call of a head, warm
-  or check, stores p entries (the head's own snapshot, then its tail's) and refreshes the
-  head's newest: after its own call a head has p-1 entries above it, and each other head's
-  call puts p+1 more there, so an LRU of E entries keeps `lru_heads(E, p)` = 1 + (E-p)//(p+1)
-  heads (an 8-entry Halogen at p = 2: 3, not 8 // 2). A measured survival s (a just-used head
-  outlives s foreign prompts of p entries: E >= (s+1)p) keeps `lru_heads((s+1)p, p)`, with
-  p the probe's stores per prompt, else Halogen's measured 2, else 1 (an engine that counts
-  no entries: another head's call then costs at most two foreign prompts, its store and its
-  refresh). Nothing reported and nothing measured: 1. A pool file's `capacity` caps it all.
+- Capacity is the heads a worker keeps whatever order they are used in: a round of the
+  user's own checks (each head once, any order) after a proof run (sha order), or a loop's
+  calls, never evicts one. On llama.cpp each head has a slot: `total_slots`, capped by the
+  measured survival (k <= survival + 1; a foreign head's second call lands in its own slot).
+  Where the heads share one LRU of entries (Halogen `/cache`; vLLM, SGLang, TensorRT-LLM,
+  Ollama), every call of a head, warm or check, stores p entries (the head's own snapshot,
+  then its tail's) and refreshes the head's newest: after its own call a head has p-1
+  entries above it. Between two of its calls in two rounds of any order (first in one, last
+  in the next) the other k-1 heads each call twice: a first call puts p+1 entries above it
+  (p stores and the refresh of an entry below it), a second p (its refreshed entry is above
+  already). So an LRU of E entries keeps `lru_heads(E, p)` = 1 + (E-p)//(2p+1) heads (an
+  8-entry Halogen at p = 2: 2; in one fixed order it would keep 3, and a user's check round
+  in another order found one cold). A measured survival s (a just-used head outlives s
+  foreign prompts of p entries: E >= (s+1)p) keeps `lru_heads((s+1)p, p)`, with p the
+  probe's stores per prompt, else Halogen's measured 2, else 1 (an engine that counts no
+  entries). Nothing reported and nothing measured: 1. A pool file's `capacity` caps it all.
 - A head's routing key is its sha (`x-smg-routing-key`), `<sha>.<n>` once re-keyed. The
   placement (head -> worker, key, build) is a JSON file outside the registry, written whole
   by the registry's durable writer; an entry that does not parse is dropped with a warning,
@@ -240,11 +243,11 @@ def default_placement(registry_root: Path, pool_id: str) -> Path:
 
 
 def lru_heads(entries: int, per_call: int) -> int:
-    """Heads an LRU of `entries` keeps used in turn, each call storing `per_call` entries and
-    refreshing one (the module's capacity rule): 1 + (entries - per_call) // (per_call + 1)."""
+    """Heads an LRU of `entries` keeps checked in any order, each call storing `per_call`
+    entries and refreshing one (the module's capacity rule): 1 + (entries - p) // (2p + 1)."""
     if type(entries) is not int or type(per_call) is not int or entries < 0 or per_call < 1:
         raise UsageError(f"lru_heads takes entries >= 0 and per_call >= 1, not {entries, per_call}")
-    return max(0, 1 + (entries - per_call) // (per_call + 1))
+    return max(0, 1 + (entries - per_call) // (2 * per_call + 1))
 
 
 def capacity_of(
@@ -258,7 +261,7 @@ def capacity_of(
     the heads its size allows (llama.cpp `total_slots`, or `lru_heads` of Halogen's
     `max_entries`; None: nobody says), capped by its measured survival and by the pool file's
     `capacity`. `per_call`: the entries one call stores when the heads share one LRU (None:
-    each head has its own slot, so k heads in turn each see k-1 foreign prompts)."""
+    each head has its own slot, so k heads each see at most k-1 other heads' prompts)."""
     room = 1 if slots is None else slots
     if survival is not None and per_call is not None:
         measured = lru_heads((survival + 1) * per_call, per_call)
