@@ -113,6 +113,7 @@ class KeepAlive(Stepper):
         self.session_file = None if session is None else ks.SessionFile(session)
         self.history: list[Rewarm] = []
         self._touched: set[str] = set()
+        self._said: set[str] = set()  # notes told once (`_note_once`)
         self._lock = threading.Lock()
         super().__init__()  # the thread's events: `thread.Stepper`
         self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
@@ -170,7 +171,8 @@ class KeepAlive(Stepper):
         check_body(dict(given), "track()")  # refused now, never later in the keeper's thread
         sha = self._track(given)
         if sha is None:
-            raise UsageError("track(): the body sends none of the kept heads unchanged")
+            heads = [k.head for k in self._kept.values()]
+            raise UsageError(f"track(): {ks.why_not_kept(heads, given)}")
         return sha
 
     def _track(self, body: object) -> str | None:
@@ -263,6 +265,9 @@ class KeepAlive(Stepper):
             new, body = self.session_file.read()
             if new and self._track(body) is None:
                 self.summary.session_skipped += 1
+                if isinstance(body, Mapping):  # said once per reason, not per poll
+                    why = ks.why_not_kept([k.head for k in self._kept.values()], body)
+                    self._note_once(f"a session line was skipped: {why}")
         if self._counter is not None and self._read(self._counter) is None:
             return []
         done, due = [], self._due(now)
@@ -300,6 +305,13 @@ class KeepAlive(Stepper):
             self.summary.stopped_because = f"{self._errors_in_row} worker errors in a row"
             self.summary.stopped_by_worker = True
             self._stop.set()
+
+    def _note_once(self, note: str) -> None:
+        """Tell `on_note` something about the session file, once per distinct note."""
+        if note not in self._said:
+            self._said.add(note)
+            if self.on_note is not None:
+                self.on_note(note)
 
     def _failed(self, kept: ks.Kept, exc: WorkerError) -> None:
         """The worker refused a re-warm of `kept` (`ks.failed`): back off, drop, give up."""
