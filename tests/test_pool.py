@@ -717,3 +717,28 @@ def test_the_pool_api_refuses_wrong_types_and_values_with_its_own_errors(
         for heads in ("q0", [registry.add("x" * 300)], None):
             with pytest.raises(PrefixregError):
                 warm_pool(pool, heads)  # type: ignore[arg-type]
+
+
+def test_pool_status_exits_5_when_a_worker_does_not_answer(tmp_path: Path) -> None:
+    # Before (issue 33): exit 0 with every worker unreachable.
+    import socket
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])  # closed again: nothing listens there
+    reg = str(tmp_path / "reg")
+    Registry(tmp_path / "reg").init()
+    gone = [arg for p in ports for arg in ("--worker", f"http://127.0.0.1:{p}")]
+    res = run_cli("pool", "status", *gone, "--registry", reg, "--json")
+    assert res.returncode == 5, (res.stdout, res.stderr)
+    out = orjson.loads(res.stdout)  # the report is printed all the same
+    assert [w["error"] is not None for w in out["workers"]] == [True, True]
+    assert b"2 of 2 workers did not answer" in res.stderr
+    with SimServer(SimConfig(speed=8000)) as sim:
+        one_up = run_cli("pool", "status", "--worker", sim.url, *gone[:2], "--registry", reg)
+        both_up = run_cli("pool", "status", "--worker", sim.url, "--registry", reg)
+    assert one_up.returncode == 5 and b"UNREACHABLE" in one_up.stdout, one_up.stderr
+    assert b"1 of 2 workers did not answer" in one_up.stderr
+    assert both_up.returncode == 0, both_up.stderr
