@@ -437,3 +437,14 @@ def test_a_body_adding_tools_to_a_bare_prefix_is_refused_never_kept_without_them
     assert all(k.session is None for k in from_file._kept.values())
     assert from_file.summary.session_skipped == 1
     assert len(notes) == 1 and "register them with the prefix as a frame" in notes[0], notes
+    # The loop's own side refuses it before writing a line another keeper would skip.
+    fresh = tmp_path / "fresh.jsonl"
+    for body in (with_tools, with_setting):
+        with pytest.raises(UsageError, match=r"Session\.sent\(\): the body sends prefix"):
+            Session(head, log=fresh).sent(body)
+    assert not fresh.exists()
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_bytes(orjson.dumps(tools))
+    frame = reg.head(reg.add_frame("loop", tools=tools_file.read_bytes()))
+    Session(frame, log=fresh).sent(frame.body(history))  # a frame keeps its tools: taken
+    assert fresh.read_bytes().count(b"\n") == 1

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
 
 from prefixreg.core.errors import UsageError
-from prefixreg.core.frame import Frame, Head
+from prefixreg.core.frame import Frame, Head, beyond_prefix, not_a_prefix_call
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import judge, judge_unknown_head, judge_without_body
 from prefixreg.core.prefix import Prefix, rest_bytes
@@ -237,6 +237,11 @@ class Session:
             what = type(given).__name__
             raise UsageError(f"Session.sent() takes a request body with messages, not a {what}")
         line = check_body(dict(given), "Session.sent()") + b"\n"  # before it is told or written
+        extra = given.get("extra_body")
+        sent = {**given, **extra} if isinstance(extra, Mapping) else given
+        if fields := beyond_prefix(self.head, sent):
+            harm = "a keeper would warm a prompt the loop never sends"
+            raise UsageError(f"Session.sent(): {not_a_prefix_call(self.head, fields, harm)}")
         if self.keeper is not None:
             self.keeper.track(given)
         if self.log is not None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from prefixreg.core.errors import PrefixregError, UsageError, WorkerError
-from prefixreg.core.frame import PROMPT_SETTINGS, Frame, Head
+from prefixreg.core.frame import Head, beyond_prefix, not_a_prefix_call
 from prefixreg.core.jsonio import loads
 from prefixreg.core.judge import Verdict, judge
 from prefixreg.core.prefix import check_history, fresh_tail, text_bytes
@@ -106,18 +106,6 @@ def _sent(body: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**body, **extra} if isinstance(extra, Mapping) else body
 
 
-def beyond_prefix(head: Head, body: Mapping[str, Any]) -> list[str]:
-    """The prompt-shaping fields a request sends that bare prefix `head` cannot re-send: its
-    tools and template settings (`frame.PROMPT_SETTINGS`). A frame's drift check compares
-    them; a bare prefix has none, so a keeper re-sending its history alone would warm a prompt
-    the loop never sends."""
-    if isinstance(head, Frame):
-        return []
-    sent = _sent(body)
-    extra = ["tools"] if sent.get("tools") not in (None, []) else []
-    return extra + [key for key in PROMPT_SETTINGS if sent.get(key) is not None]
-
-
 def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
     """The history of `body` (a request as sent: `Frame.body`, or openai kwargs with
     `extra_body`) when it sends `head` unchanged and nothing the head cannot re-send
@@ -125,7 +113,7 @@ def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
     if not isinstance(body, Mapping) or not isinstance(body.get("messages"), list):
         return None
     sent = _sent(body)
-    if head.drift(sent) or beyond_prefix(head, body):
+    if head.drift(sent) or beyond_prefix(head, sent):
         return None
     try:
         return check_history(sent["messages"][1:])
@@ -138,13 +126,9 @@ def why_not_kept(heads: Iterable[Head], body: Mapping[str, Any]) -> str:
     unchanged but with tools or settings a bare prefix cannot re-send, else drift."""
     for head in heads:
         sent = _sent(body)
-        if (extra := beyond_prefix(head, body)) and not head.drift(sent):
-            fields = ", ".join(extra)
-            return (
-                f"the body sends prefix {head.sha256[:12]} with {fields}, which a bare prefix "
-                "cannot re-send (kept without them, the keeper would warm a prompt the loop "
-                "never sends): register them with the prefix as a frame (`prefixreg frame` "
-                "NAME --tools FILE) and keep the frame"
+        if (extra := beyond_prefix(head, sent)) and not head.drift(sent):
+            return not_a_prefix_call(
+                head, extra, "the keeper would warm a prompt the loop never sends"
             )
     return "the body sends none of the kept heads unchanged"
 
