@@ -289,6 +289,27 @@ def judge_restore(
     return "not_restored", why
 
 
+def judge_without_body(j: Judgement, head: str) -> Judgement:
+    """A loop call judged with no request body to check (`head`: the head it was judged
+    against, named): its counts may cover the head's span, but nothing shows the call sent
+    that head unchanged (another system prompt, tools or settings can resume as many tokens),
+    so a resumed or partial verdict is unverified, with why; cold and unverified stand."""
+    if _judgement(j, "judgement").verdict not in ("resumed", "partial"):
+        return j
+    why = f"no request body to check that the call sent {head} unchanged (counts alone: "
+    why += f"{j.verdict}, {j.reason}); pass the body the loop sent"
+    return Judgement(
+        "unverified",
+        why,
+        j.span,
+        j.span_source,
+        j.coverage,
+        j.alignment,
+        j.prompt_tokens,
+        j.cached_tokens,
+    )
+
+
 def judge_resident(proof: Judgement, touched_after: int) -> tuple[bool, str]:
     """Is a head resident on a worker? Only when its proof resumed and no prefill touched
     the worker after the proof (`touched_after` calls did)."""
