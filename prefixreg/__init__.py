@@ -64,6 +64,8 @@ if TYPE_CHECKING:
     from prefixreg.verbs.measure.warm import warm as warm
     from prefixreg.verbs.mirror.snapshots import ship_snapshot as ship_snapshot
     from prefixreg.verbs.pool.live import Pool as Pool
+    from prefixreg.verbs.qualify.run import QualifyResult as QualifyResult
+    from prefixreg.verbs.qualify.run import qualify as qualify
     from prefixreg.verbs.snapshot.run import restore_and_prove as restore_and_prove
     from prefixreg.verbs.snapshot.run import save_snapshot as save_snapshot
 
@@ -86,6 +88,7 @@ _LAZY = {
     "verbs.measure.warm": "WarmResult warm",
     "verbs.mirror.snapshots": "ship_snapshot",
     "verbs.pool.live": "Pool",
+    "verbs.qualify.run": "QualifyResult qualify",
     "verbs.snapshot.run": "restore_and_prove save_snapshot",
 }
 # The face: every error of the tree (imported above), every lazy name, the version and

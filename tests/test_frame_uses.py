@@ -326,8 +326,11 @@ def test_loop_judge_takes_the_span_the_server_counted_and_the_tools_rule(
         assert judge.span == result.calls[-1].evidence.cached_tokens  # the server's count
         _, ev = w.chat(frame, history=history, max_tokens=4)
     assert judge.observe(ev, frame.body(history))[0] == "resumed"
-    # Without its request body the call is still judged against the measured span.
-    assert judge.observe(ev)[0] == "resumed"
+    # Without its request body nothing shows the call sent the frame (issue 33: it said
+    # resumed): unverified, and why, whatever the counts cover.
+    verdict, why = judge.observe(ev)
+    assert verdict == "unverified" and "no request body to check" in why, why
+    assert "resumed" in why  # what the counts alone say is kept in the reason
     # A frame whose tools the server's template drops is never resumed for its tools.
     dropped = LoopJudge(frame, judge.build_id, 0, judge.baseline, judge.span, tools_tokens=0)
     verdict, why = dropped.observe(ev, frame.body(history))

@@ -305,3 +305,17 @@ def test_the_labels_other_verbs_gave_themselves_come_from_the_judge() -> None:
     assert judge_unproven("no check was made") == Judgement("unverified", "no check was made")
     assert judge_survival(False, None) is None
     assert (judge_survival(True, 7), judge_survival(True, None)) == ("verified", "unverified")
+
+
+def test_a_call_judged_without_its_body_is_never_resumed() -> None:
+    from prefixreg.core.judge import Judgement, judge_without_body
+
+    resumed = Judgement("resumed", "2,755 of 2,769 cached", 2755, "measured", 1.0, 0, 2769, 2755)
+    j = judge_without_body(resumed, "frame abc")
+    assert j.verdict == "unverified" and "no request body to check" in j.reason
+    assert "frame abc" in j.reason and j.cached_tokens == 2755
+    assert judge_without_body(Judgement("partial", "p", 10), "x").verdict == "unverified"
+    cold = Judgement("cold", "0 of 100 cached", None, None, None, 0, 100, 0)
+    assert judge_without_body(cold, "x") is cold  # nothing resumed: cold stands
+    with pytest.raises(UsageError):
+        judge_without_body("resumed", "x")  # type: ignore[arg-type]

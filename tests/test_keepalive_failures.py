@@ -301,3 +301,81 @@ def test_a_worker_that_went_away_is_no_fault_of_the_session(reg: Registry) -> No
     s = keeper.summary
     assert s.stopped_because == "5 worker errors in a row" and s.stopped_by_worker, str(s)
     assert s.dropped == [] and all(k.session is not None for k in keeper._kept.values())
+
+
+# -- issue 33 item 8: a copies count checked on the numbers before anything is built ----------
+
+_HUGE_COPIES = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # 1 GiB: building copies runs out
+from prefixreg.core.errors import UsageError
+from prefixreg.registry.store import Registry
+from prefixreg.server.worker import Worker
+from prefixreg.verbs.keepalive.run import KeepAlive
+head = Registry(sys.argv[2]).head("loop")
+try:
+    KeepAlive(Worker(sys.argv[1]), [head], copies=10**12)
+except UsageError as exc:
+    print("refused:", exc)
+"""
+
+
+def _llamacpp_with_two_slots(srv: FakeServer) -> None:
+    props = {"build_info": "b1-two", "model_path": "/m.gguf", "total_slots": 2}
+    props |= {"default_generation_settings": {"n_ctx": 8192}, "chat_template": "{{ messages }}"}
+    srv.route("GET", "/health", Reply(json={"status": "ok"}))
+    srv.route("GET", "/props", Reply(json=props))
+    slots = [{"id": i, "n_ctx": 4096, "is_processing": False, "id_task": -1} for i in range(2)]
+    srv.route("GET", "/slots", Reply(json=slots))
+    srv.route("GET", "/metrics", Reply(status=501, json={"error": {"message": "off"}}))
+
+
+def test_a_huge_copies_count_is_refused_before_any_entry_is_built(
+    sim: SimServer, reg: Registry
+) -> None:
+    # Before: one entry per copy was built first (10**12 of them: memory ran out).
+    with FakeServer() as llama:
+        _llamacpp_with_two_slots(llama)
+        for url, says in ((llama.url, b"at most 2 copies"), (sim.url, b"one per slot")):
+            res = subprocess.run(
+                [sys.executable, "-c", _HUGE_COPIES, url, str(reg.root)],
+                capture_output=True,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                timeout=120,
+                check=False,
+            )
+            assert res.returncode == 0 and b"Traceback" not in res.stderr, res.stderr[-400:]
+            assert res.stdout.startswith(b"refused: ") and says in res.stdout, res.stdout
+            cli = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    _CLI_LIMITED,
+                    "keepalive",
+                    "loop",
+                    "--copies",
+                    str(2**70),
+                    "--worker",
+                    url,
+                    "--registry",
+                    str(reg.root),
+                    "--duration",
+                    "1",
+                ],
+                capture_output=True,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                timeout=120,
+                check=False,
+            )
+            assert cli.returncode == 2 and says in cli.stderr, cli.stderr[-400:]
+            assert b"Traceback" not in cli.stderr
+
+
+_CLI_LIMITED = """
+import resource, runpy, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+sys.argv = ["prefixreg", *sys.argv[1:]]
+runpy.run_module("prefixreg", run_name="__main__")
+"""

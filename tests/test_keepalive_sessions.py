@@ -408,3 +408,43 @@ def test_a_first_ctrl_c_lets_the_re_warm_in_flight_finish_a_second_interrupts_it
         out, err = proc.communicate(timeout=20)  # the second one interrupts it
     assert b"Traceback" not in err, err
     assert b"re-warms:" in out, (out, err)
+
+
+def test_a_body_adding_tools_to_a_bare_prefix_is_refused_never_kept_without_them(
+    sim: SimServer, reg: Registry, tmp_path: Path
+) -> None:
+    # Before (issue 33): kept as the prefix's session, then re-warmed without its tools: a
+    # prompt the loop never sends, counted kept.
+    head = reg.head("loop")
+    tools = [{"type": "function", "function": {"name": "run_tests", "parameters": {}}}]
+    history = [{"role": "user", "content": "Fix the failing test."}]
+    with_tools = head.body(history) | {"tools": tools}
+    with_setting = head.body(history) | {"extra_body": {"tool_choice": "auto"}}
+    log = tmp_path / "s.jsonl"
+    log.write_bytes(orjson.dumps(with_tools) + b"\n")
+    log.chmod(0o600)
+    notes: list[str] = []
+    with Worker(sim.url, timeout=2.0) as kw:
+        keeper = KeepAlive(kw, [head])
+        for body, field in ((with_tools, "tools"), (with_setting, "tool_choice")):
+            with pytest.raises(UsageError, match=f"with {field}, which a bare prefix cannot"):
+                keeper.track(body)
+        assert all(k.session is None for k in keeper._kept.values())
+        assert keeper.track(head.body(history)) == head.sha256  # without them: its session
+        from_file = KeepAlive(kw, [head], session=log, on_note=notes.append)
+        from_file.step()
+        from_file.step()
+    assert all(k.session is None for k in from_file._kept.values())
+    assert from_file.summary.session_skipped == 1
+    assert len(notes) == 1 and "register them with the prefix as a frame" in notes[0], notes
+    # The loop's own side refuses it before writing a line another keeper would skip.
+    fresh = tmp_path / "fresh.jsonl"
+    for body in (with_tools, with_setting):
+        with pytest.raises(UsageError, match=r"Session\.sent\(\): the body sends prefix"):
+            Session(head, log=fresh).sent(body)
+    assert not fresh.exists()
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_bytes(orjson.dumps(tools))
+    frame = reg.head(reg.add_frame("loop", tools=tools_file.read_bytes()))
+    Session(frame, log=fresh).sent(frame.body(history))  # a frame keeps its tools: taken
+    assert fresh.read_bytes().count(b"\n") == 1

@@ -342,3 +342,43 @@ def test_a_repoint_target_holding_a_line_break_is_refused_up_front(home: Path, b
     assert b"Traceback" not in res.stderr and b"holds a line break" in res.stderr
     assert res.stderr.count(b"\n") == 1  # one clear line
     assert not os.path.lexists(target) and _tree(seed, (*HISTORY, "README.md", "bin")) == before
+
+
+def test_a_hand_built_tree_with_names_and_no_journal_is_adopted_with_one(home: Path) -> None:
+    # Before (issue 33): exit 3, "names.log has no move of it", and no hint.
+    seed, shas = build_seed(home)
+    (seed / "names").mkdir()
+    for name, sha in (("loop", shas[0]), ("other", shas[1])):
+        (seed / "names" / name).write_text(sha + "\n")
+    done = run("migrate", str(seed), "--repoint")
+    assert done.returncode == 0, done.stderr
+    assert b"had names/ (2) but no names.log: wrote one" in done.stderr
+    new = default_registry_path()
+    moves = [json.loads(line) for line in (new / "names.log").read_text().splitlines()]
+    assert [(m["name"], m["from"], m["to"]) for m in moves] == [
+        ("loop", None, shas[0]),
+        ("other", None, shas[1]),
+    ]
+    assert run("verify", "--registry", str(new)).returncode == 0
+    cat = run("cat", "loop", "--registry", str(new))
+    assert (cat.returncode, cat.stdout) == (0, PREFIXES[0].encode())
+    assert Registry(new).move_name("loop", shas[1]) is not None  # the journal goes on
+
+
+def test_a_script_others_can_write_is_adopted_at_the_mode_verify_accepts(home: Path) -> None:
+    # Before (issue 33): adopted at 0777, then `verify` called it a problem.
+    seed, _ = build_seed(home)
+    script = seed / "bin" / "prefix-warm.py"
+    script.chmod(0o777)
+    (seed / "bin").chmod(0o777)
+    done = run("migrate", str(seed), "--repoint")
+    assert done.returncode == 0, done.stderr
+    new = default_registry_path()
+    for rel in ("bin/prefix-warm.py", "bin"):
+        assert stat.S_IMODE((new / rel).stat().st_mode) & stat.S_IWOTH == 0, rel
+        assert f"{rel}: was writable by every user (mode 0777)".encode() in done.stderr
+    assert os.access(new / "bin" / "prefix-warm.py", os.X_OK)
+    verified = run("verify", "--registry", str(new), "--json")
+    assert verified.returncode == 0, verified.stdout
+    kinds = [f["kind"] for f in json.loads(verified.stdout)["findings"]]
+    assert "insecure_mode" not in kinds, kinds

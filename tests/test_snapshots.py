@@ -424,6 +424,38 @@ def test_snapshot_ls_lists_records(reg: Registry) -> None:
     assert plain.returncode == 0 and sha[:16].encode() in plain.stdout
 
 
+@pytest.mark.parametrize("kind", ["junk", "fifo", "symlink", "directory"])
+def test_snapshot_ls_names_an_entry_that_is_no_record_and_exits_3(
+    reg: Registry, tmp_path: Path, kind: str
+) -> None:
+    # Before (issue 33): exit 0, the entry skipped in silence.
+    import os
+
+    sha = reg.resolve("p1")
+    good = write_snapshot(reg, make_record(sha))
+    name = f"{sha}-{'0' * 16}.json" if kind != "junk" else "notes.txt"
+    bad = good.parent / name
+    if kind == "junk":
+        bad.write_bytes(b"not a record\n")
+    elif kind == "fifo":
+        os.mkfifo(bad)
+    elif kind == "symlink":
+        elsewhere = tmp_path / "elsewhere.json"
+        elsewhere.write_bytes(good.read_bytes())
+        bad.symlink_to(elsewhere)
+    else:
+        bad.mkdir()
+    runs = [run_cli("snapshot", "ls", "--registry", str(reg.root), "--json")]
+    if kind != "junk":  # named for p1: listing p1 alone names it too
+        runs.append(run_cli("snapshot", "ls", "p1", "--registry", str(reg.root)))
+    for res in runs:
+        assert res.returncode == 3, (res.stdout, res.stderr)
+        assert name.encode() in res.stderr and b"not a snapshot record" in res.stderr
+        assert b"Traceback" not in res.stderr and res.stdout == b""
+    with pytest.raises(CorruptRecordError, match="not a snapshot record"):
+        list_snapshots(reg)
+
+
 def test_save_refuses_a_slot_not_shown_to_hold_the_prefix(reg: Registry, tmp_path: Path) -> None:
     with FakeServer() as srv:
         _llama(srv, restore=Reply(status=500), cached=0)  # every call is served cold

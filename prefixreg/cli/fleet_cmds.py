@@ -190,7 +190,10 @@ def pool_status_command(
     json_out: c.JsonOpt = False,
     debug: c.DebugOpt = False,
 ) -> None:
-    """The pool's workers and the kept placement, without sending any chat call."""
+    """The pool's workers and the kept placement, without sending any chat call.
+
+    Exit 0 every worker answered; 5 a worker did not (the report is printed all the same).
+    """
     from prefixreg.verbs.pool.warm import doctor_pool
 
     with c.cli_errors(debug):
@@ -199,6 +202,13 @@ def pool_status_command(
             report = doctor_pool(live, prove=False)
         placement = sorted(live.placement.values(), key=lambda a: a.worker)
         _show(report, reg, json_out, "pool status", placement=[a.to_dict() for a in placement])
+        down = [w.url for w in report.workers if w.error is not None]
+        if down:
+            c.info(
+                f"error: {len(down)} of {len(report.workers)} workers did not answer: "
+                + ", ".join(down)
+            )
+        raise typer.Exit(int(c.ExitCode.WORKER if down else c.ExitCode.OK))
 
 
 def _summary(r: DestinationResult) -> str:

@@ -240,3 +240,22 @@ class Frame:
 
 # What a verb sends as the head of its calls: a verified prefix or a verified frame.
 Head = Prefix | Frame
+
+
+def beyond_prefix(head: Head, body: Mapping[str, Any]) -> list[str]:
+    """The prompt-shaping fields request `body` (as the worker reads it: `extra_body` merged)
+    sends that a bare prefix cannot re-send: tools and the template settings
+    (`PROMPT_SETTINGS`). A frame's drift check compares them; for a frame: none."""
+    if isinstance(head, Frame):
+        return []
+    extra = ["tools"] if body.get("tools") not in (None, []) else []
+    return extra + [key for key in PROMPT_SETTINGS if body.get(key) is not None]
+
+
+def not_a_prefix_call(head: Head, fields: Sequence[str], harm: str) -> str:
+    """Why a request with `fields` (`beyond_prefix`) is refused for bare prefix `head`."""
+    return (
+        f"the body sends prefix {head.sha256[:12]} with {', '.join(fields)}, which a bare "
+        f"prefix cannot re-send (kept without them, {harm}): register them with the prefix "
+        "as a frame (`prefixreg frame SYSTEM --tools FILE`) and use the frame"
+    )

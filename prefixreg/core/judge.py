@@ -20,6 +20,8 @@ Invariants:
   `cached <= prompt` and `cached >= span - allowance(span, alignment)` with `span >= 1`.
 - When the alignment, not the template allowance, is what lets a count pass, the reason
   names the alignment ("the server caches in multiples of 2,048 tokens").
+- `qualify`'s fingerprint comparisons and its `qualified` decision live in the module this
+  one owns, `core.qualification` (re-exported here): a missing token hash is never a pass.
 - `restored` needs a baseline showing the slot did not hold the head, a restore that
   loaded tokens, and a resumed pinned check; `resident` needs a resumed proof that nothing
   touched the worker after; `verified` (a copy) needs its bytes hashed.
@@ -33,6 +35,10 @@ from typing import Final, Literal
 
 from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.qualification import Assertions as Assertions
+from prefixreg.core.qualification import compare_output as compare_output
+from prefixreg.core.qualification import compare_tokens as compare_tokens
+from prefixreg.core.qualification import judge_qualified as judge_qualified
 from prefixreg.core.records import CallEvidence, Measurement
 
 Verdict = Literal["resumed", "partial", "cold", "unverified"]
@@ -281,6 +287,27 @@ def judge_restore(
         return "unverified", check.reason
     why = f"the restored slot did not resume the head ({check.verdict}: {check.reason})"
     return "not_restored", why
+
+
+def judge_without_body(j: Judgement, head: str) -> Judgement:
+    """A loop call judged with no request body to check (`head`: the head it was judged
+    against, named): its counts may cover the head's span, but nothing shows the call sent
+    that head unchanged (another system prompt, tools or settings can resume as many tokens),
+    so a resumed or partial verdict is unverified, with why; cold and unverified stand."""
+    if _judgement(j, "judgement").verdict not in ("resumed", "partial"):
+        return j
+    why = f"no request body to check that the call sent {head} unchanged (counts alone: "
+    why += f"{j.verdict}, {j.reason}); pass the body the loop sent"
+    return Judgement(
+        "unverified",
+        why,
+        j.span,
+        j.span_source,
+        j.coverage,
+        j.alignment,
+        j.prompt_tokens,
+        j.cached_tokens,
+    )
 
 
 def judge_resident(proof: Judgement, touched_after: int) -> tuple[bool, str]:

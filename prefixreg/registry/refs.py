@@ -20,6 +20,9 @@ Invariants:
   this format is listed with the sha256 of its bytes in `legacy.json` (read as legacy, verify
   warns once); `mirror.log` travels as it is. Root entries outside the format (`bin/`) are
   listed there as the user's and kept.
+- What verify would call a problem in a hand-built tree is fixed in the copy and said:
+  `names/` with no `names.log` gains a journal (a line per name, from none to its sha); an
+  entry others can write (a 0777 `bin/` script) loses those bits (`verify.unsafe_write_bits`).
 - The adopted registry is built in a hidden staging directory next to the target (copied and
   compared, objects made read-only, marker and manifest written, README and `bin/`
   repointed, verified) and renamed into place; the source goes last, after late writes are
@@ -52,6 +55,7 @@ from prefixreg.registry.treecopy import (
     sha256_file,
     sync,
 )
+from prefixreg.registry.verify import unsafe_write_bits
 
 _SKIP_DIRS: Final = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__"})
 # A worker path: a line assigning a variable whose name holds REMOTE (shell, Python with an
@@ -275,16 +279,56 @@ def adopt(
         staging.chmod(stat.S_IMODE(source.stat().st_mode))
         for rel in [rel for rel in files if layout.object_sha(rel) is not None]:
             os.chmod(staging / rel, stat.S_IMODE((staging / rel).lstat().st_mode) & ~0o222)
+        said = _tighten_modes(staging, ["", *dirs, *files])
         now = layout.iso_utc(layout.utc_now())
         manifest = {"format": f"{layout.FORMAT}-legacy", "version": 1, "adopted": now}
         manifest |= {"from": str(source), "records": legacy, "kept": kept}
         fsutil.publish_new(staging / layout.LEGACY, dumps_canonical(manifest) + b"\n")
         fsutil.publish_new(staging / layout.MARKER, layout.encode_marker("origin", now), mode=0o644)
+        said += _journal_names(staging, given, now)
         repointed = repoint(staging, given, target, write=True)
-        warnings = check_verifies(Registry(staging), "the adopted registry")
+        warnings = [*said, *check_verifies(Registry(staging), "the adopted registry")]
         staging.rename(target)  # replaces an empty target; one that gained files fails
     except BaseException:
         remove_tree(staging, ordered=False)
         raise
     fsutil.fsync_dir(target.parent)
     return warnings, repointed
+
+
+def _tighten_modes(staging: Path, rels: Sequence[str]) -> list[str]:
+    """Drop the write bits `verify` calls insecure (`verify.unsafe_write_bits`) from every
+    adopted entry (a hand-built `bin/` script at 0777): what verify accepts; each said."""
+    said = []
+    for rel in rels:
+        path = staging / rel if rel else staging
+        st = path.lstat()
+        if bits := unsafe_write_bits(st):
+            mode = stat.S_IMODE(st.st_mode)
+            path.chmod(mode & ~bits)
+            who = "every user" if bits & stat.S_IWOTH else f"group {st.st_gid}"
+            said.append(
+                f"{rel or '.'}: was writable by {who} (mode {mode:04o}); adopted as "
+                f"{mode & ~bits:04o}, as verify requires"
+            )
+    return said
+
+
+def _journal_names(staging: Path, given: Path, now: str) -> list[str]:
+    """A hand-built tree has names but no journal: write `names.log` whole, one line per
+    name from nothing to its sha, so every name agrees with its journal; said. A tree that
+    has a journal keeps it as it is."""
+    from prefixreg.core.records import NameMove
+
+    if os.path.lexists(staging / layout.NAMES_LOG):
+        return []
+    names = Registry(staging).names()  # refuses a name file that is not a sha line
+    if not names:
+        return []
+    moves = (NameMove(at=now, name=n, from_sha=None, to_sha=sha) for n, sha in names.items())
+    lines = b"".join(dumps_canonical(m.to_dict()) + b"\n" for m in moves)
+    fsutil.publish_new(staging / layout.NAMES_LOG, lines, mode=0o644)
+    return [
+        f"{given} had names/ ({len(names)}) but no {layout.NAMES_LOG}: wrote one, a journal "
+        "line per name (from none to its sha)"
+    ]

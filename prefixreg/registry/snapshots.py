@@ -75,11 +75,26 @@ def record_entries(registry: Registry) -> list[tuple[str, str]]:
 
 
 def list_snapshots(registry: Registry, sha256: str | None = None) -> list[SnapshotRecord]:
-    """Every snapshot record (of one head, or all), oldest first. Raises:
-    CorruptRecordError (a record that does not parse: fail closed), IntegrityError."""
+    """Every snapshot record (of one head, or all), oldest first. Fails closed: an entry of
+    `snapshots/` that is not a record (a junk name, a FIFO, a symlink, a directory; of this
+    head, or any with `sha256` None) is never skipped in silence. Raises:
+    CorruptRecordError (a record that does not parse, or such an entry), IntegrityError."""
+    registry = _registry(registry)
     if sha256 is not None:
         layout.need_sha(sha256)
-    out = [_load(registry, n) for n, sha in record_entries(registry) if sha256 in (None, sha)]
+    names = []
+    for name, kind in registry._disk.entries(layout.SNAPSHOTS):
+        match = layout.SNAPSHOT_RECORD.fullmatch(name)
+        if (sha256 is not None and not name.startswith(sha256)) or layout.is_temp_name(name):
+            continue  # another head's, or a durable write in progress
+        if kind != "file" or match is None:
+            path = registry._disk.path(f"{layout.SNAPSHOTS}/{name}")
+            what = {"link": "a symlink", "dir": "a directory", "other": "not a regular file"}
+            why = what.get(kind, "not named <sha256>-<build id>.json")
+            why = f"{path}: not a snapshot record ({why}); move it out of snapshots/"
+            raise CorruptRecordError(why, path=path)
+        names.append(name)
+    out = [_load(registry, n) for n in names]
     return sorted(out, key=lambda r: (r.created, r.sha256, r.build_id))
 
 

@@ -130,6 +130,16 @@ def _group_is_private(st: os.stat_result) -> bool:
     return group.gr_name == owner.pw_name and owner.pw_gid == st.st_gid and not group.gr_mem
 
 
+def unsafe_write_bits(st: os.stat_result) -> int:
+    """The write bits `insecure_mode` flags on an entry: everyone's, and its group's unless
+    the group is its owner's private one (0: none)."""
+    mode = stat.S_IMODE(st.st_mode)
+    bits = mode & stat.S_IWOTH
+    if mode & stat.S_IWGRP and not _group_is_private(st):
+        bits |= stat.S_IWGRP
+    return bits
+
+
 def _check_mode(reg: Registry, report: VerifyReport, rel: str, kind: str) -> None:
     try:
         st = reg.root.stat() if not rel else reg._disk.lstat(rel)

@@ -127,6 +127,17 @@ def engine_identity(version: JSONValue, models: JSONValue) -> JSONObject:
     return {"version": raw if isinstance(raw, str) else None, "model_ids": served_ids(models)}
 
 
+def string_prompt_only(profile: str, identity: Mapping[str, JSONValue]) -> str | None:
+    """Why this build's `/v1/completions` takes a string prompt only, never token IDs; None
+    when it may take them. Halogen dense (no `version` in its identity: halogen-api.md
+    §3.11) and Ollama are known string-only; Halogen Flash is unverified, so it is tried."""
+    if profile == "halogen" and identity.get("version") is None:
+        return "Halogen dense's /v1/completions takes a string prompt"
+    if profile == "ollama":
+        return "Ollama's /v1/completions takes a string prompt"
+    return None
+
+
 def zero_rule(profile: str, identity: Mapping[str, JSONValue]) -> str | None:
     """Why a missing cached count is a zero on this build, or None (it stays unverified)."""
     if profile == "sglang" and identity.get("enable_cache_report") is True:

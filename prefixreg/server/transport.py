@@ -13,8 +13,9 @@ What a hostile or broken server can do, and what stops it:
   characters, API key scrubbed); a body that is not the JSON promised (`core.jsonio`'s
   rules) -> `MalformedResponseError`. Messages name the method, path and URL (no user info).
 
-Invariants: the API key is sent as `Authorization: Bearer` and nowhere else; redirects are
-not followed; proxies come from the environment only if the user set them.
+Invariants: the URL is canonical (`server.urls`: one spelling per server); the API key is
+sent as `Authorization: Bearer` and nowhere else; redirects are not followed; proxies come
+from the environment only if the user set them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import httpx
 from prefixreg.core import errors
 from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import loads
+from prefixreg.server.urls import canonical_url
 
 DEFAULT_MAX_BYTES: Final = 64 * 1024 * 1024  # far above any real reply (a /health is ~5 KiB)
 MAX_SECONDS: Final = 86_400.0  # one day: a cold prefill takes minutes, never days
@@ -71,21 +73,6 @@ def display_url(url: str) -> str:
     host = f"[{host}]" if ":" in host else host
     netloc = host if port is None else f"{host}:{port}"
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def _base_url(url: object) -> str:
-    """The server root of a worker URL (a trailing `/v1` dropped), or `UsageError`."""
-    if not isinstance(url, str):
-        raise UsageError(f"the worker URL must be a string, not {type(url).__name__}")
-    base = url.strip().rstrip("/").removesuffix("/v1")
-    try:
-        parts = urlsplit(base)
-        if parts.scheme in ("http", "https") and parts.hostname and parts.port != 0:
-            return base  # .port raises for a port that is not a number in range
-        safe = display_url(base)
-    except (ValueError, UsageError):
-        safe = base.split("@")[-1]  # never echo user info (a password)
-    raise UsageError(f"not a worker URL (http://host:port): {safe!r}")
 
 
 def one_line(text: str, limit: int = 200) -> str:
@@ -180,7 +167,7 @@ class Transport:
     """A `Worker`'s HTTP: deadlines, capped bodies, mapped errors (`UsageError`: a bad URL)."""
 
     def __init__(self, url: str, *, key: str | None, max_bytes: object, transport: object) -> None:
-        base = _base_url(url)
+        base = canonical_url(url, keep_userinfo=True)  # one spelling per server: `urls`
         self.url = display_url(base)
         self.max_bytes = check_max_bytes(max_bytes)
         self._key = key

@@ -1,4 +1,5 @@
-"""The client for one worker: /health, /cache, /props, /slots, /metrics, /v1/models, chat.
+"""The client for one worker: /health, /cache, /props, /slots, /metrics, /v1/models, chat,
+completions.
 
 Profiles are detected in this order from what the server answers (never its port) unless
 `profile=` forces one: halogen (/health names its prompt cache), llamacpp (/props has
@@ -47,6 +48,7 @@ API_KEY_ENV: Final = "PREFIXREG_API_KEY"
 PROFILES: Final = ("halogen", "llamacpp", *engines.ENGINES, "generic")
 _SGLANG_INFO: Final = ("/server_info", "/get_server_info")
 _CHAT: Final = "/v1/chat/completions"
+_COMPLETIONS: Final = "/v1/completions"
 _NO_ROUTE: Final = frozenset({404, 405, 501})
 _HEADER: Final = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+)\n([ -~]*)")
 
@@ -290,15 +292,45 @@ class Worker:
             content = check_body(body)
         return self._post_chat(content, stream=stream, extra=extra)
 
+    def complete(
+        self, prompt: str | Sequence[int], **params: Any
+    ) -> tuple[JSONObject, CallEvidence]:
+        """One streamed `/v1/completions` call of `prompt`: text, or token IDs (a list of ints
+        0..2**32-1, sent as a token prompt: the engine must take one). The reply and its
+        evidence, measured as `chat` measures. Raises as `chat` does."""
+        for reserved in ("prompt", "stream"):
+            if reserved in params:
+                raise UsageError(f"complete() sets {reserved!r} itself; do not pass it")
+        given: object = prompt  # callers outside the type checker
+        if isinstance(given, str) and given:
+            sent: str | list[int] = check_text(given, "the prompt")
+        elif (
+            isinstance(given, list | tuple)
+            and given
+            and all(type(t) is int and 0 <= t < 1 << 32 for t in given)
+        ):
+            sent = list(given)
+        else:
+            raise UsageError("complete() sends a non-empty str or list of token IDs")
+        options = params.get("stream_options")
+        usage = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        body = {**params, "prompt": sent, "stream": True, "stream_options": usage}
+        model = body.get("model") or self.model or self.default_model()
+        if model is not None:
+            body["model"] = model
+        return self._post_chat(
+            check_body(body, "complete()"), stream=True, extra={}, route=_COMPLETIONS
+        )
+
     def _post_chat(
-        self, content: bytes, *, stream: bool, extra: dict[str, str]
+        self, content: bytes, *, stream: bool, extra: dict[str, str], route: str = _CHAT
     ) -> tuple[JSONObject, CallEvidence]:
         headers = {**extra, "Content-Type": "application/json"}
         if stream:
             headers["Accept"] = "text/event-stream"
         reply, first, started = ReplyReader(), None, time.perf_counter()
         with self._http.call(
-            "POST", _CHAT, seconds=self.read_timeout, content=content, headers=headers
+            "POST", route, seconds=self.read_timeout, content=content, headers=headers
         ) as call:
             if stream and call.content_type.startswith("text/event-stream"):
                 parser = SSEParser(keep=False)  # frames are folded as they come, not kept

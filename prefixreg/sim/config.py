@@ -155,6 +155,11 @@ class SimConfig:
         why="0 disables it",
     )
     answer_tokens: int = knob(24, "Answer length in tokens (less if max_tokens is smaller).", ge=1)
+    cached_differs: bool = knob(
+        False,
+        "A reply that resumed cached tokens ends with other bytes than the cold reply of the "
+        "same prompt (a warm answer that is not bitwise the cold one).",
+    )
     cache_dir: str | None = knob(
         None,
         "Flash disk tier (HALOGEN_CACHE_DIR): snapshots persist here across restarts and are "

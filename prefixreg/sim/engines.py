@@ -23,7 +23,8 @@ non-streamed only: SGLang `POST /generate` (`text`, `sampling_params.max_new_tok
 `options.num_predict`; `prompt_eval_count` counts the cached tokens too,
 `prompt_eval_cached_count` from 0.33.3). Not modelled: streamed native routes, each engine's
 error envelope and block granularity (vLLM 16, TensorRT-LLM 32 tokens): the cache model is
-Halogen Flash's.
+Halogen Flash's. A token-ID `prompt` on `/v1/completions` (`TOKEN_PROMPTS`) is one sim token
+per ID.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ import secrets
 from typing import Any, Final
 
 UVICORN: Final = frozenset({"vllm", "sglang", "trtllm"})  # FastAPI under uvicorn; Ollama is Go
+# Engines whose `/v1/completions` takes a token-ID list as `prompt` (the OpenAI shape); Ollama's
+# takes a string only, and so does Halogen dense's (halogen-api.md §3.11; Flash unverified).
+TOKEN_PROMPTS: Final = frozenset({"vllm", "sglang", "trtllm"})
 _VERSION: Final = {"vllm": "0.23.0", "sglang": "0.5.9", "trtllm": "1.3.0rc23", "ollama": "0.34.4"}
 
 

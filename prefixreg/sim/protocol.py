@@ -14,6 +14,7 @@ frames, a finish frame (empty delta / text, Flash ``timings``), with ``include_u
 []`` frame carrying ``usage`` (earlier frames ``"usage": null``), ``data: [DONE]``. With
 `config.engine`: that engine's usage and fields, no ``timings`` (`sim.engines`); its native
 routes (`NATIVE`) read as the shared request and answered in the engine's own reply shape.
+With `cached_differs` a reply that resumed cached tokens ends with other bytes than the cold one.
 """
 
 from __future__ import annotations
@@ -192,6 +193,12 @@ def _options(body: Mapping[str, Any], profile: str) -> tuple[bool, bool]:
     return stream, include_usage
 
 
+def _token_ids(value: object) -> bool:
+    """A non-empty list of token IDs (ints 0..2**32-1, never booleans)."""
+    listed = value if isinstance(value, list) else []
+    return bool(listed) and all(type(t) is int and 0 <= t < 1 << 32 for t in listed)
+
+
 def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
     """Validate a POST body for `kind` and tokenize its prompt; `ApiError` (400) if invalid."""
     try:
@@ -205,8 +212,11 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> Call:
         prompt = render_chat(_messages(body))
     elif isinstance(text, str):
         prompt = render_completion(text)
+    elif config.engine in engines.TOKEN_PROMPTS and isinstance(text, list) and _token_ids(text):
+        prompt = RenderedPrompt(tuple(f"<{t}>" for t in text), None, None)  # one token per ID
     else:
-        raise invalid("body.prompt", "must be a string")
+        what = "a string or a list of token IDs" if config.engine in engines.TOKEN_PROMPTS else ""
+        raise invalid("body.prompt", f"must be {what or 'a string'}")
     max_tokens = _token_budget(body, kind, config)
     stream, include_usage = _options(body, config.profile)
     if prompt.n >= config.slot_ctx:
@@ -224,6 +234,8 @@ class Result:
         self.cached, self.disk_n, disk_s = found
         answer = answer_tokens(call.prompt, config.answer_tokens)
         self.pieces = tuple(answer[: call.max_tokens])
+        if config.cached_differs and self.cached > 0:  # not bitwise the cold answer
+            self.pieces = (*self.pieces[:-1], self.pieces[-1] + "!")
         self.finish_reason = "stop" if len(self.pieces) == len(answer) else "length"
         self.id = ("chatcmpl-" if call.kind == "chat" else "cmpl-") + secrets.token_hex(12)
         self.engine = config.engine

@@ -4,10 +4,12 @@ Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
 - `LoopJudge` reads each loop call against the head on the worker's build: the judge's
   verdict against the span the server counted on this build's last resumed check of the
   head (`measure.calls.measured_span`), else against the head's share of the call's request
-  body; with neither, `unverified`. A frame's tools that the server's template drops are
-  never resumed. When this build's last warm of the system prefix was of another head (the
-  bare system prompt, another frame) every call is a `head-mismatch`, never `resumed`; a
-  call whose request body differs from the head is `drift`, naming the part.
+  body; with neither, `unverified`. A call observed with no request body is never
+  `resumed` (nothing shows it sent the head: `judge_without_body` says unverified, and
+  why). A frame's tools that the server's template drops are never resumed. When this
+  build's last warm of the system prefix was of another head (the bare system prompt,
+  another frame) every call is a `head-mismatch`, never `resumed`; a call whose request
+  body differs from the head is `drift`, naming the part.
 - `LoopStats` keeps the totals: calls by the judge's verdict (against `head` and the call's
   request body when it judges them itself), and the server's token counts over the calls
   whose counts are verified (a missing count is never zero).
@@ -35,9 +37,9 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
 
 from prefixreg.core.errors import UsageError
-from prefixreg.core.frame import Frame, Head
+from prefixreg.core.frame import Frame, Head, beyond_prefix, not_a_prefix_call
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.judge import judge, judge_unknown_head
+from prefixreg.core.judge import judge, judge_unknown_head, judge_without_body
 from prefixreg.core.prefix import Prefix, rest_bytes
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
@@ -193,6 +195,8 @@ class LoopJudge:
             measured_span=self.span,
             tools_tokens=self.tools_tokens,
         )
+        if body is None:  # nothing shows the call sent this head: never resumed on counts
+            j = judge_without_body(j, f"{self.head.kind} {self.head.sha256[:12]}")
         return j.verdict, j.reason
 
 
@@ -249,6 +253,11 @@ class Session:
             what = type(given).__name__
             raise UsageError(f"Session.sent() takes a request body with messages, not a {what}")
         line = check_body(dict(given), "Session.sent()") + b"\n"  # before it is told or written
+        extra = given.get("extra_body")
+        sent = {**given, **extra} if isinstance(extra, Mapping) else given
+        if fields := beyond_prefix(self.head, sent):
+            harm = "a keeper would warm a prompt the loop never sends"
+            raise UsageError(f"Session.sent(): {not_a_prefix_call(self.head, fields, harm)}")
         record = None
         if evidence is not None or self.call_log is not None:
             if self.call_log is not None and evidence is None:

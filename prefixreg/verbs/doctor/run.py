@@ -18,6 +18,7 @@ Engine flags and counters, llama.cpp's slots and `--cache-ram`: see `doctor.engi
 
 Nothing here guesses a number the server did not send: a missing field is said to be missing.
 Receipts and measurements are read through the store; an unreadable receipt proves nothing.
+With a registry it also cites this build's latest `qualify` run (an `info` finding).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from prefixreg.server.engines import ENGINES, METRICS
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.doctor.engines import diagnose_engine, diagnose_slots
 from prefixreg.verbs.doctor.findings import Diagnosis, Level
-from prefixreg.verbs.measure.calls import head_warms
+from prefixreg.verbs.measure.calls import head_warms, latest_qualify, qualify_note
 
 MIB: Final = 1 << 20
 CACHE_SIZE_SETTING: Final = "the cache-size option `cacheMb` (env HALOGEN_CACHE_MB)"
@@ -359,4 +360,6 @@ def doctor(worker: Worker, registry: Registry | None = None, *, loops: int = 1) 
         diagnosis.numbers["build_id"] = build.build_id
         probe = best_reach(registry, build.build_id)
         diagnose_reach(diagnosis, probe, spans, build.build_id, build.snapshot_align)
+        if (qualified := latest_qualify(registry, build.build_id)) is not None:
+            diagnosis.add("info", "qualify", qualify_note(qualified))
     return diagnosis

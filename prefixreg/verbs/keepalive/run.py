@@ -113,11 +113,26 @@ class KeepAlive(Stepper):
         self.session_file = None if session is None else ks.SessionFile(session)
         self.history: list[Rewarm] = []
         self._touched: set[str] = set()
+        self._said: set[str] = set()  # notes told once (`_note_once`)
         self._lock = threading.Lock()
         super().__init__()  # the thread's events: `thread.Stepper`
         self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
         self._backoff_until, self._told = 0.0, False
         self.build = build = worker.server_build()
+        # llama.cpp's slots: each holds one prompt, so more heads than slots evict each other,
+        # and as many foreign prompts as slots since a head's last use evicted it.
+        # Copies (as many as the loop runs concurrent calls) are each pinned to a slot.
+        # The bound is checked on the numbers before any entry is built (2**70 copies would
+        # otherwise build entries until memory runs out).
+        slots = list_slots(worker) if build.profile == "llamacpp" and worker.slots() else None
+        self.slots = len(slots) if slots else None
+        if copies > 1 and not slots:
+            raise UsageError("KeepAlive: copies are kept one per slot: llama.cpp's /slots only")
+        distinct = len({h.sha256 for h in prefixes})
+        if self.slots is not None and distinct * copies > self.slots:
+            n = f"{distinct} heads" + (f" x {copies} copies" if copies > 1 else "")
+            limit = f"at most {self.slots // distinct} copies of {distinct} heads"
+            raise UsageError(f"KeepAlive: {n} on {self.slots} slots evict each other ({limit})")
         self._kept: dict[str, ks.Kept] = {}  # by sha, and sha/copy for the copies after one
         for h in prefixes:
             span = None if registry is None else measured_span(registry, h, build.build_id)
@@ -131,16 +146,6 @@ class KeepAlive(Stepper):
         elif build.profile != "halogen":
             # llama.cpp and the engines have no /cache but count prompts: time is the last resort.
             self._counter = PromptCounter.detect(worker, build.profile)
-        # llama.cpp's slots: each holds one prompt, so more heads than slots evict each other,
-        # and as many foreign prompts as slots since a head's last use evicted it.
-        # Copies (as many as the loop runs concurrent calls) are each pinned to a slot.
-        slots = list_slots(worker) if build.profile == "llamacpp" and worker.slots() else None
-        self.slots = len(slots) if slots else None
-        if copies > 1 and not slots:
-            raise UsageError("KeepAlive: copies are kept one per slot: llama.cpp's /slots only")
-        if self.slots is not None and len(self._kept) > self.slots:
-            n = f"{len(prefixes)} heads" + (f" x {copies} copies" if copies > 1 else "")
-            raise UsageError(f"KeepAlive: {n} on {self.slots} slots evict each other")
         for kept, slot in zip(self._kept.values(), slots or [], strict=False):
             kept.pin = kept.slot = slot.id if copies > 1 else None
         self.budget = budget_for(
@@ -166,7 +171,8 @@ class KeepAlive(Stepper):
         check_body(dict(given), "track()")  # refused now, never later in the keeper's thread
         sha = self._track(given)
         if sha is None:
-            raise UsageError("track(): the body sends none of the kept heads unchanged")
+            heads = [k.head for k in self._kept.values()]
+            raise UsageError(f"track(): {ks.why_not_kept(heads, given)}")
         return sha
 
     def _track(self, body: object) -> str | None:
@@ -259,6 +265,9 @@ class KeepAlive(Stepper):
             new, body = self.session_file.read()
             if new and self._track(body) is None:
                 self.summary.session_skipped += 1
+                if isinstance(body, Mapping):  # said once per reason, not per poll
+                    why = ks.why_not_kept([k.head for k in self._kept.values()], body)
+                    self._note_once(f"a session line was skipped: {why}")
         if self._counter is not None and self._read(self._counter) is None:
             return []
         done, due = [], self._due(now)
@@ -296,6 +305,13 @@ class KeepAlive(Stepper):
             self.summary.stopped_because = f"{self._errors_in_row} worker errors in a row"
             self.summary.stopped_by_worker = True
             self._stop.set()
+
+    def _note_once(self, note: str) -> None:
+        """Tell `on_note` something about the session file, once per distinct note."""
+        if note not in self._said:
+            self._said.add(note)
+            if self.on_note is not None:
+                self.on_note(note)
 
     def _failed(self, kept: ks.Kept, exc: WorkerError) -> None:
         """The worker refused a re-warm of `kept` (`ks.failed`): back off, drop, give up."""

@@ -6,7 +6,9 @@ its counts, slot and session, moved by `rebase` and `discount`).
 
 Invariants:
 - A body is a session of a head only when the head's drift check finds nothing (its system
-  message, a frame's tools and settings, byte for byte); its history is copied.
+  message, a frame's tools and settings, byte for byte) and, for a bare prefix, it sends no
+  tools or template settings (`beyond_prefix`: the keeper could not re-send them, so it
+  would keep warm a prompt the loop never sends); its history is copied.
 - A session is re-touched whole (the latest prompt again, one output token): the judge
   reads it against the session's span (its bytes are the head's and the history's), so a
   re-touch that finds only the head cached is partial, never resumed.
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from prefixreg.core.errors import PrefixregError, UsageError, WorkerError
-from prefixreg.core.frame import Head
+from prefixreg.core.frame import Head, beyond_prefix, not_a_prefix_call
 from prefixreg.core.jsonio import loads
 from prefixreg.core.judge import Verdict, judge
 from prefixreg.core.prefix import check_history, fresh_tail, text_bytes
@@ -98,19 +100,37 @@ def failed(kept: Kept, exc: WorkerError, backoff_s: Callable[[int], float]) -> s
     return note
 
 
+def _sent(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A request as the worker reads it: openai kwargs' `extra_body` merged in."""
+    extra = body.get("extra_body")
+    return {**body, **extra} if isinstance(extra, Mapping) else body
+
+
 def session_of(head: Head, body: object) -> list[dict[str, Any]] | None:
     """The history of `body` (a request as sent: `Frame.body`, or openai kwargs with
-    `extra_body`) when it sends `head` unchanged; None when it is not a request of `head`."""
+    `extra_body`) when it sends `head` unchanged and nothing the head cannot re-send
+    (`beyond_prefix`); None when it is not a request of `head`."""
     if not isinstance(body, Mapping) or not isinstance(body.get("messages"), list):
         return None
-    extra = body.get("extra_body")
-    sent = {**body, **extra} if isinstance(extra, Mapping) else body
-    if head.drift(sent):
+    sent = _sent(body)
+    if head.drift(sent) or beyond_prefix(head, sent):
         return None
     try:
         return check_history(sent["messages"][1:])
     except UsageError:  # a message without a role: no request the keeper could re-send
         return None
+
+
+def why_not_kept(heads: Iterable[Head], body: Mapping[str, Any]) -> str:
+    """Why `body` is a session of none of `heads`, said for a person: the head it sends
+    unchanged but with tools or settings a bare prefix cannot re-send, else drift."""
+    for head in heads:
+        sent = _sent(body)
+        if (extra := beyond_prefix(head, sent)) and not head.drift(sent):
+            return not_a_prefix_call(
+                head, extra, "the keeper would warm a prompt the loop never sends"
+            )
+    return "the body sends none of the kept heads unchanged"
 
 
 def rewarm_call(

@@ -1,5 +1,6 @@
-"""Measured calls: one chat call bracketed by `/cache` snapshots, its record, the judge applied
-to a head's resume check, and measurements bound to the build, written through the store.
+"""Measured calls: one chat (or completions) call bracketed by `/cache` snapshots, its record,
+the judge applied to a head's resume check, and measurements bound to the build, written
+through the store.
 
 Invariants:
 - A verdict comes from `core.judge` only, from server-reported counts, never text length.
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -79,12 +80,54 @@ def measured_call(
     verdict). `before` reuses the previous call's closing snapshot; one the server fails to give
     is recorded as missing (its window counts for nothing), never losing the call's evidence.
     `history` (a loop's session) replaces the one-line `tail`; its hash is recorded."""
+    sent = tail if history is None else None
+
+    def send() -> CallEvidence:
+        return worker.chat(head, sent, history=history, **{**WARM_PARAMS, **params})[1]
+
+    record = _bracketed(worker, send, phase, with_cache=with_cache, before=before)
+    text = tail if history is None else dumps_ordered(list(history))  # checked by the call
+    return replace(record, tail_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest())
+
+
+def measured_completion(
+    worker: Worker,
+    prompt: str | Sequence[int],
+    *,
+    phase: str,
+    prompt_sha256: str,
+    with_cache: bool,
+    before: CacheCounters | None = None,
+    witness: bool = True,
+    **params: Any,
+) -> CallRecord:
+    """One streamed `/v1/completions` call of `prompt` (text or token IDs), measured as
+    `measured_call` measures a chat call; `prompt_sha256` is what its record names. Without
+    `witness` no counter window is read (a call among concurrent ones has none of its own)."""
+
+    def send() -> CallEvidence:
+        return worker.complete(prompt, **params)[1]
+
+    record = _bracketed(worker, send, phase, with_cache=with_cache, before=before, witness=witness)
+    return replace(record, tail_sha256=prompt_sha256)
+
+
+def _bracketed(
+    worker: Worker,
+    send: Callable[[], CallEvidence],
+    phase: str,
+    *,
+    with_cache: bool,
+    before: CacheCounters | None,
+    witness: bool = True,
+) -> CallRecord:
+    """`send` one call between `/cache` snapshots or the engine's counters (`measured_call`);
+    the caller names what was sent (`tail_sha256`)."""
     if with_cache and before is None:
         before = worker.cache()
-    metrics = None if with_cache else worker.counters
+    metrics = None if with_cache or not witness else worker.counters
     start = _samples(worker, metrics)
-    sent = tail if history is None else None
-    _, evidence = worker.chat(head, sent, history=history, **{**WARM_PARAMS, **params})
+    evidence = send()
     after = None
     if with_cache:
         with contextlib.suppress(WorkerError):
@@ -92,9 +135,7 @@ def measured_call(
     seen = None
     if metrics is not None:
         seen = window(metrics, start, _samples(worker, metrics), evidence.prompt_tokens)
-    text = tail if history is None else dumps_ordered(list(history))
-    tail_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    return CallRecord(phase, tail_sha, evidence, before, after, seen)
+    return CallRecord(phase, "", evidence, before, after, seen)
 
 
 def _samples(worker: Worker, metrics: Metrics | None) -> dict[str, float] | None:
@@ -140,6 +181,24 @@ def measured_span(registry: Registry, head: Head, build_id: str) -> int | None:
     check of it (`core.judge.measured_span`); None: none measured it."""
     spans = (span_counted(m) for m in reversed(head_warms(registry, head, build_id)))
     return next((span for span in spans if span is not None), None)
+
+
+def latest_qualify(registry: Registry, build_id: str) -> Measurement | None:
+    """This build's latest `qualify` measurement (any phase of its last run), or None."""
+    found = [m for m in registry.measurements() if m.kind == "qualify"]
+    return next((m for m in reversed(found) if m.build.build_id == build_id), None)
+
+
+def qualify_note(m: Measurement) -> str:
+    """What a `qualify` measurement says, in the words of its receipt (the judge's)."""
+    body = m.body
+    fixture = body.get("fixture_sha256")
+    shown = fixture[:12] if isinstance(fixture, str) else "?"
+    said = "qualified" if body.get("qualified") is True else "not qualified"
+    failures = body.get("failures")
+    first = failures[0] if isinstance(failures, list) and failures else None
+    why = f" ({first})" if isinstance(first, str) else ""
+    return f"the latest qualify run of this build ({m.at}, fixture {shown}): {said}{why}"
 
 
 def sent_head(warm: Measurement) -> str:

@@ -1,7 +1,7 @@
 """`Pool`: a configured pool (`.spec`) with live clients, for loops and verbs.
 
 `survey()` reads each worker's build fresh (DESIGN §3 rule 3), its size, its latest verified
-`probe --survival` and its capacity (the rule is `spec`'s: heads used in turn, counting the
+`probe --survival` and its capacity (the rule is `spec`'s: heads used in any order, counting the
 entries each call of a head, a proof's check included, stores in an LRU they share);
 `worker_for`, `headers_for` and `chat` take a head or a reference they resolve;
 `served_marks()` fingerprints what each worker served (`/slots` `id_task`, else `/cache`
@@ -135,7 +135,7 @@ class Pool:
         if slots is None and survival is not None and per_call is not None:
             counted = measured is not None and measured[1] == per_call
             per = f"{per_call} entries a call" + ("" if counted else " assumed, none counted")
-            source = f"not reported: heads in turn from survival {survival} ({per})"
+            source = f"not reported: heads in any order from survival {survival} ({per})"
         capacity = capacity_of(slots, survival, cap, per_call=per_call)
         return WorkerState(url, build, slots, source, survival, capacity)
 
@@ -150,7 +150,7 @@ class Pool:
             counters = worker.cache()
             if counters is not None and counters.max_entries:
                 entries = counters.max_entries
-                text = f"/cache max_entries {entries}: heads in turn at {per_call} entries a call"
+                text = f"/cache max_entries {entries}: any order, {per_call} entries a call"
                 return lru_heads(entries, per_call), text
         return None, "not reported (1 assumed)"
 

@@ -9,24 +9,30 @@ if it ends in `.toml`, else JSON), else `PREFIXREG_WORKERS` (comma-separated URL
     capacity = 1                          # optional: keep at most this many heads here
 
 Invariants:
-- A worker is one identity: scheme, resolved host, port, path without `/v1` (`U` and
-  `U/v1`, `localhost` and `127.0.0.1`, `:019102` and `:19102` are one). Two spellings of one
-  worker, no worker, a blank entry or user info in a URL are refused (`UsageError`).
+- A worker is one identity: its canonical URL (`server.urls`: `U`, `U/v1`, `U/.`,
+  `[::ffff:127.0.0.1]` and `127.0.0.1`, `:019102` and `:19102` are one), then its resolved
+  host (`localhost` and `127.0.0.1`). Two spellings of one worker are refused, naming both
+  (a demanding user listed it twice by mistake: counting it once would hide the mistake, and
+  counting it twice promises heads it cannot keep); so are no worker, a blank entry, user
+  info, a query or fragment, a control character or space, and 0.0.0.0 (`UsageError`).
 - `place` never puts more heads on a worker than its capacity (`capacity_of`); what fits
   nowhere is `refused`, and nothing is sent for it.
-- Capacity is the heads a worker keeps while they are used in turn (each sees the other
-  k-1 heads' calls between two of its own: a loop's calls, or one proof run's checks, which
-  `pool.warm` makes in one fixed order). On llama.cpp each head has a slot: `total_slots`,
-  capped by the measured survival (k <= survival + 1). Where the heads share one LRU of
-  entries (Halogen `/cache`; vLLM, SGLang, TensorRT-LLM, Ollama), every call of a head, warm
-  or check, stores p entries (the head's own snapshot, then its tail's) and refreshes the
-  head's newest: after its own call a head has p-1 entries above it, and each other head's
-  call puts p+1 more there, so an LRU of E entries keeps `lru_heads(E, p)` = 1 + (E-p)//(p+1)
-  heads (an 8-entry Halogen at p = 2: 3, not 8 // 2). A measured survival s (a just-used head
-  outlives s foreign prompts of p entries: E >= (s+1)p) keeps `lru_heads((s+1)p, p)`, with
-  p the probe's stores per prompt, else Halogen's measured 2, else 1 (an engine that counts
-  no entries: another head's call then costs at most two foreign prompts, its store and its
-  refresh). Nothing reported and nothing measured: 1. A pool file's `capacity` caps it all.
+- Capacity is the heads a worker keeps whatever order they are used in: a round of the
+  user's own checks (each head once, any order) after a proof run (sha order), or a loop's
+  calls, never evicts one. On llama.cpp each head has a slot: `total_slots`, capped by the
+  measured survival (k <= survival + 1; a foreign head's second call lands in its own slot).
+  Where the heads share one LRU of entries (Halogen `/cache`; vLLM, SGLang, TensorRT-LLM,
+  Ollama), every call of a head, warm or check, stores p entries (the head's own snapshot,
+  then its tail's) and refreshes the head's newest: after its own call a head has p-1
+  entries above it. Between two of its calls in two rounds of any order (first in one, last
+  in the next) the other k-1 heads each call twice: a first call puts p+1 entries above it
+  (p stores and the refresh of an entry below it), a second p (its refreshed entry is above
+  already). So an LRU of E entries keeps `lru_heads(E, p)` = 1 + (E-p)//(2p+1) heads (an
+  8-entry Halogen at p = 2: 2; in one fixed order it would keep 3, and a user's check round
+  in another order found one cold). A measured survival s (a just-used head outlives s
+  foreign prompts of p entries: E >= (s+1)p) keeps `lru_heads((s+1)p, p)`, with p the
+  probe's stores per prompt, else Halogen's measured 2, else 1 (an engine that counts no
+  entries). Nothing reported and nothing measured: 1. A pool file's `capacity` caps it all.
 - A head's routing key is its sha (`x-smg-routing-key`), `<sha>.<n>` once re-keyed. The
   placement (head -> worker, key, build) is a JSON file outside the registry, written whole
   by the registry's durable writer; an entry that does not parse is dropped with a warning,
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import ipaddress
 import os
 import socket
 import tomllib
@@ -53,7 +60,7 @@ from prefixreg.core.errors import PrefixregError, UsageError
 from prefixreg.core.jsonio import dumps_pretty, loads
 from prefixreg.registry.fsutil import replace_atomic
 from prefixreg.registry.userfiles import read_user_file
-from prefixreg.server.transport import display_url
+from prefixreg.server.urls import canonical_url, has_userinfo
 
 WORKERS_ENV: Final = "PREFIXREG_WORKERS"
 ROUTING_KEY_HEADER: Final = "x-smg-routing-key"
@@ -62,20 +69,21 @@ MAX_FILE_BYTES: Final = 1 << 20  # a pool or placement file is a few KiB
 
 
 def worker_url(url: object, where: str = "worker") -> str:
-    """The canonical spelling of a worker URL: no trailing `/` or `/v1`, the port a number."""
-    if not isinstance(url, str):
-        raise UsageError(f"{where}: a worker URL is a string, not {type(url).__name__}")
-    base = url.strip().rstrip("/").removesuffix("/v1")
-    try:
-        parts = urlsplit(base)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
-    except ValueError:  # a port that is not a number in 1..65535
-        ok = False
-    if not ok:
-        raise UsageError(f"{where}: a worker URL is http://host[:port] or https://..., not {url!r}")
-    if parts.username is not None or parts.password is not None:
+    """The canonical spelling of a worker URL (`server.urls.canonical_url`), user info refused."""
+    canonical = canonical_url(url, where, keep_userinfo=True)
+    if has_userinfo(canonical):
         raise UsageError(f"{where}: no user info in a worker URL (use PREFIXREG_API_KEY)")
-    return display_url(base)
+    return canonical
+
+
+def _folded(address: str) -> str:
+    """An address as `canonical_url` spells it: an IPv4-mapped IPv6 address as its IPv4."""
+    try:
+        parsed = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        return address
+    mapped = getattr(parsed, "ipv4_mapped", None)
+    return str(mapped if mapped is not None else parsed)
 
 
 @functools.lru_cache(maxsize=64)
@@ -84,7 +92,7 @@ def _addresses(host: str, port: int) -> frozenset[str]:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         return frozenset({host})  # unresolvable: the name is all we know
-    return frozenset({host, *(str(info[4][0]) for info in found)})
+    return frozenset({host, *(_folded(str(info[4][0])) for info in found)})
 
 
 def same_worker(a: str, b: str) -> bool:
@@ -219,7 +227,7 @@ def pool_spec(
     elif pool_file is not None:
         spec = parse_pool_file(pool_file)
     elif listed.strip():
-        urls = [u.strip() for u in listed.split(",")]
+        urls = [u.strip(" ") for u in listed.split(",")]
         if not all(urls):
             raise UsageError(f"{WORKERS_ENV} has a blank entry: {listed!r}")
         spec = PoolSpec(tuple(WorkerSpec(u) for u in urls))
@@ -235,11 +243,11 @@ def default_placement(registry_root: Path, pool_id: str) -> Path:
 
 
 def lru_heads(entries: int, per_call: int) -> int:
-    """Heads an LRU of `entries` keeps used in turn, each call storing `per_call` entries and
-    refreshing one (the module's capacity rule): 1 + (entries - per_call) // (per_call + 1)."""
+    """Heads an LRU of `entries` keeps checked in any order, each call storing `per_call`
+    entries and refreshing one (the module's capacity rule): 1 + (entries - p) // (2p + 1)."""
     if type(entries) is not int or type(per_call) is not int or entries < 0 or per_call < 1:
         raise UsageError(f"lru_heads takes entries >= 0 and per_call >= 1, not {entries, per_call}")
-    return max(0, 1 + (entries - per_call) // (per_call + 1))
+    return max(0, 1 + (entries - per_call) // (2 * per_call + 1))
 
 
 def capacity_of(
@@ -253,7 +261,7 @@ def capacity_of(
     the heads its size allows (llama.cpp `total_slots`, or `lru_heads` of Halogen's
     `max_entries`; None: nobody says), capped by its measured survival and by the pool file's
     `capacity`. `per_call`: the entries one call stores when the heads share one LRU (None:
-    each head has its own slot, so k heads in turn each see k-1 foreign prompts)."""
+    each head has its own slot, so k heads each see at most k-1 other heads' prompts)."""
     room = 1 if slots is None else slots
     if survival is not None and per_call is not None:
         measured = lru_heads((survival + 1) * per_call, per_call)

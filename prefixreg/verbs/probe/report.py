@@ -50,6 +50,7 @@ class ProbeReport:
     alignment: int = 0
     json_path: str | None = None
     md_path: str | None = None
+    qualify: str | None = None  # this build's latest `qualify` run, in its receipt's words
 
     def legs(self, leg: str) -> list[ProbeCall]:
         return [c for c in self.calls if c.leg == leg]
@@ -230,6 +231,7 @@ class ProbeReport:
             "checks_not_available": [c.number for c in self.checks if c.per_call == "n/a"],
             "follows": list(self.follows()),
             "outcome": self.outcome,
+            "qualify": self.qualify,
             "calls": [c.to_dict() for c in self.calls],
             "json_path": None if public else self.json_path,
             "md_path": None if public else self.md_path,
@@ -249,6 +251,8 @@ class ProbeReport:
         if opts.frame is not None:
             text = f"- frame: `{opts.frame.sha256[:16]}`: each prefix sent with its tools and "
             lines.append(text + "settings, legs judged against the whole head")
+        if self.qualify is not None:
+            lines.append(f"- qualify: {self.qualify}")
         legs = "| size | leg | answers | prompt | cached | state | result | seconds |"
         lines += [f"\n## Legs\n\n{legs}", "|---:|---|---|---:|---:|---|---|---:|"]
         for c in (c for c in self.calls if c.leg in ANSWERS):

@@ -36,7 +36,12 @@ from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.core.records import ServerBuild, strict_count
 from prefixreg.registry.store import Registry, iso_utc, stamp_utc, utc_now
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.measure.calls import measured_call, record_measurement
+from prefixreg.verbs.measure.calls import (
+    latest_qualify,
+    measured_call,
+    qualify_note,
+    record_measurement,
+)
 from prefixreg.verbs.probe import notes
 from prefixreg.verbs.probe.checks import ProbeCall, run_checks
 from prefixreg.verbs.probe.options import (
@@ -310,6 +315,8 @@ def run_probe(
         report = ProbeReport(
             secrets.token_hex(4), iso_utc(now), worker.url, build, options, alignment=align
         )
+        if (qualified := latest_qualify(registry, build.build_id)) is not None:
+            report.qualify = qualify_note(qualified)
         prober = _Prober(registry, worker, report, progress or (lambda _label, _n: None), say)
         if say is not None:
             say(notes.plan(options))
