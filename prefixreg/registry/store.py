@@ -55,13 +55,9 @@ class Registry:
 
     def __init__(self, root: Path | str, *, lock_timeout: float = 30.0) -> None:
         path: object = os.fspath(root) if isinstance(root, os.PathLike) else root
-        if not isinstance(path, str):  # the API boundary: callers pass anything
-            got = type(root).__name__
-            raise errors.ArgumentTypeError(f"Registry: root is a path (str or Path), not {got}")
-        if not path or "\0" in path:
-            raise errors.ArgumentValueError(
-                f"Registry: root is a directory's path, not {root!r:.80}"
-            )
+        errors.check_type(path, str, "Registry: root", "a path (str or Path)")  # the API door
+        if not str(path) or "\0" in str(path):
+            raise errors.ArgumentValueError(f"Registry: root is a path, not {root!r:.60}")
         wait: object = lock_timeout
         if type(wait) not in (int, float) or not math.isfinite(lock_timeout) or lock_timeout < 0:
             raise errors.UsageError(f"lock_timeout must be a finite number >= 0, not {wait!r}")
