@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefixreg.core.errors import AmbiguousRefError as AmbiguousRefError
+from prefixreg.core.errors import ArgumentTypeError as ArgumentTypeError
+from prefixreg.core.errors import ArgumentValueError as ArgumentValueError
 from prefixreg.core.errors import CorruptRecordError as CorruptRecordError
 from prefixreg.core.errors import EngineBusyError as EngineBusyError
 from prefixreg.core.errors import EvidenceUnverifiedError as EvidenceUnverifiedError
@@ -64,6 +66,8 @@ if TYPE_CHECKING:
     from prefixreg.verbs.measure.warm import warm as warm
     from prefixreg.verbs.mirror.snapshots import ship_snapshot as ship_snapshot
     from prefixreg.verbs.pool.live import Pool as Pool
+    from prefixreg.verbs.pool.spec import PoolSpec as PoolSpec
+    from prefixreg.verbs.pool.spec import pool_spec as pool_spec
     from prefixreg.verbs.qualify.run import QualifyResult as QualifyResult
     from prefixreg.verbs.qualify.run import qualify as qualify
     from prefixreg.verbs.snapshot.run import restore_and_prove as restore_and_prove
@@ -89,6 +93,7 @@ _LAZY = {
     "verbs.mirror.snapshots": "ship_snapshot",
     "verbs.pool.live": "Pool",
     "verbs.qualify.run": "QualifyResult qualify",
+    "verbs.pool.spec": "PoolSpec pool_spec",
     "verbs.snapshot.run": "restore_and_prove save_snapshot",
 }
 # The face: every error of the tree (imported above), every lazy name, the version and
@@ -99,9 +104,11 @@ __all__ = sorted([*_ERRORS, *" ".join(_LAZY.values()).split(), "__version__", "o
 
 def open_registry(path: Path | str | None = None) -> Registry:
     """Open the registry at `path`, else `$PREFIXREG_HOME`, else the XDG state directory."""
+    from prefixreg.core.errors import check_type
     from prefixreg.registry.location import resolve_registry_path
     from prefixreg.registry.store import Registry
 
+    check_type(path, (str, Path, type(None)), "open_registry: path", "a str, a Path or None")
     return Registry(resolve_registry_path(path))
 
 

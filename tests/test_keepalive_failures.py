@@ -154,7 +154,10 @@ def test_track_refuses_a_body_it_could_not_resend(sim: SimServer, reg: Registry)
         keeper = KeepAlive(kw, [head], poll_s=0.01)
         for bad in (
             head.body([{"role": "user", "content": object()}]),
-            head.body([{"role": "user", "content": "x"}], temperature=math.nan),
+            {
+                **head.body([{"role": "user", "content": "x"}]),
+                "temperature": math.nan,
+            },  # body() refuses
             head.body([{"role": "user", "content": "x"}], seed=2**70),
         ):
             with pytest.raises(UsageError, match=r"track\(\): the request is not JSON"):
@@ -185,7 +188,10 @@ def test_session_refuses_wrong_types_before_telling_or_writing(
             None,
             [("messages", [])],
             {"model": "m"},
-            head.body([{"role": "user", "content": "x"}], temperature=math.nan),
+            {
+                **head.body([{"role": "user", "content": "x"}]),
+                "temperature": math.nan,
+            },  # body() refuses
             head.body([{"role": "user", "content": object()}]),
             head.body([{"role": "user", "content": "x"}], seed=2**70),
         ):

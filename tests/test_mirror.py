@@ -557,30 +557,64 @@ def _unit(path: Path) -> dict[str, list[str]]:
 def test_the_example_units_write_their_local_destination_and_verify_fully_weekly(
     tmp_path: Path,
 ) -> None:
-    """ProtectSystem=strict leaves only ReadWritePaths writable: the registry and every local
-    destination are listed (before, a local destination was read-only to the unit); a weekly
-    timer runs --full-verify; systemd's own parser accepts all four units."""
+    """ProtectSystem=strict leaves only StateDirectory and ReadWritePaths writable: systemd
+    creates the registry's directory (it need not exist first) and every local destination
+    is listed; a weekly timer runs --full-verify; systemd's own parser accepts all four units
+    as shipped (before, ExecStart named /usr/bin/prefix-mirror, which `pip install .` never
+    creates, and verify failed on it)."""
     examples = ROOT / "examples"
-    for name in ("prefix-mirror.service", "prefix-mirror-full.service"):
+    for name, args in (
+        ("prefix-mirror.service", ""),
+        ("prefix-mirror-full.service", " --full-verify"),
+    ):
         unit = _unit(examples / name)
         env = dict(v.strip('"').split("=", 1) for v in unit["Environment"])
-        writable = [Path(p) for value in unit["ReadWritePaths"] for p in value.split()]
+        writable = [Path(p.lstrip("-")) for value in unit["ReadWritePaths"] for p in value.split()]
         local = [Path(d) for d in env["PREFIXREG_MIRROR_TO"].split() if d.startswith("/")]
         assert local and unit["ProtectSystem"] == ["strict"], name
-        for path in [Path(env["PREFIXREG_HOME"]), *local]:
-            assert any(path.is_relative_to(w) for w in writable), (name, path)
-    assert _unit(examples / "prefix-mirror.service")["ExecStart"] == ["/usr/bin/prefix-mirror"]
-    full = _unit(examples / "prefix-mirror-full.service")["ExecStart"]
-    assert full == ["/usr/bin/prefix-mirror --full-verify"]
+        assert all(any(d.is_relative_to(w) for w in writable) for d in local), name
+        (state,) = unit["StateDirectory"]  # made by systemd, under /var/lib, owned by User
+        assert Path(env["PREFIXREG_HOME"]) == Path("/var/lib") / state, name
+        assert unit["ExecStart"] == [f"/usr/bin/env prefix-mirror{args}"], name
+        assert env["PATH"].split(":")[:2] == ["/opt/prefixreg/bin", "/usr/local/bin"], name
     assert _unit(examples / "prefix-mirror-full.timer")["OnCalendar"] == ["Sun *-*-* 05:00:00"]
     names = ["prefix-mirror.service", "prefix-mirror-full.service"]
     names += ["prefix-mirror.timer", "prefix-mirror-full.timer"]
-    for name in names:  # ExecStart pointed at this checkout's command, which systemd checks
-        text = (examples / name).read_text().replace("/usr/bin/prefix-mirror", str(BIN))
-        (tmp_path / name).write_text(text)
-    argv = ["systemd-analyze", "verify", "--man=no", *(str(tmp_path / n) for n in names)]
+    argv = ["systemd-analyze", "verify", "--man=no", *(str(examples / n) for n in names)]
     res = subprocess.run(argv, capture_output=True, text=True, check=False)
     assert res.returncode == 0 and not res.stderr.strip(), res.stderr
+
+
+def test_the_unit_runs_prefix_mirror_where_pip_install_puts_it(tmp_path: Path) -> None:
+    """`python3 -m venv /opt/prefixreg && /opt/prefixreg/bin/pip install .`, as the unit's
+    comment says (here under tmp_path, offline): the unit's ExecStart, on the unit's PATH,
+    runs the installed console script."""
+    venv = tmp_path / "opt" / "prefixreg"
+    python = str(venv / "bin" / "python")
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    pip = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+    subprocess.run([*pip, str(ROOT)], check=True, capture_output=True, timeout=300)
+    assert (venv / "bin" / "prefix-mirror").is_file()
+    unit = _unit(ROOT / "examples" / "prefix-mirror.service")
+    env = dict(v.strip('"').split("=", 1) for v in unit["Environment"])
+    path = env["PATH"].replace("/opt/prefixreg", str(venv))
+    (start,) = unit["ExecStart"]
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run(
+        [*start.split(), "--help"],
+        env={**clean, "PATH": path},
+        cwd=tmp_path,  # not this checkout: the installed copy must be the one that runs
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "mirror" in res.stdout.lower()
+    where = subprocess.run(
+        [python, "-c", "import prefixreg; print(prefixreg.__file__)"],
+        env={**clean, "PATH": path}, cwd=tmp_path, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert where.stdout.startswith(str(venv)), where.stdout  # the installed copy ran
 
 
 # -- the ordering promise -------------------------------------------------------------------

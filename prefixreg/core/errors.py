@@ -8,7 +8,9 @@ PrefixregError
 │   ├── InvalidContentError        empty, not UTF-8
 │   ├── RefNotFoundError (LookupError)
 │   ├── AmbiguousRefError
-│   └── RegistryLocationError      not a registry, a file, newer format
+│   ├── RegistryLocationError      not a registry, a file, newer format
+│   ├── ArgumentTypeError (TypeError)    an API argument of the wrong type, named
+│   └── ArgumentValueError (ValueError)  an API argument of the right type, wrong value
 ├── IntegrityError                 sha mismatch, symlink, corrupt record          (exit 3)
 │   └── CorruptRecordError
 ├── EvidenceUnverifiedError        the server did not report what a claim needs   (exit 4)
@@ -71,6 +73,38 @@ class AmbiguousRefError(UsageError):
 
 class RegistryLocationError(UsageError):
     """A registry path that is a file, an unmarked non-empty directory, or a newer format."""
+
+
+class ArgumentTypeError(UsageError, TypeError):
+    """An API argument of the wrong type; the message names the argument (`check_type`)."""
+
+
+class ArgumentValueError(UsageError, ValueError):
+    """An API argument of the right type but a value it may not take; the message names it."""
+
+
+def check_type(
+    value: object,
+    types: type | tuple[type, ...],
+    argument: str,
+    expected: str,
+    *,
+    hint: str | None = None,
+) -> None:
+    """Refuse `value` unless an instance of `types` (a bool is no int here): an
+    `ArgumentTypeError` saying `argument` is `expected`, not what it was. A public function
+    calls it at its door, once."""
+    wanted = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
+        got = "None" if value is None else type(value).__name__
+        raise ArgumentTypeError(f"{argument} is {expected}, not {got}", hint=hint)
+
+
+def check_progress(progress: object, argument: str) -> None:
+    """Refuse a `progress` that is neither None nor callable (`ArgumentTypeError`)."""
+    if progress is not None and not callable(progress):
+        got = type(progress).__name__
+        raise ArgumentTypeError(f"{argument} is None or a function taking a str, not {got}")
 
 
 class IntegrityError(PrefixregError):

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, cast
 
 from prefixreg.core.digest import is_full_sha, sha256_hex
-from prefixreg.core.errors import CorruptRecordError, IntegrityError, UsageError
+from prefixreg.core.errors import CorruptRecordError, IntegrityError, UsageError, check_type
 from prefixreg.core.jsonio import dumps_canonical, dumps_ordered, loads
-from prefixreg.core.prefix import Drift, Prefix, check_history, system_drift
+from prefixreg.core.prefix import Drift, Prefix, check_history, check_params, system_drift
 
 FRAME_FORMAT: Final = "prefix-frame"
 FRAME_VERSION: Final = 1
@@ -194,6 +194,7 @@ class Frame:
         `messages`, or a frame part to another value."""
         if "messages" in params:
             raise UsageError("body() builds 'messages' itself; pass the history instead")
+        check_params(params, "body()")
         head = self.head()
         for key in ("tools", *PROMPT_SETTINGS):
             if key in params and (key not in head or _ordered(params[key]) != _ordered(head[key])):
@@ -206,6 +207,8 @@ class Frame:
 
     def openai_kwargs(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
         """`body()` as `OpenAI().chat.completions.create` kwargs, unnamed fields in `extra_body`."""
+        if "extra_body" in params:  # merged with the frame's settings: a mapping of fields
+            check_type(params["extra_body"], Mapping, "openai_kwargs: extra_body", "a mapping")
         body = self.body(history, **params)
         named = {"messages", "model", "stream", *OPENAI_NAMED}
         extra = {k: body.pop(k) for k in list(body) if k in PROMPT_SETTINGS and k not in named}

@@ -8,12 +8,19 @@ are the bytes sent: nothing re-reads the file between the check and the request.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from prefixreg.core.errors import CorruptRecordError, UsageError
+from prefixreg.core.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    CorruptRecordError,
+    UsageError,
+    check_type,
+)
 
 
 class Prefix(NamedTuple):
@@ -57,6 +64,7 @@ class Prefix(NamedTuple):
         """The chat body a loop sends: `params`, then `messages` = this prefix + history."""
         if "messages" in params:
             raise UsageError("body() builds 'messages' itself; pass the history instead")
+        check_params(params, "body()")
         system = {"role": "system", "content": self.text}
         return {**params, "messages": [system, *check_history(history)]}
 
@@ -81,6 +89,20 @@ def check_text(value: object, what: str) -> str:
             f"{what} is not valid UTF-8 text (lone surrogate at character {exc.start})"
         ) from None
     return value
+
+
+def check_params(params: Mapping[str, Any], where: str) -> None:
+    """Refuse a request field no worker can read (`ArgumentValueError`): a NaN or infinite
+    number anywhere in it (JSON has none; it would go out as null or be refused there)."""
+    for key, value in params.items():
+        stack, seen = [value], set()  # iterative, each container once: a cycle ends too
+        while stack:
+            item = stack.pop()
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ArgumentValueError(f"{where}: {key} is not a finite number ({item})")
+            if isinstance(item, Mapping | list | tuple) and id(item) not in seen:
+                seen.add(id(item))
+                stack.extend(item.values() if isinstance(item, Mapping) else item)
 
 
 def check_history(history: object) -> list[dict[str, Any]]:
@@ -115,12 +137,17 @@ def rest_bytes(body: Mapping[str, Any]) -> int:
     messages = given.get("messages") if isinstance(given, Mapping) else None
     if not isinstance(messages, list):
         raise UsageError("rest_bytes() reads a request body with a 'messages' list")
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            got = type(message).__name__
+            raise ArgumentTypeError(f"rest_bytes: body['messages'][{i}] is a message, not {got}")
     return text_bytes(messages[1:])
 
 
 def fresh_tail(nonce: str | None = None) -> str:
     """A user tail the server has never seen: only its nonce (16 random hex digits, else
     `nonce`) changes, so on a deterministic tokenizer its token count is fixed."""
+    check_type(nonce, (str, type(None)), "fresh_tail: nonce", "a str or None")
     token = nonce if nonce is not None else os.urandom(8).hex()
     return f"prefixreg resume check {token}. Reply with one word."
 

@@ -14,7 +14,7 @@ from typing import ClassVar, Final, Literal, Self
 
 from prefixreg.core.digest import build_id as compute_build_id
 from prefixreg.core.digest import is_full_sha
-from prefixreg.core.errors import CorruptRecordError
+from prefixreg.core.errors import ArgumentTypeError, ArgumentValueError, CorruptRecordError
 from prefixreg.core.fields import decode, encode
 
 from prefixreg.core.fields import strict_count as strict_count  # isort: skip  (re-exported)
@@ -56,6 +56,12 @@ class Meta(_Record):
     created: str
     source: str
     note: str | None = None
+
+    def __post_init__(self) -> None:
+        _Record.__post_init__(self)
+        if strict_count(self.bytes) is None:  # a read record was checked so by `decode`
+            kind = ArgumentTypeError if type(self.bytes) is not int else ArgumentValueError
+            raise kind(f"Meta: bytes is a whole number >= 0, not {self.bytes!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -55,8 +55,9 @@ class Registry:
 
     def __init__(self, root: Path | str, *, lock_timeout: float = 30.0) -> None:
         path: object = os.fspath(root) if isinstance(root, os.PathLike) else root
-        if not isinstance(path, str) or not path:  # the API boundary: callers pass anything
-            raise errors.UsageError(f"a registry root is a path, not {root!r}")
+        errors.check_type(path, str, "Registry: root", "a path (str or Path)")  # the API door
+        if not str(path) or "\0" in str(path):
+            raise errors.ArgumentValueError(f"Registry: root is a path, not {root!r:.60}")
         wait: object = lock_timeout
         if type(wait) not in (int, float) or not math.isfinite(lock_timeout) or lock_timeout < 0:
             raise errors.UsageError(f"lock_timeout must be a finite number >= 0, not {wait!r}")
@@ -229,8 +230,10 @@ class Registry:
         if name is not None:
             layout.validate_name(name)
         given: tuple[object, object] = (tools, settings)  # the API boundary: anything may come
-        if not isinstance(given[0], str | bytes | None) or not isinstance(given[1], Mapping | None):
-            raise errors.UsageError("tools must be JSON text (str or bytes) and settings a mapping")
+        errors.check_type(given[0], (str, bytes, type(None)), "add_frame: tools", "JSON text")
+        errors.check_type(given[1], (Mapping, type(None)), "add_frame: settings", "a mapping")
+        if any(not isinstance(key, str) for key in settings or {}):
+            raise errors.ArgumentTypeError("add_frame: settings' keys are setting names (str)")
         self.init()
         self.refuse_on_mirror("register a frame")
         system_prefix = self.get(system)  # verified

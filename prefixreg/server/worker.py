@@ -32,7 +32,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from prefixreg.core.errors import MalformedResponseError, UsageError, WorkerHTTPError
+from prefixreg.core.errors import (
+    ArgumentTypeError,
+    MalformedResponseError,
+    UsageError,
+    WorkerHTTPError,
+)
 from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject, dumps_ordered
 from prefixreg.core.prefix import Prefix, check_history, check_text
@@ -349,6 +354,17 @@ class Worker:
         ttft = None if first is None else first - started
         evidence = evidence_from_response(reply, wall_s=wall, ttft_s=ttft, zero_rule=self.zero_rule)
         return reply.view(), evidence
+
+
+def check_worker(worker: object, argument: str = "worker") -> None:
+    """Refuse (`ArgumentTypeError`) what is not a Worker at a public function's door; a URL
+    string is the likely slip, told how to make one."""
+    if isinstance(worker, str):
+        why = f"{argument} is a Worker, not the URL {worker!r:.80}: pass prefixreg.Worker(url)"
+        raise ArgumentTypeError(why, hint="use the Worker as a context manager to close it")
+    if not callable(getattr(worker, "server_build", None)):
+        got = "None" if worker is None else type(worker).__name__
+        raise ArgumentTypeError(f"{argument} is a Worker (prefixreg.Worker(url)), not {got}")
 
 
 def check_body(body: object, what: str = "chat()") -> bytes:

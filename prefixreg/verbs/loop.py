@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
 
-from prefixreg.core.errors import UsageError
+from prefixreg.core.errors import UsageError, check_type
 from prefixreg.core.frame import Frame, Head, beyond_prefix, not_a_prefix_call
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import judge, judge_unknown_head, judge_without_body
@@ -45,7 +45,7 @@ from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
 from prefixreg.registry.userfiles import check_output_file, refuse_shared
 from prefixreg.server.calllog import append_line, call_line
-from prefixreg.server.worker import Worker, check_body
+from prefixreg.server.worker import Worker, check_body, check_worker
 from prefixreg.verbs.measure.calls import build_warms, measured_span, sent_head
 from prefixreg.verbs.measure.warm import tools_tokens
 
@@ -155,8 +155,10 @@ class LoopJudge:
     def for_worker(cls, registry: Registry, head: Head, worker: Worker) -> LoopJudge:
         """Read the worker's build now, the head's warms on it from `registry`, and what a
         frame's tools add to a prompt there."""
-        if not isinstance(head, Prefix | Frame):
-            raise UsageError(f"LoopJudge takes a Prefix or a Frame, not {type(head).__name__}")
+        where = "LoopJudge.for_worker"
+        check_type(registry, Registry, f"{where}: registry", "a Registry (open_registry())")
+        check_type(head, (Prefix, Frame), f"{where}: head", "a Prefix or a Frame (Registry.head)")
+        check_worker(worker, f"{where}: worker")
         build = worker.server_build()
         warms = build_warms(registry, head.system.sha256, build.build_id)
         tools = tools_tokens(worker, build, head) if isinstance(head, Frame) else None

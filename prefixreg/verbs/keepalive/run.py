@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from prefixreg.core.errors import (
+    ArgumentValueError,
     EngineBusyError,
     UsageError,
     WorkerError,
@@ -103,6 +104,8 @@ class KeepAlive(Stepper):
         ):
             if not ok:
                 raise UsageError(f"KeepAlive: {what}")
+        if session is not None and (str(session) == "" or "\0" in str(session)):
+            raise ArgumentValueError(f"KeepAlive: session is a file's path, not {session!r:.80}")
         self.poll_s = check_seconds("poll_s", poll_s)  # finite, above 0, at most a day
         interval_s = None if interval_s is None else check_seconds("interval_s", interval_s)
         if registry is not None:

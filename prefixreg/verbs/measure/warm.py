@@ -23,14 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from prefixreg.core.errors import UsageError
+from prefixreg.core.errors import UsageError, check_progress, check_type
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import Judgement, judge_same_build, judge_warm_only
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.core.records import Measurement, ServerBuild
 from prefixreg.registry.store import Registry
-from prefixreg.server.worker import Worker
+from prefixreg.server.worker import Worker, check_worker
 from prefixreg.verbs.measure.calls import (
     CallRecord,
     build_warms,
@@ -186,10 +186,14 @@ def warm(
         UsageError: neither call asked for, not a head, or the registry is a mirror.
         WorkerError: the worker could not be reached or answered an HTTP error.
     """
+    check_type(registry, Registry, "warm: registry", "a Registry (prefixreg.open_registry())")
+    check_type(head, (Prefix, Frame), "warm: head", "a Prefix or a Frame (Registry.head)")
+    check_worker(worker, "warm: worker")
+    check_type(check, bool, "warm: check", "True or False")
+    check_type(send_warm, bool, "warm: send_warm", "True or False")
+    check_progress(progress, "warm: progress")
     if not (send_warm or check):
         raise UsageError("nothing to do: neither the warm call nor the resume check")
-    if not isinstance(head, Prefix | Frame):
-        raise UsageError(f"warm takes a Prefix or a Frame (Registry.head), not {head!r:.40}")
     registry.refuse_on_mirror("record measurements")  # before anything is sent
     say = progress or (lambda _msg: None)
     build = worker.server_build()

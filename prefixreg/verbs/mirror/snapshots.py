@@ -23,7 +23,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from prefixreg.core.errors import IntegrityError, MirrorError, UsageError, WorkerError
+from prefixreg.core.errors import (
+    ArgumentValueError,
+    IntegrityError,
+    MirrorError,
+    UsageError,
+    WorkerError,
+    check_progress,
+    check_type,
+)
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.judge import CopyVerdict, judge_copy
 from prefixreg.core.prefix import Prefix
@@ -31,7 +39,7 @@ from prefixreg.core.snapshots import SnapshotRecord
 from prefixreg.registry.snapshots import digest_snapshot_file, read_snapshot
 from prefixreg.registry.store import Registry
 from prefixreg.registry.userfiles import check_output_file
-from prefixreg.server.worker import Worker
+from prefixreg.server.worker import Worker, check_worker
 from prefixreg.verbs.mirror import rsync
 from prefixreg.verbs.mirror.rsync import Destination, parse_destination
 
@@ -71,8 +79,17 @@ def ship_snapshot(
         MirrorError: a bad directory, or the file could not be fetched.
         IntegrityError: the file as fetched does not match its record (nothing sent).
     """
-    if not isinstance(head, Prefix | Frame):
-        raise UsageError(f"ship takes a Prefix or a Frame (Registry.head), not {head!r:.40}")
+    where = "ship_snapshot"
+    check_type(registry, Registry, f"{where}: registry", "a Registry (prefixreg.open_registry())")
+    check_type(head, (Prefix, Frame), f"{where}: head", "a Prefix or a Frame (Registry.head)")
+    check_progress(progress, f"{where}: progress")
+    check_type(targets, (list, tuple), f"{where}: targets", "a list of (directory, Worker) pairs")
+    for n, pair in enumerate(targets):
+        check_type(pair, tuple, f"{where}: targets[{n}]", "a (directory, Worker) pair")
+        if len(pair) != 2:
+            raise ArgumentValueError(f"{where}: targets[{n}] is a (directory, Worker) pair")
+        check_type(pair[0], str, f"{where}: targets[{n}][0]", "a directory, PATH or HOST:PATH")
+        check_worker(pair[1], f"{where}: targets[{n}][1]")
     if not targets:
         raise UsageError("ship needs a destination: --to DIR with its --worker URL")
     checked = check_destinations([d for d, _w in targets])  # before a worker is asked

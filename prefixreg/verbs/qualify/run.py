@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from prefixreg.core.errors import UsageError, WorkerError, WorkerHTTPError
+from prefixreg.core.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    UsageError,
+    WorkerError,
+    WorkerHTTPError,
+)
 from prefixreg.core.judge import (
     Assertions,
     compare_output,
@@ -49,14 +55,6 @@ from prefixreg.verbs.qualify.receipt import QualifyRow, Settings, render, rows_f
 
 MAX_STREAMS: Final = 64  # under the client's pool of 100 connections: all really overlap
 BARRIER_S: Final = 30.0
-
-
-class _TypeError(UsageError, TypeError):
-    """A wrong type at the door: both a usage error and a TypeError."""
-
-
-class _ValueError(UsageError, ValueError):
-    """A wrong value at the door: both a usage error and a ValueError."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,17 +80,18 @@ class QualifyResult:
 
 def _whole(name: str, value: object, low: int, high: int | None = None) -> int:
     if type(value) is not int:
-        raise _TypeError(f"{name} must be an int, not {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be an int, not {type(value).__name__}")
     if value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in {low}..{high}"
-        raise _ValueError(f"{name} must be {bound}, not {value}")
+        raise ArgumentValueError(f"{name} must be {bound}, not {value}")
     return value
 
 
 def _check(**given: Any) -> Settings:
     for flag in ("require_cold", "require_reuse"):
         if not isinstance(given[flag], bool):
-            raise _TypeError(f"{flag} must be True or False, not {type(given[flag]).__name__}")
+            got = type(given[flag]).__name__
+            raise ArgumentTypeError(f"{flag} must be True or False, not {got}")
     expected = given["expected_prompt_tokens"]
     return Settings(
         tokens=_whole("tokens", given["tokens"], 1, 1 << 20),
@@ -135,7 +134,7 @@ def qualify(
         WorkerError: `/health` or the first request failed (the receipt written first).
     """
     if not isinstance(worker, Worker):
-        raise _TypeError(f"worker must be a Worker, not {type(worker).__name__}")
+        raise ArgumentTypeError(f"worker must be a Worker, not {type(worker).__name__}")
     settings = _check(
         tokens=tokens,
         repeats=repeats,
@@ -147,9 +146,9 @@ def qualify(
     )
     for name, value in (("prompt_file", prompt_file), ("output", output)):
         if value is not None and not isinstance(value, Path | str):
-            raise _TypeError(f"{name} must be a path, not {type(value).__name__}")
+            raise ArgumentTypeError(f"{name} must be a path, not {type(value).__name__}")
     if registry is not None and not isinstance(registry, Registry):
-        raise _TypeError(f"registry must be a Registry, not {type(registry).__name__}")
+        raise ArgumentTypeError(f"registry must be a Registry, not {type(registry).__name__}")
     out = None if output is None else check_output_file(Path(output), "--output")
     prompt = builtin_prompt() if prompt_file is None else load_prompt(prompt_file)
     if registry is not None:

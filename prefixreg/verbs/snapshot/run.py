@@ -15,7 +15,13 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from prefixreg.core.errors import EvidenceUnverifiedError, UsageError
+from prefixreg.core.errors import (
+    ArgumentValueError,
+    EvidenceUnverifiedError,
+    UsageError,
+    check_progress,
+    check_type,
+)
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.prefix import Prefix
@@ -23,7 +29,7 @@ from prefixreg.core.snapshots import SnapshotRecord, snapshot_file_name
 from prefixreg.registry.snapshots import digest_snapshot_file, write_snapshot
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.server.slots import require_slot_api, slot_action
-from prefixreg.server.worker import Worker
+from prefixreg.server.worker import Worker, check_worker
 from prefixreg.verbs.measure.calls import record_measurement
 from prefixreg.verbs.measure.slots import (
     Progress,
@@ -41,7 +47,7 @@ def save_snapshot(
     head: Head,
     worker: Worker,
     *,
-    slot_dir: Path,
+    slot_dir: Path | str,
     slot: int | None = None,
     progress: Progress = None,
 ) -> tuple[SnapshotRecord, JSONObject]:
@@ -54,8 +60,7 @@ def save_snapshot(
             build changed (nothing recorded).
         WorkerError: the worker failed.
     """
-    if not isinstance(head, Prefix | Frame):
-        raise UsageError(f"save takes a Prefix or a Frame (Registry.head), not {head!r:.40}")
+    slot_dir = _door("save_snapshot", registry, head, worker, slot_dir, progress)
     say = progress or (lambda _msg: None)
     registry.refuse_on_mirror("record a snapshot")
     if not readable_dir(slot_dir):
@@ -122,16 +127,37 @@ def restore_and_prove(
     head: Head,
     worker: Worker,
     *,
-    slot_dir: Path | None = None,
+    slot_dir: Path | str | None = None,
     slot: int | None = None,
     fallback_warm: bool = True,
     progress: Progress = None,
 ) -> RestoreResult:
     """Restore `head`'s snapshot and prove it; a normal warm follows one not `restored`
     (unless `fallback_warm` is False). Raises as `measure.slots.restore_head`."""
-    result = restore_head(registry, worker, head, slot_dir=slot_dir, slot=slot, progress=progress)
+    where = (
+        None
+        if slot_dir is None
+        else _door("restore_and_prove", registry, head, worker, slot_dir, progress)
+    )
+    check_type(fallback_warm, bool, "restore_and_prove: fallback_warm", "True or False")
+    result = restore_head(registry, worker, head, slot_dir=where, slot=slot, progress=progress)
     if result.verdict == "restored" or not fallback_warm:
         return result
     if progress is not None:
         progress("falling back to a normal warm")
     return replace(result, fallback=warm(registry, head, worker, progress=progress))
+
+
+def _door(
+    where: str, registry: object, head: object, worker: object, slot_dir: object, progress: object
+) -> Path:
+    """The arguments every snapshot call takes, checked once; `slot_dir` as a Path (a str
+    path is the obvious call). Raises ArgumentTypeError / ArgumentValueError."""
+    check_type(registry, Registry, f"{where}: registry", "a Registry (prefixreg.open_registry())")
+    check_type(head, (Prefix, Frame), f"{where}: head", "a Prefix or a Frame (Registry.head)")
+    check_worker(worker, f"{where}: worker")
+    check_progress(progress, f"{where}: progress")
+    check_type(slot_dir, (str, Path), f"{where}: slot_dir", "a directory's path (str or Path)")
+    if str(slot_dir) == "" or "\0" in str(slot_dir):
+        raise ArgumentValueError(f"{where}: slot_dir is a directory's path, not {slot_dir!r:.80}")
+    return Path(str(slot_dir)).expanduser()
