@@ -133,3 +133,18 @@ def test_a_hand_edited_call_record_is_listed_malformed_not_read(tmp_path: Path) 
     reasons = [m["reason"] for m in out["malformed"]]
     assert len(reasons) == 3 and "chain is not a list" in reasons[0]
     assert "version 2" in reasons[1] and "corrupt evidence" in reasons[2]
+
+
+def test_the_call_log_doors_name_a_wrong_argument(tmp_path: Path) -> None:
+    reg = prefixreg.Registry(tmp_path / "reg")
+    reg.add(SYSTEM, name="loop")
+    head = reg.head("loop")
+    body = head.body([{"role": "user", "content": "hi"}])
+    with pytest.raises(TypeError, match="evidence"):
+        prefixreg.call_record(body, {"prompt_tokens": 1})  # type: ignore[arg-type]
+    with pytest.raises(prefixreg.ArgumentTypeError, match="body"):
+        prefixreg.call_line("not a body", None)  # type: ignore[arg-type]
+    with pytest.raises(prefixreg.ArgumentTypeError, match="call_log"):
+        prefixreg.Session(head, call_log=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="NUL"):
+        prefixreg.Session(head, call_log="a\0b")

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from prefixreg.core.errors import UsageError
+from prefixreg.core.errors import ArgumentTypeError, UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.qualification import Assertions as Assertions
 from prefixreg.core.qualification import compare_output as compare_output
@@ -372,9 +372,10 @@ def judge_reach(low: int, below: int | None) -> tuple[ReachVerdict, str]:
     largest count a fresh tail resumed), under `below` (the span of the first larger size that
     did not resume; None: no ceiling). `urgent` only when the top is at most `URGENT_CMAX`;
     `reaches` when the bottom is at least that; else `not_proven` (a finer probe decides)."""
+    for name, value in (("low", low), ("below", below)):
+        if type(value) is not int and not (name == "below" and value is None):
+            raise ArgumentTypeError(f"judge_reach: {name} is a whole number, not {value!r:.40}")
     _counts(low=low, below=below)
-    if type(low) is not int:  # None passes `_counts`
-        raise UsageError("low must be a whole number >= 0, not None")
     said = f"Cmax is at least {low:,}" + ("" if below is None else f" and below {below:,}")
     if below is not None and below <= URGENT_CMAX:
         return "urgent", f"Cmax is under {below:,} tokens (at least {low:,}), below {URGENT_CMAX:,}"
@@ -404,8 +405,10 @@ def judge_lever(
     their requests, said so), named by the larger; `unverified` when `unknown` tokens (no head
     or session to compare) outnumber the rest; else `not_lever`."""
     counts = (cached, new_history, drift, miss, unknown, session, unmatched)
-    if any(type(n) is not int for n in counts):
-        raise UsageError("judge_lever takes whole numbers of tokens")
+    names = ("cached", "new_history", "drift", "miss", "unknown", "session", "unmatched")
+    for name, n in zip(names, counts, strict=True):
+        if type(n) is not int:
+            raise ArgumentTypeError(f"judge_lever: {name} is a whole number, not {n!r:.40}")
     if min(counts) < 0:
         return "unverified", "a token count is negative"
     head, uncached = drift + miss, drift + miss + session + new_history + unknown

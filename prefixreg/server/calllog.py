@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from prefixreg.core.digest import is_full_sha, sha256_hex
-from prefixreg.core.errors import CorruptRecordError, UsageError
+from prefixreg.core.errors import CorruptRecordError, UsageError, check_type
 from prefixreg.core.fields import strict_count
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject, dumps_canonical, dumps_ordered
@@ -88,10 +88,6 @@ def _system(body: Mapping[str, Any]) -> JSONObject:
 def _head(head: Head | None, body: Mapping[str, Any]) -> JSONObject | None:
     if head is None:
         return None
-    if not isinstance(head, Prefix | Frame):
-        raise UsageError(
-            f"call_record: head must be a Prefix or a Frame, not {type(head).__name__}"
-        )
     try:
         if head.drift(body):
             return None  # what was sent is not the head: judged by its own system prompt
@@ -109,14 +105,13 @@ def call_record(
 ) -> JSONObject:
     """The call-log record of one call: the request `body` it sent (only hashed and counted),
     the server's `evidence`, and `head`, the registered head it sends (`Registry.head`) when
-    known. Raises UsageError: not a body with messages, no evidence, or `head` not a head."""
-    given: object = body  # callers outside the type checker pass anything
-    if not isinstance(given, Mapping) or not isinstance(given.get("messages"), list):
-        raise UsageError(
-            f"call_record takes a request body with messages, not {type(given).__name__}"
-        )
-    if not isinstance(evidence, CallEvidence):
-        raise UsageError(f"call_record takes a CallEvidence, not {type(evidence).__name__}")
+    known. Raises ArgumentTypeError (a UsageError and a TypeError) naming the argument: a
+    body, evidence or head of the wrong type; UsageError: a body without messages."""
+    check_type(body, Mapping, "call_record: body", "a request body (a mapping)")
+    if not isinstance(body.get("messages"), list):
+        raise UsageError("call_record: body has no messages list")
+    check_type(evidence, CallEvidence, "call_record: evidence", "a CallEvidence")
+    check_type(head, (Prefix, Frame, type(None)), "call_record: head", "a Prefix, a Frame or None")
     tools = body.get("tools")
     tools_sha = None
     with contextlib.suppress(TypeError, ValueError):

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
 
-from prefixreg.core.errors import UsageError, check_type
+from prefixreg.core.errors import ArgumentValueError, UsageError, check_type
 from prefixreg.core.frame import Frame, Head, beyond_prefix, not_a_prefix_call
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import judge, judge_unknown_head, judge_without_body
@@ -236,9 +236,10 @@ class Session:
             raise UsageError(f"Session: calls is a whole number >= 0, not {calls!r}")
         call_log: object = self.call_log
         if call_log is not None:
-            if not isinstance(call_log, str | Path) or "\0" in str(call_log):
-                raise UsageError(f"Session: call_log is a file's path, not {call_log!r:.80}")
-            check_output_file(Path(call_log), "the call log")  # before any call is made
+            check_type(call_log, (str, Path), "Session: call_log", "a file's path")
+            if "\0" in str(call_log):
+                raise ArgumentValueError(f"Session: call_log holds a NUL byte: {call_log!r:.80}")
+            check_output_file(Path(str(call_log)), "the call log")  # before any call is made
 
     def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
         """The request body of the next call: the head, then `history` (`Frame.body`)."""
@@ -261,6 +262,9 @@ class Session:
             harm = "a keeper would warm a prompt the loop never sends"
             raise UsageError(f"Session.sent(): {not_a_prefix_call(self.head, fields, harm)}")
         record = None
+        check_type(
+            evidence, (CallEvidence, type(None)), "Session.sent(): evidence", "a CallEvidence"
+        )
         if evidence is not None or self.call_log is not None:
             if self.call_log is not None and evidence is None:
                 raise UsageError(
