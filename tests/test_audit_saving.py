@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefixreg.core.judge import judge_lever
+from prefixreg.core.levers import judge_lever
 from prefixreg.core.prefix import fresh_tail
 from prefixreg.registry.store import Registry
 from prefixreg.sim import SimConfig, SimServer

@@ -15,7 +15,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefixreg.core.judge import judge_lever
+from prefixreg.core.levers import judge_lever
 from prefixreg.core.prefix import fresh_tail
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.audit.read import read_outputs

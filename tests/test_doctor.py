@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixreg.core.errors import UsageError
-from prefixreg.core.judge import URGENT_CMAX, allowance, judge_fit, judge_reach
+from prefixreg.core.judge import allowance
+from prefixreg.core.levers import URGENT_CMAX, judge_fit, judge_reach
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer

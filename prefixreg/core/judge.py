@@ -22,6 +22,8 @@ Invariants:
   names the alignment ("the server caches in multiples of 2,048 tokens").
 - `qualify`'s fingerprint comparisons and its `qualified` decision live in the module this
   one owns, `core.qualification` (re-exported here): a missing token hash is never a pass.
+  The verdicts on a worker's reach and a batch's lever (doctor's fit and "urgent", audit's
+  "the lever") live in the other, `core.levers`, on this module's allowance.
 - `restored` needs a baseline showing the slot did not hold the head, a restore that
   loaded tokens, and a resumed pinned check; `resident` needs a resumed proof that nothing
   touched the worker after; `verified` (a copy) needs its bytes hashed.
@@ -33,7 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from prefixreg.core.errors import ArgumentTypeError, UsageError
+from prefixreg.core.errors import UsageError
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.qualification import Assertions as Assertions
 from prefixreg.core.qualification import compare_output as compare_output
@@ -58,7 +60,7 @@ ALLOWANCE_SHARE: Final = 0.5
 MAX_BYTES_PER_TOKEN: Final = 128
 
 
-def _counts(*, least: int | None = 0, **values: object) -> None:
+def check_counts(*, least: int | None = 0, **values: object) -> None:
     """`UsageError` unless each value is a whole number (None passes: not known) of at least
     `least` (None: any; a span or alignment below 1 means none and is judged so)."""
     for what, value in values.items():
@@ -143,9 +145,9 @@ def judge(
     neither a measured span nor `rest_bytes`, an estimated span a resumed check of this build
     covered (an aligned engine's, whose counts measure none), judged as an estimate. Raises
     UsageError: an argument of the wrong type, or a count below 0."""
-    _counts(head_bytes=head_bytes, rest_bytes=rest_bytes, tools_tokens=tools_tokens)
-    _counts(least=None, alignment=alignment, measured_span=measured_span)
-    _counts(least=None, confirmed_span=confirmed_span)
+    check_counts(head_bytes=head_bytes, rest_bytes=rest_bytes, tools_tokens=tools_tokens)
+    check_counts(least=None, alignment=alignment, measured_span=measured_span)
+    check_counts(least=None, confirmed_span=confirmed_span)
     given: tuple[object, object] = (head_bytes, alignment)  # callers outside the type checker
     if None in given:
         raise UsageError("head_bytes and alignment must be whole numbers, not None")
@@ -274,7 +276,7 @@ def judge_restore(
     """A restore into a slot: `baseline`, a pinned check before (None: the slot was erased),
     `n_restored` the server's count, `check` the pinned check after; `restored` when all agree."""
     _judgement(check, "check")
-    _counts(n_restored=n_restored)
+    check_counts(n_restored=n_restored)
     if baseline is not None and _judgement(baseline, "baseline").resumed:
         return "resident", "the slot held the head before the restore: the restore proved nothing"
     if baseline is not None and baseline.verdict == "unverified":
@@ -313,7 +315,7 @@ def judge_without_body(j: Judgement, head: str) -> Judgement:
 def judge_resident(proof: Judgement, touched_after: int) -> tuple[bool, str]:
     """Is a head resident on a worker? Only when its proof resumed and no prefill touched
     the worker after the proof (`touched_after` calls did)."""
-    _counts(touched_after=touched_after)
+    check_counts(touched_after=touched_after)
     if not _judgement(proof, "proof").resumed:
         return False, f"{proof.verdict}: {proof.reason}"
     if touched_after:
@@ -337,107 +339,3 @@ def alignment_shaped(j: Judgement) -> bool:
     if not j.resumed or j.span is None or j.cached_tokens is None:
         return False
     return j.span - j.cached_tokens > allowance(j.span, 0)
-
-
-def judge_fit(
-    span: int, cmax: int, *, lower_bound: bool, alignment: int = 0
-) -> tuple[FitVerdict, str]:
-    """Does a head of `span` tokens fit in one cache entry? `cmax`: a probe's largest fresh-tail
-    cached count on this build (`lower_bound`: every size probed resumed whole). It `fits`
-    only when `cmax` covers the span less the allowance; else a lower bound is `not_proven`."""
-    _counts(least=None, alignment=alignment)
-    if type(span) is not int or type(cmax) is not int:
-        raise UsageError(f"judge_fit takes whole numbers, not {span!r:.20} and {cmax!r:.20}")
-    if span < 1 or cmax < 0:
-        return "unverified", "no span or Cmax to compare"
-    short = span - cmax
-    aligned = f"the server's {alignment:,}-token alignment"
-    if short <= allowance(span, alignment):
-        why = f"Cmax {cmax:,} covers its span of {span:,} tokens"
-        return "fits", why + (f", within {aligned}" if short > allowance(span, 0) else "")
-    if lower_bound:
-        why = f"its {span:,} tokens are more than the largest size the probe resumed"
-        return "not_proven", why + f" (Cmax at least {cmax:,})"
-    why = f"a fresh call resumes at most {cmax:,} of its {span:,} tokens"
-    return "does_not_fit", why + (f", short by more than {aligned}" if alignment > 1 else "")
-
-
-ReachVerdict = Literal["urgent", "not_proven", "reaches"]
-# Below this many tokens one cache entry does not reach past a loop's system prompt.
-URGENT_CMAX: Final = 4000
-
-
-def judge_reach(low: int, below: int | None) -> tuple[ReachVerdict, str]:
-    """How far one cache entry reaches, from a probe's bracket of Cmax: at least `low` (the
-    largest count a fresh tail resumed), under `below` (the span of the first larger size that
-    did not resume; None: no ceiling). `urgent` only when the top is at most `URGENT_CMAX`;
-    `reaches` when the bottom is at least that; else `not_proven` (a finer probe decides)."""
-    for name, value in (("low", low), ("below", below)):
-        if type(value) is not int and not (name == "below" and value is None):
-            raise ArgumentTypeError(f"judge_reach: {name} is a whole number, not {value!r:.40}")
-    _counts(low=low, below=below)
-    said = f"Cmax is at least {low:,}" + ("" if below is None else f" and below {below:,}")
-    if below is not None and below <= URGENT_CMAX:
-        return "urgent", f"Cmax is under {below:,} tokens (at least {low:,}), below {URGENT_CMAX:,}"
-    if low >= URGENT_CMAX:
-        return "reaches", f"{said} tokens"
-    why = "no larger size was probed" if below is None else "the probe's sizes are too far apart"
-    return "not_proven", f"{said} tokens: whether it reaches {URGENT_CMAX:,} is not known ({why})"
-
-
-LeverVerdict = Literal["lever", "not_lever", "unverified"]
-
-
-def judge_lever(
-    *,
-    cached: int,
-    new_history: int,
-    drift: int,
-    miss: int,
-    unknown: int = 0,
-    session: int = 0,
-    unmatched: int = 0,
-) -> tuple[LeverVerdict, str]:
-    """Is prompt caching the lever for a batch? From where its prompt tokens went, never time.
-    A cache could have held the head's `drift` and `miss` and the `session` (the previous
-    call's prompt a call sent again and did not resume): the `lever` when those are at least
-    the `new_history` (what calls newly appended; `unmatched` of it from calls read without
-    their requests, said so), named by the larger; `unverified` when `unknown` tokens (no head
-    or session to compare) outnumber the rest; else `not_lever`."""
-    counts = (cached, new_history, drift, miss, unknown, session, unmatched)
-    names = ("cached", "new_history", "drift", "miss", "unknown", "session", "unmatched")
-    for name, n in zip(names, counts, strict=True):
-        if type(n) is not int:
-            raise ArgumentTypeError(f"judge_lever: {name} is a whole number, not {n!r:.40}")
-    if min(counts) < 0:
-        return "unverified", "a token count is negative"
-    head, uncached = drift + miss, drift + miss + session + new_history + unknown
-    if uncached + cached == 0:
-        return "unverified", "no call reported prompt and cached counts"
-    if unknown > head + session + new_history:
-        return "unverified", f"{unknown:,} of {uncached:,} uncached tokens have no head to compare"
-    if uncached == 0:
-        return "not_lever", f"all {cached:,} prompt tokens came from the cache"
-    held = head + session
-    if held and held >= new_history:
-        if session > head:
-            return "lever", (
-                f"{session:,} of {uncached:,} uncached tokens were the previous call's prompt "
-                f"in the same session, lost before the next call (and {head:,} the head's): "
-                "keeping each session warm (keepalive --session) saves them"
-            )
-        also = f"; {session:,} the session's" if session else ""
-        return "lever", (
-            f"{head:,} of {uncached:,} uncached tokens were the head (drift {drift:,}, missed "
-            f"{miss:,}{also}): keeping it warm and in line saves them"
-        )
-    if unmatched:
-        return "not_lever", (
-            f"{new_history:,} of {uncached:,} uncached tokens are history beyond the head, "
-            f"{unmatched:,} of them from calls read without their requests (whether those "
-            "continued a session is not known; give the requests, or a call log)"
-        )
-    return "not_lever", (
-        f"{new_history:,} of {uncached:,} uncached tokens are new history (each call's newly "
-        "appended messages), which no cache holds"
-    )

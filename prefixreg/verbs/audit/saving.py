@@ -35,7 +35,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from prefixreg.core.judge import Judgement, LeverVerdict, estimate_span, judge_lever
+from prefixreg.core.judge import Judgement, estimate_span
+from prefixreg.core.levers import LeverVerdict, judge_lever
 from prefixreg.core.prefix import Drift
 from prefixreg.core.records import CallEvidence
 from prefixreg.verbs.audit.read import AuditCall

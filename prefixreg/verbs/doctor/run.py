@@ -35,7 +35,7 @@ from prefixreg.core.errors import (
     WorkerHTTPError,
 )
 from prefixreg.core.jsonio import JSONValue, loads_object
-from prefixreg.core.judge import URGENT_CMAX, judge_fit, judge_reach
+from prefixreg.core.levers import URGENT_CMAX, judge_fit, judge_reach
 from prefixreg.core.records import CacheCounters, strict_count
 from prefixreg.registry.store import Registry
 from prefixreg.server.counters import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
