@@ -148,8 +148,10 @@ def test_resumed_call_is_faster_than_cold_by_the_modelled_ratio() -> None:
         warm["timings"]["prompt_ms"] + warm["timings"]["predicted_ms"]
     )
     assert reported == pytest.approx(modelled, rel=0.01)
-    assert cold_s / warm_s == pytest.approx(modelled, rel=0.25)
-    assert cold_s >= cold_model / speed  # the model is a lower bound on wall time
+    # Wall time: the model is a lower bound on each call (a loaded machine only adds to it),
+    # and the resumed call is the faster; the ratio itself is asserted on the server's timings.
+    assert cold_s >= cold_model / speed and warm_s >= warm_model / speed
+    assert cold_s > warm_s
 
 
 def _slow_body(word: str, n_words: int = 400) -> dict[str, Any]:
