@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Final, Literal, Self
+from typing import ClassVar, Final, Literal, Self, cast
 
 from prefixreg.core.digest import build_id as compute_build_id
 from prefixreg.core.digest import is_full_sha
@@ -56,6 +56,27 @@ class Meta(_Record):
     created: str
     source: str
     note: str | None = None
+
+    @classmethod
+    def from_flat(cls, data: JSONObject | None, sha: str) -> Meta | None:
+        """The record of object `sha` from a flat object (`jsonio.loads_flat`) in exactly the
+        shape `add` writes, else None: `from_dict` then reads it (and says what is wrong).
+        Equal to what `from_dict` gives for the same object, at a fraction of the cost."""
+        if data is None or not 4 <= len(data) <= 5 or data.get("sha256") != sha:
+            return None
+        size, created, source = data.get("bytes"), data.get("created"), data.get("source")
+        note = data.get("note")
+        plain = type(size) is int and size >= 0 and type(created) is str
+        plain = plain and type(source) is str and (note is None or type(note) is str)
+        if not plain or len(data) != 4 + ("note" in data):
+            return None
+        return cls(
+            sha256=sha,
+            bytes=cast(int, size),
+            created=cast(str, created),
+            source=cast(str, source),
+            note=cast("str | None", note),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

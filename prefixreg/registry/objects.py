@@ -22,15 +22,16 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from prefixreg.core import errors
 from prefixreg.core.digest import sha256_hex
 from prefixreg.core.frame import Frame, parse_frame_record
-from prefixreg.core.jsonio import dumps_canonical
+from prefixreg.core.jsonio import dumps_canonical, loads_flat
 from prefixreg.core.prefix import Prefix
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.disk import Disk, LegacyRecordError
@@ -105,22 +106,52 @@ class Objects:
             data = fsutil.read_below(self._disk.root_s, rel)
         except FileNotFoundError:
             raise errors.RefNotFoundError(f"no prefix {sha}") from None
+        self.check(sha, data)
+        return data
+
+    def check(self, sha: str, data: bytes) -> None:
+        """Raise `IntegrityError` unless `data` hashes to `sha` (the bytes of its object)."""
         actual = hashlib.sha256(data).hexdigest()
         if actual != sha:
-            path = self._disk.path(rel)
+            path = self._disk.path(f"{layout.OBJECTS}/{sha[:2]}/{sha}.txt")
             why = f"{path}: content hashes to {actual}, expected {sha}; refusing to use it"
             raise errors.IntegrityError(why, path=path, expected=sha, actual=actual)
-        return data
 
     def meta(self, sha: str) -> Meta:
         """The meta record of `sha`. Raises: RefNotFoundError; CorruptRecordError."""
-        from prefixreg.core.records import Meta
-
         rel = layout.meta_relpath(sha)
         try:
-            meta = self._disk.record(rel, Meta.from_dict)
+            raw = self._disk.read(rel)
         except FileNotFoundError:
             raise errors.RefNotFoundError(f"no meta record for {sha}") from None
+        return self.parse_meta(sha, raw)
+
+    def metas(self, shas: Iterable[str]) -> dict[str, Meta]:
+        """The meta records of those of `shas` that have one, read through one descriptor of
+        `meta/` (`ls` reads them all). Raises: CorruptRecordError; IntegrityError."""
+        out: dict[str, Meta] = {}
+        files = (f"{sha}.json" for sha in shas)
+        try:
+            with contextlib.closing(self._disk.read_each(layout.META, files)) as each:
+                for name, got in each:
+                    if isinstance(got, FileNotFoundError):
+                        continue
+                    if isinstance(got, Exception):
+                        raise got
+                    out[name[:-5]] = self.parse_meta(name[:-5], got[0])
+        except FileNotFoundError:  # no meta/ at all: no object has a record
+            pass
+        return out
+
+    def parse_meta(self, sha: str, raw: bytes) -> Meta:
+        """The meta record of `sha` from its bytes. Raises: CorruptRecordError."""
+        from prefixreg.core.records import Meta
+
+        if (meta := Meta.from_flat(loads_flat(raw), sha)) is not None:
+            return meta  # the shape `add` writes, read without the general reader's walk
+        rel = layout.meta_relpath(sha)
+        try:
+            meta = self._disk.record(rel, Meta.from_dict, raw)
         except LegacyRecordError:  # history in its own shape: what the object itself says
             st = self._disk.lstat(layout.object_relpath(sha))
             size, moment = (st.st_size, st.st_mtime) if st is not None else (0, 0.0)

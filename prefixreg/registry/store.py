@@ -316,13 +316,13 @@ class Registry:
             if not isinstance(parts, str) and parts[1] is not None:
                 tools_of.setdefault(parts[1], []).append(frame[:12])
         out = []
-        for sha in self._objects.shas(regular_only=True):
+        shas = list(self._objects.shas(regular_only=True))
+        metas = self._objects.metas(shas)
+        for sha in shas:
             names = tuple(sorted(by_sha.get(sha, ())))
             held = f"tools of frame {', '.join(tools_of[sha])}" if sha in tools_of else None
             kind = "prefix" if held is None else "tools"
-            try:
-                m = self._objects.meta(sha)
-            except errors.RefNotFoundError:
+            if (m := metas.get(sha)) is None:
                 out.append(objects.ObjectInfo(sha, None, None, held, names, kind=kind))
                 continue
             slice_ = objects.is_probe_source(m.source, m.note)
