@@ -161,6 +161,22 @@ class Objects:
             raise errors.CorruptRecordError(f"{path}: records sha {meta.sha256}", path=path)
         return meta
 
+    def legacy_records(self, sha: str) -> list[tuple[str, bytes]]:
+        """The adopted registry's own records of object `sha` (its meta record, and each
+        other one `legacy.json` lists that names the sha in its path or its bytes), still
+        byte-identical to what it lists: (relative path, bytes), by path. Raises:
+        CorruptRecordError (a legacy manifest that does not parse); IntegrityError."""
+        out = []
+        for rel in sorted(self._disk.legacy()[0]):
+            try:
+                raw = self._disk.read(rel)
+            except FileNotFoundError:
+                continue
+            mine = rel == layout.meta_relpath(sha) or sha in rel or sha.encode() in raw
+            if mine and self._disk.is_legacy(rel, raw):  # a changed one is verify's problem
+                out.append((rel, raw))
+        return out
+
     def shas(self, *, regular_only: bool = False, prefix: str = "") -> Iterator[str]:
         """Object shas starting with `prefix`, by file name (unverified). Raises: IntegrityError."""
         fans = [prefix[:2]] if len(prefix) >= 2 else []

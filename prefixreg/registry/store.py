@@ -119,7 +119,8 @@ class Registry:
                 why = f"invalid reference {ref!r}: not a name, a sha256, or 8+ hex digits of one"
                 raise errors.InvalidDigestError(why)
             hint = "an abbreviated sha needs at least 8 hex digits" if looks_like_sha(ref) else None
-            raise errors.RefNotFoundError(f"no prefix or frame named {ref!r}", hint=hint)
+            why = f"no prefix or frame named {ref!r}{self._names.did_you_mean(ref)}"
+            raise errors.RefNotFoundError(why, hint=hint)
         abbrev = parse_abbrev(ref)
         if len(abbrev) == 64:
             return abbrev, None
@@ -291,6 +292,10 @@ class Registry:
     def meta(self, sha: str) -> Meta:
         """The meta record of `sha`. Raises: RefNotFoundError (none), CorruptRecordError."""
         return self._objects.meta(layout.need_sha(sha))
+
+    def legacy_records(self, sha: str) -> list[tuple[str, bytes]]:
+        """An adopted object's own history records, byte-identical (see `Objects`)."""
+        return self._objects.legacy_records(layout.need_sha(sha))
 
     def iter_shas(self) -> Iterator[str]:
         """Every object sha present (by file name; not verified), sorted."""
