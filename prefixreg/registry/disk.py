@@ -22,11 +22,14 @@ import stat
 from collections.abc import Callable, Generator, Iterable, Iterator
 from os import stat_result
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from prefixreg.core import errors
 from prefixreg.core.jsonio import JSONObject, loads_object
 from prefixreg.registry import fsutil, layout
+
+if TYPE_CHECKING:
+    from prefixreg.registry import dirfd
 
 T = TypeVar("T")
 Legacy = tuple[dict[str, str], frozenset[str]]  # see `layout.parse_legacy`
@@ -141,15 +144,19 @@ class Disk:
         """Sorted (name, kind) pairs of a directory ("" the root); see `fsutil.list_below`."""
         return fsutil.list_below(self.root_s, rel)
 
-    def scan(self, rel: str, skip: Callable[[str, str], bool]) -> list[fsutil.Scanned]:
-        """`entries` with each entry's lstat (None where `skip`); see `fsutil.scan_below`."""
-        return fsutil.scan_below(self.root_s, rel, skip)
+    def scan(self, rel: str, skip: Callable[[str, str], bool]) -> list[dirfd.Scanned]:
+        """`entries` with each entry's lstat (None where `skip`); see `dirfd.scan_below`."""
+        from prefixreg.registry import dirfd  # verify's and ls's: no start-up pays for it
+
+        return dirfd.scan_below(self.root_s, rel, skip)
 
     def read_each(
         self, rel: str, names: Iterable[str]
-    ) -> Generator[tuple[str, fsutil.ReadResult], None, None]:
-        """Each file `names` of directory `rel`, no-follow; see `fsutil.read_each`."""
-        return fsutil.read_each(self.root_s, rel, names)
+    ) -> Generator[tuple[str, dirfd.ReadResult], None, None]:
+        """Each file `names` of directory `rel`, no-follow; see `dirfd.read_each`."""
+        from prefixreg.registry import dirfd
+
+        return dirfd.read_each(self.root_s, rel, names)
 
     def walk(self, rel: str = "") -> Iterator[tuple[str, str]]:
         """Every entry below `rel` as (relative path, kind), parents first; a symlink is

@@ -27,7 +27,7 @@ import hashlib
 import os
 import stat
 import sys
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -250,14 +250,17 @@ def read_below(root: str, rel: str) -> bytes:
     return read_fd(open_below(root, rel, _READ), f"{root}/{rel}")[0]
 
 
-def _open_dir(root: str, rel: str) -> int:
+def open_dir(root: str, rel: str) -> int:
+    """A descriptor of the directory `root/rel` ("" the root), opened as `open_below` opens.
+    Raises: FileNotFoundError; IntegrityError."""
     try:
         return os.open(root, _DIR) if not rel else open_below(root, rel, _DIR)
     except NotADirectoryError:
         raise IntegrityError(f"{root}/{rel}: not a directory; refused") from None
 
 
-def _kind(entry: os.DirEntry[str]) -> str:
+def kind_of(entry: os.DirEntry[str]) -> str:
+    """`file`, `dir`, `link` or `other`, from the listing (nothing followed)."""
     if entry.is_file(follow_symlinks=False):  # the common case first: one call
         return "file"
     if entry.is_dir(follow_symlinks=False):
@@ -269,78 +272,15 @@ def list_below(root: str, rel: str) -> list[tuple[str, str]]:
     """Sorted (name, kind) entries of `root/rel` ("" the root), kind `file`, `dir`, `link` or
     `other`, nothing followed; a missing directory is empty. Raises: IntegrityError."""
     try:
-        fd = _open_dir(root, rel)
+        fd = open_dir(root, rel)
     except FileNotFoundError:
         return []
     try:
         with os.scandir(fd) as entries:
-            out = [(entry.name, _kind(entry)) for entry in entries]
+            out = [(entry.name, kind_of(entry)) for entry in entries]
     finally:
         os.close(fd)
     return sorted(out)
-
-
-Scanned = tuple[str, str, os.stat_result | None]  # (name, kind, lstat or None: not asked)
-
-
-def scan_below(root: str, rel: str, skip: Callable[[str, str], bool]) -> list[Scanned]:
-    """`list_below` with each entry's lstat, taken in the directory's descriptor (nothing
-    followed), except for the entries `skip(name, kind)` is true of (their stat comes from
-    the descriptor they are read through: one syscall fewer each). Raises: IntegrityError."""
-    try:
-        fd = _open_dir(root, rel)
-    except FileNotFoundError:
-        return []
-    out: list[Scanned] = []
-    try:
-        with os.scandir(fd) as entries:
-            for entry in entries:
-                kind = _kind(entry)
-                if skip(entry.name, kind):
-                    out.append((entry.name, kind, None))
-                    continue
-                try:
-                    out.append((entry.name, kind, entry.stat(follow_symlinks=False)))
-                except FileNotFoundError:  # removed since it was listed: not there
-                    pass
-    finally:
-        os.close(fd)
-    out.sort(key=_first)
-    return out
-
-
-def _first(entry: Scanned) -> str:
-    return entry[0]
-
-
-ReadResult = tuple[bytes, os.stat_result] | Exception
-
-
-def read_each(
-    root: str, rel: str, names: Iterable[str]
-) -> Generator[tuple[str, ReadResult], None, None]:
-    """Each regular file `names` of the directory `root/rel` ("" the root): its bytes and
-    fstat, or the error (`FileNotFoundError`, `IntegrityError` for a symlink or non-file, any
-    OSError). The directory is opened once, no-follow as `open_below` does, and each file in
-    it with O_NOFOLLOW: the same refusals as `read_below`, without a walk per file (verify
-    and ls read every object and record). Raises: FileNotFoundError, IntegrityError (the
-    directory itself)."""
-    fd = _open_dir(root, rel)
-    base = f"{root}/{rel}" if rel else root
-    try:
-        for name in names:
-            where = f"{base}/{name}"
-            try:
-                child = os.open(name, _READ | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError as exc:
-                yield name, _refused(exc, where)
-                continue
-            try:
-                yield name, read_fd(child, where)
-            except (OSError, IntegrityError) as exc:
-                yield name, exc
-    finally:
-        os.close(fd)
 
 
 def ensure_dir(root: Path, directory: Path, *, create: bool = True) -> None:

@@ -22,18 +22,19 @@ import grp
 import hashlib
 import os
 import pwd
-import re
 import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Literal
 
 from prefixreg.core.errors import IntegrityError
 from prefixreg.registry import layout
 from prefixreg.registry.disk import LegacyRecordError
-from prefixreg.registry.fsutil import ReadResult
 from prefixreg.registry.snapshots import check_snapshot_entry
 from prefixreg.registry.store import Registry
+
+if TYPE_CHECKING:
+    from prefixreg.registry.dirfd import ReadResult
 
 Severity = Literal["problem", "warning"]
 Tree = dict[str, list[tuple[str, str]]]  # directory (relative, "" = root) -> its entries
@@ -151,10 +152,6 @@ def _check_mode(report: VerifyReport, rel: str, kind: str, st: os.stat_result) -
     report.add("insecure_mode", rel or ".", f"registry {what} is {why} (mode {mode:04o}); {fix}")
 
 
-_OBJECT_FILE: Final = re.compile(r"([0-9a-f]{2})[0-9a-f]{62}\.txt")
-_META_FILE: Final = re.compile(r"[0-9a-f]{64}\.json")
-
-
 def _read_later(rel_dir: str, later: Later) -> Callable[[str, str], bool]:
     """Which entries of `rel_dir` a later pass reads, and checks the mode of from the
     descriptor's fstat (objects and meta records): the walk takes no lstat of those, and
@@ -163,17 +160,17 @@ def _read_later(rel_dir: str, later: Later) -> Callable[[str, str], bool]:
         names = later.setdefault(rel_dir, set())
 
         def meta(name: str, kind: str) -> bool:
-            if kind == "file" and _META_FILE.fullmatch(name) is not None:
+            if kind == "file" and layout.META_FILE.fullmatch(name) is not None:
                 names.add(name)
                 return True
             return False
 
         return meta
     if rel_dir.startswith(f"{layout.OBJECTS}/") and rel_dir.count("/") == 1:
-        names, fan = later.setdefault(rel_dir, set()), rel_dir[-3:]
+        names, fan = later.setdefault(rel_dir, set()), rel_dir[len(layout.OBJECTS) + 1 :]
 
         def obj(name: str, kind: str) -> bool:
-            if kind == "file" and (m := _OBJECT_FILE.fullmatch(name)) and f"/{m[1]}" == fan:
+            if kind == "file" and (m := layout.OBJECT_FILE.fullmatch(name)) and m[2] == fan:
                 names.add(name)
                 return True
             return False
@@ -293,7 +290,13 @@ def _check_object(
         return
     if st.st_mode & 0o222:
         report.add("bad_mode", rel, "object is writable; objects must be read-only")
-    if _present(seen, f"{layout.META}/{sha}.json") is False:
+    metas = seen.get(layout.META)  # listed: a lookup; else not there, or not reachable
+    missing = (
+        f"{sha}.json" not in metas
+        if metas is not None
+        else _present(seen, f"{layout.META}/{sha}.json") is False
+    )
+    if missing:
         why = "object has no meta record (interrupted add?); add it again"
         report.add("incomplete", rel, why, "warning")
 
