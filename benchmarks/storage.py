@@ -267,12 +267,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
     parser.add_argument("--startup-only", action="store_true", help="only the CLI start-up")
     parser.add_argument("--scale-only", action="store_true", help="only verify and ls at scale")
+    parser.add_argument("--no-scale", action="store_true", help="all but verify and ls at scale")
     args = parser.parse_args()
     scale = 1 if args.quick else 5
     results = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        for count in () if args.startup_only else (5_000, 20_000):
+        for count in () if args.startup_only or args.no_scale else (5_000, 20_000):
             for label, kinds in bench_scale(tmp, count, 2 * scale + 1).items():
                 for kind, (ours, floor, ratio) in kinds.items():
                     results.append(report(f"{label} {kind}", ours, floor, 2.0, ratio))

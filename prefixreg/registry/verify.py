@@ -1,7 +1,10 @@
 """`prefixreg verify`: an fsck of the registry. Reads everything, changes nothing (except
 `repair_registry`, which only cuts torn journal tails and moves names through the journal).
 Nothing is followed; every JSON record is read with the depth-capped reader (a record nested
-100k deep is a bad record, never a crash).
+100k deep is a bad record, never a crash). Every object is re-hashed. At scale (#33): each
+directory is listed once with its entries' lstats, except the objects and meta records,
+which are read through one no-follow descriptor of their directory (`dirfd`) and checked
+(mode included) from that descriptor's fstat; what is present is known from the listing.
 
 Problems (verify exits 1): an object whose bytes do not hash to its name or that is not a
 regular file (`corrupt`); a symlink anywhere below the root (`symlink`); an entry that is
