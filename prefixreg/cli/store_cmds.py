@@ -229,14 +229,17 @@ def ls_command(
         hidden = len(everything) - len(rows)
         if json_out:
             c.emit_json([o._asdict() | {"names": list(o.names)} for o in rows])
+        lines = []
         for o in [] if json_out else rows:
             size = "-" if o.bytes is None else str(o.bytes)
             names = _safe(",".join(o.names)) or "-"
             note = f"  {_safe(o.note)}" if o.note else ""
             mark = "  [probe]" if o.probe_slice else ""
             created = (o.created or "?")[:19]
-            line = f"{o.sha256[:12]}  {o.kind:<6}  {size:>9}  {created}  {names}{mark}{note}"
-            sys.stdout.write(line + "\n")
+            lines.append(
+                f"{o.sha256[:12]}  {o.kind:<6}  {size:>9}  {created}  {names}{mark}{note}\n"
+            )
+        sys.stdout.write("".join(lines))  # one write: a large registry lists at its disk's pace
         if hidden and not probe:
             what = "probe slice" if hidden == 1 else "probe slices"
             c.info(f"{hidden} {what} hidden (ls --all lists them, ls --probe only them)")

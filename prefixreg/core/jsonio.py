@@ -17,7 +17,6 @@ Invariants (the project's number and shape rules, for everything it reads or wri
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Final, TypeAlias
@@ -101,6 +100,8 @@ def loads(
         value: JSONValue = orjson.loads(data)
         check_value(value, max_depth=max_depth)
         if exact:  # depth is known to be small now: the recursive stdlib parser is safe
+            import json  # only exact reads need it: a command's start-up does not pay for it
+
             text = data.decode("utf-8") if isinstance(data, bytes) else data
             value = json.loads(text, parse_int=_exact_int, parse_constant=_refuse_constant)
     except (orjson.JSONDecodeError, ValueError, TypeError, UnicodeDecodeError) as exc:
