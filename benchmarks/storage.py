@@ -10,6 +10,11 @@ the numbers hold on a noisy machine. Run: `python benchmarks/storage.py [--quick
 - add: durable `Registry.add()` of new 3 KB objects vs the durable writes the format needs,
   done by hand (temp write + fsync + rename + directory fsync, for the object and its meta).
   Target <= 1.2x.
+- scale: `prefixreg verify` and `prefixreg ls` of a registry of 5,000 and 20,000 3 KB
+  objects (each with its meta record, as `add` writes them) vs `find R -type f | xargs
+  sha256sum` (every file read and hashed) and `find R -type f | xargs ls -l` (every file
+  stat'ed and listed), whole processes in turn, the median of the pair-by-pair ratios of
+  wall and of CPU time (user + system, the pipeline's processes summed). Target <= 2x.
 - start-up: `prefixreg --help` and `prefix-add FILE` vs `python3 -c "import typer"`, whole
   processes run in turn by the same interpreter; the median of the pair-by-pair ratios of
   wall time and of CPU time (user + system). Targets: the CLI's start (`--help`) <= 1.2x;
@@ -32,6 +37,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from prefixreg.core.jsonio import dumps_canonical
+from prefixreg.registry import layout
 from prefixreg.registry.store import Registry
 
 
@@ -128,17 +135,21 @@ def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, cpu
 
 
+def compile_checkout() -> None:
+    """An installed package has byte-code compiled at install time (typer's has, for the
+    floor); an editable checkout may not (PYTHONDONTWRITEBYTECODE), so compile it first."""
+    import prefixreg
+
+    compileall.compile_dir(Path(prefixreg.__file__).parent, quiet=1)
+
+
 def bench_startup(tmp: Path, runs: int) -> dict[str, dict[str, tuple[float, float, float]]]:
     """Per command: {"wall"|"cpu": (median seconds, median floor seconds, median ratio)}.
 
     The floor and each command run in turn (floor, A, B, floor, A, B, ...) and the ratio is
     taken pair by pair, so drift in the machine's speed during the run cancels out.
     """
-    # An installed package has byte-code compiled at install time (typer's has, for the
-    # floor); an editable checkout may not (PYTHONDONTWRITEBYTECODE), so compile it first.
-    import prefixreg
-
-    compileall.compile_dir(Path(prefixreg.__file__).parent, quiet=1)
+    compile_checkout()
     small = tmp / "small.txt"
     small.write_text("a small prefix\n")
     env = dict(os.environ, PREFIXREG_HOME=str(tmp / "cli-reg"))
@@ -170,6 +181,75 @@ def bench_startup(tmp: Path, runs: int) -> dict[str, dict[str, tuple[float, floa
     return out
 
 
+def build_registry(root: Path, count: int) -> None:
+    """A registry of `count` distinct 3 KB objects and their meta records, written as `add`
+    writes them but without its fsyncs (a benchmark's set-up, not what is timed)."""
+    reg = Registry(root)
+    reg.init()
+    created = layout.iso_utc(layout.utc_now())
+    for i in range(count):
+        data = f"prefix {i:06d} ".encode() + os.urandom(1500).hex().encode()
+        sha = hashlib.sha256(data).hexdigest()
+        fan = root / layout.OBJECTS / sha[:2]
+        fan.mkdir(exist_ok=True)
+        record = {"sha256": sha, "bytes": len(data), "source": "bench", "note": None}
+        for path, raw in (
+            (fan / f"{sha}.txt", data),
+            (root / layout.META / f"{sha}.json", dumps_canonical(record | {"created": created})),
+        ):
+            path.write_bytes(raw if path.suffix == ".txt" else raw + b"\n")
+            path.chmod(0o444)
+
+
+def _timed_quiet(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """`_timed`, the output thrown away by the child itself (as the floors' `>/dev/null`)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def bench_scale(
+    tmp: Path, count: int, runs: int
+) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """Per command at `count` objects: as `bench_startup`, each against its own floor."""
+    compile_checkout()
+    root = tmp / f"scale-{count}"
+    build_registry(root, count)
+    env = dict(os.environ, PREFIXREG_HOME=str(root))
+    py = sys.executable
+    pairs = {
+        f"verify {count // 1000}k": (
+            [py, "-c", _SCRIPT.format(entry="run"), "verify"],
+            ["sh", "-c", f"find '{root}' -type f -print0 | xargs -0 sha256sum >/dev/null"],
+        ),
+        f"ls {count // 1000}k": (
+            [py, "-c", _SCRIPT.format(entry="run"), "ls"],
+            ["sh", "-c", f"find '{root}' -type f -print0 | xargs -0 ls -l >/dev/null"],
+        ),
+    }
+    out: dict[str, dict[str, tuple[float, float, float]]] = {}
+    for label, (ours_argv, floor_argv) in pairs.items():
+        _timed_quiet(ours_argv, env)  # warm the page cache and the dentries for both
+        _timed_quiet(floor_argv, env)
+        ours, floors = [], []
+        for _ in range(runs):
+            floors.append(_timed_quiet(floor_argv, env))
+            ours.append(_timed_quiet(ours_argv, env))
+        out[label] = {}
+        for i, kind in enumerate(("wall", "cpu")):
+            ratios = [o[i] / f[i] for o, f in zip(ours, floors, strict=True) if f[i] > 0]
+            out[label][kind] = (
+                statistics.median(o[i] for o in ours),
+                statistics.median(f[i] for f in floors),
+                statistics.median(ratios),
+            )
+    return out
+
+
 def report(
     label: str, ours: float, floor: float, target: float, ratio: float | None = None
 ) -> bool:
@@ -186,11 +266,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
     parser.add_argument("--startup-only", action="store_true", help="only the CLI start-up")
+    parser.add_argument("--scale-only", action="store_true", help="only verify and ls at scale")
+    parser.add_argument("--no-scale", action="store_true", help="all but verify and ls at scale")
     args = parser.parse_args()
     scale = 1 if args.quick else 5
     results = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
+        for count in () if args.startup_only or args.no_scale else (5_000, 20_000):
+            for label, kinds in bench_scale(tmp, count, 2 * scale + 1).items():
+                for kind, (ours, floor, ratio) in kinds.items():
+                    results.append(report(f"{label} {kind}", ours, floor, 2.0, ratio))
+        if args.scale_only:
+            print("all targets met" if all(results) else "some targets missed")
+            return 0 if all(results) else 1
         for label, kinds in bench_startup(tmp, 6 * scale).items():
             target = 1.2 if label.endswith("--help") else 1.4
             for kind, (ours, floor, ratio) in kinds.items():

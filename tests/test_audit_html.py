@@ -168,7 +168,9 @@ def test_series_bins_past_max_drawn_and_keeps_the_totals() -> None:
         assert sum(u * m for u, m in zip(s.uncached, sizes, strict=True)) == pytest.approx(
             sum(c.prompt - c.cached for c in calls)
         )
-        assert s.saved[-1] == pytest.approx(sum(c.cold_s - c.actual_s for c in calls))
+        net = s.saved[-1] - s.lost[-1]
+        assert net == pytest.approx(sum(c.cold_s - c.actual_s for c in calls))
+        assert s.saved == sorted(s.saved) and s.lost == sorted(s.lost)  # cumulative: rising
         assert (s.note(n) is None) == (n <= MAX_DRAWN)
 
 

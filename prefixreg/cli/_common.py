@@ -39,6 +39,7 @@ class ExitCode(IntEnum):
     WORKER = 5
     MIRROR = 6
     LOCK_TIMEOUT = 7
+    INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 + the signal's number, as a shell reports it
 
 
 # Most specific first: IntegrityError must win over any broader class it may share.
@@ -156,7 +157,7 @@ def cli_errors(debug: bool) -> Iterator[None]:
         yield
     except KeyboardInterrupt:
         info("interrupted")
-        raise typer.Exit(130) from None
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
     except BrokenPipeError:
         # stdout closed early (`prefixreg cat x | head`): not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -142,11 +142,13 @@ def show_command(
             fields = {"meta": meta.to_dict()}
             rows = {"bytes": str(meta.bytes), "created": meta.created, "source": meta.source}
             rows |= {"note": meta.note} if meta.note else {}
+        legacy = [] if isinstance(head, Frame) else reg.legacy_records(sha)
         if json_out:
             c.emit_json(
                 {"sha256": sha, "kind": head.kind, "path": str(path), "names": names, **fields}
                 | {"current_build": latest if worker else None, "newest_build": newest}
                 | {"measurements": [m.to_dict() for m in measurements]}
+                | {"legacy": [_legacy_dict(rel, raw) for rel, raw in legacy]}
             )
             return
         rows = {"sha256": sha, "kind": head.kind, **rows, "names": ", ".join(names) or "-"}
@@ -173,7 +175,34 @@ def show_command(
                 hidden = len(measurements) - SHOWN
                 out.append(f"  ({hidden} older not shown; show --json lists every one)")
             out.extend(_measurement_line(m, latest) for m in measurements[-SHOWN:])
+        if legacy:  # the person's own records from before the adoption, as they wrote them
+            out.append(f"legacy records ({len(legacy)}, byte-identical, listed in legacy.json):")
+            out.extend(f"  {_safe(_legacy_line(rel, raw))}" for rel, raw in legacy)
         sys.stdout.write("\n".join(out) + "\n")
+
+
+def _legacy_dict(rel: str, raw: bytes) -> dict[str, object]:
+    """A legacy record for `--json`: its path and parsed JSON (null: not JSON, `text` then)."""
+    from prefixreg.core.errors import CorruptRecordError
+    from prefixreg.core.jsonio import loads
+
+    try:
+        return {"path": rel, "record": loads(raw)}
+    except CorruptRecordError:
+        return {"path": rel, "record": None, "text": raw.decode("utf-8", "replace")}
+
+
+def _legacy_line(rel: str, raw: bytes) -> str:
+    """`path: key value, ...` of a legacy JSON object (nested values as compact JSON), else
+    the path and its first line."""
+    from prefixreg.core.jsonio import dumps_ordered
+
+    record = _legacy_dict(rel, raw).get("record")
+    if isinstance(record, dict):
+        pairs = (f"{k} {v if isinstance(v, str) else dumps_ordered(v)}" for k, v in record.items())
+        return f"{rel}: {', '.join(pairs)}"
+    first = raw.decode("utf-8", "replace").splitlines()[:1]
+    return f"{rel}: {first[0][:200] if first else ''}"
 
 
 def ls_command(
@@ -200,14 +229,17 @@ def ls_command(
         hidden = len(everything) - len(rows)
         if json_out:
             c.emit_json([o._asdict() | {"names": list(o.names)} for o in rows])
+        lines = []
         for o in [] if json_out else rows:
             size = "-" if o.bytes is None else str(o.bytes)
             names = _safe(",".join(o.names)) or "-"
             note = f"  {_safe(o.note)}" if o.note else ""
             mark = "  [probe]" if o.probe_slice else ""
             created = (o.created or "?")[:19]
-            line = f"{o.sha256[:12]}  {o.kind:<6}  {size:>9}  {created}  {names}{mark}{note}"
-            sys.stdout.write(line + "\n")
+            lines.append(
+                f"{o.sha256[:12]}  {o.kind:<6}  {size:>9}  {created}  {names}{mark}{note}\n"
+            )
+        sys.stdout.write("".join(lines))  # one write: a large registry lists at its disk's pace
         if hidden and not probe:
             what = "probe slice" if hidden == 1 else "probe slices"
             c.info(f"{hidden} {what} hidden (ls --all lists them, ls --probe only them)")

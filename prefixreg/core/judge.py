@@ -323,6 +323,19 @@ def judge_resident(proof: Judgement, touched_after: int) -> tuple[bool, str]:
     return True, proof.reason
 
 
+def judge_burst(
+    verdict: Verdict, *, first: bool, landed: float | None, survives: float, unit: str
+) -> bool:
+    """Did a burst of foreign prompts fill the cache between two polls, so that only more
+    cache entries can keep the head (polling sooner cannot)? Only when a re-warm of a head
+    that was warm (not its first) came back cold or partial and the foreign activity counted
+    between the previous poll and this one (`landed`) alone reached what a head survives
+    (`survives`, in the same counted `unit`; seconds count no prompts: never)."""
+    if unit == "seconds" or first or landed is None or verdict not in ("cold", "partial"):
+        return False
+    return landed >= survives
+
+
 def judge_copy(hashed: bool, matched: bool | None) -> CopyVerdict:
     """A copied file is `verified` only when its bytes were hashed and matched."""
     given: tuple[object, object] = (hashed, matched)  # callers outside the type checker

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Final, Literal, Self
+from typing import ClassVar, Final, Literal, Self, cast
 
 from prefixreg.core.digest import build_id as compute_build_id
 from prefixreg.core.digest import is_full_sha
@@ -62,6 +62,37 @@ class Meta(_Record):
         if strict_count(self.bytes) is None:  # a read record was checked so by `decode`
             kind = ArgumentTypeError if type(self.bytes) is not int else ArgumentValueError
             raise kind(f"Meta: bytes is a whole number >= 0, not {self.bytes!r}")
+
+    @staticmethod
+    def plain_size(data: JSONObject | None, sha: str) -> int | None:
+        """The `bytes` of the record of object `sha` when `data` (`jsonio.loads_flat`) is in
+        exactly the shape `add` writes, else None: `from_dict` then reads it (and says what
+        is wrong). What `from_flat` checks, without building the record (verify's hot path)."""
+        if data is None or not 4 <= len(data) <= 5 or data.get("sha256") != sha:
+            return None
+        size, created, source = data.get("bytes"), data.get("created"), data.get("source")
+        note = data.get("note")
+        plain = type(size) is int and size >= 0 and type(created) is str
+        plain = plain and type(source) is str and (note is None or type(note) is str)
+        if not plain or len(data) != 4 + ("note" in data) or not is_full_sha(sha):
+            return None
+        return cast(int, size)
+
+    @classmethod
+    def from_flat(cls, data: JSONObject | None, sha: str) -> Meta | None:
+        """The record of object `sha` from a flat object (`jsonio.loads_flat`) in exactly the
+        shape `add` writes, else None: `from_dict` then reads it (and says what is wrong).
+        Equal to what `from_dict` gives for the same object, at a fraction of the cost."""
+        if data is None or (size := cls.plain_size(data, sha)) is None:
+            return None
+        note, created, source = data.get("note"), data.get("created"), data.get("source")
+        return cls(
+            sha256=sha,
+            bytes=size,
+            created=cast(str, created),
+            source=cast(str, source),
+            note=cast("str | None", note),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from os import stat_result
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from prefixreg.core import errors
 from prefixreg.core.jsonio import JSONObject, loads_object
 from prefixreg.registry import fsutil, layout
+
+if TYPE_CHECKING:
+    from prefixreg.registry import dirfd
 
 T = TypeVar("T")
 Legacy = tuple[dict[str, str], frozenset[str]]  # see `layout.parse_legacy`
@@ -101,10 +105,12 @@ class Disk:
         """A regular file's bytes. Raises: FileNotFoundError; IntegrityError."""
         return fsutil.read_below(self.root_s, rel)
 
-    def record(self, rel: str, parse: Callable[[JSONObject], T]) -> T:
-        """The JSON record at `rel`, depth-capped, parsed by `parse`; errors name the path.
-        Raises: FileNotFoundError; CorruptRecordError; IntegrityError."""
-        path, raw = self.root / rel, self.read(rel)
+    def record(self, rel: str, parse: Callable[[JSONObject], T], raw: bytes | None = None) -> T:
+        """The JSON record at `rel` (its bytes `raw`, else read), depth-capped, parsed by
+        `parse`; errors name the path. Raises: FileNotFoundError; CorruptRecordError;
+        IntegrityError."""
+        path = self.root / rel
+        raw = self.read(rel) if raw is None else raw
         try:
             return parse(loads_object(raw, path=path))
         except errors.CorruptRecordError as exc:
@@ -138,6 +144,20 @@ class Disk:
         """Sorted (name, kind) pairs of a directory ("" the root); see `fsutil.list_below`."""
         return fsutil.list_below(self.root_s, rel)
 
+    def scan(self, rel: str, skip: Callable[[str, str], bool]) -> list[dirfd.Scanned]:
+        """`entries` with each entry's lstat (None where `skip`); see `dirfd.scan_below`."""
+        from prefixreg.registry import dirfd  # verify's and ls's: no start-up pays for it
+
+        return dirfd.scan_below(self.root_s, rel, skip)
+
+    def read_each(
+        self, rel: str, names: Iterable[str]
+    ) -> Generator[tuple[str, dirfd.ReadResult], None, None]:
+        """Each file `names` of directory `rel`, no-follow; see `dirfd.read_each`."""
+        from prefixreg.registry import dirfd
+
+        return dirfd.read_each(self.root_s, rel, names)
+
     def walk(self, rel: str = "") -> Iterator[tuple[str, str]]:
         """Every entry below `rel` as (relative path, kind), parents first; a symlink is
         yielded, never descended into. Iterative: any depth is safe."""
@@ -163,7 +183,7 @@ class Disk:
         path = self.root / rel
         fsutil.ensure_dir(self.root, path.parent, create=False)
         try:
-            return path.lstat()
+            return os.lstat(f"{self.root_s}/{rel}")
         except FileNotFoundError:
             return None
 

@@ -250,26 +250,34 @@ def read_below(root: str, rel: str) -> bytes:
     return read_fd(open_below(root, rel, _READ), f"{root}/{rel}")[0]
 
 
+def open_dir(root: str, rel: str) -> int:
+    """A descriptor of the directory `root/rel` ("" the root), opened as `open_below` opens.
+    Raises: FileNotFoundError; IntegrityError."""
+    try:
+        return os.open(root, _DIR) if not rel else open_below(root, rel, _DIR)
+    except NotADirectoryError:
+        raise IntegrityError(f"{root}/{rel}: not a directory; refused") from None
+
+
+def kind_of(entry: os.DirEntry[str]) -> str:
+    """`file`, `dir`, `link` or `other`, from the listing (nothing followed)."""
+    if entry.is_file(follow_symlinks=False):  # the common case first: one call
+        return "file"
+    if entry.is_dir(follow_symlinks=False):
+        return "dir"
+    return "link" if entry.is_symlink() else "other"
+
+
 def list_below(root: str, rel: str) -> list[tuple[str, str]]:
     """Sorted (name, kind) entries of `root/rel` ("" the root), kind `file`, `dir`, `link` or
     `other`, nothing followed; a missing directory is empty. Raises: IntegrityError."""
     try:
-        fd = os.open(root, _DIR) if not rel else open_below(root, rel, _DIR)
+        fd = open_dir(root, rel)
     except FileNotFoundError:
         return []
-    except NotADirectoryError:
-        raise IntegrityError(f"{root}/{rel}: not a directory; refused") from None
-    out = []
     try:
         with os.scandir(fd) as entries:
-            for entry in entries:
-                if entry.is_symlink():
-                    kind = "link"
-                elif entry.is_dir(follow_symlinks=False):
-                    kind = "dir"
-                else:
-                    kind = "file" if entry.is_file(follow_symlinks=False) else "other"
-                out.append((entry.name, kind))
+            out = [(entry.name, kind_of(entry)) for entry in entries]
     finally:
         os.close(fd)
     return sorted(out)
@@ -278,20 +286,20 @@ def list_below(root: str, rel: str) -> list[tuple[str, str]]:
 def ensure_dir(root: Path, directory: Path, *, create: bool = True) -> None:
     """Check (with `create`, make) every directory from `root` down to `directory`; a missing
     one ends a check. Raises: IntegrityError (a symlink or non-directory on the way)."""
-    current = root
+    current = os.fspath(root)
     for part in directory.relative_to(root).parts:
-        current = current / part
+        current = f"{current}/{part}"  # strings: a check per lstat on every registry read
         try:
-            st = current.lstat()
+            st = os.lstat(current)
         except FileNotFoundError:
             if not create:
                 return
             with contextlib.suppress(FileExistsError):
-                current.mkdir()
-            st = current.lstat()
+                Path(current).mkdir()
+            st = os.lstat(current)
         if not stat.S_ISDIR(st.st_mode):
             what = "is a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
-            raise IntegrityError(f"{current}: {what}; refused", path=current)
+            raise IntegrityError(f"{current}: {what}; refused", path=Path(current))
 
 
 def open_regular(path: Path, root: Path | None) -> tuple[int, os.stat_result]:

@@ -47,6 +47,10 @@ TMP_SUFFIX: Final = ".tmp"  # durable writers' temp files: `.<target>.<random>.t
 
 NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SNAPSHOT_RECORD: Final = re.compile(r"([0-9a-f]{64})-[0-9a-f]{16}\.json")
+# An entry of a fan-out `objects/<aa>/` (group 1: `<aa>`, which must be its directory's name)
+# and of `meta/`: the names `object_sha` and `meta_sha` accept, matched once each.
+OBJECT_FILE: Final = re.compile(r"(([0-9a-f]{2})[0-9a-f]{62})\.txt")
+META_FILE: Final = re.compile(r"([0-9a-f]{64})\.json")
 _SHA_LIKE: Final = re.compile(r"[0-9A-Fa-f]{8,64}")
 _STAMP: Final = re.compile(r"\d{8}T\d{6}\.\d{6}Z")
 _BUILD_ID: Final = re.compile(r"[0-9a-f]{16}")

@@ -102,6 +102,23 @@ class Names:
                     out[entry] = sha
         return out
 
+    def did_you_mean(self, ref: str) -> str:
+        """`; did you mean 'a' or 'b'?` naming the existing names closest to `ref` (difflib,
+        from the directory listing alone: nothing is read), or "" when none is close."""
+        import difflib
+
+        try:
+            entries = self._disk.entries(layout.NAMES)
+        except errors.IntegrityError:  # a symlinked names/: the lookup itself says so
+            return ""
+        names = [e for e, kind in entries if kind == "file" and not layout.is_temp_name(e)]
+        close = difflib.get_close_matches(ref, names, n=3, cutoff=0.6)
+        if not close:
+            return ""
+        quoted = [repr(name) for name in close]
+        listed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+        return f"; did you mean {listed}?"
+
     def log(self) -> list[NameMove]:
         """Every committed name move, oldest first (an unterminated last line is not one)."""
         from prefixreg.core.records import NameMove

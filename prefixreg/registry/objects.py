@@ -22,15 +22,16 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from prefixreg.core import errors
 from prefixreg.core.digest import sha256_hex
 from prefixreg.core.frame import Frame, parse_frame_record
-from prefixreg.core.jsonio import dumps_canonical
+from prefixreg.core.jsonio import dumps_canonical, loads_flat
 from prefixreg.core.prefix import Prefix
 from prefixreg.registry import fsutil, layout
 from prefixreg.registry.disk import Disk, LegacyRecordError
@@ -105,22 +106,53 @@ class Objects:
             data = fsutil.read_below(self._disk.root_s, rel)
         except FileNotFoundError:
             raise errors.RefNotFoundError(f"no prefix {sha}") from None
+        if hashlib.sha256(data).hexdigest() != sha:  # inline: every verified get pays this
+            self.check(sha, data)
+        return data
+
+    def check(self, sha: str, data: bytes) -> None:
+        """Raise `IntegrityError` unless `data` hashes to `sha` (the bytes of its object)."""
         actual = hashlib.sha256(data).hexdigest()
         if actual != sha:
-            path = self._disk.path(rel)
+            path = self._disk.path(f"{layout.OBJECTS}/{sha[:2]}/{sha}.txt")
             why = f"{path}: content hashes to {actual}, expected {sha}; refusing to use it"
             raise errors.IntegrityError(why, path=path, expected=sha, actual=actual)
-        return data
 
     def meta(self, sha: str) -> Meta:
         """The meta record of `sha`. Raises: RefNotFoundError; CorruptRecordError."""
-        from prefixreg.core.records import Meta
-
         rel = layout.meta_relpath(sha)
         try:
-            meta = self._disk.record(rel, Meta.from_dict)
+            raw = self._disk.read(rel)
         except FileNotFoundError:
             raise errors.RefNotFoundError(f"no meta record for {sha}") from None
+        return self.parse_meta(sha, raw)
+
+    def metas(self, shas: Iterable[str]) -> dict[str, Meta]:
+        """The meta records of those of `shas` that have one, read through one descriptor of
+        `meta/` (`ls` reads them all). Raises: CorruptRecordError; IntegrityError."""
+        out: dict[str, Meta] = {}
+        files = (f"{sha}.json" for sha in shas)
+        try:
+            with contextlib.closing(self._disk.read_each(layout.META, files)) as each:
+                for name, got in each:
+                    if isinstance(got, FileNotFoundError):
+                        continue
+                    if isinstance(got, Exception):
+                        raise got
+                    out[name[:-5]] = self.parse_meta(name[:-5], got[0])
+        except FileNotFoundError:  # no meta/ at all: no object has a record
+            pass
+        return out
+
+    def parse_meta(self, sha: str, raw: bytes) -> Meta:
+        """The meta record of `sha` from its bytes. Raises: CorruptRecordError."""
+        from prefixreg.core.records import Meta
+
+        if (meta := Meta.from_flat(loads_flat(raw), sha)) is not None:
+            return meta  # the shape `add` writes, read without the general reader's walk
+        rel = layout.meta_relpath(sha)
+        try:
+            meta = self._disk.record(rel, Meta.from_dict, raw)
         except LegacyRecordError:  # history in its own shape: what the object itself says
             st = self._disk.lstat(layout.object_relpath(sha))
             size, moment = (st.st_size, st.st_mtime) if st is not None else (0, 0.0)
@@ -129,6 +161,22 @@ class Objects:
             path = self._disk.path(rel)
             raise errors.CorruptRecordError(f"{path}: records sha {meta.sha256}", path=path)
         return meta
+
+    def legacy_records(self, sha: str) -> list[tuple[str, bytes]]:
+        """The adopted registry's own records of object `sha` (its meta record, and each
+        other one `legacy.json` lists that names the sha in its path or its bytes), still
+        byte-identical to what it lists: (relative path, bytes), by path. Raises:
+        CorruptRecordError (a legacy manifest that does not parse); IntegrityError."""
+        out = []
+        for rel in sorted(self._disk.legacy()[0]):
+            try:
+                raw = self._disk.read(rel)
+            except FileNotFoundError:
+                continue
+            mine = rel == layout.meta_relpath(sha) or sha in rel or sha.encode() in raw
+            if mine and self._disk.is_legacy(rel, raw):  # a changed one is verify's problem
+                out.append((rel, raw))
+        return out
 
     def shas(self, *, regular_only: bool = False, prefix: str = "") -> Iterator[str]:
         """Object shas starting with `prefix`, by file name (unverified). Raises: IntegrityError."""
@@ -141,11 +189,10 @@ class Objects:
                 fans.append(fan)
         for fan in fans:
             for entry, kind in self._disk.entries(f"{layout.OBJECTS}/{fan}"):
-                rel = f"{layout.OBJECTS}/{fan}/{entry}"
-                sha = layout.object_sha(rel)
-                if sha is not None and sha.startswith(prefix):
+                m = layout.OBJECT_FILE.fullmatch(entry)  # `object_sha`, one match an entry
+                if m is not None and m[2] == fan and (sha := m[1]).startswith(prefix):
                     if regular_only and kind != "file":
-                        where = self._disk.path(rel)
+                        where = self._disk.path(f"{layout.OBJECTS}/{fan}/{entry}")
                         raise errors.IntegrityError(f"{where}: not a regular file", path=where)
                     yield sha
 

@@ -122,7 +122,8 @@ class Registry:
                 why = f"invalid reference {ref!r}: not a name, a sha256, or 8+ hex digits of one"
                 raise errors.InvalidDigestError(why)
             hint = "an abbreviated sha needs at least 8 hex digits" if looks_like_sha(ref) else None
-            raise errors.RefNotFoundError(f"no prefix or frame named {ref!r}", hint=hint)
+            why = f"no prefix or frame named {ref!r}{self._names.did_you_mean(ref)}"
+            raise errors.RefNotFoundError(why, hint=hint)
         abbrev = parse_abbrev(ref)
         if len(abbrev) == 64:
             return abbrev, None
@@ -297,6 +298,10 @@ class Registry:
         """The meta record of `sha`. Raises: RefNotFoundError (none), CorruptRecordError."""
         return self._objects.meta(layout.need_sha(sha))
 
+    def legacy_records(self, sha: str) -> list[tuple[str, bytes]]:
+        """An adopted object's own history records, byte-identical (see `Objects`)."""
+        return self._objects.legacy_records(layout.need_sha(sha))
+
     def iter_shas(self) -> Iterator[str]:
         """Every object sha present (by file name; not verified), sorted."""
         return self._objects.shas()
@@ -321,13 +326,13 @@ class Registry:
             if not isinstance(parts, str) and parts[1] is not None:
                 tools_of.setdefault(parts[1], []).append(frame[:12])
         out = []
-        for sha in self._objects.shas(regular_only=True):
+        shas = list(self._objects.shas(regular_only=True))
+        metas = self._objects.metas(shas)
+        for sha in shas:
             names = tuple(sorted(by_sha.get(sha, ())))
             held = f"tools of frame {', '.join(tools_of[sha])}" if sha in tools_of else None
             kind = "prefix" if held is None else "tools"
-            try:
-                m = self._objects.meta(sha)
-            except errors.RefNotFoundError:
+            if (m := metas.get(sha)) is None:
                 out.append(objects.ObjectInfo(sha, None, None, held, names, kind=kind))
                 continue
             slice_ = objects.is_probe_source(m.source, m.note)

@@ -1,7 +1,10 @@
 """`prefixreg verify`: an fsck of the registry. Reads everything, changes nothing (except
 `repair_registry`, which only cuts torn journal tails and moves names through the journal).
 Nothing is followed; every JSON record is read with the depth-capped reader (a record nested
-100k deep is a bad record, never a crash).
+100k deep is a bad record, never a crash). Every object is re-hashed. At scale (#33): each
+directory is listed once with its entries' lstats, except the objects and meta records,
+which are read through one no-follow descriptor of their directory (`dirfd`) and checked
+(mode included) from that descriptor's fstat; what is present is known from the listing.
 
 Problems (verify exits 1): an object whose bytes do not hash to its name or that is not a
 regular file (`corrupt`); a symlink anywhere below the root (`symlink`); an entry that is
@@ -17,23 +20,32 @@ the history records an adopted registry keeps in its own shapes (`legacy.json`, 
 
 from __future__ import annotations
 
+import contextlib
 import grp
+import hashlib
 import os
 import pwd
 import stat
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Literal
 
 from prefixreg.core.errors import IntegrityError
+from prefixreg.core.jsonio import loads_flat
+from prefixreg.core.records import Meta
 from prefixreg.registry import layout
 from prefixreg.registry.disk import LegacyRecordError
 from prefixreg.registry.snapshots import check_snapshot_entry
 from prefixreg.registry.store import Registry
 
+if TYPE_CHECKING:
+    from prefixreg.registry.dirfd import ReadResult
+
 Severity = Literal["problem", "warning"]
 Tree = dict[str, list[tuple[str, str]]]  # directory (relative, "" = root) -> its entries
-# Behind a symlinked directory: reported by the walk, neither present nor missing here.
-_UNREACHABLE: Final = os.stat_result((0,) * 10)
+Seen = dict[str, dict[str, str]]  # directory -> every entry's kind, temp files and links too
+Sizes = dict[str, int | None]  # object sha -> its size (None: not a regular file)
+Later = dict[str, set[str]]  # directory -> the regular files a later pass reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +90,10 @@ def verify_registry(reg: Registry) -> VerifyReport:
     report = VerifyReport(root=str(reg.root))
     if not reg.exists:
         return report
-    tree = _walk(reg, report)
-    _verify_objects(reg, report, tree)
-    _verify_meta(reg, report, tree)
-    _verify_names(reg, report, tree)
+    tree, seen, later = _walk(reg, report)
+    sizes = _verify_objects(reg, report, tree, seen, later)
+    _verify_meta(reg, report, tree, sizes, seen, later)
+    _verify_names(reg, report, tree, seen)
     for entry, _kind in tree.get(layout.MEASUREMENTS, []):
         report.measurements += 1
         try:
@@ -140,14 +152,10 @@ def unsafe_write_bits(st: os.stat_result) -> int:
     return bits
 
 
-def _check_mode(reg: Registry, report: VerifyReport, rel: str, kind: str) -> None:
-    try:
-        st = reg.root.stat() if not rel else reg._disk.lstat(rel)
-    except (OSError, IntegrityError):
-        return
-    if st is None:
-        return
+def _check_mode(report: VerifyReport, rel: str, kind: str, st: os.stat_result) -> None:
     mode = stat.S_IMODE(st.st_mode)
+    if not mode & 0o022:  # the common case, before any lookup
+        return
     if mode & stat.S_IWOTH:
         why = "writable by every user"
     elif mode & stat.S_IWGRP and not _group_is_private(st):
@@ -159,10 +167,42 @@ def _check_mode(reg: Registry, report: VerifyReport, rel: str, kind: str) -> Non
     report.add("insecure_mode", rel or ".", f"registry {what} is {why} (mode {mode:04o}); {fix}")
 
 
-def _walk(reg: Registry, report: VerifyReport) -> Tree:
-    """List the registry, following nothing; report symlinks, strays, modes, foreign entries."""
+def _read_later(rel_dir: str, later: Later) -> Callable[[str, str], bool]:
+    """Which entries of `rel_dir` a later pass reads, and checks the mode of from the
+    descriptor's fstat (objects and meta records): the walk takes no lstat of those, and
+    notes them in `later[rel_dir]` (the passes then need no second match of each name)."""
+    if rel_dir == layout.META:
+        names = later.setdefault(rel_dir, set())
+
+        def meta(name: str, kind: str) -> bool:
+            if kind == "file" and layout.META_FILE.fullmatch(name) is not None:
+                names.add(name)
+                return True
+            return False
+
+        return meta
+    if rel_dir.startswith(f"{layout.OBJECTS}/") and rel_dir.count("/") == 1:
+        names, fan = later.setdefault(rel_dir, set()), rel_dir[len(layout.OBJECTS) + 1 :]
+
+        def obj(name: str, kind: str) -> bool:
+            if kind == "file" and (m := layout.OBJECT_FILE.fullmatch(name)) and m[2] == fan:
+                names.add(name)
+                return True
+            return False
+
+        return obj
+    return lambda name, kind: False
+
+
+def _walk(reg: Registry, report: VerifyReport) -> tuple[Tree, Seen, Later]:
+    """List the registry, following nothing; report symlinks, strays, modes, foreign entries.
+    Also every entry of every directory listed (temp files and links too), for the checks
+    of what is present."""
     tree: Tree = {}
-    _check_mode(reg, report, "", "dir")
+    seen: Seen = {}
+    later: Later = {}
+    with contextlib.suppress(OSError):
+        _check_mode(report, "", "dir", reg.root.stat())
     try:
         extras = reg._disk.legacy()[1]  # an adopted registry's own root entries (`bin/`)
     except IntegrityError as exc:
@@ -174,12 +214,16 @@ def _walk(reg: Registry, report: VerifyReport) -> Tree:
     while pending:
         rel_dir = pending.pop()
         try:
-            entries = reg._disk.entries(rel_dir)
+            entries = reg._disk.scan(rel_dir, _read_later(rel_dir, later))
         except IntegrityError as exc:
             report.add("symlink", rel_dir, str(exc))
             continue
+        seen[rel_dir] = {name: kind for name, kind, _st in entries}
         kept = []
-        for name, kind in entries:
+        for name, kind, st in entries:
+            if st is None:  # an object or meta record a later pass reads (and checks)
+                kept.append((name, kind))
+                continue
             rel = f"{rel_dir}/{name}" if rel_dir else name
             if layout.is_temp_name(name):
                 report.add("stray", rel, "temp file left by an interrupted write", "warning")
@@ -187,7 +231,8 @@ def _walk(reg: Registry, report: VerifyReport) -> Tree:
             if kind == "link":
                 report.add("symlink", rel, "symlink in the registry; refused")
                 continue
-            _check_mode(reg, report, rel, kind)
+            if st is not None:
+                _check_mode(report, rel, kind, st)
             if not rel_dir and (name, kind) not in at_root:
                 report.add("unexpected", rel, f"not part of a registry ({layout.FORMAT_DOC})")
                 continue
@@ -195,67 +240,150 @@ def _walk(reg: Registry, report: VerifyReport) -> Tree:
             if kind == "dir":
                 pending.append(rel)
         tree[rel_dir] = kept
-    return tree
+    return tree, seen, later
 
 
-def _lstat(reg: Registry, rel: str) -> os.stat_result | None:
-    try:
-        return reg._disk.lstat(rel)
-    except IntegrityError:
-        return _UNREACHABLE
+def _present(seen: Seen, rel: str) -> bool | None:
+    """Was `rel` there when the walk listed its directory? None: its directory could not be
+    reached without following a link (or is not a directory), so neither."""
+    parent, _, name = rel.rpartition("/")
+    if parent in seen:
+        return name in seen[parent]
+    return False if parent and _present(seen, parent) is False else None
 
 
-def _verify_objects(reg: Registry, report: VerifyReport, tree: Tree) -> None:
+def _verify_objects(
+    reg: Registry, report: VerifyReport, tree: Tree, seen: Seen, later: Later
+) -> Sizes:
+    """Re-hash every object, each fan-out directory opened once; the size of each object
+    that is a regular file (None: present but not one), for the meta records' check."""
+    sizes: Sizes = {}
     for fan, fan_kind in tree.get(layout.OBJECTS, []):
         fan_rel = f"{layout.OBJECTS}/{fan}"
         if fan_kind != "dir" or len(fan) != 2 or fan_rel not in tree:
             report.add("unexpected", fan_rel, "not an object fan-out")
             continue
+        files, regular = [], later.get(fan_rel, set())
         for entry, kind in tree[fan_rel]:
+            if entry in regular:
+                files.append(entry)
+                continue
             rel = f"{fan_rel}/{entry}"
             if (sha := layout.object_sha(rel)) is None:
                 report.add("unexpected", rel, "not an object file")
                 continue
             report.objects += 1
             if kind != "file":
+                sizes[sha] = None
                 report.add("corrupt", rel, f"object is a {kind}, not a regular file; refused")
-                continue
-            try:
-                reg.read_verified(sha)
-            except IntegrityError as exc:
-                report.add("corrupt", rel, str(exc))
-                continue
-            st = _lstat(reg, rel)
-            if st is not None and st is not _UNREACHABLE and st.st_mode & 0o222:
-                report.add("bad_mode", rel, "object is writable; objects must be read-only")
-            if _lstat(reg, layout.meta_relpath(sha)) is None:
-                why = "object has no meta record (interrupted add?); add it again"
-                report.add("incomplete", rel, why, "warning")
+        report.objects += len(files)
+        try:
+            with contextlib.closing(reg._disk.read_each(fan_rel, files)) as each:
+                for entry, got in each:
+                    _check_object(reg, report, f"{fan_rel}/{entry}", got, sizes, seen)
+        except (FileNotFoundError, IntegrityError) as exc:  # replaced since it was listed
+            report.add("symlink", fan_rel, str(exc))
+    return sizes
 
 
-def _verify_meta(reg: Registry, report: VerifyReport, tree: Tree) -> None:
+def _check_object(
+    reg: Registry, report: VerifyReport, rel: str, got: ReadResult, sizes: Sizes, seen: Seen
+) -> None:
+    sha = rel[-68:-4]
+    if not isinstance(got, Exception):  # read: the common case first
+        _check_read_object(reg, report, rel, sha, got, sizes, seen)
+        return
+    if isinstance(got, FileNotFoundError):  # removed since the walk (a concurrent gc)
+        return
+    if isinstance(got, IntegrityError):
+        sizes[sha] = None
+        report.add("corrupt", rel, str(got))
+        return
+    raise got
+
+
+def _check_read_object(
+    reg: Registry,
+    report: VerifyReport,
+    rel: str,
+    sha: str,
+    got: tuple[bytes, os.stat_result],
+    sizes: Sizes,
+    seen: Seen,
+) -> None:
+    data, st = got
+    sizes[sha] = st.st_size
+    if st.st_mode & 0o022:
+        _check_mode(report, rel, "file", st)
+    if hashlib.sha256(data).hexdigest() != sha:
+        try:
+            reg._objects.check(sha, data)  # says how, in the one message for it
+        except IntegrityError as exc:
+            report.add("corrupt", rel, str(exc))
+        return
+    if st.st_mode & 0o222:
+        report.add("bad_mode", rel, "object is writable; objects must be read-only")
+    metas = seen.get(layout.META)  # listed: a lookup; else not there, or not reachable
+    missing = (
+        f"{sha}.json" not in metas
+        if metas is not None
+        else _present(seen, f"{layout.META}/{sha}.json") is False
+    )
+    if missing:
+        why = "object has no meta record (interrupted add?); add it again"
+        report.add("incomplete", rel, why, "warning")
+
+
+def _verify_meta(
+    reg: Registry, report: VerifyReport, tree: Tree, sizes: Sizes, seen: Seen, later: Later
+) -> None:
+    files, regular = [], later.get(layout.META, set())
     for entry, _kind in tree.get(layout.META, []):
+        if entry in regular:
+            files.append(entry)
+            continue
         rel = f"{layout.META}/{entry}"
-        if (sha := layout.meta_sha(rel)) is None:
+        if layout.meta_sha(rel) is None:
             report.add("unexpected", rel, "not a meta record")
             continue
-        report.meta += 1
-        try:
-            if reg._disk.is_legacy(rel):
-                report.legacy += 1
+        files.append(entry)  # not a regular file: the read says what it is
+    report.meta += len(files)
+    try:
+        listed, broken = reg._disk.legacy()[0], None
+    except IntegrityError as exc:  # reported by the walk; no record can be told legacy
+        listed, broken = {}, exc
+    with contextlib.closing(reg._disk.read_each(layout.META, files)) as each:
+        for entry, got in each if files else ():
+            rel, sha = f"{layout.META}/{entry}", entry[:-5]
+            if isinstance(got, FileNotFoundError):  # removed since the walk (a concurrent gc)
                 continue
-            meta = reg.meta(sha)
-        except IntegrityError as exc:
-            report.add("bad_record", rel, str(exc))
-            continue
-        st = _lstat(reg, layout.object_relpath(sha))
-        if st is None:
-            report.add("orphan_meta", rel, "meta record without object")
-        elif st is not _UNREACHABLE and stat.S_ISREG(st.st_mode) and st.st_size != meta.bytes:
-            report.add("bad_record", rel, f"records {meta.bytes} bytes, object differs")
+            if isinstance(got, Exception) and not isinstance(got, IntegrityError):
+                raise got
+            if broken is not None or isinstance(got, IntegrityError):
+                report.add("bad_record", rel, str(broken or got))
+                continue
+            raw, st = got
+            if st.st_mode & 0o022:
+                _check_mode(report, rel, "file", st)
+            want = listed.get(rel) if listed else None
+            if want is not None and hashlib.sha256(raw).hexdigest() == want:
+                report.legacy += 1  # history in the adopted registry's own shape
+                continue
+            if (recorded := Meta.plain_size(loads_flat(raw), sha)) is None:
+                try:  # not the shape `add` writes: the strict reader judges it
+                    recorded = reg._objects.parse_meta(sha, raw).bytes
+                except IntegrityError as exc:
+                    report.add("bad_record", rel, str(exc))
+                    continue
+            if sha not in sizes:
+                obj = f"{layout.OBJECTS}/{sha[:2]}/{sha}.txt"
+                if _present(seen, obj) is False:
+                    report.add("orphan_meta", rel, "meta record without object")
+            elif (size := sizes[sha]) is not None and size != recorded:
+                report.add("bad_record", rel, f"records {recorded} bytes, object differs")
 
 
-def _verify_names(reg: Registry, report: VerifyReport, tree: Tree) -> None:
+def _verify_names(reg: Registry, report: VerifyReport, tree: Tree, seen: Seen) -> None:
     for entry, _kind in tree.get(layout.NAMES, []):
         rel = f"{layout.NAMES}/{entry}"
         if layout.NAME_RE.fullmatch(entry) is None or (
@@ -275,7 +403,7 @@ def _verify_names(reg: Registry, report: VerifyReport, tree: Tree) -> None:
         except IntegrityError as exc:
             report.add("bad_record", rel, str(exc))
             continue
-        missing = sha is not None and _lstat(reg, layout.object_relpath(sha)) is None
+        missing = sha is not None and _present(seen, layout.object_relpath(sha)) is False
         if missing and sha is not None and not reg._names.is_frame(sha):
             report.add("dangling", rel, f"points to missing {sha}")
     for journal in (layout.NAMES_LOG, layout.MIRROR_LOG):

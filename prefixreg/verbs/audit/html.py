@@ -49,7 +49,11 @@ BINS: Final = 500
 class Series:
     """What the figures draw: per bar (a call, or a bin of `size` consecutive calls) its centre,
     width, mean cached and uncached tokens per call (and of the uncached, the session's),
-    whether a call in it drifted; the cumulative seconds saved at its last call (`end`)."""
+    whether a call in it drifted; at its last call (`end`), the cumulative seconds the calls
+    faster than their cold estimate saved (`saved`) and those slower than it lost (`lost`):
+    both only rise, and their difference is the net saving the report states (a cold call's
+    own time scatters around the batch's cold rate, so a signed sum would fall and rise with
+    that scatter)."""
 
     size: int
     x: list[float]
@@ -60,6 +64,7 @@ class Series:
     end: list[int]
     saved: list[float]
     session: list[float]
+    lost: list[float]
 
     @property
     def bins(self) -> int:
@@ -73,15 +78,15 @@ class Series:
             f"{calls:,} calls, over {MAX_DRAWN:,}, are drawn in {self.bins:,} bins of "
             f"{self.size:,} consecutive calls (the last may hold fewer): a bar is its bin's "
             "mean tokens per call, a marker a bin holding a call that drifted from the frame, "
-            "and the curve the cumulative seconds saved at each bin's last call."
+            "and the curves the cumulative seconds saved and lost at each bin's last call."
         )
 
 
 def series(calls: Sequence[CallSaving]) -> Series:
     """The bars and the curve of `calls`: one per call up to `MAX_DRAWN`, else binned."""
     size = 1 if len(calls) <= MAX_DRAWN else -(-len(calls) // BINS)  # ceil: at most BINS bins
-    out = Series(size, [], [], [], [], [], [], [], [])
-    total = 0.0
+    out = Series(size, [], [], [], [], [], [], [], [], [])
+    saved = lost = 0.0
     for i in range(0, len(calls), size):
         chunk = calls[i : i + size]
         n = len(chunk)
@@ -91,9 +96,11 @@ def series(calls: Sequence[CallSaving]) -> Series:
         out.uncached.append(sum(c.prompt - c.cached - c.session for c in chunk) / n)
         out.session.append(sum(c.session for c in chunk) / n)
         out.drifted.append(any(c.drifted for c in chunk))
-        total += sum(c.cold_s - c.actual_s for c in chunk)
+        saved += sum(max(0.0, c.cold_s - c.actual_s) for c in chunk)
+        lost += sum(max(0.0, c.actual_s - c.cold_s) for c in chunk)
         out.end.append(i + n)
-        out.saved.append(total)
+        out.saved.append(saved)
+        out.lost.append(lost)
     return out
 
 
@@ -137,9 +144,14 @@ def plots(report: AuditReport) -> tuple[str, str, str | None]:
     fig2 = Figure(figsize=(11, 3.4), layout="constrained")
     ax2 = fig2.add_subplot()
     dot = "o" if s.size == 1 else ""  # a dot is a call: none for a bin
-    ax2.plot(s.end, s.saved, color=SAVED, linewidth=2.5, marker=dot, markersize=3)
+    what = "saved by calls faster than their cold estimate"
+    ax2.plot(s.end, s.saved, color=SAVED, linewidth=2.5, marker=dot, markersize=3, label=what)
     ax2.fill_between(s.end, s.saved, color=SAVED, alpha=0.25)
-    title = "Prefill seconds caching saved, cumulative" + (" (at each bin's end)" if binned else "")
+    if s.lost and s.lost[-1] > 0:  # said, never netted into a curve that would fall
+        what = "lost by calls slower than it"
+        ax2.plot(s.end, s.lost, color=DRIFT, linewidth=2, marker=dot, markersize=3, label=what)
+        ax2.legend(loc="upper left")
+    title = "Prefill seconds, cumulative" + (" (at each bin's end)" if binned else "")
     ax2.set(xlabel="call", ylabel="seconds", title=title)
     for axis in (ax.xaxis, ax2.xaxis):
         axis.set_major_locator(MaxNLocator(integer=True))

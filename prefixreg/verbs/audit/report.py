@@ -128,9 +128,24 @@ def _stat(values: list[int | None]) -> JSONObject:
     return {"total": sum(known), "mean": mean, "calls": len(known)}
 
 
+# Seconds finer than this are below what any input times (llama.cpp's ms carry microsecond
+# digits at most): a figure under half of it is a float's rounding, not a time, and reads 0.
+RESOLUTION_S: Final = 1e-6
+
+
 def _secs(value: float) -> str:
-    """3 significant digits under 100 s (a simulator's ms must not print as 0.00), else whole."""
-    return f"{value:.3g} s" if value < 100 else f"{value:,.0f} s"
+    """3 significant digits under 100 s (a simulator's ms must not print as 0.00), else whole;
+    under half a microsecond, 0 (never "7.11e-15 s")."""
+    if abs(value) < RESOLUTION_S / 2:
+        return "0 s"
+    return f"{value:.3g} s" if abs(value) < 100 else f"{value:,.0f} s"
+
+
+def net_seconds(cold: float, actual: float) -> float:
+    """cold - actual, 0 when they differ by less than the rounding of sums their size (an
+    all-cold batch: each call's cold estimate is its own time at the batch's mean rate)."""
+    net = cold - actual
+    return 0.0 if abs(net) <= 1e-9 * max(abs(cold), abs(actual)) else net
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,8 +372,9 @@ def _saving_lines(s: dict[str, Any]) -> list[str]:
     m = s["new_history_unmatched"]
     unmatched = f" ({m:,} from calls read without their requests)" if m else ""
     # A loss is said as one, never shown as 0 s saved (the server's timings can show it).
-    saved = f"{_secs(sec['saved'])} of prefill" if sec["saved"] >= 0 else "no prefill time"
-    lost = "" if sec["saved"] >= 0 else f"; prefill took {_secs(-sec['saved'])} more than cold"
+    net = net_seconds(sec["cold"], sec["actual"])
+    saved = f"{_secs(net)} of prefill" if net >= 0 else "no prefill time"
+    lost = "" if net >= 0 else f"; prefill took {_secs(-net)} more than cold"
     return [
         f"if cold        {tok['cold']:,} prompt tokens, prefill {_secs(sec['cold'])} ({how})",
         f"caching saved  {tok['saved']:,} tokens, {saved} "

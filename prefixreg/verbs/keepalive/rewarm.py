@@ -105,14 +105,28 @@ class KeepAliveSummary:
     left_to_loop: int = 0  # evicted heads not restored: not re-prefilled (the cost rule)
     backoff_reason: str | None = None  # the latest one's reason
     dropped: list[str] = field(default_factory=list)  # sessions dropped, heads given up: why
+    first_partial: int = 0  # of the partial re-warms, a head's first warm: none was kept yet
+    first_cold: int = 0  # of the cold ones, likewise
+    bursts: int = 0  # cold or partial after a burst between polls (`judge_burst`)
+    burst_landed: float = 0.0  # the largest such burst, in the budget's unit
+    burst_survives: float = 0.0  # what a head survived then, in that unit
+    burst_unit: str = ""
 
     def count(
-        self, rewarm: Rewarm, snap: SnapshotRewarm | None = None, *, session: bool = False
+        self,
+        rewarm: Rewarm,
+        snap: SnapshotRewarm | None = None,
+        *,
+        session: bool = False,
+        first: bool = False,
     ) -> None:
         """Add one re-warm by the judge's verdict (a missing count is never zero), and the
-        restore attempt before it (a miss was re-warmed normally)."""
+        restore attempt before it (a miss was re-warmed normally); `first`: the head's first
+        warm (cold by nature: nothing was kept yet, so it is never "not kept")."""
         ev, verdict = rewarm.record.evidence, rewarm.verdict
         self.rewarms += 1
+        self.first_partial += first and verdict == "partial"
+        self.first_cold += first and verdict == "cold"
         self.sessions += session
         setattr(self, verdict, getattr(self, verdict) + 1)  # one counter per verdict
         if verdict == "resumed":
@@ -170,10 +184,19 @@ class KeepAliveSummary:
         counter("prefill_avoided_seconds", seconds, "Measured cold seconds restores avoided")
         return out
 
+    def burst(self, landed: float, survives: float, unit: str) -> None:
+        """Count a re-warm the judge says a burst between polls defeated (`judge_burst`)."""
+        self.bursts += 1
+        if landed >= self.burst_landed:
+            self.burst_landed, self.burst_survives, self.burst_unit = landed, survives, unit
+
     def __str__(self) -> str:
+        first = self.first_partial + self.first_cold
+        partial, cold = self.partial - self.first_partial, self.cold - self.first_cold
+        firsts = f"{first} first warm{'s' * (first != 1)} (nothing kept yet), " if first else ""
         text = (
-            f"{self.rewarms} re-warms: {self.kept} kept (resumed), {self.partial + self.cold} "
-            f"not kept ({self.partial} partial, {self.cold} cold), {self.unverified} "
+            f"{self.rewarms} re-warms: {firsts}{self.kept} kept (resumed), {partial + cold} "
+            f"not kept ({partial} partial, {cold} cold), {self.unverified} "
             f"unverified; {self.tokens_spent:,} tokens spent, {self.tokens_saved:,} cached "
             f"tokens kept warm (heads and sessions); {self.polls} polls "
             f"({self.skipped_polls} skipped), {self.errors} errors"
@@ -184,12 +207,18 @@ class KeepAliveSummary:
             f"{self.prefill_s_avoided:.3f} s)"
         )
         left = "evicted heads left to the loop (a re-prefill would spend what it saves)"
+        burst = (
+            f"{self.bursts} not kept after a burst of foreign prompts between polls (up to "
+            f"{self.burst_landed:g} {self.burst_unit} landed between two polls; a head survives "
+            f"{self.burst_survives:g}): polling sooner cannot help, only more cache entries"
+        )
         parts = [
             (self.restored, restored),
             (self.restore_misses, f"{self.restore_misses} restores not proven"),
             (self.sessions, f"{self.sessions} re-touched the loop's session"),
             (self.session_skipped, f"{self.session_skipped} session lines sent no kept head"),
             (self.left_to_loop, f"{self.left_to_loop} {left}"),
+            (self.bursts, burst),
             (self.backoffs, f"backed off {self.backoffs} times ({self.backoff_reason})"),
             *((1, note) for note in self.dropped),
         ]

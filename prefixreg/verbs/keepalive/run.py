@@ -49,7 +49,7 @@ from prefixreg.core.errors import (
     WorkerTimeoutError,
 )
 from prefixreg.core.frame import Frame, Head
-from prefixreg.core.judge import Verdict
+from prefixreg.core.judge import Verdict, judge_burst
 from prefixreg.core.prefix import Prefix
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
@@ -121,6 +121,8 @@ class KeepAlive(Stepper):
         super().__init__()  # the thread's events: `thread.Stepper`
         self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
         self._backoff_until, self._told = 0.0, False
+        self._polled = False  # a poll answered: the next one counts what landed in between
+        self._landed: float | None = None
         self.build = build = worker.server_build()
         # llama.cpp's slots: each holds one prompt, so more heads than slots evict each other,
         # and as many foreign prompts as slots since a head's last use evicted it.
@@ -271,8 +273,12 @@ class KeepAlive(Stepper):
                 if isinstance(body, Mapping):  # said once per reason, not per poll
                     why = ks.why_not_kept([k.head for k in self._kept.values()], body)
                     self._note_once(f"a session line was skipped: {why}")
-        if self._counter is not None and self._read(self._counter) is None:
+        counter = self._counter
+        before = counter.total if counter is not None and self._polled else None
+        if counter is not None and self._read(counter) is None:
             return []
+        self._polled = counter is not None
+        self._landed = None if before is None or counter is None else counter.total - before
         done, due = [], self._due(now)
         if self._counter is not None and self._counter.busy:
             due = []  # llama.cpp: a prompt runs; a re-warm now would race it. Next poll.
@@ -355,7 +361,11 @@ class KeepAlive(Stepper):
         kept.lost, kept.evicted, kept.last_used = False, False, time.monotonic()
         if counter is not None:
             ks.rebase(kept, self._kept.values(), counter, record, self.budget.per_request)
+        survives, unit = self.budget.limit, self.budget.unit  # before a miss tightens it
         change = self.budget.learn(record.before, record.after, record.interleaved, verdict, since)
+        landed = self._landed
+        if judge_burst(verdict, first=bool(first), landed=landed, survives=survives, unit=unit):
+            self.summary.burst(landed or 0.0, survives, unit)
         if change is not None:
             self.summary.budget_changes.append(change)
         ev = record.evidence
@@ -368,7 +378,7 @@ class KeepAlive(Stepper):
         report = None if snap is None else snap.to_dict()
         b = self.budget
         rewarm = Rewarm(head.system.sha256, since, verdict, record, b.limit, b.unit, frame, report)
-        self.summary.count(rewarm, snap, session=kept.session is not None)
+        self.summary.count(rewarm, snap, session=kept.session is not None, first=bool(first))
         self.history.append(rewarm)
         if self.registry is not None:
             body = rewarm.measurement_body(b.to_dict())

@@ -156,9 +156,14 @@ class Session:
                 raise self._refused(why)
             if MARKER in entries:
                 raise self._refused(f"has a {MARKER} that is not a regular file")
-            if entries:
-                why = f"holds files but is not a prefixreg mirror (no {MARKER}), nothing deleted"
-                raise self._refused(why)
+            if entries:  # the worker's old hand-built copy (the seed's REMOTE_PATH), say
+                path = self.dest.path
+                raise MirrorError(
+                    f"destination {self.dest.raw} holds files but is not a prefixreg mirror "
+                    f"(no {MARKER}); refusing, nothing deleted: mirror to a new path, or, to "
+                    f"keep what is there, adopt it on that host first (`prefixreg migrate "
+                    f"{path} --repoint` moves it to a registry of its own and frees {path})"
+                )
         elif (parent := self._probe("list", self.dest.parent.target())) is None:
             hint = "create it first: the mirror creates only the last directory"
             why = f"needs its parent directory {self.dest.parent.path}: it does not exist"
