@@ -336,6 +336,9 @@ class Gateway:
             return self._error(None, 404, "no such call (ids are kept for the latest calls)")
         return Response(orjson.dumps(record), 200, media_type="application/json")
 
+    async def heads(self, request: Request) -> Response:
+        return Response(orjson.dumps(self.door.heads_view()), 200, media_type="application/json")
+
     def routes(self) -> list[Route]:
         def bind(api: Api) -> Callable[[Request], Awaitable[Response]]:
             async def endpoint(request: Request) -> Response:
@@ -348,6 +351,7 @@ class Gateway:
             *(Route(a.path, bind(a), methods=["POST"]) for a in apis.APIS),
             Route("/metrics", self.metrics, methods=["GET"]),
             Route("/prefixreg/calls/{call_id}", self.call, methods=["GET"]),
+            Route("/prefixreg/heads", self.heads, methods=["GET"]),
             Route("/{path:path}", self.passthrough, methods=methods),
         ]
 

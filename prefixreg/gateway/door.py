@@ -36,6 +36,7 @@ from prefixreg.gateway import head as heads
 from prefixreg.gateway.apis import Api, clean_message
 from prefixreg.gateway.config import GatewayConfig
 from prefixreg.gateway.known import KnownHeads
+from prefixreg.gateway.leads import Leads
 from prefixreg.gateway.metrics import Metrics
 from prefixreg.gateway.proof import Proof, Tally, evidence_of, prove
 from prefixreg.gateway.sessions import Session, Sessions
@@ -93,6 +94,7 @@ class Door:
         self.log = calllog.CallLog(config.call_log)
         self.calls: OrderedDict[str, JSONObject] = OrderedDict()
         self.seen_on: dict[str, dict[str, int]] = {}  # head sha -> worker -> calls there
+        self.leads = Leads()
         self.keeper: Any = None  # set by `gateway.keeper` when sessions are kept warm
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -143,6 +145,7 @@ class Door:
             sha, name = self.known.name_of(head)
             adm.head_label = name or head.sha256[:12]
             adm.headers["x-prefixreg-head"] = head.sha256
+            adm.headers["x-prefixreg-head-known"] = "registered" if sha else "unregistered"
             if name is not None:
                 adm.headers["x-prefixreg-head-name"] = _header_value(name)
             if sha is None:
@@ -153,6 +156,11 @@ class Door:
             adm.headers["x-prefixreg-stripped"] = str(adm.strips)
         if head is not None and session.head is not None:
             adm.drift = heads.drift_of(session.head, head)
+        if head is not None and session.calls == 0 and self.leads.observe(head.sha256, adm.history):
+            self.metrics.add("dynamic_first_total", head=adm.head_label)
+            adm.headers["x-prefixreg-note"] = (
+                "the first user message puts dynamic text before static text"
+            )
         if adm.drift is not None:
             self.metrics.add("drift_total", head=adm.head_label, part=adm.drift.part)
             adm.headers["x-prefixreg-drift"] = _header_value(adm.drift.header())
@@ -303,6 +311,16 @@ class Door:
     # -- the gateway's own routes --------------------------------------------------------------
     def call_record(self, call_id: str) -> JSONObject | None:
         return self.calls.get(call_id)
+
+    def heads_view(self) -> list[JSONObject]:
+        """Each head seen: its name, where it was served, what its sessions share after it."""
+        out: list[JSONObject] = []
+        for sha in self.leads.heads():
+            lead = self.leads.view(sha) or {}
+            where = self.seen_on.get(sha, {})
+            workers: JSONObject = {display_url(w): n for w, n in where.items()}
+            out.append({"head": sha, "workers": workers, **lead})
+        return out
 
     def metrics_text(self, *, inflight: int) -> str:
         gauges = {"upstream_inflight": float(inflight), "sessions": float(len(self.sessions))}

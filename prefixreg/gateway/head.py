@@ -7,7 +7,8 @@ and the prompt settings a template reads (`core.frame.PROMPT_SETTINGS`). It is h
 frame is (`core.frame.encode_frame_record` over the system's sha, the tools' sha and the
 settings), so a head registered with `--register` (tools kept as `dumps_ordered` bytes) has
 the sha the gateway computes; a frame registered from a file matches by its parts
-(`parts_key`). A head with no tools and no settings is also a bare prefix: its system sha.
+(`parts_key`). A head with no tools and no settings is a bare prefix: its sha is the system
+text's, the sha `prefixreg add` prints for it.
 
 Invariants:
 - Nothing here keeps or returns prompt text but `Head.system` (for strip, drift and
@@ -41,7 +42,7 @@ _SYSTEM_ROLES: Final = ("system", "developer")
 class Head:
     """One request's head: its frame-style sha, its parts' shas and sizes."""
 
-    sha256: str  # the frame sha (or, with no tools and no settings, also `system_sha256`)
+    sha256: str  # the frame's sha; with no tools and no settings, the prefix's (`system_sha256`)
     system_sha256: str
     tools_sha256: str | None
     settings_json: str
@@ -134,7 +135,9 @@ def head_of(api: Api, body: Mapping[str, Any]) -> tuple[Head | None, str]:
     except UsageError:
         return None, "a prompt setting of the wrong type: no head"
     settings_json = dumps_ordered(dict(sorted(settings.items())))
-    sha = hashlib.sha256(record).hexdigest()
+    # A head of system text alone is a bare prefix: its sha is the prefix's, as `add` prints.
+    bare = tools_sha is None and not settings
+    sha = system_sha if bare else hashlib.sha256(record).hexdigest()
     renders = tools_sha is not None and settings.get("tool_choice") != "none"
     head = Head(sha, system_sha, tools_sha, settings_json, system, tools_len, renders)
     return head, ""

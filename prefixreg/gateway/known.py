@@ -1,5 +1,6 @@
 """The registry's heads as the gateway matches them: an in-memory index built once at start,
-and the registration of a new head (`--register`) off the event loop.
+and the registration of a new head (`--register`: a frame, or a prefix for a head of system
+text alone, source `gateway/<api>`) off the event loop.
 
 A registered prefix matches a head with no tools and no settings by its sha; a registered
 frame matches by its parts (system sha, the sha of its tools as `dumps_ordered` writes
@@ -121,8 +122,10 @@ class KnownHeads:
             system = registry.add(head.system, source=source, note=f"a head seen by the {source}")
             if head.tools_sha256 is not None and tools is None:
                 raise PrefixregError("the head's tools were not kept")
-            settings = loads_object(head.settings_json)
-            sha = registry.add_frame(system, tools=tools, settings=settings, note=source)
+            sha = system  # a head of system text alone is a prefix; else a frame over it
+            if not head.is_prefix:
+                settings = loads_object(head.settings_json)
+                sha = registry.add_frame(system, tools=tools, settings=settings, note=source)
             with self._lock:
                 self._by_key[head.parts_key] = (sha, None)
                 self.registered += 1
