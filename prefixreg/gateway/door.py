@@ -40,6 +40,7 @@ from prefixreg.gateway.leads import Leads
 from prefixreg.gateway.metrics import Metrics
 from prefixreg.gateway.proof import Proof, Tally, evidence_of, prove
 from prefixreg.gateway.sessions import Session, Sessions
+from prefixreg.gateway.slots import SlotPlan
 from prefixreg.gateway.upstream import ROUTING_KEY_HEADER, Router
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.transport import display_url
@@ -95,11 +96,15 @@ class Door:
         self.calls: OrderedDict[str, JSONObject] = OrderedDict()
         self.seen_on: dict[str, dict[str, int]] = {}  # head sha -> worker -> calls there
         self.leads = Leads()
+        self.slot_plan = SlotPlan(config.workers, config.upstream_key) if config.own_slots else None
         self.keeper: Any = None  # set by `gateway.keeper` when sessions are kept warm
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
+        """What the door reads before serving (the registry's heads, the workers' slots)."""
         self.known.load()
+        if self.slot_plan is not None:
+            self.slot_plan.discover()
         if self.keeper is not None:
             self.keeper.start()
 
@@ -176,6 +181,18 @@ class Door:
         if key is not None and self.router.behind_router:
             adm.upstream_headers.append((ROUTING_KEY_HEADER.encode(), key.encode("ascii")))
         adm.miss = adm.miss or self._miss(adm)
+        if self.slot_plan is not None:
+            for gone in self.sessions.take_dropped():
+                self.slot_plan.release(gone.id)
+            owner = session.id if head is not None else None
+            last = session.slot if session.worker == adm.target else None
+            slot = self.slot_plan.assign(
+                adm.target, owner, key, body, returning=session.calls > 0, last_slot=last
+            )
+            session.slot = slot
+            if slot is not None:
+                adm.rewritten = True
+                adm.headers["x-prefixreg-slot"] = str(slot)
         if self.keeper is not None:
             self.keeper.admit(adm, body)
         if adm.strips or adm.rewritten:
