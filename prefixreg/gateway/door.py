@@ -35,6 +35,7 @@ from prefixreg.gateway import calllog
 from prefixreg.gateway import head as heads
 from prefixreg.gateway.apis import Api, clean_message
 from prefixreg.gateway.config import GatewayConfig
+from prefixreg.gateway.keeper import Keeper
 from prefixreg.gateway.known import KnownHeads
 from prefixreg.gateway.leads import Leads
 from prefixreg.gateway.metrics import Metrics
@@ -97,7 +98,11 @@ class Door:
         self.seen_on: dict[str, dict[str, int]] = {}  # head sha -> worker -> calls there
         self.leads = Leads()
         self.slot_plan = SlotPlan(config.workers, config.upstream_key) if config.own_slots else None
-        self.keeper: Any = None  # set by `gateway.keeper` when sessions are kept warm
+        self.keeper = (
+            Keeper(self.metrics, idle_s=config.session_idle_s, api_key=config.upstream_key)
+            if config.keep_warm
+            else None
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -193,8 +198,6 @@ class Door:
             if slot is not None:
                 adm.rewritten = True
                 adm.headers["x-prefixreg-slot"] = str(slot)
-        if self.keeper is not None:
-            self.keeper.admit(adm, body)
         if adm.strips or adm.rewritten:
             adm.content = orjson.dumps(body)
 
@@ -281,6 +284,13 @@ class Door:
             session.calls += 1
             session.prompt_tokens = prompt
             self.sessions.record(session, adm.chain)
+        if (
+            self.keeper is not None
+            and head is not None
+            and adm.api.name == "chat"
+            and (200 <= status < 300 and adm.body is not None)
+        ):
+            self.keeper.saw(adm.target, head, adm.body.get("tools"), adm.body)
         gw = {
             "call": adm.call_id,
             "api": adm.api.name,
