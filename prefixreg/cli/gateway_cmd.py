@@ -106,8 +106,9 @@ def gateway_command(
         if worker or pool is not None:
             spec = pool_spec(worker or (), pool_file=pool, router=router)
             workers, router_url = tuple(w.url for w in spec.workers), spec.router
+            capacities = tuple(w.capacity for w in spec.workers)
         elif router is not None:
-            workers, router_url = (), router
+            workers, router_url, capacities = (), router, ()
         else:
             raise UsageError("no upstream", hint="pass --worker URL, --pool FILE or --router URL")
         root = resolve_registry_path(registry)
@@ -116,6 +117,7 @@ def gateway_command(
         config = GatewayConfig(
             workers=workers,
             router=router_url,
+            capacities=capacities,
             on_drift=on_drift,  # type: ignore[arg-type]  # checked by GatewayConfig
             strip=tuple(strip or ()),
             register=register,

@@ -46,6 +46,7 @@ class GatewayConfig:
 
     workers: tuple[str, ...] = ()
     router: str | None = None
+    capacities: tuple[int | None, ...] = ()  # heads each worker keeps (a pool file's capacity)
     on_drift: Literal["warn", "refuse"] = "warn"
     strip: tuple[str, ...] = ()
     register: bool = False

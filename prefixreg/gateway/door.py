@@ -145,20 +145,22 @@ class Door:
         head, why = heads.head_of(api, body)
         adm.head, adm.history = head, heads.history(api, body)
         adm.rest_bytes = heads.rest_bytes(api, body)
-        session, adm.chain = self.sessions.find(body, headers, adm.history)
+        sha = head.sha256 if head is not None else None
+        session, adm.chain = self.sessions.find(body, headers, adm.history, sha)
         adm.session = session
         adm.headers["x-prefixreg-session"] = session.id
         if head is None:
             adm.headers["x-prefixreg-head"] = "none"
             adm.miss = why
         else:
-            sha, name = self.known.name_of(head)
+            registered, name = self.known.name_of(head)
             adm.head_label = name or head.sha256[:12]
             adm.headers["x-prefixreg-head"] = head.sha256
-            adm.headers["x-prefixreg-head-known"] = "registered" if sha else "unregistered"
+            known = "registered" if registered else "unregistered"
+            adm.headers["x-prefixreg-head-known"] = known
             if name is not None:
                 adm.headers["x-prefixreg-head-name"] = _header_value(name)
-            if sha is None:
+            if registered is None:
                 self.known.remember_tools(head, body.get("tools"))
                 self.known.maybe_register(head, api.name)
         if adm.strips:
@@ -182,7 +184,10 @@ class Door:
                 )
                 return
         key = head.sha256 if head is not None else None
-        adm.target = self.router.choose(key=key, session_worker=session.worker)
+        adm.target, placement = self.router.choose(key=key, session_worker=session.worker)
+        if placement is not None:
+            adm.headers["x-prefixreg-placement"] = placement
+            self.metrics.add("not_placed_total", head=adm.head_label)
         if key is not None and self.router.behind_router:
             adm.upstream_headers.append((ROUTING_KEY_HEADER.encode(), key.encode("ascii")))
         adm.miss = adm.miss or self._miss(adm)
@@ -283,7 +288,7 @@ class Door:
             session.worker = adm.target
             session.calls += 1
             session.prompt_tokens = prompt
-            self.sessions.record(session, adm.chain)
+            self.sessions.record(session, adm.chain, head.sha256 if head is not None else None)
         if (
             self.keeper is not None
             and head is not None
