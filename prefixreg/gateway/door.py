@@ -313,14 +313,12 @@ class Door:
             "strips": adm.strips,
             "door_ms": round(adm.door_s * 1000, 3),
         }
-        line = calllog.record(
-            system=head.system if head is not None else None,
-            rest_bytes=adm.rest_bytes,
-            tools=(adm.body or {}).get("tools"),
-            messages=self._chat_messages(adm),
-            evidence=evidence,
-            gateway=gw,
-        )
+        if adm.api.name == "chat" and isinstance((adm.body or {}).get("messages"), list):
+            sent: dict[str, Any] = adm.body or {}  # the chat body itself, as forwarded
+        else:
+            system = head.system if head is not None else None
+            sent = calllog.chat_body(system, adm.history, (adm.body or {}).get("tools"))
+        line = calllog.record(sent, evidence, gw)
         before = self.log.failures
         self.log.write(line)
         if self.log.failures != before:
@@ -329,16 +327,6 @@ class Door:
         while len(self.calls) > MAX_CALLS_KEPT:
             self.calls.popitem(last=False)
         return proof
-
-    def _chat_messages(self, adm: Admission) -> list[Any]:
-        """The call's messages as the chat API would send them: the head's system first."""
-        sent = (adm.body or {}).get("messages")
-        if adm.api.name == "chat" and isinstance(sent, list):
-            return sent
-        if adm.head is None:
-            return list(adm.history)
-        system = {"role": "system", "content": adm.head.system.decode("utf-8", "replace")}
-        return [system, *adm.history]
 
     # -- the gateway's own routes --------------------------------------------------------------
     def call_record(self, call_id: str) -> JSONObject | None:
