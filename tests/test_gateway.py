@@ -149,7 +149,8 @@ def test_a_stream_without_usage_is_unverified_and_says_so(tmp_path: Path) -> Non
         record: Any = gw.door.call_record(call)
     assert record is not None
     assert record["gateway"]["verdict"] == "unverified"
-    assert record["gateway"]["miss"] == "engine reported nothing"
+    assert record["gateway"]["miss"].startswith("engine reported nothing: usage missing")
+    assert "include_usage" in record["gateway"]["miss"]
 
 
 def test_audit_reads_the_call_log_as_it_is_and_its_totals_are_the_servers(
