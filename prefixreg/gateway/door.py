@@ -48,6 +48,7 @@ from prefixreg.server.transport import display_url
 
 log = logging.getLogger("prefixreg.gateway")
 MAX_CALLS_KEPT: Final = 4096
+MAX_PROOF_BYTES: Final = 8 * 1024 * 1024  # a stream's bytes the proof reads
 
 
 @dataclass
@@ -224,7 +225,9 @@ class Door:
 
     # -- after -------------------------------------------------------------------------------
     def tally(self, adm: Admission) -> Tally:
-        return Tally(adm.api, self.config.max_reply_bytes)
+        # The proof folds a stream's text to hash it: a cap per stream bounds what a thousand
+        # streams hold at once (the stream itself is forwarded whole, whatever its size).
+        return Tally(adm.api, min(self.config.max_reply_bytes, MAX_PROOF_BYTES))
 
     def settle(
         self, adm: Admission, status: int, data: bytes, *, streamed: bool, added_s: float
@@ -284,7 +287,7 @@ class Door:
             where = self.seen_on.setdefault(head.sha256, {})
             where[adm.target] = where.get(adm.target, 0) + 1
         if session is not None and 200 <= status < 300:
-            session.head = head if head is not None else session.head
+            session.head = heads.kept(head) if head is not None else session.head
             session.worker = adm.target
             session.calls += 1
             session.prompt_tokens = prompt
@@ -345,4 +348,8 @@ class Door:
     def metrics_text(self, *, inflight: int) -> str:
         gauges = {"upstream_inflight": float(inflight), "sessions": float(len(self.sessions))}
         gauges["registered_heads"] = float(self.known.registered)
+        gauges["registry_failures"] = float(self.known.failures)
+        gauges["log_lines"] = float(self.log.lines)
+        if self.slot_plan is not None:
+            gauges["owned_slots"] = float(self.slot_plan.owned())
         return self.metrics.render(gauges)
