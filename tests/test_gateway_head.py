@@ -208,3 +208,18 @@ def test_a_session_keeps_64_kib_of_its_head_and_drift_past_it_is_still_named() -
     first = drift_of(held, early)
     assert first is not None and first.offset == 0
     assert drift_of(held, before) is None
+
+
+def test_a_returning_call_is_also_judged_against_its_sessions_last_prompt(sim: SimServer) -> None:
+    with serve_in_thread(GatewayConfig(workers=(sim.url,))) as (url, gw):
+        one = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM, "long task " * 200))
+        two = httpx.post(
+            url + "/v1/chat/completions", json=chat(SYSTEM, "long task " * 200, "ok", "go")
+        )
+        record: Any = gw.door.call_record(two.headers["x-prefixreg-call"])
+    assert "x-prefixreg-session-verdict" not in one.headers  # a first call extends nothing
+    assert two.headers["x-prefixreg-verdict"] == "resumed"
+    assert two.headers["x-prefixreg-session-verdict"] == "resumed"
+    assert record["gateway"]["extends"] == 1
+    span = record["gateway"]["session_judgement"]["span_tokens"]
+    assert span > record["gateway"]["judgement"]["span_tokens"]  # the head and the history

@@ -30,6 +30,8 @@ from typing import Any, Final
 import orjson
 
 from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.judge import judge
+from prefixreg.core.prefix import text_bytes
 from prefixreg.core.records import CallEvidence
 from prefixreg.gateway import calllog
 from prefixreg.gateway import head as heads
@@ -71,6 +73,8 @@ class Admission:
     history: list[Any] = field(default_factory=list)
     rest_bytes: int | None = None
     drift: heads.HeadDrift | None = None
+    extends: int = 0  # leading history messages the session's last call sent
+    session_verdict: str | None = None  # the judge's, against the session's last prompt
     strips: int = 0
     miss: str | None = None
     door_s: float = 0.0
@@ -149,6 +153,7 @@ class Door:
         sha = head.sha256 if head is not None else None
         session, adm.chain = self.sessions.find(body, headers, adm.history, sha)
         adm.session = session
+        adm.extends = session.extends(adm.chain)
         adm.headers["x-prefixreg-session"] = session.id
         if head is None:
             adm.headers["x-prefixreg-head"] = "none"
@@ -242,6 +247,8 @@ class Door:
             adm.headers["x-prefixreg-cached"] = "" if cached is None else str(cached)
             reason = proof.miss if proof.miss else proof.judgement.reason
             adm.headers["x-prefixreg-reason"] = _header_value(reason)
+            if adm.session_verdict is not None:
+                adm.headers["x-prefixreg-session-verdict"] = adm.session_verdict
         except Exception as exc:  # noqa: BLE001 -- never the loop's failure
             self.failure("judge", exc)
         self.metrics.observe_added(adm.door_s + time.perf_counter() - t0)
@@ -272,8 +279,17 @@ class Door:
         self, adm: Admission, status: int, evidence: CallEvidence, *, streamed: bool, own_s: float
     ) -> Proof:
         head, session = adm.head, adm.session
-        proof = prove(evidence, head, adm.rest_bytes, miss=adm.miss)
         worker = display_url(adm.target)
+        proof = prove(evidence, head, adm.rest_bytes, miss=adm.miss)
+        again = None  # the session's previous prompt, judged as the head this call extends
+        if head is not None and adm.extends and evidence.cache_state != "unverified":
+            seen = text_bytes(adm.history[: adm.extends])
+            again = judge(
+                evidence, head_bytes=head.head_bytes + seen, rest_bytes=(adm.rest_bytes or 0) - seen
+            )
+            adm.session_verdict = again.verdict
+            if proof.verdict == "resumed" and not again.resumed:
+                self.metrics.add("session_misses_total", head=adm.head_label, worker=worker)
         labels = {"head": adm.head_label, "worker": worker}
         self.metrics.add("calls_total", api=adm.api.name, verdict=proof.verdict, **labels)
         prompt, cached = evidence.prompt_tokens, evidence.cached_tokens
@@ -312,6 +328,8 @@ class Door:
             "reason": proof.judgement.reason,
             "miss": proof.miss,
             "judgement": proof.judgement.to_dict(),
+            "session_judgement": None if again is None else again.to_dict(),
+            "extends": adm.extends,
             "drift": adm.drift.log_view() if adm.drift is not None else None,
             "strips": adm.strips,
             "door_ms": round(adm.door_s * 1000, 3),

@@ -51,6 +51,12 @@ class Session:
     calls: int = 0
     last_seen: float = 0.0
     keys: list[str] = field(default_factory=list)  # its index keys: last chain, on its head
+
+    def extends(self, chain: Sequence[str]) -> int:
+        """How many leading messages of a call with `chain` its last call sent (0: none)."""
+        last = self.keys[0] if self.keys else None
+        return chain.index(last) + 1 if last is not None and last in chain else 0
+
     first_user: str | None = None  # the first user message's text (the dynamic-first check)
     last_body: dict[str, Any] | None = field(default=None, repr=False)
     slot: int | None = None
