@@ -5,6 +5,7 @@ behind sglang-router (scripted here) every call carries its head's sha as the ro
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,6 +15,7 @@ from prefixreg.gateway.config import GatewayConfig
 from prefixreg.gateway.serve import serve_in_thread
 from prefixreg.sim import SimConfig, SimServer
 from tests.fakeserver import FakeServer, Reply
+from tests.gateway_peer import serve_gateway
 
 
 def chat(system: str, *turns: str) -> dict[str, Any]:
@@ -100,3 +102,43 @@ def test_prompt_cache_key_names_the_session_across_heads(
     assert one.headers["x-prefixreg-session"] == two.headers["x-prefixreg-session"]
     assert two.headers["x-prefixreg-drift"].startswith("system")
     assert "k1" not in one.headers["x-prefixreg-session"]
+
+
+def test_a_pool_placement_routes_its_heads_and_gives_the_router_its_key(tmp_path: Path) -> None:
+    from prefixreg.verbs.pool.spec import Assignment, parse_pool_file, save_placement
+
+    reply = {"choices": [{"index": 0, "message": {"content": "k"}, "finish_reason": "stop"}]}
+    head_a = chat("placed head " * 30, "x")
+    with FakeServer() as router, FakeServer() as w1, FakeServer() as w2:
+        for server in (router, w1, w2):
+            server.route("POST", "/v1/chat/completions", Reply(json=reply))
+        with serve_in_thread(GatewayConfig(workers=(w1.url,))) as (url, _):
+            sha = httpx.post(url + "/v1/chat/completions", json=head_a).headers["x-prefixreg-head"]
+        pool = tmp_path / "pool.toml"
+        workers = "".join(f'[[workers]]\nurl = "{w.url}"\n' for w in (w1, w2))
+        pool.write_text(f'router = "{router.url}"\n' + workers)
+        spec = parse_pool_file(pool)
+        assert spec.placement_path is not None
+        save_placement(spec.placement_path, spec, [Assignment(sha, w2.url, f"{sha}.1")])
+        with serve_gateway("--pool", str(pool)) as url:  # behind the router: its re-keyed key
+            httpx.post(url + "/v1/chat/completions", json=head_a)
+        assert router.requests[-1].headers["x-smg-routing-key"] == f"{sha}.1"
+        placement = ((sha, w2.url, f"{sha}.1"),)
+        config = GatewayConfig(workers=(w1.url, w2.url), placement=placement)
+        with serve_in_thread(config) as (url, _):  # no router: the placed worker
+            for _ in range(3):
+                r = httpx.post(url + "/v1/chat/completions", json=head_a)
+                assert r.headers["x-prefixreg-worker"] == w2.url
+        assert len(w2.requests) == 3
+
+
+def test_two_replicas_give_one_head_one_routing_key() -> None:
+    reply = {"choices": [{"index": 0, "message": {"content": "k"}, "finish_reason": "stop"}]}
+    with FakeServer() as router:
+        router.route("POST", "/v1/chat/completions", Reply(json=reply))
+        config = GatewayConfig(workers=("http://127.0.0.1:9",), router=router.url)
+        with serve_in_thread(config) as (one, _), serve_in_thread(config) as (two, _):
+            httpx.post(one + "/v1/chat/completions", json=chat("fleet head " * 30, "a"))
+            httpx.post(two + "/v1/chat/completions", json=chat("fleet head " * 30, "b"))
+        keys = {r.headers["x-smg-routing-key"] for r in router.requests}
+    assert len(keys) == 1 and len(router.requests) == 2

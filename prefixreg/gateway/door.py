@@ -195,7 +195,8 @@ class Door:
             adm.headers["x-prefixreg-placement"] = placement
             self.metrics.add("not_placed_total", head=adm.head_label)
         if key is not None and self.router.behind_router:
-            adm.upstream_headers.append((ROUTING_KEY_HEADER.encode(), key.encode("ascii")))
+            routing = self.router.routing_key(key).encode("ascii")
+            adm.upstream_headers.append((ROUTING_KEY_HEADER.encode(), routing))
         adm.miss = adm.miss or self._miss(adm)
         if self.slot_plan is not None:
             for gone in self.sessions.take_dropped():

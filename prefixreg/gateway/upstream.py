@@ -120,11 +120,22 @@ class Router:
         self.capacity = dict(zip(config.workers, caps, strict=False))
         self.idle_s = config.session_idle_s
         self._placed: OrderedDict[str, _Placed] = OrderedDict()  # routing key -> placement
+        # `prefixreg pool warm`'s placement: where each warmed head lives, and its router key.
+        self.pinned = {sha: (w, key) for sha, w, key in config.placement}
+
+    def routing_key(self, sha: str) -> str:
+        """The key a router gets for a head: the pool placement's (re-keyed `<sha>.<n>`), else
+        the sha itself."""
+        pinned = self.pinned.get(sha)
+        return pinned[1] if pinned is not None else sha
 
     def choose(self, *, key: str | None, session_worker: str | None) -> tuple[str, str | None]:
         """(target, placement note or None)."""
         if self.behind_router or len(self.targets) == 1:
             return self.targets[0], None
+        pinned = self.pinned.get(key) if key is not None else None
+        if pinned is not None and pinned[0] in self.targets:
+            return pinned[0], None  # warmed there by `prefixreg pool warm`
         now = time.monotonic()
         placed = self._placed.get(key) if key is not None else None
         if placed is not None and now - placed.last > self.idle_s:
@@ -152,6 +163,10 @@ class Router:
     def _load(self, now: float) -> dict[str, tuple[int, int]]:
         """Per worker: (heads held: returned and not idle, heads placed and not idle)."""
         held, live = dict.fromkeys(self.targets, 0), dict.fromkeys(self.targets, 0)
+        for worker, _ in self.pinned.values():
+            if worker in held:
+                held[worker] += 1
+                live[worker] += 1
         for entry in self._placed.values():
             if now - entry.last <= self.idle_s and entry.worker in held:
                 live[entry.worker] += 1
