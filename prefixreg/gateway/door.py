@@ -284,7 +284,7 @@ class Door:
         proof = prove(evidence, head, adm.rest_bytes, miss=adm.miss)
         again = None  # the session's previous prompt, judged as the head this call extends
         if head is not None and adm.extends and evidence.cache_state != "unverified":
-            seen = text_bytes(adm.history[: adm.extends])
+            seen = (adm.rest_bytes or 0) - text_bytes(adm.history[adm.extends :])
             again = judge(
                 evidence, head_bytes=head.head_bytes + seen, rest_bytes=(adm.rest_bytes or 0) - seen
             )
@@ -316,7 +316,7 @@ class Door:
             and (200 <= status < 300 and adm.body is not None)
         ):
             self.keeper.saw(adm.target, head, adm.body.get("tools"), adm.body)
-        gw = {
+        gw: dict[str, Any] = {
             "call": adm.call_id,
             "api": adm.api.name,
             "head": head.sha256 if head is not None else None,
@@ -335,16 +335,19 @@ class Door:
             "strips": adm.strips,
             "door_ms": round(adm.door_s * 1000, 3),
         }
-        if adm.api.name == "chat" and isinstance((adm.body or {}).get("messages"), list):
-            sent: dict[str, Any] = adm.body or {}  # the chat body itself, as forwarded
+        if self.log.path is None:  # no log: GET /prefixreg/calls/ID shows the proof alone
+            line: JSONObject = {"evidence": evidence.to_dict(), "gateway": dict(gw)}
         else:
-            system = head.system if head is not None else None
-            sent = calllog.chat_body(system, adm.history, (adm.body or {}).get("tools"))
-        line = calllog.record(sent, evidence, gw)
-        before = self.log.failures
-        self.log.write(line)
-        if self.log.failures != before:
-            self.metrics.add("failures_total", where="log")
+            if adm.api.name == "chat" and isinstance((adm.body or {}).get("messages"), list):
+                sent: dict[str, Any] = adm.body or {}  # the chat body itself, as forwarded
+            else:
+                system = head.system if head is not None else None
+                sent = calllog.chat_body(system, adm.history, (adm.body or {}).get("tools"))
+            line = calllog.record(sent, evidence, gw)
+            before = self.log.failures
+            self.log.write(line)
+            if self.log.failures != before:
+                self.metrics.add("failures_total", where="log")
         self.calls[adm.call_id] = line
         while len(self.calls) > MAX_CALLS_KEPT:
             self.calls.popitem(last=False)

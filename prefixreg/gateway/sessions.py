@@ -129,7 +129,7 @@ class Sessions:
         if keyed is not None:
             session = self._live.get(keyed[0]) or Session(keyed[0], keyed[1])
         else:
-            earlier = list(reversed(chain[:-1] or chain))
+            earlier = list(reversed(chain))  # the whole history first: a retry is its session
             tries = [f"{head_sha}:{h}" for h in earlier]
             tries += earlier if len(history) > 1 else []
             for key in tries:
