@@ -90,6 +90,7 @@ def test_drift_is_named_with_the_part_and_the_first_differing_byte(sim: SimServe
         record: Any = gw.door.call_record(second.headers["x-prefixreg-call"])
     assert first.headers["x-prefixreg-session"] == second.headers["x-prefixreg-session"]
     assert second.headers["x-prefixreg-drift"] == "system at byte 14"
+    assert second.headers["x-prefixreg-drift-bytes"].startswith("was '1111. You are")
     assert second.headers["x-prefixreg-verdict"] != "resumed"
     assert second.headers["x-prefixreg-reason"].startswith("head changed (drift: system at byte 14")
     assert record["gateway"]["drift"] == {"part": "system", "offset": 14}

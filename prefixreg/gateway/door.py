@@ -182,6 +182,8 @@ class Door:
         if adm.drift is not None:
             self.metrics.add("drift_total", head=adm.head_label, part=adm.drift.part)
             adm.headers["x-prefixreg-drift"] = _header_value(adm.drift.header())
+            # The first differing bytes, escaped, to the client that sent them (never logged).
+            adm.headers["x-prefixreg-drift-bytes"] = _header_value(adm.drift.excerpt)
             if self.config.on_drift == "refuse":
                 self.metrics.add("refused_total", head=adm.head_label)
                 adm.refuse = (
