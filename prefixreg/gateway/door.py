@@ -244,7 +244,7 @@ class Door:
         t0 = time.perf_counter()
         try:
             evidence = evidence_of(adm.api, status, data, wall_s=added_s)
-            proof = self._settle(adm, status, evidence, streamed=False, own_s=0.0)
+            proof = self._settle(adm, status, evidence, streamed=False)
             adm.headers["x-prefixreg-verdict"] = proof.verdict
             cached = proof.judgement.cached_tokens
             adm.headers["x-prefixreg-cached"] = "" if cached is None else str(cached)
@@ -261,7 +261,7 @@ class Door:
         t0 = time.perf_counter()
         try:
             evidence = tally.evidence(status, wall_s=added_s, ttft_s=None)
-            self._settle(adm, status, evidence, streamed=True, own_s=0.0)
+            self._settle(adm, status, evidence, streamed=True)
         except Exception as exc:  # noqa: BLE001 -- never the loop's failure
             self.failure("judge", exc)
         self.metrics.observe_added(adm.door_s + time.perf_counter() - t0)
@@ -270,7 +270,7 @@ class Door:
         """An upstream call that got no reply the client could use (unreachable, deadline)."""
         try:
             ev = evidence_from_response({"error": {"status": status}})
-            self._settle(adm, status, ev, streamed=False, own_s=0.0)
+            self._settle(adm, status, ev, streamed=False)
         except Exception as exc:  # noqa: BLE001
             self.failure("judge", exc)
 
@@ -279,7 +279,7 @@ class Door:
         self.failed(adm, 499, why)
 
     def _settle(
-        self, adm: Admission, status: int, evidence: CallEvidence, *, streamed: bool, own_s: float
+        self, adm: Admission, status: int, evidence: CallEvidence, *, streamed: bool
     ) -> Proof:
         head, session = adm.head, adm.session
         worker = display_url(adm.target)

@@ -58,7 +58,6 @@ class Session:
         return chain.index(last) + 1 if last is not None and last in chain else 0
 
     first_user: str | None = None  # the first user message's text (the dynamic-first check)
-    last_body: dict[str, Any] | None = field(default=None, repr=False)
     slot: int | None = None
     prompt_tokens: int | None = None
 
