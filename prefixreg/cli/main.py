@@ -48,6 +48,7 @@ COMMAND_MODULES: Final[dict[str, str]] = {
     **dict.fromkeys(("migrate", "gc"), "lifecycle"),
     **dict.fromkeys(("sim", "demo"), "sim"),
     "qualify": "qualify_cmd",
+    "gateway": "gateway_cmd",
 }
 
 
@@ -57,7 +58,8 @@ JUDGE_NOTE: Final = (
     "'Evidence: the one judge' (prefixreg.judge)."
 )
 _JUDGED: Final = {
-    *("warm", "doctor", "probe", "keepalive", "audit", "pool", "snapshot", "mirror", "qualify"),
+    *("warm", "doctor", "probe", "keepalive", "audit", "pool", "snapshot", "mirror"),
+    *("qualify", "gateway"),
 }
 
 
