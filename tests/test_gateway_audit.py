@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixreg.core.judge import judge_lever
+from prefixreg.core.levers import judge_lever
 from prefixreg.gateway.config import GatewayConfig
 from prefixreg.gateway.serve import serve_in_thread
 from prefixreg.sim import SimConfig, SimServer
