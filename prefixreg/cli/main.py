@@ -47,6 +47,7 @@ COMMAND_MODULES: Final[dict[str, str]] = {
     "mirror": "fleet_cmds",
     **dict.fromkeys(("migrate", "gc"), "lifecycle"),
     **dict.fromkeys(("sim", "demo"), "sim"),
+    "gateway": "gateway_cmd",
 }
 
 
@@ -55,7 +56,9 @@ JUDGE_NOTE: Final = (
     "Verdicts come from one judge, from the server's own numbers: see the README's "
     "'Evidence: the one judge' (prefixreg.judge)."
 )
-_JUDGED: Final = {"warm", "doctor", "probe", "keepalive", "audit", "pool", "snapshot", "mirror"}
+_JUDGED: Final = {
+    *("warm", "doctor", "probe", "keepalive", "audit", "pool", "snapshot", "mirror", "gateway"),
+}
 
 
 def _found(name: str) -> tuple[Any, typer.Typer | None]:

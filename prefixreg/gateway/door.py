@@ -1,0 +1,328 @@
+"""The door: what the gateway knows of a call before it goes upstream and after it comes back.
+
+`admit` reads the head, strips what the user declared volatile, finds the session, names a
+drift (and refuses with `--on-drift refuse`), names the head from the registry, chooses the
+target; `settle` / `settle_stream` judge the reply, name a miss, write the call log and the
+metrics, and move the session on. Everything runs on the event loop, in memory; the
+registry's writes and the keeper run on their own threads.
+
+Invariants:
+- Never the loop's failure: any exception in `admit` or `settle` is logged (its type only)
+  and counted under `failures_total{where}`; the call is then forwarded as it came and its
+  reply sent unchanged. Only a refuse policy answers a call itself.
+- The body is re-serialised only when a strip matched or a slot is pinned; otherwise the
+  client's bytes are forwarded as they came.
+- Proof headers are ASCII and single-line (`apis.clean_message`); none carries prompt text
+  but the drift excerpt, which goes only to the client that sent those bytes.
+- The latest `MAX_CALLS_KEPT` proofs are kept for `GET /prefixreg/calls/{id}`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.records import CallEvidence
+from prefixreg.gateway import calllog
+from prefixreg.gateway import head as heads
+from prefixreg.gateway.apis import Api, clean_message
+from prefixreg.gateway.config import GatewayConfig
+from prefixreg.gateway.known import KnownHeads
+from prefixreg.gateway.leads import Leads
+from prefixreg.gateway.metrics import Metrics
+from prefixreg.gateway.proof import Proof, Tally, evidence_of, prove
+from prefixreg.gateway.sessions import Session, Sessions
+from prefixreg.gateway.upstream import ROUTING_KEY_HEADER, Router
+from prefixreg.server.evidence import evidence_from_response
+from prefixreg.server.transport import display_url
+
+log = logging.getLogger("prefixreg.gateway")
+MAX_CALLS_KEPT: Final = 4096
+
+
+@dataclass
+class Admission:
+    """One call as admitted: where it goes, what is sent, what is known of its head."""
+
+    call_id: str
+    api: Api
+    started: float
+    target: str
+    content: bytes
+    body: dict[str, Any] | None = None
+    upstream_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
+    refuse: str | None = None
+    head: heads.Head | None = None
+    head_label: str = "none"
+    session: Session | None = None
+    chain: list[str] = field(default_factory=list)
+    history: list[Any] = field(default_factory=list)
+    rest_bytes: int | None = None
+    drift: heads.HeadDrift | None = None
+    strips: int = 0
+    miss: str | None = None
+    door_s: float = 0.0
+    rewritten: bool = False  # the body changed at the door (a pinned slot): re-serialised
+
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        return [(k.encode("ascii"), v.encode("ascii")) for k, v in self.headers.items()]
+
+
+def _header_value(text: str) -> str:
+    return clean_message(text).encode("ascii", "replace").decode("ascii")
+
+
+class Door:
+    """The gateway's knowledge of heads, sessions and calls (see the module docstring)."""
+
+    def __init__(self, config: GatewayConfig, router: Router) -> None:
+        self.config = config
+        self.router = router
+        self.rules = heads.compile_rules(config.strip)
+        self.sessions = Sessions(max_sessions=config.max_sessions, idle_s=config.session_idle_s)
+        self.known = KnownHeads(config.registry_root, register=config.register)
+        self.metrics = Metrics()
+        self.log = calllog.CallLog(config.call_log)
+        self.calls: OrderedDict[str, JSONObject] = OrderedDict()
+        self.seen_on: dict[str, dict[str, int]] = {}  # head sha -> worker -> calls there
+        self.leads = Leads()
+        self.keeper: Any = None  # set by `gateway.keeper` when sessions are kept warm
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self.known.load()
+        if self.keeper is not None:
+            self.keeper.start()
+
+    def stop(self) -> None:
+        if self.keeper is not None:
+            self.keeper.stop()
+        self.known.close()
+
+    def failure(self, where: str, exc: BaseException) -> None:
+        self.metrics.add("failures_total", where=where)
+        log.warning("%s failed (%s); the call went on", where, type(exc).__name__)
+
+    # -- before ------------------------------------------------------------------------------
+    def admit(
+        self, api: Api, body: dict[str, Any], content: bytes, headers: Mapping[str, str]
+    ) -> Admission:
+        t0 = time.perf_counter()
+        adm = Admission(os.urandom(8).hex(), api, t0, self.router.targets[0], content, body)
+        adm.headers["x-prefixreg-call"] = adm.call_id
+        try:
+            self._admit(adm, body, headers)
+        except Exception as exc:  # noqa: BLE001 -- never the loop's failure
+            self.failure("door", exc)
+            adm.content, adm.refuse, adm.upstream_headers = content, None, []
+            adm.target = self.router.targets[0]
+        adm.headers["x-prefixreg-worker"] = _header_value(display_url(adm.target))
+        adm.door_s = time.perf_counter() - t0
+        return adm
+
+    def _admit(self, adm: Admission, body: dict[str, Any], headers: Mapping[str, str]) -> None:
+        api = adm.api
+        adm.strips = heads.strip(api, body, self.rules)
+        head, why = heads.head_of(api, body)
+        adm.head, adm.history = head, heads.history(api, body)
+        adm.rest_bytes = heads.rest_bytes(api, body)
+        session, adm.chain = self.sessions.find(body, headers, adm.history)
+        adm.session = session
+        adm.headers["x-prefixreg-session"] = session.id
+        if head is None:
+            adm.headers["x-prefixreg-head"] = "none"
+            adm.miss = why
+        else:
+            sha, name = self.known.name_of(head)
+            adm.head_label = name or head.sha256[:12]
+            adm.headers["x-prefixreg-head"] = head.sha256
+            adm.headers["x-prefixreg-head-known"] = "registered" if sha else "unregistered"
+            if name is not None:
+                adm.headers["x-prefixreg-head-name"] = _header_value(name)
+            if sha is None:
+                self.known.remember_tools(head, body.get("tools"))
+                self.known.maybe_register(head, api.name)
+        if adm.strips:
+            self.metrics.add("strips_total", adm.strips, head=adm.head_label)
+            adm.headers["x-prefixreg-stripped"] = str(adm.strips)
+        if head is not None and session.head is not None:
+            adm.drift = heads.drift_of(session.head, head)
+        if head is not None and session.calls == 0 and self.leads.observe(head.sha256, adm.history):
+            self.metrics.add("dynamic_first_total", head=adm.head_label)
+            adm.headers["x-prefixreg-note"] = (
+                "the first user message puts dynamic text before static text"
+            )
+        if adm.drift is not None:
+            self.metrics.add("drift_total", head=adm.head_label, part=adm.drift.part)
+            adm.headers["x-prefixreg-drift"] = _header_value(adm.drift.header())
+            if self.config.on_drift == "refuse":
+                self.metrics.add("refused_total", head=adm.head_label)
+                adm.refuse = (
+                    f"prefixreg gateway: the head changed since this session's last call "
+                    f"({adm.drift.header()}: {adm.drift.excerpt}); refused by --on-drift refuse"
+                )
+                return
+        key = head.sha256 if head is not None else None
+        adm.target = self.router.choose(key=key, session_worker=session.worker)
+        if key is not None and self.router.behind_router:
+            adm.upstream_headers.append((ROUTING_KEY_HEADER.encode(), key.encode("ascii")))
+        adm.miss = adm.miss or self._miss(adm)
+        if self.keeper is not None:
+            self.keeper.admit(adm, body)
+        if adm.strips or adm.rewritten:
+            adm.content = orjson.dumps(body)
+
+    def _miss(self, adm: Admission) -> str | None:
+        """Why this call might find its head uncached, before the server says whether it did."""
+        head, session = adm.head, adm.session
+        if head is None:
+            return None
+        if adm.drift is not None:
+            return f"head changed (drift: {adm.drift.header()})"
+        where = self.seen_on.get(head.sha256, {})
+        if not where:
+            return "first call of this head"
+        if session is not None and session.worker not in (None, adm.target):
+            return "routed elsewhere (the session's last call went to another worker)"
+        if adm.target not in where:
+            return "routed elsewhere (the head was served by another worker)"
+        return "evicted since the last call"
+
+    # -- after -------------------------------------------------------------------------------
+    def tally(self, adm: Admission) -> Tally:
+        return Tally(adm.api, self.config.max_reply_bytes)
+
+    def settle(
+        self, adm: Admission, status: int, data: bytes, *, streamed: bool, added_s: float
+    ) -> list[tuple[bytes, bytes]]:
+        """Judge a buffered reply; the proof headers to send with it."""
+        t0 = time.perf_counter()
+        try:
+            evidence = evidence_of(adm.api, status, data, wall_s=added_s)
+            proof = self._settle(adm, status, evidence, streamed=False, own_s=0.0)
+            adm.headers["x-prefixreg-verdict"] = proof.verdict
+            cached = proof.judgement.cached_tokens
+            adm.headers["x-prefixreg-cached"] = "" if cached is None else str(cached)
+            reason = proof.miss if proof.miss else proof.judgement.reason
+            adm.headers["x-prefixreg-reason"] = _header_value(reason)
+        except Exception as exc:  # noqa: BLE001 -- never the loop's failure
+            self.failure("judge", exc)
+        self.metrics.observe_added(adm.door_s + time.perf_counter() - t0)
+        return adm.raw_headers()
+
+    def settle_stream(self, adm: Admission, status: int, tally: Tally, *, added_s: float) -> None:
+        t0 = time.perf_counter()
+        try:
+            evidence = tally.evidence(status, wall_s=added_s, ttft_s=None)
+            self._settle(adm, status, evidence, streamed=True, own_s=0.0)
+        except Exception as exc:  # noqa: BLE001 -- never the loop's failure
+            self.failure("judge", exc)
+        self.metrics.observe_added(adm.door_s + time.perf_counter() - t0)
+
+    def failed(self, adm: Admission, status: int, message: str) -> None:
+        """An upstream call that got no reply the client could use (unreachable, deadline)."""
+        try:
+            ev = evidence_from_response({"error": {"status": status}})
+            self._settle(adm, status, ev, streamed=False, own_s=0.0)
+        except Exception as exc:  # noqa: BLE001
+            self.failure("judge", exc)
+
+    def abandoned(self, adm: Admission, why: str) -> None:
+        self.metrics.add("cancelled_total")
+        self.failed(adm, 499, why)
+
+    def _settle(
+        self, adm: Admission, status: int, evidence: CallEvidence, *, streamed: bool, own_s: float
+    ) -> Proof:
+        head, session = adm.head, adm.session
+        proof = prove(evidence, head, adm.rest_bytes, miss=adm.miss)
+        worker = display_url(adm.target)
+        labels = {"head": adm.head_label, "worker": worker}
+        self.metrics.add("calls_total", api=adm.api.name, verdict=proof.verdict, **labels)
+        prompt, cached = evidence.prompt_tokens, evidence.cached_tokens
+        if evidence.cache_state != "unverified" and prompt is not None and cached is not None:
+            self.metrics.add("prompt_tokens_total", prompt, **labels)
+            self.metrics.add("resumed_tokens_total", cached, **labels)
+            self.metrics.add("uncached_tokens_total", prompt - cached, **labels)
+        if proof.miss is not None:
+            self.metrics.add("misses_total", reason=proof.miss.split(" (")[0], **labels)
+        if head is not None and 200 <= status < 300:
+            where = self.seen_on.setdefault(head.sha256, {})
+            where[adm.target] = where.get(adm.target, 0) + 1
+        if session is not None and 200 <= status < 300:
+            session.head = head if head is not None else session.head
+            session.worker = adm.target
+            session.calls += 1
+            session.prompt_tokens = prompt
+            self.sessions.record(session, adm.chain)
+        gw = {
+            "call": adm.call_id,
+            "api": adm.api.name,
+            "head": head.sha256 if head is not None else None,
+            "head_name": adm.head_label if head is not None else None,
+            "session": session.id if session is not None else None,
+            "worker": worker,
+            "status": status,
+            "streamed": streamed,
+            "verdict": proof.verdict,
+            "reason": proof.judgement.reason,
+            "miss": proof.miss,
+            "judgement": proof.judgement.to_dict(),
+            "drift": adm.drift.log_view() if adm.drift is not None else None,
+            "strips": adm.strips,
+            "door_ms": round(adm.door_s * 1000, 3),
+        }
+        line = calllog.record(
+            system=head.system if head is not None else None,
+            rest_bytes=adm.rest_bytes,
+            tools=(adm.body or {}).get("tools"),
+            messages=self._chat_messages(adm),
+            evidence=evidence,
+            gateway=gw,
+        )
+        before = self.log.failures
+        self.log.write(line)
+        if self.log.failures != before:
+            self.metrics.add("failures_total", where="log")
+        self.calls[adm.call_id] = line
+        while len(self.calls) > MAX_CALLS_KEPT:
+            self.calls.popitem(last=False)
+        return proof
+
+    def _chat_messages(self, adm: Admission) -> list[Any]:
+        """The call's messages as the chat API would send them: the head's system first."""
+        sent = (adm.body or {}).get("messages")
+        if adm.api.name == "chat" and isinstance(sent, list):
+            return sent
+        if adm.head is None:
+            return list(adm.history)
+        system = {"role": "system", "content": adm.head.system.decode("utf-8", "replace")}
+        return [system, *adm.history]
+
+    # -- the gateway's own routes --------------------------------------------------------------
+    def call_record(self, call_id: str) -> JSONObject | None:
+        return self.calls.get(call_id)
+
+    def heads_view(self) -> list[JSONObject]:
+        """Each head seen: its name, where it was served, what its sessions share after it."""
+        out: list[JSONObject] = []
+        for sha in self.leads.heads():
+            lead = self.leads.view(sha) or {}
+            where = self.seen_on.get(sha, {})
+            workers: JSONObject = {display_url(w): n for w, n in where.items()}
+            out.append({"head": sha, "workers": workers, **lead})
+        return out
+
+    def metrics_text(self, *, inflight: int) -> str:
+        gauges = {"upstream_inflight": float(inflight), "sessions": float(len(self.sessions))}
+        gauges["registered_heads"] = float(self.known.registered)
+        return self.metrics.render(gauges)

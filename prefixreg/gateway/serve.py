@@ -1,0 +1,136 @@
+"""Running a gateway: the listen address (loopback unless explicitly opened, and then only
+with a client key), uvicorn serving `app.build_app`, and a thread-hosted server for code
+that embeds a gateway (tests, benchmarks).
+
+Invariants:
+- `parse_listen` refuses a non-loopback address unless `open_listen` is set and a client
+  key is configured (`UsageError`, before anything listens).
+- uvicorn logs no access lines (they would name paths and clients; the call log is the
+  record) and sends no `server`/`date` header of its own: the worker's go through.
+- The socket is bound before `serve` reports the address, so port 0 gives a real port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import uvicorn
+
+from prefixreg.core.errors import UsageError
+from prefixreg.gateway.app import Gateway, build_app
+from prefixreg.gateway.config import GatewayConfig
+
+
+def parse_listen(text: str, *, open_listen: bool, client_key: str | None) -> tuple[str, int]:
+    """(host, port) of `--listen HOST:PORT` (see the invariants)."""
+    host, sep, port_text = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise UsageError(f"--listen {text!r} is not HOST:PORT", hint="e.g. 127.0.0.1:8740")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        raise UsageError(f"--listen {text!r}: the host is not an IP address") from None
+    if not loopback:
+        if not open_listen:
+            raise UsageError(
+                f"--listen {host} is not a loopback address",
+                hint="add --listen-any to open it to the network (a client key is required)",
+            )
+        if client_key is None:
+            raise UsageError("--listen-any needs a client key (--client-key-env NAME)")
+    return host, int(port_text)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _server(config: GatewayConfig) -> tuple[uvicorn.Server, Gateway]:
+    app, gateway = build_app(config)
+    uv = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        date_header=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        backlog=2048,
+    )
+    return uvicorn.Server(uv), gateway
+
+
+def serve(
+    config: GatewayConfig,
+    host: str,
+    port: int,
+    *,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM); `ready(url)` once the socket is bound."""
+    sock = _bind(host, port)
+    server, _ = _server(config)
+    bound = sock.getsockname()
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{bound[1]}"
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if ready is not None and server.started:
+            ready(url)
+        await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        sock.close()
+
+
+@contextmanager
+def serve_in_thread(
+    config: GatewayConfig, host: str = "127.0.0.1"
+) -> Iterator[tuple[str, Gateway]]:
+    """A gateway on an ephemeral port in a daemon thread: (its base URL, its `Gateway`);
+    stopped (and its upstream calls closed) on exit."""
+    sock = _bind(host, 0)
+    server, gateway = _server(config)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(server.serve(sockets=[sock]))
+        except BaseException as exc:  # noqa: BLE001 -- reported by the caller below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="prefixreg-gateway", daemon=True)
+    thread.start()
+    for _ in range(1000):
+        if server.started or errors or not thread.is_alive():
+            break
+        threading.Event().wait(0.01)
+    if not server.started:
+        sock.close()
+        raise RuntimeError(f"the gateway did not start: {errors[:1]}")
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}", gateway
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()

@@ -1,0 +1,195 @@
+"""The gateway under bad input and hostile upstreams: the API's own error shape and status,
+bounded memory, no upstream call left running."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prefixreg.gateway.config import GatewayConfig
+from prefixreg.gateway.serve import serve_in_thread
+from prefixreg.sim import SimConfig, SimServer
+from tests.fakeserver import FakeServer, Reply, lazy, sse_flood, sse_frames
+
+SYSTEM = "You are a terse assistant. " * 20
+
+
+SHORT = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
+
+
+def body(**extra: object) -> dict[str, object]:
+    return {"model": "m", "messages": SHORT, "max_tokens": 4, **extra}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeServer]:
+    with FakeServer() as server:
+        yield server
+
+
+def _wait(predicate: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
+
+
+def test_a_body_not_json_gets_the_apis_error_and_nothing_is_forwarded(fake: FakeServer) -> None:
+    with serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, _):
+        chat = httpx.post(url + "/v1/chat/completions", content=b"{not json")
+        msgs = httpx.post(url + "/v1/messages", content=b"\xff\xfe")
+        listed = httpx.post(url + "/v1/responses", content=b"[1, 2]")
+    assert chat.status_code == msgs.status_code == listed.status_code == 400
+    assert chat.json()["error"]["type"] == "invalid_request_error"
+    assert msgs.json()["type"] == "error"
+    assert msgs.json()["error"]["type"] == "invalid_request_error"
+    assert "not a JSON object" in listed.json()["error"]["message"]
+    assert fake.requests == []
+
+
+def test_ten_megabytes_pass_and_a_body_over_the_cap_is_refused(fake: FakeServer) -> None:
+    fake.route("POST", "/v1/chat/completions", lambda req: Reply(json={"got": len(req.body)}))
+    big = body()
+    big["messages"] = [*SHORT, {"role": "user", "content": "x" * (10 * 2**20)}]
+    data = json.dumps(big).encode()
+    config = GatewayConfig(workers=(fake.url,), max_body_bytes=12 * 2**20)
+    with serve_in_thread(config) as (url, _):
+        ok = httpx.post(url + "/v1/chat/completions", content=data, timeout=60)
+        over = httpx.post(url + "/v1/chat/completions", content=data + b" " * (3 * 2**20))
+    assert ok.status_code == 200 and ok.json() == {"got": len(data)}  # forwarded whole
+    assert over.status_code == 413
+    assert over.json()["error"]["type"] == "invalid_request_error"
+    assert len(fake.requests) == 1
+
+
+def test_a_client_that_disconnects_mid_stream_cancels_the_upstream_call(fake: FakeServer) -> None:
+    sent: list[int] = []
+    ended = threading.Event()
+
+    def slow() -> Iterator[bytes]:
+        try:
+            frame = {"choices": [{"index": 0, "delta": {"content": "y"}, "finish_reason": None}]}
+            for i in range(400):  # 20 s if nobody stops it
+                sent.append(i)
+                yield sse_frames([frame], done=False)[0]
+                time.sleep(0.05)
+        finally:
+            ended.set()
+
+    fake.route(
+        "POST", "/v1/chat/completions", Reply(generate=slow, content_type="text/event-stream")
+    )
+    with serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, gw):
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body(stream=True)) as r:
+            next(r.iter_raw())  # the first event arrived: now go away
+        assert ended.wait(10), "the upstream kept streaming after the client left"
+        assert _wait(lambda: gw.inflight == 0)
+        assert gw.door.metrics.value("cancelled_total") == 1
+    assert len(sent) < 400
+
+
+def test_an_upstream_that_trickles_is_cut_at_the_deadline(fake: FakeServer) -> None:
+    fake.route("POST", "/v1/chat/completions", Reply(json={"choices": []}, trickle=0.2))
+    config = GatewayConfig(workers=(fake.url,), timeout_s=1.0)
+    with serve_in_thread(config) as (url, gw):
+        reply = httpx.post(url + "/v1/chat/completions", json=body(), timeout=30)
+        assert _wait(lambda: gw.inflight == 0)
+    assert reply.status_code == 504
+    assert reply.json()["error"]["type"] == "server_error"
+
+
+def test_an_upstream_that_floods_a_buffered_reply_is_cut_at_the_cap(fake: FakeServer) -> None:
+    fake.route("POST", "/v1/chat/completions", Reply(generate=lazy(64 * 2**20)))
+    config = GatewayConfig(workers=(fake.url,), max_reply_bytes=2 * 2**20)
+    with serve_in_thread(config) as (url, gw):
+        reply = httpx.post(url + "/v1/chat/completions", json=body(), timeout=30)
+        assert _wait(lambda: gw.inflight == 0)
+    assert reply.status_code == 502
+    assert "cap" in reply.json()["error"]["message"]
+
+
+def test_a_flooding_stream_is_forwarded_whole_and_its_proof_stops_reading(fake: FakeServer) -> None:
+    total = 24 * 2**20
+    fake.route(
+        "POST",
+        "/v1/chat/completions",
+        Reply(generate=sse_flood(total), content_type="text/event-stream"),
+    )
+    config = GatewayConfig(workers=(fake.url,), max_reply_bytes=2 * 2**20)
+    with serve_in_thread(config) as (url, gw):
+        got = 0
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body(stream=True)) as r:
+            call = r.headers["x-prefixreg-call"]
+            for piece in r.iter_raw():
+                got += len(piece)
+        record: Any = gw.door.call_record(call)
+    assert got >= total
+    assert record is not None and record["gateway"]["verdict"] == "unverified"
+    assert "too long" in (record["evidence"]["reason"] or "")
+
+
+def test_an_unreachable_worker_is_the_apis_502_and_logged(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    log = tmp_path / "calls.jsonl"
+    with serve_in_thread(GatewayConfig(workers=(dead,), call_log=log)) as (url, _):
+        reply = httpx.post(
+            url + "/v1/messages",
+            json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]},
+        )
+    assert reply.status_code == 502
+    assert reply.json()["type"] == "error"
+    line = json.loads(log.read_text().splitlines()[0])
+    assert line["gateway"]["status"] == 502 and line["gateway"]["verdict"] == "unverified"
+
+
+def _raw_request(url: str, head: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(head)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_a_header_with_cr_or_lf_is_refused_before_anything_is_forwarded(fake: FakeServer) -> None:
+    payload = json.dumps(body()).encode()
+    with serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, _):
+        for bad in (b"x-session-id: a\rinjected: 1", b"x-session-id: a\x00b"):
+            head = (
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                + b"Content-Type: application/json\r\n"
+                + bad
+                + b"\r\nContent-Length: "
+                + str(len(payload)).encode()
+                + b"\r\nConnection: close\r\n\r\n"
+            )
+            reply = _raw_request(url, head + payload)
+            assert reply.startswith(b"HTTP/1.1 400"), reply[:80]
+    assert fake.requests == []
+
+
+def test_session_header_values_never_come_back_as_they_were_sent() -> None:
+    with (
+        SimServer(SimConfig(speed=5000)) as sim,
+        serve_in_thread(GatewayConfig(workers=(sim.url,))) as (url, _),
+    ):
+        reply = httpx.post(
+            url + "/v1/chat/completions",
+            json=body(),
+            headers={"x-session-id": "secret-session-value"},
+        )
+    assert reply.status_code == 200
+    assert all("secret-session-value" not in v for v in reply.headers.values())

@@ -1,0 +1,192 @@
+"""The head at the door: named from the registry, registered with --register, drift named
+(and refused with --on-drift refuse), volatile text stripped, what sessions share proposed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prefixreg.core.prefix import text_bytes
+from prefixreg.gateway.config import GatewayConfig
+from prefixreg.gateway.serve import serve_in_thread
+from prefixreg.registry.store import Registry
+from prefixreg.sim import SimConfig, SimServer
+from tests.fakeserver import FakeServer, Reply
+
+SYSTEM = "You are a coding agent. Obey the repository's rules and keep diffs small. " * 30
+TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
+
+
+def chat(system: str, *turns: str, **extra: Any) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    for i, text in enumerate(turns):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    return {"model": "m", "messages": messages, "max_tokens": 4, **extra}
+
+
+@pytest.fixture
+def sim() -> Iterator[SimServer]:
+    with SimServer(SimConfig(speed=5000)) as server:
+        yield server
+
+
+def _wait(predicate: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not predicate():
+        time.sleep(0.02)
+    return bool(predicate())
+
+
+def test_a_registered_frame_names_the_head(sim: SimServer, registry: Registry) -> None:
+    system = registry.add(SYSTEM, name="agent-system")
+    spaced = (
+        b'[ {"type": "function",  "function": {"name": "run", "parameters": {"type": "object"}}} ]'
+    )
+    registry.add_frame(system, tools=spaced, name="agent")
+    registry.add("some other prefix", name="other")
+    config = GatewayConfig(workers=(sim.url,), registry_root=registry.root)
+    with serve_in_thread(config) as (url, _):
+        framed = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM, "hi", tools=TOOLS))
+        bare = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM, "hi"))
+        unknown = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM + "!", "hi"))
+    assert framed.headers["x-prefixreg-head-name"] == "agent"
+    assert bare.headers["x-prefixreg-head-name"] == "agent-system"  # a bare prefix is a head
+    assert "x-prefixreg-head-name" not in unknown.headers
+    assert unknown.headers["x-prefixreg-head-known"] == "unregistered"
+    assert bare.headers["x-prefixreg-head"] == system  # no tools, no settings: the prefix sha
+
+
+def test_register_adds_an_unknown_head_as_a_frame_with_the_heads_sha(
+    sim: SimServer, registry: Registry
+) -> None:
+    config = GatewayConfig(workers=(sim.url,), registry_root=registry.root, register=True)
+    body = chat(SYSTEM, "hi", tools=TOOLS, tool_choice="auto")
+    with serve_in_thread(config) as (url, gw):
+        first = httpx.post(url + "/v1/chat/completions", json=body)
+        assert _wait(lambda: gw.door.known.registered == 1)
+        again = httpx.post(
+            url + "/v1/chat/completions", json=chat(SYSTEM, "more", tools=TOOLS, tool_choice="auto")
+        )
+    sha = first.headers["x-prefixreg-head"]
+    frame = registry.frame(sha)  # verified: the registered frame is the head the gateway hashed
+    assert frame.system.text == SYSTEM
+    assert frame.tools == TOOLS and frame.settings == {"tool_choice": "auto"}
+    assert registry.meta(frame.system.sha256).source == "gateway/chat"
+    assert first.headers["x-prefixreg-head-known"] == "unregistered"
+    assert again.headers["x-prefixreg-head-known"] == "registered"
+    assert gw.door.known.registered == 1
+
+
+def test_drift_is_named_with_the_part_and_the_first_differing_byte(sim: SimServer) -> None:
+    nonce_a, nonce_b = "Session nonce 1111. " + SYSTEM, "Session nonce 2222. " + SYSTEM
+    with serve_in_thread(GatewayConfig(workers=(sim.url,))) as (url, gw):
+        first = httpx.post(url + "/v1/chat/completions", json=chat(nonce_a, "task"))
+        second = httpx.post(url + "/v1/chat/completions", json=chat(nonce_b, "task", "ok", "go"))
+        record: Any = gw.door.call_record(second.headers["x-prefixreg-call"])
+    assert first.headers["x-prefixreg-session"] == second.headers["x-prefixreg-session"]
+    assert second.headers["x-prefixreg-drift"] == "system at byte 14"
+    assert second.headers["x-prefixreg-verdict"] != "resumed"
+    assert second.headers["x-prefixreg-reason"].startswith("head changed (drift: system at byte 14")
+    assert record["gateway"]["drift"] == {"part": "system", "offset": 14}
+    assert "2222" not in str(record)  # the excerpt goes to the client only
+    assert gw.door.metrics.value("drift_total", part="system") == 1
+
+
+def test_refuse_answers_in_the_apis_shape_and_forwards_nothing(sim: SimServer) -> None:
+    config = GatewayConfig(workers=(sim.url,), on_drift="refuse")
+    key = {"prompt_cache_key": "task-7"}
+    with serve_in_thread(config) as (url, _):
+        ok = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM, "a", **key))
+        before = len(sim.requests())
+        refused = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM + " v2", "b", **key))
+        after = len(sim.requests())
+    assert ok.status_code == 200
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "head changed" in error["message"] and "refused by --on-drift refuse" in error["message"]
+    assert refused.headers["x-prefixreg-drift"].startswith("system at byte")
+    assert after == before
+
+
+def test_strip_removes_the_nonce_before_forwarding_and_the_cache_resumes(sim: SimServer) -> None:
+    config = GatewayConfig(workers=(sim.url,), strip=(r"^Session nonce \d+\. ",))
+    with serve_in_thread(config) as (url, gw):
+        one = httpx.post(url + "/v1/chat/completions", json=chat("Session nonce 1. " + SYSTEM, "t"))
+        two = httpx.post(
+            url + "/v1/chat/completions", json=chat("Session nonce 2. " + SYSTEM, "t", "ok", "go")
+        )
+    assert one.headers["x-prefixreg-head"] == two.headers["x-prefixreg-head"]
+    assert "x-prefixreg-drift" not in two.headers
+    assert two.headers["x-prefixreg-verdict"] == "resumed"
+    assert two.headers["x-prefixreg-stripped"] == "1"
+    assert gw.door.metrics.value("strips_total") == 2
+
+
+def test_strip_drops_an_anthropic_billing_block_from_system() -> None:
+    with FakeServer() as fake:
+        fake.route("POST", "/v1/messages", Reply(json={"type": "message", "content": []}))
+        config = GatewayConfig(workers=(fake.url,), strip=(r"^x-anthropic-billing-header:.*$",))
+        body = {
+            "model": "m",
+            "max_tokens": 4,
+            "system": [
+                {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=ab12;"},
+                {"type": "text", "text": SYSTEM},
+            ],
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+        with serve_in_thread(config) as (url, _):
+            reply = httpx.post(url + "/v1/messages", json=body)
+        sent = fake.requests[0].json
+    assert reply.status_code == 200
+    assert sent["system"] == [{"type": "text", "text": SYSTEM}]
+    assert sent["messages"] == body["messages"]
+
+
+def test_dynamic_text_before_static_text_in_the_first_user_message_is_named(
+    sim: SimServer,
+) -> None:
+    rules = "Follow the workflow: read, plan, edit, test, submit. " * 20
+    with serve_in_thread(GatewayConfig(workers=(sim.url,))) as (url, gw):
+        httpx.post(
+            url + "/v1/chat/completions", json=chat(SYSTEM, "Please solve issue 17. " + rules)
+        )
+        second = httpx.post(
+            url + "/v1/chat/completions", json=chat(SYSTEM, "Please solve issue 942. " + rules)
+        )
+    assert "dynamic text before static text" in second.headers["x-prefixreg-note"]
+    assert gw.door.metrics.value("dynamic_first_total") == 1
+
+
+def test_leading_messages_every_session_shares_are_proposed(sim: SimServer) -> None:
+    shots = ["Example question one.", "Example answer one.", "Example question two.", "Ex two."]
+    with serve_in_thread(GatewayConfig(workers=(sim.url,))) as (url, _):
+        for task in ("task alpha", "task beta", "task gamma"):
+            httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM, *shots, task))
+        heads = httpx.get(url + "/prefixreg/heads").json()
+    assert len(heads) == 1
+    assert heads[0]["sessions"] == 3
+    assert heads[0]["shared_leading_messages"] == 4
+    leading = chat(SYSTEM, *shots)["messages"][1:]
+    assert heads[0]["shared_leading_bytes"] == text_bytes(leading)  # as the judge counts bytes
+
+
+def test_a_failing_door_still_forwards_the_call(
+    sim: SimServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from prefixreg.gateway import head
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("boom")  # a bug in prefixreg's own code, not in the call
+
+    monkeypatch.setattr(head, "head_of", broken)
+    with serve_in_thread(GatewayConfig(workers=(sim.url,))) as (url, gw):
+        reply = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM, "hi"))
+        assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] > 0
+        assert gw.door.metrics.value("failures_total", where="door") == 1
