@@ -142,10 +142,10 @@ class Gateway:
     # -- lifecycle -------------------------------------------------------------------------
     async def startup(self) -> None:
         self.client = make_client(self.config)
-        self.door.start()
+        await asyncio.to_thread(self.door.start)  # reads the registry and the workers
 
     async def shutdown(self) -> None:
-        self.door.stop()
+        await asyncio.to_thread(self.door.stop)
         if self.client is not None:
             await self.client.aclose()
 

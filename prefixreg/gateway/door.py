@@ -35,11 +35,13 @@ from prefixreg.gateway import calllog
 from prefixreg.gateway import head as heads
 from prefixreg.gateway.apis import Api, clean_message
 from prefixreg.gateway.config import GatewayConfig
+from prefixreg.gateway.keeper import Keeper
 from prefixreg.gateway.known import KnownHeads
 from prefixreg.gateway.leads import Leads
 from prefixreg.gateway.metrics import Metrics
 from prefixreg.gateway.proof import Proof, Tally, evidence_of, prove
 from prefixreg.gateway.sessions import Session, Sessions
+from prefixreg.gateway.slots import SlotPlan
 from prefixreg.gateway.upstream import ROUTING_KEY_HEADER, Router
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.transport import display_url
@@ -95,11 +97,19 @@ class Door:
         self.calls: OrderedDict[str, JSONObject] = OrderedDict()
         self.seen_on: dict[str, dict[str, int]] = {}  # head sha -> worker -> calls there
         self.leads = Leads()
-        self.keeper: Any = None  # set by `gateway.keeper` when sessions are kept warm
+        self.slot_plan = SlotPlan(config.workers, config.upstream_key) if config.own_slots else None
+        self.keeper = (
+            Keeper(self.metrics, idle_s=config.session_idle_s, api_key=config.upstream_key)
+            if config.keep_warm
+            else None
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
+        """What the door reads before serving (the registry's heads, the workers' slots)."""
         self.known.load()
+        if self.slot_plan is not None:
+            self.slot_plan.discover()
         if self.keeper is not None:
             self.keeper.start()
 
@@ -176,8 +186,18 @@ class Door:
         if key is not None and self.router.behind_router:
             adm.upstream_headers.append((ROUTING_KEY_HEADER.encode(), key.encode("ascii")))
         adm.miss = adm.miss or self._miss(adm)
-        if self.keeper is not None:
-            self.keeper.admit(adm, body)
+        if self.slot_plan is not None:
+            for gone in self.sessions.take_dropped():
+                self.slot_plan.release(gone.id)
+            owner = session.id if head is not None else None
+            last = session.slot if session.worker == adm.target else None
+            slot = self.slot_plan.assign(
+                adm.target, owner, key, body, returning=session.calls > 0, last_slot=last
+            )
+            session.slot = slot
+            if slot is not None:
+                adm.rewritten = True
+                adm.headers["x-prefixreg-slot"] = str(slot)
         if adm.strips or adm.rewritten:
             adm.content = orjson.dumps(body)
 
@@ -264,6 +284,13 @@ class Door:
             session.calls += 1
             session.prompt_tokens = prompt
             self.sessions.record(session, adm.chain)
+        if (
+            self.keeper is not None
+            and head is not None
+            and adm.api.name == "chat"
+            and (200 <= status < 300 and adm.body is not None)
+        ):
+            self.keeper.saw(adm.target, head, adm.body.get("tools"), adm.body)
         gw = {
             "call": adm.call_id,
             "api": adm.api.name,

@@ -95,6 +95,7 @@ class Sessions:
         self._live: OrderedDict[str, Session] = OrderedDict()
         self._by_chain: dict[str, str] = {}  # a session's last chain hash -> its id
         self.expired = 0
+        self._dropped: list[Session] = []  # expired or pushed out, until `take_dropped`
 
     def __len__(self) -> int:
         return len(self._live)
@@ -151,8 +152,15 @@ class Sessions:
             self.expired += 1
         return gone
 
+    def take_dropped(self) -> list[Session]:
+        """The sessions dropped since the last call (their slots, their keepers go too)."""
+        out, self._dropped = self._dropped, []
+        return out
+
     def _drop(self, sid: str) -> None:
         session = self._live.pop(sid, None)
+        if session is not None and len(self._dropped) < 4 * self.max_sessions:
+            self._dropped.append(session)
         if (
             session is not None
             and session.chain is not None
