@@ -171,3 +171,59 @@ def run_mini_swe_agent(
         messages=agent.messages,
         exit_status=str(result.get("exit_status", "")),
     )
+
+
+# -- a Claude-Code-like loop whose head carries a per-request nonce -------------------------------
+
+STATIC = "You are a coding assistant in a terminal. Follow the house rules. " * 20
+# Claude Code's billing block (`cch` changes every request). llama-server normalizes this
+# very line itself (`normalize_anthropic_billing_header`), so to see what a nonce costs there
+# the loops below also use a line it does not know (a per-request id, as other CLIs send).
+BILLING = "x-anthropic-billing-header: cc_version=2.1.37.a1b; cc_entrypoint=cli; cch={};"
+REQUEST_ID = "x-client-request: id={}; entrypoint=cli"
+STRIP = r"(cch|id)=[0-9a-f]+;"  # the `--strip` rule that removes either nonce
+
+
+def nonce_at(line: str) -> int:
+    """The nonce's byte offset in `system[0]` when `line` is its template."""
+    return line.index("{}")
+
+
+def messages_loop(
+    base_url: str, *, nonce: bool, turns: int, line: str = REQUEST_ID, max_tokens: int = 4
+) -> list[Any]:
+    """A Claude-Code-like loop over Anthropic Messages (`base_url`/v1/messages): `system[0]`
+    is `line` with a fresh nonce each request when `nonce` (its first hex digit differs from
+    the last request's, so the drift starts at `nonce_at(line)`), `system[1]` the static
+    prompt; each turn appends the reply and a new user message. The httpx replies."""
+    import secrets
+
+    import httpx
+
+    replies = []
+    history: list[dict[str, Any]] = [{"role": "user", "content": "List the files."}]
+    with httpx.Client(base_url=base_url, timeout=600) as client:
+        for turn in range(turns):
+            cch = f"{turn % 16:x}{secrets.token_hex(2)}" if nonce else "00000"
+            body = {
+                "model": "peer",
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "system": [
+                    {"type": "text", "text": line.format(cch)},
+                    {"type": "text", "text": STATIC},
+                ],
+                "messages": history,
+            }
+            reply = client.post(
+                "/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"}
+            )
+            reply.raise_for_status()
+            replies.append(reply)
+            text = "".join(b.get("text", "") for b in reply.json().get("content", []))
+            history = [
+                *history,
+                {"role": "assistant", "content": text or "ok"},
+                {"role": "user", "content": f"Now step {turn + 2}."},
+            ]
+    return replies
