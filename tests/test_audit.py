@@ -284,7 +284,8 @@ def test_json_totals_match_an_independent_count(batch: Batch) -> None:
     uncached = sum(p - c for p, c in counted if c is not None)
     s = out["saving"]
     assert s["tokens"] == {"cold": exp["prompt"][0], "saved": exp["cached"][0]}
-    assert s["uncached"] == {"new_history": uncached - miss, "drift": 0, "miss": miss, "unknown": 0}
+    split = {"new_history": uncached - miss, "session": 0, "drift": 0, "miss": miss, "unknown": 0}
+    assert s["uncached"] == split
     assert miss > uncached - miss and s["lever"]["verdict"] == "lever"
     assert out["summary"].endswith("prompt caching is the lever: " + s["lever"]["reason"])
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixreg.core.errors import UsageError
-from prefixreg.core.judge import allowance, judge_fit
+from prefixreg.core.judge import URGENT_CMAX, allowance, judge_fit, judge_reach
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
@@ -171,7 +171,9 @@ def test_doctor_with_a_tiny_cache_applies_the_urgency_rule(tmp_path: Path) -> No
     cmax = out["numbers"]["cmax"]
     assert 0 < cmax < 2048
     assert by_topic["cmax"]["level"] == "warn"
-    assert by_topic["cmax"]["text"].startswith(f"urgent: Cmax is {cmax:,} tokens")
+    below = out["numbers"]["cmax_below"]
+    assert cmax < below < 4000  # the 4k slice's span: the bracket's top is under 4,000
+    assert by_topic["cmax"]["text"].startswith(f"urgent: Cmax is under {below:,} tokens")
     assert "does not reach past the system prompt" in text
     assert by_topic["fit"]["level"] == "warn" and "does not fit in one entry" in text
     assert "HALOGEN_CACHE_MB" in by_topic["cmax"]["text"]
@@ -347,3 +349,61 @@ def test_a_vllm_flag_warning_reads_the_warms_on_this_server_only(tmp_path: Path)
             other, same = doctor(w, reg), doctor(q, reg)
     assert "warn" not in {f.level for f in other.findings if f.topic == "report"}
     assert "warn" in {f.level for f in same.findings if f.topic == "report"}
+
+
+# -- Cmax is a bracket; urgent only when its top is under 4,000 (issue 33, case 3) ---------
+
+
+def test_a_coarse_probe_never_calls_a_cache_urgent_on_the_bound_its_sizes_set(
+    tmp_path: Path,
+) -> None:
+    """A 19 MiB slab holds 9,728 tokens: the 4k slice (2,593 tokens) resumes, the 16k one
+    (11,374) cannot be stored. Cmax is then at least 2.5k and below 11.3k: no verdict on
+    4,000 until `probe --bisect` narrows it, and then it reaches."""
+    reg = Registry(tmp_path / "reg")
+    coding_loop(reg)
+    with SimServer(SimConfig(speed=5000, cap_mb=19)) as sim:
+        with Worker(sim.url) as w:
+            run_probe(reg, w, ProbeOptions(sizes=(4000, 16000), foreign=2))
+        args = ("doctor", "--worker", sim.url, "--registry", str(reg.root))
+        coarse = orjson.loads(run_cli(*args, "--json").stdout)
+        res = run_cli(
+            "probe",
+            "--worker",
+            sim.url,
+            "--registry",
+            str(reg.root),
+            "--sizes",
+            "4k,16k",
+            "--foreign",
+            "2",
+            "--bisect",
+            "--json",
+        )
+        # Exit 1: check 6 (refused stays 0) fails, the 16k slice's store was refused.
+        assert res.returncode == 1, res.stderr
+        fine = orjson.loads(run_cli(*args, "--json").stdout)
+        text = run_cli(*args).stdout.decode()
+    cmax = {f["topic"]: f for f in coarse["findings"]}["cmax"]
+    low, top = coarse["numbers"]["cmax"], coarse["numbers"]["cmax_below"]
+    assert abs(low / 2578 - 1) < 0.02 and abs(top / 11_350 - 1) < 0.02
+    assert cmax["level"] == "info" and not cmax["text"].startswith("urgent")
+    assert f"at least {low:,} and below {top:,} tokens" in cmax["text"]
+    assert "--bisect" in cmax["text"] and coarse["numbers"]["reach"] == "not_proven"
+    receipt = orjson.loads(res.stdout)
+    legs = [c for c in receipt["calls"] if c["leg"] == "bisect-B"]
+    assert legs and receipt["options"]["bisect"] is True
+    low, top = fine["numbers"]["cmax"], fine["numbers"]["cmax_below"]
+    assert low <= 9728 < top and (top - low) / low < 0.03  # the slab's 9,728 tokens, bracketed
+    assert fine["numbers"]["reach"] == "reaches" and "urgent" not in text
+
+
+@given(low=st.integers(0, 100_000), gap=st.integers(1, 100_000), top=st.booleans())
+def test_judge_reach_is_urgent_only_when_the_bracket_top_is_under_4000(
+    low: int, gap: int, top: bool
+) -> None:
+    below = low + gap if top else None
+    verdict, why = judge_reach(low, below)
+    assert (verdict == "urgent") == (below is not None and below <= URGENT_CMAX)
+    assert (verdict == "reaches") == (low >= URGENT_CMAX and verdict != "urgent")
+    assert f"{low:,}" in why

@@ -16,6 +16,7 @@ from openai import OpenAI
 from prefixreg.gateway.config import GatewayConfig
 from prefixreg.gateway.serve import serve_in_thread
 from prefixreg.sim import SimConfig, SimServer
+from tests.conftest import run_cli
 from tests.gateway_peer import Tap, serve_gateway
 
 SYSTEM = "You are a careful coding assistant. Follow the house rules. " * 40
@@ -148,4 +149,43 @@ def test_a_stream_without_usage_is_unverified_and_says_so(tmp_path: Path) -> Non
         record: Any = gw.door.call_record(call)
     assert record is not None
     assert record["gateway"]["verdict"] == "unverified"
-    assert record["gateway"]["miss"] == "engine reported nothing"
+    assert record["gateway"]["miss"].startswith("engine reported nothing: usage missing")
+    assert "include_usage" in record["gateway"]["miss"]
+
+
+def test_audit_reads_the_call_log_as_it_is_and_its_totals_are_the_servers(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "calls.jsonl"
+    usages: list[dict[str, Any]] = []
+    with (
+        SimServer(SimConfig(speed=5000)) as sim,
+        serve_gateway("--worker", sim.url, "--call-log", str(log)) as url,
+        httpx.Client(base_url=url) as client,
+    ):
+        turns = ["first task"]
+        for i in range(4):
+            messages = [{"role": "system", "content": SYSTEM}]
+            messages += [
+                {"role": ("user", "assistant")[j % 2], "content": t} for j, t in enumerate(turns)
+            ]
+            body = {"model": "m", "messages": messages, "max_tokens": 4}
+            if i == 3:
+                body |= {"stream": True, "stream_options": {"include_usage": True}}
+                with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                    events = [x for x in r.iter_lines() if x.startswith("data: {")]
+                usages.append(json.loads(events[-1][6:])["usage"])
+            else:
+                usages.append(client.post("/v1/chat/completions", json=body).json()["usage"])
+            turns += ["ok", f"task {i + 2}"]
+    done = run_cli("audit", str(log), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["calls"] == 4 and report["malformed"] == []
+    prompt = sum(u["prompt_tokens"] for u in usages)
+    cached = sum(u.get("prompt_tokens_details", {}).get("cached_tokens", 0) for u in usages)
+    assert report["tokens"]["prompt"]["total"] == prompt  # the server's own counts
+    assert report["tokens"]["cached"]["total"] == cached
+    assert report["states"] == {"cold": 1, "partial": 0, "reused": 3, "unverified": 0}
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["gateway"]["verdict"] for x in lines] == ["cold", "resumed", "resumed", "resumed"]

@@ -193,3 +193,24 @@ def test_session_header_values_never_come_back_as_they_were_sent() -> None:
         )
     assert reply.status_code == 200
     assert all("secret-session-value" not in v for v in reply.headers.values())
+
+
+def test_a_client_that_gives_up_on_a_buffered_call_cancels_it_upstream(fake: FakeServer) -> None:
+    held = threading.Event()
+
+    def slow() -> Iterator[bytes]:
+        try:
+            for _ in range(200):  # 20 s, a byte at a time, if nobody stops it
+                yield b" "
+                time.sleep(0.1)
+            yield json.dumps({"choices": []}).encode()
+        finally:
+            held.set()
+
+    fake.route("POST", "/v1/chat/completions", Reply(generate=slow))
+    with serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, gw):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/chat/completions", json=body(), timeout=0.5)
+        assert held.wait(10), "the upstream call went on after its client left"
+        assert _wait(lambda: gw.inflight == 0)
+        assert gw.door.metrics.value("cancelled_total") == 1

@@ -190,3 +190,36 @@ def test_a_failing_door_still_forwards_the_call(
         reply = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM, "hi"))
         assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] > 0
         assert gw.door.metrics.value("failures_total", where="door") == 1
+
+
+def test_a_session_keeps_64_kib_of_its_head_and_drift_past_it_is_still_named() -> None:
+    from prefixreg.gateway.apis import CHAT
+    from prefixreg.gateway.head import KEPT_BYTES, drift_of, head_of, kept
+
+    long = "x" * (KEPT_BYTES + 5000)
+    before, _ = head_of(CHAT, chat(long, "a"))
+    after, _ = head_of(CHAT, chat(long[:-10] + "y" * 10, "a"))
+    early, _ = head_of(CHAT, chat("z" + long[1:], "a"))
+    assert before is not None and after is not None and early is not None
+    held = kept(before)
+    assert len(held.system) == KEPT_BYTES and held.sha256 == before.sha256
+    late = drift_of(held, after)
+    assert late is not None and late.part == "system" and late.offset is None
+    first = drift_of(held, early)
+    assert first is not None and first.offset == 0
+    assert drift_of(held, before) is None
+
+
+def test_a_returning_call_is_also_judged_against_its_sessions_last_prompt(sim: SimServer) -> None:
+    with serve_in_thread(GatewayConfig(workers=(sim.url,))) as (url, gw):
+        one = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM, "long task " * 200))
+        two = httpx.post(
+            url + "/v1/chat/completions", json=chat(SYSTEM, "long task " * 200, "ok", "go")
+        )
+        record: Any = gw.door.call_record(two.headers["x-prefixreg-call"])
+    assert "x-prefixreg-session-verdict" not in one.headers  # a first call extends nothing
+    assert two.headers["x-prefixreg-verdict"] == "resumed"
+    assert two.headers["x-prefixreg-session-verdict"] == "resumed"
+    assert record["gateway"]["extends"] == 1
+    span = record["gateway"]["session_judgement"]["span_tokens"]
+    assert span > record["gateway"]["judgement"]["span_tokens"]  # the head and the history

@@ -91,7 +91,7 @@ def gateway_command(
         from prefixreg.gateway.serve import parse_listen, serve
         from prefixreg.registry.location import resolve_registry_path
         from prefixreg.registry.userfiles import check_output_file
-        from prefixreg.verbs.pool.spec import pool_spec
+        from prefixreg.verbs.pool.spec import default_placement, load_placement, pool_spec
 
         if worker and pool is not None:
             raise UsageError("give --worker URL or --pool FILE, not both")
@@ -106,8 +106,15 @@ def gateway_command(
         if worker or pool is not None:
             spec = pool_spec(worker or (), pool_file=pool, router=router)
             workers, router_url = tuple(w.url for w in spec.workers), spec.router
+            capacities = tuple(w.capacity for w in spec.workers)
+            root = resolve_registry_path(registry)
+            at = spec.placement_path or default_placement(root, spec.pool_id)
+            kept, warnings = load_placement(at)  # `prefixreg pool warm`'s: where heads live
+            for warning in warnings:
+                c.info(f"warning: {warning}")
+            placement = tuple((a.sha256, a.worker, a.key) for a in kept.values())
         elif router is not None:
-            workers, router_url = (), router
+            workers, router_url, capacities, placement = (), router, (), ()
         else:
             raise UsageError("no upstream", hint="pass --worker URL, --pool FILE or --router URL")
         root = resolve_registry_path(registry)
@@ -116,6 +123,8 @@ def gateway_command(
         config = GatewayConfig(
             workers=workers,
             router=router_url,
+            capacities=capacities,
+            placement=placement,
             on_drift=on_drift,  # type: ignore[arg-type]  # checked by GatewayConfig
             strip=tuple(strip or ()),
             register=register,

@@ -125,8 +125,9 @@ def audit_command(
     """Count prompt, cached and completion tokens over a batch of call outputs, model its
     prefill and decode time (default rates: the measured Halogen Flash lane), say what
     caching saved (tokens and seconds against a cold run: the server's timings where given,
-    else the rates), where the uncached tokens went (new history, drift from --frame, misses
-    of the head) and so whether caching is the lever, and which registered head it shares.
+    else the rates), where the uncached tokens went (new history, the previous call's prompt
+    of the same session not resumed, drift from --frame, misses of the head) and so whether
+    caching is the lever, and which registered head it shares.
 
     Reads chat responses (bare, or under `response`/`body`, a `wall_s` beside them), request
     bodies, `{"request", "response"}` pairs, measurement records and aiperf's per-request

@@ -167,6 +167,14 @@ def probe_command(
         bool, Flag("--survival", help="Also find how many foreign prompts a prefix survives.")
     ] = False,
     force: Annotated[bool, Flag("--force", help="Probe even a worker that is busy.")] = False,
+    bisect: Annotated[
+        bool,
+        Flag(
+            "--bisect",
+            help="Then narrow Cmax between the largest size that resumed and the next that "
+            "did not (two calls a step, to within 2%).",
+        ),
+    ] = False,
     legs: Annotated[str, Flag(help="all: leg C at every size; report: nearest 16k only.")] = "all",
     frame: Annotated[
         str | None,
@@ -185,7 +193,9 @@ def probe_command(
     """Measure a worker's prompt cache: Cmax, LRU survival, and whether /cache can be trusted.
 
     Per size: A1 cold baseline, A2 identical repeat, B same prefix with a fresh tail, C after
-    --foreign foreign prompts. Each leg is a registered probe slice and a measurement bound to
+    --foreign foreign prompts. Cmax is a bracket: at least the largest count a fresh tail
+    resumed, below the first larger size that did not; --bisect narrows it with sizes in
+    between. Each leg is a registered probe slice and a measurement bound to
     the server build; the run is written to probes/<ts>.json and probes/<ts>.md.
 
     Exit 0 every leg verified and no check failed beyond the lag explanation; 1 a check
@@ -223,6 +233,7 @@ def probe_command(
             force=force,
             legs=cast(Legs, legs),  # checked by ProbeOptions
             frame=head,
+            bisect=bisect,
         )
         with (
             c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w,

@@ -335,33 +335,81 @@ def judge_fit(
     return "does_not_fit", why + (f", short by more than {aligned}" if alignment > 1 else "")
 
 
+ReachVerdict = Literal["urgent", "not_proven", "reaches"]
+# Below this many tokens one cache entry does not reach past a loop's system prompt.
+URGENT_CMAX: Final = 4000
+
+
+def judge_reach(low: int, below: int | None) -> tuple[ReachVerdict, str]:
+    """How far one cache entry reaches: a probe's bracket of Cmax, at least `low` (the largest
+    count a fresh tail resumed) and under `below` (the span of the first larger size that did
+    not resume; None: every size resumed, so no ceiling). `urgent` only when the bracket's top
+    is at most `URGENT_CMAX` (no guess fires it); `reaches` when its bottom is at least that;
+    else `not_proven` (a finer probe decides)."""
+    _counts(low=low, below=below)
+    given: object = low  # callers outside the type checker
+    if given is None:
+        raise UsageError("low must be a whole number >= 0, not None")
+    top = "" if below is None else f" and below {below:,}"
+    said = f"Cmax is at least {low:,}{top} tokens"
+    if below is not None and below <= URGENT_CMAX:
+        return "urgent", f"Cmax is under {below:,} tokens (at least {low:,}), below {URGENT_CMAX:,}"
+    if low >= URGENT_CMAX:
+        return "reaches", said
+    if below is None:
+        return "not_proven", f"{said}: no larger size was probed, so whether it reaches " + (
+            f"{URGENT_CMAX:,} is not known"
+        )
+    return "not_proven", f"{said}: the probe's sizes do not say whether it reaches {URGENT_CMAX:,}"
+
+
 LeverVerdict = Literal["lever", "not_lever", "unverified"]
 
 
 def judge_lever(
-    *, cached: int, new_history: int, drift: int, miss: int, unknown: int = 0
+    *,
+    cached: int,
+    new_history: int,
+    drift: int,
+    miss: int,
+    unknown: int = 0,
+    session: int = 0,
 ) -> tuple[LeverVerdict, str]:
     """Is prompt caching the lever for a batch? From where its prompt tokens went, never time
-    (one split, one verdict on every engine): the `lever` when the head's uncached `drift` and
-    `miss` are at least the `new_history` no cache holds; `unverified` when tokens with no
-    head to compare (`unknown`) outnumber both; else `not_lever`."""
-    counts = (cached, new_history, drift, miss, unknown)
+    (one split, one verdict on every engine). What a cache could have held is the head's
+    uncached `drift` and `miss` and the `session`: the previous call's prompt of the same
+    session that a call sent again and did not resume. The `lever` when those are at least the
+    `new_history` (only each call's newly appended messages, which no cache holds), named by
+    the larger: keeping the session warm, or the head warm and in line; `unverified` when
+    tokens with no head or session to compare (`unknown`) outnumber the rest; else
+    `not_lever`."""
+    counts = (cached, new_history, drift, miss, unknown, session)
     if any(type(n) is not int for n in counts):
         raise UsageError("judge_lever takes whole numbers of tokens")
     if min(counts) < 0:
         return "unverified", "a token count is negative"
-    head, uncached = drift + miss, drift + miss + new_history + unknown
+    head = drift + miss
+    uncached = head + session + new_history + unknown
     if uncached + cached == 0:
         return "unverified", "no call reported prompt and cached counts"
-    if unknown > head + new_history:
+    if unknown > head + session + new_history:
         return "unverified", f"{unknown:,} of {uncached:,} uncached tokens have no head to compare"
     if uncached == 0:
         return "not_lever", f"all {cached:,} prompt tokens came from the cache"
-    if head and head >= new_history:
+    held = head + session
+    if held and held >= new_history:
+        if session > head:
+            return "lever", (
+                f"{session:,} of {uncached:,} uncached tokens were the previous call's prompt "
+                f"in the same session, lost before the next call (and {head:,} the head's): "
+                "keeping each session warm (keepalive --session) saves them"
+            )
+        also = f"; {session:,} the session's" if session else ""
         return "lever", (
             f"{head:,} of {uncached:,} uncached tokens were the head (drift {drift:,}, missed "
-            f"{miss:,}): keeping it warm and in line saves them"
+            f"{miss:,}{also}): keeping it warm and in line saves them"
         )
     return "not_lever", (
-        f"{new_history:,} of {uncached:,} uncached tokens are new history, which no cache holds"
+        f"{new_history:,} of {uncached:,} uncached tokens are new history (each call's newly "
+        "appended messages), which no cache holds"
     )

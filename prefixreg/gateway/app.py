@@ -189,7 +189,7 @@ class Gateway:
             body = await _read_body(request, self.config.max_body_bytes)
         except _TooLargeError:
             return self._error(None, 413, "request body too large for the gateway")
-        target = self.router.choose(key=None, session_worker=None)
+        target = self.router.targets[0]
         url = target + request.url.path + (f"?{request.url.query}" if request.url.query else "")
         work = self._buffered(request.method, url, self._upstream_headers(request), body or None)
         try:

@@ -46,6 +46,8 @@ class GatewayConfig:
 
     workers: tuple[str, ...] = ()
     router: str | None = None
+    capacities: tuple[int | None, ...] = ()  # heads each worker keeps (a pool file's capacity)
+    placement: tuple[tuple[str, str, str], ...] = ()  # (head sha, worker, routing key): pool's
     on_drift: Literal["warn", "refuse"] = "warn"
     strip: tuple[str, ...] = ()
     register: bool = False

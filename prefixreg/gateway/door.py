@@ -30,6 +30,8 @@ from typing import Any, Final
 import orjson
 
 from prefixreg.core.jsonio import JSONObject
+from prefixreg.core.judge import judge
+from prefixreg.core.prefix import text_bytes
 from prefixreg.core.records import CallEvidence
 from prefixreg.gateway import calllog
 from prefixreg.gateway import head as heads
@@ -48,6 +50,7 @@ from prefixreg.server.transport import display_url
 
 log = logging.getLogger("prefixreg.gateway")
 MAX_CALLS_KEPT: Final = 4096
+MAX_PROOF_BYTES: Final = 8 * 1024 * 1024  # a stream's bytes the proof reads
 
 
 @dataclass
@@ -70,6 +73,8 @@ class Admission:
     history: list[Any] = field(default_factory=list)
     rest_bytes: int | None = None
     drift: heads.HeadDrift | None = None
+    extends: int = 0  # leading history messages the session's last call sent
+    session_verdict: str | None = None  # the judge's, against the session's last prompt
     strips: int = 0
     miss: str | None = None
     door_s: float = 0.0
@@ -145,20 +150,23 @@ class Door:
         head, why = heads.head_of(api, body)
         adm.head, adm.history = head, heads.history(api, body)
         adm.rest_bytes = heads.rest_bytes(api, body)
-        session, adm.chain = self.sessions.find(body, headers, adm.history)
+        sha = head.sha256 if head is not None else None
+        session, adm.chain = self.sessions.find(body, headers, adm.history, sha)
         adm.session = session
+        adm.extends = session.extends(adm.chain)
         adm.headers["x-prefixreg-session"] = session.id
         if head is None:
             adm.headers["x-prefixreg-head"] = "none"
             adm.miss = why
         else:
-            sha, name = self.known.name_of(head)
+            registered, name = self.known.name_of(head)
             adm.head_label = name or head.sha256[:12]
             adm.headers["x-prefixreg-head"] = head.sha256
-            adm.headers["x-prefixreg-head-known"] = "registered" if sha else "unregistered"
+            known = "registered" if registered else "unregistered"
+            adm.headers["x-prefixreg-head-known"] = known
             if name is not None:
                 adm.headers["x-prefixreg-head-name"] = _header_value(name)
-            if sha is None:
+            if registered is None:
                 self.known.remember_tools(head, body.get("tools"))
                 self.known.maybe_register(head, api.name)
         if adm.strips:
@@ -182,9 +190,13 @@ class Door:
                 )
                 return
         key = head.sha256 if head is not None else None
-        adm.target = self.router.choose(key=key, session_worker=session.worker)
+        adm.target, placement = self.router.choose(key=key, session_worker=session.worker)
+        if placement is not None:
+            adm.headers["x-prefixreg-placement"] = placement
+            self.metrics.add("not_placed_total", head=adm.head_label)
         if key is not None and self.router.behind_router:
-            adm.upstream_headers.append((ROUTING_KEY_HEADER.encode(), key.encode("ascii")))
+            routing = self.router.routing_key(key).encode("ascii")
+            adm.upstream_headers.append((ROUTING_KEY_HEADER.encode(), routing))
         adm.miss = adm.miss or self._miss(adm)
         if self.slot_plan is not None:
             for gone in self.sessions.take_dropped():
@@ -219,7 +231,9 @@ class Door:
 
     # -- after -------------------------------------------------------------------------------
     def tally(self, adm: Admission) -> Tally:
-        return Tally(adm.api, self.config.max_reply_bytes)
+        # The proof folds a stream's text to hash it: a cap per stream bounds what a thousand
+        # streams hold at once (the stream itself is forwarded whole, whatever its size).
+        return Tally(adm.api, min(self.config.max_reply_bytes, MAX_PROOF_BYTES))
 
     def settle(
         self, adm: Admission, status: int, data: bytes, *, streamed: bool, added_s: float
@@ -234,6 +248,8 @@ class Door:
             adm.headers["x-prefixreg-cached"] = "" if cached is None else str(cached)
             reason = proof.miss if proof.miss else proof.judgement.reason
             adm.headers["x-prefixreg-reason"] = _header_value(reason)
+            if adm.session_verdict is not None:
+                adm.headers["x-prefixreg-session-verdict"] = adm.session_verdict
         except Exception as exc:  # noqa: BLE001 -- never the loop's failure
             self.failure("judge", exc)
         self.metrics.observe_added(adm.door_s + time.perf_counter() - t0)
@@ -264,8 +280,17 @@ class Door:
         self, adm: Admission, status: int, evidence: CallEvidence, *, streamed: bool, own_s: float
     ) -> Proof:
         head, session = adm.head, adm.session
-        proof = prove(evidence, head, adm.rest_bytes, miss=adm.miss)
         worker = display_url(adm.target)
+        proof = prove(evidence, head, adm.rest_bytes, miss=adm.miss)
+        again = None  # the session's previous prompt, judged as the head this call extends
+        if head is not None and adm.extends and evidence.cache_state != "unverified":
+            seen = text_bytes(adm.history[: adm.extends])
+            again = judge(
+                evidence, head_bytes=head.head_bytes + seen, rest_bytes=(adm.rest_bytes or 0) - seen
+            )
+            adm.session_verdict = again.verdict
+            if proof.verdict == "resumed" and not again.resumed:
+                self.metrics.add("session_misses_total", head=adm.head_label, worker=worker)
         labels = {"head": adm.head_label, "worker": worker}
         self.metrics.add("calls_total", api=adm.api.name, verdict=proof.verdict, **labels)
         prompt, cached = evidence.prompt_tokens, evidence.cached_tokens
@@ -279,11 +304,11 @@ class Door:
             where = self.seen_on.setdefault(head.sha256, {})
             where[adm.target] = where.get(adm.target, 0) + 1
         if session is not None and 200 <= status < 300:
-            session.head = head if head is not None else session.head
+            session.head = heads.kept(head) if head is not None else session.head
             session.worker = adm.target
             session.calls += 1
             session.prompt_tokens = prompt
-            self.sessions.record(session, adm.chain)
+            self.sessions.record(session, adm.chain, head.sha256 if head is not None else None)
         if (
             self.keeper is not None
             and head is not None
@@ -304,18 +329,18 @@ class Door:
             "reason": proof.judgement.reason,
             "miss": proof.miss,
             "judgement": proof.judgement.to_dict(),
+            "session_judgement": None if again is None else again.to_dict(),
+            "extends": adm.extends,
             "drift": adm.drift.log_view() if adm.drift is not None else None,
             "strips": adm.strips,
             "door_ms": round(adm.door_s * 1000, 3),
         }
-        line = calllog.record(
-            system=head.system if head is not None else None,
-            rest_bytes=adm.rest_bytes,
-            tools=(adm.body or {}).get("tools"),
-            messages=self._chat_messages(adm),
-            evidence=evidence,
-            gateway=gw,
-        )
+        if adm.api.name == "chat" and isinstance((adm.body or {}).get("messages"), list):
+            sent: dict[str, Any] = adm.body or {}  # the chat body itself, as forwarded
+        else:
+            system = head.system if head is not None else None
+            sent = calllog.chat_body(system, adm.history, (adm.body or {}).get("tools"))
+        line = calllog.record(sent, evidence, gw)
         before = self.log.failures
         self.log.write(line)
         if self.log.failures != before:
@@ -324,16 +349,6 @@ class Door:
         while len(self.calls) > MAX_CALLS_KEPT:
             self.calls.popitem(last=False)
         return proof
-
-    def _chat_messages(self, adm: Admission) -> list[Any]:
-        """The call's messages as the chat API would send them: the head's system first."""
-        sent = (adm.body or {}).get("messages")
-        if adm.api.name == "chat" and isinstance(sent, list):
-            return sent
-        if adm.head is None:
-            return list(adm.history)
-        system = {"role": "system", "content": adm.head.system.decode("utf-8", "replace")}
-        return [system, *adm.history]
 
     # -- the gateway's own routes --------------------------------------------------------------
     def call_record(self, call_id: str) -> JSONObject | None:
@@ -352,4 +367,8 @@ class Door:
     def metrics_text(self, *, inflight: int) -> str:
         gauges = {"upstream_inflight": float(inflight), "sessions": float(len(self.sessions))}
         gauges["registered_heads"] = float(self.known.registered)
+        gauges["registry_failures"] = float(self.known.failures)
+        gauges["log_lines"] = float(self.log.lines)
+        if self.slot_plan is not None:
+            gauges["owned_slots"] = float(self.slot_plan.owned())
         return self.metrics.render(gauges)

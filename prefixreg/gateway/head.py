@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from prefixreg.core.errors import UsageError
@@ -36,6 +36,7 @@ from prefixreg.core.prefix import text_bytes
 from prefixreg.gateway.apis import Api
 
 _SYSTEM_ROLES: Final = ("system", "developer")
+KEPT_BYTES: Final = 64 * 1024  # a session's last head keeps this much of its system text
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,15 @@ def strip(api: Api, body: dict[str, Any], rules: Sequence[re.Pattern[str]]) -> i
     return total
 
 
+def kept(head: Head) -> Head:
+    """The head as a session keeps it between calls: its system text cut to `KEPT_BYTES`
+    (drift past them is still found by the sha, its offset then not named): ten thousand
+    sessions never hold ten thousand long system prompts."""
+    if len(head.system) <= KEPT_BYTES:
+        return head
+    return replace(head, system=head.system[:KEPT_BYTES])
+
+
 @dataclass(frozen=True, slots=True)
 class HeadDrift:
     """Where a head differs from the one before: the part, the first differing byte offset
@@ -234,6 +244,8 @@ def drift_of(before: Head, now: Head) -> HeadDrift | None:
         return None
     if before.system_sha256 != now.system_sha256:
         at = _first_diff(before.system, now.system)
+        if at >= KEPT_BYTES:  # the kept part agrees: the difference is further on
+            return HeadDrift("system", None, f"the text differs after its first {KEPT_BYTES} bytes")
         excerpt = f"was '{_show(before.system, at)}', now '{_show(now.system, at)}'"
         return HeadDrift("system", at, excerpt)
     if before.tools_sha256 != now.tools_sha256:

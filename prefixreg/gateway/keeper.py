@@ -77,7 +77,9 @@ class Keeper:
         self.metrics = metrics
         self.idle_s = idle_s
         self.api_key = api_key
-        self._queue: queue.Queue[_Seen | None] = queue.Queue(1024)
+        self._queue: queue.Queue[_Seen | None] = queue.Queue(
+            32
+        )  # a full queue drops the call (counted)
         self._workers: dict[str, _Worker] = {}
         self._thread: threading.Thread | None = None
 

@@ -25,7 +25,7 @@ from prefixreg.core.prefix import text_bytes
 from prefixreg.gateway.head import dynamic_first
 
 MAX_HEADS: Final = 1000
-MAX_TEXT: Final = 65536
+MAX_TEXT: Final = 8192
 
 
 @dataclass

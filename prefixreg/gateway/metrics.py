@@ -30,6 +30,8 @@ _HELP: Final = {
     "misses_total": "Calls not resumed, by the reason the gateway names",
     "drift_total": "Calls whose head differs from the one their session sent before",
     "dynamic_first_total": "Sessions whose first user message puts dynamic text before static",
+    "not_placed_total": "New heads served where every worker was at its capacity",
+    "session_misses_total": "Calls that resumed the head but not the session's previous prompt",
     "refused_total": "Calls refused by --on-drift refuse (nothing forwarded)",
     "strips_total": "Matches of --strip rules removed from heads before forwarding",
     "rewarms_total": "Re-warms the keeper sent for live sessions (never counted as calls)",

@@ -226,5 +226,8 @@ def prove(
     if j.verdict == "resumed":
         return Proof(j, None)
     if j.verdict == "unverified" and evidence.cache_state == "unverified":
-        return Proof(j, "engine reported nothing")
+        why = evidence.reason or "no counts"
+        if why == "usage missing":
+            why += " (a stream sent without stream_options.include_usage has no usage)"
+        return Proof(j, f"engine reported nothing: {why}")
     return Proof(j, miss)

@@ -5,8 +5,10 @@ A session is known, first that applies, by:
    names a user, not a conversation);
 2. a session header a client sends (`x-session-id`, `x-claude-code-session-id`,
    `session-id`, `x-dynamo-session-id`, `x-prefixreg-session`);
-3. else the history it extends: a chain hash over the messages after the head (so a head
-   that changes, a nonce in the system text, still finds its session and is named as drift).
+3. else the history it extends: a chain hash over the messages after the head, on the same
+   head first; a call carrying a turn (two messages or more) also finds its session on
+   another head, so a head that changes (a nonce in the system text) is named as drift,
+   while two loops whose first user messages agree stay two sessions.
 
 Invariants:
 - Bounded: at most `max_sessions` (the least recently used goes first) and idle ones expire
@@ -48,7 +50,13 @@ class Session:
     worker: str | None = None
     calls: int = 0
     last_seen: float = 0.0
-    chain: str | None = None  # chain hash of the last call's history
+    keys: list[str] = field(default_factory=list)  # its index keys: last chain, on its head
+
+    def extends(self, chain: Sequence[str]) -> int:
+        """How many leading messages of a call with `chain` its last call sent (0: none)."""
+        last = self.keys[0] if self.keys else None
+        return chain.index(last) + 1 if last is not None and last in chain else 0
+
     first_user: str | None = None  # the first user message's text (the dynamic-first check)
     last_body: dict[str, Any] | None = field(default=None, repr=False)
     slot: int | None = None
@@ -93,7 +101,7 @@ class Sessions:
         self.max_sessions = max_sessions
         self.idle_s = idle_s
         self._live: OrderedDict[str, Session] = OrderedDict()
-        self._by_chain: dict[str, str] = {}  # a session's last chain hash -> its id
+        self._by_chain: dict[str, str] = {}  # chain hash (alone, or "head:chain") -> its id
         self.expired = 0
         self._dropped: list[Session] = []  # expired or pushed out, until `take_dropped`
 
@@ -104,9 +112,15 @@ class Sessions:
         return list(self._live.values())
 
     def find(
-        self, body: Mapping[str, Any], headers: Mapping[str, str], history: Sequence[object]
+        self,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+        history: Sequence[object],
+        head_sha: str | None,
     ) -> tuple[Session, list[str]]:
-        """The session this call continues (a new one if none), and its history's chain."""
+        """The session this call continues (a new one if none), and its history's chain: by
+        key or header, else the longest earlier history it extends on the same head, else (a
+        call that carries a turn of a conversation: two messages or more) on any head."""
         now = time.monotonic()
         self.expire(now)
         chain = chain_hashes(history)
@@ -115,8 +129,11 @@ class Sessions:
         if keyed is not None:
             session = self._live.get(keyed[0]) or Session(keyed[0], keyed[1])
         else:
-            for h in reversed(chain[:-1] or chain):  # the longest earlier history it extends
-                sid = self._by_chain.get(h)
+            earlier = list(reversed(chain[:-1] or chain))
+            tries = [f"{head_sha}:{h}" for h in earlier]
+            tries += earlier if len(history) > 1 else []
+            for key in tries:
+                sid = self._by_chain.get(key)
                 if sid is not None and sid in self._live:
                     session = self._live[sid]
                     break
@@ -131,13 +148,19 @@ class Sessions:
             self._drop(next(iter(self._live)))
         return session, chain
 
-    def record(self, session: Session, chain: list[str]) -> None:
-        """After a call: its history's chain names the session from now on."""
-        if session.chain is not None and self._by_chain.get(session.chain) == session.id:
-            del self._by_chain[session.chain]
-        session.chain = chain[-1] if chain else None
-        if session.chain is not None and session.id in self._live:
-            self._by_chain[session.chain] = session.id
+    def record(self, session: Session, chain: list[str], head_sha: str | None) -> None:
+        """After a call: its history's chain (alone, and on its head) names the session."""
+        self._unindex(session)
+        last = chain[-1] if chain else None
+        session.keys = [] if last is None else [last, f"{head_sha}:{last}"]
+        if session.id in self._live:
+            for key in session.keys:
+                self._by_chain[key] = session.id
+
+    def _unindex(self, session: Session) -> None:
+        for key in session.keys:
+            if self._by_chain.get(key) == session.id:
+                del self._by_chain[key]
 
     def expire(self, now: float | None = None) -> list[Session]:
         """Drop sessions idle for longer than `idle_s`; the ones dropped."""
@@ -159,11 +182,7 @@ class Sessions:
 
     def _drop(self, sid: str) -> None:
         session = self._live.pop(sid, None)
-        if session is not None and len(self._dropped) < 4 * self.max_sessions:
-            self._dropped.append(session)
-        if (
-            session is not None
-            and session.chain is not None
-            and (self._by_chain.get(session.chain) == sid)
-        ):
-            del self._by_chain[session.chain]
+        if session is not None:
+            self._unindex(session)
+            if len(self._dropped) < 4 * self.max_sessions:
+                self._dropped.append(session)

@@ -13,13 +13,18 @@ Invariants:
   (only this gateway speaks in that name).
 - Redirects are not followed; environment proxies are not used (the workers are named).
 - Choosing a target is `Router.choose`: a session's worker if it has one, else by the
-  routing key (the head's sha), else the first; it never fails a call.
+  routing key (the head's sha), else the first; it never fails a call, and its memory is
+  bounded (`MAX_PLACED` keys).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Final
 
 import httpx
@@ -46,6 +51,7 @@ _HOP: Final = frozenset(
 _AUTH: Final = frozenset({"authorization", "x-api-key", "api-key"})
 PROOF_PREFIX: Final = "x-prefixreg-"
 ROUTING_KEY_HEADER: Final = "x-smg-routing-key"
+MAX_PLACED: Final = 100_000  # routing keys remembered (the least recently used go first)
 
 
 def request_headers(
@@ -83,45 +89,95 @@ def make_client(config: GatewayConfig) -> httpx.AsyncClient:
     whole deadline is the app's), a pool big enough for many concurrent streams."""
     timeout = httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s)
     limits = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
+    # TCP_NODELAY: a request's headers and body go out as two writes; with Nagle on, the
+    # body waits for the worker's delayed ACK of the headers (tens of milliseconds a call).
+    nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+    transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=nodelay)
     return httpx.AsyncClient(
-        timeout=timeout, limits=limits, follow_redirects=False, trust_env=False
+        timeout=timeout, transport=transport, follow_redirects=False, trust_env=False
     )
 
 
+@dataclass
+class _Placed:
+    worker: str
+    calls: int = 0
+    last: float = 0.0
+
+
 class Router:
-    """Which target a call goes to: the session's worker, else the routing key's, else the
-    first target. With a router in front, always the router (it routes by the key header)."""
+    """Which target a call goes to: with a router in front, always the router (it routes by
+    the key header); else the session's worker, else the worker its head (the routing key)
+    was placed on, else a placement: the least loaded worker with room, ties broken by the
+    key's hash (two replicas with the same view place a key alike). A head counts against a
+    worker's capacity once it returned (two calls) and until it goes idle; a new head that
+    finds every worker full is served on the least loaded one and reported `not placed`."""
 
     def __init__(self, config: GatewayConfig) -> None:
         self.targets = config.targets
         self.behind_router = config.router is not None
-        self._placed: dict[str, str] = {}  # routing key -> worker, for a pool with no router
+        caps = config.capacities or (None,) * len(config.workers)
+        self.capacity = dict(zip(config.workers, caps, strict=False))
+        self.idle_s = config.session_idle_s
+        self._placed: OrderedDict[str, _Placed] = OrderedDict()  # routing key -> placement
+        # `prefixreg pool warm`'s placement: where each warmed head lives, and its router key.
+        self.pinned = {sha: (w, key) for sha, w, key in config.placement}
 
-    def choose(self, *, key: str | None, session_worker: str | None) -> str:
+    def routing_key(self, sha: str) -> str:
+        """The key a router gets for a head: the pool placement's (re-keyed `<sha>.<n>`), else
+        the sha itself."""
+        pinned = self.pinned.get(sha)
+        return pinned[1] if pinned is not None else sha
+
+    def choose(self, *, key: str | None, session_worker: str | None) -> tuple[str, str | None]:
+        """(target, placement note or None)."""
         if self.behind_router or len(self.targets) == 1:
-            return self.targets[0]
-        if session_worker in self.targets:
-            return session_worker
-        if key is None:
-            return self.targets[0]
-        placed = self._placed.get(key)
-        if placed is None:
-            placed = self._place(key)
-            self._placed[key] = placed
-        return placed
+            return self.targets[0], None
+        pinned = self.pinned.get(key) if key is not None else None
+        if pinned is not None and pinned[0] in self.targets:
+            return pinned[0], None  # warmed there by `prefixreg pool warm`
+        now = time.monotonic()
+        placed = self._placed.get(key) if key is not None else None
+        if placed is not None and now - placed.last > self.idle_s:
+            placed = None
+        if session_worker in self.targets and (placed is None or placed.worker == session_worker):
+            target, note = session_worker, None
+        elif placed is not None:
+            target, note = placed.worker, None
+        elif key is None:
+            return self.targets[0], None
+        else:
+            target, note = self._place(key, now)
+        if key is not None:
+            entry = self._placed.get(key)
+            if entry is None or entry.worker != target:
+                entry = _Placed(target)
+            entry.calls += 1
+            entry.last = now
+            self._placed[key] = entry
+            self._placed.move_to_end(key)
+            while len(self._placed) > MAX_PLACED:
+                self._placed.popitem(last=False)
+        return target, note
 
-    def _place(self, key: str) -> str:
-        """A new key's worker: the least loaded by keys placed, ties by the key's hash (two
-        replicas with the same workers place a key alike when their loads agree)."""
-        counts = dict.fromkeys(self.targets, 0)
-        for worker in self._placed.values():
-            counts[worker] = counts.get(worker, 0) + 1
-        least = min(counts.values())
-        tied = [t for t in self.targets if counts[t] == least]
-        pick = int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:8], 16) % len(tied)
-        return tied[pick]
+    def _load(self, now: float) -> dict[str, tuple[int, int]]:
+        """Per worker: (heads held: returned and not idle, heads placed and not idle)."""
+        held, live = dict.fromkeys(self.targets, 0), dict.fromkeys(self.targets, 0)
+        for worker, _ in self.pinned.values():
+            if worker in held:
+                held[worker] += 1
+                live[worker] += 1
+        for entry in self._placed.values():
+            if now - entry.last <= self.idle_s and entry.worker in held:
+                live[entry.worker] += 1
+                held[entry.worker] += entry.calls >= 2
+        return {t: (held[t], live[t]) for t in self.targets}
 
-    def forget(self, keys: Mapping[str, object]) -> None:
-        """Drop placements whose keys are gone (`keys`: the live ones)."""
-        for key in [k for k in self._placed if k not in keys]:
-            del self._placed[key]
+    def _place(self, key: str, now: float) -> tuple[str, str | None]:
+        load = self._load(now)
+        room = [t for t in self.targets if (self.capacity.get(t) or 1 << 30) > load[t][0]]
+        pool = room or list(self.targets)
+        least = min(load[t] for t in pool)
+        tied = [t for t in pool if load[t] == least]
+        pick = tied[int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:8], 16) % len(tied)]
+        return pick, None if room else "not placed (every worker is at its capacity)"

@@ -4,11 +4,12 @@
 Invariants: the page loads nothing (plots are PNG `data:` images, styles inline, a CSP that
 allows nothing else); every text from the inputs (a call's source, a reason) is HTML-escaped;
 the figures come from the report's own numbers (`AuditReport.saved`), per call in call order:
-cached and uncached tokens stacked, a marker on each call whose request drifted from the
-frame, and the seconds caching saved, cumulative. Over `MAX_DRAWN` calls, the calls are drawn
-in at most `BINS` bins of consecutive calls (`series`): a bar is its bin's mean per call, a
-marker a bin holding a drifted call, the curve sampled at each bin's last call; the page says
-so above the figures. So the drawing's time and memory are bounded whatever the batch's size.
+cached, uncached and (of those) the lost session prefix's tokens stacked, a marker on each
+call whose request drifted from the frame, and the seconds caching saved, cumulative. Over
+`MAX_DRAWN` calls, the calls are drawn in at most `BINS` bins of consecutive calls (`series`):
+a bar is its bin's mean per call, a marker a bin holding a drifted call, the curve sampled at
+each bin's last call; the page says so above the figures. So the drawing's time and memory
+are bounded whatever the batch's size.
 matplotlib is drawn through its object API (`Figure`), never pyplot's global state; a missing
 extra is a `UsageError`.
 """
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 CACHED, UNCACHED, DRIFT, SAVED = "#2a7ab9", "#f28e2b", "#c0392b", "#2e8b57"
+SESSION = "#8e6bb8"
 _ROWS = ("calls", "cached share", "wall time", "if cold", "caching saved", "uncached", "modelled")
 _CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 _STYLE = (
@@ -46,8 +48,8 @@ BINS: Final = 500
 @dataclass(frozen=True, slots=True)
 class Series:
     """What the figures draw: per bar (a call, or a bin of `size` consecutive calls) its centre,
-    width, mean cached and uncached tokens per call, whether a call in it drifted; the
-    cumulative seconds saved at its last call (`end`)."""
+    width, mean cached and uncached tokens per call (and of the uncached, the session's),
+    whether a call in it drifted; the cumulative seconds saved at its last call (`end`)."""
 
     size: int
     x: list[float]
@@ -57,6 +59,7 @@ class Series:
     drifted: list[bool]
     end: list[int]
     saved: list[float]
+    session: list[float]
 
     @property
     def bins(self) -> int:
@@ -77,7 +80,7 @@ class Series:
 def series(calls: Sequence[CallSaving]) -> Series:
     """The bars and the curve of `calls`: one per call up to `MAX_DRAWN`, else binned."""
     size = 1 if len(calls) <= MAX_DRAWN else -(-len(calls) // BINS)  # ceil: at most BINS bins
-    out = Series(size, [], [], [], [], [], [], [])
+    out = Series(size, [], [], [], [], [], [], [], [])
     total = 0.0
     for i in range(0, len(calls), size):
         chunk = calls[i : i + size]
@@ -85,7 +88,8 @@ def series(calls: Sequence[CallSaving]) -> Series:
         out.x.append(i + 1 + (n - 1) / 2)  # the centre of calls i+1 .. i+n
         out.width.append(0.85 * n)
         out.cached.append(sum(c.cached for c in chunk) / n)
-        out.uncached.append(sum(c.prompt - c.cached for c in chunk) / n)
+        out.uncached.append(sum(c.prompt - c.cached - c.session for c in chunk) / n)
+        out.session.append(sum(c.session for c in chunk) / n)
         out.drifted.append(any(c.drifted for c in chunk))
         total += sum(c.cold_s - c.actual_s for c in chunk)
         out.end.append(i + n)
@@ -117,7 +121,11 @@ def plots(report: AuditReport) -> tuple[str, str, str | None]:
     ax = fig.add_subplot()
     ax.bar(s.x, s.cached, color=CACHED, label="cached tokens", width=s.width)
     ax.bar(s.x, s.uncached, bottom=s.cached, color=UNCACHED, width=s.width, label="uncached tokens")
-    heights = [k + u for k, u in zip(s.cached, s.uncached, strict=True)]
+    below = [k + u for k, u in zip(s.cached, s.uncached, strict=True)]
+    if any(s.session):
+        label = "uncached: the session's previous prompt"
+        ax.bar(s.x, s.session, bottom=below, color=SESSION, width=s.width, label=label)
+    heights = [b + x for b, x in zip(below, s.session, strict=True)]
     top = max(heights, default=0)
     drifted = [(x, h + 0.04 * top) for x, h, d in zip(s.x, heights, s.drifted, strict=True) if d]
     if drifted:

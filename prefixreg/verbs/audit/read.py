@@ -1,7 +1,8 @@
 """Reading an audit's inputs: files of one JSON document, a list, or one per line (`.jsonl`,
 `.ndjson`). A document is a chat response (maybe under `response`/`body`; a `WALL_KEYS` beside
 it is its wall time, the outermost winning), a request body (bare or OpenAI batch input), a
-`{"request", "response"}` pair, a measurement record (calls, head, build) or an aiperf record.
+`{"request", "response"}` pair, a call-log line (`server.calllog`: hashes and counts of one
+call), a measurement record (calls, head, build) or an aiperf record.
 
 Invariants: counts come from the server only; of a request only shas, byte lengths and its drift
 are kept, never text; every document goes through `jsonio.loads`; a line or `.json` document
@@ -26,9 +27,10 @@ from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONValue, loads
 from prefixreg.core.prefix import Drift, Prefix, text_bytes
 from prefixreg.core.records import CallEvidence, Measurement
+from prefixreg.server.calllog import is_call_record, message_chain, read_call_record
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.verbs.audit.aiperf import is_aiperf, read_aiperf
-from prefixreg.verbs.audit.identity import PromptSeen, system_prompt
+from prefixreg.verbs.audit.identity import PromptSeen, SystemPrompt, system_prompt
 
 WALL_KEYS: Final = ("wall_s", "elapsed_s", "duration_s", "latency_s")
 WRAPPER_KEYS: Final = ("response", "body")
@@ -59,6 +61,7 @@ class AuditCall:
     rest_bytes: int | None = None
     start_ns: int | None = None  # epoch ns, when the input timed the call (aiperf)
     end_ns: int | None = None
+    chain: tuple[str, ...] = ()  # its request's session chain (`calllog.message_chain`)
 
 
 @dataclass(slots=True)
@@ -160,6 +163,8 @@ class _Reader:
             self.take_measurement(value, source)
         elif is_aiperf(value):
             self.take_aiperf(value, source)
+        elif is_call_record(value):
+            self.take_call_record(value, source)
         else:
             request, paired = _find_request(value)
             sent = {} if request is None else self.take_request(request, source)
@@ -178,7 +183,29 @@ class _Reader:
             "frame": frame.sha256 if frame and frame.kind == "frame" else None,
             "head_bytes": frame.head_bytes if frame else system.bytes,
             "rest_bytes": text_bytes(messages[1:]),
+            "chain": message_chain(request),
         }
+
+    def take_call_record(self, value: dict[str, Any], source: str) -> None:
+        """A call-log line: the request's hashes and counts and the server's evidence."""
+        got = read_call_record(value)
+        if isinstance(got, str):
+            self.bad(source, got)
+            return
+        system = SystemPrompt(
+            got.sha256, got.system_bytes, None if got.sha256 else "no text first message (call log)"
+        )
+        self.out.prompts.append(PromptSeen(source, system, None))
+        self.out.calls.append(
+            AuditCall(
+                source,
+                got.evidence,
+                sha256=got.sha256,
+                head_bytes=got.system_bytes,
+                rest_bytes=got.rest_bytes,
+                chain=got.chain,
+            )
+        )
 
     def drift(self, frame: Head, request: dict[str, Any], source: str) -> tuple[Drift, ...] | None:
         """The request's drift from `frame`; None (listed as malformed) when its head cannot

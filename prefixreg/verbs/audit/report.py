@@ -352,6 +352,8 @@ def _saving_lines(s: dict[str, Any]) -> list[str]:
         how += f"; server timings not used, implausible: {odd:,}"
     parts = ", ".join(f"{k} {n:,}" for k, n in s["drift_parts"].items())
     parts = f" ({parts})" if parts else ""
+    n = s["session_estimated_calls"]
+    est = f" (estimated by bytes for {n:,} calls)" if n else ""
     # A loss is said as one, never shown as 0 s saved (the server's timings can show it).
     saved = f"{_secs(sec['saved'])} of prefill" if sec["saved"] >= 0 else "no prefill time"
     lost = "" if sec["saved"] >= 0 else f"; prefill took {_secs(-sec['saved'])} more than cold"
@@ -359,8 +361,8 @@ def _saving_lines(s: dict[str, Any]) -> list[str]:
         f"if cold        {tok['cold']:,} prompt tokens, prefill {_secs(sec['cold'])} ({how})",
         f"caching saved  {tok['saved']:,} tokens, {saved} "
         f"(took {_secs(sec['actual'])}{lost}) over {s['calls']:,} calls",
-        f"uncached       new history {u['new_history']:,}, drift {u['drift']:,}{parts}, "
-        f"head missed {u['miss']:,}, unknown {u['unknown']:,}",
+        f"uncached       new history {u['new_history']:,}, session {u['session']:,}{est}, "
+        f"drift {u['drift']:,}{parts}, head missed {u['miss']:,}, unknown {u['unknown']:,}",
     ]
 
 

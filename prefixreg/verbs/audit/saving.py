@@ -12,10 +12,14 @@ call is modelled by rate, never a cold-rate sample, and listed by the report. A 
 `MAX_CALL_S` is not used (`plausible_wall`). So the cold rate is within the samples' own rates
 (at most `MAX_TPS`) and every sum of seconds stays finite.
 
-Uncached split: the head's part (its span less cached, within 0 and the uncached count) is drift
-when the request drifted from the frame (the span is then the frame's byte estimate, the drift
-named by the parts that drifted) or, read without a frame, when its first message is not the
-batch's (`system`), else a miss of the head; the rest is new history; with no head span it is
+Uncached split: a prompt is the head's span, then the rest of the previous call of its session
+(`sessions.session_prefixes`: the prompt that call sent, which this one sent first), then what
+it newly appended; each part's uncached tokens are those of it past the cached count. The head's
+part is drift when the request drifted from the frame (the span is then the frame's byte
+estimate, the drift named by the parts that drifted) or, read without a frame, when its first
+message is not the batch's (`system`), else a miss of the head; the session's part is `session`
+(a session prefix the call did not resume, `estimated` when only bytes measured it); the rest is
+new history. With no head span, a session prefix still splits off; with neither, all is
 unknown. The lever verdict is the judge's (`judge_lever`) on that split.
 
 Wall: the batch's span (last end - first start) over the calls an input timed, plus the walls of
@@ -34,6 +38,7 @@ from prefixreg.core.judge import Judgement, LeverVerdict, estimate_span, judge_l
 from prefixreg.core.prefix import Drift
 from prefixreg.core.records import CallEvidence
 from prefixreg.verbs.audit.read import AuditCall
+from prefixreg.verbs.audit.sessions import SessionPrefix, session_prefixes
 
 COLD_SHARE = 0.5  # a call is a cold prefill when at least this share of its prompt was uncached
 # No server prefills (or decodes) faster: real prefill rates are of the order of 1e3 to 1e5
@@ -66,6 +71,9 @@ def plausible_wall(ev: CallEvidence) -> float | None:
     return ev.wall_s if ev.wall_s is not None and ev.wall_s <= MAX_CALL_S else None
 
 
+UNCACHED_PARTS: Final = ("new_history", "session", "drift", "miss", "unknown")
+
+
 @dataclass(slots=True)
 class CallSaving:
     """One call's counterfactual: its tokens, seconds cold and as served, its split."""
@@ -78,8 +86,10 @@ class CallSaving:
     drift: int = 0
     miss: int = 0
     new_history: int = 0
+    session: int = 0  # of the previous call's prompt in its session, not resumed
     unknown: int = 0
     drifted: str | None = None  # the parts that drifted, comma-joined
+    session_estimated: bool = False  # the session prefix is a byte estimate
 
 
 @dataclass(slots=True)
@@ -96,7 +106,7 @@ class Saving:
         return sum(getattr(c, key) for c in self.calls)
 
     def lever(self) -> tuple[LeverVerdict, str]:
-        keys = ("cached", "new_history", "drift", "miss", "unknown")
+        keys = ("cached", "new_history", "session", "drift", "miss", "unknown")
         return judge_lever(**{k: self.total(k) for k in keys})
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,7 +118,8 @@ class Saving:
             "seconds": {"cold": cold, "actual": actual, "saved": cold - actual},
             "cold_rate": {"tokens_per_s": self.cold_rate, "calls": self.rate_calls},
             "implausible_prompt_timings": self.implausible,
-            "uncached": {k: self.total(k) for k in ("new_history", "drift", "miss", "unknown")},
+            "uncached": {k: self.total(k) for k in UNCACHED_PARTS},
+            "session_estimated_calls": sum(c.session_estimated for c in self.calls if c.session),
             "drift_parts": dict(self.drift_parts),
             "lever": {"verdict": verdict, "reason": why},
         }
@@ -125,10 +136,13 @@ def saving(
     """The counterfactual of `calls` (`verdicts[i]` the judge's on `calls[i]`); `drifts`:
     request source -> its drift from the frame of `frame_bytes` head bytes."""
     valid: list[tuple[AuditCall, Judgement, int, int]] = []  # (call, verdict, prompt, cached)
-    for c, v in zip(calls, verdicts, strict=True):
+    prefixes = session_prefixes(calls)
+    sessions: list[SessionPrefix | None] = []  # of the valid calls, in their order
+    for c, v, prev in zip(calls, verdicts, prefixes, strict=True):
         p, k = c.evidence.prompt_tokens, c.evidence.cached_tokens
         if c.evidence.cache_state != "unverified" and p is not None and k is not None and k <= p:
             valid.append((c, v, p, k))
+            sessions.append(prev)
     took = [timed(c.evidence.prompt_ms, p - k) for c, _, p, k in valid]
     # A cold sample has p - k > 0 tokens, so `timed` gave it seconds > 0: the sum is positive.
     cold = [
@@ -138,7 +152,7 @@ def saving(
     ]
     rate = sum(u for u, _ in cold) / sum(s for _, s in cold) if cold else None
     out = Saving([], rate, len(cold), sum(why is not None for _, why in took))
-    for (c, v, p, k), (seconds, _) in zip(valid, took, strict=True):
+    for (c, v, p, k), (seconds, _), prev in zip(valid, took, sessions, strict=True):
         if seconds is not None:
             one = CallSaving(c.source, p, k, p / (rate or prefill_tps), seconds)
         else:
@@ -148,11 +162,16 @@ def saving(
         span = v.span if v.span else None
         if drift and frame_bytes:
             span = estimate_span(p, frame_bytes, c.rest_bytes or 0)
-        if span is None:
+        if span is None and prev is None:
             one.unknown = p - k
         else:
-            head = max(0, min(span, p) - k)
-            one.new_history = p - k - head
+            # [0, head end) the head, [head end, session end) the session's rest, then new.
+            head_end = min(span or 0, p)
+            session_end = max(head_end, 0 if prev is None else min(prev.tokens, p))
+            head = max(0, head_end - k)
+            one.session = max(0, session_end - max(head_end, k))
+            one.session_estimated = prev is not None and prev.source == "estimated"
+            one.new_history = p - k - head - one.session
             if one.drifted:
                 one.drift = head
                 out.drift_parts[one.drifted] = out.drift_parts.get(one.drifted, 0) + head

@@ -8,10 +8,12 @@ cache comes from `cacheMb` (env HALOGEN_CACHE_MB), not from more entries, and al
 says so. `diagnose_reach` (pure) sets Cmax against each registered head's span (its latest
 warm on this build, a resumed one first). Cmax is the largest cached count a leg B was
 served, of the B legs the judge did not call unverified, over *every* probe receipt of the
-build: the best evidence wins (a later, smaller probe never lowers it; at equal Cmax a
-ceiling beats a lower bound); when every B leg of that receipt resumed, Cmax is a lower
-bound. A fit is the judge's (`judge_fit`); where the alignment shapes Cmax or a fit, the
-text names it. Below `URGENT_CMAX` tokens the cache does not reach past the system prompt.
+build: the best evidence wins (a later, smaller probe never lowers it). Cmax is a bracket: at
+least that count, and below the span of the first larger size whose fresh tail did not resume
+(`below`, the smallest over the receipts above the bottom; none when every size resumed). How
+far the cache reaches is the judge's (`judge_reach`: urgent only when the bracket's top is
+under its threshold, never on a bound the probe's sizes set), and so is a fit (`judge_fit`);
+where the alignment shapes Cmax or a fit, the text names it.
 Engine flags and counters, llama.cpp's slots and `--cache-ram`: see `doctor.engines`.
 
 Nothing here guesses a number the server did not send: a missing field is said to be missing.
@@ -32,7 +34,7 @@ from prefixreg.core.errors import (
     WorkerHTTPError,
 )
 from prefixreg.core.jsonio import JSONValue, loads_object
-from prefixreg.core.judge import judge_fit
+from prefixreg.core.judge import URGENT_CMAX, judge_fit, judge_reach
 from prefixreg.core.records import CacheCounters, strict_count
 from prefixreg.registry.store import Registry
 from prefixreg.server.counters import MEASURED_ENTRIES_PER_REQUEST, lru_survival_stores
@@ -43,7 +45,6 @@ from prefixreg.verbs.doctor.findings import Diagnosis, Level
 from prefixreg.verbs.measure.calls import head_warms
 
 MIB: Final = 1 << 20
-URGENT_CMAX: Final = 4000
 CACHE_SIZE_SETTING: Final = "the cache-size option `cacheMb` (env HALOGEN_CACHE_MB)"
 ENTRIES_SETTING: Final = "HALOGEN_CACHE_ENTRIES"
 # Halogen dense keeps ~64 KiB of KV per position (`slots x slot_ctx x 64 KiB` pool).
@@ -83,6 +84,7 @@ class ProbeReach:
     at: str
     sizes: tuple[int, ...]
     receipts: int = 1
+    below: int | None = None  # the bracket's top: Cmax is under it (None: no ceiling found)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +222,7 @@ def _receipt_reach(path: Path, raw: bytes, build_id: str) -> ProbeReach | None:
     if not isinstance(build, dict) or build.get("build_id") != build_id:
         return None
     calls = calls if isinstance(calls, list) else []
-    legs = [c for c in calls if isinstance(c, dict) and c.get("leg") == "B"]
+    legs = [c for c in calls if isinstance(c, dict) and c.get("leg") in ("B", "bisect-B")]
     judged = [c.get("evidence") for c in legs if c.get("verdict") in ("resumed", "partial", "cold")]
     counts = [strict_count(ev.get("cached_tokens")) for ev in judged if isinstance(ev, dict)]
     if not (valid := [n for n in counts if n is not None]):
@@ -228,14 +230,31 @@ def _receipt_reach(path: Path, raw: bytes, build_id: str) -> ProbeReach | None:
     sizes = options.get("sizes") if isinstance(options, dict) else None
     at, whole = receipt.get("at"), all(c.get("verdict") == "resumed" for c in legs)
     ints = tuple(s for s in sizes if type(s) is int) if isinstance(sizes, list) else ()
-    return ProbeReach(max(valid), whole, at if isinstance(at, str) else "?", ints)
+    return ProbeReach(max(valid), whole, at if isinstance(at, str) else "?", ints, 1, _below(legs))
+
+
+def _below(legs: list[dict[str, JSONValue]]) -> int | None:
+    """The span of the first size above every resumed one whose fresh tail did not resume."""
+    sized = [(n, c) for c in legs if (n := strict_count(c.get("size"))) is not None]
+    top = max((n for n, c in sized if c.get("verdict") == "resumed"), default=0)
+    missed = sorted((n, c) for n, c in sized if n > top and c.get("verdict") in ("partial", "cold"))
+    if not missed:
+        return None
+    first = missed[0][1]
+    ev = first.get("evidence")
+    prompt = strict_count(ev.get("prompt_tokens")) if isinstance(ev, dict) else None
+    return strict_count(first.get("span_tokens")) or prompt
 
 
 def best_reach(registry: Registry, build_id: str) -> ProbeReach | None:
-    """The best Cmax evidence of `build_id` over all its probe receipts."""
+    """The best Cmax evidence of `build_id` over all its probe receipts: the highest bottom,
+    and the lowest top above it."""
     found = [r for p, raw in registry.probe_receipts() if (r := _receipt_reach(p, raw, build_id))]
     best = max(found, key=lambda r: (r.cmax, not r.whole), default=None)
-    return None if best is None else replace(best, receipts=len(found))
+    if best is None:
+        return None
+    tops = [r.below for r in found if r.below is not None and r.below > best.cmax]
+    return replace(best, receipts=len(found), below=min(tops, default=None))
 
 
 def head_spans(registry: Registry, build_id: str, worker: str | None = None) -> list[HeadSpan]:
@@ -277,13 +296,18 @@ def diagnose_reach(
         where = f"{best}probe of {probe.at}, sizes {sizes} characters"
         if alignment > 1:
             where += f"; counted in multiples of the server's {alignment:,}-token alignment"
-        if probe.cmax < URGENT_CMAX:
-            text = f"urgent: Cmax is {probe.cmax:,} tokens ({where}), below {URGENT_CMAX:,}: the "
-            text += "cache does not reach past the system prompt, so a loop re-reads everything "
-            d.add("warn", "cmax", text + f"after it on every call. Raise {CACHE_SIZE_SETTING}.")
+        verdict, why = judge_reach(probe.cmax, probe.below)
+        d.numbers["cmax_below"] = probe.below
+        d.numbers["reach"] = verdict
+        if verdict == "urgent":
+            text = f"urgent: {why} ({where}): the cache does not reach past the system prompt, "
+            text += "so a loop re-reads everything after it on every call. "
+            d.add("warn", "cmax", text + f"Raise {CACHE_SIZE_SETTING}.")
+        elif verdict == "not_proven":
+            text = f"{why} ({where}). `prefixreg probe --bisect` narrows the bracket between the "
+            d.add("info", "cmax", text + f"sizes; below {URGENT_CMAX:,} would be urgent.")
         else:
-            bound = "at least " if probe.whole else ""
-            d.add("info", "cmax", f"Cmax is {bound}{probe.cmax:,} tokens ({where}).")
+            d.add("info", "cmax", f"{why} ({where}).")
     for p in spans:
         label = f"{p.name} ({p.sha256[:12]})"
         if p.error is not None:
@@ -295,7 +319,9 @@ def diagnose_reach(
             text = f"{label}: about {p.tokens:,} tokens; no Cmax to compare it with."
             d.add("info", "fit", text)
         else:
-            fit, why = judge_fit(p.tokens, probe.cmax, lower_bound=probe.whole, alignment=alignment)
+            # Under the bracket's top, a head's span is not known not to fit: a lower bound.
+            bound = probe.whole or (probe.below is not None and p.tokens < probe.below)
+            fit, why = judge_fit(p.tokens, probe.cmax, lower_bound=bound, alignment=alignment)
             level, words, advice = FIT_WORDS[fit]
             d.add(level, "fit", f"{label}: {words} in one entry: {why}{advice}")
 

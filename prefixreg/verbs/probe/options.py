@@ -86,7 +86,8 @@ def probe_slice(corpus: str, n_chars: int, *, header: str, offset: int = 0) -> s
 class ProbeOptions:
     """What to probe: sizes in characters, foreign prompts before leg C (at every size, or
     with `legs="report"` at the one nearest 16k), a survival search, and an optional frame
-    whose tools and settings go with each size's prefix (legs judged against that head).
+    whose tools and settings go with each size's prefix (legs judged against that head);
+    `bisect`: then narrow Cmax's bracket between the sizes (`run._Prober.bisect`).
 
     Raises:
         UsageError: a field of the wrong type or out of bounds.
@@ -100,6 +101,7 @@ class ProbeOptions:
     force: bool = False
     legs: Legs = "all"
     frame: Frame | None = None
+    bisect: bool = False
 
     def __post_init__(self) -> None:
         given: list[object] = [self.sizes, self.survival, self.force, self.legs, self.frame]
@@ -112,8 +114,8 @@ class ProbeOptions:
             raise UsageError(text)
         if not whole(self.foreign, MAX_FOREIGN):
             raise UsageError(f"--foreign must be a whole number from 1 to {MAX_FOREIGN:,}")
-        if type(survival) is not bool or type(force) is not bool:
-            raise UsageError("survival and force must be true or false")
+        if type(survival) is not bool or type(force) is not bool or type(self.bisect) is not bool:
+            raise UsageError("survival, force and bisect must be true or false")
         if legs not in ("all", "report"):
             raise UsageError(f"--legs {legs!r}: use all or report")
         if frame is not None and not isinstance(frame, Frame):

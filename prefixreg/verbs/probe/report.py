@@ -28,6 +28,8 @@ ANSWERS: Final = {
     "A2": "positions one entry holds",
     "B": "what a fresh call resumes",
     "C": "does the prefix survive the LRU?",
+    "bisect-A1": "cold baseline (bisecting Cmax)",
+    "bisect-B": "what a fresh call resumes (bisecting Cmax)",
 }
 
 
@@ -52,14 +54,42 @@ class ProbeReport:
     def legs(self, leg: str) -> list[ProbeCall]:
         return [c for c in self.calls if c.leg == leg]
 
+    def fresh(self) -> list[ProbeCall]:
+        """The fresh-tail legs, by size: each size's B and the bisection's."""
+        return sorted(self.legs("B") + self.legs("bisect-B"), key=lambda c: c.size or 0)
+
     @property
     def cmax(self) -> int | None:
         """The largest cached count a fresh-tail call (B) was served, of the B legs whose
-        counts the judge took (not unverified): the measured Cmax."""
+        counts the judge took (not unverified): the measured Cmax (the bracket's bottom)."""
         counts = [
-            c.record.evidence.cached_tokens for c in self.legs("B") if c.verdict != "unverified"
+            c.record.evidence.cached_tokens for c in self.fresh() if c.verdict != "unverified"
         ]
         return max((n for n in counts if n is not None), default=None)
+
+    def _first_miss(self) -> ProbeCall | None:
+        resumed = [c.size or 0 for c in self.fresh() if c.verdict == "resumed"]
+        top = max(resumed, default=0)
+        missed = (
+            c for c in self.fresh() if c.verdict in ("partial", "cold") and (c.size or 0) > top
+        )
+        return next(missed, None)
+
+    def size_bracket(self) -> tuple[int | None, int | None]:
+        """(the largest size whose fresh tail resumed, the first larger one that did not), in
+        characters; None where there is none."""
+        resumed = [c.size for c in self.fresh() if c.verdict == "resumed" and c.size]
+        miss = self._first_miss()
+        return max(resumed, default=None), None if miss is None else miss.size
+
+    @property
+    def cmax_below(self) -> int | None:
+        """The bracket's top: Cmax is below the span of the first size above every resumed one
+        whose fresh tail did not resume (its entry could not hold it); None: no such size."""
+        miss = self._first_miss()
+        if miss is None or miss.judgement is None:
+            return None
+        return miss.judgement.span or miss.record.evidence.prompt_tokens
 
     @property
     def stores_per_prompt(self) -> int | None:
@@ -106,7 +136,7 @@ class ProbeReport:
     def cmax_floor(self) -> bool:
         """Whether Cmax is only a lower bound: every size resumed whole, so none found the
         cache's reach."""
-        b_legs = self.legs("B")
+        b_legs = self.fresh()
         return self.cmax is not None and all(c.verdict == "resumed" for c in b_legs)
 
     def follows(self) -> list[str]:
@@ -176,12 +206,16 @@ class ProbeReport:
             "at": self.at,
             "build": self.build.to_dict(public=public),
             "options": {
-                **{k: getattr(opts, k) for k in ("foreign", "foreign_chars", "survival", "legs")},
+                **{
+                    k: getattr(opts, k)
+                    for k in ("foreign", "foreign_chars", "survival", "legs", "bisect")
+                },
                 "sizes": list(opts.sizes),
                 "corpus": "builtin" if opts.corpus is None else "file",
                 "frame": None if opts.frame is None else opts.frame.sha256,
             },
             "cmax": self.cmax,
+            "cmax_below": self.cmax_below,
             "alignment": self.alignment,
             "survival": self.survival,
             "survival_state": state,
@@ -229,7 +263,8 @@ class ProbeReport:
             cells = " | ".join(_s(by_size[s]) if s in by_size else "" for s in sizes)
             lines.append(f"| {leg} | {cells} |")
         lines.append("\n## Capacity and survival\n")
-        lines.append(f"- Cmax (largest B): {_n(self.cmax)} tokens{self._aligned()}")
+        below = "" if self.cmax_below is None else f", below {self.cmax_below:,}"
+        lines.append(f"- Cmax (largest B): {_n(self.cmax)} tokens{below}{self._aligned()}")
         if self.survival_searched:
             marks = {True: "✓", False: "✗", None: "?"}
             trials = ", ".join(f"{n}{marks[ok]}" for n, ok in self.survival_trials)

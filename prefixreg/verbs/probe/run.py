@@ -6,6 +6,9 @@ entry holds); B same bytes, fresh tail (what a fresh call resumes; Cmax is the l
 C after `foreign` foreign prompts, B again (does the prefix survive the LRU?), at every size
 or with `legs="report"` at the one nearest 16k. `survival=True` then searches the most
 foreign prompts a prefix survives; a trial the server did not verify leaves it unverified.
+`bisect=True` then narrows Cmax's bracket (at least the largest size a fresh tail resumed,
+below the first larger one that did not): a new slice halfway, cold (`bisect-A1`) then a
+fresh tail (`bisect-B`), until the bracket is within `BISECT_SHARE` of its bottom.
 
 Invariants:
 - Options are checked when built (`UsageError`), sizes against the worker's context (a
@@ -46,6 +49,10 @@ from prefixreg.verbs.probe.options import (
 from prefixreg.verbs.probe.report import ProbeReport as ProbeReport  # the verb's result
 
 Progress = Callable[[str, int], None]
+# Bisection stops when the bracket's sizes are this close (a share of its bottom, or chars).
+BISECT_SHARE = 0.02
+BISECT_MIN_CHARS = 200
+BISECT_STEPS = 16
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -174,6 +181,24 @@ class _Prober:
             self.leg("C", size, prefix, fresh_tail())
         return prefix
 
+    def bisect(self) -> None:
+        """Narrow the bracket between the largest size whose fresh tail resumed and the first
+        larger size that did not (partial or cold); an unverified leg ends the search."""
+        for _ in range(BISECT_STEPS):
+            lo, hi = self.report.size_bracket()
+            if lo is None or hi is None or hi - lo <= max(BISECT_MIN_CHARS, lo * BISECT_SHARE):
+                return
+            size = (lo + hi) // 2
+            header = f"prefixreg probe {self.report.run_id} prefix of {size} characters"
+            text = probe_slice(self.corpus, size, header=header)
+            prefix = self.registry.get(
+                self.registry.add_probe_slice(text, run_id=self.report.run_id)
+            )
+            self.leg("bisect-A1", size, prefix, fresh_tail())
+            self.leg("bisect-B", size, prefix, fresh_tail())
+            if self.report.calls[-1].verdict in (None, "unverified"):
+                return
+
     def survival(self, prefix: Prefix, c_survived: bool | None) -> int | None:
         """Largest n such that the prefix survives n foreign prompts: gallop up until an eviction
         bounds the search, then bisect; None when a trial was unverified (a number is a guess)."""
@@ -254,6 +279,8 @@ def run_probe(
             c_leg = next((c for c in report.legs("C") if c.size == min(resumed)), None)
             report.survival = prober.survival(prefixes[min(resumed)], _survived(c_leg))
             report.survival_searched = True
+        if options.bisect:
+            prober.bisect()
         report.checks = run_checks(report.calls, options.sizes)
 
         def render(json_path: Path, md_path: Path) -> tuple[bytes, bytes]:
