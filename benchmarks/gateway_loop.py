@@ -244,7 +244,7 @@ def main() -> int:
                     got = run_leg(server, leg, Path(tmp), steps=args.steps, gap_s=args.gap)
                     print(f"  round {r + 1} {leg.name:<24} loop cached share {got}")
         if args.only != "loop":
-            print("a Claude-Code-like Messages loop through the gateway, cch nonce in system[0]")
+            print("a Claude-Code-like Messages loop through the gateway, a request id in system[0]")
             for r in range(args.runs):
                 legs = NONCE_LEGS if r % 2 == 0 else tuple(reversed(NONCE_LEGS))
                 for label, nonce, flags in legs:

@@ -1,9 +1,10 @@
 """Real clients and a real loop through `prefixreg gateway`, against the real llama-server peer,
 with only a base-URL change: litellm (streamed and not) and mini-swe-agent (PyPI, through
 litellm; `tests.loops`). The gateway's call log holds the server's own counts, call by call
-and in total (llama-server's `/metrics` counters), and the proof headers reach the client
-(litellm hands them over as `_hidden_params["additional_headers"]`, prefixed
-`llm_provider-`; a stream's proof is fetched by its `x-prefixreg-call` id).
+and in total (llama-server's `/metrics` counters), `audit` of it gives the same totals, and
+the proof headers reach the client (litellm hands them over as
+`_hidden_params["additional_headers"]`, prefixed `llm_provider-`; a stream's proof is
+fetched by its `x-prefixreg-call` id).
 
 And a loop whose Anthropic `system[0]` carries a per-request nonce: its first repeated call
 names the drift and where, and with `--strip` its cached share comes back to the nonce-free
@@ -15,6 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -131,7 +135,7 @@ def _server_totals(server: PeerServer) -> tuple[int, int]:
     return int(uncached + cached), int(cached)
 
 
-def test_mini_swe_agent_through_the_gateway_and_the_call_log_holds_the_servers_counts(
+def test_mini_swe_agent_through_the_gateway_and_the_call_log_and_audit_hold_the_servers_counts(
     gateway: tuple[str, Path], peer: PeerServer
 ) -> None:
     url, log = gateway
@@ -154,6 +158,16 @@ def test_mini_swe_agent_through_the_gateway_and_the_call_log_holds_the_servers_c
     assert lines[0]["gateway"]["verdict"] == "cold"
     assert all(ln["gateway"]["verdict"] == "resumed" for ln in lines[1:])
     assert run.calls[2].cached_tokens > run.calls[1].cached_tokens > 0  # history resumed
+    audit = subprocess.run(
+        [sys.executable, "-m", "prefixreg", "audit", str(log), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PREFIXREG_HOME": str(log.parent / "registry")},
+    )
+    assert audit.returncode == 0, audit.stderr
+    tokens = json.loads(audit.stdout)["tokens"]
+    assert (tokens["prompt"]["total"], tokens["cached"]["total"]) == logged
 
 
 # -- a per-request nonce at the head ------------------------------------------------------------
