@@ -214,3 +214,29 @@ def test_a_client_that_gives_up_on_a_buffered_call_cancels_it_upstream(fake: Fak
         assert held.wait(10), "the upstream call went on after its client left"
         assert _wait(lambda: gw.inflight == 0)
         assert gw.door.metrics.value("cancelled_total") == 1
+
+
+def test_a_client_that_leaves_before_the_first_event_cancels_the_stream(fake: FakeServer) -> None:
+    ended = threading.Event()
+
+    def late() -> Iterator[bytes]:
+        try:
+            time.sleep(0.3)  # the headers went out; the prefill takes its time
+            for _ in range(100):
+                yield b": keepalive\n\n"
+                time.sleep(0.1)
+        finally:
+            ended.set()
+
+    fake.route(
+        "POST", "/v1/chat/completions", Reply(generate=late, content_type="text/event-stream")
+    )
+    with serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, gw):
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body(stream=True)) as r:
+            call = r.headers["x-prefixreg-call"]  # headers only: leave before any event
+        assert ended.wait(10), "the upstream kept streaming after the client left"
+        assert _wait(lambda: gw.inflight == 0)
+        assert _wait(lambda: gw.door.call_record(call) is not None)
+        record: Any = gw.door.call_record(call)
+    assert record["gateway"]["verdict"] == "unverified"
+    assert gw.door.metrics.value("cancelled_total") == 1

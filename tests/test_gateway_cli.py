@@ -132,3 +132,18 @@ def test_a_nonce_in_the_system_prompt_is_named_and_stripped_until_the_share_reco
     assert drifting < clean - 0.3  # the nonce costs the head
     assert abs(stripped - clean) <= 0.05
     assert strips == 6
+
+
+def test_without_the_gateway_extra_the_command_names_what_to_install(tmp_path: Path) -> None:
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "starlette.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'starlette'\", name='starlette')\n"
+    )
+    import os
+
+    path = os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")])
+    done = run_cli("gateway", "--worker", "http://127.0.0.1:9", env={"PYTHONPATH": path})
+    assert done.returncode == 2
+    assert b"starlette is not installed" in done.stderr
+    assert b"prefixreg[gateway]" in done.stderr and b"Traceback" not in done.stderr

@@ -90,6 +90,7 @@ def test_drift_is_named_with_the_part_and_the_first_differing_byte(sim: SimServe
         record: Any = gw.door.call_record(second.headers["x-prefixreg-call"])
     assert first.headers["x-prefixreg-session"] == second.headers["x-prefixreg-session"]
     assert second.headers["x-prefixreg-drift"] == "system at byte 14"
+    assert second.headers["x-prefixreg-drift-bytes"].startswith("was '1111. You are")
     assert second.headers["x-prefixreg-verdict"] != "resumed"
     assert second.headers["x-prefixreg-reason"].startswith("head changed (drift: system at byte 14")
     assert record["gateway"]["drift"] == {"part": "system", "offset": 14}
@@ -223,3 +224,23 @@ def test_a_returning_call_is_also_judged_against_its_sessions_last_prompt(sim: S
     assert record["gateway"]["extends"] == 1
     span = record["gateway"]["session_judgement"]["span_tokens"]
     assert span > record["gateway"]["judgement"]["span_tokens"]  # the head and the history
+
+
+def test_a_registry_that_fails_its_check_leaves_heads_unnamed_and_calls_going(
+    sim: SimServer, registry: Registry
+) -> None:
+    system = registry.add(SYSTEM, name="agent-system")
+    frame = registry.add_frame(system, tools=b'[{"type": "function"}]', name="agent")
+    record = registry.root / "frames" / f"{frame}.json"
+    record.write_bytes(record.read_bytes().replace(b"prefix-frame", b"prefix-frane"))
+    config = GatewayConfig(workers=(sim.url,), registry_root=registry.root)
+    tools = [{"type": "function"}]
+    with serve_in_thread(config) as (url, gw):
+        framed = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM, "hi", tools=tools))
+        bare = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM, "hi"))
+        metrics = httpx.get(url + "/metrics").text
+    assert framed.status_code == bare.status_code == 200
+    assert framed.headers["x-prefixreg-head-known"] == "unregistered"  # its record failed
+    assert bare.headers["x-prefixreg-head-name"] == "agent-system"  # the rest still named
+    assert gw.door.known.failures == 1
+    assert "prefixreg_gateway_registry_failures 1" in metrics

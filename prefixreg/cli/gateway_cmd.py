@@ -88,7 +88,14 @@ def gateway_command(
     with c.cli_errors(debug):
         from prefixreg.core.errors import UsageError
         from prefixreg.gateway.config import GatewayConfig
-        from prefixreg.gateway.serve import parse_listen, serve
+
+        try:
+            from prefixreg.gateway.serve import parse_listen, serve
+        except ImportError as exc:  # uvicorn or starlette missing: the extra is not installed
+            raise UsageError(
+                f"prefixreg gateway needs the gateway extra ({exc.name} is not installed)",
+                hint="pip install 'prefixreg[gateway]'",
+            ) from None
         from prefixreg.registry.location import resolve_registry_path
         from prefixreg.registry.userfiles import check_output_file
         from prefixreg.verbs.pool.spec import default_placement, load_placement, pool_spec

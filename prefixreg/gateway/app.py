@@ -100,7 +100,7 @@ class StreamOut(Response):
     """A streamed reply sent piece by piece as `pieces` yields them, while the client is
     watched: a disconnect cancels the sender, whose generator then closes the upstream."""
 
-    def __init__(self, pieces: AsyncIterator[bytes], status: int, headers: list[Any]) -> None:
+    def __init__(self, pieces: _Stream, status: int, headers: list[Any]) -> None:
         self.pieces = pieces
         self.status_code = status
         self.background = None
@@ -124,9 +124,7 @@ class StreamOut(Response):
         except (_DisconnectedError, OSError):
             pass
         finally:
-            aclose = getattr(self.pieces, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await self.pieces.aclose()
 
 
 class Gateway:
@@ -250,24 +248,25 @@ class Gateway:
         url = adm.target + api.path + (f"?{request.url.query}" if request.url.query else "")
         headers = self._upstream_headers(request) + adm.upstream_headers
         deadline = time.monotonic() + self.config.timeout_s
+        self.inflight += 1  # from the request sent until the reply is closed, however it ends
         try:
             resp = await _unless_gone(
                 request.receive,
                 self._timed(self._open("POST", url, headers, adm.content), deadline),
             )
         except _DisconnectedError:
+            self.inflight -= 1
             self.door.abandoned(adm, "client disconnected before the reply")
             return Response(b"", 499)
         except _UpstreamError as exc:
+            self.inflight -= 1
             self.door.failed(adm, exc.status, str(exc))
             return self._error(api, exc.status, str(exc), **adm.headers)
-        self.inflight += 1
         ctype = resp.headers.get("content-type", "").encode("latin-1").lower()
         if _SSE in ctype:
+            stream = _Stream(self, resp, adm, deadline, started)
             return StreamOut(
-                self._stream(resp, adm, deadline, started),
-                resp.status_code,
-                response_headers(resp.headers) + adm.raw_headers(),
+                stream, resp.status_code, response_headers(resp.headers) + adm.raw_headers()
             )
         try:
             data = await _unless_gone(request.receive, self._timed(self._drain(resp), deadline))
@@ -294,36 +293,6 @@ class Gateway:
         except httpx.HTTPError as exc:
             why = f"the worker could not be reached ({type(exc).__name__})"
             raise _UpstreamError(502, why) from None
-
-    async def _stream(
-        self, resp: httpx.Response, adm: Admission, deadline: float, started: float
-    ) -> AsyncIterator[bytes]:
-        """The worker's stream piece by piece; each piece is read for the proof only after it
-        was handed on. Closing the generator (a disconnect) closes the upstream reply."""
-        tally = self.door.tally(adm)
-        ended = False
-        try:
-            raw = resp.aiter_raw()
-            while True:
-                try:
-                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                        piece = await anext(raw)
-                except StopAsyncIteration:
-                    ended = True
-                    break
-                yield piece
-                tally.feed(piece)
-        except (TimeoutError, httpx.HTTPError) as exc:
-            tally.broken(f"the worker's stream broke off ({type(exc).__name__})")
-        finally:
-            await resp.aclose()
-            self.inflight -= 1
-            if not ended and tally.broken_reason is None:
-                self.door.metrics.add("cancelled_total")
-                tally.broken("client disconnected mid-stream")
-            self.door.settle_stream(
-                adm, resp.status_code, tally, added_s=time.perf_counter() - started
-            )
 
     # -- the gateway's own routes ------------------------------------------------------------
     async def metrics(self, request: Request) -> Response:
@@ -354,6 +323,58 @@ class Gateway:
             Route("/prefixreg/heads", self.heads, methods=["GET"]),
             Route("/{path:path}", self.passthrough, methods=methods),
         ]
+
+
+class _Stream:
+    """A worker's stream handed on piece by piece (`StreamOut` iterates it); each piece is read
+    for the proof only after it was sent. `aclose` (a disconnect, or the end) closes the
+    upstream reply and settles the proof exactly once, even if no piece was ever asked for."""
+
+    def __init__(
+        self, gw: Gateway, resp: httpx.Response, adm: Admission, deadline: float, started: float
+    ) -> None:
+        self.gw, self.resp, self.adm = gw, resp, adm
+        self.deadline, self.started = deadline, started
+        self.tally = gw.door.tally(adm)
+        self.raw = resp.aiter_raw()
+        self.ended = self.closed = False
+
+    def __aiter__(self) -> _Stream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.tally.pending is not None:  # the piece before this one went out: read it now
+            self.tally.feed(self.tally.pending)
+            self.tally.pending = None
+        try:
+            async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
+                piece = await anext(self.raw)
+        except StopAsyncIteration:
+            self.ended = True
+            await self.aclose()  # settled before the client sees the end
+            raise
+        except (TimeoutError, httpx.HTTPError) as exc:
+            self.tally.broken(f"the worker's stream broke off ({type(exc).__name__})")
+            await self.aclose()
+            raise StopAsyncIteration from None
+        self.tally.pending = piece
+        return piece
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await self.resp.aclose()
+        finally:
+            self.gw.inflight -= 1
+            if self.tally.pending is not None and self.ended:
+                self.tally.feed(self.tally.pending)  # the last piece was sent whole
+            if not self.ended and self.tally.broken_reason is None:
+                self.gw.door.metrics.add("cancelled_total")
+                self.tally.broken("client disconnected mid-stream")
+            added = time.perf_counter() - self.started
+            self.gw.door.settle_stream(self.adm, self.resp.status_code, self.tally, added_s=added)
 
 
 class _UpstreamError(Exception):

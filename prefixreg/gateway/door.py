@@ -182,6 +182,8 @@ class Door:
         if adm.drift is not None:
             self.metrics.add("drift_total", head=adm.head_label, part=adm.drift.part)
             adm.headers["x-prefixreg-drift"] = _header_value(adm.drift.header())
+            # The first differing bytes, escaped, to the client that sent them (never logged).
+            adm.headers["x-prefixreg-drift-bytes"] = _header_value(adm.drift.excerpt)
             if self.config.on_drift == "refuse":
                 self.metrics.add("refused_total", head=adm.head_label)
                 adm.refuse = (
@@ -242,7 +244,7 @@ class Door:
         t0 = time.perf_counter()
         try:
             evidence = evidence_of(adm.api, status, data, wall_s=added_s)
-            proof = self._settle(adm, status, evidence, streamed=False, own_s=0.0)
+            proof = self._settle(adm, status, evidence, streamed=False)
             adm.headers["x-prefixreg-verdict"] = proof.verdict
             cached = proof.judgement.cached_tokens
             adm.headers["x-prefixreg-cached"] = "" if cached is None else str(cached)
@@ -259,7 +261,7 @@ class Door:
         t0 = time.perf_counter()
         try:
             evidence = tally.evidence(status, wall_s=added_s, ttft_s=None)
-            self._settle(adm, status, evidence, streamed=True, own_s=0.0)
+            self._settle(adm, status, evidence, streamed=True)
         except Exception as exc:  # noqa: BLE001 -- never the loop's failure
             self.failure("judge", exc)
         self.metrics.observe_added(adm.door_s + time.perf_counter() - t0)
@@ -268,7 +270,7 @@ class Door:
         """An upstream call that got no reply the client could use (unreachable, deadline)."""
         try:
             ev = evidence_from_response({"error": {"status": status}})
-            self._settle(adm, status, ev, streamed=False, own_s=0.0)
+            self._settle(adm, status, ev, streamed=False)
         except Exception as exc:  # noqa: BLE001
             self.failure("judge", exc)
 
@@ -277,14 +279,14 @@ class Door:
         self.failed(adm, 499, why)
 
     def _settle(
-        self, adm: Admission, status: int, evidence: CallEvidence, *, streamed: bool, own_s: float
+        self, adm: Admission, status: int, evidence: CallEvidence, *, streamed: bool
     ) -> Proof:
         head, session = adm.head, adm.session
         worker = display_url(adm.target)
         proof = prove(evidence, head, adm.rest_bytes, miss=adm.miss)
         again = None  # the session's previous prompt, judged as the head this call extends
         if head is not None and adm.extends and evidence.cache_state != "unverified":
-            seen = text_bytes(adm.history[: adm.extends])
+            seen = (adm.rest_bytes or 0) - text_bytes(adm.history[adm.extends :])
             again = judge(
                 evidence, head_bytes=head.head_bytes + seen, rest_bytes=(adm.rest_bytes or 0) - seen
             )
@@ -316,7 +318,7 @@ class Door:
             and (200 <= status < 300 and adm.body is not None)
         ):
             self.keeper.saw(adm.target, head, adm.body.get("tools"), adm.body)
-        gw = {
+        gw: dict[str, Any] = {
             "call": adm.call_id,
             "api": adm.api.name,
             "head": head.sha256 if head is not None else None,
@@ -335,16 +337,19 @@ class Door:
             "strips": adm.strips,
             "door_ms": round(adm.door_s * 1000, 3),
         }
-        if adm.api.name == "chat" and isinstance((adm.body or {}).get("messages"), list):
-            sent: dict[str, Any] = adm.body or {}  # the chat body itself, as forwarded
+        if self.log.path is None:  # no log: GET /prefixreg/calls/ID shows the proof alone
+            line: JSONObject = {"evidence": evidence.to_dict(), "gateway": dict(gw)}
         else:
-            system = head.system if head is not None else None
-            sent = calllog.chat_body(system, adm.history, (adm.body or {}).get("tools"))
-        line = calllog.record(sent, evidence, gw)
-        before = self.log.failures
-        self.log.write(line)
-        if self.log.failures != before:
-            self.metrics.add("failures_total", where="log")
+            if adm.api.name == "chat" and isinstance((adm.body or {}).get("messages"), list):
+                sent: dict[str, Any] = adm.body or {}  # the chat body itself, as forwarded
+            else:
+                system = head.system if head is not None else None
+                sent = calllog.chat_body(system, adm.history, (adm.body or {}).get("tools"))
+            line = calllog.record(sent, evidence, gw)
+            before = self.log.failures
+            self.log.write(line)
+            if self.log.failures != before:
+                self.metrics.add("failures_total", where="log")
         self.calls[adm.call_id] = line
         while len(self.calls) > MAX_CALLS_KEPT:
             self.calls.popitem(last=False)

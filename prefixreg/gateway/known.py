@@ -58,30 +58,36 @@ class KnownHeads:
         self._tools: dict[str, bytes] = {}  # a head's tools bytes, until it is registered
 
     def load(self) -> None:
-        """Index the registry's prefixes and frames; a failure leaves the index empty."""
+        """Index the registry's prefixes and frames, each read verified: one that fails is
+        left unnamed (and counted), the others are still indexed."""
         if self.root is None:
             return
+        registry = Registry(self.root)
+        self._registry = registry
         try:
-            registry = Registry(self.root)
-            self._registry = registry
-            if not registry.exists:
-                return
-            for info in registry.list_objects(frames=True):
-                name = info.names[0] if info.names else None
+            listed = registry.list_objects(frames=True) if registry.exists else []
+        except (PrefixregError, OSError) as exc:
+            self.failures += 1
+            log.warning("registry: heads not listed (%s); they stay unnamed", type(exc).__name__)
+            return
+        for info in listed:
+            name = info.names[0] if info.names else None
+            try:
                 if info.kind == "frame":
                     key = frame_key(registry.frame(info.sha256))
                 elif info.kind == "prefix" and not info.probe_slice:
                     key = (info.sha256, None, "{}")
                 else:
                     continue
-                with self._lock:
-                    if key not in self._by_key or name is not None:
-                        self._by_key[key] = (info.sha256, name)
-        except (PrefixregError, OSError) as exc:
-            self.failures += 1
-            log.warning(
-                "registry: could not index heads (%s); heads stay unnamed", type(exc).__name__
-            )
+            except (PrefixregError, OSError) as exc:
+                self.failures += 1
+                log.warning(
+                    "registry: head %s not indexed (%s)", info.sha256[:12], type(exc).__name__
+                )
+                continue
+            with self._lock:
+                if key not in self._by_key or name is not None:
+                    self._by_key[key] = (info.sha256, name)
 
     def name_of(self, head: Head) -> tuple[str | None, str | None]:
         """(registered sha, name) of `head`, or (None, None) when the registry has neither."""

@@ -33,6 +33,7 @@ class Lead:
     sessions: int = 0
     shared: list[str] | None = None  # message hashes every session so far began with
     shared_bytes: int = 0
+    shared_count: int = -1  # how many messages `shared_bytes` counts
     first_user: str | None = None
     dynamic_first: int = 0  # sessions whose first user message led with dynamic text
 
@@ -74,7 +75,9 @@ class Leads:
             while n < min(len(lead.shared), len(hashes)) and lead.shared[n] == hashes[n]:
                 n += 1
             lead.shared = lead.shared[:n]
-        lead.shared_bytes = text_bytes(list(history[: len(lead.shared)]))
+        if lead.sessions <= 2 or len(lead.shared) != lead.shared_count:  # it shrank: recount
+            lead.shared_bytes = text_bytes(list(history[: len(lead.shared)]))
+            lead.shared_count = len(lead.shared)
         first = _first_user(history)
         dynamic = (
             first is not None

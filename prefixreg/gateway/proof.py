@@ -130,7 +130,7 @@ class Tally:
         self.reply = ReplyReader()
         self.done = False
         self.broken_reason: str | None = None
-        self.first_piece_s: float | None = None
+        self.pending: bytes | None = None  # a piece sent on, read once the next is asked for
 
     def feed(self, piece: bytes) -> None:
         if self.broken_reason is not None:

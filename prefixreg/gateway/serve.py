@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import resource
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -63,6 +64,18 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _raise_open_files() -> None:
+    """Each stream holds two sockets (the client's and the worker's): take the process's
+    soft limit on open files up to its hard limit (a thousand streams need 2,000)."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        pass  # a platform that refuses keeps its limit: calls past it fail as they would
+
+
 def _server(config: GatewayConfig) -> tuple[uvicorn.Server, Gateway]:
     app, gateway = build_app(config)
     uv = uvicorn.Config(
@@ -86,6 +99,7 @@ def serve(
     ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve until interrupted (SIGINT/SIGTERM); `ready(url)` once the socket is bound."""
+    _raise_open_files()
     sock = _bind(host, port)
     server, _ = _server(config)
     bound = sock.getsockname()

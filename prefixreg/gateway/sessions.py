@@ -58,7 +58,6 @@ class Session:
         return chain.index(last) + 1 if last is not None and last in chain else 0
 
     first_user: str | None = None  # the first user message's text (the dynamic-first check)
-    last_body: dict[str, Any] | None = field(default=None, repr=False)
     slot: int | None = None
     prompt_tokens: int | None = None
 
@@ -129,7 +128,7 @@ class Sessions:
         if keyed is not None:
             session = self._live.get(keyed[0]) or Session(keyed[0], keyed[1])
         else:
-            earlier = list(reversed(chain[:-1] or chain))
+            earlier = list(reversed(chain))  # the whole history first: a retry is its session
             tries = [f"{head_sha}:{h}" for h in earlier]
             tries += earlier if len(history) > 1 else []
             for key in tries:

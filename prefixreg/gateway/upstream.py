@@ -46,6 +46,7 @@ _HOP: Final = frozenset(
         "host",
         "content-length",
         "accept-encoding",
+        "expect",  # the body is already read whole: nothing is left to continue
     }
 )
 _AUTH: Final = frozenset({"authorization", "x-api-key", "api-key"})
