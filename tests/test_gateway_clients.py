@@ -197,6 +197,9 @@ def test_a_per_request_nonce_is_named_as_drift_and_strip_recovers_the_share(
         if name == "nonce":  # the first repeated call names the part and the byte
             drift = replies[1].headers.get("x-prefixreg-drift")
             assert drift == f"system at byte {nonce_at(REQUEST_ID)}"
+            sent = json.loads(replies[1].request.content)["system"][0]["text"]
+            nonce = sent[nonce_at(REQUEST_ID) :].split(";")[0]
+            assert nonce in replies[1].headers["x-prefixreg-drift-bytes"]  # the bytes, named
             assert lines[1]["gateway"]["drift"]["offset"] == nonce_at(REQUEST_ID)
             assert lines[1]["gateway"]["drift"]["part"] == "system"
         else:
