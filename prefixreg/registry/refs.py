@@ -22,7 +22,7 @@ Invariants:
   listed there as the user's and kept.
 - What verify would call a problem in a hand-built tree is fixed in the copy and said:
   `names/` with no `names.log` gains a journal (a line per name, from none to its sha); an
-  entry others can write (a 0777 `bin/` script) loses those bits (`verify.unsafe_write_bits`).
+  entry others can write (a 0777 `bin/` script) loses those bits (`modes.unsafe_write_bits`).
 - The adopted registry is built in a hidden staging directory next to the target (copied and
   compared, objects made read-only, marker and manifest written, README and `bin/`
   repointed, verified) and renamed into place; the source goes last, after late writes are
@@ -46,6 +46,7 @@ from typing import Final
 from prefixreg.core.errors import CorruptRecordError, IntegrityError, RegistryLocationError
 from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.registry import fsutil, layout
+from prefixreg.registry.modes import unsafe_write_bits
 from prefixreg.registry.store import Registry
 from prefixreg.registry.treecopy import (
     check_copies,
@@ -55,7 +56,6 @@ from prefixreg.registry.treecopy import (
     sha256_file,
     sync,
 )
-from prefixreg.registry.verify import unsafe_write_bits
 
 _SKIP_DIRS: Final = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__"})
 # A worker path: a line assigning a variable whose name holds REMOTE (shell, Python with an
@@ -297,7 +297,7 @@ def adopt(
 
 
 def _tighten_modes(staging: Path, rels: Sequence[str]) -> list[str]:
-    """Drop the write bits `verify` calls insecure (`verify.unsafe_write_bits`) from every
+    """Drop the write bits `verify` calls insecure (`modes.unsafe_write_bits`) from every
     adopted entry (a hand-built `bin/` script at 0777): what verify accepts; each said."""
     said = []
     for rel in rels:

@@ -21,10 +21,8 @@ the history records an adopted registry keeps in its own shapes (`legacy.json`, 
 from __future__ import annotations
 
 import contextlib
-import grp
 import hashlib
 import os
-import pwd
 import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -35,6 +33,7 @@ from prefixreg.core.jsonio import loads_flat
 from prefixreg.core.records import Meta
 from prefixreg.registry import layout
 from prefixreg.registry.disk import LegacyRecordError
+from prefixreg.registry.modes import insecure_why
 from prefixreg.registry.snapshots import check_snapshot_entry
 from prefixreg.registry.store import Registry
 
@@ -133,37 +132,12 @@ def repair_registry(reg: Registry) -> VerifyReport:
     return report
 
 
-def _group_is_private(st: os.stat_result) -> bool:
-    """Is the entry's group its owner's private group (umask 002)? Then group write is safe."""
-    try:
-        group, owner = grp.getgrgid(st.st_gid), pwd.getpwuid(st.st_uid)
-    except KeyError:
-        return False
-    return group.gr_name == owner.pw_name and owner.pw_gid == st.st_gid and not group.gr_mem
-
-
-def unsafe_write_bits(st: os.stat_result) -> int:
-    """The write bits `insecure_mode` flags on an entry: everyone's, and its group's unless
-    the group is its owner's private one (0: none)."""
-    mode = stat.S_IMODE(st.st_mode)
-    bits = mode & stat.S_IWOTH
-    if mode & stat.S_IWGRP and not _group_is_private(st):
-        bits |= stat.S_IWGRP
-    return bits
-
-
 def _check_mode(report: VerifyReport, rel: str, kind: str, st: os.stat_result) -> None:
-    mode = stat.S_IMODE(st.st_mode)
-    if not mode & 0o022:  # the common case, before any lookup
-        return
-    if mode & stat.S_IWOTH:
-        why = "writable by every user"
-    elif mode & stat.S_IWGRP and not _group_is_private(st):
-        why = f"writable by group {st.st_gid}"
-    else:
+    if (why := insecure_why(st)) is None:
         return
     what = "directory" if kind == "dir" else "file"
     fix = "other users could replace names or plant files: chmod go-w"
+    mode = stat.S_IMODE(st.st_mode)
     report.add("insecure_mode", rel or ".", f"registry {what} is {why} (mode {mode:04o}); {fix}")
 
 
