@@ -240,3 +240,23 @@ def test_a_client_that_leaves_before_the_first_event_cancels_the_stream(fake: Fa
         record: Any = gw.door.call_record(call)
     assert record["gateway"]["verdict"] == "unverified"
     assert gw.door.metrics.value("cancelled_total") == 1
+
+
+def test_a_worker_stream_that_breaks_off_reaches_the_client_broken(fake: FakeServer) -> None:
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    # The worker promises far more than it sends, then drops the connection.
+    fake.route(
+        "POST",
+        "/v1/chat/completions",
+        Reply(generate=lambda: [event], content_type="text/event-stream", length=100_000),
+    )
+    got: list[bytes] = []
+    with (
+        serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, _),
+        httpx.stream("POST", url + "/v1/chat/completions", json=body(stream=True)) as resp,
+    ):
+        assert resp.status_code == 200
+        with pytest.raises(httpx.RemoteProtocolError):  # no clean end of the chunked body
+            for piece in resp.iter_raw():
+                got.append(piece)
+    assert b"".join(got) == event  # every byte the worker sent, and no end

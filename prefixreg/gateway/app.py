@@ -29,7 +29,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import httpx
 import orjson
@@ -37,12 +37,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from prefixreg.gateway import apis
 from prefixreg.gateway.apis import Api
 from prefixreg.gateway.config import GatewayConfig
-from prefixreg.gateway.door import Admission, Door
+from prefixreg.gateway.door import Door
+from prefixreg.gateway.stream import DisconnectedError, Stream, StreamOut, unless_gone
 from prefixreg.gateway.upstream import Router, make_client, request_headers, response_headers
 
 log = logging.getLogger("prefixreg.gateway")
@@ -51,10 +51,6 @@ _SSE: Final = b"text/event-stream"
 
 
 class _TooLargeError(Exception):
-    pass
-
-
-class _DisconnectedError(Exception):
     pass
 
 
@@ -71,60 +67,6 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise _TooLargeError
         parts.append(piece)
     return b"".join(parts)
-
-
-async def _watch_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _unless_gone(receive: Receive, work: Awaitable[T]) -> T:
-    """`work`'s result, or `_DisconnectedError` (the work cancelled) once the client went away."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_watch_disconnect(receive))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        raise _DisconnectedError
-    return task.result()
-
-
-class StreamOut(Response):
-    """A streamed reply sent piece by piece as `pieces` yields them, while the client is
-    watched: a disconnect cancels the sender, whose generator then closes the upstream."""
-
-    def __init__(self, pieces: _Stream, status: int, headers: list[Any]) -> None:
-        self.pieces = pieces
-        self.status_code = status
-        self.background = None
-        self.raw_headers = headers
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def sender() -> None:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": self.status_code,
-                    "headers": self.raw_headers,
-                }
-            )
-            async for piece in self.pieces:
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-        try:
-            await _unless_gone(receive, sender())
-        except (_DisconnectedError, OSError):
-            pass
-        finally:
-            await self.pieces.aclose()
 
 
 class Gateway:
@@ -146,6 +88,9 @@ class Gateway:
         await asyncio.to_thread(self.door.stop)
         if self.client is not None:
             await self.client.aclose()
+
+    def _closed(self) -> None:
+        self.inflight -= 1
 
     # -- helpers -----------------------------------------------------------------------------
     def _error(self, api: Api | None, status: int, message: str, **headers: str) -> Response:
@@ -191,8 +136,8 @@ class Gateway:
         url = target + request.url.path + (f"?{request.url.query}" if request.url.query else "")
         work = self._buffered(request.method, url, self._upstream_headers(request), body or None)
         try:
-            status, headers, data = await _unless_gone(request.receive, work)
-        except _DisconnectedError:
+            status, headers, data = await unless_gone(request.receive, work)
+        except DisconnectedError:
             return Response(b"", 499)
         except _UpstreamError as exc:
             return self._error(None, exc.status, str(exc))
@@ -250,11 +195,11 @@ class Gateway:
         deadline = time.monotonic() + self.config.timeout_s
         self.inflight += 1  # from the request sent until the reply is closed, however it ends
         try:
-            resp = await _unless_gone(
+            resp = await unless_gone(
                 request.receive,
                 self._timed(self._open("POST", url, headers, adm.content), deadline),
             )
-        except _DisconnectedError:
+        except DisconnectedError:
             self.inflight -= 1
             self.door.abandoned(adm, "client disconnected before the reply")
             return Response(b"", 499)
@@ -264,13 +209,15 @@ class Gateway:
             return self._error(api, exc.status, str(exc), **adm.headers)
         ctype = resp.headers.get("content-type", "").encode("latin-1").lower()
         if _SSE in ctype:
-            stream = _Stream(self, resp, adm, deadline, started)
+            stream = Stream(
+                self.door, resp, adm, deadline=deadline, started=started, on_close=self._closed
+            )
             return StreamOut(
                 stream, resp.status_code, response_headers(resp.headers) + adm.raw_headers()
             )
         try:
-            data = await _unless_gone(request.receive, self._timed(self._drain(resp), deadline))
-        except _DisconnectedError:
+            data = await unless_gone(request.receive, self._timed(self._drain(resp), deadline))
+        except DisconnectedError:
             self.door.abandoned(adm, "client disconnected before the reply")
             return Response(b"", 499)
         except _UpstreamError as exc:
@@ -323,58 +270,6 @@ class Gateway:
             Route("/prefixreg/heads", self.heads, methods=["GET"]),
             Route("/{path:path}", self.passthrough, methods=methods),
         ]
-
-
-class _Stream:
-    """A worker's stream handed on piece by piece (`StreamOut` iterates it); each piece is read
-    for the proof only after it was sent. `aclose` (a disconnect, or the end) closes the
-    upstream reply and settles the proof exactly once, even if no piece was ever asked for."""
-
-    def __init__(
-        self, gw: Gateway, resp: httpx.Response, adm: Admission, deadline: float, started: float
-    ) -> None:
-        self.gw, self.resp, self.adm = gw, resp, adm
-        self.deadline, self.started = deadline, started
-        self.tally = gw.door.tally(adm)
-        self.raw = resp.aiter_raw()
-        self.ended = self.closed = False
-
-    def __aiter__(self) -> _Stream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self.tally.pending is not None:  # the piece before this one went out: read it now
-            self.tally.feed(self.tally.pending)
-            self.tally.pending = None
-        try:
-            async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
-                piece = await anext(self.raw)
-        except StopAsyncIteration:
-            self.ended = True
-            await self.aclose()  # settled before the client sees the end
-            raise
-        except (TimeoutError, httpx.HTTPError) as exc:
-            self.tally.broken(f"the worker's stream broke off ({type(exc).__name__})")
-            await self.aclose()
-            raise StopAsyncIteration from None
-        self.tally.pending = piece
-        return piece
-
-    async def aclose(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            await self.resp.aclose()
-        finally:
-            self.gw.inflight -= 1
-            if self.tally.pending is not None and self.ended:
-                self.tally.feed(self.tally.pending)  # the last piece was sent whole
-            if not self.ended and self.tally.broken_reason is None:
-                self.gw.door.metrics.add("cancelled_total")
-                self.tally.broken("client disconnected mid-stream")
-            added = time.perf_counter() - self.started
-            self.gw.door.settle_stream(self.adm, self.resp.status_code, self.tally, added_s=added)
 
 
 class _UpstreamError(Exception):
