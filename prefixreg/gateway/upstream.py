@@ -20,12 +20,13 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import http.cookiejar
 import socket
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import httpx
 
@@ -87,16 +88,36 @@ def response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
 
 def make_client(config: GatewayConfig) -> httpx.AsyncClient:
     """The one upstream client: the config's deadlines per read and to connect (a call's
-    whole deadline is the app's), a pool big enough for many concurrent streams."""
+    whole deadline is the app's), a pool big enough for many concurrent streams.
+
+    Its cookie jar never stores: the client is shared by every caller of the gateway, so a
+    `Set-Cookie` a worker sent in one caller's reply would otherwise go out with every
+    later caller's request (a session cookie crossing tenants). Cookies the client itself
+    sends still pass through, as headers."""
     timeout = httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s)
     limits = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
     # TCP_NODELAY: a request's headers and body go out as two writes; with Nagle on, the
     # body waits for the worker's delayed ACK of the headers (tens of milliseconds a call).
     nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
     transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=nodelay)
+    jar = http.cookiejar.CookieJar(policy=_NoCookies())
     return httpx.AsyncClient(
-        timeout=timeout, transport=transport, follow_redirects=False, trust_env=False
+        timeout=timeout,
+        transport=transport,
+        follow_redirects=False,
+        trust_env=False,
+        cookies=jar,
     )
+
+
+class _NoCookies(http.cookiejar.DefaultCookiePolicy):
+    """A cookie policy that stores nothing and sends nothing (see `make_client`)."""
+
+    def set_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:
+        return False
+
+    def return_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:
+        return False
 
 
 @dataclass
