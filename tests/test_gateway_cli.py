@@ -147,3 +147,43 @@ def test_without_the_gateway_extra_the_command_names_what_to_install(tmp_path: P
     assert done.returncode == 2
     assert b"starlette is not installed" in done.stderr
     assert b"prefixreg[gateway]" in done.stderr and b"Traceback" not in done.stderr
+
+
+def test_the_gateways_own_routes_need_the_client_key_too() -> None:
+    with FakeServer() as fake:
+        fake.route("POST", "/v1/chat/completions", Reply(json=REPLY))
+        config = GatewayConfig(workers=(fake.url,), client_key="client-secret")
+        with serve_in_thread(config) as (url, _):
+            key = {"authorization": "Bearer client-secret"}
+            body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+            call = httpx.post(url + "/v1/chat/completions", json=body, headers=key)
+            paths = [
+                "/metrics",
+                "/prefixreg/heads",
+                "/prefixreg/calls/" + call.headers["x-prefixreg-call"],
+            ]
+            without = [httpx.get(url + p).status_code for p in paths]
+            wrong = [httpx.get(url + p, headers={"x-api-key": "no"}).status_code for p in paths]
+            keyed = [httpx.get(url + p, headers=key).status_code for p in paths]
+    assert without == wrong == [401, 401, 401]
+    assert keyed == [200, 200, 200]
+
+
+def test_a_cookie_one_reply_sets_is_never_sent_with_another_callers_request() -> None:
+    with FakeServer() as fake:
+        fake.route(
+            "POST",
+            "/v1/chat/completions",
+            Reply(json=REPLY, headers={"Set-Cookie": "tenant=alice; Path=/"}),
+            Reply(json=REPLY),
+        )
+        with serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, _):
+            body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+            first = httpx.post(url + "/v1/chat/completions", json=body)
+            second = httpx.post(url + "/v1/chat/completions", json=body)
+            own = httpx.post(url + "/v1/chat/completions", json=body, headers={"cookie": "mine=1"})
+        sent = fake.requests
+    assert first.headers["set-cookie"] == "tenant=alice; Path=/"  # passed on to its caller
+    assert second.status_code == own.status_code == 200
+    assert "cookie" not in sent[1].headers
+    assert sent[2].headers["cookie"] == "mine=1"  # a caller's own cookie still passes

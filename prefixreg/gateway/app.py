@@ -243,16 +243,22 @@ class Gateway:
 
     # -- the gateway's own routes ------------------------------------------------------------
     async def metrics(self, request: Request) -> Response:
+        if not self._client_ok(request):
+            return self._error(None, 401, "the gateway's client key is missing or wrong")
         text = self.door.metrics_text(inflight=self.inflight)
         return Response(text, 200, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def call(self, request: Request) -> Response:
+        if not self._client_ok(request):
+            return self._error(None, 401, "the gateway's client key is missing or wrong")
         record = self.door.call_record(request.path_params["call_id"])
         if record is None:
             return self._error(None, 404, "no such call (ids are kept for the latest calls)")
         return Response(orjson.dumps(record), 200, media_type="application/json")
 
     async def heads(self, request: Request) -> Response:
+        if not self._client_ok(request):
+            return self._error(None, 401, "the gateway's client key is missing or wrong")
         return Response(orjson.dumps(self.door.heads_view()), 200, media_type="application/json")
 
     def routes(self) -> list[Route]:
