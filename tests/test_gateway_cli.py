@@ -93,7 +93,8 @@ def _share(url: str, system_of: Any, calls: int = 6) -> float:
                 "max_tokens": 4,
                 "messages": [{"role": "system", "content": system_of(i)}, *history],
             }
-            usage = client.post("/v1/chat/completions", json=body).json()["usage"]
+            loop = {"x-session-id": "the-loop"}  # one loop: its head changing is its drift
+            usage = client.post("/v1/chat/completions", json=body, headers=loop).json()["usage"]
             prompt += usage["prompt_tokens"]
             cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
             history += [

@@ -13,7 +13,10 @@ Invariants:
 - The body is re-serialised only when a strip matched or a slot is pinned; otherwise the
   client's bytes are forwarded as they came.
 - Proof headers are ASCII and single-line (`apis.clean_message`); none carries prompt text
-  but the drift excerpt, which goes only to the client that sent those bytes.
+  but the drift excerpt, which holds only the current request's own bytes (never the
+  session's earlier head: another caller may have sent it).
+- `--on-drift refuse` refuses only a drift the session's own caller made: one session
+  header, or one credential behind a shared `prompt_cache_key` (never another tenant's).
 - The latest `MAX_CALLS_KEPT` proofs are kept for `GET /prefixreg/calls/{id}`.
 """
 
@@ -42,7 +45,7 @@ from prefixreg.gateway.known import KnownHeads
 from prefixreg.gateway.leads import Leads
 from prefixreg.gateway.metrics import Metrics
 from prefixreg.gateway.proof import Proof, Tally, evidence_of, prove
-from prefixreg.gateway.sessions import Session, Sessions
+from prefixreg.gateway.sessions import Session, Sessions, owner_of
 from prefixreg.gateway.slots import SlotPlan
 from prefixreg.gateway.upstream import ROUTING_KEY_HEADER, Router
 from prefixreg.server.evidence import evidence_from_response
@@ -78,6 +81,7 @@ class Admission:
     strips: int = 0
     miss: str | None = None
     door_s: float = 0.0
+    owner: str | None = None  # `sessions.owner_of` this call's headers
     rewritten: bool = False  # the body changed at the door (a pinned slot): re-serialised
 
     def raw_headers(self) -> list[tuple[bytes, bytes]]:
@@ -152,6 +156,9 @@ class Door:
         adm.rest_bytes = heads.rest_bytes(api, body)
         sha = head.sha256 if head is not None else None
         session, adm.chain = self.sessions.find(body, headers, adm.history, sha)
+        adm.owner = owner_of(headers)
+        # A shared key may join two callers: their drift is named, never refused for them.
+        own = session.source == "header" or (adm.owner is not None and adm.owner == session.owner)
         adm.session = session
         adm.extends = session.extends(adm.chain)
         adm.headers["x-prefixreg-session"] = session.id
@@ -184,7 +191,7 @@ class Door:
             adm.headers["x-prefixreg-drift"] = _header_value(adm.drift.header())
             # The first differing bytes, escaped, to the client that sent them (never logged).
             adm.headers["x-prefixreg-drift-bytes"] = _header_value(adm.drift.excerpt)
-            if self.config.on_drift == "refuse":
+            if self.config.on_drift == "refuse" and own:
                 self.metrics.add("refused_total", head=adm.head_label)
                 adm.refuse = (
                     f"prefixreg gateway: the head changed since this session's last call "
@@ -308,6 +315,7 @@ class Door:
         if session is not None and 200 <= status < 300:
             session.head = heads.kept(head) if head is not None else session.head
             session.worker = adm.target
+            session.owner = adm.owner
             session.calls += 1
             session.prompt_tokens = prompt
             self.sessions.record(session, adm.chain, head.sha256 if head is not None else None)
