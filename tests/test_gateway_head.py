@@ -271,3 +271,48 @@ def test_a_registry_that_fails_its_check_leaves_heads_unnamed_and_calls_going(
     assert bare.headers["x-prefixreg-head-name"] == "agent-system"  # the rest still named
     assert gw.door.known.failures == 1
     assert "prefixreg_gateway_registry_failures 1" in metrics
+
+
+def test_a_head_per_call_keeps_a_bounded_count_of_heads_and_their_workers(
+    sim: SimServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("prefixreg.gateway.door.MAX_SEEN_HEADS", 5, raising=False)
+    with serve_in_thread(GatewayConfig(workers=(sim.url,))) as (url, gw):
+        last = ""
+        for i in range(12):  # a per-request nonce: every call a new head
+            reply = httpx.post(
+                url + "/v1/chat/completions", json=chat(f"nonce {i}. " + SYSTEM, "t")
+            )
+            last = reply.headers["x-prefixreg-head"]
+        seen = dict(gw.door.seen_on)
+    assert len(seen) == 5
+    assert last in seen  # the least recent went first
+
+
+def test_registrations_waiting_on_a_slow_registry_are_bounded_and_counted(
+    sim: SimServer, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    monkeypatch.setattr("prefixreg.gateway.known.MAX_QUEUED", 3, raising=False)
+    config = GatewayConfig(workers=(sim.url,), registry_root=registry.root, register=True)
+    release = threading.Event()
+    with serve_in_thread(config) as (url, gw):
+        store = gw.door.known._registry
+        assert store is not None
+        real_add = store.add
+
+        def slow_add(*args: Any, **kwargs: Any) -> str:  # a registry held by another writer
+            release.wait(30)
+            return real_add(*args, **kwargs)
+
+        monkeypatch.setattr(store, "add", slow_add)
+        for i in range(10):
+            httpx.post(url + "/v1/chat/completions", json=chat(f"head {i}. " + SYSTEM, "t"))
+        waiting = len(gw.door.known._pending)
+        dropped = gw.door.known.dropped
+        release.set()
+        assert _wait(lambda: gw.door.known.registered == 3)
+        text = httpx.get(url + "/metrics").text
+    assert waiting == 3 and dropped == 7
+    assert "registrations_dropped 7" in text

@@ -17,6 +17,7 @@ Invariants:
   session's earlier head: another caller may have sent it).
 - `--on-drift refuse` refuses only a drift the session's own caller made: one session
   header, or one credential behind a shared `prompt_cache_key` (never another tenant's).
+- Bounded: the latest `MAX_SEEN_HEADS` heads' workers, the latest `MAX_CALLS_KEPT` proofs.
 - The latest `MAX_CALLS_KEPT` proofs are kept for `GET /prefixreg/calls/{id}`.
 """
 
@@ -53,6 +54,7 @@ from prefixreg.server.transport import display_url
 
 log = logging.getLogger("prefixreg.gateway")
 MAX_CALLS_KEPT: Final = 4096
+MAX_SEEN_HEADS: Final = 10_000  # heads whose workers are remembered (least recent go first)
 MAX_PROOF_BYTES: Final = 8 * 1024 * 1024  # a stream's bytes the proof reads
 
 
@@ -104,7 +106,8 @@ class Door:
         self.metrics = Metrics()
         self.log = calllog.CallLog(config.call_log)
         self.calls: OrderedDict[str, JSONObject] = OrderedDict()
-        self.seen_on: dict[str, dict[str, int]] = {}  # head sha -> worker -> calls there
+        # head sha -> worker -> calls there; an LRU: a per-request nonce makes a head a call
+        self.seen_on: OrderedDict[str, dict[str, int]] = OrderedDict()
         self.leads = Leads()
         self.slot_plan = SlotPlan(config.workers, config.upstream_key) if config.own_slots else None
         self.keeper = (
@@ -312,6 +315,9 @@ class Door:
         if head is not None and 200 <= status < 300:
             where = self.seen_on.setdefault(head.sha256, {})
             where[adm.target] = where.get(adm.target, 0) + 1
+            self.seen_on.move_to_end(head.sha256)
+            while len(self.seen_on) > MAX_SEEN_HEADS:
+                self.seen_on.popitem(last=False)
         if session is not None and 200 <= status < 300:
             session.head = heads.kept(head) if head is not None else session.head
             session.worker = adm.target
@@ -381,6 +387,7 @@ class Door:
         gauges = {"upstream_inflight": float(inflight), "sessions": float(len(self.sessions))}
         gauges["registered_heads"] = float(self.known.registered)
         gauges["registry_failures"] = float(self.known.failures)
+        gauges["registrations_dropped"] = float(self.known.dropped)
         gauges["log_lines"] = float(self.log.lines)
         if self.slot_plan is not None:
             gauges["owned_slots"] = float(self.slot_plan.owned())
