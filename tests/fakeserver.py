@@ -123,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         try:
             parsed: Any = json.loads(body) if body else None
-        except ValueError:
+        except (ValueError, RecursionError):  # deeper than Python reads: not parsed
             parsed = None
         path = self.path.split("?", 1)[0]
         request = Request(

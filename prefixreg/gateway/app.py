@@ -3,7 +3,9 @@ wired around it. uvicorn serves it (`gateway.serve`); nothing here parses HTTP b
 
 A proxied call (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/messages`):
 1. the client key, if one is set; the body, read up to `max_body_bytes` (else 413) and
-   parsed as a JSON object (else 400), both in the API's own error shape;
+   parsed as a JSON object (else 400), both in the API's own error shape; valid JSON
+   orjson refuses (a lone surrogate escape, deep nesting) goes on unread: no head, its
+   verdict unverified and why;
 2. the door (`door.Door.admit`): head, session, drift, strips, route; a failure there is
    logged and the call goes on unchanged; only a refuse policy answers instead (400);
 3. the call upstream under one deadline (`timeout_s`, connect to last byte);
@@ -184,10 +186,15 @@ class Gateway:
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError:
-            return self._error(api, 400, "the request body is not JSON")
-        if not isinstance(parsed, dict):
+            parsed = None
+            if not apis.json_orjson_refuses(body):
+                return self._error(api, 400, "the request body is not JSON")
+        if parsed is not None and not isinstance(parsed, dict):
             return self._error(api, 400, "the request body is not a JSON object")
-        adm = self.door.admit(api, parsed, body, request.headers)
+        if parsed is None:  # valid JSON the fast parser refuses: the worker's to judge
+            adm = self.door.admit_unread(api, body, "a JSON body the gateway does not read")
+        else:
+            adm = self.door.admit(api, parsed, body, request.headers)
         if adm.refuse is not None:
             return self._error(api, 400, adm.refuse, **adm.headers)
         url = adm.target + api.path + (f"?{request.url.query}" if request.url.query else "")

@@ -151,6 +151,16 @@ class Door:
         adm.door_s = time.perf_counter() - t0
         return adm
 
+    def admit_unread(self, api: Api, content: bytes, why: str) -> Admission:
+        """A call whose body is forwarded unread (valid JSON the gateway's parser refuses):
+        no head, no session, the first target; its proof says `why`."""
+        started, target = time.perf_counter(), self.router.targets[0]
+        adm = Admission(os.urandom(8).hex(), api, started, target, content, miss=why)
+        adm.headers["x-prefixreg-call"] = adm.call_id
+        adm.headers["x-prefixreg-head"] = "none"
+        adm.headers["x-prefixreg-worker"] = _header_value(display_url(adm.target))
+        return adm
+
     def _admit(self, adm: Admission, body: dict[str, Any], headers: Mapping[str, str]) -> None:
         api = adm.api
         adm.strips = heads.strip(api, body, self.rules)
