@@ -188,3 +188,16 @@ def test_a_cookie_one_reply_sets_is_never_sent_with_another_callers_request() ->
     assert second.status_code == own.status_code == 200
     assert "cookie" not in sent[1].headers
     assert sent[2].headers["cookie"] == "mine=1"  # a caller's own cookie still passes
+
+
+def test_headers_a_connection_header_names_are_not_forwarded_either_way() -> None:
+    with FakeServer() as fake:
+        hop = {"Connection": "x-hop-reply", "X-Hop-Reply": "1", "X-Kept": "2"}
+        fake.route("POST", "/v1/chat/completions", Reply(json=REPLY, headers=hop))
+        with serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, _):
+            body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+            sent = {"connection": "keep-alive, x-hop-ask", "x-hop-ask": "1", "x-kept-ask": "2"}
+            reply = httpx.post(url + "/v1/chat/completions", json=body, headers=sent)
+        got = fake.requests[0].headers
+    assert "x-hop-ask" not in got and got["x-kept-ask"] == "2"
+    assert "x-hop-reply" not in reply.headers and reply.headers["x-kept"] == "2"

@@ -2,13 +2,15 @@
 which target a call goes to.
 
 Invariants:
-- Request headers are the client's, less hop-by-hop ones, `host`, `content-length` and
+- Request headers are the client's, less hop-by-hop ones (and those its `Connection`
+  header names), `host`, `content-length` and
   `accept-encoding` (the worker is asked for identity bytes, so the bytes the client gets
   are the bytes the worker sent, and the proof reads them as sent). The client's own
   credentials go upstream only when the gateway has no key of its own for the worker
   (`PREFIXREG_API_KEY`) and checks no client key; the upstream key is sent as
   `Authorization: Bearer` and nowhere else.
-- Response headers are the worker's, less hop-by-hop ones and `content-length` (the server
+- Response headers are the worker's, less hop-by-hop ones (and those its `Connection`
+  header names) and `content-length` (the server
   computes it again for the same bytes); `x-prefixreg-*` ones a worker sends are dropped
   (only this gateway speaks in that name).
 - Redirects are not followed; environment proxies are not used (the workers are named).
@@ -56,16 +58,28 @@ ROUTING_KEY_HEADER: Final = "x-smg-routing-key"
 MAX_PLACED: Final = 100_000  # routing keys remembered (the least recently used go first)
 
 
+def _named_in_connection(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[str]:
+    """The header names a `Connection` header lists: hop-by-hop for this message only
+    (RFC 9110 §7.6.1), so never forwarded."""
+    named: set[str] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            named.update(t.strip().lower() for t in value.decode("latin-1").split(","))
+    return frozenset(named)
+
+
 def request_headers(
     headers: Iterable[tuple[bytes, bytes]], *, upstream_key: str | None, strip_auth: bool
 ) -> list[tuple[bytes, bytes]]:
     """The headers to send upstream for a client's raw `headers` (see the invariants)."""
     out: list[tuple[bytes, bytes]] = []
     drop_auth = strip_auth or upstream_key is not None
+    headers = list(headers)
+    hop = _HOP | _named_in_connection(headers)
     for name, value in headers:
         low = name.lower()
         key = low.decode("latin-1")
-        if key in _HOP or key.startswith(PROOF_PREFIX) or (drop_auth and key in _AUTH):
+        if key in hop or key.startswith(PROOF_PREFIX) or (drop_auth and key in _AUTH):
             continue
         out.append((low, value))
     out.append((b"accept-encoding", b"identity"))
@@ -77,10 +91,11 @@ def request_headers(
 def response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
     """The worker's response headers as the client gets them (see the invariants)."""
     out: list[tuple[bytes, bytes]] = []
+    hop = _HOP | _named_in_connection(headers.raw)
     for name, value in headers.raw:
         low = name.lower()
         key = low.decode("latin-1")
-        if key in _HOP or key.startswith(PROOF_PREFIX):
+        if key in hop or key.startswith(PROOF_PREFIX):
             continue
         out.append((low, value))
     return out
