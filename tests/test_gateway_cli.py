@@ -4,6 +4,7 @@ per-request nonce found as drift and stripped until the cache resumes as without
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +202,15 @@ def test_headers_a_connection_header_names_are_not_forwarded_either_way() -> Non
         got = fake.requests[0].headers
     assert "x-hop-ask" not in got and got["x-kept-ask"] == "2"
     assert "x-hop-reply" not in reply.headers and reply.headers["x-kept"] == "2"
+
+
+def test_head_keeps_the_workers_content_length() -> None:
+    models = {"object": "list", "data": [{"id": "m", "object": "model"}]}
+    size = len(json.dumps(models))
+    with FakeServer() as fake:
+        fake.route("HEAD", "/v1/models", Reply(json=models))
+        with serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, _):
+            reply = httpx.head(url + "/v1/models")
+    assert reply.status_code == 200
+    assert reply.headers["content-length"] == str(size)  # as the worker said, not 0
+    assert reply.content == b""

@@ -138,23 +138,28 @@ class Gateway:
         url = target + request.url.path + (f"?{request.url.query}" if request.url.query else "")
         work = self._buffered(request.method, url, self._upstream_headers(request), body or None)
         try:
-            status, headers, data = await unless_gone(request.receive, work)
+            status, headers, data, length = await unless_gone(request.receive, work)
         except DisconnectedError:
             return Response(b"", 499)
         except _UpstreamError as exc:
             return self._error(None, exc.status, str(exc))
+        if request.method == "HEAD":  # no body: the length is the worker's, as it said it
+            return _raw(data, status, headers, head_length=length or "")
         return _raw(data, status, headers)
 
     async def _buffered(
         self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes | None
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """A whole reply: (status, headers, body), capped, under the call's deadline."""
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes, str | None]:
+        """A whole reply: (status, headers, body, its content-length as the worker sent it),
+        capped, under the call's deadline."""
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 self.inflight += 1
                 resp = await self._open(method, url, headers, content)
                 try:
-                    return resp.status_code, response_headers(resp.headers), await self._drain(resp)
+                    data = await self._drain(resp)
+                    length = resp.headers.get("content-length")
+                    return resp.status_code, response_headers(resp.headers), data, length
                 finally:
                     await resp.aclose()
         except TimeoutError:
@@ -291,11 +296,18 @@ class _UpstreamError(Exception):
         self.status = status
 
 
-def _raw(data: bytes, status: int, headers: list[tuple[bytes, bytes]]) -> Response:
-    """A response of exactly `data` with exactly `headers` (and the length of `data`)."""
+def _raw(
+    data: bytes, status: int, headers: list[tuple[bytes, bytes]], *, head_length: str | None = None
+) -> Response:
+    """A response of exactly `data` with exactly `headers` and the length of `data`; for a
+    HEAD (`head_length` given) the worker's length instead, of the body a GET would get
+    (none if it sent none)."""
     resp = Response(b"", status)
     resp.body = data
-    resp.raw_headers = [*headers, (b"content-length", str(len(data)).encode("ascii"))]
+    size = str(len(data)) if head_length is None else head_length
+    resp.raw_headers = list(headers)
+    if size.isdigit():
+        resp.raw_headers.append((b"content-length", size.encode("ascii")))
     return resp
 
 
