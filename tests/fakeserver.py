@@ -117,13 +117,16 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._serve()
 
+    def do_HEAD(self) -> None:  # a GET route's headers (its length too), never its body
+        self._serve()
+
     def _serve(self) -> None:
         fake = self.server.fake
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         try:
             parsed: Any = json.loads(body) if body else None
-        except ValueError:
+        except (ValueError, RecursionError):  # deeper than Python reads: not parsed
             parsed = None
         path = self.path.split("?", 1)[0]
         request = Request(
@@ -179,6 +182,8 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.truncate_at is not None:
             data = data[: reply.truncate_at]
             self.close_connection = True
+        if self.command == "HEAD":
+            data = b""
         self.wfile.write(data)
         self.wfile.flush()
 

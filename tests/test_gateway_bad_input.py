@@ -240,3 +240,43 @@ def test_a_client_that_leaves_before_the_first_event_cancels_the_stream(fake: Fa
         record: Any = gw.door.call_record(call)
     assert record["gateway"]["verdict"] == "unverified"
     assert gw.door.metrics.value("cancelled_total") == 1
+
+
+def test_a_worker_stream_that_breaks_off_reaches_the_client_broken(fake: FakeServer) -> None:
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    # The worker promises far more than it sends, then drops the connection.
+    fake.route(
+        "POST",
+        "/v1/chat/completions",
+        Reply(generate=lambda: [event], content_type="text/event-stream", length=100_000),
+    )
+    got: list[bytes] = []
+    with (
+        serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, _),
+        httpx.stream("POST", url + "/v1/chat/completions", json=body(stream=True)) as resp,
+    ):
+        assert resp.status_code == 200
+        with pytest.raises(httpx.RemoteProtocolError):  # no clean end of the chunked body
+            for piece in resp.iter_raw():
+                got.append(piece)
+    assert b"".join(got) == event  # every byte the worker sent, and no end
+
+
+def test_valid_json_orjson_refuses_is_forwarded_unread_and_unverified(fake: FakeServer) -> None:
+    usage = {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 90}}
+    choice = {"index": 0, "message": {"content": "k"}, "finish_reason": "stop"}
+    fake.route("POST", "/v1/chat/completions", Reply(json={"choices": [choice], "usage": usage}))
+    surrogate = b'{"model": "m", "messages": [{"role": "user", "content": "x\\ud800"}]}'
+    deep = b'{"model": "m", "extra": ' + b"[" * 1100 + b"]" * 1100 + b"}"
+    deeper = b'{"a": ' + b'{"b": ' * 100_000 + b"1" + b"}" * 100_001  # crashed orjson < 3.9.15
+    with serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, _):
+        bodies = (surrogate, deep, deeper)
+        replies = [httpx.post(url + "/v1/chat/completions", content=b) for b in bodies]
+        bad = httpx.post(url + "/v1/chat/completions", content=b'{"a": NaN}')
+    assert [r.status_code for r in replies] == [200, 200, 200]
+    assert [r.body for r in fake.requests] == list(bodies)  # forwarded as they came
+    for reply in replies:
+        assert reply.headers["x-prefixreg-head"] == "none"
+        assert reply.headers["x-prefixreg-verdict"] == "unverified"
+        assert reply.headers["x-prefixreg-reason"] == "a JSON body the gateway does not read"
+    assert bad.status_code == 400  # not JSON at all: still refused

@@ -4,6 +4,7 @@ per-request nonce found as drift and stripped until the cache resumes as without
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,8 @@ def _share(url: str, system_of: Any, calls: int = 6) -> float:
                 "max_tokens": 4,
                 "messages": [{"role": "system", "content": system_of(i)}, *history],
             }
-            usage = client.post("/v1/chat/completions", json=body).json()["usage"]
+            loop = {"x-session-id": "the-loop"}  # one loop: its head changing is its drift
+            usage = client.post("/v1/chat/completions", json=body, headers=loop).json()["usage"]
             prompt += usage["prompt_tokens"]
             cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
             history += [
@@ -147,3 +149,68 @@ def test_without_the_gateway_extra_the_command_names_what_to_install(tmp_path: P
     assert done.returncode == 2
     assert b"starlette is not installed" in done.stderr
     assert b"prefixreg[gateway]" in done.stderr and b"Traceback" not in done.stderr
+
+
+def test_the_gateways_own_routes_need_the_client_key_too() -> None:
+    with FakeServer() as fake:
+        fake.route("POST", "/v1/chat/completions", Reply(json=REPLY))
+        config = GatewayConfig(workers=(fake.url,), client_key="client-secret")
+        with serve_in_thread(config) as (url, _):
+            key = {"authorization": "Bearer client-secret"}
+            body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+            call = httpx.post(url + "/v1/chat/completions", json=body, headers=key)
+            paths = [
+                "/metrics",
+                "/prefixreg/heads",
+                "/prefixreg/calls/" + call.headers["x-prefixreg-call"],
+            ]
+            without = [httpx.get(url + p).status_code for p in paths]
+            wrong = [httpx.get(url + p, headers={"x-api-key": "no"}).status_code for p in paths]
+            keyed = [httpx.get(url + p, headers=key).status_code for p in paths]
+    assert without == wrong == [401, 401, 401]
+    assert keyed == [200, 200, 200]
+
+
+def test_a_cookie_one_reply_sets_is_never_sent_with_another_callers_request() -> None:
+    with FakeServer() as fake:
+        fake.route(
+            "POST",
+            "/v1/chat/completions",
+            Reply(json=REPLY, headers={"Set-Cookie": "tenant=alice; Path=/"}),
+            Reply(json=REPLY),
+        )
+        with serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, _):
+            body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+            first = httpx.post(url + "/v1/chat/completions", json=body)
+            second = httpx.post(url + "/v1/chat/completions", json=body)
+            own = httpx.post(url + "/v1/chat/completions", json=body, headers={"cookie": "mine=1"})
+        sent = fake.requests
+    assert first.headers["set-cookie"] == "tenant=alice; Path=/"  # passed on to its caller
+    assert second.status_code == own.status_code == 200
+    assert "cookie" not in sent[1].headers
+    assert sent[2].headers["cookie"] == "mine=1"  # a caller's own cookie still passes
+
+
+def test_headers_a_connection_header_names_are_not_forwarded_either_way() -> None:
+    with FakeServer() as fake:
+        hop = {"Connection": "x-hop-reply", "X-Hop-Reply": "1", "X-Kept": "2"}
+        fake.route("POST", "/v1/chat/completions", Reply(json=REPLY, headers=hop))
+        with serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, _):
+            body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+            sent = {"connection": "keep-alive, x-hop-ask", "x-hop-ask": "1", "x-kept-ask": "2"}
+            reply = httpx.post(url + "/v1/chat/completions", json=body, headers=sent)
+        got = fake.requests[0].headers
+    assert "x-hop-ask" not in got and got["x-kept-ask"] == "2"
+    assert "x-hop-reply" not in reply.headers and reply.headers["x-kept"] == "2"
+
+
+def test_head_keeps_the_workers_content_length() -> None:
+    models = {"object": "list", "data": [{"id": "m", "object": "model"}]}
+    size = len(json.dumps(models))
+    with FakeServer() as fake:
+        fake.route("HEAD", "/v1/models", Reply(json=models))
+        with serve_in_thread(GatewayConfig(workers=(fake.url,))) as (url, _):
+            reply = httpx.head(url + "/v1/models")
+    assert reply.status_code == 200
+    assert reply.headers["content-length"] == str(size)  # as the worker said, not 0
+    assert reply.content == b""

@@ -84,27 +84,34 @@ def test_register_adds_an_unknown_head_as_a_frame_with_the_heads_sha(
 
 def test_drift_is_named_with_the_part_and_the_first_differing_byte(sim: SimServer) -> None:
     nonce_a, nonce_b = "Session nonce 1111. " + SYSTEM, "Session nonce 2222. " + SYSTEM
+    loop = {"x-session-id": "loop-1"}
     with serve_in_thread(GatewayConfig(workers=(sim.url,))) as (url, gw):
-        first = httpx.post(url + "/v1/chat/completions", json=chat(nonce_a, "task"))
-        second = httpx.post(url + "/v1/chat/completions", json=chat(nonce_b, "task", "ok", "go"))
+        first = httpx.post(url + "/v1/chat/completions", json=chat(nonce_a, "task"), headers=loop)
+        second = httpx.post(
+            url + "/v1/chat/completions", json=chat(nonce_b, "task", "ok", "go"), headers=loop
+        )
         record: Any = gw.door.call_record(second.headers["x-prefixreg-call"])
     assert first.headers["x-prefixreg-session"] == second.headers["x-prefixreg-session"]
     assert second.headers["x-prefixreg-drift"] == "system at byte 14"
-    assert second.headers["x-prefixreg-drift-bytes"].startswith("was '1111. You are")
+    assert second.headers["x-prefixreg-drift-bytes"] == "now '2222. You are a ' at byte 14"
     assert second.headers["x-prefixreg-verdict"] != "resumed"
     assert second.headers["x-prefixreg-reason"].startswith("head changed (drift: system at byte 14")
     assert record["gateway"]["drift"] == {"part": "system", "offset": 14}
     assert "2222" not in str(record)  # the excerpt goes to the client only
+    assert "1111" not in str(second.headers)  # and never shows the earlier head
     assert gw.door.metrics.value("drift_total", part="system") == 1
 
 
 def test_refuse_answers_in_the_apis_shape_and_forwards_nothing(sim: SimServer) -> None:
     config = GatewayConfig(workers=(sim.url,), on_drift="refuse")
     key = {"prompt_cache_key": "task-7"}
+    me = {"authorization": "Bearer tenant-a"}  # one caller behind the key: its own drift
     with serve_in_thread(config) as (url, _):
-        ok = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM, "a", **key))
+        ok = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM, "a", **key), headers=me)
         before = len(sim.requests())
-        refused = httpx.post(url + "/v1/chat/completions", json=chat(SYSTEM + " v2", "b", **key))
+        refused = httpx.post(
+            url + "/v1/chat/completions", json=chat(SYSTEM + " v2", "b", **key), headers=me
+        )
         after = len(sim.requests())
     assert ok.status_code == 200
     assert refused.status_code == 400
@@ -113,6 +120,26 @@ def test_refuse_answers_in_the_apis_shape_and_forwards_nothing(sim: SimServer) -
     assert "head changed" in error["message"] and "refused by --on-drift refuse" in error["message"]
     assert refused.headers["x-prefixreg-drift"].startswith("system at byte")
     assert after == before
+
+
+def test_another_tenants_head_is_never_shown_nor_a_reason_to_refuse(sim: SimServer) -> None:
+    config = GatewayConfig(workers=(sim.url,), on_drift="refuse")
+    alice, bob = "Alice's secret rules: 4242. " + SYSTEM, "Bob's rules. " + SYSTEM
+    shared = {"prompt_cache_key": "default"}
+    with serve_in_thread(config) as (url, _):
+        a = {"authorization": "Bearer alice"}
+        b = {"authorization": "Bearer bob"}
+        post = url + "/v1/chat/completions"
+        first = httpx.post(post, json=chat(alice, "hi", **shared), headers=a)
+        keyed = httpx.post(post, json=chat(bob, "hi", **shared), headers=b)
+        # No key: the same turn under another head is another session, not drift.
+        httpx.post(post, json=chat(alice, "task", "ok", "go"), headers=a)
+        chained = httpx.post(post, json=chat(bob, "task", "ok", "go"), headers=b)
+    assert first.status_code == keyed.status_code == chained.status_code == 200
+    assert keyed.headers["x-prefixreg-drift"] == "system at byte 0"  # named, not refused
+    assert "Alice" not in str(keyed.headers) and "4242" not in str(keyed.headers)
+    assert keyed.headers["x-prefixreg-drift-bytes"].startswith("now 'Bob")
+    assert "x-prefixreg-drift" not in chained.headers
 
 
 def test_strip_removes_the_nonce_before_forwarding_and_the_cache_resumes(sim: SimServer) -> None:
@@ -244,3 +271,48 @@ def test_a_registry_that_fails_its_check_leaves_heads_unnamed_and_calls_going(
     assert bare.headers["x-prefixreg-head-name"] == "agent-system"  # the rest still named
     assert gw.door.known.failures == 1
     assert "prefixreg_gateway_registry_failures 1" in metrics
+
+
+def test_a_head_per_call_keeps_a_bounded_count_of_heads_and_their_workers(
+    sim: SimServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("prefixreg.gateway.door.MAX_SEEN_HEADS", 5, raising=False)
+    with serve_in_thread(GatewayConfig(workers=(sim.url,))) as (url, gw):
+        last = ""
+        for i in range(12):  # a per-request nonce: every call a new head
+            reply = httpx.post(
+                url + "/v1/chat/completions", json=chat(f"nonce {i}. " + SYSTEM, "t")
+            )
+            last = reply.headers["x-prefixreg-head"]
+        seen = dict(gw.door.seen_on)
+    assert len(seen) == 5
+    assert last in seen  # the least recent went first
+
+
+def test_registrations_waiting_on_a_slow_registry_are_bounded_and_counted(
+    sim: SimServer, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    monkeypatch.setattr("prefixreg.gateway.known.MAX_QUEUED", 3, raising=False)
+    config = GatewayConfig(workers=(sim.url,), registry_root=registry.root, register=True)
+    release = threading.Event()
+    with serve_in_thread(config) as (url, gw):
+        store = gw.door.known._registry
+        assert store is not None
+        real_add = store.add
+
+        def slow_add(*args: Any, **kwargs: Any) -> str:  # a registry held by another writer
+            release.wait(30)
+            return real_add(*args, **kwargs)
+
+        monkeypatch.setattr(store, "add", slow_add)
+        for i in range(10):
+            httpx.post(url + "/v1/chat/completions", json=chat(f"head {i}. " + SYSTEM, "t"))
+        waiting = len(gw.door.known._pending)
+        dropped = gw.door.known.dropped
+        release.set()
+        assert _wait(lambda: gw.door.known.registered == 3)
+        text = httpx.get(url + "/metrics").text
+    assert waiting == 3 and dropped == 7
+    assert "registrations_dropped 7" in text

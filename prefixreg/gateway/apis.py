@@ -11,6 +11,7 @@ can never inject a line).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -60,3 +61,20 @@ def error_body(api: Api | None, status: int, message: str) -> bytes:
     if status == 401:
         err["code"] = "invalid_api_key"
     return orjson.dumps({"error": err})
+
+
+def json_orjson_refuses(data: bytes) -> bool:
+    """Whether `data`, which orjson refused, is JSON all the same (or too deep to tell): a lone
+    surrogate escape such as `"\\ud800"` and nesting past 1024 levels are valid JSON that
+    orjson does not read; such a body is forwarded unread, never refused as not JSON."""
+
+    def no_constant(name: str) -> object:
+        raise ValueError(name)  # NaN, Infinity: not JSON
+
+    try:
+        json.loads(data, parse_constant=no_constant)
+    except RecursionError:
+        return True  # deeper than Python reads: the worker is the one to say
+    except ValueError:  # includes UnicodeDecodeError and JSONDecodeError
+        return False
+    return True

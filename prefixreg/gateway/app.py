@@ -3,7 +3,9 @@ wired around it. uvicorn serves it (`gateway.serve`); nothing here parses HTTP b
 
 A proxied call (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/messages`):
 1. the client key, if one is set; the body, read up to `max_body_bytes` (else 413) and
-   parsed as a JSON object (else 400), both in the API's own error shape;
+   parsed as a JSON object (else 400), both in the API's own error shape; valid JSON
+   orjson refuses (a lone surrogate escape, deep nesting) goes on unread: no head, its
+   verdict unverified and why;
 2. the door (`door.Door.admit`): head, session, drift, strips, route; a failure there is
    logged and the call goes on unchanged; only a refuse policy answers instead (400);
 3. the call upstream under one deadline (`timeout_s`, connect to last byte);
@@ -29,7 +31,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import httpx
 import orjson
@@ -37,12 +39,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from prefixreg.gateway import apis
 from prefixreg.gateway.apis import Api
 from prefixreg.gateway.config import GatewayConfig
-from prefixreg.gateway.door import Admission, Door
+from prefixreg.gateway.door import Door
+from prefixreg.gateway.stream import DisconnectedError, Stream, StreamOut, unless_gone
 from prefixreg.gateway.upstream import Router, make_client, request_headers, response_headers
 
 log = logging.getLogger("prefixreg.gateway")
@@ -51,10 +53,6 @@ _SSE: Final = b"text/event-stream"
 
 
 class _TooLargeError(Exception):
-    pass
-
-
-class _DisconnectedError(Exception):
     pass
 
 
@@ -71,60 +69,6 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise _TooLargeError
         parts.append(piece)
     return b"".join(parts)
-
-
-async def _watch_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _unless_gone(receive: Receive, work: Awaitable[T]) -> T:
-    """`work`'s result, or `_DisconnectedError` (the work cancelled) once the client went away."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_watch_disconnect(receive))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        raise _DisconnectedError
-    return task.result()
-
-
-class StreamOut(Response):
-    """A streamed reply sent piece by piece as `pieces` yields them, while the client is
-    watched: a disconnect cancels the sender, whose generator then closes the upstream."""
-
-    def __init__(self, pieces: _Stream, status: int, headers: list[Any]) -> None:
-        self.pieces = pieces
-        self.status_code = status
-        self.background = None
-        self.raw_headers = headers
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def sender() -> None:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": self.status_code,
-                    "headers": self.raw_headers,
-                }
-            )
-            async for piece in self.pieces:
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-        try:
-            await _unless_gone(receive, sender())
-        except (_DisconnectedError, OSError):
-            pass
-        finally:
-            await self.pieces.aclose()
 
 
 class Gateway:
@@ -146,6 +90,9 @@ class Gateway:
         await asyncio.to_thread(self.door.stop)
         if self.client is not None:
             await self.client.aclose()
+
+    def _closed(self) -> None:
+        self.inflight -= 1
 
     # -- helpers -----------------------------------------------------------------------------
     def _error(self, api: Api | None, status: int, message: str, **headers: str) -> Response:
@@ -191,23 +138,28 @@ class Gateway:
         url = target + request.url.path + (f"?{request.url.query}" if request.url.query else "")
         work = self._buffered(request.method, url, self._upstream_headers(request), body or None)
         try:
-            status, headers, data = await _unless_gone(request.receive, work)
-        except _DisconnectedError:
+            status, headers, data, length = await unless_gone(request.receive, work)
+        except DisconnectedError:
             return Response(b"", 499)
         except _UpstreamError as exc:
             return self._error(None, exc.status, str(exc))
+        if request.method == "HEAD":  # no body: the length is the worker's, as it said it
+            return _raw(data, status, headers, head_length=length or "")
         return _raw(data, status, headers)
 
     async def _buffered(
         self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes | None
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """A whole reply: (status, headers, body), capped, under the call's deadline."""
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes, str | None]:
+        """A whole reply: (status, headers, body, its content-length as the worker sent it),
+        capped, under the call's deadline."""
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 self.inflight += 1
                 resp = await self._open(method, url, headers, content)
                 try:
-                    return resp.status_code, response_headers(resp.headers), await self._drain(resp)
+                    data = await self._drain(resp)
+                    length = resp.headers.get("content-length")
+                    return resp.status_code, response_headers(resp.headers), data, length
                 finally:
                     await resp.aclose()
         except TimeoutError:
@@ -239,10 +191,15 @@ class Gateway:
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError:
-            return self._error(api, 400, "the request body is not JSON")
-        if not isinstance(parsed, dict):
+            parsed = None
+            if not apis.json_orjson_refuses(body):
+                return self._error(api, 400, "the request body is not JSON")
+        if parsed is not None and not isinstance(parsed, dict):
             return self._error(api, 400, "the request body is not a JSON object")
-        adm = self.door.admit(api, parsed, body, request.headers)
+        if parsed is None:  # valid JSON the fast parser refuses: the worker's to judge
+            adm = self.door.admit_unread(api, body, "a JSON body the gateway does not read")
+        else:
+            adm = self.door.admit(api, parsed, body, request.headers)
         if adm.refuse is not None:
             return self._error(api, 400, adm.refuse, **adm.headers)
         url = adm.target + api.path + (f"?{request.url.query}" if request.url.query else "")
@@ -250,11 +207,11 @@ class Gateway:
         deadline = time.monotonic() + self.config.timeout_s
         self.inflight += 1  # from the request sent until the reply is closed, however it ends
         try:
-            resp = await _unless_gone(
+            resp = await unless_gone(
                 request.receive,
                 self._timed(self._open("POST", url, headers, adm.content), deadline),
             )
-        except _DisconnectedError:
+        except DisconnectedError:
             self.inflight -= 1
             self.door.abandoned(adm, "client disconnected before the reply")
             return Response(b"", 499)
@@ -264,13 +221,15 @@ class Gateway:
             return self._error(api, exc.status, str(exc), **adm.headers)
         ctype = resp.headers.get("content-type", "").encode("latin-1").lower()
         if _SSE in ctype:
-            stream = _Stream(self, resp, adm, deadline, started)
+            stream = Stream(
+                self.door, resp, adm, deadline=deadline, started=started, on_close=self._closed
+            )
             return StreamOut(
                 stream, resp.status_code, response_headers(resp.headers) + adm.raw_headers()
             )
         try:
-            data = await _unless_gone(request.receive, self._timed(self._drain(resp), deadline))
-        except _DisconnectedError:
+            data = await unless_gone(request.receive, self._timed(self._drain(resp), deadline))
+        except DisconnectedError:
             self.door.abandoned(adm, "client disconnected before the reply")
             return Response(b"", 499)
         except _UpstreamError as exc:
@@ -296,16 +255,22 @@ class Gateway:
 
     # -- the gateway's own routes ------------------------------------------------------------
     async def metrics(self, request: Request) -> Response:
+        if not self._client_ok(request):
+            return self._error(None, 401, "the gateway's client key is missing or wrong")
         text = self.door.metrics_text(inflight=self.inflight)
         return Response(text, 200, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def call(self, request: Request) -> Response:
+        if not self._client_ok(request):
+            return self._error(None, 401, "the gateway's client key is missing or wrong")
         record = self.door.call_record(request.path_params["call_id"])
         if record is None:
             return self._error(None, 404, "no such call (ids are kept for the latest calls)")
         return Response(orjson.dumps(record), 200, media_type="application/json")
 
     async def heads(self, request: Request) -> Response:
+        if not self._client_ok(request):
+            return self._error(None, 401, "the gateway's client key is missing or wrong")
         return Response(orjson.dumps(self.door.heads_view()), 200, media_type="application/json")
 
     def routes(self) -> list[Route]:
@@ -325,69 +290,24 @@ class Gateway:
         ]
 
 
-class _Stream:
-    """A worker's stream handed on piece by piece (`StreamOut` iterates it); each piece is read
-    for the proof only after it was sent. `aclose` (a disconnect, or the end) closes the
-    upstream reply and settles the proof exactly once, even if no piece was ever asked for."""
-
-    def __init__(
-        self, gw: Gateway, resp: httpx.Response, adm: Admission, deadline: float, started: float
-    ) -> None:
-        self.gw, self.resp, self.adm = gw, resp, adm
-        self.deadline, self.started = deadline, started
-        self.tally = gw.door.tally(adm)
-        self.raw = resp.aiter_raw()
-        self.ended = self.closed = False
-
-    def __aiter__(self) -> _Stream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self.tally.pending is not None:  # the piece before this one went out: read it now
-            self.tally.feed(self.tally.pending)
-            self.tally.pending = None
-        try:
-            async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
-                piece = await anext(self.raw)
-        except StopAsyncIteration:
-            self.ended = True
-            await self.aclose()  # settled before the client sees the end
-            raise
-        except (TimeoutError, httpx.HTTPError) as exc:
-            self.tally.broken(f"the worker's stream broke off ({type(exc).__name__})")
-            await self.aclose()
-            raise StopAsyncIteration from None
-        self.tally.pending = piece
-        return piece
-
-    async def aclose(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            await self.resp.aclose()
-        finally:
-            self.gw.inflight -= 1
-            if self.tally.pending is not None and self.ended:
-                self.tally.feed(self.tally.pending)  # the last piece was sent whole
-            if not self.ended and self.tally.broken_reason is None:
-                self.gw.door.metrics.add("cancelled_total")
-                self.tally.broken("client disconnected mid-stream")
-            added = time.perf_counter() - self.started
-            self.gw.door.settle_stream(self.adm, self.resp.status_code, self.tally, added_s=added)
-
-
 class _UpstreamError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
 
 
-def _raw(data: bytes, status: int, headers: list[tuple[bytes, bytes]]) -> Response:
-    """A response of exactly `data` with exactly `headers` (and the length of `data`)."""
+def _raw(
+    data: bytes, status: int, headers: list[tuple[bytes, bytes]], *, head_length: str | None = None
+) -> Response:
+    """A response of exactly `data` with exactly `headers` and the length of `data`; for a
+    HEAD (`head_length` given) the worker's length instead, of the body a GET would get
+    (none if it sent none)."""
     resp = Response(b"", status)
     resp.body = data
-    resp.raw_headers = [*headers, (b"content-length", str(len(data)).encode("ascii"))]
+    size = str(len(data)) if head_length is None else head_length
+    resp.raw_headers = list(headers)
+    if size.isdigit():
+        resp.raw_headers.append((b"content-length", size.encode("ascii")))
     return resp
 
 

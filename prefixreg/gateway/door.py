@@ -13,7 +13,11 @@ Invariants:
 - The body is re-serialised only when a strip matched or a slot is pinned; otherwise the
   client's bytes are forwarded as they came.
 - Proof headers are ASCII and single-line (`apis.clean_message`); none carries prompt text
-  but the drift excerpt, which goes only to the client that sent those bytes.
+  but the drift excerpt, which holds only the current request's own bytes (never the
+  session's earlier head: another caller may have sent it).
+- `--on-drift refuse` refuses only a drift the session's own caller made: one session
+  header, or one credential behind a shared `prompt_cache_key` (never another tenant's).
+- Bounded: the latest `MAX_SEEN_HEADS` heads' workers, the latest `MAX_CALLS_KEPT` proofs.
 - The latest `MAX_CALLS_KEPT` proofs are kept for `GET /prefixreg/calls/{id}`.
 """
 
@@ -42,7 +46,7 @@ from prefixreg.gateway.known import KnownHeads
 from prefixreg.gateway.leads import Leads
 from prefixreg.gateway.metrics import Metrics
 from prefixreg.gateway.proof import Proof, Tally, evidence_of, prove
-from prefixreg.gateway.sessions import Session, Sessions
+from prefixreg.gateway.sessions import Session, Sessions, owner_of
 from prefixreg.gateway.slots import SlotPlan
 from prefixreg.gateway.upstream import ROUTING_KEY_HEADER, Router
 from prefixreg.server.evidence import evidence_from_response
@@ -50,6 +54,7 @@ from prefixreg.server.transport import display_url
 
 log = logging.getLogger("prefixreg.gateway")
 MAX_CALLS_KEPT: Final = 4096
+MAX_SEEN_HEADS: Final = 10_000  # heads whose workers are remembered (least recent go first)
 MAX_PROOF_BYTES: Final = 8 * 1024 * 1024  # a stream's bytes the proof reads
 
 
@@ -78,6 +83,7 @@ class Admission:
     strips: int = 0
     miss: str | None = None
     door_s: float = 0.0
+    owner: str | None = None  # `sessions.owner_of` this call's headers
     rewritten: bool = False  # the body changed at the door (a pinned slot): re-serialised
 
     def raw_headers(self) -> list[tuple[bytes, bytes]]:
@@ -100,7 +106,8 @@ class Door:
         self.metrics = Metrics()
         self.log = calllog.CallLog(config.call_log)
         self.calls: OrderedDict[str, JSONObject] = OrderedDict()
-        self.seen_on: dict[str, dict[str, int]] = {}  # head sha -> worker -> calls there
+        # head sha -> worker -> calls there; an LRU: a per-request nonce makes a head a call
+        self.seen_on: OrderedDict[str, dict[str, int]] = OrderedDict()
         self.leads = Leads()
         self.slot_plan = SlotPlan(config.workers, config.upstream_key) if config.own_slots else None
         self.keeper = (
@@ -144,6 +151,16 @@ class Door:
         adm.door_s = time.perf_counter() - t0
         return adm
 
+    def admit_unread(self, api: Api, content: bytes, why: str) -> Admission:
+        """A call whose body is forwarded unread (valid JSON the gateway's parser refuses):
+        no head, no session, the first target; its proof says `why`."""
+        started, target = time.perf_counter(), self.router.targets[0]
+        adm = Admission(os.urandom(8).hex(), api, started, target, content, miss=why)
+        adm.headers["x-prefixreg-call"] = adm.call_id
+        adm.headers["x-prefixreg-head"] = "none"
+        adm.headers["x-prefixreg-worker"] = _header_value(display_url(adm.target))
+        return adm
+
     def _admit(self, adm: Admission, body: dict[str, Any], headers: Mapping[str, str]) -> None:
         api = adm.api
         adm.strips = heads.strip(api, body, self.rules)
@@ -152,6 +169,9 @@ class Door:
         adm.rest_bytes = heads.rest_bytes(api, body)
         sha = head.sha256 if head is not None else None
         session, adm.chain = self.sessions.find(body, headers, adm.history, sha)
+        adm.owner = owner_of(headers)
+        # A shared key may join two callers: their drift is named, never refused for them.
+        own = session.source == "header" or (adm.owner is not None and adm.owner == session.owner)
         adm.session = session
         adm.extends = session.extends(adm.chain)
         adm.headers["x-prefixreg-session"] = session.id
@@ -184,7 +204,7 @@ class Door:
             adm.headers["x-prefixreg-drift"] = _header_value(adm.drift.header())
             # The first differing bytes, escaped, to the client that sent them (never logged).
             adm.headers["x-prefixreg-drift-bytes"] = _header_value(adm.drift.excerpt)
-            if self.config.on_drift == "refuse":
+            if self.config.on_drift == "refuse" and own:
                 self.metrics.add("refused_total", head=adm.head_label)
                 adm.refuse = (
                     f"prefixreg gateway: the head changed since this session's last call "
@@ -305,9 +325,13 @@ class Door:
         if head is not None and 200 <= status < 300:
             where = self.seen_on.setdefault(head.sha256, {})
             where[adm.target] = where.get(adm.target, 0) + 1
+            self.seen_on.move_to_end(head.sha256)
+            while len(self.seen_on) > MAX_SEEN_HEADS:
+                self.seen_on.popitem(last=False)
         if session is not None and 200 <= status < 300:
             session.head = heads.kept(head) if head is not None else session.head
             session.worker = adm.target
+            session.owner = adm.owner
             session.calls += 1
             session.prompt_tokens = prompt
             self.sessions.record(session, adm.chain, head.sha256 if head is not None else None)
@@ -373,6 +397,7 @@ class Door:
         gauges = {"upstream_inflight": float(inflight), "sessions": float(len(self.sessions))}
         gauges["registered_heads"] = float(self.known.registered)
         gauges["registry_failures"] = float(self.known.failures)
+        gauges["registrations_dropped"] = float(self.known.dropped)
         gauges["log_lines"] = float(self.log.lines)
         if self.slot_plan is not None:
             gauges["owned_slots"] = float(self.slot_plan.owned())

@@ -207,7 +207,9 @@ def kept(head: Head) -> Head:
 @dataclass(frozen=True, slots=True)
 class HeadDrift:
     """Where a head differs from the one before: the part, the first differing byte offset
-    (system only), and, for the client alone, a short escaped excerpt of both sides."""
+    (system only), and, for the client alone, a short escaped excerpt of the new side only:
+    the head before may have come from another caller (a shared `prompt_cache_key`), so
+    its bytes never go into a reply."""
 
     part: str
     offset: int | None
@@ -246,11 +248,11 @@ def drift_of(before: Head, now: Head) -> HeadDrift | None:
         at = _first_diff(before.system, now.system)
         if at >= KEPT_BYTES:  # the kept part agrees: the difference is further on
             return HeadDrift("system", None, f"the text differs after its first {KEPT_BYTES} bytes")
-        excerpt = f"was '{_show(before.system, at)}', now '{_show(now.system, at)}'"
+        excerpt = f"now '{_show(now.system, at)}' at byte {at}"
         return HeadDrift("system", at, excerpt)
     if before.tools_sha256 != now.tools_sha256:
         return HeadDrift("tools", None, "the tools list changed")
-    return HeadDrift("settings", None, f"settings were {before.settings_json[:80]}")
+    return HeadDrift("settings", None, "the settings changed")
 
 
 def dynamic_first(before: str, now: str) -> bool:

@@ -12,7 +12,10 @@ Invariants:
 - Never the loop's failure: a registry that cannot be opened or read, or a registration
   that fails, is logged and counted (`failures`); lookups then answer "unknown".
 - Only the store touches registry paths: this module calls `Registry` methods only.
-- Registration runs on one background thread, one head at a time, each head once.
+- Registration runs on one background thread, one head at a time, each head once; at most
+  `MAX_QUEUED` heads wait for it (a slow or locked registry): the ones beyond are not
+  registered, only counted (`dropped`, the `registrations_dropped` gauge), and a later call
+  of the same head tries again.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from prefixreg.core.errors import PrefixregError
 from prefixreg.core.frame import Frame
@@ -32,6 +35,7 @@ from prefixreg.registry.store import Registry
 
 log = logging.getLogger("prefixreg.gateway")
 Key = tuple[str, str | None, str]
+MAX_QUEUED: Final = 256  # heads waiting to be registered
 
 
 def frame_key(frame: Frame) -> Key:
@@ -50,6 +54,7 @@ class KnownHeads:
         self.register_new = register
         self.failures = 0
         self.registered = 0
+        self.dropped = 0  # registrations not queued: `MAX_QUEUED` were already waiting
         self._by_key: dict[Key, tuple[str, str | None]] = {}  # parts -> (sha, name)
         self._pending: set[str] = set()
         self._lock = threading.Lock()
@@ -102,6 +107,10 @@ class KnownHeads:
             return
         with self._lock:
             if head.parts_key in self._by_key or head.sha256 in self._pending:
+                return
+            if len(self._pending) >= MAX_QUEUED:
+                self.dropped += 1
+                self._tools.pop(head.sha256, None)
                 return
             self._pending.add(head.sha256)
         if self._pool is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import resource
 import socket
 import threading
@@ -25,6 +26,7 @@ import uvicorn
 from prefixreg.core.errors import UsageError
 from prefixreg.gateway.app import Gateway, build_app
 from prefixreg.gateway.config import GatewayConfig
+from prefixreg.gateway.stream import QuietBrokenStreams
 
 
 def parse_listen(text: str, *, open_listen: bool, client_key: str | None) -> tuple[str, int]:
@@ -88,6 +90,9 @@ def _server(config: GatewayConfig) -> tuple[uvicorn.Server, Gateway]:
         timeout_graceful_shutdown=5,
         backlog=2048,
     )
+    quiet = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, QuietBrokenStreams) for f in quiet.filters):
+        quiet.addFilter(QuietBrokenStreams())  # an aborted stream is logged in one line
     return uvicorn.Server(uv), gateway
 
 

@@ -6,9 +6,12 @@ A session is known, first that applies, by:
 2. a session header a client sends (`x-session-id`, `x-claude-code-session-id`,
    `session-id`, `x-dynamo-session-id`, `x-prefixreg-session`);
 3. else the history it extends: a chain hash over the messages after the head, on the same
-   head first; a call carrying a turn (two messages or more) also finds its session on
-   another head, so a head that changes (a nonce in the system text) is named as drift,
-   while two loops whose first user messages agree stay two sessions.
+   head only. Two callers whose user messages agree under different heads are two
+   sessions, never one session's drift (drift across heads is found by a key or header).
+
+A key or header is a hint, not proof that one caller sent both calls: `owner_of` names the
+caller (a hash of its credential and session header), and a drift counts as the session's
+own (refusable) only when the session header, or the same owner, says so (`door`).
 
 Invariants:
 - Bounded: at most `max_sessions` (the least recently used goes first) and idle ones expire
@@ -38,6 +41,7 @@ SESSION_HEADERS: Final = (
     "session-id",
     "x-dynamo-session-id",
 )
+_CREDENTIALS: Final = ("authorization", "x-api-key", "api-key")
 
 
 @dataclass
@@ -57,6 +61,7 @@ class Session:
         last = self.keys[0] if self.keys else None
         return chain.index(last) + 1 if last is not None and last in chain else 0
 
+    owner: str | None = None  # `owner_of` its last call (None: no credential, no header)
     first_user: str | None = None  # the first user message's text (the dynamic-first check)
     slot: int | None = None
     prompt_tokens: int | None = None
@@ -93,6 +98,15 @@ def key_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> tuple[str, st
     return None
 
 
+def owner_of(headers: Mapping[str, str]) -> str | None:
+    """A hash naming the caller: its credential and session header, or None without both."""
+    parts = [headers.get(n, "") for n in (*_CREDENTIALS, *SESSION_HEADERS)]
+    if not any(parts):
+        return None
+    raw = "\0".join(parts).encode("utf-8", "replace")
+    return hashlib.sha256(b"owner\0" + raw).hexdigest()[:32]
+
+
 class Sessions:
     """The live sessions (see the module docstring)."""
 
@@ -118,8 +132,7 @@ class Sessions:
         head_sha: str | None,
     ) -> tuple[Session, list[str]]:
         """The session this call continues (a new one if none), and its history's chain: by
-        key or header, else the longest earlier history it extends on the same head, else (a
-        call that carries a turn of a conversation: two messages or more) on any head."""
+        key or header, else the longest earlier history it extends on the same head."""
         now = time.monotonic()
         self.expire(now)
         chain = chain_hashes(history)
@@ -130,7 +143,6 @@ class Sessions:
         else:
             earlier = list(reversed(chain))  # the whole history first: a retry is its session
             tries = [f"{head_sha}:{h}" for h in earlier]
-            tries += earlier if len(history) > 1 else []
             for key in tries:
                 sid = self._by_chain.get(key)
                 if sid is not None and sid in self._live:

@@ -2,13 +2,15 @@
 which target a call goes to.
 
 Invariants:
-- Request headers are the client's, less hop-by-hop ones, `host`, `content-length` and
+- Request headers are the client's, less hop-by-hop ones (and those its `Connection`
+  header names), `host`, `content-length` and
   `accept-encoding` (the worker is asked for identity bytes, so the bytes the client gets
   are the bytes the worker sent, and the proof reads them as sent). The client's own
   credentials go upstream only when the gateway has no key of its own for the worker
   (`PREFIXREG_API_KEY`) and checks no client key; the upstream key is sent as
   `Authorization: Bearer` and nowhere else.
-- Response headers are the worker's, less hop-by-hop ones and `content-length` (the server
+- Response headers are the worker's, less hop-by-hop ones (and those its `Connection`
+  header names) and `content-length` (the server
   computes it again for the same bytes); `x-prefixreg-*` ones a worker sends are dropped
   (only this gateway speaks in that name).
 - Redirects are not followed; environment proxies are not used (the workers are named).
@@ -20,12 +22,13 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import http.cookiejar
 import socket
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import httpx
 
@@ -55,16 +58,28 @@ ROUTING_KEY_HEADER: Final = "x-smg-routing-key"
 MAX_PLACED: Final = 100_000  # routing keys remembered (the least recently used go first)
 
 
+def _named_in_connection(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[str]:
+    """The header names a `Connection` header lists: hop-by-hop for this message only
+    (RFC 9110 §7.6.1), so never forwarded."""
+    named: set[str] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            named.update(t.strip().lower() for t in value.decode("latin-1").split(","))
+    return frozenset(named)
+
+
 def request_headers(
     headers: Iterable[tuple[bytes, bytes]], *, upstream_key: str | None, strip_auth: bool
 ) -> list[tuple[bytes, bytes]]:
     """The headers to send upstream for a client's raw `headers` (see the invariants)."""
     out: list[tuple[bytes, bytes]] = []
     drop_auth = strip_auth or upstream_key is not None
+    headers = list(headers)
+    hop = _HOP | _named_in_connection(headers)
     for name, value in headers:
         low = name.lower()
         key = low.decode("latin-1")
-        if key in _HOP or key.startswith(PROOF_PREFIX) or (drop_auth and key in _AUTH):
+        if key in hop or key.startswith(PROOF_PREFIX) or (drop_auth and key in _AUTH):
             continue
         out.append((low, value))
     out.append((b"accept-encoding", b"identity"))
@@ -76,10 +91,11 @@ def request_headers(
 def response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
     """The worker's response headers as the client gets them (see the invariants)."""
     out: list[tuple[bytes, bytes]] = []
+    hop = _HOP | _named_in_connection(headers.raw)
     for name, value in headers.raw:
         low = name.lower()
         key = low.decode("latin-1")
-        if key in _HOP or key.startswith(PROOF_PREFIX):
+        if key in hop or key.startswith(PROOF_PREFIX):
             continue
         out.append((low, value))
     return out
@@ -87,16 +103,36 @@ def response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
 
 def make_client(config: GatewayConfig) -> httpx.AsyncClient:
     """The one upstream client: the config's deadlines per read and to connect (a call's
-    whole deadline is the app's), a pool big enough for many concurrent streams."""
+    whole deadline is the app's), a pool big enough for many concurrent streams.
+
+    Its cookie jar never stores: the client is shared by every caller of the gateway, so a
+    `Set-Cookie` a worker sent in one caller's reply would otherwise go out with every
+    later caller's request (a session cookie crossing tenants). Cookies the client itself
+    sends still pass through, as headers."""
     timeout = httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s)
     limits = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
     # TCP_NODELAY: a request's headers and body go out as two writes; with Nagle on, the
     # body waits for the worker's delayed ACK of the headers (tens of milliseconds a call).
     nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
     transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=nodelay)
+    jar = http.cookiejar.CookieJar(policy=_NoCookies())
     return httpx.AsyncClient(
-        timeout=timeout, transport=transport, follow_redirects=False, trust_env=False
+        timeout=timeout,
+        transport=transport,
+        follow_redirects=False,
+        trust_env=False,
+        cookies=jar,
     )
+
+
+class _NoCookies(http.cookiejar.DefaultCookiePolicy):
+    """A cookie policy that stores nothing and sends nothing (see `make_client`)."""
+
+    def set_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:
+        return False
+
+    def return_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:
+        return False
 
 
 @dataclass
