@@ -6,8 +6,9 @@ A session is known, first that applies, by:
 2. a session header a client sends (`x-session-id`, `x-claude-code-session-id`,
    `session-id`, `x-dynamo-session-id`, `x-prefixreg-session`);
 3. else the history it extends: a chain hash over the messages after the head, on the same
-   head only. Two callers whose user messages agree under different heads are two
-   sessions, never one session's drift (drift across heads is found by a key or header).
+   head first, else on any head (a loop whose head carries a per-request nonce). A match
+   across heads names the drift with this request's own bytes only and is never refused:
+   it proves no one caller sent both calls.
 
 A key or header is a hint, not proof that one caller sent both calls: `owner_of` names the
 caller (a hash of its credential and session header), and a drift counts as the session's
@@ -75,6 +76,11 @@ def _message_hash(message: object) -> bytes:
     return hashlib.sha256(data).digest()
 
 
+def _is_reply(message: object) -> bool:
+    """Whether a history entry is the model's reply (role `assistant`)."""
+    return isinstance(message, Mapping) and message.get("role") == "assistant"
+
+
 def chain_hashes(messages: Sequence[object]) -> list[str]:
     """h_i = sha256(h_{i-1} || sha256(message_i)) for each message: h_k names the first k."""
     out: list[str] = []
@@ -132,7 +138,7 @@ class Sessions:
         head_sha: str | None,
     ) -> tuple[Session, list[str]]:
         """The session this call continues (a new one if none), and its history's chain: by
-        key or header, else the longest earlier history it extends on the same head."""
+        key or header, else the longest earlier history it extends (its own head first)."""
         now = time.monotonic()
         self.expire(now)
         chain = chain_hashes(history)
@@ -142,7 +148,12 @@ class Sessions:
             session = self._live.get(keyed[0]) or Session(keyed[0], keyed[1])
         else:
             earlier = list(reversed(chain))  # the whole history first: a retry is its session
+            # Its own head first; then any head, so a loop whose head changes every call (a
+            # per-request nonce) has its drift named: only an earlier call's whole history
+            # that this one continues with a reply (an assistant message after it), never an
+            # equal history. Named with this request's own bytes, never refused (`door`).
             tries = [f"{head_sha}:{h}" for h in earlier]
+            tries += [h for i, h in enumerate(chain[:-1]) if _is_reply(history[i + 1])][::-1]
             for key in tries:
                 sid = self._by_chain.get(key)
                 if sid is not None and sid in self._live:
