@@ -35,7 +35,7 @@ import contextlib
 import hashlib
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
@@ -199,9 +199,12 @@ def read_call_record(value: Mapping[str, object]) -> CallRead | str:
     return replace(read, frame=hsha if kind == "frame" else None, head_bytes=hbytes)
 
 
-def append_line(path: Path | str, line: bytes) -> None:
-    """Append `line` (whole, or nothing) to the regular file `path`, created 0600. Raises
-    UsageError: the path is not a regular file or cannot be written."""
+def append_line(
+    path: Path | str, line: bytes, check: Callable[[os.stat_result], None] | None = None
+) -> None:
+    """Append `line` (whole, or nothing) to the regular file `path`, created 0600; `check`
+    (e.g. `userfiles.refuse_shared`) may refuse the file on the descriptor's status first.
+    Raises UsageError: the path is not a regular file or cannot be written."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o600)
@@ -211,12 +214,16 @@ def append_line(path: Path | str, line: bytes) -> None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UsageError(f"{path}: not a regular file; refused")
+        if check is not None:
+            check(st)
         try:
             view = memoryview(line)
             while view:  # a reader takes only complete lines
                 view = view[os.write(fd, view) :]
         except BaseException as exc:
-            with contextlib.suppress(OSError):  # a full disk: cut back to the size before it
+            # A short write (a full disk): cut back to the size before it. A log has one
+            # writer (a conversation, a gateway); a second appending one would share its fate.
+            with contextlib.suppress(OSError):
                 os.ftruncate(fd, st.st_size)
             if isinstance(exc, OSError):
                 raise UsageError(f"{path}: {exc.strerror or exc}; not written") from None

@@ -27,9 +27,6 @@ Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -274,35 +271,9 @@ class Session:
             record = call_line(given, _evidence(evidence), head=self.head, at=stamp)
         if self.keeper is not None:
             self.keeper.track(given)
-        if self.log is not None:
-            self._append(self.log, line)
+        if (log := self.log) is not None:
+            # a keeper would refuse a shared file: its lines go out with the key
+            append_line(log, line, lambda st: refuse_shared(st, log))
         if self.call_log is not None and record is not None:
             append_line(self.call_log, record)
         self.calls += 1
-
-    @staticmethod
-    def _append(log: Path | str, line: bytes) -> None:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
-        try:
-            fd = os.open(log, flags, 0o600)
-        except OSError as exc:
-            raise UsageError(f"{log}: {exc.strerror or exc}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise UsageError(f"{log}: not a regular file; refused")
-            refuse_shared(st, log)  # a keeper would refuse it: its lines go out with the key
-            try:
-                view = memoryview(line)
-                while view:  # a reader takes only complete lines
-                    view = view[os.write(fd, view) :]
-            except BaseException as exc:
-                # A short write (a full disk): cut back to the size before it. The log has one
-                # writer, this conversation; a second appending loop would share its fate.
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, st.st_size)
-                if isinstance(exc, OSError):
-                    raise UsageError(f"{log}: {exc.strerror or exc}; not written") from None
-                raise
-        finally:
-            os.close(fd)
