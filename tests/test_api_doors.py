@@ -160,7 +160,42 @@ CASES: list[Case] = [
     ),
     ("Registry(NUL)", lambda c: P.Registry("a\0b"), ValueError, "root"),
     ("Registry(5)", lambda c: P.Registry(5), TypeError, "root"),
+    ("Worker(5)", lambda c: P.Worker(5), TypeError, "worker URL"),
+    ("Session(head=5)", lambda c: P.Session(5), TypeError, "Session"),
+    ("Session(calls='x')", lambda c: P.Session(c.head, calls="x"), TypeError, "calls"),
+    ("Session(calls=-1)", lambda c: P.Session(c.head, calls=-1), ValueError, "calls"),
+    ("Session(log=5)", lambda c: P.Session(c.head, log=5), TypeError, "log"),
+    (
+        "judge_fit('a')",
+        lambda c: _levers().judge_fit("a", 1, lower_bound=False),
+        TypeError,
+        "judge_fit",
+    ),
+    (
+        "Assertions(require_cold=1)",
+        lambda c: _qualification().Assertions(require_cold=1),
+        TypeError,
+        "require_cold",
+    ),
+    (
+        "Assertions(expected_prompt_tokens=0)",
+        lambda c: _qualification().Assertions(expected_prompt_tokens=0),
+        ValueError,
+        "expected_prompt_tokens",
+    ),
 ]
+
+
+def _levers() -> Any:
+    from prefixreg.core import levers
+
+    return levers
+
+
+def _qualification() -> Any:
+    from prefixreg.core import qualification
+
+    return qualification
 
 
 @pytest.mark.parametrize(("label", "call", "kind", "names"), CASES, ids=[c[0] for c in CASES])

@@ -238,3 +238,24 @@ def test_a_pool_files_placement_inside_the_registry_is_refused(tmp_path: Path) -
     assert res.returncode == 2, res.stderr
     assert b"the pool's placement" in res.stderr and b"inside the registry at" in res.stderr
     assert_untouched(reg, before)
+
+
+def test_a_log_hardlinked_to_a_registry_file_is_never_appended_to(tmp_path: Path) -> None:
+    # A hard link is no symlink: the path rule cannot see that it is names.log under
+    # another name, so the appender refuses any file with a second name.
+    from prefixreg.registry.verify import verify_registry
+    from prefixreg.server.calllog import append_line
+
+    reg = Registry(tmp_path / "reg")
+    reg.add("head", name="loop")
+    journal = reg.root / "names.log"
+    before = journal.read_bytes()
+    link = tmp_path / "calls.jsonl"
+    os.link(journal, link)
+    with pytest.raises(UsageError, match="hard links"):
+        append_line(link, b'{"format": "prefixreg-call"}\n')
+    assert journal.read_bytes() == before
+    assert verify_registry(reg).ok
+    alone = tmp_path / "alone.jsonl"
+    append_line(alone, b"one\n")
+    assert alone.read_bytes() == b"one\n"

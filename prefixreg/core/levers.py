@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from prefixreg.core.errors import ArgumentTypeError, UsageError
+from prefixreg.core.errors import ArgumentTypeError
 from prefixreg.core.judge import FitVerdict, allowance, check_counts
 
 
@@ -28,7 +28,7 @@ def judge_fit(
     only when `cmax` covers the span less the allowance; else a lower bound is `not_proven`."""
     check_counts(least=None, alignment=alignment)
     if type(span) is not int or type(cmax) is not int:
-        raise UsageError(f"judge_fit takes whole numbers, not {span!r:.20} and {cmax!r:.20}")
+        raise ArgumentTypeError(f"judge_fit takes whole numbers, not {span!r:.20} and {cmax!r:.20}")
     if span < 1 or cmax < 0:
         return "unverified", "no span or Cmax to compare"
     short = span - cmax

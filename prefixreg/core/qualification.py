@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from prefixreg.core.digest import output_digest
-from prefixreg.core.errors import UsageError
+from prefixreg.core.errors import ArgumentTypeError, ArgumentValueError
 from prefixreg.core.records import CallEvidence
 
 Comparison = Literal["pass", "differ", "unverified"]
@@ -36,7 +36,7 @@ NO_OUTPUT: Final = output_digest(b"", b"")  # the fingerprint of a reply with no
 
 def _evidence(value: object, what: str) -> CallEvidence:
     if not isinstance(value, CallEvidence):
-        raise UsageError(f"{what} must be a CallEvidence, not {type(value).__name__}")
+        raise ArgumentTypeError(f"{what} must be a CallEvidence, not {type(value).__name__}")
     return value
 
 
@@ -79,10 +79,11 @@ class Assertions:
     def __post_init__(self) -> None:
         for name in ("require_cold", "require_reuse"):
             if not isinstance(getattr(self, name), bool):
-                raise UsageError(f"{name} must be True or False")
+                raise ArgumentTypeError(f"{name} must be True or False")
         n = self.expected_prompt_tokens
         if n is not None and (type(n) is not int or n < 1):
-            raise UsageError(f"expected_prompt_tokens must be a whole number >= 1, not {n!r:.20}")
+            kind = ArgumentTypeError if type(n) is not int else ArgumentValueError
+            raise kind(f"expected_prompt_tokens must be a whole number >= 1, not {n!r:.20}")
 
 
 def judge_qualified(
@@ -91,7 +92,9 @@ def judge_qualified(
     """(qualified, each failure in words) over the calls in request order, each `(phase,
     evidence)`; the first call's phase is `first`."""
     if not isinstance(assertions, Assertions):
-        raise UsageError(f"assertions must be an Assertions, not {type(assertions).__name__}")
+        raise ArgumentTypeError(
+            f"assertions must be an Assertions, not {type(assertions).__name__}"
+        )
     rows = [(str(phase), _evidence(ev, "evidence")) for phase, ev in calls]
     if not rows or rows[0][0] != "first":
         return False, ("no first request was measured",)

@@ -249,7 +249,8 @@ def _verify_objects(
             report.objects += 1
             if kind != "file":
                 sizes[sha] = None
-                report.add("corrupt", rel, f"object is a {kind}, not a regular file; refused")
+                what = "a FIFO, device or socket" if kind == "other" else f"a {kind}"
+                report.add("corrupt", rel, f"object is {what}, not a regular file; refused")
         report.objects += len(files)
         try:
             with contextlib.closing(reg._disk.read_each(fan_rel, files)) as each:

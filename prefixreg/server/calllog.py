@@ -214,6 +214,10 @@ def append_line(
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UsageError(f"{path}: not a regular file; refused")
+        if st.st_nlink > 1:  # another name of it may be a registry's file (names.log)
+            raise UsageError(
+                f"{path}: has {st.st_nlink} hard links; refused (append to a file of its own)"
+            )
         if check is not None:
             check(st)
         try:

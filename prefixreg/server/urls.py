@@ -28,7 +28,7 @@ import ipaddress
 from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
-from prefixreg.core.errors import UsageError
+from prefixreg.core.errors import ArgumentTypeError, UsageError
 
 SHAPE: Final = "http://host:port"
 _DOT: Final = frozenset({".", "%2e"})
@@ -78,7 +78,7 @@ def canonical_url(url: object, where: str = "", *, keep_userinfo: bool = False) 
     message starts with `where: ` (when given) and says why."""
     prefix = f"{where}: " if where else ""
     if not isinstance(url, str):
-        raise UsageError(f"{prefix}a worker URL is a string, not {type(url).__name__}")
+        raise ArgumentTypeError(f"{prefix}a worker URL is a string, not {type(url).__name__}")
     text = url.strip(" ")
     if any(ch.isspace() or not ch.isprintable() for ch in text):
         raise UsageError(

@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
 
-from prefixreg.core.errors import ArgumentValueError, UsageError, check_type
+from prefixreg.core.errors import ArgumentTypeError, ArgumentValueError, UsageError, check_type
 from prefixreg.core.frame import Frame, Head, beyond_prefix, not_a_prefix_call
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import judge, judge_unknown_head, judge_without_body
@@ -220,17 +220,20 @@ class Session:
 
     def __post_init__(self) -> None:
         if not isinstance(self.head, Prefix | Frame):
-            raise UsageError(f"Session takes a Prefix or a Frame, not {type(self.head).__name__}")
+            raise ArgumentTypeError(
+                f"Session takes a Prefix or a Frame, not {type(self.head).__name__}"
+            )
         if self.keeper is not None and not callable(getattr(self.keeper, "track", None)):
             raise UsageError("Session: keeper must be a KeepAlive (it has track(body))")
         log: object = self.log  # callers outside the type checker pass anything
         if log is not None and (not isinstance(log, str | Path) or "\0" in str(log)):
-            raise UsageError(f"Session: log is a file's path, not {log!r:.80}")
+            raise ArgumentTypeError(f"Session: log is a file's path, not {log!r:.80}")
         if log is not None:  # never inside a registry root, nor a directory or FIFO
             check_output_file(Path(log), "Session log")
         calls: object = self.calls
         if type(calls) is not int or calls < 0:
-            raise UsageError(f"Session: calls is a whole number >= 0, not {calls!r}")
+            kind = ArgumentTypeError if type(calls) is not int else ArgumentValueError
+            raise kind(f"Session: calls is a whole number >= 0, not {calls!r}")
         call_log: object = self.call_log
         if call_log is not None:
             check_type(call_log, (str, Path), "Session: call_log", "a file's path")
