@@ -97,7 +97,6 @@ def gateway_command(
                 hint="pip install 'prefixreg[gateway]'",
             ) from None
         from prefixreg.registry.location import resolve_registry_path
-        from prefixreg.registry.userfiles import check_output_file
         from prefixreg.verbs.pool.spec import default_placement, load_placement, pool_spec
 
         if worker and pool is not None:
@@ -108,8 +107,6 @@ def gateway_command(
             if client_key is None:
                 raise UsageError(f"--client-key-env {client_key_env}: the variable is not set")
         host, port = parse_listen(listen, open_listen=listen_any, client_key=client_key)
-        if call_log is not None:
-            check_output_file(call_log, "--call-log")
         if worker or pool is not None:
             spec = pool_spec(worker or (), pool_file=pool, router=router)
             workers, router_url = tuple(w.url for w in spec.workers), spec.router

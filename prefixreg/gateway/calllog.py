@@ -27,6 +27,7 @@ from typing import Any
 from prefixreg.core.errors import PrefixregError
 from prefixreg.core.jsonio import JSONObject, dumps_ordered
 from prefixreg.core.records import CallEvidence
+from prefixreg.registry.userfiles import check_output_file
 from prefixreg.server.calllog import append_line, call_record
 
 log = logging.getLogger("prefixreg.gateway")
@@ -59,7 +60,8 @@ class CallLog:
     """Appends call lines to `path` (None: no log)."""
 
     def __init__(self, path: Path | None) -> None:
-        self.path = path
+        # The one rule for a user's output (never inside a registry), at the gateway's door.
+        self.path = None if path is None else check_output_file(path, "--call-log")
         self.failures = 0
         self.lines = 0
 

@@ -1,7 +1,8 @@
 """`GatewayConfig`: everything a gateway runs with, checked at the door. Pure.
 
 Invariants:
-- At least one worker URL (or a router); every URL is http(s) with a host and no user info.
+- At least one worker URL (or a router); every URL in its one canonical spelling
+  (`server.urls`: the rule of every other door), http(s) with a host and no user info.
 - `on_drift` is `warn` or `refuse`; every `strip` rule compiles as a regex (a bad one is a
   `UsageError` naming it, before anything listens).
 - Limits are positive: `max_body_bytes` (a request), `max_reply_bytes` (a buffered reply;
@@ -16,9 +17,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
-from urllib.parse import urlsplit
 
 from prefixreg.core.errors import UsageError
+from prefixreg.server.urls import canonical_url, has_userinfo
 
 DEFAULT_LISTEN: Final = "127.0.0.1:8740"
 MAX_BODY_BYTES: Final = 64 * 1024 * 1024  # 10 MB of messages pass with room to spare
@@ -28,16 +29,12 @@ CONNECT_TIMEOUT_S: Final = 10.0
 
 
 def check_url(url: object, what: str) -> str:
-    """`url` without a trailing slash or `/v1`; `UsageError` unless http(s) with a host."""
-    if not isinstance(url, str):
-        raise UsageError(f"{what} must be a URL string, not {type(url).__name__}")
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"{what} {url!r} is not an http(s) URL with a host")
-    if parts.username or parts.password:
+    """`url` in its one canonical spelling (`server.urls.canonical_url`: the rule every other
+    door uses); `UsageError` unless http(s) with a host and without user info."""
+    canonical = canonical_url(url, what, keep_userinfo=True)
+    if has_userinfo(canonical):
         raise UsageError(f"{what} must not carry user info (use PREFIXREG_API_KEY)")
-    base = url.strip().rstrip("/")
-    return base.removesuffix("/v1")
+    return canonical
 
 
 @dataclass(frozen=True)

@@ -105,8 +105,8 @@ def serve(
 ) -> None:
     """Serve until interrupted (SIGINT/SIGTERM); `ready(url)` once the socket is bound."""
     _raise_open_files()
+    server, _ = _server(config)  # its config checked (a call log's path too) before binding
     sock = _bind(host, port)
-    server, _ = _server(config)
     bound = sock.getsockname()
     url = f"http://{host if ':' not in host else f'[{host}]'}:{bound[1]}"
 
