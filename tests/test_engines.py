@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from prefixreg.core.errors import ArgumentTypeError
 from prefixreg.core.jsonio import loads
 from prefixreg.registry.store import Registry
 from prefixreg.server import engines
@@ -201,7 +202,9 @@ def test_worker_detects_each_engine_from_its_answers(fake: FakeServer, engine: s
         assert w.detect_profile() == engine
         build = w.server_build()
     assert build.profile == engine
-    assert w.zero_rule == (SGLANG_ON if engine == "sglang" else None)
+    assert engines.zero_rule(build.profile, build.identity) == (
+        SGLANG_ON if engine == "sglang" else None
+    )
     assert not any(r.path.startswith("/slots") for r in fake.requests)
 
 
@@ -213,7 +216,7 @@ def test_sglang_identity_holds_its_flags(fake: FakeServer) -> None:
         serve(other, "sglang", flags_off=True)
         with Worker(other.url) as w:
             off = w.server_build()
-            assert w.zero_rule is None
+    assert engines.zero_rule(off.profile, off.identity) is None
     assert on.identity["enable_cache_report"] is True and on.identity["version"] == "0.5.9"
     assert off.identity["enable_cache_report"] is False
     assert on.build_id != off.build_id  # a restart that turns reporting off is another build
@@ -224,8 +227,8 @@ def test_sglang_on_its_older_route_and_a_forced_profile(fake: FakeServer) -> Non
     with Worker(fake.url) as w:
         assert w.detect_profile() == "sglang"
     with Worker(fake.url, profile="vllm") as w:
-        assert w.server_build().profile == "vllm"
-        assert w.zero_rule is None
+        forced = w.server_build()
+    assert forced.profile == "vllm" and engines.zero_rule(forced.profile, forced.identity) is None
 
 
 def test_a_port_is_no_signal(fake: FakeServer) -> None:
@@ -241,10 +244,22 @@ def test_a_chat_reads_sglang_null_by_the_build_flag(fake: FakeServer) -> None:
     fake.route("POST", "/v1/chat/completions", Reply(json=cold))
     with Worker(fake.url) as w:
         _, before = w.chat("You are terse.", "hi", stream=False)
-        w.server_build()
-        _, after = w.chat("You are terse.", "hi", stream=False)
-    assert before.cache_state == "unverified"  # no build read yet: the flag is not known
+        build = w.server_build()
+        _, after = w.chat("You are terse.", "hi", stream=False, build=build)
+        _, again = w.chat("You are terse.", "hi", stream=False)
+    assert before.cache_state == "unverified"  # no build given: the flag is not known
     assert (after.cache_state, after.cached_tokens) == ("cold", 0)
+    assert again.cache_state == "unverified"  # the client keeps no build between calls
+
+
+def test_a_build_that_is_no_server_build_is_refused_before_sending(fake: FakeServer) -> None:
+    wrong: Any = {"profile": "sglang"}  # callers outside the type checker
+    with Worker(fake.url) as w:
+        with pytest.raises(ArgumentTypeError, match=r"chat\(\): build is a ServerBuild"):
+            w.chat("s", "hi", build=wrong)
+        with pytest.raises(ArgumentTypeError, match=r"complete\(\): build is a ServerBuild"):
+            w.complete("hi", build=wrong)
+    assert fake.requests == []
 
 
 # ----------------------------------------------------------------- evidence per engine shape
@@ -390,8 +405,8 @@ def test_a_lying_or_malformed_signal_is_not_the_engine(
     fake.route("POST", "/v1/chat/completions", Reply(json=cold))
     with Worker(fake.url) as w:
         build = w.server_build()
-        _, ev = w.chat("You are terse.", "hi", stream=False)
-    assert build.profile == "generic" and w.zero_rule is None
+        _, ev = w.chat("You are terse.", "hi", stream=False, build=build)
+    assert build.profile == "generic" and engines.zero_rule(build.profile, build.identity) is None
     assert ev.cache_state == "unverified"  # a null never becomes 0 on a claim not proven
 
 

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from prefixreg.registry.store import Registry
+from prefixreg.server import engines
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.keepalive.run import KeepAlive
@@ -238,9 +239,9 @@ def test_sim_command_serves_an_engine_with_its_flag_off() -> None:
     args = ["--engine", "sglang", "--no-cache-report", "--port", "0", "--speed", "1000"]
     with foreground(args, dict(os.environ)) as run, Worker(run.url) as w:
         build = w.server_build()
-        _, ev = w.chat(SYSTEM, "hi", max_tokens=1)
+        _, ev = w.chat(SYSTEM, "hi", max_tokens=1, build=build)
     assert build.profile == "sglang" and build.identity["enable_cache_report"] is False
-    assert ev.cache_state == "unverified" and w.zero_rule is None
+    assert ev.cache_state == "unverified" and engines.zero_rule("sglang", build.identity) is None
     assert run.code is not None
 
 

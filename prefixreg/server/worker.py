@@ -13,9 +13,10 @@ Invariants:
 - Every argument is checked before a byte is sent; a wrong type or value is a `UsageError`
   (a timeout must be finite, above 0 and at most one day).
 - No state is kept between calls: the build identity is read fresh on every
-  `server_build()` (DESIGN §3 rule 3); only `default_model` (the first `/v1/models` id) is
-  read once per client, and the last build's `zero_rule` (SGLang's reporting flag, part of
-  that identity) is how chats read a missing count; before any build, none is.
+  `server_build()` (DESIGN §3 rule 3) and handed to the caller, who passes it back to the
+  calls measured against it (`build=`: its `engines.zero_rule`, SGLang's reporting flag, is
+  how a missing count is read; without a build, none is); only `default_model` (the first
+  `/v1/models` id) is read once per client.
 - The API key (`api_key=`, else env `PREFIXREG_API_KEY`) is sent as `Authorization: Bearer`
   and nowhere else: not in `repr`, an exception message or a log line.
 - A chat call that got a 200 never raises for what its body then says (an error frame, a
@@ -39,7 +40,7 @@ from prefixreg.core.errors import (
     WorkerHTTPError,
 )
 from prefixreg.core.frame import Frame
-from prefixreg.core.jsonio import JSONObject, dumps_ordered
+from prefixreg.core.jsonio import JSONObject, dumps_checked, dumps_ordered
 from prefixreg.core.prefix import Prefix, check_history, check_text
 from prefixreg.core.records import CacheCounters, CallEvidence, ServerBuild
 from prefixreg.server import engines
@@ -92,8 +93,6 @@ class Worker:
         self._http = Transport(url, key=self._key, max_bytes=max_bytes, transport=transport)
         self.url, self.max_bytes = self._http.url, self._http.max_bytes
         self._default_model: str | bool | None = False  # not read yet (see `default_model`)
-        self.zero_rule: str | None = None  # set by `server_build` (see `server.engines`)
-        self.counters: engines.Metrics | None = None  # the engine's Prometheus, by `server_build`
 
     def __repr__(self) -> str:
         auth = "set" if self._key is not None else "none"
@@ -213,8 +212,9 @@ class Worker:
         return self._detect()[0]
 
     def server_build(self) -> ServerBuild:
-        """The server's identity now (DESIGN §4); sets the `zero_rule` next chats read a missing
-        count by: its flag is part of the identity, so checking this build catches a restart."""
+        """The server's identity now (DESIGN §4). Pass it to the calls measured against it
+        (`chat(build=)`): the flag that reads a missing count is part of the identity, so
+        checking this build catches a restart that turned it off."""
         profile, seen = self._detect()
 
         def read(route: str) -> JSONObject | None:
@@ -236,8 +236,6 @@ class Worker:
             identity = engines.engine_identity(version, read("/v1/models"))
         else:
             identity = engines.generic_identity(read("/v1/models"))
-        self.zero_rule = engines.zero_rule(profile, identity)
-        self.counters = engines.METRICS.get(profile)
         return ServerBuild(profile=profile, identity=identity)
 
     def default_model(self) -> str | None:
@@ -257,12 +255,15 @@ class Worker:
         tools: list[dict[str, Any]] | None = None,
         stream: bool = True,
         headers: Mapping[str, str] | None = None,
+        build: ServerBuild | None = None,
         **params: Any,
     ) -> tuple[JSONObject, CallEvidence]:
         """One chat call (`prefix`, then the `tail` or the OpenAI-shaped `history`, `tools`,
         `params`): the reply (`ReplyReader.view`) and its evidence. A `Frame` sends its verified
         system bytes, tools and settings; a `str` is sent as is (unverified). `headers` go with
         this call only (a router's key). Streams ask for `stream_options.include_usage`.
+        `build` (`server_build()`) is the build the call is measured against: its rule reads a
+        missing cached count (`engines.zero_rule`); without one, a missing count is unverified.
 
         Raises UsageError: a wrong argument, or a body that is not JSON by the project's rules
         (nothing is sent); WorkerError: HTTP errors, the deadline, the reply cap."""
@@ -274,6 +275,7 @@ class Worker:
         given: tuple[object, ...] = (stream, tools)  # callers outside the type checker
         if not isinstance(given[0], bool) or not isinstance(given[1], list | None):
             raise UsageError("chat(): stream is True or False, tools a list or None")
+        _check_build(build, "chat()")
         if (tail is None) == (history is None):
             raise UsageError("chat() takes a tail or a history, exactly one of them")
         if history is None:
@@ -290,22 +292,25 @@ class Worker:
             options = body.get("stream_options")
             body["stream_options"] = {**(options if isinstance(options, dict) else {})}
             body["stream_options"]["include_usage"] = True
+        named = body.get("model") or self.model
+        asks = not named and self._default_model is False  # a first call asks `/v1/models`
+        if not asks:
+            _set_model(body, named or self.default_model())  # known: no request
         extra, content = _check_headers(headers), check_body(body)  # before any request
-        model = body.get("model") or self.model or self.default_model()
-        if model is not None and model != body.get("model"):
-            body["model"] = model
-            content = check_body(body)
-        return self._post_chat(content, stream=stream, extra=extra)
+        if asks and _set_model(body, self.default_model()):
+            content = dumps_checked(body)  # a str read as JSON keeps the checked body JSON
+        return self._post_chat(content, stream=stream, extra=extra, build=build)
 
     def complete(
-        self, prompt: str | Sequence[int], **params: Any
+        self, prompt: str | Sequence[int], *, build: ServerBuild | None = None, **params: Any
     ) -> tuple[JSONObject, CallEvidence]:
         """One streamed `/v1/completions` call of `prompt`: text, or token IDs (a list of ints
         0..2**32-1, sent as a token prompt: the engine must take one). The reply and its
-        evidence, measured as `chat` measures. Raises as `chat` does."""
+        evidence, measured as `chat` measures (`build` as there). Raises as `chat` does."""
         for reserved in ("prompt", "stream"):
             if reserved in params:
                 raise UsageError(f"complete() sets {reserved!r} itself; do not pass it")
+        _check_build(build, "complete()")
         given: object = prompt  # callers outside the type checker
         if isinstance(given, str) and given:
             sent: str | list[int] = check_text(given, "the prompt")
@@ -323,12 +328,17 @@ class Worker:
         model = body.get("model") or self.model or self.default_model()
         if model is not None:
             body["model"] = model
-        return self._post_chat(
-            check_body(body, "complete()"), stream=True, extra={}, route=_COMPLETIONS
-        )
+        content = check_body(body, "complete()")
+        return self._post_chat(content, stream=True, extra={}, route=_COMPLETIONS, build=build)
 
     def _post_chat(
-        self, content: bytes, *, stream: bool, extra: dict[str, str], route: str = _CHAT
+        self,
+        content: bytes,
+        *,
+        stream: bool,
+        extra: dict[str, str],
+        build: ServerBuild | None,
+        route: str = _CHAT,
     ) -> tuple[JSONObject, CallEvidence]:
         headers = {**extra, "Content-Type": "application/json"}
         if stream:
@@ -352,7 +362,8 @@ class Worker:
                 reply.take_response(b"".join(call.pieces(drop_ok=True)))
         wall = time.perf_counter() - started
         ttft = None if first is None else first - started
-        evidence = evidence_from_response(reply, wall_s=wall, ttft_s=ttft, zero_rule=self.zero_rule)
+        rule = None if build is None else engines.zero_rule(build.profile, build.identity)
+        evidence = evidence_from_response(reply, wall_s=wall, ttft_s=ttft, zero_rule=rule)
         return reply.view(), evidence
 
 
@@ -374,6 +385,22 @@ def check_body(body: object, what: str = "chat()") -> bytes:
         return dumps_ordered(body).encode("utf-8")
     except (TypeError, ValueError) as exc:  # orjson's encode error is a TypeError
         raise UsageError(f"{what}: the request is not JSON the server can read: {exc}") from None
+
+
+def _set_model(body: dict[str, Any], model: str | None) -> bool:
+    """Name `model` in `body` (None: the server's default); whether the body changed."""
+    if model is None or model == body.get("model"):
+        return False
+    body["model"] = model
+    return True
+
+
+def _check_build(build: object, what: str) -> None:
+    if build is not None and not isinstance(build, ServerBuild):
+        got = type(build).__name__
+        raise ArgumentTypeError(
+            f"{what}: build is a ServerBuild (server_build()) or None, not {got}"
+        )
 
 
 def _check_headers(headers: object) -> dict[str, str]:

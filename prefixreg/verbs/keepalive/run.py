@@ -357,7 +357,9 @@ class KeepAlive(Stepper):
             record, verdict = check, "resumed"
         else:
             align = self.build.snapshot_align
-            record, verdict = ks.rewarm_call(self.worker, kept, counter, alignment=align)
+            record, verdict = ks.rewarm_call(
+                self.worker, self.build, kept, counter, alignment=align
+            )
         kept.lost, kept.evicted, kept.last_used = False, False, time.monotonic()
         if counter is not None:
             ks.rebase(kept, self._kept.values(), counter, record, self.budget.per_request)

@@ -40,6 +40,7 @@ from prefixreg.core.frame import Head, beyond_prefix, not_a_prefix_call
 from prefixreg.core.jsonio import loads
 from prefixreg.core.judge import Verdict, judge
 from prefixreg.core.prefix import check_history, fresh_tail, text_bytes
+from prefixreg.core.records import ServerBuild
 from prefixreg.registry.userfiles import (
     MAX_INPUT_BYTES,
     open_user_file,
@@ -134,7 +135,7 @@ def why_not_kept(heads: Iterable[Head], body: Mapping[str, Any]) -> str:
 
 
 def rewarm_call(
-    worker: Worker, kept: Kept, counter: Counter | None, *, alignment: int
+    worker: Worker, build: ServerBuild, kept: Kept, counter: Counter | None, *, alignment: int
 ) -> tuple[CallRecord, Verdict]:
     """One re-warm of `kept` (in its pinned slot) and the judge's verdict: the session
     re-touched whole (judged against its bytes, the head's and the history's text), else the
@@ -146,6 +147,7 @@ def rewarm_call(
     record = measured_call(
         worker,
         head,
+        build=build,
         phase="keepalive",
         tail=tail,
         with_cache=stores,

@@ -24,7 +24,7 @@ from prefixreg.core.judge import measured_span as span_counted
 from prefixreg.core.records import CacheCounters, CallEvidence, Measurement, ServerBuild
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.server.counters import counter_deltas, is_interleaved
-from prefixreg.server.engines import Metrics, window
+from prefixreg.server.engines import METRICS, Metrics, window
 from prefixreg.server.worker import Worker
 
 WARM_PARAMS: Final[dict[str, Any]] = {"max_tokens": 1, "temperature": 0}
@@ -68,6 +68,7 @@ def measured_call(
     worker: Worker,
     head: Head,
     *,
+    build: ServerBuild,
     phase: str,
     tail: str,
     with_cache: bool,
@@ -75,17 +76,19 @@ def measured_call(
     history: Sequence[Mapping[str, Any]] | None = None,
     **params: Any,
 ) -> CallRecord:
-    """One chat call bracketed by `/cache` snapshots (when `with_cache`), else by the engine's
-    Prometheus counters where the build has them (`Worker.counters`: a witness, never the
-    verdict). `before` reuses the previous call's closing snapshot; one the server fails to give
-    is recorded as missing (its window counts for nothing), never losing the call's evidence.
-    `history` (a loop's session) replaces the one-line `tail`; its hash is recorded."""
+    """One chat call on `build` (the caller's `Worker.server_build()`: its rule reads a missing
+    count) bracketed by `/cache` snapshots (when `with_cache`), else by the engine's
+    Prometheus counters where the build has them (`engines.METRICS`: a witness, never the
+    verdict). `before` reuses the previous call's closing snapshot; one the server fails to
+    give is recorded as missing (its window counts for nothing), never losing the call's
+    evidence. `history` (a loop's session) replaces the one-line `tail`; its hash is recorded."""
     sent = tail if history is None else None
 
     def send() -> CallEvidence:
-        return worker.chat(head, sent, history=history, **{**WARM_PARAMS, **params})[1]
+        sent_params = {**WARM_PARAMS, **params}
+        return worker.chat(head, sent, history=history, build=build, **sent_params)[1]
 
-    record = _bracketed(worker, send, phase, with_cache=with_cache, before=before)
+    record = _bracketed(worker, build, send, phase, with_cache=with_cache, before=before)
     text = tail if history is None else dumps_ordered(list(history))  # checked by the call
     return replace(record, tail_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest())
 
@@ -94,6 +97,7 @@ def measured_completion(
     worker: Worker,
     prompt: str | Sequence[int],
     *,
+    build: ServerBuild,
     phase: str,
     prompt_sha256: str,
     with_cache: bool,
@@ -106,14 +110,17 @@ def measured_completion(
     `witness` no counter window is read (a call among concurrent ones has none of its own)."""
 
     def send() -> CallEvidence:
-        return worker.complete(prompt, **params)[1]
+        return worker.complete(prompt, build=build, **params)[1]
 
-    record = _bracketed(worker, send, phase, with_cache=with_cache, before=before, witness=witness)
+    record = _bracketed(
+        worker, build, send, phase, with_cache=with_cache, before=before, witness=witness
+    )
     return replace(record, tail_sha256=prompt_sha256)
 
 
 def _bracketed(
     worker: Worker,
+    build: ServerBuild,
     send: Callable[[], CallEvidence],
     phase: str,
     *,
@@ -125,7 +132,7 @@ def _bracketed(
     the caller names what was sent (`tail_sha256`)."""
     if with_cache and before is None:
         before = worker.cache()
-    metrics = None if with_cache or not witness else worker.counters
+    metrics = None if with_cache or not witness else METRICS.get(build.profile)
     start = _samples(worker, metrics)
     evidence = send()
     after = None

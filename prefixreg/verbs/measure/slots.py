@@ -49,7 +49,9 @@ def pinned_check(
 ) -> tuple[CallRecord, Judgement]:
     """A fresh-tail resume check pinned to `slot_id`, and the judge's verdict on it."""
     tail = fresh_tail()
-    call = measured_call(worker, head, phase="check", tail=tail, with_cache=False, id_slot=slot_id)
+    call = measured_call(
+        worker, head, build=build, phase="check", tail=tail, with_cache=False, id_slot=slot_id
+    )
     tools = tools_tokens(worker, build, head) if isinstance(head, Frame) else None
     return call, judge_check(call.evidence, head, tail=tail, alignment=0, tools_tokens=tools)
 
@@ -58,19 +60,24 @@ def readable_dir(path: Path) -> bool:
     return path.is_dir() and os.access(path, os.R_OK | os.X_OK)
 
 
-def warm_and_locate(worker: Worker, head: Head, slot: int | None) -> tuple[CallRecord, SlotInfo]:
+def warm_and_locate(
+    worker: Worker, build: ServerBuild, head: Head, slot: int | None
+) -> tuple[CallRecord, SlotInfo]:
     """The warm call and the slot that served it: the one whose `id_task` moved (llama.cpp
     serves a prompt from the slot sharing most of it). Ambiguous (several moved, or it is
     not known idle) or `slot` given: the warm is pinned to an idle slot instead."""
     if slot is None:
         before = {s.id: s.id_task for s in list_slots(worker)}
-        warm = measured_call(worker, head, phase="warm", tail=fresh_tail(), with_cache=False)
+        warm = measured_call(
+            worker, head, build=build, phase="warm", tail=fresh_tail(), with_cache=False
+        )
         moved = [s for s in list_slots(worker) if s.id_task != before.get(s.id)]
         if len(moved) == 1 and moved[0].idle:
             return warm, moved[0]
     chosen = idle_slot(worker, prefer=slot)
+    tail = fresh_tail()
     warm = measured_call(
-        worker, head, phase="warm", tail=fresh_tail(), with_cache=False, id_slot=chosen.id
+        worker, head, build=build, phase="warm", tail=tail, with_cache=False, id_slot=chosen.id
     )
     return warm, chosen
 
@@ -92,7 +99,9 @@ def warm_copies(worker: Worker, head: Head, copies: int) -> list[tuple[int, Judg
     out = []
     for slot in slots[:copies]:
         tail = fresh_tail()
-        measured_call(worker, head, phase="warm", tail=tail, with_cache=False, id_slot=slot.id)
+        measured_call(
+            worker, head, build=build, phase="warm", tail=tail, with_cache=False, id_slot=slot.id
+        )
         out.append((slot.id, pinned_check(worker, build, head, slot.id)[1]))
     return out
 

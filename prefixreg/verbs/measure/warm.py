@@ -208,7 +208,13 @@ def warm(
         tails.append(fresh_tail())
         before = calls[-1].after if calls else None
         call = measured_call(
-            worker, head, phase=phase, tail=tails[-1], with_cache=with_cache, before=before
+            worker,
+            head,
+            build=build,
+            phase=phase,
+            tail=tails[-1],
+            with_cache=with_cache,
+            before=before,
         )
         calls.append(call)
     judgement: Judgement | None = None

@@ -3,7 +3,8 @@
 `survey()` reads each worker's build fresh (DESIGN §3 rule 3), its size, its latest verified
 `probe --survival` and its capacity (the rule is `spec`'s: heads used in any order, counting the
 entries each call of a head, a proof's check included, stores in an LRU they share);
-`worker_for`, `headers_for` and `chat` take a head or a reference they resolve;
+`worker_for`, `headers_for` and `chat` take a head or a reference they resolve (a direct
+`chat` is read by the build the last survey read of its worker: `builds`);
 `served_marks()` fingerprints what each worker served (`/slots` `id_task`, else `/cache`
 hits + misses), since the router hides its workers.
 
@@ -94,6 +95,7 @@ class Pool:
         check_output_file(self.placement_path, "the pool's placement", parents=True)
         placement, self.warnings = load_placement(self.placement_path)
         self.heads: dict[str, Head] = {}  # each placed head, resolved once
+        self.builds: dict[str, ServerBuild] = {}  # each worker's build, as `survey` last read it
         for sha in placement:
             try:
                 self.heads[sha] = registry.head(sha)
@@ -125,7 +127,7 @@ class Pool:
     def _state(self, url: str, cap: int | None) -> WorkerState:
         worker = self.workers[url]
         try:
-            build = worker.server_build()
+            build = self.builds[url] = worker.server_build()
             measured = latest_survival(self.registry, build)
             survival, per_call = (None, None) if measured is None else measured[:2]
             per_call = _per_call(build, per_call)
@@ -182,7 +184,8 @@ class Pool:
         head = self.head(ref)
         if self.router is not None:
             return self.router.chat(head, tail, headers=self.headers_for(head), **params)
-        return self.worker_for(head).chat(head, tail, **params)
+        url = self.assignment(head).worker
+        return self.workers[url].chat(head, tail, build=self.builds.get(url), **params)
 
     def save(self) -> None:
         save_placement(self.placement_path, self.spec, self.placement.values())

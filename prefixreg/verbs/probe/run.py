@@ -138,7 +138,14 @@ class _Prober:
         bare, cache = leg == "foreign", self.with_cache
         params = {} if bare else self.frame_params
         record = measured_call(
-            self.worker, prefix, phase=leg, tail=tail, with_cache=cache, before=self.last, **params
+            self.worker,
+            prefix,
+            build=self.report.build,
+            phase=leg,
+            tail=tail,
+            with_cache=cache,
+            before=self.last,
+            **params,
         )
         self.last, judgement = record.after, None
         if not bare:

@@ -203,6 +203,7 @@ class _Run:
         self.with_cache = self.build.profile == "halogen"
 
     def _one(self, phase: str, *, witness: bool = True) -> CallRecord | CallEvidence:
+        assert self.build is not None  # noqa: S101 -- `start` read it before any call
         before = None
         last = self.calls[-1][1] if self.calls else None
         if isinstance(last, CallRecord) and witness:
@@ -211,6 +212,7 @@ class _Run:
             return measured_completion(
                 self.worker,
                 self.prompt.sent,
+                build=self.build,
                 phase=phase,
                 prompt_sha256=self.prompt.fixture_sha256,
                 with_cache=self.with_cache and witness,

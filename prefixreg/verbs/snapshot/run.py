@@ -70,7 +70,7 @@ def save_snapshot(
     build = worker.server_build()
     require_slot_api(build)
     say(f"warming {head.sha256[:12]} on {worker.url} (build {build.build_id})")
-    warmed, chosen = warm_and_locate(worker, head, slot)
+    warmed, chosen = warm_and_locate(worker, build, head, slot)
     check, judged = pinned_check(worker, build, head, chosen.id)
     if not judged.resumed:
         text = f"slot {chosen.id} does not provably hold the head ({judged.verdict}: "
