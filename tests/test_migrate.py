@@ -17,7 +17,7 @@ from prefixreg.registry import migrate as migrate_mod
 from prefixreg.registry.layout import MIGRATIONS_LOG
 from prefixreg.registry.location import default_registry_path, legacy_registry_path
 from prefixreg.registry.migrate import migrate_registry
-from prefixreg.registry.refs import scan_references
+from prefixreg.registry.repointing import scan_references
 from prefixreg.registry.store import Registry
 from prefixreg.registry.verify import verify_registry
 from tests.conftest import run_cli as run

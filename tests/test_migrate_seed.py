@@ -294,7 +294,7 @@ def test_a_corrupt_legacy_manifest_is_a_problem(home: Path) -> None:
     ],
 )
 def test_repoint_rules(tmp_path: Path, home: Path, line: str, repointed: bool) -> None:
-    from prefixreg.registry.refs import repoint
+    from prefixreg.registry.repointing import repoint
 
     root = tmp_path / "tree"
     (root / "bin").mkdir(parents=True)

@@ -16,8 +16,9 @@ Invariants:
   new root gains one line per move.
 - A symlinked source root is resolved: the directory moves, the link is left dangling. The
   old tree is removed only after the target verified, names first, then meta.
-- A hand-built registry (no `REGISTRY.json`) is adopted only with `repoint` (`refs.adopt`); the
-  lines naming the old path are listed (`--scan`) or repointed by `refs`.
+- A hand-built registry (no `REGISTRY.json`) is adopted only with `repoint`
+  (`repointing.adopt`); the lines naming the old path are listed (`--scan`) or repointed by
+  `repointing`.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from prefixreg.core.jsonio import dumps_canonical, loads_object
 from prefixreg.registry import fsutil, layout, treecopy
 from prefixreg.registry.layout import MARKER, MIGRATIONS_LOG
 from prefixreg.registry.location import default_registry_path
-from prefixreg.registry.refs import Repointed, StaleReference, adopt, scan_references, survey
-from prefixreg.registry.refs import repoint as repoint_files
+from prefixreg.registry.repointing import Repointed, StaleReference, adopt, scan_references, survey
+from prefixreg.registry.repointing import repoint as repoint_files
 from prefixreg.registry.store import Registry
 
 Method = Literal["rename", "copy", "merge", "adopt", "none"]
@@ -176,7 +177,8 @@ def _line_break(text: str) -> str | None:
 def _adopt(
     given: Path, source: Path, target: Path, report: MigrationReport, progress: Say | None
 ) -> None:
-    """`refs.adopt` at `target`, then retire the source as a copy does; a dry run only surveys."""
+    """`repointing.adopt` at `target`, then retire the source as a copy does; a dry run
+    only surveys."""
     surveyed = survey(source, progress=progress)
     files = surveyed[1]
     if os.path.lexists(target / MARKER):

@@ -1,5 +1,5 @@
 """Which write bits on a registry entry let another local user change it: the rule `verify`
-reports as `insecure_mode` and adoption (`refs.adopt`) drops, stated once.
+reports as `insecure_mode` and adoption (`repointing.adopt`) drops, stated once.
 
 Invariants:
 - Everyone's write bit is always unsafe; the group's is unsafe unless the group is its

@@ -1,8 +1,8 @@
-"""The old path and a hand-built registry: `scan_references` lists the lines of the user's files
-that still name a registry's old path (`migrate --scan`); `repoint` rewrites the registry's own
-README and `bin/` to the new one; `survey` and `adopt` adopt a hand-built registry (the seed's
-layout without `REGISTRY.json`, its records in their own shapes) at a new path (`migrate
---repoint`).
+"""Repointing a moved registry (`migrate`'s path work): `scan_references` lists the lines of
+the user's files that still name a registry's old path (`migrate --scan`); `repoint` rewrites
+the registry's own README and `bin/` to the new one; `survey` and `adopt` adopt a hand-built
+registry (the seed's layout without `REGISTRY.json`, its records in their own shapes) at a
+new path (`migrate --repoint`).
 
 Invariants:
 - One set of spellings of a path (`path_forms`: absolute, resolved, `~/`, `$HOME/`,
