@@ -205,7 +205,7 @@ def open_registry_from(flag: Path | None) -> Registry:
     return Registry(path)
 
 
-def worker_url(flag: str | None) -> str:
+def resolve_worker_url(flag: str | None) -> str:
     """The worker URL from `--worker` or `$PREFIXREG_WORKER`, or a usage error."""
     url = flag or os.environ.get("PREFIXREG_WORKER")
     if not url:
@@ -219,4 +219,4 @@ def open_worker(
     """A `Worker` for `--worker`/`$PREFIXREG_WORKER` (key from `$PREFIXREG_API_KEY`)."""
     from prefixreg.server.worker import Worker
 
-    return Worker(worker_url(url), model=model, read_timeout=timeout, profile=profile)
+    return Worker(resolve_worker_url(url), model=model, read_timeout=timeout, profile=profile)

@@ -351,7 +351,7 @@ def keepalive_command(
         check_metrics_path(metrics_file)
         reg = c.open_registry_from(registry)
         heads = [reg.head(ref) for ref in refs]  # resolved and verified once, before sending
-        groups = placed(reg, heads, pool) if pool else {c.worker_url(worker): heads}
+        groups = placed(reg, heads, pool) if pool else {c.resolve_worker_url(worker): heads}
         keepers: list[KeepAlive] = []
 
         def on_rewarm(rewarm: Rewarm) -> None:

@@ -68,7 +68,7 @@ PLACEMENT_FORMAT: Final = "prefixreg-pool-placement"
 MAX_FILE_BYTES: Final = 1 << 20  # a pool or placement file is a few KiB
 
 
-def worker_url(url: object, where: str = "worker") -> str:
+def canonical_worker_url(url: object, where: str = "worker") -> str:
     """The canonical spelling of a worker URL (`server.urls.canonical_url`), user info refused."""
     canonical = canonical_url(url, where, keep_userinfo=True)
     if has_userinfo(canonical):
@@ -113,7 +113,7 @@ class WorkerSpec:
     capacity: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "url", worker_url(self.url))
+        object.__setattr__(self, "url", canonical_worker_url(self.url))
         cap = self.capacity
         if cap is not None and (type(cap) is not int or cap < 0):
             raise UsageError(f"capacity must be a whole number >= 0, not {cap!r}")
@@ -138,7 +138,7 @@ class PoolSpec:
             raise UsageError("placement_path is a Path or None")
         object.__setattr__(self, "workers", tuple(given))
         if self.router is not None:
-            object.__setattr__(self, "router", worker_url(self.router, "router"))
+            object.__setattr__(self, "router", canonical_worker_url(self.router, "router"))
         urls = [w.url for w in self.workers]
         for a, b in combinations(urls, 2):
             if same_worker(a, b):
@@ -335,7 +335,7 @@ def _assignment(entry: object) -> Assignment:
         raise UsageError(f"key {str(key)[:16]!r} is not a routing key of {sha[:12]}")
     if build is not None and not isinstance(build, str):
         raise UsageError("build_id is not a string")
-    return Assignment(sha, worker_url(entry.get("worker")), key, build)
+    return Assignment(sha, canonical_worker_url(entry.get("worker")), key, build)
 
 
 def load_placement(path: Path) -> tuple[dict[str, Assignment], list[str]]:
