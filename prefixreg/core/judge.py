@@ -208,7 +208,7 @@ def judge(
     return out("resumed", why, span, source)
 
 
-def measured_span(m: Measurement) -> int | None:
+def counted_span(m: Measurement) -> int | None:
     """The head's span as the server counted it, from a measured check: the cached count of
     a resumed fresh-tail check, on an engine that counts cached tokens one by one. None when
     nothing was measured: a check not resumed, or an aligned engine (its count is rounded

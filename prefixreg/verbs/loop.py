@@ -3,7 +3,7 @@ Verdicts come from the judge (`core.judge`); nothing here reads text lengths.
 
 - `LoopJudge` reads each loop call against the head on the worker's build: the judge's
   verdict against the span the server counted on this build's last resumed check of the
-  head (`measure.calls.measured_span`), else against the head's share of the call's request
+  head (`measure.calls.last_counted_span`), else against the head's share of the call's request
   body; with neither, `unverified`. A call observed with no request body is never
   `resumed` (nothing shows it sent the head: `judge_without_body` says unverified, and
   why). A frame's tools that the server's template drops are never resumed. When this
@@ -43,7 +43,7 @@ from prefixreg.registry.store import Registry
 from prefixreg.registry.userfiles import check_output_file, refuse_shared
 from prefixreg.server.calllog import append_line, call_line
 from prefixreg.server.worker import Worker, check_body, check_worker
-from prefixreg.verbs.measure.calls import build_warms, measured_span, sent_head
+from prefixreg.verbs.measure.calls import build_warms, last_counted_span, sent_head
 from prefixreg.verbs.measure.warm import tools_tokens
 
 LoopVerdict = Literal["resumed", "partial", "cold", "unverified", "drift", "head-mismatch"]
@@ -143,7 +143,7 @@ class LoopJudge:
     build_id: str
     alignment: int
     baseline: Measurement | None  # this build's last warm of the head's system prefix
-    span: int | None = None  # the head's span the server counted here (`measured_span`)
+    span: int | None = None  # the head's span the server counted here (`last_counted_span`)
     tools_tokens: int | None = None  # what a frame's tools add here (0: the template drops them)
     stats: LoopStats = field(default_factory=LoopStats)
     calls: list[tuple[LoopVerdict, str]] = field(default_factory=list)
@@ -159,7 +159,7 @@ class LoopJudge:
         build = worker.server_build()
         warms = build_warms(registry, head.system.sha256, build.build_id)
         tools = tools_tokens(worker, build, head) if isinstance(head, Frame) else None
-        span = measured_span(registry, head, build.build_id)
+        span = last_counted_span(registry, head, build.build_id)
         baseline = warms[-1] if warms else None
         return cls(head, build.build_id, build.snapshot_align, baseline, span, tools)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from prefixreg.core.errors import RefNotFoundError, UsageError
 from prefixreg.core.frame import Head
-from prefixreg.core.judge import Judgement, judge, judge_unknown_head, measured_span
+from prefixreg.core.judge import Judgement, counted_span, judge, judge_unknown_head
 from prefixreg.core.records import CallEvidence, Measurement
 from prefixreg.registry.store import Registry
 from prefixreg.verbs.audit.identity import FrameAudit, IdentityReport, Lookup, check_identity
@@ -44,7 +44,7 @@ def prefix_spans(
 def _span(m: Measurement) -> PrefixSpan | None:
     o = m.outcome  # a probe leg's span only marks its slice: it never judges a call here
     align = m.build.snapshot_align if o.alignment is None else o.alignment
-    if (span := measured_span(m)) is not None and not m.kind.startswith("probe-"):
+    if (span := counted_span(m)) is not None and not m.kind.startswith("probe-"):
         return PrefixSpan(m.sha256, m.build.build_id, span, align, m.at, m.kind, o.frame)
     if o.verdict != "resumed" or not o.span_tokens:  # partial or cold: a miss, not the head
         return None  # else the estimate a resumed check covered (an aligned engine's)

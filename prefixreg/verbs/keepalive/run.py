@@ -60,7 +60,7 @@ from prefixreg.verbs.keepalive import session as ks
 from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm, restore_for_keepalive
 from prefixreg.verbs.keepalive.thread import Stepper
 from prefixreg.verbs.measure.budget import budget_for
-from prefixreg.verbs.measure.calls import measured_span, record_measurement
+from prefixreg.verbs.measure.calls import last_counted_span, record_measurement
 
 MAX_ERRORS: Final = 5
 MAX_BACKOFF_S: Final = 30.0
@@ -140,7 +140,7 @@ class KeepAlive(Stepper):
             raise UsageError(f"KeepAlive: {n} on {self.slots} slots evict each other ({limit})")
         self._kept: dict[str, ks.Kept] = {}  # by sha, and sha/copy for the copies after one
         for h in prefixes:
-            span = None if registry is None else measured_span(registry, h, build.build_id)
+            span = None if registry is None else last_counted_span(registry, h, build.build_id)
             for i in range(copies):
                 self._kept[h.sha256 if i == 0 else f"{h.sha256}/{i}"] = ks.Kept(h, span)
         counters = worker.cache() if build.profile == "halogen" else None

@@ -19,8 +19,7 @@ from typing import Any, Final
 from prefixreg.core.errors import WorkerError
 from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import JSONObject, JSONValue, dumps_ordered
-from prefixreg.core.judge import Judgement, judge
-from prefixreg.core.judge import measured_span as span_counted
+from prefixreg.core.judge import Judgement, counted_span, judge
 from prefixreg.core.records import CacheCounters, CallEvidence, Measurement, ServerBuild
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.server.counters import counter_deltas, is_interleaved
@@ -183,10 +182,10 @@ def head_warms(registry: Registry, head: Head, build_id: str) -> list[Measuremen
     return [m for m in warms if m.outcome.frame == frame]
 
 
-def measured_span(registry: Registry, head: Head, build_id: str) -> int | None:
+def last_counted_span(registry: Registry, head: Head, build_id: str) -> int | None:
     """The head's span in tokens as the server counted it on this build's last resumed
-    check of it (`core.judge.measured_span`); None: none measured it."""
-    spans = (span_counted(m) for m in reversed(head_warms(registry, head, build_id)))
+    check of it (`core.judge.counted_span`); None: none measured it."""
+    spans = (counted_span(m) for m in reversed(head_warms(registry, head, build_id)))
     return next((span for span in spans if span is not None), None)
 
 

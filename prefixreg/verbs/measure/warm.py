@@ -36,8 +36,8 @@ from prefixreg.verbs.measure.calls import (
     build_warms,
     head_warms,
     judge_check,
+    last_counted_span,
     measured_call,
-    measured_span,
     record_measurement,
     sent_head,
 )
@@ -201,7 +201,7 @@ def warm(
     say(f"warming {head.sha256[:12]} on {worker.url} ({build.profile}, build {build.build_id})")
     calls: list[CallRecord] = []
     tails: list[str] = []
-    align, measured = build.snapshot_align, measured_span(registry, head, build.build_id)
+    align, measured = build.snapshot_align, last_counted_span(registry, head, build.build_id)
     for phase in [p for p, asked in (("warm", send_warm), ("check", check)) if asked]:
         if phase == "check":
             say("resume check with a fresh tail")
