@@ -129,7 +129,13 @@ def parse_legacy(data: Mapping[str, object]) -> tuple[dict[str, str], frozenset[
 
 def object_relpath(sha: str) -> str:
     """`objects/<aa>/<sha>.txt`, where <aa> is the sha's first two hex digits."""
-    return f"{OBJECTS}/{need_sha(sha)[:2]}/{sha}.txt"
+    return object_relpath_trusted(need_sha(sha))
+
+
+def object_relpath_trusted(sha: str) -> str:
+    """`object_relpath` of a sha its caller has checked, not checked again: a verified read
+    (`Objects.read`, every `get`) pays for one check of its sha, not two."""
+    return f"{OBJECTS}/{sha[:2]}/{sha}.txt"
 
 
 def object_sha(relpath: str) -> str | None:

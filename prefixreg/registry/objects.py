@@ -101,9 +101,8 @@ class Objects:
     def read(self, sha: str) -> bytes:
         """The verified bytes of object `sha` (checked by the caller). Raises: RefNotFoundError;
         IntegrityError (a mismatch, a symlink, not a regular file)."""
-        rel = f"{layout.OBJECTS}/{sha[:2]}/{sha}.txt"
         try:
-            data = fsutil.read_below(self._disk.root_s, rel)
+            data = fsutil.read_below(self._disk.root_s, layout.object_relpath_trusted(sha))
         except FileNotFoundError:
             raise errors.RefNotFoundError(f"no prefix {sha}") from None
         if hashlib.sha256(data).hexdigest() != sha:  # inline: every verified get pays this
@@ -114,7 +113,7 @@ class Objects:
         """Raise `IntegrityError` unless `data` hashes to `sha` (the bytes of its object)."""
         actual = hashlib.sha256(data).hexdigest()
         if actual != sha:
-            path = self._disk.path(f"{layout.OBJECTS}/{sha[:2]}/{sha}.txt")
+            path = self._disk.path(layout.object_relpath_trusted(sha))
             why = f"{path}: content hashes to {actual}, expected {sha}; refusing to use it"
             raise errors.IntegrityError(why, path=path, expected=sha, actual=actual)
 

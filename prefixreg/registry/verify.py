@@ -351,8 +351,7 @@ def _verify_meta(
                     report.add("bad_record", rel, str(exc))
                     continue
             if sha not in sizes:
-                obj = f"{layout.OBJECTS}/{sha[:2]}/{sha}.txt"
-                if _present(seen, obj) is False:
+                if _present(seen, layout.object_relpath(sha)) is False:
                     report.add("orphan_meta", rel, "meta record without object")
             elif (size := sizes[sha]) is not None and size != recorded:
                 report.add("bad_record", rel, f"records {recorded} bytes, object differs")
