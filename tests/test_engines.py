@@ -252,6 +252,30 @@ def test_a_chat_reads_sglang_null_by_the_build_flag(fake: FakeServer) -> None:
     assert again.cache_state == "unverified"  # the client keeps no build between calls
 
 
+def test_a_pool_reads_a_direct_call_by_the_build_its_survey_read(
+    fake: FakeServer, tmp_path: Path
+) -> None:
+    from prefixreg.verbs.pool.live import Pool
+    from prefixreg.verbs.pool.spec import Assignment, pool_spec, save_placement
+
+    serve(fake, "sglang")
+    fake.route(
+        "POST", "/v1/chat/completions", Reply(json=fixture("sglang/chat.cache-report-on.cold.json"))
+    )
+    reg = Registry(tmp_path / "reg")
+    sha = reg.add("You are terse.")
+    spec = pool_spec([fake.url], env={})
+    with Pool(spec, reg) as pool:
+        save_placement(pool.placement_path, spec, [Assignment(sha, fake.url, sha)])
+    with Pool(spec, reg) as pool:
+        _, unread = pool.chat(sha, "hi", stream=False)  # no survey yet: no build to read it by
+        (state,) = pool.survey()
+        _, read = pool.chat(sha, "hi", stream=False)
+    assert unread.cache_state == "unverified"
+    assert state.build is not None and pool.builds == {fake.url: state.build}
+    assert (read.cache_state, read.cached_tokens) == ("cold", 0)
+
+
 def test_a_build_that_is_no_server_build_is_refused_before_sending(fake: FakeServer) -> None:
     wrong: Any = {"profile": "sglang"}  # callers outside the type checker
     with Worker(fake.url) as w:
