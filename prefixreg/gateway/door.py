@@ -129,8 +129,11 @@ class Door:
         api = adm.api
         adm.strips = heads.strip(api, body, self.rules)
         head, why = heads.head_of(api, body)
-        adm.head, adm.history = head, heads.history(api, body)
-        adm.rest_bytes = heads.rest_bytes(api, body)
+        adm.history = heads.history(api, body)
+        if head is not None:  # a registered frame's leading messages are part of the head
+            head = self.known.extend(head, adm.history)
+        adm.head = head
+        adm.rest_bytes = heads.rest_bytes(api, body) - (head.lead_bytes if head else 0)
         sha = head.sha256 if head is not None else None
         session, adm.chain = self.sessions.find(body, headers, adm.history, sha)
         adm.owner = owner_of(headers)
