@@ -12,7 +12,8 @@ sum of `cached_tokens` over the sum of `prompt_tokens` of its calls). Legs:
 - `alone`: the loop direct, no tenant (the share to reach);
 - `direct, tenant`: both direct, the tenant's two prompts one after the other;
 - `gateway, tenant direct`: the loop through `prefixreg gateway --keep-warm`, the tenant
-  direct as before (its prompts evict the loop; the gateway re-warms it in the tool time);
+  direct as before (its second prompt takes the loop's slot; the gateway saved that slot
+  after the loop's call and restores it in the tool time);
 - `gateway, tenant burst`: both through `prefixreg gateway --keep-warm --own-slots`, the
   tenant's two prompts at once right after each loop call (the loop's session owns a slot);
 - `nonce`, `nonce --strip`, `no nonce`: a small loop of our own whose `system[0]` carries a

@@ -48,7 +48,7 @@ def test_a_returning_session_owns_its_slot_and_foreign_prompts_share_the_other()
             second = post(chat("loop system " * 20, "task", "ok", "next"))
             after = [post(chat(f"tenant b{i} " * 20, "hello")) for i in range(4)]
             third = post(chat("loop system " * 20, "task", "ok", "next", "ok", "more"))
-            owned = gw.door.slot_plan.owned() if gw.door.slot_plan else 0
+            owned = gw.door.pins.plan.owned() if gw.door.pins.plan else 0
         sent = [r.json for r in fake.requests if r.path == "/v1/chat/completions"]
     mine = int(first.headers["x-prefixreg-slot"])
     assert second.headers["x-prefixreg-slot"] == third.headers["x-prefixreg-slot"] == str(mine)

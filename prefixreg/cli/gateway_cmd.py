@@ -53,7 +53,12 @@ def gateway_command(
         Path | None, Flag(help="Append one JSON line per call (hashes and counts) for audit.")
     ] = None,
     keep_warm: Annotated[
-        bool, Flag(help="Keep each live session's latest request warm between its calls.")
+        bool,
+        Flag(
+            help="Keep each live session's latest request warm between its calls; on llama.cpp "
+            "with slot actions, save its slot after each call and restore it when a foreign "
+            "prompt took it."
+        ),
     ] = False,
     own_slots: Annotated[
         bool,

@@ -56,11 +56,20 @@ def frame_command(
     force: Annotated[
         bool, typer.Option("--force", help="Move --name even when it now points at a bare prefix.")
     ] = False,
+    messages: Annotated[
+        Path | None,
+        typer.Option(
+            help="A JSON file with the leading messages every call sends after the system one "
+            "(few-shot examples, a static first user message), stored as exact bytes: part "
+            "of the head (`GET /prefixreg/heads` on a gateway proposes them)."
+        ),
+    ] = None,
     registry: c.RegistryOpt = None,
     json_out: c.JsonOpt = False,
     debug: c.DebugOpt = False,
 ) -> None:
-    """Register a frame: the head a loop sends (system prefix, tools, prompt settings).
+    """Register a frame: the head a loop sends (system prefix, tools, prompt settings, and
+    the leading messages it sends identically on every call).
 
     Prints the frame's sha256 (of its record, `frames/<sha>.json`). Exit 0 ok; 2 usage (bad
     tools JSON, unknown setting, bad name or reference, a --name that points at a bare
@@ -72,9 +81,11 @@ def frame_command(
     with c.cli_errors(debug):
         reg = c.open_registry_from(registry)
         data = None if tools is None else read_user_file(tools)
+        lead = None if messages is None else read_user_file(messages)
         sha = reg.add_frame(
-            system, tools=data, settings=_settings(settings or []), name=name, force=force
-        )
+            system, tools=data, settings=_settings(settings or []), name=name, force=force,
+            messages=lead,
+        )  # fmt: skip
         c.emit(json_out, {"frame": sha, "name": name}, f"{sha}\n")
 
 

@@ -75,6 +75,8 @@ def cat_command(ref: RefArg, registry: c.RegistryOpt = None, debug: c.DebugOpt =
         data = head.system.data
         if isinstance(head, Frame):
             parts = {"system": head.system.text, "tools": head.tools, "settings": head.settings}
+            if head.lead:
+                parts["messages"] = head.lead
             data = (dumps_ordered(parts) + "\n").encode()
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
@@ -137,6 +139,8 @@ def show_command(
             fields["settings"] = head.settings
             rows = {"system": f"{system.sha256} ({system.size} bytes)", "tools": tools or "-"}
             rows["settings"] = head.settings_json.decode()
+            if head.lead_sha256 is not None:
+                fields["messages"] = rows["messages"] = head.lead_sha256
         else:
             meta, path = reg.meta(sha), reg.object_path(sha)
             fields = {"meta": meta.to_dict()}

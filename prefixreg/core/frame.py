@@ -6,7 +6,12 @@ A prompt cache keys on the *rendered* token prefix, and the server renders more 
 change the output). A frame names them all:
 
     {"format": "prefix-frame", "version": 1, "system": <sha>, "tools": <sha> | null,
-     "settings": {<prompt setting>: <JSON value>, ...}}
+     "settings": {<prompt setting>: <JSON value>, ...}[, "messages": <sha>]}
+
+`messages`, only in a frame that has them, names the leading messages the loop sends after
+its system message, identically on every call (few-shot examples, a static first user
+message), as one object: a JSON list of message objects. A frame without them has exactly
+the record (and the sha) it always had.
 
 stored as canonical JSON (sorted keys, no spaces) and a newline; its sha is the sha256 of
 exactly those bytes, so `sha256sum frames/<sha>.json` prints its own name.
@@ -16,8 +21,8 @@ Invariants:
   part); it keeps the exact system and tools bytes it checked: those are the bytes sent.
 - `body()` never lets a caller's keyword silently override a frame part: a conflicting
   `tools`, `tool_choice`, ... is a `UsageError` (send it through another frame instead).
-- `drift()` compares only what changes the rendered prefix: `messages[0]`, the tools (in
-  order: a reordered list renders differently) and `PROMPT_SETTINGS`.
+- `drift()` compares only what changes the rendered prefix: `messages[0]`, the leading
+  messages, the tools (in order: a reordered list renders differently) and `PROMPT_SETTINGS`.
 """
 
 from __future__ import annotations
@@ -30,7 +35,14 @@ from typing import Any, ClassVar, Final, cast
 from prefixreg.core.digest import is_full_sha, sha256_hex
 from prefixreg.core.errors import CorruptRecordError, IntegrityError, UsageError, check_type
 from prefixreg.core.jsonio import dumps_canonical, dumps_ordered, loads
-from prefixreg.core.prefix import Drift, Prefix, check_history, check_params, system_drift
+from prefixreg.core.prefix import (
+    Drift,
+    Prefix,
+    check_history,
+    check_params,
+    system_drift,
+    text_bytes,
+)
 
 FRAME_FORMAT: Final = "prefix-frame"
 FRAME_VERSION: Final = 1
@@ -49,6 +61,7 @@ PROMPT_SETTINGS: Final = tuple(_SETTING_TYPES)
 # Fields the OpenAI SDK's `chat.completions.create` takes by name; the rest go in `extra_body`.
 OPENAI_NAMED: Final = frozenset({"parallel_tool_calls", "reasoning_effort", "tool_choice", "tools"})
 _RECORD_KEYS: Final = frozenset({"format", "version", "system", "tools", "settings"})
+_LEAD_KEY: Final = "messages"  # present only in a frame with leading messages
 
 
 def _ordered(value: object) -> str:
@@ -76,13 +89,37 @@ def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
 _JSON_TYPE: Final = {bool: "true or false", str: "a string", dict: "a JSON object"}
 
 
+def parse_lead(data: bytes, *, where: str = "messages") -> list[dict[str, Any]]:
+    """The leading messages a frame holds: a non-empty JSON list of message objects, each
+    with a string `role` (the system message is the frame's own part, never one of them).
+    Raises UsageError."""
+    try:
+        value = loads(data, exact=True)
+    except CorruptRecordError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    if not isinstance(value, list) or not value:
+        raise UsageError(f"{where}: must be a non-empty JSON list of message objects")
+    try:
+        lead = check_history(value)
+    except UsageError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    if lead[0]["role"] in ("system", "developer"):
+        raise UsageError(f"{where}: the first message is a system message: that is the frame's")
+    return lead
+
+
 def encode_frame_record(
-    system: str, tools: str | None, settings: Mapping[str, object], *, typed: bool = True
+    system: str,
+    tools: str | None,
+    settings: Mapping[str, object],
+    *,
+    typed: bool = True,
+    messages: str | None = None,
 ) -> bytes:
     """The exact bytes of a frame record (canonical JSON and a newline); its sha names it.
     Raises UsageError: a part is not a sha, a setting is not one of `PROMPT_SETTINGS`, or
     (`typed`: a new record) not of its JSON type."""
-    for part in (system, tools):
+    for part in (system, tools, messages):
         if part is not None and not is_full_sha(part):
             raise UsageError(f"not a sha256: {part!r}")
     unknown = sorted(set(settings) - set(PROMPT_SETTINGS))
@@ -100,14 +137,17 @@ def encode_frame_record(
             raise UsageError(f"setting {key} must be {want}, not {value!r}")
     record = {"format": FRAME_FORMAT, "version": FRAME_VERSION, "system": system}
     record |= {"tools": tools, "settings": dict(settings)}
+    if messages is not None:
+        record[_LEAD_KEY] = messages
     try:  # the settings' JSON round trip refuses what cannot travel (NaN, big ints, depth)
         return dumps_canonical(record) + b"\n"
     except (TypeError, ValueError) as exc:
         raise UsageError(f"settings are not JSON: {exc}") from None
 
 
-def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str, Any]]:
-    """(system sha, tools sha or None, settings) of a frame record, after checking its sha.
+def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str, Any], str | None]:
+    """(system sha, tools sha or None, settings, leading messages' sha or None) of a frame
+    record, after checking its sha.
     Raises IntegrityError: the bytes do not hash to `sha`; CorruptRecordError: they do, but
     are not the canonical record of a frame."""
     actual = sha256_hex(raw)
@@ -121,22 +161,26 @@ def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str,
         record = loads(raw, exact=True)
     except CorruptRecordError:
         raise CorruptRecordError(f"frame {sha}: not JSON by the project's rules") from None
-    if not isinstance(record, dict) or set(record) != _RECORD_KEYS:
+    if not isinstance(record, dict) or set(record) - {_LEAD_KEY} != _RECORD_KEYS:
         raise CorruptRecordError(f"frame {sha}: not a frame record")
     if record["format"] != FRAME_FORMAT or record["version"] != FRAME_VERSION:
         raise CorruptRecordError(f"frame {sha}: unknown frame format or version")
     system, tools, settings = record["system"], record["tools"], record["settings"]
     if not isinstance(system, str) or not isinstance(tools, str | None):
         raise CorruptRecordError(f"frame {sha}: 'system' or 'tools' is not a sha256")
+    lead = record.get(_LEAD_KEY)
+    if _LEAD_KEY in record and not isinstance(lead, str):
+        raise CorruptRecordError(f"frame {sha}: 'messages' is not a sha256")
+    lead = lead if isinstance(lead, str) else None
     if not isinstance(settings, dict):
         raise CorruptRecordError(f"frame {sha}: 'settings' is not an object")
     try:  # the parts' shas and the settings are checked as when the record was written
-        canonical = encode_frame_record(system, tools, settings, typed=False)
+        canonical = encode_frame_record(system, tools, settings, typed=False, messages=lead)
     except UsageError as exc:
         raise CorruptRecordError(f"frame {sha}: {exc}") from None
     if canonical != raw:
         raise CorruptRecordError(f"frame {sha}: record is not in canonical form")
-    return system, tools, settings
+    return system, tools, settings, lead
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +194,19 @@ class Frame:
     tools_data: bytes | None
     settings_json: bytes
     name: str | None = None
+    lead_sha256: str | None = None  # the leading messages' object, when the frame has them
+    lead_data: bytes | None = None
     _tools: list[dict[str, Any]] | None = field(default=None, init=False, repr=False, compare=False)
+    _lead: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False, compare=False)
     kind: ClassVar[str] = "frame"
 
     def __post_init__(self) -> None:
         if self.tools_data is not None:
             tools = parse_tools(self.tools_data, where=f"tools {self.tools_sha256}")
             object.__setattr__(self, "_tools", tools)
+        if self.lead_data is not None:
+            lead = parse_lead(self.lead_data, where=f"messages {self.lead_sha256}")
+            object.__setattr__(self, "_lead", lead)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -169,15 +219,21 @@ class Frame:
         return copy.deepcopy(self._tools)
 
     @property
+    def lead(self) -> list[dict[str, Any]]:
+        """The leading messages (a copy; empty when the frame has none)."""
+        return copy.deepcopy(self._lead)
+
+    @property
     def renders_tools(self) -> bool:
         """Whether the tools reach the prompt (`tool_choice: "none"` removes them)."""
         return self.tools_data is not None and self.settings.get("tool_choice") != "none"
 
     @property
     def head_bytes(self) -> int:
-        """Bytes of the rendered head the frame owns: system content and the tools JSON."""
+        """Bytes of the rendered head the frame owns: system content, the tools JSON and the
+        leading messages' text."""
         tools = len(self.tools_data) if self.tools_data is not None and self.renders_tools else 0
-        return self.system.size + tools
+        return self.system.size + tools + text_bytes(self._lead)
 
     def head(self) -> dict[str, Any]:
         """The request fields the frame fixes, `messages` aside: tools and settings."""
@@ -185,8 +241,10 @@ class Frame:
         return self.settings if tools is None else {**self.settings, "tools": tools}
 
     def messages(self, history: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """The verified system message, then the loop's own history (copied, unchanged)."""
-        return [{"role": "system", "content": self.system.text}, *check_history(history)]
+        """The verified system message, the leading messages, then the loop's own history
+        (copied, unchanged)."""
+        system = {"role": "system", "content": self.system.text}
+        return [system, *self.lead, *check_history(history)]
 
     def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
         """The full chat body: `params` (model, max_tokens, ...), the frame's tools and
@@ -219,6 +277,12 @@ class Frame:
     def drift(self, body: Mapping[str, Any]) -> list[Drift]:
         """Which parts of a request `body` differ from this frame (empty: none drifted)."""
         out = system_drift(self.system, body)
+        if self._lead:
+            sent = body.get("messages")
+            got = sent[1 : 1 + len(self._lead)] if isinstance(sent, list) else None
+            if got is None or _ordered(got) != _ordered(self._lead):
+                n = len(self._lead)
+                out.append(Drift("messages", f"the {n} leading messages differ from the frame's"))
         sent_tools, mine = body.get("tools"), self._tools
         if sent_tools is None and mine is not None:
             out.append(Drift("tools", f"dropped (frame has {len(mine)} tools)"))

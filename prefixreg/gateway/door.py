@@ -28,7 +28,6 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
@@ -39,7 +38,8 @@ from prefixreg.core.prefix import text_bytes
 from prefixreg.core.records import CallEvidence
 from prefixreg.gateway import calllog
 from prefixreg.gateway import head as heads
-from prefixreg.gateway.apis import Api, clean_message
+from prefixreg.gateway.admission import Admission, header_value
+from prefixreg.gateway.apis import Api
 from prefixreg.gateway.config import GatewayConfig
 from prefixreg.gateway.keeper import Keeper
 from prefixreg.gateway.known import KnownHeads
@@ -47,7 +47,7 @@ from prefixreg.gateway.leads import Leads
 from prefixreg.gateway.metrics import Metrics
 from prefixreg.gateway.proof import Proof, Tally, evidence_of, prove
 from prefixreg.gateway.sessions import Session, Sessions, owner_of
-from prefixreg.gateway.slots import SlotPlan
+from prefixreg.gateway.slots import Pins
 from prefixreg.gateway.upstream import ROUTING_KEY_HEADER, Router
 from prefixreg.server.evidence import evidence_from_response
 from prefixreg.server.transport import display_url
@@ -56,42 +56,6 @@ log = logging.getLogger("prefixreg.gateway")
 MAX_CALLS_KEPT: Final = 4096
 MAX_SEEN_HEADS: Final = 10_000  # heads whose workers are remembered (least recent go first)
 MAX_PROOF_BYTES: Final = 8 * 1024 * 1024  # a stream's bytes the proof reads
-
-
-@dataclass
-class Admission:
-    """One call as admitted: where it goes, what is sent, what is known of its head."""
-
-    call_id: str
-    api: Api
-    started: float
-    target: str
-    content: bytes
-    body: dict[str, Any] | None = None
-    upstream_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    headers: dict[str, str] = field(default_factory=dict)
-    refuse: str | None = None
-    head: heads.Head | None = None
-    head_label: str = "none"
-    session: Session | None = None
-    chain: list[str] = field(default_factory=list)
-    history: list[Any] = field(default_factory=list)
-    rest_bytes: int | None = None
-    drift: heads.HeadDrift | None = None
-    extends: int = 0  # leading history messages the session's last call sent
-    session_verdict: str | None = None  # the judge's, against the session's last prompt
-    strips: int = 0
-    miss: str | None = None
-    door_s: float = 0.0
-    owner: str | None = None  # `sessions.owner_of` this call's headers
-    rewritten: bool = False  # the body changed at the door (a pinned slot): re-serialised
-
-    def raw_headers(self) -> list[tuple[bytes, bytes]]:
-        return [(k.encode("ascii"), v.encode("ascii")) for k, v in self.headers.items()]
-
-
-def _header_value(text: str) -> str:
-    return clean_message(text).encode("ascii", "replace").decode("ascii")
 
 
 class Door:
@@ -109,7 +73,7 @@ class Door:
         # head sha -> worker -> calls there; an LRU: a per-request nonce makes a head a call
         self.seen_on: OrderedDict[str, dict[str, int]] = OrderedDict()
         self.leads = Leads()
-        self.slot_plan = SlotPlan(config.workers, config.upstream_key) if config.own_slots else None
+        self.pins = Pins(config, self.metrics)
         self.keeper = (
             Keeper(self.metrics, idle_s=config.session_idle_s, api_key=config.upstream_key)
             if config.keep_warm
@@ -120,14 +84,14 @@ class Door:
     def start(self) -> None:
         """What the door reads before serving (the registry's heads, the workers' slots)."""
         self.known.load()
-        if self.slot_plan is not None:
-            self.slot_plan.discover()
+        self.pins.start()
         if self.keeper is not None:
             self.keeper.start()
 
     def stop(self) -> None:
         if self.keeper is not None:
             self.keeper.stop()
+        self.pins.stop()
         self.known.close()
 
     def failure(self, where: str, exc: BaseException) -> None:
@@ -147,7 +111,7 @@ class Door:
             self.failure("door", exc)
             adm.content, adm.refuse, adm.upstream_headers = content, None, []
             adm.target = self.router.targets[0]
-        adm.headers["x-prefixreg-worker"] = _header_value(display_url(adm.target))
+        adm.headers["x-prefixreg-worker"] = header_value(display_url(adm.target))
         adm.door_s = time.perf_counter() - t0
         return adm
 
@@ -158,15 +122,18 @@ class Door:
         adm = Admission(os.urandom(8).hex(), api, started, target, content, miss=why)
         adm.headers["x-prefixreg-call"] = adm.call_id
         adm.headers["x-prefixreg-head"] = "none"
-        adm.headers["x-prefixreg-worker"] = _header_value(display_url(adm.target))
+        adm.headers["x-prefixreg-worker"] = header_value(display_url(adm.target))
         return adm
 
     def _admit(self, adm: Admission, body: dict[str, Any], headers: Mapping[str, str]) -> None:
         api = adm.api
         adm.strips = heads.strip(api, body, self.rules)
         head, why = heads.head_of(api, body)
-        adm.head, adm.history = head, heads.history(api, body)
-        adm.rest_bytes = heads.rest_bytes(api, body)
+        adm.history = heads.history(api, body)
+        if head is not None:  # a registered frame's leading messages are part of the head
+            head = self.known.extend(head, adm.history)
+        adm.head = head
+        adm.rest_bytes = heads.rest_bytes(api, body) - (head.lead_bytes if head else 0)
         sha = head.sha256 if head is not None else None
         session, adm.chain = self.sessions.find(body, headers, adm.history, sha)
         adm.owner = owner_of(headers)
@@ -185,7 +152,7 @@ class Door:
             known = "registered" if registered else "unregistered"
             adm.headers["x-prefixreg-head-known"] = known
             if name is not None:
-                adm.headers["x-prefixreg-head-name"] = _header_value(name)
+                adm.headers["x-prefixreg-head-name"] = header_value(name)
             if registered is None:
                 self.known.remember_tools(head, body.get("tools"))
                 self.known.maybe_register(head, api.name)
@@ -201,9 +168,9 @@ class Door:
             )
         if adm.drift is not None:
             self.metrics.add("drift_total", head=adm.head_label, part=adm.drift.part)
-            adm.headers["x-prefixreg-drift"] = _header_value(adm.drift.header())
+            adm.headers["x-prefixreg-drift"] = header_value(adm.drift.header())
             # The first differing bytes, escaped, to the client that sent them (never logged).
-            adm.headers["x-prefixreg-drift-bytes"] = _header_value(adm.drift.excerpt)
+            adm.headers["x-prefixreg-drift-bytes"] = header_value(adm.drift.excerpt)
             if self.config.on_drift == "refuse" and own:
                 self.metrics.add("refused_total", head=adm.head_label)
                 adm.refuse = (
@@ -220,20 +187,24 @@ class Door:
             routing = self.router.routing_key(key).encode("ascii")
             adm.upstream_headers.append((ROUTING_KEY_HEADER.encode(), routing))
         adm.miss = adm.miss or self._miss(adm)
-        if self.slot_plan is not None:
-            for gone in self.sessions.take_dropped():
-                self.slot_plan.release(gone.id)
-            owner = session.id if head is not None else None
-            last = session.slot if session.worker == adm.target else None
-            slot = self.slot_plan.assign(
-                adm.target, owner, key, body, returning=session.calls > 0, last_slot=last
-            )
-            session.slot = slot
-            if slot is not None:
-                adm.rewritten = True
-                adm.headers["x-prefixreg-slot"] = str(slot)
+        self._pin(adm, session, key, body)
         if adm.strips or adm.rewritten:
             adm.content = orjson.dumps(body)
+
+    def _pin(self, adm: Admission, session: Session, key: str | None, body: dict[str, Any]) -> None:
+        for gone in self.sessions.take_dropped():
+            self.pins.release(gone.id)
+        slot, adm.snapshot = self.pins.pin(
+            adm.target, session, key, body, chat=adm.api.name == "chat"
+        )
+        if slot is not None:
+            adm.rewritten = True
+            adm.headers["x-prefixreg-slot"] = str(slot)
+
+    def _unpin(self, adm: Admission, evidence: CallEvidence | None) -> None:
+        if adm.snapshot and adm.session is not None:
+            self.pins.finished(adm.target, adm.session, evidence)
+            adm.snapshot = False
 
     def _miss(self, adm: Admission) -> str | None:
         """Why this call might find its head uncached, before the server says whether it did."""
@@ -264,16 +235,19 @@ class Door:
         t0 = time.perf_counter()
         try:
             evidence = evidence_of(adm.api, status, data, wall_s=added_s)
+            self._unpin(adm, evidence)
             proof = self._settle(adm, status, evidence, streamed=False)
             adm.headers["x-prefixreg-verdict"] = proof.verdict
             cached = proof.judgement.cached_tokens
             adm.headers["x-prefixreg-cached"] = "" if cached is None else str(cached)
             reason = proof.miss if proof.miss else proof.judgement.reason
-            adm.headers["x-prefixreg-reason"] = _header_value(reason)
+            adm.headers["x-prefixreg-reason"] = header_value(reason)
             if adm.session_verdict is not None:
                 adm.headers["x-prefixreg-session-verdict"] = adm.session_verdict
         except Exception as exc:  # noqa: BLE001 -- never the loop's failure
             self.failure("judge", exc)
+        finally:
+            self._unpin(adm, None)
         self.metrics.observe_added(adm.door_s + time.perf_counter() - t0)
         return adm.raw_headers()
 
@@ -281,15 +255,19 @@ class Door:
         t0 = time.perf_counter()
         try:
             evidence = tally.evidence(status, wall_s=added_s, ttft_s=None)
+            self._unpin(adm, evidence)
             self._settle(adm, status, evidence, streamed=True)
         except Exception as exc:  # noqa: BLE001 -- never the loop's failure
             self.failure("judge", exc)
+        finally:
+            self._unpin(adm, None)  # a judge that failed still frees the slot's turn
         self.metrics.observe_added(adm.door_s + time.perf_counter() - t0)
 
     def failed(self, adm: Admission, status: int, message: str) -> None:
         """An upstream call that got no reply the client could use (unreachable, deadline)."""
         try:
             ev = evidence_from_response({"error": {"status": status}})
+            self._unpin(adm, None)
             self._settle(adm, status, ev, streamed=False)
         except Exception as exc:  # noqa: BLE001
             self.failure("judge", exc)
@@ -340,27 +318,10 @@ class Door:
             and head is not None
             and adm.api.name == "chat"
             and (200 <= status < 300 and adm.body is not None)
+            and not self.pins.snapshots_cover(adm.target)
         ):
             self.keeper.saw(adm.target, head, adm.body.get("tools"), adm.body)
-        gw: dict[str, Any] = {
-            "call": adm.call_id,
-            "api": adm.api.name,
-            "head": head.sha256 if head is not None else None,
-            "head_name": adm.head_label if head is not None else None,
-            "session": session.id if session is not None else None,
-            "worker": worker,
-            "status": status,
-            "streamed": streamed,
-            "verdict": proof.verdict,
-            "reason": proof.judgement.reason,
-            "miss": proof.miss,
-            "judgement": proof.judgement.to_dict(),
-            "session_judgement": None if again is None else again.to_dict(),
-            "extends": adm.extends,
-            "drift": adm.drift.log_view() if adm.drift is not None else None,
-            "strips": adm.strips,
-            "door_ms": round(adm.door_s * 1000, 3),
-        }
+        gw = adm.log_view(proof, worker, status, streamed=streamed, again=again)
         if self.log.path is None:  # no log: GET /prefixreg/calls/ID shows the proof alone
             line: JSONObject = {"evidence": evidence.to_dict(), "gateway": dict(gw)}
         else:
@@ -399,6 +360,6 @@ class Door:
         gauges["registry_failures"] = float(self.known.failures)
         gauges["registrations_dropped"] = float(self.known.dropped)
         gauges["log_lines"] = float(self.log.lines)
-        if self.slot_plan is not None:
-            gauges["owned_slots"] = float(self.slot_plan.owned())
+        if self.pins.plan is not None:
+            gauges["owned_slots"] = float(self.pins.plan.owned())
         return self.metrics.render(gauges)

@@ -50,11 +50,17 @@ class Head:
     system: bytes
     tools_bytes: int
     renders_tools: bool
+    # A registered frame's leading messages this request sends after its system message
+    # (`KnownHeads.extend`): then `sha256` is that frame's, `base_sha256` the head's without.
+    lead_sha256: str | None = None
+    lead_bytes: int = 0
+    base_sha256: str | None = None
 
     @property
     def head_bytes(self) -> int:
-        """What the judge compares the cached count with: system and rendered tools bytes."""
-        return len(self.system) + (self.tools_bytes if self.renders_tools else 0)
+        """What the judge compares the cached count with: system, rendered tools and leading
+        messages' bytes."""
+        return len(self.system) + (self.tools_bytes if self.renders_tools else 0) + self.lead_bytes
 
     @property
     def parts_key(self) -> tuple[str, str | None, str]:
@@ -241,7 +247,8 @@ def _show(data: bytes, at: int) -> str:
 
 
 def drift_of(before: Head, now: Head) -> HeadDrift | None:
-    """The first part of `now` that differs from `before` (system, tools, settings)."""
+    """The first part of `now` that differs from `before` (system, tools, settings, the
+    leading messages)."""
     if before.sha256 == now.sha256:
         return None
     if before.system_sha256 != now.system_sha256:
@@ -252,7 +259,9 @@ def drift_of(before: Head, now: Head) -> HeadDrift | None:
         return HeadDrift("system", at, excerpt)
     if before.tools_sha256 != now.tools_sha256:
         return HeadDrift("tools", None, "the tools list changed")
-    return HeadDrift("settings", None, "the settings changed")
+    if before.settings_json != now.settings_json:
+        return HeadDrift("settings", None, "the settings changed")
+    return HeadDrift("messages", None, "the leading messages of the frame changed")
 
 
 def dynamic_first(before: str, now: str) -> bool:

@@ -49,7 +49,9 @@ def kept_head(head: Head, tools: Any) -> KeptHead:
         return system
     tools_data = None if head.tools_sha256 is None else dumps_ordered(tools).encode("utf-8")
     settings = dumps_canonical(loads_object(head.settings_json))
-    return Frame(head.sha256, system, head.tools_sha256, tools_data, settings)
+    # A head extended by a frame's leading messages is kept as its parts' frame: a session's
+    # re-warm re-sends its whole latest body, leading messages and all.
+    return Frame(head.base_sha256 or head.sha256, system, head.tools_sha256, tools_data, settings)
 
 
 @dataclass(frozen=True)

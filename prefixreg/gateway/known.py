@@ -5,8 +5,11 @@ text alone, source `gateway/<api>`) off the event loop.
 A registered prefix matches a head with no tools and no settings by its sha; a registered
 frame matches by its parts (system sha, the sha of its tools as `dumps_ordered` writes
 them, its settings), so a frame whose tools file was written with other spacing still
-matches. A head registered here is stored as the gateway hashed it (its tools as
-`dumps_ordered` bytes), so its frame sha is the head's sha.
+matches. A frame with leading messages matches a request with those parts whose history
+starts with those messages (compared as `dumps_ordered` writes them; the longest wins):
+`extend` makes the head that frame, its messages' bytes part of the head's span. A head
+registered here is stored as the gateway hashed it (its tools as `dumps_ordered` bytes), so
+its frame sha is the head's sha.
 
 Invariants:
 - Never the loop's failure: a registry that cannot be opened or read, or a registration
@@ -24,12 +27,14 @@ import hashlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
 from prefixreg.core.errors import PrefixregError
 from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import dumps_ordered, loads_object
+from prefixreg.core.prefix import text_bytes
 from prefixreg.gateway.head import Head
 from prefixreg.registry.store import Registry
 
@@ -56,6 +61,9 @@ class KnownHeads:
         self.registered = 0
         self.dropped = 0  # registrations not queued: `MAX_QUEUED` were already waiting
         self._by_key: dict[Key, tuple[str, str | None]] = {}  # parts -> (sha, name)
+        # parts -> (message count, their sha, frame sha, name) of frames with leading messages
+        self._leads: dict[Key, list[tuple[int, str, str, str | None]]] = {}
+        self._lead_names: dict[str, tuple[str, str | None]] = {}  # frame sha -> (sha, name)
         self._pending: set[str] = set()
         self._lock = threading.Lock()
         self._registry: Registry | None = None
@@ -79,7 +87,11 @@ class KnownHeads:
             name = info.names[0] if info.names else None
             try:
                 if info.kind == "frame":
-                    key = frame_key(registry.frame(info.sha256))
+                    frame = registry.frame(info.sha256)
+                    key = frame_key(frame)
+                    if frame.lead:
+                        self._index_lead(key, frame, name)
+                        continue
                 elif info.kind == "prefix" and not info.probe_slice:
                     key = (info.sha256, None, "{}")
                 else:
@@ -94,9 +106,40 @@ class KnownHeads:
                 if key not in self._by_key or name is not None:
                     self._by_key[key] = (info.sha256, name)
 
+    def _index_lead(self, key: Key, frame: Frame, name: str | None) -> None:
+        lead = frame.lead
+        digest = hashlib.sha256(dumps_ordered(lead).encode("utf-8")).hexdigest()
+        with self._lock:
+            entries = [e for e in self._leads.get(key, []) if e[2] != frame.sha256]
+            entries.append((len(lead), digest, frame.sha256, name))
+            self._leads[key] = sorted(entries, key=lambda e: -e[0])  # the longest first
+            if frame.sha256 not in self._lead_names or name is not None:
+                self._lead_names[frame.sha256] = (frame.sha256, name)
+
+    def extend(self, head: Head, history: list[Any]) -> Head:
+        """`head` as the registered frame whose leading messages `history` starts with (the
+        longest), or `head` itself."""
+        with self._lock:
+            entries = self._leads.get(head.parts_key)
+        for count, digest, sha, _name in entries or ():
+            if len(history) < count:
+                continue
+            try:
+                sent = dumps_ordered(history[:count]).encode("utf-8")
+            except (TypeError, ValueError):
+                return head
+            if hashlib.sha256(sent).hexdigest() == digest:
+                size = text_bytes(history[:count])
+                return replace(
+                    head, sha256=sha, lead_sha256=digest, lead_bytes=size, base_sha256=head.sha256
+                )
+        return head
+
     def name_of(self, head: Head) -> tuple[str | None, str | None]:
         """(registered sha, name) of `head`, or (None, None) when the registry has neither."""
         with self._lock:
+            if head.lead_sha256 is not None:
+                return self._lead_names.get(head.sha256, (None, None))
             found = self._by_key.get(head.parts_key)
         return found if found is not None else (None, None)
 

@@ -5,7 +5,8 @@ Series (all `prefixreg_gateway_*`): `calls_total{api,head,worker,verdict}`,
 `prompt_tokens_total` / `resumed_tokens_total` / `uncached_tokens_total{head,worker}` (the
 server's own counts: resumed = cached, uncached = prompt - cached), `misses_total{head,
 worker,reason}`, `drift_total{head,part}`, `refused_total{head}`, `strips_total{head}`,
-`rewarms_total{head,worker,outcome}`, `failures_total{where}` (registry, judge, keeper, log),
+`rewarms_total{head,worker,outcome}`, `snapshots_total{action,worker,outcome}`,
+`restored_tokens_total{worker}`, `failures_total{where}` (registry, judge, keeper, log),
 `added_seconds` (a histogram of the time the gateway's own work added to a call),
 `upstream_inflight`, `cancelled_total`, `sessions`.
 
@@ -35,6 +36,8 @@ _HELP: Final = {
     "refused_total": "Calls refused by --on-drift refuse (nothing forwarded)",
     "strips_total": "Matches of --strip rules removed from heads before forwarding",
     "rewarms_total": "Re-warms the keeper sent for live sessions (never counted as calls)",
+    "snapshots_total": "Slot saves and restores that keep sessions whole (llama.cpp)",
+    "restored_tokens_total": "Tokens of session state restored into slots a foreign prompt took",
     "failures_total": "Failures of prefixreg's own parts; the calls went on",
     "cancelled_total": "Upstream calls closed because their client went away",
 }

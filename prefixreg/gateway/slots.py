@@ -1,4 +1,7 @@
-"""Slots of its own: on llama.cpp workers (a request may pick its slot with `id_slot`), each
+"""Which slot a call is pinned to (`Pins`): a session's own with `--own-slots` (`SlotPlan`, below),
+or with `--keep-warm` the one its state is saved from and restored to (`gateway.snapshots`).
+
+Slots of its own: on llama.cpp workers (a request may pick its slot with `id_slot`), each
 live session with a head owns a slot, and every other call is pinned to the slots no session
 owns, so a burst of foreign prompts cannot evict a loop's history between two of its calls.
 Only right when every client of the worker comes through the gateway (`--own-slots`).
@@ -22,6 +25,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from prefixreg.core.errors import PrefixregError
+from prefixreg.core.records import CallEvidence
+from prefixreg.gateway.config import GatewayConfig
+from prefixreg.gateway.metrics import Metrics
+from prefixreg.gateway.sessions import Session
+from prefixreg.gateway.snapshots import Snapshots
 from prefixreg.server.slots import list_slots
 from prefixreg.server.worker import Worker
 
@@ -93,3 +101,65 @@ class SlotPlan:
 
     def owned(self) -> int:
         return sum(len(o) for o in self.owner.values())
+
+
+class Pins:
+    """The slot plan (`--own-slots`) or the snapshots (`--keep-warm` without it), or neither."""
+
+    def __init__(self, config: GatewayConfig, metrics: Metrics) -> None:
+        key = config.upstream_key
+        self.plan = SlotPlan(config.workers, key) if config.own_slots else None
+        keep = config.keep_warm and not config.own_slots and config.router is None
+        self.snapshots = Snapshots(config.workers, metrics, api_key=key) if keep else None
+
+    def start(self) -> None:
+        if self.plan is not None:
+            self.plan.discover()
+        if self.snapshots is not None:
+            self.snapshots.start()
+
+    def stop(self) -> None:
+        if self.snapshots is not None:
+            self.snapshots.stop()
+
+    def release(self, session_id: str) -> None:
+        if self.plan is not None:
+            self.plan.release(session_id)
+        if self.snapshots is not None:
+            self.snapshots.release(session_id)
+
+    def pin(
+        self,
+        worker: str,
+        session: Session,
+        head_sha: str | None,
+        body: dict[str, Any],
+        *,
+        chat: bool,
+    ) -> tuple[int | None, bool]:
+        """(the slot set as `body["id_slot"]` or None, whether the snapshots pinned it)."""
+        if self.plan is not None:
+            last = session.slot if session.worker == worker else None
+            owner = session.id if head_sha is not None else None
+            session.slot = self.plan.assign(
+                worker, owner, head_sha, body, returning=session.calls > 0, last_slot=last
+            )
+            return session.slot, False
+        if self.snapshots is None or head_sha is None or not chat:
+            return None, False
+        slot = self.snapshots.pin(worker, session.id, body, returning=session.calls > 0)
+        session.slot = slot
+        return slot, slot is not None
+
+    def finished(self, worker: str, session: Session, evidence: CallEvidence | None) -> None:
+        """A snapshot-pinned call is over: its slot is saved when the server judged it whole."""
+        if self.snapshots is None or session.slot is None:
+            return
+        ok = evidence is not None and evidence.cache_state != "unverified" and evidence.complete
+        prompt = evidence.prompt_tokens if ok and evidence is not None else None
+        completion = evidence.completion_tokens if evidence is not None else None
+        self.snapshots.finished(worker, session.slot, session.id, prompt, completion)
+
+    def snapshots_cover(self, worker: str) -> bool:
+        """Whether `worker`'s sessions are kept by snapshots, not by the re-warm keeper."""
+        return self.snapshots is not None and self.snapshots.covers(worker)

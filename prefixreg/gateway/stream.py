@@ -25,7 +25,8 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from prefixreg.gateway.door import Admission, Door
+from prefixreg.gateway.admission import Admission
+from prefixreg.gateway.door import Door
 
 T = TypeVar("T")
 

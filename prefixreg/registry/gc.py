@@ -175,7 +175,7 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
     by_receipt, receipt_unread = reg._records.receipt_refs()
     snapped = {sha for _name, sha in record_entries(reg)}  # by file name, parsed or not
     gone: set[str] = set()
-    for sha, (system, _tools) in sorted(frames.items()):
+    for sha, (system, *_parts) in sorted(frames.items()):
         if sha in named:
             continue
         if sha in snapped:
@@ -189,7 +189,7 @@ def _prune_unnamed(reg: Registry, report: GcReport, *, cutoff: float, now: float
     held = {part for sha, parts in frames.items() if sha not in gone for part in parts if part}
     for sha in [sha for sha in reg._objects.shas() if sha not in named]:
         if sha in held:
-            report.kept[sha] = "a frame kept holds it (its system prompt or tools)"
+            report.kept[sha] = "a frame kept holds it (its system prompt, tools or messages)"
         elif sha in snapped:
             report.kept[sha] = "a snapshot record points to it"
         elif sha in by_receipt or (receipt_unread and reg.is_probe_slice(sha)):

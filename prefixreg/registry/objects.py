@@ -266,8 +266,9 @@ class Frames:
                     raise
         raise AssertionError("unreachable")
 
-    def _parse(self, sha: str) -> tuple[str, str | None, dict[str, Any]]:
-        """(system, tools, settings) of record `sha`, its bytes re-hashed; errors name the path."""
+    def _parse(self, sha: str) -> tuple[str, str | None, dict[str, Any], str | None]:
+        """(system, tools, settings, leading messages) of record `sha`, its bytes re-hashed;
+        errors name the path."""
         rel = layout.frame_relpath(sha)
         path = self._disk.path(rel)
         try:
@@ -281,24 +282,29 @@ class Frames:
     def read(self, sha: str, *, name: str | None = None) -> Frame:
         """The verified frame `sha`. Raises: RefNotFoundError (no such frame), IntegrityError
         (the record or a part fails verification, or is missing)."""
-        system_sha, tools_sha, settings = self._parse(layout.need_sha(sha))
+        system_sha, tools_sha, settings, lead_sha = self._parse(layout.need_sha(sha))
         path = self._disk.path(layout.frame_relpath(sha))
         try:
             system = Prefix(system_sha, self._objects.read(system_sha))
             tools = None if tools_sha is None else self._objects.read(tools_sha)
-            return Frame(sha, system, tools_sha, tools, dumps_canonical(settings), name=name)
+            lead = None if lead_sha is None else self._objects.read(lead_sha)
+            return Frame(
+                sha, system, tools_sha, tools, dumps_canonical(settings), name, lead_sha, lead
+            )
         except errors.RefNotFoundError as exc:
             why = f"a part is missing ({exc})"
         except errors.UsageError as exc:  # the tools do not parse (once, as the frame is built)
             why = str(exc)
         raise errors.IntegrityError(f"frame {sha}: {why}", path=path) from None
 
-    def checked(self) -> dict[str, tuple[str, str | None] | str]:
-        """Every frame record: its (system, tools) shas, or why it cannot be read."""
-        out: dict[str, tuple[str, str | None] | str] = {}
+    def checked(self) -> dict[str, tuple[str, str | None, str | None] | str]:
+        """Every frame record: its (system, tools, leading messages) shas, or why it cannot
+        be read."""
+        out: dict[str, tuple[str, str | None, str | None] | str] = {}
         for sha in self.shas():
             try:
-                out[sha] = self._parse(sha)[:2]
+                system, tools, _, lead = self._parse(sha)
+                out[sha] = (system, tools, lead)
             except (OSError, errors.RefNotFoundError, errors.IntegrityError) as exc:
                 out[sha] = str(exc)
         return out
@@ -334,7 +340,37 @@ class Frames:
                 note = "a record that does not verify (run prefixreg verify)"
             else:
                 note = f"system {parts[0][:12]}" + (f" tools {parts[1][:12]}" if parts[1] else "")
+                note += f" messages {parts[2][:12]}" if parts[2] else ""
             created = None if st is None else layout.iso_utc(st.st_mtime)
             names = tuple(sorted(by_sha.get(sha, ())))
             rows.append(ObjectInfo(sha, None, created, note, names, kind="frame"))
         return rows
+
+
+def list_rows(
+    objs: Objects, frames_part: Frames, by_sha: Mapping[str, list[str]], *, frames: bool
+) -> list[ObjectInfo]:
+    """`Registry.list_objects`' rows: objects, a frame's parts by their kind, `frames` too."""
+    part_of: dict[str, tuple[str, list[str]]] = {}  # object -> (its kind, frames)
+    for frame, parts in frames_part.checked().items():
+        if isinstance(parts, str):
+            continue
+        for kind, part in (("tools", parts[1]), ("messages", parts[2])):
+            if part is not None:
+                part_of.setdefault(part, (kind, []))[1].append(frame[:12])
+    out = []
+    shas = list(objs.shas(regular_only=True))
+    metas = objs.metas(shas)
+    for sha in shas:
+        names = tuple(sorted(by_sha.get(sha, ())))
+        kind, frames_of = part_of.get(sha, ("prefix", []))
+        held = f"{kind} of frame {', '.join(frames_of)}" if frames_of else None
+        if (m := metas.get(sha)) is None:
+            out.append(ObjectInfo(sha, None, None, held, names, kind=kind))
+            continue
+        slice_ = is_probe_source(m.source, m.note)
+        note = "; ".join(n for n in (held, m.note) if n) or None
+        out.append(ObjectInfo(sha, m.bytes, m.created, note, names, slice_, kind))
+    if frames:
+        out += frames_part.rows(by_sha)
+    return sorted(out, key=lambda o: (o.created or "", o.sha256))

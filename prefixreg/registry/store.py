@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 
 from prefixreg.core import errors
 from prefixreg.core.digest import is_full_sha, looks_like_sha, parse_abbrev, sha256_hex
-from prefixreg.core.frame import Frame, encode_frame_record, parse_tools
+from prefixreg.core.frame import Frame, encode_frame_record, parse_lead, parse_tools
 from prefixreg.core.jsonio import dumps_canonical
 from prefixreg.core.prefix import Prefix
 from prefixreg.registry import fsutil, layout, objects
@@ -222,9 +222,11 @@ class Registry:
         name: str | None = None,
         note: str | None = None,
         force: bool = False,
+        messages: str | bytes | None = None,
     ) -> str:
         """Register a frame, idempotent; its sha. `system` names the system prefix, `tools` is
-        a JSON list of tool objects (kept as its bytes), `settings` `core.frame.PROMPT_SETTINGS`;
+        a JSON list of tool objects (kept as its bytes), `settings` `core.frame.PROMPT_SETTINGS`,
+        `messages` a JSON list of the leading messages sent after the system one (its bytes);
         a `name` holding a prefix moves only with `force`. Raises: UsageError (bad tools JSON,
         setting, name or argument, or a mirror); NameConflictError (`name` holds a prefix:
         nothing written); IntegrityError (a part or existing record)."""
@@ -232,6 +234,7 @@ class Registry:
             layout.validate_name(name)
         given: tuple[object, object] = (tools, settings)  # the API boundary: anything may come
         errors.check_type(given[0], (str, bytes, type(None)), "add_frame: tools", "JSON text")
+        errors.check_type(messages, (str, bytes, type(None)), "add_frame: messages", "JSON text")
         errors.check_type(given[1], (Mapping, type(None)), "add_frame: settings", "a mapping")
         if any(not isinstance(key, str) for key in settings or {}):
             raise errors.ArgumentTypeError("add_frame: settings' keys are setting names (str)")
@@ -246,13 +249,20 @@ class Registry:
             parse_tools(data)
             data = objects.content_bytes(data)
         tools_sha = None if data is None else sha256_hex(data)
-        record = encode_frame_record(system_prefix.sha256, tools_sha, settings or {})
+        lead = None if messages is None else objects.content_bytes(messages)
+        if lead is not None:
+            parse_lead(lead)
+        lead_sha = None if lead is None else sha256_hex(lead)
+        record = encode_frame_record(
+            system_prefix.sha256, tools_sha, settings or {}, messages=lead_sha
+        )
         if name is not None:  # a refused name writes nothing: neither the tools nor the record
             self._names.precheck(name, to_frame=True, force=force is True)
         # Parts re-added (mtime refreshed), then the record: a racing gc sees them used.
         self._objects.put(system_prefix.sha256, system_prefix.data)
-        if data is not None:
-            self._store(data, note=note, source="tools", what="register a frame")
+        for part, source in ((data, "tools"), (lead, "messages")):
+            if part is not None:
+                self._store(part, note=note, source=source, what="register a frame")
         sha = self._frames.publish(record)
         if name is not None:
             self.move_name(name, sha, force=force)
@@ -316,31 +326,13 @@ class Registry:
 
     def list_objects(self, *, frames: bool = False) -> list[objects.ObjectInfo]:
         """Every object (with `frames`, every frame) with its meta and names, oldest first;
-        bytes are not read; a frame's tools are kind `tools`, the note naming the frames.
+        bytes are not read; a frame's tools are kind `tools`, its leading messages kind
+        `messages`, the note naming the frames.
         Raises: IntegrityError (a symlink, an object not a file)."""
         by_sha: dict[str, list[str]] = {}
         for name, sha in self.names().items():
             by_sha.setdefault(sha, []).append(name)
-        tools_of: dict[str, list[str]] = {}
-        for frame, parts in self._frames.checked().items():
-            if not isinstance(parts, str) and parts[1] is not None:
-                tools_of.setdefault(parts[1], []).append(frame[:12])
-        out = []
-        shas = list(self._objects.shas(regular_only=True))
-        metas = self._objects.metas(shas)
-        for sha in shas:
-            names = tuple(sorted(by_sha.get(sha, ())))
-            held = f"tools of frame {', '.join(tools_of[sha])}" if sha in tools_of else None
-            kind = "prefix" if held is None else "tools"
-            if (m := metas.get(sha)) is None:
-                out.append(objects.ObjectInfo(sha, None, None, held, names, kind=kind))
-                continue
-            slice_ = objects.is_probe_source(m.source, m.note)
-            note = "; ".join(n for n in (held, m.note) if n) or None
-            out.append(objects.ObjectInfo(sha, m.bytes, m.created, note, names, slice_, kind))
-        if frames:
-            out += self._frames.rows(by_sha)
-        return sorted(out, key=lambda o: (o.created or "", o.sha256))
+        return objects.list_rows(self._objects, self._frames, by_sha, frames=frames)
 
     def names(self) -> dict[str, str]:
         """Every name and the sha it points to, sorted by name. Raises: IntegrityError."""

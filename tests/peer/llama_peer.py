@@ -470,8 +470,10 @@ def start(
     port: int | None = None,
     ready_timeout: float = 120.0,
     detach: bool = False,
+    slot_actions: bool = True,
 ) -> PeerServer:
-    """Start llama-server on 127.0.0.1 with `flags` and wait for `/health`.
+    """Start llama-server on 127.0.0.1 with `flags` and wait for `/health`; without
+    `slot_actions` it gets no `--slot-save-path` (save and restore then answer 501).
 
     `detach` puts it in its own session without the die-with-parent signal (the `start`
     command); otherwise it gets SIGTERM when this process dies. A port taken between
@@ -488,7 +490,7 @@ def start(
             *("--port", str(chosen), "--no-webui"),
             *flags,
         )
-        if "--slot-save-path" not in flags:
+        if slot_actions and "--slot-save-path" not in flags:
             # The slot actions (erase, save, restore) answer 501 without it.
             slot_dir = log_dir / f"slots-{chosen}"
             slot_dir.mkdir(exist_ok=True)
