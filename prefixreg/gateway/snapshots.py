@@ -17,9 +17,10 @@ Invariants:
   (`prefixreg-gateway-<tag>-slot<N>.bin`, the tag from the host and the process id, so two
   replicas never overwrite each other's); at most one session a slot; a slot is freed when
   its session expires.
-- Never the loop's failure: every worker call runs on this module's thread; a worker without
-  slot actions (501) leaves snapshot mode for good (the re-warm keeper takes it), any other
-  failure is logged and counted, and calls go on.
+- Never the loop's failure: every worker call runs off the event loop (the start's thread,
+  then this module's two: saves at once, polls); a worker without slot actions (501) leaves
+  snapshot mode for good (the re-warm keeper takes it), any other failure is logged and
+  counted, and calls go on; a worker unreachable at start is read again every `RETRY_S`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -41,6 +43,7 @@ from prefixreg.server.worker import Worker
 
 log = logging.getLogger("prefixreg.gateway")
 POLL_S: Final = 0.1  # how soon a foreign prompt's slot is seen (one GET /slots a worker)
+RETRY_S: Final = 30.0  # a worker that could not be read at start is read again this often
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,8 @@ class _Snapshot:
 @dataclass
 class _Worker:
     url: str
-    client: Worker
+    client: Worker  # the saves' thread's
+    poller: Worker  # the polls' thread's (one client a thread)
     slots: tuple[int, ...] = ()
     owner: dict[int, str] = field(default_factory=dict)  # slot -> session, oldest first
     returning: set[str] = field(default_factory=set)  # owners that came back (kept first)
@@ -82,6 +86,8 @@ class Snapshots:
         self.tag = hashlib.sha256(f"{socket.gethostname()}|{os.getpid()}".encode()).hexdigest()[:8]
         self._urls = workers
         self._workers: dict[str, _Worker] = {}  # only the workers in snapshot mode
+        self._left: list[_Worker] = []  # workers that left it (no slot actions)
+        self._unread: list[str] = []  # workers not read yet (unreachable at start)
         self._lock = threading.Lock()  # guards owner/inflight/kept across the two threads
         self._queue: queue.Queue[_Saved] = queue.Queue(64)
         self._stopping = threading.Event()
@@ -89,18 +95,10 @@ class Snapshots:
 
     # -- lifecycle (the gateway's start and stop) ------------------------------------------
     def start(self) -> None:
-        for url in self._urls:
-            try:
-                client = Worker(url, api_key=self.api_key, timeout=10.0)
-                if client.server_build().profile != "llamacpp":
-                    client.close()
-                    continue
-                ids = tuple(sorted(s.id for s in list_slots(client)))
-            except (PrefixregError, OSError) as exc:
-                self._failed("discover", url, exc)
-                continue
-            if ids:
-                self._workers[url] = _Worker(url, client, ids)
+        """Read the workers (before the gateway serves: its first call is kept too), then
+        start the two threads; a worker that cannot be read is tried again every `RETRY_S`
+        on the polls' thread."""
+        self._unread = [u for u in self._urls if not self._discover(u)]
         for run in (self._run_saves, self._run_polls):
             thread = threading.Thread(target=run, name="prefixreg-snapshots", daemon=True)
             thread.start()
@@ -110,8 +108,9 @@ class Snapshots:
         self._stopping.set()
         for thread in self._threads:
             thread.join(timeout=30)
-        for w in self._workers.values():
+        for w in [*self._workers.values(), *self._left]:
             w.client.close()
+            w.poller.close()
 
     def covers(self, worker: str) -> bool:
         """Whether `worker`'s sessions are kept by snapshots (else the re-warm keeper's)."""
@@ -180,8 +179,30 @@ class Snapshots:
             if w is not None:
                 self._guarded(w, self._save, item)
 
+    def _discover(self, url: str) -> bool:
+        """Whether `url` was read (a llama.cpp worker with slots is then in snapshot mode)."""
+        try:
+            with Worker(url, api_key=self.api_key, timeout=5.0) as probe:
+                if probe.server_build().profile != "llamacpp":
+                    return True
+                ids = tuple(sorted(s.id for s in list_slots(probe)))
+        except (PrefixregError, OSError) as exc:
+            self._failed("discover", url, exc)
+            return False
+        if ids:
+            clients = [Worker(url, api_key=self.api_key, timeout=10.0) for _ in range(2)]
+            with self._lock:
+                self._workers[url] = _Worker(url, clients[0], clients[1], ids)
+        return True
+
     def _run_polls(self) -> None:
-        while not self._stopping.wait(POLL_S):
+        last_try = time.monotonic()
+        while True:
+            if self._unread and time.monotonic() - last_try >= RETRY_S:
+                self._unread = [u for u in self._unread if not self._discover(u)]
+                last_try = time.monotonic()
+            if self._stopping.wait(POLL_S):
+                return
             for w in list(self._workers.values()):
                 if w.kept:
                     self._guarded(w, self._restore_taken, None)
@@ -225,7 +246,7 @@ class Snapshots:
     def _restore_taken(self, w: _Worker) -> None:
         with self._lock:
             kept = dict(w.kept)
-        slots = {s.id: s for s in list_slots(w.client)}
+        slots = {s.id: s for s in list_slots(w.poller)}
         for slot, snap in kept.items():
             now = slots.get(slot)
             if now is None or not now.idle or (snap.task is not None and now.id_task == snap.task):
@@ -233,7 +254,7 @@ class Snapshots:
             with w.io:
                 if self._busy(w, slot) or w.kept.get(slot) is not snap:
                     continue  # the session's own call came, or a newer save
-                reply = slot_action(w.client, slot, "restore", snap.name)
+                reply = slot_action(w.poller, slot, "restore", snap.name)
             ok = reply.n_tokens == snap.n_tokens
             with self._lock:
                 if ok and w.kept.get(slot) is snap:
@@ -252,7 +273,8 @@ class Snapshots:
 
     def _leave(self, w: _Worker, exc: BaseException) -> None:
         with self._lock:
-            self._workers.pop(w.url, None)
+            if self._workers.pop(w.url, None) is not None:
+                self._left.append(w)  # its clients are closed at stop: a thread may hold one
         self._failed("snapshots", w.url, exc)
         log.warning(
             "%s has no slot actions: its sessions are re-warmed instead", display_url(w.url)
