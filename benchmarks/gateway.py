@@ -166,10 +166,21 @@ class Client:
 
     def call(self, body: bytes) -> float:
         began = time.perf_counter()
-        self.conn.request(
-            "POST", "/v1/chat/completions", body, {"Content-Type": "application/json"}
-        )
-        reply = self.conn.getresponse()
+        try:
+            self.conn.request(
+                "POST", "/v1/chat/completions", body, {"Content-Type": "application/json"}
+            )
+            reply = self.conn.getresponse()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # The server closed an idle keep-alive connection (uvicorn: after 5 s), as any
+            # client sees it: connect again and send once more (nothing was answered).
+            self.conn.close()
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+            began = time.perf_counter()
+            self.conn.request(
+                "POST", "/v1/chat/completions", body, {"Content-Type": "application/json"}
+            )
+            reply = self.conn.getresponse()
         reply.read()
         if reply.status != 200:
             raise RuntimeError(f"HTTP {reply.status}")
