@@ -49,8 +49,8 @@ def machine(
 ) -> KeepState:
     kept = {h.sha256: Kept(h, None) for h in heads or (PREFIX,)}
     return KeepState(
-        kept,
-        budget or stores_budget(),
+        kept=kept,
+        budget=budget or stores_budget(),
         counter=counter,
         slots=slots,
         poll_s=0.5,

@@ -1,6 +1,5 @@
-"""A keeper's I/O and what came of it: one re-warm call judged (`rewarm_call`), on llama.cpp
-the restore of a head lost to a server restart or eviction (`restore_for_keepalive`), one
-`Rewarm` per re-warm and the run's `KeepAliveSummary`.
+"""What a keeper did (one `Rewarm` per re-warm call, the run's `KeepAliveSummary`), and on
+llama.cpp the restore of a head lost to a server restart or eviction (`restore_for_keepalive`).
 
 Invariants:
 - A re-warm's verdict is the judge's and it is counted under it (a partial or unverified one
@@ -15,30 +14,24 @@ Invariants:
   record or file that does not verify) is reported, then a normal re-warm.
 - A restore's cost (server time plus the check's wall time and uncached tokens) is set
   against a re-prefill's (the head's tokens; the newest cold call of it on this build).
-- A session is re-touched whole (the latest prompt again, one output token) and judged
-  against its bytes (the head's and the history's), so a re-touch that finds only the head
-  cached is partial, never resumed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
 
 from prefixreg.core.errors import CorruptRecordError, IntegrityError, WorkerError
 from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.judge import Verdict, judge
-from prefixreg.core.prefix import fresh_tail, text_bytes
+from prefixreg.core.judge import Verdict
 from prefixreg.core.records import CallEvidence
 from prefixreg.registry.snapshots import list_snapshots
 from prefixreg.registry.store import Registry
-from prefixreg.server.activity import Counter, StoresCounter
 from prefixreg.server.slots import list_slots
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.budget import Unit
-from prefixreg.verbs.measure.calls import CallRecord, judge_check, measured_call
+from prefixreg.verbs.measure.calls import CallRecord
 from prefixreg.verbs.measure.metrics import Metrics
 from prefixreg.verbs.measure.slots import restore_head
 
@@ -282,37 +275,3 @@ def restore_for_keepalive(
         prefill_s=_last_cold_s(registry, head.system.sha256, result.build.build_id),
         check=result.check if result.verdict == "restored" else None,
     )
-
-
-def rewarm_call(
-    worker: Worker,
-    head: Head,
-    session: Sequence[Mapping[str, Any]] | None,
-    counter: Counter | None,
-    *,
-    span: int | None,
-    pin: int | None,
-    alignment: int,
-) -> tuple[CallRecord, Verdict]:
-    """One re-warm of `head` (in its `pin`ned slot) and the judge's verdict: the `session`
-    re-touched whole (judged against its bytes, the head's and the history's text), else the
-    head with a fresh tail (against its `span` measured on this build)."""
-    tail, stores = fresh_tail(), isinstance(counter, StoresCounter)
-    before = counter.last if isinstance(counter, StoresCounter) else None
-    record = measured_call(
-        worker,
-        head,
-        phase="keepalive",
-        tail=tail,
-        with_cache=stores,
-        before=before,
-        history=session,
-        **({} if pin is None else {"id_slot": pin}),
-    )
-    if session is None:
-        j = judge_check(record.evidence, head, tail=tail, alignment=alignment, measured=span)
-    else:
-        held = head.head_bytes + text_bytes(session)  # the head and the history: all re-touched
-        rest = len(tail.encode("utf-8"))
-        j = judge(record.evidence, head_bytes=held, rest_bytes=rest, alignment=alignment)
-    return record, j.verdict

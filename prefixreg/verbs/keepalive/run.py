@@ -20,7 +20,7 @@ Invariants:
 - A kept frame is re-warmed with its whole head, byte for byte as the loop sends it; its
   measurement is filed under the system sha, with `frame` set.
 - A head with a session (`track`, `session=FILE`: the loop's latest request on it, told
-  once the call returned) is re-warmed by re-touching it whole (`.rewarm`), else with a fresh
+  once the call returned) is re-warmed by re-touching it whole (`_call`), else with a fresh
   tail.
 """
 
@@ -42,8 +42,8 @@ from prefixreg.core.errors import (
     WorkerTimeoutError,
 )
 from prefixreg.core.frame import Frame, Head
-from prefixreg.core.judge import Verdict
-from prefixreg.core.prefix import Prefix
+from prefixreg.core.judge import Verdict, judge
+from prefixreg.core.prefix import Prefix, fresh_tail, text_bytes
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
 from prefixreg.server.slots import list_slots
@@ -53,12 +53,17 @@ from prefixreg.verbs.keepalive.rewarm import (
     KeepAliveSummary,
     Rewarm,
     restore_for_keepalive,
-    rewarm_call,
 )
 from prefixreg.verbs.keepalive.session import SessionFile, why_not_kept
 from prefixreg.verbs.keepalive.state import CounterKind, KeepState, Kept, PollMiss
 from prefixreg.verbs.measure.budget import budget_for
-from prefixreg.verbs.measure.calls import CallRecord, measured_span, record_measurement
+from prefixreg.verbs.measure.calls import (
+    CallRecord,
+    judge_check,
+    measured_call,
+    measured_span,
+    record_measurement,
+)
 
 
 class KeepAlive:
@@ -157,8 +162,8 @@ class KeepAlive:
         unit: CounterKind = "stores" if isinstance(self._counter, StoresCounter) else "prompts"
         restores = registry is not None and build.profile == "llamacpp"
         self.state = KeepState(
-            kept,
-            self.budget,
+            kept=kept,
+            budget=self.budget,
             counter=None if self._counter is None else unit,
             slots=self.slots,
             poll_s=self.poll_s,
@@ -256,7 +261,7 @@ class KeepAlive:
 
     def _rewarm(self, kept: Kept) -> Rewarm | None:
         """Restore or re-warm the due `kept` as the state machine plans it, and record it."""
-        state, counter = self.state, self._counter
+        state = self.state
         plan = state.plan(kept, time.monotonic())
         snap = None
         if plan.taken is not None and self.registry is not None:
@@ -268,15 +273,7 @@ class KeepAlive:
             # The judge's `restored` (judge_restore) stands on a resumed pinned check.
             record, verdict = snap.check, "resumed"
         else:
-            record, verdict = rewarm_call(
-                self.worker,
-                kept.head,
-                plan.session,
-                counter,
-                span=kept.span,
-                pin=kept.pin,
-                alignment=self.build.snapshot_align,
-            )
+            record, verdict = self._call(kept, plan.session)
         after, landed = self._count_after(record)
         now = time.monotonic()
         rewarm = state.rewarmed(
@@ -291,6 +288,33 @@ class KeepAlive:
         if self.on_rewarm is not None:
             self.on_rewarm(rewarm)
         return rewarm
+
+    def _call(self, kept: Kept, session: list[dict[str, Any]] | None) -> tuple[CallRecord, Verdict]:
+        """One re-warm of `kept` (in its pinned slot) and the judge's verdict: the `session`
+        re-touched whole (the latest prompt again, judged against its bytes, the head's and the
+        history's: one that finds only the head cached is partial), else the head with a
+        fresh tail (against its span measured on this build)."""
+        head, tail, counter = kept.head, fresh_tail(), self._counter
+        pin: dict[str, Any] = {} if kept.pin is None else {"id_slot": kept.pin}
+        stores, align = isinstance(counter, StoresCounter), self.build.snapshot_align
+        before = counter.last if isinstance(counter, StoresCounter) else None
+        record = measured_call(
+            self.worker,
+            head,
+            phase="keepalive",
+            tail=tail,
+            with_cache=stores,
+            before=before,
+            history=session,
+            **pin,
+        )
+        if session is None:
+            j = judge_check(record.evidence, head, tail=tail, alignment=align, measured=kept.span)
+        else:
+            held = head.head_bytes + text_bytes(session)  # the head and the history: re-touched
+            rest = len(tail.encode("utf-8"))
+            j = judge(record.evidence, head_bytes=held, rest_bytes=rest, alignment=align)
+        return record, j.verdict
 
     def _count_after(self, record: CallRecord) -> tuple[int | None, set[int]]:
         """The counter after a re-warm and the slots it saw change: `/cache`'s closing

@@ -28,8 +28,8 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from prefixreg.core.frame import Head
@@ -104,34 +104,30 @@ def rewarm_pays(outcomes: Sequence[tuple[int, int]], *, evicted: bool = False) -
     return kept > spent, why
 
 
+@dataclass(slots=True, kw_only=True)
 class KeepState:
     """The kept heads (`kept`: by sha, and sha/copy for the copies after one), the budget, the
     cost rule, the worker's streaks and the run's `summary`. `counter`: what the server counts
     by (None: time); `slots`: llama.cpp's; `restores`: snapshots may be restored."""
 
-    def __init__(
-        self,
-        kept: Mapping[str, Kept],
-        budget: Budget,
-        *,
-        counter: CounterKind | None,
-        slots: int | None = None,
-        poll_s: float = 0.5,
-        restores: bool = False,
-    ) -> None:
-        self.kept, self.budget, self.counter = dict(kept), budget, counter
-        self.slots, self.poll_s, self.restores = slots, poll_s, restores
-        self.summary = KeepAliveSummary()
-        self.total: float = 0  # the counter at the last count (a poll, a re-warm's); 0: time
-        self.landed: float | None = None  # what the last poll counted since the one before
-        self.counted = False  # a poll answered: the next one counts what landed in between
-        self.touched: set[str] = set()  # heads the loop used since the last poll
-        self.told = False  # the loop tells its calls: the others are foreign
-        self.errors = self.misses = 0  # worker errors, polls too busy, in a row
-        self.backoff_until = 0.0  # the worker's back-off: no poll before (monotonic)
-        self.outcomes: list[tuple[int, int]] = []  # the cost rule's (kept warm, spent)
-        self.level = 0  # cost back-offs in a row (0: none; else the next re-warm is a probe)
-        self.gate_until = 0.0  # no re-warm before (the cost back-off)
+    kept: dict[str, Kept]
+    budget: Budget
+    counter: CounterKind | None
+    slots: int | None = None
+    poll_s: float = 0.5
+    restores: bool = False
+    summary: KeepAliveSummary = field(default_factory=KeepAliveSummary)
+    total: float = 0  # the counter at the last count (a poll, a re-warm's); 0: time
+    landed: float | None = None  # what the last poll counted since the one before
+    counted: bool = False  # a poll answered: the next one counts what landed in between
+    touched: set[str] = field(default_factory=set)  # heads the loop used since the last poll
+    told: bool = False  # the loop tells its calls: the others are foreign
+    errors: int = 0  # worker errors in a row
+    misses: int = 0  # polls too busy to answer in a row
+    backoff_until: float = 0.0  # the worker's back-off: no poll before (monotonic)
+    outcomes: list[tuple[int, int]] = field(default_factory=list)  # the cost rule's (kept, spent)
+    level: int = 0  # cost back-offs in a row (0: none; else the next re-warm is a probe)
+    gate_until: float = 0.0  # no re-warm before (the cost back-off)
 
     def since(self, kept: Kept, now: float) -> float | None:
         """The foreign activity since `kept` was last used; None: never used nor warmed."""
