@@ -446,9 +446,9 @@ def test_error_streaks_are_broken_by_answered_polls(reg: Registry) -> None:
         srv.route("GET", "/cache", good, *([Reply(status=500), good] * 10))
         with Worker(srv.url) as w:
             keeper = KeepAlive(w, [reg.get("loop")], poll_s=0.0001)
-            keeper._kept[reg.resolve("loop")].baseline = 7  # warmed: nothing due
+            keeper.touch(reg.resolve("loop"))  # used: the first poll's 7 is its baseline
             for _ in range(20):
-                keeper._backoff_until = 0.0
+                keeper.state.backoff_until = 0.0
                 keeper.step()
     assert keeper.summary.errors == 10
     assert keeper.summary.stopped_because is None

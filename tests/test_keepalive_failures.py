@@ -22,7 +22,8 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.keepalive.run import KeepAlive
-from prefixreg.verbs.keepalive.session import MAX_FAILURES, SessionFile
+from prefixreg.verbs.keepalive.session import SessionFile
+from prefixreg.verbs.keepalive.state import MAX_FAILURES
 from tests.conftest import run_cli
 from tests.fakeserver import FakeServer, Reply, Request
 from tests.test_keepalive import SYSTEM, Foreign
@@ -166,7 +167,7 @@ def test_track_refuses_a_body_it_could_not_resend(sim: SimServer, reg: Registry)
         for wrong in (None, "x", [("messages", [])]):
             with pytest.raises(UsageError, match="request body"):
                 keeper.track(wrong)
-        assert all(k.session is None for k in keeper._kept.values())
+        assert all(k.session is None for k in keeper.state.kept.values())
         summary = keeper.run(0.3)  # before: the thread stopped on a UsageError from chat()
     assert summary.stopped_because is None and summary.rewarms == 1, str(summary)
 
@@ -197,7 +198,7 @@ def test_session_refuses_wrong_types_before_telling_or_writing(
         ):
             with pytest.raises(UsageError, match=r"Session\.sent\(\)"):
                 session.sent(bad)
-        assert all(k.session is None for k in keeper._kept.values())  # not tracked
+        assert all(k.session is None for k in keeper.state.kept.values())  # not tracked
     assert not log.exists() and session.calls == 0
     session.keeper = None
     session.sent(head.body([{"role": "user", "content": "hi"}]))
@@ -306,7 +307,7 @@ def test_a_worker_that_went_away_is_no_fault_of_the_session(reg: Registry) -> No
                 break
     s = keeper.summary
     assert s.stopped_because == "5 worker errors in a row" and s.stopped_by_worker, str(s)
-    assert s.dropped == [] and all(k.session is not None for k in keeper._kept.values())
+    assert s.dropped == [] and all(k.session is not None for k in keeper.state.kept.values())
 
 
 # -- issue 33 item 8: a copies count checked on the numbers before anything is built ----------

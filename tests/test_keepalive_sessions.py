@@ -24,7 +24,8 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker
 from prefixreg.sim import SimConfig, SimServer
 from prefixreg.verbs.keepalive.run import KeepAlive
-from prefixreg.verbs.keepalive.session import SessionFile, rewarm_pays
+from prefixreg.verbs.keepalive.session import SessionFile
+from prefixreg.verbs.keepalive.state import rewarm_pays
 from tests.conftest import run_cli
 from tests.test_keepalive import SYSTEM, Foreign
 
@@ -429,12 +430,12 @@ def test_a_body_adding_tools_to_a_bare_prefix_is_refused_never_kept_without_them
         for body, field in ((with_tools, "tools"), (with_setting, "tool_choice")):
             with pytest.raises(UsageError, match=f"with {field}, which a bare prefix cannot"):
                 keeper.track(body)
-        assert all(k.session is None for k in keeper._kept.values())
+        assert all(k.session is None for k in keeper.state.kept.values())
         assert keeper.track(head.body(history)) == head.sha256  # without them: its session
         from_file = KeepAlive(kw, [head], session=log, on_note=notes.append)
         from_file.step()
         from_file.step()
-    assert all(k.session is None for k in from_file._kept.values())
+    assert all(k.session is None for k in from_file.state.kept.values())
     assert from_file.summary.session_skipped == 1
     assert len(notes) == 1 and "register them with the prefix as a frame" in notes[0], notes
     # The loop's own side refuses it before writing a line another keeper would skip.

@@ -1,5 +1,5 @@
 """What a keeper did (one `Rewarm` per re-warm call, the run's `KeepAliveSummary`), and on
-llama.cpp the restore of a head lost to a server restart (`restore_for_keepalive`).
+llama.cpp the restore of a head lost to a server restart or eviction (`restore_for_keepalive`).
 
 Invariants:
 - A re-warm's verdict is the judge's and it is counted under it (a partial or unverified one

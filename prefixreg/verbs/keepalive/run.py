@@ -1,44 +1,37 @@
 """`keepalive`: keep heads (prefixes or frames) resumable on a worker whose small LRU foreign
 traffic churns, re-warming each before one more foreign prompt could evict it, by what the
 server counts (`server.activity`): `/cache` stores (Halogen), prompts (llama.cpp's `/slots`,
-else `/metrics`; an engine's Prometheus counters), else time. The budget is `measure.budget`'s;
-the records and the restore of a head lost to a llama.cpp restart or eviction, `.rewarm`'s.
+else `/metrics`; an engine's Prometheus counters), else time. `KeepAlive` is the driver: it
+polls, asks `.state` (the kept heads' state machine: every rule is there) what to do, sends
+the re-warms and restores (`measure.calls`, `.rewarm`) and feeds back what came of them.
 
 Invariants:
-- One request at a time: polls and re-warms run in one thread (`step`); the loop's `touch`
-  only marks a head as just used, and the next poll takes the baseline.
+- One request at a time: polls and re-warms run in one thread (`step`); the loop's `track`
+  and `touch` only tell the state machine (under its lock), and the next poll acts on it.
+  A thread's `start` refuses a second; `stop` wakes it and waits for a re-warm in flight
+  up to the worker's timeouts; a keeper thread never dies mute (`stopped_because`).
 - Every re-warm is a measured call judged by `core.judge` (with a registry, a `keepalive`
   measurement); one that comes back cold or partial tightens the budget.
 - Every interval is a finite number of seconds above 0 (`UsageError`): a NaN poll would
-  spin, an infinite interval would never re-warm.
+  spin, an infinite interval would never re-warm; so is a run's duration.
 - A poll too busy to answer is skipped and the next waits longer; a 503 on a re-warm backs
-  off exponentially; five worker errors with no answered poll between them stop the keeper,
-  and so does anything else that goes wrong in its thread (`stopped_because`).
-- A head whose re-warm the worker refused (an HTTP error but 503: its request's fault, not
-  counted as a worker error above) is not re-warmed again before a back-off that doubles
-  with its refusals in a row (answered polls do not end that streak; capped like the 503's);
-  after `session.MAX_FAILURES` its session is dropped, then the head given up (`ks.failed`),
-  each said once (`on_note`, the summary's `dropped`); with every head given up it stops.
-- A first warm (a head never used nor warmed) has no `since`: it is cold by nature, so it
-  neither tightens the budget nor counts in the cost rule.
-- Only foreign activity counts: a head is never due before a foreign prompt has stored (or
-  run); the keeper's re-warms and the loop's calls (tracked or touched) are taken off the
-  other kept heads' counts, and each stores budget is reduced by the entries they hold instead.
+  off; a refusal (an HTTP error but 503) is the head's (`KeepState.refused`); any other
+  worker error is the worker's (`KeepState.worker_error`).
 - A kept frame is re-warmed with its whole head, byte for byte as the loop sends it; its
   measurement is filed under the system sha, with `frame` set.
 - A head with a session (`track`, `session=FILE`: the loop's latest request on it, told
-  once the call returned) is re-warmed by re-touching it whole (`.session`), else with a
-  fresh tail. Never slower: re-warms are sent only while `session.rewarm_pays` (they keep
-  more tokens warm than they prefill); else the keeper backs off and says why.
+  once the call returned) is re-warmed by re-touching it whole (`_call`), else with a fresh
+  tail.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Self
 
 from prefixreg.core.errors import (
     ArgumentValueError,
@@ -49,24 +42,31 @@ from prefixreg.core.errors import (
     WorkerTimeoutError,
 )
 from prefixreg.core.frame import Frame, Head
-from prefixreg.core.judge import Verdict, judge_burst
-from prefixreg.core.prefix import Prefix
+from prefixreg.core.judge import Verdict, judge
+from prefixreg.core.prefix import Prefix, fresh_tail, text_bytes
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
 from prefixreg.server.slots import list_slots
 from prefixreg.server.transport import check_seconds
 from prefixreg.server.worker import Worker, check_body
-from prefixreg.verbs.keepalive import session as ks
-from prefixreg.verbs.keepalive.rewarm import KeepAliveSummary, Rewarm, restore_for_keepalive
-from prefixreg.verbs.keepalive.thread import Stepper
+from prefixreg.verbs.keepalive.rewarm import (
+    KeepAliveSummary,
+    Rewarm,
+    restore_for_keepalive,
+)
+from prefixreg.verbs.keepalive.session import SessionFile, why_not_kept
+from prefixreg.verbs.keepalive.state import CounterKind, KeepState, Kept, PollMiss
 from prefixreg.verbs.measure.budget import budget_for
-from prefixreg.verbs.measure.calls import last_counted_span, record_measurement
+from prefixreg.verbs.measure.calls import (
+    CallRecord,
+    judge_check,
+    last_counted_span,
+    measured_call,
+    record_measurement,
+)
 
-MAX_ERRORS: Final = 5
-MAX_BACKOFF_S: Final = 30.0
 
-
-class KeepAlive(Stepper):
+class KeepAlive:
     """Keep `prefixes` (heads) resumable on `worker` (a short `timeout`: polls must not
     hang); `step()` yourself or `start()` a thread, and `track(body)` (or `touch(sha)`)
     after each own call; `session` names a file of request bodies another process appends.
@@ -112,17 +112,12 @@ class KeepAlive(Stepper):
             registry.refuse_on_mirror("record keepalive measurements")
         self.worker, self.registry, self.on_rewarm = worker, registry, on_rewarm
         self.on_note = on_note
-        self.summary, self.gate = KeepAliveSummary(), ks.CostGate()
-        self.session_file = None if session is None else ks.SessionFile(session)
+        self.session_file = None if session is None else SessionFile(session)
         self.history: list[Rewarm] = []
-        self._touched: set[str] = set()
         self._said: set[str] = set()  # notes told once (`_note_once`)
-        self._lock = threading.Lock()
-        super().__init__()  # the thread's events: `thread.Stepper`
-        self._errors_in_row = self._poll_misses = 0  # misses: polls too busy to answer
-        self._backoff_until, self._told = 0.0, False
-        self._polled = False  # a poll answered: the next one counts what landed in between
-        self._landed: float | None = None
+        self._lock = threading.Lock()  # the state machine's: `track` comes from the loop's thread
+        self._stop, self._wake = threading.Event(), threading.Event()
+        self._thread: threading.Thread | None = None
         self.build = build = worker.server_build()
         # llama.cpp's slots: each holds one prompt, so more heads than slots evict each other,
         # and as many foreign prompts as slots since a head's last use evicted it.
@@ -138,11 +133,11 @@ class KeepAlive(Stepper):
             n = f"{distinct} heads" + (f" x {copies} copies" if copies > 1 else "")
             limit = f"at most {self.slots // distinct} copies of {distinct} heads"
             raise UsageError(f"KeepAlive: {n} on {self.slots} slots evict each other ({limit})")
-        self._kept: dict[str, ks.Kept] = {}  # by sha, and sha/copy for the copies after one
+        kept: dict[str, Kept] = {}  # by sha, and sha/copy for the copies after one
         for h in prefixes:
             span = None if registry is None else last_counted_span(registry, h, build.build_id)
             for i in range(copies):
-                self._kept[h.sha256 if i == 0 else f"{h.sha256}/{i}"] = ks.Kept(h, span)
+                kept[h.sha256 if i == 0 else f"{h.sha256}/{i}"] = Kept(h, span)
         counters = worker.cache() if build.profile == "halogen" else None
         self._counter: Counter | None = None
         if counters is not None and counters.stores is not None:
@@ -151,8 +146,8 @@ class KeepAlive(Stepper):
         elif build.profile != "halogen":
             # llama.cpp and the engines have no /cache but count prompts: time is the last resort.
             self._counter = PromptCounter.detect(worker, build.profile)
-        for kept, slot in zip(self._kept.values(), slots or [], strict=False):
-            kept.pin = kept.slot = slot.id if copies > 1 else None
+        for k, slot in zip(kept.values(), slots or [], strict=False):
+            k.pin = k.slot = slot.id if copies > 1 else None
         self.budget = budget_for(
             build,
             counters,
@@ -160,10 +155,21 @@ class KeepAlive(Stepper):
             budget=budget,
             interval_s=interval_s,
             prompt_counter=None if self._counter is None else self._counter.source,
-            kept=len(self._kept),
+            kept=len(kept),
         )
         if self.budget.unit == "seconds":
             self._counter = None  # /cache without max_entries (dense): keep time instead
+        unit: CounterKind = "stores" if isinstance(self._counter, StoresCounter) else "prompts"
+        restores = registry is not None and build.profile == "llamacpp"
+        self.state = KeepState(
+            kept=kept,
+            budget=self.budget,
+            counter=None if self._counter is None else unit,
+            slots=self.slots,
+            poll_s=self.poll_s,
+            restores=restores,
+        )
+        self.summary: KeepAliveSummary = self.state.summary
 
     def track(self, body: Mapping[str, Any]) -> str:
         """The loop just sent `body` (call it once the call returned): a kept head's request,
@@ -174,146 +180,77 @@ class KeepAlive(Stepper):
         if not isinstance(given, Mapping):
             raise UsageError(f"track() takes a request body (a mapping), not {type(given)}")
         check_body(dict(given), "track()")  # refused now, never later in the keeper's thread
-        sha = self._track(given)
+        with self._lock:
+            sha = self.state.track(given, time.monotonic())
         if sha is None:
-            heads = [k.head for k in self._kept.values()]
-            raise UsageError(f"track(): {ks.why_not_kept(heads, given)}")
+            heads = [k.head for k in self.state.kept.values()]
+            raise UsageError(f"track(): {why_not_kept(heads, given)}")
+        self._wake.set()
         return sha
-
-    def _track(self, body: object) -> str | None:
-        for kept in sorted(self._kept.values(), key=lambda k: k.head.kind != "frame"):
-            if (history := ks.session_of(kept.head, body)) is not None:
-                with self._lock:
-                    kept.session = history or None
-                self.touch(kept.head.sha256)
-                return kept.head.sha256
-        return None
 
     def touch(self, sha256: str) -> None:
         """The loop just used the head `sha256`: count its survival from now on."""
         if not isinstance(sha256, str):
             raise UsageError(f"touch takes a head's sha256, not {type(sha256).__name__}")
         with self._lock:
-            for kept in self._kept.values():
-                if kept.head.sha256 == sha256:  # every copy of it
-                    self._touched.add(sha256)
-                    self._told = True  # the loop tells its calls: the others are foreign
-                    kept.last_used = time.monotonic()
+            self.state.touch(sha256, time.monotonic())
         self._wake.set()
-
-    def _read(self, counter: Counter) -> float | None:
-        """The counter now (None: skip this round); a restart forgets every baseline."""
-        self.summary.polls += 1
-        got = None
-        try:
-            got = counter.read()
-        except (WorkerTimeoutError, EngineBusyError):  # a long prefill holds the queue:
-            self._poll_misses += 1  # wait longer each time, so polls cannot pile up
-            self._backoff(self._poll_misses)
-        except WorkerError:
-            self._error(backoff=True)
-        if got is None:
-            self.summary.skipped_polls += 1
-            return None
-        self._errors_in_row = self._poll_misses = 0  # an answered poll ends both streaks
-        total, restarted = got
-        for kept in self._kept.values() if restarted else ():  # nothing is cached now
-            kept.baseline, kept.slot, kept.lost, kept.left = None, kept.pin, True, None
-        return total
-
-    def _since(self, kept: ks.Kept, now: float) -> float | None:
-        """The foreign activity since `kept` was last used; None: never used nor warmed."""
-        if self._counter is None:
-            return None if kept.last_used is None else now - kept.last_used
-        return None if kept.baseline is None else self._counter.total - kept.baseline
-
-    def _due(self, now: float) -> list[ks.Kept]:
-        with self._lock:
-            touched, self._touched = self._touched, set()
-        due = []
-        busy = self._counter.busy if self._counter is not None else set()
-        landed = self._counter.changed if isinstance(self._counter, PromptCounter) else set()
-        for kept in self._kept.values():  # the loop's uses first: none is foreign
-            sha = kept.head.sha256
-            if sha in touched and kept.slot in busy:  # the loop's call still ends there:
-                with self._lock:  # take its baseline at a later poll, once the slot has
-                    self._touched.add(sha)  # counted it (no wake: that would poll nonstop)
-            elif sha in touched and self._counter is not None:
-                kept.baseline, kept.evicted, kept.left = self._counter.total, False, None
-                ks.discount(kept, self._kept.values(), float(self.budget.per_request))
-                if len(landed) == 1 and kept.pin is None:  # where the loop's call ended
-                    kept.slot = next(iter(landed))
-        gone = max(self.slots or 0, self.budget.limit + 1)
-        total = self._counter.total if self._counter is not None else 0
-        for kept in self._kept.values():
-            if kept.left is not None and total - kept.left >= gone:  # as long again as it took
-                kept.left, kept.evicted = None, False  # go: re-warm it (now due, not gone)
-                kept.baseline = total - self.budget.limit
-            if kept.left is not None or (kept.slot is not None and kept.slot in busy):
-                continue  # left to the loop; or its slot serves a prompt (likely the loop's):
-            since = self._since(kept, now)  # a re-warm now would go cold in another slot
-            # Evicted (llama.cpp): a foreign prompt ended in its slot (a loop that tells its calls),
-            # or more landed than it survives: restore it (with a snapshot), never re-prefill it.
-            taken = self._told and kept.slot in landed and kept.head.sha256 not in touched
-            if self.slots and self.budget.unit == "prompts" and (taken or (since or 0) >= gone):
-                kept.evicted = True
-            if since is None or self.budget.due(since):
-                due.append(kept)
-        return due
 
     def step(self) -> list[Rewarm]:
         """Poll once and re-warm every head that is due. Returns the re-warms made."""
-        now = time.monotonic()
-        if now < self._backoff_until:
+        try:
+            return self._step()
+        finally:
+            if self.summary.stopped_by_worker:  # the state machine said stop
+                self._stop.set()
+
+    def _step(self) -> list[Rewarm]:
+        state, counter, now = self.state, self._counter, time.monotonic()
+        if now < state.backoff_until:
             return []
         if self.session_file is not None:
             new, body = self.session_file.read()
-            if new and self._track(body) is None:
+            with self._lock:
+                tracked = state.track(body, time.monotonic()) if new else None
+            if tracked is not None:
+                self._wake.set()
+            elif new:
                 self.summary.session_skipped += 1
                 if isinstance(body, Mapping):  # said once per reason, not per poll
-                    why = ks.why_not_kept([k.head for k in self._kept.values()], body)
+                    why = why_not_kept([k.head for k in state.kept.values()], body)
                     self._note_once(f"a session line was skipped: {why}")
-        counter = self._counter
-        before = counter.total if counter is not None and self._polled else None
-        if counter is not None and self._read(counter) is None:
-            return []
-        self._polled = counter is not None
-        self._landed = None if before is None or counter is None else counter.total - before
-        done, due = [], self._due(now)
-        if self._counter is not None and self._counter.busy:
-            due = []  # llama.cpp: a prompt runs; a re-warm now would race it. Next poll.
-        due = [k for k in due if k.given_up is None and now >= k.retry_at]
-        allowed = self.gate.allow(now) if due else 0
-        for kept in due[:allowed]:
+        if counter is not None:
+            got: tuple[int, bool] | PollMiss
             try:
-                rewarm = self._rewarm(kept, self._since(kept, time.monotonic()))
-                done += [] if rewarm is None else [rewarm]
+                got = counter.read() or "empty"
+            except (WorkerTimeoutError, EngineBusyError):  # a long prefill holds the queue
+                got = "busy"
+            except WorkerError:
+                got = "error"
+            if not state.polled(time.monotonic(), got):
+                return []
+        busy = set() if counter is None else counter.busy
+        landed = counter.changed if isinstance(counter, PromptCounter) else set()
+        with self._lock:
+            due = state.due(now, busy=busy, landed=landed)
+        done: list[Rewarm] = []
+        for kept in due:
+            try:
+                rewarm = self._rewarm(kept)
             except EngineBusyError:
-                self._error(backoff=True)
+                state.worker_error(time.monotonic(), backoff=True)
                 break
             except WorkerHTTPError as exc:  # answered, and refused: this head's request
-                self.summary.errors += 1
-                self._failed(kept, exc)
+                with self._lock:  # its session may be dropped
+                    note = state.refused(kept, exc, time.monotonic())
+                if note is not None and self.on_note is not None:
+                    self.on_note(note)
                 break
             except WorkerError:  # unreachable or timed out: the worker's, not the head's
-                self._error(backoff=False)
+                state.worker_error(time.monotonic(), backoff=False)
                 break
-            self._errors_in_row = kept.failures = 0
-        self.summary.backoffs, self.summary.backoff_reason = self.gate.backoffs, self.gate.why
+            done += [] if rewarm is None else [rewarm]
         return done
-
-    def _backoff(self, n: int) -> None:
-        self._backoff_until = time.monotonic() + min(MAX_BACKOFF_S, self.poll_s * 2**n)
-
-    def _error(self, *, backoff: bool) -> None:
-        self.summary.errors += 1
-        self._errors_in_row += 1
-        if backoff:
-            self._backoff(self._errors_in_row)
-        if self._errors_in_row >= MAX_ERRORS and self.summary.stopped_because is None:
-            self.summary.stopped_because = f"{self._errors_in_row} worker errors in a row"
-            self.summary.stopped_by_worker = True
-            self._stop.set()
 
     def _note_once(self, note: str) -> None:
         """Tell `on_note` something about the session file, once per distinct note."""
@@ -322,71 +259,124 @@ class KeepAlive(Stepper):
             if self.on_note is not None:
                 self.on_note(note)
 
-    def _failed(self, kept: ks.Kept, exc: WorkerError) -> None:
-        """The worker refused a re-warm of `kept` (`ks.failed`): back off, drop, give up."""
-        with self._lock:  # its session may be dropped: `track` sets it from the loop's thread
-            note = ks.failed(kept, exc, lambda n: min(MAX_BACKOFF_S, self.poll_s * 2**n))
-        if note is None:
-            return
-        self.summary.dropped.append(note)
-        if all(k.given_up is not None for k in self._kept.values()):
-            self.summary.stopped_because = "every kept head given up (its re-warms kept failing)"
-            self.summary.stopped_by_worker = True
-            self._stop.set()
-        if self.on_note is not None:
-            self.on_note(note)
-
-    def _rewarm(self, kept: ks.Kept, since: float | None) -> Rewarm | None:
-        counter, head, snap = self._counter, kept.head, None
-        first = since is None or kept.lost or kept.last_used is None  # cold by nature
-        lost = kept.lost or kept.evicted
-        if lost and self.registry is not None and self.build.profile == "llamacpp":
-            held = [k for k in self._kept.values() if k is not kept and not (k.lost or k.evicted)]
-            held += [kept] if kept.evicted and not kept.lost else []  # it may be the loop's
-            taken = {k.slot for k in held if k.slot is not None}
-            snap = restore_for_keepalive(self.registry, self.worker, head, taken=taken)
-        verdict: Verdict
-        check = None if snap is None else snap.check
-        if kept.evicted and check is None and not ks.rewarm_pays([], evicted=True)[0]:
-            kept.left = counter.total if counter is not None else 0
-            self.summary.left_to_loop += 1  # re-prefilled, it would save what it costs
-            self.summary.restore_misses += snap is not None
+    def _rewarm(self, kept: Kept) -> Rewarm | None:
+        """Restore or re-warm the due `kept` as the state machine plans it, and record it."""
+        state = self.state
+        plan = state.plan(kept, time.monotonic())
+        snap = None
+        if plan.taken is not None and self.registry is not None:
+            snap = restore_for_keepalive(self.registry, self.worker, kept.head, taken=plan.taken)
+        if state.leave(kept, snap):
             return None
-        if check is not None:
+        verdict: Verdict
+        if snap is not None and snap.check is not None:
             # The judge's `restored` (judge_restore) stands on a resumed pinned check.
-            record, verdict = check, "resumed"
+            record, verdict = snap.check, "resumed"
         else:
-            align = self.build.snapshot_align
-            record, verdict = ks.rewarm_call(
-                self.worker, self.build, kept, counter, alignment=align
-            )
-        kept.lost, kept.evicted, kept.last_used = False, False, time.monotonic()
-        if counter is not None:
-            ks.rebase(kept, self._kept.values(), counter, record, self.budget.per_request)
-        survives, unit = self.budget.limit, self.budget.unit  # before a miss tightens it
-        change = self.budget.learn(record.before, record.after, record.interleaved, verdict, since)
-        landed = self._landed
-        if judge_burst(verdict, first=bool(first), landed=landed, survives=survives, unit=unit):
-            self.summary.burst(landed or 0.0, survives, unit)
-        if change is not None:
-            self.summary.budget_changes.append(change)
-        ev = record.evidence
-        if not first and verdict != "unverified" and ev.prompt_tokens is not None:
-            cached = ev.cached_tokens or 0
-            kept_tokens = cached if verdict == "resumed" else 0
-            spent = ev.prompt_tokens - cached
-            self.gate.saw(kept_tokens, spent, time.monotonic(), tightened=change is not None)
-        frame = head.sha256 if isinstance(head, Frame) else None
-        report = None if snap is None else snap.to_dict()
-        b = self.budget
-        rewarm = Rewarm(head.system.sha256, since, verdict, record, b.limit, b.unit, frame, report)
-        self.summary.count(rewarm, snap, session=kept.session is not None, first=bool(first))
+            record, verdict = self._call(kept, plan.session)
+        after, landed = self._count_after(record)
+        now = time.monotonic()
+        rewarm = state.rewarmed(
+            kept, plan, record, verdict, now, snap=snap, after=after, landed=landed
+        )
         self.history.append(rewarm)
         if self.registry is not None:
-            body = rewarm.measurement_body(b.to_dict())
+            body = rewarm.measurement_body(self.budget.to_dict())
             record_measurement(
                 self.registry, self.worker, self.build, rewarm.sha256, "keepalive", body
             )
         if self.on_rewarm is not None:
             self.on_rewarm(rewarm)
         return rewarm
+
+    def _call(self, kept: Kept, session: list[dict[str, Any]] | None) -> tuple[CallRecord, Verdict]:
+        """One re-warm of `kept` (in its pinned slot) and the judge's verdict: the `session`
+        re-touched whole (the latest prompt again, judged against its bytes, the head's and the
+        history's: one that finds only the head cached is partial), else the head with a
+        fresh tail (against its span measured on this build)."""
+        head, tail, counter = kept.head, fresh_tail(), self._counter
+        pin: dict[str, Any] = {} if kept.pin is None else {"id_slot": kept.pin}
+        stores, align = isinstance(counter, StoresCounter), self.build.snapshot_align
+        before = counter.last if isinstance(counter, StoresCounter) else None
+        record = measured_call(
+            self.worker,
+            head,
+            build=self.build,
+            phase="keepalive",
+            tail=tail,
+            with_cache=stores,
+            before=before,
+            history=session,
+            **pin,
+        )
+        if session is None:
+            j = judge_check(record.evidence, head, tail=tail, alignment=align, measured=kept.span)
+        else:
+            held = head.head_bytes + text_bytes(session)  # the head and the history: re-touched
+            rest = len(tail.encode("utf-8"))
+            j = judge(record.evidence, head_bytes=held, rest_bytes=rest, alignment=align)
+        return record, j.verdict
+
+    def _count_after(self, record: CallRecord) -> tuple[int | None, set[int]]:
+        """The counter after a re-warm and the slots it saw change: `/cache`'s closing
+        snapshot taken as the latest, else a read of the prompts (None: not counted)."""
+        counter, after = self._counter, record.after
+        if isinstance(counter, StoresCounter):
+            if after is None or after.stores is None:
+                return None, set()
+            return counter.saw(after)[0], set()
+        try:
+            got = None if counter is None else counter.read()
+        except WorkerError:
+            got = None  # the next poll sees our prompt and lands on since 0
+        return (None, set()) if got is None or counter is None else (got[0], counter.changed)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def run(self, duration_s: float | None = None) -> KeepAliveSummary:
+        """Step every `poll_s` until `stop()`, `duration_s` (finite, above 0) or too many errors."""
+        given: object = duration_s  # callers outside the type checker pass anything
+        span = given if isinstance(given, int | float) and not isinstance(given, bool) else math.nan
+        if given is not None and not (math.isfinite(span) and span > 0):
+            raise UsageError(
+                f"duration_s must be a finite number of seconds above 0, not {given!r}"
+            )
+        end = None if given is None else time.monotonic() + span
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception as exc:  # noqa: BLE001 -- a keeper thread must never die mute
+                # Not the worker's doing (a record not written, a failing callback): say why.
+                self.summary.stopped_because = f"{type(exc).__name__}: {exc}"
+                self._stop.set()
+                break
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self._wake.wait(self.poll_s if left is None else min(self.poll_s, left))
+            self._wake.clear()
+        return self.summary
+
+    def start(self) -> Self:
+        """Run in a daemon thread (the loop keeps its own thread)."""
+        if self._thread is not None:
+            raise UsageError("this keeper is already running: one thread, one request at a time")
+        self._thread = threading.Thread(target=self.run, name="prefixreg-keepalive", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> KeepAliveSummary:
+        """Stop the thread (if any), waiting for a re-warm in flight, and return the summary."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.worker.read_timeout + self.worker.timeout)
+        return self.summary
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
