@@ -1,5 +1,5 @@
 """The simulator's HTTP server: Halogen's routes on a stdlib `ThreadingHTTPServer`, one thread
-per connection, a listen backlog of 128 (connects never wait for SYN retransmits). A completion,
+per connection, a listen backlog of 1,024 (connects never wait for SYN retransmits). A completion,
 as on the real server: authenticate, validate (400s before queueing), wait for a slot (503
 ``engine_busy`` after ``queue_timeout``), look up (memory, then the disk tier when that resumes
 more), sleep the modelled prefill, store the snapshots (so of identical cold requests at once
@@ -48,8 +48,10 @@ class LoggedRequest(NamedTuple):
 
 class _HTTPServer(ThreadingHTTPServer):
     # socketserver's default backlog is 5: a burst of connects beyond it waits ~1 s for a SYN
-    # retransmit, which would swamp the modelled times of concurrent calls.
-    request_queue_size = 128
+    # retransmit, which would swamp the modelled times of concurrent calls; and with SYN
+    # cookies on, a connection completed past a full queue is reset after its request was
+    # sent. 1,024 holds a thousand streams opened at once (a benchmark's load).
+    request_queue_size = 1024
     daemon_threads = True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
