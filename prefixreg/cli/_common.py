@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -51,11 +51,18 @@ EXIT_CODES: tuple[tuple[type[errors.PrefixregError], ExitCode], ...] = (
     (errors.MirrorError, ExitCode.MIRROR),
     (errors.LockTimeoutError, ExitCode.LOCK_TIMEOUT),
 )
-# Outcomes the library reports (warm verdicts, probe outcomes), mapped here with the errors'.
+# Outcomes the verbs report (a typed result's `outcome`), mapped here with the errors': the
+# one table a command's exit code comes from (`exit_with`).
 EXIT_BY_OUTCOME: dict[str, ExitCode] = {
-    **dict.fromkeys(("resumed", "warmed", "ok"), ExitCode.OK),
-    **dict.fromkeys(("partial", "cold", "check_failed"), ExitCode.NO),
+    **dict.fromkeys(
+        ("resumed", "warmed", "ok", "healthy", "qualified", "restored", "done"), ExitCode.OK
+    ),
+    **dict.fromkeys(
+        ("partial", "cold", "check_failed", "unhealthy", "not_qualified", "failed"), ExitCode.NO
+    ),
     "unverified": ExitCode.UNVERIFIED,
+    "worker_error": ExitCode.WORKER,
+    "mirror_failed": ExitCode.MIRROR,
 }
 # The settings of every Typer app and command group the CLI builds.
 APP_SETTINGS: dict[str, Any] = {
@@ -175,6 +182,11 @@ def cli_errors(debug: bool) -> Iterator[None]:
         if hint:
             info(f"hint: {hint}")
         raise typer.Exit(int(code)) from None
+
+
+def exit_with(outcome: str) -> NoReturn:
+    """End the command with the exit code `EXIT_BY_OUTCOME` maps `outcome` to."""
+    raise typer.Exit(int(EXIT_BY_OUTCOME[outcome]))
 
 
 def emit_json(value: Any) -> None:
