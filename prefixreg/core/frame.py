@@ -72,14 +72,21 @@ def _ordered(value: object) -> str:
         raise UsageError(f"not a JSON value: {exc}") from None
 
 
-def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
-    """`data`'s tools list (objects with a string `type`, key order kept), else `UsageError`."""
+def _json_list(data: bytes, where: str, of: str) -> list[Any]:
+    """A part's bytes as a non-empty JSON list (exact JSON: no duplicate keys, no NaN), else
+    `UsageError` naming the part."""
     try:
         value = loads(data, exact=True)
     except CorruptRecordError as exc:
         raise UsageError(f"{where}: {exc}") from None
     if not isinstance(value, list) or not value:
-        raise UsageError(f"{where}: must be a non-empty JSON list of tool objects")
+        raise UsageError(f"{where}: must be a non-empty JSON list of {of}")
+    return value
+
+
+def parse_tools(data: bytes, *, where: str = "tools") -> list[dict[str, Any]]:
+    """`data`'s tools list (objects with a string `type`, key order kept), else `UsageError`."""
+    value = _json_list(data, where, "tool objects")
     for i, tool in enumerate(value):
         if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
             raise UsageError(f"{where}[{i}]: must be an object with a string 'type'")
@@ -93,12 +100,7 @@ def parse_lead(data: bytes, *, where: str = "messages") -> list[dict[str, Any]]:
     """The leading messages a frame holds: a non-empty JSON list of message objects, each
     with a string `role` (the system message is the frame's own part, never one of them).
     Raises UsageError."""
-    try:
-        value = loads(data, exact=True)
-    except CorruptRecordError as exc:
-        raise UsageError(f"{where}: {exc}") from None
-    if not isinstance(value, list) or not value:
-        raise UsageError(f"{where}: must be a non-empty JSON list of message objects")
+    value = _json_list(data, where, "message objects")
     try:
         lead = check_history(value)
     except UsageError as exc:
