@@ -280,3 +280,66 @@ def test_valid_json_orjson_refuses_is_forwarded_unread_and_unverified(fake: Fake
         assert reply.headers["x-prefixreg-verdict"] == "unverified"
         assert reply.headers["x-prefixreg-reason"] == "a JSON body the gateway does not read"
     assert bad.status_code == 400  # not JSON at all: still refused
+
+
+class _ClosesAfterStreams(threading.Thread):
+    """An upstream that, like llama-server, closes a connection after a streamed reply
+    without a `Connection: close` (here 0.3 s later, reading nothing more): a call sent on
+    it meanwhile gets no reply. Buffered replies keep their connection alive."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.asked_to_close: list[bool] = []
+
+    def run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as rfile:
+            while True:
+                lines = []
+                while (line := rfile.readline()) not in (b"\r\n", b""):
+                    lines.append(line.decode("latin-1").lower())
+                if not lines:
+                    return
+                size = next(int(x.split(":")[1]) for x in lines if x.startswith("content-length"))
+                sent = json.loads(rfile.read(size))
+                if not sent.get("stream"):
+                    reply = json.dumps({"choices": [], "usage": {"prompt_tokens": 3}}).encode()
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (len(reply), reply))  # fmt: skip
+                    continue
+                self.asked_to_close.append(any(x.startswith("connection: close") for x in lines))
+                event = b"data: {}\n\ndata: [DONE]\n\n"
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                             % (len(event), event))  # fmt: skip
+                time.sleep(0.3)
+                return
+
+
+def test_a_call_after_a_stream_is_never_sent_on_the_connection_the_worker_drops() -> None:
+    upstream = _ClosesAfterStreams()
+    upstream.start()
+    try:
+        with (
+            serve_in_thread(GatewayConfig(workers=(upstream.url,))) as (url, _),
+            httpx.Client(base_url=url, timeout=30) as client,
+        ):
+            statuses = []
+            for _ in range(3):
+                with client.stream("POST", "/v1/chat/completions", json=body(stream=True)) as r:
+                    r.read()
+                    statuses.append(r.status_code)
+                statuses.append(client.post("/v1/chat/completions", json=body()).status_code)
+    finally:
+        upstream.sock.close()
+    assert statuses == [200] * 6
+    assert upstream.asked_to_close == [True] * 3

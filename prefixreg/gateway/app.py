@@ -204,6 +204,11 @@ class Gateway:
             return self._error(api, 400, adm.refuse, **adm.headers)
         url = adm.target + api.path + (f"?{request.url.query}" if request.url.query else "")
         headers = self._upstream_headers(request) + adm.upstream_headers
+        if parsed is not None and parsed.get("stream") is True:
+            # llama-server closes a connection after a streamed reply without saying so; a
+            # call sent on it from the pool then finds it gone (a 502 for a healthy worker).
+            # Asked to close, the worker's stream ends its connection and none is reused.
+            headers.append((b"connection", b"close"))
         deadline = time.monotonic() + self.config.timeout_s
         self.inflight += 1  # from the request sent until the reply is closed, however it ends
         try:

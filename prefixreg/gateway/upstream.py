@@ -110,7 +110,9 @@ def make_client(config: GatewayConfig) -> httpx.AsyncClient:
     later caller's request (a session cookie crossing tenants). Cookies the client itself
     sends still pass through, as headers."""
     timeout = httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s)
-    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
+    # An idle pooled connection is dropped after 2 s, well before the 5 s after which
+    # llama-server and uvicorn close theirs: a call never races a worker closing its socket.
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=256, keepalive_expiry=2.0)
     # TCP_NODELAY: a request's headers and body go out as two writes; with Nagle on, the
     # body waits for the worker's delayed ACK of the headers (tens of milliseconds a call).
     nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
