@@ -66,9 +66,13 @@ def _open(
 
 
 def _show(report: PoolReport, reg: Registry, json_out: bool, title: str, **extra: Any) -> None:
-    """Warnings on stderr; the report as JSON (with `extra`) or as text on stdout."""
+    """Warnings (and for status, the workers down) on stderr; the report as JSON (with
+    `extra`) or as text on stdout."""
     for warning in report.warnings:
         c.info(f"warning: {warning}")
+    if report.verb == "status" and report.down:
+        down = f"{len(report.down)} of {len(report.workers)} workers did not answer: "
+        c.info(f"error: {down}" + ", ".join(report.down))
     if json_out:
         c.emit_json({**report.to_dict(), **extra})
         return
@@ -140,12 +144,7 @@ def pool_warm_command(
             report = warm_pool(live, heads, progress=c.progress_for(json_out))
         c.write_metrics_file(metrics_file, report.metrics("pool warm"))
         _show(report, reg, json_out, "pool warm")
-        if report.ok:
-            raise typer.Exit(c.ExitCode.OK)
-        if report.workers and all(w.error is not None for w in report.workers):
-            raise typer.Exit(c.ExitCode.WORKER)
-        unverified = report.unverified and not report.refused
-        raise typer.Exit(c.ExitCode.UNVERIFIED if unverified else c.ExitCode.NO)
+        c.exit_with(report.outcome)
 
 
 @pool_app.command("doctor")
@@ -177,8 +176,7 @@ def pool_doctor_command(
             report = doctor_pool(live, prove=not no_prove)
         c.write_metrics_file(metrics_file, report.metrics("pool doctor"))
         _show(report, reg, json_out, "pool doctor")
-        healthy = report.ok and not report.builds_differ and not report.notes
-        raise typer.Exit(int(c.ExitCode.OK if healthy else c.ExitCode.NO))
+        c.exit_with(report.outcome)
 
 
 @pool_app.command("status")
@@ -194,21 +192,15 @@ def pool_status_command(
 
     Exit 0 every worker answered; 5 a worker did not (the report is printed all the same).
     """
-    from prefixreg.verbs.pool.warm import doctor_pool
+    from prefixreg.verbs.pool.warm import status_pool
 
     with c.cli_errors(debug):
         reg, live = _open(worker, pool, router, registry)
         with live:
-            report = doctor_pool(live, prove=False)
+            report = status_pool(live)
         placement = sorted(live.placement.values(), key=lambda a: a.worker)
         _show(report, reg, json_out, "pool status", placement=[a.to_dict() for a in placement])
-        down = [w.url for w in report.workers if w.error is not None]
-        if down:
-            c.info(
-                f"error: {len(down)} of {len(report.workers)} workers did not answer: "
-                + ", ".join(down)
-            )
-        raise typer.Exit(int(c.ExitCode.WORKER if down else c.ExitCode.OK))
+        c.exit_with(report.outcome)
 
 
 def _summary(r: DestinationResult) -> str:
