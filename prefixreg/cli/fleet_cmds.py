@@ -7,7 +7,6 @@ verdict. Each command's help gives its exit codes.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -19,7 +18,7 @@ from prefixreg.core.errors import MirrorError, RegistryLocationError
 
 if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
-    from prefixreg.verbs.mirror import DestinationResult
+    from prefixreg.verbs.mirror import DestinationResult, MirrorReport
     from prefixreg.verbs.pool.live import Pool
     from prefixreg.verbs.pool.warm import PoolReport
 
@@ -221,6 +220,27 @@ def _summary(r: DestinationResult) -> str:
     )
 
 
+def _source(registry: Path | None) -> Registry:
+    """The registry to mirror; an unmarked one is a refused mirror (exit 6), not a usage slip."""
+    try:
+        return c.open_registry_from(registry)
+    except RegistryLocationError as exc:
+        raise MirrorError(f"source is not a registry: {exc}", hint=exc.hint) from None
+
+
+def _show_mirror(report: MirrorReport, json_out: bool) -> None:
+    """The report as JSON; else with --dry-run, each destination's changes (itemized). Each
+    failure already has its line on stderr (and is listed in --json)."""
+    if json_out:
+        c.emit_json(report.to_dict())
+    elif report.dry_run:
+        for r in report.results:
+            if r.ok:
+                sys.stdout.write(f"# {r.destination}\n")
+                sys.stdout.writelines(f"{change}\n" for change in r.changes)
+        sys.stdout.flush()
+
+
 def mirror_command(
     to: Annotated[
         list[str] | None,
@@ -266,18 +286,11 @@ def mirror_command(
     destination; 7 another mirror holds the lock. Each run and destination: a mirror.log line.
     """
     with c.cli_errors(debug):
-        from prefixreg.verbs.mirror import ENV_SSH_OPTS, ENV_TO, mirror
+        from prefixreg.verbs.mirror import mirror, mirror_targets
 
-        # Space-separated in the environment; flags first (ssh keeps the first value).
-        destinations = to or os.environ.get(ENV_TO, "").split()
-        options = [*(ssh_option or []), *os.environ.get(ENV_SSH_OPTS, "").split()]
-        try:
-            reg = c.open_registry_from(registry)
-        except RegistryLocationError as exc:
-            # An unmarked source is a refused mirror (exit 6), not a usage slip.
-            raise MirrorError(f"source is not a registry: {exc}", hint=exc.hint) from None
+        destinations, options = mirror_targets(to, ssh_option)
         report = mirror(
-            reg,
+            _source(registry),
             destinations,
             dry_run=dry_run,
             full_verify=full_verify,
@@ -286,14 +299,5 @@ def mirror_command(
             on_result=lambda r: c.info(_summary(r)),
             progress=c.progress_for(json_out),
         )
-        if json_out:
-            c.emit_json(report.to_dict())
-        elif dry_run:
-            for r in report.results:
-                if r.ok:
-                    sys.stdout.write(f"# {r.destination}\n")
-                    sys.stdout.writelines(f"{change}\n" for change in r.changes)
-            sys.stdout.flush()
-        if not report.ok:
-            # Each failure already has its line on stderr (and is listed in --json).
-            raise typer.Exit(int(c.ExitCode.MIRROR))
+        _show_mirror(report, json_out)
+        c.exit_with(report.outcome)
