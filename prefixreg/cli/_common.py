@@ -63,6 +63,8 @@ EXIT_BY_OUTCOME: dict[str, ExitCode] = {
     "unverified": ExitCode.UNVERIFIED,
     "worker_error": ExitCode.WORKER,
     "mirror_failed": ExitCode.MIRROR,
+    # clif: `snapshot ship` where a destination's build has no snapshot of the head.
+    "no_snapshot": ExitCode.NO,
 }
 # The settings of every Typer app and command group the CLI builds.
 APP_SETTINGS: dict[str, Any] = {
@@ -232,3 +234,18 @@ def open_worker(
     from prefixreg.server.worker import Worker
 
     return Worker(resolve_worker_url(url), model=model, read_timeout=timeout, profile=profile)
+
+
+# -- clif --
+
+
+@contextmanager
+def open_workers(urls: list[str], *, timeout: float, profile: str | None) -> Iterator[list[Worker]]:
+    """A `Worker` for each of `urls` (in order, model the server's), all closed on the way out."""
+    from contextlib import ExitStack  # here: this block leaves the module's imports alone
+
+    with ExitStack() as stack:
+        yield [
+            stack.enter_context(open_worker(u, model=None, timeout=timeout, profile=profile))
+            for u in urls
+        ]

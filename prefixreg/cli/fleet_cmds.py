@@ -7,7 +7,6 @@ verdict. Each command's help gives its exit codes.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -19,7 +18,7 @@ from prefixreg.core.errors import MirrorError, RegistryLocationError
 
 if TYPE_CHECKING:
     from prefixreg.registry.store import Registry
-    from prefixreg.verbs.mirror import DestinationResult
+    from prefixreg.verbs.mirror import DestinationResult, MirrorReport
     from prefixreg.verbs.pool.live import Pool
     from prefixreg.verbs.pool.warm import PoolReport
 
@@ -66,9 +65,13 @@ def _open(
 
 
 def _show(report: PoolReport, reg: Registry, json_out: bool, title: str, **extra: Any) -> None:
-    """Warnings on stderr; the report as JSON (with `extra`) or as text on stdout."""
+    """Warnings (and for status, the workers down) on stderr; the report as JSON (with
+    `extra`) or as text on stdout."""
     for warning in report.warnings:
         c.info(f"warning: {warning}")
+    if report.verb == "status" and report.down:
+        down = f"{len(report.down)} of {len(report.workers)} workers did not answer: "
+        c.info(f"error: {down}" + ", ".join(report.down))
     if json_out:
         c.emit_json({**report.to_dict(), **extra})
         return
@@ -140,12 +143,7 @@ def pool_warm_command(
             report = warm_pool(live, heads, progress=c.progress_for(json_out))
         c.write_metrics_file(metrics_file, report.metrics("pool warm"))
         _show(report, reg, json_out, "pool warm")
-        if report.ok:
-            raise typer.Exit(c.ExitCode.OK)
-        if report.workers and all(w.error is not None for w in report.workers):
-            raise typer.Exit(c.ExitCode.WORKER)
-        unverified = report.unverified and not report.refused
-        raise typer.Exit(c.ExitCode.UNVERIFIED if unverified else c.ExitCode.NO)
+        c.exit_with(report.outcome)
 
 
 @pool_app.command("doctor")
@@ -177,8 +175,7 @@ def pool_doctor_command(
             report = doctor_pool(live, prove=not no_prove)
         c.write_metrics_file(metrics_file, report.metrics("pool doctor"))
         _show(report, reg, json_out, "pool doctor")
-        healthy = report.ok and not report.builds_differ and not report.notes
-        raise typer.Exit(int(c.ExitCode.OK if healthy else c.ExitCode.NO))
+        c.exit_with(report.outcome)
 
 
 @pool_app.command("status")
@@ -194,21 +191,15 @@ def pool_status_command(
 
     Exit 0 every worker answered; 5 a worker did not (the report is printed all the same).
     """
-    from prefixreg.verbs.pool.warm import doctor_pool
+    from prefixreg.verbs.pool.warm import status_pool
 
     with c.cli_errors(debug):
         reg, live = _open(worker, pool, router, registry)
         with live:
-            report = doctor_pool(live, prove=False)
+            report = status_pool(live)
         placement = sorted(live.placement.values(), key=lambda a: a.worker)
         _show(report, reg, json_out, "pool status", placement=[a.to_dict() for a in placement])
-        down = [w.url for w in report.workers if w.error is not None]
-        if down:
-            c.info(
-                f"error: {len(down)} of {len(report.workers)} workers did not answer: "
-                + ", ".join(down)
-            )
-        raise typer.Exit(int(c.ExitCode.WORKER if down else c.ExitCode.OK))
+        c.exit_with(report.outcome)
 
 
 def _summary(r: DestinationResult) -> str:
@@ -227,6 +218,27 @@ def _summary(r: DestinationResult) -> str:
         f"ok      {r.destination}: sent {r.sent} files ({r.bytes:,} bytes), deleted "
         f"{r.deleted}, {content}{rounds}, {r.seconds:.2f}s"
     )
+
+
+def _source(registry: Path | None) -> Registry:
+    """The registry to mirror; an unmarked one is a refused mirror (exit 6), not a usage slip."""
+    try:
+        return c.open_registry_from(registry)
+    except RegistryLocationError as exc:
+        raise MirrorError(f"source is not a registry: {exc}", hint=exc.hint) from None
+
+
+def _show_mirror(report: MirrorReport, json_out: bool) -> None:
+    """The report as JSON; else with --dry-run, each destination's changes (itemized). Each
+    failure already has its line on stderr (and is listed in --json)."""
+    if json_out:
+        c.emit_json(report.to_dict())
+    elif report.dry_run:
+        for r in report.results:
+            if r.ok:
+                sys.stdout.write(f"# {r.destination}\n")
+                sys.stdout.writelines(f"{change}\n" for change in r.changes)
+        sys.stdout.flush()
 
 
 def mirror_command(
@@ -274,18 +286,11 @@ def mirror_command(
     destination; 7 another mirror holds the lock. Each run and destination: a mirror.log line.
     """
     with c.cli_errors(debug):
-        from prefixreg.verbs.mirror import ENV_SSH_OPTS, ENV_TO, mirror
+        from prefixreg.verbs.mirror import mirror, mirror_targets
 
-        # Space-separated in the environment; flags first (ssh keeps the first value).
-        destinations = to or os.environ.get(ENV_TO, "").split()
-        options = [*(ssh_option or []), *os.environ.get(ENV_SSH_OPTS, "").split()]
-        try:
-            reg = c.open_registry_from(registry)
-        except RegistryLocationError as exc:
-            # An unmarked source is a refused mirror (exit 6), not a usage slip.
-            raise MirrorError(f"source is not a registry: {exc}", hint=exc.hint) from None
+        destinations, options = mirror_targets(to, ssh_option)
         report = mirror(
-            reg,
+            _source(registry),
             destinations,
             dry_run=dry_run,
             full_verify=full_verify,
@@ -294,14 +299,5 @@ def mirror_command(
             on_result=lambda r: c.info(_summary(r)),
             progress=c.progress_for(json_out),
         )
-        if json_out:
-            c.emit_json(report.to_dict())
-        elif dry_run:
-            for r in report.results:
-                if r.ok:
-                    sys.stdout.write(f"# {r.destination}\n")
-                    sys.stdout.writelines(f"{change}\n" for change in r.changes)
-            sys.stdout.flush()
-        if not report.ok:
-            # Each failure already has its line on stderr (and is listed in --json).
-            raise typer.Exit(int(c.ExitCode.MIRROR))
+        _show_mirror(report, json_out)
+        c.exit_with(report.outcome)

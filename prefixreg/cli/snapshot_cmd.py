@@ -7,19 +7,19 @@ same restore (`warm_restore_cli`).
 
 from __future__ import annotations
 
-from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from prefixreg.cli import _common as c
-from prefixreg.core.errors import UsageError
 
 if TYPE_CHECKING:
     from prefixreg.core.frame import Head
+    from prefixreg.core.snapshots import SnapshotRecord
     from prefixreg.registry.store import Registry
     from prefixreg.server.worker import Worker
+    from prefixreg.verbs.mirror.snapshots import ShipReport
 
 SlotOpt = Annotated[
     int | None,
@@ -109,24 +109,25 @@ def save_command(
     Exit 0 saved, 3 integrity (nothing sent), 4 not proven (nothing recorded), 2 no slot
     API or no --slot-dir, 5 worker.
     """
-    from prefixreg.verbs.snapshot.run import save_snapshot
+    from prefixreg.verbs.snapshot.run import require_slot_dir, save_snapshot
 
     with c.cli_errors(debug):
-        if slot_dir is None:
-            raise UsageError("snapshot save needs --slot-dir: the file's hashes go in the record")
+        where = require_slot_dir(slot_dir)
         reg = c.open_registry_from(registry)
         head = reg.head(ref)  # resolved and verified once, before a connection is opened
         progress = c.progress_for(json_out)
         with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
-            rec, receipt = save_snapshot(
-                reg, head, w, slot_dir=slot_dir, slot=slot, progress=progress
-            )
-        text = (
-            f"saved    {head.kind} {rec.sha256[:16]} on build {rec.build_id}: {rec.n_saved:,} "
-            f"tokens, {rec.file_bytes:,} bytes, {rec.save_ms or 0:.1f} ms (slot {rec.slot_id})\n"
-            f"file     {rec.file}, sha256 {rec.file_sha256}\nrecord   {receipt['record']}\n"
-        )
-        c.emit(json_out, receipt, text)
+            rec, receipt = save_snapshot(reg, head, w, slot_dir=where, slot=slot, progress=progress)
+        c.emit(json_out, receipt, _saved_text(head, rec, str(receipt["record"])))
+
+
+def _saved_text(head: Head, rec: SnapshotRecord, record: str) -> str:
+    """`snapshot save`'s text: what was saved, its file and hash, where the record is."""
+    return (
+        f"saved    {head.kind} {rec.sha256[:16]} on build {rec.build_id}: {rec.n_saved:,} "
+        f"tokens, {rec.file_bytes:,} bytes, {rec.save_ms or 0:.1f} ms (slot {rec.slot_id})\n"
+        f"file     {rec.file}, sha256 {rec.file_sha256}\nrecord   {record}\n"
+    )
 
 
 @snapshot_app.command("restore")
@@ -206,42 +207,33 @@ def ship_command(
     destination failed (ssh, rsync, a wrong hash there), 5 a worker did not answer (and no
     destination failed otherwise), 2 --to and --worker do not pair.
     """
-    from prefixreg.verbs.mirror.snapshots import check_destinations, ship_snapshot
+    from prefixreg.verbs.mirror.snapshots import ShipReport, check_ship_targets, ship_snapshot
 
     with c.cli_errors(debug):
-        if len(to) != len(workers):
-            raise UsageError(f"{len(to)} --to but {len(workers)} --worker: give one worker each")
-        check_destinations(to)  # none inside a registry root, before a worker is asked
+        check_ship_targets(to, workers)  # before a worker is asked
         reg = c.open_registry_from(registry)
         head = reg.head(ref)
-        with ExitStack() as stack:
-            ws = [
-                stack.enter_context(c.open_worker(u, model=None, timeout=timeout, profile=profile))
-                for u in workers
-            ]
+        progress = c.progress_for(json_out)
+        with c.open_workers(workers, timeout=timeout, profile=profile) as ws:
+            pairs = list(zip(to, ws, strict=True))
             results = ship_snapshot(
-                reg,
-                head,
-                list(zip(to, ws, strict=True)),
-                source=source,
-                ssh_options=ssh_option or (),
-                progress=c.progress_for(json_out),
+                reg, head, pairs, source=source, ssh_options=ssh_option or (), progress=progress
             )
-        lines = [
-            f"shipped  {r.destination}: {r.file}, {r.bytes:,} bytes, {r.content} there, "
-            f"{r.seconds:.2f}s"
-            if r.result == "shipped"
-            else f"{r.result:<8} {r.destination}: {r.error}"
-            for r in results
-        ]
-        c.emit(json_out, [r.to_dict() for r in results], "\n".join(lines) + "\n")
-        failed = [r for r in results if r.result == "failed"]
-        if any(r.build_id is not None for r in failed):  # it answered: the copy failed
-            raise typer.Exit(int(c.ExitCode.MIRROR))
-        if failed:
-            raise typer.Exit(int(c.ExitCode.WORKER))
-        if any(r.result != "shipped" for r in results):
-            raise typer.Exit(int(c.ExitCode.NO))
+        report = ShipReport(results)
+        c.emit(json_out, report.to_list(), _shipped_text(report))
+        c.exit_with(report.outcome)
+
+
+def _shipped_text(report: ShipReport) -> str:
+    """`snapshot ship`'s text: one line per destination, shipped or why not."""
+    lines = [
+        f"shipped  {r.destination}: {r.file}, {r.bytes:,} bytes, {r.content} there, "
+        f"{r.seconds:.2f}s"
+        if r.result == "shipped"
+        else f"{r.result:<8} {r.destination}: {r.error}"
+        for r in report.results
+    ]
+    return "\n".join(lines) + "\n"
 
 
 @snapshot_app.command("ls")

@@ -8,7 +8,15 @@ what travels is checked by type and hash first (`plan`); `rsync` is the transpor
 
 from __future__ import annotations
 
-from prefixreg.verbs.mirror.run import ENV_SSH_OPTS, ENV_TO, MirrorReport, mirror
+from prefixreg.verbs.mirror.run import ENV_SSH_OPTS, ENV_TO, MirrorReport, mirror, mirror_targets
 from prefixreg.verbs.mirror.session import DestinationResult, PassRecord
 
-__all__ = ["ENV_SSH_OPTS", "ENV_TO", "DestinationResult", "MirrorReport", "PassRecord", "mirror"]
+__all__ = [
+    "ENV_SSH_OPTS",
+    "ENV_TO",
+    "DestinationResult",
+    "MirrorReport",
+    "PassRecord",
+    "mirror",
+    "mirror_targets",
+]

@@ -16,6 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import os
 import posixpath
 import shutil
 import threading
@@ -54,11 +55,26 @@ class MirrorReport:
     def ok(self) -> bool:
         return all(r.ok for r in self.results)
 
+    @property
+    def outcome(self) -> str:
+        """`ok` when every destination is, else `mirror_failed` (each failure has its line)."""
+        return "ok" if self.ok else "mirror_failed"
+
     def to_dict(self) -> dict[str, object]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "results"}
         results = [r.to_dict() for r in self.results]
         failed = [r.destination for r in self.results if not r.ok]
         return {**out, "ok": self.ok, "failed": failed, "destinations": results}
+
+
+def mirror_targets(
+    to: Sequence[str] | None, ssh_options: Sequence[str] | None
+) -> tuple[list[str], list[str]]:
+    """The destinations (`to`, else `$PREFIXREG_MIRROR_TO`) and the ssh options (`ssh_options`,
+    then `$PREFIXREG_SSH_OPTS`: flags first, ssh keeps the first value); the environment's
+    are space-separated."""
+    destinations = list(to or os.environ.get(ENV_TO, "").split())
+    return destinations, [*(ssh_options or []), *os.environ.get(ENV_SSH_OPTS, "").split()]
 
 
 def check_source(reg: Registry) -> None:

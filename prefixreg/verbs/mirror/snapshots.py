@@ -61,6 +61,36 @@ class ShipResult:
     to_dict = asdict
 
 
+@dataclass(slots=True)
+class ShipReport:
+    """Every destination's `ShipResult`, in `--to` order, and the verdict of the whole."""
+
+    results: list[ShipResult]
+
+    @property
+    def outcome(self) -> str:
+        """`mirror_failed` when a destination whose worker answered failed (the copy did),
+        else `worker_error` when one failed (its worker did not answer), else `no_snapshot`
+        when one was not shipped, else `ok`."""
+        failed = [r for r in self.results if r.result == "failed"]
+        if any(r.build_id is not None for r in failed):  # it answered: the copy failed
+            return "mirror_failed"
+        if failed:
+            return "worker_error"
+        return "ok" if all(r.result == "shipped" for r in self.results) else "no_snapshot"
+
+    def to_list(self) -> list[dict[str, object]]:
+        return [r.to_dict() for r in self.results]
+
+
+def check_ship_targets(to: Sequence[str], workers: Sequence[str]) -> None:
+    """`snapshot ship`'s option rules, before a worker is asked: one `--worker` per `--to`,
+    and no destination inside a registry root (`check_destinations`). Raises UsageError."""
+    if len(to) != len(workers):
+        raise UsageError(f"{len(to)} --to but {len(workers)} --worker: give one worker each")
+    check_destinations(to)
+
+
 def ship_snapshot(
     registry: Registry,
     head: Head,

@@ -71,6 +71,7 @@ class PoolReport:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # placement dropped or missing
     asked: list[str] = field(default_factory=list)  # shas `warm_pool` was asked to place
+    verb: str = "warm"  # whose rule `outcome` applies: warm, doctor (`doctor_pool`) or status
 
     @property
     def builds_differ(self) -> bool:
@@ -89,6 +90,26 @@ class PoolReport:
         """Not ok only because a check's counts were unverified (exit 4, not 1)."""
         bad = [p for p in self.proofs if not p.resident]
         return bool(bad) and all(p.verdict == "unverified" for p in bad)
+
+    @property
+    def down(self) -> list[str]:
+        """The workers that did not answer."""
+        return [w.url for w in self.workers if w.error is not None]
+
+    @property
+    def outcome(self) -> str:
+        """The verdict the exit code comes from. warm: `ok`, else `worker_error` when no
+        worker answered, `unverified` when only unverified counts (and no refusal) stand in
+        the way, `partial` otherwise; doctor: `healthy` when ok, one build and no note, else
+        `unhealthy`; status: `worker_error` when a worker did not answer, else `ok`."""
+        if self.verb == "doctor":
+            healthy = self.ok and not self.builds_differ and not self.notes
+            return "healthy" if healthy else "unhealthy"
+        if self.verb == "status" or self.ok:
+            return "worker_error" if self.down else "ok"
+        if self.workers and len(self.down) == len(self.workers):
+            return "worker_error"
+        return "unverified" if self.unverified and not self.refused else "partial"
 
     def held_by(self, url: str) -> list[Proof]:
         return [p for p in self.proofs if p.worker == url]
@@ -256,7 +277,8 @@ def doctor_pool(pool: Pool, *, prove: bool = True) -> PoolReport:
     """Each worker's build, size and capacity, and (with `prove`) one fresh-tail check of
     every head the kept placement puts on it. Flags builds that differ."""
     _check(pool)
-    report = PoolReport(pool.survey(), pool.spec.router, warnings=list(pool.warnings))
+    warnings = list(pool.warnings)
+    report = PoolReport(pool.survey(), pool.spec.router, warnings=warnings, verb="doctor")
     note = report.notes.append
     if report.builds_differ:
         ids = sorted({w.build_id for w in report.workers if w.build_id})
@@ -279,4 +301,12 @@ def doctor_pool(pool: Pool, *, prove: bool = True) -> PoolReport:
             _prove(pool, live, report, lambda _m: None, warm_missing=False)
         except PrefixregError as exc:
             report.notes.append(str(exc))
+    return report
+
+
+def status_pool(pool: Pool) -> PoolReport:
+    """`doctor_pool` without a check (no chat call sent), judged by `status`'s rule: every
+    worker answered."""
+    report = doctor_pool(pool, prove=False)
+    report.verb = "status"
     return report

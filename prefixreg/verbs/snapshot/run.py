@@ -161,3 +161,11 @@ def _door(
     if str(slot_dir) == "" or "\0" in str(slot_dir):
         raise ArgumentValueError(f"{where}: slot_dir is a directory's path, not {slot_dir!r:.80}")
     return Path(str(slot_dir)).expanduser()
+
+
+def require_slot_dir(slot_dir: Path | None) -> Path:
+    """`snapshot save`'s option rule, checked before anything is opened: `--slot-dir` is
+    required. Raises UsageError."""
+    if slot_dir is None:
+        raise UsageError("snapshot save needs --slot-dir: the file's hashes go in the record")
+    return slot_dir
