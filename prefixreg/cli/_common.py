@@ -63,6 +63,8 @@ EXIT_BY_OUTCOME: dict[str, ExitCode] = {
     "unverified": ExitCode.UNVERIFIED,
     "worker_error": ExitCode.WORKER,
     "mirror_failed": ExitCode.MIRROR,
+    # clis: `verify` found a problem (warnings alone are "ok")
+    "problems": ExitCode.NO,
 }
 # The settings of every Typer app and command group the CLI builds.
 APP_SETTINGS: dict[str, Any] = {

@@ -20,6 +20,7 @@ from prefixreg.cli import _common as c
 if TYPE_CHECKING:
     from prefixreg.core.records import Measurement
     from prefixreg.registry.objects import ObjectInfo
+    from prefixreg.registry.verify import VerifyReport
     from prefixreg.verbs.show import ShowView
 
 SHOWN = 10  # measurements `show` lists as text, newest; --json lists every one
@@ -269,30 +270,32 @@ def verify_command(
     current value.
     """
     with c.cli_errors(debug):
-        from prefixreg.core.errors import RegistryLocationError
-        from prefixreg.registry.layout import MARKER
-        from prefixreg.registry.verify import repair_registry, verify_registry
+        from prefixreg.registry.verify import check_registry
 
-        reg = c.open_registry_from(registry)
-        if not reg.exists:  # before --repair too: it would create one
-            why = "does not exist" if not reg.root.exists() else f"has no {MARKER}"
-            raise RegistryLocationError(f"{reg.root}: no registry to verify (the path {why})")
-        report = repair_registry(reg) if repair else verify_registry(reg)
+        report = check_registry(c.open_registry_from(registry), repair=repair)
         if json_out:
             c.emit_json(report.to_dict())
         else:
-            for done in report.repaired:
-                sys.stdout.write(f"repaired {_safe(done)}\n")
-            for f in report.findings:
-                line = f"{f.severity:<8} {f.kind:<12} {f.path}: {f.message}"
-                sys.stdout.write(_safe(line) + "\n")
-            problems = sum(f.severity == "problem" for f in report.findings)
-            counts = f"{report.objects} objects, {report.meta} meta, {report.names} names"
-            found = f"{problems} problems, {len(report.findings) - problems} warnings"
-            verdict = "ok" if report.ok else "PROBLEMS FOUND"
-            c.info(f"{verdict}: {counts}, {report.measurements} measurements; {found}")
-        if not report.ok:
-            raise typer.Exit(int(c.ExitCode.NO))
+            sys.stdout.write(_verify_text(report))
+            c.info(_verify_summary(report))
+        c.exit_with(report.outcome)
+
+
+def _verify_text(report: VerifyReport) -> str:
+    """`verify`'s findings on stdout: each repair, then each finding, one a line."""
+    lines = [f"repaired {_safe(done)}\n" for done in report.repaired]
+    for f in report.findings:
+        lines.append(_safe(f"{f.severity:<8} {f.kind:<12} {f.path}: {f.message}") + "\n")
+    return "".join(lines)
+
+
+def _verify_summary(report: VerifyReport) -> str:
+    """`verify`'s verdict line for stderr: what was checked, problems and warnings."""
+    problems = sum(f.severity == "problem" for f in report.findings)
+    counts = f"{report.objects} objects, {report.meta} meta, {report.names} names"
+    found = f"{problems} problems, {len(report.findings) - problems} warnings"
+    verdict = "ok" if report.ok else "PROBLEMS FOUND"
+    return f"{verdict}: {counts}, {report.measurements} measurements; {found}"
 
 
 def register(app: typer.Typer) -> None:
