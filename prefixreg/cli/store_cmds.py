@@ -1,9 +1,11 @@
 """Registry commands: add, cat, show, ls, name, names, verify.
 
 Each resolves a reference once (`Registry.head`: a verified prefix or frame; whatever takes a
-prefix takes a frame), calls the registry and renders the result. Files the user names are
-read by `userfiles.read_user_file` (regular files only, size-capped). The library is imported
-inside the functions so `--help` stays cheap.
+prefix takes a frame), calls one library function (the registry; `verbs.show` for what `show`
+and `ls` present; `registry.verify.check_registry`) and renders its typed result; `verify`'s
+exit code comes from `EXIT_BY_OUTCOME`. The helpers here only render. Files the user names
+are read by `userfiles.read_user_file` (regular files only, size-capped). The library is
+imported inside the functions so `--help` stays cheap.
 """
 
 from __future__ import annotations
