@@ -45,7 +45,7 @@ Tree = dict[str, list[tuple[str, str]]]  # directory (relative, "" = root) -> it
 Seen = dict[str, dict[str, str]]  # directory -> every entry's kind, temp files and links too
 Sizes = dict[str, int | None]  # object sha -> its size (None: not a regular file)
 Later = dict[str, set[str]]  # directory -> the regular files a later pass reads
-Read = tuple[bytes, "os.stat_result"]  # a file's bytes and the fstat of what was read
+Read = tuple[bytes, os.stat_result]  # a file's bytes and the fstat of what was read
 
 
 @dataclass(frozen=True, slots=True)
