@@ -65,6 +65,8 @@ EXIT_BY_OUTCOME: dict[str, ExitCode] = {
     "mirror_failed": ExitCode.MIRROR,
     # clif: `snapshot ship` where a destination's build has no snapshot of the head.
     "no_snapshot": ExitCode.NO,
+    # clis: `verify` found a problem (warnings alone are "ok")
+    "problems": ExitCode.NO,
 }
 # The settings of every Typer app and command group the CLI builds.
 APP_SETTINGS: dict[str, Any] = {

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from prefixreg.cli import _common as c
+
+if TYPE_CHECKING:
+    from prefixreg.registry.gc import GcReport
+    from prefixreg.registry.migrate import MigrationReport
 
 DryRunOpt = Annotated[
     bool, typer.Option("--dry-run", help="Say what would happen; change nothing.")
@@ -52,7 +56,6 @@ def migrate_command(
     --repoint would change is printed as a diff.
     """
     with c.cli_errors(debug):
-        from prefixreg.registry.location import display_path
         from prefixreg.registry.migrate import migrate_registry
 
         progress = c.progress_for(json_out)
@@ -61,26 +64,42 @@ def migrate_command(
         )
         if json_out:
             c.emit_json(report.to_dict())
-        for change in [] if json_out else report.repointed:
-            if dry_run:
-                sys.stdout.write(change.diff)
-            else:
-                c.info(f"repointed {display_path(Path(change.path))} ({change.lines} lines)")
-        for ref in [] if json_out else report.stale:
-            sys.stdout.write(f"{ref.path}:{ref.line}: {ref.text}\n")
-        for warning in report.warnings:
-            c.info(f"warning: {warning}")
-        source, target = display_path(Path(report.source)), display_path(Path(report.target))
-        verb, checked = ("would move", "") if dry_run else ("moved", " verified")
-        if report.method != "none":
-            moved = f"{verb} {source} -> {target} by {report.method}: {report.objects} objects"
-            legacy = f", {report.legacy} legacy records kept as they are" if report.legacy else ""
-            kept = f", kept as yours: {', '.join(report.kept)}" if report.kept else ""
-            c.info(f"{moved}{checked}, {report.files} files{legacy}{kept}")
-        if scan:
-            where = ", ".join(map(str, scan))
-            todo = "; repoint them to the new location" if report.stale else ""
-            c.info(f"{len(report.stale)} references to {source} left under {where}{todo}")
+        else:
+            _migration_text(report)
+        for line in _migration_notes(report, scan or []):
+            c.info(line)
+
+
+def _migration_text(report: MigrationReport) -> None:
+    """What `migrate` prints without `--json`: each repointed file (a dry run's diff on
+    stdout, else a line on stderr), then each stale reference as `file:line: text`."""
+    from prefixreg.registry.location import display_path
+
+    for change in report.repointed:
+        if report.dry_run:
+            sys.stdout.write(change.diff)
+        else:
+            c.info(f"repointed {display_path(Path(change.path))} ({change.lines} lines)")
+    sys.stdout.write("".join(f"{ref.path}:{ref.line}: {ref.text}\n" for ref in report.stale))
+
+
+def _migration_notes(report: MigrationReport, scan: list[Path]) -> list[str]:
+    """`migrate`'s lines for stderr: its warnings, what moved (or would), what `--scan` left."""
+    from prefixreg.registry.location import display_path
+
+    notes = [f"warning: {warning}" for warning in report.warnings]
+    source, target = display_path(Path(report.source)), display_path(Path(report.target))
+    verb, checked = ("would move", "") if report.dry_run else ("moved", " verified")
+    if report.method != "none":
+        moved = f"{verb} {source} -> {target} by {report.method}: {report.objects} objects"
+        legacy = f", {report.legacy} legacy records kept as they are" if report.legacy else ""
+        kept = f", kept as yours: {', '.join(report.kept)}" if report.kept else ""
+        notes.append(f"{moved}{checked}, {report.files} files{legacy}{kept}")
+    if scan:
+        where = ", ".join(map(str, scan))
+        todo = "; repoint them to the new location" if report.stale else ""
+        notes.append(f"{len(report.stale)} references to {source} left under {where}{todo}")
+    return notes
 
 
 def gc_command(
@@ -118,7 +137,7 @@ def gc_command(
     with c.cli_errors(debug):
         from prefixreg.registry.gc import collect_garbage, parse_grace
 
-        grace_s = parse_grace(grace)
+        grace_s = parse_grace(grace)  # a bad --grace is refused before the registry is opened
         report = collect_garbage(
             c.open_registry_from(registry),
             grace_s=grace_s,
@@ -128,17 +147,27 @@ def gc_command(
         )
         if json_out:
             c.emit_json(report.to_dict())
-        done = "would remove" if dry_run else "removed"
-        for item in [] if json_out else report.removed:
-            sys.stdout.write(f"{done} {item.kind:<6} {item.path}\n")
-        kinds = ("stray", "frame", "object", "meta", "snapshot")
-        count = {k: sum(i.kind == k for i in report.removed) for k in kinds}
-        removed = "dry run: would remove" if dry_run else "removed"
-        files = f"{count['stray']} stray temp files, {count['frame']} unnamed frames"
-        files += f", {count['object']} unnamed objects"
-        snaps = f", {count['snapshot']} snapshot records" if prune_snapshots else ""
-        kept = "" if prune_unnamed else "; unnamed objects are kept without --prune-unnamed"
-        c.info(f"{removed} {files}, {count['meta']} meta records{snaps} (grace {grace}){kept}")
+        else:
+            sys.stdout.write("".join(_gc_lines(report)))
+        c.info(_gc_summary(report, grace))
+
+
+def _gc_lines(report: GcReport) -> list[str]:
+    """One stdout line per file gc removed (or, in a dry run, would remove)."""
+    done = "would remove" if report.dry_run else "removed"
+    return [f"{done} {item.kind:<6} {item.path}\n" for item in report.removed]
+
+
+def _gc_summary(report: GcReport, grace: str) -> str:
+    """gc's summary line for stderr: how many of each kind, the grace period as given."""
+    kinds = ("stray", "frame", "object", "meta", "snapshot")
+    count = {k: sum(i.kind == k for i in report.removed) for k in kinds}
+    removed = "dry run: would remove" if report.dry_run else "removed"
+    files = f"{count['stray']} stray temp files, {count['frame']} unnamed frames"
+    files += f", {count['object']} unnamed objects"
+    snaps = f", {count['snapshot']} snapshot records" if report.prune_snapshots else ""
+    kept = "" if report.prune_unnamed else "; unnamed objects are kept without --prune-unnamed"
+    return f"{removed} {files}, {count['meta']} meta records{snaps} (grace {grace}){kept}"
 
 
 def register(app: typer.Typer) -> None:

@@ -1,9 +1,11 @@
 """Registry commands: add, cat, show, ls, name, names, verify.
 
 Each resolves a reference once (`Registry.head`: a verified prefix or frame; whatever takes a
-prefix takes a frame), calls the registry and renders the result. Files the user names are
-read by `userfiles.read_user_file` (regular files only, size-capped). The library is imported
-inside the functions so `--help` stays cheap.
+prefix takes a frame), calls one library function (the registry; `verbs.show` for what `show`
+and `ls` present; `registry.verify.check_registry`) and renders its typed result; `verify`'s
+exit code comes from `EXIT_BY_OUTCOME`. The helpers here only render. Files the user names
+are read by `userfiles.read_user_file` (regular files only, size-capped). The library is
+imported inside the functions so `--help` stays cheap.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from prefixreg.cli import _common as c
 
 if TYPE_CHECKING:
     from prefixreg.core.records import Measurement
+    from prefixreg.registry.objects import ObjectInfo
+    from prefixreg.registry.verify import VerifyReport
+    from prefixreg.verbs.show import ShowView
 
 SHOWN = 10  # measurements `show` lists as text, newest; --json lists every one
 
@@ -109,99 +114,53 @@ def show_command(
 ) -> None:
     """Show a prefix's or a frame's metadata, names and measurements (after verifying it)."""
     with c.cli_errors(debug):
-        from prefixreg.core.frame import Frame
-        from prefixreg.registry.layout import frame_relpath
+        from prefixreg.verbs.show import show_view
 
-        reg = c.open_registry_from(registry)
-        head = reg.head(ref)
-        sha, system = head.sha256, head.system
-        names = sorted(n for n, s in reg.names().items() if s == sha)
-        of = sha if isinstance(head, Frame) else None  # a frame's measurements, or the prefix's
-        measurements = [m for m in reg.measurements(system.sha256) if m.outcome.frame == of]
-        newest, asked = (measurements[-1].build.build_id if measurements else None), worker
-        latest, worker = newest, worker or os.environ.get("PREFIXREG_WORKER") or None
-        if worker is not None:  # a build is current only as the worker says it now
-            from prefixreg.core.errors import WorkerError
-            from prefixreg.server.worker import Worker
-
-            try:
-                with Worker(worker) as w:
-                    latest = w.server_build().build_id
-            except WorkerError as exc:
-                if asked is not None:
-                    raise
-                # Only the environment named it: show what is on disk, saying so.
-                c.info(f"note: $PREFIXREG_WORKER did not answer ({exc}); no build is current")
-                worker = None
-        if isinstance(head, Frame):
-            path, tools = reg.root / frame_relpath(sha), head.tools_sha256
-            fields: dict[str, object] = {"system": system.sha256, "tools": tools}
-            fields["settings"] = head.settings
-            rows = {"system": f"{system.sha256} ({system.size} bytes)", "tools": tools or "-"}
-            rows["settings"] = head.settings_json.decode()
-            if head.lead_sha256 is not None:
-                fields["messages"] = rows["messages"] = head.lead_sha256
-        else:
-            meta, path = reg.meta(sha), reg.object_path(sha)
-            fields = {"meta": meta.to_dict()}
-            rows = {"bytes": str(meta.bytes), "created": meta.created, "source": meta.source}
-            rows |= {"note": meta.note} if meta.note else {}
-        legacy = [] if isinstance(head, Frame) else reg.legacy_records(sha)
+        env_worker = os.environ.get("PREFIXREG_WORKER")
+        view = show_view(c.open_registry_from(registry), ref, worker=worker, env_worker=env_worker)
+        if view.note is not None:
+            c.info(f"note: {view.note}")
         if json_out:
-            c.emit_json(
-                {"sha256": sha, "kind": head.kind, "path": str(path), "names": names, **fields}
-                | {"current_build": latest if worker else None, "newest_build": newest}
-                | {"measurements": [m.to_dict() for m in measurements]}
-                | {"legacy": [_legacy_dict(rel, raw) for rel, raw in legacy]}
-            )
-            return
-        rows = {"sha256": sha, "kind": head.kind, **rows, "names": ", ".join(names) or "-"}
-        out = [f"{key:<8} {_safe(value)}" for key, value in (rows | {"path": str(path)}).items()]
-        if measurements:
-            current = [m for m in measurements if m.build.build_id == latest]
-            if worker is not None:
-                out.append(f"current build {latest} (from the worker)")
-                build = "the current build"
-            else:
-                why = "no worker asked: --worker or PREFIXREG_WORKER says which build is current"
-                out.append(f"newest measured build {latest} ({why})")
-                build = "the newest measured build"
-            # A measurement foreign calls interleaved with proves little: prefer a clean one.
-            clean = [m for m in current if not m.outcome.interleaved]
-            if clean or current:
-                what = "" if clean else " (no clean measurement)"
-                out.append(f"latest on {build}{what}:")
-                out.append(_measurement_line((clean or current)[-1], latest))
-            else:
-                out.append(f"no measurement on {build}; other builds' figures:")
-            out.append(f"measurements ({len(measurements)}, newest last):")
-            if len(measurements) > SHOWN:
-                hidden = len(measurements) - SHOWN
-                out.append(f"  ({hidden} older not shown; show --json lists every one)")
-            out.extend(_measurement_line(m, latest) for m in measurements[-SHOWN:])
-        if legacy:  # the person's own records from before the adoption, as they wrote them
-            out.append(f"legacy records ({len(legacy)}, byte-identical, listed in legacy.json):")
-            out.extend(f"  {_safe(_legacy_line(rel, raw))}" for rel, raw in legacy)
-        sys.stdout.write("\n".join(out) + "\n")
+            c.emit_json(view.to_dict())
+        else:
+            sys.stdout.write(_show_text(view))
 
 
-def _legacy_dict(rel: str, raw: bytes) -> dict[str, object]:
-    """A legacy record for `--json`: its path and parsed JSON (null: not JSON, `text` then)."""
-    from prefixreg.core.errors import CorruptRecordError
-    from prefixreg.core.jsonio import loads
-
-    try:
-        return {"path": rel, "record": loads(raw)}
-    except CorruptRecordError:
-        return {"path": rel, "record": None, "text": raw.decode("utf-8", "replace")}
+def _show_text(view: ShowView) -> str:
+    """`show`'s text: its rows, the judged build and measurements, then legacy records."""
+    out = [f"{key:<8} {_safe(value)}" for key, value in view.rows.items()]
+    if view.measurements:
+        if view.from_worker:
+            out.append(f"current build {view.build} (from the worker)")
+            build = "the current build"
+        else:
+            why = "no worker asked: --worker or PREFIXREG_WORKER says which build is current"
+            out.append(f"newest measured build {view.build} ({why})")
+            build = "the newest measured build"
+        if view.latest is not None:
+            what = "" if view.latest_clean else " (no clean measurement)"
+            out.append(f"latest on {build}{what}:")
+            out.append(_measurement_line(view.latest, view.build))
+        else:
+            out.append(f"no measurement on {build}; other builds' figures:")
+        out.append(f"measurements ({len(view.measurements)}, newest last):")
+        if len(view.measurements) > SHOWN:
+            hidden = len(view.measurements) - SHOWN
+            out.append(f"  ({hidden} older not shown; show --json lists every one)")
+        out.extend(_measurement_line(m, view.build) for m in view.measurements[-SHOWN:])
+    if view.legacy:  # the person's own records from before the adoption, as they wrote them
+        out.append(f"legacy records ({len(view.legacy)}, byte-identical, listed in legacy.json):")
+        out.extend(f"  {_safe(_legacy_line(rel, raw))}" for rel, raw in view.legacy)
+    return "\n".join(out) + "\n"
 
 
 def _legacy_line(rel: str, raw: bytes) -> str:
     """`path: key value, ...` of a legacy JSON object (nested values as compact JSON), else
     the path and its first line."""
     from prefixreg.core.jsonio import dumps_ordered
+    from prefixreg.verbs.show import legacy_dict
 
-    record = _legacy_dict(rel, raw).get("record")
+    record = legacy_dict(rel, raw).get("record")
     if isinstance(record, dict):
         pairs = (f"{k} {v if isinstance(v, str) else dumps_ordered(v)}" for k, v in record.items())
         return f"{rel}: {', '.join(pairs)}"
@@ -225,28 +184,26 @@ def ls_command(
     yours); the count hidden goes to stderr. --all lists them too, --probe only them.
     """
     with c.cli_errors(debug):
-        everything = c.open_registry_from(registry).list_objects(frames=True)
-        if probe:
-            rows = [o for o in everything if o.probe_slice]
-        else:
-            rows = [o for o in everything if show_all or not o.probe_slice or o.names]
-        hidden = len(everything) - len(rows)
+        from prefixreg.verbs.show import list_view
+
+        view = list_view(c.open_registry_from(registry), show_all=show_all, probe=probe)
         if json_out:
-            c.emit_json([o._asdict() | {"names": list(o.names)} for o in rows])
-        lines = []
-        for o in [] if json_out else rows:
-            size = "-" if o.bytes is None else str(o.bytes)
-            names = _safe(",".join(o.names)) or "-"
-            note = f"  {_safe(o.note)}" if o.note else ""
-            mark = "  [probe]" if o.probe_slice else ""
-            created = (o.created or "?")[:19]
-            lines.append(
-                f"{o.sha256[:12]}  {o.kind:<6}  {size:>9}  {created}  {names}{mark}{note}\n"
-            )
-        sys.stdout.write("".join(lines))  # one write: a large registry lists at its disk's pace
-        if hidden and not probe:
-            what = "probe slice" if hidden == 1 else "probe slices"
-            c.info(f"{hidden} {what} hidden (ls --all lists them, ls --probe only them)")
+            c.emit_json(view.to_dict())
+        else:  # one write: a large registry lists at its disk's pace
+            sys.stdout.write("".join(map(_ls_line, view.rows)))
+        if view.hidden:
+            what = "probe slice" if view.hidden == 1 else "probe slices"
+            c.info(f"{view.hidden} {what} hidden (ls --all lists them, ls --probe only them)")
+
+
+def _ls_line(o: ObjectInfo) -> str:
+    """One row of `ls`: sha, kind, size, creation time, names, probe mark, note."""
+    size = "-" if o.bytes is None else str(o.bytes)
+    names = _safe(",".join(o.names)) or "-"
+    note = f"  {_safe(o.note)}" if o.note else ""
+    mark = "  [probe]" if o.probe_slice else ""
+    created = (o.created or "?")[:19]
+    return f"{o.sha256[:12]}  {o.kind:<6}  {size:>9}  {created}  {names}{mark}{note}\n"
 
 
 def name_command(
@@ -315,30 +272,32 @@ def verify_command(
     current value.
     """
     with c.cli_errors(debug):
-        from prefixreg.core.errors import RegistryLocationError
-        from prefixreg.registry.layout import MARKER
-        from prefixreg.registry.verify import repair_registry, verify_registry
+        from prefixreg.registry.verify import check_registry
 
-        reg = c.open_registry_from(registry)
-        if not reg.exists:  # before --repair too: it would create one
-            why = "does not exist" if not reg.root.exists() else f"has no {MARKER}"
-            raise RegistryLocationError(f"{reg.root}: no registry to verify (the path {why})")
-        report = repair_registry(reg) if repair else verify_registry(reg)
+        report = check_registry(c.open_registry_from(registry), repair=repair)
         if json_out:
             c.emit_json(report.to_dict())
         else:
-            for done in report.repaired:
-                sys.stdout.write(f"repaired {_safe(done)}\n")
-            for f in report.findings:
-                line = f"{f.severity:<8} {f.kind:<12} {f.path}: {f.message}"
-                sys.stdout.write(_safe(line) + "\n")
-            problems = sum(f.severity == "problem" for f in report.findings)
-            counts = f"{report.objects} objects, {report.meta} meta, {report.names} names"
-            found = f"{problems} problems, {len(report.findings) - problems} warnings"
-            verdict = "ok" if report.ok else "PROBLEMS FOUND"
-            c.info(f"{verdict}: {counts}, {report.measurements} measurements; {found}")
-        if not report.ok:
-            raise typer.Exit(int(c.ExitCode.NO))
+            sys.stdout.write(_verify_text(report))
+            c.info(_verify_summary(report))
+        c.exit_with(report.outcome)
+
+
+def _verify_text(report: VerifyReport) -> str:
+    """`verify`'s findings on stdout: each repair, then each finding, one a line."""
+    lines = [f"repaired {_safe(done)}\n" for done in report.repaired]
+    for f in report.findings:
+        lines.append(_safe(f"{f.severity:<8} {f.kind:<12} {f.path}: {f.message}") + "\n")
+    return "".join(lines)
+
+
+def _verify_summary(report: VerifyReport) -> str:
+    """`verify`'s verdict line for stderr: what was checked, problems and warnings."""
+    problems = sum(f.severity == "problem" for f in report.findings)
+    counts = f"{report.objects} objects, {report.meta} meta, {report.names} names"
+    found = f"{problems} problems, {len(report.findings) - problems} warnings"
+    verdict = "ok" if report.ok else "PROBLEMS FOUND"
+    return f"{verdict}: {counts}, {report.measurements} measurements; {found}"
 
 
 def register(app: typer.Typer) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from prefixreg.core.errors import IntegrityError
+from prefixreg.core.errors import IntegrityError, RegistryLocationError
 from prefixreg.core.jsonio import loads_flat
 from prefixreg.core.records import Meta
 from prefixreg.registry import layout
@@ -45,6 +45,7 @@ Tree = dict[str, list[tuple[str, str]]]  # directory (relative, "" = root) -> it
 Seen = dict[str, dict[str, str]]  # directory -> every entry's kind, temp files and links too
 Sizes = dict[str, int | None]  # object sha -> its size (None: not a regular file)
 Later = dict[str, set[str]]  # directory -> the regular files a later pass reads
+Read = tuple[bytes, os.stat_result]  # a file's bytes and the fstat of what was read
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,11 @@ class VerifyReport:
     def ok(self) -> bool:
         """True when nothing is wrong (warnings such as stray temp files do not count)."""
         return not any(f.severity == "problem" for f in self.findings)
+
+    @property
+    def outcome(self) -> Literal["ok", "problems"]:
+        """What `verify` found, for the exit-code table: `problems` exits 1."""
+        return "ok" if self.ok else "problems"
 
     def add(self, kind: str, path: str, message: str, severity: Severity = "problem") -> None:
         self.findings.append(Finding(kind, path, message, severity))
@@ -130,6 +136,14 @@ def repair_registry(reg: Registry) -> VerifyReport:
     report = verify_registry(reg)
     report.repaired = repaired
     return report
+
+
+def check_registry(reg: Registry, *, repair: bool = False) -> VerifyReport:
+    """A verify (`repair`: a repair) of a registry that must be there (RegistryLocationError)."""
+    if not reg.exists:  # before a repair too: it would create one
+        why = "does not exist" if not reg.root.exists() else f"has no {layout.MARKER}"
+        raise RegistryLocationError(f"{reg.root}: no registry to verify (the path {why})")
+    return repair_registry(reg) if repair else verify_registry(reg)
 
 
 def _check_mode(report: VerifyReport, rel: str, kind: str, st: os.stat_result) -> None:
@@ -267,24 +281,15 @@ def _check_object(
     sha = rel[-68:-4]
     if not isinstance(got, Exception):  # read: the common case first
         _check_read_object(reg, report, rel, sha, got, sizes, seen)
-        return
-    if isinstance(got, FileNotFoundError):  # removed since the walk (a concurrent gc)
-        return
-    if isinstance(got, IntegrityError):
+    elif isinstance(got, IntegrityError):
         sizes[sha] = None
         report.add("corrupt", rel, str(got))
-        return
-    raise got
+    elif not isinstance(got, FileNotFoundError):  # that one: removed since the walk (a gc)
+        raise got
 
 
 def _check_read_object(
-    reg: Registry,
-    report: VerifyReport,
-    rel: str,
-    sha: str,
-    got: tuple[bytes, os.stat_result],
-    sizes: Sizes,
-    seen: Seen,
+    reg: Registry, report: VerifyReport, rel: str, sha: str, got: Read, sizes: Sizes, seen: Seen
 ) -> None:
     data, st = got
     sizes[sha] = st.st_size
