@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol
 
 import typer
 
@@ -63,6 +63,8 @@ EXIT_BY_OUTCOME: dict[str, ExitCode] = {
     "unverified": ExitCode.UNVERIFIED,
     "worker_error": ExitCode.WORKER,
     "mirror_failed": ExitCode.MIRROR,
+    # cliw: a restore not proven (`snapshot restore`), a keeper stopped by something else
+    **dict.fromkeys(("not_restored", "stopped"), ExitCode.NO),
 }
 # The settings of every Typer app and command group the CLI builds.
 APP_SETTINGS: dict[str, Any] = {
@@ -232,3 +234,23 @@ def open_worker(
     from prefixreg.server.worker import Worker
 
     return Worker(resolve_worker_url(url), model=model, read_timeout=timeout, profile=profile)
+
+
+# -- cliw --
+class Rendered(Protocol):
+    """A verb's typed result as a command ends with it: JSON, text, and its outcome."""
+
+    @property
+    def outcome(self) -> str: ...
+
+    def to_dict(self) -> Any: ...
+
+    def text(self, exit_code: int) -> str: ...
+
+
+def finish(json_out: bool, result: Rendered) -> NoReturn:
+    """Print `result` (`--json`: its dict; else its text, told the exit code) and end the
+    command with the exit code its outcome maps to."""
+    code = int(EXIT_BY_OUTCOME[result.outcome])
+    emit(json_out, result.to_dict(), result.text(code))
+    raise typer.Exit(code)

@@ -75,43 +75,24 @@ def warm_command(
     3 when the snapshot file changed (no restore sent); 2 a server without a slot API.
     """
     from prefixreg.verbs.measure.metrics import check_metrics_path
-    from prefixreg.verbs.measure.slots import warm_copies
-    from prefixreg.verbs.measure.warm import warm
+    from prefixreg.verbs.measure.slots import warm_with_copies
+    from prefixreg.verbs.measure.warm import check_warm_options
+    from prefixreg.verbs.snapshot.warmrestore import warm_restore
 
     with c.cli_errors(debug):
-        if public and not json_out:
-            raise UsageError("--public shapes the --json receipt; add --json")
-        if no_check and check_only:
-            raise typer.BadParameter("--no-check and --check-only exclude each other")
-        if slot_dir is not None and not restore:
-            raise UsageError("--slot-dir is for --restore; add --restore")
-        if restore and (no_check or check_only or public):
-            raise UsageError(
-                "--restore always proves with a check; drop --no-check/--check-only/--public"
-            )
+        flags = {"no_check": no_check, "check_only": check_only, "restore": restore}
+        check_warm_options(public=public, json_out=json_out, slot_dir=slot_dir is not None, **flags)
         check_metrics_path(metrics_file)
         reg = c.open_registry_from(registry)
         head = reg.head(ref)  # resolved and verified once, before a connection is opened
         progress = c.progress_for(json_out)
         with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
-            if restore:  # the one import of another command module, only when needed
-                from prefixreg.cli.snapshot_cmd import warm_restore_cli
-
-                raise typer.Exit(warm_restore_cli(reg, head, w, slot_dir, json_out))
-            result = warm(
-                reg, head, w, check=not no_check, send_warm=not check_only, progress=progress
-            )
-            kept = [] if copies == 1 else warm_copies(w, head, copies)
-        c.write_metrics_file(metrics_file, result.metrics())
-        receipt, text = result.receipt(public=public), result.summary()
-        if kept:
-            receipt["copies"] = [{"slot": i, **j.to_dict()} for i, j in kept]
-            text += "".join(f"copy in slot {i}: {j.verdict} ({j.reason})\n" for i, j in kept)
-        c.emit(json_out, receipt, text)
-        worst = next((j.verdict for _, j in kept if not j.resumed), result.verdict)
-        raise typer.Exit(
-            c.EXIT_BY_OUTCOME[worst if result.verdict == "resumed" else result.verdict]
-        )
+            if restore:
+                c.finish(json_out, warm_restore(reg, head, w, slot_dir=slot_dir, progress=progress))
+            checks = {"check": not no_check, "send_warm": not check_only, "public": public}
+            result = warm_with_copies(reg, head, w, copies=copies, progress=progress, **checks)
+        c.write_metrics_file(metrics_file, result.warm.metrics())
+        c.finish(json_out, result)
 
 
 def doctor_command(
