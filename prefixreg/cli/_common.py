@@ -248,9 +248,11 @@ class Rendered(Protocol):
     def text(self, exit_code: int) -> str: ...
 
 
-def finish(json_out: bool, result: Rendered) -> NoReturn:
-    """Print `result` (`--json`: its dict; else its text, told the exit code) and end the
-    command with the exit code its outcome maps to."""
+def finish(json_out: bool, result: Rendered, *, note: str | None = None) -> NoReturn:
+    """Print `result` (`--json`: its dict; else its text, told the exit code), then `note`
+    (why it failed) on stderr, and end the command with the exit code its outcome maps to."""
     code = int(EXIT_BY_OUTCOME[result.outcome])
     emit(json_out, result.to_dict(), result.text(code))
+    if note:
+        info(note)
     raise typer.Exit(code)
