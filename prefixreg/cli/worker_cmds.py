@@ -18,7 +18,8 @@ import typer
 from prefixreg.cli import _common as c
 
 if TYPE_CHECKING:
-    pass
+    from prefixreg.core.frame import Head
+    from prefixreg.registry.store import Registry
 
 Flag = typer.Option
 
@@ -80,8 +81,8 @@ def warm_command(
     from prefixreg.verbs.snapshot.warmrestore import warm_restore
 
     with c.cli_errors(debug):
-        flags = {"no_check": no_check, "check_only": check_only, "restore": restore}
-        check_warm_options(public=public, json_out=json_out, slot_dir=slot_dir is not None, **flags)
+        check_warm_options(public=public, json_out=json_out, no_check=no_check,
+                           check_only=check_only, restore=restore, slot_dir=slot_dir)  # fmt: skip
         check_metrics_path(metrics_file)
         reg = c.open_registry_from(registry)
         head = reg.head(ref)  # resolved and verified once, before a connection is opened
@@ -89,8 +90,8 @@ def warm_command(
         with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
             if restore:
                 c.finish(json_out, warm_restore(reg, head, w, slot_dir=slot_dir, progress=progress))
-            checks = {"check": not no_check, "send_warm": not check_only, "public": public}
-            result = warm_with_copies(reg, head, w, copies=copies, progress=progress, **checks)
+            result = warm_with_copies(reg, head, w, check=not no_check, send_warm=not check_only,
+                                      copies=copies, public=public, progress=progress)  # fmt: skip
         c.write_metrics_file(metrics_file, result.warm.metrics())
         c.finish(json_out, result)
 
@@ -212,6 +213,19 @@ def probe_command(
         c.exit_with(report.outcome)
 
 
+def _placed(reg: Registry, heads: list[Head], pool: Path) -> dict[str, list[Head]]:
+    """The heads by the pool worker that holds each (its placement; UsageError: unplaced):
+    the pool verb's answer, asked here because one verb never imports another."""
+    from prefixreg.verbs.pool.live import Pool
+    from prefixreg.verbs.pool.spec import pool_spec
+
+    groups: dict[str, list[Head]] = {}
+    with Pool(pool_spec((), pool_file=pool), reg) as live:
+        for head in heads:
+            groups.setdefault(live.assignment(head).worker, []).append(head)
+    return groups
+
+
 def keepalive_command(
     refs: Annotated[list[str], typer.Argument(help="Prefixes or frames (names or shas).")],
     worker: c.WorkerOpt = None,
@@ -279,7 +293,7 @@ def keepalive_command(
     """
     from functools import partial
 
-    from prefixreg.verbs.keepalive.keepers import keep_heads, parse_duration, placed
+    from prefixreg.verbs.keepalive.keepers import keep_heads, parse_duration
     from prefixreg.verbs.measure.metrics import check_metrics_path
 
     with c.cli_errors(debug):
@@ -287,7 +301,7 @@ def keepalive_command(
         check_metrics_path(metrics_file)
         reg = c.open_registry_from(registry)
         heads = [reg.head(ref) for ref in refs]  # resolved and verified once, before sending
-        groups = placed(reg, heads, pool) if pool else {c.resolve_worker_url(worker): heads}
+        groups = _placed(reg, heads, pool) if pool else {c.resolve_worker_url(worker): heads}
         run = keep_heads(
             reg, groups, duration_s=seconds, say=c.info, progress=None if json_out else c.info,
             metrics=partial(c.write_metrics_file, metrics_file), pooled=pool is not None,

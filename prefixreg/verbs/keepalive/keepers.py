@@ -1,7 +1,7 @@
-"""`keepalive` over workers: one keeper per worker (`pool`: each head on the worker that holds
-it), in this thread or in threads, until the duration, Ctrl-C or SIGTERM (a systemd stop),
-each finishing its re-warm in flight so its summary is complete; the run as a typed result
-(`KeepRun`: its JSON, its text, its `outcome`).
+"""`keepalive` over workers: one keeper per worker (the caller groups the heads by worker;
+`--pool`: each on the worker that holds it), in this thread or in threads, until the
+duration, Ctrl-C or SIGTERM (a systemd stop), each finishing its re-warm in flight so its
+summary is complete; the run as a typed result (`KeepRun`: its JSON, its text, `outcome`).
 
 Invariants:
 - Signals only set a flag (an interrupt raised inside a library callback could be
@@ -43,18 +43,6 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise UsageError(f"bad duration {text!r}: seconds above 0, or a number with s, m, h, d")
     return seconds
-
-
-def placed(reg: Registry, heads: list[Head], pool: Path) -> dict[str, list[Head]]:
-    """The heads by the pool worker that holds each (its placement; UsageError: unplaced)."""
-    from prefixreg.verbs.pool.live import Pool
-    from prefixreg.verbs.pool.spec import pool_spec
-
-    groups: dict[str, list[Head]] = {}
-    with Pool(pool_spec((), pool_file=pool), reg) as live:
-        for head in heads:
-            groups.setdefault(live.assignment(head).worker, []).append(head)
-    return groups
 
 
 def rewarm_line(rewarm: Rewarm) -> str:
