@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol
 
 import typer
 
@@ -67,6 +67,8 @@ EXIT_BY_OUTCOME: dict[str, ExitCode] = {
     "no_snapshot": ExitCode.NO,
     # clis: `verify` found a problem (warnings alone are "ok")
     "problems": ExitCode.NO,
+    # cliw: a restore not proven (`snapshot restore`), a keeper stopped by something else
+    **dict.fromkeys(("not_restored", "stopped"), ExitCode.NO),
 }
 # The settings of every Typer app and command group the CLI builds.
 APP_SETTINGS: dict[str, Any] = {
@@ -251,3 +253,25 @@ def open_workers(urls: list[str], *, timeout: float, profile: str | None) -> Ite
             stack.enter_context(open_worker(u, model=None, timeout=timeout, profile=profile))
             for u in urls
         ]
+
+
+# -- cliw --
+class Rendered(Protocol):
+    """A verb's typed result as a command ends with it: JSON, text, and its outcome."""
+
+    @property
+    def outcome(self) -> str: ...
+
+    def to_dict(self) -> Any: ...
+
+    def text(self, exit_code: int) -> str: ...
+
+
+def finish(json_out: bool, result: Rendered, *, note: str | None = None) -> NoReturn:
+    """Print `result` (`--json`: its dict; else its text, told the exit code), then `note`
+    (why it failed) on stderr, and end the command with the exit code its outcome maps to."""
+    code = int(EXIT_BY_OUTCOME[result.outcome])
+    emit(json_out, result.to_dict(), result.text(code))
+    if note:
+        info(note)
+    raise typer.Exit(code)

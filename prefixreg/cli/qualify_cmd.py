@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import typer
 from typer import Option as Flag
 
 from prefixreg.cli import _common as c
@@ -89,23 +88,12 @@ def qualify_command(
     from prefixreg.verbs.qualify.run import qualify
 
     with c.cli_errors(debug):
-        reg = None
-        if registry is not None:
-            reg = c.open_registry_from(registry)
+        reg = None if registry is None else c.open_registry_from(registry)
         with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
             result = qualify(
-                w,
-                tokens=tokens,
-                repeats=repeats,
-                streams=streams,
-                require_cold=require_cold,
-                require_reuse=require_reuse,
-                prompt_file=prompt_file,
-                expected_prompt_tokens=expected_prompt_tokens,
-                seed=seed,
-                output=output,
-                registry=reg,
+                w, tokens=tokens, repeats=repeats, streams=streams, require_cold=require_cold,
+                require_reuse=require_reuse, prompt_file=prompt_file, seed=seed, output=output,
+                expected_prompt_tokens=expected_prompt_tokens, registry=reg,
                 progress=c.progress_for(json_out),
-            )
-        c.emit(json_out, result.receipt, result.summary())
-        raise typer.Exit(c.ExitCode.OK if result.qualified else c.ExitCode.NO)
+            )  # fmt: skip
+        c.finish(json_out, result)

@@ -51,42 +51,22 @@ def warm_restore_cli(
     with `as_warm` the fallback warm's as a plain `warm`, else 4 unverified, 1 otherwise.
     `warm --restore --json` adds `outcome` (`restored` or the warm's verdict) and
     `resumed_by` (`restore`, `warm` or null)."""
-    from prefixreg.verbs.snapshot.run import restore_and_prove
+    from prefixreg.verbs.snapshot.warmrestore import warm_restore
 
     progress = c.progress_for(json_out)
-    result = restore_and_prove(
-        reg, head, worker, slot_dir=slot_dir, slot=slot, fallback_warm=fallback, progress=progress
+    done = warm_restore(
+        reg,
+        head,
+        worker,
+        slot_dir=slot_dir,
+        slot=slot,
+        fallback=fallback,
+        as_warm=as_warm,
+        progress=progress,
     )
-    fb, restored = result.fallback, result.verdict == "restored"
-    code = c.ExitCode.UNVERIFIED if result.verdict == "unverified" else c.ExitCode.NO
-    if restored or (as_warm and fb is not None):
-        code = c.ExitCode.OK if fb is None else c.EXIT_BY_OUTCOME[fb.verdict]
-    out = result.to_dict()
-    if as_warm:
-        by = "restore" if restored else ("warm" if code == c.ExitCode.OK else None)
-        out |= {"outcome": result.verdict if fb is None else fb.verdict, "resumed_by": by}
-    t, call = result.transfer, result.check
-    lines = [f"{result.head.kind:<8} {result.head.sha256[:16]} on build {result.build.build_id}"]
-    if result.snapshot is not None:
-        lines.append(f"file     {result.snapshot.file} ({result.file_check})")
-    if t is not None:
-        lines.append(
-            f"restore  slot {t.slot_id} erased, then: server says {t.n_tokens} tokens, "
-            f"{t.server_ms or 0:.1f} ms (not evidence by itself)"
-        )
-    if call is not None:
-        ev = call.evidence
-        lines.append(
-            f"check    prompt {ev.prompt_tokens}, cached {ev.cached_tokens} ({ev.cache_state}), "
-            f"{ev.wall_s or 0:.3f} s"
-        )
-    lines.append(f"verdict  {result.verdict.upper()}: {result.reason}")
-    if result.record_path:
-        lines.append(f"record   {result.record_path}")
-    if fb is not None:
-        lines.append(f"warm     not restored; a normal warm followed ({fb.verdict}, exit {code}):")
-    c.emit(json_out, out, "\n".join(lines) + "\n" + ("" if fb is None else fb.summary()))
-    return int(code)
+    code = int(c.EXIT_BY_OUTCOME[done.outcome])
+    c.emit(json_out, done.to_dict(), done.text(code))
+    return code
 
 
 @snapshot_app.command("save")

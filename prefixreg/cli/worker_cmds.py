@@ -1,24 +1,25 @@
 """The commands that talk to one worker: `warm` (also `prefix-warm`), `doctor`, `probe` and
 `keepalive`. A reference is resolved once (`Registry.head`: a prefix or a frame) and verified
-before a connection is opened; each command's help gives its exit codes.
+before a connection is opened; each command's help gives its exit codes. A command only
+maps: it parses, calls one verb (option rules included), renders the verb's typed result and
+ends with the exit code `_common.EXIT_BY_OUTCOME` gives its outcome.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from prefixreg.cli import _common as c
-from prefixreg.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from prefixreg.verbs.keepalive.rewarm import Rewarm
+    from prefixreg.core.frame import Head
+    from prefixreg.registry.store import Registry
 
 Flag = typer.Option
 
@@ -75,43 +76,24 @@ def warm_command(
     3 when the snapshot file changed (no restore sent); 2 a server without a slot API.
     """
     from prefixreg.verbs.measure.metrics import check_metrics_path
-    from prefixreg.verbs.measure.slots import warm_copies
-    from prefixreg.verbs.measure.warm import warm
+    from prefixreg.verbs.measure.slots import warm_with_copies
+    from prefixreg.verbs.measure.warm import check_warm_options
+    from prefixreg.verbs.snapshot.warmrestore import warm_restore
 
     with c.cli_errors(debug):
-        if public and not json_out:
-            raise UsageError("--public shapes the --json receipt; add --json")
-        if no_check and check_only:
-            raise typer.BadParameter("--no-check and --check-only exclude each other")
-        if slot_dir is not None and not restore:
-            raise UsageError("--slot-dir is for --restore; add --restore")
-        if restore and (no_check or check_only or public):
-            raise UsageError(
-                "--restore always proves with a check; drop --no-check/--check-only/--public"
-            )
+        check_warm_options(public=public, json_out=json_out, no_check=no_check,
+                           check_only=check_only, restore=restore, slot_dir=slot_dir)  # fmt: skip
         check_metrics_path(metrics_file)
         reg = c.open_registry_from(registry)
         head = reg.head(ref)  # resolved and verified once, before a connection is opened
         progress = c.progress_for(json_out)
         with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
-            if restore:  # the one import of another command module, only when needed
-                from prefixreg.cli.snapshot_cmd import warm_restore_cli
-
-                raise typer.Exit(warm_restore_cli(reg, head, w, slot_dir, json_out))
-            result = warm(
-                reg, head, w, check=not no_check, send_warm=not check_only, progress=progress
-            )
-            kept = [] if copies == 1 else warm_copies(w, head, copies)
-        c.write_metrics_file(metrics_file, result.metrics())
-        receipt, text = result.receipt(public=public), result.summary()
-        if kept:
-            receipt["copies"] = [{"slot": i, **j.to_dict()} for i, j in kept]
-            text += "".join(f"copy in slot {i}: {j.verdict} ({j.reason})\n" for i, j in kept)
-        c.emit(json_out, receipt, text)
-        worst = next((j.verdict for _, j in kept if not j.resumed), result.verdict)
-        raise typer.Exit(
-            c.EXIT_BY_OUTCOME[worst if result.verdict == "resumed" else result.verdict]
-        )
+            if restore:
+                c.finish(json_out, warm_restore(reg, head, w, slot_dir=slot_dir, progress=progress))
+            result = warm_with_copies(reg, head, w, check=not no_check, send_warm=not check_only,
+                                      copies=copies, public=public, progress=progress)  # fmt: skip
+        c.write_metrics_file(metrics_file, result.warm.metrics())
+        c.finish(json_out, result)
 
 
 def doctor_command(
@@ -137,10 +119,8 @@ def doctor_command(
         reg = c.open_registry_from(registry)
         with c.open_worker(worker, model=None, timeout=30.0, profile=profile) as w:
             diagnosis = doctor(w, reg, loops=loops)
-        lines = [f"worker {w.url} ({diagnosis.profile})"]
-        lines += [f"  [{f.level}] {f.text}" for f in diagnosis.findings]
-        c.emit(json_out, {"worker": w.url, **diagnosis.to_dict()}, "\n".join(lines) + "\n")
-        raise typer.Exit(c.ExitCode.OK if diagnosis.healthy else c.ExitCode.NO)
+        c.emit(json_out, diagnosis.receipt(w.url), diagnosis.text(w.url))
+        c.exit_with(diagnosis.outcome)
 
 
 @contextmanager
@@ -215,65 +195,35 @@ def probe_command(
     trial, or counter checks that could compare nothing); 5 worker error; 7 another probe
     holds the lock.
     """
-    from prefixreg.core.frame import Frame
-    from prefixreg.registry.userfiles import read_user_file
-    from prefixreg.verbs.probe.options import Legs, ProbeOptions
-    from prefixreg.verbs.probe.run import parse_sizes, run_probe
+    from prefixreg.verbs.probe.run import probe_inputs, probe_options, run_probe
 
     with c.cli_errors(debug):
-        if public and not json_out:
-            raise UsageError("--public shapes the --json receipt; add --json")
-        parsed = parse_sizes(sizes)  # a usage error before the registry is opened
-        text = None
-        if corpus is not None:
-            try:
-                text = read_user_file(corpus).decode("utf-8")
-            except UnicodeDecodeError:
-                raise UsageError(f"{corpus}: the corpus is not UTF-8 text") from None
+        parsed, text = probe_inputs(sizes, corpus, public=public, json_out=json_out)
         reg = c.open_registry_from(registry)
-        head = None if frame is None else reg.head(frame)  # verified once, before any call
-        if head is not None and not isinstance(head, Frame):
-            raise UsageError(f"--frame {frame}: names a prefix, not a frame (no tools to send)")
-        options = ProbeOptions(
-            sizes=parsed,
-            foreign=foreign,
-            foreign_chars=foreign_chars,
-            corpus=text,
-            survival=survival,
-            force=force,
-            legs=cast(Legs, legs),  # checked by ProbeOptions
-            frame=head,
-            bisect=bisect,
-        )
+        options = probe_options(
+            reg, parsed, text, frame=frame, legs=legs, foreign=foreign,
+            foreign_chars=foreign_chars, survival=survival, force=force, bisect=bisect,
+        )  # fmt: skip
         with (
             c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w,
             _progress_bar(sys.stderr.isatty()) as (step, say),
         ):
             report = run_probe(reg, w, options, progress=step, say=say)
-        paths = f"\nreceipt: {report.json_path}\nverdict: {report.md_path}\n"
-        c.emit(json_out, report.to_dict(public=public), report.to_markdown() + paths)
-        raise typer.Exit(c.EXIT_BY_OUTCOME[report.outcome])
+        c.emit(json_out, report.to_dict(public=public), report.text())
+        c.exit_with(report.outcome)
 
 
-def parse_duration(text: str) -> float:
-    """`90`, `30s`, `10m`, `2h`, `1d` -> seconds (above 0)."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip().lower())
-    units = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-    seconds = 0.0 if match is None else float(match.group(1)) * units[match.group(2)]
-    if seconds <= 0:
-        raise UsageError(f"bad duration {text!r}: seconds above 0, or a number with s, m, h, d")
-    return seconds
+def _placed(reg: Registry, heads: list[Head], pool: Path) -> dict[str, list[Head]]:
+    """The heads by the pool worker that holds each (its placement; UsageError: unplaced):
+    the pool verb's answer, asked here because one verb never imports another."""
+    from prefixreg.verbs.pool.live import Pool
+    from prefixreg.verbs.pool.spec import pool_spec
 
-
-def _say(rewarm: Rewarm) -> None:
-    ev = rewarm.record.evidence
-    since = "first warm" if rewarm.since is None else f"after {rewarm.since:g} {rewarm.unit}"
-    what = rewarm.sha256[:12] if rewarm.frame is None else f"frame {rewarm.frame[:12]}"
-    kept = "kept" if rewarm.verdict == "resumed" else "not kept"
-    c.info(
-        f"re-warmed {what} ({since}): {rewarm.verdict} ({kept}), cached {ev.cached_tokens}/"
-        f"{ev.prompt_tokens}"
-    )
+    groups: dict[str, list[Head]] = {}
+    with Pool(pool_spec((), pool_file=pool), reg) as live:
+        for head in heads:
+            groups.setdefault(live.assignment(head).worker, []).append(head)
+    return groups
 
 
 def keepalive_command(
@@ -341,9 +291,9 @@ def keepalive_command(
     it (a measurement that could not be written); 2 a bad argument (an interval that is not
     finite seconds above 0, a --session that is a FIFO, ...).
     """
-    from prefixreg.cli.keepers import placed, run_keepers, write_keeper_metrics
-    from prefixreg.server.worker import Worker
-    from prefixreg.verbs.keepalive.run import KeepAlive
+    from functools import partial
+
+    from prefixreg.verbs.keepalive.keepers import keep_heads, parse_duration
     from prefixreg.verbs.measure.metrics import check_metrics_path
 
     with c.cli_errors(debug):
@@ -351,45 +301,10 @@ def keepalive_command(
         check_metrics_path(metrics_file)
         reg = c.open_registry_from(registry)
         heads = [reg.head(ref) for ref in refs]  # resolved and verified once, before sending
-        groups = placed(reg, heads, pool) if pool else {c.resolve_worker_url(worker): heads}
-        keepers: list[KeepAlive] = []
-
-        def on_rewarm(rewarm: Rewarm) -> None:
-            if not json_out:
-                _say(rewarm)
-            write_keeper_metrics(metrics_file, keepers)
-
-        opts: dict[str, Any] = {"registry": reg, "budget": budget, "interval_s": interval}
-        opts |= {"poll_s": poll, "on_rewarm": on_rewarm}
-        opts |= {"session": session, "copies": copies}
-        with ExitStack() as stack:
-            for url, held in groups.items():
-                w = stack.enter_context(Worker(url, timeout=5.0))
-                keepers.append(KeepAlive(w, held, **opts))
-                b = keepers[-1].budget
-                if not json_out:
-                    c.info(
-                        f"keeping {len(held)} heads on {url}; budget {b.describe()} ({b.source})"
-                    )
-            run_keepers(keepers, seconds)
-            write_keeper_metrics(metrics_file, keepers)
-        out = [
-            {"worker": k.worker.url, "budget": k.budget.to_dict(), **k.summary.to_dict()}
-            for k in keepers
-        ]
-        lines = []
-        for k in keepers:
-            lines += [f"{k.worker.url}:"] if pool else []
-            lines += [str(k.summary), *(f"  {change}" for change in k.summary.budget_changes)]
-        body = {"workers": out} if pool else {k: v for k, v in out[0].items() if k != "worker"}
-        c.emit(json_out, body, "\n".join(lines) + "\n")
-        for summary in (k.summary for k in keepers):
-            if summary.stopped_because:
-                c.info(f"stopped: {summary.stopped_because}")
-                raise typer.Exit(c.ExitCode.WORKER if summary.stopped_by_worker else c.ExitCode.NO)
-            if summary.succeeded == 0:
-                # The keeper's claim is "these heads were kept warm": a run in which not one
-                # re-warm came back with counts the judge could read proved nothing of it.
-                why = f"{summary.errors} worker errors" if summary.errors else "no verified counts"
-                c.info(f"no re-warm succeeded in this run ({why})")
-                raise typer.Exit(c.ExitCode.WORKER if summary.errors else c.ExitCode.UNVERIFIED)
+        groups = _placed(reg, heads, pool) if pool else {c.resolve_worker_url(worker): heads}
+        run = keep_heads(
+            reg, groups, duration_s=seconds, say=c.info, progress=None if json_out else c.info,
+            metrics=partial(c.write_metrics_file, metrics_file), pooled=pool is not None,
+            budget=budget, interval_s=interval, poll_s=poll, session=session, copies=copies,
+        )  # fmt: skip
+        c.finish(json_out, run, note=run.note)

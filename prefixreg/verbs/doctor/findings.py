@@ -38,3 +38,17 @@ class Diagnosis:
 
     def to_dict(self) -> JSONObject:
         return {**asdict(self), "healthy": self.healthy}
+
+    @property
+    def outcome(self) -> str:
+        return "healthy" if self.healthy else "unhealthy"
+
+    def receipt(self, worker_url: str) -> JSONObject:
+        """The `--json` output: the worker asked, then the diagnosis."""
+        return {"worker": worker_url, **self.to_dict()}
+
+    def text(self, worker_url: str) -> str:
+        """The findings a person reads, under the worker asked."""
+        lines = [f"worker {worker_url} ({self.profile})"]
+        lines += [f"  [{f.level}] {f.text}" for f in self.findings]
+        return "\n".join(lines) + "\n"

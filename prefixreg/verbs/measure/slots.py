@@ -39,7 +39,7 @@ from prefixreg.server.slots import (
 )
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import CallRecord, judge_check, measured_call, record_measurement
-from prefixreg.verbs.measure.warm import WarmResult, tools_tokens
+from prefixreg.verbs.measure.warm import WarmResult, tools_tokens, warm
 
 Progress = Callable[[str], None] | None
 
@@ -244,3 +244,47 @@ def restore_head(
     _, path = record_measurement(registry, worker, build, head.system.sha256, "restore", body)
     say(f"{verdict}: {reason}")
     return replace(result, verdict=verdict, reason=reason, body=body, record_path=str(path))
+
+
+@dataclass(frozen=True, slots=True)
+class WarmCopies:
+    """A `warm` and, with `copies` above 1, each further copy's pinned check (slot, verdict).
+    Its outcome is the warm's verdict, or, when that resumed, the first copy not resumed."""
+
+    warm: WarmResult
+    kept: list[tuple[int, Judgement]]
+    public: bool = False
+
+    @property
+    def outcome(self) -> str:
+        if self.warm.verdict != "resumed":
+            return self.warm.verdict
+        return next((j.verdict for _, j in self.kept if not j.resumed), self.warm.verdict)
+
+    def to_dict(self) -> JSONObject:
+        """The `--json` receipt (`public`: without the worker address and model)."""
+        out = self.warm.receipt(public=self.public)
+        if self.kept:
+            out["copies"] = [{"slot": i, **j.to_dict()} for i, j in self.kept]
+        return out
+
+    def text(self, _exit_code: int = 0) -> str:
+        lines = "".join(f"copy in slot {i}: {j.verdict} ({j.reason})\n" for i, j in self.kept)
+        return self.warm.summary() + lines
+
+
+def warm_with_copies(
+    registry: Registry,
+    head: Head,
+    worker: Worker,
+    *,
+    check: bool,
+    send_warm: bool,
+    copies: int = 1,
+    public: bool = False,
+    progress: Progress = None,
+) -> WarmCopies:
+    """`warm`, then (`copies` above 1) `warm_copies`; raises as they do."""
+    result = warm(registry, head, worker, check=check, send_warm=send_warm, progress=progress)
+    kept = [] if copies == 1 else warm_copies(worker, head, copies)
+    return WarmCopies(result, kept, public)

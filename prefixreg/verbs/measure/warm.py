@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from prefixreg.core.errors import UsageError, check_progress, check_type
 from prefixreg.core.frame import Frame, Head
@@ -290,3 +291,26 @@ def diagnose(registry: Registry, head: Head, build: ServerBuild, verdict: str) -
     others = [m for m in warms if "warm" in m.outcome.phases]
     other = f" (the last warm here sent {sent_head(others[-1])})" if others else ""
     return f"the frame lost it: frame {head.sha256[:12]} was never warmed on this build{other}"
+
+
+def check_warm_options(
+    *,
+    public: bool,
+    json_out: bool,
+    no_check: bool,
+    check_only: bool,
+    restore: bool,
+    slot_dir: Path | None,
+) -> None:
+    """`warm`'s option rules, before the registry is opened (UsageError, the message names
+    the flags to change)."""
+    if public and not json_out:
+        raise UsageError("--public shapes the --json receipt; add --json")
+    if no_check and check_only:
+        raise UsageError("--no-check and --check-only exclude each other")
+    if slot_dir is not None and not restore:
+        raise UsageError("--slot-dir is for --restore; add --restore")
+    if restore and (no_check or check_only or public):
+        raise UsageError(
+            "--restore always proves with a check; drop --no-check/--check-only/--public"
+        )

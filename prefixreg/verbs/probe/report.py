@@ -52,6 +52,10 @@ class ProbeReport:
     md_path: str | None = None
     qualify: str | None = None  # this build's latest `qualify` run, in its receipt's words
 
+    def text(self, _exit_code: int = 0) -> str:
+        """The verdict a person reads, then where the run's files are."""
+        return self.to_markdown() + f"\nreceipt: {self.json_path}\nverdict: {self.md_path}\n"
+
     def legs(self, leg: str) -> list[ProbeCall]:
         return [c for c in self.calls if c.leg == leg]
 

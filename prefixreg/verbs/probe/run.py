@@ -28,13 +28,16 @@ import math
 import secrets
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 from prefixreg.core.errors import UsageError
+from prefixreg.core.frame import Frame
 from prefixreg.core.jsonio import JSONObject, dumps_pretty
 from prefixreg.core.judge import judge
 from prefixreg.core.prefix import Prefix, fresh_tail
 from prefixreg.core.records import ServerBuild, strict_count
 from prefixreg.registry.store import Registry, iso_utc, stamp_utc, utc_now
+from prefixreg.registry.userfiles import read_user_file
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import (
     latest_qualify,
@@ -48,6 +51,7 @@ from prefixreg.verbs.probe.options import (
     MAX_CHARS_PER_TOKEN,
     MAX_SIZE_CHARS,
     SURVIVAL_CAP,
+    Legs,
     ProbeOptions,
     builtin_corpus,
     probe_slice,
@@ -85,6 +89,39 @@ def parse_sizes(text: str) -> tuple[int, ...]:
             raise UsageError(f"size {part.strip()!r} is over {MAX_SIZE_CHARS:,} characters")
         sizes.add(n)
     return tuple(sorted(sizes))
+
+
+def probe_inputs(
+    sizes: str, corpus: Path | None, *, public: bool, json_out: bool
+) -> tuple[tuple[int, ...], str | None]:
+    """`probe`'s option rules, its sizes and its corpus's text, before the registry is
+    opened (UsageError)."""
+    if public and not json_out:
+        raise UsageError("--public shapes the --json receipt; add --json")
+    parsed = parse_sizes(sizes)
+    if corpus is None:
+        return parsed, None
+    try:
+        return parsed, read_user_file(corpus).decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{corpus}: the corpus is not UTF-8 text") from None
+
+
+def probe_options(
+    registry: Registry,
+    sizes: tuple[int, ...],
+    corpus: str | None,
+    *,
+    frame: str | None,
+    legs: str,
+    **fields: Any,
+) -> ProbeOptions:
+    """The `ProbeOptions` of a `probe` command: `frame` resolved and verified once, before
+    any call (UsageError: it names a prefix, no tools to send); `fields` the others."""
+    head = None if frame is None else registry.head(frame)
+    if head is not None and not isinstance(head, Frame):
+        raise UsageError(f"--frame {frame}: names a prefix, not a frame (no tools to send)")
+    return ProbeOptions(sizes=sizes, corpus=corpus, frame=head, legs=cast(Legs, legs), **fields)
 
 
 def check_sizes(options: ProbeOptions, build: ServerBuild) -> None:

@@ -77,6 +77,17 @@ class QualifyResult:
         receipt)."""
         return "\n".join(summary_lines(self.receipt)) + "\n"
 
+    @property
+    def outcome(self) -> str:
+        return "qualified" if self.qualified else "not_qualified"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `--json` output: the receipt as written."""
+        return self.receipt
+
+    def text(self, _exit_code: int = 0) -> str:
+        return self.summary()
+
 
 def _whole(name: str, value: object, low: int, high: int | None = None) -> int:
     if type(value) is not int:
