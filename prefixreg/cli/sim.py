@@ -12,8 +12,6 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import os
-import threading
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
@@ -24,6 +22,7 @@ import typer
 from prefixreg.cli import _common as c
 
 if TYPE_CHECKING:
+    from prefixreg.sim import SimConfig
     from prefixreg.verbs.measure.warm import WarmResult
     from prefixreg.verbs.probe.run import ProbeReport
 
@@ -92,36 +91,21 @@ class _SimCommand:
 
     def __call__(self, *, quiet: bool, debug: bool, **options: Any) -> None:
         with c.cli_errors(debug):
-            from prefixreg.core.errors import UsageError
             from prefixreg.sim import SimConfig, SimServer
 
-            for f in dataclasses.fields(SimConfig):
-                if "env" in f.metadata and options[f.name] is None:
-                    options[f.name] = os.environ.get(f.metadata["env"]) or None
-            config = SimConfig.for_profile(options.pop("profile") or "flash", **options)
-            try:
-                server = SimServer(config, log=None if quiet else c.info)
-            except OSError as exc:  # the address is taken or not ours: a bad argument
-                where = f"{config.host}:{config.port}"
-                raise UsageError(f"cannot listen on {where}: {exc.strerror or exc}") from None
-            auth = ", API key required" if config.api_key else ""
-            shown = config.profile if config.engine is None else config.engine
-            shown += ", cache report off" if config.engine and not config.cache_report else ""
-            c.info(
-                f"prefixreg sim ({shown}, speed {config.speed:g}{auth}) listening on "
-                f"{server.url}  (Ctrl-C to stop)"
-            )
-            try:
-                server.start()
-                forever = threading.Event()
-                # Until Ctrl-C, waking each second: the kernel may hand SIGINT to a serving
-                # thread, and Python runs its handler only when the main thread next runs.
-                while not forever.wait(1.0):
-                    pass
-            except KeyboardInterrupt:
-                c.info("stopping")
-            finally:
-                server.stop()
+            config = SimConfig.from_options(**options)
+            server = SimServer.listening(config, log=None if quiet else c.info)
+            c.info(_banner(config, server.url))
+            server.serve_forever(say=c.info)
+
+
+def _banner(config: SimConfig, url: str) -> str:
+    """The line `sim` prints once it listens: the profile or engine, speed, key, address."""
+    auth = ", API key required" if config.api_key else ""
+    shown = config.profile if config.engine is None else config.engine
+    shown += ", cache report off" if config.engine and not config.cache_report else ""
+    head = f"prefixreg sim ({shown}, speed {config.speed:g}{auth})"
+    return f"{head} listening on {url}  (Ctrl-C to stop)"
 
 
 sim_command = _SimCommand()
