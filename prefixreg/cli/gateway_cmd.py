@@ -3,7 +3,6 @@ when the command runs: `prefixreg --help` loads no ASGI stack)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -91,74 +90,15 @@ def gateway_command(
     prompt text or key is logged.
     """
     with c.cli_errors(debug):
-        from prefixreg.core.errors import UsageError
-        from prefixreg.gateway.config import GatewayConfig
+        from prefixreg.gateway import run_gateway
 
-        try:
-            from prefixreg.gateway.serve import parse_listen, serve
-        except ImportError as exc:  # uvicorn or starlette missing: the extra is not installed
-            raise UsageError(
-                f"prefixreg gateway needs the gateway extra ({exc.name} is not installed)",
-                hint="pip install 'prefixreg[gateway]'",
-            ) from None
-        from prefixreg.registry.location import resolve_registry_path
-        from prefixreg.verbs.pool.spec import default_placement, load_placement, pool_spec
-
-        if worker and pool is not None:
-            raise UsageError("give --worker URL or --pool FILE, not both")
-        client_key = None
-        if client_key_env is not None:
-            client_key = os.environ.get(client_key_env) or None
-            if client_key is None:
-                raise UsageError(f"--client-key-env {client_key_env}: the variable is not set")
-        host, port = parse_listen(listen, open_listen=listen_any, client_key=client_key)
-        if worker or pool is not None:
-            spec = pool_spec(worker or (), pool_file=pool, router=router)
-            workers, router_url = tuple(w.url for w in spec.workers), spec.router
-            capacities = tuple(w.capacity for w in spec.workers)
-            root = resolve_registry_path(registry)
-            at = spec.placement_path or default_placement(root, spec.pool_id)
-            kept, warnings = load_placement(at)  # `prefixreg pool warm`'s: where heads live
-            for warning in warnings:
-                c.info(f"warning: {warning}")
-            placement = tuple((a.sha256, a.worker, a.key) for a in kept.values())
-        elif router is not None:
-            workers, router_url, capacities, placement = (), router, (), ()
-        else:
-            raise UsageError("no upstream", hint="pass --worker URL, --pool FILE or --router URL")
-        root = resolve_registry_path(registry)
-        if call_log is not None:
-            _refuse_inside(call_log, root)
-        config = GatewayConfig(
-            workers=workers,
-            router=router_url,
-            capacities=capacities,
-            placement=placement,
-            on_drift=on_drift,  # type: ignore[arg-type]  # checked by GatewayConfig
-            strip=tuple(strip or ()),
-            register=register,
-            call_log=call_log,
-            keep_warm=keep_warm,
-            own_slots=own_slots,
-            timeout_s=timeout,
-            client_key=client_key,
-            upstream_key=os.environ.get("PREFIXREG_API_KEY") or None,
-            registry_root=root,
-        )
-
-        def ready(url: str) -> None:
-            c.info(f"prefixreg gateway listening on {url} (base URL {url}/v1)")
-
-        serve(config, host, port, ready=ready)
+        run_gateway(
+            worker=worker, pool=pool, router=router, listen=listen, listen_any=listen_any,
+            register=register, on_drift=on_drift, strip=strip, call_log=call_log,
+            keep_warm=keep_warm, own_slots=own_slots, client_key_env=client_key_env,
+            timeout=timeout, registry=registry, say=c.info, ready=_ready,
+        )  # fmt: skip
 
 
-def _refuse_inside(path: Path, root: Path) -> None:
-    """A call log never goes inside the registry (DESIGN §5)."""
-    from prefixreg.core.errors import UsageError
-
-    try:
-        inside = path.resolve().is_relative_to(root.resolve())
-    except OSError:
-        inside = False
-    if inside:
-        raise UsageError(f"--call-log {path} is inside the registry {root}; refused")
+def _ready(url: str) -> None:
+    c.info(f"prefixreg gateway listening on {url} (base URL {url}/v1)")

@@ -7,15 +7,12 @@ Each command's help gives its exit codes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from prefixreg.cli import _common as c
-from prefixreg.core.errors import CorruptRecordError, RegistryLocationError, UsageError
-
-if TYPE_CHECKING:
-    from prefixreg.registry.store import Registry
+from prefixreg.core.errors import CorruptRecordError, UsageError
 
 
 def _settings(pairs: list[str]) -> dict[str, object]:
@@ -157,37 +154,10 @@ def audit_command(
     fails verification (the store fails closed).
     """
     with c.cli_errors(debug):
-        from prefixreg.verbs.audit.run import run_audit
+        from prefixreg.verbs.audit.run import audit_paths
 
-        try:
-            reg: Registry | None = c.open_registry_from(registry)
-        except RegistryLocationError:
-            if registry is not None:
-                raise
-            reg = None  # the default registry only adds names and spans (when it exists)
-        if reg is not None and not reg.exists and registry is not None:
-            raise UsageError(f"{registry}: not a registry")
-        if frame is not None and (reg is None or not reg.exists):
-            raise UsageError("--frame needs a registry that holds the frame")
-        if html is not None:
-            from prefixreg.registry.userfiles import check_output_file
-
-            check_output_file(html, "--html")
-        head = None if frame is None or reg is None else reg.head(frame)  # resolved once
-        report = run_audit(
-            paths, registry=reg, prefill_tps=prefill_tps, decode_tps=decode_tps, frame=head
-        )
-        if not report.calls and report.identity is None:
-            for m in (*report.malformed, *report.skipped)[:10]:
-                c.info(f"{m.source}: {m.reason}")
-            raise UsageError(
-                "no call outputs or requests read",
-                hint="give response or request JSON, JSON lines, a directory of them, "
-                "or measurement records",
-            )
-        if html is not None:
-            from prefixreg.registry.fsutil import replace_atomic
-            from prefixreg.verbs.audit.html import render_html
-
-            replace_atomic(html, render_html(report), mode=0o644)
+        report = audit_paths(
+            paths, registry=registry, frame=frame, html=html, prefill_tps=prefill_tps,
+            decode_tps=decode_tps, say=c.info,
+        )  # fmt: skip
         c.emit(json_out, report.to_dict(), report.to_text())

@@ -8,12 +8,11 @@ inside the functions, so registering it (`prefixreg --help`) imports no simulato
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
-import os
-import tempfile
-import threading
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -23,6 +22,7 @@ import typer
 from prefixreg.cli import _common as c
 
 if TYPE_CHECKING:
+    from prefixreg.sim import SimConfig
     from prefixreg.verbs.measure.warm import WarmResult
     from prefixreg.verbs.probe.run import ProbeReport
 
@@ -91,40 +91,26 @@ class _SimCommand:
 
     def __call__(self, *, quiet: bool, debug: bool, **options: Any) -> None:
         with c.cli_errors(debug):
-            from prefixreg.core.errors import UsageError
             from prefixreg.sim import SimConfig, SimServer
 
-            for f in dataclasses.fields(SimConfig):
-                if "env" in f.metadata and options[f.name] is None:
-                    options[f.name] = os.environ.get(f.metadata["env"]) or None
-            config = SimConfig.for_profile(options.pop("profile") or "flash", **options)
-            try:
-                server = SimServer(config, log=None if quiet else c.info)
-            except OSError as exc:  # the address is taken or not ours: a bad argument
-                where = f"{config.host}:{config.port}"
-                raise UsageError(f"cannot listen on {where}: {exc.strerror or exc}") from None
-            auth = ", API key required" if config.api_key else ""
-            shown = config.profile if config.engine is None else config.engine
-            shown += ", cache report off" if config.engine and not config.cache_report else ""
-            c.info(
-                f"prefixreg sim ({shown}, speed {config.speed:g}{auth}) listening on "
-                f"{server.url}  (Ctrl-C to stop)"
-            )
-            try:
-                server.start()
-                forever = threading.Event()
-                # Until Ctrl-C, waking each second: the kernel may hand SIGINT to a serving
-                # thread, and Python runs its handler only when the main thread next runs.
-                while not forever.wait(1.0):
-                    pass
-            except KeyboardInterrupt:
-                c.info("stopping")
-            finally:
-                server.stop()
+            config = SimConfig.from_options(**options)
+            server = SimServer.listening(config, log=None if quiet else c.info)
+            c.info(_banner(config, server.url))
+            server.serve_forever(say=c.info)
+
+
+def _banner(config: SimConfig, url: str) -> str:
+    """The line `sim` prints once it listens: the profile or engine, speed, key, address."""
+    auth = ", API key required" if config.api_key else ""
+    shown = config.profile if config.engine is None else config.engine
+    shown += ", cache report off" if config.engine and not config.cache_report else ""
+    head = f"prefixreg sim ({shown}, speed {config.speed:g}{auth})"
+    return f"{head} listening on {url}  (Ctrl-C to stop)"
 
 
 sim_command = _SimCommand()
 SAMPLE_NAME = "coding-agent"
+SAMPLE_SOURCE = "examples/system-prompt.txt"
 
 
 def sample_prompt() -> bytes:
@@ -189,32 +175,27 @@ def demo_command(
 ) -> None:
     """Show the main job in a minute: start a simulated Halogen worker in-process, add the
     sample system prompt, warm it, prove it resumes, run a short probe, and stop."""
-    from prefixreg.registry.store import Registry
-    from prefixreg.server.worker import Worker
-    from prefixreg.sim import SimConfig, SimServer
-    from prefixreg.verbs.measure.warm import warm
-    from prefixreg.verbs.probe.options import ProbeOptions
-    from prefixreg.verbs.probe.run import run_probe
+    from prefixreg.verbs.probe.run import run_demo
 
-    def say(message: str) -> None:
-        if not json_out:
-            c.info(message)
-
+    say = c.info if not json_out else _silent
     with c.cli_errors(debug):
-        root = registry or Path(tempfile.mkdtemp(prefix="prefixreg-demo-")) / "registry"
-        reg = Registry(root)
-        sha = reg.add(sample_prompt(), name=SAMPLE_NAME, source="examples/system-prompt.txt")
-        say(f"added the sample system prompt as {SAMPLE_NAME} ({sha[:16]}) to {root}")
-        with SimServer(SimConfig(speed=speed)) as sim, Worker(sim.url) as worker:
-            say(
-                f"started the simulated Halogen worker at {sim.url} (Flash lane defaults, "
-                f"x{speed:g})"
-            )
-            warmed = warm(reg, reg.head(SAMPLE_NAME), worker)
-            say("warmed it and checked that a fresh call resumes it")
-            options = ProbeOptions(sizes=(4000, 16000), foreign=9, survival=True)
-            probe = run_probe(reg, worker, options)
-            say("ran a short probe (2 sizes, survival search)")
-        receipt = {"registry": str(root), "warm": warmed.receipt(), "probe": probe.to_dict()}
-        c.emit(json_out, receipt, text_report(root, warmed, probe))
-        raise typer.Exit(max(c.EXIT_BY_OUTCOME[warmed.verdict], c.EXIT_BY_OUTCOME[probe.outcome]))
+        start = functools.partial(_simulated, speed, say)
+        demo = run_demo(
+            registry, sample_prompt(), start, name=SAMPLE_NAME, source=SAMPLE_SOURCE, say=say
+        )
+        c.emit(json_out, demo.receipt(), text_report(demo.root, demo.warm, demo.probe))
+        c.exit_with(demo.outcome)
+
+
+def _silent(message: str) -> None:
+    """`--json`: the steps are not reported."""
+
+
+@contextlib.contextmanager
+def _simulated(speed: float, say: Callable[[str], None]) -> Iterator[str]:
+    """A simulated Halogen worker in-process (Flash lane defaults): its URL while it runs."""
+    from prefixreg.sim import SimConfig, SimServer
+
+    with SimServer(SimConfig(speed=speed)) as sim:
+        say(f"started the simulated Halogen worker at {sim.url} (Flash lane defaults, x{speed:g})")
+        yield sim.url

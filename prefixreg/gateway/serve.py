@@ -1,10 +1,7 @@
-"""Running a gateway: the listen address (loopback unless explicitly opened, and then only
-with a client key), uvicorn serving `app.build_app`, and a thread-hosted server for code
-that embeds a gateway (tests, benchmarks).
+"""Running a gateway: uvicorn serving `app.build_app` at an address `config.parse_listen`
+checked, and a thread-hosted server for code that embeds a gateway (tests, benchmarks).
 
 Invariants:
-- `parse_listen` refuses a non-loopback address unless `open_listen` is set and a client
-  key is configured (`UsageError`, before anything listens).
 - uvicorn logs no access lines (they would name paths and clients; the call log is the
   record) and sends no `server`/`date` header of its own: the worker's go through.
 - The socket is bound before `serve` reports the address, so port 0 gives a real port.
@@ -13,7 +10,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import resource
 import socket
@@ -27,27 +23,6 @@ from prefixreg.core.errors import UsageError
 from prefixreg.gateway.app import Gateway, build_app
 from prefixreg.gateway.config import GatewayConfig
 from prefixreg.gateway.stream import QuietBrokenStreams
-
-
-def parse_listen(text: str, *, open_listen: bool, client_key: str | None) -> tuple[str, int]:
-    """(host, port) of `--listen HOST:PORT` (see the invariants)."""
-    host, sep, port_text = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
-        raise UsageError(f"--listen {text!r} is not HOST:PORT", hint="e.g. 127.0.0.1:8740")
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        raise UsageError(f"--listen {text!r}: the host is not an IP address") from None
-    if not loopback:
-        if not open_listen:
-            raise UsageError(
-                f"--listen {host} is not a loopback address",
-                hint="add --listen-any to open it to the network (a client key is required)",
-            )
-        if client_key is None:
-            raise UsageError("--listen-any needs a client key (--client-key-env NAME)")
-    return host, int(port_text)
 
 
 def _bind(host: str, port: int) -> socket.socket:

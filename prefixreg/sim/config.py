@@ -1,10 +1,12 @@
 """`SimConfig`: every knob of the simulator, its default the measured Halogen Flash lane (API
-0.7.0), and the time model the knobs drive. Pure. Each field carries its option's metadata
-(`knob`): help, ``note`` (the default's source), bound (``ge`` / ``gt``, ``why``), ``dense``
-default and CLI extras (``shown``, ``cli_default``, ``env``); `prefixreg sim` builds its options
-from them. A value of the wrong type or out of bounds is a `UsageError` naming the field, and
-so is a `host` that is not a loopback address (the peer has no API key by default). The
-`dense` profile (Halogen dense 0.1.x): each field's ``dense``, no `timings`, `/metrics` or disk.
+0.7.0), and the time model the knobs drive. Pure but for `from_options`. Each field carries its
+option's metadata (`knob`): help, ``note`` (the default's source), bound (``ge`` / ``gt``,
+``why``), ``dense`` default and CLI extras (``shown``, ``cli_default``, ``env``); `prefixreg sim`
+builds its options from them, and `from_options` reads them back (a field not given falls back
+to its ``env`` variable: the one read of the environment here). A value of the wrong type or out
+of bounds is a `UsageError` naming the field, and so is a `host` that is not a loopback address
+(the peer has no API key by default). The `dense` profile (Halogen dense 0.1.x): each field's
+``dense``, no `timings`, `/metrics` or disk.
 
 The time model (`prefill_s`; its formula and fit to the lane's probe in `prefixreg sim --help`):
 ``u`` uncached tokens prefill in the cheaper of stepping them (a short pass is latency-bound like
@@ -17,6 +19,7 @@ duration (prefill, decode, disk restores, queue timeout, keepalive interval): ra
 from __future__ import annotations
 
 import ipaddress
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, NoReturn, TypeVar, get_args
 
@@ -212,6 +215,15 @@ class SimConfig:
         dense = {f.name: f.metadata["dense"] for f in fields(cls) if "dense" in f.metadata}
         given = {k: v for k, v in overrides.items() if v is not None}
         return cls(**((dense if profile == "dense" else {}) | given | {"profile": profile}))
+
+    @classmethod
+    def from_options(cls, *, profile: str | None = None, **options: Any) -> SimConfig:
+        """`prefixreg sim`'s options (None: not given): a field naming an ``env`` variable
+        falls back to it when that is set and not empty, then `for_profile` (default flash)."""
+        for f in fields(cls):
+            if "env" in f.metadata and options.get(f.name) is None:
+                options[f.name] = os.environ.get(f.metadata["env"]) or None
+        return cls.for_profile(profile or "flash", **options)
 
     @property
     def model_id(self) -> str:

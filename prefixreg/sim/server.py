@@ -23,6 +23,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 
+from prefixreg.core.errors import UsageError
 from prefixreg.sim import engines, protocol
 from prefixreg.sim.config import SimConfig
 from prefixreg.sim.engine import Engine
@@ -226,6 +227,31 @@ class SimServer:
         self._thread: threading.Thread | None = None
         self.host, self.port = str(self._httpd.server_address[0]), self._httpd.server_address[1]
         self.url = f"http://{self.host}:{self.port}"  # the server is IPv4 (AF_INET) only
+
+    @classmethod
+    def listening(cls, config: SimConfig, *, log: Callable[[str], None] | None = None) -> SimServer:
+        """A `SimServer` bound to `config`'s address; one taken or not ours is a bad argument
+        (`UsageError` naming it), not a crash."""
+        try:
+            return cls(config, log=log)
+        except OSError as exc:
+            where = f"{config.host}:{config.port}"
+            raise UsageError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+
+    def serve_forever(self, *, say: Callable[[str], None] | None = None) -> None:
+        """Serve in the foreground until Ctrl-C (``say`` gets ``stopping``), then stop."""
+        try:
+            self.start()
+            forever = threading.Event()
+            # Until Ctrl-C, waking each second: the kernel may hand SIGINT to a serving
+            # thread, and Python runs its handler only when the main thread next runs.
+            while not forever.wait(1.0):
+                pass
+        except KeyboardInterrupt:
+            if say is not None:
+                say("stopping")
+        finally:
+            self.stop()
 
     def start(self) -> SimServer:
         if self._thread is None:

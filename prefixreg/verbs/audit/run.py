@@ -11,16 +11,19 @@ requests send byte-identically (the frame when most are in line), else (2) the h
 read when all calls come from them, else (3) the span measured on the batch's build(s) (any, when
 none is named) that most responses read alone cover, through the judge (ties: longer, then newer): a
 likeness. Never a mean of cached counts; never a probe slice (marked, or with a probe leg's span).
+
+`audit_paths` is the `audit` command's use case: its option rules (a named registry must be one;
+--frame needs a registry; --html is a user output), the audit, and the HTML page written.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from prefixreg.core.errors import RefNotFoundError, UsageError
+from prefixreg.core.errors import RefNotFoundError, RegistryLocationError, UsageError
 from prefixreg.core.frame import Head
 from prefixreg.core.judge import Judgement, counted_span, judge, judge_unknown_head
 from prefixreg.core.records import CallEvidence, Measurement
@@ -244,3 +247,68 @@ def _known(registry: Registry, data: AuditInput, frame: Head | None) -> Known:
 
     probes = frozenset(o.sha256 for o in objects if o.probe_slice)
     return Known(spans, names, sizes, frozenset(registered), probes, lookup)
+
+
+def audit_paths(
+    paths: Iterable[Path | str],
+    *,
+    registry: Path | None = None,
+    frame: str | None = None,
+    html: Path | None = None,
+    prefill_tps: float | None = None,
+    decode_tps: float | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> AuditReport:
+    """`prefixreg audit`: the registry named (`registry`: the flag; None: $PREFIXREG_HOME or
+    the default, which only adds names and spans when it exists), `frame` resolved once in
+    it, `run_audit`, then the report as one HTML page at `html`. `say` gets the hints and,
+    when nothing was read, the first ten inputs skipped and why.
+
+    Raises:
+        UsageError: a named registry that is not one; --frame without a registry; nothing
+            readable (no call and no request); a bad rate or --html path.
+        IntegrityError, CorruptRecordError: as `run_audit` (the store fails closed)."""
+    reg = _open_registry(registry, say)
+    if reg is not None and not reg.exists and registry is not None:
+        raise UsageError(f"{registry}: not a registry")
+    if frame is not None and (reg is None or not reg.exists):
+        raise UsageError("--frame needs a registry that holds the frame")
+    if html is not None:
+        from prefixreg.registry.userfiles import check_output_file
+
+        check_output_file(html, "--html")
+    head = None if frame is None or reg is None else reg.head(frame)  # resolved once
+    report = run_audit(
+        paths, registry=reg, prefill_tps=prefill_tps, decode_tps=decode_tps, frame=head
+    )
+    if not report.calls and report.identity is None:
+        for m in (*report.malformed, *report.skipped)[:10]:
+            say(f"{m.source}: {m.reason}")
+        raise UsageError(
+            "no call outputs or requests read",
+            hint="give response or request JSON, JSON lines, a directory of them, "
+            "or measurement records",
+        )
+    if html is not None:
+        from prefixreg.registry.fsutil import replace_atomic
+        from prefixreg.verbs.audit.html import render_html
+
+        replace_atomic(html, render_html(report), mode=0o644)
+    return report
+
+
+def _open_registry(flag: Path | None, say: Callable[[str], None]) -> Registry | None:
+    """The registry `flag` names (else $PREFIXREG_HOME's or the default); None when the
+    default location is unusable (a named one that is unusable raises)."""
+    from prefixreg.registry.location import migration_hint, resolve_registry_path
+
+    try:
+        path = resolve_registry_path(flag)
+        hint = migration_hint(path)  # an empty default location while ~/prefix-registry exists
+        if hint is not None:
+            say(f"hint: {hint}")
+        return Registry(path)
+    except RegistryLocationError:
+        if flag is not None:
+            raise
+        return None

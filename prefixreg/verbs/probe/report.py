@@ -9,18 +9,24 @@ Invariants:
 - `outcome` is `ok` only when something was verified: a judged leg (A1 aside) the judge
   calls unverified, a survival trial whose count was unverified, or a run whose checks are
   all `n/a` on a server that has `/cache` makes it `unverified`.
+
+`DemoRun`: `prefixreg demo`'s result (a warm and a probe), its outcome the worse of the two.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Final, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, Literal
 
 from prefixreg.core.jsonio import JSONObject
 from prefixreg.core.judge import alignment_shaped, judge_survival
 from prefixreg.core.records import ServerBuild
 from prefixreg.verbs.probe.checks import CheckResult, ProbeCall
 from prefixreg.verbs.probe.options import ProbeOptions
+
+if TYPE_CHECKING:
+    from prefixreg.verbs.measure.warm import WarmResult
 
 Outcome = Literal["ok", "check_failed", "unverified"]
 ANSWERS: Final = {
@@ -309,3 +315,27 @@ def _result(c: ProbeCall, alignment: int) -> str:
         return f"partial ({j.coverage:.0%} covered)"
     aligned = alignment_shaped(j)
     return f"resumed (within the {alignment:,}-token alignment)" if aligned else j.verdict
+
+
+@dataclass(frozen=True, slots=True)
+class DemoRun:
+    """What `run_demo` did: the registry it used, the warm (with its check), the probe."""
+
+    root: Path
+    warm: WarmResult
+    probe: ProbeReport
+
+    @property
+    def outcome(self) -> str:
+        """The worse of the two: `unverified` when either is; else a warm that missed
+        (`partial`, `cold`); else the probe's (`ok`, `check_failed`)."""
+        if "unverified" in (self.warm.verdict, self.probe.outcome):
+            return "unverified"
+        return self.warm.verdict if self.warm.verdict in ("partial", "cold") else self.probe.outcome
+
+    def receipt(self) -> JSONObject:
+        return {
+            "registry": str(self.root),
+            "warm": self.warm.receipt(),
+            "probe": self.probe.to_dict(),
+        }

@@ -19,6 +19,8 @@ Invariants:
   would otherwise herd them into one slot and flatter survival.
 - Each leg is a measurement bound to the server build, the run a receipt (`probes/<ts>.json`
   and `.md`), under the registry's `probe` lock; a busy worker is refused unless forced.
+
+`run_demo` is `prefixreg demo`'s sequence ending in a short probe: add a prompt, warm it, probe.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
+import tempfile
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
 
@@ -45,6 +49,7 @@ from prefixreg.verbs.measure.calls import (
     qualify_note,
     record_measurement,
 )
+from prefixreg.verbs.measure.warm import warm
 from prefixreg.verbs.probe import notes
 from prefixreg.verbs.probe.checks import ProbeCall, run_checks
 from prefixreg.verbs.probe.options import (
@@ -56,6 +61,7 @@ from prefixreg.verbs.probe.options import (
     builtin_corpus,
     probe_slice,
 )
+from prefixreg.verbs.probe.report import DemoRun
 from prefixreg.verbs.probe.report import ProbeReport as ProbeReport  # the verb's result
 
 Progress = Callable[[str, int], None]
@@ -382,3 +388,27 @@ def run_probe(
 
         registry.write_probe_receipt(stamp_utc(now), render)
     return report
+
+
+def run_demo(
+    registry: Path | None,
+    prompt: bytes,
+    start: Callable[[], AbstractContextManager[str]],
+    *,
+    name: str,
+    source: str,
+    say: Say,
+) -> DemoRun:
+    """Add `prompt` as `name` to `registry` (None: a fresh temporary one), start a worker
+    (`start`: its base URL while it runs, started once the prompt is added), warm the prompt
+    and check it resumes, run a short probe (2 sizes, survival search), stop the worker."""
+    root = registry or Path(tempfile.mkdtemp(prefix="prefixreg-demo-")) / "registry"
+    reg = Registry(root)
+    sha = reg.add(prompt, name=name, source=source)
+    say(f"added the sample system prompt as {name} ({sha[:16]}) to {root}")
+    with start() as url, Worker(url) as worker:
+        warmed = warm(reg, reg.head(name), worker)
+        say("warmed it and checked that a fresh call resumes it")
+        probe = run_probe(reg, worker, ProbeOptions(sizes=(4000, 16000), foreign=9, survival=True))
+        say("ran a short probe (2 sizes, survival search)")
+    return DemoRun(root, warmed, probe)
