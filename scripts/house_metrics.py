@@ -1,9 +1,9 @@
 """The house's shape in numbers, as issue 35's acceptance counts them, at the checked-out commit.
 
 - CLI: the lines of logic in each command function (`<name>_command` and the commands of a
-  `<name>_app` group under `prefixreg/cli/`): the source lines its statements span, without
-  its docstring, blank and comment lines, and lazy `import`s (kept inside functions for
-  start-up time, not logic); and which command module imports another;
+  `<name>_app` group under `prefixreg/cli/`): its logical lines, one per statement however
+  the formatter wraps it, without its docstring and lazy `import`s (kept inside functions
+  for start-up time, not logic); and which command module imports another;
 - library (`prefixreg/` without `cli/` and `sim/`): modules, lines, modules over 400 lines,
   docstring share of the lines, `isinstance` calls per 1,000 lines (outside the parsers of
   untrusted input listed in `PARSERS`);
@@ -17,10 +17,8 @@ Run: `python scripts/house_metrics.py [--json]`. Nothing is judged; the targets 
 from __future__ import annotations
 
 import ast
-import io
 import json
 import sys
-import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,43 +71,26 @@ def docstring_lines(tree: ast.Module) -> int:
     return total
 
 
-def comment_or_blank(source: str) -> set[int]:
-    """Line numbers holding only a comment or nothing."""
-    lines = source.splitlines()
-    blank = {i + 1 for i, line in enumerate(lines) if not line.strip()}
-    code: set[int] = set()
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
-                            tokenize.DEDENT, tokenize.ENDMARKER):  # fmt: skip
-            code.update(range(tok.start[0], tok.end[0] + 1))
-    return blank | ({i + 1 for i in range(len(lines))} - code)
-
-
-def logic_lines(func: ast.FunctionDef, skip: set[int]) -> int:
+def logic_lines(func: ast.FunctionDef) -> int:
+    """Logical lines: one per statement (a compound statement's header is one, its body
+    counted on), however the formatter wraps its arguments; lazy imports not counted."""
     body = list(func.body)
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]  # the docstring
-    lines: set[int] = set()
 
-    def visit(stmts: list[ast.stmt]) -> None:
+    def count(stmts: list[ast.stmt]) -> int:
+        n = 0
         for st in stmts:
             if isinstance(st, (ast.Import, ast.ImportFrom)):
                 continue
-            nested = [getattr(st, f) for f in ("body", "orelse", "finalbody") if hasattr(st, f)]
-            handlers = getattr(st, "handlers", [])
-            if nested or handlers:
-                first = min([s.lineno for b in nested for s in b] + [h.lineno for h in handlers])
-                lines.update(range(st.lineno, first))  # the compound statement's own header
-                for b in nested:
-                    visit(b)
-                for h in handlers:
-                    lines.add(h.lineno)
-                    visit(h.body)
-            else:
-                lines.update(range(st.lineno, (st.end_lineno or st.lineno) + 1))
+            n += 1
+            for field in ("body", "orelse", "finalbody"):
+                n += count(getattr(st, field, []))
+            for handler in getattr(st, "handlers", []):
+                n += 1 + count(handler.body)
+        return n
 
-    visit(body)
-    return len(lines - skip)
+    return count(body)
 
 
 def cli_metrics() -> tuple[list[tuple[str, int]], list[str]]:
@@ -118,7 +99,6 @@ def cli_metrics() -> tuple[list[tuple[str, int]], list[str]]:
     for path in sorted((PKG / "cli").glob("*.py")):
         source = path.read_text()
         tree = ast.parse(source)
-        skip = comment_or_blank(source)
         for node in ast.walk(tree):
             module = node.module if isinstance(node, ast.ImportFrom) else None
             other = module not in (None, "prefixreg.cli._common") and path.stem != "main"
@@ -141,7 +121,7 @@ def cli_metrics() -> tuple[list[tuple[str, int]], list[str]]:
             if isinstance(node, ast.FunctionDef) and (
                 node.name.endswith("_command") or node.name in registered
             ):
-                commands.append((f"{path.stem}.{node.name}", logic_lines(node, skip)))
+                commands.append((f"{path.stem}.{node.name}", logic_lines(node)))
     return commands, cross
 
 

@@ -93,11 +93,23 @@ def gateway_command(
         from prefixreg.gateway import run_gateway
 
         run_gateway(
-            worker=worker, pool=pool, router=router, listen=listen, listen_any=listen_any,
-            register=register, on_drift=on_drift, strip=strip, call_log=call_log,
-            keep_warm=keep_warm, own_slots=own_slots, client_key_env=client_key_env,
-            timeout=timeout, registry=registry, say=c.info, ready=_ready,
-        )  # fmt: skip
+            worker=worker,
+            pool=pool,
+            router=router,
+            listen=listen,
+            listen_any=listen_any,
+            register=register,
+            on_drift=on_drift,
+            strip=strip,
+            call_log=call_log,
+            keep_warm=keep_warm,
+            own_slots=own_slots,
+            client_key_env=client_key_env,
+            timeout=timeout,
+            registry=registry,
+            say=c.info,
+            ready=_ready,
+        )
 
 
 def _ready(url: str) -> None:

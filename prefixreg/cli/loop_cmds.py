@@ -80,9 +80,13 @@ def frame_command(
         data = None if tools is None else read_user_file(tools)
         lead = None if messages is None else read_user_file(messages)
         sha = reg.add_frame(
-            system, tools=data, settings=_settings(settings or []), name=name, force=force,
+            system,
+            tools=data,
+            settings=_settings(settings or []),
+            name=name,
+            force=force,
             messages=lead,
-        )  # fmt: skip
+        )
         c.emit(json_out, {"frame": sha, "name": name}, f"{sha}\n")
 
 
@@ -157,7 +161,12 @@ def audit_command(
         from prefixreg.verbs.audit.run import audit_paths
 
         report = audit_paths(
-            paths, registry=registry, frame=frame, html=html, prefill_tps=prefill_tps,
-            decode_tps=decode_tps, say=c.info,
-        )  # fmt: skip
+            paths,
+            registry=registry,
+            frame=frame,
+            html=html,
+            prefill_tps=prefill_tps,
+            decode_tps=decode_tps,
+            say=c.info,
+        )
         c.emit(json_out, report.to_dict(), report.to_text())

@@ -91,9 +91,17 @@ def qualify_command(
         reg = None if registry is None else c.open_registry_from(registry)
         with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
             result = qualify(
-                w, tokens=tokens, repeats=repeats, streams=streams, require_cold=require_cold,
-                require_reuse=require_reuse, prompt_file=prompt_file, seed=seed, output=output,
-                expected_prompt_tokens=expected_prompt_tokens, registry=reg,
+                w,
+                tokens=tokens,
+                repeats=repeats,
+                streams=streams,
+                require_cold=require_cold,
+                require_reuse=require_reuse,
+                prompt_file=prompt_file,
+                seed=seed,
+                output=output,
+                expected_prompt_tokens=expected_prompt_tokens,
+                registry=reg,
                 progress=c.progress_for(json_out),
-            )  # fmt: skip
+            )
         c.finish(json_out, result)

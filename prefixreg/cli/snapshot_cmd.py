@@ -2,12 +2,11 @@
 
 Each reference is resolved once (`Registry.head`: a prefix or a frame) and verified before
 a connection is opened; each command's help gives its exit codes. `warm --restore` runs the
-same restore (`warm_restore_cli`).
+same restore (`verbs.snapshot.warmrestore`).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -17,8 +16,6 @@ from prefixreg.cli import _common as c
 if TYPE_CHECKING:
     from prefixreg.core.frame import Head
     from prefixreg.core.snapshots import SnapshotRecord
-    from prefixreg.registry.store import Registry
-    from prefixreg.server.worker import Worker
     from prefixreg.verbs.mirror.snapshots import ShipReport
 
 SlotOpt = Annotated[
@@ -34,39 +31,6 @@ snapshot_app = typer.Typer(
     no_args_is_help=True,
     **c.APP_SETTINGS,
 )
-
-
-def warm_restore_cli(
-    reg: Registry,
-    head: Head,
-    worker: Worker,
-    slot_dir: Path | None,
-    json_out: bool,
-    *,
-    slot: int | None = None,
-    fallback: bool = True,
-    as_warm: bool = True,
-) -> int:
-    """Restore and prove `head` (else warm); print it; the exit code: 0 only for `restored`,
-    with `as_warm` the fallback warm's as a plain `warm`, else 4 unverified, 1 otherwise.
-    `warm --restore --json` adds `outcome` (`restored` or the warm's verdict) and
-    `resumed_by` (`restore`, `warm` or null)."""
-    from prefixreg.verbs.snapshot.warmrestore import warm_restore
-
-    progress = c.progress_for(json_out)
-    done = warm_restore(
-        reg,
-        head,
-        worker,
-        slot_dir=slot_dir,
-        slot=slot,
-        fallback=fallback,
-        as_warm=as_warm,
-        progress=progress,
-    )
-    code = int(c.EXIT_BY_OUTCOME[done.outcome])
-    c.emit(json_out, done.to_dict(), done.text(code))
-    return code
 
 
 @snapshot_app.command("save")
@@ -134,14 +98,23 @@ def restore_command(
     normal warm unless --no-warm), 3 the record or the snapshot file does not verify (no
     restore sent), 4 unverified, 2 no slot API or a bad --slot-dir, 5 worker.
     """
+    from prefixreg.verbs.snapshot.warmrestore import warm_restore
+
     with c.cli_errors(debug):
         reg = c.open_registry_from(registry)
         head = reg.head(ref)
         with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
-            code = warm_restore_cli(
-                reg, head, w, slot_dir, json_out, slot=slot, fallback=not no_warm, as_warm=False
+            done = warm_restore(
+                reg,
+                head,
+                w,
+                slot_dir=slot_dir,
+                slot=slot,
+                fallback=not no_warm,
+                as_warm=False,
+                progress=c.progress_for(json_out),
             )
-        raise typer.Exit(code)
+        c.finish(json_out, done)
 
 
 @snapshot_app.command("ship")

@@ -81,8 +81,14 @@ def warm_command(
     from prefixreg.verbs.snapshot.warmrestore import warm_restore
 
     with c.cli_errors(debug):
-        check_warm_options(public=public, json_out=json_out, no_check=no_check,
-                           check_only=check_only, restore=restore, slot_dir=slot_dir)  # fmt: skip
+        check_warm_options(
+            public=public,
+            json_out=json_out,
+            no_check=no_check,
+            check_only=check_only,
+            restore=restore,
+            slot_dir=slot_dir,
+        )
         check_metrics_path(metrics_file)
         reg = c.open_registry_from(registry)
         head = reg.head(ref)  # resolved and verified once, before a connection is opened
@@ -90,8 +96,16 @@ def warm_command(
         with c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w:
             if restore:
                 c.finish(json_out, warm_restore(reg, head, w, slot_dir=slot_dir, progress=progress))
-            result = warm_with_copies(reg, head, w, check=not no_check, send_warm=not check_only,
-                                      copies=copies, public=public, progress=progress)  # fmt: skip
+            result = warm_with_copies(
+                reg,
+                head,
+                w,
+                check=not no_check,
+                send_warm=not check_only,
+                copies=copies,
+                public=public,
+                progress=progress,
+            )
         c.write_metrics_file(metrics_file, result.warm.metrics())
         c.finish(json_out, result)
 
@@ -201,9 +215,17 @@ def probe_command(
         parsed, text = probe_inputs(sizes, corpus, public=public, json_out=json_out)
         reg = c.open_registry_from(registry)
         options = probe_options(
-            reg, parsed, text, frame=frame, legs=legs, foreign=foreign,
-            foreign_chars=foreign_chars, survival=survival, force=force, bisect=bisect,
-        )  # fmt: skip
+            reg,
+            parsed,
+            text,
+            frame=frame,
+            legs=legs,
+            foreign=foreign,
+            foreign_chars=foreign_chars,
+            survival=survival,
+            force=force,
+            bisect=bisect,
+        )
         with (
             c.open_worker(worker, model=model, timeout=timeout, profile=profile) as w,
             _progress_bar(sys.stderr.isatty()) as (step, say),
@@ -303,8 +325,17 @@ def keepalive_command(
         heads = [reg.head(ref) for ref in refs]  # resolved and verified once, before sending
         groups = _placed(reg, heads, pool) if pool else {c.resolve_worker_url(worker): heads}
         run = keep_heads(
-            reg, groups, duration_s=seconds, say=c.info, progress=None if json_out else c.info,
-            metrics=partial(c.write_metrics_file, metrics_file), pooled=pool is not None,
-            budget=budget, interval_s=interval, poll_s=poll, session=session, copies=copies,
-        )  # fmt: skip
+            reg,
+            groups,
+            duration_s=seconds,
+            say=c.info,
+            progress=None if json_out else c.info,
+            metrics=partial(c.write_metrics_file, metrics_file),
+            pooled=pool is not None,
+            budget=budget,
+            interval_s=interval,
+            poll_s=poll,
+            session=session,
+            copies=copies,
+        )
         c.finish(json_out, run, note=run.note)

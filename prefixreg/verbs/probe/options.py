@@ -1,4 +1,6 @@
-"""What a probe measures (`ProbeOptions`) and its text (a built-in corpus, slices of it). Pure.
+"""What a probe measures (`ProbeOptions`, its sizes parsed by `parse_sizes` and checked
+against a worker's context by `check_sizes`) and its text (a built-in corpus, slices of
+it). Pure.
 
 Invariants: sizes are whole numbers of characters within `MAX_SIZE_CHARS`, a corpus is text
 UTF-8 can carry and long enough for every size, a frame is a verified `Frame` (never a
@@ -17,6 +19,7 @@ from typing import Final, Literal
 from prefixreg.core.errors import UsageError
 from prefixreg.core.frame import Frame
 from prefixreg.core.probe_words import PROBE_FILES, PROBE_WORDS
+from prefixreg.core.records import ServerBuild, strict_count
 
 DEFAULT_SIZES: Final = (4000, 16000, 32000, 64000)
 # The largest size (characters): beyond any context, small enough that a typo allocates
@@ -134,3 +137,52 @@ class ProbeOptions:
         if self.legs == "all":
             return self.sizes
         return (min(self.sizes, key=lambda s: (abs(s - REPORT_C_SIZE), s)),)
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """`4k,16k,32k` -> (4000, 16000, 32000): characters of prefix text, k = 1000.
+
+    Raises:
+        UsageError: not text, or a size not a whole number from 1 to `MAX_SIZE_CHARS`.
+    """
+    given: object = text
+    if not isinstance(given, str):
+        raise UsageError(f"sizes must be text like 4k,16k, not {type(given).__name__}")
+    sizes = set()
+    for part in text.split(","):
+        item = part.strip().lower()
+        digits = item.removesuffix("k")
+        # ASCII digits only, and few of them: int() of a huge or non-ASCII digit string
+        # raises (or takes long) instead of giving a clear one-line error.
+        ok = digits.isascii() and digits.isdigit() and len(digits) <= 12
+        n = int(digits) * (1000 if item.endswith("k") else 1) if ok else 0
+        if n < 1:
+            raise UsageError(f"bad size {part.strip()!r}: use characters like 4000 or 4k")
+        if n > MAX_SIZE_CHARS:
+            raise UsageError(f"size {part.strip()!r} is over {MAX_SIZE_CHARS:,} characters")
+        sizes.add(n)
+    return tuple(sorted(sizes))
+
+
+def check_sizes(options: ProbeOptions, build: ServerBuild) -> None:
+    """Refuse sizes (and the foreign prompt size) the worker's context surely cannot hold: N
+    characters are at least N / `MAX_CHARS_PER_TOKEN` tokens (the server refuses the rest).
+
+    Raises:
+        UsageError: a size is too large, or the arguments are of the wrong types.
+    """
+    given: list[object] = [options, build]
+    if not isinstance(given[0], ProbeOptions) or not isinstance(given[1], ServerBuild):
+        raise UsageError("check_sizes takes ProbeOptions and a ServerBuild")
+    counts = [strict_count(build.identity.get(k)) for k in ("slot_ctx", "context", "n_ctx")]
+    context = min((n for n in counts if n), default=None)
+    if context is None:
+        return
+    limit, extra = context * MAX_CHARS_PER_TOKEN, options.head_extra
+    tools = f" (with the frame's {extra:,} bytes of tools)" if extra else ""
+    wanted = [(f"size {s + extra:,} characters{tools}", s + extra) for s in options.sizes]
+    wanted.append((f"--foreign-chars {options.foreign_chars:,}", options.foreign_chars))
+    for label, chars in wanted:
+        if chars > limit:
+            text = f"{label} is larger than the worker's context "
+            raise UsageError(text + f"({context:,} tokens, at most about {limit:,} characters)")

@@ -53,14 +53,14 @@ from prefixreg.verbs.measure.warm import warm
 from prefixreg.verbs.probe import notes
 from prefixreg.verbs.probe.checks import ProbeCall, run_checks
 from prefixreg.verbs.probe.options import (
-    MAX_CHARS_PER_TOKEN,
-    MAX_SIZE_CHARS,
     SURVIVAL_CAP,
     Legs,
     ProbeOptions,
     builtin_corpus,
     probe_slice,
 )
+from prefixreg.verbs.probe.options import check_sizes as check_sizes  # a verb's door
+from prefixreg.verbs.probe.options import parse_sizes as parse_sizes
 from prefixreg.verbs.probe.report import DemoRun
 from prefixreg.verbs.probe.report import ProbeReport as ProbeReport  # the verb's result
 
@@ -70,31 +70,6 @@ Say = Callable[[str], None]
 BISECT_SHARE = 0.02
 BISECT_MIN_CHARS = 200
 BISECT_STEPS = 16
-
-
-def parse_sizes(text: str) -> tuple[int, ...]:
-    """`4k,16k,32k` -> (4000, 16000, 32000): characters of prefix text, k = 1000.
-
-    Raises:
-        UsageError: not text, or a size not a whole number from 1 to `MAX_SIZE_CHARS`.
-    """
-    given: object = text
-    if not isinstance(given, str):
-        raise UsageError(f"sizes must be text like 4k,16k, not {type(given).__name__}")
-    sizes = set()
-    for part in text.split(","):
-        item = part.strip().lower()
-        digits = item.removesuffix("k")
-        # ASCII digits only, and few of them: int() of a huge or non-ASCII digit string
-        # raises (or takes long) instead of giving a clear one-line error.
-        ok = digits.isascii() and digits.isdigit() and len(digits) <= 12
-        n = int(digits) * (1000 if item.endswith("k") else 1) if ok else 0
-        if n < 1:
-            raise UsageError(f"bad size {part.strip()!r}: use characters like 4000 or 4k")
-        if n > MAX_SIZE_CHARS:
-            raise UsageError(f"size {part.strip()!r} is over {MAX_SIZE_CHARS:,} characters")
-        sizes.add(n)
-    return tuple(sorted(sizes))
 
 
 def probe_inputs(
@@ -128,30 +103,6 @@ def probe_options(
     if head is not None and not isinstance(head, Frame):
         raise UsageError(f"--frame {frame}: names a prefix, not a frame (no tools to send)")
     return ProbeOptions(sizes=sizes, corpus=corpus, frame=head, legs=cast(Legs, legs), **fields)
-
-
-def check_sizes(options: ProbeOptions, build: ServerBuild) -> None:
-    """Refuse sizes (and the foreign prompt size) the worker's context surely cannot hold: N
-    characters are at least N / `MAX_CHARS_PER_TOKEN` tokens (the server refuses the rest).
-
-    Raises:
-        UsageError: a size is too large, or the arguments are of the wrong types.
-    """
-    given: list[object] = [options, build]
-    if not isinstance(given[0], ProbeOptions) or not isinstance(given[1], ServerBuild):
-        raise UsageError("check_sizes takes ProbeOptions and a ServerBuild")
-    counts = [strict_count(build.identity.get(k)) for k in ("slot_ctx", "context", "n_ctx")]
-    context = min((n for n in counts if n), default=None)
-    if context is None:
-        return
-    limit, extra = context * MAX_CHARS_PER_TOKEN, options.head_extra
-    tools = f" (with the frame's {extra:,} bytes of tools)" if extra else ""
-    wanted = [(f"size {s + extra:,} characters{tools}", s + extra) for s in options.sizes]
-    wanted.append((f"--foreign-chars {options.foreign_chars:,}", options.foreign_chars))
-    for label, chars in wanted:
-        if chars > limit:
-            text = f"{label} is larger than the worker's context "
-            raise UsageError(text + f"({context:,} tokens, at most about {limit:,} characters)")
 
 
 class _Prober:
