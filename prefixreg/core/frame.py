@@ -231,6 +231,10 @@ class Frame:
         return self.tools_data is not None and self.settings.get("tool_choice") != "none"
 
     @property
+    def frame_sha256(self) -> str | None:
+        return self.sha256
+
+    @property
     def head_bytes(self) -> int:
         """Bytes of the rendered head the frame owns: system content, the tools JSON and the
         leading messages' text."""

@@ -60,6 +60,15 @@ class Prefix(NamedTuple):
     def head_bytes(self) -> int:
         return len(self.data)
 
+    @property
+    def renders_tools(self) -> bool:
+        return False  # a bare prefix sends no tools
+
+    @property
+    def frame_sha256(self) -> str | None:
+        """The frame a measurement of this head names: none (a frame's own sha)."""
+        return None
+
     def body(self, history: Sequence[Mapping[str, Any]], **params: Any) -> dict[str, Any]:
         """The chat body a loop sends: `params`, then `messages` = this prefix + history."""
         if "messages" in params:

@@ -44,7 +44,7 @@ from prefixreg.registry.userfiles import check_output_file, refuse_shared
 from prefixreg.server.calllog import append_line, call_line
 from prefixreg.server.worker import Worker, check_body, check_worker
 from prefixreg.verbs.measure.calls import build_warms, last_counted_span, sent_head
-from prefixreg.verbs.measure.warm import tools_tokens
+from prefixreg.verbs.measure.trial import tools_tokens
 
 LoopVerdict = Literal["resumed", "partial", "cold", "unverified", "drift", "head-mismatch"]
 VERDICTS: tuple[LoopVerdict, ...] = get_args(LoopVerdict)
@@ -158,7 +158,7 @@ class LoopJudge:
         check_worker(worker, f"{where}: worker")
         build = worker.server_build()
         warms = build_warms(registry, head.system.sha256, build.build_id)
-        tools = tools_tokens(worker, build, head) if isinstance(head, Frame) else None
+        tools = tools_tokens(worker, build, head)
         span = last_counted_span(registry, head, build.build_id)
         baseline = warms[-1] if warms else None
         return cls(head, build.build_id, build.snapshot_align, baseline, span, tools)

@@ -20,66 +20,41 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from prefixreg.core.errors import IntegrityError, UsageError, WorkerHTTPError
+from prefixreg.core.errors import IntegrityError, UsageError
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.judge import Judgement, judge_restore, judge_same_build, judge_unproven
-from prefixreg.core.prefix import Prefix, fresh_tail
+from prefixreg.core.judge import Judgement
+from prefixreg.core.prefix import Prefix
 from prefixreg.core.records import ServerBuild
 from prefixreg.core.snapshots import SnapshotRecord
 from prefixreg.registry.snapshots import digest_snapshot_file, list_snapshots, read_snapshot
 from prefixreg.registry.store import Registry
-from prefixreg.server.slots import (
-    SlotInfo,
-    SlotTransfer,
-    idle_slot,
-    list_slots,
-    require_slot_api,
-    slot_action,
-)
+from prefixreg.server.slots import SlotInfo, SlotTransfer, idle_slot, list_slots, require_slot_api
 from prefixreg.server.worker import Worker
-from prefixreg.verbs.measure.calls import CallRecord, judge_check, measured_call, record_measurement
-from prefixreg.verbs.measure.warm import WarmResult, tools_tokens, warm
+from prefixreg.verbs.measure.calls import CallRecord
+from prefixreg.verbs.measure.trial import Trial
+from prefixreg.verbs.measure.warm import WarmResult, warm
 
 Progress = Callable[[str], None] | None
-
-
-def pinned_check(
-    worker: Worker, build: ServerBuild, head: Head, slot_id: int
-) -> tuple[CallRecord, Judgement]:
-    """A fresh-tail resume check pinned to `slot_id`, and the judge's verdict on it."""
-    tail = fresh_tail()
-    call = measured_call(
-        worker, head, build=build, phase="check", tail=tail, with_cache=False, id_slot=slot_id
-    )
-    tools = tools_tokens(worker, build, head) if isinstance(head, Frame) else None
-    return call, judge_check(call.evidence, head, tail=tail, alignment=0, tools_tokens=tools)
 
 
 def readable_dir(path: Path) -> bool:
     return path.is_dir() and os.access(path, os.R_OK | os.X_OK)
 
 
-def warm_and_locate(
-    worker: Worker, build: ServerBuild, head: Head, slot: int | None
-) -> tuple[CallRecord, SlotInfo]:
-    """The warm call and the slot that served it: the one whose `id_task` moved (llama.cpp
-    serves a prompt from the slot sharing most of it). Ambiguous (several moved, or it is
-    not known idle) or `slot` given: the warm is pinned to an idle slot instead."""
+def warm_and_locate(trial: Trial, slot: int | None) -> tuple[CallRecord, SlotInfo]:
+    """The trial's warm call and the slot that served it: the one whose `id_task` moved
+    (llama.cpp serves a prompt from the slot sharing most of it). Ambiguous (several moved,
+    or it is not known idle) or `slot` given: the warm is pinned to an idle slot instead."""
+    worker = trial.worker
     if slot is None:
         before = {s.id: s.id_task for s in list_slots(worker)}
-        warm = measured_call(
-            worker, head, build=build, phase="warm", tail=fresh_tail(), with_cache=False
-        )
+        warm = trial.call("warm").record
         moved = [s for s in list_slots(worker) if s.id_task != before.get(s.id)]
         if len(moved) == 1 and moved[0].idle:
             return warm, moved[0]
     chosen = idle_slot(worker, prefer=slot)
-    tail = fresh_tail()
-    warm = measured_call(
-        worker, head, build=build, phase="warm", tail=tail, with_cache=False, id_slot=chosen.id
-    )
-    return warm, chosen
+    return trial.call("warm", slot=chosen.id).record, chosen
 
 
 def warm_copies(worker: Worker, head: Head, copies: int) -> list[tuple[int, Judgement]]:
@@ -91,18 +66,15 @@ def warm_copies(worker: Worker, head: Head, copies: int) -> list[tuple[int, Judg
         UsageError: a profile without slots, or fewer slots than `copies`.
         WorkerError: the worker failed.
     """
-    build = worker.server_build()
-    require_slot_api(build)
+    trial = Trial(None, worker, head)
+    require_slot_api(trial.build)
     slots = list_slots(worker)
     if type(copies) is not int or not 1 <= copies <= len(slots):
         raise UsageError(f"{copies!r} copies on {len(slots)} slots: at most one per slot")
     out = []
     for slot in slots[:copies]:
-        tail = fresh_tail()
-        measured_call(
-            worker, head, build=build, phase="warm", tail=tail, with_cache=False, id_slot=slot.id
-        )
-        out.append((slot.id, pinned_check(worker, build, head, slot.id)[1]))
+        trial.call("warm", slot=slot.id)
+        out.append((slot.id, trial.call("check", slot=slot.id).judgement))
     return out
 
 
@@ -202,7 +174,8 @@ def restore_head(
         raise UsageError(f"restore takes a Prefix or a Frame (Registry.head), not {head!r:.40}")
     say = progress or (lambda _msg: None)
     registry.refuse_on_mirror("record a restore")
-    build = worker.server_build()
+    trial = Trial(registry, worker, head)
+    build = trial.build
     require_slot_api(build)
     record = read_snapshot(registry, head.sha256, build.build_id)
     result = RestoreResult(head, worker.url, build, "no_snapshot", "", {})
@@ -214,35 +187,25 @@ def restore_head(
     say(f"erasing slot {chosen.id}, then restoring {record.file} into it ({file_check})")
     result = replace(result, snapshot=record, file_check=file_check)
     body: JSONObject = {"snapshot": record.to_dict(), "file_check": file_check}
-    if isinstance(head, Frame):
-        body["frame"] = head.sha256
-    try:
-        erased = slot_action(worker, chosen.id, "erase")
-        transfer = slot_action(worker, chosen.id, "restore", record.file)
-    except WorkerHTTPError as exc:
-        verdict, reason = "restore_failed", f"the server refused the restore: {exc}"
-    else:
-        check, judged = pinned_check(worker, build, head, chosen.id)
-        no_count = judge_unproven("the erase reply did not say what it erased")
-        baseline = no_count if erased.n_tokens is None else None
-        verdict, reason = judge_restore(baseline, transfer.n_tokens, judged)
-        if (
-            changed := judge_same_build(build.build_id, worker.server_build().build_id)
-        ) is not None:
-            verdict, reason = changed.verdict, changed.reason
-        body |= judged.to_dict() | {
+    restored = trial.restore(chosen.id, record.file)
+    verdict, reason = restored.verdict, restored.reason
+    if restored.check is not None and restored.erased and restored.transfer:
+        verdict, reason = trial.same_build(verdict, reason)
+        check = restored.check.record
+        body |= restored.check.judgement.to_dict() | {
             "prefix_bytes": head.system.size,
             "head_bytes": head.head_bytes,
-            "erase": asdict(erased),
-            "restore": asdict(transfer),
+            "erase": asdict(restored.erased),
+            "restore": asdict(restored.transfer),
             "prompt_tokens": check.evidence.prompt_tokens,
             "cached_tokens": check.evidence.cached_tokens,
             "calls": [check.to_dict()],
         }
-        result = replace(result, transfer=transfer, check=check)
+        result = replace(result, transfer=restored.transfer, check=check)
     body |= {"verdict": verdict, "reason": reason}
-    _, path = record_measurement(registry, worker, build, head.system.sha256, "restore", body)
+    measurement, path = trial.finish("restore", body)
     say(f"{verdict}: {reason}")
+    body = measurement.body  # with the frame it names
     return replace(result, verdict=verdict, reason=reason, body=body, record_path=str(path))
 
 

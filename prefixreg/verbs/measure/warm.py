@@ -27,22 +27,14 @@ from pathlib import Path
 from prefixreg.core.errors import UsageError, check_progress, check_type
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.jsonio import JSONObject
-from prefixreg.core.judge import Judgement, judge_same_build, judge_warm_only
-from prefixreg.core.prefix import Prefix, fresh_tail
+from prefixreg.core.judge import Judgement, judge_warm_only
+from prefixreg.core.prefix import Prefix
 from prefixreg.core.records import Measurement, ServerBuild
 from prefixreg.registry.store import Registry
 from prefixreg.server.worker import Worker, check_worker
-from prefixreg.verbs.measure.calls import (
-    CallRecord,
-    build_warms,
-    head_warms,
-    judge_check,
-    last_counted_span,
-    measured_call,
-    record_measurement,
-    sent_head,
-)
+from prefixreg.verbs.measure.calls import CallRecord, build_warms, head_warms, sent_head
 from prefixreg.verbs.measure.metrics import Metrics
+from prefixreg.verbs.measure.trial import Trial
 
 
 def _fmt(n: int | None) -> str:
@@ -158,19 +150,6 @@ class WarmResult:
         return out
 
 
-def tools_tokens(worker: Worker, build: ServerBuild, frame: Frame) -> int | None:
-    """Prompt tokens the frame's tools add on this server, told without a prefill (llama.cpp:
-    the template tokenized with and without them); None if it cannot tell or none render."""
-    if build.profile != "llamacpp" or not frame.renders_tools:
-        return None
-    messages = frame.messages([{"role": "user", "content": "x"}])
-    with_tools = worker.template_tokens({**frame.head(), "messages": messages})
-    bare = worker.template_tokens({**frame.settings, "messages": messages})
-    if with_tools is None or bare is None:
-        return None
-    return max(with_tools - bare, 0)
-
-
 def warm(
     registry: Registry,
     head: Head,
@@ -197,48 +176,27 @@ def warm(
         raise UsageError("nothing to do: neither the warm call nor the resume check")
     registry.refuse_on_mirror("record measurements")  # before anything is sent
     say = progress or (lambda _msg: None)
-    build = worker.server_build()
-    with_cache = build.profile == "halogen"
+    trial = Trial(registry, worker, head)
+    build = trial.build
     say(f"warming {head.sha256[:12]} on {worker.url} ({build.profile}, build {build.build_id})")
-    calls: list[CallRecord] = []
-    tails: list[str] = []
-    align, measured = build.snapshot_align, last_counted_span(registry, head, build.build_id)
-    for phase in [p for p, asked in (("warm", send_warm), ("check", check)) if asked]:
-        if phase == "check":
-            say("resume check with a fresh tail")
-        tails.append(fresh_tail())
-        before = calls[-1].after if calls else None
-        call = measured_call(
-            worker,
-            head,
-            build=build,
-            phase=phase,
-            tail=tails[-1],
-            with_cache=with_cache,
-            before=before,
-        )
-        calls.append(call)
-    judgement: Judgement | None = None
-    verdict: str
-    last = calls[-1].evidence
+    if send_warm:
+        trial.call("warm")
     if check:
-        tools = tools_tokens(worker, build, head) if isinstance(head, Frame) else None
-        judgement = judge_check(
-            last, head, tail=tails[-1], alignment=align, measured=measured, tools_tokens=tools
-        )
-        verdict, reason = judgement.verdict, judgement.reason
-        seen = calls[-1].window
+        say("resume check with a fresh tail")
+        last = trial.call("check")
+        judgement: Judgement | None = last.judgement
+        verdict: str = last.judgement.verdict
+        reason = last.judgement.reason
+        seen = last.record.window
         if verdict == "unverified" and seen is not None and seen["attributed"] is True:
             reason += f"; {seen['source']} counted {seen['cached_tokens']} cached tokens in the "
             reason += "call's window (a second witness, no per-call proof)"
     else:
-        verdict, reason = judge_warm_only(calls[0].evidence)
-    if (changed := judge_same_build(build.build_id, worker.server_build().build_id)) is not None:
-        verdict, reason = changed.verdict, changed.reason
-    labels = tuple(
-        judge_check(c.evidence, head, tail=t, alignment=align, measured=measured).verdict
-        for c, t in zip(calls, tails, strict=True)
-    )
+        judgement = None
+        verdict, reason = judge_warm_only(trial.steps[0].record.evidence)
+    verdict, reason = trial.same_build(verdict, reason)
+    calls = [step.record for step in trial.steps]
+    evidence = calls[-1].evidence
     # Foreign traffic in any window: the counts are still the server's, but what they say
     # about *this* head may be someone else's doing (an eviction, a shared snapshot).
     windows = [c.interleaved for c in calls]
@@ -251,16 +209,13 @@ def warm(
         "clean": interleaved is not True,
         "prefix_bytes": head.system.size,
         "head_bytes": head.head_bytes,
-        "prompt_tokens": last.prompt_tokens,
-        "cached_tokens": last.cached_tokens,
-        "alignment": align,
+        "prompt_tokens": evidence.prompt_tokens,
+        "cached_tokens": evidence.cached_tokens,
+        "alignment": trial.alignment,
         "calls": [c.to_dict() for c in calls],
-        **({"frame": head.sha256} if isinstance(head, Frame) else {}),
     }
     diagnosis = "" if send_warm else diagnose(registry, head, build, verdict)
-    measurement, path = record_measurement(
-        registry, worker, build, head.system.sha256, "warm", body
-    )
+    measurement, path = trial.finish("warm", body)
     return WarmResult(
         head=head,
         worker_url=worker.url,
@@ -271,7 +226,7 @@ def warm(
         judgement=judgement,
         measurement=measurement,
         record_path=str(path),
-        labels=labels,
+        labels=tuple(step.verdict for step in trial.steps),
         interleaved=interleaved,
         diagnosis=diagnosis,
     )
@@ -279,7 +234,7 @@ def warm(
 
 def diagnose(registry: Registry, head: Head, build: ServerBuild, verdict: str) -> str:
     """After a check alone of a frame: who lost it, the frame or the server."""
-    if not isinstance(head, Frame):
+    if head.frame_sha256 is None:
         return ""
     if verdict == "resumed":
         text = "the server holds this frame: loop calls that came back cold sent another head "

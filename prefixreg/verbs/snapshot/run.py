@@ -30,15 +30,14 @@ from prefixreg.registry.snapshots import digest_snapshot_file, write_snapshot
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.server.slots import require_slot_api, slot_action
 from prefixreg.server.worker import Worker, check_worker
-from prefixreg.verbs.measure.calls import record_measurement
 from prefixreg.verbs.measure.slots import (
     Progress,
     RestoreResult,
-    pinned_check,
     readable_dir,
     restore_head,
     warm_and_locate,
 )
+from prefixreg.verbs.measure.trial import Trial
 from prefixreg.verbs.measure.warm import warm
 
 
@@ -67,11 +66,13 @@ def save_snapshot(
         hint = "a snapshot is recorded with its file's hashes: name the server's "
         hint += "--slot-save-path as seen from here"
         raise UsageError(f"--slot-dir {slot_dir}: not a readable directory", hint=hint)
-    build = worker.server_build()
+    trial = Trial(registry, worker, head)
+    build = trial.build
     require_slot_api(build)
     say(f"warming {head.sha256[:12]} on {worker.url} (build {build.build_id})")
-    warmed, chosen = warm_and_locate(worker, build, head, slot)
-    check, judged = pinned_check(worker, build, head, chosen.id)
+    warmed, chosen = warm_and_locate(trial, slot)
+    checked = trial.call("check", slot=chosen.id)
+    check, judged = checked.record, checked.judgement
     if not judged.resumed:
         text = f"slot {chosen.id} does not provably hold the head ({judged.verdict}: "
         raise EvidenceUnverifiedError(text + f"{judged.reason}); nothing saved")
@@ -90,7 +91,7 @@ def save_snapshot(
         text = f"{slot_dir} does not hold {name} as the server just saved it "
         hint = "--slot-dir must be the server's --slot-save-path, as seen from here"
         raise UsageError(text + f"({transfer.n_bytes} bytes)", hint=hint)
-    if worker.server_build().build_id != build.build_id:
+    if trial.changed() is not None:
         raise EvidenceUnverifiedError("the server build changed during the save; nothing recorded")
     assert digests.sha256 is not None and digests.blake3 is not None  # noqa: S101 -- asked for
     record = SnapshotRecord(
@@ -116,10 +117,8 @@ def save_snapshot(
         "record": str(write_snapshot(registry, record)),
         "save": asdict(transfer),
         "calls": [warmed.to_dict(), check.to_dict()],
-        **({"frame": head.sha256} if isinstance(head, Frame) else {}),
     }
-    record_measurement(registry, worker, build, head.system.sha256, "snapshot-save", body)
-    return record, body
+    return record, trial.finish("snapshot-save", body)[0].body
 
 
 def restore_and_prove(
