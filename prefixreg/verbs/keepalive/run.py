@@ -42,8 +42,8 @@ from prefixreg.core.errors import (
     WorkerTimeoutError,
 )
 from prefixreg.core.frame import Frame, Head
-from prefixreg.core.judge import Verdict, judge
-from prefixreg.core.prefix import Prefix, fresh_tail, text_bytes
+from prefixreg.core.judge import Verdict
+from prefixreg.core.prefix import Prefix
 from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
 from prefixreg.server.slots import list_slots
@@ -57,13 +57,8 @@ from prefixreg.verbs.keepalive.rewarm import (
 from prefixreg.verbs.keepalive.session import SessionFile, why_not_kept
 from prefixreg.verbs.keepalive.state import CounterKind, KeepState, Kept, PollMiss
 from prefixreg.verbs.measure.budget import budget_for
-from prefixreg.verbs.measure.calls import (
-    CallRecord,
-    judge_check,
-    last_counted_span,
-    measured_call,
-    record_measurement,
-)
+from prefixreg.verbs.measure.calls import CallRecord
+from prefixreg.verbs.measure.trial import Trial
 
 
 class KeepAlive:
@@ -133,11 +128,6 @@ class KeepAlive:
             n = f"{distinct} heads" + (f" x {copies} copies" if copies > 1 else "")
             limit = f"at most {self.slots // distinct} copies of {distinct} heads"
             raise UsageError(f"KeepAlive: {n} on {self.slots} slots evict each other ({limit})")
-        kept: dict[str, Kept] = {}  # by sha, and sha/copy for the copies after one
-        for h in prefixes:
-            span = None if registry is None else last_counted_span(registry, h, build.build_id)
-            for i in range(copies):
-                kept[h.sha256 if i == 0 else f"{h.sha256}/{i}"] = Kept(h, span)
         counters = worker.cache() if build.profile == "halogen" else None
         self._counter: Counter | None = None
         if counters is not None and counters.stores is not None:
@@ -146,6 +136,18 @@ class KeepAlive:
         elif build.profile != "halogen":
             # llama.cpp and the engines have no /cache but count prompts: time is the last resort.
             self._counter = PromptCounter.detect(worker, build.profile)
+        # One trial per head: its span, alignment and tools read once, its re-warms judged
+        # alike; the re-warms are bracketed by `/cache` when the stores are the counter.
+        stores = isinstance(self._counter, StoresCounter)
+        self._trials = {
+            h.sha256: Trial(registry, worker, h, build=build, with_cache=stores) for h in prefixes
+        }
+        kept: dict[str, Kept] = {}  # by sha, and sha/copy for the copies after one
+        for h in prefixes:
+            for i in range(copies):
+                kept[h.sha256 if i == 0 else f"{h.sha256}/{i}"] = Kept(
+                    h, self._trials[h.sha256].span
+                )
         for k, slot in zip(kept.values(), slots or [], strict=False):
             k.pin = k.slot = slot.id if copies > 1 else None
         self.budget = budget_for(
@@ -282,9 +284,7 @@ class KeepAlive:
         self.history.append(rewarm)
         if self.registry is not None:
             body = rewarm.measurement_body(self.budget.to_dict())
-            record_measurement(
-                self.registry, self.worker, self.build, rewarm.sha256, "keepalive", body
-            )
+            self._trials[kept.head.sha256].finish("keepalive", body)
         if self.on_rewarm is not None:
             self.on_rewarm(rewarm)
         return rewarm
@@ -294,28 +294,11 @@ class KeepAlive:
         re-touched whole (the latest prompt again, judged against its bytes, the head's and the
         history's: one that finds only the head cached is partial), else the head with a
         fresh tail (against its span measured on this build)."""
-        head, tail, counter = kept.head, fresh_tail(), self._counter
-        pin: dict[str, Any] = {} if kept.pin is None else {"id_slot": kept.pin}
-        stores, align = isinstance(counter, StoresCounter), self.build.snapshot_align
-        before = counter.last if isinstance(counter, StoresCounter) else None
-        record = measured_call(
-            self.worker,
-            head,
-            build=self.build,
-            phase="keepalive",
-            tail=tail,
-            with_cache=stores,
-            before=before,
-            history=session,
-            **pin,
-        )
-        if session is None:
-            j = judge_check(record.evidence, head, tail=tail, alignment=align, measured=kept.span)
-        else:
-            held = head.head_bytes + text_bytes(session)  # the head and the history: re-touched
-            rest = len(tail.encode("utf-8"))
-            j = judge(record.evidence, head_bytes=held, rest_bytes=rest, alignment=align)
-        return record, j.verdict
+        trial, counter = self._trials[kept.head.sha256], self._counter
+        if isinstance(counter, StoresCounter):
+            trial.last = counter.last  # the latest poll's snapshot opens the call's window
+        step = trial.call("keepalive", history=session, slot=kept.pin)
+        return step.record, step.judgement.verdict
 
     def _count_after(self, record: CallRecord) -> tuple[int | None, set[int]]:
         """The counter after a re-warm and the slots it saw change: `/cache`'s closing

@@ -1,6 +1,6 @@
-"""Measured calls: one chat (or completions) call bracketed by `/cache` snapshots, its record,
-the judge applied to a head's resume check, and measurements bound to the build, written
-through the store.
+"""Measured calls: one chat (or completions) call bracketed by `/cache` snapshots (the one place
+a call is measured) and its record; measurements bound to the build, written through the
+store, and what this build's measurements of a head say (its warms, its counted span).
 
 Invariants:
 - A verdict comes from `core.judge` only, from server-reported counts, never text length.
@@ -19,7 +19,7 @@ from typing import Any, Final
 from prefixreg.core.errors import WorkerError
 from prefixreg.core.frame import Head
 from prefixreg.core.jsonio import JSONObject, JSONValue, dumps_ordered
-from prefixreg.core.judge import Judgement, counted_span, judge
+from prefixreg.core.judge import counted_span
 from prefixreg.core.records import CacheCounters, CallEvidence, Measurement, ServerBuild
 from prefixreg.registry.store import Registry, iso_utc, utc_now
 from prefixreg.server.counters import counter_deltas, is_interleaved
@@ -211,23 +211,3 @@ def sent_head(warm: Measurement) -> str:
     """What a warm measurement sent: `frame <sha>` or `the bare system prompt`."""
     sha = warm.outcome.frame
     return f"frame {sha[:12]}" if sha else "the bare system prompt"
-
-
-def judge_check(
-    evidence: CallEvidence,
-    head: Head,
-    *,
-    tail: str,
-    alignment: int,
-    measured: int | None = None,
-    tools_tokens: int | None = None,
-) -> Judgement:
-    """The judge's verdict on a resume check of `head` sent with `tail`."""
-    return judge(
-        evidence,
-        head_bytes=head.head_bytes,
-        rest_bytes=len(tail.encode("utf-8")),
-        alignment=alignment,
-        measured_span=measured,
-        tools_tokens=tools_tokens,
-    )

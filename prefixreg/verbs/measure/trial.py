@@ -7,8 +7,9 @@ head, `calls.last_counted_span`), the engine's alignment and, for a frame whose 
 the prompt on llama.cpp, the tokens they add (`tools_tokens`, read the first time a cached
 count could be judged against them). `call()` sends one call through `calls.measured_call`
 (the one place a call is measured), chains the `/cache` snapshots from call to call, and
-judges it once (`core.judge`); `restore()` is the only restore of a slot; `finish()` re-reads
-the build (a change makes the verdict `unverified`) and writes the measurement.
+judges it once (`core.judge`); it keeps no list of them (a keeper's trial lives for hours).
+`restore()` is the only restore of a slot; `same_build()` re-reads the build (a change makes
+the verdict `unverified`); `finish()` writes the measurement.
 
 Invariants:
 - Every call of a trial is judged by one rule against the same span, alignment and tools
@@ -111,7 +112,6 @@ class Trial:
         self.span = (
             None if registry is None else last_counted_span(registry, head, self.build.build_id)
         )
-        self.steps: list[Step] = []
         self.last: CacheCounters | None = None  # the last call's closing `/cache` snapshot
         self._tools: int | None = None
         self._tools_read = False
@@ -140,9 +140,7 @@ class Trial:
             **({} if slot is None else {"id_slot": slot}),
         )
         self.last = record.after
-        step = Step(record, self._judge(record, tail, history))
-        self.steps.append(step)
-        return step
+        return Step(record, self._judge(record, tail, history))
 
     def _judge(
         self, record: CallRecord, tail: str, history: Sequence[Mapping[str, Any]] | None

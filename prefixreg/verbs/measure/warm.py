@@ -179,11 +179,10 @@ def warm(
     trial = Trial(registry, worker, head)
     build = trial.build
     say(f"warming {head.sha256[:12]} on {worker.url} ({build.profile}, build {build.build_id})")
-    if send_warm:
-        trial.call("warm")
+    steps = [trial.call("warm")] if send_warm else []
     if check:
         say("resume check with a fresh tail")
-        last = trial.call("check")
+        steps.append(last := trial.call("check"))
         judgement: Judgement | None = last.judgement
         verdict: str = last.judgement.verdict
         reason = last.judgement.reason
@@ -193,9 +192,9 @@ def warm(
             reason += "call's window (a second witness, no per-call proof)"
     else:
         judgement = None
-        verdict, reason = judge_warm_only(trial.steps[0].record.evidence)
+        verdict, reason = judge_warm_only(steps[0].record.evidence)
     verdict, reason = trial.same_build(verdict, reason)
-    calls = [step.record for step in trial.steps]
+    calls = [step.record for step in steps]
     evidence = calls[-1].evidence
     # Foreign traffic in any window: the counts are still the server's, but what they say
     # about *this* head may be someone else's doing (an eviction, a shared snapshot).
@@ -226,7 +225,7 @@ def warm(
         judgement=judgement,
         measurement=measurement,
         record_path=str(path),
-        labels=tuple(step.verdict for step in trial.steps),
+        labels=tuple(step.verdict for step in steps),
         interleaved=interleaved,
         diagnosis=diagnosis,
     )
