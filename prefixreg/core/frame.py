@@ -188,7 +188,8 @@ def parse_frame_record(sha: str, raw: bytes) -> tuple[str, str | None, dict[str,
 @dataclass(frozen=True, slots=True)
 class Frame:
     """A verified frame: its sha, system prefix, tools bytes and prompt settings (canonical JSON:
-    immutable). Tools are parsed once, when built; `settings` and `tools` hand out copies."""
+    immutable). Its parts are parsed once, when built; `settings`, `tools` and `lead` hand out
+    copies."""
 
     sha256: str
     system: Prefix
@@ -200,9 +201,13 @@ class Frame:
     lead_data: bytes | None = None
     _tools: list[dict[str, Any]] | None = field(default=None, init=False, repr=False, compare=False)
     _lead: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False, compare=False)
+    _settings: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
     kind: ClassVar[str] = "frame"
 
     def __post_init__(self) -> None:
+        value = loads(self.settings_json)  # canonical JSON of an object, checked when read
+        assert isinstance(value, dict)  # noqa: S101 -- the record's reader made it one
+        object.__setattr__(self, "_settings", value)
         if self.tools_data is not None:
             tools = parse_tools(self.tools_data, where=f"tools {self.tools_sha256}")
             object.__setattr__(self, "_tools", tools)
@@ -212,9 +217,8 @@ class Frame:
 
     @property
     def settings(self) -> dict[str, Any]:
-        value = loads(self.settings_json)
-        assert isinstance(value, dict)  # noqa: S101 -- canonical JSON of a dict, made here
-        return value
+        """The prompt settings (a copy: a caller's edit never reaches the next body)."""
+        return copy.deepcopy(self._settings)
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:
@@ -228,7 +232,7 @@ class Frame:
     @property
     def renders_tools(self) -> bool:
         """Whether the tools reach the prompt (`tool_choice: "none"` removes them)."""
-        return self.tools_data is not None and self.settings.get("tool_choice") != "none"
+        return self.tools_data is not None and self._settings.get("tool_choice") != "none"
 
     @property
     def frame_sha256(self) -> str | None:
@@ -243,8 +247,8 @@ class Frame:
 
     def head(self) -> dict[str, Any]:
         """The request fields the frame fixes, `messages` aside: tools and settings."""
-        tools = self.tools
-        return self.settings if tools is None else {**self.settings, "tools": tools}
+        tools, settings = self.tools, self.settings
+        return settings if tools is None else {**settings, "tools": tools}
 
     def messages(self, history: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The verified system message, the leading messages, then the loop's own history
@@ -298,7 +302,7 @@ class Frame:
             sha = sha256_hex(_ordered(sent_tools).encode("utf-8"))[:12]
             mine_sha = (self.tools_sha256 or "")[:12]
             out.append(Drift("tools", f"changed (call's tools {sha}, frame's {mine_sha})"))
-        settings = self.settings
+        settings = self._settings
         for key in PROMPT_SETTINGS:
             have, sent = key in settings, key in body and body[key] is not None
             if have and not sent:
