@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -63,6 +63,47 @@ class CallRecord:
         return out if self.window is None else out | {"counter_window": self.window}
 
 
+class Bracket:
+    """The counters around one call, opened before it is sent (`/cache` when `with_cache`,
+    else the engine's Prometheus counters where the build has them, `engines.METRICS`: a
+    witness, never the verdict) and closed on its evidence (`close`). `before` reuses the
+    previous call's closing snapshot; one the server fails to give is recorded as missing
+    (its window counts for nothing), never losing the call's evidence. Without `witness` no
+    counter window is read (a call among concurrent ones has none of its own)."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        build: ServerBuild,
+        *,
+        with_cache: bool,
+        before: CacheCounters | None = None,
+        witness: bool = True,
+    ) -> None:
+        self.worker, self.with_cache = worker, with_cache
+        self.before = worker.cache() if with_cache and before is None else before
+        self.metrics = None if with_cache or not witness else METRICS.get(build.profile)
+        self.start = _samples(worker, self.metrics)
+
+    def close(self, phase: str, sent_sha256: str, evidence: CallEvidence) -> CallRecord:
+        """The call's record: `sent_sha256` names what was sent (a tail's, a history's)."""
+        after = None
+        if self.with_cache:
+            with contextlib.suppress(WorkerError):
+                after = self.worker.cache()
+        seen = None
+        if self.metrics is not None:
+            end = _samples(self.worker, self.metrics)
+            seen = window(self.metrics, self.start, end, evidence.prompt_tokens)
+        return CallRecord(phase, sent_sha256, evidence, self.before, after, seen)
+
+
+def sent_sha256(tail: str | None, history: Sequence[Mapping[str, Any]] | None) -> str:
+    """The sha256 a call's record names: of its tail, else of its history (ordered JSON)."""
+    text = dumps_ordered(list(history)) if history is not None else (tail or "")
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def measured_call(
     worker: Worker,
     head: Head,
@@ -72,24 +113,13 @@ def measured_call(
     tail: str,
     with_cache: bool,
     before: CacheCounters | None = None,
-    history: Sequence[Mapping[str, Any]] | None = None,
     **params: Any,
 ) -> CallRecord:
-    """One chat call on `build` (the caller's `Worker.server_build()`: its rule reads a missing
-    count) bracketed by `/cache` snapshots (when `with_cache`), else by the engine's
-    Prometheus counters where the build has them (`engines.METRICS`: a witness, never the
-    verdict). `before` reuses the previous call's closing snapshot; one the server fails to
-    give is recorded as missing (its window counts for nothing), never losing the call's
-    evidence. `history` (a loop's session) replaces the one-line `tail`; its hash is recorded."""
-    sent = tail if history is None else None
-
-    def send() -> CallEvidence:
-        sent_params = {**WARM_PARAMS, **params}
-        return worker.chat(head, sent, history=history, build=build, **sent_params)[1]
-
-    record = _bracketed(worker, build, send, phase, with_cache=with_cache, before=before)
-    text = tail if history is None else dumps_ordered(list(history))  # checked by the call
-    return replace(record, tail_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest())
+    """One chat call of `head` and a one-line `tail` on `build` (the caller's
+    `Worker.server_build()`: its rule reads a missing count), in a `Bracket`."""
+    bracket = Bracket(worker, build, with_cache=with_cache, before=before)
+    evidence = worker.chat(head, tail, build=build, **{**WARM_PARAMS, **params})[1]
+    return bracket.close(phase, sent_sha256(tail, None), evidence)
 
 
 def measured_completion(
@@ -104,44 +134,11 @@ def measured_completion(
     witness: bool = True,
     **params: Any,
 ) -> CallRecord:
-    """One streamed `/v1/completions` call of `prompt` (text or token IDs), measured as
-    `measured_call` measures a chat call; `prompt_sha256` is what its record names. Without
-    `witness` no counter window is read (a call among concurrent ones has none of its own)."""
-
-    def send() -> CallEvidence:
-        return worker.complete(prompt, build=build, **params)[1]
-
-    record = _bracketed(
-        worker, build, send, phase, with_cache=with_cache, before=before, witness=witness
-    )
-    return replace(record, tail_sha256=prompt_sha256)
-
-
-def _bracketed(
-    worker: Worker,
-    build: ServerBuild,
-    send: Callable[[], CallEvidence],
-    phase: str,
-    *,
-    with_cache: bool,
-    before: CacheCounters | None,
-    witness: bool = True,
-) -> CallRecord:
-    """`send` one call between `/cache` snapshots or the engine's counters (`measured_call`);
-    the caller names what was sent (`tail_sha256`)."""
-    if with_cache and before is None:
-        before = worker.cache()
-    metrics = None if with_cache or not witness else METRICS.get(build.profile)
-    start = _samples(worker, metrics)
-    evidence = send()
-    after = None
-    if with_cache:
-        with contextlib.suppress(WorkerError):
-            after = worker.cache()
-    seen = None
-    if metrics is not None:
-        seen = window(metrics, start, _samples(worker, metrics), evidence.prompt_tokens)
-    return CallRecord(phase, "", evidence, before, after, seen)
+    """One streamed `/v1/completions` call of `prompt` (text or token IDs), in a `Bracket`;
+    `prompt_sha256` is what its record names."""
+    bracket = Bracket(worker, build, with_cache=with_cache, before=before, witness=witness)
+    evidence = worker.complete(prompt, build=build, **params)[1]
+    return bracket.close(phase, prompt_sha256, evidence)
 
 
 def _samples(worker: Worker, metrics: Metrics | None) -> dict[str, float] | None:

@@ -5,8 +5,8 @@ A trial reads the server build once and works out once what the judge needs of i
 that build: the head's span as the server counted it (the build's last resumed check of this
 head, `calls.last_counted_span`), the engine's alignment and, for a frame whose tools reach
 the prompt on llama.cpp, the tokens they add (`tools_tokens`, read the first time a cached
-count could be judged against them). `call()` sends one call through `calls.measured_call`
-(the one place a call is measured), chains the `/cache` snapshots from call to call, and
+count could be judged against them). `call()` sends one call in a `calls.Bracket` (the one
+place a call's counters are read), chains the `/cache` snapshots from call to call, and
 judges it once (`core.judge`); it keeps no list of them (a keeper's trial lives for hours).
 `restore()` is the only restore of a slot; `same_build()` re-reads the build (a change makes
 the verdict `unverified`); `finish()` writes the measurement.
@@ -42,10 +42,12 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.slots import SlotTransfer, slot_action
 from prefixreg.server.worker import Worker
 from prefixreg.verbs.measure.calls import (
+    WARM_PARAMS,
+    Bracket,
     CallRecord,
     last_counted_span,
-    measured_call,
     record_measurement,
+    sent_sha256,
 )
 
 # What a session re-touched whole adds beyond its head and history: one short turn, judged
@@ -122,23 +124,19 @@ class Trial:
         *,
         history: Sequence[Mapping[str, Any]] | None = None,
         slot: int | None = None,
-        before: CacheCounters | None = None,
     ) -> Step:
-        """Send one call of the head: with a fresh tail (never seen by the server), or the
-        loop's `history` re-touched whole; pinned to `slot` when given. `before` is a `/cache`
-        snapshot the caller holds (else the trial's last). Raises WorkerError."""
+        """Send one call of the head, `max_tokens` 1 at temperature 0: with a fresh tail (never
+        seen by the server), or the loop's `history` re-touched whole; pinned to `slot` when
+        given; in a `calls.Bracket` opened by the trial's `last` snapshot. Raises
+        WorkerError."""
         tail = fresh_tail()
-        record = measured_call(
-            self.worker,
-            self.head,
-            build=self.build,
-            phase=phase,
-            tail=tail,
-            with_cache=self.with_cache,
-            before=self.last if before is None else before,
-            history=history,
-            **({} if slot is None else {"id_slot": slot}),
-        )
+        pin: dict[str, Any] = {} if slot is None else {"id_slot": slot}
+        sent = tail if history is None else None
+        bracket = Bracket(self.worker, self.build, with_cache=self.with_cache, before=self.last)
+        evidence = self.worker.chat(
+            self.head, sent, history=history, build=self.build, **WARM_PARAMS, **pin
+        )[1]
+        record = bracket.close(phase, sent_sha256(sent, history), evidence)
         self.last = record.after
         return Step(record, self._judge(record, tail, history))
 
