@@ -142,14 +142,15 @@ class KeepAlive:
         self._trials = {
             h.sha256: Trial(registry, worker, h, build=build, with_cache=stores) for h in prefixes
         }
-        kept: dict[str, Kept] = {}  # by sha, and sha/copy for the copies after one
+        keys: dict[str, Head] = {}  # by sha, and sha/copy for the copies after one
         for h in prefixes:
-            for i in range(copies):
-                kept[h.sha256 if i == 0 else f"{h.sha256}/{i}"] = Kept(
-                    h, self._trials[h.sha256].span
-                )
-        for k, slot in zip(kept.values(), slots or [], strict=False):
-            k.pin = k.slot = slot.id if copies > 1 else None
+            keys |= {h.sha256 if i == 0 else f"{h.sha256}/{i}": h for i in range(copies)}
+        pins = [slot.id for slot in slots or []] if copies > 1 else []
+        kept = {
+            key: Kept(h, self._trials[h.sha256].span, pin=pin, slot=pin)
+            for n, (key, h) in enumerate(keys.items())
+            for pin in [pins[n] if n < len(pins) else None]
+        }
         self.budget = budget_for(
             build,
             counters,
