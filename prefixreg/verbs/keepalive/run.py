@@ -40,6 +40,7 @@ from prefixreg.core.errors import (
     WorkerError,
     WorkerHTTPError,
     WorkerTimeoutError,
+    check_type,
 )
 from prefixreg.core.frame import Frame, Head
 from prefixreg.core.judge import Verdict
@@ -48,7 +49,7 @@ from prefixreg.registry.store import Registry
 from prefixreg.server.activity import Counter, PromptCounter, StoresCounter
 from prefixreg.server.slots import list_slots
 from prefixreg.server.transport import check_seconds
-from prefixreg.server.worker import Worker, check_body
+from prefixreg.server.worker import Worker, check_body, check_worker
 from prefixreg.verbs.keepalive.rewarm import (
     KeepAliveSummary,
     Rewarm,
@@ -84,17 +85,18 @@ class KeepAlive:
         copies: int = 1,
         on_note: Callable[[str], None] | None = None,
     ) -> None:
-        heads: object = prefixes
-        if not isinstance(heads, list | tuple) or not heads:
-            raise UsageError("KeepAlive keeps a non-empty list of heads (Registry.head)")
+        check_type(prefixes, (list, tuple), "KeepAlive: prefixes", "a list of heads")
+        if not prefixes:
+            raise ArgumentValueError("KeepAlive keeps a non-empty list of heads (Registry.head)")
+        for i, h in enumerate(prefixes):
+            check_type(h, (Prefix, Frame), f"KeepAlive: prefixes[{i}]", "a head (Registry.head)")
+        check_worker(worker, "KeepAlive: worker")
+        check_type(registry, (Registry, type(None)), "KeepAlive: registry", "a Registry or None")
+        check_type(session, (Path, str, type(None)), "KeepAlive: session", "a file's path")
         for ok, what in (
-            (isinstance(worker, Worker), "worker must be a Worker"),
-            (all(isinstance(h, Prefix | Frame) for h in heads), "heads are Prefix or Frame"),
-            (registry is None or isinstance(registry, Registry), "registry must be a Registry"),
-            (budget is None or (type(budget) is int and budget >= 1), "budget must be >= 1"),
             (on_rewarm is None or callable(on_rewarm), "on_rewarm must be callable"),
             (on_note is None or callable(on_note), "on_note must be callable"),
-            (session is None or isinstance(session, Path | str), "session is a file's path"),
+            (budget is None or (type(budget) is int and budget >= 1), "budget must be >= 1"),
             (type(copies) is int and copies >= 1, "copies must be a whole number >= 1"),
         ):
             if not ok:
@@ -138,7 +140,10 @@ class KeepAlive:
             self._counter = PromptCounter.detect(worker, build.profile)
         # One trial per head: its span, alignment and tools read once, its re-warms judged
         # alike; the re-warms are bracketed by `/cache` when the stores are the counter.
-        stores = isinstance(self._counter, StoresCounter)
+        # `/cache` stores as the counter: its snapshots bracket the re-warms too.
+        self._stores = self._counter if isinstance(self._counter, StoresCounter) else None
+        self._prompts = self._counter if isinstance(self._counter, PromptCounter) else None
+        stores = self._stores is not None
         self._trials = {
             h.sha256: Trial(registry, worker, h, build=build, with_cache=stores) for h in prefixes
         }
@@ -162,7 +167,7 @@ class KeepAlive:
         )
         if self.budget.unit == "seconds":
             self._counter = None  # /cache without max_entries (dense): keep time instead
-        unit: CounterKind = "stores" if isinstance(self._counter, StoresCounter) else "prompts"
+        unit: CounterKind = "stores" if self._stores is not None else "prompts"
         restores = registry is not None and build.profile == "llamacpp"
         self.state = KeepState(
             kept=kept,
@@ -233,7 +238,7 @@ class KeepAlive:
             if not state.polled(time.monotonic(), got):
                 return []
         busy = set() if counter is None else counter.busy
-        landed = counter.changed if isinstance(counter, PromptCounter) else set()
+        landed = set() if self._prompts is None else self._prompts.changed
         with self._lock:
             due = state.due(now, busy=busy, landed=landed)
         done: list[Rewarm] = []
@@ -295,25 +300,26 @@ class KeepAlive:
         re-touched whole (the latest prompt again, judged against its bytes, the head's and the
         history's: one that finds only the head cached is partial), else the head with a
         fresh tail (against its span measured on this build)."""
-        trial, counter = self._trials[kept.head.sha256], self._counter
-        if isinstance(counter, StoresCounter):
-            trial.last = counter.last  # the latest poll's snapshot opens the call's window
+        trial = self._trials[kept.head.sha256]
+        if self._stores is not None:
+            trial.last = self._stores.last  # the latest poll's snapshot opens the call's window
         step = trial.call("keepalive", history=session, slot=kept.pin)
         return step.record, step.judgement.verdict
 
     def _count_after(self, record: CallRecord) -> tuple[int | None, set[int]]:
         """The counter after a re-warm and the slots it saw change: `/cache`'s closing
         snapshot taken as the latest, else a read of the prompts (None: not counted)."""
-        counter, after = self._counter, record.after
-        if isinstance(counter, StoresCounter):
+        after = record.after
+        if self._stores is not None:
             if after is None or after.stores is None:
                 return None, set()
-            return counter.saw(after)[0], set()
+            return self._stores.saw(after)[0], set()
+        prompts = self._prompts
         try:
-            got = None if counter is None else counter.read()
+            got = None if prompts is None else prompts.read()
         except WorkerError:
             got = None  # the next poll sees our prompt and lands on since 0
-        return (None, set()) if got is None or counter is None else (got[0], counter.changed)
+        return (None, set()) if got is None or prompts is None else (got[0], prompts.changed)
 
     @property
     def alive(self) -> bool:
