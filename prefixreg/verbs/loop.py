@@ -181,8 +181,7 @@ class LoopJudge:
         drift = "" if body is None else "; ".join(map(str, self.head.drift(body)))
         if drift:
             return "drift", drift
-        frame = self.head.sha256 if isinstance(self.head, Frame) else None
-        if self.baseline is not None and self.baseline.outcome.frame != frame:
+        if self.baseline is not None and self.baseline.outcome.frame != self.head.frame_sha256:
             head = f"{self.head.kind} {self.head.sha256[:12]}"
             why = f"this build's last warm sent {sent_head(self.baseline)}, not {head}"
             return "head-mismatch", f"{why} (what the loop sends was never warmed)"
